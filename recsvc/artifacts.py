@@ -1,0 +1,311 @@
+"""The one reader and writer of artifact directories (SPEC §4).
+
+Layout of ``artifacts/<dataset>/``::
+
+    manifest.json        dataset, seeds, split sizes, SANSA config, versions, accuracy,
+                         population Spearman statistics, sha256 of every other file
+    items.parquet        item_id (str), lo, hi, sensitivity           -- public per-item data
+    candidates.parquet   user_id (str), rank, item_id (str), score    -- raw, unclipped
+    model/W1.npz, model/W2.npz, model/items.parquet (item_id in column order)
+
+Writers go through :class:`ArtifactWriter`, which fills a temporary sibling directory and
+renames it into place only after every file and the manifest are written, so a crash never
+leaves a half-written artifact. Readers go through :func:`load_artifact`, which verifies the
+checksums before anything is trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+
+MANIFEST = "manifest.json"
+ITEMS = "items.parquet"
+CANDIDATES = "candidates.parquet"
+MODEL_DIR = "model"
+FORMAT_VERSION = 1
+MIN_SENSITIVITY = 1e-6
+
+ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensitivity": pl.Float64}
+CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}
+
+
+class ArtifactError(ValueError):
+    """An artifact directory is missing, incomplete, corrupt or would be overwritten."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_schema(df: pl.DataFrame, schema: dict[str, Any], what: str) -> pl.DataFrame:
+    missing = [c for c in schema if c not in df.columns]
+    if missing:
+        raise ArtifactError(f"{what}: missing columns {missing}; expected columns {list(schema)}")
+    try:
+        return df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
+    except Exception as exc:  # polars raises several exception types for bad casts
+        raise ArtifactError(f"{what}: columns do not match the expected types {schema}: {exc}") from exc
+
+
+def validate_items(items: pl.DataFrame) -> pl.DataFrame:
+    """Checks the invariants every consumer relies on: unique ids, finite lo ≤ hi, Δ = max(hi−lo, 1e-6)."""
+    items = _check_schema(items, ITEMS_SCHEMA, ITEMS)
+    if items.height == 0:
+        raise ArtifactError(f"{ITEMS}: no items")
+    if items["item_id"].null_count() or items["item_id"].n_unique() != items.height:
+        raise ArtifactError(f"{ITEMS}: item_id must be unique and non-null")
+    lo, hi, sens = (items[c].to_numpy() for c in ("lo", "hi", "sensitivity"))
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all() and np.isfinite(sens).all()):
+        raise ArtifactError(f"{ITEMS}: lo, hi and sensitivity must be finite")
+    if (hi < lo).any():
+        raise ArtifactError(f"{ITEMS}: hi < lo for {int((hi < lo).sum())} items; expected lo ≤ hi")
+    if not np.allclose(sens, np.maximum(hi - lo, MIN_SENSITIVITY), rtol=0, atol=1e-12):
+        raise ArtifactError(f"{ITEMS}: sensitivity must equal max(hi - lo, {MIN_SENSITIVITY})")
+    return items
+
+
+def validate_candidates(cands: pl.DataFrame) -> pl.DataFrame:
+    cands = _check_schema(cands, CANDIDATES_SCHEMA, CANDIDATES)
+    if not np.isfinite(cands["score"].to_numpy()).all():
+        raise ArtifactError(f"{CANDIDATES}: scores must be finite")
+    return cands
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+
+
+@dataclass(frozen=True)
+class Model:
+    """SANSA's two sparse factors; scores for a user row x are x @ W1 @ W2."""
+
+    w1: sp.csr_matrix
+    w2: sp.csr_matrix
+    item_ids: np.ndarray  # str, column order of W1/W2
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {item: i for i, item in enumerate(self.item_ids.tolist())}
+
+    def score(self, x: sp.csr_matrix) -> np.ndarray:
+        """Dense scores (users × items); the caller masks seen items."""
+        return np.asarray((x @ self.w1 @ self.w2).todense(), dtype=np.float64)
+
+
+def _save_model(model: Model, directory: Path) -> None:
+    directory.mkdir()
+    sp.save_npz(directory / "W1.npz", sp.csr_matrix(model.w1), compressed=False)
+    sp.save_npz(directory / "W2.npz", sp.csr_matrix(model.w2), compressed=False)
+    pl.DataFrame({"item_id": model.item_ids.astype(str)}).write_parquet(directory / "items.parquet")
+
+
+def _load_model(directory: Path) -> Model:
+    item_ids = pl.read_parquet(directory / "items.parquet")["item_id"].to_numpy().astype(str)
+    w1 = sp.load_npz(directory / "W1.npz").tocsr()
+    w2 = sp.load_npz(directory / "W2.npz").tocsr()
+    if w1.shape[0] != len(item_ids) or w2.shape[1] != len(item_ids) or w1.shape[1] != w2.shape[0]:
+        raise ArtifactError(
+            f"{directory}: model shapes W1 {w1.shape}, W2 {w2.shape} do not match {len(item_ids)} items"
+        )
+    return Model(w1=w1, w2=w2, item_ids=item_ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass(frozen=True)
+class CandidateMatrix:
+    """Candidates as rectangular arrays (users × n), padded where a user has fewer than n.
+
+    ``count[b]`` is user b's real candidate count; padded slots have score −inf, Δ 1 and
+    item index −1. Scores here are RAW; :meth:`clipped` applies each item's clip range.
+    """
+
+    user_ids: np.ndarray  # (B,) str
+    item_index: np.ndarray  # (B, n) int64 row in items, −1 for padding
+    scores: np.ndarray  # (B, n) float64 raw
+    lo: np.ndarray  # (B, n)
+    hi: np.ndarray  # (B, n)
+    sensitivity: np.ndarray  # (B, n)
+    count: np.ndarray  # (B,) int
+
+    def clipped(self) -> np.ndarray:
+        return np.clip(self.scores, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: dict[str, Any]
+    items: pl.DataFrame
+
+    @cached_property
+    def item_index(self) -> dict[str, int]:
+        return {item: i for i, item in enumerate(self.items["item_id"].to_list())}
+
+    @cached_property
+    def candidates(self) -> pl.DataFrame:
+        return validate_candidates(pl.read_parquet(self.path / CANDIDATES))
+
+    @cached_property
+    def model(self) -> Model:
+        return _load_model(self.path / MODEL_DIR)
+
+    def candidate_matrix(self, users: int | None = None) -> CandidateMatrix:
+        """The first ``users`` test users' candidates (all users if None), in artifact order."""
+        cands = self.candidates.sort(["user_id", "rank"], maintain_order=True)
+        order = cands["user_id"].unique(maintain_order=True)
+        if users is not None:
+            order = order.head(users)
+            cands = cands.filter(pl.col("user_id").is_in(order.implode()))
+        user_ids = order.to_numpy().astype(str)
+        row_of_user = {u: i for i, u in enumerate(user_ids.tolist())}
+        rows = np.fromiter((row_of_user[u] for u in cands["user_id"].to_list()), np.int64, cands.height)
+        counts = np.bincount(rows, minlength=len(user_ids))
+        n = int(counts.max()) if len(counts) else 0
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        cols = np.arange(cands.height) - starts[rows]
+        idx = np.full((len(user_ids), n), -1, dtype=np.int64)
+        try:
+            idx[rows, cols] = np.fromiter(
+                (self.item_index[i] for i in cands["item_id"].to_list()), np.int64, cands.height
+            )
+        except KeyError as exc:
+            raise ArtifactError(f"{CANDIDATES}: item_id {exc.args[0]!r} is not in {ITEMS}") from None
+        scores = np.full((len(user_ids), n), -np.inf)
+        scores[rows, cols] = cands["score"].to_numpy()
+        pad = idx < 0
+        take = np.where(pad, 0, idx)
+        lo = np.where(pad, -np.inf, self.items["lo"].to_numpy()[take])
+        hi = np.where(pad, -np.inf, self.items["hi"].to_numpy()[take])
+        sens = np.where(pad, 1.0, self.items["sensitivity"].to_numpy()[take])
+        return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
+
+
+def load_artifact(path: str | os.PathLike[str], verify: bool = True) -> Artifact:
+    """Opens an artifact directory; with ``verify`` every file's sha256 is checked first."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ArtifactError(f"artifact directory {path} does not exist; build it with `recsvc prep`")
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise ArtifactError(f"{mpath} is missing; {path} is not a complete artifact directory")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{mpath} is not valid JSON: {exc}") from exc
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ArtifactError(f"{mpath} has no 'files' checksum table")
+    for rel in (ITEMS, CANDIDATES):
+        if rel not in files:
+            raise ArtifactError(f"{mpath} does not list {rel}")
+    if verify:
+        for rel, digest in files.items():
+            f = path / rel
+            if not f.is_file():
+                raise ArtifactError(f"{f} is missing (listed in the manifest)")
+            actual = sha256_file(f)
+            if actual != digest:
+                raise ArtifactError(
+                    f"{f} is corrupt: sha256 {actual[:12]}… does not match the manifest's {digest[:12]}…"
+                )
+    items = validate_items(pl.read_parquet(path / ITEMS))
+    return Artifact(path=path, manifest=manifest, items=items)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+@dataclass
+class ArtifactWriter:
+    """Atomic writer: ``with ArtifactWriter(out, force) as w: w.write_items(...); ...; w.commit(manifest)``.
+
+    Nothing appears at ``out`` unless :meth:`commit` succeeds. An existing ``out`` is an
+    error unless ``force``; with ``force`` it is replaced only at commit time.
+    """
+
+    out: Path
+    force: bool = False
+    _tmp: Path | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.out.exists() and not self.force:
+            raise ArtifactError(f"output directory {self.out} already exists; pass --force to replace it")
+
+    def __enter__(self) -> ArtifactWriter:
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._tmp is not None and self._tmp.exists():
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    @property
+    def tmp(self) -> Path:
+        if self._tmp is None:
+            raise RuntimeError("ArtifactWriter used outside its `with` block")
+        return self._tmp
+
+    def write_items(self, items: pl.DataFrame) -> None:
+        validate_items(items).write_parquet(self.tmp / ITEMS, statistics=False)
+
+    def write_candidates(self, cands: pl.DataFrame) -> None:
+        validate_candidates(cands).write_parquet(self.tmp / CANDIDATES, statistics=False)
+
+    def write_model(self, model: Model) -> None:
+        _save_model(model, self.tmp / MODEL_DIR)
+
+    def commit(self, manifest: dict[str, Any]) -> Path:
+        tmp = self.tmp
+        for required in (ITEMS, CANDIDATES):
+            if not (tmp / required).is_file():
+                raise ArtifactError(f"cannot commit artifact: {required} was not written")
+        files = {
+            p.relative_to(tmp).as_posix(): sha256_file(p)
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
+        full = {"format_version": FORMAT_VERSION, **manifest, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=_json_default) + "\n")
+        if self.out.exists():
+            if not self.force:
+                raise ArtifactError(f"output directory {self.out} appeared while writing; not replacing it")
+            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
+            os.replace(self.out, old)
+            os.replace(tmp, self.out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, self.out)
+        self._tmp = None
+        return self.out
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

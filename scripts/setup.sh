@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh Debian machine (run as root or with sudo available).
+# Second runs are fast: every step checks before it works.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+stamp=.venv/.recsvc-installed
+
+# sansa -> scikit-sparse -> CHOLMOD headers.
+if [ ! -e /usr/include/suitesparse/cholmod.h ]; then
+    echo "[setup] installing libsuitesparse-dev"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libsuitesparse-dev >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "[setup] creating .venv"
+    "$PY" -m venv .venv
+fi
+
+# Reinstall only when the dependency pins change.
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "[setup] installing recsvc and its pinned dependencies into .venv (first run takes ~2 min)"
+    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    .venv/bin/python -c "import recsvc, sansa, sksparse" # fail loudly if the install did not take
+    echo "$want" > "$stamp"
+fi
+
+# Keep the committed gRPC stubs in sync with the proto (cheap; no-op when unchanged).
+if [ -f scripts/gen_proto.sh ]; then bash scripts/gen_proto.sh; fi

@@ -1,0 +1,88 @@
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.sparse as sp
+
+from recsvc.artifacts import ArtifactError, ArtifactWriter, Model, load_artifact
+
+
+def _items():
+    lo = np.array([0.0, -1.0, 0.5])
+    hi = np.array([1.0, 1.0, 0.5])
+    return pl.DataFrame({"item_id": ["a", "b", "c"], "lo": lo, "hi": hi,
+                         "sensitivity": np.maximum(hi - lo, 1e-6)})
+
+
+def _cands():
+    return pl.DataFrame({"user_id": ["u1", "u1", "u1", "u2", "u2"], "rank": [0, 1, 2, 0, 1],
+                         "item_id": ["a", "b", "c", "c", "a"], "score": [2.0, 0.3, 0.1, 0.7, -5.0]})
+
+
+def _write(out, force=False):
+    model = Model(sp.identity(3, format="csr"), sp.identity(3, format="csr"), np.array(["a", "b", "c"]))
+    with ArtifactWriter(out, force=force) as w:
+        w.write_items(_items())
+        w.write_candidates(_cands())
+        w.write_model(model)
+        return w.commit({"dataset": "toy"})
+
+
+def test_roundtrip_and_candidate_matrix(tmp_path):
+    out = _write(tmp_path / "toy")
+    art = load_artifact(out)
+    assert art.manifest["dataset"] == "toy"
+    assert set(art.manifest["files"]) == {"items.parquet", "candidates.parquet", "model/W1.npz",
+                                          "model/W2.npz", "model/items.parquet"}
+    m = art.candidate_matrix()
+    assert m.user_ids.tolist() == ["u1", "u2"]
+    assert m.count.tolist() == [3, 2]
+    np.testing.assert_array_equal(m.item_index, [[0, 1, 2], [2, 0, -1]])
+    clipped = m.clipped()
+    np.testing.assert_allclose(clipped[0], [1.0, 0.3, 0.5])
+    np.testing.assert_allclose(clipped[1, :2], [0.5, 0.0])
+    assert m.sensitivity[1, 2] == 1.0 and np.isneginf(m.scores[1, 2])
+    x = sp.csr_matrix(np.array([[1.0, 0, 2.0]]))
+    np.testing.assert_allclose(art.model.score(x), [[1.0, 0.0, 2.0]])
+
+
+def test_existing_output_refused_without_force(tmp_path):
+    out = _write(tmp_path / "toy")
+    before = (out / "manifest.json").read_text()
+    with pytest.raises(ArtifactError, match="already exists; pass --force"):
+        _write(out)
+    assert (out / "manifest.json").read_text() == before
+    _write(out, force=True)
+    assert load_artifact(out).manifest["dataset"] == "toy"
+
+
+def test_crash_leaves_nothing(tmp_path):
+    out = tmp_path / "toy"
+    with pytest.raises(RuntimeError):
+        with ArtifactWriter(out) as w:
+            w.write_items(_items())
+            raise RuntimeError("crash mid-write")
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_file_detected(tmp_path):
+    out = _write(tmp_path / "toy")
+    with open(out / "candidates.parquet", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ArtifactError, match="candidates.parquet is corrupt"):
+        load_artifact(out)
+
+
+def test_bad_items_rejected(tmp_path):
+    bad = _items().with_columns(pl.Series("sensitivity", [1.0, 1.0, 1.0]))
+    with pytest.raises(ArtifactError, match="sensitivity must equal"):
+        with ArtifactWriter(tmp_path / "x") as w:
+            w.write_items(bad)
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_directory_message(tmp_path):
+    with pytest.raises(ArtifactError, match="does not exist; build it with `recsvc prep`"):
+        load_artifact(tmp_path / "nope")
