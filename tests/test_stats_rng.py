@@ -1,0 +1,39 @@
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+from recsvc.rng import csprng, user_stream
+from recsvc.stats import spearman
+
+
+def test_spearman_matches_scipy_with_ties_rowwise():
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 5, size=(4, 30)).astype(float)
+    y = x + rng.normal(size=(4, 30))
+    got = spearman(x, y)
+    want = [spearmanr(a, b).statistic for a, b in zip(x, y)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
+
+
+def test_spearman_constant_is_undefined_value():
+    assert spearman(np.ones(4), np.arange(4.0)) == 0.0
+    assert np.isnan(spearman(np.ones(4), np.arange(4.0), undefined=np.nan))
+
+
+def test_spearman_bad_input():
+    with pytest.raises(ValueError, match="shapes differ"):
+        spearman(np.ones(3), np.ones(4))
+
+
+def test_user_stream_is_spawn_key_stream():
+    a = user_stream(7, 3).random(5)
+    b = np.random.Generator(np.random.PCG64(np.random.SeedSequence(7, spawn_key=(3,)))).random(5)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(user_stream(7, 4).random(5), a)
+
+
+def test_csprng_streams_differ_and_look_uniform():
+    a, b = csprng().random(20000), csprng().random(20000)
+    assert not np.array_equal(a, b)
+    assert abs(a.mean() - 0.5) < 0.01 and abs(b.var() - 1 / 12) < 0.005
