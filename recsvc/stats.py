@@ -2,8 +2,43 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
-from scipy.stats import rankdata
+
+
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based average ranks along the last axis (= ``scipy.stats.rankdata(x, axis=-1)``).
+
+    Pure numpy (one stable argsort): ~10× faster than rankdata for one row of 500, which
+    combined GEM needs on every request.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n = x.shape[-1]
+    if x.ndim == 1:  # the per-request case: plain indexing, no along-axis helpers
+        order = np.argsort(x, kind="stable")
+        s = x[order]
+        ranks = np.empty(n)
+        distinct = s[1:] != s[:-1]
+        if distinct.all():  # no ties: ranks are 1..n
+            ranks[order] = np.arange(1.0, n + 1.0)
+            return ranks
+        starts = np.flatnonzero(np.concatenate(([True], distinct)))
+        counts = np.diff(np.append(starts, n))
+        ranks[order] = np.repeat(starts + (counts + 1) / 2.0, counts)
+        return ranks
+    order = np.argsort(x, axis=-1, kind="stable")
+    s = np.take_along_axis(x, order, axis=-1)
+    idx = np.broadcast_to(np.arange(n), s.shape)
+    starts = np.ones(s.shape, dtype=bool)
+    starts[..., 1:] = s[..., 1:] != s[..., :-1]
+    ends = np.ones(s.shape, dtype=bool)
+    ends[..., :-1] = starts[..., 1:]
+    first = np.maximum.accumulate(np.where(starts, idx, 0), axis=-1)
+    last = np.flip(np.minimum.accumulate(np.flip(np.where(ends, idx, n - 1), axis=-1), axis=-1), axis=-1)
+    ranks = np.empty(s.shape)
+    np.put_along_axis(ranks, order, (first + last) / 2.0 + 1.0, axis=-1)
+    return ranks
 
 
 def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray | float:
@@ -18,8 +53,13 @@ def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray
         raise ValueError(f"spearman: shapes differ, {x.shape} vs {y.shape}")
     if x.shape[-1] < 2:
         raise ValueError(f"spearman: need at least 2 values per row, got {x.shape[-1]}")
-    rx = rankdata(x, axis=-1)
-    ry = rankdata(y, axis=-1)
+    rx = average_ranks(x)
+    ry = average_ranks(y)
+    if x.ndim == 1:  # per-request fast path (same arithmetic with scalar math)
+        rx -= rx.mean()
+        ry -= ry.mean()
+        den = math.sqrt(float(rx @ rx) * float(ry @ ry))
+        return min(1.0, max(-1.0, float(rx @ ry) / den)) if den > 0 else float(undefined)
     rx -= rx.mean(axis=-1, keepdims=True)
     ry -= ry.mean(axis=-1, keepdims=True)
     num = (rx * ry).sum(axis=-1)

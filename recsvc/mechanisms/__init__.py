@@ -1,0 +1,35 @@
+"""ε-DP selection mechanisms with heterogeneous sensitivities (SPEC §2).
+
+Public API::
+
+    from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities
+
+All functions take ALREADY CLIPPED scores (clip each score to its item's [lo, hi] first: that
+is what makes Δ_a a true bound) and validate their input before drawing any randomness.
+"""
+
+from recsvc.mechanisms.registry import (
+    MECHANISMS,
+    Mechanism,
+    NonPrivateMechanismError,
+    get_mechanism,
+    log_probabilities,
+    probabilities,
+    select,
+    select_batch,
+)
+from recsvc.mechanisms.validation import PARAM_NAMES, MechanismInputError, Params
+
+__all__ = [
+    "MECHANISMS",
+    "PARAM_NAMES",
+    "Mechanism",
+    "MechanismInputError",
+    "NonPrivateMechanismError",
+    "Params",
+    "get_mechanism",
+    "log_probabilities",
+    "probabilities",
+    "select",
+    "select_batch",
+]

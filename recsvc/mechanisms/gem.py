@@ -1,0 +1,182 @@
+"""Generalised exponential mechanism family: gem, mgem (paper §IV-C/D), combined_gem (§VII).
+
+GEM (Raskhodnikova & Smith 2015) with s_a = q_a − tΔ_a normalises the scores to::
+
+    q'_a = min_{a'} (s_a − s_{a'}) / (Δ_a + Δ_{a'})      (≤ 0; the a' = a term is 0)
+
+Each term moves by at most 1 between neighbours (|q_a − q'_a| ≤ Δ_a), so q' has sensitivity 1
+and ``rnm`` on q' with Δmax = 1 is ε-DP; t only depends on public n, β, ε.
+
+q'_a is the smallest slope from the point Q_a = (Δ_a, s_a) to the points P_{a'} = (−Δ_{a'}, s_{a'}).
+Every P lies left of every Q, so the minimum is attained at the tangent from Q_a to the UPPER
+convex hull of the P's: we build the hull once (O(n log n)) and binary-search each tangent
+(O(log n)), in a numba kernel with O(n) memory — never the O(n²) matrix.
+
+Scores are ALREADY CLIPPED by the caller; inputs are validated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
+from recsvc.mechanisms.noisy_max import exponential_noisy_max
+from recsvc.mechanisms.validation import Params
+from recsvc.stats import spearman
+
+
+@numba.njit(cache=True, nogil=True)
+def _q_prime_hull(s: np.ndarray, d: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    n = s.shape[0]
+    # Points (x, y) = (−Δ, s), sorted by x ascending, then y ascending (the last of equal x wins).
+    order = np.argsort(-d, kind="mergesort")
+    hx = np.empty(n)
+    hy = np.empty(n)
+    h = 0
+    i = 0
+    while i < n:
+        x = -d[order[i]]
+        y = s[order[i]]
+        j = i + 1
+        while j < n and -d[order[j]] == x:  # same x: keep the highest point only
+            if s[order[j]] > y:
+                y = s[order[j]]
+            j += 1
+        i = j
+        # Monotone chain, upper hull: drop the last vertex while it is not a strict right turn.
+        while h >= 2 and (hx[h - 1] - hx[h - 2]) * (y - hy[h - 2]) - (hy[h - 1] - hy[h - 2]) * (x - hx[h - 2]) >= 0:
+            h -= 1
+        hx[h] = x
+        hy[h] = y
+        h += 1
+    out = np.empty(n)
+    for a in range(n):
+        qa_x = d[a]
+        qa_y = s[a]
+        # g(j) = slope from hull vertex j to Q_a is unimodal along the hull: binary search.
+        lo = 0
+        hi = h - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            g0 = (qa_y - hy[mid]) / (qa_x - hx[mid])
+            g1 = (qa_y - hy[mid + 1]) / (qa_x - hx[mid + 1])
+            if g1 < g0:
+                lo = mid + 1
+            else:
+                hi = mid
+        best = (qa_y - hy[lo]) / (qa_x - hx[lo])
+        # guard against rounding at a flat stretch of the hull
+        if lo > 0:
+            best = min(best, (qa_y - hy[lo - 1]) / (qa_x - hx[lo - 1]))
+        if lo + 1 < h:
+            best = min(best, (qa_y - hy[lo + 1]) / (qa_x - hx[lo + 1]))
+        out[a] = min(best, 0.0)  # the a' = a term is exactly 0
+    return out
+
+
+def q_prime(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
+    """GEM normalised scores q'_a = min_{a'} ((q_a − tΔ_a) − (q_{a'} − tΔ_{a'}))/(Δ_a + Δ_{a'}).
+
+    O(n log n) time and O(n) memory (upper-hull tangents). Equals :func:`q_prime_naive`.
+    """
+    return _q_prime_hull(np.ascontiguousarray(q - t * d), np.ascontiguousarray(d, dtype=np.float64))
+
+
+def q_prime_naive(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
+    """The O(n²)-memory definition of q' (reference for tests only)."""
+    s = q - t * d
+    return ((s[:, None] - s[None, :]) / (d[:, None] + d[None, :])).min(axis=1)
+
+
+def gem_t(n: int, epsilon: float, beta: float) -> float:
+    """t = 2 ln(n/β)/ε (GEM); mGEM uses −t."""
+    return 2.0 * math.log(n / beta) / epsilon
+
+
+def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float, sign: float) -> np.ndarray:
+    qp = q_prime(q, d, sign * gem_t(q.shape[0], epsilon, beta))
+    return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
+
+
+def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """GEM: t = 2 ln(n/β)/ε, then rnm on q' with Δmax = 1 (Exponential noise of mean 2/ε).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: q' has sensitivity 1 (Raskhodnikova & Smith 2015).
+    """
+    return exponential_noisy_max(_gem_u(q, d, epsilon, p.beta, 1.0), rng, size)
+
+
+def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, p.beta, 1.0))
+
+
+def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Modified GEM: as ``gem`` with t = −2 ln(n/β)/ε (favours high-Δ candidates).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: the sensitivity-1 argument holds for any
+    data-independent t.
+    """
+    return exponential_noisy_max(_gem_u(q, d, epsilon, p.beta, -1.0), rng, size)
+
+
+def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, p.beta, -1.0))
+
+
+def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
+    """b = [spearman(q, Δ) ≥ 0]; an undefined Spearman (constant input, or n = 1) counts as 0."""
+    rho = spearman(q, d, undefined=0.0) if q.shape[0] >= 2 else 0.0
+    return int(rho >= 0.0)
+
+
+def _split_budget(epsilon: float, p: Params) -> tuple[float, float]:
+    eps_c = p.corr_budget_fraction * epsilon
+    return eps_c, epsilon - eps_c
+
+
+def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> tuple[float, float]:
+    """(log P(reported bit = 0), log P(reported bit = 1)) under binary RR with ε_c = cε."""
+    eps_c, _ = _split_budget(epsilon, p)
+    log_keep = -math.log1p(math.exp(-eps_c))  # log e^{ε_c}/(1 + e^{ε_c})
+    log_flip = -eps_c + log_keep
+    return (log_flip, log_keep) if correlation_bit(q, d) else (log_keep, log_flip)
+
+
+def report_correlation_bit(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+) -> np.ndarray:
+    """``size`` independent reports of b = [spearman(q, Δ) ≥ 0] by binary randomised response:
+    keep b with probability e^{ε_c}/(1 + e^{ε_c}), ε_c = cε. Privacy: ε_c-DP for any input."""
+    eps_c, _ = _split_budget(epsilon, p)
+    keep = 1.0 / (1.0 + math.exp(-eps_c))
+    b = correlation_bit(q, d)
+    return np.where(rng.random(size) < keep, b, 1 - b)
+
+
+def combined_gem_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+) -> np.ndarray:
+    """Combined GEM: privately report b = [spearman(q, Δ) ≥ 0] by binary randomised response
+    with ε_c = cε, then run mgem (bit 1) or gem (bit 0) with ε_g = ε − ε_c.
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: RR is ε_c-DP for any bit, the selection is
+    ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
+    """
+    _, eps_g = _split_budget(epsilon, p)
+    bits = report_correlation_bit(q, d, epsilon, p, rng, size)
+    out = np.empty(size, dtype=np.int64)
+    ones = bits == 1
+    if ones.any():
+        out[ones] = mgem_sample(q, d, eps_g, p, rng, int(ones.sum()))
+    if not ones.all():
+        out[~ones] = gem_sample(q, d, eps_g, p, rng, int((~ones).sum()))
+    return out
+
+
+def combined_gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+    _, eps_g = _split_budget(epsilon, p)
+    log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
+    return np.logaddexp(log_b1 + mgem_log_probabilities(q, d, eps_g, p), log_b0 + gem_log_probabilities(q, d, eps_g, p))

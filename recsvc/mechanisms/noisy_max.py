@@ -1,0 +1,110 @@
+"""Report-noisy-max family: rnm, rnm_laplace, rnmh (NOT DP), em, pf.
+
+All functions take ALREADY CLIPPED scores q (n,) and public sensitivities Δ (n,): clipping to
+each item's [lo, hi] is the caller's job (it owns the ranges) and is what makes Δ a bound.
+They assume validated input (see ``validation.py``) and return ``size`` i.i.d. draws.
+
+Ties: the noise is continuous, so equal noisy values have probability ~0 (53-bit draws);
+if they occur, the lowest candidate index wins — a fixed rule that does not look at the data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
+from recsvc.mechanisms.validation import Params
+
+
+def sample_categorical(log_p: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
+    """``size`` draws from the distribution exp(log_p) by inverse CDF (one uniform per draw).
+
+    Zero-probability candidates are never returned (their CDF step is empty).
+    """
+    cdf = np.cumsum(np.exp(log_p - log_p.max()))
+    u = rng.random(size) * cdf[-1]
+    return np.minimum(np.searchsorted(cdf, u, side="right"), log_p.shape[0] - 1)
+
+
+def exponential_noisy_max(u: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
+    """argmax(u + E) with E_a i.i.d. standard Exponential; u = (q − max q)/λ is scale-free."""
+    z = rng.standard_exponential((size, u.shape[0]))
+    z += u
+    return z.argmax(axis=1)
+
+
+def _rnm_u(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.ndarray:
+    # Normalising by the noise mean keeps every value ≤ 0 and finite for any ε.
+    return (q - q.max()) * (epsilon / (2.0 * d.max()))
+
+
+def rnm_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Report noisy max, Z_a ~ Exponential(mean 2Δmax/ε).
+
+    Privacy: ε-DP (pure) for neighbouring inputs with |q_a − q'_a| ≤ Δ_a ≤ Δmax for every a
+    (McKenna & Sheldon 2020; Ding et al. 2021). Same output distribution as ``pf``.
+    """
+    return exponential_noisy_max(_rnm_u(q, d, epsilon), rng, size)
+
+
+def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+    return exponential_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
+
+
+def rnm_laplace_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+) -> np.ndarray:
+    """Report noisy max, Z_a ~ Laplace(scale 2Δmax/ε).
+
+    Privacy: ε-DP (pure) for arbitrary (not necessarily monotone) changes |q_a − q'_a| ≤ Δ_a ≤ Δmax
+    (Dwork & Roth 2014, §3.3: Laplace(Δ/ε) suffices for monotone scores, 2Δ/ε in general).
+    """
+    u = (q - q.max()) * (epsilon / (2.0 * d.max()))
+    z = rng.laplace(0.0, 1.0, (size, q.shape[0]))
+    z += u
+    return z.argmax(axis=1)
+
+
+def rnmh_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Report noisy max with heterogeneous noise Z_a ~ Exponential(mean 2Δ_a/ε).
+
+    Privacy: **NOT differentially private** for any ε (paper §IV-A: with Δ_1 → 0 one outcome
+    has probability 0 on one input and > 0 on its neighbour). Reference baseline only.
+    """
+    z = rng.standard_exponential((size, q.shape[0]))
+    z *= 2.0 * d / epsilon
+    z += q
+    return z.argmax(axis=1)
+
+
+def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.ndarray:
+    x = (q - q.max()) * (epsilon / (2.0 * d.max()))  # ≤ 0: exp never overflows
+    return x - np.log(np.exp(x).sum())
+
+
+def em_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Exponential mechanism, P(a) ∝ exp(ε q_a / (2Δmax)) (computed in log space).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (McSherry & Talwar 2007).
+    """
+    return sample_categorical(_em_log_probabilities(q, d, epsilon), rng, size)
+
+
+def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+    return _em_log_probabilities(q, d, epsilon)
+
+
+def pf_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Permute-and-flip: visit candidates in uniformly random order, return the first r whose
+    coin with P(heads) = exp(ε (q_r − q*) / (2Δmax)) lands heads (the argmax always does).
+
+    The random order is given by i.i.d. uniform keys (equivalent to a uniform permutation):
+    the output is the heads-candidate with the smallest key. Privacy: ε-DP (pure), same output
+    distribution as ``rnm`` (McKenna & Sheldon 2020, Ding et al. 2021).
+    """
+    n = q.shape[0]
+    heads_p = np.exp((q - q.max()) * (epsilon / (2.0 * d.max())))
+    keys = rng.random((size, n))
+    coins = rng.random((size, n))
+    keys[coins >= heads_p] = 2.0  # tails: never earlier than a heads (keys < 1)
+    return keys.argmin(axis=1)

@@ -1,0 +1,57 @@
+"""Random-stopping family: rs (Liu–Talwar, paper Algorithm 1) and rs_improved (Papernot–Steinke).
+
+Each base draw picks a candidate a uniformly (with replacement, independent of the data) and
+releases q_a + Laplace(cΔ_a/ε) with FRESH noise on every draw: an (ε/c)-DP release that uses the
+candidate's own sensitivity. The number of draws K is random and the best recorded noisy
+value wins. Scores are ALREADY CLIPPED by the caller; inputs are validated.
+Ties between recorded noisy values have probability ~0; the earliest draw wins.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recsvc.mechanisms.validation import Params
+
+
+def _best_of_draws(
+    q: np.ndarray, d: np.ndarray, noise_factor: float, counts: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """For each trial t, draw counts[t] (candidate, noisy score) pairs and return the best candidate."""
+    n = q.shape[0]
+    total = int(counts.sum())
+    a = rng.integers(0, n, total)
+    v = rng.laplace(0.0, 1.0, total)
+    v *= noise_factor * d[a]
+    v += q[a]
+    if counts.shape[0] == 1:
+        return a[v.argmax()][None]
+    starts = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    seg_max = np.maximum.reduceat(v, starts)
+    hits = np.flatnonzero(v == np.repeat(seg_max, counts))
+    return a[hits[np.searchsorted(hits, starts)]]  # first (earliest) maximiser of each trial
+
+
+def rs_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+    """Liu–Talwar random stopping: after each draw stop with probability γ (K ~ Geometric(γ)).
+
+    Noise Laplace(3Δ_a/ε) per draw. Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, any γ ∈ (0,1):
+    each draw is (ε/3)-DP and geometric random stopping with best-of output is 3·(ε/3)-DP
+    (Liu & Talwar 2019, Thm 3.4; paper §IV-B). Expected draws per call: 1/γ.
+    """
+    counts = rng.geometric(p.gamma, size)
+    return _best_of_draws(q, d, 3.0 / epsilon, counts, rng)
+
+
+def rs_improved_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+) -> np.ndarray:
+    """Papernot–Steinke random stopping with η = 0: K ~ Logarithmic, P(K=k) = (1−γ)^k/(k ln(1/γ)).
+
+    Noise Laplace(2Δ_a/ε) per draw. Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, any γ ∈ (0,1):
+    each draw is (ε/2)-DP and the truncated-negative-binomial (η = 0: logarithmic) repetition is
+    (2 + η)·(ε/2)-DP (Papernot & Steinke 2022, Thm 2; paper Appendix C).
+    """
+    counts = rng.logseries(1.0 - p.gamma, size)
+    return _best_of_draws(q, d, 2.0 / epsilon, counts, rng)

@@ -1,0 +1,142 @@
+"""The one place where mechanism inputs are checked (sklearn-style ``check_*`` helpers).
+
+Everything here runs BEFORE any randomness is drawn, so bad input never selects anything and
+never moves a caller's generator. Every error is a ``ValueError`` (``MechanismInputError``)
+whose message says what is wrong and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFAULT_BETA = 0.05
+DEFAULT_GAMMA = 0.008
+DEFAULT_CORR_BUDGET_FRACTION = 0.6
+PARAM_NAMES = ("beta", "gamma", "corr_budget_fraction")
+
+
+class MechanismInputError(ValueError):
+    """Bad input to a selection mechanism (a ``ValueError``: the CLI prints it as one line)."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Mechanism parameters (SPEC §2). Every mechanism accepts all three; each uses its own."""
+
+    beta: float = DEFAULT_BETA  # gem / mgem / combined_gem: failure probability in t
+    gamma: float = DEFAULT_GAMMA  # rs / rs_improved: stopping probability
+    corr_budget_fraction: float = DEFAULT_CORR_BUDGET_FRACTION  # combined_gem: c = ε_c / ε
+
+
+def _open_unit(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise MechanismInputError(f"{name} must be a real number in (0, 1), got {value!r}")
+    v = float(value)
+    if not (0.0 < v < 1.0):
+        raise MechanismInputError(f"{name} must be in the open interval (0, 1), got {v!r}")
+    return v
+
+
+def check_params(params: dict[str, object]) -> Params:
+    """Validate ``beta``/``gamma``/``corr_budget_fraction``; ``None`` means the default."""
+    unknown = sorted(set(params) - set(PARAM_NAMES))
+    if unknown:
+        raise MechanismInputError(
+            f"unknown mechanism parameter(s) {', '.join(unknown)}; expected only {', '.join(PARAM_NAMES)}"
+        )
+    given = {k: _open_unit(k, v) for k, v in params.items() if v is not None}
+    return Params(**given)
+
+
+def check_epsilon(epsilon: object) -> float:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
+        raise MechanismInputError(f"epsilon must be a positive finite real number, got {epsilon!r}")
+    e = float(epsilon)
+    if not math.isfinite(e) or e <= 0.0:
+        raise MechanismInputError(f"epsilon must be a positive finite number, got {e!r}")
+    return e
+
+
+def check_trials(trials: object) -> int:
+    if isinstance(trials, bool) or not isinstance(trials, numbers.Integral) or int(trials) < 1:
+        raise MechanismInputError(f"trials must be an integer >= 1, got {trials!r}")
+    return int(trials)
+
+
+def check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or int(seed) < 0:
+        raise MechanismInputError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def check_user_offset(offset: object) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or int(offset) < 0:
+        raise MechanismInputError(f"user_offset must be a non-negative integer, got {offset!r}")
+    return int(offset)
+
+
+def _as_float_array(name: str, values: object) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise MechanismInputError(f"{name} must be an array of real numbers: {exc}") from None
+    return arr
+
+
+def _check_finite(name: str, arr: np.ndarray) -> None:
+    # Fast path: a finite sum proves every entry finite (NaN/inf always poison the sum).
+    if math.isfinite(float(arr.sum())):
+        return
+    if not np.isfinite(arr).all():
+        bad = np.flatnonzero(~np.isfinite(arr.ravel()))
+        raise MechanismInputError(
+            f"{name} must be finite; found {bad.size} NaN/inf value(s) (first at flat index {bad[0]})"
+        )
+
+
+def check_scores_sensitivities(scores: object, sensitivities: object) -> tuple[np.ndarray, np.ndarray]:
+    """One user's clipped scores q (n,) and sensitivities Δ (n,): finite, Δ > 0, n ≥ 1."""
+    q = _as_float_array("scores", scores)
+    d = _as_float_array("sensitivities", sensitivities)
+    if q.ndim != 1:
+        raise MechanismInputError(f"scores must be 1-D with shape (n,), got shape {q.shape}")
+    if q.shape[0] == 0:
+        raise MechanismInputError("scores is empty (n = 0); expected at least one candidate")
+    if d.shape != q.shape:
+        raise MechanismInputError(
+            f"sensitivities must have the same length as scores: got shape {d.shape}, expected {q.shape}"
+        )
+    _check_finite("scores", q)
+    _check_sensitivities(d)
+    return q, d
+
+
+def check_batch(scores: object, sensitivities: object) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (B, n) and sensitivities (B, n) or shared (n,); returns Δ broadcast to (B, n)."""
+    q = _as_float_array("scores", scores)
+    d = _as_float_array("sensitivities", sensitivities)
+    if q.ndim != 2:
+        raise MechanismInputError(f"batch scores must be 2-D with shape (B, n), got shape {q.shape}")
+    if q.shape[1] == 0:
+        raise MechanismInputError("scores have no candidates (n = 0); expected at least one")
+    if d.shape not in (q.shape, q.shape[1:]):
+        raise MechanismInputError(
+            f"sensitivities must have shape {q.shape} or {q.shape[1:]} (shared), got {d.shape}"
+        )
+    _check_finite("scores", q)
+    _check_sensitivities(d)
+    return q, np.broadcast_to(d, q.shape)
+
+
+def _check_sensitivities(d: np.ndarray) -> None:
+    _check_finite("sensitivities", d)
+    if d.size and d.min() <= 0:
+        bad = np.flatnonzero(d.ravel() <= 0)
+        raise MechanismInputError(
+            f"sensitivities must be > 0 (SPEC: Δ = max(hi − lo, 1e-6)); found {bad.size} value(s) <= 0 "
+            f"(first {d.ravel()[bad[0]]!r} at flat index {bad[0]})"
+        )
