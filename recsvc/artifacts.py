@@ -168,13 +168,34 @@ class Artifact:
     def model(self) -> Model:
         return _load_model(self.path / MODEL_DIR)
 
-    def candidate_matrix(self, users: int | None = None) -> CandidateMatrix:
-        """The first ``users`` test users' candidates (all users if None), in artifact order."""
-        cands = self.candidates.sort(["user_id", "rank"], maintain_order=True)
-        order = cands["user_id"].unique(maintain_order=True)
-        if users is not None:
-            order = order.head(users)
-            cands = cands.filter(pl.col("user_id").is_in(order.implode()))
+    @cached_property
+    def _sorted_candidates(self) -> pl.DataFrame:
+        return self.candidates.sort(["user_id", "rank"], maintain_order=True)
+
+    @cached_property
+    def user_ids(self) -> np.ndarray:
+        """Every test user, in artifact order (the order of :meth:`candidate_matrix` rows)."""
+        return self._sorted_candidates["user_id"].unique(maintain_order=True).to_numpy().astype(str)
+
+    @cached_property
+    def _user_offsets(self) -> np.ndarray:
+        # Row offset of each user's first candidate in the sorted frame (+ the total at the end).
+        counts = self._sorted_candidates.group_by("user_id", maintain_order=True).len()["len"].to_numpy()
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def candidate_matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
+        """``users`` test users from position ``start`` (all remaining if None), in artifact order.
+
+        Only that slice is materialised, so callers can walk the users in bounded-memory chunks.
+        """
+        total = len(self.user_ids)
+        if start < 0 or (users is not None and users < 0):
+            raise ValueError(f"candidate_matrix: start and users must be ≥ 0, got start={start}, users={users}")
+        stop = total if users is None else min(total, start + users)
+        start = min(start, total)
+        offs = self._user_offsets
+        cands = self._sorted_candidates.slice(int(offs[start]), int(offs[stop] - offs[start]))
+        order = pl.Series(self.user_ids[start:stop])
         user_ids = order.to_numpy().astype(str)
         row_of_user = {u: i for i, u in enumerate(user_ids.tolist())}
         rows = np.fromiter((row_of_user[u] for u in cands["user_id"].to_list()), np.int64, cands.height)

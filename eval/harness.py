@@ -1,0 +1,538 @@
+"""Evaluation harness: every mechanism × ε on every user, chunked over an engine (SPEC §6).
+
+The work unit :func:`evaluate_chunk` is a pure function of (chunk of users, context). User b's
+randomness is ``SeedSequence(seed, spawn_key=(b,))`` with b the GLOBAL user index, so results
+do not depend on the chunk size or on the engine (local processes or Dask). Chunks are built
+lazily and their results are reduced in order into bounded running aggregates, while per-user
+rows stream to Parquet: memory does not grow with the number of users.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eval import metrics
+
+DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+DEFAULT_TRIALS = 50
+DEFAULT_BETA = 0.05
+DEFAULT_GAMMA = 0.008
+HIST_BINS = 40  # correlation histogram bins on [-1, 1]
+SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users
+
+# Which of the shared params each mechanism takes (SPEC §2).
+_PARAMS_OF: dict[str, tuple[str, ...]] = {
+    "gem": ("beta",),
+    "mgem": ("beta",),
+    "combined_gem": ("beta", "corr_budget_fraction"),
+    "rs": ("gamma",),
+    "rs_improved": ("gamma",),
+}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation run. Exactly one of ``artifacts`` / ``scenario`` is the data source."""
+
+    artifacts: Path | None = None
+    scenario: str | None = None
+    n: int = 100  # scenario candidates
+    level: float = 0.8  # sweep scenario's t
+    users: int | None = None  # first N users (artifact) / rows (scenario); None = all / default
+    mechanisms: tuple[str, ...] | None = None  # None = every private mechanism
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    exact: bool = False
+    beta: float = DEFAULT_BETA
+    gamma: float = DEFAULT_GAMMA
+    corr_budget_fraction: float | None = None  # None = the mechanism's default (0.6)
+    engine: str = "local"
+    workers: int | None = None
+    scheduler: str | None = None
+    chunk_size: int = 256
+    out: Path | None = None
+    progress: bool | None = None
+    ratio_epsilon: float = 1.0  # ε whose mGEM/GEM log-ratio is plotted against correlation
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation (before any work)
+
+
+def _check_config(cfg: EvalConfig) -> tuple[str, ...]:
+    """Raises ValueError on bad input; returns the mechanism list."""
+    from recsvc.mechanisms import MECHANISMS
+
+    if (cfg.artifacts is None) == (cfg.scenario is None):
+        raise ValueError("give exactly one data source: --artifacts DIR or --scenario NAME")
+    if isinstance(cfg.seed, bool) or int(cfg.seed) != cfg.seed or cfg.seed < 0:
+        raise ValueError(f"seed must be an integer ≥ 0, got {cfg.seed!r}")
+    if isinstance(cfg.trials, bool) or int(cfg.trials) != cfg.trials or cfg.trials < 1:
+        raise ValueError(f"trials must be an integer ≥ 1, got {cfg.trials!r}")
+    if cfg.users is not None and (int(cfg.users) != cfg.users or cfg.users < 1):
+        raise ValueError(f"users must be an integer ≥ 1, got {cfg.users!r}")
+    if cfg.chunk_size < 1:
+        raise ValueError(f"chunk_size must be ≥ 1, got {cfg.chunk_size}")
+    if not cfg.epsilons:
+        raise ValueError("no ε given; expected at least one ε > 0")
+    for eps in cfg.epsilons:
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"ε must be a finite number > 0, got {eps!r}")
+    if len(set(cfg.epsilons)) != len(cfg.epsilons):
+        raise ValueError(f"ε values must be distinct, got {list(cfg.epsilons)}")
+    for pname, val in (("beta", cfg.beta), ("gamma", cfg.gamma), ("corr_budget_fraction", cfg.corr_budget_fraction)):
+        if val is not None and not (0 < val < 1):
+            raise ValueError(f"{pname} must be in (0, 1), got {val!r}")
+    names = tuple(cfg.mechanisms) if cfg.mechanisms else tuple(m for m, o in MECHANISMS.items() if o.private)
+    unknown = [m for m in names if m not in MECHANISMS]
+    if unknown:
+        raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"mechanisms must be distinct, got {list(names)}")
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# Data sources → lazy chunks
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Users [start, start + len) of the run: clipped scores, Δ, real candidate counts."""
+
+    start: int
+    user_ids: np.ndarray  # (B,) str
+    scores: np.ndarray  # (B, n) clipped; padding −inf
+    sensitivities: np.ndarray  # (B, n); padding 1
+    count: np.ndarray  # (B,)
+
+
+class _ArtifactSource:
+    def __init__(self, path: Path, users: int | None) -> None:
+        from recsvc.artifacts import load_artifact
+
+        self.artifact = load_artifact(path)  # verifies every sha256 before anything is trusted
+        total = len(self.artifact.user_ids)
+        if total == 0:
+            raise ValueError(f"{path}: the artifact has no candidate users; expected ≥ 1")
+        self.total = total if users is None else min(users, total)
+        self.name = str(self.artifact.manifest.get("dataset", Path(path).name))
+
+    def chunk(self, r: range) -> Chunk:
+        m = self.artifact.candidate_matrix(users=len(r), start=r.start)
+        return Chunk(r.start, m.user_ids, m.clipped(), m.sensitivity, m.count)
+
+
+class _ScenarioSource:
+    def __init__(self, name: str, n: int, users: int | None, seed: int, level: float) -> None:
+        from eval.scenarios import scenario
+
+        self.sc = scenario(name, n=n, seed=seed, repeats=users, level=level)
+        self.total = self.sc.repeats
+        self.name = f"scenario-{name}" + (f"-t{level:g}" if name == "sweep" else "")
+
+    def chunk(self, r: range) -> Chunk:
+        q = self.sc.draws[r.start : r.stop]
+        ids = np.array([f"{self.sc.name}/{i}" for i in r])
+        return Chunk(r.start, ids, q, np.broadcast_to(self.sc.sensitivities, q.shape), np.full(len(r), q.shape[1]))
+
+
+class _LazyChunks(Sequence):
+    """Builds each chunk only when the engine asks for it (engines keep a bounded window)."""
+
+    def __init__(self, source: Any, ranges: list[range]) -> None:
+        self.source, self.ranges = source, ranges
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self.source.chunk(r) for r in self.ranges[i]]
+        return self.source.chunk(self.ranges[i])
+
+
+# ---------------------------------------------------------------------------------------------
+# The work unit
+
+
+@dataclass(frozen=True)
+class ChunkContext:
+    mechanisms: tuple[str, ...]
+    epsilons: tuple[float, ...]
+    trials: int
+    seed: int
+    exact: frozenset[str]  # mechanisms evaluated from exact probabilities (--exact and available)
+    params: dict[str, dict[str, float]]  # per mechanism
+
+
+@dataclass
+class ChunkResult:
+    start: int
+    user_ids: np.ndarray
+    count: np.ndarray
+    spearman: np.ndarray  # (B,)
+    weighted: np.ndarray  # (B,)
+    mse: np.ndarray  # (B, M, E)
+    mean_selected: np.ndarray  # (B, M, E)
+    exact: np.ndarray  # (M,) bool: exact probabilities were used
+
+
+def _select(name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int,
+            start: int, params: dict[str, float]) -> np.ndarray:
+    """select_batch for users start..start+B−1 with their GLOBAL streams SeedSequence(seed, (b,))."""
+    from recsvc.mechanisms import select_batch
+
+    # rnmh can only be in the list when the caller named it explicitly (it is reference-only).
+    return select_batch(name, q, sens, eps, trials, seed, user_offset=start,
+                        allow_non_private=(name == "rnmh"), **params)
+
+
+def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
+    """Every metric for one chunk of users. Pure: depends only on (chunk, ctx)."""
+    from recsvc.mechanisms import probabilities
+
+    q, sens, count = chunk.scores, chunk.sensitivities, chunk.count
+    B, M, E = q.shape[0], len(ctx.mechanisms), len(ctx.epsilons)
+    mse = np.empty((B, M, E))
+    mean_sel = np.empty((B, M, E))
+    exact_used = np.zeros(M, dtype=bool)
+    # Users with equal candidate counts form runs; each run is one batched call on unpadded arrays.
+    bounds = np.flatnonzero(np.diff(count)) + 1
+    runs = np.split(np.arange(B), bounds)
+    for mi, name in enumerate(ctx.mechanisms):
+        params = ctx.params.get(name, {})
+        use_exact = name in ctx.exact
+        exact_used[mi] = use_exact
+        for ei, eps in enumerate(ctx.epsilons):
+            for run in runs:
+                if len(run) == 0:
+                    continue
+                c = int(count[run[0]])
+                qr, sr = q[run, :c], np.ascontiguousarray(sens[run, :c])
+                if use_exact:
+                    for b, row in zip(run, range(len(run))):
+                        p = probabilities(name, qr[row], sr[row], eps, **params)
+                        mse[b, mi, ei], mean_sel[b, mi, ei] = metrics.expected_stats(qr[row], p)
+                else:
+                    sel = _select(name, qr, sr, eps, ctx.trials, ctx.seed, chunk.start + int(run[0]), params)
+                    mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
+    return ChunkResult(
+        chunk.start, chunk.user_ids, count,
+        metrics.spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),
+        mse, mean_sel, exact_used,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# In-order reduction
+
+
+@dataclass
+class _Running:
+    """Mean and M2 merged chunk by chunk (Chan et al.), deterministic for a fixed chunk order."""
+
+    n: np.ndarray
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...]) -> _Running:
+        return cls(np.zeros(shape), np.zeros(shape), np.zeros(shape))
+
+    def add(self, x: np.ndarray) -> None:
+        """x: (B, *shape); NaNs are skipped."""
+        ok = np.isfinite(x)
+        nb = ok.sum(axis=0).astype(np.float64)
+        xs = np.where(ok, x, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mb = np.where(nb > 0, xs.sum(axis=0) / np.maximum(nb, 1), 0.0)
+        m2b = (np.where(ok, x - mb, 0.0) ** 2).sum(axis=0)
+        tot = self.n + nb
+        delta = mb - self.mean
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(tot > 0, nb / np.maximum(tot, 1), 0.0)
+        self.mean = self.mean + delta * frac
+        self.m2 = self.m2 + m2b + delta * delta * self.n * frac
+        self.n = tot
+
+    def ci(self, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var = self.m2 / np.maximum(self.n - 1, 1)
+            half = np.where(self.n > 1, z * np.sqrt(var / np.maximum(self.n, 1)), np.nan)
+        return np.where(self.n > 0, self.mean, np.nan), half
+
+
+@dataclass
+class EvalResult:
+    """Aggregates of one run; per-user tables are in ``out`` as Parquet."""
+
+    config: EvalConfig
+    dataset: str
+    mechanisms: tuple[str, ...]
+    epsilons: tuple[float, ...]
+    users: int
+    mse: pl.DataFrame  # mechanism, epsilon, mse_mean, ci_low, ci_high, users, method
+    correlation: dict[str, Any]
+    log_ratio: pl.DataFrame  # epsilon, mean, median-free summary, users_defined, users_undefined
+    hist_edges: np.ndarray
+    hist_spearman: np.ndarray
+    hist_weighted: np.ndarray
+    scatter: pl.DataFrame  # sample of users: spearman, weighted, log_ratio at ratio_epsilon
+    ratio_epsilon: float
+    seconds: float
+    out: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def winners(self) -> list[tuple[float, str, bool | None]]:
+        """(ε, best mechanism by mean MSE, whether its CI is clear of the runner-up's; None = no CI)."""
+        rows = []
+        for eps in self.epsilons:
+            t = self.mse.filter(pl.col("epsilon") == eps).sort("mse_mean")
+            if t.height == 0:
+                continue
+            best = t.row(0, named=True)
+            if t.height < 2:
+                clear: bool | None = True
+            else:
+                hi, lo = best["ci_high"], t.row(1, named=True)["ci_low"]
+                clear = None if not (math.isfinite(hi) and math.isfinite(lo)) else bool(hi < lo)
+            rows.append((eps, best["mechanism"], clear))
+        return rows
+
+
+class _Reducer:
+    def __init__(self, mechanisms, epsilons, total: int, seed: int, ratio_eps_idx: int, tmp: Path | None) -> None:
+        self.mechanisms, self.epsilons = mechanisms, epsilons
+        M, E = len(mechanisms), len(epsilons)
+        self.mse = _Running.zeros((M, E))
+        self.ratio = _Running.zeros((E,))
+        self.ratio_undefined = np.zeros(E, dtype=np.int64)
+        self.edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
+        self.h_s = np.zeros(HIST_BINS, dtype=np.int64)
+        self.h_w = np.zeros(HIST_BINS, dtype=np.int64)
+        self.pos = {"spearman": 0, "weighted": 0}
+        self.undefined = {"spearman": 0, "weighted": 0}
+        self.corr_mean = _Running.zeros((2,))
+        self.users = 0
+        self.exact = np.zeros(M, dtype=bool)
+        rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**31,)))
+        pick = rng.choice(total, SCATTER_USERS, replace=False) if total > SCATTER_USERS else np.arange(total)
+        self.scatter_pick = np.sort(pick)
+        self.scatter: list[pl.DataFrame] = []
+        self.ratio_eps_idx = ratio_eps_idx
+        self.has_ratio = "gem" in mechanisms and "mgem" in mechanisms
+        self.gi = mechanisms.index("gem") if self.has_ratio else -1
+        self.mi = mechanisms.index("mgem") if self.has_ratio else -1
+        self.writers: dict[str, pq.ParquetWriter] = {}
+        self.tmp = tmp
+
+    def _write(self, name: str, df: pl.DataFrame) -> None:
+        if self.tmp is None:
+            return
+        table = df.to_arrow()
+        if name not in self.writers:
+            self.writers[name] = pq.ParquetWriter(self.tmp / f"{name}.parquet", table.schema)
+        self.writers[name].write_table(table)
+
+    def add(self, r: ChunkResult) -> None:
+        B = len(r.user_ids)
+        idx = np.arange(r.start, r.start + B)
+        self.users += B
+        self.exact |= r.exact
+        self.mse.add(r.mse)
+        for key, vals, hist in (("spearman", r.spearman, self.h_s), ("weighted", r.weighted, self.h_w)):
+            ok = np.isfinite(vals)
+            self.undefined[key] += int((~ok).sum())
+            self.pos[key] += int((vals[ok] > 0).sum())
+            hist += np.histogram(vals[ok], bins=self.edges)[0]
+        self.corr_mean.add(np.stack([r.spearman, r.weighted], axis=1))
+        lr = None
+        if self.has_ratio:
+            lr = metrics.log_ratio(r.mean_selected[:, self.mi, :], r.mean_selected[:, self.gi, :])  # (B, E)
+            self.ratio.add(lr)
+            self.ratio_undefined += (~np.isfinite(lr)).sum(axis=0)
+        users = pl.DataFrame({
+            "user_index": idx, "user_id": r.user_ids.astype(str), "n_candidates": r.count.astype(np.int64),
+            "spearman": r.spearman, "weighted_correlation": r.weighted,
+        })
+        self._write("users", users)
+        M, E = len(self.mechanisms), len(self.epsilons)
+        self._write("selections", pl.DataFrame({
+            "user_index": np.repeat(idx, M * E),
+            "mechanism": np.tile(np.repeat(np.array(self.mechanisms), E), B),
+            "epsilon": np.tile(np.array(self.epsilons, dtype=np.float64), B * M),
+            "mse": r.mse.reshape(-1), "mean_selected": r.mean_selected.reshape(-1),
+        }))
+        if lr is not None:
+            self._write("log_ratio", pl.DataFrame({
+                "user_index": np.repeat(idx, E), "epsilon": np.tile(np.array(self.epsilons, dtype=np.float64), B),
+                "log_ratio_mgem_gem": lr.reshape(-1),
+            }))
+        keep = np.isin(idx, self.scatter_pick)
+        if keep.any():
+            self.scatter.append(pl.DataFrame({
+                "user_index": idx[keep], "spearman": r.spearman[keep], "weighted_correlation": r.weighted[keep],
+                "log_ratio": lr[keep, self.ratio_eps_idx] if lr is not None else np.full(int(keep.sum()), np.nan),
+            }))
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def _has_exact(name: str) -> bool:
+    """Whether the mechanism has exact probabilities (SPEC §2: not rs, rs_improved, rnmh, …)."""
+    from recsvc.mechanisms import probabilities
+
+    try:
+        probabilities(name, np.array([0.0, 1.0]), np.array([1.0, 1.0]), 1.0)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _context(cfg: EvalConfig, mechanisms: tuple[str, ...]) -> ChunkContext:
+    shared = {"beta": cfg.beta, "gamma": cfg.gamma, "corr_budget_fraction": cfg.corr_budget_fraction}
+    params = {m: {k: shared[k] for k in _PARAMS_OF.get(m, ()) if shared[k] is not None} for m in mechanisms}
+    exact = frozenset(m for m in mechanisms if _has_exact(m)) if cfg.exact else frozenset()
+    return ChunkContext(mechanisms, tuple(float(e) for e in cfg.epsilons), int(cfg.trials), int(cfg.seed), exact, params)
+
+
+def _source(cfg: EvalConfig):
+    if cfg.artifacts is not None:
+        return _ArtifactSource(Path(cfg.artifacts), cfg.users)
+    return _ScenarioSource(str(cfg.scenario), cfg.n, cfg.users, cfg.seed, cfg.level)
+
+
+def run(cfg: EvalConfig) -> EvalResult:
+    """Validates everything, evaluates all users, writes ``cfg.out`` atomically (if set)."""
+    from recsvc.engines import chunk_ranges, make_engine
+
+    mechanisms = _check_config(cfg)
+    source = _source(cfg)  # missing / corrupt artifact or unknown scenario fails here, before work
+    ctx = _context(cfg, mechanisms)
+    ranges = chunk_ranges(source.total, cfg.chunk_size)
+    eps = ctx.epsilons
+    ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
+    tmp: Path | None = None
+    if cfg.out is not None:
+        out = Path(cfg.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    red = _Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, tmp)
+    engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)
+    t0 = time.perf_counter()
+    try:
+        for res in engine.map(evaluate_chunk, _LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
+                              unit="user", sizes=[len(r) for r in ranges]):
+            red.add(res)
+        red.close()
+        result = _finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
+        if tmp is not None:
+            _write_outputs(result, tmp)
+            result.out = _commit(tmp, Path(cfg.out))
+            tmp = None
+        return result
+    finally:
+        engine.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _finish(cfg: EvalConfig, dataset: str, mechanisms, red: _Reducer, seconds: float) -> EvalResult:
+    mean, half = red.mse.ci()
+    rows = []
+    for mi, m in enumerate(mechanisms):
+        method = "exact" if red.exact[mi] else "monte-carlo"
+        for ei, e in enumerate(red.epsilons):
+            rows.append((m, e, mean[mi, ei], mean[mi, ei] - half[mi, ei], mean[mi, ei] + half[mi, ei],
+                         int(red.mse.n[mi, ei]), method))
+    mse = pl.DataFrame(rows, schema={"mechanism": pl.String, "epsilon": pl.Float64, "mse_mean": pl.Float64,
+                                     "ci_low": pl.Float64, "ci_high": pl.Float64, "users": pl.Int64,
+                                     "method": pl.String}, orient="row")
+    rmean, rhalf = red.ratio.ci()
+    log_ratio = pl.DataFrame({
+        "epsilon": np.array(red.epsilons, dtype=np.float64), "mean_log_ratio": rmean,
+        "ci_low": rmean - rhalf, "ci_high": rmean + rhalf,
+        "users_defined": red.ratio.n.astype(np.int64), "users_undefined": red.ratio_undefined,
+    }) if red.has_ratio else pl.DataFrame()
+    cmean, _ = red.corr_mean.ci()
+    n = max(red.users, 1)
+    correlation = {
+        "users": red.users,
+        "spearman": {"mean": float(cmean[0]), "frac_positive": red.pos["spearman"] / n,
+                     "undefined": red.undefined["spearman"]},
+        "weighted": {"mean": float(cmean[1]), "frac_positive": red.pos["weighted"] / n,
+                     "undefined": red.undefined["weighted"]},
+    }
+    notes = []
+    if cfg.exact:
+        mc = [m for mi, m in enumerate(mechanisms) if not red.exact[mi]]
+        if mc:
+            notes.append(f"--exact: no exact probabilities for {', '.join(mc)}; used Monte Carlo with "
+                         f"{cfg.trials} trials for them")
+    if any(m == "rnmh" for m in mechanisms):
+        notes.append("rnmh is NOT differentially private (paper §IV-A); shown for reference only")
+    scatter = pl.concat(red.scatter) if red.scatter else pl.DataFrame()
+    return EvalResult(cfg, dataset, mechanisms, red.epsilons, red.users, mse, correlation, log_ratio,
+                      red.edges, red.h_s, red.h_w, scatter, red.epsilons[red.ratio_eps_idx], seconds, notes=notes)
+
+
+def _write_outputs(result: EvalResult, tmp: Path) -> None:
+    from eval import plots, report
+
+    result.mse.write_parquet(tmp / "mse.parquet")
+    result.mse.write_csv(tmp / "mse.csv")
+    if result.log_ratio.height:
+        result.log_ratio.write_parquet(tmp / "log_ratio_summary.parquet")
+        result.log_ratio.write_csv(tmp / "log_ratio_summary.csv")
+    pl.DataFrame({"bin_low": result.hist_edges[:-1], "bin_high": result.hist_edges[1:],
+                  "spearman_users": result.hist_spearman, "weighted_users": result.hist_weighted}
+                 ).write_csv(tmp / "correlation_histogram.csv")
+    plots.write_all(result, tmp)
+    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
+    summary = {"dataset": result.dataset, "users": result.users, "mechanisms": list(result.mechanisms),
+               "epsilons": list(result.epsilons), "correlation": result.correlation, "config": cfg,
+               "winners": [{"epsilon": e, "mechanism": m, "clear": c} for e, m, c in result.winners()],
+               "seconds": result.seconds, "notes": result.notes}
+    (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (tmp / "report.md").write_text(report.markdown(result))
+
+
+def _commit(tmp: Path, out: Path) -> Path:
+    """Rename the finished results into place; an old results dir is replaced only now."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out
+
+
+def summary(result: EvalResult) -> tuple[str, Path | None]:
+    """The short text summary for the terminal/demo and the path of ``report.md`` (if written)."""
+    from eval import report
+
+    return report.summary_text(result), (result.out / "report.md" if result.out else None)

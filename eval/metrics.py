@@ -1,0 +1,98 @@
+"""Per-user evaluation metrics (SPEC §6; main paper §VIII and Appendix I).
+
+All functions are row-wise over users: inputs are (users, n) arrays of clipped scores and
+sensitivities, and optional ``count`` (users,) for padded rows (only the first count[b]
+columns of row b are real candidates).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from recsvc.stats import spearman
+
+WEIGHTED_BUCKETS = 5  # Appendix I: "which we set to 5 in our evaluation"
+
+
+def valid_mask(shape: tuple[int, int], count: np.ndarray | None) -> np.ndarray:
+    """True for real candidates, False for padding."""
+    if count is None:
+        return np.ones(shape, dtype=bool)
+    return np.arange(shape[1])[None, :] < np.asarray(count)[:, None]
+
+
+def spearman_rows(q: np.ndarray, sens: np.ndarray, count: np.ndarray | None = None) -> np.ndarray:
+    """Spearman(q, Δ) per user over that user's real candidates; NaN where undefined."""
+    q, sens = np.atleast_2d(q), np.atleast_2d(np.broadcast_to(sens, np.shape(q)))
+    out = np.full(q.shape[0], np.nan)
+    count = np.full(q.shape[0], q.shape[1]) if count is None else np.asarray(count)
+    for c in np.unique(count):  # rows with equal length are one vectorised call
+        rows = np.flatnonzero(count == c)
+        if c >= 2:
+            out[rows] = spearman(q[rows, :c], sens[rows, :c], undefined=np.nan)
+    return out
+
+
+def weighted_correlation(
+    q: np.ndarray, sens: np.ndarray, count: np.ndarray | None = None, buckets: int = WEIGHTED_BUCKETS
+) -> np.ndarray:
+    """Appendix I, eq. (17): Pearson correlation of (q, Δ) with weights w_a = Δ_a / max Δ in a's bucket.
+
+    The score range [q_min, q_max] is cut into ``buckets`` equal half-open intervals (the last one
+    closed). NaN where undefined (constant scores or sensitivities, or < 2 candidates).
+    """
+    if buckets < 1:
+        raise ValueError(f"buckets must be ≥ 1, got {buckets}")
+    q = np.atleast_2d(np.asarray(q, dtype=np.float64))
+    sens = np.atleast_2d(np.broadcast_to(np.asarray(sens, dtype=np.float64), q.shape))
+    mask = valid_mask(q.shape, count)
+    qmin = np.where(mask, q, np.inf).min(axis=1, keepdims=True)
+    qmax = np.where(mask, q, -np.inf).max(axis=1, keepdims=True)
+    width = (qmax - qmin) / buckets
+    with np.errstate(invalid="ignore", divide="ignore"):
+        b = np.floor((q - qmin) / np.where(width > 0, width, 1.0))
+    bucket = np.clip(np.nan_to_num(b, nan=0.0), 0, buckets - 1).astype(np.int64)  # q_max → last bucket
+    sens_m = np.where(mask, sens, 0.0)
+    bucket_max = np.stack([np.where(bucket == k, sens_m, 0.0).max(axis=1) for k in range(buckets)], axis=1)
+    w = np.where(mask, sens_m / np.take_along_axis(bucket_max, bucket, axis=1), 0.0)
+    q0 = np.where(mask, q, 0.0)
+    wsum = w.sum(axis=1, keepdims=True)
+    mu_q = (w * q0).sum(axis=1, keepdims=True) / wsum
+    mu_d = (w * sens_m).sum(axis=1, keepdims=True) / wsum
+    dq, dd = np.where(mask, q0 - mu_q, 0.0), np.where(mask, sens_m - mu_d, 0.0)
+    num = (w * dq * dd).sum(axis=1)
+    den = np.sqrt((w * dq * dq).sum(axis=1) * (w * dd * dd).sum(axis=1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+    return np.clip(rho, -1.0, 1.0)
+
+
+def selected_stats(q: np.ndarray, selected: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Monte Carlo: per user, MSE = mean over trials of (max q − q_selected)² and the mean selected score.
+
+    ``q`` (users, n) clipped (padding −inf is never selected), ``selected`` (users, trials) indices.
+    """
+    picked = np.take_along_axis(q, selected, axis=1)
+    if not np.isfinite(picked).all():
+        raise ValueError("a padded (non-candidate) slot was selected; expected indices < count")
+    gap = q.max(axis=1, keepdims=True) - picked
+    return (gap * gap).mean(axis=1), picked.mean(axis=1)
+
+
+def expected_stats(q: np.ndarray, probs: np.ndarray) -> tuple[float, float]:
+    """Exact: E[(max q − q_A)²] and E[q_A] for one user with selection probabilities ``probs``."""
+    q = np.asarray(q, dtype=np.float64)
+    gap = q.max() - q
+    return float(probs @ (gap * gap)), float(probs @ q)
+
+
+def log_ratio(mean_mgem: np.ndarray, mean_gem: np.ndarray) -> np.ndarray:
+    """Paper Figure 13(d–f): log(mean selected score of mGEM / that of GEM).
+
+    Only defined when both means are > 0 (SANSA scores usually are); NaN otherwise, and callers
+    report how many users were NaN.
+    """
+    a, b = np.asarray(mean_mgem, dtype=np.float64), np.asarray(mean_gem, dtype=np.float64)
+    ok = (a > 0) & (b > 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(ok, np.log(np.where(ok, a, 1.0) / np.where(ok, b, 1.0)), np.nan)

@@ -1,0 +1,201 @@
+"""The paper's synthetic selection problems, by name (main paper §VI, §VII and Appendix F).
+
+A scenario is a population of ``repeats`` score vectors over ``n`` candidates (one row per
+trial / synthetic user) plus per-candidate public sensitivities. Exactly as the paper
+describes (§VI "To define Δ_a …"): draw the rows, take each candidate's lower/upper
+percentile over the rows as its clip range [lo, hi], set Δ_a = hi − lo (floored at 1e-6 like
+the real pipeline) and clip every score to its range. The bimodal scenarios 1–3 have no
+randomness, so their Δ are the paper's constants and the range is centred on the score.
+
+- ``"1"``/``"2"``/``"3"``  bimodal (Figure 2): half the candidates score 1, half −1; Δ ∈ {1, 1.8}.
+  1: high score ↔ Δ 1.8 (positive correlation); 2: high score ↔ Δ 1 (negative);
+  3: each group split equally between Δ 1 and 1.8 (no correlation).
+- ``"4"``  σ_1 ≤ … ≤ σ_n sorted draws of N_[0.01,0.7](0.5, 1); P_a = N(log a, σ_a²) (positive).
+- ``"5"``  P_a = N(0.1a, 2.3 − 0.02a) (variance; negative correlation).
+- ``"6"``  μ_a ~ U[0,1], σ_a ~ N_[0.01,0.7](0.5, 1); P_a = N(μ_a, σ_a²) (no correlation).
+- ``"7"``/``"8"``  Appendix F, combined GEM's polarised users: group 0 has base scores
+  −8 + 8a/100 (negative correlation), group 1 has 8 − 8a/100 (positive), plus N(0, σ²) noise
+  per user and candidate with σ = 0.5 (7, strong) or 3 (8, weak). Clip range: the 5th–95th
+  percentiles (the red lines of Figures 19–20).
+- ``"sweep"``  Figure 10: x_a, z_a ~ N(0,1), s_a = (t x_a + z_a)/5 − min_a (t x_a + z_a)/5 and
+  P_a = N(x_a, s_a²); the correlation between score and Δ has the sign of the level ``t``
+  and grows with |t| (paper levels: :data:`SWEEP_LEVELS`).
+
+Where a formula is written for 100 candidates (5, 7, 8) the index a is rescaled to a·100/n so
+that other ``n`` keep the paper's shape; n = 100 is exactly the paper.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import truncnorm
+
+from recsvc.artifacts import MIN_SENSITIVITY
+from recsvc.stats import spearman
+
+SWEEP_LEVELS: tuple[float, ...] = (-5.0, -0.8, -0.3, 0.0, 0.3, 0.8, 5.0)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One synthetic selection problem.
+
+    ``scores`` is ONE instance (the first row of ``draws``), already clipped, so that a
+    mechanism can be run on ``(scenario.scores, scenario.sensitivities)`` directly.
+    ``draws`` holds every row (repeats × n), also clipped: the evaluation treats each row as
+    one synthetic user.
+    """
+
+    name: str
+    description: str
+    scores: np.ndarray  # (n,) clipped, = draws[0]
+    sensitivities: np.ndarray  # (n,) public Δ_a = max(hi − lo, 1e-6)
+    lo: np.ndarray  # (n,)
+    hi: np.ndarray  # (n,)
+    draws: np.ndarray  # (repeats, n) clipped
+    groups: np.ndarray | None = None  # (repeats,) group label for scenarios 7/8
+    level: float | None = None  # sweep level t
+    seed: int = 0
+
+    @property
+    def n(self) -> int:
+        return int(self.scores.shape[0])
+
+    @property
+    def repeats(self) -> int:
+        return int(self.draws.shape[0])
+
+    def correlation(self) -> np.ndarray:
+        """Spearman(q, Δ) of every row."""
+        return np.asarray(spearman(self.draws, np.broadcast_to(self.sensitivities, self.draws.shape)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Generators: each returns (raw draws (R, n), percentiles) or, for the bimodal ones, fixed data.
+
+
+def _truncnorm_sd(rng: np.random.Generator, size: int) -> np.ndarray:
+    """N_[0.01, 0.7](0.5; 1): normal with mean 0.5, variance 1, truncated to [0.01, 0.7]."""
+    lo, hi, mu, sd = 0.01, 0.7, 0.5, 1.0
+    return truncnorm.rvs((lo - mu) / sd, (hi - mu) / sd, loc=mu, scale=sd, size=size, random_state=rng)
+
+
+def _bimodal(kind: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    if n < 2:
+        raise ValueError(f"bimodal scenario needs n ≥ 2 candidates, got {n}")
+    half = n // 2
+    q = np.where(np.arange(n) < half, 1.0, -1.0)  # first half high, as in Figure 2
+    if kind == "1":
+        sens = np.where(q > 0, 1.8, 1.0)
+    elif kind == "2":
+        sens = np.where(q > 0, 1.0, 1.8)
+    else:  # "3": alternate inside each group → equal share of large and small Δ per group
+        sens = np.where(np.arange(n) % 2 == 0, 1.8, 1.0)
+    return q, sens
+
+
+def _scenario_4(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
+    sigma = np.sort(_truncnorm_sd(rng, n))
+    mean = np.log(np.arange(1, n + 1))
+    return mean + sigma * rng.standard_normal((repeats, n))
+
+
+def _scenario_5(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
+    a = np.arange(1, n + 1) * (100.0 / n)
+    var = 2.3 - 0.02 * a
+    return 0.1 * a + np.sqrt(var) * rng.standard_normal((repeats, n))
+
+
+def _scenario_6(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
+    mu = rng.uniform(0.0, 1.0, n)
+    sigma = _truncnorm_sd(rng, n)
+    return mu + sigma * rng.standard_normal((repeats, n))
+
+
+def _polarised(sigma: float) -> Callable[[np.random.Generator, int, int], tuple[np.ndarray, np.ndarray]]:
+    def gen(rng: np.random.Generator, n: int, repeats: int) -> tuple[np.ndarray, np.ndarray]:
+        a = np.arange(n) * (100.0 / n)
+        base = np.stack([-8.0 + 8.0 * a / 100.0, 8.0 - 8.0 * a / 100.0])  # group 0, group 1
+        groups = np.arange(repeats) % 2  # equal split, interleaved so any prefix is balanced
+        return base[groups] + sigma * rng.standard_normal((repeats, n)), groups
+
+    return gen
+
+
+def _sweep(rng: np.random.Generator, n: int, repeats: int, level: float) -> np.ndarray:
+    x = rng.standard_normal(n)
+    z = rng.standard_normal(n)
+    s = (level * x + z) / 5.0
+    s = s - s.min()
+    return x + s * rng.standard_normal((repeats, n))
+
+
+_DESCRIPTIONS: dict[str, str] = {
+    "1": "bimodal, positive correlation: score 1 with Δ 1.8, score −1 with Δ 1",
+    "2": "bimodal, negative correlation: score 1 with Δ 1, score −1 with Δ 1.8",
+    "3": "bimodal, no correlation: each score group split equally between Δ 1 and Δ 1.8",
+    "4": "realistic, positive correlation: P_a = N(log a, σ_a²), σ sorted ascending",
+    "5": "realistic, negative correlation: P_a = N(0.1a, 2.3 − 0.02a)",
+    "6": "realistic, no correlation: P_a = N(μ_a, σ_a²), μ ~ U[0,1]",
+    "7": "combined-GEM polarised users (σ = 0.5): half positive, half negative correlation",
+    "8": "combined-GEM weakly polarised users (σ = 3): noisier, less polarised",
+    "sweep": "Figure 10 correlation sweep: P_a = N(x_a, s_a²), s = (t x + z)/5 − min; sign(ρ) = sign(t)",
+}
+
+SCENARIOS: tuple[str, ...] = tuple(_DESCRIPTIONS)
+
+_DEFAULT_REPEATS = {"1": 1, "2": 1, "3": 1, "4": 1000, "5": 1000, "6": 1000, "7": 5000, "8": 5000, "sweep": 1000}
+_PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0), "sweep": (10.0, 90.0),
+                "7": (5.0, 95.0), "8": (5.0, 95.0)}
+
+
+def scenario(
+    name: str, n: int = 100, seed: int = 0, *, repeats: int | None = None, level: float = 0.8
+) -> Scenario:
+    """Builds scenario ``name`` with ``n`` candidates; ``repeats`` rows (default per scenario:
+    1 for the deterministic bimodal ones, 1000 for 4–6/sweep, 5000 for 7–8 as in Appendix F).
+    ``level`` is the sweep's t (ignored elsewhere)."""
+    name = str(name)
+    if name not in _DESCRIPTIONS:
+        raise ValueError(f"unknown scenario {name!r}; expected one of {', '.join(SCENARIOS)}")
+    if isinstance(n, bool) or int(n) != n or n < 2:
+        raise ValueError(f"scenario needs an integer n ≥ 2 candidates, got {n!r}")
+    n = int(n)
+    repeats = _DEFAULT_REPEATS[name] if repeats is None else repeats
+    if isinstance(repeats, bool) or int(repeats) != repeats or repeats < 1:
+        raise ValueError(f"repeats must be an integer ≥ 1, got {repeats!r}")
+    repeats = int(repeats)
+    if not np.isfinite(level):
+        raise ValueError(f"sweep level must be finite, got {level!r}")
+    description = _DESCRIPTIONS[name]
+
+    if name in ("1", "2", "3"):
+        q, sens = _bimodal(name, n)
+        lo, hi = q - sens / 2.0, q + sens / 2.0
+        draws = np.broadcast_to(q, (repeats, n)).copy()
+        return Scenario(name, description, q.copy(), sens, lo, hi, draws, seed=seed)
+
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    groups = None
+    if name == "4":
+        raw = _scenario_4(rng, n, repeats)
+    elif name == "5":
+        raw = _scenario_5(rng, n, repeats)
+    elif name == "6":
+        raw = _scenario_6(rng, n, repeats)
+    elif name in ("7", "8"):
+        raw, groups = _polarised(0.5 if name == "7" else 3.0)(rng, n, repeats)
+    else:
+        raw = _sweep(rng, n, repeats, float(level))
+        description = f"{description} (t = {level:g})"
+    p_lo, p_hi = _PERCENTILES[name]
+    lo, hi = np.percentile(raw, [p_lo, p_hi], axis=0)
+    sens = np.maximum(hi - lo, MIN_SENSITIVITY)
+    draws = np.clip(raw, lo, hi)
+    return Scenario(
+        name, description, draws[0].copy(), sens, lo, hi, draws, groups=groups,
+        level=float(level) if name == "sweep" else None, seed=seed,
+    )

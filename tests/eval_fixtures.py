@@ -1,0 +1,37 @@
+"""Tiny artifacts for the eval tests, written through the real ArtifactWriter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from recsvc.artifacts import ArtifactWriter
+
+
+def make_artifact(out: Path, users: int = 12, items: int = 30, n: int = 20, seed: int = 0,
+                  short_users: int = 2) -> Path:
+    """Scores roughly increase with Δ (positive correlation, like SANSA in the paper).
+
+    The last ``short_users`` users get fewer than ``n`` candidates, exercising the padding.
+    """
+    rng = np.random.default_rng(seed)
+    lo = rng.uniform(0.0, 0.1, items)
+    sens = rng.uniform(0.1, 1.0, items)
+    hi = lo + sens
+    item_ids = [f"i{k}" for k in range(items)]
+    rows = {"user_id": [], "rank": [], "item_id": [], "score": []}
+    for u in range(users):
+        count = n - 3 * (u >= users - short_users)
+        picked = rng.choice(items, count, replace=False)
+        score = lo[picked] + sens[picked] * rng.uniform(0.2, 1.3, count)  # some above hi → clipped
+        order = np.argsort(-score)
+        rows["user_id"] += [f"u{u:03d}"] * count
+        rows["rank"] += list(range(count))
+        rows["item_id"] += [item_ids[k] for k in picked[order]]
+        rows["score"] += score[order].tolist()
+    with ArtifactWriter(out) as w:
+        w.write_items(pl.DataFrame({"item_id": item_ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
+        w.write_candidates(pl.DataFrame(rows).cast({"rank": pl.Int32}))
+        return w.commit({"dataset": "toy", "seed": seed})
