@@ -1,9 +1,168 @@
-"""Subcommands of this part (see recsvc/cli.py for the registration contract)."""
+"""`recsvc serve`, `recsvc select`, `recsvc budget` (see recsvc/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
 import argparse
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_TARGET = "127.0.0.1:50051"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    pass
+    p = sub.add_parser("serve", help="run the private-selection gRPC server",
+                       description="Serve PrivateSelection (gRPC) over an artifact directory, with a privacy ledger.")
+    p.add_argument("--artifacts", type=Path, required=True, help="artifact directory, e.g. artifacts/ml-100k")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="0 picks a free port (single worker)")
+    p.add_argument("--ledger", type=Path, default=Path("ledger.db"), help="SQLite privacy ledger (created if missing)")
+    p.add_argument("--budget", type=float, default=10.0, help="per-user ε budget (basic composition)")
+    p.add_argument("--default-mechanism", default="auto", help="used when a request names no mechanism")
+    p.add_argument("--auto-threshold", type=float, default=0.1, help="|median population Spearman| above which auto picks gem/mgem")
+    p.add_argument("--max-candidates", type=int, default=10_000)
+    p.add_argument("--max-batch", type=int, default=1000, help="most requests per SelectBatch call")
+    p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT) and the ledger")
+    p.add_argument("--threads", type=int, default=8, help="gRPC thread pool size per worker")
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
+    p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
+    p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")
+    p.add_argument("--token-file", type=Path, help="bearer tokens, one per line; enables token auth")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--allow-non-private", action="store_true", help="accept rnmh (NOT differentially private)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument("--drain-delay", type=float, default=0.5, help="seconds of NOT_SERVING before the port closes")
+    p.set_defaults(func=run_serve)
+
+    s = sub.add_parser("select", help="ask a running server for one private selection",
+                       description="Send one Select request and print the answer as JSON.")
+    _client_args(s)
+    s.add_argument("--user", required=True, help="user id (the budget is charged to it)")
+    g = s.add_mutually_exclusive_group(required=True)
+    g.add_argument("--candidates", type=Path, help="CSV with columns item_id,score (header optional)")
+    g.add_argument("--candidate", action="append", metavar="ID:SCORE", help="one candidate; repeat")
+    s.add_argument("--mechanism", default="", help="mechanism name or 'auto' (default: the server's default)")
+    s.add_argument("--epsilon", type=float, required=True)
+    s.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
+    s.add_argument("--beta", type=float)
+    s.add_argument("--gamma", type=float)
+    s.add_argument("--corr-budget-fraction", type=float)
+    s.set_defaults(func=run_select)
+
+    b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
+    _client_args(b)
+    b.add_argument("--user", required=True)
+    b.set_defaults(func=run_budget)
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})")
+    p.add_argument("--token-file", type=Path, help="file whose first token is sent as 'authorization: Bearer'")
+    p.add_argument("--tls-ca", type=Path, help="CA (PEM) to verify the server; enables TLS")
+    p.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mTLS")
+    p.add_argument("--tls-key", type=Path, help="client key (PEM) for mTLS")
+    p.add_argument("--timeout", type=float, default=30.0)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from recsvc.service.server import ServerConfig, serve
+
+    config = ServerConfig(
+        artifacts=args.artifacts, host=args.host, port=args.port, ledger=args.ledger, budget=args.budget,
+        default_mechanism=args.default_mechanism, auto_threshold=args.auto_threshold,
+        max_candidates=args.max_candidates, max_batch=args.max_batch, workers=args.workers,
+        threads=args.threads, tls_cert=args.tls_cert, tls_key=args.tls_key, client_ca=args.client_ca,
+        token_file=args.token_file, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        allow_non_private=args.allow_non_private, grace=args.grace, drain_delay=args.drain_delay,
+    )
+    return serve(config)
+
+
+def parse_candidate(text: str) -> tuple[str, float]:
+    item, sep, score = text.rpartition(":")
+    if not sep or not item:
+        raise ValueError(f"--candidate {text!r}: expected ITEM_ID:SCORE, e.g. 50:0.93")
+    try:
+        return item, float(score)
+    except ValueError:
+        raise ValueError(f"--candidate {text!r}: the score is not a number; expected ITEM_ID:SCORE") from None
+
+
+def read_candidates_csv(path: Path) -> list[tuple[str, float]]:
+    """Rows `item_id,score`; a first row whose score is not a number is taken as the header."""
+    if not path.is_file():
+        raise FileNotFoundError(f"candidates file {path} does not exist; expected a CSV of item_id,score")
+    out: list[tuple[str, float]] = []
+    with open(path, newline="") as f:
+        for line, row in enumerate(csv.reader(f), start=1):
+            if not row or not "".join(row).strip():
+                continue
+            if len(row) != 2:
+                raise ValueError(f"{path}:{line}: expected 2 columns item_id,score, got {len(row)}")
+            try:
+                out.append((row[0].strip(), float(row[1])))
+            except ValueError:
+                if line == 1 and not out:
+                    continue  # header
+                raise ValueError(f"{path}:{line}: score is not a number; expected item_id,score") from None
+    if not out:
+        raise ValueError(f"{path} has no candidate rows; expected lines item_id,score")
+    return out
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from recsvc.service.auth import read_token
+    from recsvc.service.client import Client
+
+    token = read_token(args.token_file) if args.token_file else None
+    return Client(args.target, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                  timeout=args.timeout)
+
+
+class RpcFailure(ValueError):
+    """The server refused the call; recsvc/cli.py prints it as one line with exit code 2.
+
+    A ValueError (not recsvc.cli.UserError) so that it is caught even under `python -m recsvc.cli`,
+    where recsvc.cli runs as __main__ and its UserError is a different class."""
+
+
+def _rpc_error(exc: Any) -> Exception:
+    return RpcFailure(f"{exc.code().name}: {exc.details()}")
+
+
+def run_select(args: argparse.Namespace) -> int:
+    import grpc
+
+    cands = read_candidates_csv(args.candidates) if args.candidates else [parse_candidate(c) for c in args.candidate]
+    if not math.isfinite(args.epsilon) or args.epsilon <= 0:
+        raise ValueError(f"--epsilon must be a positive finite number, got {args.epsilon}")
+    with _client(args) as client:
+        try:
+            r = client.select(args.user, cands, mechanism=args.mechanism, epsilon=args.epsilon,
+                              request_id=args.request_id, beta=args.beta, gamma=args.gamma,
+                              corr_budget_fraction=args.corr_budget_fraction)
+        except grpc.RpcError as exc:
+            raise _rpc_error(exc) from None
+    json.dump({"item_id": r.item_id, "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,
+               "budget_remaining": r.budget_remaining, "request_id": r.request_id, "replayed": r.replayed},
+              sys.stdout)
+    print()
+    return 0
+
+
+def run_budget(args: argparse.Namespace) -> int:
+    import grpc
+
+    with _client(args) as client:
+        try:
+            r = client.budget(args.user)
+        except grpc.RpcError as exc:
+            raise _rpc_error(exc) from None
+    json.dump({"user_id": r.user_id, "budget": r.budget, "spent": r.spent, "remaining": r.remaining,
+               "requests": r.requests}, sys.stdout)
+    print()
+    return 0

@@ -1,0 +1,122 @@
+"""Transport security (TLS / mTLS) and bearer-token authentication for the gRPC server."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+# Health checks stay open so that load balancers and orchestrators need no token.
+OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+def load_tokens(path: str | os.PathLike[str]) -> list[str]:
+    """Bearer tokens, one per line; blank lines and lines starting with '#' are ignored."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"token file {p} does not exist; expected a file with one token per line")
+    tokens = [ln.strip() for ln in p.read_text().splitlines()]
+    tokens = [t for t in tokens if t and not t.startswith("#")]
+    if not tokens:
+        raise ValueError(f"token file {p} holds no token; expected one token per line")
+    if any(any(ch.isspace() for ch in t) for t in tokens):
+        raise ValueError(f"token file {p}: a token contains whitespace; expected one token per line")
+    return tokens
+
+
+def read_token(path: str | os.PathLike[str]) -> str:
+    """The first token in a token file (what a client sends)."""
+    return load_tokens(path)[0]
+
+
+def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} file {p} does not exist; expected a PEM file")
+    return p.read_bytes()
+
+
+def server_credentials(
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+    client_ca: str | os.PathLike[str] | None = None,
+) -> grpc.ServerCredentials | None:
+    """TLS if cert+key are given; mTLS (client certificates required) if client_ca is too."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key (mTLS runs over TLS)")
+        return None
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    ca = _read(client_ca, "client CA")
+    return grpc.ssl_server_credentials(
+        [(_read(key, "TLS key"), _read(cert, "TLS certificate"))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+def channel_credentials(
+    ca: str | os.PathLike[str] | None = None,
+    cert: str | os.PathLike[str] | None = None,
+    key: str | os.PathLike[str] | None = None,
+) -> grpc.ChannelCredentials:
+    if (cert is None) != (key is None):
+        raise ValueError("a client certificate needs both --tls-cert and --tls-key")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, "CA"),
+        private_key=_read(key, "client key"),
+        certificate_chain=_read(cert, "client certificate"),
+    )
+
+
+def _deny_like(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as ``handler`` that aborts UNAUTHENTICATED."""
+
+    def abort(_request: Any, context: grpc.ServicerContext) -> None:
+        context.abort(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or invalid bearer token; expected metadata 'authorization: Bearer <token>'",
+        )
+
+    kinds: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }
+    make = kinds[(handler.request_streaming, handler.response_streaming)]
+    return make(abort, request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer)
+
+
+class BearerTokenInterceptor(grpc.ServerInterceptor):
+    """Requires ``authorization: Bearer <token>`` on every method except health checks."""
+
+    def __init__(self, tokens: Iterable[str], open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES) -> None:
+        self._tokens = [t.encode() for t in tokens]
+        if not self._tokens:
+            raise ValueError("bearer-token auth needs at least one token")
+        self._open = open_prefixes
+
+    def _authorised(self, metadata: Iterable[tuple[str, Any]] | None) -> bool:
+        value = next((v for k, v in (metadata or ()) if k == "authorization"), None)
+        if not isinstance(value, str) or not value.startswith("Bearer "):
+            return False
+        given = value[len("Bearer "):].strip().encode()
+        # Compare against every token in constant time (no early exit on the first match).
+        return sum(hmac.compare_digest(given, t) for t in self._tokens) > 0
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(self._open):
+            return handler
+        if self._authorised(handler_call_details.invocation_metadata):
+            return handler
+        return _deny_like(handler)

@@ -1,0 +1,41 @@
+"""Prometheus metrics of the service. Labels never carry user ids, item ids or scores.
+
+With ``--workers N`` each worker writes to ``PROMETHEUS_MULTIPROC_DIR`` (set by the parent
+before it forks) and the parent serves the aggregate; see :func:`start_metrics_http`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import multiprocess
+
+REQUESTS = Counter(
+    "recsvc_requests",
+    "Selection requests by RPC method, mechanism actually used and gRPC status.",
+    ["method", "mechanism", "status"],
+)
+LATENCY = Histogram(
+    "recsvc_request_seconds",
+    "Server-side latency of PrivateSelection RPCs.",
+    ["method"],
+    buckets=(0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
+)
+EPSILON_SPENT = Counter(
+    "recsvc_epsilon_spent",
+    "Privacy budget charged to the ledger (replays are not counted), by mechanism.",
+    ["mechanism"],
+)
+REPLAYS = Counter("recsvc_replays", "Retried requests answered from the ledger without spending.")
+
+
+def start_metrics_http(port: int, addr: str = "127.0.0.1") -> int:
+    """Serves /metrics on ``addr:port`` (a thread); returns the bound port."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        server, _ = start_http_server(port, addr=addr, registry=registry)
+    else:
+        server, _ = start_http_server(port, addr=addr)
+    return int(server.server_port)

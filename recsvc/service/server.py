@@ -1,0 +1,296 @@
+"""Starting, draining and multi-process serving of the PrivateSelection gRPC server.
+
+This module stays light at import time (stdlib + grpc): with ``--workers N`` the parent forks
+its workers before any gRPC server, thread pool, polars pool or SQLite connection exists, and
+each worker then builds its own server on the same port with ``SO_REUSEPORT``.
+
+In-process API (used by the demo and tests)::
+
+    handle = start(ServerConfig(artifacts="artifacts/ml-100k", port=0))
+    ... Client(f"127.0.0.1:{handle.port}") ...
+    handle.stop(grace=5)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from concurrent import futures
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+log = logging.getLogger("recsvc.service")
+
+SERVICE_NAME = "recsvc.v1.PrivateSelection"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full SelectBatch of 500-candidate requests fits
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    artifacts: Path
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
+    ledger: Path = Path("ledger.db")
+    budget: float = 10.0  # per-user ε under basic composition
+    default_mechanism: str = "auto"
+    auto_threshold: float = 0.1
+    max_candidates: int = 10_000
+    max_batch: int = 1000
+    workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
+    threads: int = 8  # gRPC thread pool per worker
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
+    token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
+    metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
+    metrics_host: str = "127.0.0.1"
+    allow_non_private: bool = False
+    grace: float = 10.0  # seconds in-flight calls get to finish on SIGTERM
+    drain_delay: float = 0.5  # seconds health reports NOT_SERVING before the port closes
+    reuse_port: bool = False
+
+    def check(self) -> ServerConfig:
+        """Validates the knobs that do not need the artifact; returns self."""
+        checks = [
+            (0 <= self.port <= 65535, f"--port must be in 0..65535, got {self.port}"),
+            (self.workers >= 1, f"--workers must be >= 1, got {self.workers}"),
+            (self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
+            (self.budget > 0 and self.budget < float("inf"), f"--budget must be a finite ε > 0, got {self.budget}"),
+            (self.max_candidates >= 1, f"--max-candidates must be >= 1, got {self.max_candidates}"),
+            (self.auto_threshold >= 0, f"--auto-threshold must be >= 0, got {self.auto_threshold}"),
+            (self.grace >= 0 and self.drain_delay >= 0, "--grace and --drain-delay must be >= 0"),
+            (not (self.workers > 1 and self.port == 0), "--workers > 1 needs an explicit --port (not 0)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        return self
+
+
+@dataclass
+class ServerHandle:
+    """A running in-process server. ``stop`` drains it (health NOT_SERVING, then grace)."""
+
+    server: grpc.Server
+    port: int
+    health: Any
+    ledger: Any
+    servicer: Any
+    metrics_port: int | None = None
+    _stopped: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self, grace: float | None = 5.0, drain_delay: float = 0.0) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.health.enter_graceful_shutdown()  # every service → NOT_SERVING
+        if drain_delay > 0:
+            time.sleep(drain_delay)  # let load balancers see NOT_SERVING before the port closes
+        self.server.stop(grace).wait()  # refuses new calls; in-flight calls get `grace` seconds
+        self.ledger.close()
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+
+def start(config: ServerConfig) -> ServerHandle:
+    """Builds and starts one server in this process (no signal handling)."""
+    config.check()
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from recsvc.artifacts import load_artifact
+    from recsvc.service import auth, metrics
+    from recsvc.service.ledger import Ledger
+    from recsvc.service.servicer import Policy, SelectionServicer
+    from recsvc.v1 import selection_pb2, selection_pb2_grpc
+
+    # Everything that can fail on bad configuration happens before the port opens.
+    artifact = load_artifact(config.artifacts)
+    creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
+    interceptors = [auth.BearerTokenInterceptor(auth.load_tokens(config.token_file))] if config.token_file else []
+    ledger = Ledger(config.ledger, config.budget)
+    try:
+        policy = Policy(
+            default_mechanism=config.default_mechanism,
+            auto_threshold=config.auto_threshold,
+            max_candidates=config.max_candidates,
+            max_batch=config.max_batch,
+            allow_non_private=config.allow_non_private,
+        )
+        servicer = SelectionServicer(artifact, ledger, policy)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
+            interceptors=interceptors,
+            options=[
+                # Off for a single worker, so a second server on a busy port fails loudly.
+                ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        selection_pb2_grpc.add_PrivateSelectionServicer_to_server(servicer, server)
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        names = (
+            selection_pb2.DESCRIPTOR.services_by_name["PrivateSelection"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        )
+        reflection.enable_server_reflection(names, server)
+        address = f"{config.host}:{config.port}"
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+        if port == 0:
+            raise ValueError(f"cannot listen on {address}: the port is in use or the host is not local")
+        server.start()
+        for name in ("", SERVICE_NAME):
+            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    except BaseException:
+        ledger.close()
+        raise
+    metrics_port = None
+    if config.metrics_port is not None:
+        metrics_port = metrics.start_metrics_http(config.metrics_port, config.metrics_host)
+    log.info(
+        "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s)",
+        SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext", servicer.default_mechanism,
+        servicer.auto_choice, config.budget, config.ledger,
+    )
+    return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
+    """One worker: start, report readiness, wait for SIGTERM/SIGINT, drain, return 0."""
+    stop = _stop_on_signals()
+    handle = start(config)
+    if ready_fd is None:
+        print(f"recsvc serve: listening on {config.host}:{handle.port}", flush=True)
+        if handle.metrics_port is not None:
+            print(f"recsvc serve: metrics on http://{config.metrics_host}:{handle.metrics_port}/metrics", flush=True)
+    else:
+        os.write(ready_fd, b"1")
+        os.close(ready_fd)
+    while not stop.wait(0.5):
+        pass
+    log.info("draining: health NOT_SERVING, in-flight calls get %.1fs", config.grace)
+    handle.stop(config.grace, config.drain_delay)
+    log.info("stopped")
+    return 0
+
+
+def serve(config: ServerConfig) -> int:
+    """The `recsvc serve` entry point: blocks until SIGTERM/SIGINT, then drains; exit code."""
+    config.check()
+    if config.workers == 1:
+        return _serve_one(config)
+    return _serve_workers(config)
+
+
+def _serve_workers(config: ServerConfig) -> int:
+    """Forks ``workers`` processes that share the port via SO_REUSEPORT and the SQLite ledger.
+
+    The parent holds no gRPC state; it serves the aggregated metrics (Prometheus multiprocess
+    mode), forwards SIGTERM to the workers and exits 0 when they all drained cleanly.
+    """
+    metrics_dir = None
+    if config.metrics_port is not None:
+        if "prometheus_client" in sys.modules:
+            raise RuntimeError("multi-worker metrics need PROMETHEUS_MULTIPROC_DIR set before prometheus_client is imported")
+        metrics_dir = tempfile.mkdtemp(prefix="recsvc-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        return _fork_workers(config)
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _fork_workers(config: ServerConfig) -> int:
+    _check_port_free(config.host, config.port)
+    from recsvc.service.ledger import Ledger
+
+    Ledger(config.ledger, config.budget).close()  # create the file in WAL mode once, before the workers race
+    worker_config = replace(config, workers=1, reuse_port=True, metrics_port=None)
+    read_fd, write_fd = os.pipe()
+    pids: list[int] = []
+    for _ in range(config.workers):
+        pid = os.fork()
+        if pid == 0:  # child: never returns into the parent's code
+            os.close(read_fd)
+            code = 1
+            try:
+                code = _serve_one(worker_config, write_fd)
+            except BaseException:
+                log.exception("worker failed")
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    os.close(write_fd)
+    stop = _stop_on_signals()
+    ready = 0
+    while ready < config.workers:  # EOF before N bytes: a worker died while starting
+        chunk = os.read(read_fd, config.workers)
+        if not chunk:
+            break
+        ready += len(chunk)
+    os.close(read_fd)
+    if ready < config.workers:
+        _terminate(pids)
+        raise RuntimeError(f"only {ready} of {config.workers} workers started; see the log above")
+    print(f"recsvc serve: listening on {config.host}:{config.port} ({config.workers} workers)", flush=True)
+    if config.metrics_port is not None:
+        from recsvc.service.metrics import start_metrics_http
+
+        mport = start_metrics_http(config.metrics_port, config.metrics_host)
+        print(f"recsvc serve: metrics on http://{config.metrics_host}:{mport}/metrics", flush=True)
+    codes: dict[int, int] = {}
+    while len(codes) < len(pids):
+        if stop.is_set():
+            _terminate([p for p in pids if p not in codes])
+            stop.clear()
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.1)
+            continue
+        codes[pid] = os.waitstatus_to_exitcode(status)
+        if codes[pid] != 0:  # one worker crashed: stop the rest rather than serve degraded
+            log.error("worker %d exited with %d; stopping the others", pid, codes[pid])
+            _terminate([p for p in pids if p not in codes])
+    return 0 if all(c == 0 for c in codes.values()) else 1
+
+
+def _terminate(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
+def _check_port_free(host: str, port: int) -> None:
+    # SO_REUSEPORT would otherwise let our workers silently join someone else's server.
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None

@@ -1,0 +1,257 @@
+#!/usr/bin/env python
+"""Benchmark of the PrivateSelection service on loopback (asyncio client, bounded run time).
+
+Measures, in ONE run so that ratios are comparable on a noisy machine:
+
+* QPS and p50/p99 latency of Select at concurrency 1 and 32, 500 candidates per request,
+  for ``rnm``, ``mgem`` and ``auto``, against the real server (durable SQLite ledger);
+* the same payload against a no-op echo server (parses the request, answers a fixed item);
+* the sync (thread-pool) server vs a ``grpc.aio`` server running the same servicer code;
+* ``--workers 2`` vs ``--workers 1`` throughput at concurrency 32.
+
+Every server runs in its own process; the client pre-serialises its requests (each with a
+fresh request_id, so nothing is a replay) and sends raw bytes, to spend as little client CPU
+as possible. Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+METHOD = "/recsvc.v1.PrivateSelection/Select"
+N_CANDIDATES = 500
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+def bench_artifact(out: Path, n_items: int = 2000, seed: int = 0) -> Path:
+    """A synthetic artifact with n_items clip ranges and a positive population Spearman."""
+    import polars as pl
+
+    from recsvc.artifacts import ArtifactWriter
+
+    rng = np.random.default_rng(seed)
+    ids = [f"item{k}" for k in range(n_items)]
+    lo = rng.uniform(0, 0.05, n_items)
+    hi = lo + rng.uniform(0.01, 1.0, n_items)
+    with ArtifactWriter(out) as w:
+        w.write_items(pl.DataFrame({"item_id": ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
+        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]})
+                           .cast({"rank": pl.Int32}))
+        return w.commit({"dataset": "bench", "seed": seed,
+                         "population_spearman": {"median": 0.3, "mean": 0.3, "frac_positive": 0.8, "users": 100}})
+
+
+def payloads(count: int, mechanism: str, seed: int = 1, encoding: str = "columns") -> list[bytes]:
+    """Serialized SelectRequests, each with a fresh request_id; `columns` is what Client sends."""
+    from recsvc.v1 import selection_pb2 as pb
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(count):
+        ids = [f"item{k}" for k in rng.choice(2000, N_CANDIDATES, replace=False)]
+        scores = rng.uniform(0, 1, N_CANDIDATES).tolist()
+        req = pb.SelectRequest(user_id=f"bench-{i % 1000}", mechanism=mechanism, epsilon=0.001,
+                               request_id=uuid.uuid4().hex)
+        if encoding == "columns":
+            req.item_ids.extend(ids)
+            req.scores.extend(scores)
+        else:
+            req.candidates.extend(pb.Candidate(item_id=k, score=s) for k, s in zip(ids, scores))
+        out.append(req.SerializeToString())
+    return out
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+def serve_echo(port: int) -> None:
+    """No-op server with the same method and payload: parse, answer a fixed item."""
+    from concurrent import futures
+
+    import grpc
+
+    from recsvc.v1 import selection_pb2 as pb
+
+    def echo(req: pb.SelectRequest, _ctx: grpc.ServicerContext) -> pb.SelectResponse:
+        first = req.item_ids[0] if len(req.item_ids) else req.candidates[0].item_id
+        return pb.SelectResponse(item_id=first, mechanism=req.mechanism,
+                                 epsilon_spent=req.epsilon, request_id=req.request_id)
+
+    handler = grpc.method_handlers_generic_handler("recsvc.v1.PrivateSelection", {
+        "Select": grpc.unary_unary_rpc_method_handler(echo, request_deserializer=pb.SelectRequest.FromString,
+                                                      response_serializer=pb.SelectResponse.SerializeToString)})
+    server = grpc.server(futures.ThreadPoolExecutor(8), handlers=[handler], options=[("grpc.so_reuseport", 0)])
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print(f"listening on 127.0.0.1:{port}", flush=True)
+    server.wait_for_termination()
+
+
+def serve_aio(port: int, artifacts: str, ledger: str) -> None:
+    """The same SelectionServicer code behind a grpc.aio server (Select only, for comparison)."""
+    import grpc
+
+    from recsvc.artifacts import load_artifact
+    from recsvc.service.ledger import Ledger
+    from recsvc.service.servicer import Policy, SelectionServicer, status_of
+    from recsvc.v1 import selection_pb2 as pb
+
+    servicer = SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e12), Policy())
+
+    async def select(req: pb.SelectRequest, ctx: grpc.aio.ServicerContext) -> pb.SelectResponse:
+        try:  # runs on the event loop: the work is CPU + a short SQLite commit
+            return servicer.execute(servicer.prepare_select(req))
+        except Exception as exc:  # noqa: BLE001
+            await ctx.abort(*status_of(exc))
+
+    async def main() -> None:
+        handler = grpc.method_handlers_generic_handler("recsvc.v1.PrivateSelection", {
+            "Select": grpc.unary_unary_rpc_method_handler(select, request_deserializer=pb.SelectRequest.FromString,
+                                                          response_serializer=pb.SelectResponse.SerializeToString)})
+        server = grpc.aio.server(handlers=[handler], options=[("grpc.so_reuseport", 0)])
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        print(f"listening on 127.0.0.1:{port}", flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1) -> None:
+        self.port = free_port()
+        ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
+        if kind == "sync":
+            cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
+                   "--port", str(self.port), "--budget", "1e12", "--workers", str(workers), "--drain-delay", "0"]
+        else:
+            cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(ledger)]
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        line = self.proc.stdout.readline()  # type: ignore[union-attr]
+        if not re.search(r"listening on", line):
+            raise RuntimeError(f"{kind} server did not start: {line!r}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+# ----------------------------------------------------------------------------- client
+
+
+async def load(port: int, bodies: list[bytes], concurrency: int, channels: int = 4) -> dict[str, float]:
+    import grpc
+
+    chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(channels)]
+    calls = [c.unary_unary(METHOD) for c in chans]  # raw bytes in and out: minimal client CPU
+    for call in calls:  # warm up every connection
+        await call(_fresh(bodies[0]))
+    latencies = np.empty(len(bodies))
+    nxt = 0
+
+    async def worker(w: int) -> None:
+        nonlocal nxt
+        call = calls[w % channels]
+        while nxt < len(bodies):
+            i = nxt
+            nxt += 1
+            t = time.perf_counter()
+            await call(bodies[i])
+            latencies[i] = time.perf_counter() - t
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    wall = time.perf_counter() - t0
+    for c in chans:
+        await c.close()
+    return {"qps": len(bodies) / wall, "p50_ms": float(np.percentile(latencies, 50) * 1e3),
+            "p99_ms": float(np.percentile(latencies, 99) * 1e3), "requests": len(bodies)}
+
+
+def _fresh(body: bytes) -> bytes:
+    from recsvc.v1 import selection_pb2 as pb
+
+    req = pb.SelectRequest.FromString(body)
+    req.request_id = uuid.uuid4().hex
+    return req.SerializeToString()
+
+
+def run(quick: bool) -> dict:
+    n1, n32 = (300, 1000) if quick else (1500, 4000)
+    results: dict = {"n_candidates": N_CANDIDATES, "cpus": os.cpu_count(), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="bench-service-") as td:
+        tmp = Path(td)
+        art = bench_artifact(tmp / "art")
+
+        def measure(kind: str, mechanisms: list[str], workers: int = 1, concurrencies=(1, 32),
+                    encoding: str = "columns") -> None:
+            srv = Server(kind, art, tmp, workers)
+            try:
+                for mech in mechanisms:
+                    for conc in concurrencies:
+                        bodies = payloads(n1 if conc == 1 else n32, mech, seed=len(results["runs"]), encoding=encoding)
+                        r = asyncio.run(load(srv.port, bodies, conc, channels=8 if workers > 1 else 4))
+                        row = {"server": kind, "workers": workers, "mechanism": mech, "concurrency": conc,
+                               "encoding": encoding, **r}
+                        results["runs"].append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                srv.stop()
+
+        measure("echo", ["rnm"])
+        measure("sync", ["rnm", "mgem", "auto"])
+        measure("sync", ["rnm"], encoding="candidates")
+        measure("aio", ["rnm", "mgem"])
+        measure("echo", ["rnm"], workers=1, concurrencies=(32,))  # echo again: drift check within the run
+        measure("sync", ["rnm"], workers=1, concurrencies=(32,))
+        measure("sync", ["rnm"], workers=2, concurrencies=(32,))
+    return results
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-echo":
+        serve_echo(int(sys.argv[2]))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-aio":
+        serve_aio(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args()
+    res = run(args.quick)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

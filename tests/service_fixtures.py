@@ -1,0 +1,134 @@
+"""Shared helpers for the service tests: a tiny artifact, throwaway certificates, server processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+
+from recsvc.artifacts import ArtifactWriter, Model
+
+REPO = Path(__file__).resolve().parents[1]
+N_ITEMS = 40
+
+
+def item_ids(n: int = N_ITEMS) -> list[str]:
+    return [f"it{k}" for k in range(n)]
+
+
+def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_items: int = N_ITEMS) -> Path:
+    """A few dozen items with clip ranges, a random sparse SANSA-shaped model and 3 users' candidates."""
+    rng = np.random.default_rng(seed)
+    ids = item_ids(n_items)
+    lo = rng.uniform(0.0, 0.1, n_items)
+    hi = lo + rng.uniform(0.05, 1.0, n_items)
+    w1 = sp.random(n_items, n_items, density=0.3, random_state=seed, format="csr") + sp.eye(n_items, format="csr")
+    w2 = sp.random(n_items, n_items, density=0.3, random_state=seed + 1, format="csr")
+    cands = {"user_id": [], "rank": [], "item_id": [], "score": []}
+    for u in range(3):
+        picked = rng.choice(n_items, 10, replace=False)
+        cands["user_id"] += [f"u{u}"] * 10
+        cands["rank"] += list(range(10))
+        cands["item_id"] += [ids[k] for k in picked]
+        cands["score"] += rng.uniform(0, 1, 10).tolist()
+    manifest: dict = {"dataset": "toy", "seed": seed}
+    if rho_median is not None:
+        manifest["population_spearman"] = {"median": rho_median, "mean": rho_median, "frac_positive": 0.5, "users": 10}
+    with ArtifactWriter(out) as w:
+        w.write_items(pl.DataFrame({"item_id": ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
+        w.write_candidates(pl.DataFrame(cands).cast({"rank": pl.Int32}))
+        w.write_model(Model(w1=sp.csr_matrix(w1), w2=sp.csr_matrix(w2), item_ids=np.array(ids)))
+        return w.commit(manifest)
+
+
+def candidates(n: int = 20, seed: int = 1) -> list[tuple[str, float]]:
+    rng = np.random.default_rng(seed)
+    picked = rng.choice(N_ITEMS, n, replace=False)
+    return [(f"it{k}", float(s)) for k, s in zip(picked, rng.uniform(0, 1, n))]
+
+
+def make_certs(d: Path) -> dict[str, Path]:
+    """A throwaway CA, a server cert for localhost/127.0.0.1 and a client cert (openssl CLI)."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+        "-days", "2", "-subj", "/CN=recsvc-test-ca")
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN={'localhost' if name == 'server' else 'recsvc-test-client'}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    # A second, unrelated CA and client: must be refused under mTLS.
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out", "rogue.pem",
+        "-days", "2", "-subj", "/CN=rogue")
+    return {k: d / f"{k}" for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key",
+                                     "rogue.pem", "rogue.key")}
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@contextmanager
+def server_process(artifacts: Path, ledger: Path, *extra: str, port: int = 0,
+                   timeout: float = 60.0) -> Iterator[ServerProcess]:
+    """`recsvc serve` as a real subprocess; yields once it printed its listening line."""
+    log_path = ledger.with_suffix(f".{time.monotonic_ns()}.log")
+    cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
+           "--port", str(port), "--drain-delay", "0.3", *extra]
+    with open(log_path, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            m = re.search(r"listening on [^\s]+:(\d+)", line)
+            if m:
+                yield ServerProcess(proc, int(m.group(1)), log_path)
+                break
+        else:
+            raise TimeoutError(f"server did not start within {timeout}s")
+        if not line:
+            raise RuntimeError(f"server exited early ({proc.wait()}):\n{log_path.read_text()}")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,311 @@
+"""The PrivateSelection API through real gRPC channels against in-process servers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import stats
+
+from recsvc.artifacts import load_artifact
+from recsvc.mechanisms import probabilities
+from recsvc.service.client import Client
+from recsvc.service.server import ServerConfig, ServerHandle, start
+from recsvc.v1 import selection_pb2 as pb
+from service_fixtures import candidates, make_artifact
+
+BUDGET = 10.0
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_artifact(tmp_path_factory.mktemp("art") / "toy", rho_median=0.5)
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    cfg = ServerConfig(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db",
+                       budget=BUDGET, max_candidates=25)
+    h = start(cfg)
+    yield h
+    h.stop(grace=1)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> Iterator[Client]:
+    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+        yield c
+
+
+def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)
+    return info.value.code(), info.value.details()
+
+
+def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    import recsvc.service.servicer as servicer_module
+
+    draws: list[str] = []
+    real_select = servicer_module.select
+    monkeypatch.setattr(servicer_module, "select", lambda name, *a, **k: draws.append(name) or real_select(name, *a, **k))
+    cands = candidates()
+    r = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
+    assert r.mechanism == "rnm" and r.epsilon_spent == 0.5 and r.budget_remaining == pytest.approx(BUDGET - 0.5)
+    assert r.item_id in dict(cands) and r.request_id == "req-1" and not r.replayed
+    for _ in range(5):  # a retry returns the SAME stored answer and spends nothing
+        again = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
+        assert (again.item_id, again.budget_remaining, again.replayed) == (r.item_id, r.budget_remaining, True)
+    assert draws == ["rnm"]  # one sample for the original; a retry never draws a fresh one
+    assert client.budget("replay-user").spent == pytest.approx(0.5)
+    # Same request_id with other parameters: refused (no fresh sample), nothing spent.
+    for kwargs in ({"epsilon": 0.6}, {"mechanism": "em"}, {"beta": 0.1}):
+        params = {"mechanism": "rnm", "epsilon": 0.5, **kwargs}
+        code, msg = _code(client.select, "replay-user", cands, request_id="req-1", **params)
+        assert code is grpc.StatusCode.ALREADY_EXISTS and "different parameters" in msg
+    assert draws == ["rnm"]  # ... and neither does a conflicting reuse of the request_id
+    changed = [(i, s + 0.1) for i, s in cands]
+    assert _code(client.select, "replay-user", changed, mechanism="rnm", epsilon=0.5,
+                 request_id="req-1")[0] is grpc.StatusCode.ALREADY_EXISTS
+    # request_ids are scoped per user.
+    other = client.select("replay-user-2", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
+    assert not other.replayed
+    assert client.budget("replay-user").spent == pytest.approx(0.5)
+    assert server.ledger.user("replay-user").requests == 1
+
+
+def _good(encoding: str = "candidates", **over) -> pb.SelectRequest:
+    """A valid request in either candidate encoding, with fields overridden by ``over``."""
+    req = pb.SelectRequest(user_id="victim", mechanism="rnm", epsilon=0.5, request_id="bad-1")
+    for k, v in {"candidates": candidates(10), **over}.items():
+        if k != "candidates":
+            setattr(req, k, v)
+        elif encoding == "candidates":
+            req.candidates.extend(pb.Candidate(item_id=i, score=s) for i, s in v)
+        else:
+            req.item_ids.extend(i for i, _ in v)
+            req.scores.extend(s for _, s in v)
+    return req
+
+
+def test_both_candidate_encodings_agree_and_cannot_be_mixed(client: Client, server: ServerHandle) -> None:
+    a = server.servicer.prepare_select(_good("candidates"))
+    b = server.servicer.prepare_select(_good("columns"))
+    assert a.item_ids == b.item_ids == [i for i, _ in candidates(10)]
+    np.testing.assert_array_equal(a.scores, b.scores)
+    np.testing.assert_array_equal(a.sensitivities, b.sensitivities)
+    for enc in ("candidates", "columns"):
+        r = client.stub.Select(_good(enc, user_id="enc", request_id=enc))
+        assert r.item_id in a.item_ids and r.mechanism == "rnm"
+    mixed = _good("candidates", user_id="enc", request_id="e3")
+    mixed.item_ids.append("it1")
+    mixed.scores.append(0.5)
+    code, msg = _code(client.stub.Select, mixed)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "expected exactly one encoding" in msg
+    short = _good("columns", user_id="enc", request_id="e4")
+    short.scores.append(0.5)
+    code, msg = _code(client.stub.Select, short)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "item_ids has 10 entries but scores has 11" in msg
+    assert client.budget("enc").requests == 2
+
+
+BAD = {
+    "nan score": (dict(candidates=[("it1", 0.5), ("it2", math.nan)]), "NaN or infinite"),
+    "inf score": (dict(candidates=[("it1", math.inf), ("it2", 0.1)]), "NaN or infinite"),
+    "epsilon 0": (dict(epsilon=0.0), "epsilon must be a positive finite"),
+    "epsilon negative": (dict(epsilon=-1.0), "epsilon must be a positive finite"),
+    "epsilon nan": (dict(epsilon=math.nan), "epsilon must be a positive finite"),
+    "epsilon inf": (dict(epsilon=math.inf), "epsilon must be a positive finite"),
+    "beta 0": (dict(mechanism="gem", beta=0.0), "beta must be in the open interval (0, 1)"),
+    "beta 1": (dict(mechanism="gem", beta=1.0), "beta must be in the open interval (0, 1)"),
+    "gamma 1.5": (dict(mechanism="rs", gamma=1.5), "gamma must be in the open interval (0, 1)"),
+    "c 0": (dict(mechanism="combined_gem", corr_budget_fraction=0.0), "corr_budget_fraction must be in"),
+    "c nan": (dict(mechanism="combined_gem", corr_budget_fraction=math.nan), "corr_budget_fraction must be in"),
+    "n = 0": (dict(candidates=[]), "no candidates (n = 0)"),
+    "unknown item": (dict(candidates=[("it1", 0.5), ("nope", 0.2)]), "unknown item_id 'nope' (candidate #1)"),
+    "duplicate item": (dict(candidates=[("it1", 0.5), ("it2", 0.2), ("it1", 0.3)]), "duplicate item_id 'it1'"),
+    "too many": (dict(candidates=[(f"it{k}", 0.1) for k in range(26)]), "at most 25"),
+    "unknown mechanism": (dict(mechanism="magic"), "unknown mechanism 'magic'; expected one of"),
+    "empty user": (dict(user_id=""), "user_id is empty"),
+    "huge request_id": (dict(request_id="x" * 300), "request_id is 300 characters long"),
+    "rnmh refused": (dict(mechanism="rnmh"), "not differentially private"),
+}
+
+
+@pytest.mark.parametrize("encoding", ["candidates", "columns"])
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_invalid_argument_and_spends_nothing(case: str, encoding: str, client: Client,
+                                                          server: ServerHandle) -> None:
+    over, expected = BAD[case]
+    before = server.ledger.totals()
+    code, msg = _code(client.stub.Select, _good(encoding, **over), timeout=10)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in msg
+    assert server.ledger.totals() == before
+    assert server.ledger.lookup(over.get("user_id", "victim"), over.get("request_id", "bad-1")) is None
+    # ... and a valid request with that request_id afterwards is NOT a conflict: nothing was stored.
+    if case == "epsilon 0":
+        assert not client.stub.Select(_good(encoding, request_id=f"bad-after-{encoding}"), timeout=10).replayed
+
+
+def test_rnmh_only_with_allow_non_private(artifact: Path, tmp_path: Path) -> None:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", allow_non_private=True))
+    try:
+        with Client(f"127.0.0.1:{h.port}") as c:
+            assert c.select("u", candidates(), mechanism="rnmh", epsilon=1.0).mechanism == "rnmh"
+            assert {m.name: m.allowed for m in c.mechanisms().mechanisms}["rnmh"] is True
+    finally:
+        h.stop(1)
+
+
+def test_over_budget_is_resource_exhausted_and_spends_nothing(client: Client, server: ServerHandle) -> None:
+    client.select("spender", candidates(), mechanism="rnm", epsilon=BUDGET - 1.0)
+    code, msg = _code(client.select, "spender", candidates(), mechanism="rnm", epsilon=1.5, request_id="over")
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "only 1 of 10 remains" in msg
+    assert client.budget("spender").spent == pytest.approx(BUDGET - 1.0)
+    assert server.ledger.lookup("spender", "over") is None
+    r = client.select("spender", candidates(), mechanism="rnm", epsilon=1.0)  # an exact fit still passes
+    assert r.budget_remaining == pytest.approx(0.0)
+    b = client.budget("spender")
+    assert (b.spent, b.remaining, b.requests, b.budget) == (pytest.approx(BUDGET), pytest.approx(0.0), 2, BUDGET)
+
+
+def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> None:
+    """The output distribution matches the exact em probabilities of the CLIPPED scores.
+
+    Raw scores sit far outside [lo, hi]; unclipped, the 1e3 candidate would win every time.
+    """
+    items = load_artifact(artifact).items
+    ids = ["it3", "it7", "it11", "it20", "it33"]
+    rows = [items["item_id"].to_list().index(i) for i in ids]
+    lo, hi, sens = (items[c].to_numpy()[rows] for c in ("lo", "hi", "sensitivity"))
+    raw = np.array([1e3, -5.0, 0.5 * (lo[2] + hi[2]), hi[3] + 1.0, lo[4] - 1.0])
+    q = np.clip(raw, lo, hi)
+    eps = 3.0
+    expected = probabilities("em", q, sens, eps)
+    trials = 1500
+    reqs = [client.select_request(f"clip-{t}", list(zip(ids, raw)), mechanism="em", epsilon=eps) for t in range(trials)]
+    results = client.select_batch(reqs[:750]) + client.select_batch(reqs[750:])
+    assert all(r.WhichOneof("outcome") == "response" for r in results)
+    counts = np.bincount([ids.index(r.response.item_id) for r in results], minlength=len(ids))
+    assert stats.chisquare(counts, expected * trials).pvalue > 1e-4
+    unclipped = probabilities("em", raw, sens, eps)
+    assert unclipped[0] > 0.999 and counts[0] < 0.9 * trials
+
+
+@pytest.mark.parametrize(("rho", "threshold", "want"), [(0.5, 0.1, "mgem"), (-0.5, 0.1, "gem"), (0.05, 0.1, "rnm"),
+                                                         (0.5, 0.6, "rnm")])
+def test_auto_resolves_from_public_population_spearman(rho: float, threshold: float, want: str, tmp_path: Path) -> None:
+    art = make_artifact(tmp_path / "a", rho_median=rho)
+    h = start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", auto_threshold=threshold))
+    try:
+        with Client(f"127.0.0.1:{h.port}") as c:
+            assert c.mechanisms().auto_resolves_to == want
+            for mech in ("auto", ""):  # empty → the server default, which is auto
+                r = c.select("u", candidates(), mechanism=mech, epsilon=0.25)
+                assert (r.mechanism, r.epsilon_spent) == (want, 0.25)
+            assert c.budget("u").spent == pytest.approx(0.5)  # auto itself costs nothing
+    finally:
+        h.stop(1)
+
+
+def test_default_mechanism_and_missing_population_statistics(tmp_path: Path) -> None:
+    art = make_artifact(tmp_path / "a", rho_median=None)
+    with pytest.raises(ValueError, match="population_spearman.median"):
+        start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db"))
+    with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
+        start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="nope"))
+    h = start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="em"))
+    try:
+        with Client(f"127.0.0.1:{h.port}") as c:
+            assert c.select("u", candidates(), epsilon=0.5).mechanism == "em"
+            code, msg = _code(c.select, "u", candidates(), mechanism="auto", epsilon=0.5)
+            assert code is grpc.StatusCode.INVALID_ARGUMENT and "'auto' is unavailable" in msg
+    finally:
+        h.stop(1)
+
+
+def test_select_batch_reports_per_item_status(client: Client, server: ServerHandle) -> None:
+    reqs = [
+        client.select_request("batch-a", candidates(), mechanism="gem", epsilon=1.0, request_id="b1", beta=0.1),
+        client.select_request("batch-a", [("it1", math.nan)], mechanism="rnm", epsilon=1.0, request_id="b2"),
+        client.select_request("batch-b", candidates(), mechanism="rnm", epsilon=BUDGET + 1, request_id="b3"),
+        client.select_request("batch-b", candidates(), mechanism="combined_gem", epsilon=2.0, request_id="b4"),
+    ]
+    res = client.select_batch(reqs)
+    assert [r.WhichOneof("outcome") for r in res] == ["response", "error", "error", "response"]
+    assert res[1].error.code_name == "INVALID_ARGUMENT" and res[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert res[2].error.code_name == "RESOURCE_EXHAUSTED"
+    assert (res[0].response.mechanism, res[3].response.mechanism) == ("gem", "combined_gem")
+    assert client.budget("batch-a").spent == pytest.approx(1.0) and client.budget("batch-b").spent == pytest.approx(2.0)
+    # Retrying the whole batch replays the answered items and spends nothing more.
+    again = client.select_batch(reqs)
+    assert [r.response.item_id for r in (again[0], again[3])] == [res[0].response.item_id, res[3].response.item_id]
+    assert again[0].response.replayed and again[3].response.replayed
+    assert client.budget("batch-a").spent == pytest.approx(1.0) and client.budget("batch-b").spent == pytest.approx(2.0)
+
+
+def test_select_batch_too_large_is_refused_whole(artifact: Path, tmp_path: Path) -> None:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_batch=3))
+    try:
+        with Client(f"127.0.0.1:{h.port}") as c:
+            reqs = [c.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(4)]
+            code, msg = _code(c.select_batch, reqs)
+            assert code is grpc.StatusCode.INVALID_ARGUMENT and "at most 3" in msg
+            assert h.ledger.totals() == {}
+    finally:
+        h.stop(1)
+
+
+def test_recommend_uses_server_side_sansa(client: Client, artifact: Path, server: ServerHandle) -> None:
+    model = load_artifact(artifact).model
+    history = ["it0", "it5", "it9"]
+    x = sp.csr_matrix((np.ones(3), ([0, 0, 0], [model.index[h] for h in history])), shape=(1, len(model.item_ids)))
+    scores = model.score(x)[0]
+    scores[[model.index[h] for h in history]] = -np.inf
+    best = model.item_ids[int(np.argmax(scores))]
+    # With one candidate the choice is forced: it must be the top unseen item.
+    r = client.recommend("rec-user", history, mechanism="rnm", epsilon=0.5, num_candidates=1)
+    assert (r.item_id, r.mechanism, r.epsilon_spent) == (best, "rnm", 0.5)
+    picks = {client.recommend("rec-user", history, mechanism="random", epsilon=0.1, num_candidates=5).item_id
+             for _ in range(30)}
+    top5 = set(model.item_ids[np.argsort(-scores)[:5]].tolist())
+    assert picks <= top5 and len(picks) >= 3 and not picks & set(history)
+    code, msg = _code(client.recommend, "rec-user", ["it0", "ghost"], mechanism="rnm", epsilon=0.5)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown item_id 'ghost' in history (position 1)" in msg
+    code, msg = _code(client.recommend, "rec-user", history, mechanism="rnm", epsilon=0.5, num_candidates=26)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "at most 25" in msg
+    assert client.budget("rec-user").spent == pytest.approx(0.5 + 30 * 0.1)
+    # A Recommend request_id is not interchangeable with a Select one.
+    client.recommend("rec-user", history, mechanism="rnm", epsilon=0.1, request_id="shared-id")
+    code, _ = _code(client.select, "rec-user", candidates(), mechanism="rnm", epsilon=0.1, request_id="shared-id")
+    assert code is grpc.StatusCode.ALREADY_EXISTS
+
+
+def test_list_mechanisms_health_and_reflection(client: Client, server: ServerHandle) -> None:
+    info = client.mechanisms()
+    by_name = {m.name: (m.private, m.allowed) for m in info.mechanisms}
+    assert by_name["rnmh"] == (False, False) and by_name["mgem"] == (True, True) and len(by_name) == 12
+    assert (info.default_mechanism, info.auto_resolves_to, info.population_spearman_median) == ("auto", "mgem", 0.5)
+    assert (info.budget, info.max_candidates) == (BUDGET, 25)
+    assert client.health() == "SERVING" and client.health("recsvc.v1.PrivateSelection") == "SERVING"
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    services = set(ProtoReflectionDescriptorDatabase(client.channel).get_services())
+    assert {"recsvc.v1.PrivateSelection", "grpc.health.v1.Health"} <= services
+    code, msg = _code(client.budget, "")
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "user_id is empty" in msg
+
+
+def test_stop_reports_not_serving(artifact: Path, tmp_path: Path) -> None:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
+    with Client(f"127.0.0.1:{h.port}") as c:
+        assert c.health() == "SERVING"
+        h.health.enter_graceful_shutdown()
+        assert c.health() == "NOT_SERVING"
+    h.stop(1)

@@ -1,0 +1,167 @@
+"""The privacy ledger on its own: atomic check-and-spend, replay, conflicts, durability, processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
+
+
+def _resp(tag: str):
+    return lambda remaining: f"{tag}|{remaining:.6f}".encode()
+
+
+def test_spend_replay_conflict_and_exhaustion(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.db", budget=1.0)
+    c = led.charge("alice", "r1", b"fp1", 0.4, _resp("a"))
+    assert (c.replayed, c.response) == (False, b"a|0.600000")
+    # Same request again: the stored bytes, nothing spent.
+    again = led.charge("alice", "r1", b"fp1", 0.4, _resp("DIFFERENT"))
+    assert (again.replayed, again.response) == (True, b"a|0.600000")
+    assert led.user("alice").spent == pytest.approx(0.4)
+    # Same request_id, other parameters: refused, nothing spent.
+    with pytest.raises(RequestConflict, match="different parameters"):
+        led.charge("alice", "r1", b"fp2", 0.4, _resp("b"))
+    # request_ids are scoped per user.
+    assert led.charge("bob", "r1", b"fp2", 0.4, _resp("b")).replayed is False
+    led.charge("alice", "r2", b"x", 0.6, _resp("c"))
+    with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
+        led.charge("alice", "r3", b"y", 0.01, _resp("d"))
+    u = led.user("alice")
+    assert (u.spent, u.requests, u.remaining) == (pytest.approx(1.0), 2, pytest.approx(0.0))
+    assert led.lookup("alice", "r3") is None  # the refused request left no trace
+    assert led.totals() == {"alice": pytest.approx(1.0), "bob": pytest.approx(0.4)}
+
+
+def test_float_sums_do_not_refuse_the_last_exact_fit(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.db", budget=1.0)
+    for i in range(50):  # 50 × 0.02 is 1.0000000000000002 in floats
+        led.charge("u", f"r{i}", b"f", 0.02, _resp("x"))
+    with pytest.raises(BudgetExceeded):
+        led.charge("u", "r50", b"f", 0.02, _resp("x"))
+    assert led.user("u").requests == 50
+
+
+def test_survives_reopen_and_uses_durable_wal(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    led = Ledger(path, budget=2.0)
+    led.charge("u", "r", b"f", 1.5, _resp("x"))
+    mode = led._conn().execute("PRAGMA journal_mode").fetchone()[0]
+    sync = led._conn().execute("PRAGMA synchronous").fetchone()[0]
+    assert (mode, sync) == ("wal", 2)  # 2 = FULL: the WAL is fsynced at every commit
+    led.close()
+    led2 = Ledger(path, budget=2.0)
+    assert led2.user("u").spent == 1.5
+    assert led2.charge("u", "r", b"f", 1.5, _resp("y")).response == b"x|0.500000"
+    with pytest.raises(BudgetExceeded):
+        led2.charge("u", "r2", b"f", 0.6, _resp("y"))
+
+
+def test_failed_build_rolls_back(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.db", budget=1.0)
+
+    def boom(_remaining: float) -> bytes:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        led.charge("u", "r", b"f", 0.5, boom)
+    assert led.user("u").spent == 0.0 and led.lookup("u", "r") is None
+
+
+def test_bad_budget_and_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="budget must be a finite number > 0"):
+        Ledger(tmp_path / "l.db", budget=0.0)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        Ledger(tmp_path / "nope" / "l.db", budget=1.0)
+
+
+def _spend_many(path: str, worker: int, attempts: int, out: mp.Queue) -> None:
+    led = Ledger(path, budget=5.0)
+    ok = 0
+    for i in range(attempts):
+        try:
+            led.charge("shared", f"w{worker}-{i}", b"f", 0.1, _resp("x"))
+            ok += 1
+        except BudgetExceeded:
+            pass
+    out.put(ok)
+
+
+def test_check_and_spend_is_atomic_across_processes(tmp_path: Path) -> None:
+    path = str(tmp_path / "l.db")
+    Ledger(path, budget=5.0).close()
+    q: mp.Queue = mp.get_context("spawn").Queue()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_spend_many, args=(path, w, 30, q)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    successes = sum(q.get(timeout=5) for _ in procs)
+    assert successes == 50  # 120 attempts of 0.1 against ε = 5: exactly 50 fit
+    con = sqlite3.connect(path)
+    assert con.execute("SELECT COUNT(*), SUM(epsilon) FROM requests").fetchone() == (50, pytest.approx(5.0))
+    assert con.execute("SELECT spent FROM budgets").fetchone()[0] == pytest.approx(5.0)
+
+
+def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    led = Ledger(tmp_path / "l.db", budget=1.0)
+    out: dict[str, object] = {}
+
+    def charge(name: str, rid: str, eps: float) -> None:
+        try:
+            out[name] = led.charge("u", rid, b"fp", eps, _resp(name))
+        except Exception as exc:  # noqa: BLE001
+            out[name] = exc
+
+    with led._write_lock:  # hold the writers back until all five have queued
+        threads = []
+        for name, rid, eps in [("a", "r1", 0.5), ("b", "r1", 0.5), ("c", "r2", 0.4), ("d", "r3", 0.2), ("e", "r4", 0.1)]:
+            threads.append(threading.Thread(target=charge, args=(name, rid, eps)))
+            threads[-1].start()
+            deadline = time.monotonic() + 10
+            while len(led._queue) < len(threads) and time.monotonic() < deadline:  # keep arrival order
+                time.sleep(0.001)
+        assert len(led._queue) == 5
+    for t in threads:
+        t.join(10)
+    assert led.commits == 1  # one transaction, one fsync for all five
+    assert out["a"].response == b"a|0.500000" and not out["a"].replayed
+    assert out["b"].response == b"a|0.500000" and out["b"].replayed  # same request: the stored answer
+    assert out["c"].response == b"c|0.100000"
+    assert isinstance(out["d"], BudgetExceeded)  # 0.9 spent: 0.2 does not fit, nothing spent
+    assert out["e"].response == b"e|0.000000"
+    assert led.user("u").spent == pytest.approx(1.0) and led.lookup("u", "r3") is None
+
+
+def test_many_threads_never_overspend(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    led = Ledger(tmp_path / "l.db", budget=5.0)
+
+    def one(i: int) -> bool:
+        try:
+            led.charge("hot", f"r{i}", b"f", 0.1, _resp("x"))
+            return True
+        except BudgetExceeded:
+            return False
+
+    with ThreadPoolExecutor(16) as pool:
+        ok = sum(pool.map(one, range(200)))
+    assert ok == 50 and led.user("hot").spent == pytest.approx(5.0) and led.user("hot").requests == 50
+
+
+def test_peek_reads_stored_answer_and_spent_in_one_query(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.db", budget=1.0)
+    assert led.peek("u", "r") == (None, 0.0)
+    led.charge("u", "r", b"fp", 0.25, _resp("a"))
+    assert led.peek("u", "r") == ((b"fp", b"a|0.750000"), 0.25)
+    assert led.peek("u", "other") == (None, 0.25)

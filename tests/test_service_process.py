@@ -1,0 +1,166 @@
+"""Real `recsvc serve` processes on loopback: SIGTERM drain, kill -9 crash, multi-worker concurrency, CLI."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from recsvc.service.client import Client
+from recsvc.service.ledger import Ledger
+from service_fixtures import REPO, candidates, free_port, make_artifact, server_process
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
+
+
+def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path: Path) -> None:
+    with server_process(artifact, tmp_path / "l.db", "--budget", "1000", "--drain-delay", "1.0",
+                        "--grace", "20") as srv:
+        c = Client(srv.target, retries=0, timeout=60)
+        reqs = [c.select_request(f"u{i % 7}", candidates(30, seed=i), mechanism="mgem", epsilon=0.5)
+                for i in range(1000)]
+        outcome: dict[str, object] = {}
+
+        def run_batch() -> None:
+            try:
+                outcome["results"] = c.select_batch(reqs)
+            except grpc.RpcError as exc:  # pragma: no cover - reported by the assertions below
+                outcome["error"] = exc.code()
+            outcome["done"] = time.monotonic()
+
+        t = threading.Thread(target=run_batch)
+        t.start()
+        time.sleep(0.05)  # the batch (1000 durable commits) is in flight, or arrives during the drain delay
+        sigterm_at = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        statuses = set()
+        with Client(srv.target, retries=0, timeout=2) as probe:
+            while srv.proc.poll() is None and time.monotonic() - sigterm_at < 20:
+                try:
+                    statuses.add(probe.health())
+                except grpc.RpcError:
+                    statuses.add("unreachable")
+                time.sleep(0.05)
+        t.join(60)
+        assert srv.proc.wait(30) == 0
+        assert "NOT_SERVING" in statuses
+        assert "error" not in outcome and outcome["done"] > sigterm_at  # it WAS in flight at SIGTERM
+        results = outcome["results"]
+        assert len(results) == 1000 and all(r.WhichOneof("outcome") == "response" for r in results)
+        c.close()
+    led = Ledger(tmp_path / "l.db", budget=1000)
+    assert sum(led.totals().values()) == pytest.approx(500.0)  # every answer was charged, exactly once
+
+
+def _hammer(target: str, user: str, stop: threading.Event, sent: list[float], got: list[float]) -> None:
+    with Client(target, retries=0, timeout=5) as c:
+        while not stop.is_set():
+            sent.append(0.01)
+            try:
+                r = c.select(user, candidates(20), mechanism="rnm", epsilon=0.01, request_id=uuid.uuid4().hex)
+            except grpc.RpcError:
+                return  # the server died: stop sending
+            got.append(r.epsilon_spent)
+
+
+def test_kill_9_never_undercounts(artifact: Path, tmp_path: Path) -> None:
+    ledger = tmp_path / "l.db"
+    users = [f"crash-{k}" for k in range(4)]
+    sent = {u: [] for u in users}
+    got = {u: [] for u in users}
+    port = free_port()
+    with server_process(artifact, ledger, "--budget", "1000", port=port) as srv:
+        stop = threading.Event()
+        threads = [threading.Thread(target=_hammer, args=(srv.target, u, stop, sent[u], got[u])) for u in users]
+        for t in threads:
+            t.start()
+        time.sleep(1.5)
+        srv.proc.send_signal(signal.SIGKILL)  # mid-load, no drain
+        srv.proc.wait(10)
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert all(len(got[u]) > 5 for u in users)  # the load really ran
+    with server_process(artifact, ledger, "--budget", "1000", port=port) as srv:  # restart on the same ledger
+        with Client(srv.target) as c:
+            for u in users:
+                spent = c.budget(u).spent
+                assert sum(got[u]) - 1e-9 <= spent <= sum(sent[u]) + 1e-9, (u, sum(got[u]), spent, sum(sent[u]))
+            c.select(users[0], candidates(), mechanism="rnm", epsilon=0.5)  # and it still serves
+
+
+def test_two_workers_share_port_and_ledger_exactly(artifact: Path, tmp_path: Path) -> None:
+    """200 parallel requests for one user against a budget that allows 50: exactly 50 succeed."""
+    port, metrics_port = free_port(), free_port()
+    with server_process(artifact, tmp_path / "l.db", "--budget", "5", "--workers", "2",
+                        "--metrics-port", str(metrics_port), port=port) as srv:
+        workers = psutil.Process(srv.proc.pid).children()
+        assert len(workers) == 2
+        clients = [Client(srv.target, retries=0, timeout=30) for _ in range(16)]  # 16 connections
+
+        def one(i: int) -> str:
+            try:
+                clients[i % 16].select("hot-user", candidates(), mechanism="rnm", epsilon=0.1)
+                return "OK"
+            except grpc.RpcError as exc:
+                return exc.code().name
+
+        with ThreadPoolExecutor(32) as pool:
+            codes = list(pool.map(one, range(200)))
+        assert codes.count("OK") == 50 and codes.count("RESOURCE_EXHAUSTED") == 150
+        assert clients[0].budget("hot-user").spent == pytest.approx(5.0)
+        # The parent serves the workers' aggregated metrics (Prometheus multiprocess mode).
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        counts = {status: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                              if line.startswith("recsvc_requests_total{") and 'method="Select"' in line
+                              and f'status="{status}"' in line)
+                  for status in ("OK", "RESOURCE_EXHAUSTED")}
+        assert counts == {"OK": 50, "RESOURCE_EXHAUSTED": 150}
+        for c in clients:
+            c.close()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0
+        assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recsvc.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> None:
+    csv_path = tmp_path / "cands.csv"
+    csv_path.write_text("item_id,score\nit1,0.5918273645\nit2,0.2\nit3,0.9\n")
+    with server_process(artifact, tmp_path / "l.db", "--budget", "2") as srv:
+        out = _cli("-v", "select", "--target", srv.target, "--user", "cli-user", "--candidates", str(csv_path),
+                   "--mechanism", "mgem", "--epsilon", "0.5", "--request-id", "cli-1")
+        assert out.returncode == 0, out.stderr
+        ans = json.loads(out.stdout)
+        assert ans["item_id"] in {"it1", "it2", "it3"} and ans["mechanism"] == "mgem" and ans["request_id"] == "cli-1"
+        assert ans["budget_remaining"] == pytest.approx(1.5)
+        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4",
+                   "--candidate", "it5:nan", "--epsilon", "0.5")
+        assert out.returncode == 2 and "INVALID_ARGUMENT" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4", "--epsilon", "5")
+        assert out.returncode == 2 and "RESOURCE_EXHAUSTED" in out.stderr
+        out = _cli("budget", "--target", srv.target, "--user", "cli-user")
+        assert out.returncode == 0 and json.loads(out.stdout)["spent"] == pytest.approx(0.5)
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(30) == 0
+        assert "serving recsvc.v1.PrivateSelection" in srv.log() and "5918273645" not in srv.log()
+    bad = _cli("serve", "--artifacts", str(tmp_path / "missing"), "--port", "0")
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
