@@ -22,7 +22,7 @@ COMMAND_MODULES = (
 )
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """Raised for bad input: printed as one clear line, exit code 2, no traceback."""
 
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (UserError, ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError) as exc:
         # Bad input: one clear line, no traceback. ArtifactError and mechanism errors are ValueErrors.
         print(f"recsvc {args.command}: error: {exc}", file=sys.stderr)
         return 2

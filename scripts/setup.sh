@@ -7,12 +7,13 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.recsvc-installed
 
-# sansa -> scikit-sparse -> CHOLMOD headers.
-if [ ! -e /usr/include/suitesparse/cholmod.h ]; then
-    echo "[setup] installing libsuitesparse-dev"
+# sansa -> scikit-sparse -> CHOLMOD headers; OpenBLAS so CHOLMOD does not fall back to the
+# reference BLAS (minutes instead of hours on ML-20M-sized fits).
+if [ ! -e /usr/include/suitesparse/cholmod.h ] || ! dpkg -s libopenblas0-pthread >/dev/null 2>&1; then
+    echo "[setup] installing libsuitesparse-dev libopenblas0-pthread"
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libsuitesparse-dev >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libsuitesparse-dev libopenblas0-pthread >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -1,0 +1,118 @@
+"""MovieLens loaders: ML-20M (GroupLens ``ratings.csv`` / Kaggle ``rating.csv``) and ML-100K
+(GroupLens ``u.data`` / RecBole ``ml-100k.inter``, by default straight out of the recbole wheel)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import polars as pl
+
+from data_prep.datasets.base import (
+    DataError,
+    Interactions,
+    cast_checked,
+    fail_at,
+    integer_ids,
+    lines_from_source,
+    read_lines,
+    split_fields,
+)
+
+ML20M_FILES = ("ratings.csv", "rating.csv")  # GroupLens, Kaggle
+ML20M_FORMAT = "a CSV with header userId,movieId,rating,timestamp (GroupLens ratings.csv or Kaggle rating.csv)"
+UDATA_FORMAT = "GroupLens u.data: tab-separated user id, item id, rating, timestamp; no header"
+INTER_FORMAT = "RecBole ml-100k.inter: header user_id:token<TAB>item_id:token<TAB>rating:float<TAB>timestamp:float"
+INTER_HEADER = ["user_id:token", "item_id:token", "rating:float", "timestamp:float"]
+
+RECBOLE_WHEEL = "recbole==1.2.1"
+RECBOLE_WHEEL_FILE = "recbole-1.2.1-py3-none-any.whl"
+RECBOLE_INTER = "recbole/dataset_example/ml-100k/ml-100k.inter"
+
+
+def _rated(df: pl.DataFrame, path: Path | str, expected: str) -> Interactions:
+    df = integer_ids(df, ["user", "item"], path, expected)
+    df = cast_checked(df, "rating", pl.Float64, path, expected)
+    return Interactions(df.select("user", "item", "rating"), source=str(path))
+
+
+def _header_body(lines: pl.DataFrame, path: Path | str, header: list[str], fmt: str) -> pl.DataFrame:
+    first = lines.drop_nulls("line").row(0, named=True)
+    got = [h.strip() for h in first["line"].split("\t" if "\t" in first["line"] else ",")]
+    if got != header:
+        raise fail_at(path, first["line_no"], first["line"], f"the header {','.join(header)} ({fmt})")
+    return lines.filter(pl.col("line_no") > first["line_no"])
+
+
+def parse_ml20m(path: Path) -> Interactions:
+    lines = read_lines(path, ML20M_FORMAT)
+    body = _header_body(lines, path, ["userId", "movieId", "rating", "timestamp"], ML20M_FORMAT)
+    expected = "4 comma-separated fields userId,movieId,rating,timestamp"
+    df = split_fields(body, ",", ["user", "item", "rating", "timestamp"], path, expected)
+    return _rated(df, path, expected)
+
+
+def load_ml20m(data_dir: Path | None) -> Interactions:
+    if data_dir is None:
+        raise DataError(f"ml-20m needs --data-dir: a directory containing {' or '.join(ML20M_FILES)}")
+    for name in ML20M_FILES:
+        if (data_dir / name).is_file():
+            return parse_ml20m(data_dir / name)
+    raise DataError(f"data file {data_dir / ML20M_FILES[0]} not found; expected {ML20M_FORMAT}")
+
+
+def parse_udata(path: Path) -> Interactions:
+    expected = "4 tab-separated fields: user id, item id, rating, timestamp"
+    df = split_fields(read_lines(path, UDATA_FORMAT), "\t", ["user", "item", "rating", "ts"], path, expected)
+    return _rated(df, path, expected)
+
+
+def parse_inter(source: Path | bytes, path: Path | str) -> Interactions:
+    lines = lines_from_source(source, path, INTER_FORMAT)
+    body = _header_body(lines, path, INTER_HEADER, INTER_FORMAT)
+    expected = "4 tab-separated fields: user_id, item_id, rating, timestamp"
+    df = split_fields(body, "\t", ["user", "item", "rating", "ts"], path, expected)
+    return _rated(df, path, expected)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RECSVC_CACHE") or Path.home() / ".cache" / "recsvc" / "wheels")
+
+
+def recbole_wheel() -> Path:
+    """The recbole wheel in the cache, downloaded (without installing it) only if missing."""
+    cache = cache_dir()
+    wheel = cache / RECBOLE_WHEEL_FILE
+    if wheel.is_file():
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", RECBOLE_WHEEL, "-d", str(cache)]
+    print(f"fetching the embedded ml-100k copy: {' '.join(cmd[2:])}", file=sys.stderr)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not wheel.is_file():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise DataError(
+            f"could not download {RECBOLE_WHEEL} into {cache} ({tail[0]}); "
+            "expected network access to the package index, or pass --data-dir with u.data or ml-100k.inter"
+        )
+    return wheel
+
+
+def load_ml100k(data_dir: Path | None) -> Interactions:
+    if data_dir is not None:
+        if (data_dir / "u.data").is_file():
+            return parse_udata(data_dir / "u.data")
+        if (data_dir / "ml-100k.inter").is_file():
+            return parse_inter(data_dir / "ml-100k.inter", data_dir / "ml-100k.inter")
+        raise DataError(f"data file {data_dir / 'u.data'} not found; expected {UDATA_FORMAT}, or {INTER_FORMAT}")
+    wheel = recbole_wheel()
+    where = f"{wheel}!{RECBOLE_INTER}"
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read(RECBOLE_INTER)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        raise DataError(f"{where} could not be read ({exc}); delete {wheel} to fetch it again") from exc
+    return parse_inter(data, where)

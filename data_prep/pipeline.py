@@ -1,0 +1,274 @@
+"""The offline pipeline (SPEC §4): load → split → fit SANSA → accuracy + test candidates →
+sensitivities from a population → population Spearman → one atomic artifact directory.
+
+Python API: ``run(PrepConfig(dataset="ml-100k")) -> Path``.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from tqdm.auto import tqdm
+
+from data_prep import datasets
+from data_prep.candidates import N_CANDIDATES, ScoringContext, TopK, score_population, score_top_k
+from data_prep.datasets.base import DataError
+from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate
+from data_prep.metrics import accuracy
+from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, population_spearman, validate_percentiles
+from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
+from data_prep.train import FACTORIZERS, SansaParams, fit
+from recsvc.artifacts import ArtifactWriter, Model
+from recsvc.engines import chunk_ranges, make_engine
+
+POPULATIONS = ("validation", "test")
+SELECTION_METRIC = "ndcg@100"
+
+
+@dataclass
+class PrepConfig:
+    dataset: str = "ml-100k"
+    data_dir: Path | None = None  # None: ml-100k from the embedded RecBole copy
+    out: Path | None = None  # None: artifacts/<dataset> (artifacts/synthetic-<preset>)
+    force: bool = False
+    seed: int = 42
+    sensitivity_population: str = "validation"  # or "test" (the paper); amazon-book: a sample
+    percentiles: tuple[float, float] = (1.0, 99.0)
+    l2: tuple[float, ...] | None = None  # None: the dataset's default; > 1 value: grid on validation
+    density: tuple[float, ...] | None = None
+    factorizer: str | None = None  # None: the dataset's default
+    preset: str = "small"  # synthetic only
+    users: int | None = None
+    items: int | None = None
+    interactions: int | None = None
+    test_users: int | None = None  # None: the dataset's (or preset's) default
+    val_users: int | None = None
+    population_users: int = 10_000  # amazon-book's seeded sample
+    engine: str = "local"
+    workers: int | None = None
+    scheduler: str | None = None
+    chunk_users: int = 1000
+    progress: bool | None = None  # None: bars only on a terminal
+    verbose: bool = False
+
+    def output_dir(self) -> Path:
+        if self.out is not None:
+            return Path(self.out)
+        if self.dataset != "synthetic":
+            return Path("artifacts") / self.dataset
+        custom = any(v is not None for v in (self.users, self.items, self.interactions))
+        return Path("artifacts") / (f"synthetic-{self.preset}-custom" if custom else f"synthetic-{self.preset}")
+
+    def validate(self) -> None:
+        if self.dataset not in datasets.DATASETS:
+            raise DataError(f"unknown dataset {self.dataset!r}; expected one of {', '.join(datasets.DATASETS)}")
+        if self.sensitivity_population not in POPULATIONS:
+            raise ValueError(
+                f"unknown sensitivity population {self.sensitivity_population!r}; expected one of {POPULATIONS}"
+            )
+        self.percentiles = validate_percentiles(self.percentiles)
+        if self.factorizer is not None and self.factorizer not in FACTORIZERS:
+            raise ValueError(f"unknown factorizer {self.factorizer!r}; expected one of {FACTORIZERS}")
+        for name in ("chunk_users", "population_users"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        for name in ("l2", "density"):
+            if getattr(self, name) is not None and len(getattr(self, name)) == 0:
+                raise ValueError(f"{name} needs at least one value")
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise DataError(f"data directory {self.data_dir} does not exist; expected a directory with the dataset's files")
+
+
+@dataclass
+class _Timer:
+    steps: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def step(self, name: str, say: str | None = None) -> Iterator[None]:
+        if say:
+            print(f"[prep] {say}", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        yield
+        self.steps[name] = round(self.steps.get(name, 0.0) + time.perf_counter() - t0, 3)
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for pkg in ("recsvc", "numpy", "scipy", "polars", "sansa", "scikit-sparse", "dask", "distributed"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "missing"
+    return out
+
+
+def _load_and_split(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[Split, str, dict[str, Any]]:
+    extra: dict[str, Any] = {}
+    if cfg.dataset == "synthetic":
+        syn: SyntheticConfig = config_for(cfg.preset, cfg.users, cfg.items, cfg.interactions)
+        extra["synthetic"] = {"preset": cfg.preset, **asdict(syn)}
+        raw = generate(syn, cfg.seed)
+        n_test, n_val = syn.test_users, syn.val_users
+    else:
+        raw = datasets.load(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
+        n_test, n_val = info.test_users, info.val_users
+    n_test = cfg.test_users if cfg.test_users is not None else n_test
+    n_val = cfg.val_users if cfg.val_users is not None else n_val
+    df = filter_implicit(raw.df, info.explicit, raw.source)
+    if info.weak_generalisation:
+        split = weak_split(df, raw.source)
+        extra["split_kind"] = "weak generalisation (train.txt = training data and test input, test.txt = targets)"
+    else:
+        split = strong_split(df, n_test, n_val, cfg.seed, raw.source)
+        extra["split_kind"] = "strong generalisation (disjoint users; held-out users 80% input / 20% targets)"
+    return split, raw.source, extra
+
+
+def _population(cfg: PrepConfig, split: Split) -> tuple[UserGroup, str]:
+    if split.validation is None:  # weak generalisation: no held-out users exist
+        return sample_population(split, cfg.population_users, cfg.seed), "sample"
+    group = split.validation if cfg.sensitivity_population == "validation" else split.test
+    if len(group.user_ids) == 0:
+        raise ValueError(
+            f"the sensitivity population {cfg.sensitivity_population!r} has no users; "
+            "expected --val-users ≥ 1 or --sensitivity-population test"
+        )
+    return group, cfg.sensitivity_population
+
+
+def _top(engine: Any, model: Model, group: UserGroup, k: int, chunk: int, desc: str) -> TopK:
+    ctx = ScoringContext(model, group.inputs, k)
+    chunks = chunk_ranges(group.inputs.shape[0], chunk)
+    return TopK.concat(list(engine.map(score_top_k, chunks, ctx, desc=desc, unit="user", sizes=[len(c) for c in chunks])))
+
+
+def _choose_params(
+    cfg: PrepConfig, info: datasets.DatasetInfo, split: Split, engine: Any, timer: _Timer
+) -> tuple[SansaParams, Model | None, list[dict[str, Any]]]:
+    factorizer = cfg.factorizer or info.factorizer
+    grid = [
+        SansaParams(l2=l2, density=d, factorizer=factorizer)
+        for l2 in (cfg.l2 or info.l2)
+        for d in (cfg.density or info.density)
+    ]
+    if len(grid) == 1:
+        return grid[0], None, []
+    if split.validation is None or len(split.validation.user_ids) == 0:
+        raise ValueError("choosing l2/density needs validation users; give one --l2 and one --density value")
+    results: list[dict[str, Any]] = []
+    best: tuple[float, SansaParams, Model] | None = None
+    with timer.step("grid_search", f"choosing l2 × density on {len(split.validation.user_ids)} validation users ({len(grid)} fits)"):
+        for params in tqdm(grid, desc="grid (fit + validate)", unit="fit", disable=None if cfg.progress is None else not cfg.progress):
+            model = fit(split.train, split.item_ids, params, cfg.verbose)
+            top = _top(engine, model, split.validation, 100, cfg.chunk_users, "validation")
+            acc = accuracy(top.index, split.validation.targets)
+            results.append({"l2": params.l2, "density": params.density, **acc})
+            if best is None or acc[SELECTION_METRIC] > best[0]:
+                best = (acc[SELECTION_METRIC], params, model)
+    assert best is not None
+    return best[1], best[2], results
+
+
+def _candidates_frame(user_ids: np.ndarray, top: TopK, item_ids: np.ndarray) -> pl.DataFrame:
+    count = top.count
+    valid = top.index >= 0  # padding is always at the end of a row
+    return pl.DataFrame(
+        {
+            "user_id": np.repeat(user_ids.astype(str), count),
+            "rank": np.nonzero(valid)[1].astype(np.int32),
+            "item_id": item_ids[top.index[valid]],
+            "score": top.score[valid],
+        }
+    )
+
+
+def _sensitivities(
+    cfg: PrepConfig, engine: Any, model: Model, group: UserGroup, scratch: Path, timer: _Timer
+) -> tuple[ItemRanges, TopK]:
+    n_users, n_items = group.inputs.shape
+    store = BlockStore.create(scratch / "population_scores.f64", n_users, n_items)
+    chunks = chunk_ranges(n_users, cfg.chunk_users)
+    tops: list[TopK] = []
+    with timer.step("population_scoring"):
+        ctx = ScoringContext(model, group.inputs, N_CANDIDATES)
+        results = engine.map(score_population, chunks, ctx, desc="population scores", unit="user", sizes=[len(c) for c in chunks])
+        for rows, (scores, top) in zip(chunks, results):
+            store.write_rows(rows.start, scores)
+            tops.append(top)
+    with timer.step("percentiles"):
+        disable = None if cfg.progress is None else not cfg.progress
+        with tqdm(total=n_items, desc="item percentiles", unit="item", disable=disable) as bar:
+            ranges = item_ranges(store, cfg.percentiles, progress=bar.update)
+    store.path.unlink()
+    return ranges, TopK.concat(tops)
+
+
+def run(cfg: PrepConfig) -> Path:
+    """Builds the artifact directory and returns its path. Bad input raises ValueError
+    (DataError / ArtifactError) before anything is written."""
+    cfg.validate()
+    info = datasets.INFO[cfg.dataset]
+    out = cfg.output_dir()
+    timer = _Timer()
+    t_start = time.perf_counter()
+    with ArtifactWriter(out, cfg.force) as writer:  # refuses an existing `out` without --force up front
+        with timer.step("load_split", f"loading and splitting {cfg.dataset}"):
+            split, source, extra = _load_and_split(cfg, info)
+        population, population_kind = _population(cfg, split)
+        engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=out.parent))
+        try:
+            params, model, grid = _choose_params(cfg, info, split, engine, timer)
+            if model is None:
+                with timer.step("fit", f"fitting SANSA ({params.factorizer}, l2={params.l2:g}, density={params.density:g}) "
+                                f"on {split.train.shape[0]} training users"):
+                    model = fit(split.train, split.item_ids, params, cfg.verbose)
+            with timer.step("test_candidates"):
+                top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
+            acc = accuracy(top.index, split.test.targets)
+            ranges, pop_top = _sensitivities(cfg, engine, model, population, scratch, timer)
+            with timer.step("spearman"):
+                rho = population_spearman(pop_top, ranges)
+        finally:
+            engine.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+        with timer.step("write", "writing the artifact"):
+            writer.write_items(
+                pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi, "sensitivity": ranges.sensitivity})
+            )
+            writer.write_candidates(_candidates_frame(split.test.user_ids, top, split.item_ids))
+            writer.write_model(model)
+            acc_users = acc.pop("users")
+            manifest = {
+                "dataset": cfg.dataset,
+                "source": source,
+                "seed": cfg.seed,
+                "split": {**split.sizes(), "kind": extra.pop("split_kind"), "target_fraction": 0.2},
+                "sansa": {**params.as_dict(), "selected_on": "validation " + SELECTION_METRIC if grid else "fixed", "grid": grid},
+                "accuracy": acc,
+                "accuracy_users": acc_users,
+                "population_spearman": rho,
+                "percentiles": list(cfg.percentiles),
+                "sensitivity_population": population_kind,
+                "sensitivity_population_users": int(population.inputs.shape[0]),
+                "items_without_population_scores": int((ranges.count == 0).sum()),
+                "candidates_per_user": N_CANDIDATES,
+                "engine": {"engine": "dask" if cfg.scheduler else cfg.engine, "chunk_users": cfg.chunk_users},
+                "versions": _versions(),
+                **extra,
+            }
+            timer.steps["total"] = round(time.perf_counter() - t_start, 3)
+            manifest["timings_s"] = dict(timer.steps)
+            return writer.commit(manifest)
