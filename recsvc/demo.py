@@ -92,14 +92,17 @@ def _serve_and_select(artifacts: Path) -> None:
                           f"remaining {again.budget_remaining}")
                 user = str(cands.user_ids[0])
                 history = _history(user)
-                r = client.recommend(user, history, mechanism="mgem", epsilon=DEMO_EPSILON)
-                print(f"user {user}: Recommend(history of {len(history)} items, mgem, ε={DEMO_EPSILON}) → item "
-                      f"{r.item_id}; remaining {r.budget_remaining}")
-                try:
-                    client.recommend(user, history, mechanism="mgem", epsilon=DEMO_EPSILON)
-                except grpc.RpcError as exc:
-                    print(f"user {user}: one more request → {exc.code().name}: {exc.details()}")
-                print(f"GetBudget({user}): {client.budget(user)}".strip())
+                # Spend the rest of the budget; the ledger then refuses further requests.
+                while True:
+                    try:
+                        r = client.recommend(user, history, mechanism="mgem", epsilon=DEMO_EPSILON)
+                    except grpc.RpcError as exc:
+                        print(f"user {user}: next request → {exc.code().name}: {exc.details()}")
+                        break
+                    print(f"user {user}: Recommend(history of {len(history)} items, mgem, ε={DEMO_EPSILON}) → "
+                          f"item {r.item_id}; remaining {r.budget_remaining}")
+                b = client.budget(user)
+                print(f"GetBudget({user}): spent {b.spent} of {b.budget} in {b.requests} requests")
         finally:
             handle.stop(grace=2.0)
 
