@@ -37,3 +37,17 @@ def test_csprng_streams_differ_and_look_uniform():
     a, b = csprng().random(20000), csprng().random(20000)
     assert not np.array_equal(a, b)
     assert abs(a.mean() - 0.5) < 0.01 and abs(b.var() - 1 / 12) < 0.005
+
+
+def test_spearman_1d_fast_path_matches_rowwise_and_scipy_with_ties():
+    rng = np.random.default_rng(3)
+    for n in (2, 3, 17, 500):
+        x = rng.integers(0, 4, size=n).astype(float)
+        y = rng.normal(size=n).round(1)
+        want = spearmanr(x, y).statistic
+        got = spearman(x, y)
+        if np.isnan(want):
+            assert got == 0.0
+        else:
+            assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+            assert got == pytest.approx(float(spearman(x[None, :], y[None, :])[0]), rel=1e-12, abs=1e-12)

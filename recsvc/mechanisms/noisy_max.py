@@ -96,15 +96,15 @@ def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params
 
 def pf_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
     """Permute-and-flip: visit candidates in uniformly random order, return the first r whose
-    coin with P(heads) = exp(ε (q_r − q*) / (2Δmax)) lands heads (the argmax always does).
+    coin with P(heads) = p_r = exp(ε (q_r − q*) / (2Δmax)) lands heads (the argmax always does).
 
-    The random order is given by i.i.d. uniform keys (equivalent to a uniform permutation):
-    the output is the heads-candidate with the smallest key. Privacy: ε-DP (pure), same output
-    distribution as ``rnm`` (McKenna & Sheldon 2020, Ding et al. 2021).
+    The random order is given by i.i.d. uniform keys K_r (equivalent to a uniform permutation);
+    the output is the heads-candidate with the smallest key. Merging each candidate's key and
+    coin into one uniform U_r: the "heads-key" K_r·[heads] (∞ on tails) has P(≤ t) = p_r·t on
+    [0, 1], which is the law of U_r / p_r — so PF returns argmin_r U_r / p_r (the argmax has
+    p = 1, so the minimum is always a heads). One uniform per candidate instead of two.
+    Privacy: ε-DP (pure), same output distribution as ``rnm`` (McKenna & Sheldon 2020).
     """
     n = q.shape[0]
-    heads_p = np.exp((q - q.max()) * (epsilon / (2.0 * d.max())))
-    keys = rng.random((size, n))
-    coins = rng.random((size, n))
-    keys[coins >= heads_p] = 2.0  # tails: never earlier than a heads (keys < 1)
-    return keys.argmin(axis=1)
+    log_p = (q - q.max()) * (epsilon / (2.0 * d.max()))
+    return (rng.random((size, n)) * np.exp(-log_p)).argmin(axis=1)
