@@ -25,8 +25,15 @@ fi
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "[setup] installing recsvc and its pinned dependencies into .venv (first run takes ~2 min)"
-    .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-    .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+    log=.venv/pip-install.log
+    pip_install() {
+        if ! .venv/bin/python -m pip install -q "$@" >"$log" 2>&1; then
+            grep -v "^WARNING: Location" "$log" >&2
+            echo "[setup] 'pip install $*' failed; full log in $log" >&2
+            exit 1
+        fi
+    }
+    pip_install -e ".[dev]"
     .venv/bin/python -c "import recsvc, sansa, sksparse" # fail loudly if the install did not take
     echo "$want" > "$stamp"
 fi
