@@ -18,7 +18,7 @@ from recsvc.mechanisms import (
 from recsvc.rng import user_stream
 
 NAMES = ["rnm", "rnm_laplace", "em", "pf", "krr", "random", "rnmh", "rs", "rs_improved", "gem", "mgem", "combined_gem"]
-EXACT = {"rnm", "em", "pf", "krr", "random", "gem", "mgem", "combined_gem"}
+EXACT = {"rnm", "rnm_laplace", "em", "pf", "krr", "random", "gem", "mgem", "combined_gem"}
 
 Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
@@ -57,7 +57,7 @@ def test_rnmh_requires_explicit_opt_in():
     assert select("rnmh", Q, D, 1.0, rng=np.random.default_rng(0), allow_non_private=True) in range(5)
 
 
-@pytest.mark.parametrize("name", ["rs", "rs_improved", "rnmh", "rnm_laplace"])
+@pytest.mark.parametrize("name", ["rs", "rs_improved", "rnmh"])
 def test_probabilities_not_implemented_without_exact_form(name):
     with pytest.raises(NotImplementedError, match="no exact"):
         probabilities(name, Q, D, 1.0)

@@ -57,6 +57,86 @@ def test_rnm_quadrature_matches_adaptive_reference(epsilon):
     np.testing.assert_allclose(probabilities("rnm", q, d, epsilon), ref, rtol=1e-7, atol=1e-15)
 
 
+def _laplace_case(n, kind, seed=0):
+    """Score shapes that stress the segment quadrature of rnm_laplace."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        q = rng.normal(size=n)
+    elif kind == "ties":
+        q = np.round(rng.normal(size=n), 1)
+    elif kind == "cluster":  # one wide top segment above a tight cluster
+        q = np.r_[rng.normal(size=n - 1) * 1e-3, 5.0]
+    else:  # two tight clusters far apart
+        q = np.r_[rng.normal(size=n // 2) * 0.01, 3.0 + rng.normal(size=n - n // 2) * 0.01]
+    return q, rng.uniform(0.05, 2.0, size=n)
+
+
+@pytest.mark.parametrize("n", [2, 3, 10, 60, 200])
+def test_rnm_laplace_sums_to_one_across_n_and_epsilon(n):
+    for kind in ("normal", "ties", "cluster", "two"):
+        q, d = _laplace_case(n, kind)
+        for eps in (1e-3, 0.1, 1.0, 16.0, 300.0, 1e4):
+            logp = log_probabilities("rnm_laplace", q, d, eps)
+            assert np.all(np.isfinite(logp)), (kind, eps)
+            assert abs(np.exp(logp).sum() - 1.0) < 1e-10, (kind, eps)
+    q, d = _laplace_case(500, "cluster")
+    for eps in (1.0, 1e4):
+        assert abs(probabilities("rnm_laplace", q, d, eps).sum() - 1.0) < 1e-10
+
+
+def test_rnm_laplace_two_candidate_closed_form():
+    # L1 − L2 (i.i.d. Laplace(1)) has density ¼(1 + |t|)e^{−|t|}: P(L1 − L2 > c) = ¼(2 + c)e^{−c}, c ≥ 0
+    for eps in (1e-3, 0.1, 1.0, 7.0, 50.0, 1e4):
+        c = eps * 1.0 / (2 * 1.0)  # gap 1, Δmax = 1
+        logp = log_probabilities("rnm_laplace", [0.0, 1.0], [1.0, 0.5], eps)
+        assert logp[0] == pytest.approx(math.log(2 + c) - c - math.log(4), rel=1e-12, abs=1e-13)
+        assert logp[1] == pytest.approx(math.log1p(-(2 + c) * math.exp(-c) / 4), rel=1e-12, abs=1e-13)
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 1e4])
+def test_rnm_laplace_ties_split_evenly(epsilon):
+    logp = log_probabilities("rnm_laplace", [1.0, 0.5, 1.0, 0.2, 1.0], np.ones(5), epsilon)
+    p = np.exp(logp)
+    np.testing.assert_allclose(p[[0, 2, 4]], p[0], rtol=1e-12)
+    assert logp[0] > logp[1] > logp[3] > -np.inf  # the losers keep a finite log even at ε = 1e4
+    if epsilon > 100:
+        np.testing.assert_allclose(p[[0, 2, 4]], 1 / 3, rtol=1e-12)
+    np.testing.assert_allclose(probabilities("rnm_laplace", np.full(500, 0.7), np.ones(500), 3.0), 1 / 500, rtol=1e-10)
+
+
+def test_rnm_laplace_extreme_spread_concentrates_on_argmax():
+    # u spans ~1e302 noise scales: every piece boundary must still be hit exactly
+    logp = log_probabilities("rnm_laplace", [0.0, 1.0, 1.0 - 1e-9, 0.5], np.full(4, 1e-6), 1e300)
+    assert np.all(np.isfinite(logp)) and logp[1] == pytest.approx(0.0, abs=1e-12)
+    assert logp[0] < logp[3] < logp[2] < -1e290
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize("epsilon", [0.05, 0.7, 4.0, 20.0])
+def test_rnm_laplace_matches_adaptive_quadrature(n, epsilon):
+    q, d = Q6[:n].copy(), D6[:n]
+    if n == 5:
+        q[4] = q[2]  # a tie
+    ref = noisy_max_probabilities_quad(q, np.full(n, 2 * d.max() / epsilon), "laplace", width=80.0)
+    np.testing.assert_allclose(probabilities("rnm_laplace", q, d, epsilon), ref, rtol=1e-9, atol=0)
+
+
+def test_rnm_laplace_quadrature_converged(monkeypatch):
+    """Refining the pieces (24 nodes, 3× smaller log-variation, larger cut-off) changes no log P."""
+    from recsvc.mechanisms import exact
+
+    cases = [(_laplace_case(200, kind), eps) for kind in ("normal", "cluster", "two") for eps in (0.1, 16.0, 1e4)]
+    base = [log_probabilities("rnm_laplace", q, d, eps) for (q, d), eps in cases]
+    monkeypatch.setattr(exact, "_LAP_NODES", ((np.inf, 24),))
+    monkeypatch.setattr(exact, "_LAP_VAR", 3.0)
+    monkeypatch.setattr(exact, "_LAP_CUT", 60.0)
+    monkeypatch.setattr(exact, "_LAP_FAR", 30.0)
+    for ((q, d), eps), b in zip(cases, base):
+        fine = log_probabilities("rnm_laplace", q, d, eps)
+        # |log P| reaches ~1e4 at ε = 1e4: compare relative to it (1e-12 relative in P elsewhere)
+        np.testing.assert_allclose(b, fine, rtol=1e-14, atol=1e-12 * max(1.0, np.abs(fine).max()))
+
+
 def test_em_and_krr_closed_forms():
     p = probabilities("em", Q6, D6, 1.3)
     np.testing.assert_allclose(p[2] / p[4], math.exp(1.3 * 1.3 / (2 * 2.0)), rtol=1e-12)
@@ -132,7 +212,7 @@ def test_monte_carlo_matches_exact_small(name, epsilon):
     assert chisquare_pvalue(counts, probabilities(name, Q6, D6, epsilon)) > ALPHA
 
 
-@pytest.mark.parametrize("name", ["rnm", "pf", "em", "gem", "mgem", "combined_gem"])
+@pytest.mark.parametrize("name", ["rnm", "rnm_laplace", "pf", "em", "gem", "mgem", "combined_gem"])
 def test_monte_carlo_matches_exact_at_n500(name):
     q, d = _user(500, 9)
     counts = _mc_counts(name, q, d, 10.0, 20_000, 6)
@@ -152,7 +232,6 @@ def test_monte_carlo_matches_exact_through_select():
 def test_monte_carlo_matches_quadrature_for_mechanisms_without_closed_form():
     q, d, eps = Q6[:4], D6[:4], 1.0
     ref = {
-        "rnm_laplace": noisy_max_probabilities_quad(q, np.full(4, 2 * d.max() / eps), "laplace"),
         "rnmh": noisy_max_probabilities_quad(q, 2 * d / eps, "exponential"),
         "rs": random_stopping_probabilities_quad(q, d, eps, 0.008, "rs"),
         "rs_improved": random_stopping_probabilities_quad(q, d, eps, 0.008, "rs_improved"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
+from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities, laplace_noisy_max_log_probabilities
 from recsvc.mechanisms.validation import Params
 
 
@@ -59,10 +59,13 @@ def rnm_laplace_sample(
     Privacy: ε-DP (pure) for arbitrary (not necessarily monotone) changes |q_a − q'_a| ≤ Δ_a ≤ Δmax
     (Dwork & Roth 2014, §3.3: Laplace(Δ/ε) suffices for monotone scores, 2Δ/ε in general).
     """
-    u = (q - q.max()) * (epsilon / (2.0 * d.max()))
     z = rng.laplace(0.0, 1.0, (size, q.shape[0]))
-    z += u
+    z += _rnm_u(q, d, epsilon)
     return z.argmax(axis=1)
+
+
+def rnm_laplace_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+    return laplace_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
 
 
 def rnmh_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:

@@ -62,7 +62,7 @@ MECHANISMS: Mapping[str, Mechanism] = MappingProxyType(
         m.name: m
         for m in (
             _m("rnm", "report noisy max, Exponential noise of mean 2Δmax/ε", noisy_max.rnm_sample, noisy_max.rnm_log_probabilities),
-            _m("rnm_laplace", "report noisy max, Laplace noise of scale 2Δmax/ε", noisy_max.rnm_laplace_sample, None),
+            _m("rnm_laplace", "report noisy max, Laplace noise of scale 2Δmax/ε", noisy_max.rnm_laplace_sample, noisy_max.rnm_laplace_log_probabilities),
             _m("em", "exponential mechanism, P(a) ∝ exp(ε q_a / 2Δmax)", noisy_max.em_sample, noisy_max.em_log_probabilities),
             _m("pf", "permute-and-flip (same distribution as rnm)", noisy_max.pf_sample, noisy_max.rnm_log_probabilities),
             _m("krr", "k-ary randomised response on the argmax", randomized_response.krr_sample, randomized_response.krr_log_probabilities),
@@ -176,5 +176,5 @@ def log_probabilities(name: str, scores: object, sensitivities: object, epsilon:
 
 def probabilities(name: str, scores: object, sensitivities: object, epsilon: float, **params: object) -> np.ndarray:
     """Exact P(output = a), shape (n,) (sums to 1 up to ~1e-12). ``NotImplementedError`` for
-    ``rs``, ``rs_improved``, ``rnmh`` and ``rnm_laplace``."""
+    ``rs``, ``rs_improved`` and ``rnmh``."""
     return np.exp(log_probabilities(name, scores, sensitivities, epsilon, **params))
