@@ -6,12 +6,17 @@ Measures, in ONE run so that ratios are comparable on a noisy machine:
 * QPS and p50/p99 latency of Select at concurrency 1 and 32, 500 candidates per request,
   for ``rnm``, ``mgem`` and ``auto``, against the real server (durable SQLite ledger);
 * the same payload against a no-op echo server (parses the request, answers a fixed item);
-* the sync (thread-pool) server vs a ``grpc.aio`` server running the same servicer code;
-* ``--workers 2`` vs ``--workers 1`` throughput at concurrency 32.
+* the sync (thread-pool) server vs ``grpc.aio``: an aio no-op server (the most any aio server
+  can do) and an aio server running the same servicer code on its event loop;
+* ``--workers 2`` vs ``--workers 1`` throughput at concurrency 32, with the same client
+  (same channels, same payloads) in both runs.
 
 Every server runs in its own process; the client pre-serialises its requests (each with a
 fresh request_id, so nothing is a replay) and sends raw bytes, to spend as little client CPU
-as possible. Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``
+as possible. Every row also reports the CPU time the server processes and the client used per
+request, and the cores they used together (QPS × CPU per request), so a reader can see when
+a run is against the machine's ceiling (all C cores busy).
+Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -80,51 +85,58 @@ def payloads(count: int, mechanism: str, seed: int = 1, encoding: str = "columns
 # ----------------------------------------------------------------------------- servers
 
 
-def serve_echo(port: int) -> None:
-    """No-op server with the same method and payload: parse, answer a fixed item."""
-    from concurrent import futures
+def _echo(req: object) -> object:
+    from recsvc.v1 import selection_pb2 as pb
 
+    first = req.item_ids[0] if len(req.item_ids) else req.candidates[0].item_id
+    return pb.SelectResponse(item_id=first, mechanism=req.mechanism, epsilon_spent=req.epsilon,
+                             request_id=req.request_id)
+
+
+def _select_handler(fn: object) -> object:
     import grpc
 
     from recsvc.v1 import selection_pb2 as pb
 
-    def echo(req: pb.SelectRequest, _ctx: grpc.ServicerContext) -> pb.SelectResponse:
-        first = req.item_ids[0] if len(req.item_ids) else req.candidates[0].item_id
-        return pb.SelectResponse(item_id=first, mechanism=req.mechanism,
-                                 epsilon_spent=req.epsilon, request_id=req.request_id)
-
-    handler = grpc.method_handlers_generic_handler("recsvc.v1.PrivateSelection", {
-        "Select": grpc.unary_unary_rpc_method_handler(echo, request_deserializer=pb.SelectRequest.FromString,
+    return grpc.method_handlers_generic_handler("recsvc.v1.PrivateSelection", {
+        "Select": grpc.unary_unary_rpc_method_handler(fn, request_deserializer=pb.SelectRequest.FromString,
                                                       response_serializer=pb.SelectResponse.SerializeToString)})
-    server = grpc.server(futures.ThreadPoolExecutor(8), handlers=[handler], options=[("grpc.so_reuseport", 0)])
+
+
+def serve_echo(port: int) -> None:
+    """No-op server on the shipped server's stack (sync, 16 threads): parse, answer the first item."""
+    from concurrent import futures
+
+    import grpc
+
+    handler = _select_handler(lambda req, _ctx: _echo(req))
+    server = grpc.server(futures.ThreadPoolExecutor(16), handlers=[handler], options=[("grpc.so_reuseport", 0)])
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     print(f"listening on 127.0.0.1:{port}", flush=True)
     server.wait_for_termination()
 
 
-def serve_aio(port: int, artifacts: str, ledger: str) -> None:
-    """The same SelectionServicer code behind a grpc.aio server (Select only, for comparison)."""
+def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> None:
+    """A grpc.aio server: the same SelectionServicer code on its event loop, or (echo) a no-op."""
     import grpc
 
     from recsvc.artifacts import load_artifact
     from recsvc.service.ledger import Ledger
     from recsvc.service.servicer import Policy, SelectionServicer, status_of
-    from recsvc.v1 import selection_pb2 as pb
 
-    servicer = SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e12), Policy())
+    servicer = None if echo else SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e12), Policy())
 
-    async def select(req: pb.SelectRequest, ctx: grpc.aio.ServicerContext) -> pb.SelectResponse:
+    async def select(req: object, ctx: grpc.aio.ServicerContext) -> object:
+        if servicer is None:
+            return _echo(req)
         try:  # runs on the event loop: the work is CPU + a short SQLite commit
             return servicer.execute(servicer.prepare_select(req))
         except Exception as exc:  # noqa: BLE001
             await ctx.abort(*status_of(exc))
 
     async def main() -> None:
-        handler = grpc.method_handlers_generic_handler("recsvc.v1.PrivateSelection", {
-            "Select": grpc.unary_unary_rpc_method_handler(select, request_deserializer=pb.SelectRequest.FromString,
-                                                          response_serializer=pb.SelectResponse.SerializeToString)})
-        server = grpc.aio.server(handlers=[handler], options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(handlers=[_select_handler(select)], options=[("grpc.so_reuseport", 0)])
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
         print(f"listening on 127.0.0.1:{port}", flush=True)
@@ -155,6 +167,14 @@ class Server:
         if not re.search(r"listening on", line):
             raise RuntimeError(f"{kind} server did not start: {line!r}")
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the server process and its worker processes so far."""
+        import psutil
+
+        procs = [psutil.Process(self.proc.pid)]
+        procs += procs[0].children(recursive=True)
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -170,7 +190,10 @@ class Server:
 async def load(port: int, bodies: list[bytes], concurrency: int, channels: int = 4) -> dict[str, float]:
     import grpc
 
-    chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(channels)]
+    # A local subchannel pool per channel: otherwise grpc shares ONE TCP connection among all
+    # channels to the same target, and SO_REUSEPORT would hand every request to one worker.
+    chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+             for _ in range(channels)]
     calls = [c.unary_unary(METHOD) for c in chans]  # raw bytes in and out: minimal client CPU
     for call in calls:  # warm up every connection
         await call(_fresh(bodies[0]))
@@ -212,15 +235,19 @@ def run(quick: bool) -> dict:
         art = bench_artifact(tmp / "art")
 
         def measure(kind: str, mechanisms: list[str], workers: int = 1, concurrencies=(1, 32),
-                    encoding: str = "columns") -> None:
+                    encoding: str = "columns", channels: int = 4) -> None:
             srv = Server(kind, art, tmp, workers)
             try:
                 for mech in mechanisms:
                     for conc in concurrencies:
                         bodies = payloads(n1 if conc == 1 else n32, mech, seed=len(results["runs"]), encoding=encoding)
-                        r = asyncio.run(load(srv.port, bodies, conc, channels=8 if workers > 1 else 4))
+                        server0, client0 = srv.cpu_seconds(), time.process_time()
+                        r = asyncio.run(load(srv.port, bodies, conc, channels=channels))
+                        server_us = (srv.cpu_seconds() - server0) / len(bodies) * 1e6
+                        client_us = (time.process_time() - client0) / len(bodies) * 1e6
                         row = {"server": kind, "workers": workers, "mechanism": mech, "concurrency": conc,
-                               "encoding": encoding, **r}
+                               "encoding": encoding, **r, "server_cpu_us": server_us, "client_cpu_us": client_us,
+                               "cores_used": r["qps"] * (server_us + client_us) / 1e6}
                         results["runs"].append(row)
                         print(json.dumps(row), flush=True)
             finally:
@@ -229,19 +256,51 @@ def run(quick: bool) -> dict:
         measure("echo", ["rnm"])
         measure("sync", ["rnm", "mgem", "auto"])
         measure("sync", ["rnm"], encoding="candidates")
+        measure("aio-echo", ["rnm"])
         measure("aio", ["rnm", "mgem"])
         measure("echo", ["rnm"], workers=1, concurrencies=(32,))  # echo again: drift check within the run
-        measure("sync", ["rnm"], workers=1, concurrencies=(32,))
-        measure("sync", ["rnm"], workers=2, concurrencies=(32,))
+        # Workers: the same client (8 connections, so SO_REUSEPORT can spread them) in every run,
+        # alternated 1, 2, 1, 2 so that a drift of the shared machine's speed hits both alike.
+        for _ in range(2):
+            measure("sync", ["rnm"], workers=1, concurrencies=(32,), channels=8)
+            measure("sync", ["rnm"], workers=2, concurrencies=(32,), channels=8)
+    results["summary"] = summary(results["runs"], os.cpu_count() or 1)
+    print(json.dumps(results["summary"], indent=2), flush=True)
     return results
+
+
+def summary(runs: list[dict], cpus: int) -> dict:
+    """The ratios the targets are stated in, all from this run."""
+    def rows(server: str, mech: str = "rnm", conc: int = 32, workers: int = 1, encoding: str = "columns") -> list[dict]:
+        return [r for r in runs if (r["server"], r["mechanism"], r["concurrency"], r["workers"], r["encoding"])
+                == (server, mech, conc, workers, encoding)]
+
+    def row(*args: object, **kw: object) -> dict:
+        return rows(*args, **kw)[0]  # type: ignore[arg-type]
+
+    echo32 = row("echo")["qps"]
+    one, two = rows("sync", workers=1)[-2:], rows("sync", workers=2)
+    return {
+        "p99_ms_c1": {m: row("sync", m, 1)["p99_ms"] for m in ("rnm", "mgem", "auto")},
+        "echo_p99_ms_c1": row("echo", conc=1)["p99_ms"],
+        "qps_ratio_to_echo_c32": {m: row("sync", m)["qps"] / echo32 for m in ("rnm", "mgem", "auto")},
+        "echo_drift_c32": rows("echo")[-1]["qps"] / echo32,
+        "workers2_over_workers1": sum(r["qps"] for r in two) / sum(r["qps"] for r in one),
+        "workers_pairs_qps": [(a["qps"], b["qps"]) for a, b in zip(one, two)],
+        # The machine has `cpus` cores: a run that keeps them all busy cannot go faster.
+        "workers_pairs_cores_used": [(a["cores_used"], b["cores_used"]) for a, b in zip(one, two)],
+        "cpus": cpus,
+        "sync_over_aio_c32": {m: row("sync", m)["qps"] / row("aio", m)["qps"] for m in ("rnm", "mgem")},
+        "aio_echo_over_echo_c32": row("aio-echo")["qps"] / echo32,
+    }
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-echo":
         serve_echo(int(sys.argv[2]))
         return 0
-    if len(sys.argv) > 1 and sys.argv[1] == "--serve-aio":
-        serve_aio(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    if len(sys.argv) > 1 and sys.argv[1] in ("--serve-aio", "--serve-aio-echo"):
+        serve_aio(int(sys.argv[2]), sys.argv[3], sys.argv[4], echo=sys.argv[1] == "--serve-aio-echo")
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")

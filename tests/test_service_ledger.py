@@ -159,9 +159,31 @@ def test_many_threads_never_overspend(tmp_path: Path) -> None:
     assert ok == 50 and led.user("hot").spent == pytest.approx(5.0) and led.user("hot").requests == 50
 
 
-def test_peek_reads_stored_answer_and_spent_in_one_query(tmp_path: Path) -> None:
+def test_build_runs_only_for_fresh_charges_that_fit(tmp_path: Path) -> None:
+    """The service draws its sample inside build_response: replays and refusals must never call it."""
     led = Ledger(tmp_path / "l.db", budget=1.0)
-    assert led.peek("u", "r") == (None, 0.0)
-    led.charge("u", "r", b"fp", 0.25, _resp("a"))
-    assert led.peek("u", "r") == ((b"fp", b"a|0.750000"), 0.25)
-    assert led.peek("u", "other") == (None, 0.25)
+    calls: list[str] = []
+
+    def build(tag: str):
+        return lambda remaining: calls.append(tag) or f"{tag}|{remaining:.6f}".encode()
+
+    assert led.charge("u", "r", b"fp", 0.75, build("a")).response == b"a|0.250000"
+    assert led.charge("u", "r", b"fp", 0.75, build("replay")).replayed  # stored answer, no build
+    with pytest.raises(RequestConflict):
+        led.charge("u", "r", b"other", 0.75, build("conflict"))
+    with pytest.raises(BudgetExceeded):
+        led.charge("u", "r2", b"fp", 0.5, build("over"))
+    assert calls == ["a"] and led.user("u").requests == 1
+
+
+def test_one_writer_connection_and_rowless_tables(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    led = Ledger(tmp_path / "l.db", budget=100.0)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: led.charge(f"u{i % 3}", f"r{i}", b"f", 0.5, _resp("x")), range(40)))
+    writer = led._writer_conn()
+    assert writer.execute("SELECT COUNT(*) FROM requests").fetchone() == (40,)
+    sql = dict(writer.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
+    assert all("WITHOUT ROWID" in sql[t] for t in ("budgets", "requests"))
+    assert led.totals() == {"u0": pytest.approx(7.0), "u1": pytest.approx(6.5), "u2": pytest.approx(6.5)}

@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-candidates", type=int, default=10_000)
     p.add_argument("--max-batch", type=int, default=1000, help="most requests per SelectBatch call")
     p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT) and the ledger")
-    p.add_argument("--threads", type=int, default=8, help="gRPC thread pool size per worker")
+    p.add_argument("--threads", type=int, default=16, help="gRPC thread pool size per worker")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")

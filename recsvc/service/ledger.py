@@ -11,6 +11,12 @@ Invariants the service relies on:
 * **Idempotent.** The answer is stored with the spend in the same transaction, keyed by
   ``(user_id, request_id)``. A retry with the same fingerprint gets the stored answer and
   spends nothing; a retry with a different fingerprint is a :class:`RequestConflict`.
+* **Answers are made inside the transaction.** ``build_response`` (which draws the sample)
+  runs only after the replay, conflict and budget checks passed, so a retried or refused
+  request never draws a sample.
+
+Tables are ``WITHOUT ROWID`` (the primary key is the row), so a charge writes two B-tree pages
+to the WAL instead of four; files created with rowid tables by older versions still work.
 
 The ledger stores no scores: only a SHA-256 fingerprint of the request and the response.
 """
@@ -36,7 +42,7 @@ CREATE TABLE IF NOT EXISTS budgets (
     user_id  TEXT PRIMARY KEY,
     spent    REAL NOT NULL,
     requests INTEGER NOT NULL
-);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS requests (
     user_id     TEXT NOT NULL,
     request_id  TEXT NOT NULL,
@@ -45,7 +51,7 @@ CREATE TABLE IF NOT EXISTS requests (
     response    BLOB NOT NULL,
     created     REAL NOT NULL,
     PRIMARY KEY (user_id, request_id)
-);
+) WITHOUT ROWID;
 """
 
 
@@ -123,8 +129,13 @@ class Ledger:
         self._write_lock = threading.Lock()
         self._lock_file = self.path.with_name(self.path.name + ".lock")
         self._lock_fd: tuple[int, int] | None = None  # (pid, fd)
-        self._queue_lock = threading.Lock()
+        # Group commit: callers queue under _queued; one of them at a time leads (takes the
+        # write lock and commits the whole queue), the others sleep on the condition until
+        # their charge is finished, so followers never convoy through the write lock.
+        self._queued = threading.Condition(threading.Lock())
         self._queue: list[_Pending] = []
+        self._leading = False
+        self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         self.commits = 0  # transactions committed by this process (for tests and metrics)
         # CREATE ... IF NOT EXISTS is idempotent, so concurrent workers may all run it.
         conn = self._conn()
@@ -132,19 +143,33 @@ class Ledger:
 
     # -- connections ---------------------------------------------------------------------
 
+    def _connect(self, shared: bool = False) -> sqlite3.Connection:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves. A connection is never carried
+        # across fork; the writer's (shared=True) is used by one thread at a time, under the lock.
+        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_ms / 1000,
+                               check_same_thread=not shared)
+        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+        conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every COMMIT
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
     def _conn(self) -> sqlite3.Connection:
+        """This thread's connection, for reads."""
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None or getattr(self._local, "pid", None) != os.getpid():
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves. A connection is never
-            # shared across threads or carried across fork.
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_ms / 1000)
-            conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
-            _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
-            conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every COMMIT
+            conn = self._connect()
             self._local.conn, self._local.pid = conn, os.getpid()
-            with self._lock:
-                self._all.append(conn)
         return conn
+
+    def _writer_conn(self) -> sqlite3.Connection:
+        """The one connection that writes (call with the write lock held). Whichever thread
+        leads a group commit uses it, so its page cache stays warm: a connection's cache is
+        dropped whenever ANOTHER connection has written since its last transaction."""
+        if self._writer is None or self._writer[0] != os.getpid():
+            self._writer = (os.getpid(), self._connect(shared=True))
+        return self._writer[1]
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -163,6 +188,7 @@ class Ledger:
             if self._lock_fd is not None and self._lock_fd[0] == os.getpid():
                 os.close(self._lock_fd[1])
             self._lock_fd = None
+            self._writer = None
         with self._lock:
             conns, self._all = self._all, []
         for c in conns:
@@ -181,16 +207,6 @@ class Ledger:
             (user_id, request_id),
         ).fetchone()
         return None if row is None else (bytes(row[0]), bytes(row[1]))
-
-    def peek(self, user_id: str, request_id: str) -> tuple[tuple[bytes, bytes] | None, float]:
-        """One read for the request path: (the stored (fingerprint, response) or None, spent ε)."""
-        fp, resp, spent = self._conn().execute(
-            "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2), "
-            "(SELECT response FROM requests WHERE user_id=?1 AND request_id=?2), "
-            "(SELECT spent FROM budgets WHERE user_id=?1)",
-            (user_id, request_id),
-        ).fetchone()
-        return (None if fp is None else (bytes(fp), bytes(resp))), (0.0 if spent is None else float(spent))
 
     def user(self, user_id: str) -> UserBudget:
         row = self._conn().execute(
@@ -219,28 +235,43 @@ class Ledger:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
 
         ``build_response(remaining)`` makes the response bytes given the budget left after
-        this spend; it runs inside the transaction. Raises :class:`BudgetExceeded` or
-        :class:`RequestConflict` with nothing spent. Returns only after the COMMIT (fsync).
+        this spend; it runs inside the transaction, only for a fresh request that fits the
+        budget, possibly in another caller's thread (the group-commit leader). If it raises,
+        nothing is spent. Raises :class:`BudgetExceeded` or :class:`RequestConflict` with
+        nothing spent. Returns only after the COMMIT (fsync).
 
-        Group commit: concurrent callers queue; whoever holds the write lock next commits
-        every queued charge in ONE transaction (one fsync), each charge in its own savepoint
-        and checked in arrival order, so batching changes throughput, never the outcome.
+        Group commit: concurrent callers queue; while one leader commits, the others wait; the
+        next leader commits every queued charge in ONE transaction (one fsync), each charge in
+        its own savepoint and checked in arrival order, so batching changes throughput, never
+        the outcome.
         """
         item = _Pending(user_id, request_id, fingerprint, epsilon, build_response)
-        with self._queue_lock:
+        with self._queued:
             self._queue.append(item)
-        with self._exclusive():
-            if not item.finished:  # nobody committed it for us: commit everything queued
-                with self._queue_lock:
-                    batch, self._queue = self._queue, []
-                self._commit_batch(batch)
+            while self._leading and not item.finished:
+                self._queued.wait()
+            lead = not item.finished
+            self._leading |= lead
+        if lead:  # nobody committed it for us: commit everything queued by now
+            batch: list[_Pending] | None = None
+            try:
+                with self._exclusive():
+                    with self._queued:
+                        batch, self._queue = self._queue, []
+                    self._commit_batch(batch)
+            finally:
+                with self._queued:
+                    if batch is None:  # failed before taking the queue: withdraw our charge
+                        self._queue.remove(item)
+                    self._leading = False
+                    self._queued.notify_all()
         if item.error is not None:
             raise item.error
         assert item.result is not None
         return item.result
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
-        conn = self._conn()
+        conn = self._writer_conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
             if len(batch) == 1:  # the common case at low load: no savepoint needed
@@ -301,7 +332,7 @@ class Ledger:
 
 @dataclass(eq=False)
 class _Pending:
-    """One queued charge; ``finished`` is set (under the write lock) once its batch committed or failed."""
+    """One queued charge; ``finished`` is set by the leader once its batch committed or failed."""
 
     user_id: str
     request_id: str

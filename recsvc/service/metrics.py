@@ -7,6 +7,7 @@ before it forks) and the parent serves the aggregate; see :func:`start_metrics_h
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client import multiprocess
@@ -28,6 +29,23 @@ EPSILON_SPENT = Counter(
     ["mechanism"],
 )
 REPLAYS = Counter("recsvc_replays", "Retried requests answered from the ledger without spending.")
+
+
+# The label sets are few and fixed (methods × mechanisms × status codes): bind each child once
+# instead of resolving labels on every request.
+@lru_cache(maxsize=None)
+def requests(method: str, mechanism: str, status: str) -> Counter:
+    return REQUESTS.labels(method, mechanism, status)
+
+
+@lru_cache(maxsize=None)
+def latency(method: str) -> Histogram:
+    return LATENCY.labels(method)
+
+
+@lru_cache(maxsize=None)
+def epsilon_spent(mechanism: str) -> Counter:
+    return EPSILON_SPENT.labels(mechanism)
 
 
 def start_metrics_http(port: int, addr: str = "127.0.0.1") -> int:

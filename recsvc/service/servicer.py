@@ -1,9 +1,11 @@
-"""The PrivateSelection servicer: validate → (replay | budget pre-check → sample → charge).
+"""The PrivateSelection servicer: validate and clip → ledger transaction (replay | conflict |
+budget check → sample → store answer and spend) → durable COMMIT → answer.
 
-Order matters for privacy: every check that can refuse a request runs before the ledger is
-touched; the sample is drawn with the thread's CSPRNG and is revealed only after the spend
-(and the stored answer) is durably committed. A sample drawn for a request that then loses
-the budget race is discarded unseen, which leaks nothing.
+Order matters for privacy: every check of the input runs before the ledger is touched; the
+sample is drawn inside the ledger transaction, only after the replay, conflict and budget
+checks passed (so a retry or a refused request never draws one), with the CSPRNG of the thread
+that commits it, and it is revealed only after the spend and the stored answer are durably
+committed.
 """
 
 from __future__ import annotations
@@ -286,28 +288,21 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         return Prepared(user_id, req.request_id or uuid.uuid4().hex, fp, mechanism, eps, params, q, sens, ids)
 
     def execute(self, p: Prepared) -> pb.SelectResponse:
-        ledger = self.ledger
-        stored, spent = ledger.peek(p.user_id, p.request_id)
-        if stored is not None:  # fast path for retries: no sample is drawn
-            if stored[0] != p.fingerprint:
-                raise RequestConflict(p.user_id, p.request_id)
-            return self._replay(stored[1])
-        if not ledger.fits(spent, p.epsilon):  # refuse before spending CPU on sampling
-            raise BudgetExceeded(p.user_id, p.epsilon, spent, ledger.budget)
-        index = select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=self._rng(),
-                       allow_non_private=self.policy.allow_non_private, **p.params)
-        item = p.item_ids[int(index)]
-
-        def build(remaining: float) -> bytes:
+        def sample_and_build(remaining: float) -> bytes:
+            # Runs inside the ledger transaction, after the replay, conflict and budget checks
+            # (so a retried or refused request never draws a sample), in whichever request
+            # thread leads the group commit: that thread's own CSPRNG draws the sample.
+            index = select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=self._rng(),
+                           allow_non_private=self.policy.allow_non_private, **p.params)
             return pb.SelectResponse(
-                item_id=item, mechanism=p.mechanism, epsilon_spent=p.epsilon,
+                item_id=p.item_ids[int(index)], mechanism=p.mechanism, epsilon_spent=p.epsilon,
                 budget_remaining=remaining, request_id=p.request_id,
             ).SerializeToString()
 
-        charge = ledger.charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, build)
-        if charge.replayed:  # a concurrent identical retry won the race; our sample is discarded unseen
+        charge = self.ledger.charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, sample_and_build)
+        if charge.replayed:
             return self._replay(charge.response)
-        metrics.EPSILON_SPENT.labels(p.mechanism).inc(p.epsilon)
+        metrics.epsilon_spent(p.mechanism).inc(p.epsilon)
         return pb.SelectResponse.FromString(charge.response)
 
     @staticmethod
@@ -336,9 +331,10 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             raise AssertionError("unreachable")  # context.abort raises
         finally:
             elapsed = time.perf_counter() - t0
-            metrics.REQUESTS.labels(method, mech, code.name).inc()
-            metrics.LATENCY.labels(method).observe(elapsed)
-            log.debug("%s %s mechanism=%s %.2fms", method, code.name, mech or "-", elapsed * 1e3)
+            metrics.requests(method, mech, code.name).inc()
+            metrics.latency(method).observe(elapsed)
+            if log.isEnabledFor(logging.DEBUG):  # no formatting work unless asked for
+                log.debug("%s %s mechanism=%s %.2fms", method, code.name, mech or "-", elapsed * 1e3)
 
     def Select(self, request: pb.SelectRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
         return self._call("Select", context, lambda: self.execute(self.prepare_select(request)),
@@ -366,10 +362,10 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 code, message = status_of(exc)
                 if code is grpc.StatusCode.INTERNAL:
                     log.exception("SelectBatch item failed with an internal error")
-                metrics.REQUESTS.labels("SelectBatch.item", "", code.name).inc()
+                metrics.requests("SelectBatch.item", "", code.name).inc()
                 yield pb.SelectResult(error=pb.Error(code=code.value[0], code_name=code.name, message=message))
             else:
-                metrics.REQUESTS.labels("SelectBatch.item", resp.mechanism, "OK").inc()
+                metrics.requests("SelectBatch.item", resp.mechanism, "OK").inc()
                 yield pb.SelectResult(response=resp)
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
