@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 # Order here is the order in `recsvc --help`.
@@ -45,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not args.verbose:
+        # Dask's cluster start/stop chatter drowns the results; distributed reads this when
+        # it is first imported (by an engine), and then configures its own loggers from it.
+        os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:
