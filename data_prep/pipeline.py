@@ -200,19 +200,23 @@ def _sensitivities(
     n_users, n_items = group.inputs.shape
     store = BlockStore.create(scratch / "population_scores.f64", n_users, n_items)
     chunks = chunk_ranges(n_users, cfg.chunk_users)
-    tops: list[TopK] = []
+    # The population's top-k lists go to disk too, so memory does not grow with the population.
+    k = min(N_CANDIDATES, n_items)
+    top_index = np.lib.format.open_memmap(scratch / "population_top_index.npy", "w+", np.int32, (n_users, k))
+    top_score = np.lib.format.open_memmap(scratch / "population_top_score.npy", "w+", np.float64, (n_users, k))
     with timer.step("population_scoring"):
         ctx = ScoringContext(model, group.inputs, N_CANDIDATES)
         results = engine.map(score_population, chunks, ctx, desc="population scores", unit="user", sizes=[len(c) for c in chunks])
         for rows, (scores, top) in zip(chunks, results):
             store.write_rows(rows.start, scores)
-            tops.append(top)
+            top_index[rows.start : rows.stop] = top.index
+            top_score[rows.start : rows.stop] = top.score
     with timer.step("percentiles"):
         disable = None if cfg.progress is None else not cfg.progress
         with tqdm(total=n_items, desc="item percentiles", unit="item", disable=disable) as bar:
             ranges = item_ranges(store, cfg.percentiles, progress=bar.update)
     store.path.unlink()
-    return ranges, TopK.concat(tops)
+    return ranges, TopK(top_index, top_score)
 
 
 def run(cfg: PrepConfig) -> Path:
@@ -240,7 +244,8 @@ def run(cfg: PrepConfig) -> Path:
             acc = accuracy(top.index, split.test.targets)
             ranges, pop_top = _sensitivities(cfg, engine, model, population, scratch, timer)
             with timer.step("spearman"):
-                rho = population_spearman(pop_top, ranges)
+                rho = population_spearman(pop_top, ranges, cfg.chunk_users)
+            del pop_top  # release the scratch memmaps before the scratch directory goes
         finally:
             engine.close()
             shutil.rmtree(scratch, ignore_errors=True)

@@ -113,22 +113,25 @@ def validate_percentiles(q: tuple[float, float]) -> tuple[float, float]:
     return lo, hi
 
 
-def population_spearman(top: TopK, ranges: ItemRanges) -> dict[str, float | int]:
+def population_spearman(top: TopK, ranges: ItemRanges, chunk_users: int = 1000) -> dict[str, float | int]:
     """Per population user: Spearman(clipped top-k scores, Δ of those items); summary stats.
 
     Users with fewer than 2 candidates have no defined ρ and are not counted; an undefined ρ
-    (constant input) counts as 0, as in combined GEM.
+    (constant input) counts as 0, as in combined GEM. ``top`` may be disk-backed: it is read
+    ``chunk_users`` rows at a time, so only the per-user ρ values are held in memory.
     """
-    count = top.count
     sens = ranges.sensitivity
     rhos: list[np.ndarray] = []
-    for n in np.unique(count):
-        if n < 2:
-            continue
-        rows = np.flatnonzero(count == n)
-        idx = top.index[rows, :n]
-        clipped = np.clip(top.score[rows, :n], ranges.lo[idx], ranges.hi[idx])
-        rhos.append(np.atleast_1d(spearman(clipped, sens[idx])))
+    for start in range(0, top.index.shape[0], chunk_users):
+        part = TopK(np.asarray(top.index[start : start + chunk_users]), np.asarray(top.score[start : start + chunk_users]))
+        count = part.count
+        for n in np.unique(count):
+            if n < 2:
+                continue
+            rows = np.flatnonzero(count == n)
+            idx = part.index[rows, :n]
+            clipped = np.clip(part.score[rows, :n], ranges.lo[idx], ranges.hi[idx])
+            rhos.append(np.atleast_1d(spearman(clipped, sens[idx])))
     rho = np.concatenate(rhos) if rhos else np.zeros(0)
     if rho.size == 0:
         return {"median": 0.0, "mean": 0.0, "frac_positive": 0.0, "users": 0}
@@ -138,4 +141,3 @@ def population_spearman(top: TopK, ranges: ItemRanges) -> dict[str, float | int]
         "frac_positive": float((rho > 0).mean()),
         "users": int(rho.size),
     }
-
