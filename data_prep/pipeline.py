@@ -159,7 +159,7 @@ def _choose_params(
 ) -> tuple[SansaParams, Model | None, list[dict[str, Any]]]:
     factorizer = cfg.factorizer or info.factorizer
     grid = [
-        SansaParams(l2=l2, density=d, factorizer=factorizer)
+        SansaParams(l2=l2, density=d, factorizer=factorizer, umr_scans=info.umr_scans)
         for l2 in (cfg.l2 or info.l2)
         for d in (cfg.density or info.density)
     ]

@@ -168,6 +168,7 @@ def test_ml20m_fixture_end_to_end(tmp_path: Path) -> None:
     m = load_artifact(out).manifest
     assert m["split"]["test_users"] == 10 and m["split"]["validation_users"] == 10
     assert m["sansa"]["l2"] == 10.0 and m["sansa"]["factorizer"] == "cholmod"
+    assert m["sansa"]["umr_scans"] == 5  # glami/sansa's ML-20M reproduction setting
 
 
 def test_real_ml100k_end_to_end(tmp_path: Path) -> None:
@@ -195,6 +196,7 @@ def test_amazon_book_fixture_end_to_end(tmp_path: Path) -> None:
     art = load_artifact(out)
     m = art.manifest
     assert m["sensitivity_population"] == "sample" and m["sensitivity_population_users"] == 25
+    assert m["sansa"]["umr_scans"] == 3  # glami/sansa's Amazon-book reproduction setting
     assert m["split"]["test_users"] == len(test) and m["split"]["train_users"] == 40
     assert m["split"]["train_interactions"] == 40 * 8 and "validation_users" not in m["split"]
     # Candidates never include the user's train.txt items (their input).
