@@ -309,3 +309,27 @@ def test_stop_reports_not_serving(artifact: Path, tmp_path: Path) -> None:
         h.health.enter_graceful_shutdown()
         assert c.health() == "NOT_SERVING"
     h.stop(1)
+
+
+def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_found_on_reuse(
+        server: ServerHandle) -> None:
+    import hashlib
+
+    from recsvc.service.servicer import InvalidRequest, _fingerprint
+
+    # Hashed in pieces (below hashlib's GIL-release size); must stay the plain SHA-256, or
+    # retries of requests stored by an older server would be refused as conflicts.
+    req = _good("columns")
+    req.item_ids.extend(f"pad{k}" for k in range(400))  # > 2 KiB serialised: several pieces
+    req.scores.extend([0.5] * 400)
+    blob = req.SerializeToString(deterministic=True)
+    assert len(blob) > 3 * 2048
+    assert _fingerprint(b"select\0", req) == hashlib.sha256(b"select\0" + blob).digest()
+    # The duplicate check reuses a per-thread array: stale entries from earlier calls never matter.
+    s = server.servicer
+    assert s.prepare_select(_good("columns")).fingerprint
+    dup = _good("columns")
+    dup.item_ids[3] = dup.item_ids[7]
+    with pytest.raises(InvalidRequest, match=f"duplicate item_id '{dup.item_ids[7]}'"):
+        s.prepare_select(dup)
+    assert s.prepare_select(_good("columns", request_id="again")).scores.size == len(candidates(10))

@@ -187,3 +187,41 @@ def test_one_writer_connection_and_rowless_tables(tmp_path: Path) -> None:
     sql = dict(writer.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
     assert all("WITHOUT ROWID" in sql[t] for t in ("budgets", "requests"))
     assert led.totals() == {"u0": pytest.approx(7.0), "u1": pytest.approx(6.5), "u2": pytest.approx(6.5)}
+
+
+def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led.charge("u", "r0", b"fp", 0.1, _resp("z"))  # an existing row: the batch's upsert updates it
+    out: dict[str, object] = {}
+
+    def boom(remaining: float) -> bytes:
+        raise RuntimeError("no answer")
+
+    def charge(name: str, user: str, rid: str, build) -> None:  # type: ignore[no-untyped-def]
+        try:
+            out[name] = led.charge(user, rid, b"fp", 0.2, build)
+        except Exception as exc:  # noqa: BLE001
+            out[name] = exc
+
+    jobs = [("a", "u", "r1", _resp("a")), ("b", "u", "r2", boom), ("c", "u", "r3", _resp("c")),
+            ("d", "v", "r1", _resp("d")), ("e", "v", "r2", _resp("e"))]
+    with led._write_lock:  # hold the writers back until all five have queued
+        threads = []
+        for job in jobs:
+            threads.append(threading.Thread(target=charge, args=job))
+            threads[-1].start()
+            deadline = time.monotonic() + 10
+            while len(led._queue) < len(threads) and time.monotonic() < deadline:
+                time.sleep(0.001)
+        assert len(led._queue) == 5
+    for t in threads:
+        t.join(10)
+    assert led.commits == 2  # the first charge, then the whole batch in one transaction
+    assert isinstance(out["b"], RuntimeError) and led.lookup("u", "r2") is None  # nothing spent for b
+    assert out["a"].response == b"a|0.700000" and out["c"].response == b"c|0.500000"  # b's 0.2 not taken
+    assert out["e"].response == b"e|0.600000"
+    assert (led.user("u").spent, led.user("u").requests) == (pytest.approx(0.5), 3)
+    assert (led.user("v").spent, led.user("v").requests) == (pytest.approx(0.4), 2)

@@ -30,12 +30,14 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Float sums of ε (e.g. 50 × 0.02) can exceed the budget by a few ulps; allow that much
 # (relative 1e-9), no more. The stored total itself is never rounded down.
 BUDGET_REL_SLACK = 1e-9
+# Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
+_CHUNK = 64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
@@ -130,9 +132,11 @@ class Ledger:
         self._lock_file = self.path.with_name(self.path.name + ".lock")
         self._lock_fd: tuple[int, int] | None = None  # (pid, fd)
         # Group commit: callers queue under _queued; one of them at a time leads (takes the
-        # write lock and commits the whole queue), the others sleep on the condition until
-        # their charge is finished, so followers never convoy through the write lock.
-        self._queued = threading.Condition(threading.Lock())
+        # write lock and commits the whole queue). Every other caller sleeps on its OWN lock
+        # until the leader either finished its charge or handed it the lead, so a commit wakes
+        # exactly the threads that have something to do (no notify_all storm of threads that
+        # only go back to sleep, each costing a GIL hand-off).
+        self._queued = threading.Lock()
         self._queue: list[_Pending] = []
         self._leading = False
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
@@ -241,19 +245,21 @@ class Ledger:
         nothing spent. Returns only after the COMMIT (fsync).
 
         Group commit: concurrent callers queue; while one leader commits, the others wait; the
-        next leader commits every queued charge in ONE transaction (one fsync), each charge in
-        its own savepoint and checked in arrival order, so batching changes throughput, never
-        the outcome.
+        next leader commits every queued charge in ONE transaction (one fsync), each charge
+        checked in arrival order against the state left by the ones before it, so batching
+        changes throughput, never the outcome.
         """
         item = _Pending(user_id, request_id, fingerprint, epsilon, build_response)
         with self._queued:
             self._queue.append(item)
-            while self._leading and not item.finished:
-                self._queued.wait()
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            item.wake.acquire()  # released by a leader: our charge is finished, or we lead next
             lead = not item.finished
-            self._leading |= lead
         if lead:  # nobody committed it for us: commit everything queued by now
             batch: list[_Pending] | None = None
+            successor: _Pending | None = None
             try:
                 with self._exclusive():
                     with self._queued:
@@ -263,8 +269,15 @@ class Ledger:
                 with self._queued:
                     if batch is None:  # failed before taking the queue: withdraw our charge
                         self._queue.remove(item)
-                    self._leading = False
-                    self._queued.notify_all()
+                    if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
+                        successor = self._queue[0]
+                    else:
+                        self._leading = False
+                if successor is not None:  # first, so its fsync overlaps the wake-ups below
+                    successor.wake.release()
+                for other in batch or ():
+                    if other is not item:
+                        other.wake.release()
         if item.error is not None:
             raise item.error
         assert item.result is not None
@@ -274,21 +287,7 @@ class Ledger:
         conn = self._writer_conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
-            if len(batch) == 1:  # the common case at low load: no savepoint needed
-                try:
-                    batch[0].result = self._apply(conn, batch[0])
-                except LedgerError as exc:  # refused before any write: nothing to undo
-                    batch[0].error = exc
-            else:
-                for i, item in enumerate(batch):
-                    conn.execute(f"SAVEPOINT c{i}")
-                    try:
-                        item.result = self._apply(conn, item)
-                        conn.execute(f"RELEASE c{i}")
-                    except Exception as exc:  # noqa: BLE001 - this charge alone is refused
-                        conn.execute(f"ROLLBACK TO c{i}")
-                        conn.execute(f"RELEASE c{i}")
-                        item.error = exc
+            self._apply(conn, batch)
             conn.execute("COMMIT")  # durable (WAL fsync) before anyone sees a response
             self.commits += 1
         except BaseException as exc:
@@ -302,32 +301,86 @@ class Ledger:
             for item in batch:
                 item.finished = True
 
-    def _apply(self, conn: sqlite3.Connection, p: _Pending) -> Charge:
-        row = conn.execute(
-            "SELECT fingerprint, response FROM requests WHERE user_id=? AND request_id=?",
-            (p.user_id, p.request_id),
-        ).fetchone()
-        if row is not None:
-            if bytes(row[0]) != p.fingerprint:
-                raise RequestConflict(p.user_id, p.request_id)
-            return Charge(bytes(row[1]), replayed=True)
-        b = conn.execute("SELECT spent FROM budgets WHERE user_id=?", (p.user_id,)).fetchone()
-        spent = 0.0 if b is None else float(b[0])
-        if not self.fits(spent, p.epsilon):
-            raise BudgetExceeded(p.user_id, p.epsilon, spent, self.budget)
-        new_spent = spent + p.epsilon
-        response = p.build_response(max(self.budget - new_spent, 0.0))
-        conn.execute(
-            "INSERT INTO budgets(user_id, spent, requests) VALUES(?, ?, 1) "
-            "ON CONFLICT(user_id) DO UPDATE SET spent=excluded.spent, requests=requests+1",
-            (p.user_id, new_spent),
-        )
-        conn.execute(
-            "INSERT INTO requests(user_id, request_id, fingerprint, epsilon, response, created) "
-            "VALUES(?, ?, ?, ?, ?, ?)",
-            (p.user_id, p.request_id, p.fingerprint, p.epsilon, response, time.time()),
-        )
-        return Charge(response, replayed=False)
+    def _apply(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+        """Decides every charge of the batch in arrival order, then writes them all.
+
+        The whole batch costs a handful of SQL statements (one read of the stored requests,
+        one of the budgets, one multi-row write each), not ~8 per charge: every statement
+        releases the GIL, and with many request threads waiting for it each release costs a
+        thread wake-up while the write lock is held. Within the batch the decisions use the
+        same rules as one charge at a time (the in-memory state is updated after each)."""
+        stored = self._stored(conn, [(p.user_id, p.request_id) for p in batch])
+        spent = self._spent(conn, list({p.user_id: None for p in batch}))
+        counts: dict[str, int] = {}
+        rows: list[tuple[str, str, bytes, float, bytes, float]] = []
+        now = time.time()
+        for p in batch:
+            key = (p.user_id, p.request_id)
+            prior = stored.get(key)
+            if prior is not None:
+                if prior[0] != p.fingerprint:
+                    p.error = RequestConflict(p.user_id, p.request_id)
+                else:
+                    p.result = Charge(prior[1], replayed=True)
+                continue
+            before = spent.get(p.user_id, 0.0)
+            if not self.fits(before, p.epsilon):
+                p.error = BudgetExceeded(p.user_id, p.epsilon, before, self.budget)
+                continue
+            after = before + p.epsilon
+            try:
+                response = p.build_response(max(self.budget - after, 0.0))
+            except Exception as exc:  # noqa: BLE001 - this charge alone is refused, nothing spent
+                p.error = exc
+                continue
+            spent[p.user_id] = after
+            counts[p.user_id] = counts.get(p.user_id, 0) + 1
+            stored[key] = (p.fingerprint, response)
+            rows.append((p.user_id, p.request_id, p.fingerprint, p.epsilon, response, now))
+            p.result = Charge(response, replayed=False)
+        users = [(u, spent[u], n) for u, n in counts.items()]
+        for i in range(0, len(users), _CHUNK):
+            part = users[i:i + _CHUNK]
+            conn.execute(
+                "INSERT INTO budgets(user_id, spent, requests) VALUES " + ",".join(["(?, ?, ?)"] * len(part))
+                + " ON CONFLICT(user_id) DO UPDATE SET spent=excluded.spent, requests=requests+excluded.requests",
+                [v for row in part for v in row],
+            )
+        for i in range(0, len(rows), _CHUNK):
+            chunk = rows[i:i + _CHUNK]
+            conn.execute(
+                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon, response, created) VALUES "
+                + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)),
+                [v for row in chunk for v in row],
+            )
+
+    @staticmethod
+    def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bytes, bytes]]:
+        """(fingerprint, response) of the keys already in the ledger (exact primary-key probes)."""
+        out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        for i in range(0, len(keys), _CHUNK):
+            part = keys[i:i + _CHUNK]
+            sql = " UNION ALL ".join(
+                ["SELECT user_id, request_id, fingerprint, response FROM requests WHERE user_id=? AND request_id=?"]
+                * len(part))
+            for u, r, fp, resp in conn.execute(sql, [v for k in part for v in k]):
+                out[(u, r)] = (bytes(fp), bytes(resp))
+        return out
+
+    @staticmethod
+    def _spent(conn: sqlite3.Connection, users: list[str]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for i in range(0, len(users), _CHUNK):
+            part = users[i:i + _CHUNK]
+            sql = f"SELECT user_id, spent FROM budgets WHERE user_id IN ({','.join(['?'] * len(part))})"
+            out.update((u, float(v)) for u, v in conn.execute(sql, part))
+        return out
+
+
+def _locked() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 @dataclass(eq=False)
@@ -342,3 +395,5 @@ class _Pending:
     result: Charge | None = None
     error: Exception | None = None
     finished: bool = False
+    # Held until a leader releases it (see Ledger.charge); a bare lock is the cheapest wake-up.
+    wake: threading.Lock = field(default_factory=_locked)

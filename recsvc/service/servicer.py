@@ -16,7 +16,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -71,7 +71,7 @@ class Prepared:
     params: dict[str, float | None]
     scores: np.ndarray  # clipped to each item's [lo, hi]
     sensitivities: np.ndarray
-    item_ids: list[str]
+    item_ids: Sequence[str]  # a list, or the request's repeated field itself (no copy)
 
 
 def resolve_auto(rho_median: float | None, threshold: float) -> str | None:
@@ -100,11 +100,12 @@ class Catalog:
         self.hi = artifact.items["hi"].to_numpy().astype(np.float64)
         self.sensitivity = artifact.items["sensitivity"].to_numpy().astype(np.float64)
 
-    def rows(self, item_ids: list[str]) -> np.ndarray:
+    def rows(self, item_ids: Sequence[str]) -> np.ndarray:
+        # One pass over the ids, straight from the protobuf field: no intermediate list.
         try:
             return np.fromiter(map(self.index.__getitem__, item_ids), np.int64, len(item_ids))
         except KeyError as exc:
-            pos = item_ids.index(exc.args[0])
+            pos = list(item_ids).index(exc.args[0])
             raise InvalidRequest(
                 f"unknown item_id {_short(exc.args[0])} (candidate #{pos}); expected an item_id from the "
                 f"artifact's items.parquet ({len(self.item_ids)} items)"
@@ -157,12 +158,12 @@ def _check_id(name: str, value: str, required: bool) -> None:
         raise InvalidRequest(f"{name} is {len(value)} characters long; expected at most {MAX_ID_LEN}")
 
 
-def _candidate_columns(req: pb.SelectRequest) -> tuple[list[str], np.ndarray]:
+def _candidate_columns(req: pb.SelectRequest) -> tuple[Sequence[str], np.ndarray]:
     """(item_ids, raw scores) from either encoding of the candidates."""
     if len(req.item_ids) or len(req.scores):
         if len(req.candidates):
             raise InvalidRequest("both candidates and item_ids/scores are set; expected exactly one encoding")
-        ids, raw = list(req.item_ids), np.array(req.scores, dtype=np.float64)
+        ids, raw = req.item_ids, np.array(req.scores, dtype=np.float64)
         if len(ids) != raw.size:
             raise InvalidRequest(
                 f"item_ids has {len(ids)} entries but scores has {raw.size}; expected one score per item_id"
@@ -170,6 +171,19 @@ def _candidate_columns(req: pb.SelectRequest) -> tuple[list[str], np.ndarray]:
         return ids, raw
     cands = list(req.candidates)  # one wrapper per candidate: the slower encoding
     return [c.item_id for c in cands], np.array([c.score for c in cands], dtype=np.float64)
+
+
+_HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes or more
+
+
+def _fingerprint(kind: bytes, req: Any) -> bytes:
+    """SHA-256 of the canonical request. Fed in pieces below hashlib's 2 KiB GIL-release
+    threshold: releasing the GIL for a few µs of hashing only wakes a waiting thread for nothing."""
+    h = hashlib.sha256(kind)
+    data = memoryview(req.SerializeToString(deterministic=True))
+    for i in range(0, len(data), _HASH_PIECE):
+        h.update(data[i:i + _HASH_PIECE])
+    return h.digest()
 
 
 def _params(req: Any) -> dict[str, float | None]:
@@ -249,6 +263,16 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         # Clipping to the public [lo, hi] is what makes Δ a true bound (SPEC §1): never skip it.
         return np.clip(raw, c.lo[rows], c.hi[rows]), c.sensitivity[rows]
 
+    def _has_duplicates(self, rows: np.ndarray) -> bool:
+        """O(n) check without sorting (np.sort releases the GIL, another needless hand-off):
+        write each candidate's position at its row; a row given twice keeps only the later one."""
+        slot = getattr(self._local, "slot", None)
+        if slot is None:  # per thread; never needs clearing, every read slot was just written
+            slot = self._local.slot = np.empty(len(self.catalog.item_ids), np.int64)
+        pos = np.arange(rows.size)
+        slot[rows] = pos
+        return bool((slot[rows] != pos).any())
+
     def prepare_select(self, req: pb.SelectRequest) -> Prepared:
         user_id, mechanism, eps, params = self._common(req)
         item_ids, raw = _candidate_columns(req)
@@ -265,13 +289,12 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 "expected finite scores"
             )
         rows = self.catalog.rows(item_ids)
-        ordered = np.sort(rows)
-        if (ordered[1:] == ordered[:-1]).any():  # the same item twice (ids map 1:1 to rows)
+        if self._has_duplicates(rows):  # the same item twice (ids map 1:1 to rows)
             seen: set[str] = set()
             dup = next(i for i in item_ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
             raise InvalidRequest(f"duplicate item_id {_short(dup)} among the candidates; expected each item once")
         q, sens = self._clip(rows, raw)
-        fp = hashlib.sha256(b"select\0" + req.SerializeToString(deterministic=True)).digest()
+        fp = _fingerprint(b"select\0", req)
         return Prepared(user_id, req.request_id or uuid.uuid4().hex, fp, mechanism, eps, params, q, sens, item_ids)
 
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
@@ -283,7 +306,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             raise InvalidRequest(f"num_candidates={k} is too many; this server accepts at most {self.policy.max_candidates}")
         rows, raw = self.recommender.candidates(list(req.history), k)
         q, sens = self._clip(rows, raw)
-        fp = hashlib.sha256(b"recommend\0" + req.SerializeToString(deterministic=True)).digest()
+        fp = _fingerprint(b"recommend\0", req)
         ids = [self.catalog.item_ids[r] for r in rows.tolist()]
         return Prepared(user_id, req.request_id or uuid.uuid4().hex, fp, mechanism, eps, params, q, sens, ids)
 
