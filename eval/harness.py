@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -22,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eval import metrics
@@ -426,6 +424,7 @@ def _source(cfg: EvalConfig):
 
 def run(cfg: EvalConfig) -> EvalResult:
     """Validates everything, evaluates all users, writes ``cfg.out`` atomically (if set)."""
+    from recsvc.artifacts import replace_dir
     from recsvc.engines import chunk_ranges, make_engine
 
     mechanisms = _check_config(cfg)
@@ -450,7 +449,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         result = _finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
         if tmp is not None:
             _write_outputs(result, tmp)
-            result.out = _commit(tmp, Path(cfg.out))
+            result.out = replace_dir(tmp, Path(cfg.out))
             tmp = None
         return result
     finally:
@@ -517,18 +516,6 @@ def _write_outputs(result: EvalResult, tmp: Path) -> None:
                "seconds": result.seconds, "notes": result.notes}
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (tmp / "report.md").write_text(report.markdown(result))
-
-
-def _commit(tmp: Path, out: Path) -> Path:
-    """Rename the finished results into place; an old results dir is replaced only now."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
-    return out
 
 
 def summary(result: EvalResult) -> tuple[str, Path | None]:

@@ -309,17 +309,24 @@ class ArtifactWriter:
         }
         full = {"format_version": FORMAT_VERSION, **manifest, "files": files}
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=_json_default) + "\n")
-        if self.out.exists():
-            if not self.force:
-                raise ArtifactError(f"output directory {self.out} appeared while writing; not replacing it")
-            old = self.out.with_name(f".{self.out.name}.old-{os.getpid()}")
-            os.replace(self.out, old)
-            os.replace(tmp, self.out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, self.out)
+        if self.out.exists() and not self.force:
+            raise ArtifactError(f"output directory {self.out} appeared while writing; not replacing it")
+        replace_dir(tmp, self.out)
         self._tmp = None
         return self.out
+
+
+def replace_dir(tmp: Path, out: Path) -> Path:
+    """Renames the finished directory ``tmp`` to ``out`` (a sibling); an existing ``out`` is
+    swapped out only at this moment, so readers see the old or the new directory, never a mix."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)
+    return out
 
 
 def _json_default(o: Any) -> Any:

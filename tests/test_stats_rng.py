@@ -51,3 +51,17 @@ def test_spearman_1d_fast_path_matches_rowwise_and_scipy_with_ties():
         else:
             assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
             assert got == pytest.approx(float(spearman(x[None, :], y[None, :])[0]), rel=1e-12, abs=1e-12)
+
+
+def test_thread_csprng_is_one_generator_per_thread():
+    import threading
+
+    from recsvc.rng import thread_csprng
+
+    mine = thread_csprng()
+    assert thread_csprng() is mine
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(thread_csprng()))
+    t.start()
+    t.join()
+    assert seen[0] is not mine and isinstance(seen[0], np.random.Generator)

@@ -7,7 +7,6 @@ clipped to each item's [lo, hi] (callers own the ranges; clipping is what makes 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -26,7 +25,7 @@ from recsvc.mechanisms.validation import (
     check_trials,
     check_user_offset,
 )
-from recsvc.rng import csprng, user_stream
+from recsvc.rng import thread_csprng, user_stream
 
 SampleFn = Callable[[np.ndarray, np.ndarray, float, Params, np.random.Generator, int], np.ndarray]
 LogProbFn = Callable[[np.ndarray, np.ndarray, float, Params], np.ndarray]
@@ -93,18 +92,6 @@ def get_mechanism(name: object, allow_non_private: bool = False) -> Mechanism:
     return mech
 
 
-_local = threading.local()
-
-
-def _default_rng() -> np.random.Generator:
-    # One CSPRNG per thread: numpy generators are not thread-safe, and a fresh ChaCha key per
-    # call would waste time. Its state is never logged or persisted.
-    rng = getattr(_local, "rng", None)
-    if rng is None:
-        rng = _local.rng = csprng()
-    return rng
-
-
 def select(
     name: str,
     scores: object,
@@ -117,7 +104,7 @@ def select(
 ) -> int:
     """Index of the candidate chosen by mechanism ``name`` on ALREADY CLIPPED ``scores``.
 
-    ``rng`` defaults to a thread-local CSPRNG (``recsvc.rng.csprng``). ``params``: ``beta``,
+    ``rng`` defaults to this thread's CSPRNG (``recsvc.rng.thread_csprng``). ``params``: ``beta``,
     ``gamma``, ``corr_budget_fraction`` (``None`` = default). All input is validated before any
     draw; ``rnmh`` raises unless ``allow_non_private=True``.
     """
@@ -127,7 +114,7 @@ def select(
     q, d = check_scores_sensitivities(scores, sensitivities)
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise MechanismInputError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
-    return int(mech.sample(q, d, eps, p, rng if rng is not None else _default_rng(), 1)[0])
+    return int(mech.sample(q, d, eps, p, rng if rng is not None else thread_csprng(), 1)[0])
 
 
 def select_batch(

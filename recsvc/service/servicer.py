@@ -26,7 +26,7 @@ import scipy.sparse as sp
 
 from recsvc.artifacts import Artifact
 from recsvc.mechanisms import MECHANISMS, select
-from recsvc.rng import csprng
+from recsvc.rng import thread_csprng
 from recsvc.service import metrics
 from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
 from recsvc.v1 import selection_pb2 as pb
@@ -225,12 +225,6 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _rng(self) -> np.random.Generator:
-        rng = getattr(self._local, "rng", None)
-        if rng is None:  # one ChaCha20 CSPRNG per thread; its state is never logged
-            rng = self._local.rng = csprng()
-        return rng
-
     def _mechanism_name(self, requested: str) -> str:
         name = requested or self.default_mechanism
         if name == AUTO:
@@ -315,7 +309,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             # Runs inside the ledger transaction, after the replay, conflict and budget checks
             # (so a retried or refused request never draws a sample), in whichever request
             # thread leads the group commit: that thread's own CSPRNG draws the sample.
-            index = select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=self._rng(),
+            index = select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=thread_csprng(),
                            allow_non_private=self.policy.allow_non_private, **p.params)
             return pb.SelectResponse(
                 item_id=p.item_ids[int(index)], mechanism=p.mechanism, epsilon_spent=p.epsilon,
