@@ -20,7 +20,7 @@ import numpy as np
 
 from data_prep.candidates import TopK
 from recsvc.artifacts import MIN_SENSITIVITY
-from recsvc.stats import spearman
+from recsvc.stats import spearman_rows
 
 BLOCK_BYTES = 64 << 20
 
@@ -123,15 +123,11 @@ def population_spearman(top: TopK, ranges: ItemRanges, chunk_users: int = 1000) 
     sens = ranges.sensitivity
     rhos: list[np.ndarray] = []
     for start in range(0, top.index.shape[0], chunk_users):
-        part = TopK(np.asarray(top.index[start : start + chunk_users]), np.asarray(top.score[start : start + chunk_users]))
-        count = part.count
-        for n in np.unique(count):
-            if n < 2:
-                continue
-            rows = np.flatnonzero(count == n)
-            idx = part.index[rows, :n]
-            clipped = np.clip(part.score[rows, :n], ranges.lo[idx], ranges.hi[idx])
-            rhos.append(np.atleast_1d(spearman(clipped, sens[idx])))
+        idx = np.asarray(top.index[start : start + chunk_users])
+        take = np.maximum(idx, 0)  # padding (−1) sits past each row's count and is ignored
+        clipped = np.clip(np.asarray(top.score[start : start + chunk_users]), ranges.lo[take], ranges.hi[take])
+        rho = spearman_rows(clipped, sens[take], (idx >= 0).sum(axis=1), undefined=0.0)
+        rhos.append(rho[~np.isnan(rho)])  # NaN: fewer than 2 candidates, not counted
     rho = np.concatenate(rhos) if rhos else np.zeros(0)
     if rho.size == 0:
         return {"median": 0.0, "mean": 0.0, "frac_positive": 0.0, "users": 0}

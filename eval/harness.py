@@ -24,6 +24,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from eval import metrics
+from recsvc.stats import spearman_rows
 
 DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_TRIALS = 50
@@ -232,7 +233,7 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
                     mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
     return ChunkResult(
         chunk.start, chunk.user_ids, count,
-        metrics.spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),
+        spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),
         mse, mean_sel, exact_used,
     )
 

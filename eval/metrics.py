@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsvc.stats import spearman
 
 WEIGHTED_BUCKETS = 5  # Appendix I: "which we set to 5 in our evaluation"
 
@@ -19,18 +18,6 @@ def valid_mask(shape: tuple[int, int], count: np.ndarray | None) -> np.ndarray:
     if count is None:
         return np.ones(shape, dtype=bool)
     return np.arange(shape[1])[None, :] < np.asarray(count)[:, None]
-
-
-def spearman_rows(q: np.ndarray, sens: np.ndarray, count: np.ndarray | None = None) -> np.ndarray:
-    """Spearman(q, Δ) per user over that user's real candidates; NaN where undefined."""
-    q, sens = np.atleast_2d(q), np.atleast_2d(np.broadcast_to(sens, np.shape(q)))
-    out = np.full(q.shape[0], np.nan)
-    count = np.full(q.shape[0], q.shape[1]) if count is None else np.asarray(count)
-    for c in np.unique(count):  # rows with equal length are one vectorised call
-        rows = np.flatnonzero(count == c)
-        if c >= 2:
-            out[rows] = spearman(q[rows, :c], sens[rows, :c], undefined=np.nan)
-    return out
 
 
 def weighted_correlation(

@@ -98,3 +98,22 @@ def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray
         rho = np.where(den > 0, num / np.where(den > 0, den, 1.0), undefined)
     rho = np.clip(rho, -1.0, 1.0)
     return float(rho) if rho.ndim == 0 else rho
+
+
+def spearman_rows(
+    x: np.ndarray, y: np.ndarray, count: np.ndarray | None = None, undefined: float = np.nan
+) -> np.ndarray:
+    """Spearman's ρ per row over that row's first ``count[b]`` values (the rest is padding).
+
+    Rows of equal length go through one vectorised :func:`spearman` call. Rows with fewer
+    than 2 values are NaN; constant rows get ``undefined``. ``y`` may be shared (n,).
+    """
+    x = np.atleast_2d(np.asarray(x, dtype=np.float64))
+    y = np.atleast_2d(np.broadcast_to(np.asarray(y, dtype=np.float64), x.shape))
+    out = np.full(x.shape[0], np.nan)
+    count = np.full(x.shape[0], x.shape[1]) if count is None else np.asarray(count)
+    for c in np.unique(count):
+        if c >= 2:
+            rows = np.flatnonzero(count == c)
+            out[rows] = spearman(x[rows, :c], y[rows, :c], undefined=undefined)
+    return out

@@ -65,3 +65,14 @@ def test_thread_csprng_is_one_generator_per_thread():
     t.start()
     t.join()
     assert seen[0] is not mine and isinstance(seen[0], np.random.Generator)
+
+
+def test_spearman_rows_ragged_undefined_and_short_rows():
+    from recsvc.stats import spearman_rows
+
+    x = np.array([[1.0, 2.0, 3.0, 9.0], [5.0, 5.0, 5.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    y = np.array([3.0, 2.0, 1.0, 7.0])
+    got = spearman_rows(x, y, np.array([3, 3, 1]), undefined=0.0)
+    assert got[0] == pytest.approx(-1.0)  # padding (9 vs 7) ignored
+    assert got[1] == 0.0  # constant over its 3 real values → undefined
+    assert np.isnan(got[2])  # one candidate: no ρ at all
