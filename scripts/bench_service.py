@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark of the PrivateSelection service on loopback (asyncio client, bounded run time).
+"""Benchmark of the PrivateSelection service on loopback (bounded run time).
 
 Measures, in ONE run so that ratios are comparable on a noisy machine:
 
@@ -9,14 +9,25 @@ Measures, in ONE run so that ratios are comparable on a noisy machine:
 * the sync (thread-pool) server vs ``grpc.aio``: an aio no-op server (the most any aio server
   can do) and an aio server running the same servicer code on its event loop;
 * ``--workers 2`` vs ``--workers 1`` throughput at concurrency 32, with the same client
-  (same channels, same payloads) in both runs.
+  (same connections, same payloads) in both runs.
 
-Every server runs in its own process; the client pre-serialises its requests (each with a
-fresh request_id, so nothing is a replay) and sends raw bytes, to spend as little client CPU
-as possible. Every row also reports the CPU time the server processes and the client used per
-request, and the cores they used together (QPS × CPU per request), so a reader can see when
-a run is against the machine's ceiling (all C cores busy).
+Two load generators, both in every run:
+
+* ``h2load`` (nghttp2-client, C): ≈ 40 µs of client CPU per request, so on this 2-core machine
+  the client does not compete with the server for the cores. It sends one pre-framed request
+  body per run with an empty request_id (the server assigns a fresh one, so every request is a
+  new charge, none a replay); after each run against a real server the benchmark checks with
+  GetBudget that the ledger charged exactly that many requests (h2load itself only sees HTTP
+  status 200, not the gRPC status). The targets are judged on these rows.
+* ``python``: an asyncio ``grpc.aio`` client sending pre-serialised requests, each with its own
+  request_id and one of 1,000 users; ≈ 250 µs of client CPU per request, reported for
+  comparison with earlier runs.
+
+Every server runs in its own process. Every row also reports the CPU time the server processes
+and the client used per request, and the cores they used together (QPS × CPU per request), so a
+reader can see when a run is against the machine's ceiling (all cores busy).
 Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``
+(``apt-get install nghttp2-client`` for h2load; without it only the python rows are measured).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,8 +167,8 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1) -> None:
-        self.port = free_port()
-        ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
+        self.port, self.workers = free_port(), workers
+        self.ledger = ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
         if kind == "sync":
             cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
                    "--port", str(self.port), "--budget", "1e12", "--workers", str(workers), "--drain-delay", "0"]
@@ -219,6 +231,45 @@ async def load(port: int, bodies: list[bytes], concurrency: int, channels: int =
             "p99_ms": float(np.percentile(latencies, 99) * 1e3), "requests": len(bodies)}
 
 
+def h2load_run(port: int, body: bytes, n: int, concurrency: int, tmp: Path) -> dict[str, float]:
+    """n requests of one body over `concurrency` HTTP/2 connections (one stream each)."""
+    framed = tmp / "h2load-body.bin"
+    framed.write_bytes(b"\0" + len(body).to_bytes(4, "big") + body)  # gRPC length-prefixed message
+    log = tmp / "h2load.log"
+    log.unlink(missing_ok=True)  # h2load appends
+    cmd = ["h2load", "-n", str(n), "-c", str(concurrency), "-m", "1", "-d", str(framed),
+           "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}",
+           f"http://127.0.0.1:{port}{METHOD}"]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    wall = time.perf_counter() - t0
+    rows = np.loadtxt(log, dtype=np.int64, ndmin=2)
+    if not re.search(rf"{n} succeeded, 0 failed, 0 errored", out) or rows.shape[0] != n or (rows[:, 1] != 200).any():
+        raise RuntimeError(f"h2load did not complete {n} requests cleanly:\n{out}")
+    first, last = rows[:, 0].min(), (rows[:, 0] + rows[:, 2]).max()  # µs since epoch
+    lat = rows[:, 2] / 1e3
+    return {"qps": n / ((last - first) / 1e6), "p50_ms": float(np.percentile(lat, 50)),
+            "p99_ms": float(np.percentile(lat, 99)), "requests": n, "wall_s": wall}
+
+
+def h2load_body(mechanism: str, user_id: str, seed: int) -> bytes:
+    """One SelectRequest with an EMPTY request_id: the server gives each copy a fresh one."""
+    from recsvc.v1 import selection_pb2 as pb
+
+    req = pb.SelectRequest.FromString(payloads(1, mechanism, seed=seed)[0])
+    req.user_id, req.request_id = user_id, ""
+    return req.SerializeToString()
+
+
+def charged(ledger: Path, user_id: str) -> int:
+    """Requests the server's ledger has charged to user_id (read straight from the file)."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT requests FROM budgets WHERE user_id=?", (user_id,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
 def _fresh(body: bytes) -> bytes:
     from recsvc.v1 import selection_pb2 as pb
 
@@ -227,53 +278,80 @@ def _fresh(body: bytes) -> bytes:
     return req.SerializeToString()
 
 
-def run(quick: bool) -> dict:
+def run(quick: bool, clients: tuple[str, ...]) -> dict:
     n1, n32 = (300, 1000) if quick else (1500, 4000)
-    results: dict = {"n_candidates": N_CANDIDATES, "cpus": os.cpu_count(), "runs": []}
+    results: dict = {"n_candidates": N_CANDIDATES, "cpus": os.cpu_count(), "clients": list(clients), "runs": []}
     with tempfile.TemporaryDirectory(prefix="bench-service-") as td:
         tmp = Path(td)
         art = bench_artifact(tmp / "art")
 
+        def one(srv: Server, kind: str, client: str, mech: str, conc: int, encoding: str, channels: int) -> dict:
+            n = n1 if conc == 1 else n32
+            seed = len(results["runs"])
+            if client == "h2load":
+                user = f"h2load-{seed}"
+                body = h2load_body(mech, user, seed)
+                h2load_run(srv.port, body, 20, 1, tmp)  # warm-up (its own charges, counted below)
+                before = charged(srv.ledger, user) if srv.ledger.exists() else 0
+                server0, client0 = srv.cpu_seconds(), _children_cpu()
+                r = h2load_run(srv.port, body, n, conc, tmp)
+                server_us = (srv.cpu_seconds() - server0) / n * 1e6
+                client_us = (_children_cpu() - client0) / n * 1e6
+                if kind in ("sync", "aio") and charged(srv.ledger, user) - before != n:
+                    raise RuntimeError(f"the ledger charged {charged(srv.ledger, user) - before} of {n} requests")
+            else:
+                bodies = payloads(n, mech, seed=seed, encoding=encoding)
+                server0, client0 = srv.cpu_seconds(), time.process_time()
+                r = asyncio.run(load(srv.port, bodies, conc, channels=channels))
+                server_us = (srv.cpu_seconds() - server0) / n * 1e6
+                client_us = (time.process_time() - client0) / n * 1e6
+            return {"server": kind, "workers": srv.workers, "client": client, "mechanism": mech, "concurrency": conc,
+                    "encoding": encoding, **r, "server_cpu_us": server_us, "client_cpu_us": client_us,
+                    "cores_used": r["qps"] * (server_us + client_us) / 1e6}
+
         def measure(kind: str, mechanisms: list[str], workers: int = 1, concurrencies=(1, 32),
-                    encoding: str = "columns", channels: int = 4) -> None:
+                    encoding: str = "columns", channels: int = 4, only: tuple[str, ...] | None = None) -> None:
             srv = Server(kind, art, tmp, workers)
             try:
-                for mech in mechanisms:
-                    for conc in concurrencies:
-                        bodies = payloads(n1 if conc == 1 else n32, mech, seed=len(results["runs"]), encoding=encoding)
-                        server0, client0 = srv.cpu_seconds(), time.process_time()
-                        r = asyncio.run(load(srv.port, bodies, conc, channels=channels))
-                        server_us = (srv.cpu_seconds() - server0) / len(bodies) * 1e6
-                        client_us = (time.process_time() - client0) / len(bodies) * 1e6
-                        row = {"server": kind, "workers": workers, "mechanism": mech, "concurrency": conc,
-                               "encoding": encoding, **r, "server_cpu_us": server_us, "client_cpu_us": client_us,
-                               "cores_used": r["qps"] * (server_us + client_us) / 1e6}
-                        results["runs"].append(row)
-                        print(json.dumps(row), flush=True)
+                for client in only or clients:
+                    for mech in mechanisms:
+                        for conc in concurrencies:
+                            row = one(srv, kind, client, mech, conc, encoding, channels)
+                            results["runs"].append(row)
+                            print(json.dumps(row), flush=True)
             finally:
                 srv.stop()
 
         measure("echo", ["rnm"])
         measure("sync", ["rnm", "mgem", "auto"])
-        measure("sync", ["rnm"], encoding="candidates")
+        measure("sync", ["rnm"], encoding="candidates", only=("python",))  # h2load sends columns only
         measure("aio-echo", ["rnm"])
         measure("aio", ["rnm", "mgem"])
-        measure("echo", ["rnm"], workers=1, concurrencies=(32,))  # echo again: drift check within the run
-        # Workers: the same client (8 connections, so SO_REUSEPORT can spread them) in every run,
-        # alternated 1, 2, 1, 2 so that a drift of the shared machine's speed hits both alike.
+        measure("echo", ["rnm"], concurrencies=(32,))  # echo again: drift check within the run
+        # Workers: the same client (8 python channels or 32 h2load connections, so SO_REUSEPORT
+        # can spread them) in every run, alternated 1, 2, 1, 2 so that a drift of the shared
+        # machine's speed hits both alike.
         for _ in range(2):
             measure("sync", ["rnm"], workers=1, concurrencies=(32,), channels=8)
             measure("sync", ["rnm"], workers=2, concurrencies=(32,), channels=8)
-    results["summary"] = summary(results["runs"], os.cpu_count() or 1)
+    results["summary"] = {c: summary(results["runs"], c) for c in clients}
     print(json.dumps(results["summary"], indent=2), flush=True)
     return results
 
 
-def summary(runs: list[dict], cpus: int) -> dict:
-    """The ratios the targets are stated in, all from this run."""
+def _children_cpu() -> float:
+    """User + system CPU of this process's finished children (the h2load runs)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def summary(runs: list[dict], client: str) -> dict:
+    """The ratios the targets are stated in, all from this run and this client."""
     def rows(server: str, mech: str = "rnm", conc: int = 32, workers: int = 1, encoding: str = "columns") -> list[dict]:
-        return [r for r in runs if (r["server"], r["mechanism"], r["concurrency"], r["workers"], r["encoding"])
-                == (server, mech, conc, workers, encoding)]
+        return [r for r in runs if (r["server"], r["mechanism"], r["concurrency"], r["workers"], r["encoding"],
+                                    r["client"]) == (server, mech, conc, workers, encoding, client)]
 
     def row(*args: object, **kw: object) -> dict:
         return rows(*args, **kw)[0]  # type: ignore[arg-type]
@@ -287,13 +365,11 @@ def summary(runs: list[dict], cpus: int) -> dict:
         "echo_drift_c32": rows("echo")[-1]["qps"] / echo32,
         "workers2_over_workers1": sum(r["qps"] for r in two) / sum(r["qps"] for r in one),
         "workers_pairs_qps": [(a["qps"], b["qps"]) for a, b in zip(one, two)],
-        # The machine has `cpus` cores: a run that keeps them all busy cannot go faster.
+        # The machine has few cores: a run that keeps them all busy cannot go faster.
         "workers_pairs_cores_used": [(a["cores_used"], b["cores_used"]) for a, b in zip(one, two)],
-        "cpus": cpus,
         "sync_over_aio_c32": {m: row("sync", m)["qps"] / row("aio", m)["qps"] for m in ("rnm", "mgem")},
         "aio_echo_over_echo_c32": row("aio-echo")["qps"] / echo32,
     }
-
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-echo":
@@ -305,8 +381,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--clients", default="h2load,python",
+                    help="load generators, comma-separated (default: h2load,python)")
     args = ap.parse_args()
-    res = run(args.quick)
+    clients = tuple(c for c in args.clients.split(",") if c)
+    if not clients or set(clients) - {"h2load", "python"}:
+        ap.error(f"--clients must name h2load and/or python, got {args.clients!r}")
+    if "h2load" in clients and shutil.which("h2load") is None:
+        print("h2load not found (apt-get install nghttp2-client): measuring with the python client only",
+              file=sys.stderr)
+        clients = tuple(c for c in clients if c != "h2load") or ("python",)
+    res = run(args.quick, clients)
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
     return 0
