@@ -171,7 +171,7 @@ def _choose_params(
     best: tuple[float, SansaParams, Model] | None = None
     with timer.step("grid_search", f"choosing l2 × density on {len(split.validation.user_ids)} validation users ({len(grid)} fits)"):
         for params in tqdm(grid, desc="grid (fit + validate)", unit="fit", disable=None if cfg.progress is None else not cfg.progress):
-            model = fit(split.train, split.item_ids, params, cfg.verbose)
+            model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
             top = _top(engine, model, split.validation, 100, cfg.chunk_users, "validation")
             acc = accuracy(top.index, split.validation.targets)
             results.append({"l2": params.l2, "density": params.density, **acc})
@@ -238,7 +238,7 @@ def run(cfg: PrepConfig) -> Path:
             if model is None:
                 with timer.step("fit", f"fitting SANSA ({params.factorizer}, l2={params.l2:g}, density={params.density:g}) "
                                 f"on {split.train.shape[0]} training users"):
-                    model = fit(split.train, split.item_ids, params, cfg.verbose)
+                    model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
             with timer.step("test_candidates"):
                 top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
             acc = accuracy(top.index, split.test.targets)

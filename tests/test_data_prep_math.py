@@ -123,3 +123,49 @@ def test_population_spearman(tmp_path) -> None:
     assert stats["median"] == pytest.approx(float(np.median(expect)))
     assert stats["frac_positive"] == pytest.approx(float(np.mean(np.array(expect) > 0)))
     assert stats["mean"] == pytest.approx(float(np.mean(expect)))
+
+
+# --- SANSA fit progress --------------------------------------------------------------------
+
+
+def test_sansa_fit_reports_every_stage_and_restores_the_sansa_logger(capsys, caplog) -> None:
+    import logging
+
+    from data_prep.train import SansaParams, fit, fit_stages
+
+    x = sp.random(400, 120, density=0.08, random_state=3, format="csr", dtype=np.float32)
+    x.data[:] = 1.0
+    params = SansaParams(l2=10.0, density=0.5, factorizer="cholmod", umr_scans=2, umr_finetune_steps=3)
+    logger = logging.getLogger("sansa")
+    before = (logger.level, logger.propagate, list(logger.handlers))
+    with caplog.at_level(logging.INFO):
+        model = fit(x, np.arange(120), params, verbose=False, progress=True)
+    err = capsys.readouterr().err
+    assert fit_stages(params) == 7
+    assert "SANSA fit (cholmod)" in err and "/7 [" in err  # a bar over the 7 stages
+    assert not [r for r in caplog.records if r.name.startswith("sansa")]  # quiet unless verbose
+    assert (logger.level, logger.propagate, list(logger.handlers)) == before
+    assert model.w1.shape == (120, 120) and model.w2.shape == (120, 120)
+
+    with caplog.at_level(logging.INFO):
+        fit(x, np.arange(120), params, verbose=True, progress=False)
+    records = [r for r in caplog.records if r.name.startswith("sansa")]  # verbose: forwarded
+    assert capsys.readouterr().err == ""  # progress=False: no bar
+    # Every stage end is recognised in sansa's real records (not only the final fill-up).
+    from data_prep.train import _FitProgress
+
+    class Bar:
+        n, postfix = 0, ""
+
+        def update(self, k: int) -> None:
+            self.n += k
+
+        def set_postfix_str(self, s: str, refresh: bool = True) -> None:
+            self.postfix = s
+
+    bar = Bar()
+    handler = _FitProgress(bar)  # type: ignore[arg-type]
+    for r in records:
+        handler.emit(r)
+    assert bar.n == fit_stages(params)
+    assert bar.postfix == "Dividing columns of W by diagonal entries"
