@@ -178,3 +178,28 @@ def test_cli_lists_mechanisms(capsys):
     assert [r["name"] for r in table] == NAMES
     assert {r["name"]: r["privacy"] for r in table}["gem"] == "ε-DP"
     assert {r["name"] for r in table if r["exact"]} == EXACT
+
+
+@pytest.mark.parametrize("name", ["rs", "rs_improved"])
+def test_gamma_below_the_floor_is_refused_before_any_draw(name):
+    rng = np.random.default_rng(5)
+    state = rng.bit_generator.state
+    with pytest.raises(MechanismInputError, match=r"gamma must be at least 1e-06 .*got 1e-09"):
+        select(name, Q, D, 1.0, rng=rng, gamma=1e-9)
+    assert rng.bit_generator.state == state  # nothing drawn
+    assert select(name, Q, D, 1.0, rng=rng, gamma=1e-6) in range(5)  # the floor itself is allowed
+
+
+@pytest.mark.parametrize("name", ["gem", "mgem", "combined_gem"])
+@pytest.mark.parametrize("eps", [1e-308, 5e-324])
+def test_gem_family_refuses_an_epsilon_that_overflows_t(name, eps):
+    rng = np.random.default_rng(5)
+    state = rng.bit_generator.state
+    with pytest.raises(MechanismInputError, match="too small"):
+        select(name, Q, D, eps, rng=rng)
+    with pytest.raises(MechanismInputError, match="too small"):
+        probabilities(name, Q, D, eps)
+    assert rng.bit_generator.state == state
+    # A tiny but representable ε is still the mechanism: probabilities finite and summing to 1.
+    p = probabilities(name, Q, D, 1e-300)
+    assert np.isfinite(p).all() and p.sum() == pytest.approx(1.0)

@@ -124,6 +124,9 @@ BAD = {
     "beta 0": (dict(mechanism="gem", beta=0.0), "beta must be in the open interval (0, 1)"),
     "beta 1": (dict(mechanism="gem", beta=1.0), "beta must be in the open interval (0, 1)"),
     "gamma 1.5": (dict(mechanism="rs", gamma=1.5), "gamma must be in the open interval (0, 1)"),
+    "gamma tiny": (dict(mechanism="rs_improved", gamma=1e-12), "gamma must be at least 1e-06"),
+    "epsilon overflows gem": (dict(mechanism="mgem", epsilon=1e-308), "too small for the GEM family"),
+    "epsilon unsplittable": (dict(mechanism="combined_gem", epsilon=5e-324), "too small to split"),
     "c 0": (dict(mechanism="combined_gem", corr_budget_fraction=0.0), "corr_budget_fraction must be in"),
     "c nan": (dict(mechanism="combined_gem", corr_budget_fraction=math.nan), "corr_budget_fraction must be in"),
     "n = 0": (dict(candidates=[]), "no candidates (n = 0)"),
@@ -333,3 +336,47 @@ def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_f
     with pytest.raises(InvalidRequest, match=f"duplicate item_id '{dup.item_ids[7]}'"):
         s.prepare_select(dup)
     assert s.prepare_select(_good("columns", request_id="again")).scores.size == len(candidates(10))
+
+
+def test_every_path_samples_clipped_scores_with_the_chacha_csprng(client: Client, artifact: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Select, SelectBatch and Recommend hand the mechanism scores clipped to [lo, hi] and a
+    ChaCha20 generator (never a non-cryptographic one)."""
+    import recsvc.service.servicer as servicer_module
+    from randomgen import ChaCha
+
+    seen: list[tuple[np.ndarray, np.ndarray, object]] = []
+    real_select = servicer_module.select
+
+    def spy(name, scores, sens, eps, *, rng, **kw):
+        seen.append((np.array(scores), np.array(sens), rng))
+        return real_select(name, scores, sens, eps, rng=rng, **kw)
+
+    monkeypatch.setattr(servicer_module, "select", spy)
+    art = load_artifact(artifact)
+    items = art.items
+    row = {i: k for k, i in enumerate(items["item_id"].to_list())}
+    lo, hi, sens = (items[c].to_numpy() for c in ("lo", "hi", "sensitivity"))
+    ids = ["it3", "it7", "it11"]
+    raw = np.array([1e3, -5.0, 0.5 * (lo[row["it11"]] + hi[row["it11"]])])
+    rows = np.array([row[i] for i in ids])
+    client.select("spy-user", list(zip(ids, raw)), mechanism="rnm", epsilon=0.5)
+    client.select_batch([client.select_request("spy-user", list(zip(ids, raw)), mechanism="gem", epsilon=0.5)])
+    for q, d, _ in seen:
+        assert np.array_equal(q, np.clip(raw, lo[rows], hi[rows])) and np.array_equal(d, sens[rows])
+    # Recommend: the server's own SANSA scores, clipped the same way (some lie outside [lo, hi]).
+    model = art.model
+    history = ["it0", "it5", "it9"]
+    x = sp.csr_matrix((np.ones(3), ([0, 0, 0], [model.index[h] for h in history])), shape=(1, len(model.item_ids)))
+    scores = model.score(x)[0]
+    scores[[model.index[h] for h in history]] = -np.inf
+    top = np.argsort(-scores, kind="stable")[:10]
+    top_rows = np.array([row[i] for i in model.item_ids[top]])
+    assert ((scores[top] < lo[top_rows]) | (scores[top] > hi[top_rows])).any()  # clipping matters here
+    client.recommend("spy-user", history, mechanism="mgem", epsilon=0.5, num_candidates=10)
+    q, d, _ = seen[-1]
+    assert np.array_equal(q, np.clip(scores[top], lo[top_rows], hi[top_rows])) and np.array_equal(d, sens[top_rows])
+    assert len(seen) == 3
+    for _, _, rng in seen:
+        assert isinstance(rng, np.random.Generator) and isinstance(rng.bit_generator, ChaCha)
+        assert rng.bit_generator.state["state"]["rounds"] == 20

@@ -8,6 +8,7 @@ import urllib.request
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 
 from recsvc.service.client import Client
@@ -146,8 +147,59 @@ def test_logs_never_contain_scores(artifact: Path, tmp_path: Path, caplog: pytes
                 _code(c.select, "log-user", scores, mechanism="rnm", epsilon=50.0)
         finally:
             h.stop(1)
-    text = "\n".join(r.getMessage() + " " + repr(r.args) for r in caplog.records)
+    text = "\n".join(r.getMessage() + " " + repr(r.args) + " " + (r.exc_text or "") for r in caplog.records)
     assert any(r.name == "recsvc.service" for r in caplog.records)  # the server did log (at DEBUG)
     assert "Select OK" in text
     for digits in ("7318284619", "4418273645"):
         assert digits not in text
+
+
+def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unexpected exception may quote the values it was given (numpy's messages do): the log
+    keeps its type and stack, never its message, and the client gets INTERNAL with nothing spent."""
+    import recsvc.service.servicer as servicer_module
+
+    def failing_select(name, scores, *args, **kwargs):
+        raise RuntimeError(f"cannot select from {np.asarray(scores).tolist()}")
+
+    monkeypatch.setattr(servicer_module, "select", failing_select)
+    scores = [("it1", 0.5918273645), ("it2", 0.25)]
+    with caplog.at_level(logging.DEBUG):
+        h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
+        try:
+            with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+                with pytest.raises(grpc.RpcError) as info:
+                    c.select("err-user", scores, mechanism="rnm", epsilon=0.1)
+                code, msg = info.value.code(), info.value.details()
+                [res] = c.select_batch([c.select_request("err-user", scores, mechanism="rnm", epsilon=0.1)])
+            assert h.ledger.totals() == {}
+        finally:
+            h.stop(1)
+    assert code is grpc.StatusCode.INTERNAL and "5918273645" not in msg
+    assert res.error.code_name == "INTERNAL" and "5918273645" not in res.error.message
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 2 and all("RuntimeError (message withheld)" in r.getMessage() for r in errors)
+    assert "failing_select" in errors[0].getMessage()  # the stack is kept
+    text = "\n".join(r.getMessage() + " " + (r.exc_text or "") for r in caplog.records)
+    assert "5918273645" not in text
+
+
+def test_prepared_requests_keep_user_data_out_of_repr(artifact: Path, tmp_path: Path) -> None:
+    from recsvc.artifacts import load_artifact
+    from recsvc.service.ledger import Ledger
+    from recsvc.service.servicer import Policy, SelectionServicer
+    from recsvc.v1 import selection_pb2 as pb
+
+    ledger = Ledger(tmp_path / "l.db", 3.0)
+    try:
+        servicer = SelectionServicer(load_artifact(artifact), ledger, Policy())
+        req = pb.SelectRequest(user_id="u", mechanism="rnm", epsilon=0.5, item_ids=["it1", "it2"],
+                               scores=[0.5918273645, 0.25])
+        p = servicer.prepare_select(req)
+    finally:
+        ledger.close()
+    assert p.scores.size == 2 and "user_id='u'" in repr(p)
+    for secret in ("5918273645", "0.25", "it1", "sensitivities="):
+        assert secret not in repr(p)

@@ -24,7 +24,7 @@ import numpy as np
 
 from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
 from recsvc.mechanisms.noisy_max import exponential_noisy_max
-from recsvc.mechanisms.validation import Params
+from recsvc.mechanisms.validation import MechanismInputError, Params
 from recsvc.stats import spearman
 
 
@@ -97,8 +97,15 @@ def gem_t(n: int, epsilon: float, beta: float) -> float:
 
 
 def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float, sign: float) -> np.ndarray:
-    qp = q_prime(q, d, sign * gem_t(q.shape[0], epsilon, beta))
-    return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
+    with np.errstate(over="ignore", invalid="ignore"):
+        qp = q_prime(q, d, sign * gem_t(q.shape[0], epsilon, beta))
+        u = (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
+    if not np.isfinite(u).all():  # t·Δ overflows for ε near the smallest doubles: not GEM any more
+        raise MechanismInputError(
+            f"epsilon={epsilon!r} is too small for the GEM family with these sensitivities: "
+            f"t·Δ = 2·ln(n/β)·Δ/ε overflows a double; expected a larger epsilon"
+        )
+    return u
 
 
 def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -134,6 +141,11 @@ def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
 
 def _split_budget(epsilon: float, p: Params) -> tuple[float, float]:
     eps_c = p.corr_budget_fraction * epsilon
+    if not (eps_c > 0.0 and epsilon - eps_c > 0.0):  # subnormal ε: a part rounds to 0
+        raise MechanismInputError(
+            f"epsilon={epsilon!r} is too small to split (corr_budget_fraction={p.corr_budget_fraction!r}): "
+            "a part rounds to 0; expected a larger epsilon"
+        )
     return eps_c, epsilon - eps_c
 
 
@@ -166,13 +178,15 @@ def combined_gem_sample(
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
     _, eps_g = _split_budget(epsilon, p)
+    # Both branches' utilities first: an input they refuse must fail before the bit is drawn.
+    u_mgem, u_gem = _gem_u(q, d, eps_g, p.beta, -1.0), _gem_u(q, d, eps_g, p.beta, 1.0)
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1
     if ones.any():
-        out[ones] = mgem_sample(q, d, eps_g, p, rng, int(ones.sum()))
+        out[ones] = exponential_noisy_max(u_mgem, rng, int(ones.sum()))
     if not ones.all():
-        out[~ones] = gem_sample(q, d, eps_g, p, rng, int((~ones).sum()))
+        out[~ones] = exponential_noisy_max(u_gem, rng, int((~ones).sum()))
     return out
 
 

@@ -17,6 +17,9 @@ DEFAULT_BETA = 0.05
 DEFAULT_GAMMA = 0.008
 DEFAULT_CORR_BUDGET_FRACTION = 0.6
 PARAM_NAMES = ("beta", "gamma", "corr_budget_fraction")
+# Random stopping makes about 1/γ draws per selection (each an array entry, all inside the
+# service's ledger transaction): a smaller γ is a memory and latency hazard, not a useful setting.
+MIN_GAMMA = 1e-6
 
 
 class MechanismInputError(ValueError):
@@ -49,6 +52,11 @@ def check_params(params: dict[str, object]) -> Params:
             f"unknown mechanism parameter(s) {', '.join(unknown)}; expected only {', '.join(PARAM_NAMES)}"
         )
     given = {k: _open_unit(k, v) for k, v in params.items() if v is not None}
+    if given.get("gamma", MIN_GAMMA) < MIN_GAMMA:
+        raise MechanismInputError(
+            f"gamma must be at least {MIN_GAMMA:g} (random stopping makes about 1/gamma draws per "
+            f"selection), got {given['gamma']!r}"
+        )
     return Params(**given)
 
 

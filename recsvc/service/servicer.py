@@ -15,9 +15,10 @@ import logging
 import math
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
@@ -26,6 +27,7 @@ import scipy.sparse as sp
 
 from recsvc.artifacts import Artifact
 from recsvc.mechanisms import MECHANISMS, select
+from recsvc.mechanisms.validation import PARAM_NAMES, check_params
 from recsvc.rng import thread_csprng
 from recsvc.service import metrics
 from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
@@ -37,7 +39,6 @@ log = logging.getLogger("recsvc.service")
 AUTO = "auto"
 DEFAULT_RECOMMEND_K = 500
 MAX_ID_LEN = 256
-PARAM_FIELDS = ("beta", "gamma", "corr_budget_fraction")
 
 
 class InvalidRequest(ValueError):
@@ -69,9 +70,10 @@ class Prepared:
     mechanism: str  # resolved (never "auto" or empty)
     epsilon: float
     params: dict[str, float | None]
-    scores: np.ndarray  # clipped to each item's [lo, hi]
-    sensitivities: np.ndarray
-    item_ids: Sequence[str]  # a list, or the request's repeated field itself (no copy)
+    # The user's data stays out of repr(), so no log line or traceback can print it.
+    scores: np.ndarray = field(repr=False)  # clipped to each item's [lo, hi]
+    sensitivities: np.ndarray = field(repr=False)
+    item_ids: Sequence[str] = field(repr=False)  # a list, or the request's repeated field itself (no copy)
 
 
 def resolve_auto(rho_median: float | None, threshold: float) -> str | None:
@@ -187,15 +189,11 @@ def _fingerprint(kind: bytes, req: Any) -> bytes:
 
 
 def _params(req: Any) -> dict[str, float | None]:
-    out: dict[str, float | None] = {}
-    for name in PARAM_FIELDS:
-        if req.HasField(name):
-            v = getattr(req, name)
-            if not (math.isfinite(v) and 0.0 < v < 1.0):
-                raise InvalidRequest(f"{name} must be in the open interval (0, 1), got {v!r}")
-            out[name] = v
-        else:
-            out[name] = None  # the mechanism's default
+    """The request's mechanism parameters (None: the mechanism's default), checked by the
+    mechanisms' own validation before the ledger is touched."""
+    out: dict[str, float | None] = {name: getattr(req, name) if req.HasField(name) else None
+                                    for name in PARAM_NAMES}
+    check_params(out)
     return out
 
 
@@ -343,7 +341,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
-                log.exception("%s failed with an internal error", method)
+                log_internal_error(method, exc)
             context.abort(code, message)
             raise AssertionError("unreachable")  # context.abort raises
         finally:
@@ -378,7 +376,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             except Exception as exc:  # noqa: BLE001
                 code, message = status_of(exc)
                 if code is grpc.StatusCode.INTERNAL:
-                    log.exception("SelectBatch item failed with an internal error")
+                    log_internal_error("SelectBatch item", exc)
                 metrics.requests("SelectBatch.item", "", code.name).inc()
                 yield pb.SelectResult(error=pb.Error(code=code.value[0], code_name=code.name, message=message))
             else:
@@ -412,6 +410,13 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             )
 
         return self._call("ListMechanisms", context, run)
+
+
+def log_internal_error(what: str, exc: BaseException) -> None:
+    """Logs an unexpected failure by type and stack only: an exception's message (e.g. one of
+    numpy's) may quote the values it was given, and those may be a user's scores."""
+    stack = "".join(traceback.format_tb(exc.__traceback__))
+    log.error("%s failed with an internal error: %s (message withheld)\n%s", what, type(exc).__name__, stack)
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
