@@ -1,6 +1,8 @@
 """Top-k accuracy metrics as in SANSA's evaluation code (SPEC §4).
 
 Recall@k = hits / min(k, |targets|);  nDCG@k = DCG / ideal DCG with ideal length min(k, |targets|).
+The weak-generalisation protocol (Amazon-book, as in LightGCN/BARS) reports instead
+Recall@20 = hits / |targets| (glami/sansa's ``recall_BARS``) and nDCG@20, so both are kept.
 Users without targets are skipped (they have no defined recall).
 """
 
@@ -23,6 +25,11 @@ def recall_at(hits: np.ndarray, n_targets: np.ndarray, k: int) -> np.ndarray:
     return hits[:, :k].sum(axis=1) / np.minimum(k, n_targets)
 
 
+def bars_recall_at(hits: np.ndarray, n_targets: np.ndarray, k: int) -> np.ndarray:
+    """hits / |targets| (not capped at k): the BARS / LightGCN recall."""
+    return hits[:, :k].sum(axis=1) / n_targets
+
+
 def ndcg_at(hits: np.ndarray, n_targets: np.ndarray, k: int) -> np.ndarray:
     k_eff = min(k, hits.shape[1])
     discount = 1.0 / np.log2(np.arange(2, k + 2))
@@ -32,7 +39,8 @@ def ndcg_at(hits: np.ndarray, n_targets: np.ndarray, k: int) -> np.ndarray:
 
 
 def accuracy(top: np.ndarray, targets: sp.csr_matrix) -> dict[str, float]:
-    """Mean Recall@20, Recall@50 and nDCG@100 over users with ≥ 1 target.
+    """Mean Recall@20, Recall@50, nDCG@100 (strong generalisation), BARS Recall@20 and nDCG@20
+    (weak generalisation) over users with ≥ 1 target.
 
     ``top`` holds each user's ranked recommendations (item columns, −1 padded), ≥ 100 wide
     unless the catalogue is smaller.
@@ -47,5 +55,7 @@ def accuracy(top: np.ndarray, targets: sp.csr_matrix) -> dict[str, float]:
         "recall@20": float(recall_at(hits, n_targets, 20).mean()),
         "recall@50": float(recall_at(hits, n_targets, 50).mean()),
         "ndcg@100": float(ndcg_at(hits, n_targets, 100).mean()),
+        "bars_recall@20": float(bars_recall_at(hits, n_targets, 20).mean()),
+        "ndcg@20": float(ndcg_at(hits, n_targets, 20).mean()),
         "users": int(keep.sum()),
     }

@@ -16,6 +16,7 @@ checksums before anything is trusted.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -232,6 +233,8 @@ def load_artifact(path: str | os.PathLike[str], verify: bool = True) -> Artifact
         manifest = json.loads(mpath.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{mpath} is not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{mpath} holds a JSON {type(manifest).__name__}; expected an object")
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise ArtifactError(f"{mpath} has no 'files' checksum table")
@@ -317,16 +320,50 @@ class ArtifactWriter:
 
 
 def replace_dir(tmp: Path, out: Path) -> Path:
-    """Renames the finished directory ``tmp`` to ``out`` (a sibling); an existing ``out`` is
-    swapped out only at this moment, so readers see the old or the new directory, never a mix."""
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
+    """Moves the finished directory ``tmp`` to ``out`` (a sibling). An existing ``out`` is
+    exchanged with ``tmp`` in one atomic ``renameat2(RENAME_EXCHANGE)``, so readers, and a crash
+    at any moment, see the old or the new directory, never none and never a mix."""
+    if not out.exists():
         os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        return out
+    try:
+        _exchange(tmp, out)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise
+        _swap_by_two_renames(tmp, out)  # no RENAME_EXCHANGE here (old kernel or file system)
     else:
-        os.replace(tmp, out)
+        shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the old directory
     return out
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
+
+
+def _swap_by_two_renames(tmp: Path, out: Path) -> None:
+    """The fallback swap: a crash between the renames leaves the old directory at
+    ``.<out>.old-<pid>``; an error puts it back."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _json_default(o: Any) -> Any:

@@ -84,3 +84,59 @@ def test_bad_items_rejected(tmp_path):
 def test_missing_directory_message(tmp_path):
     with pytest.raises(ArtifactError, match="does not exist; build it with `recsvc prep`"):
         load_artifact(tmp_path / "nope")
+
+
+def _dir_with(path, text):
+    path.mkdir()
+    (path / "f.txt").write_text(text)
+    return path
+
+
+def test_replace_dir_exchanges_atomically_and_leaves_no_leftovers(tmp_path, monkeypatch):
+    import recsvc.artifacts as artifacts
+    from recsvc.artifacts import replace_dir
+
+    exchanges = []
+    real_exchange = artifacts._exchange
+    monkeypatch.setattr(artifacts, "_exchange", lambda a, b: exchanges.append((a, b)) or real_exchange(a, b))
+    out = _dir_with(tmp_path / "out", "old")
+    assert replace_dir(_dir_with(tmp_path / ".new", "new"), out) == out
+    assert exchanges == [(tmp_path / ".new", out)]  # one renameat2(RENAME_EXCHANGE), no window without `out`
+    assert (out / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert replace_dir(_dir_with(tmp_path / ".fresh", "x"), tmp_path / "other") == tmp_path / "other"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out"]
+
+
+def test_replace_dir_fallback_restores_the_old_directory_on_failure(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import recsvc.artifacts as artifacts
+
+    def no_exchange(a, b):
+        raise OSError(errno.ENOSYS, "no renameat2")
+
+    monkeypatch.setattr(artifacts, "_exchange", no_exchange)
+    out = _dir_with(tmp_path / "out", "old")
+    artifacts.replace_dir(_dir_with(tmp_path / ".new", "new"), out)  # the two-rename fallback works
+    assert (out / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+    real_replace, calls = os.replace, []
+
+    def failing_second_replace(a, b):
+        calls.append(a)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "disk error")
+        return real_replace(a, b)
+
+    monkeypatch.setattr(artifacts.os, "replace", failing_second_replace)
+    with pytest.raises(OSError, match="disk error"):
+        artifacts.replace_dir(_dir_with(tmp_path / ".newer", "newer"), out)
+    assert (out / "f.txt").read_text() == "new"  # the old directory is back in place
+
+
+def test_manifest_that_is_not_an_object_is_a_clear_error(tmp_path):
+    out = _write(tmp_path / "toy")
+    (out / "manifest.json").write_text("[]")
+    with pytest.raises(ArtifactError, match="holds a JSON list; expected an object"):
+        load_artifact(out)

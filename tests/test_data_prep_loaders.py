@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -125,3 +126,29 @@ def test_synthetic_is_seeded_power_law() -> None:
     assert PRESETS["ml20m-shape"].users == 136_677 and PRESETS["ml20m-shape"].items == 20_720
     with pytest.raises(DataError, match="unknown synthetic preset"):
         config_for("huge", None, None, None)
+
+
+def test_netflix_prize_training_set_with_messy_whitespace(tmp_path: Path, table: pl.DataFrame) -> None:
+    """The Prize's own layout (training_set/mv_<7 digits>.txt, one movie each), with CRLF endings,
+    a header with trailing blanks and whitespace-only lines: the same interactions."""
+    d = tmp_path / "training_set"
+    d.mkdir()
+    for movie in sorted(table["item"].unique().to_list(), key=int):
+        rows = [f"{u},{int(r)},{np.datetime64(ts, 's').astype('datetime64[D]')}"
+                for u, _, r, ts in table.filter(pl.col("item") == movie).iter_rows()]
+        (d / f"mv_{int(movie):07d}.txt").write_bytes(("\r\n".join([f"{movie}:  ", *rows, "   ", ""])).encode())
+    got = load("netflix", tmp_path)
+    assert got.df.height == table.height
+    assert triples(got.df) == {(u, i, float(int(r))) for u, i, r in table.select("user", "item", "rating").iter_rows()}
+
+
+def test_whitespace_only_lines_are_blank_in_every_format(tmp_path: Path, table: pl.DataFrame) -> None:
+    path = write_ml20m(tmp_path / "ml", table)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:3] + ["   ", "\t"] + lines[3:]) + "\n")
+    assert triples(load("ml-20m", tmp_path / "ml").df) == triples(table)
+    write_amazon(tmp_path / "ab", {0: [1, 2], 1: [3]}, {0: [3], 1: [1]})
+    train = tmp_path / "ab" / "train.txt"
+    train.write_text("  \n" + train.read_text().replace("\n", "  \r\n") + " \t \n")
+    df = load("amazon-book", tmp_path / "ab").df
+    assert set(df.filter(~pl.col("target")).select("user", "item").iter_rows()) == {("0", "1"), ("0", "2"), ("1", "3")}

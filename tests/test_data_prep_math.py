@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from data_prep.candidates import ScoringContext, TopK, score_population, score_top_k, top_k
-from data_prep.metrics import accuracy, ndcg_at, recall_at, hit_matrix
+from data_prep.metrics import accuracy, bars_recall_at, ndcg_at, recall_at, hit_matrix
 from data_prep.sensitivities import BlockStore, item_ranges, percentiles_along_rows, population_spearman
 from recsvc.artifacts import Model
 from recsvc.engines import LocalEngine, chunk_ranges
@@ -169,3 +169,20 @@ def test_sansa_fit_reports_every_stage_and_restores_the_sansa_logger(capsys, cap
         handler.emit(r)
     assert bar.n == fit_stages(params)
     assert bar.postfix == "Dividing columns of W by diagonal entries"
+
+
+def test_bars_recall_divides_by_all_targets_and_ndcg20_by_the_capped_ideal() -> None:
+    """A user with 30 targets whose top 20 are all hits: Recall@20 = 1 (capped), BARS Recall@20 =
+    20/30, nDCG@20 = 1; a user with 2 targets hit at ranks 1 and 3: BARS = 2/2, nDCG@20 as DCG/IDCG."""
+    n_items = 60
+    top = np.vstack([np.arange(20), np.r_[[40, 0, 41], np.arange(1, 18)]])
+    targets = sp.csr_matrix((np.ones(32), (np.r_[np.zeros(30, int), [1, 1]], np.r_[np.arange(30), [40, 41]])),
+                            shape=(2, n_items))
+    hits = hit_matrix(top, targets)
+    n_t = np.array([30, 2])
+    np.testing.assert_allclose(recall_at(hits, n_t, 20), [1.0, 1.0])
+    np.testing.assert_allclose(bars_recall_at(hits, n_t, 20), [20 / 30, 1.0])
+    np.testing.assert_allclose(ndcg_at(hits, n_t, 20), [1.0, (1 + 1 / np.log2(4)) / (1 + 1 / np.log2(3))])
+    acc = accuracy(top, targets)
+    assert acc["bars_recall@20"] == pytest.approx((20 / 30 + 1.0) / 2)
+    assert acc["ndcg@20"] == pytest.approx((1.0 + (1 + 1 / np.log2(4)) / (1 + 1 / np.log2(3))) / 2)

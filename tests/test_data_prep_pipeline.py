@@ -43,7 +43,7 @@ def test_cli_end_to_end(tiny_artifact: Path, capsys) -> None:
     assert m["dataset"] == "synthetic" and m["seed"] == 42
     assert m["split"]["test_users"] == 60 and m["split"]["validation_users"] == 60
     assert m["sensitivity_population"] == "validation" and m["percentiles"] == [1.0, 99.0]
-    assert set(m["accuracy"]) == {"recall@20", "recall@50", "ndcg@100"}
+    assert set(m["accuracy"]) == {"recall@20", "recall@50", "ndcg@100", "bars_recall@20", "ndcg@20"}
     # The clustered synthetic data is learnable: far better than random (≈ 20/150 items).
     assert m["accuracy"]["recall@20"] > 0.3
     assert set(m["population_spearman"]) == {"median", "mean", "frac_positive", "users"}
@@ -183,7 +183,7 @@ def test_real_ml100k_end_to_end(tmp_path: Path) -> None:
     assert art.candidates.group_by("user_id").len()["len"].max() == 500
 
 
-def test_amazon_book_fixture_end_to_end(tmp_path: Path) -> None:
+def test_amazon_book_fixture_end_to_end(tmp_path: Path, capsys) -> None:
     rng = np.random.default_rng(3)
     train = {u: sorted(rng.choice(30, size=8, replace=False).tolist()) for u in range(40)}
     test = {u: sorted(set(rng.choice(30, size=3, replace=False).tolist()) - set(train[u])) for u in range(0, 40, 2)}
@@ -199,6 +199,14 @@ def test_amazon_book_fixture_end_to_end(tmp_path: Path) -> None:
     assert m["sansa"]["umr_scans"] == 3  # glami/sansa's Amazon-book reproduction setting
     assert m["split"]["test_users"] == len(test) and m["split"]["train_users"] == 40
     assert m["split"]["train_interactions"] == 40 * 8 and "validation_users" not in m["split"]
+    # The weak-generalisation protocol's metrics (hits / |targets|, nDCG@20) are the ones shown.
+    acc = m["accuracy"]
+    assert 0 < acc["bars_recall@20"] <= acc["recall@20"] and 0 < acc["ndcg@20"] <= 1
+    from data_prep.cli import print_summary
+
+    print_summary(out)
+    shown = capsys.readouterr().out
+    assert f"Recall@20 (hits/|targets|) {acc['bars_recall@20']:.4f}  nDCG@20 {acc['ndcg@20']:.4f}" in shown
     # Candidates never include the user's train.txt items (their input).
     cands = art.candidates
     for u, items in train.items():

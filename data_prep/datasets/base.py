@@ -56,7 +56,7 @@ def lines_from_source(source: Path | bytes, path: Path | str, fmt: str) -> pl.Da
     except Exception as exc:  # polars raises ComputeError for non-UTF-8 input
         raise DataError(f"{path} could not be read as text ({exc}); expected {fmt}") from exc
     df = df.with_row_index("line_no", offset=1).with_columns(
-        pl.col("line").str.strip_chars_end("\r").replace("", None)
+        pl.col("line").str.strip_chars().replace("", None)  # CRLF, stray blanks, whitespace-only lines
     )
     if df["line"].null_count() == df.height:
         raise DataError(f"{path} is empty; expected {fmt}")

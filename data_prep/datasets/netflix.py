@@ -1,10 +1,12 @@
-"""Netflix Prize loader: ``combined_data_1..4.txt`` (a ``MovieID:`` line, then ``CustomerID,Rating,Date``)."""
+"""Netflix Prize loader: ``combined_data_1..4.txt`` (a ``MovieID:`` line, then ``CustomerID,Rating,Date``),
+or the Prize's original ``training_set/mv_*.txt`` (one movie per file, same format)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import polars as pl
+from tqdm.auto import tqdm
 
 from data_prep.datasets.base import DataError, Interactions, fail_at, integer_ids, read_lines, split_fields, cast_checked
 
@@ -35,9 +37,23 @@ def parse_file(path: Path) -> pl.DataFrame:
 
 def load(data_dir: Path | None) -> Interactions:
     if data_dir is None:
-        raise DataError(f"netflix needs --data-dir: a directory containing {', '.join(FILES)}")
+        raise DataError(f"netflix needs --data-dir: a directory containing {', '.join(FILES)} "
+                        "(or the Prize's training_set/mv_*.txt)")
     missing = [f for f in FILES if not (data_dir / f).is_file()]
     if missing:
-        raise DataError(f"data file {data_dir / missing[0]} not found; expected {FORMAT} (all of {', '.join(FILES)})")
+        per_movie = _per_movie_files(data_dir)
+        if not per_movie:
+            raise DataError(f"data file {data_dir / missing[0]} not found; expected {FORMAT} (all of "
+                            f"{', '.join(FILES)}), or the Prize's training_set/mv_*.txt")
+        files = tqdm(per_movie, desc="netflix mv_*.txt", unit="file", disable=None)
+        return Interactions(pl.concat([parse_file(f) for f in files]), source=str(per_movie[0].parent / "mv_*.txt"))
     df = pl.concat([parse_file(data_dir / f) for f in FILES])
     return Interactions(df, source=str(data_dir / "combined_data_[1-4].txt"))
+
+
+def _per_movie_files(data_dir: Path) -> list[Path]:
+    for d in (data_dir / "training_set", data_dir):
+        files = sorted(d.glob("mv_*.txt"))
+        if files:
+            return files
+    return []
