@@ -164,3 +164,21 @@ def test_memory_is_bounded_by_the_chunk_not_the_users(tmp_path):
         assert res.users == users and pl.read_parquet(res.out / "users.parquet").height == users
     # 4× the users must not mean 4× the memory: only one chunk's arrays are alive at a time.
     assert peaks[1] < 1.6 * peaks[0], peaks
+
+
+def test_paper_findings_wrong_gem_loses_to_random_and_scenario_3_favours_rnm():
+    """Paper §VI: at small ε the GEM variant that bets on the wrong correlation is worse than
+    picking at random (scenario 1: GEM; scenario 2: mGEM), and in scenario 3 (no usable
+    correlation) RNM is best and GEM beats mGEM. Exact probabilities: no sampling noise."""
+    mechs = ("rnm", "gem", "mgem", "random")
+    small = (0.05, 0.1)
+    for name, wrong in (("1", "gem"), ("2", "mgem")):
+        res = run(EvalConfig(scenario=name, users=1, mechanisms=mechs, epsilons=small, exact=True, progress=False,
+                             workers=1))
+        for eps in small:
+            assert _mse(res, wrong, eps) > 1.2 * _mse(res, "random", eps), (name, eps)
+    res = run(EvalConfig(scenario="3", users=1, mechanisms=mechs, epsilons=(0.1, 0.5, 1.0), exact=True,
+                         progress=False, workers=1))
+    for eps in (0.1, 0.5, 1.0):
+        rnm, gem, mgem = (_mse(res, m, eps) for m in ("rnm", "gem", "mgem"))
+        assert rnm < gem < mgem, (eps, rnm, gem, mgem)
