@@ -96,16 +96,28 @@ def gem_t(n: int, epsilon: float, beta: float) -> float:
     return 2.0 * math.log(n / beta) / epsilon
 
 
-def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float, sign: float) -> np.ndarray:
+# |s| = |q − tΔ| and every |s_i − s_j|/(Δ_i + Δ_j) must stay below the largest double (≈ 1.8e308).
+_MAX_SCALED = 1e307
+
+
+def _check_t_scale(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> None:
+    """O(n) guarantee that q' is finite for ±t (t·Δ overflows only for ε near the smallest
+    doubles); runs before any randomness is drawn."""
+    t = gem_t(q.shape[0], epsilon, beta)
     with np.errstate(over="ignore", invalid="ignore"):
-        qp = q_prime(q, d, sign * gem_t(q.shape[0], epsilon, beta))
-        u = (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
-    if not np.isfinite(u).all():  # t·Δ overflows for ε near the smallest doubles: not GEM any more
+        s_max = float(np.abs(q).max()) + abs(t) * float(d.max())
+        bound = s_max / float(d.min())  # ≥ every |q'_i| = |min_j (s_i − s_j)/(Δ_i + Δ_j)|
+    if not (s_max < _MAX_SCALED and bound < _MAX_SCALED):
         raise MechanismInputError(
             f"epsilon={epsilon!r} is too small for the GEM family with these sensitivities: "
             f"t·Δ = 2·ln(n/β)·Δ/ε overflows a double; expected a larger epsilon"
         )
-    return u
+
+
+def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float, sign: float) -> np.ndarray:
+    _check_t_scale(q, d, epsilon, beta)
+    qp = q_prime(q, d, sign * gem_t(q.shape[0], epsilon, beta))
+    return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
 
 
 def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -178,15 +190,14 @@ def combined_gem_sample(
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
     _, eps_g = _split_budget(epsilon, p)
-    # Both branches' utilities first: an input they refuse must fail before the bit is drawn.
-    u_mgem, u_gem = _gem_u(q, d, eps_g, p.beta, -1.0), _gem_u(q, d, eps_g, p.beta, 1.0)
+    _check_t_scale(q, d, eps_g, p.beta)  # both branches' input checks, before the bit is drawn
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1
     if ones.any():
-        out[ones] = exponential_noisy_max(u_mgem, rng, int(ones.sum()))
+        out[ones] = mgem_sample(q, d, eps_g, p, rng, int(ones.sum()))
     if not ones.all():
-        out[~ones] = exponential_noisy_max(u_gem, rng, int((~ones).sum()))
+        out[~ones] = gem_sample(q, d, eps_g, p, rng, int((~ones).sum()))
     return out
 
 
