@@ -18,8 +18,10 @@ randomness, so their Δ are the paper's constants and the range is centred on th
   per user and candidate with σ = 0.5 (7, strong) or 3 (8, weak). Clip range: the 5th–95th
   percentiles (the red lines of Figures 19–20).
 - ``"sweep"``  Figure 10: x_a, z_a ~ N(0,1), s_a = (t x_a + z_a)/5 − min_a (t x_a + z_a)/5 and
-  P_a = N(x_a, s_a²); the correlation between score and Δ has the sign of the level ``t``
-  and grows with |t| (paper levels: :data:`SWEEP_LEVELS`).
+  P_a = N(x_a, s_a²) (the paper's text leaves P_a's form implicit; read like scenarios 4–6).
+  Spearman(mean score x_a, Δ_a) has the sign of the level ``t`` and grows with |t| (paper
+  levels: :data:`SWEEP_LEVELS`). A single user's Spearman(q, Δ) has the same sign but peaks
+  near |t| = 0.8: the noise s_a also grows with |t| and blurs each user's ranking at |t| = 5.
 
 Where a formula is written for 100 candidates (5, 7, 8) the index a is rescaled to a·100/n so
 that other ``n`` keep the paper's shape; n = 100 is exactly the paper.

@@ -88,8 +88,16 @@ def test_polarised_and_sweep_scenarios():
     assert rho[s7.groups == 1].min() > 0.8 and rho[s7.groups == 0].max() < -0.8  # strongly polarised
     rho8 = scenario("8", repeats=400).correlation()
     assert 0.2 < np.median(np.abs(rho8)) < np.median(np.abs(rho))  # weaker, noisier
-    meds = [np.median(scenario("sweep", level=t, repeats=300).correlation()) for t in SWEEP_LEVELS]
+    sweeps = [scenario("sweep", level=t, repeats=300) for t in SWEEP_LEVELS]
+    meds = [np.median(s.correlation()) for s in sweeps]
     assert meds[0] < 0 < meds[-1] and meds[1] < meds[3] < meds[5]
+    assert all(np.sign(m) == np.sign(t) for m, t in zip(meds, SWEEP_LEVELS) if t != 0)
+    # The candidates' mean scores against Δ: strictly increasing over all seven levels.
+    from recsvc.stats import spearman
+
+    population = [float(spearman(s.draws.mean(axis=0), s.sensitivities)) for s in sweeps]
+    assert all(a < b for a, b in zip(population, population[1:])), population
+    assert population[0] < -0.9 and population[-1] > 0.9
 
 
 def test_bad_scenario_input():
