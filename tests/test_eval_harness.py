@@ -193,3 +193,15 @@ def test_paper_findings_combined_gem_wins_on_polarised_users_once_epsilon_pays_f
     rnm, gem, mgem, comb = (_mse(res, m, 2.0) for m in ("rnm", "gem", "mgem", "combined_gem"))
     assert comb < 0.8 * min(rnm, gem, mgem), (comb, rnm, gem, mgem)
     assert _mse(res, "combined_gem", 0.1) > _mse(res, "rnm", 0.1)
+
+
+def test_paper_findings_scenario_6_gem_needs_epsilon():
+    """Scenario 6 (no designed correlation): GEM is the best of RNM/GEM/mGEM once ε ≥ 0.5, but
+    below ε = 0.1 its shift t = 2 ln(n/β)/ε dominates and it does worse than random. Exact."""
+    res = run(EvalConfig(scenario="6", users=100, mechanisms=("rnm", "gem", "mgem", "random"),
+                         epsilons=(0.05, 0.1, 0.5, 1.0, 2.0), exact=True, progress=False, workers=1))
+    for eps in (0.05, 0.1):
+        assert _mse(res, "gem", eps) > 1.05 * _mse(res, "random", eps), eps
+    for eps in (0.5, 1.0, 2.0):
+        gem = _mse(res, "gem", eps)
+        assert gem < 0.9 * min(_mse(res, "rnm", eps), _mse(res, "mgem", eps)), eps
