@@ -6,6 +6,8 @@ Python API: ``run(PrepConfig(dataset="ml-100k")) -> Path``.
 
 from __future__ import annotations
 
+import math
+import os
 import platform
 import shutil
 import sys
@@ -34,7 +36,14 @@ from recsvc.artifacts import ArtifactWriter, Model
 from recsvc.engines import chunk_ranges, make_engine
 
 POPULATIONS = ("validation", "test")
+ENGINES = ("local", "dask")
 SELECTION_METRIC = "ndcg@100"
+DEFAULT_PRESET = "small"
+DEFAULT_POPULATION_USERS = 10_000
+
+
+class OutputError(ValueError):
+    """``--out`` cannot be created (a path component is a file, no permission, …)."""
 
 
 @dataclass
@@ -49,14 +58,14 @@ class PrepConfig:
     l2: tuple[float, ...] | None = None  # None: the dataset's default; > 1 value: grid on validation
     density: tuple[float, ...] | None = None
     factorizer: str | None = None  # None: the dataset's default
-    preset: str = "small"  # synthetic only
+    preset: str | None = None  # synthetic only; None: "small"
     users: int | None = None
     items: int | None = None
     interactions: int | None = None
     test_users: int | None = None  # None: the dataset's (or preset's) default
     val_users: int | None = None
-    population_users: int = 10_000  # amazon-book's seeded sample
-    engine: str = "local"
+    population_users: int | None = None  # amazon-book only (its seeded sample); None: 10,000
+    engine: str | None = None  # None: "dask" with a scheduler, else "local"
     workers: int | None = None
     scheduler: str | None = None
     chunk_users: int = 1000
@@ -69,26 +78,168 @@ class PrepConfig:
         if self.dataset != "synthetic":
             return Path("artifacts") / self.dataset
         custom = any(v is not None for v in (self.users, self.items, self.interactions))
-        return Path("artifacts") / (f"synthetic-{self.preset}-custom" if custom else f"synthetic-{self.preset}")
+        preset = self.preset_name()
+        return Path("artifacts") / (f"synthetic-{preset}-custom" if custom else f"synthetic-{preset}")
+
+    def preset_name(self) -> str:
+        return DEFAULT_PRESET if self.preset is None else self.preset
+
+    def engine_name(self) -> str:
+        if self.engine is not None:
+            return self.engine
+        return "dask" if self.scheduler else "local"
 
     def validate(self) -> None:
+        """Checks every input without touching the disk or the network's expensive parts, so bad
+        input fails before any directory exists. Messages name the CLI flag."""
         if self.dataset not in datasets.DATASETS:
-            raise DataError(f"unknown dataset {self.dataset!r}; expected one of {', '.join(datasets.DATASETS)}")
+            raise DataError(f"unknown --dataset {self.dataset!r}; expected one of {', '.join(datasets.DATASETS)}")
+        info = datasets.INFO[self.dataset]
+        _check_int("--seed", self.seed, 0)
         if self.sensitivity_population not in POPULATIONS:
             raise ValueError(
-                f"unknown sensitivity population {self.sensitivity_population!r}; expected one of {POPULATIONS}"
+                f"unknown --sensitivity-population {self.sensitivity_population!r}; expected one of {', '.join(POPULATIONS)}"
             )
+        lo, hi = self.percentiles
+        if not (0.0 <= lo < hi <= 100.0):  # also false for NaN
+            raise ValueError(f"--percentiles must satisfy 0 ≤ lo < hi ≤ 100, got {lo} {hi}")
         self.percentiles = validate_percentiles(self.percentiles)
         if self.factorizer is not None and self.factorizer not in FACTORIZERS:
-            raise ValueError(f"unknown factorizer {self.factorizer!r}; expected one of {FACTORIZERS}")
-        for name in ("chunk_users", "population_users"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be ≥ 1, got {getattr(self, name)}")
-        for name in ("l2", "density"):
-            if getattr(self, name) is not None and len(getattr(self, name)) == 0:
-                raise ValueError(f"{name} needs at least one value")
-        if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise DataError(f"data directory {self.data_dir} does not exist; expected a directory with the dataset's files")
+            raise ValueError(f"unknown --factorizer {self.factorizer!r}; expected one of {', '.join(FACTORIZERS)}")
+        for flag, values, ok, expected in (
+            ("--l2", self.l2, lambda v: math.isfinite(v) and v > 0, "a positive number"),
+            ("--density", self.density, lambda v: math.isfinite(v) and 0 < v <= 1, "in (0, 1]"),
+        ):
+            if values is None:
+                continue
+            if len(values) == 0:
+                raise ValueError(f"{flag} needs at least one value")
+            for v in values:
+                if not ok(float(v)):
+                    raise ValueError(f"{flag.lstrip('-')} must be {expected}, got {v} ({flag})")
+        _check_int("--chunk-users", self.chunk_users, 1)
+        for flag, value, least in (("--workers", self.workers, 1), ("--population-users", self.population_users, 1),
+                                   ("--test-users", self.test_users, 1), ("--val-users", self.val_users, 0)):
+            if value is not None:
+                _check_int(flag, value, least)
+        self._validate_applicable(info)
+        self._validate_engine()
+        if self.data_dir is not None:
+            d = Path(self.data_dir)
+            if not d.exists():
+                raise DataError(f"--data-dir {d} does not exist; expected a directory with the dataset's files")
+            if not d.is_dir():
+                raise DataError(f"--data-dir {d} is not a directory; expected a directory with the dataset's files")
+        if self.dataset == "synthetic":  # preset name and sizes: pure checks, no data generated
+            config_for(self.preset_name(), self.users, self.items, self.interactions)
+
+    def _validate_applicable(self, info: datasets.DatasetInfo) -> None:
+        """A flag that would be silently ignored is refused instead."""
+        if self.dataset != "synthetic":
+            given = [f for f, v in (("--preset", self.preset), ("--users", self.users), ("--items", self.items),
+                                    ("--interactions", self.interactions)) if v is not None]
+            if given:
+                verb = "applies" if len(given) == 1 else "apply"
+                raise ValueError(f"{', '.join(given)} only {verb} to --dataset synthetic, got --dataset {self.dataset}")
+        elif self.data_dir is not None:
+            raise ValueError("--data-dir does not apply to --dataset synthetic (its data is generated); drop it")
+        if self.population_users is not None and not info.weak_generalisation:
+            raise ValueError(
+                f"--population-users only applies to --dataset amazon-book (a sample of its training users), "
+                f"got --dataset {self.dataset}; use --sensitivity-population validation|test instead"
+            )
+        if info.weak_generalisation:
+            given = [f for f, v in (("--test-users", self.test_users), ("--val-users", self.val_users)) if v is not None]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --dataset {self.dataset} "
+                    "(fixed train/test files); drop it"
+                )
+
+    def _validate_engine(self) -> None:
+        if self.engine is not None and self.engine not in ENGINES:
+            raise ValueError(f"unknown --engine {self.engine!r}; expected one of {', '.join(ENGINES)}")
+        if self.scheduler is None:
+            return
+        if self.engine == "local":
+            raise ValueError("--scheduler needs --engine dask (or no --engine), got --engine local")
+        from distributed.comm import parse_address, parse_host_port
+        from distributed.comm.registry import backends
+
+        try:
+            protocol, location = parse_address(self.scheduler)
+            if protocol != "inproc":
+                parse_host_port(location)
+            if protocol not in backends:
+                raise ValueError(f"unknown protocol {protocol!r}")
+        except ValueError as exc:
+            raise ValueError(
+                f"--scheduler {self.scheduler!r} is not a Dask scheduler address ({exc}); "
+                "expected e.g. tcp://HOST:8786"
+            ) from None
+
+
+def _check_int(flag: str, value: Any, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{flag} must be an integer ≥ {least}, got {value!r}")
+
+
+def _noop(chunk: Any, context: Any) -> None:
+    return None
+
+
+def _connect(cfg: PrepConfig) -> Any:
+    """Makes the engine and, for Dask, connects now: an unreachable scheduler fails in seconds,
+    before loading or fitting anything."""
+    engine = make_engine(cfg.engine_name(), cfg.workers, cfg.scheduler, progress=cfg.progress)
+    if cfg.engine_name() == "dask":
+        try:
+            list(engine.map(_noop, [], None, desc="connecting to Dask"))  # no chunks: just connects
+        except OSError as exc:
+            engine.close()
+            where = f"--scheduler {cfg.scheduler}" if cfg.scheduler else "a local Dask cluster"
+            raise ValueError(f"cannot connect to {where}: {exc}; expected a running Dask scheduler") from None
+    return engine
+
+
+def _check_out(out: Path, force: bool) -> None:
+    """Pure checks of ``--out``: nothing is created here."""
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"cannot create --out {out}: it exists and is not a directory")
+    ancestor = out.parent.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"cannot create --out {out}: {ancestor} is not a directory")
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Creates ``out``'s missing parents and checks that a directory can be made next to ``out``.
+    Returns the directories it created (so a failed run can remove them); on error nothing is left."""
+    missing: list[Path] = []
+    parent = out.parent.absolute()
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    created: list[Path] = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
+    except OSError as exc:
+        _remove_dirs(created)
+        where = Path(exc.filename).parent if exc.filename and Path(exc.filename).name.startswith(".") else exc.filename
+        raise OutputError(f"cannot create --out {out}: {exc.strerror or exc} ({where})") from None
+    return created
+
+
+def _remove_dirs(created: list[Path]) -> None:
+    for d in reversed(created):
+        try:
+            d.rmdir()  # only if still empty: never removes anything the run did not make
+        except OSError:
+            break
 
 
 @dataclass
@@ -117,8 +268,8 @@ def _versions() -> dict[str, str]:
 def _load_and_split(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[Split, str, dict[str, Any]]:
     extra: dict[str, Any] = {}
     if cfg.dataset == "synthetic":
-        syn: SyntheticConfig = config_for(cfg.preset, cfg.users, cfg.items, cfg.interactions)
-        extra["synthetic"] = {"preset": cfg.preset, **asdict(syn)}
+        syn: SyntheticConfig = config_for(cfg.preset_name(), cfg.users, cfg.items, cfg.interactions)
+        extra["synthetic"] = {"preset": cfg.preset_name(), **asdict(syn)}
         raw = generate(syn, cfg.seed)
         n_test, n_val = syn.test_users, syn.val_users
     else:
@@ -138,7 +289,8 @@ def _load_and_split(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[Split,
 
 def _population(cfg: PrepConfig, split: Split) -> tuple[UserGroup, str]:
     if split.validation is None:  # weak generalisation: no held-out users exist
-        return sample_population(split, cfg.population_users, cfg.seed), "sample"
+        n = DEFAULT_POPULATION_USERS if cfg.population_users is None else cfg.population_users
+        return sample_population(split, n, cfg.seed), "sample"
     group = split.validation if cfg.sensitivity_population == "validation" else split.test
     if len(group.user_ids) == 0:
         raise ValueError(
@@ -221,59 +373,75 @@ def _sensitivities(
 
 def run(cfg: PrepConfig) -> Path:
     """Builds the artifact directory and returns its path. Bad input raises ValueError
-    (DataError / ArtifactError) before anything is written."""
+    (DataError / ArtifactError / OutputError) before any directory is created; a failed run
+    removes the parent directories it made."""
     cfg.validate()
     info = datasets.INFO[cfg.dataset]
     out = cfg.output_dir()
-    timer = _Timer()
+    _check_out(out, cfg.force)
+    writer = ArtifactWriter(out, cfg.force)  # refuses an existing `out` without --force; creates nothing
     t_start = time.perf_counter()
-    with ArtifactWriter(out, cfg.force) as writer:  # refuses an existing `out` without --force up front
-        with timer.step("load_split", f"loading and splitting {cfg.dataset}"):
-            split, source, extra = _load_and_split(cfg, info)
-        population, population_kind = _population(cfg, split)
-        engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=out.parent))
-        try:
-            params, model, grid = _choose_params(cfg, info, split, engine, timer)
-            if model is None:
-                with timer.step("fit", f"fitting SANSA ({params.factorizer}, l2={params.l2:g}, density={params.density:g}) "
-                                f"on {split.train.shape[0]} training users"):
-                    model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
-            with timer.step("test_candidates"):
-                top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
-            acc = accuracy(top.index, split.test.targets)
-            ranges, pop_top = _sensitivities(cfg, engine, model, population, scratch, timer)
-            with timer.step("spearman"):
-                rho = population_spearman(pop_top, ranges, cfg.chunk_users)
-            del pop_top  # release the scratch memmaps before the scratch directory goes
-        finally:
-            engine.close()
-            shutil.rmtree(scratch, ignore_errors=True)
-        with timer.step("write", "writing the artifact"):
-            writer.write_items(
-                pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi, "sensitivity": ranges.sensitivity})
-            )
-            writer.write_candidates(_candidates_frame(split.test.user_ids, top, split.item_ids))
-            writer.write_model(model)
-            acc_users = acc.pop("users")
-            manifest = {
-                "dataset": cfg.dataset,
-                "source": source,
-                "seed": cfg.seed,
-                "split": {**split.sizes(), "kind": extra.pop("split_kind"), "target_fraction": 0.2},
-                "sansa": {**params.as_dict(), "selected_on": "validation " + SELECTION_METRIC if grid else "fixed", "grid": grid},
-                "accuracy": acc,
-                "accuracy_users": acc_users,
-                "population_spearman": rho,
-                "percentiles": list(cfg.percentiles),
-                "sensitivity_population": population_kind,
-                "sensitivity_population_users": int(population.inputs.shape[0]),
-                "items_without_population_scores": int((ranges.count == 0).sum()),
-                "candidates_per_user": N_CANDIDATES,
-                "engine": {"engine": "dask" if cfg.scheduler else cfg.engine, "chunk_users": cfg.chunk_users},
-                "versions": _versions(),
-                **extra,
-            }
-            timer.steps["total"] = round(time.perf_counter() - t_start, 3)
-            manifest["timings_s"] = dict(timer.steps)
-            return writer.commit(manifest)
+    engine = _connect(cfg)
+    created: list[Path] = []
+    try:
+        created = _make_parents(out)
+        with writer:
+            return _build(cfg, info, out, writer, engine, t_start)
+    except BaseException:
+        _remove_dirs(created)
+        raise
+    finally:
+        engine.close()
+
+
+def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: ArtifactWriter, engine: Any,
+           t_start: float) -> Path:
+    timer = _Timer()
+    with timer.step("load_split", f"loading and splitting {cfg.dataset}"):
+        split, source, extra = _load_and_split(cfg, info)
+    population, population_kind = _population(cfg, split)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=out.parent))
+    try:
+        params, model, grid = _choose_params(cfg, info, split, engine, timer)
+        if model is None:
+            with timer.step("fit", f"fitting SANSA ({params.factorizer}, l2={params.l2:g}, density={params.density:g}) "
+                            f"on {split.train.shape[0]} training users"):
+                model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
+        with timer.step("test_candidates"):
+            top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
+        acc = accuracy(top.index, split.test.targets)
+        ranges, pop_top = _sensitivities(cfg, engine, model, population, scratch, timer)
+        with timer.step("spearman"):
+            rho = population_spearman(pop_top, ranges, cfg.chunk_users)
+        del pop_top  # release the scratch memmaps before the scratch directory goes
+    finally:
+        engine.close()
+        shutil.rmtree(scratch, ignore_errors=True)
+    with timer.step("write", "writing the artifact"):
+        writer.write_items(
+            pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi, "sensitivity": ranges.sensitivity})
+        )
+        writer.write_candidates(_candidates_frame(split.test.user_ids, top, split.item_ids))
+        writer.write_model(model)
+        acc_users = acc.pop("users")
+        manifest = {
+            "dataset": cfg.dataset,
+            "source": source,
+            "seed": cfg.seed,
+            "split": {**split.sizes(), "kind": extra.pop("split_kind"), "target_fraction": 0.2},
+            "sansa": {**params.as_dict(), "selected_on": "validation " + SELECTION_METRIC if grid else "fixed", "grid": grid},
+            "accuracy": acc,
+            "accuracy_users": acc_users,
+            "population_spearman": rho,
+            "percentiles": list(cfg.percentiles),
+            "sensitivity_population": population_kind,
+            "sensitivity_population_users": int(population.inputs.shape[0]),
+            "items_without_population_scores": int((ranges.count == 0).sum()),
+            "candidates_per_user": N_CANDIDATES,
+            "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},
+            "versions": _versions(),
+            **extra,
+        }
+        timer.steps["total"] = round(time.perf_counter() - t_start, 3)
+        manifest["timings_s"] = dict(timer.steps)
+        return writer.commit(manifest)

@@ -22,9 +22,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", choices=("local", "dask"), default="local")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: min(2, cores))")
     p.add_argument("--scheduler", default=None, help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
-    p.add_argument("--chunk-size", type=int, default=256, help="users per work unit (default 256)")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="users per work unit (default: 256, smaller for small runs so each worker gets ~4)")
     p.add_argument("--ratio-epsilon", type=float, default=1.0,
                    help="ε of the mGEM/GEM log-ratio scatter plot (nearest in the grid; default 1)")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --out directory (never the --artifacts directory)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -44,7 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--n", type=int, default=100, help="candidates (default 100)")
     s.add_argument("--users", "--repeats", dest="users", type=int, default=None,
                    help="score draws = synthetic users (default per scenario: 1 / 1000 / 5000)")
-    s.add_argument("--level", type=float, default=0.8, help="sweep level t (paper: -5 -0.8 -0.3 0 0.3 0.8 5)")
+    s.add_argument("--level", type=float, default=None,
+                   help="sweep level t, only with --scenario sweep (default 0.8; paper: -5 -0.8 -0.3 0 0.3 0.8 5)")
     s.add_argument("--out", type=Path, default=None, help="results directory (default: results/scenario-NAME)")
     _common(s)
     s.set_defaults(func=_run_synthetic)
@@ -58,7 +62,7 @@ def _config(args: argparse.Namespace, **source):
         epsilons=tuple(args.epsilons) if args.epsilons else DEFAULT_EPSILONS, trials=args.trials, seed=args.seed, exact=args.exact, beta=args.beta,
         gamma=args.gamma, corr_budget_fraction=args.corr_budget_fraction, engine=args.engine,
         workers=args.workers, scheduler=args.scheduler, chunk_size=args.chunk_size, out=args.out,
-        ratio_epsilon=args.ratio_epsilon,
+        ratio_epsilon=args.ratio_epsilon, force=args.force,
     )
 
 
@@ -78,7 +82,10 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
+    from eval.harness import DEFAULT_LEVEL
+
     if args.out is None:
-        suffix = f"-t{args.level:g}" if args.scenario == "sweep" else ""
+        level = DEFAULT_LEVEL if args.level is None else args.level
+        suffix = f"-t{level:g}" if args.scenario == "sweep" else ""
         args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
     return _finish(_config(args, scenario=args.scenario, n=args.n, level=args.level))

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,10 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0
 DEFAULT_TRIALS = 50
 DEFAULT_BETA = 0.05
 DEFAULT_GAMMA = 0.008
+DEFAULT_CHUNK_SIZE = 256  # users per work unit when the run is large
+MIN_AUTO_CHUNK = 16  # automatic chunks never get smaller than this (per-chunk overhead)
+CHUNKS_PER_WORKER = 4  # automatic chunking aims for this many chunks per worker (progress, balance)
+DEFAULT_LEVEL = 0.8  # sweep scenario's t when none is given
 HIST_BINS = 40  # correlation histogram bins on [-1, 1]
 SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users
 
@@ -50,7 +55,7 @@ class EvalConfig:
     artifacts: Path | None = None
     scenario: str | None = None
     n: int = 100  # scenario candidates
-    level: float = 0.8  # sweep scenario's t
+    level: float | None = None  # sweep scenario's t (None = 0.8); only for scenario "sweep"
     users: int | None = None  # first N users (artifact) / rows (scenario); None = all / default
     mechanisms: tuple[str, ...] | None = None  # None = every private mechanism
     epsilons: tuple[float, ...] = DEFAULT_EPSILONS
@@ -63,8 +68,9 @@ class EvalConfig:
     engine: str = "local"
     workers: int | None = None
     scheduler: str | None = None
-    chunk_size: int = 256
+    chunk_size: int | None = None  # None = automatic: ≤ 256, ≥ 4 chunks per worker, ≥ 16 users
     out: Path | None = None
+    force: bool = False  # replace an existing ``out`` directory (never the artifact directory)
     progress: bool | None = None
     ratio_epsilon: float = 1.0  # ε whose mGEM/GEM log-ratio is plotted against correlation
 
@@ -73,20 +79,57 @@ class EvalConfig:
 # Validation (before any work)
 
 
-def _check_config(cfg: EvalConfig) -> tuple[str, ...]:
-    """Raises ValueError on bad input; returns the mechanism list."""
+def _is_int(x: Any, low: int) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
+
+
+def _check_out(cfg: EvalConfig) -> None:
+    """The results directory may never touch the artifact (or the working directory), must not
+    be a file, and replaces an existing directory only with ``force``. Only stats, no writes."""
+    if cfg.out is None:
+        return
+    out = Path(cfg.out)
+    real = out.resolve()
+    if cfg.artifacts is not None:
+        art = Path(cfg.artifacts).resolve()
+        if real == art or art in real.parents or real in art.parents:
+            rel = "is" if real == art else ("is inside" if art in real.parents else "contains")
+            raise ValueError(f"--out {out} {rel} the --artifacts directory {cfg.artifacts}; expected a separate "
+                             "results directory (the artifact is never replaced, not even with --force)")
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:  # results/… under the working directory is the normal case
+        raise ValueError(f"--out {out} {'is' if real == cwd else 'contains'} the current directory; "
+                         "expected a separate results directory such as results/NAME")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; expected a directory path")
+    if out.exists() and not cfg.force:
+        raise ValueError(f"--out {out} already exists; pass --force to replace it")
+
+
+def validate(cfg: EvalConfig) -> tuple[str, ...]:
+    """Every check that needs no data (flags, --out); raises ValueError, returns the mechanisms.
+    :func:`run` calls it first; the demo calls it before building anything."""
     from recsvc.mechanisms import MECHANISMS
 
     if (cfg.artifacts is None) == (cfg.scenario is None):
         raise ValueError("give exactly one data source: --artifacts DIR or --scenario NAME")
-    if isinstance(cfg.seed, bool) or int(cfg.seed) != cfg.seed or cfg.seed < 0:
-        raise ValueError(f"seed must be an integer ≥ 0, got {cfg.seed!r}")
-    if isinstance(cfg.trials, bool) or int(cfg.trials) != cfg.trials or cfg.trials < 1:
-        raise ValueError(f"trials must be an integer ≥ 1, got {cfg.trials!r}")
-    if cfg.users is not None and (int(cfg.users) != cfg.users or cfg.users < 1):
-        raise ValueError(f"users must be an integer ≥ 1, got {cfg.users!r}")
-    if cfg.chunk_size < 1:
-        raise ValueError(f"chunk_size must be ≥ 1, got {cfg.chunk_size}")
+    if cfg.level is not None and cfg.scenario != "sweep":
+        src = f"--scenario {cfg.scenario}" if cfg.scenario is not None else "--artifacts"
+        raise ValueError(f"--level applies only to --scenario sweep, got it with {src}; "
+                         "drop --level or use --scenario sweep")
+    if not _is_int(cfg.seed, 0):
+        raise ValueError(f"--seed must be an integer ≥ 0, got {cfg.seed!r}")
+    if not _is_int(cfg.trials, 1):
+        raise ValueError(f"--trials must be an integer ≥ 1, got {cfg.trials!r}")
+    if cfg.users is not None and not _is_int(cfg.users, 1):
+        raise ValueError(f"--users must be an integer ≥ 1, got {cfg.users!r}")
+    if cfg.chunk_size is not None and not _is_int(cfg.chunk_size, 1):
+        raise ValueError(f"--chunk-size must be an integer ≥ 1, got {cfg.chunk_size!r}")
+    if cfg.workers is not None and not _is_int(cfg.workers, 1):
+        raise ValueError(f"--workers must be an integer ≥ 1, got {cfg.workers!r}")
+    r = cfg.ratio_epsilon
+    if isinstance(r, bool) or not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
+        raise ValueError(f"--ratio-epsilon must be a finite number > 0, got {r!r}")
     if not cfg.epsilons:
         raise ValueError("no ε given; expected at least one ε > 0")
     for eps in cfg.epsilons:
@@ -103,7 +146,18 @@ def _check_config(cfg: EvalConfig) -> tuple[str, ...]:
         raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}")
     if len(set(names)) != len(names):
         raise ValueError(f"mechanisms must be distinct, got {list(names)}")
+    _check_out(cfg)
     return names
+
+
+def _chunk_size(cfg: EvalConfig, total: int) -> int:
+    """The explicit --chunk-size, else ≤ 256 users but small enough that every worker gets
+    ~4 chunks (a moving progress bar, both cores busy), never below 16 users. Per-user results
+    do not depend on it (per-user streams); aggregates are bit-identical only at equal size."""
+    if cfg.chunk_size is not None:
+        return int(cfg.chunk_size)
+    workers = cfg.workers or min(2, os.cpu_count() or 1)  # make_engine's default
+    return max(MIN_AUTO_CHUNK, min(DEFAULT_CHUNK_SIZE, -(-total // (CHUNKS_PER_WORKER * workers))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,9 +192,10 @@ class _ArtifactSource:
 
 
 class _ScenarioSource:
-    def __init__(self, name: str, n: int, users: int | None, seed: int, level: float) -> None:
+    def __init__(self, name: str, n: int, users: int | None, seed: int, level: float | None) -> None:
         from eval.scenarios import scenario
 
+        level = DEFAULT_LEVEL if level is None else level
         self.sc = scenario(name, n=n, seed=seed, repeats=users, level=level)
         self.total = self.sc.repeats
         self.name = f"scenario-{name}" + (f"-t{level:g}" if name == "sweep" else "")
@@ -428,21 +483,22 @@ def run(cfg: EvalConfig) -> EvalResult:
     from recsvc.artifacts import replace_dir
     from recsvc.engines import chunk_ranges, make_engine
 
-    mechanisms = _check_config(cfg)
+    mechanisms = validate(cfg)
     source = _source(cfg)  # missing / corrupt artifact or unknown scenario fails here, before work
+    cfg = replace(cfg, chunk_size=_chunk_size(cfg, source.total))  # the report records the size used
     ctx = _context(cfg, mechanisms)
     ranges = chunk_ranges(source.total, cfg.chunk_size)
     eps = ctx.epsilons
     ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
+    engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)  # validates, no I/O
     tmp: Path | None = None
-    if cfg.out is not None:
-        out = Path(cfg.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    red = _Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, tmp)
-    engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)
-    t0 = time.perf_counter()
     try:
+        if cfg.out is not None:  # only now, after every check, is anything written
+            out = Path(os.path.abspath(cfg.out))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        red = _Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, tmp)
+        t0 = time.perf_counter()
         for res in engine.map(evaluate_chunk, _LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
                               unit="user", sizes=[len(r) for r in ranges]):
             red.add(res)
@@ -450,7 +506,10 @@ def run(cfg: EvalConfig) -> EvalResult:
         result = _finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
         if tmp is not None:
             _write_outputs(result, tmp)
-            result.out = replace_dir(tmp, Path(cfg.out))
+            if out.exists() and not cfg.force:
+                raise ValueError(f"--out {cfg.out} appeared while evaluating; not replacing it (pass --force)")
+            replace_dir(tmp, out)
+            result.out = Path(cfg.out)
             tmp = None
         return result
     finally:

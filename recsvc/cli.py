@@ -11,6 +11,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 
 # Order here is the order in `recsvc --help`.
@@ -50,14 +51,38 @@ def main(argv: list[str] | None = None) -> int:
         # Dask's cluster start/stop chatter drowns the results; distributed reads this when
         # it is first imported (by an engine), and then configures its own loggers from it.
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")
+    # SIGTERM unwinds like Ctrl-C, so every `finally` (temporary and scratch directories) runs.
+    # `serve` installs its own handler (drain, then exit 0) when it starts.
+    global _MAIN_PID
+    _MAIN_PID = os.getpid()
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as exc:
-        # Bad input: one clear line, no traceback. ArtifactError and mechanism errors are ValueErrors.
+    except (ValueError, OSError) as exc:
+        # Bad input or an unusable path/address: one clear line, no traceback. ArtifactError,
+        # mechanism errors and FileNotFoundError are among these.
         print(f"recsvc {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except _Terminated:
+        print(f"recsvc {args.command}: terminated", file=sys.stderr)
+        return 143
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanup runs (a BaseException, like Ctrl-C)."""
+
+
+_MAIN_PID: int | None = None
+
+
+def _terminate(signum: int, frame: object) -> None:
+    if os.getpid() != _MAIN_PID:  # a forked worker inherited this handler: die as SIGTERM would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    raise _Terminated()
 
 
 if __name__ == "__main__":

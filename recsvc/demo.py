@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 DEMO_EPSILON = 1.0
+DEFAULT_RESULTS = Path("results/ml-100k")  # the demo's own output: replaced on every run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gRPC service on loopback and makes private selections for real test users.",
     )
     p.add_argument("--artifacts", type=Path, default=Path("artifacts/ml-100k"), help="artifact directory")
-    p.add_argument("--results", type=Path, default=Path("results/ml-100k"), help="evaluation output directory")
+    p.add_argument("--results", type=Path, default=None,
+                   help=f"evaluation output directory (default {DEFAULT_RESULTS}, replaced on every run)")
+    p.add_argument("--force", action="store_true", help="replace an existing --results directory")
     p.add_argument("--trials", type=int, default=50, help="Monte Carlo trials per user, mechanism and ε")
     p.add_argument("--users", type=int, default=None, help="evaluate only the first N test users")
     p.add_argument("--rebuild", action="store_true", help="rebuild the artifact even if it exists")
@@ -43,11 +46,14 @@ def _prep(artifacts: Path, rebuild: bool) -> None:
     prep(PrepConfig(dataset="ml-100k", out=artifacts, force=rebuild))
 
 
-def _evaluate(artifacts: Path, results: Path, trials: int, users: int | None):
+def _eval_config(args: argparse.Namespace):
+    """The evaluation run. The default results directory is the demo's own and is replaced, so
+    the demo can run again; a --results the user names is replaced only with --force."""
     from eval.harness import EvalConfig
-    from eval.harness import run as evaluate
 
-    return evaluate(EvalConfig(artifacts=artifacts, out=results, trials=trials, users=users))
+    out = DEFAULT_RESULTS if args.results is None else args.results
+    return EvalConfig(artifacts=args.artifacts, out=out, trials=args.trials, users=args.users,
+                      force=args.force or args.results is None)
 
 
 def _history(user_id: str) -> list[str]:
@@ -108,8 +114,14 @@ def _serve_and_select(artifacts: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eval.harness import summary
+    from eval.harness import run as evaluate
+    from eval.harness import summary, validate
 
+    cfg = _eval_config(args)
+    try:
+        validate(cfg)  # every argument is checked before stage 1 builds anything
+    except ValueError as exc:  # the demo's name for the eval's --out is --results
+        raise type(exc)(str(exc).replace("--out ", "--results ", 1)) from None
     _step("1/3 offline pipeline: artifacts/ml-100k")
     _prep(args.artifacts, args.rebuild)
     from recsvc.artifacts import load_artifact
@@ -119,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     print("SANSA accuracy on the test users: " + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
 
     _step("2/3 evaluation: every private mechanism across ε")
-    result = _evaluate(args.artifacts, args.results, args.trials, args.users)
+    result = evaluate(cfg)
 
     _step("3/3 gRPC service: private selections for real test users")
     _serve_and_select(args.artifacts)

@@ -113,7 +113,13 @@ class DaskEngine:
             from distributed import Client, LocalCluster
 
             if self.scheduler:
-                self._client = Client(self.scheduler, timeout="20s")
+                try:
+                    self._client = Client(self.scheduler, timeout="20s")
+                except (OSError, TimeoutError) as exc:
+                    raise ValueError(
+                        f"cannot reach the Dask scheduler at {self.scheduler} ({exc}); expected a running "
+                        "scheduler address such as tcp://host:8786"
+                    ) from None
             else:
                 self._cluster = LocalCluster(
                     n_workers=self.workers,
@@ -162,7 +168,10 @@ def make_engine(
     engine: str = "local", workers: int | None = None, scheduler: str | None = None, progress: bool | None = None
 ) -> LocalEngine | DaskEngine:
     """``engine`` is "local" or "dask"; a ``scheduler`` address implies Dask."""
-    workers = workers or min(2, os.cpu_count() or 1)
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"--workers must be an integer ≥ 1, got {workers!r}")
     if scheduler or engine == "dask":
         return DaskEngine(scheduler=scheduler, workers=workers, progress=progress)
     if engine != "local":

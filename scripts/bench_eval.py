@@ -133,7 +133,7 @@ def main() -> int:
           flush=True)
 
     full, res = timed(EvalConfig(**{**base, "progress": True}, users=args.users, workers=2,
-                                 out=Path("results") / "bench-eval"))
+                                 out=Path("results") / "bench-eval", force=True))
     print(f"full grid: {res.users} users × {len(mechs)} mechanisms × 11 ε × {args.trials} trials, 2 workers: "
           f"{full:.1f} s = {full / 60:.1f} min ({res.users / full:.1f} users/s)", flush=True)
     out = {"date": time.strftime("%Y-%m-%d"), "source": source, "artifact": str(art), "users": res.users,

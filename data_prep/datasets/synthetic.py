@@ -37,22 +37,26 @@ PRESETS: dict[str, SyntheticConfig] = {
 
 
 def config_for(preset: str, users: int | None, items: int | None, interactions: int | None) -> SyntheticConfig:
+    """The preset's sizes, overridden by the sizes that are given (None: the preset's; 0 is an error)."""
     if preset not in PRESETS:
-        raise DataError(f"unknown synthetic preset {preset!r}; expected one of {', '.join(PRESETS)}")
-    cfg = PRESETS[preset]
+        raise DataError(f"unknown synthetic preset {preset!r}; expected --preset one of {', '.join(PRESETS)}")
+    for flag, value in (("--users", users), ("--items", items), ("--interactions", interactions)):
+        if value is not None and value < 1:  # `value or default` would turn 0 into the default silently
+            raise DataError(f"{flag} must be ≥ 1, got {value}")
+    base = PRESETS[preset]
     cfg = replace(
-        cfg,
-        users=users or cfg.users,
-        items=items or cfg.items,
-        interactions=interactions or cfg.interactions,
+        base,
+        users=base.users if users is None else users,
+        items=base.items if items is None else items,
+        interactions=base.interactions if interactions is None else interactions,
     )
-    if cfg.users < 1 or cfg.items < 2 or cfg.interactions < cfg.users * cfg.min_per_user:
-        raise DataError(
-            f"synthetic size users={cfg.users}, items={cfg.items}, interactions={cfg.interactions} is unusable; "
-            f"expected users ≥ 1, items ≥ 2 and interactions ≥ {cfg.min_per_user} × users"
-        )
     if cfg.items < 4 * cfg.min_per_user:
-        raise DataError(f"synthetic data needs at least {4 * cfg.min_per_user} items, got {cfg.items}")
+        raise DataError(f"synthetic data needs --items ≥ {4 * cfg.min_per_user}, got {cfg.items}")
+    if cfg.interactions < cfg.users * cfg.min_per_user:
+        raise DataError(
+            f"synthetic sizes --users {cfg.users} --interactions {cfg.interactions} are unusable; "
+            f"expected --interactions ≥ {cfg.min_per_user} × --users = {cfg.min_per_user * cfg.users}"
+        )
     return cfg
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import ssl
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,12 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 def load_tokens(path: str | os.PathLike[str]) -> list[str]:
     """Bearer tokens, one per line; blank lines and lines starting with '#' are ignored."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"token file {p} does not exist; expected a file with one token per line")
-    tokens = [ln.strip() for ln in p.read_text().splitlines()]
+    _check_file(p, "token file", "a file with one token per line")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"token file {p} is not UTF-8 text; expected one token per line") from None
+    tokens = [ln.strip() for ln in text.splitlines()]
     tokens = [t for t in tokens if t and not t.startswith("#")]
     if not tokens:
         raise ValueError(f"token file {p} holds no token; expected one token per line")
@@ -33,13 +37,69 @@ def read_token(path: str | os.PathLike[str]) -> str:
     return load_tokens(path)[0]
 
 
+def _check_file(p: Path, what: str, expected: str) -> None:
+    """A clear error for a missing path and for a path that is not a regular file."""
+    if p.is_file():
+        return
+    if p.exists():
+        raise ValueError(f"{what} {p} is not a regular file (a directory?); expected {expected}")
+    raise FileNotFoundError(f"{what} {p} does not exist; expected {expected}")
+
+
 def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
     if path is None:
         return None
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"{what} file {p} does not exist; expected a PEM file")
+    _check_file(p, f"{what} file", "a PEM file")
     return p.read_bytes()
+
+
+def _no_password() -> bytes:
+    return b""  # gRPC cannot use an encrypted key; never prompt on the terminal
+
+
+def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str], flags: str) -> None:
+    """Parses a PEM certificate chain and its private key and checks that they belong together,
+    so that a bad file is reported as such instead of as gRPC's opaque 'Failed to bind'."""
+    _read(cert, "certificate")
+    _read(key, "private key")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"{flags} {cert} / {key}: not a valid PEM certificate and a matching unencrypted PEM private "
+            f"key ({exc.reason or exc}); expected the certificate in the first file and its key in the second"
+        ) from None
+
+
+def check_ca(path: str | os.PathLike[str], flag: str) -> None:
+    """Parses a PEM CA bundle (at least one certificate)."""
+    _read(path, "CA")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=os.fspath(path))
+    except ssl.SSLError as exc:
+        raise ValueError(
+            f"{flag} {path} is not a valid PEM certificate ({exc.reason or exc}); expected a CA certificate "
+            "in PEM format (-----BEGIN CERTIFICATE-----)"
+        ) from None
+
+
+def check_server_files(
+    cert: str | os.PathLike[str] | None,
+    key: str | os.PathLike[str] | None,
+    client_ca: str | os.PathLike[str] | None = None,
+) -> bool:
+    """Validates the server's TLS files without touching gRPC (safe before fork); True if TLS is on."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key (mTLS runs over TLS)")
+        return False
+    if cert is None or key is None:
+        raise ValueError("TLS needs both --tls-cert and --tls-key")
+    check_cert_and_key(cert, key, "--tls-cert/--tls-key")
+    if client_ca is not None:
+        check_ca(client_ca, "--client-ca")
+    return True
 
 
 def server_credentials(
@@ -48,12 +108,8 @@ def server_credentials(
     client_ca: str | os.PathLike[str] | None = None,
 ) -> grpc.ServerCredentials | None:
     """TLS if cert+key are given; mTLS (client certificates required) if client_ca is too."""
-    if cert is None and key is None:
-        if client_ca is not None:
-            raise ValueError("--client-ca needs --tls-cert and --tls-key (mTLS runs over TLS)")
+    if not check_server_files(cert, key, client_ca):
         return None
-    if cert is None or key is None:
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
     ca = _read(client_ca, "client CA")
     return grpc.ssl_server_credentials(
         [(_read(key, "TLS key"), _read(cert, "TLS certificate"))],
@@ -68,7 +124,12 @@ def channel_credentials(
     key: str | os.PathLike[str] | None = None,
 ) -> grpc.ChannelCredentials:
     if (cert is None) != (key is None):
-        raise ValueError("a client certificate needs both --tls-cert and --tls-key")
+        raise ValueError("a client certificate needs both --tls-cert and --tls-key (got only "
+                         f"{'--tls-cert' if key is None else '--tls-key'}); pass both or neither")
+    if ca is not None:
+        check_ca(ca, "--tls-ca")
+    if cert is not None and key is not None:
+        check_cert_and_key(cert, key, "--tls-cert/--tls-key")
     return grpc.ssl_channel_credentials(
         root_certificates=_read(ca, "CA"),
         private_key=_read(key, "client key"),

@@ -94,10 +94,19 @@ def parse_candidate(text: str) -> tuple[str, float]:
 
 def read_candidates_csv(path: Path) -> list[tuple[str, float]]:
     """Rows `item_id,score`; a first row whose score is not a number is taken as the header."""
+    if path.exists() and not path.is_file():
+        raise ValueError(f"candidates file {path} is a directory or not a regular file; expected a CSV of item_id,score")
     if not path.is_file():
         raise FileNotFoundError(f"candidates file {path} does not exist; expected a CSV of item_id,score")
+    try:
+        return _parse_candidates(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"candidates file {path} is not UTF-8 text; expected a CSV of item_id,score") from None
+
+
+def _parse_candidates(path: Path) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8") as f:
         for line, row in enumerate(csv.reader(f), start=1):
             if not row or not "".join(row).strip():
                 continue
@@ -114,10 +123,26 @@ def read_candidates_csv(path: Path) -> list[tuple[str, float]]:
     return out
 
 
+def check_target(target: str) -> str:
+    """HOST:PORT with a port in 1..65535 ([v6]:PORT for IPv6); grpc would silently wrap 99999."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--target {target!r}: expected HOST:PORT with a port in 1..65535, e.g. {DEFAULT_TARGET}")
+    return target
+
+
+def check_timeout(timeout: float) -> float:
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
+    return timeout
+
+
 def _client(args: argparse.Namespace) -> Any:
     from recsvc.service.auth import read_token
     from recsvc.service.client import Client
 
+    check_target(args.target)
+    check_timeout(args.timeout)
     token = read_token(args.token_file) if args.token_file else None
     return Client(args.target, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                   timeout=args.timeout)

@@ -11,6 +11,7 @@ answers from its ledger if it had already charged it: retries never spend twice.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -50,10 +51,14 @@ class Client:
         retries: int = 2,
         server_name: str | None = None,
     ) -> None:
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout!r}")
         options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
-        if tls_ca is not None or tls_cert is not None:
+        # Any TLS file means TLS: a lone --tls-key must be refused (by channel_credentials), never
+        # silently dropped in favour of a plaintext channel.
+        if tls_ca is not None or tls_cert is not None or tls_key is not None:
             self.channel = grpc.secure_channel(target, channel_credentials(tls_ca, tls_cert, tls_key), options)
         else:
             self.channel = grpc.insecure_channel(target, options)

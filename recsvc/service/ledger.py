@@ -57,6 +57,41 @@ CREATE TABLE IF NOT EXISTS requests (
 """
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_EXPECTED = "an SQLite ledger written by `recsvc serve`, or a new file path in an existing, writable directory"
+
+
+def check_path(path: str | os.PathLike[str]) -> None:
+    """Refuses, before anything is created, a ledger path that cannot be an SQLite ledger."""
+    p = Path(path)
+    if p.exists():
+        if not p.is_file():
+            raise ValueError(f"--ledger {p} is a directory or not a regular file; expected {_EXPECTED}")
+        try:
+            with open(p, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise ValueError(f"--ledger {p} cannot be read ({exc.strerror}); expected {_EXPECTED}") from None
+        if head and head != _SQLITE_MAGIC:
+            raise ValueError(f"--ledger {p} is not an SQLite database; expected {_EXPECTED}")
+        return
+    if not p.parent.is_dir():
+        raise FileNotFoundError(f"ledger directory {p.parent} does not exist; create it first (--ledger {p})")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--ledger {p}: the directory {p.parent} is not writable; expected {_EXPECTED}")
+
+
+def remove_files(path: str | os.PathLike[str]) -> None:
+    """Deletes a ledger and its sidecar files (-wal, -shm, .lock). Only for a ledger this process
+    just created and never answered from: deleting a used ledger would forget spent budget."""
+    p = Path(path)
+    for f in (p, *(p.with_name(p.name + suffix) for suffix in ("-wal", "-shm", "-journal", ".lock"))):
+        try:
+            f.unlink()
+        except FileNotFoundError:
+            pass
+
+
 class LedgerError(Exception):
     """Base class of the ledger's refusals (nothing was spent)."""
 
@@ -118,8 +153,7 @@ class Ledger:
         if not (isinstance(budget, (int, float)) and budget > 0 and budget < float("inf")):
             raise ValueError(f"ledger budget must be a finite number > 0, got {budget!r}")
         self.path = Path(path)
-        if self.path.parent and not self.path.parent.is_dir():
-            raise FileNotFoundError(f"ledger directory {self.path.parent} does not exist; create it first")
+        check_path(self.path)
         self.budget = float(budget)
         self._busy_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
@@ -142,8 +176,30 @@ class Ledger:
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         self.commits = 0  # transactions committed by this process (for tests and metrics)
         # CREATE ... IF NOT EXISTS is idempotent, so concurrent workers may all run it.
-        conn = self._conn()
-        _retry_locked(lambda: conn.executescript(_SCHEMA))
+        try:
+            self._check_foreign()
+            conn = self._conn()
+            _retry_locked(lambda: conn.executescript(_SCHEMA))
+        except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
+            self.close()
+            raise ValueError(f"--ledger {self.path} cannot be opened as an SQLite ledger ({exc}); "
+                             f"expected {_EXPECTED}") from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _check_foreign(self) -> None:
+        """Refuses another application's SQLite file, read-only (before WAL mode would modify it)."""
+        if not (self.path.is_file() and self.path.stat().st_size > 0):
+            return
+        ro = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in ro.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            ro.close()
+        if tables and "budgets" not in tables:
+            raise ValueError(f"--ledger {self.path} is an SQLite database of something else (tables: "
+                             f"{', '.join(sorted(tables)[:5])}); expected {_EXPECTED}")
 
     # -- connections ---------------------------------------------------------------------
 

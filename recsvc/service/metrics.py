@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client import multiprocess
@@ -48,12 +49,23 @@ def epsilon_spent(mechanism: str) -> Counter:
     return EPSILON_SPENT.labels(mechanism)
 
 
+def serve_metrics_http(port: int, addr: str = "127.0.0.1") -> Any:
+    """Serves /metrics on ``addr:port`` (a thread); returns the HTTP server (``.server_port``,
+    ``.shutdown()``). A port that cannot be bound is a ValueError naming it."""
+    try:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            server, _ = start_http_server(port, addr=addr, registry=registry)
+        else:
+            server, _ = start_http_server(port, addr=addr)
+    except (OSError, OverflowError) as exc:  # socket.gaierror is an OSError
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ValueError(f"cannot serve metrics on {addr}:{port} ({reason}); expected --metrics-port to be a "
+                         "free port in 0..65535 (not --port) and --metrics-host an address of this machine") from None
+    return server
+
+
 def start_metrics_http(port: int, addr: str = "127.0.0.1") -> int:
     """Serves /metrics on ``addr:port`` (a thread); returns the bound port."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        server, _ = start_http_server(port, addr=addr, registry=registry)
-    else:
-        server, _ = start_http_server(port, addr=addr)
-    return int(server.server_port)
+    return int(serve_metrics_http(port, addr).server_port)

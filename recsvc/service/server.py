@@ -67,6 +67,13 @@ class ServerConfig:
             (self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
             (self.budget > 0 and self.budget < float("inf"), f"--budget must be a finite ε > 0, got {self.budget}"),
             (self.max_candidates >= 1, f"--max-candidates must be >= 1, got {self.max_candidates}"),
+            (self.max_batch >= 1, f"--max-batch must be >= 1 (requests per SelectBatch), got {self.max_batch}"),
+            (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+             f"--metrics-port must be in 0..65535, got {self.metrics_port}"),
+            (self.metrics_port is None or self.metrics_port == 0 or self.metrics_port != self.port,
+             f"--metrics-port must differ from --port (both are {self.port}); expected two different ports"),
+            (not Path(self.artifacts).exists() or Path(self.artifacts).is_dir(),
+             f"--artifacts {self.artifacts} is a file; expected an artifact directory (e.g. artifacts/ml-100k)"),
             (self.auto_threshold >= 0, f"--auto-threshold must be >= 0, got {self.auto_threshold}"),
             (self.grace >= 0 and self.drain_delay >= 0, "--grace and --drain-delay must be >= 0"),
             (not (self.workers > 1 and self.port == 0), "--workers > 1 needs an explicit --port (not 0)"),
@@ -87,6 +94,7 @@ class ServerHandle:
     ledger: Any
     servicer: Any
     metrics_port: int | None = None
+    metrics_server: Any = None
     _stopped: threading.Event = field(default_factory=threading.Event)
 
     def stop(self, grace: float | None = 5.0, drain_delay: float = 0.0) -> None:
@@ -98,75 +106,110 @@ class ServerHandle:
             time.sleep(drain_delay)  # let load balancers see NOT_SERVING before the port closes
         self.server.stop(grace).wait()  # refuses new calls; in-flight calls get `grace` seconds
         self.ledger.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
 
     def wait(self) -> None:
         self.server.wait_for_termination()
 
 
 def start(config: ServerConfig) -> ServerHandle:
-    """Builds and starts one server in this process (no signal handling)."""
+    """Builds and starts one server in this process (no signal handling).
+
+    Every check that can fail on bad configuration (artifact, mechanism policy, TLS files, ledger
+    path, gRPC port, metrics port) runs before the ledger is opened; a ledger file this call
+    created is removed again if the start fails, so a failed start changes nothing.
+    """
     config.check()
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifacts import load_artifact
     from recsvc.service import auth, metrics
-    from recsvc.service.ledger import Ledger
+    from recsvc.service import ledger as ledger_mod
     from recsvc.service.servicer import Policy, SelectionServicer
     from recsvc.v1 import selection_pb2, selection_pb2_grpc
 
-    # Everything that can fail on bad configuration happens before the port opens.
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
     interceptors = [auth.BearerTokenInterceptor(auth.load_tokens(config.token_file))] if config.token_file else []
-    ledger = Ledger(config.ledger, config.budget)
+    ledger_mod.check_path(config.ledger)
+    policy = Policy(
+        default_mechanism=config.default_mechanism,
+        auto_threshold=config.auto_threshold,
+        max_candidates=config.max_candidates,
+        max_batch=config.max_batch,
+        allow_non_private=config.allow_non_private,
+    )
+    servicer = SelectionServicer(artifact, None, policy)  # type: ignore[arg-type]  # ledger attached below
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
+        interceptors=interceptors,
+        options=[
+            # Off for a single worker, so a second server on a busy port fails loudly.
+            ("grpc.so_reuseport", 1 if config.reuse_port else 0),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ],
+    )
+    selection_pb2_grpc.add_PrivateSelectionServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (
+        selection_pb2.DESCRIPTOR.services_by_name["PrivateSelection"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    port = _bind(server, config, creds)
+    metrics_server = None
+    ledger = None
+    created = not config.ledger.exists()
     try:
-        policy = Policy(
-            default_mechanism=config.default_mechanism,
-            auto_threshold=config.auto_threshold,
-            max_candidates=config.max_candidates,
-            max_batch=config.max_batch,
-            allow_non_private=config.allow_non_private,
-        )
-        servicer = SelectionServicer(artifact, ledger, policy)
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
-            interceptors=interceptors,
-            options=[
-                # Off for a single worker, so a second server on a busy port fails loudly.
-                ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
-        selection_pb2_grpc.add_PrivateSelectionServicer_to_server(servicer, server)
-        health_servicer = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-        names = (
-            selection_pb2.DESCRIPTOR.services_by_name["PrivateSelection"].full_name,
-            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-            reflection.SERVICE_NAME,
-        )
-        reflection.enable_server_reflection(names, server)
-        address = f"{config.host}:{config.port}"
-        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-        if port == 0:
-            raise ValueError(f"cannot listen on {address}: the port is in use or the host is not local")
+        if config.metrics_port is not None:
+            metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
+        ledger = ledger_mod.Ledger(config.ledger, config.budget)
+        servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
             health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     except BaseException:
-        ledger.close()
+        server.stop(None)
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
+        if ledger is not None:
+            ledger.close()
+        if created:  # nothing was served from it: remove what this start created
+            ledger_mod.remove_files(config.ledger)
         raise
-    metrics_port = None
-    if config.metrics_port is not None:
-        metrics_port = metrics.start_metrics_http(config.metrics_port, config.metrics_host)
+    metrics_port = None if metrics_server is None else int(metrics_server.server_port)
     log.info(
         "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s)",
         SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext", servicer.default_mechanism,
         servicer.auto_choice, config.budget, config.ledger,
     )
-    return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port)
+    return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+
+
+def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
+    """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
+    address = f"{config.host}:{config.port}"
+    expected = "expected a free --port (0..65535) and a --host that is an address of this machine (e.g. 127.0.0.1)"
+    if not config.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
+        try:
+            _check_port_free(config.host, config.port)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; {expected}") from None
+    try:
+        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
+    except RuntimeError:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
+        port = 0
+    if port == 0:
+        raise ValueError(f"cannot listen on {address}: the port is in use or the host is not an address of "
+                         f"this machine; {expected}")
+    return port
 
 
 def _stop_on_signals() -> threading.Event:
@@ -223,26 +266,67 @@ def _serve_workers(config: ServerConfig) -> int:
 
 
 def _fork_workers(config: ServerConfig) -> int:
-    _check_port_free(config.host, config.port)
-    from recsvc.service.ledger import Ledger
+    # Checks that need no gRPC/polars state run here, before any fork and before the ledger
+    # exists; the rest (artifact, mechanism policy) runs in the workers, which report failures.
+    from recsvc.service import auth
+    from recsvc.service import ledger as ledger_mod
 
-    Ledger(config.ledger, config.budget).close()  # create the file in WAL mode once, before the workers race
+    auth.check_server_files(config.tls_cert, config.tls_key, config.client_ca)
+    if config.token_file:
+        auth.load_tokens(config.token_file)
+    _check_port_free(config.host, config.port)
+    if config.metrics_port:
+        _check_port_free(config.metrics_host, config.metrics_port)
+    ledger_mod.check_path(config.ledger)
+    created = not config.ledger.exists()
+    ledger_mod.Ledger(config.ledger, config.budget).close()  # create the file in WAL mode once, before the workers race
+    served: list[bool] = []
+    try:
+        return _run_workers(config, served)
+    except BaseException:
+        if created and not served:  # no worker ever listened: remove what this start created
+            ledger_mod.remove_files(config.ledger)
+        raise
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: a worker gets SIGTERM (and drains) when the parent dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: no parent-death signal
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _run_workers(config: ServerConfig, served: list[bool]) -> int:
+    """Forks the workers and supervises them; appends to ``served`` once they all listen."""
     worker_config = replace(config, workers=1, reuse_port=True, metrics_port=None)
     read_fd, write_fd = os.pipe()
+    err_read, err_write = os.pipe()
+    parent = os.getpid()
     pids: list[int] = []
     for _ in range(config.workers):
         pid = os.fork()
         if pid == 0:  # child: never returns into the parent's code
+            _die_with_parent(parent)
             os.close(read_fd)
+            os.close(err_read)
             code = 1
             try:
                 code = _serve_one(worker_config, write_fd)
+            except ValueError as exc:  # bad configuration: one clear line for the parent to raise
+                os.write(err_write, (str(exc).replace("\n", " ")[:3000] + "\n").encode())
             except BaseException:
                 log.exception("worker failed")
             finally:
                 os._exit(code)
         pids.append(pid)
     os.close(write_fd)
+    os.close(err_write)
     stop = _stop_on_signals()
     ready = 0
     while ready < config.workers:  # EOF before N bytes: a worker died while starting
@@ -253,12 +337,24 @@ def _fork_workers(config: ServerConfig) -> int:
     os.close(read_fd)
     if ready < config.workers:
         _terminate(pids)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        errors = os.read(err_read, 65536).decode(errors="replace").splitlines()
+        os.close(err_read)
+        if errors:
+            raise ValueError(errors[0])
         raise RuntimeError(f"only {ready} of {config.workers} workers started; see the log above")
+    os.close(err_read)
+    served.append(True)
     print(f"recsvc serve: listening on {config.host}:{config.port} ({config.workers} workers)", flush=True)
     if config.metrics_port is not None:
         from recsvc.service.metrics import start_metrics_http
 
-        mport = start_metrics_http(config.metrics_port, config.metrics_host)
+        try:
+            mport = start_metrics_http(config.metrics_port, config.metrics_host)
+        except ValueError:
+            _terminate(pids)
+            raise
         print(f"recsvc serve: metrics on http://{config.metrics_host}:{mport}/metrics", flush=True)
     codes: dict[int, int] = {}
     while len(codes) < len(pids):
@@ -292,5 +388,6 @@ def _check_port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
             s.bind((host, port))
-        except OSError as exc:
-            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        except (OSError, OverflowError) as exc:  # gaierror (bad host) is an OSError
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise ValueError(f"cannot listen on {host}:{port}: {reason}") from None

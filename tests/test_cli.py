@@ -1,0 +1,56 @@
+"""The one `recsvc` command: bad input and signals end in one clear line and leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from recsvc.engines import make_engine
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True])
+def test_engine_workers_must_be_a_positive_integer(workers) -> None:
+    with pytest.raises(ValueError, match=r"--workers must be an integer ≥ 1"):
+        make_engine("local", workers)
+
+
+def test_engine_default_workers() -> None:
+    engine = make_engine("local", None)
+    assert engine.workers == min(2, os.cpu_count() or 1)
+
+
+def _recsvc(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "recsvc.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_an_unusable_path_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    proc = _recsvc("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", str(blocker / "sub"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err and err.startswith("recsvc prep: error:") and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_sigterm_cleans_up_temporary_directories(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    proc = _recsvc("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", str(out))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(p.name.startswith(".art") for p in tmp_path.iterdir()):
+        time.sleep(0.02)  # wait until the run has made its temporary directory
+    assert any(p.name.startswith(".art") for p in tmp_path.iterdir()), "prep never started writing"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "terminated" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # no artifact, no .tmp-*, no .scratch-*

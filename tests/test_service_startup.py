@@ -1,0 +1,234 @@
+"""A bad `serve` or client configuration is one clear ValueError that changes nothing:
+no ledger file created, an existing ledger untouched, no orphaned worker left behind."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from recsvc.service import cli as service_cli
+from recsvc.service.ledger import Ledger
+from recsvc.service.server import ServerConfig, start
+from service_fixtures import REPO, candidates, free_port, make_artifact, make_certs
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("certs")
+    out = make_certs(d)
+    (d / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    out["garbage.pem"] = d / "garbage.pem"
+    return out
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def _ledger_files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir() if p.name.startswith("l.db"))
+
+
+# (case, ServerConfig overrides, message the error must contain)
+BAD_SERVE = [
+    ("busy port", {"port": "BUSY"}, r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port"),
+    ("bad host", {"host": "999.1.1.1"}, r"cannot listen on 999\.1\.1\.1:0: .*expected a free --port"),
+    ("garbage cert", {"tls_cert": "garbage.pem", "tls_key": "server.key"}, r"--tls-cert/--tls-key .*not a valid PEM"),
+    ("mismatched key", {"tls_cert": "server.pem", "tls_key": "rogue.key"}, r"not a valid PEM .*KEY_VALUES_MISMATCH"),
+    ("swapped cert/key", {"tls_cert": "server.key", "tls_key": "server.pem"}, r"expected the certificate in the first"),
+    ("garbage client CA", {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "garbage.pem"},
+     r"--client-ca .* is not a valid PEM certificate"),
+    ("metrics port -1", {"metrics_port": -1}, r"--metrics-port must be in 0\.\.65535, got -1"),
+    ("metrics port == port", {"port": 47123, "metrics_port": 47123}, r"--metrics-port must differ from --port"),
+    ("metrics port busy", {"metrics_port": "BUSY"}, r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\)"),
+    ("unknown default mechanism", {"default_mechanism": "foo"}, r"unknown mechanism 'foo'; expected one of"),
+    ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private"),
+    ("max batch -1", {"max_batch": -1}, r"--max-batch must be >= 1"),
+    ("max batch 0", {"max_batch": 0}, r"--max-batch must be >= 1"),
+    ("artifacts is a file", {"artifacts": "FILE"}, r"--artifacts .* is a file; expected an artifact directory"),
+]
+
+
+@pytest.mark.parametrize("case,overrides,message", BAD_SERVE, ids=[c[0] for c in BAD_SERVE])
+def test_bad_serve_config_is_a_clear_error_and_creates_no_ledger(
+    case: str, overrides: dict, message: str, artifact: Path, certs: dict[str, Path], busy_port: int, tmp_path: Path
+) -> None:
+    values: dict = {}
+    for k, v in overrides.items():
+        if v == "BUSY":
+            v = busy_port
+        elif v == "FILE":
+            v = artifact / "manifest.json"
+        elif k in ("tls_cert", "tls_key", "client_ca"):
+            v = certs[v]
+        values[k] = v
+    config = ServerConfig(**{"artifacts": artifact, "port": 0, "ledger": tmp_path / "l.db", **values})
+    with pytest.raises(ValueError, match=message):
+        start(config)
+    assert _ledger_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("kind", ["directory", "not sqlite", "other sqlite db", "unopenable"])
+def test_bad_ledger_path_names_ledger_and_changes_nothing(kind: str, artifact: Path, tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    if kind == "directory":
+        path.mkdir()
+        message = r"--ledger .* is a directory or not a regular file; expected an SQLite ledger"
+    elif kind == "not sqlite":
+        path.write_bytes(bytes(range(256)))
+        message = r"--ledger .* is not an SQLite database; expected an SQLite ledger"
+    elif kind == "other sqlite db":
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE photos (id INTEGER)")
+        conn.close()
+        message = r"--ledger .* is an SQLite database of something else \(tables: photos\)"
+    else:
+        path = Path("/proc/recsvc-ledger-test.db")  # /proc accepts no new files, even for root
+        message = r"--ledger /proc/recsvc-ledger-test\.db cannot be opened as an SQLite ledger"
+    before = sorted(os.listdir(tmp_path))
+    snapshot = path.read_bytes() if path.is_file() else None
+    with pytest.raises(ValueError, match=message):
+        start(ServerConfig(artifacts=artifact, port=0, ledger=path))
+    assert sorted(os.listdir(tmp_path)) == before
+    if snapshot is not None:
+        assert path.read_bytes() == snapshot
+    assert not Path("/proc/recsvc-ledger-test.db").exists()
+
+
+def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
+    artifact: Path, tmp_path: Path, busy_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "l.db"
+    led = Ledger(path, budget=10.0)
+    led.charge("u", "r1", b"f", 1.5, lambda _rem: b"answer")
+    led.close()
+    with pytest.raises(ValueError, match="Address already in use"):
+        start(ServerConfig(artifacts=artifact, port=busy_port, ledger=path))
+    # A failure AFTER the ledger was opened (here: the health service) must not delete it either...
+    from grpc_health.v1 import health
+
+    def broken(*_a: object) -> None:
+        raise RuntimeError("health service broke")
+
+    monkeypatch.setattr(health.HealthServicer, "set", broken)
+    with pytest.raises(RuntimeError, match="health service broke"):
+        start(ServerConfig(artifacts=artifact, port=0, ledger=path))
+    assert Ledger(path, budget=10.0).totals() == {"u": pytest.approx(1.5)}
+    # ...while a ledger that this failed start created is removed with its -wal/-shm/.lock files.
+    with pytest.raises(RuntimeError, match="health service broke"):
+        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "new.db"))
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("new.db")]
+
+
+def _client_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    service_cli.register(parser.add_subparsers())
+    return parser.parse_args(list(argv))
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--tls-key", "client.key"], r"needs both --tls-cert and --tls-key \(got only --tls-key\)"),
+    (["--tls-cert", "client.pem"], r"needs both --tls-cert and --tls-key \(got only --tls-cert\)"),
+    (["--timeout", "-1"], r"--timeout must be a finite number of seconds > 0, got -1"),
+    (["--timeout", "nan"], r"--timeout must be a finite number of seconds > 0, got nan"),
+    (["--target", "127.0.0.1:99999"], r"--target '127\.0\.0\.1:99999': expected HOST:PORT with a port in 1\.\.65535"),
+    (["--target", "localhost"], r"expected HOST:PORT"),
+    (["--tls-ca", "garbage.pem"], r"--tls-ca .* is not a valid PEM certificate"),
+    (["--tls-ca", "DIR"], r"CA file .* is not a regular file"),
+    (["--token-file", "DIR"], r"token file .* is not a regular file"),
+])
+@pytest.mark.parametrize("command", ["select", "budget"])
+def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[str], message: str,
+                                                      certs: dict[str, Path], tmp_path: Path) -> None:
+    extra = [str(tmp_path) if a == "DIR" else str(certs[a]) if a in certs else a for a in extra]
+    argv = [command, "--target", "127.0.0.1:1", "--user", "u", *extra]
+    if command == "select":
+        argv += ["--epsilon", "0.5", "--candidate", "it1:0.5"]
+    args = _client_args(*argv)
+    with pytest.raises(ValueError, match=message):
+        args.func(args)
+
+
+def test_candidates_file_of_the_wrong_kind(tmp_path: Path) -> None:
+    binary = tmp_path / "c.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 50)
+    with pytest.raises(ValueError, match=r"is not UTF-8 text; expected a CSV of item_id,score"):
+        service_cli.read_candidates_csv(binary)
+    with pytest.raises(ValueError, match=r"is a directory or not a regular file; expected a CSV of item_id,score"):
+        service_cli.read_candidates_csv(tmp_path)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        service_cli.read_candidates_csv(tmp_path / "nope.csv")
+    good = tmp_path / "c.csv"
+    good.write_text("item_id,score\nit1,0.5\nit2,0.25\n")
+    assert service_cli.read_candidates_csv(good) == [("it1", 0.5), ("it2", 0.25)]
+
+
+def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) -> None:
+    port = free_port()
+    cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifact), "--ledger",
+           str(tmp_path / "l.db"), "--port", str(port), "--workers", "2", "--drain-delay", "0", "--grace", "1"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    workers: list[psutil.Process] = []
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert "listening on" in line, line
+        workers = psutil.Process(proc.pid).children()
+        assert len(workers) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        gone, alive = psutil.wait_procs(workers, timeout=8)
+        assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}"
+        with socket.socket() as s:  # nobody serves the port any more
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+    finally:
+        for p in [*workers, *psutil.Process().children(recursive=True)]:  # orphans are no longer our children
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if proc.stdout:
+            proc.stdout.close()
+
+
+def test_worker_startup_error_is_one_clear_line_and_creates_no_ledger(artifact: Path, tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifact), "--ledger",
+           str(tmp_path / "l.db"), "--port", str(free_port()), "--workers", "2", "--default-mechanism", "foo"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "unknown mechanism 'foo'; expected one of" in r.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in r.stderr
+    assert _ledger_files(tmp_path) == []
+
+
+def test_a_good_start_still_serves(artifact: Path, tmp_path: Path) -> None:
+    from recsvc.service.client import Client
+
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", metrics_port=0))
+    try:
+        with Client(f"127.0.0.1:{h.port}") as c:
+            assert c.select("u", candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == pytest.approx(0.5)
+        assert h.metrics_port and h.metrics_port != h.port
+    finally:
+        h.stop(1)
+    with socket.socket() as s:  # stop() also closed the metrics port
+        assert s.connect_ex(("127.0.0.1", h.metrics_port)) != 0
+    assert Ledger(tmp_path / "l.db", budget=10.0).totals() == {"u": pytest.approx(0.5)}
