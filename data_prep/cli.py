@@ -20,8 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="artifact directory (default artifacts/<dataset>)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory")
     p.add_argument("--seed", type=int, default=42, help="non-negative integer (default 42)")
-    p.add_argument("--sensitivity-population", choices=("validation", "test"), default="validation",
-                   help="users whose scores give the clip ranges (test reproduces the paper)")
+    p.add_argument("--sensitivity-population", choices=("validation", "test"), default=None,
+                   help="users whose scores give the clip ranges: validation (default) or test (the paper); "
+                        "amazon-book always uses a sample (--population-users)")
     p.add_argument("--percentiles", type=float, nargs=2, default=(1.0, 99.0), metavar=("LO", "HI"))
     p.add_argument("--l2", type=float, nargs="+", help="SANSA l2; several values → chosen on validation users")
     p.add_argument("--density", type=float, nargs="+", help="SANSA factor density; several → chosen on validation")

@@ -53,7 +53,7 @@ class PrepConfig:
     out: Path | None = None  # None: artifacts/<dataset> (artifacts/synthetic-<preset>)
     force: bool = False
     seed: int = 42
-    sensitivity_population: str = "validation"  # or "test" (the paper); amazon-book: a sample
+    sensitivity_population: str | None = None  # "validation" (None) or "test" (the paper); amazon-book: a sample
     percentiles: tuple[float, float] = (1.0, 99.0)
     l2: tuple[float, ...] | None = None  # None: the dataset's default; > 1 value: grid on validation
     density: tuple[float, ...] | None = None
@@ -96,7 +96,7 @@ class PrepConfig:
             raise DataError(f"unknown --dataset {self.dataset!r}; expected one of {', '.join(datasets.DATASETS)}")
         info = datasets.INFO[self.dataset]
         _check_int("--seed", self.seed, 0)
-        if self.sensitivity_population not in POPULATIONS:
+        if self.sensitivity_population is not None and self.sensitivity_population not in POPULATIONS:
             raise ValueError(
                 f"unknown --sensitivity-population {self.sensitivity_population!r}; expected one of {', '.join(POPULATIONS)}"
             )
@@ -149,7 +149,8 @@ class PrepConfig:
                 f"got --dataset {self.dataset}; use --sensitivity-population validation|test instead"
             )
         if info.weak_generalisation:
-            given = [f for f, v in (("--test-users", self.test_users), ("--val-users", self.val_users)) if v is not None]
+            given = [f for f, v in (("--test-users", self.test_users), ("--val-users", self.val_users),
+                                    ("--sensitivity-population", self.sensitivity_population)) if v is not None]
             if given:
                 raise ValueError(
                     f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --dataset {self.dataset} "
@@ -291,13 +292,14 @@ def _population(cfg: PrepConfig, split: Split) -> tuple[UserGroup, str]:
     if split.validation is None:  # weak generalisation: no held-out users exist
         n = DEFAULT_POPULATION_USERS if cfg.population_users is None else cfg.population_users
         return sample_population(split, n, cfg.seed), "sample"
-    group = split.validation if cfg.sensitivity_population == "validation" else split.test
+    kind = cfg.sensitivity_population or "validation"
+    group = split.validation if kind == "validation" else split.test
     if len(group.user_ids) == 0:
         raise ValueError(
-            f"the sensitivity population {cfg.sensitivity_population!r} has no users; "
+            f"the sensitivity population {kind!r} has no users; "
             "expected --val-users ≥ 1 or --sensitivity-population test"
         )
-    return group, cfg.sensitivity_population
+    return group, kind
 
 
 def _top(engine: Any, model: Model, group: UserGroup, k: int, chunk: int, desc: str) -> TopK:

@@ -58,6 +58,8 @@ SYN = ["--dataset", "synthetic", "--preset", "tiny"]
         (["--population-users", "50"], r"--population-users only applies to --dataset amazon-book"),
         ([*SYN, "--population-users", "50"], r"--population-users only applies to --dataset amazon-book .*got --dataset synthetic"),
         (["--dataset", "amazon-book", "--test-users", "5"], r"--test-users does not apply to --dataset amazon-book"),
+        (["--dataset", "amazon-book", "--sensitivity-population", "test"],
+         r"--sensitivity-population does not apply to --dataset amazon-book"),
         ([*SYN, "--engine", "local", "--scheduler", "tcp://127.0.0.1:8786"], r"--scheduler needs --engine dask .*got --engine local"),
         ([*SYN, "--scheduler", "notaurl"], r"--scheduler 'notaurl' is not a Dask scheduler address .*expected e\.g\. tcp://HOST:8786"),
         ([*SYN, "--scheduler", "foo://h:1"], r"--scheduler 'foo://h:1' is not a Dask scheduler address \(unknown protocol 'foo'\)"),
