@@ -142,7 +142,7 @@ def start(config: ServerConfig) -> ServerHandle:
         max_batch=config.max_batch,
         allow_non_private=config.allow_non_private,
     )
-    servicer = SelectionServicer(artifact, None, policy)  # type: ignore[arg-type]  # ledger attached below
+    servicer = SelectionServicer(artifact, None, policy)  # the ledger is attached once every check passed
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
         interceptors=interceptors,

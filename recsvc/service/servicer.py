@@ -201,8 +201,9 @@ T = TypeVar("T")
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
-    def __init__(self, artifact: Artifact, ledger: Ledger, policy: Policy) -> None:
-        self.ledger = ledger
+    def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
+        # The server may attach the ledger later: it opens it only after every startup check.
+        self.ledger: Ledger = ledger  # type: ignore[assignment]
         self.policy = policy
         self.catalog = Catalog(artifact)
         self.rho_median = population_median(artifact.manifest)
