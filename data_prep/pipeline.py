@@ -33,6 +33,7 @@ from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, populat
 from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
 from data_prep.train import FACTORIZERS, SansaParams, fit
 from recsvc.artifacts import ArtifactWriter, Model
+from recsvc.checks import check_int
 from recsvc.engines import chunk_ranges, make_engine
 
 POPULATIONS = ("validation", "test")
@@ -95,7 +96,7 @@ class PrepConfig:
         if self.dataset not in datasets.DATASETS:
             raise DataError(f"unknown --dataset {self.dataset!r}; expected one of {', '.join(datasets.DATASETS)}")
         info = datasets.INFO[self.dataset]
-        _check_int("--seed", self.seed, 0)
+        check_int("--seed", self.seed, 0)
         if self.sensitivity_population is not None and self.sensitivity_population not in POPULATIONS:
             raise ValueError(
                 f"unknown --sensitivity-population {self.sensitivity_population!r}; expected one of {', '.join(POPULATIONS)}"
@@ -117,11 +118,11 @@ class PrepConfig:
             for v in values:
                 if not ok(float(v)):
                     raise ValueError(f"{flag.lstrip('-')} must be {expected}, got {v} ({flag})")
-        _check_int("--chunk-users", self.chunk_users, 1)
+        check_int("--chunk-users", self.chunk_users, 1)
         for flag, value, least in (("--workers", self.workers, 1), ("--population-users", self.population_users, 1),
                                    ("--test-users", self.test_users, 1), ("--val-users", self.val_users, 0)):
             if value is not None:
-                _check_int(flag, value, least)
+                check_int(flag, value, least)
         self._validate_applicable(info)
         self._validate_engine()
         if self.data_dir is not None:
@@ -178,11 +179,6 @@ class PrepConfig:
                 f"--scheduler {self.scheduler!r} is not a Dask scheduler address ({exc}); "
                 "expected e.g. tcp://HOST:8786"
             ) from None
-
-
-def _check_int(flag: str, value: Any, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise ValueError(f"{flag} must be an integer ≥ {least}, got {value!r}")
 
 
 def _noop(chunk: Any, context: Any) -> None:

@@ -25,6 +25,8 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from eval import metrics
+from recsvc.checks import check_int
+from recsvc.engines import resolve_workers
 from recsvc.stats import spearman_rows
 
 DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -79,10 +81,6 @@ class EvalConfig:
 # Validation (before any work)
 
 
-def _is_int(x: Any, low: int) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= low
-
-
 def _check_out(cfg: EvalConfig) -> None:
     """The results directory may never touch the artifact (or the working directory), must not
     be a file, and replaces an existing directory only with ``force``. Only stats, no writes."""
@@ -117,16 +115,12 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
         src = f"--scenario {cfg.scenario}" if cfg.scenario is not None else "--artifacts"
         raise ValueError(f"--level applies only to --scenario sweep, got it with {src}; "
                          "drop --level or use --scenario sweep")
-    if not _is_int(cfg.seed, 0):
-        raise ValueError(f"--seed must be an integer ≥ 0, got {cfg.seed!r}")
-    if not _is_int(cfg.trials, 1):
-        raise ValueError(f"--trials must be an integer ≥ 1, got {cfg.trials!r}")
-    if cfg.users is not None and not _is_int(cfg.users, 1):
-        raise ValueError(f"--users must be an integer ≥ 1, got {cfg.users!r}")
-    if cfg.chunk_size is not None and not _is_int(cfg.chunk_size, 1):
-        raise ValueError(f"--chunk-size must be an integer ≥ 1, got {cfg.chunk_size!r}")
-    if cfg.workers is not None and not _is_int(cfg.workers, 1):
-        raise ValueError(f"--workers must be an integer ≥ 1, got {cfg.workers!r}")
+    check_int("--seed", cfg.seed, 0)
+    check_int("--trials", cfg.trials, 1)
+    for flag, value in (("--users", cfg.users), ("--chunk-size", cfg.chunk_size)):
+        if value is not None:
+            check_int(flag, value, 1)
+    resolve_workers(cfg.workers)
     r = cfg.ratio_epsilon
     if isinstance(r, bool) or not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
         raise ValueError(f"--ratio-epsilon must be a finite number > 0, got {r!r}")
@@ -156,7 +150,7 @@ def _chunk_size(cfg: EvalConfig, total: int) -> int:
     do not depend on it (per-user streams); aggregates are bit-identical only at equal size."""
     if cfg.chunk_size is not None:
         return int(cfg.chunk_size)
-    workers = cfg.workers or min(2, os.cpu_count() or 1)  # make_engine's default
+    workers = resolve_workers(cfg.workers)
     return max(MIN_AUTO_CHUNK, min(DEFAULT_CHUNK_SIZE, -(-total // (CHUNKS_PER_WORKER * workers))))
 
 

@@ -20,6 +20,8 @@ from typing import Any, Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
+from recsvc.checks import check_int
+
 C = TypeVar("C")
 R = TypeVar("R")
 
@@ -164,14 +166,16 @@ class DaskEngine:
         self.close()
 
 
+def resolve_workers(workers: int | None) -> int:
+    """The worker count: None means min(2, cores); anything else must be an integer ≥ 1."""
+    return min(2, os.cpu_count() or 1) if workers is None else check_int("--workers", workers, 1)
+
+
 def make_engine(
     engine: str = "local", workers: int | None = None, scheduler: str | None = None, progress: bool | None = None
 ) -> LocalEngine | DaskEngine:
     """``engine`` is "local" or "dask"; a ``scheduler`` address implies Dask."""
-    if workers is None:
-        workers = min(2, os.cpu_count() or 1)
-    elif isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"--workers must be an integer ≥ 1, got {workers!r}")
+    workers = resolve_workers(workers)
     if scheduler or engine == "dask":
         return DaskEngine(scheduler=scheduler, workers=workers, progress=progress)
     if engine != "local":

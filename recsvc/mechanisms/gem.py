@@ -100,9 +100,9 @@ def gem_t(n: int, epsilon: float, beta: float) -> float:
 _MAX_SCALED = 1e307
 
 
-def _check_t_scale(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> None:
-    """O(n) guarantee that q' is finite for ±t (t·Δ overflows only for ε near the smallest
-    doubles); runs before any randomness is drawn."""
+def _checked_t(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> float:
+    """GEM's t, with an O(n) guarantee that q' is finite for ±t (t·Δ overflows only for ε near
+    the smallest doubles); runs before any randomness is drawn."""
     t = gem_t(q.shape[0], epsilon, beta)
     with np.errstate(over="ignore", invalid="ignore"):
         s_max = float(np.abs(q).max()) + abs(t) * float(d.max())
@@ -112,11 +112,11 @@ def _check_t_scale(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) ->
             f"epsilon={epsilon!r} is too small for the GEM family with these sensitivities: "
             f"t·Δ = 2·ln(n/β)·Δ/ε overflows a double; expected a larger epsilon"
         )
+    return t
 
 
 def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float, sign: float) -> np.ndarray:
-    _check_t_scale(q, d, epsilon, beta)
-    qp = q_prime(q, d, sign * gem_t(q.shape[0], epsilon, beta))
+    qp = q_prime(q, d, sign * _checked_t(q, d, epsilon, beta))
     return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
 
 
@@ -190,7 +190,7 @@ def combined_gem_sample(
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
     _, eps_g = _split_budget(epsilon, p)
-    _check_t_scale(q, d, eps_g, p.beta)  # both branches' input checks, before the bit is drawn
+    _checked_t(q, d, eps_g, p.beta)  # both branches' input check, before the bit is drawn
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1

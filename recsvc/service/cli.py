@@ -131,18 +131,11 @@ def check_target(target: str) -> str:
     return target
 
 
-def check_timeout(timeout: float) -> float:
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout}")
-    return timeout
-
-
 def _client(args: argparse.Namespace) -> Any:
     from recsvc.service.auth import read_token
     from recsvc.service.client import Client
 
-    check_target(args.target)
-    check_timeout(args.timeout)
+    check_target(args.target)  # --timeout is checked by Client itself, before any call
     token = read_token(args.token_file) if args.token_file else None
     return Client(args.target, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
                   timeout=args.timeout)

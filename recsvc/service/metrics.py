@@ -1,7 +1,7 @@
 """Prometheus metrics of the service. Labels never carry user ids, item ids or scores.
 
 With ``--workers N`` each worker writes to ``PROMETHEUS_MULTIPROC_DIR`` (set by the parent
-before it forks) and the parent serves the aggregate; see :func:`start_metrics_http`.
+before it forks) and the parent serves the aggregate; see :func:`serve_metrics_http`.
 """
 
 from __future__ import annotations
@@ -64,8 +64,3 @@ def serve_metrics_http(port: int, addr: str = "127.0.0.1") -> Any:
         raise ValueError(f"cannot serve metrics on {addr}:{port} ({reason}); expected --metrics-port to be a "
                          "free port in 0..65535 (not --port) and --metrics-host an address of this machine") from None
     return server
-
-
-def start_metrics_http(port: int, addr: str = "127.0.0.1") -> int:
-    """Serves /metrics on ``addr:port`` (a thread); returns the bound port."""
-    return int(serve_metrics_http(port, addr).server_port)

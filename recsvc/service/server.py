@@ -348,10 +348,10 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
     served.append(True)
     print(f"recsvc serve: listening on {config.host}:{config.port} ({config.workers} workers)", flush=True)
     if config.metrics_port is not None:
-        from recsvc.service.metrics import start_metrics_http
+        from recsvc.service.metrics import serve_metrics_http
 
         try:
-            mport = start_metrics_http(config.metrics_port, config.metrics_host)
+            mport = serve_metrics_http(config.metrics_port, config.metrics_host).server_port
         except ValueError:
             _terminate(pids)
             raise
