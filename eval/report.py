@@ -16,6 +16,13 @@ def _fmt(x: float) -> str:
     return "nan" if not np.isfinite(x) else f"{x:.3g}"
 
 
+def _with_ci(mean: float, low: float, high: float) -> str:
+    """"mean [low, high]"; the mean alone when there is no CI (one user)."""
+    if np.isfinite(low) and np.isfinite(high):
+        return f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]"
+    return _fmt(mean)
+
+
 def mse_table(result: EvalResult) -> str:
     """Mechanisms as rows, ε as columns: mean MSE [95% CI]; the best per ε in bold."""
     best = {e: m for e, m, _ in result.winners()}
@@ -25,7 +32,7 @@ def mse_table(result: EvalResult) -> str:
         t = result.mse.filter(result.mse["mechanism"] == mech).sort("epsilon")
         cells = []
         for row in t.iter_rows(named=True):
-            c = f"{_fmt(row['mse_mean'])} [{_fmt(row['ci_low'])}, {_fmt(row['ci_high'])}]"
+            c = _with_ci(row["mse_mean"], row["ci_low"], row["ci_high"])
             cells.append(f"**{c}**" if best.get(row["epsilon"]) == mech else c)
         method = t["method"][0] if t.height else ""
         lines.append(f"| {mech}{' (not DP)' if mech == 'rnmh' else ''} ({method}) | " + " | ".join(cells) + " |")
@@ -48,7 +55,7 @@ def markdown(result: EvalResult) -> str:
         f"{cfg.trials} trials, seed {cfg.seed}, β={cfg.beta}, γ={cfg.gamma}"
         f"{', exact probabilities where available' if cfg.exact else ''}; {result.seconds:.1f} s.",
         "MSE is the mean over trials of (max q − q_selected)² on clipped scores, averaged over users "
-        "(95% normal CI over users).",
+        "(95% normal CI over users; none with a single user).",
         "",
         "## Which mechanism wins",
         "",
@@ -79,7 +86,7 @@ def markdown(result: EvalResult) -> str:
             "",
             "| ε | mean log-ratio [95% CI] | users defined | users undefined |",
             "|---|---|---|---|",
-            *[f"| {r['epsilon']:g} | {_fmt(r['mean_log_ratio'])} [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}] "
+            *[f"| {r['epsilon']:g} | {_with_ci(r['mean_log_ratio'], r['ci_low'], r['ci_high'])} "
               f"| {r['users_defined']} | {r['users_undefined']} |" for r in lr.iter_rows(named=True)],
             "",
             f"![log ratio vs correlation]({LOG_RATIO_PNG})",

@@ -4,8 +4,8 @@ A scenario is a population of ``repeats`` score vectors over ``n`` candidates (o
 trial / synthetic user) plus per-candidate public sensitivities. Exactly as the paper
 describes (§VI "To define Δ_a …"): draw the rows, take each candidate's lower/upper
 percentile over the rows as its clip range [lo, hi], set Δ_a = hi − lo (floored at 1e-6 like
-the real pipeline) and clip every score to its range. The bimodal scenarios 1–3 have no
-randomness, so their Δ are the paper's constants and the range is centred on the score.
+the real pipeline) and clip every score to its range. The bimodal scenarios 1–3 and the sweep
+have one fixed score vector, so their Δ are given directly and the range is centred on the score.
 
 - ``"1"``/``"2"``/``"3"``  bimodal (Figure 2): half the candidates score 1, half −1; Δ ∈ {1, 1.8}.
   1: high score ↔ Δ 1.8 (positive correlation); 2: high score ↔ Δ 1 (negative);
@@ -17,11 +17,12 @@ randomness, so their Δ are the paper's constants and the range is centred on th
   −8 + 8a/100 (negative correlation), group 1 has 8 − 8a/100 (positive), plus N(0, σ²) noise
   per user and candidate with σ = 0.5 (7, strong) or 3 (8, weak). Clip range: the 5th–95th
   percentiles (the red lines of Figures 19–20).
-- ``"sweep"``  Figure 10: x_a, z_a ~ N(0,1), s_a = (t x_a + z_a)/5 − min_a (t x_a + z_a)/5 and
-  P_a = N(x_a, s_a²) (the paper's text leaves P_a's form implicit; read like scenarios 4–6).
-  Spearman(mean score x_a, Δ_a) has the sign of the level ``t`` and grows with |t| (paper
-  levels: :data:`SWEEP_LEVELS`). A single user's Spearman(q, Δ) has the same sign but peaks
-  near |t| = 0.8: the noise s_a also grows with |t| and blurs each user's ranking at |t| = 5.
+- ``"sweep"``  Figure 10 ("a linear relationship between scores and sensitivities"): x_a,
+  z_a ~ N(0,1) drawn once, the score q_a = x_a and Δ_a = P_a = (t x_a + z_a)/5 − min_a (t x + z)/5
+  (floored at 1e-6), fixed like scenarios 1–3: the paper defines P_a as a number here, not as a
+  distribution as in 4–6. corr(q, Δ) = t/√(t² + 1) in expectation (Spearman ≈ the same), so it
+  grows with t over the paper's levels (:data:`SWEEP_LEVELS`) from ≈ −0.98 to ≈ +0.98, as Figure 10's
+  text says; so does the best heterogeneous mechanism's benefit over RNM.
 
 Where a formula is written for 100 candidates (5, 7, 8) the index a is rescaled to a·100/n so
 that other ``n`` keep the paper's shape; n = 100 is exactly the paper.
@@ -127,12 +128,11 @@ def _polarised(sigma: float) -> Callable[[np.random.Generator, int, int], tuple[
     return gen
 
 
-def _sweep(rng: np.random.Generator, n: int, repeats: int, level: float) -> np.ndarray:
+def _sweep(rng: np.random.Generator, n: int, level: float) -> tuple[np.ndarray, np.ndarray]:
     x = rng.standard_normal(n)
     z = rng.standard_normal(n)
-    s = (level * x + z) / 5.0
-    s = s - s.min()
-    return x + s * rng.standard_normal((repeats, n))
+    p = (level * x + z) / 5.0
+    return x, np.maximum(p - p.min(), MIN_SENSITIVITY)
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -144,13 +144,13 @@ _DESCRIPTIONS: dict[str, str] = {
     "6": "realistic, no correlation: P_a = N(μ_a, σ_a²), μ ~ U[0,1]",
     "7": "combined-GEM polarised users (σ = 0.5): half positive, half negative correlation",
     "8": "combined-GEM weakly polarised users (σ = 3): noisier, less polarised",
-    "sweep": "Figure 10 correlation sweep: P_a = N(x_a, s_a²), s = (t x + z)/5 − min; sign(ρ) = sign(t)",
+    "sweep": "Figure 10 correlation sweep: score x_a, Δ_a = (t x_a + z_a)/5 − min; ρ from −0.98 (t = −5) to +0.98 (t = 5)",
 }
 
 SCENARIOS: tuple[str, ...] = tuple(_DESCRIPTIONS)
 
-_DEFAULT_REPEATS = {"1": 1, "2": 1, "3": 1, "4": 1000, "5": 1000, "6": 1000, "7": 5000, "8": 5000, "sweep": 1000}
-_PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0), "sweep": (10.0, 90.0),
+_DEFAULT_REPEATS = {"1": 1, "2": 1, "3": 1, "4": 1000, "5": 1000, "6": 1000, "7": 5000, "8": 5000, "sweep": 1}
+_PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0),
                 "7": (5.0, 95.0), "8": (5.0, 95.0)}
 
 
@@ -158,7 +158,7 @@ def scenario(
     name: str, n: int = 100, seed: int = 0, *, repeats: int | None = None, level: float = 0.8
 ) -> Scenario:
     """Builds scenario ``name`` with ``n`` candidates; ``repeats`` rows (default per scenario:
-    1 for the deterministic bimodal ones, 1000 for 4–6/sweep, 5000 for 7–8 as in Appendix F).
+    1 for the fixed ones (1–3, sweep), 1000 for 4–6, 5000 for 7–8 as in Appendix F).
     ``level`` is the sweep's t (ignored elsewhere)."""
     name = str(name)
     if name not in _DESCRIPTIONS:
@@ -174,13 +174,18 @@ def scenario(
         raise ValueError(f"sweep level must be finite, got {level!r}")
     description = _DESCRIPTIONS[name]
 
-    if name in ("1", "2", "3"):
-        q, sens = _bimodal(name, n)
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    if name in ("1", "2", "3", "sweep"):
+        if name == "sweep":
+            q, sens = _sweep(rng, n, float(level))
+            description = f"{description} (t = {level:g})"
+        else:
+            q, sens = _bimodal(name, n)
         lo, hi = q - sens / 2.0, q + sens / 2.0
         draws = np.broadcast_to(q, (repeats, n)).copy()
-        return Scenario(name, description, q.copy(), sens, lo, hi, draws, seed=seed)
+        return Scenario(name, description, q.copy(), sens, lo, hi, draws,
+                        level=float(level) if name == "sweep" else None, seed=seed)
 
-    rng = np.random.default_rng(np.random.SeedSequence(seed))
     groups = None
     if name == "4":
         raw = _scenario_4(rng, n, repeats)
@@ -188,16 +193,10 @@ def scenario(
         raw = _scenario_5(rng, n, repeats)
     elif name == "6":
         raw = _scenario_6(rng, n, repeats)
-    elif name in ("7", "8"):
-        raw, groups = _polarised(0.5 if name == "7" else 3.0)(rng, n, repeats)
     else:
-        raw = _sweep(rng, n, repeats, float(level))
-        description = f"{description} (t = {level:g})"
+        raw, groups = _polarised(0.5 if name == "7" else 3.0)(rng, n, repeats)
     p_lo, p_hi = _PERCENTILES[name]
     lo, hi = np.percentile(raw, [p_lo, p_hi], axis=0)
     sens = np.maximum(hi - lo, MIN_SENSITIVITY)
     draws = np.clip(raw, lo, hi)
-    return Scenario(
-        name, description, draws[0].copy(), sens, lo, hi, draws, groups=groups,
-        level=float(level) if name == "sweep" else None, seed=seed,
-    )
+    return Scenario(name, description, draws[0].copy(), sens, lo, hi, draws, groups=groups, seed=seed)

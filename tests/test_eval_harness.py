@@ -113,11 +113,23 @@ def test_outputs_report_and_cli(tmp_path, capsys):
         assert (out / f).stat().st_size > 0, f
     report = (out / "report.md").read_text()
     assert "ε=0.1:" in report and "ε=1:" in report and "NOT differentially private" in report
+    rnm_row = next(line for line in report.splitlines() if line.startswith("| rnm ("))
+    assert re.fullmatch(r"\| rnm \(monte-carlo\) \|( \*{0,2}[0-9.e+-]+ \[[0-9.e+-]+, [0-9.e+-]+\]\*{0,2} \|){2}", rnm_row), rnm_row
     mse = pl.read_csv(out / "mse.csv")
     assert mse.height == 8 and set(mse["mechanism"]) == {"rnm", "gem", "mgem", "rnmh"}
     lr = pl.read_parquet(out / "log_ratio.parquet")
     assert lr.height == 60 and lr["log_ratio_mgem_gem"].is_not_nan().sum() > 0
     assert pl.read_parquet(out / "users.parquet")["user_index"].to_list() == list(range(30))
+
+
+def test_report_of_one_user_shows_no_empty_confidence_intervals():
+    from eval.report import markdown
+
+    res = run(EvalConfig(scenario="1", n=20, mechanisms=("rnm", "gem"), epsilons=(0.5,), trials=3, exact=True,
+                         progress=False, workers=1))
+    text = markdown(res)
+    assert "nan" not in text.lower()
+    assert f"| rnm (exact) | {_mse(res, 'rnm', 0.5):.3g} |" in text.replace("**", "")
 
 
 def test_default_mechanisms_are_the_private_ones(toy):
@@ -205,3 +217,27 @@ def test_paper_findings_scenario_6_gem_needs_epsilon():
     for eps in (0.5, 1.0, 2.0):
         gem = _mse(res, "gem", eps)
         assert gem < 0.9 * min(_mse(res, "rnm", eps), _mse(res, "mgem", eps)), eps
+
+
+def test_paper_findings_sweep_benefit_grows_with_correlation_strength():
+    """Figure 10: over t = −5 … 5, mGEM and RS gain most from strong positive correlation and
+    GEM from strong negative, and the best of GEM/mGEM gains more over RNM the stronger the
+    correlation, on either side. Exact for the noisy-max family, 400 trials for RS."""
+    from eval.scenarios import SWEEP_LEVELS
+
+    eps_grid = (0.1, 0.5, 1.0)
+    mse = {}
+    for t in SWEEP_LEVELS:
+        res = run(EvalConfig(scenario="sweep", level=t, mechanisms=("rnm", "gem", "mgem", "rs"), epsilons=eps_grid,
+                             trials=400, exact=True, progress=False, workers=1))
+        mse[t] = {(m, e): _mse(res, m, e) for m in ("rnm", "gem", "mgem", "rs") for e in eps_grid}
+    for e in eps_grid:
+        gain = {t: min(mse[t]["gem", e], mse[t]["mgem", e]) / mse[t]["rnm", e] for t in SWEEP_LEVELS}
+        for side in ((0.3, 0.8, 5.0), (-0.3, -0.8, -5.0)):
+            ratios = [gain[t] for t in side]
+            assert ratios[0] > ratios[1] > ratios[2], (e, side, ratios)
+        assert mse[5.0]["mgem", e] < 0.5 * mse[5.0]["rnm", e] < mse[5.0]["gem", e], e
+        assert mse[-5.0]["gem", e] < 0.1 * mse[-5.0]["rnm", e] and mse[-5.0]["mgem", e] > mse[-5.0]["rnm", e], e
+        rs = [mse[t]["rs", e] / mse[t]["rnm", e] for t in SWEEP_LEVELS]  # RS: the more positive, the better
+        assert all(a > b for a, b in zip(rs, rs[1:])), (e, rs)
+        assert rs[0] > 1.5 and rs[-1] < 0.5, (e, rs)

@@ -63,7 +63,7 @@ def test_bimodal_scenarios_match_the_paper():
     assert s3.correlation()[0] == pytest.approx(0.0)
 
 
-@pytest.mark.parametrize("name,sign", [("4", 1), ("5", -1), ("6", 0), ("sweep", 1)])
+@pytest.mark.parametrize("name,sign", [("4", 1), ("5", -1), ("6", 0)])
 def test_random_scenarios_percentile_sensitivities_and_clipping(name, sign):
     s = scenario(name, n=100, seed=3)
     assert s.draws.shape == (s.repeats, 100) and np.array_equal(s.scores, s.draws[0])
@@ -82,22 +82,37 @@ def test_random_scenarios_percentile_sensitivities_and_clipping(name, sign):
     assert not np.array_equal(scenario(name, n=100, seed=4).draws, s.draws)
 
 
-def test_polarised_and_sweep_scenarios():
+def test_polarised_scenarios():
     s7 = scenario("7", repeats=400)
     rho = s7.correlation()
     assert rho[s7.groups == 1].min() > 0.8 and rho[s7.groups == 0].max() < -0.8  # strongly polarised
     rho8 = scenario("8", repeats=400).correlation()
     assert 0.2 < np.median(np.abs(rho8)) < np.median(np.abs(rho))  # weaker, noisier
-    sweeps = [scenario("sweep", level=t, repeats=300) for t in SWEEP_LEVELS]
-    meds = [np.median(s.correlation()) for s in sweeps]
-    assert meds[0] < 0 < meds[-1] and meds[1] < meds[3] < meds[5]
-    assert all(np.sign(m) == np.sign(t) for m, t in zip(meds, SWEEP_LEVELS) if t != 0)
-    # The candidates' mean scores against Δ: strictly increasing over all seven levels.
+
+
+def test_sweep_scenario_is_one_fixed_instance_whose_correlation_follows_t():
     from recsvc.stats import spearman
 
-    population = [float(spearman(s.draws.mean(axis=0), s.sensitivities)) for s in sweeps]
-    assert all(a < b for a, b in zip(population, population[1:])), population
-    assert population[0] < -0.9 and population[-1] > 0.9
+    for seed in (0, 1):
+        sweeps = [scenario("sweep", level=t, seed=seed) for t in SWEEP_LEVELS]
+        for t, s in zip(SWEEP_LEVELS, sweeps):
+            assert s.repeats == 1 and s.level == t and f"t = {t:g}" in s.description
+            # Δ_a = (t x_a + z_a)/5 shifted so that its minimum is 0 (floored at 1e-6): the
+            # linear relationship, recovered from (q, Δ) with z's part as the residual.
+            assert s.sensitivities.min() == 1e-6 and (s.sensitivities > 0).all()
+            np.testing.assert_allclose(s.hi - s.lo, s.sensitivities)
+            np.testing.assert_allclose((s.lo + s.hi) / 2, s.scores)  # centred: clipping is a no-op
+            if t:
+                slope = np.polyfit(s.scores, s.sensitivities, 1)[0]
+                assert abs(slope - t / 5) < 0.25 * abs(t) / 5 + 0.05, (t, slope)
+        rho = [float(spearman(s.scores, s.sensitivities)) for s in sweeps]
+        assert all(a < b for a, b in zip(rho, rho[1:])), rho  # strictly increasing with t
+        assert rho[0] < -0.95 and rho[-1] > 0.95 and abs(rho[3]) < 0.3, rho
+    # Same seed, same instance; a level changes Δ but not the scores (x is drawn first).
+    a, b = scenario("sweep", level=0.3, seed=5), scenario("sweep", level=0.3, seed=5)
+    np.testing.assert_array_equal(a.sensitivities, b.sensitivities)
+    np.testing.assert_array_equal(scenario("sweep", level=-5, seed=5).scores, a.scores)
+    assert scenario("sweep", level=0.3, seed=5, repeats=3).draws.shape == (3, 100)
 
 
 def test_bad_scenario_input():
