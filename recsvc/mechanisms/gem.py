@@ -115,8 +115,9 @@ def _checked_t(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> flo
     return t
 
 
-def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float, sign: float) -> np.ndarray:
-    qp = q_prime(q, d, sign * _checked_t(q, d, epsilon, beta))
+def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, t: float) -> np.ndarray:
+    """rnm's utilities on q' for an already checked, signed t (+t: gem, −t: mgem)."""
+    qp = q_prime(q, d, t)
     return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
 
 
@@ -125,11 +126,11 @@ def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: q' has sensitivity 1 (Raskhodnikova & Smith 2015).
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, p.beta, 1.0), rng, size)
+    return exponential_noisy_max(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p.beta)), rng, size)
 
 
 def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
-    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, p.beta, 1.0))
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p.beta)))
 
 
 def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -138,11 +139,11 @@ def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: the sensitivity-1 argument holds for any
     data-independent t.
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, p.beta, -1.0), rng, size)
+    return exponential_noisy_max(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p.beta)), rng, size)
 
 
 def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
-    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, p.beta, -1.0))
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p.beta)))
 
 
 def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
@@ -190,14 +191,14 @@ def combined_gem_sample(
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
     _, eps_g = _split_budget(epsilon, p)
-    _checked_t(q, d, eps_g, p.beta)  # both branches' input check, before the bit is drawn
+    t = _checked_t(q, d, eps_g, p.beta)  # both branches' input check, before the bit is drawn
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1
     if ones.any():
-        out[ones] = mgem_sample(q, d, eps_g, p, rng, int(ones.sum()))
+        out[ones] = exponential_noisy_max(_gem_u(q, d, eps_g, -t), rng, int(ones.sum()))  # mgem
     if not ones.all():
-        out[~ones] = gem_sample(q, d, eps_g, p, rng, int((~ones).sum()))
+        out[~ones] = exponential_noisy_max(_gem_u(q, d, eps_g, t), rng, int((~ones).sum()))  # gem
     return out
 
 
