@@ -47,8 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--n", type=int, default=100, help="candidates (default 100)")
     s.add_argument("--users", "--repeats", dest="users", type=int, default=None,
                    help="score draws = synthetic users (default per scenario: 1 / 1000 / 5000)")
-    s.add_argument("--level", type=float, default=None,
-                   help="sweep level t, only with --scenario sweep (default 0.8; paper: -5 -0.8 -0.3 0 0.3 0.8 5)")
+    s.add_argument("--level", default=None,
+                   help="sweep level t, only with --scenario sweep (default 0.8), or 'all': the paper's seven "
+                        "(-5 -0.8 -0.3 0 0.3 0.8 5) in one results directory with sweep.csv, sweep.png, report.md")
     s.add_argument("--out", type=Path, default=None, help="results directory (default: results/scenario-NAME)")
     _common(s)
     s.set_defaults(func=_run_synthetic)
@@ -66,26 +67,44 @@ def _config(args: argparse.Namespace, **source):
     )
 
 
-def _finish(cfg) -> int:
-    from eval.harness import run, summary
+def _finish(result) -> int:
+    from eval.harness import summary
 
-    text, _ = summary(run(cfg))
+    text, _ = summary(result)
     print(text)
     return 0
 
 
+def _level(text: str | None) -> float | str | None:
+    """--level: a number, or the word ``all`` (every sweep level)."""
+    if text is None:
+        return None
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"--level must be a number or 'all', got {text!r}") from None
+
+
 def _run_eval(args: argparse.Namespace) -> int:
+    from eval.harness import run
+
     if args.out is None:
         # The dataset name comes from the manifest when it is readable; the folder name otherwise.
         args.out = Path("results") / args.artifacts.resolve().name
-    return _finish(_config(args, artifacts=args.artifacts))
+    return _finish(run(_config(args, artifacts=args.artifacts)))
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
-    from eval.harness import DEFAULT_LEVEL
+    from eval.harness import DEFAULT_LEVEL, run, run_sweep
 
+    level = _level(args.level)
+    if level == "all":
+        if args.out is None:
+            args.out = Path("results") / f"scenario-{args.scenario}"
+        return _finish(run_sweep(_config(args, scenario=args.scenario, n=args.n, level=None)))
     if args.out is None:
-        level = DEFAULT_LEVEL if args.level is None else args.level
-        suffix = f"-t{level:g}" if args.scenario == "sweep" else ""
+        suffix = f"-t{DEFAULT_LEVEL if level is None else level:g}" if args.scenario == "sweep" else ""
         args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
-    return _finish(_config(args, scenario=args.scenario, n=args.n, level=args.level))
+    return _finish(run(_config(args, scenario=args.scenario, n=args.n, level=level)))

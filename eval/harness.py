@@ -25,6 +25,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from eval import metrics
+from eval.metrics import RunningMean
 from recsvc.checks import check_int
 from recsvc.engines import resolve_workers
 from recsvc.stats import spearman_rows
@@ -147,7 +148,7 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
 def _chunk_size(cfg: EvalConfig, total: int) -> int:
     """The explicit --chunk-size, else ≤ 256 users but small enough that every worker gets
     ~4 chunks (a moving progress bar, both cores busy), never below 16 users. Per-user results
-    do not depend on it (per-user streams); aggregates are bit-identical only at equal size."""
+    and aggregates do not depend on it (per-user streams; fixed-block merging, see RunningMean)."""
     if cfg.chunk_size is not None:
         return int(cfg.chunk_size)
     workers = resolve_workers(cfg.workers)
@@ -292,41 +293,6 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
 
 
 @dataclass
-class _Running:
-    """Mean and M2 merged chunk by chunk (Chan et al.), deterministic for a fixed chunk order."""
-
-    n: np.ndarray
-    mean: np.ndarray
-    m2: np.ndarray
-
-    @classmethod
-    def zeros(cls, shape: tuple[int, ...]) -> _Running:
-        return cls(np.zeros(shape), np.zeros(shape), np.zeros(shape))
-
-    def add(self, x: np.ndarray) -> None:
-        """x: (B, *shape); NaNs are skipped."""
-        ok = np.isfinite(x)
-        nb = ok.sum(axis=0).astype(np.float64)
-        xs = np.where(ok, x, 0.0)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            mb = np.where(nb > 0, xs.sum(axis=0) / np.maximum(nb, 1), 0.0)
-        m2b = (np.where(ok, x - mb, 0.0) ** 2).sum(axis=0)
-        tot = self.n + nb
-        delta = mb - self.mean
-        with np.errstate(invalid="ignore", divide="ignore"):
-            frac = np.where(tot > 0, nb / np.maximum(tot, 1), 0.0)
-        self.mean = self.mean + delta * frac
-        self.m2 = self.m2 + m2b + delta * delta * self.n * frac
-        self.n = tot
-
-    def ci(self, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            var = self.m2 / np.maximum(self.n - 1, 1)
-            half = np.where(self.n > 1, z * np.sqrt(var / np.maximum(self.n, 1)), np.nan)
-        return np.where(self.n > 0, self.mean, np.nan), half
-
-
-@dataclass
 class EvalResult:
     """Aggregates of one run; per-user tables are in ``out`` as Parquet."""
 
@@ -368,15 +334,15 @@ class _Reducer:
     def __init__(self, mechanisms, epsilons, total: int, seed: int, ratio_eps_idx: int, tmp: Path | None) -> None:
         self.mechanisms, self.epsilons = mechanisms, epsilons
         M, E = len(mechanisms), len(epsilons)
-        self.mse = _Running.zeros((M, E))
-        self.ratio = _Running.zeros((E,))
+        self.mse = RunningMean((M, E))
+        self.ratio = RunningMean((E,))
         self.ratio_undefined = np.zeros(E, dtype=np.int64)
         self.edges = np.linspace(-1.0, 1.0, HIST_BINS + 1)
         self.h_s = np.zeros(HIST_BINS, dtype=np.int64)
         self.h_w = np.zeros(HIST_BINS, dtype=np.int64)
         self.pos = {"spearman": 0, "weighted": 0}
         self.undefined = {"spearman": 0, "weighted": 0}
-        self.corr_mean = _Running.zeros((2,))
+        self.corr_mean = RunningMean((2,))
         self.users = 0
         self.exact = np.zeros(M, dtype=bool)
         rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**31,)))
@@ -440,6 +406,8 @@ class _Reducer:
             }))
 
     def close(self) -> None:
+        for acc in (self.mse, self.ratio, self.corr_mean):
+            acc.flush()
         for w in self.writers.values():
             w.close()
 
@@ -474,7 +442,6 @@ def _source(cfg: EvalConfig):
 
 def run(cfg: EvalConfig) -> EvalResult:
     """Validates everything, evaluates all users, writes ``cfg.out`` atomically (if set)."""
-    from recsvc.artifacts import replace_dir
     from recsvc.engines import chunk_ranges, make_engine
 
     mechanisms = validate(cfg)
@@ -488,9 +455,7 @@ def run(cfg: EvalConfig) -> EvalResult:
     tmp: Path | None = None
     try:
         if cfg.out is not None:  # only now, after every check, is anything written
-            out = Path(os.path.abspath(cfg.out))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+            tmp = _staging_dir(cfg.out)
         red = _Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, tmp)
         t0 = time.perf_counter()
         for res in engine.map(evaluate_chunk, _LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
@@ -500,9 +465,7 @@ def run(cfg: EvalConfig) -> EvalResult:
         result = _finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
         if tmp is not None:
             _write_outputs(result, tmp)
-            if out.exists() and not cfg.force:
-                raise ValueError(f"--out {cfg.out} appeared while evaluating; not replacing it (pass --force)")
-            replace_dir(tmp, out)
+            _publish(tmp, cfg)
             result.out = Path(cfg.out)
             tmp = None
         return result
@@ -510,6 +473,24 @@ def run(cfg: EvalConfig) -> EvalResult:
         engine.close()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _staging_dir(out: Path) -> Path:
+    """A fresh hidden temp sibling of ``out``; everything is written there, then renamed into place."""
+    out = Path(os.path.abspath(out))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+
+
+def _publish(tmp: Path, cfg: EvalConfig) -> None:
+    """Renames the finished ``tmp`` to ``cfg.out``; refuses an ``out`` that another process
+    created during the run unless ``force`` (validation only saw it absent)."""
+    from recsvc.artifacts import replace_dir
+
+    out = Path(os.path.abspath(cfg.out))
+    if out.exists() and not cfg.force:
+        raise ValueError(f"--out {cfg.out} appeared while evaluating; not replacing it (pass --force)")
+    replace_dir(tmp, out)
 
 
 def _finish(cfg: EvalConfig, dataset: str, mechanisms, red: _Reducer, seconds: float) -> EvalResult:
@@ -572,8 +553,144 @@ def _write_outputs(result: EvalResult, tmp: Path) -> None:
     (tmp / "report.md").write_text(report.markdown(result))
 
 
-def summary(result: EvalResult) -> tuple[str, Path | None]:
+def summary(result: EvalResult | SweepResult) -> tuple[str, Path | None]:
     """The short text summary for the terminal/demo and the path of ``report.md`` (if written)."""
     from eval import report
 
-    return report.summary_text(result), (result.out / "report.md" if result.out else None)
+    text = report.sweep_summary_text(result) if isinstance(result, SweepResult) else report.summary_text(result)
+    return text, (result.out / "report.md" if result.out else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figure 10: the sweep scenario at every level, one results directory
+
+
+SWEEP_CSV = "sweep.csv"
+SWEEP_PARQUET = "sweep.parquet"
+
+
+@dataclass(frozen=True)
+class SweepLevel:
+    """One level t of the sweep: its fixed instance and the full single-level evaluation."""
+
+    level: float
+    spearman: float  # Spearman ρ of the instance's scores vs Δ
+    scores: np.ndarray  # (n,) the instance's (clipped) scores, for the scatter
+    sensitivities: np.ndarray  # (n,)
+    result: EvalResult
+
+    @property
+    def dirname(self) -> str:
+        return level_dirname(self.level)
+
+
+@dataclass
+class SweepResult:
+    """Every level of the sweep; ``table`` has one row per level × mechanism × ε."""
+
+    config: EvalConfig
+    levels: list[SweepLevel]
+    table: pl.DataFrame  # level, spearman, mechanism, epsilon, mse, mse_rel_rnm, method
+    seconds: float
+    out: Path | None = None
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        return self.levels[0].result.mechanisms
+
+    @property
+    def epsilons(self) -> tuple[float, ...]:
+        return self.levels[0].result.epsilons
+
+    @property
+    def has_rnm(self) -> bool:
+        return "rnm" in self.mechanisms
+
+    def best_at(self, eps: float) -> list[tuple[SweepLevel, str, float, float]]:
+        """Per level: (level, best mechanism by mean MSE at ε, its MSE, its MSE ÷ RNM's (NaN without rnm))."""
+        rows = []
+        for lv in self.levels:
+            mech = next(m for e, m, _ in lv.result.winners() if e == eps)
+            row = self.table.filter((pl.col("level") == lv.level) & (pl.col("epsilon") == eps)
+                                    & (pl.col("mechanism") == mech)).row(0, named=True)
+            rows.append((lv, mech, row["mse"], row["mse_rel_rnm"]))
+        return rows
+
+
+def level_dirname(level: float) -> str:
+    """``t-5``, ``t-0.8``, ``t0`` …: a level's sub-directory (and −0.0 is ``t0``)."""
+    return f"t{float(level) + 0.0:g}"
+
+
+def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]:
+    if cfg.level is not None:
+        raise ValueError(f"run_sweep takes the levels as its argument; expected cfg.level None, got {cfg.level!r}")
+    if not levels:
+        raise ValueError("no sweep level given; expected at least one t")
+    for t in levels:
+        if isinstance(t, bool) or not (isinstance(t, (int, float)) and math.isfinite(t)):
+            raise ValueError(f"sweep level must be a finite number, got {t!r}")
+    names = [level_dirname(t) for t in levels]
+    if len(set(names)) != len(names):
+        raise ValueError(f"sweep levels must be distinct (as directory names), got {list(levels)}")
+    return tuple(float(t) for t in levels)
+
+
+def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepResult:
+    """Figure 10: :func:`run` at every sweep level (default the paper's seven) with the same seed,
+    so each level equals a single run with the same flags. Everything is checked once before any
+    work; ``cfg.out`` gets ``t<level>/`` per level, ``sweep.csv``/``.parquet``, ``sweep.png`` and
+    ``report.md``, written to a temp sibling and renamed into place only when all levels are done."""
+    from eval.scenarios import SWEEP_LEVELS
+
+    levels = _check_levels(cfg, SWEEP_LEVELS if levels is None else levels)
+    validate(replace(cfg, level=levels[0]))  # flags, mechanisms and --out; --level needs the sweep scenario
+    instances = [_source(replace(cfg, level=t)).sc for t in levels]  # a bad --n / --users fails here
+    tmp: Path | None = None
+    t0 = time.perf_counter()
+    try:
+        if cfg.out is not None:
+            tmp = _staging_dir(cfg.out)
+        done = []
+        for t, sc in zip(levels, instances):
+            sub = None if tmp is None else tmp / level_dirname(t)
+            res = run(replace(cfg, level=t, out=sub, force=False))
+            done.append(SweepLevel(t, float(sc.correlation()[0]), sc.scores, sc.sensitivities, res))
+        result = SweepResult(cfg, done, sweep_table(done), time.perf_counter() - t0)
+        if tmp is not None:
+            _write_sweep_outputs(result, tmp)
+            _publish(tmp, cfg)
+            result.out = Path(cfg.out)
+            for lv in done:
+                lv.result.out = result.out / lv.dirname
+            tmp = None
+        return result
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sweep_table(levels: Sequence[SweepLevel]) -> pl.DataFrame:
+    """One row per level × mechanism × ε; ``mse_rel_rnm`` = MSE ÷ RNM's MSE at that ε (NaN without rnm)."""
+    frames = []
+    for lv in levels:
+        mse = lv.result.mse
+        rnm = dict(mse.filter(pl.col("mechanism") == "rnm").select("epsilon", "mse_mean").iter_rows())
+        ref = np.array([rnm.get(e, np.nan) for e in mse["epsilon"].to_list()], dtype=np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rel = mse["mse_mean"].to_numpy() / ref
+        frames.append(pl.DataFrame({
+            "level": np.full(mse.height, lv.level), "spearman": np.full(mse.height, lv.spearman),
+            "mechanism": mse["mechanism"], "epsilon": mse["epsilon"], "mse": mse["mse_mean"],
+            "mse_rel_rnm": rel, "method": mse["method"],
+        }))
+    return pl.concat(frames)
+
+
+def _write_sweep_outputs(result: SweepResult, tmp: Path) -> None:
+    from eval import plots, report
+
+    result.table.write_csv(tmp / SWEEP_CSV)
+    result.table.write_parquet(tmp / SWEEP_PARQUET)
+    plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
+    (tmp / "report.md").write_text(report.sweep_markdown(result))

@@ -83,3 +83,67 @@ def log_ratio(mean_mgem: np.ndarray, mean_gem: np.ndarray) -> np.ndarray:
     ok = (a > 0) & (b > 0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(ok, np.log(np.where(ok, a, 1.0) / np.where(ok, b, 1.0)), np.nan)
+
+
+AGGREGATE_BLOCK = 64  # users per merge step of RunningMean
+
+
+class RunningMean:
+    """Mean and M2 of per-user values (NaNs skipped), merged block by block (Chan et al.).
+
+    Users are merged in fixed blocks of ``block`` consecutive users, whatever chunks they
+    arrive in, so the aggregates are the same bits for any chunk size, worker count or engine
+    (float addition is not associative: merging per chunk would tie them to the chunking).
+    Memory: at most one block plus one chunk of rows is buffered.
+    """
+
+    def __init__(self, shape: tuple[int, ...], block: int = AGGREGATE_BLOCK) -> None:
+        self.n = np.zeros(shape)
+        self.mean = np.zeros(shape)
+        self.m2 = np.zeros(shape)
+        self.block = block
+        self._pending: list[np.ndarray] = []
+        self._rows = 0
+
+    def add(self, x: np.ndarray) -> None:
+        """x: (B, *shape), the next B users in user order."""
+        self._pending.append(np.asarray(x, dtype=np.float64))
+        self._rows += len(x)
+        if self._rows < self.block:
+            return
+        rows = np.concatenate(self._pending)
+        full = len(rows) - len(rows) % self.block
+        for start in range(0, full, self.block):
+            self._merge(rows[start:start + self.block])
+        self._pending = [rows[full:]] if full < len(rows) else []
+        self._rows = len(rows) - full
+
+    def _merge(self, x: np.ndarray) -> None:
+        ok = np.isfinite(x)
+        nb = ok.sum(axis=0).astype(np.float64)
+        xs = np.where(ok, x, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mb = np.where(nb > 0, xs.sum(axis=0) / np.maximum(nb, 1), 0.0)
+        m2b = (np.where(ok, x - mb, 0.0) ** 2).sum(axis=0)
+        tot = self.n + nb
+        delta = mb - self.mean
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(tot > 0, nb / np.maximum(tot, 1), 0.0)
+        self.mean = self.mean + delta * frac
+        self.m2 = self.m2 + m2b + delta * delta * self.n * frac
+        self.n = tot
+
+    def flush(self) -> None:
+        """Merges the last, partial block (after the last user)."""
+        if self._rows:
+            self._merge(np.concatenate(self._pending))
+        self._pending, self._rows = [], 0
+
+    def ci(self, z: float = 1.959963984540054) -> tuple[np.ndarray, np.ndarray]:
+        """(mean, half-width of the normal 95% CI); NaN where undefined. Call after :meth:`flush`."""
+        if self._rows:
+            raise RuntimeError("RunningMean.ci() before flush(): the last block is not merged yet")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            var = self.m2 / np.maximum(self.n - 1, 1)
+            half = np.where(self.n > 1, z * np.sqrt(var / np.maximum(self.n, 1)), np.nan)
+        return np.where(self.n > 0, self.mean, np.nan), half

@@ -34,11 +34,15 @@ def test_same_seed_identical_across_chunking_processes_and_dask(toy, tmp_path):
     for tag in ("procs", "dask"):
         for name, df in outs[tag].items():
             assert df.equals(ref[name]), (tag, name)
-    # Another chunking: identical per-user results; aggregates equal up to summation order.
-    for name in ("selections", "users"):
+    # Another chunking: identical per-user results AND aggregates, to the bit (fixed-block merging).
+    for name in ("selections", "users", "mse"):
         assert outs["rechunk"][name].equals(ref[name]), name
-    np.testing.assert_allclose(outs["rechunk"]["mse"]["mse_mean"].to_numpy(), ref["mse"]["mse_mean"].to_numpy(),
-                               rtol=1e-12)
+    # Past one merge block (64 users): still the same bits for other chunkings and 2 workers.
+    syn = dict(scenario="4", n=20, users=150, mechanisms=("rnm", "gem"), epsilons=(0.5,), trials=3, seed=1,
+               progress=False)
+    agg = [run(EvalConfig(**syn, **kw)).mse for kw in (dict(workers=1, chunk_size=150), dict(workers=1, chunk_size=7),
+                                                        dict(workers=2, chunk_size=50))]
+    assert agg[0].equals(agg[1]) and agg[0].equals(agg[2])
     # A different seed gives different selections (the comparison above can fail).
     other = run(EvalConfig(**{**base, "seed": 8}, workers=1))
     assert not np.allclose(other.mse["mse_mean"].to_numpy(), pl.read_parquet(tmp_path / "one" / "mse.parquet")["mse_mean"].to_numpy())

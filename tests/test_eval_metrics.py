@@ -123,3 +123,35 @@ def test_bad_scenario_input():
     with pytest.raises(ValueError, match="repeats"):
         scenario("4", repeats=0)
     assert set(SCENARIOS) == {"1", "2", "3", "4", "5", "6", "7", "8", "sweep"}
+
+
+def test_running_mean_is_the_same_bits_for_any_chunking():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 3, 4)) * 10 + 3
+    x[rng.random(x.shape) < 0.1] = np.nan  # skipped, per cell
+    results = []
+    for sizes in ([1000], [7] * 142 + [6], [64] * 15 + [40], [1, 2, 997], [300, 300, 400]):
+        acc = metrics.RunningMean((3, 4))
+        start = 0
+        for size in sizes:
+            acc.add(x[start:start + size])
+            start += size
+        acc.flush()
+        results.append(acc.ci())
+    mean, half = results[0]
+    for m, h in results[1:]:
+        assert np.array_equal(m, mean) and np.array_equal(h, half)
+    n = np.isfinite(x).sum(axis=0)
+    np.testing.assert_allclose(mean, np.nanmean(x, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(half, 1.959963984540054 * np.nanstd(x, axis=0, ddof=1) / np.sqrt(n), rtol=1e-10)
+    # The last partial block must be merged before reading.
+    acc = metrics.RunningMean((2,))
+    acc.add(np.ones((3, 2)))
+    with pytest.raises(RuntimeError, match="flush"):
+        acc.ci()
+    acc.flush()
+    m, h = acc.ci()
+    assert m.tolist() == [1.0, 1.0] and h.tolist() == [0.0, 0.0]
+    empty = metrics.RunningMean((1,))
+    empty.flush()
+    assert np.isnan(empty.ci()[0]).all() and np.isnan(empty.ci()[1]).all()
