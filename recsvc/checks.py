@@ -1,9 +1,10 @@
-"""Checks of user-given numbers shared by the pipeline's and the harness's configs and the
-engines. Messages name the CLI flag, so the one-line error says what to change."""
+"""Checks of user-given numbers and paths shared by the parts (pipeline, harness, engines,
+service). Messages name the CLI flag or file, so the one-line error says what to change."""
 
 from __future__ import annotations
 
 import numbers
+from pathlib import Path
 
 
 def check_int(flag: str, value: object, least: int) -> int:
@@ -11,3 +12,14 @@ def check_int(flag: str, value: object, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ValueError(f"{flag} must be an integer ≥ {least}, got {value!r}")
     return int(value)
+
+
+def check_regular_file(what: str, path: Path, expected: str, *, must_exist: bool = True) -> None:
+    """A clear error for a path that exists but is not a regular file (a directory, a device …)
+    and, if ``must_exist``, for a missing one (FileNotFoundError)."""
+    if path.is_file():
+        return
+    if path.exists():
+        raise ValueError(f"{what} {path} is a directory or not a regular file; expected {expected}")
+    if must_exist:
+        raise FileNotFoundError(f"{what} {path} does not exist; expected {expected}")

@@ -153,8 +153,8 @@ def _client_args(*argv: str) -> argparse.Namespace:
     (["--target", "127.0.0.1:99999"], r"--target '127\.0\.0\.1:99999': expected HOST:PORT with a port in 1\.\.65535"),
     (["--target", "localhost"], r"expected HOST:PORT"),
     (["--tls-ca", "garbage.pem"], r"--tls-ca .* is not a valid PEM certificate"),
-    (["--tls-ca", "DIR"], r"CA file .* is not a regular file"),
-    (["--token-file", "DIR"], r"token file .* is not a regular file"),
+    (["--tls-ca", "DIR"], r"CA file .* is a directory or not a regular file; expected a PEM file"),
+    (["--token-file", "DIR"], r"token file .* is a directory or not a regular file; expected a file with one token per line"),
 ])
 @pytest.mark.parametrize("command", ["select", "budget"])
 def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[str], message: str,

@@ -11,6 +11,8 @@ from typing import Any
 
 import grpc
 
+from recsvc.checks import check_regular_file
+
 # Health checks stay open so that load balancers and orchestrators need no token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 
@@ -18,7 +20,7 @@ OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 def load_tokens(path: str | os.PathLike[str]) -> list[str]:
     """Bearer tokens, one per line; blank lines and lines starting with '#' are ignored."""
     p = Path(path)
-    _check_file(p, "token file", "a file with one token per line")
+    check_regular_file("token file", p, "a file with one token per line")
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -37,20 +39,11 @@ def read_token(path: str | os.PathLike[str]) -> str:
     return load_tokens(path)[0]
 
 
-def _check_file(p: Path, what: str, expected: str) -> None:
-    """A clear error for a missing path and for a path that is not a regular file."""
-    if p.is_file():
-        return
-    if p.exists():
-        raise ValueError(f"{what} {p} is not a regular file (a directory?); expected {expected}")
-    raise FileNotFoundError(f"{what} {p} does not exist; expected {expected}")
-
-
 def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
     if path is None:
         return None
     p = Path(path)
-    _check_file(p, f"{what} file", "a PEM file")
+    check_regular_file(f"{what} file", p, "a PEM file")
     return p.read_bytes()
 
 

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recsvc.checks import check_regular_file
+
 DEFAULT_TARGET = "127.0.0.1:50051"
 
 
@@ -94,10 +96,7 @@ def parse_candidate(text: str) -> tuple[str, float]:
 
 def read_candidates_csv(path: Path) -> list[tuple[str, float]]:
     """Rows `item_id,score`; a first row whose score is not a number is taken as the header."""
-    if path.exists() and not path.is_file():
-        raise ValueError(f"candidates file {path} is a directory or not a regular file; expected a CSV of item_id,score")
-    if not path.is_file():
-        raise FileNotFoundError(f"candidates file {path} does not exist; expected a CSV of item_id,score")
+    check_regular_file("candidates file", path, "a CSV of item_id,score")
     try:
         return _parse_candidates(path)
     except UnicodeDecodeError:

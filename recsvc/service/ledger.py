@@ -33,6 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from recsvc.checks import check_regular_file
+
 # Float sums of ε (e.g. 50 × 0.02) can exceed the budget by a few ulps; allow that much
 # (relative 1e-9), no more. The stored total itself is never rounded down.
 BUDGET_REL_SLACK = 1e-9
@@ -65,8 +67,7 @@ def check_path(path: str | os.PathLike[str]) -> None:
     """Refuses, before anything is created, a ledger path that cannot be an SQLite ledger."""
     p = Path(path)
     if p.exists():
-        if not p.is_file():
-            raise ValueError(f"--ledger {p} is a directory or not a regular file; expected {_EXPECTED}")
+        check_regular_file("--ledger", p, _EXPECTED)
         try:
             with open(p, "rb") as f:
                 head = f.read(len(_SQLITE_MAGIC))
