@@ -7,7 +7,6 @@ Python API: ``run(PrepConfig(dataset="ml-100k")) -> Path``.
 from __future__ import annotations
 
 import math
-import os
 import platform
 import shutil
 import sys
@@ -41,10 +40,6 @@ ENGINES = ("local", "dask")
 SELECTION_METRIC = "ndcg@100"
 DEFAULT_PRESET = "small"
 DEFAULT_POPULATION_USERS = 10_000
-
-
-class OutputError(ValueError):
-    """``--out`` cannot be created (a path component is a file, no permission, …)."""
 
 
 @dataclass
@@ -199,46 +194,6 @@ def _connect(cfg: PrepConfig) -> Any:
     return engine
 
 
-def _check_out(out: Path, force: bool) -> None:
-    """Pure checks of ``--out``: nothing is created here."""
-    if out.exists() and not out.is_dir():
-        raise OutputError(f"cannot create --out {out}: it exists and is not a directory")
-    ancestor = out.parent.absolute()
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputError(f"cannot create --out {out}: {ancestor} is not a directory")
-
-
-def _make_parents(out: Path) -> list[Path]:
-    """Creates ``out``'s missing parents and checks that a directory can be made next to ``out``.
-    Returns the directories it created (so a failed run can remove them); on error nothing is left."""
-    missing: list[Path] = []
-    parent = out.parent.absolute()
-    while not parent.exists():
-        missing.append(parent)
-        parent = parent.parent
-    created: list[Path] = []
-    try:
-        for d in reversed(missing):
-            d.mkdir()
-            created.append(d)
-        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=out.parent))
-    except OSError as exc:
-        _remove_dirs(created)
-        where = Path(exc.filename).parent if exc.filename and Path(exc.filename).name.startswith(".") else exc.filename
-        raise OutputError(f"cannot create --out {out}: {exc.strerror or exc} ({where})") from None
-    return created
-
-
-def _remove_dirs(created: list[Path]) -> None:
-    for d in reversed(created):
-        try:
-            d.rmdir()  # only if still empty: never removes anything the run did not make
-        except OSError:
-            break
-
-
 @dataclass
 class _Timer:
     steps: dict[str, float] = field(default_factory=dict)
@@ -372,22 +327,16 @@ def _sensitivities(
 def run(cfg: PrepConfig) -> Path:
     """Builds the artifact directory and returns its path. Bad input raises ValueError
     (DataError / ArtifactError / OutputError) before any directory is created; a failed run
-    removes the parent directories it made."""
+    leaves no temp dir and removes the parent directories it made (see StagedDir)."""
     cfg.validate()
     info = datasets.INFO[cfg.dataset]
     out = cfg.output_dir()
-    _check_out(out, cfg.force)
-    writer = ArtifactWriter(out, cfg.force)  # refuses an existing `out` without --force; creates nothing
+    writer = ArtifactWriter(out, cfg.force)  # checks --out (a file, under a file, exists without --force); creates nothing
     t_start = time.perf_counter()
     engine = _connect(cfg)
-    created: list[Path] = []
     try:
-        created = _make_parents(out)
-        with writer:
+        with writer:  # creates out's parents, so _build's scratch dir can go in out.parent
             return _build(cfg, info, out, writer, engine, t_start)
-    except BaseException:
-        _remove_dirs(created)
-        raise
     finally:
         engine.close()
 
@@ -398,7 +347,7 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
     with timer.step("load_split", f"loading and splitting {cfg.dataset}"):
         split, source, extra = _load_and_split(cfg, info)
     population, population_kind = _population(cfg, split)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=out.parent))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=writer.tmp.parent))  # next to out, same file system
     try:
         params, model, grid = _choose_params(cfg, info, split, engine, timer)
         if model is None:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import pyarrow.parquet as pq
 
 from eval import metrics
 from eval.metrics import RunningMean
+from recsvc.artifacts import StagedDir, check_out
 from recsvc.checks import check_int
 from recsvc.engines import resolve_workers
 from recsvc.stats import spearman_rows
@@ -83,8 +82,8 @@ class EvalConfig:
 
 
 def _check_out(cfg: EvalConfig) -> None:
-    """The results directory may never touch the artifact (or the working directory), must not
-    be a file, and replaces an existing directory only with ``force``. Only stats, no writes."""
+    """The results directory may never touch the artifact (or the working directory); then the
+    checks every output directory gets (:func:`recsvc.artifacts.check_out`). Only stats, no writes."""
     if cfg.out is None:
         return
     out = Path(cfg.out)
@@ -99,10 +98,7 @@ def _check_out(cfg: EvalConfig) -> None:
     if real == cwd or real in cwd.parents:  # results/… under the working directory is the normal case
         raise ValueError(f"--out {out} {'is' if real == cwd else 'contains'} the current directory; "
                          "expected a separate results directory such as results/NAME")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; expected a directory path")
-    if out.exists() and not cfg.force:
-        raise ValueError(f"--out {out} already exists; pass --force to replace it")
+    check_out(out, cfg.force)  # not a file, under no file, absent unless --force
 
 
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
@@ -452,45 +448,32 @@ def run(cfg: EvalConfig) -> EvalResult:
     eps = ctx.epsilons
     ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
     engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)  # validates, no I/O
-    tmp: Path | None = None
     try:
-        if cfg.out is not None:  # only now, after every check, is anything written
-            tmp = _staging_dir(cfg.out)
-        red = _Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, tmp)
-        t0 = time.perf_counter()
-        for res in engine.map(evaluate_chunk, _LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
-                              unit="user", sizes=[len(r) for r in ranges]):
-            red.add(res)
-        red.close()
-        result = _finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
-        if tmp is not None:
-            _write_outputs(result, tmp)
-            _publish(tmp, cfg)
-            result.out = Path(cfg.out)
-            tmp = None
-        return result
+        with _staged(cfg) as stage:  # only now, after every check, is anything written
+            red = _Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, None if stage is None else stage.tmp)
+            t0 = time.perf_counter()
+            for res in engine.map(evaluate_chunk, _LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
+                                  unit="user", sizes=[len(r) for r in ranges]):
+                red.add(res)
+            red.close()
+            result = _finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
+            if stage is not None:
+                _write_outputs(result, stage.tmp)
+                result.out = stage.publish()
+            return result
     finally:
         engine.close()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _staging_dir(out: Path) -> Path:
-    """A fresh hidden temp sibling of ``out``; everything is written there, then renamed into place."""
-    out = Path(os.path.abspath(out))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-
-
-def _publish(tmp: Path, cfg: EvalConfig) -> None:
-    """Renames the finished ``tmp`` to ``cfg.out``; refuses an ``out`` that another process
-    created during the run unless ``force`` (validation only saw it absent)."""
-    from recsvc.artifacts import replace_dir
-
-    out = Path(os.path.abspath(cfg.out))
-    if out.exists() and not cfg.force:
-        raise ValueError(f"--out {cfg.out} appeared while evaluating; not replacing it (pass --force)")
-    replace_dir(tmp, out)
+@contextmanager
+def _staged(cfg: EvalConfig) -> Iterator[StagedDir | None]:
+    """``cfg.out``'s staging directory (None without ``--out``): published by the caller, removed
+    with the parents it created if the run fails."""
+    if cfg.out is None:
+        yield None
+        return
+    with StagedDir(cfg.out, cfg.force) as stage:
+        yield stage
 
 
 def _finish(cfg: EvalConfig, dataset: str, mechanisms, red: _Reducer, seconds: float) -> EvalResult:
@@ -646,28 +629,20 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
     levels = _check_levels(cfg, SWEEP_LEVELS if levels is None else levels)
     validate(replace(cfg, level=levels[0]))  # flags, mechanisms and --out; --level needs the sweep scenario
     instances = [_source(replace(cfg, level=t)).sc for t in levels]  # a bad --n / --users fails here
-    tmp: Path | None = None
     t0 = time.perf_counter()
-    try:
-        if cfg.out is not None:
-            tmp = _staging_dir(cfg.out)
+    with _staged(cfg) as stage:
         done = []
         for t, sc in zip(levels, instances):
-            sub = None if tmp is None else tmp / level_dirname(t)
+            sub = None if stage is None else stage.tmp / level_dirname(t)
             res = run(replace(cfg, level=t, out=sub, force=False))
             done.append(SweepLevel(t, float(sc.correlation()[0]), sc.scores, sc.sensitivities, res))
         result = SweepResult(cfg, done, sweep_table(done), time.perf_counter() - t0)
-        if tmp is not None:
-            _write_sweep_outputs(result, tmp)
-            _publish(tmp, cfg)
-            result.out = Path(cfg.out)
+        if stage is not None:
+            _write_sweep_outputs(result, stage.tmp)
+            result.out = stage.publish()
             for lv in done:
                 lv.result.out = result.out / lv.dirname
-            tmp = None
         return result
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def sweep_table(levels: Sequence[SweepLevel]) -> pl.DataFrame:

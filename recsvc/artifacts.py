@@ -8,9 +8,9 @@ Layout of ``artifacts/<dataset>/``::
     candidates.parquet   user_id (str), rank, item_id (str), score    -- raw, unclipped
     model/W1.npz, model/W2.npz, model/items.parquet (item_id in column order)
 
-Writers go through :class:`ArtifactWriter`, which fills a temporary sibling directory and
-renames it into place only after every file and the manifest are written, so a crash never
-leaves a half-written artifact. Readers go through :func:`load_artifact`, which verifies the
+Writers go through :class:`ArtifactWriter`, a :class:`StagedDir` (the one way any part writes an
+output directory): it fills a temporary sibling directory and renames it into place only after
+every file and the manifest are written, so a crash never leaves a half-written artifact. Readers go through :func:`load_artifact`, which verifies the
 checksums before anything is trusted.
 """
 
@@ -22,10 +22,10 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import polars as pl
@@ -43,7 +43,7 @@ CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.Strin
 
 
 class ArtifactError(ValueError):
-    """An artifact directory is missing, incomplete, corrupt or would be overwritten."""
+    """An artifact directory is missing, incomplete or corrupt, or its content is invalid."""
 
 
 def sha256_file(path: Path) -> str:
@@ -259,37 +259,105 @@ def load_artifact(path: str | os.PathLike[str], verify: bool = True) -> Artifact
 # Writing
 
 
-@dataclass
-class ArtifactWriter:
-    """Atomic writer: ``with ArtifactWriter(out, force) as w: w.write_items(...); ...; w.commit(manifest)``.
+class OutputError(ValueError):
+    """An output directory (``--out``) cannot be created, or would replace one without ``--force``."""
 
-    Nothing appears at ``out`` unless :meth:`commit` succeeds. An existing ``out`` is an
-    error unless ``force``; with ``force`` it is replaced only at commit time.
-    """
 
-    out: Path
-    force: bool = False
-    _tmp: Path | None = field(default=None, init=False)
+def check_out(out: str | os.PathLike[str], force: bool, flag: str = "--out") -> None:
+    """Pure checks of an output directory path (only stats, nothing is created), so callers can
+    validate every flag before any work: not a file, under no file, absent unless ``force``."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"cannot create {flag} {out}: it exists and is not a directory; expected a directory path")
+    ancestor = Path(os.path.abspath(out)).parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"cannot create {flag} {out}: {ancestor} is not a directory")
+    if out.exists() and not force:
+        raise OutputError(f"{flag} {out} already exists; pass --force to replace it")
 
-    def __post_init__(self) -> None:
-        self.out = Path(self.out)
-        if self.out.exists() and not self.force:
-            raise ArtifactError(f"output directory {self.out} already exists; pass --force to replace it")
 
-    def __enter__(self) -> ArtifactWriter:
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.tmp-", dir=self.out.parent))
+class StagedDir:
+    """The one way to write an output directory: ``with StagedDir(out, force) as s: <fill s.tmp>;
+    s.publish()``.
+
+    Construction runs :func:`check_out` (creates nothing). Entering creates ``out``'s missing
+    parents and a hidden temp sibling ``.<name>.tmp-*``; :meth:`publish` renames it into place
+    atomically. Leaving without a publish removes the temp dir and the parents it created (if
+    still empty), so a failed run leaves the disk as it found it."""
+
+    def __init__(self, out: str | os.PathLike[str], force: bool = False, flag: str = "--out") -> None:
+        check_out(out, force, flag)
+        self.out = Path(out)  # as given, for messages and the return value
+        self.force = force
+        self.flag = flag
+        self._path = Path(os.path.abspath(out))  # normalised: immune to chdir and to "x/.."
+        self._tmp: Path | None = None
+        self._created: list[Path] = []  # parents made on enter, outermost first
+
+    def __enter__(self) -> Self:
+        missing: list[Path] = []
+        parent = self._path.parent
+        while not parent.exists():
+            missing.append(parent)
+            parent = parent.parent
+        try:
+            for d in reversed(missing):
+                d.mkdir()
+                self._created.append(d)
+            self._tmp = Path(tempfile.mkdtemp(prefix=f".{self._path.name}.tmp-", dir=self._path.parent))
+        except OSError as exc:
+            self._remove_created()
+            raise OutputError(f"cannot create {self.flag} {self.out}: {exc.strerror or exc} ({_failed_at(exc)})") from None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._tmp is not None and self._tmp.exists():
+        if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+        self._remove_created()
 
     @property
     def tmp(self) -> Path:
         if self._tmp is None:
-            raise RuntimeError("ArtifactWriter used outside its `with` block")
+            raise RuntimeError(f"{type(self).__name__} used outside its `with` block (or after publish)")
         return self._tmp
+
+    def publish(self) -> Path:
+        """Renames the finished temp dir to ``out``. An ``out`` that another process created
+        meanwhile (the checks saw it absent) is replaced only with ``force``."""
+        tmp = self.tmp
+        if self._path.exists() and not self.force:
+            raise OutputError(f"{self.flag} {self.out} appeared while writing; not replacing it (pass --force to replace it)")
+        replace_dir(tmp, self._path)
+        self._tmp = None
+        self._created = []  # they hold ``out`` now
+        return self.out
+
+    def _remove_created(self) -> None:
+        for d in reversed(self._created):
+            try:
+                d.rmdir()  # only if still empty: never removes anything this run did not make
+            except OSError:
+                break
+        self._created = []
+
+
+def _failed_at(exc: OSError) -> str:
+    """The directory an OSError is about: a hidden temp dir's parent, else the path itself."""
+    name = exc.filename
+    if name and Path(name).name.startswith("."):
+        return str(Path(name).parent)
+    return str(name)
+
+
+class ArtifactWriter(StagedDir):
+    """Atomic writer: ``with ArtifactWriter(out, force) as w: w.write_items(...); ...; w.commit(manifest)``.
+
+    Nothing appears at ``out`` unless :meth:`commit` succeeds (see :class:`StagedDir`). An
+    existing ``out`` is an error unless ``force``; with ``force`` it is replaced only at commit.
+    """
 
     def write_items(self, items: pl.DataFrame) -> None:
         validate_items(items).write_parquet(self.tmp / ITEMS, statistics=False)
@@ -312,11 +380,7 @@ class ArtifactWriter:
         }
         full = {"format_version": FORMAT_VERSION, **manifest, "files": files}
         (tmp / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True, default=_json_default) + "\n")
-        if self.out.exists() and not self.force:
-            raise ArtifactError(f"output directory {self.out} appeared while writing; not replacing it")
-        replace_dir(tmp, self.out)
-        self._tmp = None
-        return self.out
+        return self.publish()
 
 
 def replace_dir(tmp: Path, out: Path) -> Path:

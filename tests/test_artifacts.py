@@ -3,7 +3,7 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 
-from recsvc.artifacts import ArtifactError, ArtifactWriter, Model, load_artifact
+from recsvc.artifacts import ArtifactError, ArtifactWriter, Model, OutputError, load_artifact
 
 
 def _items():
@@ -48,7 +48,7 @@ def test_roundtrip_and_candidate_matrix(tmp_path):
 def test_existing_output_refused_without_force(tmp_path):
     out = _write(tmp_path / "toy")
     before = (out / "manifest.json").read_text()
-    with pytest.raises(ArtifactError, match="already exists; pass --force"):
+    with pytest.raises(OutputError, match="already exists; pass --force"):
         _write(out)
     assert (out / "manifest.json").read_text() == before
     _write(out, force=True)
@@ -140,3 +140,116 @@ def test_manifest_that_is_not_an_object_is_a_clear_error(tmp_path):
     (out / "manifest.json").write_text("[]")
     with pytest.raises(ArtifactError, match="holds a JSON list; expected an object"):
         load_artifact(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# StagedDir: the one way every part stages and publishes an output directory
+
+
+def _tree(root):
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+
+
+def test_staged_dir_publishes_into_new_parents(tmp_path):
+    from recsvc.artifacts import StagedDir
+
+    out = tmp_path / "a" / "b" / "c"
+    with StagedDir(out) as s:
+        assert s.tmp.parent == out.parent and s.tmp.name.startswith(".c.tmp-") and not out.exists()
+        (s.tmp / "f.txt").write_text("new")
+        assert s.publish() == out
+    assert _tree(tmp_path) == ["a", "a/b", "a/b/c", "a/b/c/f.txt"] and (out / "f.txt").read_text() == "new"
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_staged_dir_failure_removes_temp_and_the_parents_it_made_only(tmp_path, error):
+    from recsvc.artifacts import StagedDir
+
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(error):
+        with StagedDir(tmp_path / "keep" / "new" / "deeper" / "c") as s:
+            (s.tmp / "half.txt").write_text("half")
+            (tmp_path / "keep" / "new" / "theirs.txt").write_text("x")  # someone else writes into a new parent
+            raise error("crash mid-write")
+    # deeper/ (empty) went; new/ holds another file, so it stays; keep/ existed before.
+    assert _tree(tmp_path) == ["keep", "keep/new", "keep/new/theirs.txt"]
+    with pytest.raises(error):
+        with StagedDir(tmp_path / "x" / "y" / "c"):
+            raise error("crash")
+    assert _tree(tmp_path) == ["keep", "keep/new", "keep/new/theirs.txt"]
+
+
+def test_staged_dir_checks_create_nothing(tmp_path):
+    from recsvc.artifacts import StagedDir, check_out
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    existing = tmp_path / "res"
+    existing.mkdir()
+    (existing / "keep.txt").write_text("earlier")
+    for out, force, message in [
+        (blocker, True, r"cannot create --out .*a-file: it exists and is not a directory; expected a directory path"),
+        (blocker / "sub" / "c", True, r"cannot create --out .*a-file/sub/c: .*a-file is not a directory"),
+        (existing, False, r"--out .*res already exists; pass --force to replace it"),
+    ]:
+        with pytest.raises(OutputError, match=message):
+            check_out(out, force)
+        with pytest.raises(OutputError, match=message):
+            StagedDir(out, force)
+    with pytest.raises(OutputError, match=r"^--results .*res already exists"):
+        StagedDir(existing, flag="--results")
+    assert _tree(tmp_path) == ["a-file", "res", "res/keep.txt"] and blocker.read_text() == "x"
+    check_out(existing, force=True)  # an existing directory is fine with --force
+    check_out(tmp_path / "new" / "deep", force=False)
+
+
+def test_staged_dir_force_replaces_and_a_racing_out_is_kept(tmp_path):
+    from recsvc.artifacts import StagedDir
+
+    out = tmp_path / "res"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with StagedDir(out, force=True) as s:
+        (s.tmp / "new.txt").write_text("new")
+        assert (out / "old.txt").read_text() == "old"  # replaced only at publish
+        s.publish()
+    assert _tree(tmp_path) == ["res", "res/new.txt"]
+
+    racing = tmp_path / "a" / "raced"
+    with pytest.raises(OutputError, match=r"--out .*raced appeared while writing; not replacing it \(pass --force"):
+        with StagedDir(racing) as s:
+            (s.tmp / "ours.txt").write_text("ours")
+            racing.mkdir()  # another process creates out meanwhile
+            (racing / "theirs.txt").write_text("theirs")
+            s.publish()
+    assert _tree(tmp_path / "a") == ["raced", "raced/theirs.txt"]  # theirs kept, no temp dir, a/ kept (not empty)
+
+
+def test_staged_dir_os_error_on_enter_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import errno
+
+    import recsvc.artifacts as artifacts
+
+    def denied(prefix, dir):
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc")
+
+    out = tmp_path / "a" / "b" / "c"
+    stage = artifacts.StagedDir(out)
+    monkeypatch.setattr(artifacts.tempfile, "mkdtemp", denied)
+    with pytest.raises(OutputError, match=r"^cannot create --out .*a/b/c: Permission denied \(.*a/b\)$"):
+        stage.__enter__()
+    assert list(tmp_path.iterdir()) == []  # a/ and a/b/ were made, then removed
+    monkeypatch.undo()
+    # A parent that became a file after the checks: the mkdir's error, nothing made.
+    (tmp_path / "a").write_text("x")
+    with pytest.raises(OutputError, match=r"cannot create --out .*a/b/c: Not a directory \(.*a/b\)"):
+        with stage:
+            pass
+    assert _tree(tmp_path) == ["a"]
+
+
+def test_artifact_writer_error_outside_with_and_after_commit(tmp_path):
+    w = ArtifactWriter(tmp_path / "toy")
+    with pytest.raises(RuntimeError, match="ArtifactWriter used outside its `with` block"):
+        w.write_items(_items())
+    assert list(tmp_path.iterdir()) == []

@@ -128,6 +128,23 @@ def test_crash_leaves_no_partial_artifact(tmp_path: Path, monkeypatch) -> None:
     load_artifact(out)
 
 
+def test_crash_after_the_scratch_dir_removes_the_parents_it_made(tmp_path: Path, monkeypatch) -> None:
+    made: list[Path] = []
+    real = pipeline._sensitivities
+
+    def crash(cfg, engine, model, group, scratch, timer):  # scratch/ sits next to out in the new a/b/
+        made.append(scratch)
+        real(cfg, engine, model, group, scratch, timer)
+        raise RuntimeError("simulated crash after the population scores")
+
+    monkeypatch.setattr(pipeline, "_sensitivities", crash)
+    out = tmp_path / "a" / "b" / "c"  # a/ does not exist yet
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(_tiny(out))
+    assert made and made[0].parent == out.parent and made[0].name.startswith(".c.scratch-")
+    assert list(tmp_path.iterdir()) == []  # no a/, no temp or scratch dir
+
+
 @pytest.mark.parametrize(
     "setup, args, message",
     [

@@ -2,6 +2,7 @@
 no replaced directory, no hidden temp dir, no half-built artifact."""
 
 import re
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -63,7 +64,7 @@ def test_out_that_is_a_file_is_refused(force, art, tmp_path, capsys):
     out.write_text("not a directory")
     argv = ["eval", "--artifacts", str(art), "--out", str(out), *QUICK] + (["--force"] if force else [])
     assert recsvc_main(argv) == 2
-    _one_line_error(capsys, r"--out .*res\.txt is a file; expected a directory path")
+    _one_line_error(capsys, r"cannot create --out .*res\.txt: it exists and is not a directory; expected a directory path")
     assert out.read_text() == "not a directory" and not list(tmp_path.glob(".res*"))
 
 
@@ -94,10 +95,37 @@ def test_out_appearing_during_the_run_is_not_replaced(art, tmp_path, monkeypatch
         write(result, tmp)
 
     monkeypatch.setattr(harness, "_write_outputs", racing_write)
-    with pytest.raises(ValueError, match="appeared while evaluating; not replacing it"):
+    with pytest.raises(ValueError, match="appeared while writing; not replacing it"):
         run(EvalConfig(artifacts=art, out=out, users=2, trials=1, epsilons=(1.0,), mechanisms=("rnm",),
                        workers=1, progress=False))
     assert [p.name for p in out.iterdir()] == ["theirs.txt"] and not list(tmp_path.glob(".res.tmp-*"))
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_failed_run_leaves_no_parents_or_temp_dir_and_a_good_run_publishes(error, art, tmp_path, monkeypatch):
+    out = tmp_path / "a" / "b" / "c"  # a/ does not exist yet
+    cfg = EvalConfig(artifacts=art, out=out, users=3, trials=2, epsilons=(1.0,), mechanisms=("rnm", "gem"),
+                     workers=1, progress=False)
+    finish = harness._finish
+
+    def failing_finish(*a, **k):  # fails after every chunk's rows were streamed into the temp dir
+        finish(*a, **k)
+        raise error("boom after evaluating")
+
+    monkeypatch.setattr(harness, "_finish", failing_finish)
+    with pytest.raises(error, match="boom"):
+        run(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    monkeypatch.undo()
+    assert run(cfg).out == out and pl.read_parquet(out / "users.parquet").height == 3
+    assert sorted(p.name for p in out.parent.iterdir()) == ["c"]  # published, no temp sibling
+    (out / "mine.txt").write_text("x")
+    with pytest.raises(ValueError, match=r"--out .*c already exists; pass --force"):
+        run(cfg)
+    assert (out / "mine.txt").read_text() == "x"
+    assert run(replace(cfg, force=True, users=2)).users == 2  # --force replaces
+    assert not (out / "mine.txt").exists() and pl.read_parquet(out / "users.parquet").height == 2
+    assert sorted(p.name for p in out.parent.iterdir()) == ["c"]
 
 
 def test_level_only_with_the_sweep_scenario(tmp_path, capsys):

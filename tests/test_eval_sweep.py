@@ -159,6 +159,25 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
     assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == (["sw"] if existing else [])
 
 
+def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch):
+    out = tmp_path / "a" / "b" / "sw"  # a/ does not exist yet
+
+    def boom(*a):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(harness, "_write_sweep_outputs", boom)
+    cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm",), trials=2, workers=1,
+                     progress=False, out=out)
+    with pytest.raises(RuntimeError, match="boom"):
+        run_sweep(cfg, levels=(-0.8, 0.8))  # both levels were written into the temp dir first
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    result = run_sweep(cfg, levels=(-0.8, 0.8))
+    assert result.out == out and sorted(p.name for p in out.iterdir()) == sorted(
+        ["report.md", "sweep.csv", "sweep.parquet", "sweep.png", "t-0.8", "t0.8"])
+    assert result.levels[1].result.out == out / "t0.8" and sorted(p.name for p in out.parent.iterdir()) == ["sw"]
+
+
 def test_plots_survive_an_all_zero_mse(tmp_path):
     # t = −5, n = 10: GEM picks the top item in every trial, so there is nothing to draw on log axes.
     cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("gem",), trials=2, workers=1,
