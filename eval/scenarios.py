@@ -22,7 +22,10 @@ have one fixed score vector, so their Δ are given directly and the range is cen
   (floored at 1e-6), fixed like scenarios 1–3: the paper defines P_a as a number here, not as a
   distribution as in 4–6. corr(q, Δ) = t/√(t² + 1) in expectation (Spearman ≈ the same), so it
   grows with t over the paper's levels (:data:`SWEEP_LEVELS`) from ≈ −0.98 to ≈ +0.98, as Figure 10's
-  text says; so does the best heterogeneous mechanism's benefit over RNM.
+  text says; so does the best heterogeneous mechanism's benefit over RNM. (§VI's general recipe
+  resamples scores per trial; a variant with q_a ~ N(x_a, (P_a/2.56)²), so that the 10–90 range
+  is ≈ P_a, gives per-user ρ from ≈ −0.70 to ≈ +0.74 and the same winners, with a flatter gain
+  for t > 0. The paper gives no distribution here, so the fixed instance is what we ship.)
 
 Where a formula is written for 100 candidates (5, 7, 8) the index a is rescaled to a·100/n so
 that other ``n`` keep the paper's shape; n = 100 is exactly the paper.
