@@ -331,7 +331,8 @@ def run(cfg: PrepConfig) -> Path:
     cfg.validate()
     info = datasets.INFO[cfg.dataset]
     out = cfg.output_dir()
-    writer = ArtifactWriter(out, cfg.force)  # checks --out (a file, under a file, exists without --force); creates nothing
+    # Checks --out (a file, under a file, exists without --force, the cwd or the input data); creates nothing.
+    writer = ArtifactWriter(out, cfg.force, protect={} if cfg.data_dir is None else {"--data-dir": cfg.data_dir})
     t_start = time.perf_counter()
     engine = _connect(cfg)
     try:

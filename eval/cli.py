@@ -97,7 +97,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
-    from eval.harness import DEFAULT_LEVEL, run, run_sweep
+    from eval.harness import DEFAULT_LEVEL, level_dirname, run, run_sweep
 
     level = _level(args.level)
     if level == "all":
@@ -105,6 +105,6 @@ def _run_synthetic(args: argparse.Namespace) -> int:
             args.out = Path("results") / f"scenario-{args.scenario}"
         return _finish(run_sweep(_config(args, scenario=args.scenario, n=args.n, level=None)))
     if args.out is None:
-        suffix = f"-t{DEFAULT_LEVEL if level is None else level:g}" if args.scenario == "sweep" else ""
+        suffix = f"-{level_dirname(DEFAULT_LEVEL if level is None else level)}" if args.scenario == "sweep" else ""
         args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
     return _finish(run(_config(args, scenario=args.scenario, n=args.n, level=level)))

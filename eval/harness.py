@@ -82,23 +82,15 @@ class EvalConfig:
 
 
 def _check_out(cfg: EvalConfig) -> None:
-    """The results directory may never touch the artifact (or the working directory); then the
-    checks every output directory gets (:func:`recsvc.artifacts.check_out`). Only stats, no writes."""
+    """The results directory must never touch the artifact it reads (nor the working directory):
+    :func:`recsvc.artifacts.check_out`. Only stats, no writes."""
     if cfg.out is None:
         return
-    out = Path(cfg.out)
-    real = out.resolve()
-    if cfg.artifacts is not None:
-        art = Path(cfg.artifacts).resolve()
-        if real == art or art in real.parents or real in art.parents:
-            rel = "is" if real == art else ("is inside" if art in real.parents else "contains")
-            raise ValueError(f"--out {out} {rel} the --artifacts directory {cfg.artifacts}; expected a separate "
-                             "results directory (the artifact is never replaced, not even with --force)")
-    cwd = Path.cwd().resolve()
-    if real == cwd or real in cwd.parents:  # results/… under the working directory is the normal case
-        raise ValueError(f"--out {out} {'is' if real == cwd else 'contains'} the current directory; "
-                         "expected a separate results directory such as results/NAME")
-    check_out(out, cfg.force)  # not a file, under no file, absent unless --force
+    check_out(cfg.out, cfg.force, protect=_protected(cfg))
+
+
+def _protected(cfg: EvalConfig) -> dict[str, Path]:
+    return {} if cfg.artifacts is None else {"--artifacts": Path(cfg.artifacts)}
 
 
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
@@ -189,12 +181,12 @@ class _ScenarioSource:
         level = DEFAULT_LEVEL if level is None else level
         self.sc = scenario(name, n=n, seed=seed, repeats=users, level=level)
         self.total = self.sc.repeats
-        self.name = f"scenario-{name}" + (f"-t{level:g}" if name == "sweep" else "")
+        self.name = f"scenario-{name}" + (f"-{level_dirname(level)}" if name == "sweep" else "")
 
     def chunk(self, r: range) -> Chunk:
         q = self.sc.draws[r.start : r.stop]
         ids = np.array([f"{self.sc.name}/{i}" for i in r])
-        return Chunk(r.start, ids, q, np.broadcast_to(self.sc.sensitivities, q.shape), np.full(len(r), q.shape[1]))
+        return Chunk(r.start, ids, q, self.sc.rows_sensitivities(r.start, r.stop), np.full(len(r), q.shape[1]))
 
 
 class _LazyChunks(Sequence):
@@ -472,7 +464,7 @@ def _staged(cfg: EvalConfig) -> Iterator[StagedDir | None]:
     if cfg.out is None:
         yield None
         return
-    with StagedDir(cfg.out, cfg.force) as stage:
+    with StagedDir(cfg.out, cfg.force, protect=_protected(cfg)) as stage:
         yield stage
 
 
@@ -554,12 +546,13 @@ SWEEP_PARQUET = "sweep.parquet"
 
 @dataclass(frozen=True)
 class SweepLevel:
-    """One level t of the sweep: its fixed instance and the full single-level evaluation."""
+    """One level t of the sweep: its instances' correlation, the first instance (for the
+    scatter) and the full single-level evaluation over all instances."""
 
     level: float
-    spearman: float  # Spearman ρ of the instance's scores vs Δ
-    scores: np.ndarray  # (n,) the instance's (clipped) scores, for the scatter
-    sensitivities: np.ndarray  # (n,)
+    spearman: float  # median over instances of Spearman ρ(q, Δ)
+    scores: np.ndarray  # (n,) the first instance's scores
+    sensitivities: np.ndarray  # (n,) and its Δ
     result: EvalResult
 
     @property
@@ -635,7 +628,8 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
         for t, sc in zip(levels, instances):
             sub = None if stage is None else stage.tmp / level_dirname(t)
             res = run(replace(cfg, level=t, out=sub, force=False))
-            done.append(SweepLevel(t, float(sc.correlation()[0]), sc.scores, sc.sensitivities, res))
+            q0, d0 = sc.row(0)
+            done.append(SweepLevel(t, float(np.median(sc.correlation())), q0, d0, res))
         result = SweepResult(cfg, done, sweep_table(done), time.perf_counter() - t0)
         if stage is not None:
             _write_sweep_outputs(result, stage.tmp)

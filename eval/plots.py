@@ -135,7 +135,7 @@ def _plain_log_ticks(ax) -> None:
 
 
 def sweep_figure(result: SweepResult, path: Path) -> None:
-    """Figure 10: per level, the instance's score vs Δ (top) and each mechanism's MSE ÷ RNM's vs ε
+    """Figure 10: per level, the first instance's score vs Δ (top) and each mechanism's MSE ÷ RNM's vs ε
     (bottom, dashed line at 1: below it beats RNM); raw MSE on log-y when RNM was not run."""
     plt = _plt()
     k = len(result.levels)
@@ -145,7 +145,7 @@ def sweep_figure(result: SweepResult, path: Path) -> None:
     for j, lv in enumerate(result.levels):
         top, bottom = axes[0, j], axes[1, j]
         top.scatter(lv.scores, lv.sensitivities, s=7, alpha=0.6, color="#4c72b0", edgecolors="none")
-        top.set_title(f"t = {lv.level:g}\nSpearman ρ = {lv.spearman:.2f}", fontsize=9)
+        top.set_title(f"t = {lv.level:g}\nmedian Spearman ρ = {lv.spearman:.2f}", fontsize=9)
         top.set_xlabel("score q", fontsize=8)
         top.tick_params(labelsize=7)
         t = result.table.filter(result.table["level"] == lv.level)

@@ -150,7 +150,7 @@ def sweep_markdown(result: SweepResult) -> str:
     eps = _table_epsilons(result.epsilons)
     best = {e: result.best_at(e) for e in eps}
     cell = "best mechanism and its MSE ÷ RNM's" if result.has_rnm else "best mechanism and its MSE (rnm not run)"
-    head = "| t | Spearman ρ | " + " | ".join(f"ε={e:g}" for e in eps) + " |"
+    head = "| t | median Spearman ρ | " + " | ".join(f"ε={e:g}" for e in eps) + " |"
     rows = [head, "|---" * (len(eps) + 2) + "|"]
     for j, lv in enumerate(result.levels):
         cells = [_best_cell(m, mse, rel, result.has_rnm) for _, m, mse, rel in (best[e][j] for e in eps)]
@@ -160,8 +160,9 @@ def sweep_markdown(result: SweepResult) -> str:
     parts = [
         "# Evaluation: correlation sweep (paper Figure 10)",
         "",
-        "Each level t is one fixed instance: score q_a = x_a, Δ_a = (t x_a + z_a)/5 − min_a, x, z ~ N(0, 1) "
-        "drawn from the same seed at every level.",
+        f"Each level t has {result.levels[0].result.users} independent instances (the synthetic users): score "
+        "q_a = x_a, Δ_a = (t x_a + z_a)/5 − min_a, x, z ~ N(0, 1), from the same seed at every level. MSEs are "
+        "means over the instances; ρ is the median over them.",
         "",
         f"{_sweep_settings(result)}; {result.seconds:.1f} s.",
         "",
@@ -173,7 +174,7 @@ def sweep_markdown(result: SweepResult) -> str:
         "",
         f"![sweep]({SWEEP_PNG})",
         "",
-        "Top: the instance's scores vs sensitivities. Bottom: each mechanism's MSE "
+        "Top: the first instance's scores vs sensitivities. Bottom: each mechanism's mean MSE "
         + ("relative to RNM's (dashed line at 1)." if result.has_rnm else "(rnm not run: raw MSE, log scale)."),
         "",
     ]
@@ -184,7 +185,8 @@ def sweep_markdown(result: SweepResult) -> str:
         "",
         *[f"- [t = {lv.level:g}]({lv.dirname}/report.md): `{lv.dirname}/`" for lv in result.levels],
         "",
-        "Table: `sweep.csv`/`sweep.parquet` (level, spearman, mechanism, epsilon, mse, mse_rel_rnm, method).",
+        "Table: `sweep.csv`/`sweep.parquet` (level, spearman (median over instances), mechanism, epsilon, "
+        "mse, mse_rel_rnm, method).",
         "",
     ]
     return "\n".join(parts)

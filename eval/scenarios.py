@@ -4,8 +4,9 @@ A scenario is a population of ``repeats`` score vectors over ``n`` candidates (o
 trial / synthetic user) plus per-candidate public sensitivities. Exactly as the paper
 describes (§VI "To define Δ_a …"): draw the rows, take each candidate's lower/upper
 percentile over the rows as its clip range [lo, hi], set Δ_a = hi − lo (floored at 1e-6 like
-the real pipeline) and clip every score to its range. The bimodal scenarios 1–3 and the sweep
-have one fixed score vector, so their Δ are given directly and the range is centred on the score.
+the real pipeline) and clip every score to its range. The bimodal scenarios 1–3 have one fixed
+score vector and the sweep one fixed instance per row, so their Δ are given directly and each
+range is centred on its score.
 
 - ``"1"``/``"2"``/``"3"``  bimodal (Figure 2): half the candidates score 1, half −1; Δ ∈ {1, 1.8}.
   1: high score ↔ Δ 1.8 (positive correlation); 2: high score ↔ Δ 1 (negative);
@@ -18,14 +19,16 @@ have one fixed score vector, so their Δ are given directly and the range is cen
   per user and candidate with σ = 0.5 (7, strong) or 3 (8, weak). Clip range: the 5th–95th
   percentiles (the red lines of Figures 19–20).
 - ``"sweep"``  Figure 10 ("a linear relationship between scores and sensitivities"): x_a,
-  z_a ~ N(0,1) drawn once, the score q_a = x_a and Δ_a = P_a = (t x_a + z_a)/5 − min_a (t x + z)/5
-  (floored at 1e-6), fixed like scenarios 1–3: the paper defines P_a as a number here, not as a
-  distribution as in 4–6. corr(q, Δ) = t/√(t² + 1) in expectation (Spearman ≈ the same), so it
-  grows with t over the paper's levels (:data:`SWEEP_LEVELS`) from ≈ −0.98 to ≈ +0.98, as Figure 10's
-  text says; so does the best heterogeneous mechanism's benefit over RNM. (§VI's general recipe
-  resamples scores per trial; a variant with q_a ~ N(x_a, (P_a/2.56)²), so that the 10–90 range
-  is ≈ P_a, gives per-user ρ from ≈ −0.70 to ≈ +0.74 and the same winners, with a flatter gain
-  for t > 0. The paper gives no distribution here, so the fixed instance is what we ship.)
+  z_a ~ N(0,1), the score q_a = x_a and Δ_a = P_a = (t x_a + z_a)/5 − min_a (t x + z)/5 (floored
+  at 1e-6): the paper defines P_a as a number here, not as a distribution as in 4–6, so an
+  instance has no per-trial noise. The paper draws ONE instance per level; one instance's
+  outcome depends a lot on its draw (e.g. on which candidate gets the smallest Δ), so every row
+  (synthetic user) here is its own independent instance and results average over them.
+  corr(q, Δ) = t/√(t² + 1) in expectation (Spearman ≈ the same), so it grows with t over the
+  paper's levels (:data:`SWEEP_LEVELS`) from ≈ −0.98 to ≈ +0.98, as Figure 10's text says.
+  (§VI's general recipe resamples scores per trial; a variant with q_a ~ N(x_a, (P_a/2.56)²), so
+  that the 10–90 range is ≈ P_a, gives per-user ρ from ≈ −0.70 to ≈ +0.74 and the same winners,
+  with a flatter gain for t > 0. The paper gives no distribution here, so we ship the instances.)
 
 Where a formula is written for 100 candidates (5, 7, 8) the index a is rescaled to a·100/n so
 that other ``n`` keep the paper's shape; n = 100 is exactly the paper.
@@ -49,18 +52,18 @@ SWEEP_LEVELS: tuple[float, ...] = (-5.0, -0.8, -0.3, 0.0, 0.3, 0.8, 5.0)
 class Scenario:
     """One synthetic selection problem.
 
-    ``scores`` is ONE instance (the first row of ``draws``), already clipped, so that a
-    mechanism can be run on ``(scenario.scores, scenario.sensitivities)`` directly.
-    ``draws`` holds every row (repeats × n), also clipped: the evaluation treats each row as
-    one synthetic user.
+    ``draws`` holds every row (repeats × n), clipped: the evaluation treats each row as one
+    synthetic user. Δ is shared by all rows, ``(n,)``, except in the sweep, where every row is
+    its own instance with its own Δ, ``(repeats, n)``. :meth:`row` gives row b's ``(q, Δ)``, on
+    which a mechanism can be run directly; ``scores`` is row 0's q.
     """
 
     name: str
     description: str
     scores: np.ndarray  # (n,) clipped, = draws[0]
-    sensitivities: np.ndarray  # (n,) public Δ_a = max(hi − lo, 1e-6)
-    lo: np.ndarray  # (n,)
-    hi: np.ndarray  # (n,)
+    sensitivities: np.ndarray  # (n,) or (repeats, n): public Δ = max(hi − lo, 1e-6)
+    lo: np.ndarray  # same shape as sensitivities
+    hi: np.ndarray
     draws: np.ndarray  # (repeats, n) clipped
     groups: np.ndarray | None = None  # (repeats,) group label for scenarios 7/8
     level: float | None = None  # sweep level t
@@ -74,9 +77,20 @@ class Scenario:
     def repeats(self) -> int:
         return int(self.draws.shape[0])
 
+    def row(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Row b's clipped scores and sensitivities."""
+        d = self.sensitivities if self.sensitivities.ndim == 1 else self.sensitivities[b]
+        return self.draws[b], d
+
+    def rows_sensitivities(self, start: int, stop: int) -> np.ndarray:
+        """Δ of rows start..stop−1, (stop − start, n) (a read-only view when Δ is shared)."""
+        if self.sensitivities.ndim == 2:
+            return self.sensitivities[start:stop]
+        return np.broadcast_to(self.sensitivities, (stop - start, self.n))
+
     def correlation(self) -> np.ndarray:
         """Spearman(q, Δ) of every row."""
-        return np.asarray(spearman(self.draws, np.broadcast_to(self.sensitivities, self.draws.shape)))
+        return np.asarray(spearman(self.draws, self.rows_sensitivities(0, self.repeats)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,11 +145,12 @@ def _polarised(sigma: float) -> Callable[[np.random.Generator, int, int], tuple[
     return gen
 
 
-def _sweep(rng: np.random.Generator, n: int, level: float) -> tuple[np.ndarray, np.ndarray]:
-    x = rng.standard_normal(n)
-    z = rng.standard_normal(n)
+def _sweep(rng: np.random.Generator, n: int, repeats: int, level: float) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, Δ), both (repeats, n): one independent instance per row."""
+    x = rng.standard_normal((repeats, n))
+    z = rng.standard_normal((repeats, n))
     p = (level * x + z) / 5.0
-    return x, np.maximum(p - p.min(), MIN_SENSITIVITY)
+    return x, np.maximum(p - p.min(axis=1, keepdims=True), MIN_SENSITIVITY)
 
 
 _DESCRIPTIONS: dict[str, str] = {
@@ -147,12 +162,12 @@ _DESCRIPTIONS: dict[str, str] = {
     "6": "realistic, no correlation: P_a = N(μ_a, σ_a²), μ ~ U[0,1]",
     "7": "combined-GEM polarised users (σ = 0.5): half positive, half negative correlation",
     "8": "combined-GEM weakly polarised users (σ = 3): noisier, less polarised",
-    "sweep": "Figure 10 correlation sweep: score x_a, Δ_a = (t x_a + z_a)/5 − min; ρ from −0.98 (t = −5) to +0.98 (t = 5)",
+    "sweep": "Figure 10 correlation sweep: score x_a, Δ_a = (t x_a + z_a)/5 − min, one instance per user; ρ from −0.98 (t = −5) to +0.98 (t = 5)",
 }
 
 SCENARIOS: tuple[str, ...] = tuple(_DESCRIPTIONS)
 
-_DEFAULT_REPEATS = {"1": 1, "2": 1, "3": 1, "4": 1000, "5": 1000, "6": 1000, "7": 5000, "8": 5000, "sweep": 1}
+_DEFAULT_REPEATS = {"1": 1, "2": 1, "3": 1, "4": 1000, "5": 1000, "6": 1000, "7": 5000, "8": 5000, "sweep": 100}
 _PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0),
                 "7": (5.0, 95.0), "8": (5.0, 95.0)}
 
@@ -161,7 +176,8 @@ def scenario(
     name: str, n: int = 100, seed: int = 0, *, repeats: int | None = None, level: float = 0.8
 ) -> Scenario:
     """Builds scenario ``name`` with ``n`` candidates; ``repeats`` rows (default per scenario:
-    1 for the fixed ones (1–3, sweep), 1000 for 4–6, 5000 for 7–8 as in Appendix F).
+    1 for the fixed bimodal ones (1–3), 100 instances for the sweep, 1000 for 4–6, 5000 for 7–8
+    as in Appendix F).
     ``level`` is the sweep's t (ignored elsewhere)."""
     name = str(name)
     if name not in _DESCRIPTIONS:
@@ -178,16 +194,14 @@ def scenario(
     description = _DESCRIPTIONS[name]
 
     rng = np.random.default_rng(np.random.SeedSequence(seed))
-    if name in ("1", "2", "3", "sweep"):
-        if name == "sweep":
-            q, sens = _sweep(rng, n, float(level))
-            description = f"{description} (t = {level:g})"
-        else:
-            q, sens = _bimodal(name, n)
-        lo, hi = q - sens / 2.0, q + sens / 2.0
+    if name == "sweep":
+        draws, sens = _sweep(rng, n, repeats, float(level))
+        return Scenario(name, f"{description} (t = {level:g})", draws[0].copy(), sens, draws - sens / 2.0,
+                        draws + sens / 2.0, draws, level=float(level), seed=seed)
+    if name in ("1", "2", "3"):
+        q, sens = _bimodal(name, n)
         draws = np.broadcast_to(q, (repeats, n)).copy()
-        return Scenario(name, description, q.copy(), sens, lo, hi, draws,
-                        level=float(level) if name == "sweep" else None, seed=seed)
+        return Scenario(name, description, q.copy(), sens, q - sens / 2.0, q + sens / 2.0, draws, seed=seed)
 
     groups = None
     if name == "4":

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -263,10 +264,24 @@ class OutputError(ValueError):
     """An output directory (``--out``) cannot be created, or would replace one without ``--force``."""
 
 
-def check_out(out: str | os.PathLike[str], force: bool, flag: str = "--out") -> None:
+def check_out(out: str | os.PathLike[str], force: bool, flag: str = "--out",
+              protect: Mapping[str, str | os.PathLike[str]] | None = None) -> None:
     """Pure checks of an output directory path (only stats, nothing is created), so callers can
-    validate every flag before any work: not a file, under no file, absent unless ``force``."""
+    validate every flag before any work: not a file, under no file, absent unless ``force``, and
+    never the current directory, one containing it, or overlapping a ``protect``ed input
+    (flag → path: the run's own inputs), since ``force`` replaces ``out`` whole."""
     out = Path(out)
+    real = out.resolve()
+    for name, path in (protect or {}).items():
+        other = Path(path).resolve()
+        if real == other or other in real.parents or real in other.parents:
+            rel = "is" if real == other else ("is inside" if other in real.parents else "contains")
+            raise OutputError(f"{flag} {out} {rel} the {name} directory {path}; expected a separate output "
+                              f"directory ({name} is never replaced, not even with --force)")
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        raise OutputError(f"{flag} {out} {'is' if real == cwd else 'contains'} the current directory; "
+                          "expected a separate output directory such as results/NAME or artifacts/NAME")
     if out.exists() and not out.is_dir():
         raise OutputError(f"cannot create {flag} {out}: it exists and is not a directory; expected a directory path")
     ancestor = Path(os.path.abspath(out)).parent
@@ -287,8 +302,9 @@ class StagedDir:
     atomically. Leaving without a publish removes the temp dir and the parents it created (if
     still empty), so a failed run leaves the disk as it found it."""
 
-    def __init__(self, out: str | os.PathLike[str], force: bool = False, flag: str = "--out") -> None:
-        check_out(out, force, flag)
+    def __init__(self, out: str | os.PathLike[str], force: bool = False, flag: str = "--out",
+                 protect: Mapping[str, str | os.PathLike[str]] | None = None) -> None:
+        check_out(out, force, flag, protect)
         self.out = Path(out)  # as given, for messages and the return value
         self.force = force
         self.flag = flag
@@ -304,7 +320,12 @@ class StagedDir:
             parent = parent.parent
         try:
             for d in reversed(missing):
-                d.mkdir()
+                try:
+                    d.mkdir()
+                except FileExistsError:
+                    if d.is_dir():  # another run made it meanwhile: use it, never remove it
+                        continue
+                    raise
                 self._created.append(d)
             self._tmp = Path(tempfile.mkdtemp(prefix=f".{self._path.name}.tmp-", dir=self._path.parent))
         except OSError as exc:
@@ -328,9 +349,13 @@ class StagedDir:
         """Renames the finished temp dir to ``out``. An ``out`` that another process created
         meanwhile (the checks saw it absent) is replaced only with ``force``."""
         tmp = self.tmp
+        appeared = OutputError(f"{self.flag} {self.out} appeared while writing; not replacing it (pass --force to replace it)")
         if self._path.exists() and not self.force:
-            raise OutputError(f"{self.flag} {self.out} appeared while writing; not replacing it (pass --force to replace it)")
-        replace_dir(tmp, self._path)
+            raise appeared
+        try:
+            replace_dir(tmp, self._path, replace=self.force)
+        except FileExistsError:  # created between the check and the rename
+            raise appeared from None
         self._tmp = None
         self._created = []  # they hold ``out`` now
         return self.out
@@ -383,11 +408,20 @@ class ArtifactWriter(StagedDir):
         return self.publish()
 
 
-def replace_dir(tmp: Path, out: Path) -> Path:
+def replace_dir(tmp: Path, out: Path, replace: bool = True) -> Path:
     """Moves the finished directory ``tmp`` to ``out`` (a sibling). An existing ``out`` is
     exchanged with ``tmp`` in one atomic ``renameat2(RENAME_EXCHANGE)``, so readers, and a crash
-    at any moment, see the old or the new directory, never none and never a mix."""
-    if not out.exists():
+    at any moment, see the old or the new directory, never none and never a mix. With
+    ``replace=False`` an existing ``out``, even one made a moment ago, raises FileExistsError."""
+    try:
+        _renameat2(tmp, out, _RENAME_NOREPLACE)  # atomic: never over a directory made meanwhile
+        return out
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+            raise
+    if out.exists() and not replace:
+        raise FileExistsError(errno.EEXIST, "exists; not replacing it", str(out))
+    if not out.exists():  # no RENAME_NOREPLACE here (old kernel or file system)
         os.replace(tmp, out)
         return out
     try:
@@ -401,20 +435,25 @@ def replace_dir(tmp: Path, out: Path) -> Path:
     return out
 
 
-_RENAME_EXCHANGE = 2  # linux/fs.h
+_RENAME_NOREPLACE = 1  # linux/fs.h
+_RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def _exchange(a: Path, b: Path) -> None:
+def _renameat2(a: Path, b: Path, flags: int) -> None:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
     renameat2 = getattr(libc, "renameat2", None)
     if renameat2 is None:
         raise OSError(errno.ENOSYS, "renameat2 is not available")
-    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), flags) != 0:
         err = ctypes.get_errno()
-        raise OSError(err, f"cannot exchange {a} and {b}: {os.strerror(err)}")
+        raise OSError(err, f"cannot rename {a} to {b}: {os.strerror(err)}", str(b))
+
+
+def _exchange(a: Path, b: Path) -> None:
+    _renameat2(a, b, _RENAME_EXCHANGE)
 
 
 def _swap_by_two_renames(tmp: Path, out: Path) -> None:

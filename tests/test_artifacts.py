@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
@@ -253,3 +255,48 @@ def test_artifact_writer_error_outside_with_and_after_commit(tmp_path):
     with pytest.raises(RuntimeError, match="ArtifactWriter used outside its `with` block"):
         w.write_items(_items())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_publish_never_replaces_a_directory_that_appeared_at_the_last_moment(tmp_path, monkeypatch):
+    """Between publish's check and the rename another process makes ``out`` (empty): without
+    --force that directory is kept and the run gets the clear error, not a silent replace."""
+    from recsvc import artifacts
+    from recsvc.artifacts import OutputError, StagedDir
+
+    out = tmp_path / "res"
+    real = artifacts._renameat2
+
+    def racing(a, b, flags):
+        Path(b).mkdir(exist_ok=True)  # the other process wins the race
+        return real(a, b, flags)
+
+    with StagedDir(out) as stage:
+        (stage.tmp / "mine.txt").write_text("new")
+        monkeypatch.setattr(artifacts, "_renameat2", racing)
+        with pytest.raises(OutputError, match=r"--out .*res appeared while writing; not replacing it"):
+            stage.publish()
+    assert out.is_dir() and list(out.iterdir()) == [] and list(tmp_path.iterdir()) == [out]
+    # With --force the same race ends with our directory in place.
+    with StagedDir(tmp_path / "res2", force=True) as stage:
+        (stage.tmp / "mine.txt").write_text("new")
+        stage.publish()
+    assert (tmp_path / "res2" / "mine.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["res", "res2"]
+
+
+def test_a_parent_made_meanwhile_by_another_run_is_used_and_kept(tmp_path, monkeypatch):
+    from recsvc.artifacts import StagedDir
+
+    out = tmp_path / "a" / "b" / "res"
+    real_mkdir = Path.mkdir
+
+    def racing_mkdir(self, *args, **kwargs):
+        if self == tmp_path / "a":
+            real_mkdir(self)  # the other run creates it first
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
+    with pytest.raises(RuntimeError):
+        with StagedDir(out):
+            raise RuntimeError("fails after the parents exist")
+    monkeypatch.undo()
+    assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()  # ours removed, theirs kept

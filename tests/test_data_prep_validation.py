@@ -156,3 +156,35 @@ def test_defaults_resolve_when_flags_are_not_given() -> None:
     assert cfg.output_dir() == Path("artifacts/synthetic-small")
     assert PrepConfig(scheduler="tcp://127.0.0.1:8786").engine_name() == "dask"
     PrepConfig(dataset="amazon-book", population_users=5).validate()  # where it applies, it is accepted
+
+
+@pytest.mark.parametrize("out_rel, message", [
+    (".", r"--out \. is the current directory; expected a separate output directory"),
+    ("sub/..", r"--out sub/\.\. is the current directory"),
+    ("sub/../..", r"--out sub/\.\./\.\. contains the (current|--data-dir) directory"),
+    ("data", r"--out data is the --data-dir directory .*data; expected a separate output directory \(--data-dir is never replaced"),
+    ("data/art", r"--out data/art is inside the --data-dir directory"),
+    ("work", r"--out work contains the --data-dir directory"),
+])
+def test_out_never_replaces_the_working_directory_or_the_input_data(tmp_path: Path, capsys, monkeypatch, no_work,
+                                                                    out_rel, message) -> None:
+    """--force replaces --out whole: it must never be the cwd, contain it, or overlap --data-dir."""
+    cwd = tmp_path / "work" / "cwd"
+    data = tmp_path / "work" / "data"
+    cwd.mkdir(parents=True)
+    data.mkdir()
+    (cwd / "sub").mkdir()
+    (cwd / "keep.txt").write_text("mine")
+    (data / "ratings.csv").write_text("userId,movieId,rating,timestamp\n")
+    monkeypatch.chdir(cwd)
+    if out_rel.startswith("data"):
+        out_rel = out_rel.replace("data", "../data", 1)
+        message = message.replace("data", r"\.\./data", 1)
+    elif out_rel == "work":
+        out_rel, message = "../../work", message.replace("work", r"\.\./\.\./work", 1)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert main(["prep", "--dataset", "ml-20m", "--data-dir", str(data), "--workers", "1", "--out", out_rel,
+                 "--force"]) == 2
+    assert re.search(message, _error_line(capsys))
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    assert (cwd / "keep.txt").read_text() == "mine"

@@ -90,29 +90,31 @@ def test_polarised_scenarios():
     assert 0.2 < np.median(np.abs(rho8)) < np.median(np.abs(rho))  # weaker, noisier
 
 
-def test_sweep_scenario_is_one_fixed_instance_whose_correlation_follows_t():
-    from recsvc.stats import spearman
-
+def test_sweep_scenario_rows_are_independent_instances_whose_correlation_follows_t():
     for seed in (0, 1):
         sweeps = [scenario("sweep", level=t, seed=seed) for t in SWEEP_LEVELS]
         for t, s in zip(SWEEP_LEVELS, sweeps):
-            assert s.repeats == 1 and s.level == t and f"t = {t:g}" in s.description
-            # Δ_a = (t x_a + z_a)/5 shifted so that its minimum is 0 (floored at 1e-6): the
-            # linear relationship, recovered from (q, Δ) with z's part as the residual.
-            assert s.sensitivities.min() == 1e-6 and (s.sensitivities > 0).all()
+            assert s.repeats == 100 and s.level == t and f"t = {t:g}" in s.description
+            assert s.sensitivities.shape == s.draws.shape == s.lo.shape == (100, 100)
+            # Per instance: Δ = (t x + z)/5 shifted so that its minimum is 0 (floored at 1e-6);
+            # the range is centred on the score, so clipping changes nothing.
+            assert (s.sensitivities.min(axis=1) == 1e-6).all() and (s.sensitivities > 0).all()
             np.testing.assert_allclose(s.hi - s.lo, s.sensitivities)
-            np.testing.assert_allclose((s.lo + s.hi) / 2, s.scores)  # centred: clipping is a no-op
-            if t:
-                slope = np.polyfit(s.scores, s.sensitivities, 1)[0]
-                assert abs(slope - t / 5) < 0.25 * abs(t) / 5 + 0.05, (t, slope)
-        rho = [float(spearman(s.scores, s.sensitivities)) for s in sweeps]
+            np.testing.assert_allclose((s.lo + s.hi) / 2, s.draws)
+            q0, d0 = s.row(0)
+            assert np.array_equal(q0, s.scores) and np.array_equal(d0, s.sensitivities[0])
+            assert not np.array_equal(s.draws[0], s.draws[1])  # every row its own instance
+            if t:  # the linear relationship, pooled over the instances: slope t/5
+                slope = np.polyfit(s.draws.ravel(), s.sensitivities.ravel(), 1)[0]
+                assert abs(slope - t / 5) < 0.05 * abs(t) / 5 + 0.01, (t, slope)
+        rho = [float(np.median(s.correlation())) for s in sweeps]
         assert all(a < b for a, b in zip(rho, rho[1:])), rho  # strictly increasing with t
-        assert rho[0] < -0.95 and rho[-1] > 0.95 and abs(rho[3]) < 0.3, rho
-    # Same seed, same instance; a level changes Δ but not the scores (x is drawn first).
-    a, b = scenario("sweep", level=0.3, seed=5), scenario("sweep", level=0.3, seed=5)
+        assert rho[0] < -0.95 and rho[-1] > 0.95 and abs(rho[3]) < 0.05, rho
+    # Same seed, same instances; the level changes Δ but not the scores (x is drawn first).
+    a, b = scenario("sweep", level=0.3, seed=5, repeats=3), scenario("sweep", level=0.3, seed=5, repeats=3)
     np.testing.assert_array_equal(a.sensitivities, b.sensitivities)
-    np.testing.assert_array_equal(scenario("sweep", level=-5, seed=5).scores, a.scores)
-    assert scenario("sweep", level=0.3, seed=5, repeats=3).draws.shape == (3, 100)
+    np.testing.assert_array_equal(scenario("sweep", level=-5, seed=5, repeats=3).draws, a.draws)
+    assert a.correlation().shape == (3,)
 
 
 def test_bad_scenario_input():
