@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--scenario", required=True, help="1 … 8 or sweep")
     s.add_argument("--n", type=int, default=100, help="candidates (default 100)")
     s.add_argument("--users", "--repeats", dest="users", type=int, default=None,
-                   help="score draws = synthetic users (default per scenario: 1 / 1000 / 5000)")
+                   help="synthetic users = score draws (default: 1 for scenarios 1–3, 1000 for 4–6, 5000 for 7–8, "
+                        "100 independent instances per sweep level)")
     s.add_argument("--level", default=None,
                    help="sweep level t, only with --scenario sweep (default 0.8), or 'all': the paper's seven "
                         "(-5 -0.8 -0.3 0 0.3 0.8 5) in one results directory with sweep.csv, sweep.png, report.md")
