@@ -430,10 +430,15 @@ def _source(cfg: EvalConfig):
 
 def run(cfg: EvalConfig) -> EvalResult:
     """Validates everything, evaluates all users, writes ``cfg.out`` atomically (if set)."""
+    mechanisms = validate(cfg)
+    # A missing / corrupt artifact or a bad scenario size fails here, before any work.
+    return _evaluate(cfg, mechanisms, _source(cfg))
+
+
+def _evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Any) -> EvalResult:
+    """:func:`run` after validation, on the already built data source."""
     from recsvc.engines import chunk_ranges, make_engine
 
-    mechanisms = validate(cfg)
-    source = _source(cfg)  # missing / corrupt artifact or unknown scenario fails here, before work
     cfg = replace(cfg, chunk_size=_chunk_size(cfg, source.total))  # the report records the size used
     ctx = _context(cfg, mechanisms)
     ranges = chunk_ranges(source.total, cfg.chunk_size)
@@ -613,23 +618,24 @@ def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]
 
 
 def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepResult:
-    """Figure 10: :func:`run` at every sweep level (default the paper's seven) with the same seed,
+    """Figure 10: one evaluation per sweep level (default the paper's seven) with the same seed,
     so each level equals a single run with the same flags. Everything is checked once before any
     work; ``cfg.out`` gets ``t<level>/`` per level, ``sweep.csv``/``.parquet``, ``sweep.png`` and
     ``report.md``, written to a temp sibling and renamed into place only when all levels are done."""
     from eval.scenarios import SWEEP_LEVELS
 
     levels = _check_levels(cfg, SWEEP_LEVELS if levels is None else levels)
-    validate(replace(cfg, level=levels[0]))  # flags, mechanisms and --out; --level needs the sweep scenario
-    instances = [_source(replace(cfg, level=t)).sc for t in levels]  # a bad --n / --users fails here
+    # Flags, mechanisms and --out; --level needs the sweep scenario.
+    mechanisms = validate(replace(cfg, level=levels[0]))
+    sources = [_source(replace(cfg, level=t)) for t in levels]  # a bad --n / --users fails here
     t0 = time.perf_counter()
     with _staged(cfg) as stage:
         done = []
-        for t, sc in zip(levels, instances):
+        for t, source in zip(levels, sources):
             sub = None if stage is None else stage.tmp / level_dirname(t)
-            res = run(replace(cfg, level=t, out=sub, force=False))
-            q0, d0 = sc.row(0)
-            done.append(SweepLevel(t, float(np.median(sc.correlation())), q0, d0, res))
+            res = _evaluate(replace(cfg, level=t, out=sub, force=False), mechanisms, source)
+            q0, d0 = source.sc.row(0)
+            done.append(SweepLevel(t, float(np.median(source.sc.correlation())), q0, d0, res))
         result = SweepResult(cfg, done, sweep_table(done), time.perf_counter() - t0)
         if stage is not None:
             _write_sweep_outputs(result, stage.tmp)

@@ -72,6 +72,13 @@ def log_ratio_scatter(result: EvalResult, path: Path) -> None:
     plt.close(fig)
 
 
+def mechanism_label(mech: str) -> str:
+    """The mechanism's name, marked when it is not DP (rnmh), for legends and tables."""
+    from recsvc.mechanisms import MECHANISMS
+
+    return mech if MECHANISMS[mech].private else f"{mech} (not DP)"
+
+
 def _style(plt, i: int, mech: str) -> dict:
     """Mechanism i's marker, colour and line style, the same in every plot."""
     palette = plt.get_cmap("tab20").colors  # 11+ mechanisms: more distinct colours than the default 10
@@ -90,7 +97,7 @@ def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
         pos = m > 0  # log axes: a zero MSE cannot be drawn
         drawn += m[pos].tolist()
         line, = ax.plot(e[pos], m[pos], **_style(plt, i, mech), ms=4, lw=1.4,
-                        label=mech + (" (not DP)" if mech == "rnmh" else ""))
+                        label=mechanism_label(mech))
         band = pos & np.isfinite(lo) & np.isfinite(hi)
         low = np.maximum(lo[band], m[band] * 1e-3)
         drawn += low.tolist() + hi[band].tolist()
@@ -159,7 +166,7 @@ def sweep_figure(result: SweepResult, path: Path) -> None:
             drawn += y[ok].tolist()
             hidden += int((~ok).sum())
             bottom.plot(e[ok], y[ok], **_style(plt, i, mech), ms=3, lw=1.2,
-                        label=mech + (" (not DP)" if mech == "rnmh" else ""))
+                        label=mechanism_label(mech))
         if rel:
             bottom.axhline(1.0, color="k", lw=1.0, ls="--", label="rnm (= 1)")
         _log_axes(bottom, result.epsilons, drawn)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eval.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG
+from eval.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
 
 if TYPE_CHECKING:
     from eval.harness import EvalResult, SweepResult
@@ -37,7 +37,7 @@ def mse_table(result: EvalResult) -> str:
             c = _with_ci(row["mse_mean"], row["ci_low"], row["ci_high"])
             cells.append(f"**{c}**" if best.get(row["epsilon"]) == mech else c)
         method = t["method"][0] if t.height else ""
-        lines.append(f"| {mech}{' (not DP)' if mech == 'rnmh' else ''} ({method}) | " + " | ".join(cells) + " |")
+        lines.append(f"| {mechanism_label(mech)} ({method}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -284,9 +284,8 @@ def check_out(out: str | os.PathLike[str], force: bool, flag: str = "--out",
                           "expected a separate output directory such as results/NAME or artifacts/NAME")
     if out.exists() and not out.is_dir():
         raise OutputError(f"cannot create {flag} {out}: it exists and is not a directory; expected a directory path")
-    ancestor = Path(os.path.abspath(out)).parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
+    missing = _missing_parents(Path(os.path.abspath(out)))
+    ancestor = missing[-1].parent if missing else Path(os.path.abspath(out)).parent
     if not ancestor.is_dir():
         raise OutputError(f"cannot create {flag} {out}: {ancestor} is not a directory")
     if out.exists() and not force:
@@ -313,13 +312,8 @@ class StagedDir:
         self._created: list[Path] = []  # parents made on enter, outermost first
 
     def __enter__(self) -> Self:
-        missing: list[Path] = []
-        parent = self._path.parent
-        while not parent.exists():
-            missing.append(parent)
-            parent = parent.parent
         try:
-            for d in reversed(missing):
+            for d in reversed(_missing_parents(self._path)):
                 try:
                     d.mkdir()
                 except FileExistsError:
@@ -348,14 +342,11 @@ class StagedDir:
     def publish(self) -> Path:
         """Renames the finished temp dir to ``out``. An ``out`` that another process created
         meanwhile (the checks saw it absent) is replaced only with ``force``."""
-        tmp = self.tmp
-        appeared = OutputError(f"{self.flag} {self.out} appeared while writing; not replacing it (pass --force to replace it)")
-        if self._path.exists() and not self.force:
-            raise appeared
         try:
-            replace_dir(tmp, self._path, replace=self.force)
-        except FileExistsError:  # created between the check and the rename
-            raise appeared from None
+            replace_dir(self.tmp, self._path, replace=self.force)
+        except FileExistsError:  # created after the checks (atomic: RENAME_NOREPLACE)
+            raise OutputError(f"{self.flag} {self.out} appeared while writing; not replacing it "
+                              "(pass --force to replace it)") from None
         self._tmp = None
         self._created = []  # they hold ``out`` now
         return self.out
@@ -367,6 +358,16 @@ class StagedDir:
             except OSError:
                 break
         self._created = []
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """``path``'s ancestors that do not exist yet, innermost first."""
+    missing: list[Path] = []
+    parent = path.parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    return missing
 
 
 def _failed_at(exc: OSError) -> str:

@@ -14,12 +14,11 @@ def check_int(flag: str, value: object, least: int) -> int:
     return int(value)
 
 
-def check_regular_file(what: str, path: Path, expected: str, *, must_exist: bool = True) -> None:
+def check_regular_file(what: str, path: Path, expected: str) -> None:
     """A clear error for a path that exists but is not a regular file (a directory, a device …)
-    and, if ``must_exist``, for a missing one (FileNotFoundError)."""
+    and for a missing one (FileNotFoundError)."""
     if path.is_file():
         return
     if path.exists():
         raise ValueError(f"{what} {path} is a directory or not a regular file; expected {expected}")
-    if must_exist:
-        raise FileNotFoundError(f"{what} {path} does not exist; expected {expected}")
+    raise FileNotFoundError(f"{what} {path} does not exist; expected {expected}")

@@ -25,7 +25,6 @@ def test_check_regular_file(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="not a regular file"):
-        check_regular_file("--ledger", fifo, "an SQLite ledger", must_exist=False)
+        check_regular_file("--ledger", fifo, "an SQLite ledger")
     with pytest.raises(FileNotFoundError, match=r"^token file .*/missing does not exist; expected a token file$"):
         check_regular_file("token file", tmp_path / "missing", "a token file")
-    check_regular_file("--ledger", tmp_path / "new.db", "an SQLite ledger", must_exist=False)  # may be created

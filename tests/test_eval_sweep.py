@@ -127,7 +127,7 @@ def test_existing_out_needs_force(tmp_path, capsys):
 ])
 def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(harness, "run", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
+    monkeypatch.setattr(harness, "_evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
     # --n 10 from QUICK comes first; a later --n overrides it (argparse keeps the last).
     assert recsvc_main(["eval-synthetic", *QUICK, *extra]) == 2
     _one_line_error(capsys, match)
@@ -142,15 +142,15 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
         out.mkdir()
         (out / "keep.txt").write_text("earlier results")
     before = _snapshot(tmp_path)
-    real, calls = harness.run, []
+    real, calls = harness._evaluate, []
 
-    def failing(cfg):
+    def failing(cfg, *args):
         calls.append(cfg.level)
         if len(calls) == 3:
             raise error("boom at the 3rd level")
-        return real(cfg)
+        return real(cfg, *args)
 
-    monkeypatch.setattr(harness, "run", failing)
+    monkeypatch.setattr(harness, "_evaluate", failing)
     cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm", "gem"), trials=2, workers=1,
                      progress=False, out=out, force=existing)
     with pytest.raises(error, match="boom"):
