@@ -1,10 +1,32 @@
 """Checks of user-given numbers and paths shared by the parts (pipeline, harness, engines,
-service). Messages name the CLI flag or file, so the one-line error says what to change."""
+service). Messages name the parameter or file, so the one-line error says what to change."""
 
 from __future__ import annotations
 
 import numbers
+import string
+from collections.abc import Mapping
 from pathlib import Path
+
+
+class ParamError(ValueError):
+    """Bad value of a named parameter. The message is a template whose ``{name}`` fields are
+    parameter names: ``str()`` shows them as the library's names (``out``), and the command
+    line shows its own flags instead (``--out``) with :meth:`render`."""
+
+    def __init__(self, template: str, **values: object) -> None:
+        self.template = template
+        self.values = values  # extra fields that are not parameter names (paths, numbers)
+        super().__init__(self.render({}))
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        names = (f for _, f, _, _ in string.Formatter().parse(self.template) if f)
+        return tuple(dict.fromkeys(n for n in names if n not in self.values))
+
+    def render(self, names: Mapping[str, str]) -> str:
+        """The message with each parameter shown as ``names[param]`` (default: the param itself)."""
+        return self.template.format(**{p: names.get(p, p) for p in self.params}, **self.values)
 
 
 def check_int(flag: str, value: object, least: int) -> int:
