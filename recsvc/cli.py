@@ -14,6 +14,8 @@ import os
 import signal
 import sys
 
+from recsvc.checks import ParamError
+
 # Order here is the order in `recsvc --help`.
 COMMAND_MODULES = (
     "data_prep.cli",  # prep
@@ -40,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """Parameter name → the subcommand's flag for it (``out`` → ``--out``)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: max(a.option_strings, key=len) for a in sub.choices[command]._actions if a.option_strings}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -58,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
+    except ParamError as exc:  # the library names its parameters; show this command's flags
+        print(f"recsvc {args.command}: error: {exc.render(flag_names(parser, args.command))}", file=sys.stderr)
+        return 2
     except (ValueError, OSError) as exc:
         # Bad input or an unusable path/address: one clear line, no traceback. ArtifactError,
         # mechanism errors and FileNotFoundError are among these.
