@@ -13,7 +13,7 @@ import pytest
 
 import data_prep.pipeline as pipeline
 from data_prep.pipeline import PrepConfig, run
-from recsvc.artifact import load_artifact
+from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
 from recsvc.cli import main
 from tests.data_prep_fixtures import ratings_table, write_ml20m
 
@@ -35,6 +35,21 @@ def tiny_artifact(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cli") / "art"
     assert main([*TINY, "--out", str(out)]) == 0
     return out
+
+
+def test_manifest_of_a_built_artifact_round_trips_to_the_same_bytes(tiny_artifact: Path) -> None:
+    """Every key the pipeline writes is a typed field (nothing left in ``extra`` but the records
+    no consumer reads), and the typed manifest writes back to exactly the file's bytes."""
+    text = (tiny_artifact / "manifest.json").read_text()
+    m = load_artifact(tiny_artifact).manifest
+    assert Manifest.from_dict(m.to_dict()) == m and m.to_dict() == json.loads(text)
+    assert json.dumps(m.to_dict(), indent=2, sort_keys=True) + "\n" == text
+    assert isinstance(m.split, SplitInfo) and isinstance(m.sansa, SansaInfo)
+    assert isinstance(m.population_spearman, SpearmanStats)
+    assert set(m.extra) == {"engine", "synthetic"} and not m.split.extra and not m.sansa.extra
+    assert (m.format_version, m.candidates_per_user, m.sansa.selected_on, m.sansa.grid) == (1, 500, "fixed", ())
+    assert m.sensitivity_population_users == 60 and m.items_without_population_scores == 0
+    assert m.timings_s is not None and m.timings_s["total"] > 0 and m.source is not None
 
 
 def test_cli_end_to_end(tiny_artifact: Path, capsys) -> None:
