@@ -79,18 +79,19 @@ def run_prep(args: argparse.Namespace) -> int:
 
 
 def print_summary(out: Path) -> None:
-    from recsvc.artifacts import load_artifact
+    from recsvc.artifact import load_artifact
 
     m = load_artifact(out, verify=False).manifest
-    acc, rho, s = m["accuracy"], m["population_spearman"], m["sansa"]
-    print(f"dataset {m['dataset']}: {m['split']['test_users']} test users, {m['split']['items']} items; "
-          f"SANSA l2={s['l2']:g} density={s['density']:g} ({s['selected_on']})")
-    if m["split"].get("kind", "").startswith("weak"):  # the LightGCN/BARS protocol's metrics
+    acc, rho, s, split = m.accuracy, m.population_spearman, m.sansa, m.split
+    assert acc is not None and rho is not None and s is not None and split is not None and m.timings_s is not None
+    print(f"dataset {m.dataset}: {split.test_users} test users, {split.items} items; "
+          f"SANSA l2={s.l2:g} density={s.density:g} ({s.selected_on})")
+    if split.kind.startswith("weak"):  # the LightGCN/BARS protocol's metrics
         print(f"accuracy (test users): Recall@20 (hits/|targets|) {acc['bars_recall@20']:.4f}  "
               f"nDCG@20 {acc['ndcg@20']:.4f}")
     else:
         print(f"accuracy (test users): Recall@20 {acc['recall@20']:.4f}  Recall@50 {acc['recall@50']:.4f}  "
               f"nDCG@100 {acc['ndcg@100']:.4f}")
-    print(f"population Spearman(q, Δ) over {rho['users']} {m['sensitivity_population']} users: "
-          f"median {rho['median']:+.3f}, mean {rho['mean']:+.3f}, positive {rho['frac_positive']:.1%}")
-    print(f"artifact: {out} ({m['timings_s']['total']:.1f} s)")
+    print(f"population Spearman(q, Δ) over {rho.users} {m.sensitivity_population} users: "
+          f"median {rho.median:+.3f}, mean {rho.mean:+.3f}, positive {rho.frac_positive:.1%}")
+    print(f"artifact: {out} ({m.timings_s['total']:.1f} s)")

@@ -24,16 +24,17 @@ import polars as pl
 from tqdm.auto import tqdm
 
 from data_prep import datasets
-from data_prep.candidates import N_CANDIDATES, ScoringContext, TopK, score_population, score_top_k
+from data_prep.candidates import N_CANDIDATES, ScoringContext, score_population, score_top_k
 from data_prep.datasets.base import DataError
 from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate
 from data_prep.metrics import accuracy
 from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, population_spearman, validate_percentiles
 from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
 from data_prep.train import FACTORIZERS, SansaParams, fit
-from recsvc.artifacts import ArtifactWriter, Model
+from recsvc.artifact import ArtifactWriter
 from recsvc.checks import check_int
 from recsvc.engines import chunk_ranges, make_engine
+from recsvc.model import Model, TopK
 
 POPULATIONS = ("validation", "test")
 ENGINES = ("local", "dask")
@@ -332,7 +333,7 @@ def run(cfg: PrepConfig) -> Path:
     info = datasets.INFO[cfg.dataset]
     out = cfg.output_dir()
     # Checks --out (a file, under a file, exists without --force, the cwd or the input data); creates nothing.
-    writer = ArtifactWriter(out, cfg.force, protect={} if cfg.data_dir is None else {"--data-dir": cfg.data_dir})
+    writer = ArtifactWriter(out, cfg.force, protect={} if cfg.data_dir is None else {"data_dir": cfg.data_dir})
     t_start = time.perf_counter()
     engine = _connect(cfg)
     try:

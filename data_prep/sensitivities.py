@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data_prep.candidates import TopK
-from recsvc.artifacts import MIN_SENSITIVITY
+from recsvc.artifact import MIN_SENSITIVITY
+from recsvc.model import TopK
 from recsvc.stats import spearman_rows
 
 BLOCK_BYTES = 64 << 20

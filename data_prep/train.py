@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
-from recsvc.artifacts import Model
+from recsvc.model import Model
 
 FACTORIZERS = ("cholmod", "icf")
 

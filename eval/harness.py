@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from eval import metrics
 from eval.metrics import RunningMean
-from recsvc.artifacts import StagedDir, check_out
+from recsvc.staging import StagedDir, check_out
 from recsvc.checks import check_int
 from recsvc.engines import resolve_workers
 from recsvc.stats import spearman_rows
@@ -83,14 +83,14 @@ class EvalConfig:
 
 def _check_out(cfg: EvalConfig) -> None:
     """The results directory must never touch the artifact it reads (nor the working directory):
-    :func:`recsvc.artifacts.check_out`. Only stats, no writes."""
+    :func:`recsvc.staging.check_out`. Only stats, no writes."""
     if cfg.out is None:
         return
     check_out(cfg.out, cfg.force, protect=_protected(cfg))
 
 
 def _protected(cfg: EvalConfig) -> dict[str, Path]:
-    return {} if cfg.artifacts is None else {"--artifacts": Path(cfg.artifacts)}
+    return {} if cfg.artifacts is None else {"artifacts": Path(cfg.artifacts)}
 
 
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
@@ -160,14 +160,14 @@ class Chunk:
 
 class _ArtifactSource:
     def __init__(self, path: Path, users: int | None) -> None:
-        from recsvc.artifacts import load_artifact
+        from recsvc.artifact import load_artifact
 
         self.artifact = load_artifact(path)  # verifies every sha256 before anything is trusted
         total = len(self.artifact.user_ids)
         if total == 0:
             raise ValueError(f"{path}: the artifact has no candidate users; expected ≥ 1")
         self.total = total if users is None else min(users, total)
-        self.name = str(self.artifact.manifest.get("dataset", Path(path).name))
+        self.name = self.artifact.manifest.dataset
 
     def chunk(self, r: range) -> Chunk:
         m = self.artifact.candidate_matrix(users=len(r), start=r.start)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import truncnorm
 
-from recsvc.artifacts import MIN_SENSITIVITY
+from recsvc.artifact import MIN_SENSITIVITY
 from recsvc.stats import spearman
 
 SWEEP_LEVELS: tuple[float, ...] = (-5.0, -0.8, -0.3, 0.0, 0.3, 0.8, 5.0)

@@ -11,6 +11,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from recsvc.checks import ParamError
+
 DEMO_EPSILON = 1.0
 DEFAULT_RESULTS = Path("results/ml-100k")  # the demo's own output: replaced on every run
 
@@ -71,7 +73,7 @@ def _history(user_id: str) -> list[str]:
 def _serve_and_select(artifacts: Path) -> None:
     import grpc
 
-    from recsvc.artifacts import load_artifact
+    from recsvc.artifact import load_artifact
     from recsvc.service.client import Client
     from recsvc.service.server import ServerConfig, start
 
@@ -120,14 +122,13 @@ def run(args: argparse.Namespace) -> int:
     cfg = _eval_config(args)
     try:
         validate(cfg)  # every argument is checked before stage 1 builds anything
-    except ValueError as exc:  # the demo's name for the eval's --out is --results
-        raise type(exc)(str(exc).replace("--out ", "--results ", 1)) from None
+    except ParamError as exc:  # the eval's `out` is the demo's `results`
+        raise type(exc)(exc.template.replace("{out}", "{results}"), **exc.values) from None
     _step("1/3 offline pipeline: artifacts/ml-100k")
     _prep(args.artifacts, args.rebuild)
-    from recsvc.artifacts import load_artifact
+    from recsvc.artifact import load_artifact
 
-    manifest = load_artifact(args.artifacts).manifest
-    acc = manifest.get("accuracy", {})
+    acc = load_artifact(args.artifacts).manifest.accuracy or {}
     print("SANSA accuracy on the test users: " + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
 
     _step("2/3 evaluation: every private mechanism across ε")

@@ -28,7 +28,7 @@ import polars as pl
 
 from eval import harness
 from eval.harness import DEFAULT_EPSILONS, DEFAULT_TRIALS, EvalConfig, run
-from recsvc.artifacts import ArtifactWriter, load_artifact
+from recsvc.artifact import ArtifactWriter, load_artifact
 from recsvc.mechanisms import MECHANISMS
 from recsvc.rng import user_stream
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from recsvc.artifact import read_manifest
+
 ROOT = Path(__file__).resolve().parents[1]
 RECSVC = [sys.executable, "-m", "recsvc.cli"]
 
@@ -65,9 +67,11 @@ def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
 
 
 def summarise(name: str, out: Path, measured: dict[str, float]) -> dict[str, object]:
-    m = json.loads((out / "manifest.json").read_text())
-    t = m["timings_s"]
-    scored = m["split"]["test_users"] + m["sensitivity_population_users"]
+    m = read_manifest(out)
+    assert m.timings_s is not None and m.split is not None and m.sansa is not None and m.population_spearman is not None
+    assert m.sensitivity_population_users is not None
+    t = dict(m.timings_s)
+    scored = m.split.test_users + m.sensitivity_population_users
     scoring_s = t.get("test_candidates", 0) + t.get("population_scoring", 0)
     return {
         "run": name,
@@ -75,10 +79,10 @@ def summarise(name: str, out: Path, measured: dict[str, float]) -> dict[str, obj
         "steps_s": t,
         "users_scored": scored,
         "users_per_s": round(scored / scoring_s, 1) if scoring_s else None,
-        "accuracy": m["accuracy"],
-        "population_spearman_median": m["population_spearman"]["median"],
-        "sansa": {k: m["sansa"][k] for k in ("l2", "density", "factorizer")},
-        "split": m["split"],
+        "accuracy": m.accuracy,
+        "population_spearman_median": m.population_spearman.median,
+        "sansa": {"l2": m.sansa.l2, "density": m.sansa.density, "factorizer": m.sansa.factorizer},
+        "split": m.split.to_dict(),
     }
 
 

@@ -60,7 +60,7 @@ def bench_artifact(out: Path, n_items: int = 2000, seed: int = 0) -> Path:
     """A synthetic artifact with n_items clip ranges and a positive population Spearman."""
     import polars as pl
 
-    from recsvc.artifacts import ArtifactWriter
+    from recsvc.artifact import ArtifactWriter
 
     rng = np.random.default_rng(seed)
     ids = [f"item{k}" for k in range(n_items)]
@@ -133,7 +133,7 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     """A grpc.aio server: the same SelectionServicer code on its event loop, or (echo) a no-op."""
     import grpc
 
-    from recsvc.artifacts import load_artifact
+    from recsvc.artifact import load_artifact
     from recsvc.service.ledger import Ledger
     from recsvc.service.servicer import Policy, SelectionServicer, status_of
 

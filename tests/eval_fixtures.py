@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recsvc.artifacts import ArtifactWriter
+from recsvc.artifact import ArtifactWriter
 
 
 def make_artifact(out: Path, users: int = 12, items: int = 30, n: int = 20, seed: int = 0,

@@ -17,7 +17,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from recsvc.artifacts import ArtifactWriter, Model
+from recsvc.artifact import ArtifactWriter
+from recsvc.model import Model
 
 REPO = Path(__file__).resolve().parents[1]
 N_ITEMS = 40

@@ -1,11 +1,13 @@
-from pathlib import Path
+import json
 
 import numpy as np
 import polars as pl
 import pytest
 import scipy.sparse as sp
 
-from recsvc.artifacts import ArtifactError, ArtifactWriter, Model, OutputError, load_artifact
+from recsvc.artifact import ArtifactError, ArtifactWriter, Manifest, SpearmanStats, load_artifact
+from recsvc.model import Model
+from recsvc.staging import OutputError
 
 
 def _items():
@@ -20,20 +22,20 @@ def _cands():
                          "item_id": ["a", "b", "c", "c", "a"], "score": [2.0, 0.3, 0.1, 0.7, -5.0]})
 
 
-def _write(out, force=False):
+def _write(out, force=False, content=None):
     model = Model(sp.identity(3, format="csr"), sp.identity(3, format="csr"), np.array(["a", "b", "c"]))
     with ArtifactWriter(out, force=force) as w:
         w.write_items(_items())
         w.write_candidates(_cands())
         w.write_model(model)
-        return w.commit({"dataset": "toy"})
+        return w.commit({"dataset": "toy"} if content is None else content)
 
 
 def test_roundtrip_and_candidate_matrix(tmp_path):
     out = _write(tmp_path / "toy")
     art = load_artifact(out)
-    assert art.manifest["dataset"] == "toy"
-    assert set(art.manifest["files"]) == {"items.parquet", "candidates.parquet", "model/W1.npz",
+    assert art.manifest.dataset == "toy"
+    assert set(art.manifest.files) == {"items.parquet", "candidates.parquet", "model/W1.npz",
                                           "model/W2.npz", "model/items.parquet"}
     m = art.candidate_matrix()
     assert m.user_ids.tolist() == ["u1", "u2"]
@@ -50,11 +52,11 @@ def test_roundtrip_and_candidate_matrix(tmp_path):
 def test_existing_output_refused_without_force(tmp_path):
     out = _write(tmp_path / "toy")
     before = (out / "manifest.json").read_text()
-    with pytest.raises(OutputError, match="already exists; pass --force"):
+    with pytest.raises(OutputError, match="already exists; pass force"):
         _write(out)
     assert (out / "manifest.json").read_text() == before
     _write(out, force=True)
-    assert load_artifact(out).manifest["dataset"] == "toy"
+    assert load_artifact(out).manifest.dataset == "toy"
 
 
 def test_crash_leaves_nothing(tmp_path):
@@ -88,166 +90,11 @@ def test_missing_directory_message(tmp_path):
         load_artifact(tmp_path / "nope")
 
 
-def _dir_with(path, text):
-    path.mkdir()
-    (path / "f.txt").write_text(text)
-    return path
-
-
-def test_replace_dir_exchanges_atomically_and_leaves_no_leftovers(tmp_path, monkeypatch):
-    import recsvc.artifacts as artifacts
-    from recsvc.artifacts import replace_dir
-
-    exchanges = []
-    real_exchange = artifacts._exchange
-    monkeypatch.setattr(artifacts, "_exchange", lambda a, b: exchanges.append((a, b)) or real_exchange(a, b))
-    out = _dir_with(tmp_path / "out", "old")
-    assert replace_dir(_dir_with(tmp_path / ".new", "new"), out) == out
-    assert exchanges == [(tmp_path / ".new", out)]  # one renameat2(RENAME_EXCHANGE), no window without `out`
-    assert (out / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert replace_dir(_dir_with(tmp_path / ".fresh", "x"), tmp_path / "other") == tmp_path / "other"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "out"]
-
-
-def test_replace_dir_fallback_restores_the_old_directory_on_failure(tmp_path, monkeypatch):
-    import errno
-    import os
-
-    import recsvc.artifacts as artifacts
-
-    def no_exchange(a, b):
-        raise OSError(errno.ENOSYS, "no renameat2")
-
-    monkeypatch.setattr(artifacts, "_exchange", no_exchange)
-    out = _dir_with(tmp_path / "out", "old")
-    artifacts.replace_dir(_dir_with(tmp_path / ".new", "new"), out)  # the two-rename fallback works
-    assert (out / "f.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-
-    real_replace, calls = os.replace, []
-
-    def failing_second_replace(a, b):
-        calls.append(a)
-        if len(calls) == 2:
-            raise OSError(errno.EIO, "disk error")
-        return real_replace(a, b)
-
-    monkeypatch.setattr(artifacts.os, "replace", failing_second_replace)
-    with pytest.raises(OSError, match="disk error"):
-        artifacts.replace_dir(_dir_with(tmp_path / ".newer", "newer"), out)
-    assert (out / "f.txt").read_text() == "new"  # the old directory is back in place
-
-
 def test_manifest_that_is_not_an_object_is_a_clear_error(tmp_path):
     out = _write(tmp_path / "toy")
     (out / "manifest.json").write_text("[]")
     with pytest.raises(ArtifactError, match="holds a JSON list; expected an object"):
         load_artifact(out)
-
-
-# ---------------------------------------------------------------------------------------------
-# StagedDir: the one way every part stages and publishes an output directory
-
-
-def _tree(root):
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
-
-
-def test_staged_dir_publishes_into_new_parents(tmp_path):
-    from recsvc.artifacts import StagedDir
-
-    out = tmp_path / "a" / "b" / "c"
-    with StagedDir(out) as s:
-        assert s.tmp.parent == out.parent and s.tmp.name.startswith(".c.tmp-") and not out.exists()
-        (s.tmp / "f.txt").write_text("new")
-        assert s.publish() == out
-    assert _tree(tmp_path) == ["a", "a/b", "a/b/c", "a/b/c/f.txt"] and (out / "f.txt").read_text() == "new"
-
-
-@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
-def test_staged_dir_failure_removes_temp_and_the_parents_it_made_only(tmp_path, error):
-    from recsvc.artifacts import StagedDir
-
-    (tmp_path / "keep").mkdir()
-    with pytest.raises(error):
-        with StagedDir(tmp_path / "keep" / "new" / "deeper" / "c") as s:
-            (s.tmp / "half.txt").write_text("half")
-            (tmp_path / "keep" / "new" / "theirs.txt").write_text("x")  # someone else writes into a new parent
-            raise error("crash mid-write")
-    # deeper/ (empty) went; new/ holds another file, so it stays; keep/ existed before.
-    assert _tree(tmp_path) == ["keep", "keep/new", "keep/new/theirs.txt"]
-    with pytest.raises(error):
-        with StagedDir(tmp_path / "x" / "y" / "c"):
-            raise error("crash")
-    assert _tree(tmp_path) == ["keep", "keep/new", "keep/new/theirs.txt"]
-
-
-def test_staged_dir_checks_create_nothing(tmp_path):
-    from recsvc.artifacts import StagedDir, check_out
-
-    blocker = tmp_path / "a-file"
-    blocker.write_text("x")
-    existing = tmp_path / "res"
-    existing.mkdir()
-    (existing / "keep.txt").write_text("earlier")
-    for out, force, message in [
-        (blocker, True, r"cannot create --out .*a-file: it exists and is not a directory; expected a directory path"),
-        (blocker / "sub" / "c", True, r"cannot create --out .*a-file/sub/c: .*a-file is not a directory"),
-        (existing, False, r"--out .*res already exists; pass --force to replace it"),
-    ]:
-        with pytest.raises(OutputError, match=message):
-            check_out(out, force)
-        with pytest.raises(OutputError, match=message):
-            StagedDir(out, force)
-    with pytest.raises(OutputError, match=r"^--results .*res already exists"):
-        StagedDir(existing, flag="--results")
-    assert _tree(tmp_path) == ["a-file", "res", "res/keep.txt"] and blocker.read_text() == "x"
-    check_out(existing, force=True)  # an existing directory is fine with --force
-    check_out(tmp_path / "new" / "deep", force=False)
-
-
-def test_staged_dir_force_replaces_and_a_racing_out_is_kept(tmp_path):
-    from recsvc.artifacts import StagedDir
-
-    out = tmp_path / "res"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
-    with StagedDir(out, force=True) as s:
-        (s.tmp / "new.txt").write_text("new")
-        assert (out / "old.txt").read_text() == "old"  # replaced only at publish
-        s.publish()
-    assert _tree(tmp_path) == ["res", "res/new.txt"]
-
-    racing = tmp_path / "a" / "raced"
-    with pytest.raises(OutputError, match=r"--out .*raced appeared while writing; not replacing it \(pass --force"):
-        with StagedDir(racing) as s:
-            (s.tmp / "ours.txt").write_text("ours")
-            racing.mkdir()  # another process creates out meanwhile
-            (racing / "theirs.txt").write_text("theirs")
-            s.publish()
-    assert _tree(tmp_path / "a") == ["raced", "raced/theirs.txt"]  # theirs kept, no temp dir, a/ kept (not empty)
-
-
-def test_staged_dir_os_error_on_enter_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
-    import errno
-
-    import recsvc.artifacts as artifacts
-
-    def denied(prefix, dir):
-        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc")
-
-    out = tmp_path / "a" / "b" / "c"
-    stage = artifacts.StagedDir(out)
-    monkeypatch.setattr(artifacts.tempfile, "mkdtemp", denied)
-    with pytest.raises(OutputError, match=r"^cannot create --out .*a/b/c: Permission denied \(.*a/b\)$"):
-        stage.__enter__()
-    assert list(tmp_path.iterdir()) == []  # a/ and a/b/ were made, then removed
-    monkeypatch.undo()
-    # A parent that became a file after the checks: the mkdir's error, nothing made.
-    (tmp_path / "a").write_text("x")
-    with pytest.raises(OutputError, match=r"cannot create --out .*a/b/c: Not a directory \(.*a/b\)"):
-        with stage:
-            pass
-    assert _tree(tmp_path) == ["a"]
 
 
 def test_artifact_writer_error_outside_with_and_after_commit(tmp_path):
@@ -257,46 +104,61 @@ def test_artifact_writer_error_outside_with_and_after_commit(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_publish_never_replaces_a_directory_that_appeared_at_the_last_moment(tmp_path, monkeypatch):
-    """Between publish's check and the rename another process makes ``out`` (empty): without
-    --force that directory is kept and the run gets the clear error, not a silent replace."""
-    from recsvc import artifacts
-    from recsvc.artifacts import OutputError, StagedDir
-
-    out = tmp_path / "res"
-    real = artifacts._renameat2
-
-    def racing(a, b, flags):
-        Path(b).mkdir(exist_ok=True)  # the other process wins the race
-        return real(a, b, flags)
-
-    with StagedDir(out) as stage:
-        (stage.tmp / "mine.txt").write_text("new")
-        monkeypatch.setattr(artifacts, "_renameat2", racing)
-        with pytest.raises(OutputError, match=r"--out .*res appeared while writing; not replacing it"):
-            stage.publish()
-    assert out.is_dir() and list(out.iterdir()) == [] and list(tmp_path.iterdir()) == [out]
-    # With --force the same race ends with our directory in place.
-    with StagedDir(tmp_path / "res2", force=True) as stage:
-        (stage.tmp / "mine.txt").write_text("new")
-        stage.publish()
-    assert (tmp_path / "res2" / "mine.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["res", "res2"]
+# ---------------------------------------------------------------------------------------------
+# The typed manifest
 
 
-def test_a_parent_made_meanwhile_by_another_run_is_used_and_kept(tmp_path, monkeypatch):
-    from recsvc.artifacts import StagedDir
+def _manifest_json(out):
+    return json.loads((out / "manifest.json").read_text())
 
-    out = tmp_path / "a" / "b" / "res"
-    real_mkdir = Path.mkdir
 
-    def racing_mkdir(self, *args, **kwargs):
-        if self == tmp_path / "a":
-            real_mkdir(self)  # the other run creates it first
-        return real_mkdir(self, *args, **kwargs)
+def test_manifest_fields_are_typed_and_round_trip(tmp_path):
+    rho = {"median": 0.25, "mean": 0.5, "frac_positive": 0.75, "users": 4}
+    out = _write(tmp_path / "toy", content={"dataset": "toy", "seed": 3, "population_spearman": rho,
+                                            "percentiles": [1.0, 99.0], "note": {"free": [1, 2]}})
+    m = load_artifact(out).manifest
+    assert (m.format_version, m.dataset, m.seed, m.percentiles) == (1, "toy", 3, (1.0, 99.0))
+    assert m.population_spearman == SpearmanStats(median=0.25, mean=0.5, frac_positive=0.75, users=4)
+    assert m.extra == {"note": {"free": [1, 2]}} and m.split is None and m.sansa is None
+    raw = _manifest_json(out)
+    assert m.to_dict() == raw and Manifest.from_dict(m.to_dict()) == m
+    assert (out / "manifest.json").read_text() == json.dumps(m.to_dict(), indent=2, sort_keys=True) + "\n"
 
-    monkeypatch.setattr(Path, "mkdir", racing_mkdir)
-    with pytest.raises(RuntimeError):
-        with StagedDir(out):
-            raise RuntimeError("fails after the parents exist")
-    monkeypatch.undo()
-    assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()  # ours removed, theirs kept
+
+def test_manifest_keeps_integers_and_numpy_values_as_written(tmp_path):
+    """Values are checked, never coerced: an int stays an int, so the JSON bytes do not change."""
+    out = _write(tmp_path / "toy", content={"dataset": "toy", "seed": np.int64(7), "accuracy": {"r@20": np.float64(0.5)},
+                                            "timings_s": {"total": 2}})
+    raw = (out / "manifest.json").read_text()
+    assert '"seed": 7,' in raw and '"total": 2\n' in raw and '"r@20": 0.5' in raw
+    m = load_artifact(out).manifest
+    assert type(m.seed) is int and m.timings_s == {"total": 2} and type(m.timings_s["total"]) is int
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("dataset"), r"manifest.json: required field 'dataset' is missing; expected a string"),
+    (lambda d: d.pop("format_version"), r"required field 'format_version' is missing; expected an integer"),
+    (lambda d: d.pop("files"), r"required field 'files' is missing; expected a non-empty object of file → sha256"),
+    (lambda d: d["population_spearman"].pop("median"),
+     r"required field 'population_spearman.median' is missing; expected a number"),
+    (lambda d: d.update(seed="7"), r"field 'seed' is a JSON str \('7'\); expected an integer"),
+    (lambda d: d.update(seed=True), r"field 'seed' is a JSON bool \(True\); expected an integer"),
+    (lambda d: d.update(dataset=None), r"field 'dataset' is null; expected a string"),
+    (lambda d: d.update(percentiles=[1.0]), r"field 'percentiles' is a JSON list \(\[1.0\]\); expected a list of two"),
+])
+def test_manifest_missing_or_mistyped_field_is_a_clear_error(tmp_path, change, message):
+    out = _write(tmp_path / "toy", content={"dataset": "toy", "population_spearman": {
+        "median": 0.1, "mean": 0.1, "frac_positive": 0.5, "users": 3}})
+    data = _manifest_json(out)
+    change(data)
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=message):
+        load_artifact(out)
+    with pytest.raises(ArtifactError, match=message.replace("manifest.json: ", "")):
+        Manifest.from_dict(data)
+
+
+def test_writer_refuses_a_manifest_without_a_required_field_and_publishes_nothing(tmp_path):
+    with pytest.raises(ArtifactError, match=r"manifest of .*toy: required field 'dataset' is missing"):
+        _write(tmp_path / "toy", content={"seed": 1})
+    assert list(tmp_path.iterdir()) == []

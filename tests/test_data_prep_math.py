@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from data_prep.candidates import ScoringContext, TopK, score_population, score_top_k, top_k
+from data_prep.candidates import ScoringContext, score_population, score_top_k
 from data_prep.metrics import accuracy, bars_recall_at, ndcg_at, recall_at, hit_matrix
 from data_prep.sensitivities import BlockStore, item_ranges, percentiles_along_rows, population_spearman
-from recsvc.artifacts import Model
 from recsvc.engines import LocalEngine, chunk_ranges
+from recsvc.model import Model, TopK, top_k
 
 # Score = x @ I @ M: each input item contributes its row of M.
 M = np.array([[0.0, 1.0, 2.0, 0.0], [0.0, 0.0, 4.0, 0.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])

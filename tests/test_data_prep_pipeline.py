@@ -13,7 +13,7 @@ import pytest
 
 import data_prep.pipeline as pipeline
 from data_prep.pipeline import PrepConfig, run
-from recsvc.artifacts import load_artifact
+from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
 from recsvc.cli import main
 from tests.data_prep_fixtures import ratings_table, write_ml20m
 
@@ -37,18 +37,33 @@ def tiny_artifact(tmp_path_factory) -> Path:
     return out
 
 
+def test_manifest_of_a_built_artifact_round_trips_to_the_same_bytes(tiny_artifact: Path) -> None:
+    """Every key the pipeline writes is a typed field (nothing left in ``extra`` but the records
+    no consumer reads), and the typed manifest writes back to exactly the file's bytes."""
+    text = (tiny_artifact / "manifest.json").read_text()
+    m = load_artifact(tiny_artifact).manifest
+    assert Manifest.from_dict(m.to_dict()) == m and m.to_dict() == json.loads(text)
+    assert json.dumps(m.to_dict(), indent=2, sort_keys=True) + "\n" == text
+    assert isinstance(m.split, SplitInfo) and isinstance(m.sansa, SansaInfo)
+    assert isinstance(m.population_spearman, SpearmanStats)
+    assert set(m.extra) == {"engine", "synthetic"} and not m.split.extra and not m.sansa.extra
+    assert (m.format_version, m.candidates_per_user, m.sansa.selected_on, m.sansa.grid) == (1, 500, "fixed", ())
+    assert m.sensitivity_population_users == 60 and m.items_without_population_scores == 0
+    assert m.timings_s is not None and m.timings_s["total"] > 0 and m.source is not None
+
+
 def test_cli_end_to_end(tiny_artifact: Path, capsys) -> None:
     art = load_artifact(tiny_artifact)
     m = art.manifest
-    assert m["dataset"] == "synthetic" and m["seed"] == 42
-    assert m["split"]["test_users"] == 60 and m["split"]["validation_users"] == 60
-    assert m["sensitivity_population"] == "validation" and m["percentiles"] == [1.0, 99.0]
-    assert set(m["accuracy"]) == {"recall@20", "recall@50", "ndcg@100", "bars_recall@20", "ndcg@20"}
+    assert m.dataset == "synthetic" and m.seed == 42
+    assert m.split.test_users == 60 and m.split.validation_users == 60
+    assert m.sensitivity_population == "validation" and m.percentiles == (1.0, 99.0)
+    assert set(m.accuracy) == {"recall@20", "recall@50", "ndcg@100", "bars_recall@20", "ndcg@20"}
     # The clustered synthetic data is learnable: far better than random (≈ 20/150 items).
-    assert m["accuracy"]["recall@20"] > 0.3
-    assert set(m["population_spearman"]) == {"median", "mean", "frac_positive", "users"}
-    assert m["population_spearman"]["users"] == 60
-    assert {"numpy", "sansa", "polars"} <= set(m["versions"])
+    assert m.accuracy["recall@20"] > 0.3
+    assert set(m.population_spearman.to_dict()) == {"median", "mean", "frac_positive", "users"}
+    assert m.population_spearman.users == 60
+    assert {"numpy", "sansa", "polars"} <= set(m.versions)
     cands = art.candidates
     # Top-500 of 150 items: every unseen item, ranked by score descending, no seen items.
     per_user = cands.group_by("user_id").agg(pl.len(), pl.col("score").diff().max().alias("up"), pl.col("rank").max())
@@ -183,9 +198,9 @@ def test_ml20m_fixture_end_to_end(tmp_path: Path) -> None:
     out = run(PrepConfig(dataset="ml-20m", data_dir=data, out=tmp_path / "a", test_users=10, val_users=10,
                          l2=(10.0,), density=(0.2,), workers=1, progress=False))
     m = load_artifact(out).manifest
-    assert m["split"]["test_users"] == 10 and m["split"]["validation_users"] == 10
-    assert m["sansa"]["l2"] == 10.0 and m["sansa"]["factorizer"] == "cholmod"
-    assert m["sansa"]["umr_scans"] == 5  # glami/sansa's ML-20M reproduction setting
+    assert m.split.test_users == 10 and m.split.validation_users == 10
+    assert m.sansa.l2 == 10.0 and m.sansa.factorizer == "cholmod"
+    assert m.sansa.umr_scans == 5  # glami/sansa's ML-20M reproduction setting
 
 
 def test_real_ml100k_end_to_end(tmp_path: Path) -> None:
@@ -193,17 +208,17 @@ def test_real_ml100k_end_to_end(tmp_path: Path) -> None:
     out = run(PrepConfig(out=tmp_path / "ml-100k", progress=False))
     art = load_artifact(out)
     m = art.manifest
-    assert m["dataset"] == "ml-100k" and m["split"]["test_users"] == 100 and m["split"]["validation_users"] == 100
-    assert m["split"]["items"] > 1000 and m["split"]["train_users"] > 700
-    assert m["sansa"]["selected_on"] == "validation ndcg@100" and len(m["sansa"]["grid"]) == 6
-    assert m["accuracy"]["recall@20"] > 0.3 and m["accuracy"]["ndcg@100"] > 0.3
+    assert m.dataset == "ml-100k" and m.split.test_users == 100 and m.split.validation_users == 100
+    assert m.split.items > 1000 and m.split.train_users > 700
+    assert m.sansa.selected_on == "validation ndcg@100" and len(m.sansa.grid) == 6
+    assert m.accuracy["recall@20"] > 0.3 and m.accuracy["ndcg@100"] > 0.3
     assert art.candidates.group_by("user_id").len()["len"].max() == 500
     # The paper's real-data finding (§VII): MovieLens scores correlate positively with Δ, so
     # mGEM beats RNM, which beats GEM, with mGEM's 95% CI clear of RNM's. Exact probabilities.
     from eval.harness import EvalConfig
     from eval.harness import run as evaluate
 
-    assert m["population_spearman"]["median"] > 0.3
+    assert m.population_spearman.median > 0.3
     res = evaluate(EvalConfig(artifacts=out, mechanisms=("rnm", "gem", "mgem"), epsilons=(0.1, 1.0, 4.0),
                               exact=True, progress=False, workers=1))
     t = {(r["mechanism"], r["epsilon"]): r for r in res.mse.iter_rows(named=True)}
@@ -225,12 +240,12 @@ def test_amazon_book_fixture_end_to_end(tmp_path: Path, capsys) -> None:
                          density=(0.2,), factorizer="cholmod", population_users=25, workers=1, progress=False))
     art = load_artifact(out)
     m = art.manifest
-    assert m["sensitivity_population"] == "sample" and m["sensitivity_population_users"] == 25
-    assert m["sansa"]["umr_scans"] == 3  # glami/sansa's Amazon-book reproduction setting
-    assert m["split"]["test_users"] == len(test) and m["split"]["train_users"] == 40
-    assert m["split"]["train_interactions"] == 40 * 8 and "validation_users" not in m["split"]
+    assert m.sensitivity_population == "sample" and m.sensitivity_population_users == 25
+    assert m.sansa.umr_scans == 3  # glami/sansa's Amazon-book reproduction setting
+    assert m.split.test_users == len(test) and m.split.train_users == 40
+    assert m.split.train_interactions == 40 * 8 and "validation_users" not in m.split.to_dict()
     # The weak-generalisation protocol's metrics (hits / |targets|, nDCG@20) are the ones shown.
-    acc = m["accuracy"]
+    acc = m.accuracy
     assert 0 < acc["bars_recall@20"] <= acc["recall@20"] and 0 < acc["ndcg@20"] <= 1
     from data_prep.cli import print_summary
 
@@ -256,7 +271,7 @@ def _peak_sensitivity_bytes(users: int, tmp_path: Path) -> tuple[int, dict]:
     from data_prep.pipeline import PrepConfig, _sensitivities, _Timer
     from data_prep.sensitivities import population_spearman
     from data_prep.split import UserGroup
-    from recsvc.artifacts import Model
+    from recsvc.model import Model
     from recsvc.engines import LocalEngine
 
     items = 600

@@ -10,8 +10,9 @@ import pytest
 from eval import harness
 from eval.harness import EvalConfig, run
 from recsvc import demo
-from recsvc.artifacts import load_artifact
+from recsvc.artifact import load_artifact
 from recsvc.cli import main as recsvc_main
+from recsvc.staging import OutputError
 from tests.eval_fixtures import make_artifact
 
 QUICK = ["--users", "3", "--trials", "2", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--workers", "1"]
@@ -41,7 +42,7 @@ def test_out_overlapping_the_artifact_is_refused_even_with_force(where, force, a
     assert recsvc_main(argv) == 2
     _one_line_error(capsys, r"--out .* (is|is inside|contains) the --artifacts directory")
     assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["art"]
-    assert load_artifact(art).manifest["files"]  # still a valid, verified artifact
+    assert load_artifact(art).manifest.files  # still a valid, verified artifact
 
 
 @pytest.mark.parametrize("cmd", [["eval", "--artifacts", "{art}"], ["eval-synthetic", "--scenario", "4", "--n", "8"]])
@@ -120,7 +121,7 @@ def test_failed_run_leaves_no_parents_or_temp_dir_and_a_good_run_publishes(error
     assert run(cfg).out == out and pl.read_parquet(out / "users.parquet").height == 3
     assert sorted(p.name for p in out.parent.iterdir()) == ["c"]  # published, no temp sibling
     (out / "mine.txt").write_text("x")
-    with pytest.raises(ValueError, match=r"--out .*c already exists; pass --force"):
+    with pytest.raises(OutputError, match=r"^out .*c already exists; pass force to replace it$"):
         run(cfg)
     assert (out / "mine.txt").read_text() == "x"
     assert run(replace(cfg, force=True, users=2)).users == 2  # --force replaces

@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import stats
 
-from recsvc.artifacts import load_artifact
+from recsvc.artifact import load_artifact
 from recsvc.mechanisms import probabilities
 from recsvc.service.client import Client
 from recsvc.service.server import ServerConfig, ServerHandle, start

@@ -187,7 +187,7 @@ def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_pa
 
 
 def test_prepared_requests_keep_user_data_out_of_repr(artifact: Path, tmp_path: Path) -> None:
-    from recsvc.artifacts import load_artifact
+    from recsvc.artifact import load_artifact
     from recsvc.service.ledger import Ledger
     from recsvc.service.servicer import Policy, SelectionServicer
     from recsvc.v1 import selection_pb2 as pb

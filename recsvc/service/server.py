@@ -125,7 +125,7 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_health.v1 import health, health_pb2, health_pb2_grpc
     from grpc_reflection.v1alpha import reflection
 
-    from recsvc.artifacts import load_artifact
+    from recsvc.artifact import load_artifact
     from recsvc.service import auth, metrics
     from recsvc.service import ledger as ledger_mod
     from recsvc.service.servicer import Policy, SelectionServicer

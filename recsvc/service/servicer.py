@@ -25,9 +25,10 @@ import grpc
 import numpy as np
 import scipy.sparse as sp
 
-from recsvc.artifacts import Artifact
+from recsvc.artifact import Artifact, Manifest
 from recsvc.mechanisms import MECHANISMS, select
 from recsvc.mechanisms.validation import PARAM_NAMES, check_params
+from recsvc.model import top_k
 from recsvc.rng import thread_csprng
 from recsvc.service import metrics
 from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
@@ -87,9 +88,9 @@ def resolve_auto(rho_median: float | None, threshold: float) -> str | None:
     return "rnm"
 
 
-def population_median(manifest: dict[str, Any]) -> float | None:
-    value = (manifest.get("population_spearman") or {}).get("median")
-    return float(value) if isinstance(value, (int, float)) else None
+def population_median(manifest: Manifest) -> float | None:
+    stats = manifest.population_spearman
+    return None if stats is None else float(stats.median)
 
 
 class Catalog:
@@ -115,7 +116,8 @@ class Catalog:
 
 
 class Recommender:
-    """Server-side SANSA: history → dense scores → top-k unseen items that have clip ranges."""
+    """Server-side SANSA: history → dense scores → top-k unseen items that have clip ranges,
+    ranked by :func:`recsvc.model.top_k` (ties → lower model column), as the pipeline ranks."""
 
     def __init__(self, artifact: Artifact, catalog: Catalog) -> None:
         self.model = artifact.model
@@ -137,16 +139,14 @@ class Recommender:
         m = len(self.row_of_col)
         seen = np.unique(np.asarray(cols, np.int64))
         x = sp.csr_matrix((np.ones(seen.size), (np.zeros(seen.size, np.int64), seen)), shape=(1, m))
-        scores = self.model.score(x)[0]
-        scores[seen] = -np.inf  # recommend unseen items only
-        scores[self.row_of_col < 0] = -np.inf
-        eligible = int(np.isfinite(scores).sum())
-        k = min(k, eligible)
-        if k == 0:
+        scores = self.model.score_unseen(x)  # recommend unseen items only
+        scores[:, self.row_of_col < 0] = -np.inf
+        top = top_k(scores, k)
+        count = int(top.count[0])
+        if count == 0:
             raise InvalidRequest("no unseen items are left to recommend for this history")
-        top = np.argpartition(-scores, k - 1)[:k]
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return self.row_of_col[top], scores[top]
+        cols_ranked = top.index[0, :count]  # padding (fewer than k eligible items) sits at the end
+        return self.row_of_col[cols_ranked], top.score[0, :count]
 
 
 def _short(s: str, limit: int = 64) -> str:
@@ -218,7 +218,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             self._mechanism_name(default)  # fail at startup, not per request
         self.default_mechanism = default
         self.recommender: Recommender | None = None
-        if "model/W1.npz" in (artifact.manifest.get("files") or {}):
+        if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
 

@@ -1,0 +1,33 @@
+"""The one reader and writer of artifact directories (SPEC §4).
+
+:mod:`~recsvc.artifact.format` (file names, schemas, checks), :mod:`~recsvc.artifact.manifest`
+(the typed ``manifest.json``), :mod:`~recsvc.artifact.reader` (:func:`load_artifact`, which
+verifies the checksums before anything is trusted) and :mod:`~recsvc.artifact.writer`
+(:class:`ArtifactWriter`: a crash never leaves a half-written artifact).
+"""
+
+from recsvc.artifact.format import (
+    CANDIDATES,
+    CANDIDATES_SCHEMA,
+    FORMAT_VERSION,
+    ITEMS,
+    ITEMS_SCHEMA,
+    MANIFEST,
+    MIN_SENSITIVITY,
+    MODEL_DIR,
+    ArtifactError,
+    json_default,
+    sha256_file,
+    validate_candidates,
+    validate_items,
+)
+from recsvc.artifact.manifest import Manifest, SansaInfo, SpearmanStats, SplitInfo
+from recsvc.artifact.reader import Artifact, CandidateMatrix, load_artifact, load_model, read_manifest
+from recsvc.artifact.writer import ArtifactWriter, save_model
+
+__all__ = [
+    "CANDIDATES", "CANDIDATES_SCHEMA", "FORMAT_VERSION", "ITEMS", "ITEMS_SCHEMA", "MANIFEST", "MIN_SENSITIVITY",
+    "MODEL_DIR", "Artifact", "ArtifactError", "ArtifactWriter", "CandidateMatrix", "Manifest", "SansaInfo",
+    "SpearmanStats", "SplitInfo", "json_default", "load_artifact", "load_model", "read_manifest", "save_model",
+    "sha256_file", "validate_candidates", "validate_items",
+]

@@ -1,0 +1,89 @@
+"""The artifact directory's format (SPEC §4): file names, column schemas and their invariants.
+
+Layout of ``artifacts/<dataset>/``::
+
+    manifest.json        dataset, seeds, split sizes, SANSA config, versions, accuracy,
+                         population Spearman statistics, sha256 of every other file
+    items.parquet        item_id (str), lo, hi, sensitivity           -- public per-item data
+    candidates.parquet   user_id (str), rank, item_id (str), score    -- raw, unclipped
+    model/W1.npz, model/W2.npz, model/items.parquet (item_id in column order)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+MANIFEST = "manifest.json"
+ITEMS = "items.parquet"
+CANDIDATES = "candidates.parquet"
+MODEL_DIR = "model"
+MODEL_W1 = "W1.npz"
+MODEL_W2 = "W2.npz"
+MODEL_ITEMS = "items.parquet"
+FORMAT_VERSION = 1
+MIN_SENSITIVITY = 1e-6
+
+ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensitivity": pl.Float64}
+CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}
+
+
+class ArtifactError(ValueError):
+    """An artifact directory is missing, incomplete or corrupt, or its content is invalid."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_schema(df: pl.DataFrame, schema: dict[str, Any], what: str) -> pl.DataFrame:
+    missing = [c for c in schema if c not in df.columns]
+    if missing:
+        raise ArtifactError(f"{what}: missing columns {missing}; expected columns {list(schema)}")
+    try:
+        return df.select([pl.col(c).cast(t, strict=True) for c, t in schema.items()])
+    except Exception as exc:  # polars raises several exception types for bad casts
+        raise ArtifactError(f"{what}: columns do not match the expected types {schema}: {exc}") from exc
+
+
+def validate_items(items: pl.DataFrame) -> pl.DataFrame:
+    """Checks the invariants every consumer relies on: unique ids, finite lo ≤ hi, Δ = max(hi−lo, 1e-6)."""
+    items = _check_schema(items, ITEMS_SCHEMA, ITEMS)
+    if items.height == 0:
+        raise ArtifactError(f"{ITEMS}: no items")
+    if items["item_id"].null_count() or items["item_id"].n_unique() != items.height:
+        raise ArtifactError(f"{ITEMS}: item_id must be unique and non-null")
+    lo, hi, sens = (items[c].to_numpy() for c in ("lo", "hi", "sensitivity"))
+    if not (np.isfinite(lo).all() and np.isfinite(hi).all() and np.isfinite(sens).all()):
+        raise ArtifactError(f"{ITEMS}: lo, hi and sensitivity must be finite")
+    if (hi < lo).any():
+        raise ArtifactError(f"{ITEMS}: hi < lo for {int((hi < lo).sum())} items; expected lo ≤ hi")
+    if not np.allclose(sens, np.maximum(hi - lo, MIN_SENSITIVITY), rtol=0, atol=1e-12):
+        raise ArtifactError(f"{ITEMS}: sensitivity must equal max(hi - lo, {MIN_SENSITIVITY})")
+    return items
+
+
+def validate_candidates(cands: pl.DataFrame) -> pl.DataFrame:
+    cands = _check_schema(cands, CANDIDATES_SCHEMA, CANDIDATES)
+    if not np.isfinite(cands["score"].to_numpy()).all():
+        raise ArtifactError(f"{CANDIDATES}: scores must be finite")
+    return cands
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps``'s ``default``: numpy scalars and arrays as Python values, paths as strings."""
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,171 @@
+"""Reading an artifact directory: :func:`load_artifact` verifies every file's sha256 before
+anything is trusted, then serves the items, the candidates (as rectangular arrays) and the model."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+
+from recsvc.artifact.format import (
+    CANDIDATES,
+    ITEMS,
+    MANIFEST,
+    MODEL_DIR,
+    MODEL_ITEMS,
+    MODEL_W1,
+    MODEL_W2,
+    ArtifactError,
+    sha256_file,
+    validate_candidates,
+    validate_items,
+)
+from recsvc.artifact.manifest import Manifest
+from recsvc.model import Model
+
+
+def load_model(directory: Path) -> Model:
+    """The SANSA model saved by :meth:`recsvc.artifact.ArtifactWriter.write_model`."""
+    item_ids = pl.read_parquet(directory / MODEL_ITEMS)["item_id"].to_numpy().astype(str)
+    w1 = sp.load_npz(directory / MODEL_W1).tocsr()
+    w2 = sp.load_npz(directory / MODEL_W2).tocsr()
+    if w1.shape[0] != len(item_ids) or w2.shape[1] != len(item_ids) or w1.shape[1] != w2.shape[0]:
+        raise ArtifactError(
+            f"{directory}: model shapes W1 {w1.shape}, W2 {w2.shape} do not match {len(item_ids)} items"
+        )
+    return Model(w1=w1, w2=w2, item_ids=item_ids)
+
+
+@dataclass(frozen=True)
+class CandidateMatrix:
+    """Candidates as rectangular arrays (users × n), padded where a user has fewer than n.
+
+    ``count[b]`` is user b's real candidate count; padded slots have score −inf, Δ 1 and
+    item index −1. Scores here are RAW; :meth:`clipped` applies each item's clip range.
+    """
+
+    user_ids: np.ndarray  # (B,) str
+    item_index: np.ndarray  # (B, n) int64 row in items, −1 for padding
+    scores: np.ndarray  # (B, n) float64 raw
+    lo: np.ndarray  # (B, n)
+    hi: np.ndarray  # (B, n)
+    sensitivity: np.ndarray  # (B, n)
+    count: np.ndarray  # (B,) int
+
+    def clipped(self) -> np.ndarray:
+        return np.clip(self.scores, self.lo, self.hi)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    path: Path
+    manifest: Manifest
+    items: pl.DataFrame
+
+    @cached_property
+    def item_index(self) -> dict[str, int]:
+        return {item: i for i, item in enumerate(self.items["item_id"].to_list())}
+
+    @cached_property
+    def candidates(self) -> pl.DataFrame:
+        return validate_candidates(pl.read_parquet(self.path / CANDIDATES))
+
+    @property
+    def has_model(self) -> bool:
+        return f"{MODEL_DIR}/{MODEL_W1}" in self.manifest.files
+
+    @cached_property
+    def model(self) -> Model:
+        return load_model(self.path / MODEL_DIR)
+
+    @cached_property
+    def _sorted_candidates(self) -> pl.DataFrame:
+        return self.candidates.sort(["user_id", "rank"], maintain_order=True)
+
+    @cached_property
+    def user_ids(self) -> np.ndarray:
+        """Every test user, in artifact order (the order of :meth:`candidate_matrix` rows)."""
+        return self._sorted_candidates["user_id"].unique(maintain_order=True).to_numpy().astype(str)
+
+    @cached_property
+    def _user_offsets(self) -> np.ndarray:
+        # Row offset of each user's first candidate in the sorted frame (+ the total at the end).
+        counts = self._sorted_candidates.group_by("user_id", maintain_order=True).len()["len"].to_numpy()
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def candidate_matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
+        """``users`` test users from position ``start`` (all remaining if None), in artifact order.
+
+        Only that slice is materialised, so callers can walk the users in bounded-memory chunks.
+        """
+        total = len(self.user_ids)
+        if start < 0 or (users is not None and users < 0):
+            raise ValueError(f"candidate_matrix: start and users must be ≥ 0, got start={start}, users={users}")
+        stop = total if users is None else min(total, start + users)
+        start = min(start, total)
+        offs = self._user_offsets
+        cands = self._sorted_candidates.slice(int(offs[start]), int(offs[stop] - offs[start]))
+        order = pl.Series(self.user_ids[start:stop])
+        user_ids = order.to_numpy().astype(str)
+        row_of_user = {u: i for i, u in enumerate(user_ids.tolist())}
+        rows = np.fromiter((row_of_user[u] for u in cands["user_id"].to_list()), np.int64, cands.height)
+        counts = np.bincount(rows, minlength=len(user_ids))
+        n = int(counts.max()) if len(counts) else 0
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        cols = np.arange(cands.height) - starts[rows]
+        idx = np.full((len(user_ids), n), -1, dtype=np.int64)
+        try:
+            idx[rows, cols] = np.fromiter(
+                (self.item_index[i] for i in cands["item_id"].to_list()), np.int64, cands.height
+            )
+        except KeyError as exc:
+            raise ArtifactError(f"{CANDIDATES}: item_id {exc.args[0]!r} is not in {ITEMS}") from None
+        scores = np.full((len(user_ids), n), -np.inf)
+        scores[rows, cols] = cands["score"].to_numpy()
+        pad = idx < 0
+        take = np.where(pad, 0, idx)
+        lo = np.where(pad, -np.inf, self.items["lo"].to_numpy()[take])
+        hi = np.where(pad, -np.inf, self.items["hi"].to_numpy()[take])
+        sens = np.where(pad, 1.0, self.items["sensitivity"].to_numpy()[take])
+        return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
+
+
+def read_manifest(path: Path) -> Manifest:
+    """The typed manifest of the artifact directory ``path`` (no checksums verified)."""
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise ArtifactError(f"{mpath} is missing; {path} is not a complete artifact directory")
+    try:
+        data = json.loads(mpath.read_text())
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{mpath} is not valid JSON: {exc}") from exc
+    return Manifest.from_dict(data, source=str(mpath))
+
+
+def load_artifact(path: str | os.PathLike[str], verify: bool = True) -> Artifact:
+    """Opens an artifact directory; with ``verify`` every file's sha256 is checked first."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ArtifactError(f"artifact directory {path} does not exist; build it with `recsvc prep`")
+    manifest = read_manifest(path)
+    for rel in (ITEMS, CANDIDATES):
+        if rel not in manifest.files:
+            raise ArtifactError(f"{path / MANIFEST} does not list {rel}")
+    if verify:
+        for rel, digest in manifest.files.items():
+            f = path / rel
+            if not f.is_file():
+                raise ArtifactError(f"{f} is missing (listed in the manifest)")
+            actual = sha256_file(f)
+            if actual != digest:
+                raise ArtifactError(
+                    f"{f} is corrupt: sha256 {actual[:12]}… does not match the manifest's {digest[:12]}…"
+                )
+    items = validate_items(pl.read_parquet(path / ITEMS))
+    return Artifact(path=path, manifest=manifest, items=items)

@@ -1,0 +1,74 @@
+"""Writing an artifact directory atomically, on top of :class:`recsvc.staging.StagedDir`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import scipy.sparse as sp
+
+from recsvc.artifact.format import (
+    CANDIDATES,
+    FORMAT_VERSION,
+    ITEMS,
+    MANIFEST,
+    MODEL_DIR,
+    MODEL_ITEMS,
+    MODEL_W1,
+    MODEL_W2,
+    ArtifactError,
+    json_default,
+    sha256_file,
+    validate_candidates,
+    validate_items,
+)
+from recsvc.artifact.manifest import Manifest
+from recsvc.model import Model
+from recsvc.staging import StagedDir
+
+
+def save_model(model: Model, directory: Path) -> None:
+    """Writes the SANSA model into the new directory ``directory`` (read by ``load_model``)."""
+    directory.mkdir()
+    sp.save_npz(directory / MODEL_W1, sp.csr_matrix(model.w1), compressed=False)
+    sp.save_npz(directory / MODEL_W2, sp.csr_matrix(model.w2), compressed=False)
+    pl.DataFrame({"item_id": model.item_ids.astype(str)}).write_parquet(directory / MODEL_ITEMS)
+
+
+class ArtifactWriter(StagedDir):
+    """Atomic writer: ``with ArtifactWriter(out, force) as w: w.write_items(...); ...; w.commit(manifest)``.
+
+    Nothing appears at ``out`` unless :meth:`commit` succeeds (see :class:`StagedDir`). An
+    existing ``out`` is an error unless ``force``; with ``force`` it is replaced only at commit.
+    """
+
+    def write_items(self, items: pl.DataFrame) -> None:
+        validate_items(items).write_parquet(self.tmp / ITEMS, statistics=False)
+
+    def write_candidates(self, cands: pl.DataFrame) -> None:
+        validate_candidates(cands).write_parquet(self.tmp / CANDIDATES, statistics=False)
+
+    def write_model(self, model: Model) -> None:
+        save_model(model, self.tmp / MODEL_DIR)
+
+    def commit(self, content: Mapping[str, Any]) -> Path:
+        """Writes ``manifest.json`` (``content`` + format version + every file's sha256), checked
+        as a :class:`Manifest`, then publishes the directory."""
+        tmp = self.tmp
+        for required in (ITEMS, CANDIDATES):
+            if not (tmp / required).is_file():
+                raise ArtifactError(f"cannot commit artifact: {required} was not written")
+        files = {
+            p.relative_to(tmp).as_posix(): sha256_file(p)
+            for p in sorted(tmp.rglob("*"))
+            if p.is_file()
+        }
+        # Through JSON once: numpy values become the plain values the file holds.
+        data = json.loads(json.dumps({"format_version": FORMAT_VERSION, **content, "files": files},
+                                     default=json_default))
+        manifest = Manifest.from_dict(data, source=f"manifest of {self.out}")
+        (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n")
+        return self.publish()

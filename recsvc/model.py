@@ -1,0 +1,79 @@
+"""SANSA scoring and the one top-k ranking, shared by the offline pipeline and the service.
+
+Scores are dense ``x @ W1 @ W2`` (:meth:`Model.score`), exact zeros included; a user's own
+input items are masked to −inf (:meth:`Model.score_unseen`). :func:`top_k` ranks by score
+descending and breaks ties by the lower item column, so a ranking is deterministic and the
+same whether it is computed in a pipeline chunk or for one service request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass(frozen=True)
+class Model:
+    """SANSA's two sparse factors; scores for a user row x are x @ W1 @ W2."""
+
+    w1: sp.csr_matrix
+    w2: sp.csr_matrix
+    item_ids: np.ndarray  # str, column order of W1/W2
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {item: i for i, item in enumerate(self.item_ids.tolist())}
+
+    def score(self, x: sp.csr_matrix) -> np.ndarray:
+        """Dense scores (users × items); seen items are not masked (see :meth:`score_unseen`)."""
+        return np.asarray((x @ self.w1 @ self.w2).todense(), dtype=np.float64)
+
+    def score_unseen(self, x: sp.csr_matrix) -> np.ndarray:
+        """Dense scores with each user's input items (the nonzeros of its row of ``x``) at −inf."""
+        scores = self.score(x)
+        rows = np.repeat(np.arange(x.shape[0]), np.diff(x.indptr))
+        scores[rows, x.indices] = -np.inf
+        return scores
+
+
+@dataclass(frozen=True)
+class TopK:
+    """Each user's ranked items: columns (−1 = padding) and raw scores (−inf = padding)."""
+
+    index: np.ndarray  # (B, k) int32
+    score: np.ndarray  # (B, k) float64
+
+    @property
+    def count(self) -> np.ndarray:
+        return (self.index >= 0).sum(axis=1)
+
+    @staticmethod
+    def concat(parts: list[TopK]) -> TopK:
+        return TopK(np.concatenate([p.index for p in parts]), np.concatenate([p.score for p in parts]))
+
+
+def top_k(scores: np.ndarray, k: int) -> TopK:
+    """Top-k per row of ``scores`` (−inf = excluded), ties → lower column first. O(n) per row.
+
+    A row with fewer than k finite scores is padded at its end (column −1, score −inf)."""
+    b, n = scores.shape
+    k = min(k, n)
+    if b == 0 or k == 0:
+        return TopK(np.zeros((b, k), np.int32), np.zeros((b, k)))
+    kth = np.partition(scores, n - k, axis=1)[:, n - k : n - k + 1]
+    above = scores > kth
+    tied = scores == kth
+    # Take every score above the k-th value, then the lowest-column ties until k are chosen.
+    need = k - above.sum(axis=1, keepdims=True)
+    chosen = above | (tied & (np.cumsum(tied, axis=1) <= need))
+    cols = np.nonzero(chosen)[1].reshape(b, k)  # ascending column order within each row
+    vals = np.take_along_axis(scores, cols, axis=1)
+    order = np.argsort(-vals, axis=1, kind="stable")
+    cols = np.take_along_axis(cols, order, axis=1).astype(np.int32)
+    vals = np.take_along_axis(vals, order, axis=1)
+    pad = ~np.isfinite(vals)  # −inf: an excluded item filled the slot, i.e. fewer than k eligible
+    cols[pad] = -1
+    return TopK(cols, vals)

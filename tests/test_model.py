@@ -1,0 +1,75 @@
+"""recsvc.model: the one SANSA scoring and top-k tie rule, shared by the pipeline and the service."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.sparse as sp
+
+from data_prep.candidates import ScoringContext, score_top_k
+from recsvc.artifact import ArtifactWriter, load_artifact
+from recsvc.model import Model, TopK, top_k
+from recsvc.service.servicer import Catalog, InvalidRequest, Recommender
+
+# Six items; the user's history is item "a" (column 0), whose row of W2 gives the scores:
+# b, d and f tie at 2, c and e tie at 1. The catalog lists the items in reverse order, so
+# catalog rows differ from model columns.
+IDS = ["a", "b", "c", "d", "e", "f"]
+W2_ROW_A = [5.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+
+
+def _model() -> Model:
+    w2 = np.zeros((6, 6))
+    w2[0] = W2_ROW_A
+    return Model(sp.identity(6, format="csr"), sp.csr_matrix(w2), np.array(IDS))
+
+
+def test_top_k_ties_go_to_the_lower_column_and_short_rows_are_padded() -> None:
+    s = np.array([[2.0, 1.0, 2.0, 2.0], [0.0, 0.0, 0.0, 0.0], [-np.inf, 3.0, -np.inf, -np.inf]])
+    t = top_k(s, 2)
+    assert t.index.tolist() == [[0, 2], [0, 1], [1, -1]]
+    assert t.score[:2].tolist() == [[2.0, 2.0], [0.0, 0.0]] and t.score[2, 0] == 3.0 and np.isneginf(t.score[2, 1])
+    assert t.count.tolist() == [2, 2, 1] and t.index.dtype == np.int32
+    wide = top_k(s, 10)  # k > items: every column, ties by column, −inf last as padding
+    assert wide.index.tolist() == [[0, 2, 3, 1], [0, 1, 2, 3], [1, -1, -1, -1]]
+    empty = top_k(np.zeros((0, 4)), 2)
+    assert empty.index.shape == (0, 2) and TopK.concat([t, empty]).index.tolist() == t.index.tolist()
+
+
+def test_score_unseen_masks_each_users_own_items() -> None:
+    x = sp.csr_matrix(np.array([[1.0, 0, 0, 0, 0, 0], [1.0, 1.0, 0, 0, 0, 0]]))
+    s = _model().score_unseen(x)
+    assert s[0].tolist() == [-np.inf, 2.0, 1.0, 2.0, 1.0, 2.0]
+    assert s[1].tolist() == [-np.inf, -np.inf, 1.0, 2.0, 1.0, 2.0]
+
+
+@pytest.fixture()
+def artifact(tmp_path):
+    lo = np.zeros(6)
+    hi = np.full(6, 3.0)
+    with ArtifactWriter(tmp_path / "art") as w:
+        w.write_items(pl.DataFrame({"item_id": IDS[::-1], "lo": lo, "hi": hi, "sensitivity": hi - lo}))
+        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]})
+                           .cast({"rank": pl.Int32}))
+        w.write_model(_model())
+        return load_artifact(w.commit({"dataset": "ties"}))
+
+
+def test_service_and_pipeline_rank_tied_scores_alike(artifact) -> None:
+    rec = Recommender(artifact, Catalog(artifact))
+    for k, want in ((2, ["b", "d"]), (3, ["b", "d", "f"]), (4, ["b", "d", "f", "c"]), (10, ["b", "d", "f", "c", "e"])):
+        rows, scores = rec.candidates(["a"], k)
+        assert [artifact.items["item_id"][int(r)] for r in rows] == want, k
+        assert scores.tolist() == [2.0, 2.0, 2.0, 1.0, 1.0][: len(want)]
+        # The pipeline's work unit ranks the same user the same way (same function, same rule).
+        top = score_top_k(range(0, 1), ScoringContext(artifact.model, sp.csr_matrix(np.eye(6)[:1]), k))
+        assert [IDS[c] for c in top.index[0, : top.count[0]]] == want, k
+
+
+def test_recommender_skips_seen_items_and_refuses_an_exhausted_history(artifact) -> None:
+    rec = Recommender(artifact, Catalog(artifact))
+    rows, _ = rec.candidates(["a", "d", "a"], 2)  # a and d seen (a twice): next are b, f
+    assert [artifact.items["item_id"][int(r)] for r in rows] == ["b", "f"]
+    with pytest.raises(InvalidRequest, match="no unseen items are left"):
+        rec.candidates(IDS, 3)
