@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-RECSVC = [sys.executable, "-m", "recsvc.cli"]
+RECSVC = [sys.executable, "-m", "recsvc.app.cli"]
 
 
 def run_measured(cmd: list[str], log: Path) -> dict[str, float]:

@@ -11,7 +11,7 @@ from eval import harness
 from eval.harness import EvalConfig, run
 from recsvc import demo
 from recsvc.artifacts import load_artifact
-from recsvc.cli import main as recsvc_main
+from recsvc.app.cli import main as recsvc_main
 from tests.eval_fixtures import make_artifact
 
 QUICK = ["--users", "3", "--trials", "2", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--workers", "1"]
