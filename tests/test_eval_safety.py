@@ -9,7 +9,7 @@ import pytest
 
 from eval import harness
 from eval.harness import EvalConfig, run
-from recsvc import demo
+from recsvc.app import demo
 from recsvc.artifacts import load_artifact
 from recsvc.app.cli import main as recsvc_main
 from tests.eval_fixtures import make_artifact
