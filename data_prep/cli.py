@@ -1,4 +1,4 @@
-"""``recsvc prep``: build an artifact directory (see recsvc/cli.py for the registration contract)."""
+"""``recsvc prep``: build an artifact directory (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 

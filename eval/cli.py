@@ -1,4 +1,4 @@
-"""``recsvc eval`` and ``recsvc eval-synthetic`` (see recsvc/cli.py for the registration contract)."""
+"""``recsvc eval`` and ``recsvc eval-synthetic`` (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ import psutil
 from recsvc.artifact import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-RECSVC = [sys.executable, "-m", "recsvc.cli"]
+RECSVC = [sys.executable, "-m", "recsvc.app.cli"]
 
 
 def run_measured(cmd: list[str], log: Path) -> dict[str, float]:

@@ -170,7 +170,7 @@ class Server:
         self.port, self.workers = free_port(), workers
         self.ledger = ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
         if kind == "sync":
-            cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
+            cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
                    "--port", str(self.port), "--budget", "1e12", "--workers", str(workers), "--drain-delay", "0"]
         else:
             cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(ledger)]

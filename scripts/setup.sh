@@ -33,7 +33,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
             exit 1
         fi
     }
-    pip_install -e ".[dev]"
+    pip_install -e ".[all,dev]"  # everything: the demo and the tests use every part
     .venv/bin/python -c "import recsvc, sansa, sksparse" # fail loudly if the install did not take
     echo "$want" > "$stamp"
 fi

@@ -28,7 +28,7 @@ def test_engine_default_workers() -> None:
 
 
 def _recsvc(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "recsvc.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **kw)
 
 

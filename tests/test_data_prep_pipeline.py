@@ -14,7 +14,7 @@ import pytest
 import data_prep.pipeline as pipeline
 from data_prep.pipeline import PrepConfig, run
 from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
-from recsvc.cli import main
+from recsvc.app.cli import main
 from tests.data_prep_fixtures import ratings_table, write_ml20m
 
 TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16"]

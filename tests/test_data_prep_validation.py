@@ -12,7 +12,7 @@ import data_prep.pipeline as pipeline
 from data_prep.datasets.base import DataError
 from data_prep.datasets.synthetic import PRESETS, config_for
 from data_prep.pipeline import PrepConfig, run
-from recsvc.cli import main
+from recsvc.app.cli import main
 
 
 @pytest.fixture

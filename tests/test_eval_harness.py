@@ -8,7 +8,7 @@ import pytest
 from eval import harness
 from eval.harness import EvalConfig, run, summary
 from eval.scenarios import scenario
-from recsvc.cli import main as recsvc_main
+from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms import probabilities
 from tests.eval_fixtures import make_artifact
 

@@ -9,9 +9,9 @@ import pytest
 
 from eval import harness
 from eval.harness import EvalConfig, run
-from recsvc import demo
+from recsvc.app import demo
+from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact
-from recsvc.cli import main as recsvc_main
 from recsvc.staging import OutputError
 from tests.eval_fixtures import make_artifact
 

@@ -13,7 +13,7 @@ from eval import harness
 from eval import report as report_module
 from eval.harness import EvalConfig, level_dirname, run_sweep
 from eval.scenarios import SWEEP_LEVELS
-from recsvc.cli import main as recsvc_main
+from recsvc.app.cli import main as recsvc_main
 from tests.test_eval_safety import _one_line_error, _snapshot
 
 MECHS = ["rnm", "gem", "mgem", "rs"]

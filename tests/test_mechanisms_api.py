@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from recsvc.cli import main as recsvc_main
+from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms import (
     MECHANISMS,
     MechanismInputError,

@@ -138,7 +138,7 @@ def test_two_workers_share_port_and_ledger_exactly(artifact: Path, tmp_path: Pat
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recsvc.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=60)
 
 

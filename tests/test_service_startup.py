@@ -184,7 +184,7 @@ def test_candidates_file_of_the_wrong_kind(tmp_path: Path) -> None:
 
 def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) -> None:
     port = free_port()
-    cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifact), "--ledger",
+    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifact), "--ledger",
            str(tmp_path / "l.db"), "--port", str(port), "--workers", "2", "--drain-delay", "0", "--grace", "1"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     workers: list[psutil.Process] = []
@@ -210,7 +210,7 @@ def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) 
 
 
 def test_worker_startup_error_is_one_clear_line_and_creates_no_ledger(artifact: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "recsvc.cli", "serve", "--artifacts", str(artifact), "--ledger",
+    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifact), "--ledger",
            str(tmp_path / "l.db"), "--port", str(free_port()), "--workers", "2", "--default-mechanism", "foo"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

@@ -1,4 +1,4 @@
-"""`recsvc serve`, `recsvc select`, `recsvc budget` (see recsvc/cli.py for the registration contract)."""
+"""`recsvc serve`, `recsvc select`, `recsvc budget` (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -141,10 +141,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 class RpcFailure(ValueError):
-    """The server refused the call; recsvc/cli.py prints it as one line with exit code 2.
-
-    A ValueError (not recsvc.cli.UserError) so that it is caught even under `python -m recsvc.cli`,
-    where recsvc.cli runs as __main__ and its UserError is a different class."""
+    """The server refused the call; recsvc/app/cli.py prints it (a ValueError) as one line with exit code 2."""
 
 
 def _rpc_error(exc: Any) -> Exception:

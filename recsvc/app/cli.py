@@ -1,33 +1,39 @@
 """The one ``recsvc`` command. Each part registers its own subcommands.
 
-A registering module exposes ``register(subparsers) -> None`` and sets ``func`` on each of
+A part's ``cli`` module exposes ``register(subparsers) -> None`` and sets ``func`` on each of
 its parsers via ``set_defaults(func=...)``; ``func(args) -> int`` is the exit code. Heavy
-imports stay inside ``func`` so that ``recsvc --help`` is instant.
+imports stay inside ``func`` so that ``recsvc --help`` is instant: importing a ``cli`` module
+loads only argparse-level code.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
+from data_prep.cli import register as register_prep
+from eval.cli import register as register_eval
+from recsvc.app.demo import register as register_demo
 from recsvc.checks import ParamError
+from recsvc.mechanisms.cli import register as register_mechanisms
+from recsvc.service.cli import register as register_service
 
 # Order here is the order in `recsvc --help`.
-COMMAND_MODULES = (
-    "data_prep.cli",  # prep
-    "eval.cli",  # eval, eval-synthetic
-    "recsvc.service.cli",  # serve, select, budget
-    "recsvc.mechanisms.cli",  # mechanisms
-    "recsvc.demo",  # demo
+REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    register_prep,  # prep
+    register_eval,  # eval, eval-synthetic
+    register_service,  # serve, select, budget
+    register_mechanisms,  # mechanisms
+    register_demo,  # demo
 )
-
-
-class UserError(ValueError):
-    """Raised for bad input: printed as one clear line, exit code 2, no traceback."""
+# The install extra each command needs beyond the base install (pyproject.toml; README).
+EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "serve": "serve", "select": "serve",
+         "budget": "serve", "demo": "all"}
+PROJECT_PACKAGES = ("recsvc", "data_prep", "eval")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for register in REGISTRARS:
+        register(sub)
     return parser
 
 
@@ -68,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ParamError as exc:  # the library names its parameters; show this command's flags
         print(f"recsvc {args.command}: error: {exc.render(flag_names(parser, args.command))}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # a light install without this command's extra
+        if args.command not in EXTRA or (exc.name or "").split(".")[0] in PROJECT_PACKAGES:
+            raise
+        print(f"recsvc {args.command}: error: {exc.name} is not installed; this command needs "
+              f"pip install 'recsvc[{EXTRA[args.command]}]'", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:
         # Bad input or an unusable path/address: one clear line, no traceback. ArtifactError,
