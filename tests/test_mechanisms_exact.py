@@ -8,7 +8,7 @@ import pytest
 from mechanisms_audit import chisquare_pvalue
 from scipy.stats import binomtest
 
-from recsvc.mechanisms import MECHANISMS, Params, log_probabilities, probabilities, select, select_batch
+from recsvc.mechanisms import MECHANISMS, log_probabilities, probabilities, select, select_batch
 from recsvc.mechanisms.exact import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 from recsvc.mechanisms.gem import gem_t, q_prime, q_prime_naive, report_correlation_bit
 
@@ -193,7 +193,7 @@ def test_combined_gem_reported_bit_is_randomised_response():
     n_draws = 200_000
     for d, truth in ((D_POS, 1), (D_NEG, 0), (np.ones(6), 1)):  # constant Δ: ρ undefined → 0 → bit 1
         for c, eps in ((0.6, 1.0), (0.3, 4.0)):
-            bits = report_correlation_bit(Q6, d, eps, Params(corr_budget_fraction=c), np.random.default_rng(11), n_draws)
+            bits = report_correlation_bit(Q6, d, eps, {"corr_budget_fraction": c}, np.random.default_rng(11), n_draws)
             keep = 1 / (1 + math.exp(-c * eps))
             k = int((bits == truth).sum())
             assert binomtest(k, n_draws, keep).pvalue > ALPHA

@@ -1,56 +1,23 @@
 """Privacy proofs by audit: exact worst-case neighbour checks, a statistical audit with a
 controlled false-positive rate (and demonstrated power), and the paper's counterexamples."""
 
-import itertools
 import math
 
 import numpy as np
 import pytest
-from mechanisms_audit import certified_log_ratio
+from mechanisms_audit import SENS, TINY, box_vertex_pairs, max_loss, paper_pairs, statistical_audit, vertex_pairs
 
-from recsvc.mechanisms import MECHANISMS, log_probabilities, select_batch
+from recsvc.mechanisms import MECHANISMS, select_batch
 from recsvc.mechanisms.exact import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 
 TOL = 1e-9  # numerical tolerance on exact log-probabilities
 EXACT_PRIVATE = [n for n, m in MECHANISMS.items() if m.exact and m.private]
-SENS = np.array([0.05, 1.0, 3.0, 0.4, 1.7, 0.2, 2.5, 0.9, 0.6, 1.2])
-TINY = 1e-6  # the paper uses Δ_1 = 0; SPEC requires Δ > 0
-
-
-def _vertex_pairs(n, seed):
-    """(q, q', Δ): q' = q + δ with δ_a ∈ {−Δ_a, 0, +Δ_a} (every vertex of the neighbour box)."""
-    rng = np.random.default_rng(seed)
-    d = SENS[:n]
-    q = rng.normal(size=n) * 2
-    for signs in itertools.product((-1.0, 0.0, 1.0), repeat=n):
-        if any(signs):
-            yield q, q + np.array(signs) * d, d
-
-
-def _paper_pairs():
-    """Adversarial neighbours from the paper (§IV-A, Appendix A and B), k = 2 … 6."""
-    yield np.array([0.0, 0.5]), np.array([0.0, -0.5]), np.array([TINY, 1.0])  # §IV-A
-    for k in (3, 6):
-        d = np.r_[TINY, np.ones(k - 1)]
-        yield np.zeros(k), np.r_[0.0, np.ones(k - 1)], d  # Appendix A
-        yield np.ones(k), np.r_[1.0, np.zeros(k - 1)], d  # Appendix B
-
-
-def _max_loss(name, pairs, eps, **params):
-    worst = 0.0
-    for q, q2, d in pairs:
-        a = log_probabilities(name, q, d, eps, **params)
-        b = log_probabilities(name, q2, d, eps, **params)
-        worst = max(worst, float(np.abs(a - b).max()))
-    return worst
 
 
 @pytest.mark.parametrize("name", EXACT_PRIVATE)
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
 def test_exact_dp_audit_on_every_box_vertex(name, epsilon):
-    pairs = [p for n in (2, 3, 4) for seed in (0, 1) for p in _vertex_pairs(n, seed)]
-    pairs += list(_paper_pairs())
-    worst = _max_loss(name, pairs, epsilon)
+    worst = max_loss(name, box_vertex_pairs(), epsilon)
     assert worst <= epsilon + TOL, f"{name}: privacy loss {worst} > ε = {epsilon}"
     if name in ("rnm", "rnm_laplace", "pf", "em", "krr"):
         assert worst > 0.4 * epsilon  # the audit does reach near-worst cases
@@ -66,7 +33,7 @@ def test_exact_dp_audit_n10_random_vertices_and_interior(name):
         delta = rng.choice([-1.0, 0.0, 1.0], size=10) if rng.random() < 0.7 else rng.uniform(-1, 1, 10)
         pairs.append((q, q + delta * d, d))
     for eps, c in ((0.3, 0.6), (3.0, 0.25)):
-        assert _max_loss(name, pairs, eps, corr_budget_fraction=c, beta=0.2) <= eps + TOL
+        assert max_loss(name, pairs, eps, corr_budget_fraction=c, beta=0.2) <= eps + TOL
 
 
 @pytest.mark.parametrize("kind", ["rs", "rs_improved"])
@@ -74,7 +41,7 @@ def test_exact_dp_audit_n10_random_vertices_and_interior(name):
 def test_random_stopping_exact_audit_by_quadrature(kind, gamma):
     """rs / rs_improved have a 1-D integral form (exact.random_stopping_probabilities_quad)."""
     eps = 1.0
-    pairs = list(_vertex_pairs(2, 0)) + list(_vertex_pairs(3, 1))[::3] + list(_paper_pairs())[:3]
+    pairs = list(vertex_pairs(2, 0)) + list(vertex_pairs(3, 1))[::3] + list(paper_pairs())[:3]
     worst = 0.0
     for q, q2, d in pairs:
         a = random_stopping_probabilities_quad(q, d, eps, gamma, kind)
@@ -84,40 +51,26 @@ def test_random_stopping_exact_audit_by_quadrature(kind, gamma):
     assert worst > 0.1 * eps
 
 
-ALPHA = 1e-3  # overall false-positive rate of the statistical audit (Bonferroni over pairs)
-N_AUDIT = 100_000
-
-
-def _statistical_audit(name, pairs, eps, seed, **params):
-    a = ALPHA / len(pairs)
-    worst = -np.inf
-    for i, (q, q2, d) in enumerate(pairs):
-        x = select_batch(name, np.stack([q, q2]), d, eps, N_AUDIT, seed + i, allow_non_private=True, **params)
-        cx, cy = (np.bincount(r, minlength=q.shape[0]) for r in x)
-        worst = max(worst, certified_log_ratio(cx, cy, N_AUDIT, a))
-    return worst
-
-
 @pytest.mark.parametrize("name", ["rs", "rs_improved"])
 def test_statistical_audit_random_stopping(name):
     d = np.array([0.1, 2.0])
     pairs = [(np.zeros(2), s * d, d) for s in (np.array([1.0, -1.0]), np.array([-1.0, 1.0]), np.array([1.0, 0.0]))]
-    pairs += [list(_paper_pairs())[0]]
+    pairs += [list(paper_pairs())[0]]
     eps = 1.0
     # certified lower bound on the privacy loss must not exceed ε (false-positive rate ≤ ALPHA)
-    assert _statistical_audit(name, pairs, eps, 100, gamma=0.05) <= eps
+    assert statistical_audit(name, pairs, eps, 100, gamma=0.05) <= eps
 
 
 def test_statistical_audit_has_power_on_rnmh():
     """The same audit DOES flag rnmh on the §IV-A counterexample (loss certified > 5ε)."""
-    pair = list(_paper_pairs())[0]
-    assert _statistical_audit("rnmh", [pair], 1.0, 200) > 5.0
+    pair = list(paper_pairs())[0]
+    assert statistical_audit("rnmh", [pair], 1.0, 200) > 5.0
 
 
 def test_counterexample_section_iv_a_rnmh():
     """§IV-A: Δ_1 ≈ 0, q_1 = 0; q_2 = ½ vs −½ (Δ_2 = 1). P(1) ≈ 0 on D, 1 − e^{−ε/4} on D′."""
     eps = 1.0
-    q, q2, d = list(_paper_pairs())[0]
+    q, q2, d = list(paper_pairs())[0]
     d = np.array([0.05, 1.0])  # a resolvable Δ_1; the closed form → ∞ as Δ_1 → 0
     p = noisy_max_probabilities_quad(q, 2 * d / eps, "exponential")
     p2 = noisy_max_probabilities_quad(q2, 2 * d / eps, "exponential")

@@ -5,31 +5,56 @@ Public API::
     from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities
 
 All functions take ALREADY CLIPPED scores (clip each score to its item's [lo, hi] first: that
-is what makes Δ_a a true bound) and validate their input before drawing any randomness.
+is what makes Δ_a a true bound) and validate their input before drawing any randomness. Each
+mechanism declares its parameters (``MECHANISMS[name].params``: name → :class:`ParamSpec`);
+validation, defaults and command-line flags are derived from them.
 """
 
+from recsvc.mechanisms.flags import add_param_arguments, flag, params_from_namespace
+from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
 from recsvc.mechanisms.registry import (
     MECHANISMS,
+    PARAM_NAMES,
+    PARAMS,
     Mechanism,
     NonPrivateMechanismError,
+    check_params,
     get_mechanism,
     log_probabilities,
+    params_of,
     probabilities,
+    register,
+    registered,
     select,
     select_batch,
+    takers,
+    unregister,
 )
-from recsvc.mechanisms.validation import PARAM_NAMES, MechanismInputError, Params
+from recsvc.mechanisms.validation import MechanismInputError, MechanismParamError
 
 __all__ = [
     "MECHANISMS",
+    "PARAMS",
     "PARAM_NAMES",
     "Mechanism",
     "MechanismInputError",
+    "MechanismParamError",
     "NonPrivateMechanismError",
-    "Params",
+    "ParamSpec",
+    "ParamValues",
+    "add_param_arguments",
+    "check_params",
+    "flag",
     "get_mechanism",
     "log_probabilities",
+    "param_specs",
+    "params_from_namespace",
+    "params_of",
     "probabilities",
+    "register",
+    "registered",
     "select",
     "select_batch",
+    "takers",
+    "unregister",
 ]

@@ -1,8 +1,9 @@
-"""``recsvc mechanisms``: list the selection mechanisms and their privacy guarantees."""
+"""``recsvc mechanisms``: list the selection mechanisms, their privacy guarantees and parameters."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 
@@ -11,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "mechanisms",
         help="list the selection mechanisms and their privacy guarantees",
         description="List every selection mechanism: privacy (ε-DP / NOT DP), whether exact "
-        "selection probabilities exist, and a one-line description.",
+        "selection probabilities exist, its parameters (name=default in range) and a one-line description.",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
@@ -21,18 +22,25 @@ def rows() -> list[dict[str, object]]:
     from recsvc.mechanisms import MECHANISMS
 
     return [
-        {"name": m.name, "privacy": m.privacy, "exact": m.exact, "description": m.description}
+        {
+            "name": m.name, "privacy": m.privacy, "exact": m.exact,
+            "params": {k: {**dataclasses.asdict(s), "accepted": s.accepted} for k, s in m.params.items()},
+            "description": m.description,
+        }
         for m in MECHANISMS.values()
     ]
 
 
 def run(args: argparse.Namespace) -> int:
-    table = rows()
+    from recsvc.mechanisms import MECHANISMS
+
     if args.json:
-        print(json.dumps(table, ensure_ascii=False, indent=2))
+        print(json.dumps(rows(), ensure_ascii=False, indent=2))
         return 0
-    w = max(len(str(r["name"])) for r in table)
-    print(f"{'name':<{w}}  {'privacy':<7}  {'exact':<5}  description")
-    for r in table:
-        print(f"{r['name']:<{w}}  {r['privacy']:<7}  {'yes' if r['exact'] else 'no':<5}  {r['description']}")
+    params = {n: ", ".join(s.summary for s in m.params.values()) or "-" for n, m in MECHANISMS.items()}
+    w = max(len(n) for n in MECHANISMS)
+    pw = max(len(p) for p in params.values())
+    print(f"{'name':<{w}}  {'privacy':<7}  {'exact':<5}  {'parameters':<{pw}}  description")
+    for n, m in MECHANISMS.items():
+        print(f"{n:<{w}}  {m.privacy:<7}  {'yes' if m.exact else 'no':<5}  {params[n]:<{pw}}  {m.description}")
     return 0

@@ -24,8 +24,14 @@ import numpy as np
 
 from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
 from recsvc.mechanisms.noisy_max import exponential_noisy_max
-from recsvc.mechanisms.validation import MechanismInputError, Params
+from recsvc.mechanisms.params import ParamSpec, ParamValues
+from recsvc.mechanisms.validation import MechanismInputError
 from recsvc.stats import spearman
+
+BETA = ParamSpec("beta", 0.05, 0.0, 1.0, "GEM failure probability β in t = 2 ln(n/β)/ε")
+CORR_BUDGET_FRACTION = ParamSpec(
+    "corr_budget_fraction", 0.6, 0.0, 1.0, "share c of ε spent on combined_gem's correlation bit (ε_c = cε)"
+)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -121,29 +127,29 @@ def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, t: float) -> np.ndarray
     return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
 
 
-def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """GEM: t = 2 ln(n/β)/ε, then rnm on q' with Δmax = 1 (Exponential noise of mean 2/ε).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: q' has sensitivity 1 (Raskhodnikova & Smith 2015).
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p.beta)), rng, size)
+    return exponential_noisy_max(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])), rng, size)
 
 
-def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
-    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p.beta)))
+def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])))
 
 
-def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Modified GEM: as ``gem`` with t = −2 ln(n/β)/ε (favours high-Δ candidates).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: the sensitivity-1 argument holds for any
     data-independent t.
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p.beta)), rng, size)
+    return exponential_noisy_max(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])), rng, size)
 
 
-def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
-    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p.beta)))
+def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])))
 
 
 def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
@@ -152,17 +158,17 @@ def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
     return int(rho >= 0.0)
 
 
-def _split_budget(epsilon: float, p: Params) -> tuple[float, float]:
-    eps_c = p.corr_budget_fraction * epsilon
+def _split_budget(epsilon: float, p: ParamValues) -> tuple[float, float]:
+    eps_c = p["corr_budget_fraction"] * epsilon
     if not (eps_c > 0.0 and epsilon - eps_c > 0.0):  # subnormal ε: a part rounds to 0
         raise MechanismInputError(
-            f"epsilon={epsilon!r} is too small to split (corr_budget_fraction={p.corr_budget_fraction!r}): "
+            f"epsilon={epsilon!r} is too small to split (corr_budget_fraction={p['corr_budget_fraction']!r}): "
             "a part rounds to 0; expected a larger epsilon"
         )
     return eps_c, epsilon - eps_c
 
 
-def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> tuple[float, float]:
+def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> tuple[float, float]:
     """(log P(reported bit = 0), log P(reported bit = 1)) under binary RR with ε_c = cε."""
     eps_c, _ = _split_budget(epsilon, p)
     log_keep = -math.log1p(math.exp(-eps_c))  # log e^{ε_c}/(1 + e^{ε_c})
@@ -171,7 +177,7 @@ def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float,
 
 
 def report_correlation_bit(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
     """``size`` independent reports of b = [spearman(q, Δ) ≥ 0] by binary randomised response:
     keep b with probability e^{ε_c}/(1 + e^{ε_c}), ε_c = cε. Privacy: ε_c-DP for any input."""
@@ -182,7 +188,7 @@ def report_correlation_bit(
 
 
 def combined_gem_sample(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
     """Combined GEM: privately report b = [spearman(q, Δ) ≥ 0] by binary randomised response
     with ε_c = cε, then run mgem (bit 1) or gem (bit 0) with ε_g = ε − ε_c.
@@ -191,7 +197,7 @@ def combined_gem_sample(
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
     _, eps_g = _split_budget(epsilon, p)
-    t = _checked_t(q, d, eps_g, p.beta)  # both branches' input check, before the bit is drawn
+    t = _checked_t(q, d, eps_g, p["beta"])  # both branches' input check, before the bit is drawn
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1
@@ -202,7 +208,7 @@ def combined_gem_sample(
     return out
 
 
-def combined_gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+def combined_gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     _, eps_g = _split_budget(epsilon, p)
     log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
     return np.logaddexp(log_b1 + mgem_log_probabilities(q, d, eps_g, p), log_b0 + gem_log_probabilities(q, d, eps_g, p))

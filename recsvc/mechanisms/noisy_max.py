@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities, laplace_noisy_max_log_probabilities
-from recsvc.mechanisms.validation import Params
+from recsvc.mechanisms.params import ParamValues
 
 
 def sample_categorical(log_p: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
@@ -38,7 +38,7 @@ def _rnm_u(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.ndarray:
     return (q - q.max()) * (epsilon / (2.0 * d.max()))
 
 
-def rnm_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def rnm_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Report noisy max, Z_a ~ Exponential(mean 2Δmax/ε).
 
     Privacy: ε-DP (pure) for neighbouring inputs with |q_a − q'_a| ≤ Δ_a ≤ Δmax for every a
@@ -47,12 +47,12 @@ def rnm_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.
     return exponential_noisy_max(_rnm_u(q, d, epsilon), rng, size)
 
 
-def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return exponential_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
 
 
 def rnm_laplace_sample(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
     """Report noisy max, Z_a ~ Laplace(scale 2Δmax/ε).
 
@@ -64,11 +64,11 @@ def rnm_laplace_sample(
     return z.argmax(axis=1)
 
 
-def rnm_laplace_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+def rnm_laplace_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return laplace_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
 
 
-def rnmh_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def rnmh_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Report noisy max with heterogeneous noise Z_a ~ Exponential(mean 2Δ_a/ε).
 
     Privacy: **NOT differentially private** for any ε (paper §IV-A: with Δ_1 → 0 one outcome
@@ -85,7 +85,7 @@ def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.nd
     return x - np.log(np.exp(x).sum())
 
 
-def em_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def em_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Exponential mechanism, P(a) ∝ exp(ε q_a / (2Δmax)) (computed in log space).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (McSherry & Talwar 2007).
@@ -93,11 +93,11 @@ def em_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.r
     return sample_categorical(_em_log_probabilities(q, d, epsilon), rng, size)
 
 
-def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return _em_log_probabilities(q, d, epsilon)
 
 
-def pf_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def pf_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Permute-and-flip: visit candidates in uniformly random order, return the first r whose
     coin with P(heads) = p_r = exp(ε (q_r − q*) / (2Δmax)) lands heads (the argmax always does).
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsvc.mechanisms.validation import Params
+from recsvc.mechanisms.params import ParamSpec, ParamValues
+
+# Random stopping makes about 1/γ draws per selection (each an array entry, all inside the
+# service's ledger transaction): a smaller γ is a memory and latency hazard, not a useful setting.
+GAMMA = ParamSpec(
+    "gamma", 0.008, 0.0, 1.0, "stopping probability γ of random stopping (about 1/γ draws per selection)",
+    floor=1e-6, floor_reason="random stopping makes about 1/gamma draws per selection",
+)
 
 
 def _best_of_draws(
@@ -33,19 +40,19 @@ def _best_of_draws(
     return a[hits[np.searchsorted(hits, starts)]]  # first (earliest) maximiser of each trial
 
 
-def rs_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def rs_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Liu–Talwar random stopping: after each draw stop with probability γ (K ~ Geometric(γ)).
 
     Noise Laplace(3Δ_a/ε) per draw. Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, any γ ∈ (0,1):
     each draw is (ε/3)-DP and geometric random stopping with best-of output is 3·(ε/3)-DP
     (Liu & Talwar 2019, Thm 3.4; paper §IV-B). Expected draws per call: 1/γ.
     """
-    counts = rng.geometric(p.gamma, size)
+    counts = rng.geometric(p["gamma"], size)
     return _best_of_draws(q, d, 3.0 / epsilon, counts, rng)
 
 
 def rs_improved_sample(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
     """Papernot–Steinke random stopping with η = 0: K ~ Logarithmic, P(K=k) = (1−γ)^k/(k ln(1/γ)).
 
@@ -53,5 +60,5 @@ def rs_improved_sample(
     each draw is (ε/2)-DP and the truncated-negative-binomial (η = 0: logarithmic) repetition is
     (2 + η)·(ε/2)-DP (Papernot & Steinke 2022, Thm 2; paper Appendix C).
     """
-    counts = rng.logseries(1.0 - p.gamma, size)
+    counts = rng.logseries(1.0 - p["gamma"], size)
     return _best_of_draws(q, d, 2.0 / epsilon, counts, rng)

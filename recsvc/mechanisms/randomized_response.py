@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 
-from recsvc.mechanisms.validation import Params
+from recsvc.mechanisms.params import ParamValues
 
 
-def krr_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+def krr_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     """P(argmax) = e^ε/(e^ε + n − 1), every other candidate 1/(e^ε + n − 1).
 
     Ties for the maximum share the argmax mass uniformly (uniform random tie-breaking), so each
@@ -29,7 +29,7 @@ def krr_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Param
     return out
 
 
-def krr_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def krr_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """k-ary randomised response on the argmax of q.
 
     Privacy: ε-DP (pure) for ANY change of the scores: every output probability lies in
@@ -59,10 +59,10 @@ def krr_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.
     )
 
 
-def random_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params) -> np.ndarray:
+def random_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return np.full(q.shape[0], -np.log(q.shape[0]))
 
 
-def random_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: Params, rng: np.random.Generator, size: int) -> np.ndarray:
+def random_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Uniform over the candidates. Privacy: 0-DP (the output does not depend on the data)."""
     return rng.integers(0, q.shape[0], size)

@@ -7,19 +7,19 @@ clipped to each item's [lo, hi] (callers own the ranges; clipping is what makes 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, KeysView, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
 from recsvc.mechanisms import gem, noisy_max, random_stopping, randomized_response
+from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
 from recsvc.mechanisms.validation import (
     MechanismInputError,
-    Params,
     check_batch,
     check_epsilon,
-    check_params,
     check_scores_sensitivities,
     check_seed,
     check_trials,
@@ -27,8 +27,13 @@ from recsvc.mechanisms.validation import (
 )
 from recsvc.rng import thread_csprng, user_stream
 
-SampleFn = Callable[[np.ndarray, np.ndarray, float, Params, np.random.Generator, int], np.ndarray]
-LogProbFn = Callable[[np.ndarray, np.ndarray, float, Params], np.ndarray]
+# sample(q, Δ, ε, own params, rng, size) -> (size,) int64 indices; log_p(q, Δ, ε, own params) -> (n,)
+SampleFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
+LogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues], np.ndarray]
+
+# The keyword arguments of select/select_batch: a parameter named like one could never be passed.
+_RESERVED = frozenset({"name", "scores", "sensitivities", "epsilon", "rng", "trials", "seed", "user_offset",
+                       "allow_non_private"})
 
 
 class NonPrivateMechanismError(MechanismInputError):
@@ -37,44 +42,117 @@ class NonPrivateMechanismError(MechanismInputError):
 
 @dataclass(frozen=True)
 class Mechanism:
-    """One selection mechanism. ``private`` is False only for ``rnmh``; ``exact`` says whether
-    :func:`probabilities` has an exact form."""
+    """One selection mechanism. ``private`` is False only for ``rnmh``; it is ``exact`` when it
+    has ``log_probabilities_fn``; ``params`` maps each parameter it takes to its spec."""
 
     name: str
-    private: bool
-    exact: bool
-    description: str
+    description: str  # one line
     sample: SampleFn = field(repr=False, compare=False)
     log_probabilities_fn: LogProbFn | None = field(default=None, repr=False, compare=False)
+    params: Mapping[str, ParamSpec] = field(default_factory=param_specs, compare=False)
+    private: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.description or "\n" in self.description:
+            raise ValueError(f"mechanism {self.name!r} needs a name and a one-line description")
+        if any(k != spec.name for k, spec in self.params.items()):
+            raise ValueError(f"mechanism {self.name!r}: params must map each spec's own name to it")
+        object.__setattr__(self, "params", param_specs(*self.params.values()))  # a read-only copy
+
+    @property
+    def exact(self) -> bool:
+        return self.log_probabilities_fn is not None
 
     @property
     def privacy(self) -> str:
         return "ε-DP" if self.private else "NOT DP"
 
 
-def _m(name: str, description: str, sample: SampleFn, log_p: LogProbFn | None, private: bool = True) -> Mechanism:
-    return Mechanism(name, private, log_p is not None, description, sample, log_p)
-
-
-MECHANISMS: Mapping[str, Mechanism] = MappingProxyType(
-    {
-        m.name: m
-        for m in (
-            _m("rnm", "report noisy max, Exponential noise of mean 2Δmax/ε", noisy_max.rnm_sample, noisy_max.rnm_log_probabilities),
-            _m("rnm_laplace", "report noisy max, Laplace noise of scale 2Δmax/ε", noisy_max.rnm_laplace_sample, noisy_max.rnm_laplace_log_probabilities),
-            _m("em", "exponential mechanism, P(a) ∝ exp(ε q_a / 2Δmax)", noisy_max.em_sample, noisy_max.em_log_probabilities),
-            _m("pf", "permute-and-flip (same distribution as rnm)", noisy_max.pf_sample, noisy_max.rnm_log_probabilities),
-            _m("krr", "k-ary randomised response on the argmax", randomized_response.krr_sample, randomized_response.krr_log_probabilities),
-            _m("random", "uniform over the candidates (baseline)", randomized_response.random_sample, randomized_response.random_log_probabilities),
-            _m("rnmh", "report noisy max, Exponential noise of mean 2Δ_a/ε (reference only)", noisy_max.rnmh_sample, None, private=False),
-            _m("rs", "Liu–Talwar random stopping, Laplace(3Δ_a/ε), stop w.p. γ", random_stopping.rs_sample, None),
-            _m("rs_improved", "Papernot–Steinke stopping (η=0), K ~ Logarithmic(1−γ), Laplace(2Δ_a/ε)", random_stopping.rs_improved_sample, None),
-            _m("gem", "generalised exponential mechanism, t = 2 ln(n/β)/ε, rnm on q'", gem.gem_sample, gem.gem_log_probabilities),
-            _m("mgem", "modified GEM, t = −2 ln(n/β)/ε, rnm on q'", gem.mgem_sample, gem.mgem_log_probabilities),
-            _m("combined_gem", "RR (ε_c = cε) on sign of spearman(q, Δ), then mgem/gem with ε − ε_c", gem.combined_gem_sample, gem.combined_gem_log_probabilities),
-        )
-    }
+_BUILTIN = (
+    Mechanism("rnm", "report noisy max: argmax(q + Z), Z ~ Exponential(mean 2Δmax/ε)",
+              noisy_max.rnm_sample, noisy_max.rnm_log_probabilities),
+    Mechanism("rnm_laplace", "report noisy max: argmax(q + Z), Z ~ Laplace(2Δmax/ε)",
+              noisy_max.rnm_laplace_sample, noisy_max.rnm_laplace_log_probabilities),
+    Mechanism("em", "exponential mechanism: P(a) ∝ exp(ε q_a / 2Δmax)", noisy_max.em_sample, noisy_max.em_log_probabilities),
+    Mechanism("pf", "permute-and-flip (same distribution as rnm)", noisy_max.pf_sample, noisy_max.rnm_log_probabilities),
+    Mechanism("krr", "k-ary randomised response on the argmax: argmax w.p. e^ε/(e^ε+n−1), others 1/(e^ε+n−1); "
+              "tied maxima share uniformly", randomized_response.krr_sample, randomized_response.krr_log_probabilities),
+    Mechanism("random", "uniform over the candidates (baseline, 0-DP)",
+              randomized_response.random_sample, randomized_response.random_log_probabilities),
+    Mechanism("rnmh", "report noisy max with Z_a ~ Exponential(mean 2Δ_a/ε) (paper §IV-A; reference only)",
+              noisy_max.rnmh_sample, private=False),
+    Mechanism("rs", "Liu–Talwar random stopping: uniform draws, Laplace(3Δ_a/ε), stop w.p. γ",
+              random_stopping.rs_sample, params=param_specs(random_stopping.GAMMA)),
+    Mechanism("rs_improved", "Papernot–Steinke stopping (η=0): K ~ Logarithmic(1−γ) draws, Laplace(2Δ_a/ε)",
+              random_stopping.rs_improved_sample, params=param_specs(random_stopping.GAMMA)),
+    Mechanism("gem", "generalised exponential mechanism: t = 2 ln(n/β)/ε, s = q − tΔ, "
+              "q'_a = min_a' (s_a−s_a')/(Δ_a+Δ_a'), rnm on q' with Δ = 1",
+              gem.gem_sample, gem.gem_log_probabilities, param_specs(gem.BETA)),
+    Mechanism("mgem", "modified GEM: as gem with t = −2 ln(n/β)/ε", gem.mgem_sample, gem.mgem_log_probabilities,
+              param_specs(gem.BETA)),
+    Mechanism("combined_gem", "RR (ε_c = cε) on [spearman(q, Δ) ≥ 0], then mgem (1) / gem (0) with ε − ε_c",
+              gem.combined_gem_sample, gem.combined_gem_log_probabilities, param_specs(gem.BETA, gem.CORR_BUDGET_FRACTION)),
 )
+_REGISTRY: dict[str, Mechanism] = {}
+_PARAMS: dict[str, ParamSpec] = {}  # every declared parameter, in order of first declaration
+
+MECHANISMS: Mapping[str, Mechanism] = MappingProxyType(_REGISTRY)
+PARAMS: Mapping[str, ParamSpec] = MappingProxyType(_PARAMS)
+PARAM_NAMES: KeysView[str] = PARAMS.keys()  # a live view: it follows register/unregister
+
+
+def register(mech: Mechanism) -> Mechanism:
+    """Add ``mech`` to :data:`MECHANISMS` (at import or startup time). A parameter name means one
+    spec everywhere: a spec that differs from one already declared under its name is refused."""
+    if not isinstance(mech, Mechanism):
+        raise TypeError(f"register takes a Mechanism, got {type(mech).__name__}")
+    if mech.name in _REGISTRY:
+        raise ValueError(f"mechanism {mech.name!r} is already registered")
+    for pname, spec in mech.params.items():
+        if pname in _RESERVED:
+            raise ValueError(f"mechanism {mech.name!r}: parameter name {pname!r} is an argument of select")
+        if _PARAMS.get(pname, spec) != spec:
+            raise ValueError(f"mechanism {mech.name!r}: parameter {pname!r} differs from the spec declared by "
+                             f"{', '.join(takers(pname))}; a parameter name has one spec")
+    _REGISTRY[mech.name] = mech
+    _sync_params()
+    return mech
+
+
+def unregister(name: str) -> None:
+    """Remove a mechanism added by :func:`register` (the built-in ones stay)."""
+    if any(m.name == name for m in _BUILTIN):
+        raise ValueError(f"mechanism {name!r} is built in and cannot be removed")
+    if name not in _REGISTRY:
+        raise ValueError(f"mechanism {name!r} is not registered")
+    del _REGISTRY[name]
+    _sync_params()
+
+
+@contextmanager
+def registered(mech: Mechanism) -> Iterator[Mechanism]:
+    """``with registered(m):`` — ``m`` is in the registry inside the block only (tests)."""
+    register(mech)
+    try:
+        yield mech
+    finally:
+        unregister(mech.name)
+
+
+def _sync_params() -> None:
+    _PARAMS.clear()
+    for m in _REGISTRY.values():
+        for pname, spec in m.params.items():
+            _PARAMS.setdefault(pname, spec)
+
+
+for _mech in _BUILTIN:
+    register(_mech)
+
+
+def takers(param: str) -> tuple[str, ...]:
+    """The mechanisms that take parameter ``param``, in registry order."""
+    return tuple(n for n, m in MECHANISMS.items() if param in m.params)
 
 
 def get_mechanism(name: object, allow_non_private: bool = False) -> Mechanism:
@@ -92,6 +170,25 @@ def get_mechanism(name: object, allow_non_private: bool = False) -> Mechanism:
     return mech
 
 
+def params_of(name: str) -> Mapping[str, ParamSpec]:
+    """The parameters mechanism ``name`` takes (name → spec); ``ValueError`` for an unknown name."""
+    return get_mechanism(name, allow_non_private=True).params
+
+
+def check_params(given: Mapping[str, object], mech: Mechanism | None = None) -> ParamValues:
+    """Check every given parameter against its spec (``None`` = the default), also those
+    ``mech`` does not take (they are then ignored), and refuse names no mechanism declares.
+    Returns ``mech``'s own parameters, given or defaulted ({} without ``mech``)."""
+    unknown = sorted(set(given) - set(PARAMS))
+    if unknown:
+        raise MechanismInputError(
+            f"unknown mechanism parameter(s) {', '.join(unknown)}; expected only {', '.join(PARAMS)}"
+        )
+    values = {k: PARAMS[k].check(v) for k, v in given.items() if v is not None}
+    own = mech.params if mech is not None else {}
+    return MappingProxyType({k: values.get(k, spec.default) for k, spec in own.items()})
+
+
 def select(
     name: str,
     scores: object,
@@ -104,12 +201,12 @@ def select(
 ) -> int:
     """Index of the candidate chosen by mechanism ``name`` on ALREADY CLIPPED ``scores``.
 
-    ``rng`` defaults to this thread's CSPRNG (``recsvc.rng.thread_csprng``). ``params``: ``beta``,
-    ``gamma``, ``corr_budget_fraction`` (``None`` = default). All input is validated before any
-    draw; ``rnmh`` raises unless ``allow_non_private=True``.
+    ``rng`` defaults to this thread's CSPRNG (``recsvc.rng.thread_csprng``). ``params``: any
+    declared parameter (:data:`PARAMS`; ``None`` = default), see :func:`check_params`. All input
+    is validated before any draw; ``rnmh`` raises unless ``allow_non_private=True``.
     """
     mech = get_mechanism(name, allow_non_private)
-    p = check_params(params)
+    p = check_params(params, mech)
     eps = check_epsilon(epsilon)
     q, d = check_scores_sensitivities(scores, sensitivities)
     if rng is not None and not isinstance(rng, np.random.Generator):
@@ -136,7 +233,7 @@ def select_batch(
     so a chunk of users starting at global index ``user_offset`` gives the same rows as one big call.
     """
     mech = get_mechanism(name, allow_non_private)
-    p = check_params(params)
+    p = check_params(params, mech)
     eps = check_epsilon(epsilon)
     k = check_trials(trials)
     s = check_seed(seed)
@@ -155,7 +252,7 @@ def log_probabilities(name: str, scores: object, sensitivities: object, epsilon:
         raise NotImplementedError(
             f"mechanism {name!r} has no exact selection probabilities; estimate them with select_batch"
         )
-    p = check_params(params)
+    p = check_params(params, mech)
     eps = check_epsilon(epsilon)
     q, d = check_scores_sensitivities(scores, sensitivities)
     return mech.log_probabilities_fn(q, d, eps, p)

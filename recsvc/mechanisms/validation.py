@@ -1,4 +1,5 @@
-"""The one place where mechanism inputs are checked (sklearn-style ``check_*`` helpers).
+"""Checks of mechanism inputs (sklearn-style ``check_*`` helpers); parameters are checked by
+their specs (``params.py``).
 
 Everything here runs BEFORE any randomness is drawn, so bad input never selects anything and
 never moves a caller's generator. Every error is a ``ValueError`` (``MechanismInputError``)
@@ -9,55 +10,19 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
 
 import numpy as np
 
-DEFAULT_BETA = 0.05
-DEFAULT_GAMMA = 0.008
-DEFAULT_CORR_BUDGET_FRACTION = 0.6
-PARAM_NAMES = ("beta", "gamma", "corr_budget_fraction")
-# Random stopping makes about 1/γ draws per selection (each an array entry, all inside the
-# service's ledger transaction): a smaller γ is a memory and latency hazard, not a useful setting.
-MIN_GAMMA = 1e-6
+from recsvc.checks import ParamError
 
 
 class MechanismInputError(ValueError):
     """Bad input to a selection mechanism (a ``ValueError``: the CLI prints it as one line)."""
 
 
-@dataclass(frozen=True)
-class Params:
-    """Mechanism parameters (SPEC §2). Every mechanism accepts all three; each uses its own."""
-
-    beta: float = DEFAULT_BETA  # gem / mgem / combined_gem: failure probability in t
-    gamma: float = DEFAULT_GAMMA  # rs / rs_improved: stopping probability
-    corr_budget_fraction: float = DEFAULT_CORR_BUDGET_FRACTION  # combined_gem: c = ε_c / ε
-
-
-def _open_unit(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise MechanismInputError(f"{name} must be a real number in (0, 1), got {value!r}")
-    v = float(value)
-    if not (0.0 < v < 1.0):
-        raise MechanismInputError(f"{name} must be in the open interval (0, 1), got {v!r}")
-    return v
-
-
-def check_params(params: dict[str, object]) -> Params:
-    """Validate ``beta``/``gamma``/``corr_budget_fraction``; ``None`` means the default."""
-    unknown = sorted(set(params) - set(PARAM_NAMES))
-    if unknown:
-        raise MechanismInputError(
-            f"unknown mechanism parameter(s) {', '.join(unknown)}; expected only {', '.join(PARAM_NAMES)}"
-        )
-    given = {k: _open_unit(k, v) for k, v in params.items() if v is not None}
-    if given.get("gamma", MIN_GAMMA) < MIN_GAMMA:
-        raise MechanismInputError(
-            f"gamma must be at least {MIN_GAMMA:g} (random stopping makes about 1/gamma draws per "
-            f"selection), got {given['gamma']!r}"
-        )
-    return Params(**given)
+class MechanismParamError(MechanismInputError, ParamError):
+    """A mechanism parameter's value is out of its spec's range; the message names the
+    parameter (``beta``), which the command line shows as its flag (``--beta``)."""
 
 
 def check_epsilon(epsilon: object) -> float:

@@ -26,8 +26,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from recsvc.artifact import Artifact, Manifest
-from recsvc.mechanisms import MECHANISMS, select
-from recsvc.mechanisms.validation import PARAM_NAMES, check_params
+from recsvc.mechanisms import MECHANISMS, PARAM_NAMES, check_params, select
 from recsvc.model import top_k
 from recsvc.rng import thread_csprng
 from recsvc.service import metrics

@@ -1,0 +1,274 @@
+"""Mechanism parameters declared once (issue 10): the specs, validation, flags, the listing and
+the README table derived from them, and a toy mechanism registered by this module only."""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mechanisms_audit import box_vertex_pairs, chisquare_pvalue, max_loss, paper_pairs, statistical_audit
+
+from recsvc.app.cli import main as recsvc_main
+from recsvc.mechanisms import (
+    MECHANISMS,
+    PARAM_NAMES,
+    PARAMS,
+    Mechanism,
+    MechanismInputError,
+    MechanismParamError,
+    ParamSpec,
+    add_param_arguments,
+    check_params,
+    flag,
+    param_specs,
+    params_from_namespace,
+    params_of,
+    probabilities,
+    register,
+    registered,
+    select,
+    select_batch,
+    takers,
+    unregister,
+)
+from recsvc.mechanisms import docs
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
+D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
+
+DEFAULTS = {
+    "rnm": {}, "rnm_laplace": {}, "em": {}, "pf": {}, "krr": {}, "random": {}, "rnmh": {},
+    "rs": {"gamma": 0.008}, "rs_improved": {"gamma": 0.008},
+    "gem": {"beta": 0.05}, "mgem": {"beta": 0.05}, "combined_gem": {"beta": 0.05, "corr_budget_fraction": 0.6},
+}
+
+
+def test_each_mechanism_declares_the_issues_parameters_and_defaults():
+    assert {n: {k: s.default for k, s in m.params.items()} for n, m in MECHANISMS.items()} == DEFAULTS
+    assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]  # order of first declaration
+    bounds = {k: (s.low, s.high, s.low_inclusive, s.high_inclusive, s.floor, s.accepted) for k, s in PARAMS.items()}
+    assert bounds == {
+        "beta": (0.0, 1.0, False, False, None, "(0, 1)"),
+        "gamma": (0.0, 1.0, False, False, 1e-6, "[1e-06, 1)"),
+        "corr_budget_fraction": (0.0, 1.0, False, False, None, "(0, 1)"),
+    }
+    assert MECHANISMS["gem"].params["beta"] is MECHANISMS["combined_gem"].params["beta"] is PARAMS["beta"]
+    assert all(s.doc and "\n" not in s.doc for s in PARAMS.values())
+    assert dict(params_of("combined_gem")) == {"beta": PARAMS["beta"], "corr_budget_fraction": PARAMS["corr_budget_fraction"]}
+    assert takers("beta") == ("gem", "mgem", "combined_gem") and takers("gamma") == ("rs", "rs_improved")
+    with pytest.raises(MechanismInputError, match="unknown mechanism 'nope'"):
+        params_of("nope")
+
+
+OPEN_UNIT = r"the open interval \(0, 1\)"
+REFUSED = [
+    ("beta", 0.0, rf"beta must be in {OPEN_UNIT}, got 0\.0$"),
+    ("beta", 1.0, rf"beta must be in {OPEN_UNIT}, got 1\.0$"),
+    ("beta", float("nan"), rf"beta must be in {OPEN_UNIT}, got nan$"),
+    ("beta", float("inf"), rf"beta must be in {OPEN_UNIT}, got inf$"),
+    ("beta", "0.1", r"beta must be a real number in \(0, 1\), got '0\.1'$"),
+    ("beta", True, r"beta must be a real number in \(0, 1\), got True$"),
+    ("gamma", 1.5, rf"gamma must be in {OPEN_UNIT}, got 1\.5$"),
+    ("gamma", -0.0, rf"gamma must be in {OPEN_UNIT}, got -0\.0$"),
+    ("gamma", 9.99e-7, r"gamma must be at least 1e-06 \(random stopping makes about 1/gamma draws per "
+                       r"selection\), got 9\.99e-07$"),
+    ("corr_budget_fraction", 1.0, rf"corr_budget_fraction must be in {OPEN_UNIT}, got 1\.0$"),
+    ("corr_budget_fraction", -0.25, rf"corr_budget_fraction must be in {OPEN_UNIT}, got -0\.25$"),
+]
+
+
+@pytest.mark.parametrize("param,value,message", REFUSED)
+def test_out_of_range_values_are_refused_by_the_spec_before_any_draw(param, value, message):
+    with pytest.raises(MechanismParamError, match=message) as err:
+        PARAMS[param].check(value)
+    assert err.value.params == (param,)  # the CLI shows it as the flag
+    assert err.value.render({param: flag(param)}).startswith(f"{flag(param)} must be")
+    for name in MECHANISMS:  # the mechanism takes it or not: the same check, nothing drawn
+        rng = np.random.default_rng(7)
+        state = rng.bit_generator.state
+        with pytest.raises(MechanismParamError, match=message):
+            select(name, Q, D, 1.0, rng=rng, allow_non_private=True, **{param: value})
+        assert rng.bit_generator.state == state
+
+
+def test_the_accepted_ranges_are_todays():
+    assert PARAMS["beta"].check(5e-324) == 5e-324 and PARAMS["beta"].check(np.float64(1 - 2**-53)) == 1 - 2**-53
+    assert PARAMS["gamma"].check(1e-6) == 1e-6 and PARAMS["gamma"].check(0.999) == 0.999
+    assert type(PARAMS["corr_budget_fraction"].check(np.float32(0.5))) is float
+
+
+def test_a_known_parameter_is_checked_and_ignored_by_a_mechanism_that_does_not_take_it():
+    a = select_batch("rnm", Q[None], D, 1.0, 20, 3, beta=0.3, gamma=0.5, corr_budget_fraction=0.1)
+    np.testing.assert_array_equal(a, select_batch("rnm", Q[None], D, 1.0, 20, 3))
+    np.testing.assert_array_equal(probabilities("combined_gem", Q, D, 1.0, gamma=0.5), probabilities("combined_gem", Q, D, 1.0))
+    assert not np.allclose(probabilities("gem", Q, D, 1.0, beta=0.5), probabilities("gem", Q, D, 1.0))
+
+
+def test_a_name_no_mechanism_declares_is_refused():
+    with pytest.raises(MechanismInputError, match=r"unknown mechanism parameter\(s\) alpha, delta; "
+                                                  r"expected only gamma, beta, corr_budget_fraction$"):
+        select("rnm", Q, D, 1.0, delta=0.1, alpha=0.5)
+
+
+def test_check_params_returns_the_mechanisms_own_values_with_defaults():
+    assert dict(check_params({}, MECHANISMS["combined_gem"])) == {"beta": 0.05, "corr_budget_fraction": 0.6}
+    assert dict(check_params({"beta": None, "gamma": 0.5}, MECHANISMS["gem"])) == {"beta": 0.05}
+    assert dict(check_params({"gamma": 0.25}, MECHANISMS["rs"])) == {"gamma": 0.25}
+    assert dict(check_params({"beta": 0.2})) == {}  # checked only (the service's pre-ledger check)
+
+
+def test_flags_are_derived_from_the_specs():
+    parser = argparse.ArgumentParser()
+    add_param_arguments(parser)
+    args = parser.parse_args(["--beta", "0.1", "--corr-budget-fraction", "0.3"])
+    assert params_from_namespace(args) == {"gamma": None, "beta": 0.1, "corr_budget_fraction": 0.3}
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps["beta"] == f"{PARAMS['beta'].doc}; taken by gem, mgem, combined_gem (default 0.05, in (0, 1))"
+    assert helps["gamma"].endswith("; taken by rs, rs_improved (default 0.008, in [1e-06, 1))")
+    assert "--gamma GAMMA" in parser.format_help()
+    only = argparse.ArgumentParser()
+    add_param_arguments(only, ["gamma"])
+    assert params_from_namespace(only.parse_args([])) == {"gamma": None}
+    assert flag("corr_budget_fraction") == "--corr-budget-fraction"
+
+
+def test_the_listing_shows_each_mechanisms_parameters(capsys):
+    assert recsvc_main(["mechanisms"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "beta=0.05 in (0, 1), corr_budget_fraction=0.6 in (0, 1)" in lines["combined_gem"]
+    assert "gamma=0.008 in [1e-06, 1)" in lines["rs_improved"] and " - " in lines["rnm"]
+    assert lines["name"].split()[:5] == ["name", "privacy", "exact", "parameters", "description"]
+    assert recsvc_main(["mechanisms", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["rnm"]["params"] == {}
+    assert rows["rs"]["params"]["gamma"] == {
+        "name": "gamma", "default": 0.008, "low": 0.0, "high": 1.0, "doc": PARAMS["gamma"].doc,
+        "low_inclusive": False, "high_inclusive": False, "floor": 1e-6, "floor_reason": PARAMS["gamma"].floor_reason,
+        "accepted": "[1e-06, 1)",
+    }
+    assert list(rows["combined_gem"]["params"]) == ["beta", "corr_budget_fraction"]
+
+
+def test_the_readme_mechanism_table_is_generated_and_current(tmp_path):
+    text = README.read_text(encoding="utf-8")
+    assert docs.with_table(text) == text, "README.md is stale: python -m recsvc.mechanisms.docs --write README.md"
+    assert docs.main(["--check", str(README)]) == 0
+    table = docs.markdown_table()
+    assert len(table.splitlines()) == 2 + len(MECHANISMS)
+    assert "| `rnmh` | **NOT DP** | no | – |" in table
+    assert "| `gem` | ε-DP | yes | `beta` = 0.05 in (0, 1): " in table
+    stale = tmp_path / "README.md"
+    stale.write_text(text.replace("| `rnm` |", "| `rnm2` |"), encoding="utf-8")
+    assert docs.main(["--check", str(stale)]) == 1
+    assert docs.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
+
+
+def test_the_registry_is_read_only_and_registration_is_checked():
+    with pytest.raises(TypeError):
+        MECHANISMS["x"] = MECHANISMS["rnm"]  # type: ignore[index]
+    with pytest.raises(ValueError, match="already registered"):
+        register(MECHANISMS["rnm"])
+    with pytest.raises(ValueError, match="built in"):
+        unregister("rnm")
+    other_beta = ParamSpec("beta", 0.1, 0.0, 1.0, "another β")
+    with pytest.raises(ValueError, match="'beta' differs from the spec declared by gem, mgem, combined_gem"):
+        register(Mechanism("gem2", "gem with another β", MECHANISMS["gem"].sample, params=param_specs(other_beta)))
+    with pytest.raises(ValueError, match="argument of select"):
+        register(Mechanism("seeded", "x", MECHANISMS["rnm"].sample, params=param_specs(ParamSpec("seed", 1, 0, 2, "x"))))
+    with pytest.raises(ValueError, match="default"):
+        ParamSpec("x", 1.0, 0.0, 1.0, "a default outside its range")
+    assert "gem2" not in MECHANISMS and "seeded" not in MECHANISMS and list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]
+
+
+# --- a toy mechanism, registered by this module only ----------------------------------------
+
+ALPHA = ParamSpec("alpha", 0.5, 0.0, 1.0, "share α of ε the tempered exponential mechanism uses", high_inclusive=True)
+
+
+def _toy_u(q, d, epsilon, p):
+    return q * (p["alpha"] * epsilon / (2.0 * d.max()))
+
+
+def toy_sample(q, d, epsilon, p, rng, size):
+    """Tempered exponential mechanism: P(a) ∝ exp(α ε q_a / 2Δmax), by the Gumbel-max trick.
+
+    Privacy: αε-DP, so ε-DP for α ≤ 1: each exponent moves by at most αε/2 between neighbours.
+    """
+    u = _toy_u(q, d, epsilon, p)
+    return np.argmax(u + rng.gumbel(size=(size, q.shape[0])), axis=1).astype(np.int64)
+
+
+def toy_log_probabilities(q, d, epsilon, p):
+    u = _toy_u(q, d, epsilon, p)
+    u = u - u.max()
+    return u - np.log(np.exp(u).sum())
+
+
+TOY = Mechanism("tempered_em", "exponential mechanism at αε: P(a) ∝ exp(α ε q_a / 2Δmax)",
+                toy_sample, toy_log_probabilities, param_specs(ALPHA))
+
+
+@pytest.fixture
+def toy():
+    with registered(TOY) as mech:
+        yield mech
+    assert "tempered_em" not in MECHANISMS and "alpha" not in PARAMS
+
+
+def test_toy_parameters_are_validated_before_any_draw(toy):
+    assert dict(params_of("tempered_em")) == {"alpha": ALPHA} and takers("alpha") == ("tempered_em",)
+    for bad, message in ((0.0, r"alpha must be in the interval \(0, 1\], got 0\.0$"),
+                         (1.5, r"alpha must be in the interval \(0, 1\], got 1\.5$"),
+                         ("x", r"alpha must be a real number in \(0, 1\], got 'x'$")):
+        for name in ("tempered_em", "rnm"):  # refused by the toy and by a mechanism that ignores it
+            rng = np.random.default_rng(1)
+            state = rng.bit_generator.state
+            with pytest.raises(MechanismParamError, match=message):
+                select(name, Q, D, 1.0, rng=rng, alpha=bad)
+            assert rng.bit_generator.state == state
+    assert select("tempered_em", Q, D, 1.0, rng=np.random.default_rng(1), alpha=1.0) in range(5)
+    np.testing.assert_array_equal(select_batch("rnm", Q[None], D, 1.0, 9, 2, alpha=0.3), select_batch("rnm", Q[None], D, 1.0, 9, 2))
+
+
+def test_toy_parameter_leaves_with_the_toy():
+    with registered(TOY):
+        assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction", "alpha"]
+    with pytest.raises(MechanismInputError, match="unknown mechanism parameter"):
+        select("rnm", Q, D, 1.0, alpha=0.5)
+
+
+def test_toy_probabilities_are_exact_and_sampling_matches(toy):
+    q, d = np.array([0.0, 1.0, 2.0]), np.array([1.0, 1.0, 2.0])
+    w = np.exp([0.0, 0.25, 0.5])  # α ε / 2Δmax = 0.5 · 2 / 4
+    np.testing.assert_allclose(probabilities("tempered_em", q, d, 2.0), w / w.sum(), rtol=1e-12)
+    w1 = np.exp([0.0, 0.5, 1.0])
+    np.testing.assert_allclose(probabilities("tempered_em", q, d, 2.0, alpha=1.0), w1 / w1.sum(), rtol=1e-12)
+    draws = select_batch("tempered_em", q[None], d, 2.0, 20_000, 5, alpha=1.0)[0]
+    assert chisquare_pvalue(np.bincount(draws, minlength=3), w1 / w1.sum()) > 1e-3
+
+
+def test_toy_is_listed_with_its_parameter(toy, capsys):
+    assert recsvc_main(["mechanisms", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[-1]
+    assert (row["name"], row["privacy"], row["exact"]) == ("tempered_em", "ε-DP", True)
+    assert row["params"]["alpha"]["default"] == 0.5 and row["params"]["alpha"]["accepted"] == "(0, 1]"
+    parser = argparse.ArgumentParser()
+    add_param_arguments(parser)
+    assert params_from_namespace(parser.parse_args(["--alpha", "0.75"]))["alpha"] == 0.75
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+def test_toy_passes_the_exact_privacy_audit(toy, epsilon):
+    pairs = box_vertex_pairs()
+    for alpha in (0.25, 1.0):
+        worst = max_loss("tempered_em", pairs, epsilon, alpha=alpha)
+        assert worst <= alpha * epsilon + 1e-9  # αε-DP, hence ε-DP
+        assert worst > 0.4 * alpha * epsilon  # the audit reaches near-worst cases
+    assert math.isfinite(max_loss("tempered_em", pairs, epsilon))
+
+
+def test_toy_passes_the_statistical_privacy_audit(toy):
+    assert statistical_audit("tempered_em", list(paper_pairs())[:3], 1.0, 300, alpha=1.0) <= 1.0
