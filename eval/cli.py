@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _config(args: argparse.Namespace, **source):
-    from eval.harness import DEFAULT_EPSILONS, EvalConfig
+    from eval.config import DEFAULT_EPSILONS, EvalConfig
 
     return EvalConfig(
         **source, users=args.users, mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
@@ -69,7 +69,7 @@ def _config(args: argparse.Namespace, **source):
 
 
 def _finish(result) -> int:
-    from eval.harness import summary
+    from eval.outputs import summary
 
     text, _ = summary(result)
     print(text)
@@ -89,7 +89,7 @@ def _level(text: str | None) -> float | str | None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from eval.harness import run
+    from eval.run import run
 
     if args.out is None:
         # The dataset name comes from the manifest when it is readable; the folder name otherwise.
@@ -98,7 +98,9 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
-    from eval.harness import DEFAULT_LEVEL, level_dirname, run, run_sweep
+    from eval.config import DEFAULT_LEVEL, level_dirname
+    from eval.run import run
+    from eval.sweep import run_sweep
 
     level = _level(args.level)
     if level == "all":

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from eval.harness import EvalResult, SweepResult
+    from eval.results import EvalResult, SweepResult
 
 CORRELATION_PNG = "correlation_hist.png"
 LOG_RATIO_PNG = "log_ratio_vs_correlation.png"
@@ -73,17 +73,21 @@ def log_ratio_scatter(result: EvalResult, path: Path) -> None:
 
 
 def mechanism_label(mech: str) -> str:
-    """The mechanism's name, marked when it is not DP (rnmh), for legends and tables."""
+    """The mechanism's name, marked when it is not DP, for legends and tables."""
     from recsvc.mechanisms import MECHANISMS
 
     return mech if MECHANISMS[mech].private else f"{mech} (not DP)"
 
 
 def _style(plt, i: int, mech: str) -> dict:
-    """Mechanism i's marker, colour and line style, the same in every plot."""
+    """Mechanism i's marker, colour and line style, the same in every plot; references (the uniform
+    baseline and mechanisms that are not DP) are dashed."""
+    from recsvc.mechanisms import MECHANISMS
+
     palette = plt.get_cmap("tab20").colors  # 11+ mechanisms: more distinct colours than the default 10
+    reference = mech == "random" or not MECHANISMS[mech].private
     return {"marker": _MARKERS[i % len(_MARKERS)], "color": palette[(2 * i) % 20 + (i // 10) % 2],
-            "ls": "--" if mech in ("random", "rnmh") else "-"}
+            "ls": "--" if reference else "-"}
 
 
 def mse_vs_epsilon(result: EvalResult, path: Path) -> None:

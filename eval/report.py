@@ -9,7 +9,7 @@ import numpy as np
 from eval.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
 
 if TYPE_CHECKING:
-    from eval.harness import EvalResult, SweepResult
+    from eval.results import EvalResult, SweepResult
 
 SWEEP_TABLE_EPSILONS = 5  # the sweep report's table shows at most this many ε (all are in sweep.csv)
 

@@ -26,8 +26,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval import harness
-from eval.harness import DEFAULT_EPSILONS, DEFAULT_TRIALS, EvalConfig, run
+from eval.config import DEFAULT_EPSILONS, DEFAULT_TRIALS, EvalConfig
+from eval.run import run
+from eval.sources import ArtifactSource
+from eval.work import evaluate_chunk, make_context
 from recsvc.artifact import ArtifactWriter, load_artifact
 from recsvc.mechanisms import MECHANISMS
 from recsvc.rng import user_stream
@@ -111,16 +113,16 @@ def main() -> int:
 
     # The work unit itself on one prebuilt chunk: steady-state throughput without the one-off
     # artifact load (sha256 + Parquet read + sort), which the end-to-end timings below include.
-    chunk = harness._ArtifactSource(art, args.subset).chunk(range(args.subset))
+    chunk = ArtifactSource(art, args.subset).chunk(range(args.subset))
     per_mech = {}
     for m in mechs:
-        ctx = harness._context(EvalConfig(**base, mechanisms=(m,)), (m,))
+        ctx = make_context(EvalConfig(**base, mechanisms=(m,)), (m,))
         t = time.perf_counter()
-        harness.evaluate_chunk(chunk, ctx)
+        evaluate_chunk(chunk, ctx)
         per_mech[m] = args.subset / (time.perf_counter() - t)
         print(f"{m:14s} {per_mech[m]:8.1f} users/s (11 ε × {args.trials} trials, 1 worker)", flush=True)
     t = time.perf_counter()
-    harness.evaluate_chunk(chunk, harness._context(EvalConfig(**base), tuple(mechs)))
+    evaluate_chunk(chunk, make_context(EvalConfig(**base), tuple(mechs)))
     unit = time.perf_counter() - t
     grid_1w, _ = timed(EvalConfig(**base, users=args.subset, workers=1))
     floor = noise_floor(art, args.subset, mechs, args.trials)

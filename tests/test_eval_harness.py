@@ -5,11 +5,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval import harness
-from eval.harness import EvalConfig, run, summary
+from eval.config import EvalConfig, mechanism_params
+from eval.outputs import summary
+from eval.run import run
 from eval.scenarios import scenario
+from eval.sources import ArtifactSource
+from eval.work import make_context
 from recsvc.app.cli import main as recsvc_main
-from recsvc.mechanisms import probabilities
+from recsvc.mechanisms import MECHANISMS, probabilities
 from tests.eval_fixtures import make_artifact
 
 MECHS = ("rnm", "gem", "mgem", "rs", "combined_gem")
@@ -61,7 +64,7 @@ def test_exact_agrees_with_monte_carlo_within_confidence_bound():
             pick = (pl.col("mechanism") == mech) & (pl.col("epsilon") == eps)
             e = exact.mse.filter(pick).row(0, named=True)
             m = mc.mse.filter(pick)["mse_mean"][0]
-            has_exact = harness._has_exact(mech)
+            has_exact = MECHANISMS[mech].exact
             assert e["method"] == ("exact" if has_exact else "monte-carlo")
             if mech == "rs":
                 assert not has_exact  # SPEC §2: random stopping has no exact form
@@ -143,6 +146,19 @@ def test_default_mechanisms_are_the_private_ones(toy):
     assert path is None and "3 users" in text
 
 
+def test_each_mechanism_gets_only_its_own_parameters_and_exact_only_where_it_has_one():
+    cfg = EvalConfig(scenario="4", beta=0.1, gamma=0.02, exact=True)
+    assert mechanism_params(cfg, "gem") == mechanism_params(cfg, "mgem") == {"beta": 0.1}
+    assert mechanism_params(cfg, "rs") == mechanism_params(cfg, "rs_improved") == {"gamma": 0.02}
+    assert mechanism_params(cfg, "combined_gem") == {"beta": 0.1}  # None: the mechanism's own default
+    assert mechanism_params(EvalConfig(scenario="4", corr_budget_fraction=0.5), "combined_gem") == {
+        "beta": 0.05, "corr_budget_fraction": 0.5}
+    assert mechanism_params(cfg, "rnm") == mechanism_params(cfg, "rnmh") == {}
+    ctx = make_context(cfg, ("rnm", "gem", "rs", "rnmh"))
+    assert ctx.exact == {"rnm", "gem"}  # rs and rnmh have no exact probabilities
+    assert make_context(EvalConfig(scenario="4"), ("rnm", "gem")).exact == frozenset()  # without --exact
+
+
 @pytest.mark.parametrize("argv,match", [
     (["eval", "--artifacts", "{missing}"], "does not exist"),
     (["eval", "--artifacts", "{corrupt}"], "corrupt: sha256"),
@@ -172,7 +188,7 @@ def test_memory_is_bounded_by_the_chunk_not_the_users(tmp_path):
     for users in (600, 2400):
         cfg = EvalConfig(artifacts=art, users=users, mechanisms=("rnm",), epsilons=(1.0,), trials=4,
                          chunk_size=200, progress=False, workers=1, out=tmp_path / f"r{users}")
-        harness._ArtifactSource(art, None).artifact.user_ids  # warm polars/numpy caches outside the measurement
+        ArtifactSource(art, None).artifact.user_ids  # warm polars/numpy caches outside the measurement
         tracemalloc.start()
         res = run(cfg)
         peaks.append(tracemalloc.get_traced_memory()[1])

@@ -7,8 +7,9 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from eval import harness
-from eval.harness import EvalConfig, run
+from eval import aggregate, outputs
+from eval.config import EvalConfig, chunk_size
+from eval.run import run
 from recsvc.app import demo
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact
@@ -88,14 +89,14 @@ def test_refused_run_leaves_no_temp_dir(extra, match, art, tmp_path, capsys):
 
 def test_out_appearing_during_the_run_is_not_replaced(art, tmp_path, monkeypatch):
     out = tmp_path / "res"
-    write = harness._write_outputs
+    write = outputs.write_outputs
 
     def racing_write(result, tmp):  # another process creates --out while we evaluate
         out.mkdir()
         (out / "theirs.txt").write_text("x")
         write(result, tmp)
 
-    monkeypatch.setattr(harness, "_write_outputs", racing_write)
+    monkeypatch.setattr(outputs, "write_outputs", racing_write)
     with pytest.raises(ValueError, match="appeared while writing; not replacing it"):
         run(EvalConfig(artifacts=art, out=out, users=2, trials=1, epsilons=(1.0,), mechanisms=("rnm",),
                        workers=1, progress=False))
@@ -107,13 +108,13 @@ def test_failed_run_leaves_no_parents_or_temp_dir_and_a_good_run_publishes(error
     out = tmp_path / "a" / "b" / "c"  # a/ does not exist yet
     cfg = EvalConfig(artifacts=art, out=out, users=3, trials=2, epsilons=(1.0,), mechanisms=("rnm", "gem"),
                      workers=1, progress=False)
-    finish = harness._finish
+    finish = aggregate.finish
 
     def failing_finish(*a, **k):  # fails after every chunk's rows were streamed into the temp dir
         finish(*a, **k)
         raise error("boom after evaluating")
 
-    monkeypatch.setattr(harness, "_finish", failing_finish)
+    monkeypatch.setattr(aggregate, "finish", failing_finish)
     with pytest.raises(error, match="boom"):
         run(cfg)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
@@ -146,11 +147,11 @@ def test_level_only_with_the_sweep_scenario(tmp_path, capsys):
 
 def test_auto_chunk_size_gives_each_worker_several_chunks_and_same_per_user_results(tmp_path):
     cfg = EvalConfig(scenario="4", workers=2)
-    assert harness._chunk_size(cfg, 100) == 16  # 7 chunks, not 1 (never below 16 users)
-    assert harness._chunk_size(cfg, 160) == 20  # 4 chunks per worker
-    assert harness._chunk_size(cfg, 100_000) == 256
-    assert harness._chunk_size(EvalConfig(scenario="4", workers=1), 100) == 25
-    assert harness._chunk_size(EvalConfig(scenario="4", workers=2, chunk_size=256), 100) == 256  # explicit wins
+    assert chunk_size(cfg, 100) == 16  # 7 chunks, not 1 (never below 16 users)
+    assert chunk_size(cfg, 160) == 20  # 4 chunks per worker
+    assert chunk_size(cfg, 100_000) == 256
+    assert chunk_size(EvalConfig(scenario="4", workers=1), 100) == 25
+    assert chunk_size(EvalConfig(scenario="4", workers=2, chunk_size=256), 100) == 256  # explicit wins
     kw = dict(scenario="4", n=12, users=100, trials=3, epsilons=(0.5,), mechanisms=("rnm", "mgem"), workers=1,
               progress=False)
     auto = run(EvalConfig(**kw, out=tmp_path / "auto"))

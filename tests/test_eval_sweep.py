@@ -9,10 +9,12 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval import harness
+from eval import outputs
 from eval import report as report_module
-from eval.harness import EvalConfig, level_dirname, run_sweep
+from eval import run as runner
+from eval.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
 from eval.scenarios import SWEEP_LEVELS
+from eval.sweep import run_sweep
 from recsvc.app.cli import main as recsvc_main
 from tests.test_eval_safety import _one_line_error, _snapshot
 
@@ -84,7 +86,7 @@ def test_report_figure_and_terminal_summary(sweep):
         assert f"[t = {t:g}]({d}/report.md)" in report
     assert re.search(r"\| \[5\]\(t5/report\.md\) \| 0\.9\d\d \| mgem 0\.\d+ \| mgem 0\.\d+ \|", report), report
     # With many ε the table shows five, spread over the grid, always with the summary's ε = 1.
-    assert report_module._table_epsilons(harness.DEFAULT_EPSILONS) == [0.01, 0.05, 1.0, 4.0, 16.0]
+    assert report_module._table_epsilons(DEFAULT_EPSILONS) == [0.01, 0.05, 1.0, 4.0, 16.0]
     png = (out / "sweep.png").read_bytes()
     width, height = struct.unpack(">II", png[16:24])
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and width > 1500 and height > 500
@@ -127,7 +129,7 @@ def test_existing_out_needs_force(tmp_path, capsys):
 ])
 def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(harness, "_evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
+    monkeypatch.setattr(runner, "evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
     # --n 10 from QUICK comes first; a later --n overrides it (argparse keeps the last).
     assert recsvc_main(["eval-synthetic", *QUICK, *extra]) == 2
     _one_line_error(capsys, match)
@@ -142,7 +144,7 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
         out.mkdir()
         (out / "keep.txt").write_text("earlier results")
     before = _snapshot(tmp_path)
-    real, calls = harness._evaluate, []
+    real, calls = runner.evaluate, []
 
     def failing(cfg, *args):
         calls.append(cfg.level)
@@ -150,7 +152,7 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
             raise error("boom at the 3rd level")
         return real(cfg, *args)
 
-    monkeypatch.setattr(harness, "_evaluate", failing)
+    monkeypatch.setattr(runner, "evaluate", failing)
     cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm", "gem"), trials=2, workers=1,
                      progress=False, out=out, force=existing)
     with pytest.raises(error, match="boom"):
@@ -165,7 +167,7 @@ def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch):
     def boom(*a):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(harness, "_write_sweep_outputs", boom)
+    monkeypatch.setattr(outputs, "write_sweep_outputs", boom)
     cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm",), trials=2, workers=1,
                      progress=False, out=out)
     with pytest.raises(RuntimeError, match="boom"):

@@ -51,7 +51,7 @@ def _prep(artifacts: Path, rebuild: bool) -> None:
 def _eval_config(args: argparse.Namespace):
     """The evaluation run. The default results directory is the demo's own and is replaced, so
     the demo can run again; a --results the user names is replaced only with --force."""
-    from eval.harness import EvalConfig
+    from eval.config import EvalConfig
 
     out = DEFAULT_RESULTS if args.results is None else args.results
     return EvalConfig(artifacts=args.artifacts, out=out, trials=args.trials, users=args.users,
@@ -116,8 +116,9 @@ def _serve_and_select(artifacts: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eval.harness import run as evaluate
-    from eval.harness import summary, validate
+    from eval.config import validate
+    from eval.outputs import summary
+    from eval.run import run as evaluate
 
     cfg = _eval_config(args)
     try:

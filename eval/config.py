@@ -1,0 +1,132 @@
+"""One evaluation run's configuration and every check that needs no data (SPEC §6)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from recsvc.staging import check_out
+from recsvc.checks import check_int
+from recsvc.engines import resolve_workers
+
+DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+DEFAULT_TRIALS = 50
+DEFAULT_BETA = 0.05
+DEFAULT_GAMMA = 0.008
+DEFAULT_CHUNK_SIZE = 256  # users per work unit when the run is large
+MIN_AUTO_CHUNK = 16  # automatic chunks never get smaller than this (per-chunk overhead)
+CHUNKS_PER_WORKER = 4  # automatic chunking aims for this many chunks per worker (progress, balance)
+DEFAULT_LEVEL = 0.8  # sweep scenario's t when none is given
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation run. Exactly one of ``artifacts`` / ``scenario`` is the data source."""
+
+    artifacts: Path | None = None
+    scenario: str | None = None
+    n: int = 100  # scenario candidates
+    level: float | None = None  # sweep scenario's t (None = 0.8); only for scenario "sweep"
+    users: int | None = None  # first N users (artifact) / rows (scenario); None = all / default
+    mechanisms: tuple[str, ...] | None = None  # None = every private mechanism
+    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
+    trials: int = DEFAULT_TRIALS
+    seed: int = 0
+    exact: bool = False
+    beta: float = DEFAULT_BETA
+    gamma: float = DEFAULT_GAMMA
+    corr_budget_fraction: float | None = None  # None = the mechanism's default (0.6)
+    engine: str = "local"
+    workers: int | None = None
+    scheduler: str | None = None
+    chunk_size: int | None = None  # None = automatic: ≤ 256, ≥ 4 chunks per worker, ≥ 16 users
+    out: Path | None = None
+    force: bool = False  # replace an existing ``out`` directory (never the artifact directory)
+    progress: bool | None = None
+    ratio_epsilon: float = 1.0  # ε whose mGEM/GEM log-ratio is plotted against correlation
+
+
+# Which of the shared params each mechanism takes (SPEC §2).
+_PARAMS_OF: dict[str, tuple[str, ...]] = {
+    "gem": ("beta",),
+    "mgem": ("beta",),
+    "combined_gem": ("beta", "corr_budget_fraction"),
+    "rs": ("gamma",),
+    "rs_improved": ("gamma",),
+}
+
+
+def level_dirname(level: float) -> str:
+    """``t-5``, ``t-0.8``, ``t0`` …: a sweep level's name (its results sub-directory; −0.0 is ``t0``)."""
+    return f"t{float(level) + 0.0:g}"
+
+
+def mechanism_params(cfg: EvalConfig, mechanism: str) -> dict[str, float]:
+    """The keyword parameters ``mechanism`` is called with: the config's values of the parameters it
+    takes (a None value leaves the mechanism's own default). The one place that maps config → params."""
+    shared = {"beta": cfg.beta, "gamma": cfg.gamma, "corr_budget_fraction": cfg.corr_budget_fraction}
+    return {k: shared[k] for k in _PARAMS_OF.get(mechanism, ()) if shared[k] is not None}
+
+
+def protected(cfg: EvalConfig) -> dict[str, Path]:
+    """The run's inputs that its results directory must never be, contain or replace."""
+    return {} if cfg.artifacts is None else {"artifacts": Path(cfg.artifacts)}
+
+
+def _check_out(cfg: EvalConfig) -> None:
+    """The results directory must never touch the artifact it reads (nor the working directory):
+    :func:`recsvc.staging.check_out`. Only stats, no writes."""
+    if cfg.out is None:
+        return
+    check_out(cfg.out, cfg.force, protect=protected(cfg))
+
+
+def validate(cfg: EvalConfig) -> tuple[str, ...]:
+    """Every check that needs no data (flags, --out); raises ValueError, returns the mechanisms.
+    :func:`eval.run.run` calls it first; the demo calls it before building anything."""
+    from recsvc.mechanisms import MECHANISMS
+
+    if (cfg.artifacts is None) == (cfg.scenario is None):
+        raise ValueError("give exactly one data source: --artifacts DIR or --scenario NAME")
+    if cfg.level is not None and cfg.scenario != "sweep":
+        src = f"--scenario {cfg.scenario}" if cfg.scenario is not None else "--artifacts"
+        raise ValueError(f"--level applies only to --scenario sweep, got it with {src}; "
+                         "drop --level or use --scenario sweep")
+    check_int("--seed", cfg.seed, 0)
+    check_int("--trials", cfg.trials, 1)
+    for flag, value in (("--users", cfg.users), ("--chunk-size", cfg.chunk_size)):
+        if value is not None:
+            check_int(flag, value, 1)
+    resolve_workers(cfg.workers)
+    r = cfg.ratio_epsilon
+    if isinstance(r, bool) or not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
+        raise ValueError(f"--ratio-epsilon must be a finite number > 0, got {r!r}")
+    if not cfg.epsilons:
+        raise ValueError("no ε given; expected at least one ε > 0")
+    for eps in cfg.epsilons:
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+            raise ValueError(f"ε must be a finite number > 0, got {eps!r}")
+    if len(set(cfg.epsilons)) != len(cfg.epsilons):
+        raise ValueError(f"ε values must be distinct, got {list(cfg.epsilons)}")
+    for pname, val in (("beta", cfg.beta), ("gamma", cfg.gamma), ("corr_budget_fraction", cfg.corr_budget_fraction)):
+        if val is not None and not (0 < val < 1):
+            raise ValueError(f"{pname} must be in (0, 1), got {val!r}")
+    names = tuple(cfg.mechanisms) if cfg.mechanisms else tuple(m for m, o in MECHANISMS.items() if o.private)
+    unknown = [m for m in names if m not in MECHANISMS]
+    if unknown:
+        raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"mechanisms must be distinct, got {list(names)}")
+    _check_out(cfg)
+    return names
+
+
+def chunk_size(cfg: EvalConfig, total: int) -> int:
+    """The explicit --chunk-size, else ≤ 256 users but small enough that every worker gets
+    ~4 chunks (a moving progress bar, both cores busy), never below 16 users. Per-user results
+    and aggregates do not depend on it (per-user streams; fixed-block merging, see RunningMean)."""
+    if cfg.chunk_size is not None:
+        return int(cfg.chunk_size)
+    workers = resolve_workers(cfg.workers)
+    return max(MIN_AUTO_CHUNK, min(DEFAULT_CHUNK_SIZE, -(-total // (CHUNKS_PER_WORKER * workers))))

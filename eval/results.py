@@ -1,0 +1,101 @@
+"""What a run returns: one evaluation (:class:`EvalResult`) and a whole sweep (:class:`SweepResult`).
+Plain data with small queries; the plots and the report read these and nothing else of the harness."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from eval.config import EvalConfig, level_dirname
+
+
+@dataclass
+class EvalResult:
+    """Aggregates of one run; per-user tables are in ``out`` as Parquet."""
+
+    config: EvalConfig
+    dataset: str
+    mechanisms: tuple[str, ...]
+    epsilons: tuple[float, ...]
+    users: int
+    mse: pl.DataFrame  # mechanism, epsilon, mse_mean, ci_low, ci_high, users, method
+    correlation: dict[str, Any]
+    log_ratio: pl.DataFrame  # epsilon, mean, median-free summary, users_defined, users_undefined
+    hist_edges: np.ndarray
+    hist_spearman: np.ndarray
+    hist_weighted: np.ndarray
+    scatter: pl.DataFrame  # sample of users: spearman, weighted, log_ratio at ratio_epsilon
+    ratio_epsilon: float
+    seconds: float
+    out: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def winners(self) -> list[tuple[float, str, bool | None]]:
+        """(ε, best mechanism by mean MSE, whether its CI is clear of the runner-up's; None = no CI)."""
+        rows = []
+        for eps in self.epsilons:
+            t = self.mse.filter(pl.col("epsilon") == eps).sort("mse_mean")
+            if t.height == 0:
+                continue
+            best = t.row(0, named=True)
+            if t.height < 2:
+                clear: bool | None = True
+            else:
+                hi, lo = best["ci_high"], t.row(1, named=True)["ci_low"]
+                clear = None if not (math.isfinite(hi) and math.isfinite(lo)) else bool(hi < lo)
+            rows.append((eps, best["mechanism"], clear))
+        return rows
+
+
+@dataclass(frozen=True)
+class SweepLevel:
+    """One level t of the sweep: its instances' correlation, the first instance (for the
+    scatter) and the full single-level evaluation over all instances."""
+
+    level: float
+    spearman: float  # median over instances of Spearman ρ(q, Δ)
+    scores: np.ndarray  # (n,) the first instance's scores
+    sensitivities: np.ndarray  # (n,) and its Δ
+    result: EvalResult
+
+    @property
+    def dirname(self) -> str:
+        return level_dirname(self.level)
+
+
+@dataclass
+class SweepResult:
+    """Every level of the sweep; ``table`` has one row per level × mechanism × ε."""
+
+    config: EvalConfig
+    levels: list[SweepLevel]
+    table: pl.DataFrame  # level, spearman, mechanism, epsilon, mse, mse_rel_rnm, method
+    seconds: float
+    out: Path | None = None
+
+    @property
+    def mechanisms(self) -> tuple[str, ...]:
+        return self.levels[0].result.mechanisms
+
+    @property
+    def epsilons(self) -> tuple[float, ...]:
+        return self.levels[0].result.epsilons
+
+    @property
+    def has_rnm(self) -> bool:
+        return "rnm" in self.mechanisms
+
+    def best_at(self, eps: float) -> list[tuple[SweepLevel, str, float, float]]:
+        """Per level: (level, best mechanism by mean MSE at ε, its MSE, its MSE ÷ RNM's (NaN without rnm))."""
+        rows = []
+        for lv in self.levels:
+            mech = next(m for e, m, _ in lv.result.winners() if e == eps)
+            row = self.table.filter((pl.col("level") == lv.level) & (pl.col("epsilon") == eps)
+                                    & (pl.col("mechanism") == mech)).row(0, named=True)
+            rows.append((lv, mech, row["mse"], row["mse_rel_rnm"]))
+        return rows

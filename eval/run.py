@@ -1,0 +1,55 @@
+"""Evaluation harness: every mechanism × ε on every user, chunked over an engine (SPEC §6).
+
+:func:`run` validates the config, builds the data source, maps the work unit
+(:func:`eval.work.evaluate_chunk`) over lazy chunks, reduces the results in order
+(:mod:`eval.aggregate`) and writes the results directory atomically (:mod:`eval.outputs`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from eval import aggregate, outputs
+from eval.config import EvalConfig, chunk_size, validate
+from eval.results import EvalResult
+from eval.sources import LazyChunks, Source, open_source
+from eval.work import evaluate_chunk, make_context
+
+
+def run(cfg: EvalConfig) -> EvalResult:
+    """Validates everything, evaluates all users, writes ``cfg.out`` atomically (if set)."""
+    mechanisms = validate(cfg)
+    # A missing / corrupt artifact or a bad scenario size fails here, before any work.
+    return evaluate(cfg, mechanisms, open_source(cfg))
+
+
+def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> EvalResult:
+    """:func:`run` after validation, on the already built data source."""
+    from recsvc.engines import chunk_ranges, make_engine
+
+    cfg = replace(cfg, chunk_size=chunk_size(cfg, source.total))  # the report records the size used
+    ctx = make_context(cfg, mechanisms)
+    ranges = chunk_ranges(source.total, cfg.chunk_size)
+    eps = ctx.epsilons
+    ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
+    engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)  # validates, no I/O
+    try:
+        with outputs.staged(cfg) as stage:  # only now, after every check, is anything written
+            red = aggregate.Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx,
+                                    None if stage is None else stage.tmp)
+            t0 = time.perf_counter()
+            for res in engine.map(evaluate_chunk, LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
+                                  unit="user", sizes=[len(r) for r in ranges]):
+                red.add(res)
+            red.close()
+            result = aggregate.finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
+            if stage is not None:
+                outputs.write_outputs(result, stage.tmp)
+                result.out = stage.publish()
+            return result
+    finally:
+        engine.close()

@@ -1,0 +1,82 @@
+"""The run's data: an artifact's test users or a synthetic scenario's rows, cut into lazy chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from eval.config import DEFAULT_LEVEL, EvalConfig, level_dirname
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Users [start, start + len) of the run: clipped scores, Δ, real candidate counts."""
+
+    start: int
+    user_ids: np.ndarray  # (B,) str
+    scores: np.ndarray  # (B, n) clipped; padding −inf
+    sensitivities: np.ndarray  # (B, n); padding 1
+    count: np.ndarray  # (B,)
+
+
+class ArtifactSource:
+    """The first ``users`` candidate users of an artifact."""
+
+    def __init__(self, path: Path, users: int | None) -> None:
+        from recsvc.artifact import load_artifact
+
+        self.artifact = load_artifact(path)  # verifies every sha256 before anything is trusted
+        total = len(self.artifact.user_ids)
+        if total == 0:
+            raise ValueError(f"{path}: the artifact has no candidate users; expected ≥ 1")
+        self.total = total if users is None else min(users, total)
+        self.name = self.artifact.manifest.dataset
+
+    def chunk(self, r: range) -> Chunk:
+        m = self.artifact.candidate_matrix(users=len(r), start=r.start)
+        return Chunk(r.start, m.user_ids, m.clipped(), m.sensitivity, m.count)
+
+
+class ScenarioSource:
+    """A synthetic scenario's rows, one synthetic user each."""
+
+    def __init__(self, name: str, n: int, users: int | None, seed: int, level: float | None) -> None:
+        from eval.scenarios import scenario  # scipy.stats: only when a scenario is evaluated
+
+        level = DEFAULT_LEVEL if level is None else level
+        self.sc = scenario(name, n=n, seed=seed, repeats=users, level=level)
+        self.total = self.sc.repeats
+        self.name = f"scenario-{name}" + (f"-{level_dirname(level)}" if name == "sweep" else "")
+
+    def chunk(self, r: range) -> Chunk:
+        q = self.sc.draws[r.start : r.stop]
+        ids = np.array([f"{self.sc.name}/{i}" for i in r])
+        return Chunk(r.start, ids, q, self.sc.rows_sensitivities(r.start, r.stop), np.full(len(r), q.shape[1]))
+
+
+Source = ArtifactSource | ScenarioSource
+
+
+def open_source(cfg: EvalConfig) -> Source:
+    """The config's data source; a missing / corrupt artifact or a bad scenario size fails here."""
+    if cfg.artifacts is not None:
+        return ArtifactSource(Path(cfg.artifacts), cfg.users)
+    return ScenarioSource(str(cfg.scenario), cfg.n, cfg.users, cfg.seed, cfg.level)
+
+
+class LazyChunks(Sequence):
+    """Builds each chunk only when the engine asks for it (engines keep a bounded window)."""
+
+    def __init__(self, source: Source, ranges: list[range]) -> None:
+        self.source, self.ranges = source, ranges
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self.source.chunk(r) for r in self.ranges[i]]
+        return self.source.chunk(self.ranges[i])

@@ -1,0 +1,93 @@
+"""The work unit: every metric for one chunk of users, a pure function of (chunk, context).
+
+User b's randomness is ``SeedSequence(seed, spawn_key=(b,))`` with b the GLOBAL user index, so
+results do not depend on the chunk size or on the engine (local processes or Dask).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from eval import metrics
+from eval.config import EvalConfig, mechanism_params
+from eval.sources import Chunk
+from recsvc.stats import spearman_rows
+
+
+@dataclass(frozen=True)
+class ChunkContext:
+    mechanisms: tuple[str, ...]
+    epsilons: tuple[float, ...]
+    trials: int
+    seed: int
+    exact: frozenset[str]  # mechanisms evaluated from exact probabilities (--exact and available)
+    params: dict[str, dict[str, float]]  # per mechanism
+
+
+@dataclass
+class ChunkResult:
+    start: int
+    user_ids: np.ndarray
+    count: np.ndarray
+    spearman: np.ndarray  # (B,)
+    weighted: np.ndarray  # (B,)
+    mse: np.ndarray  # (B, M, E)
+    mean_selected: np.ndarray  # (B, M, E)
+    exact: np.ndarray  # (M,) bool: exact probabilities were used
+
+
+def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...]) -> ChunkContext:
+    """What every chunk of the run shares; exact probabilities only where the mechanism has them."""
+    from recsvc.mechanisms import MECHANISMS
+
+    params = {m: mechanism_params(cfg, m) for m in mechanisms}
+    exact = frozenset(m for m in mechanisms if MECHANISMS[m].exact) if cfg.exact else frozenset()
+    return ChunkContext(mechanisms, tuple(float(e) for e in cfg.epsilons), int(cfg.trials), int(cfg.seed), exact, params)
+
+
+def _select(name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int,
+            start: int, params: dict[str, float]) -> np.ndarray:
+    """select_batch for users start..start+B−1 with their GLOBAL streams SeedSequence(seed, (b,))."""
+    from recsvc.mechanisms import MECHANISMS, select_batch
+
+    # A non-private mechanism can only be in the list when the caller named it (it is reference-only).
+    return select_batch(name, q, sens, eps, trials, seed, user_offset=start,
+                        allow_non_private=not MECHANISMS[name].private, **params)
+
+
+def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
+    """Every metric for one chunk of users. Pure: depends only on (chunk, ctx)."""
+    from recsvc.mechanisms import probabilities
+
+    q, sens, count = chunk.scores, chunk.sensitivities, chunk.count
+    B, M, E = q.shape[0], len(ctx.mechanisms), len(ctx.epsilons)
+    mse = np.empty((B, M, E))
+    mean_sel = np.empty((B, M, E))
+    exact_used = np.zeros(M, dtype=bool)
+    # Users with equal candidate counts form runs; each run is one batched call on unpadded arrays.
+    bounds = np.flatnonzero(np.diff(count)) + 1
+    runs = np.split(np.arange(B), bounds)
+    for mi, name in enumerate(ctx.mechanisms):
+        params = ctx.params.get(name, {})
+        use_exact = name in ctx.exact
+        exact_used[mi] = use_exact
+        for ei, eps in enumerate(ctx.epsilons):
+            for run in runs:
+                if len(run) == 0:
+                    continue
+                c = int(count[run[0]])
+                qr, sr = q[run, :c], np.ascontiguousarray(sens[run, :c])
+                if use_exact:
+                    for b, row in zip(run, range(len(run))):
+                        p = probabilities(name, qr[row], sr[row], eps, **params)
+                        mse[b, mi, ei], mean_sel[b, mi, ei] = metrics.expected_stats(qr[row], p)
+                else:
+                    sel = _select(name, qr, sr, eps, ctx.trials, ctx.seed, chunk.start + int(run[0]), params)
+                    mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
+    return ChunkResult(
+        chunk.start, chunk.user_ids, count,
+        spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),
+        mse, mean_sel, exact_used,
+    )
