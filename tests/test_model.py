@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from data_prep.candidates import ScoringContext, score_top_k
 from recsvc.artifact import ArtifactWriter, load_artifact
 from recsvc.model import Model, TopK, top_k
-from recsvc.service.servicer import Catalog, InvalidRequest, Recommender
+from recsvc.service.selection import Catalog, InvalidRequest, Recommender
 
 # Six items; the user's history is item "a" (column 0), whose row of W2 gives the scores:
 # b, d and f tie at 2, c and e tie at 1. The catalog lists the items in reverse order, so

@@ -15,7 +15,8 @@ from scipy import stats
 from recsvc.artifact import load_artifact
 from recsvc.mechanisms import probabilities
 from recsvc.service.client import Client
-from recsvc.service.server import ServerConfig, ServerHandle, start
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import ServerHandle, start
 from recsvc.v1 import selection_pb2 as pb
 from service_fixtures import candidates, make_artifact
 
@@ -49,11 +50,11 @@ def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
 
 
 def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
-    import recsvc.service.servicer as servicer_module
+    import recsvc.service.selection as selection_module
 
     draws: list[str] = []
-    real_select = servicer_module.select
-    monkeypatch.setattr(servicer_module, "select", lambda name, *a, **k: draws.append(name) or real_select(name, *a, **k))
+    real_select = selection_module.select
+    monkeypatch.setattr(selection_module, "select", lambda name, *a, **k: draws.append(name) or real_select(name, *a, **k))
     cands = candidates()
     r = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
     assert r.mechanism == "rnm" and r.epsilon_spent == 0.5 and r.budget_remaining == pytest.approx(BUDGET - 0.5)
@@ -318,7 +319,8 @@ def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_f
         server: ServerHandle) -> None:
     import hashlib
 
-    from recsvc.service.servicer import InvalidRequest, _fingerprint
+    from recsvc.service.selection import InvalidRequest
+    from recsvc.service.servicer import _fingerprint
 
     # Hashed in pieces (below hashlib's GIL-release size); must stay the plain SHA-256, or
     # retries of requests stored by an older server would be refused as conflicts.
@@ -342,17 +344,17 @@ def test_every_path_samples_clipped_scores_with_the_chacha_csprng(client: Client
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Select, SelectBatch and Recommend hand the mechanism scores clipped to [lo, hi] and a
     ChaCha20 generator (never a non-cryptographic one)."""
-    import recsvc.service.servicer as servicer_module
+    import recsvc.service.selection as selection_module
     from randomgen import ChaCha
 
     seen: list[tuple[np.ndarray, np.ndarray, object]] = []
-    real_select = servicer_module.select
+    real_select = selection_module.select
 
     def spy(name, scores, sens, eps, *, rng, **kw):
         seen.append((np.array(scores), np.array(sens), rng))
         return real_select(name, scores, sens, eps, rng=rng, **kw)
 
-    monkeypatch.setattr(servicer_module, "select", spy)
+    monkeypatch.setattr(selection_module, "select", spy)
     art = load_artifact(artifact)
     items = art.items
     row = {i: k for k, i in enumerate(items["item_id"].to_list())}

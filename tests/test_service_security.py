@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from recsvc.service.client import Client
-from recsvc.service.server import ServerConfig, start
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import start
 from service_fixtures import candidates, make_artifact, make_certs
 
 
@@ -159,12 +160,12 @@ def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_pa
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """An unexpected exception may quote the values it was given (numpy's messages do): the log
     keeps its type and stack, never its message, and the client gets INTERNAL with nothing spent."""
-    import recsvc.service.servicer as servicer_module
+    import recsvc.service.selection as selection_module
 
     def failing_select(name, scores, *args, **kwargs):
         raise RuntimeError(f"cannot select from {np.asarray(scores).tolist()}")
 
-    monkeypatch.setattr(servicer_module, "select", failing_select)
+    monkeypatch.setattr(selection_module, "select", failing_select)
     scores = [("it1", 0.5918273645), ("it2", 0.25)]
     with caplog.at_level(logging.DEBUG):
         h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
@@ -189,7 +190,8 @@ def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_pa
 def test_prepared_requests_keep_user_data_out_of_repr(artifact: Path, tmp_path: Path) -> None:
     from recsvc.artifact import load_artifact
     from recsvc.service.ledger import Ledger
-    from recsvc.service.servicer import Policy, SelectionServicer
+    from recsvc.service.config import Policy
+    from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
     ledger = Ledger(tmp_path / "l.db", 3.0)

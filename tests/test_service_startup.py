@@ -18,7 +18,8 @@ import pytest
 
 from recsvc.service import cli as service_cli
 from recsvc.service.ledger import Ledger
-from recsvc.service.server import ServerConfig, start
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import start
 from service_fixtures import REPO, candidates, free_port, make_artifact, make_certs
 
 
@@ -57,14 +58,14 @@ BAD_SERVE = [
     ("swapped cert/key", {"tls_cert": "server.key", "tls_key": "server.pem"}, r"expected the certificate in the first"),
     ("garbage client CA", {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "garbage.pem"},
      r"--client-ca .* is not a valid PEM certificate"),
-    ("metrics port -1", {"metrics_port": -1}, r"--metrics-port must be in 0\.\.65535, got -1"),
-    ("metrics port == port", {"port": 47123, "metrics_port": 47123}, r"--metrics-port must differ from --port"),
+    ("metrics port -1", {"metrics_port": -1}, r"metrics_port must be in 0\.\.65535, got -1"),
+    ("metrics port == port", {"port": 47123, "metrics_port": 47123}, r"metrics_port must differ from port"),
     ("metrics port busy", {"metrics_port": "BUSY"}, r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\)"),
     ("unknown default mechanism", {"default_mechanism": "foo"}, r"unknown mechanism 'foo'; expected one of"),
     ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private"),
-    ("max batch -1", {"max_batch": -1}, r"--max-batch must be >= 1"),
-    ("max batch 0", {"max_batch": 0}, r"--max-batch must be >= 1"),
-    ("artifacts is a file", {"artifacts": "FILE"}, r"--artifacts .* is a file; expected an artifact directory"),
+    ("max batch -1", {"max_batch": -1}, r"max_batch must be >= 1"),
+    ("max batch 0", {"max_batch": 0}, r"max_batch must be >= 1"),
+    ("artifacts is a file", {"artifacts": "FILE"}, r"artifacts .* is a file; expected an artifact directory"),
 ]
 
 

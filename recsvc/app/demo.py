@@ -75,7 +75,8 @@ def _serve_and_select(artifacts: Path) -> None:
 
     from recsvc.artifact import load_artifact
     from recsvc.service.client import Client
-    from recsvc.service.server import ServerConfig, start
+    from recsvc.service.config import ServerConfig
+    from recsvc.service.server import start
 
     art = load_artifact(artifacts)
     cands = art.candidate_matrix(users=3)

@@ -7,10 +7,12 @@ import csv
 import json
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from recsvc.checks import check_regular_file
+from recsvc.service.config import ServerConfig, default
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -19,25 +21,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the private-selection gRPC server",
                        description="Serve PrivateSelection (gRPC) over an artifact directory, with a privacy ledger.")
     p.add_argument("--artifacts", type=Path, required=True, help="artifact directory, e.g. artifacts/ml-100k")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051, help="0 picks a free port (single worker)")
-    p.add_argument("--ledger", type=Path, default=Path("ledger.db"), help="SQLite privacy ledger (created if missing)")
-    p.add_argument("--budget", type=float, default=10.0, help="per-user ε budget (basic composition)")
-    p.add_argument("--default-mechanism", default="auto", help="used when a request names no mechanism")
-    p.add_argument("--auto-threshold", type=float, default=0.1, help="|median population Spearman| above which auto picks gem/mgem")
-    p.add_argument("--max-candidates", type=int, default=10_000)
-    p.add_argument("--max-batch", type=int, default=1000, help="most requests per SelectBatch call")
-    p.add_argument("--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT) and the ledger")
-    p.add_argument("--threads", type=int, default=16, help="gRPC thread pool size per worker")
+    p.add_argument("--host", default=default("host"))
+    p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
+    p.add_argument("--ledger", type=Path, default=default("ledger"), help="SQLite privacy ledger (created if missing)")
+    p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
+    p.add_argument("--default-mechanism", default=default("default_mechanism"),
+                   help="used when a request names no mechanism")
+    p.add_argument("--auto-threshold", type=float, default=default("auto_threshold"),
+                   help="|median population Spearman| above which auto picks gem/mgem")
+    p.add_argument("--max-candidates", type=int, default=default("max_candidates"))
+    p.add_argument("--max-batch", type=int, default=default("max_batch"), help="most requests per SelectBatch call")
+    p.add_argument("--workers", type=int, default=default("workers"),
+                   help="processes sharing the port (SO_REUSEPORT) and the ledger")
+    p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")
     p.add_argument("--token-file", type=Path, help="bearer tokens, one per line; enables token auth")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-host", default=default("metrics_host"))
     p.add_argument("--allow-non-private", action="store_true", help="accept rnmh (NOT differentially private)")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on SIGTERM")
-    p.add_argument("--drain-delay", type=float, default=0.5, help="seconds of NOT_SERVING before the port closes")
+    p.add_argument("--grace", type=float, default=default("grace"), help="seconds in-flight calls get on SIGTERM")
+    p.add_argument("--drain-delay", type=float, default=default("drain_delay"),
+                   help="seconds of NOT_SERVING before the port closes")
     p.set_defaults(func=run_serve)
 
     s = sub.add_parser("select", help="ask a running server for one private selection",
@@ -71,17 +77,9 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from recsvc.service.server import ServerConfig, serve
+    from recsvc.service.server import serve
 
-    config = ServerConfig(
-        artifacts=args.artifacts, host=args.host, port=args.port, ledger=args.ledger, budget=args.budget,
-        default_mechanism=args.default_mechanism, auto_threshold=args.auto_threshold,
-        max_candidates=args.max_candidates, max_batch=args.max_batch, workers=args.workers,
-        threads=args.threads, tls_cert=args.tls_cert, tls_key=args.tls_key, client_ca=args.client_ca,
-        token_file=args.token_file, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-        allow_non_private=args.allow_non_private, grace=args.grace, drain_delay=args.drain_delay,
-    )
-    return serve(config)
+    return serve(ServerConfig(**{f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}))
 
 
 def parse_candidate(text: str) -> tuple[str, float]:

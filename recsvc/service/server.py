@@ -29,59 +29,12 @@ from typing import Any
 
 import grpc
 
+from recsvc.service.config import ServerConfig
+
 log = logging.getLogger("recsvc.service")
 
 SERVICE_NAME = "recsvc.v1.PrivateSelection"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full SelectBatch of 500-candidate requests fits
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    artifacts: Path
-    host: str = "127.0.0.1"
-    port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
-    ledger: Path = Path("ledger.db")
-    budget: float = 10.0  # per-user ε under basic composition
-    default_mechanism: str = "auto"
-    auto_threshold: float = 0.1
-    max_candidates: int = 10_000
-    max_batch: int = 1000
-    workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
-    threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
-    token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
-    metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
-    metrics_host: str = "127.0.0.1"
-    allow_non_private: bool = False
-    grace: float = 10.0  # seconds in-flight calls get to finish on SIGTERM
-    drain_delay: float = 0.5  # seconds health reports NOT_SERVING before the port closes
-    reuse_port: bool = False
-
-    def check(self) -> ServerConfig:
-        """Validates the knobs that do not need the artifact; returns self."""
-        checks = [
-            (0 <= self.port <= 65535, f"--port must be in 0..65535, got {self.port}"),
-            (self.workers >= 1, f"--workers must be >= 1, got {self.workers}"),
-            (self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
-            (self.budget > 0 and self.budget < float("inf"), f"--budget must be a finite ε > 0, got {self.budget}"),
-            (self.max_candidates >= 1, f"--max-candidates must be >= 1, got {self.max_candidates}"),
-            (self.max_batch >= 1, f"--max-batch must be >= 1 (requests per SelectBatch), got {self.max_batch}"),
-            (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-             f"--metrics-port must be in 0..65535, got {self.metrics_port}"),
-            (self.metrics_port is None or self.metrics_port == 0 or self.metrics_port != self.port,
-             f"--metrics-port must differ from --port (both are {self.port}); expected two different ports"),
-            (not Path(self.artifacts).exists() or Path(self.artifacts).is_dir(),
-             f"--artifacts {self.artifacts} is a file; expected an artifact directory (e.g. artifacts/ml-100k)"),
-            (self.auto_threshold >= 0, f"--auto-threshold must be >= 0, got {self.auto_threshold}"),
-            (self.grace >= 0 and self.drain_delay >= 0, "--grace and --drain-delay must be >= 0"),
-            (not (self.workers > 1 and self.port == 0), "--workers > 1 needs an explicit --port (not 0)"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        return self
 
 
 @dataclass
@@ -128,21 +81,14 @@ def start(config: ServerConfig) -> ServerHandle:
     from recsvc.artifact import load_artifact
     from recsvc.service import auth, metrics
     from recsvc.service import ledger as ledger_mod
-    from recsvc.service.servicer import Policy, SelectionServicer
+    from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2, selection_pb2_grpc
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
     interceptors = [auth.BearerTokenInterceptor(auth.load_tokens(config.token_file))] if config.token_file else []
     ledger_mod.check_path(config.ledger)
-    policy = Policy(
-        default_mechanism=config.default_mechanism,
-        auto_threshold=config.auto_threshold,
-        max_candidates=config.max_candidates,
-        max_batch=config.max_batch,
-        allow_non_private=config.allow_non_private,
-    )
-    servicer = SelectionServicer(artifact, None, policy)  # the ledger is attached once every check passed
+    servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
         interceptors=interceptors,

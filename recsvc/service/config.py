@@ -1,0 +1,81 @@
+"""The service's knobs and their defaults, written once: the `serve` flags, :class:`ServerConfig`
+and the selection :class:`Policy` all read them from here. Stdlib only, so `recsvc --help`
+stays instant."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from recsvc.checks import ParamError
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the selection layer needs to know of the server's configuration."""
+
+    default_mechanism: str = AUTO  # used when a request names no mechanism
+    auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
+    max_candidates: int = 10_000
+    max_batch: int = 1000  # most requests per SelectBatch call
+    allow_non_private: bool = False  # accept rnmh (NOT differentially private)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    artifacts: Path
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
+    ledger: Path = Path("ledger.db")
+    budget: float = 10.0  # per-user ε under basic composition
+    default_mechanism: str = Policy.default_mechanism
+    auto_threshold: float = Policy.auto_threshold
+    max_candidates: int = Policy.max_candidates
+    max_batch: int = Policy.max_batch
+    workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
+    threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
+    token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
+    metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
+    metrics_host: str = "127.0.0.1"
+    allow_non_private: bool = Policy.allow_non_private
+    grace: float = 10.0  # seconds in-flight calls get to finish on SIGTERM
+    drain_delay: float = 0.5  # seconds health reports NOT_SERVING before the port closes
+    reuse_port: bool = False
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(**{f.name: getattr(self, f.name) for f in fields(Policy)})
+
+    def check(self) -> ServerConfig:
+        """Validates the knobs that do not need the artifact; returns self."""
+        checks = [
+            (0 <= self.port <= 65535, "{port} must be in 0..65535, got {v}", self.port),
+            (self.workers >= 1, "{workers} must be >= 1, got {v}", self.workers),
+            (self.threads >= 1, "{threads} must be >= 1, got {v}", self.threads),
+            (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {v}", self.budget),
+            (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {v}", self.max_candidates),
+            (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {v}", self.max_batch),
+            (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+             "{metrics_port} must be in 0..65535, got {v}", self.metrics_port),
+            (self.metrics_port is None or self.metrics_port == 0 or self.metrics_port != self.port,
+             "{metrics_port} must differ from {port} (both are {v}); expected two different ports", self.port),
+            (not Path(self.artifacts).exists() or Path(self.artifacts).is_dir(),
+             "{artifacts} {v} is a file; expected an artifact directory (e.g. artifacts/ml-100k)", self.artifacts),
+            (self.auto_threshold >= 0, "{auto_threshold} must be >= 0, got {v}", self.auto_threshold),
+            (self.grace >= 0 and self.drain_delay >= 0, "{grace} and {drain_delay} must be >= 0{v}", ""),
+            (not (self.workers > 1 and self.port == 0), "{workers} > 1 needs an explicit {port} (not 0){v}", ""),
+        ]
+        for ok, template, value in checks:
+            if not ok:
+                raise ParamError(template, v=value)
+        return self
+
+
+def default(name: str) -> object:
+    """The default of a ServerConfig field (for the `serve` flags)."""
+    return ServerConfig.__dataclass_fields__[name].default

@@ -1,0 +1,81 @@
+"""The proto-free selection layer (recsvc.service.selection) and the service's one set of defaults."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from recsvc.artifact import load_artifact
+from recsvc.service.config import Policy, ServerConfig
+from recsvc.service.ledger import Ledger
+from recsvc.service.selection import InvalidRequest, Selected, Selector
+from service_fixtures import candidates, make_artifact
+
+
+@pytest.fixture(scope="module")
+def selector(tmp_path_factory: pytest.TempPathFactory) -> Selector:
+    art = make_artifact(tmp_path_factory.mktemp("art") / "toy", rho_median=0.5)
+    return Selector(load_artifact(art), Policy(max_candidates=25))
+
+
+def _prepare(selector: Selector, cands, mechanism: str = "", request_id: str = "r1"):
+    ids = [c[0] for c in cands]
+    raw = np.array([c[1] for c in cands])
+    return selector.prepare_select("u1", request_id, mechanism, 1.0, {"beta": None}, ids, raw, lambda: b"fp")
+
+
+def test_selection_needs_no_grpc_and_clips_before_selecting(selector: Selector) -> None:
+    # In a fresh interpreter, the selection layer imports without grpc or protobuf.
+    code = "import sys, recsvc.service.selection; print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    cands = candidates(20)
+    p = _prepare(selector, [(i, s * 100) for i, s in cands])  # far above every item's hi
+    rows = selector.catalog.rows(p.item_ids)
+    assert np.array_equal(p.scores, selector.catalog.hi[rows])
+    assert p.mechanism == "mgem"  # auto: population median 0.5 > 0.1
+    assert p.fingerprint == b"fp"
+
+
+def test_refusals_happen_before_the_fingerprint_and_the_ledger(selector: Selector) -> None:
+    called: list[bool] = []
+    with pytest.raises(InvalidRequest, match="26 candidates is too many; this server accepts at most 25"):
+        selector.prepare_select("u1", "r", "rnm", 1.0, {}, [str(i) for i in range(26)], np.zeros(26),
+                                lambda: called.append(True) or b"")
+    with pytest.raises(ValueError, match="beta must be in the open interval"):
+        selector.prepare_select("u1", "r", "gem", 1.0, {"beta": 2.0}, ["a"], np.zeros(1),
+                                lambda: called.append(True) or b"")
+    assert called == []
+
+
+def test_execute_charges_once_and_a_retry_replays_the_stored_answer(selector: Selector, tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "l.db", budget=3.0)
+    try:
+        encoded: list[Selected] = []
+        p = _prepare(selector, candidates(20), mechanism="rnm")
+        first = selector.execute(ledger, p, lambda s: encoded.append(s) or s.item_id.encode())
+        again = selector.execute(ledger, p, lambda s: encoded.append(s) or b"never")
+        assert (first.replayed, again.replayed) == (False, True)
+        assert again.response == first.response == encoded[0].item_id.encode()
+        assert len(encoded) == 1  # the retry drew no sample
+        assert encoded[0].epsilon == 1.0 and encoded[0].budget_remaining == pytest.approx(2.0)
+        assert ledger.user("u1").spent == pytest.approx(1.0)
+    finally:
+        ledger.close()
+
+
+def test_defaults_are_written_once_and_shared_by_cli_config_and_policy() -> None:
+    from recsvc.app.cli import build_parser
+
+    serve = build_parser().parse_args(["serve", "--artifacts", "x"])
+    config = ServerConfig(artifacts=Path("x"))
+    for f in fields(ServerConfig):
+        if hasattr(serve, f.name):
+            assert getattr(serve, f.name) == getattr(config, f.name), f.name
+    assert config.policy == Policy()
+    changed = ServerConfig(artifacts=Path("x"), max_candidates=7, auto_threshold=0.3)
+    assert (changed.policy.max_candidates, changed.policy.auto_threshold) == (7, 0.3)
