@@ -10,7 +10,8 @@ import pytest
 
 from data_prep.datasets import DataError, amazon_book, load, movielens, netflix
 from data_prep.datasets.synthetic import PRESETS, config_for, generate
-from tests.data_prep_fixtures import (
+
+from data_prep_fixtures import (
     ratings_table,
     triples,
     write_amazon,

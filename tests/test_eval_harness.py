@@ -10,7 +10,8 @@ from eval.harness import EvalConfig, run, summary
 from eval.scenarios import scenario
 from recsvc.cli import main as recsvc_main
 from recsvc.mechanisms import probabilities
-from tests.eval_fixtures import make_artifact
+
+from eval_fixtures import make_artifact
 
 MECHS = ("rnm", "gem", "mgem", "rs", "combined_gem")
 

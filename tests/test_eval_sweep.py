@@ -14,7 +14,8 @@ from eval import report as report_module
 from eval.harness import EvalConfig, level_dirname, run_sweep
 from eval.scenarios import SWEEP_LEVELS
 from recsvc.cli import main as recsvc_main
-from tests.test_eval_safety import _one_line_error, _snapshot
+
+from eval_fixtures import one_line_error, snapshot
 
 MECHS = ["rnm", "gem", "mgem", "rs"]
 EPS = [0.5, 2.0]
@@ -112,7 +113,7 @@ def test_existing_out_needs_force(tmp_path, capsys):
     (out / "keep.txt").write_text("earlier results")
     argv = ["eval-synthetic", "--scenario", "sweep", "--level", "all", "--out", str(out), *QUICK]
     assert recsvc_main(argv) == 2
-    _one_line_error(capsys, r"--out .*sw already exists; pass --force to replace it")
+    one_line_error(capsys, r"--out .*sw already exists; pass --force to replace it")
     assert [p.name for p in tmp_path.iterdir()] == ["sw"] and (out / "keep.txt").read_text() == "earlier results"
     assert recsvc_main([*argv, "--force"]) == 0
     assert not (out / "keep.txt").exists() and sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(DIRS)
@@ -130,7 +131,7 @@ def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, mon
     monkeypatch.setattr(harness, "_evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
     # --n 10 from QUICK comes first; a later --n overrides it (argparse keeps the last).
     assert recsvc_main(["eval-synthetic", *QUICK, *extra]) == 2
-    _one_line_error(capsys, match)
+    one_line_error(capsys, match)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -141,7 +142,7 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
     if existing:  # --force: the earlier results survive a failed run untouched
         out.mkdir()
         (out / "keep.txt").write_text("earlier results")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     real, calls = harness._evaluate, []
 
     def failing(cfg, *args):
@@ -156,7 +157,7 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
     with pytest.raises(error, match="boom"):
         run_sweep(cfg)
     assert calls == list(SWEEP_LEVELS[:3])
-    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == (["sw"] if existing else [])
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == (["sw"] if existing else [])
 
 
 def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch):

@@ -13,17 +13,8 @@ import pytest
 
 from recsvc.service.client import Client
 from recsvc.service.server import ServerConfig, start
-from service_fixtures import candidates, make_artifact, make_certs
 
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_certs(tmp_path_factory.mktemp("certs"))
+from service_fixtures import candidates
 
 
 def _code(fn, *args, **kwargs) -> grpc.StatusCode:

@@ -19,21 +19,16 @@ import pytest
 from recsvc.service import cli as service_cli
 from recsvc.service.ledger import Ledger
 from recsvc.service.server import ServerConfig, start
-from service_fixtures import REPO, candidates, free_port, make_artifact, make_certs
+
+from service_fixtures import REPO, candidates, free_port
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("certs")
-    out = make_certs(d)
-    (d / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
-    out["garbage.pem"] = d / "garbage.pem"
-    return out
+def certs(certs: dict[str, Path]) -> dict[str, Path]:
+    """The shared certificates plus a PEM file whose body is not base64."""
+    garbage = certs["ca.pem"].parent / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    return {**certs, "garbage.pem": garbage}
 
 
 @pytest.fixture
