@@ -11,6 +11,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from recsvc.checks import ParamError
+
 DEMO_EPSILON = 1.0
 DEFAULT_RESULTS = Path("results/ml-100k")  # the demo's own output: replaced on every run
 
@@ -120,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = _eval_config(args)
     try:
         validate(cfg)  # every argument is checked before stage 1 builds anything
+    except ParamError:
+        raise  # recsvc.cli shows its parameters as the demo's flags
     except ValueError as exc:  # the demo's name for the eval's --out is --results
         raise type(exc)(str(exc).replace("--out ", "--results ", 1)) from None
     _step("1/3 offline pipeline: artifacts/ml-100k")

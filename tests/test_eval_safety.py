@@ -10,6 +10,7 @@ from eval import harness
 from eval.harness import EvalConfig, run
 from recsvc import demo
 from recsvc.artifacts import load_artifact
+from recsvc.checks import ParamError
 from recsvc.cli import main as recsvc_main
 
 from eval_fixtures import make_artifact, one_line_error, snapshot
@@ -188,3 +189,19 @@ def test_demo_replaces_its_own_results_but_not_a_named_directory(art, tmp_path, 
     assert list(named.iterdir()) == []
     assert recsvc_main([*argv, "--results", str(named), "--force"]) == 0
     assert (named / "report.md").is_file()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"scenario": None}, r"^give exactly one data source: artifacts DIR or scenario NAME$"),
+    ({"level": 3.0}, r"^level applies only to scenario sweep, got it with scenario 1; drop level or use scenario sweep$"),
+    ({"trials": 0}, r"^trials must be an integer ≥ 1, got 0$"),
+    ({"users": 0}, r"^users must be an integer ≥ 1, got 0$"),
+    ({"chunk_size": 0}, r"^chunk_size must be an integer ≥ 1, got 0$"),
+    ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
+    ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
+    ({"ratio_epsilon": float("nan")}, r"^ratio_epsilon must be a finite number > 0, got nan$"),
+])
+def test_library_errors_name_the_parameters(fields, message):
+    """EvalConfig words its errors with its field names; `recsvc eval` shows them as flags (above)."""
+    with pytest.raises(ParamError, match=message):
+        harness.validate(EvalConfig(**{"scenario": "1", **fields}))

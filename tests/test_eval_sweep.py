@@ -125,6 +125,8 @@ def test_existing_out_needs_force(tmp_path, capsys):
     (["--scenario", "sweep", "--level", "abc"], r"--level must be a number or 'all', got 'abc'"),
     (["--scenario", "sweep", "--level", "all", "--trials", "0"], r"--trials must be an integer ≥ 1, got 0"),
     (["--scenario", "sweep", "--level", "all", "--n", "1"], r"scenario needs an integer n ≥ 2 candidates, got 1"),
+    # --repeats is an alias of --users: the error names the flag that the help lists first
+    (["--scenario", "sweep", "--level", "all", "--repeats", "0"], r"--users must be an integer ≥ 1, got 0"),
 ])
 def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

@@ -80,7 +80,7 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
         assert h.ledger.totals() == {"u": pytest.approx(1.0)}
     finally:
         h.stop(1)
-    with pytest.raises(ValueError, match="needs both --tls-cert and --tls-key"):
+    with pytest.raises(ValueError, match="^TLS needs both tls_cert and tls_key$"):  # CLI: test_service_startup
         start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "x.db", tls_cert=certs["server.pem"]))
 
 

@@ -143,8 +143,9 @@ def _client(args: argparse.Namespace) -> Any:
 class RpcFailure(ValueError):
     """The server refused the call; recsvc/cli.py prints it as one line with exit code 2.
 
-    A ValueError (not recsvc.cli.UserError) so that it is caught even under `python -m recsvc.cli`,
-    where recsvc.cli runs as __main__ and its UserError is a different class."""
+    A ValueError because recsvc/cli.py turns every ValueError into that one line; a class defined
+    in recsvc.cli would not do, since under `python -m recsvc.cli` that module runs as __main__ and
+    its classes are copies that an `except` in the imported recsvc.cli would not match."""
 
 
 def _rpc_error(exc: Any) -> Exception:

@@ -29,6 +29,8 @@ from typing import Any
 
 import grpc
 
+from recsvc.checks import ParamError
+
 log = logging.getLogger("recsvc.service")
 
 SERVICE_NAME = "recsvc.v1.PrivateSelection"
@@ -61,26 +63,29 @@ class ServerConfig:
 
     def check(self) -> ServerConfig:
         """Validates the knobs that do not need the artifact; returns self."""
-        checks = [
-            (0 <= self.port <= 65535, f"--port must be in 0..65535, got {self.port}"),
-            (self.workers >= 1, f"--workers must be >= 1, got {self.workers}"),
-            (self.threads >= 1, f"--threads must be >= 1, got {self.threads}"),
-            (self.budget > 0 and self.budget < float("inf"), f"--budget must be a finite ε > 0, got {self.budget}"),
-            (self.max_candidates >= 1, f"--max-candidates must be >= 1, got {self.max_candidates}"),
-            (self.max_batch >= 1, f"--max-batch must be >= 1 (requests per SelectBatch), got {self.max_batch}"),
+        checks: list[tuple[bool, str, dict[str, object]]] = [
+            (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
+            (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
+            (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
+            (self.budget > 0 and self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}",
+             {"got": self.budget}),
+            (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
+            (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {got}",
+             {"got": self.max_batch}),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-             f"--metrics-port must be in 0..65535, got {self.metrics_port}"),
+             "{metrics_port} must be in 0..65535, got {got}", {"got": self.metrics_port}),
             (self.metrics_port is None or self.metrics_port == 0 or self.metrics_port != self.port,
-             f"--metrics-port must differ from --port (both are {self.port}); expected two different ports"),
+             "{metrics_port} must differ from {port} (both are {got}); expected two different ports", {"got": self.port}),
             (not Path(self.artifacts).exists() or Path(self.artifacts).is_dir(),
-             f"--artifacts {self.artifacts} is a file; expected an artifact directory (e.g. artifacts/ml-100k)"),
-            (self.auto_threshold >= 0, f"--auto-threshold must be >= 0, got {self.auto_threshold}"),
-            (self.grace >= 0 and self.drain_delay >= 0, "--grace and --drain-delay must be >= 0"),
-            (not (self.workers > 1 and self.port == 0), "--workers > 1 needs an explicit --port (not 0)"),
+             "{artifacts} {path} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
+             {"path": self.artifacts}),
+            (self.auto_threshold >= 0, "{auto_threshold} must be >= 0, got {got}", {"got": self.auto_threshold}),
+            (self.grace >= 0 and self.drain_delay >= 0, "{grace} and {drain_delay} must be >= 0", {}),
+            (not (self.workers > 1 and self.port == 0), "{workers} > 1 needs an explicit {port} (not 0)", {}),
         ]
-        for ok, message in checks:
+        for ok, template, values in checks:
             if not ok:
-                raise ValueError(message)
+                raise ParamError(template, **values)
         return self
 
 
@@ -196,19 +201,19 @@ def start(config: ServerConfig) -> ServerHandle:
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
     """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
     address = f"{config.host}:{config.port}"
-    expected = "expected a free --port (0..65535) and a --host that is an address of this machine (e.g. 127.0.0.1)"
+    expected = "expected a free {port} (0..65535) and a {host} that is an address of this machine (e.g. 127.0.0.1)"
     if not config.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
         try:
             _check_port_free(config.host, config.port)
         except ValueError as exc:
-            raise ValueError(f"{exc}; {expected}") from None
+            raise ParamError("{reason}; " + expected, reason=str(exc)) from None
     try:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
         port = 0
     if port == 0:
-        raise ValueError(f"cannot listen on {address}: the port is in use or the host is not an address of "
-                         f"this machine; {expected}")
+        raise ParamError("cannot listen on {address}: the port is in use or the host is not an address of "
+                         "this machine; " + expected, address=address)
     return port
 
 
