@@ -32,7 +32,7 @@ from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, populat
 from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
 from data_prep.train import FACTORIZERS, SansaParams, fit
 from recsvc.artifact import ArtifactWriter
-from recsvc.checks import check_int
+from recsvc.checks import ParamError, check_int
 from recsvc.engines import chunk_ranges, make_engine
 from recsvc.model import Model, TopK
 
@@ -88,79 +88,84 @@ class PrepConfig:
 
     def validate(self) -> None:
         """Checks every input without touching the disk or the network's expensive parts, so bad
-        input fails before any directory exists. Messages name the CLI flag."""
+        input fails before any directory exists. Errors are ParamErrors naming the field."""
         if self.dataset not in datasets.DATASETS:
-            raise DataError(f"unknown --dataset {self.dataset!r}; expected one of {', '.join(datasets.DATASETS)}")
+            raise ParamError("unknown {dataset} {value}; expected one of {names}", value=repr(self.dataset),
+                             names=", ".join(datasets.DATASETS))
         info = datasets.INFO[self.dataset]
-        check_int("--seed", self.seed, 0)
+        check_int("seed", self.seed, 0)
         if self.sensitivity_population is not None and self.sensitivity_population not in POPULATIONS:
-            raise ValueError(
-                f"unknown --sensitivity-population {self.sensitivity_population!r}; expected one of {', '.join(POPULATIONS)}"
-            )
+            raise ParamError("unknown {sensitivity_population} {value}; expected one of {names}",
+                             value=repr(self.sensitivity_population), names=", ".join(POPULATIONS))
         lo, hi = self.percentiles
         if not (0.0 <= lo < hi <= 100.0):  # also false for NaN
-            raise ValueError(f"--percentiles must satisfy 0 ≤ lo < hi ≤ 100, got {lo} {hi}")
+            raise ParamError("{percentiles} must satisfy 0 ≤ lo < hi ≤ 100, got {lo} {hi}", lo=lo, hi=hi)
         self.percentiles = validate_percentiles(self.percentiles)
         if self.factorizer is not None and self.factorizer not in FACTORIZERS:
-            raise ValueError(f"unknown --factorizer {self.factorizer!r}; expected one of {', '.join(FACTORIZERS)}")
-        for flag, values, ok, expected in (
-            ("--l2", self.l2, lambda v: math.isfinite(v) and v > 0, "a positive number"),
-            ("--density", self.density, lambda v: math.isfinite(v) and 0 < v <= 1, "in (0, 1]"),
+            raise ParamError("unknown {factorizer} {value}; expected one of {names}", value=repr(self.factorizer),
+                             names=", ".join(FACTORIZERS))
+        for param, values, ok, expected in (
+            ("l2", self.l2, lambda v: math.isfinite(v) and v > 0, "a positive number"),
+            ("density", self.density, lambda v: math.isfinite(v) and 0 < v <= 1, "in (0, 1]"),
         ):
             if values is None:
                 continue
             if len(values) == 0:
-                raise ValueError(f"{flag} needs at least one value")
+                raise ParamError(f"{{{param}}} needs at least one value")
             for v in values:
                 if not ok(float(v)):
-                    raise ValueError(f"{flag.lstrip('-')} must be {expected}, got {v} ({flag})")
-        check_int("--chunk-users", self.chunk_users, 1)
-        for flag, value, least in (("--workers", self.workers, 1), ("--population-users", self.population_users, 1),
-                                   ("--test-users", self.test_users, 1), ("--val-users", self.val_users, 0)):
+                    raise ParamError(f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v)
+        check_int("chunk_users", self.chunk_users, 1)
+        for param, value, least in (("workers", self.workers, 1), ("population_users", self.population_users, 1),
+                                    ("test_users", self.test_users, 1), ("val_users", self.val_users, 0)):
             if value is not None:
-                check_int(flag, value, least)
+                check_int(param, value, least)
         self._validate_applicable(info)
         self._validate_engine()
         if self.data_dir is not None:
             d = Path(self.data_dir)
             if not d.exists():
-                raise DataError(f"--data-dir {d} does not exist; expected a directory with the dataset's files")
+                raise ParamError("{data_dir} {path} does not exist; expected a directory with the dataset's files",
+                                 path=str(d))
             if not d.is_dir():
-                raise DataError(f"--data-dir {d} is not a directory; expected a directory with the dataset's files")
+                raise ParamError("{data_dir} {path} is not a directory; expected a directory with the dataset's files",
+                                 path=str(d))
         if self.dataset == "synthetic":  # preset name and sizes: pure checks, no data generated
             config_for(self.preset_name(), self.users, self.items, self.interactions)
 
     def _validate_applicable(self, info: datasets.DatasetInfo) -> None:
-        """A flag that would be silently ignored is refused instead."""
+        """A parameter that would be silently ignored is refused instead."""
         if self.dataset != "synthetic":
-            given = [f for f, v in (("--preset", self.preset), ("--users", self.users), ("--items", self.items),
-                                    ("--interactions", self.interactions)) if v is not None]
+            given = [p for p, v in (("preset", self.preset), ("users", self.users), ("items", self.items),
+                                    ("interactions", self.interactions)) if v is not None]
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
-                raise ValueError(f"{', '.join(given)} only {verb} to --dataset synthetic, got --dataset {self.dataset}")
+                raise ParamError(f"{_fields(given)} only {verb} to {{dataset}} synthetic, got {{dataset}} {{name}}",
+                                 name=self.dataset)
         elif self.data_dir is not None:
-            raise ValueError("--data-dir does not apply to --dataset synthetic (its data is generated); drop it")
+            raise ParamError("{data_dir} does not apply to {dataset} synthetic (its data is generated); drop it")
         if self.population_users is not None and not info.weak_generalisation:
-            raise ValueError(
-                f"--population-users only applies to --dataset amazon-book (a sample of its training users), "
-                f"got --dataset {self.dataset}; use --sensitivity-population validation|test instead"
+            raise ParamError(
+                "{population_users} only applies to {dataset} amazon-book (a sample of its training users), "
+                "got {dataset} {name}; use {sensitivity_population} validation|test instead", name=self.dataset
             )
         if info.weak_generalisation:
-            given = [f for f, v in (("--test-users", self.test_users), ("--val-users", self.val_users),
-                                    ("--sensitivity-population", self.sensitivity_population)) if v is not None]
+            given = [p for p, v in (("test_users", self.test_users), ("val_users", self.val_users),
+                                    ("sensitivity_population", self.sensitivity_population)) if v is not None]
             if given:
-                raise ValueError(
-                    f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --dataset {self.dataset} "
-                    "(fixed train/test files); drop it"
+                raise ParamError(
+                    f"{_fields(given)} {'does' if len(given) == 1 else 'do'} not apply to {{dataset}} {{name}} "
+                    "(fixed train/test files); drop it", name=self.dataset
                 )
 
     def _validate_engine(self) -> None:
         if self.engine is not None and self.engine not in ENGINES:
-            raise ValueError(f"unknown --engine {self.engine!r}; expected one of {', '.join(ENGINES)}")
+            raise ParamError("unknown {engine} {value}; expected one of {names}", value=repr(self.engine),
+                             names=", ".join(ENGINES))
         if self.scheduler is None:
             return
         if self.engine == "local":
-            raise ValueError("--scheduler needs --engine dask (or no --engine), got --engine local")
+            raise ParamError("{scheduler} needs {engine} dask (or no {engine}), got {engine} local")
         from distributed.comm import parse_address, parse_host_port
         from distributed.comm.registry import backends
 
@@ -171,10 +176,13 @@ class PrepConfig:
             if protocol not in backends:
                 raise ValueError(f"unknown protocol {protocol!r}")
         except ValueError as exc:
-            raise ValueError(
-                f"--scheduler {self.scheduler!r} is not a Dask scheduler address ({exc}); "
-                "expected e.g. tcp://HOST:8786"
-            ) from None
+            raise ParamError("{scheduler} {value} is not a Dask scheduler address ({reason}); expected e.g. tcp://HOST:8786",
+                             value=repr(self.scheduler), reason=str(exc)) from None
+
+
+def _fields(params: list[str]) -> str:
+    """``"{a}, {b}"``: the parameters as ParamError fields, for a message that lists several."""
+    return ", ".join("{" + p + "}" for p in params)
 
 
 def _noop(chunk: Any, context: Any) -> None:
@@ -190,8 +198,9 @@ def _connect(cfg: PrepConfig) -> Any:
             list(engine.map(_noop, [], None, desc="connecting to Dask"))  # no chunks: just connects
         except OSError as exc:
             engine.close()
-            where = f"--scheduler {cfg.scheduler}" if cfg.scheduler else "a local Dask cluster"
-            raise ValueError(f"cannot connect to {where}: {exc}; expected a running Dask scheduler") from None
+            where = "{scheduler} {address}" if cfg.scheduler else "a local Dask cluster"
+            raise ParamError(f"cannot connect to {where}: {{reason}}; expected a running Dask scheduler",
+                             address=cfg.scheduler, reason=str(exc)) from None
     return engine
 
 
@@ -247,10 +256,8 @@ def _population(cfg: PrepConfig, split: Split) -> tuple[UserGroup, str]:
     kind = cfg.sensitivity_population or "validation"
     group = split.validation if kind == "validation" else split.test
     if len(group.user_ids) == 0:
-        raise ValueError(
-            f"the sensitivity population {kind!r} has no users; "
-            "expected --val-users ≥ 1 or --sensitivity-population test"
-        )
+        raise ParamError("the sensitivity population {kind} has no users; expected {val_users} ≥ 1 or "
+                         "{sensitivity_population} test", kind=repr(kind))
     return group, kind
 
 
@@ -272,7 +279,7 @@ def _choose_params(
     if len(grid) == 1:
         return grid[0], None, []
     if split.validation is None or len(split.validation.user_ids) == 0:
-        raise ValueError("choosing l2/density needs validation users; give one --l2 and one --density value")
+        raise ParamError("choosing l2/density needs validation users; give one {l2} and one {density} value")
     results: list[dict[str, Any]] = []
     best: tuple[float, SansaParams, Model] | None = None
     with timer.step("grid_search", f"choosing l2 × density on {len(split.validation.user_ids)} validation users ({len(grid)} fits)"):

@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from recsvc.checks import ParamError, check_int
 from recsvc.staging import check_out
-from recsvc.checks import check_int
 from recsvc.engines import resolve_workers
 
 DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -83,25 +83,25 @@ def _check_out(cfg: EvalConfig) -> None:
 
 
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
-    """Every check that needs no data (flags, --out); raises ValueError, returns the mechanisms.
+    """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
     :func:`eval.run.run` calls it first; the demo calls it before building anything."""
     from recsvc.mechanisms import MECHANISMS
 
     if (cfg.artifacts is None) == (cfg.scenario is None):
-        raise ValueError("give exactly one data source: --artifacts DIR or --scenario NAME")
+        raise ParamError("give exactly one data source: {artifacts} DIR or {scenario} NAME")
     if cfg.level is not None and cfg.scenario != "sweep":
-        src = f"--scenario {cfg.scenario}" if cfg.scenario is not None else "--artifacts"
-        raise ValueError(f"--level applies only to --scenario sweep, got it with {src}; "
-                         "drop --level or use --scenario sweep")
-    check_int("--seed", cfg.seed, 0)
-    check_int("--trials", cfg.trials, 1)
-    for flag, value in (("--users", cfg.users), ("--chunk-size", cfg.chunk_size)):
+        src = "{scenario} {name}" if cfg.scenario is not None else "{artifacts}"
+        raise ParamError(f"{{level}} applies only to {{scenario}} sweep, got it with {src}; "
+                         "drop {level} or use {scenario} sweep", name=cfg.scenario)
+    check_int("seed", cfg.seed, 0)
+    check_int("trials", cfg.trials, 1)
+    for param, value in (("users", cfg.users), ("chunk_size", cfg.chunk_size)):
         if value is not None:
-            check_int(flag, value, 1)
+            check_int(param, value, 1)
     resolve_workers(cfg.workers)
     r = cfg.ratio_epsilon
     if isinstance(r, bool) or not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
-        raise ValueError(f"--ratio-epsilon must be a finite number > 0, got {r!r}")
+        raise ParamError("{ratio_epsilon} must be a finite number > 0, got {value}", value=repr(r))
     if not cfg.epsilons:
         raise ValueError("no ε given; expected at least one ε > 0")
     for eps in cfg.epsilons:

@@ -29,18 +29,25 @@ class ParamError(ValueError):
         return self.template.format(**{p: names.get(p, p) for p in self.params}, **self.values)
 
 
-def check_int(flag: str, value: object, least: int) -> int:
-    """``value`` as an int if it is an integer (Python or numpy, not bool) ≥ ``least``."""
+def check_int(param: str, value: object, least: int) -> int:
+    """``value`` as an int if it is an integer (Python or numpy, not bool) ≥ ``least``; else a
+    :class:`ParamError` naming ``param``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{flag} must be an integer ≥ {least}, got {value!r}")
+        raise ParamError(f"{{{param}}} must be an integer ≥ {{least}}, got {{value}}", least=least, value=repr(value))
     return int(value)
 
 
+class MissingFileError(ParamError, FileNotFoundError):
+    """A file that must exist does not: a FileNotFoundError whose message may name a parameter."""
+
+
 def check_regular_file(what: str, path: Path, expected: str) -> None:
-    """A clear error for a path that exists but is not a regular file (a directory, a device …)
-    and for a missing one (FileNotFoundError)."""
+    """A clear error for a path that exists but is not a regular file (a directory, a device …:
+    :class:`ParamError`) and for a missing one (:class:`MissingFileError`). ``what`` names the
+    file in the message: plain words (``"token file"``) or a parameter (``"{ledger}"``)."""
     if path.is_file():
         return
     if path.exists():
-        raise ValueError(f"{what} {path} is a directory or not a regular file; expected {expected}")
-    raise FileNotFoundError(f"{what} {path} does not exist; expected {expected}")
+        raise ParamError(f"{what} {{path}} is a directory or not a regular file; expected {{expected}}",
+                         path=str(path), expected=expected)
+    raise MissingFileError(f"{what} {{path}} does not exist; expected {{expected}}", path=str(path), expected=expected)

@@ -168,7 +168,7 @@ class DaskEngine:
 
 def resolve_workers(workers: int | None) -> int:
     """The worker count: None means min(2, cores); anything else must be an integer ≥ 1."""
-    return min(2, os.cpu_count() or 1) if workers is None else check_int("--workers", workers, 1)
+    return min(2, os.cpu_count() or 1) if workers is None else check_int("workers", workers, 1)
 
 
 def make_engine(

@@ -5,14 +5,16 @@ import os
 import numpy as np
 import pytest
 
-from recsvc.checks import check_int, check_regular_file
+from recsvc.checks import MissingFileError, ParamError, check_int, check_regular_file
 
 
 def test_check_int_accepts_python_and_numpy_integers_at_or_above_the_floor():
-    assert check_int("--n", 3, 1) == 3 and type(check_int("--n", np.int64(5), 1)) is int
+    assert check_int("n", 3, 1) == 3 and type(check_int("n", np.int64(5), 1)) is int
     for bad in (0, -1, 2.0, True, "3", None):
-        with pytest.raises(ValueError, match=r"^--n must be an integer ≥ 1, got "):
-            check_int("--n", bad, 1)
+        with pytest.raises(ParamError, match=r"^n must be an integer ≥ 1, got ") as info:
+            check_int("n", bad, 1)
+        assert info.value.params == ("n",)
+        assert info.value.render({"n": "--n"}) == f"--n must be an integer ≥ 1, got {bad!r}"
 
 
 def test_check_regular_file(tmp_path):
@@ -28,3 +30,23 @@ def test_check_regular_file(tmp_path):
         check_regular_file("--ledger", fifo, "an SQLite ledger")
     with pytest.raises(FileNotFoundError, match=r"^token file .*/missing does not exist; expected a token file$"):
         check_regular_file("token file", tmp_path / "missing", "a token file")
+
+
+def test_check_regular_file_may_name_a_parameter(tmp_path):
+    """``what`` may be a parameter field: the CLI then shows its flag (test_service_startup's --ledger)."""
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ParamError, match=r"^ledger .*/d is a directory or not a regular file; expected x$") as info:
+        check_regular_file("{ledger}", tmp_path / "d", "x")
+    assert info.value.render({"ledger": "--ledger"}).startswith("--ledger ")
+    with pytest.raises(MissingFileError, match=r"^ledger .*/gone does not exist; expected x$") as info:
+        check_regular_file("{ledger}", tmp_path / "gone", "x")
+    assert isinstance(info.value, FileNotFoundError) and info.value.params == ("ledger",)
+    # a path with braces is a value, never a field
+    check_regular_file("token file", _touch(tmp_path / "{odd}"), "x")
+    with pytest.raises(MissingFileError, match=r"^token file .*/\{gone\} does not exist"):
+        check_regular_file("token file", tmp_path / "{gone}", "x")
+
+
+def _touch(path):
+    path.write_text("x")
+    return path

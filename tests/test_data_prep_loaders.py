@@ -10,7 +10,9 @@ import pytest
 
 from data_prep.datasets import DataError, amazon_book, load, movielens, netflix
 from data_prep.datasets.synthetic import PRESETS, config_for, generate
-from tests.data_prep_fixtures import (
+from recsvc.checks import ParamError
+
+from data_prep_fixtures import (
     ratings_table,
     triples,
     write_amazon,
@@ -124,8 +126,8 @@ def test_synthetic_is_seeded_power_law() -> None:
     assert per_item[: len(per_item) // 100].sum() > 0.1 * a.height
     assert per_user.max() > 5 * per_user.median()
     assert PRESETS["ml20m-shape"].users == 136_677 and PRESETS["ml20m-shape"].items == 20_720
-    with pytest.raises(DataError, match="unknown synthetic preset"):
-        config_for("huge", None, None, None)
+    with pytest.raises(ParamError, match=r"^unknown synthetic preset 'huge'; expected preset one of "):
+        config_for("huge", None, None, None)  # `recsvc prep --preset huge` names --preset (test_data_prep_validation)
 
 
 def test_netflix_prize_training_set_with_messy_whitespace(tmp_path: Path, table: pl.DataFrame) -> None:

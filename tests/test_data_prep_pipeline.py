@@ -13,9 +13,10 @@ import pytest
 
 import data_prep.pipeline as pipeline
 from data_prep.pipeline import PrepConfig, run
-from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
 from recsvc.app.cli import main
-from tests.data_prep_fixtures import ratings_table, write_ml20m
+from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
+
+from data_prep_fixtures import ratings_table, write_amazon, write_ml20m
 
 TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16"]
 FILES = ("items.parquet", "candidates.parquet", "model/W1.npz", "model/W2.npz", "model/items.parquet")
@@ -233,8 +234,6 @@ def test_amazon_book_fixture_end_to_end(tmp_path: Path, capsys) -> None:
     train = {u: sorted(rng.choice(30, size=8, replace=False).tolist()) for u in range(40)}
     test = {u: sorted(set(rng.choice(30, size=3, replace=False).tolist()) - set(train[u])) for u in range(0, 40, 2)}
     test = {u: items for u, items in test.items() if items}
-    from tests.data_prep_fixtures import write_amazon
-
     write_amazon(tmp_path / "data", train, test)
     out = run(PrepConfig(dataset="amazon-book", data_dir=tmp_path / "data", out=tmp_path / "a", l2=(5.0,),
                          density=(0.2,), factorizer="cholmod", population_users=25, workers=1, progress=False))

@@ -13,6 +13,7 @@ from data_prep.datasets.base import DataError
 from data_prep.datasets.synthetic import PRESETS, config_for
 from data_prep.pipeline import PrepConfig, run
 from recsvc.app.cli import main
+from recsvc.checks import ParamError
 
 
 @pytest.fixture
@@ -110,7 +111,7 @@ def test_failed_run_removes_the_parents_it_created(tmp_path: Path, monkeypatch) 
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
 
 
-def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch) -> None:
+def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch, capsys) -> None:
     calls: list[str] = []
 
     class Unreachable:
@@ -132,8 +133,14 @@ def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch)
     monkeypatch.setattr(pipeline, "make_engine", made)
     monkeypatch.setattr(pipeline, "_load_and_split", forbidden)
     cfg = PrepConfig(dataset="synthetic", preset="tiny", out=tmp_path / "a" / "o", scheduler="tcp://127.0.0.1:1")
-    with pytest.raises(ValueError, match=r"cannot connect to --scheduler tcp://127\.0\.0\.1:1: Timed out"):
+    with pytest.raises(ParamError, match=r"^cannot connect to scheduler tcp://127\.0\.0\.1:1: Timed out"):
         run(cfg)
+    assert calls == ["dask tcp://127.0.0.1:1", "map", "close"]
+    assert list(tmp_path.iterdir()) == []
+    calls.clear()
+    assert main(["prep", *SYN, "--scheduler", "tcp://127.0.0.1:1", "--out", str(tmp_path / "a" / "o")]) == 2
+    assert re.search(r"cannot connect to --scheduler tcp://127\.0\.0\.1:1: Timed out .*; expected a running Dask scheduler$",
+                     _error_line(capsys))
     assert calls == ["dask tcp://127.0.0.1:1", "map", "close"]
     assert list(tmp_path.iterdir()) == []
 
@@ -145,7 +152,7 @@ def test_synthetic_sizes_none_means_preset_zero_is_an_error() -> None:
     assert (got.users, got.items, got.interactions, got.test_users) == (300, 100, 9000, tiny.test_users)
     for kw in ({"users": 0}, {"items": 0}, {"interactions": 0}):
         sizes = {"users": None, "items": None, "interactions": None, **kw}
-        with pytest.raises(DataError, match=rf"--{next(iter(kw))} must be ≥ 1, got 0"):
+        with pytest.raises(ParamError, match=rf"^{next(iter(kw))} must be ≥ 1, got 0$"):
             config_for("tiny", **sizes)
 
 
@@ -188,3 +195,65 @@ def test_out_never_replaces_the_working_directory_or_the_input_data(tmp_path: Pa
     assert re.search(message, _error_line(capsys))
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     assert (cwd / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"dataset": "nope"}, r"^unknown dataset 'nope'; expected one of "),
+    ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
+    ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
+    ({"percentiles": (50.0, 50.0)}, r"^percentiles must satisfy 0 ≤ lo < hi ≤ 100, got 50\.0 50\.0$"),
+    ({"l2": (-1.0,)}, r"^l2 must be a positive number, got -1\.0 \(l2\)$"),
+    ({"dataset": "ml-100k", "preset": "tiny"}, r"^preset only applies to dataset synthetic, got dataset ml-100k$"),
+    ({"dataset": "ml-100k", "preset": None, "users": 10, "items": 30}, r"^users, items only apply to dataset synthetic"),
+    ({"dataset": "amazon-book", "preset": None, "test_users": 5}, r"^test_users does not apply to dataset amazon-book "),
+    ({"engine": "local", "scheduler": "tcp://127.0.0.1:8786"}, r"^scheduler needs engine dask \(or no engine\), got engine local$"),
+    ({"scheduler": "notaurl"}, r"^scheduler 'notaurl' is not a Dask scheduler address "),
+    ({"users": 3000}, r"^synthetic sizes users 3000 interactions 12000 are unusable; expected interactions ≥ 5 × users = 15000$"),
+])
+def test_library_errors_name_the_parameters(fields: dict, message: str) -> None:
+    """PrepConfig words its errors with its field names; `recsvc prep` shows them as flags (above)."""
+    cfg = PrepConfig(**{"dataset": "synthetic", "preset": "tiny", **fields})
+    with pytest.raises(ParamError, match=message):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("dataset, message", [
+    ("amazon-book", r"amazon-book needs DATA_DIR: a directory containing LightGCN train\.txt and test\.txt$"),
+    ("netflix", r"netflix needs DATA_DIR: a directory containing combined_data_1\.txt, "),
+    ("ml-20m", r"ml-20m needs DATA_DIR: a directory containing ratings\.csv"),
+])
+def test_a_dataset_without_its_data_dir_names_it(dataset: str, message: str, tmp_path: Path, capsys) -> None:
+    from data_prep.datasets import load
+
+    with pytest.raises(ParamError, match="^" + message.replace("DATA_DIR", "data_dir")):
+        load(dataset, None)
+    assert main(["prep", "--dataset", dataset, "--workers", "1", "--out", str(tmp_path / "o")]) == 2
+    assert re.search(message.replace("DATA_DIR", "--data-dir"), _error_line(capsys))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"factorizer": "nope"}, r"^unknown factorizer 'nope'; expected one of "),
+    ({"engine": "nope"}, r"^unknown engine 'nope'; expected one of local, dask$"),
+    ({"sensitivity_population": "nope"}, r"^unknown sensitivity_population 'nope'; expected one of "),
+    ({"density": ()}, r"^density needs at least one value$"),
+    ({"dataset": "ml-20m", "preset": None, "data_dir": Path("/nonexistent-recsvc")},
+     r"^data_dir /nonexistent-recsvc does not exist; expected a directory with the dataset's files$"),
+])
+def test_more_library_errors_name_the_parameters(fields: dict, message: str) -> None:
+    with pytest.raises(ParamError, match=message):
+        PrepConfig(**{"dataset": "synthetic", "preset": "tiny", **fields}).validate()
+
+
+def test_a_grid_without_validation_users_names_the_parameters(tmp_path: Path, capsys) -> None:
+    """A check that needs the split: the library names the fields, `recsvc prep` the flags."""
+    argv = ["prep", *SYN, "--workers", "1", "--out", str(tmp_path / "o"), "--val-users", "0", "--l2", "1", "2"]
+    assert main(argv) == 2
+    assert re.search(r"choosing l2/density needs validation users; give one --l2 and one --density value$",
+                     _error_line(capsys))
+    assert list(tmp_path.iterdir()) == []
+    cfg = PrepConfig(dataset="synthetic", preset="tiny", workers=1, out=tmp_path / "o", progress=False, val_users=0,
+                     l2=(1.0, 2.0))
+    with pytest.raises(ParamError, match=r"^choosing l2/density needs validation users; give one l2 and one density value$"):
+        run(cfg)
+    assert list(tmp_path.iterdir()) == []

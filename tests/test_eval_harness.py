@@ -13,7 +13,8 @@ from eval.sources import ArtifactSource
 from eval.work import make_context
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms import MECHANISMS, probabilities
-from tests.eval_fixtures import make_artifact
+
+from eval_fixtures import make_artifact
 
 MECHS = ("rnm", "gem", "mgem", "rs", "combined_gem")
 

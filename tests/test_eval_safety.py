@@ -1,20 +1,21 @@
 """Bad input to `recsvc eval` / `eval-synthetic` / `demo` is refused and changes nothing:
 no replaced directory, no hidden temp dir, no half-built artifact."""
 
-import re
 from dataclasses import replace
 
 import polars as pl
 import pytest
 
 from eval import aggregate, outputs
-from eval.config import EvalConfig, chunk_size
+from eval.config import EvalConfig, chunk_size, validate
 from eval.run import run
 from recsvc.app import demo
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact
+from recsvc.checks import ParamError
 from recsvc.staging import OutputError
-from tests.eval_fixtures import make_artifact
+
+from eval_fixtures import make_artifact, one_line_error, snapshot
 
 QUICK = ["--users", "3", "--trials", "2", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--workers", "1"]
 
@@ -24,25 +25,15 @@ def art(tmp_path):
     return make_artifact(tmp_path / "art", users=6, n=8)
 
 
-def _snapshot(d):
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
-
-
-def _one_line_error(capsys, match):
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and re.search(match, err), err
-    return err
-
-
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
 @pytest.mark.parametrize("force", [False, True])
 def test_out_overlapping_the_artifact_is_refused_even_with_force(where, force, art, tmp_path, capsys):
     out = {"same": art, "inside": art / "results", "parent": tmp_path}[where]
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     argv = ["eval", "--artifacts", str(art), "--out", str(out), *QUICK] + (["--force"] if force else [])
     assert recsvc_main(argv) == 2
-    _one_line_error(capsys, r"--out .* (is|is inside|contains) the --artifacts directory")
-    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    one_line_error(capsys, r"--out .* (is|is inside|contains) the --artifacts directory")
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["art"]
     assert load_artifact(art).manifest.files  # still a valid, verified artifact
 
 
@@ -53,7 +44,7 @@ def test_existing_out_needs_force(cmd, art, tmp_path, capsys):
     (out / "keep.txt").write_text("earlier results")
     argv = [a.format(art=art) for a in cmd] + ["--out", str(out), *QUICK]
     assert recsvc_main(argv) == 2
-    _one_line_error(capsys, r"--out .*res already exists; pass --force to replace it")
+    one_line_error(capsys, r"--out .*res already exists; pass --force to replace it")
     assert (out / "keep.txt").read_text() == "earlier results" and len(list(tmp_path.glob(".res*"))) == 0
     assert recsvc_main(argv + ["--force"]) == 0
     assert not (out / "keep.txt").exists() and (out / "report.md").stat().st_size > 0
@@ -66,7 +57,7 @@ def test_out_that_is_a_file_is_refused(force, art, tmp_path, capsys):
     out.write_text("not a directory")
     argv = ["eval", "--artifacts", str(art), "--out", str(out), *QUICK] + (["--force"] if force else [])
     assert recsvc_main(argv) == 2
-    _one_line_error(capsys, r"cannot create --out .*res\.txt: it exists and is not a directory; expected a directory path")
+    one_line_error(capsys, r"cannot create --out .*res\.txt: it exists and is not a directory; expected a directory path")
     assert out.read_text() == "not a directory" and not list(tmp_path.glob(".res*"))
 
 
@@ -83,7 +74,7 @@ def test_refused_run_leaves_no_temp_dir(extra, match, art, tmp_path, capsys):
     out = tmp_path / "results"
     # QUICK's --workers 1 comes first; a later --workers overrides it (argparse keeps the last).
     assert recsvc_main(["eval", "--artifacts", str(art), "--out", str(out), *QUICK, *extra]) == 2
-    _one_line_error(capsys, match)
+    one_line_error(capsys, match)
     assert not out.exists() and not list(tmp_path.glob(".results*"))
 
 
@@ -134,7 +125,7 @@ def test_level_only_with_the_sweep_scenario(tmp_path, capsys):
     out = tmp_path / "s1"
     argv = ["eval-synthetic", "--scenario", "1", "--n", "8", "--out", str(out), *QUICK]
     assert recsvc_main([*argv, "--level", "3"]) == 2
-    _one_line_error(capsys, r"--level applies only to --scenario sweep, got it with --scenario 1")
+    one_line_error(capsys, r"--level applies only to --scenario sweep, got it with --scenario 1")
     assert not out.exists()
     assert recsvc_main(argv) == 0  # without --level the other scenarios still work
     # sweep: default level 0.8, an explicit level changes the data (and the default out name).
@@ -181,7 +172,7 @@ def test_demo_checks_arguments_before_stage_1(extra, match, tmp_path, monkeypatc
     monkeypatch.setattr(demo, "_prep", _no_stage_1)
     art = tmp_path / "art"
     assert recsvc_main(["demo", "--artifacts", str(art), *[a.format(art=art) for a in extra]]) == 2
-    _one_line_error(capsys, match)
+    one_line_error(capsys, match)
     assert "1/3" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
@@ -196,7 +187,23 @@ def test_demo_replaces_its_own_results_but_not_a_named_directory(art, tmp_path, 
     named = tmp_path / "mine"
     named.mkdir()
     assert recsvc_main([*argv, "--results", str(named)]) == 2
-    _one_line_error(capsys, r"--results .*mine already exists; pass --force to replace it")
+    one_line_error(capsys, r"--results .*mine already exists; pass --force to replace it")
     assert list(named.iterdir()) == []
     assert recsvc_main([*argv, "--results", str(named), "--force"]) == 0
     assert (named / "report.md").is_file()
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"scenario": None}, r"^give exactly one data source: artifacts DIR or scenario NAME$"),
+    ({"level": 3.0}, r"^level applies only to scenario sweep, got it with scenario 1; drop level or use scenario sweep$"),
+    ({"trials": 0}, r"^trials must be an integer ≥ 1, got 0$"),
+    ({"users": 0}, r"^users must be an integer ≥ 1, got 0$"),
+    ({"chunk_size": 0}, r"^chunk_size must be an integer ≥ 1, got 0$"),
+    ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
+    ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
+    ({"ratio_epsilon": float("nan")}, r"^ratio_epsilon must be a finite number > 0, got nan$"),
+])
+def test_library_errors_name_the_parameters(fields, message):
+    """EvalConfig words its errors with its field names; `recsvc eval` shows them as flags (above)."""
+    with pytest.raises(ParamError, match=message):
+        validate(EvalConfig(**{"scenario": "1", **fields}))

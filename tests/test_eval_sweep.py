@@ -16,7 +16,8 @@ from eval.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
 from eval.scenarios import SWEEP_LEVELS
 from eval.sweep import run_sweep
 from recsvc.app.cli import main as recsvc_main
-from tests.test_eval_safety import _one_line_error, _snapshot
+
+from eval_fixtures import one_line_error, snapshot
 
 MECHS = ["rnm", "gem", "mgem", "rs"]
 EPS = [0.5, 2.0]
@@ -114,7 +115,7 @@ def test_existing_out_needs_force(tmp_path, capsys):
     (out / "keep.txt").write_text("earlier results")
     argv = ["eval-synthetic", "--scenario", "sweep", "--level", "all", "--out", str(out), *QUICK]
     assert recsvc_main(argv) == 2
-    _one_line_error(capsys, r"--out .*sw already exists; pass --force to replace it")
+    one_line_error(capsys, r"--out .*sw already exists; pass --force to replace it")
     assert [p.name for p in tmp_path.iterdir()] == ["sw"] and (out / "keep.txt").read_text() == "earlier results"
     assert recsvc_main([*argv, "--force"]) == 0
     assert not (out / "keep.txt").exists() and sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(DIRS)
@@ -126,13 +127,15 @@ def test_existing_out_needs_force(tmp_path, capsys):
     (["--scenario", "sweep", "--level", "abc"], r"--level must be a number or 'all', got 'abc'"),
     (["--scenario", "sweep", "--level", "all", "--trials", "0"], r"--trials must be an integer ≥ 1, got 0"),
     (["--scenario", "sweep", "--level", "all", "--n", "1"], r"scenario needs an integer n ≥ 2 candidates, got 1"),
+    # --repeats is an alias of --users: the error names the flag that the help lists first
+    (["--scenario", "sweep", "--level", "all", "--repeats", "0"], r"--users must be an integer ≥ 1, got 0"),
 ])
 def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runner, "evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
     # --n 10 from QUICK comes first; a later --n overrides it (argparse keeps the last).
     assert recsvc_main(["eval-synthetic", *QUICK, *extra]) == 2
-    _one_line_error(capsys, match)
+    one_line_error(capsys, match)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -143,7 +146,7 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
     if existing:  # --force: the earlier results survive a failed run untouched
         out.mkdir()
         (out / "keep.txt").write_text("earlier results")
-    before = _snapshot(tmp_path)
+    before = snapshot(tmp_path)
     real, calls = runner.evaluate, []
 
     def failing(cfg, *args):
@@ -158,7 +161,7 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
     with pytest.raises(error, match="boom"):
         run_sweep(cfg)
     assert calls == list(SWEEP_LEVELS[:3])
-    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == (["sw"] if existing else [])
+    assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == (["sw"] if existing else [])
 
 
 def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch):

@@ -5,12 +5,15 @@ import math
 
 import numpy as np
 import pytest
-from mechanisms_audit import chisquare_pvalue
 from scipy.stats import binomtest
 
 from recsvc.mechanisms import MECHANISMS, log_probabilities, probabilities, select, select_batch
-from recsvc.mechanisms.exact import noisy_max_probabilities_quad, random_stopping_probabilities_quad
+
+from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 from recsvc.mechanisms.gem import gem_t, q_prime, q_prime_naive, report_correlation_bit
+
+from mechanisms_audit import chisquare_pvalue
+from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 
 ALPHA = 1e-3  # per goodness-of-fit test; seeds are fixed, so outcomes are deterministic
 EXACT = [n for n, m in MECHANISMS.items() if m.exact]

@@ -5,10 +5,11 @@ import math
 
 import numpy as np
 import pytest
-from mechanisms_audit import SENS, TINY, box_vertex_pairs, max_loss, paper_pairs, statistical_audit, vertex_pairs
 
 from recsvc.mechanisms import MECHANISMS, select_batch
-from recsvc.mechanisms.exact import noisy_max_probabilities_quad, random_stopping_probabilities_quad
+
+from mechanisms_audit import SENS, TINY, box_vertex_pairs, max_loss, paper_pairs, statistical_audit, vertex_pairs
+from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 
 TOL = 1e-9  # numerical tolerance on exact log-probabilities
 EXACT_PRIVATE = [n for n, m in MECHANISMS.items() if m.exact and m.private]
@@ -39,7 +40,7 @@ def test_exact_dp_audit_n10_random_vertices_and_interior(name):
 @pytest.mark.parametrize("kind", ["rs", "rs_improved"])
 @pytest.mark.parametrize("gamma", [0.008, 0.3])
 def test_random_stopping_exact_audit_by_quadrature(kind, gamma):
-    """rs / rs_improved have a 1-D integral form (exact.random_stopping_probabilities_quad)."""
+    """rs / rs_improved have a 1-D integral form (mechanisms_reference.random_stopping_probabilities_quad)."""
     eps = 1.0
     pairs = list(vertex_pairs(2, 0)) + list(vertex_pairs(3, 1))[::3] + list(paper_pairs())[:3]
     worst = 0.0

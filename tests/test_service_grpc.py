@@ -18,14 +18,10 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.v1 import selection_pb2 as pb
+
 from service_fixtures import candidates, make_artifact
 
 BUDGET = 10.0
-
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy", rho_median=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,8 @@ import pytest
 
 from recsvc.service.client import Client
 from recsvc.service.ledger import Ledger
-from service_fixtures import REPO, candidates, free_port, make_artifact, server_process
 
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
+from service_fixtures import REPO, candidates, free_port, server_process
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path: Path) -> None:

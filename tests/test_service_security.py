@@ -14,17 +14,8 @@ import pytest
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from service_fixtures import candidates, make_artifact, make_certs
 
-
-@pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return make_certs(tmp_path_factory.mktemp("certs"))
+from service_fixtures import candidates
 
 
 def _code(fn, *args, **kwargs) -> grpc.StatusCode:
@@ -90,7 +81,7 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
         assert h.ledger.totals() == {"u": pytest.approx(1.0)}
     finally:
         h.stop(1)
-    with pytest.raises(ValueError, match="needs both --tls-cert and --tls-key"):
+    with pytest.raises(ValueError, match="^TLS needs both tls_cert and tls_key$"):  # CLI: test_service_startup
         start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "x.db", tls_cert=certs["server.pem"]))
 
 

@@ -3,8 +3,8 @@ no ledger file created, an existing ledger untouched, no orphaned worker left be
 
 from __future__ import annotations
 
-import argparse
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -16,25 +16,23 @@ from pathlib import Path
 import psutil
 import pytest
 
+from recsvc.checks import ParamError
+from recsvc.app.cli import main as recsvc_main
 from recsvc.service import cli as service_cli
+from recsvc.service.client import Client
 from recsvc.service.ledger import Ledger
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from service_fixtures import REPO, candidates, free_port, make_artifact, make_certs
+
+from service_fixtures import REPO, candidates, free_port
 
 
 @pytest.fixture(scope="module")
-def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    d = tmp_path_factory.mktemp("certs")
-    out = make_certs(d)
-    (d / "garbage.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
-    out["garbage.pem"] = d / "garbage.pem"
-    return out
+def certs(certs: dict[str, Path]) -> dict[str, Path]:
+    """The shared certificates plus a PEM file whose body is not base64."""
+    garbage = certs["ca.pem"].parent / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n")
+    return {**certs, "garbage.pem": garbage}
 
 
 @pytest.fixture
@@ -49,30 +47,44 @@ def _ledger_files(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.startswith("l.db"))
 
 
-# (case, ServerConfig overrides, message the error must contain)
+# (case, ServerConfig overrides, message the error must contain, the same from `recsvc serve` if it
+# names parameters: the library names ServerConfig's fields, the command line its flags)
 BAD_SERVE = [
-    ("busy port", {"port": "BUSY"}, r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port"),
-    ("bad host", {"host": "999.1.1.1"}, r"cannot listen on 999\.1\.1\.1:0: .*expected a free --port"),
-    ("garbage cert", {"tls_cert": "garbage.pem", "tls_key": "server.key"}, r"--tls-cert/--tls-key .*not a valid PEM"),
-    ("mismatched key", {"tls_cert": "server.pem", "tls_key": "rogue.key"}, r"not a valid PEM .*KEY_VALUES_MISMATCH"),
-    ("swapped cert/key", {"tls_cert": "server.key", "tls_key": "server.pem"}, r"expected the certificate in the first"),
+    ("busy port", {"port": "BUSY"}, r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free port",
+     r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port"),
+    ("bad host", {"host": "999.1.1.1"}, r"cannot listen on 999\.1\.1\.1:0: .*expected a free port \(0\.\.65535\) and a host ",
+     r"cannot listen on 999\.1\.1\.1:0: .*expected a free --port \(0\.\.65535\) and a --host "),
+    ("garbage cert", {"tls_cert": "garbage.pem", "tls_key": "server.key"}, r"^tls_cert/tls_key .*not a valid PEM",
+     r"--tls-cert/--tls-key .*not a valid PEM"),
+    ("mismatched key", {"tls_cert": "server.pem", "tls_key": "rogue.key"}, r"not a valid PEM .*KEY_VALUES_MISMATCH", None),
+    ("swapped cert/key", {"tls_cert": "server.key", "tls_key": "server.pem"}, r"expected the certificate in the first", None),
     ("garbage client CA", {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "garbage.pem"},
-     r"--client-ca .* is not a valid PEM certificate"),
-    ("metrics port -1", {"metrics_port": -1}, r"metrics_port must be in 0\.\.65535, got -1"),
-    ("metrics port == port", {"port": 47123, "metrics_port": 47123}, r"metrics_port must differ from port"),
-    ("metrics port busy", {"metrics_port": "BUSY"}, r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\)"),
-    ("unknown default mechanism", {"default_mechanism": "foo"}, r"unknown mechanism 'foo'; expected one of"),
-    ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private"),
-    ("max batch -1", {"max_batch": -1}, r"max_batch must be >= 1"),
-    ("max batch 0", {"max_batch": 0}, r"max_batch must be >= 1"),
-    ("artifacts is a file", {"artifacts": "FILE"}, r"artifacts .* is a file; expected an artifact directory"),
+     r"^client_ca .* is not a valid PEM certificate", r"--client-ca .* is not a valid PEM certificate"),
+    ("metrics port -1", {"metrics_port": -1}, r"^metrics_port must be in 0\.\.65535, got -1",
+     r"--metrics-port must be in 0\.\.65535, got -1"),
+    ("metrics port == port", {"port": 47123, "metrics_port": 47123}, r"^metrics_port must differ from port",
+     r"--metrics-port must differ from --port"),
+    ("metrics port busy", {"metrics_port": "BUSY"}, r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\); "
+     r"expected metrics_port .*\(not port\) and metrics_host ",
+     r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\); expected --metrics-port .*\(not --port\) "
+     r"and --metrics-host "),
+    ("unknown default mechanism", {"default_mechanism": "foo"}, r"unknown mechanism 'foo'; expected one of", None),
+    ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private", None),
+    ("max batch -1", {"max_batch": -1}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
+    ("max batch 0", {"max_batch": 0}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
+    ("artifacts is a file", {"artifacts": "FILE"}, r"^artifacts .* is a file; expected an artifact directory",
+     r"--artifacts .* is a file; expected an artifact directory"),
+    ("workers > 1 on port 0", {"workers": 2}, r"^workers > 1 needs an explicit port \(not 0\)",
+     r"--workers > 1 needs an explicit --port \(not 0\)"),
+    ("cert without key", {"tls_cert": "server.pem"}, r"^TLS needs both tls_cert and tls_key$",
+     r"TLS needs both --tls-cert and --tls-key$"),
+    ("client CA without TLS", {"client_ca": "ca.pem"}, r"^client_ca needs tls_cert and tls_key \(mTLS runs over TLS\)$",
+     r"--client-ca needs --tls-cert and --tls-key \(mTLS runs over TLS\)$"),
+    ("budget nan", {"budget": float("nan")}, r"^budget must be a finite ε > 0, got nan", r"--budget must be a finite ε > 0, got nan"),
 ]
 
 
-@pytest.mark.parametrize("case,overrides,message", BAD_SERVE, ids=[c[0] for c in BAD_SERVE])
-def test_bad_serve_config_is_a_clear_error_and_creates_no_ledger(
-    case: str, overrides: dict, message: str, artifact: Path, certs: dict[str, Path], busy_port: int, tmp_path: Path
-) -> None:
+def _serve_values(overrides: dict, artifact: Path, certs: dict[str, Path], busy_port: int) -> dict:
     values: dict = {}
     for k, v in overrides.items():
         if v == "BUSY":
@@ -82,33 +94,82 @@ def test_bad_serve_config_is_a_clear_error_and_creates_no_ledger(
         elif k in ("tls_cert", "tls_key", "client_ca"):
             v = certs[v]
         values[k] = v
+    return values
+
+
+@pytest.mark.parametrize("case,overrides,message,cli_message", BAD_SERVE, ids=[c[0] for c in BAD_SERVE])
+def test_bad_serve_config_is_a_clear_error_and_creates_no_ledger(
+    case: str, overrides: dict, message: str, cli_message: str | None, artifact: Path, certs: dict[str, Path],
+    busy_port: int, tmp_path: Path
+) -> None:
+    values = _serve_values(overrides, artifact, certs, busy_port)
     config = ServerConfig(**{"artifacts": artifact, "port": 0, "ledger": tmp_path / "l.db", **values})
     with pytest.raises(ValueError, match=message):
         start(config)
     assert _ledger_files(tmp_path) == []
 
 
-@pytest.mark.parametrize("kind", ["directory", "not sqlite", "other sqlite db", "unopenable"])
-def test_bad_ledger_path_names_ledger_and_changes_nothing(kind: str, artifact: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def keep_signal_handlers() -> Iterator[None]:
+    """`recsvc serve` run in-process installs SIGTERM/SIGINT handlers: give pytest its own back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+CLI_SERVE = [c for c in BAD_SERVE if c[3] is not None]
+
+
+@pytest.mark.parametrize("case,overrides,cli_message", [(c, o, m) for c, o, _, m in CLI_SERVE],
+                         ids=[c[0] for c in CLI_SERVE])
+def test_bad_serve_flags_are_one_line_naming_the_flag(
+    case: str, overrides: dict, cli_message: str, artifact: Path, certs: dict[str, Path], busy_port: int,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], keep_signal_handlers: None
+) -> None:
+    values = {"port": 0, **_serve_values(overrides, artifact, certs, busy_port)}
+    argv = ["serve", "--artifacts", str(values.pop("artifacts", artifact)), "--ledger", str(tmp_path / "l.db")]
+    for k, v in values.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    assert recsvc_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("recsvc serve: error: ") and re.search(cli_message, err), err
+    assert _ledger_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("via", ["library", "cli"])
+@pytest.mark.parametrize("kind", ["directory", "not sqlite", "other sqlite db", "unopenable", "no directory"])
+def test_bad_ledger_path_names_ledger_and_changes_nothing(kind: str, via: str, artifact: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          keep_signal_handlers: None) -> None:
+    """The library names the parameter (``ledger``), `recsvc serve` the flag (``--ledger``)."""
     path = tmp_path / "l.db"
     if kind == "directory":
         path.mkdir()
-        message = r"--ledger .* is a directory or not a regular file; expected an SQLite ledger"
+        message = r"LEDGER .* is a directory or not a regular file; expected an SQLite ledger"
     elif kind == "not sqlite":
         path.write_bytes(bytes(range(256)))
-        message = r"--ledger .* is not an SQLite database; expected an SQLite ledger"
+        message = r"LEDGER .* is not an SQLite database; expected an SQLite ledger"
     elif kind == "other sqlite db":
         with sqlite3.connect(path) as conn:
             conn.execute("CREATE TABLE photos (id INTEGER)")
         conn.close()
-        message = r"--ledger .* is an SQLite database of something else \(tables: photos\)"
-    else:
+        message = r"LEDGER .* is an SQLite database of something else \(tables: photos\)"
+    elif kind == "unopenable":
         path = Path("/proc/recsvc-ledger-test.db")  # /proc accepts no new files, even for root
-        message = r"--ledger /proc/recsvc-ledger-test\.db cannot be opened as an SQLite ledger"
+        message = r"LEDGER /proc/recsvc-ledger-test\.db cannot be opened as an SQLite ledger"
+    else:
+        path = tmp_path / "missing" / "l.db"
+        message = r"ledger directory .*missing does not exist; create it first \(LEDGER .*missing/l\.db\)"
     before = sorted(os.listdir(tmp_path))
     snapshot = path.read_bytes() if path.is_file() else None
-    with pytest.raises(ValueError, match=message):
-        start(ServerConfig(artifacts=artifact, port=0, ledger=path))
+    if via == "library":
+        with pytest.raises(ValueError, match=message.replace("LEDGER", "ledger")):
+            start(ServerConfig(artifacts=artifact, port=0, ledger=path))
+    else:
+        assert recsvc_main(["serve", "--artifacts", str(artifact), "--port", "0", "--ledger", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search("^recsvc serve: error: .*" + message.replace("LEDGER", "--ledger"), err), err
     assert sorted(os.listdir(tmp_path)) == before
     if snapshot is not None:
         assert path.read_bytes() == snapshot
@@ -140,12 +201,6 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("new.db")]
 
 
-def _client_args(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    service_cli.register(parser.add_subparsers())
-    return parser.parse_args(list(argv))
-
-
 @pytest.mark.parametrize("extra,message", [
     (["--tls-key", "client.key"], r"needs both --tls-cert and --tls-key \(got only --tls-key\)"),
     (["--tls-cert", "client.pem"], r"needs both --tls-cert and --tls-key \(got only --tls-cert\)"),
@@ -159,14 +214,29 @@ def _client_args(*argv: str) -> argparse.Namespace:
 ])
 @pytest.mark.parametrize("command", ["select", "budget"])
 def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[str], message: str,
-                                                      certs: dict[str, Path], tmp_path: Path) -> None:
+                                                      certs: dict[str, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     extra = [str(tmp_path) if a == "DIR" else str(certs[a]) if a in certs else a for a in extra]
     argv = [command, "--target", "127.0.0.1:1", "--user", "u", *extra]
     if command == "select":
         argv += ["--epsilon", "0.5", "--candidate", "it1:0.5"]
-    args = _client_args(*argv)
-    with pytest.raises(ValueError, match=message):
-        args.func(args)
+    assert recsvc_main(argv) == 2  # through the command, which shows the library's parameters as flags
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"recsvc {command}: error: ") and re.search(message, err), err
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"tls_key": "client.key"}, r"^a client certificate needs both tls_cert and tls_key \(got only tls_key\)"),
+    ({"tls_cert": "client.pem"}, r"^a client certificate needs both tls_cert and tls_key \(got only tls_cert\)"),
+    ({"timeout": -1}, r"^timeout must be a finite number of seconds > 0, got -1$"),
+    ({"timeout": float("nan")}, r"^timeout must be a finite number of seconds > 0, got nan$"),
+    ({"tls_ca": "garbage.pem"}, r"^tls_ca .*garbage\.pem is not a valid PEM certificate"),
+    ({"tls_cert": "garbage.pem", "tls_key": "client.key"}, r"^tls_cert/tls_key .*garbage\.pem / .*client\.key: not a valid PEM"),
+])
+def test_client_errors_name_its_parameters(kwargs: dict, message: str, certs: dict[str, Path]) -> None:
+    kwargs = {k: certs[v] if isinstance(v, str) else v for k, v in kwargs.items()}
+    with pytest.raises(ParamError, match=message):
+        Client("127.0.0.1:1", **kwargs)
 
 
 def test_candidates_file_of_the_wrong_kind(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import polars as pl
 
-from data_prep.datasets.base import DataError, Interactions, fail_at, read_lines
+from data_prep.datasets.base import Interactions, fail_at, read_lines
+from recsvc.checks import ParamError
 
 FORMAT = "LightGCN {name}: whitespace-separated integer ids per line, 'user item item …'"
 
@@ -42,6 +43,6 @@ def parse_file(path: Path, target: bool) -> pl.DataFrame:
 
 def load(data_dir: Path | None) -> Interactions:
     if data_dir is None:
-        raise DataError("amazon-book needs --data-dir: a directory containing LightGCN train.txt and test.txt")
+        raise ParamError("amazon-book needs {data_dir}: a directory containing LightGCN train.txt and test.txt")
     df = pl.concat([parse_file(data_dir / "train.txt", False), parse_file(data_dir / "test.txt", True)])
     return Interactions(df, source=str(data_dir / "{train,test}.txt"))

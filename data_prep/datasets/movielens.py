@@ -21,6 +21,7 @@ from data_prep.datasets.base import (
     read_lines,
     split_fields,
 )
+from recsvc.checks import ParamError
 
 ML20M_FILES = ("ratings.csv", "rating.csv")  # GroupLens, Kaggle
 ML20M_FORMAT = "a CSV with header userId,movieId,rating,timestamp (GroupLens ratings.csv or Kaggle rating.csv)"
@@ -57,7 +58,7 @@ def parse_ml20m(path: Path) -> Interactions:
 
 def load_ml20m(data_dir: Path | None) -> Interactions:
     if data_dir is None:
-        raise DataError(f"ml-20m needs --data-dir: a directory containing {' or '.join(ML20M_FILES)}")
+        raise ParamError("ml-20m needs {data_dir}: a directory containing {files}", files=" or ".join(ML20M_FILES))
     for name in ML20M_FILES:
         if (data_dir / name).is_file():
             return parse_ml20m(data_dir / name)
@@ -94,9 +95,10 @@ def recbole_wheel() -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not wheel.is_file():
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise DataError(
-            f"could not download {RECBOLE_WHEEL} into {cache} ({tail[0]}); "
-            "expected network access to the package index, or pass --data-dir with u.data or ml-100k.inter"
+        raise ParamError(
+            "could not download {wheel} into {cache} ({reason}); "
+            "expected network access to the package index, or pass {data_dir} with u.data or ml-100k.inter",
+            wheel=RECBOLE_WHEEL, cache=str(cache), reason=tail[0],
         )
     return wheel
 

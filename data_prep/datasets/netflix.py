@@ -9,6 +9,7 @@ import polars as pl
 from tqdm.auto import tqdm
 
 from data_prep.datasets.base import DataError, Interactions, fail_at, integer_ids, read_lines, split_fields, cast_checked
+from recsvc.checks import ParamError
 
 FILES = tuple(f"combined_data_{i}.txt" for i in range(1, 5))
 FORMAT = "Netflix combined_data_N.txt: a 'MovieID:' line, then 'CustomerID,Rating,Date' lines"
@@ -37,8 +38,8 @@ def parse_file(path: Path) -> pl.DataFrame:
 
 def load(data_dir: Path | None) -> Interactions:
     if data_dir is None:
-        raise DataError(f"netflix needs --data-dir: a directory containing {', '.join(FILES)} "
-                        "(or the Prize's training_set/mv_*.txt)")
+        raise ParamError("netflix needs {data_dir}: a directory containing {files} (or the Prize's training_set/mv_*.txt)",
+                         files=", ".join(FILES))
     missing = [f for f in FILES if not (data_dir / f).is_file()]
     if missing:
         per_movie = _per_movie_files(data_dir)

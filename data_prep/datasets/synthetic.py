@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
-from data_prep.datasets.base import DataError, Interactions
+from data_prep.datasets.base import Interactions
+from recsvc.checks import ParamError
 
 
 @dataclass(frozen=True)
@@ -39,10 +40,11 @@ PRESETS: dict[str, SyntheticConfig] = {
 def config_for(preset: str, users: int | None, items: int | None, interactions: int | None) -> SyntheticConfig:
     """The preset's sizes, overridden by the sizes that are given (None: the preset's; 0 is an error)."""
     if preset not in PRESETS:
-        raise DataError(f"unknown synthetic preset {preset!r}; expected --preset one of {', '.join(PRESETS)}")
-    for flag, value in (("--users", users), ("--items", items), ("--interactions", interactions)):
+        raise ParamError("unknown synthetic preset {name}; expected {preset} one of {names}", name=repr(preset),
+                         names=", ".join(PRESETS))
+    for param, value in (("users", users), ("items", items), ("interactions", interactions)):
         if value is not None and value < 1:  # `value or default` would turn 0 into the default silently
-            raise DataError(f"{flag} must be ≥ 1, got {value}")
+            raise ParamError(f"{{{param}}} must be ≥ 1, got {{value}}", value=value)
     base = PRESETS[preset]
     cfg = replace(
         base,
@@ -51,11 +53,12 @@ def config_for(preset: str, users: int | None, items: int | None, interactions: 
         interactions=base.interactions if interactions is None else interactions,
     )
     if cfg.items < 4 * cfg.min_per_user:
-        raise DataError(f"synthetic data needs --items ≥ {4 * cfg.min_per_user}, got {cfg.items}")
+        raise ParamError("synthetic data needs {items} ≥ {least}, got {value}", least=4 * cfg.min_per_user, value=cfg.items)
     if cfg.interactions < cfg.users * cfg.min_per_user:
-        raise DataError(
-            f"synthetic sizes --users {cfg.users} --interactions {cfg.interactions} are unusable; "
-            f"expected --interactions ≥ {cfg.min_per_user} × --users = {cfg.min_per_user * cfg.users}"
+        raise ParamError(
+            "synthetic sizes {users} {n_users} {interactions} {n_interactions} are unusable; "
+            "expected {interactions} ≥ {per_user} × {users} = {least}", n_users=cfg.users,
+            n_interactions=cfg.interactions, per_user=cfg.min_per_user, least=cfg.min_per_user * cfg.users,
         )
     return cfg
 

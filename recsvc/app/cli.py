@@ -49,9 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def flag_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
-    """Parameter name → the subcommand's flag for it (``out`` → ``--out``)."""
+    """Parameter name → the subcommand's flag for it (``out`` → ``--out``): its first long
+    option, so an alias (``--users``/``--repeats``) is shown by the name the help lists first."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {a.dest: max(a.option_strings, key=len) for a in sub.choices[command]._actions if a.option_strings}
+    return {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+            for a in sub.choices[command]._actions if a.option_strings}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from recsvc.checks import check_regular_file
+from recsvc.checks import ParamError, check_regular_file
 
 # Health checks stay open so that load balancers and orchestrators need no token.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
@@ -51,29 +51,31 @@ def _no_password() -> bytes:
     return b""  # gRPC cannot use an encrypted key; never prompt on the terminal
 
 
-def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str], flags: str) -> None:
+def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str], params: str) -> None:
     """Parses a PEM certificate chain and its private key and checks that they belong together,
-    so that a bad file is reported as such instead of as gRPC's opaque 'Failed to bind'."""
+    so that a bad file is reported as such instead of as gRPC's opaque 'Failed to bind'.
+    ``params`` names the two files in the message, as ParamError fields (``"{tls_cert}/{tls_key}"``)."""
     _read(cert, "certificate")
     _read(key, "private key")
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
     except ssl.SSLError as exc:
-        raise ValueError(
-            f"{flags} {cert} / {key}: not a valid PEM certificate and a matching unencrypted PEM private "
-            f"key ({exc.reason or exc}); expected the certificate in the first file and its key in the second"
+        raise ParamError(
+            f"{params} {{cert}} / {{key}}: not a valid PEM certificate and a matching unencrypted PEM private "
+            "key ({reason}); expected the certificate in the first file and its key in the second",
+            cert=str(cert), key=str(key), reason=str(exc.reason or exc),
         ) from None
 
 
-def check_ca(path: str | os.PathLike[str], flag: str) -> None:
-    """Parses a PEM CA bundle (at least one certificate)."""
+def check_ca(path: str | os.PathLike[str], param: str) -> None:
+    """Parses a PEM CA bundle (at least one certificate); ``param`` is the parameter it came from."""
     _read(path, "CA")
     try:
         ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=os.fspath(path))
     except ssl.SSLError as exc:
-        raise ValueError(
-            f"{flag} {path} is not a valid PEM certificate ({exc.reason or exc}); expected a CA certificate "
-            "in PEM format (-----BEGIN CERTIFICATE-----)"
+        raise ParamError(
+            f"{{{param}}} {{path}} is not a valid PEM certificate ({{reason}}); expected a CA certificate "
+            "in PEM format (-----BEGIN CERTIFICATE-----)", path=os.fspath(path), reason=str(exc.reason or exc),
         ) from None
 
 
@@ -85,13 +87,13 @@ def check_server_files(
     """Validates the server's TLS files without touching gRPC (safe before fork); True if TLS is on."""
     if cert is None and key is None:
         if client_ca is not None:
-            raise ValueError("--client-ca needs --tls-cert and --tls-key (mTLS runs over TLS)")
+            raise ParamError("{client_ca} needs {tls_cert} and {tls_key} (mTLS runs over TLS)")
         return False
     if cert is None or key is None:
-        raise ValueError("TLS needs both --tls-cert and --tls-key")
-    check_cert_and_key(cert, key, "--tls-cert/--tls-key")
+        raise ParamError("TLS needs both {tls_cert} and {tls_key}")
+    check_cert_and_key(cert, key, "{tls_cert}/{tls_key}")
     if client_ca is not None:
-        check_ca(client_ca, "--client-ca")
+        check_ca(client_ca, "client_ca")
     return True
 
 
@@ -117,12 +119,12 @@ def channel_credentials(
     key: str | os.PathLike[str] | None = None,
 ) -> grpc.ChannelCredentials:
     if (cert is None) != (key is None):
-        raise ValueError("a client certificate needs both --tls-cert and --tls-key (got only "
-                         f"{'--tls-cert' if key is None else '--tls-key'}); pass both or neither")
+        raise ParamError("a client certificate needs both {tls_cert} and {tls_key} (got only "
+                         f"{{{'tls_cert' if key is None else 'tls_key'}}}); pass both or neither")
     if ca is not None:
-        check_ca(ca, "--tls-ca")
+        check_ca(ca, "tls_ca")
     if cert is not None and key is not None:
-        check_cert_and_key(cert, key, "--tls-cert/--tls-key")
+        check_cert_and_key(cert, key, "{tls_cert}/{tls_key}")
     return grpc.ssl_channel_credentials(
         root_certificates=_read(ca, "CA"),
         private_key=_read(key, "client key"),

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from recsvc.checks import ParamError
 from recsvc.service.auth import channel_credentials
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -52,7 +53,7 @@ class Client:
         server_name: str | None = None,
     ) -> None:
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"--timeout must be a finite number of seconds > 0, got {timeout!r}")
+            raise ParamError("{timeout} must be a finite number of seconds > 0, got {value}", value=repr(timeout))
         options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))

@@ -53,26 +53,28 @@ class ServerConfig:
 
     def check(self) -> ServerConfig:
         """Validates the knobs that do not need the artifact; returns self."""
-        checks = [
-            (0 <= self.port <= 65535, "{port} must be in 0..65535, got {v}", self.port),
-            (self.workers >= 1, "{workers} must be >= 1, got {v}", self.workers),
-            (self.threads >= 1, "{threads} must be >= 1, got {v}", self.threads),
-            (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {v}", self.budget),
-            (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {v}", self.max_candidates),
-            (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {v}", self.max_batch),
+        checks: list[tuple[bool, str, dict[str, object]]] = [
+            (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
+            (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
+            (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
+            (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
+            (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
+            (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {got}",
+             {"got": self.max_batch}),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-             "{metrics_port} must be in 0..65535, got {v}", self.metrics_port),
+             "{metrics_port} must be in 0..65535, got {got}", {"got": self.metrics_port}),
             (self.metrics_port is None or self.metrics_port == 0 or self.metrics_port != self.port,
-             "{metrics_port} must differ from {port} (both are {v}); expected two different ports", self.port),
+             "{metrics_port} must differ from {port} (both are {got}); expected two different ports", {"got": self.port}),
             (not Path(self.artifacts).exists() or Path(self.artifacts).is_dir(),
-             "{artifacts} {v} is a file; expected an artifact directory (e.g. artifacts/ml-100k)", self.artifacts),
-            (self.auto_threshold >= 0, "{auto_threshold} must be >= 0, got {v}", self.auto_threshold),
-            (self.grace >= 0 and self.drain_delay >= 0, "{grace} and {drain_delay} must be >= 0{v}", ""),
-            (not (self.workers > 1 and self.port == 0), "{workers} > 1 needs an explicit {port} (not 0){v}", ""),
+             "{artifacts} {path} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
+             {"path": self.artifacts}),
+            (self.auto_threshold >= 0, "{auto_threshold} must be >= 0, got {got}", {"got": self.auto_threshold}),
+            (self.grace >= 0 and self.drain_delay >= 0, "{grace} and {drain_delay} must be >= 0", {}),
+            (not (self.workers > 1 and self.port == 0), "{workers} > 1 needs an explicit {port} (not 0)", {}),
         ]
-        for ok, template, value in checks:
+        for ok, template, values in checks:
             if not ok:
-                raise ParamError(template, v=value)
+                raise ParamError(template, **values)
         return self
 
 

@@ -16,7 +16,8 @@ Invariants the service relies on:
   request never draws a sample.
 
 Tables are ``WITHOUT ROWID`` (the primary key is the row), so a charge writes two B-tree pages
-to the WAL instead of four; files created with rowid tables by older versions still work.
+to the WAL instead of four. A ledger file with rowid tables works the same: CREATE TABLE IF NOT
+EXISTS leaves its tables as they are, and every statement goes by the primary key.
 
 The ledger stores no scores: only a SHA-256 fingerprint of the request and the response.
 """
@@ -33,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recsvc.checks import check_regular_file
+from recsvc.checks import MissingFileError, ParamError, check_regular_file
 
 # Float sums of ε (e.g. 50 × 0.02) can exceed the budget by a few ulps; allow that much
 # (relative 1e-9), no more. The stored total itself is never rounded down.
@@ -67,19 +68,22 @@ def check_path(path: str | os.PathLike[str]) -> None:
     """Refuses, before anything is created, a ledger path that cannot be an SQLite ledger."""
     p = Path(path)
     if p.exists():
-        check_regular_file("--ledger", p, _EXPECTED)
+        check_regular_file("{ledger}", p, _EXPECTED)
         try:
             with open(p, "rb") as f:
                 head = f.read(len(_SQLITE_MAGIC))
         except OSError as exc:
-            raise ValueError(f"--ledger {p} cannot be read ({exc.strerror}); expected {_EXPECTED}") from None
+            raise ParamError("{ledger} {path} cannot be read ({reason}); expected {expected}",
+                             path=str(p), reason=exc.strerror, expected=_EXPECTED) from None
         if head and head != _SQLITE_MAGIC:
-            raise ValueError(f"--ledger {p} is not an SQLite database; expected {_EXPECTED}")
+            raise ParamError("{ledger} {path} is not an SQLite database; expected {expected}", path=str(p), expected=_EXPECTED)
         return
     if not p.parent.is_dir():
-        raise FileNotFoundError(f"ledger directory {p.parent} does not exist; create it first (--ledger {p})")
+        raise MissingFileError("ledger directory {dir} does not exist; create it first ({ledger} {path})",
+                               dir=str(p.parent), path=str(p))
     if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--ledger {p}: the directory {p.parent} is not writable; expected {_EXPECTED}")
+        raise ParamError("{ledger} {path}: the directory {dir} is not writable; expected {expected}",
+                         path=str(p), dir=str(p.parent), expected=_EXPECTED)
 
 
 def remove_files(path: str | os.PathLike[str]) -> None:
@@ -183,8 +187,8 @@ class Ledger:
             _retry_locked(lambda: conn.executescript(_SCHEMA))
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()
-            raise ValueError(f"--ledger {self.path} cannot be opened as an SQLite ledger ({exc}); "
-                             f"expected {_EXPECTED}") from None
+            raise ParamError("{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
+                             path=str(self.path), reason=str(exc), expected=_EXPECTED) from None
         except BaseException:
             self.close()
             raise
@@ -199,8 +203,9 @@ class Ledger:
         finally:
             ro.close()
         if tables and "budgets" not in tables:
-            raise ValueError(f"--ledger {self.path} is an SQLite database of something else (tables: "
-                             f"{', '.join(sorted(tables)[:5])}); expected {_EXPECTED}")
+            raise ParamError("{ledger} {path} is an SQLite database of something else (tables: {tables}); "
+                             "expected {expected}", path=str(self.path), tables=", ".join(sorted(tables)[:5]),
+                             expected=_EXPECTED)
 
     # -- connections ---------------------------------------------------------------------
 

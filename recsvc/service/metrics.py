@@ -13,6 +13,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client import multiprocess
 
+from recsvc.checks import ParamError
+
 REQUESTS = Counter(
     "recsvc_requests",
     "Selection requests by RPC method, mechanism actually used and gRPC status.",
@@ -61,6 +63,7 @@ def serve_metrics_http(port: int, addr: str = "127.0.0.1") -> Any:
             server, _ = start_http_server(port, addr=addr)
     except (OSError, OverflowError) as exc:  # socket.gaierror is an OSError
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise ValueError(f"cannot serve metrics on {addr}:{port} ({reason}); expected --metrics-port to be a "
-                         "free port in 0..65535 (not --port) and --metrics-host an address of this machine") from None
+        raise ParamError("cannot serve metrics on {address} ({reason}); expected {metrics_port} to be a free port "
+                         "in 0..65535 (not {port}) and {metrics_host} an address of this machine",
+                         address=f"{addr}:{port}", reason=reason) from None
     return server

@@ -29,6 +29,7 @@ from typing import Any
 
 import grpc
 
+from recsvc.checks import ParamError
 from recsvc.service.config import ServerConfig
 
 log = logging.getLogger("recsvc.service")
@@ -142,19 +143,19 @@ def start(config: ServerConfig) -> ServerHandle:
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
     """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
     address = f"{config.host}:{config.port}"
-    expected = "expected a free --port (0..65535) and a --host that is an address of this machine (e.g. 127.0.0.1)"
+    expected = "expected a free {port} (0..65535) and a {host} that is an address of this machine (e.g. 127.0.0.1)"
     if not config.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
         try:
             _check_port_free(config.host, config.port)
         except ValueError as exc:
-            raise ValueError(f"{exc}; {expected}") from None
+            raise ParamError("{reason}; " + expected, reason=str(exc)) from None
     try:
         port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     except RuntimeError:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
         port = 0
     if port == 0:
-        raise ValueError(f"cannot listen on {address}: the port is in use or the host is not an address of "
-                         f"this machine; {expected}")
+        raise ParamError("cannot listen on {address}: the port is in use or the host is not an address of "
+                         "this machine; " + expected, address=address)
     return port
 
 

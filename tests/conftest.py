@@ -1,0 +1,29 @@
+"""Fixtures shared by several test modules.
+
+Import style: helper modules in tests/ (``data_prep_fixtures``, ``eval_fixtures``,
+``mechanisms_audit``, ``mechanisms_reference``, ``service_fixtures``) are imported by their bare
+names. tests/ has no ``__init__.py``, so pytest's default import mode puts tests/ itself first on
+sys.path; nothing imports ``tests.…``, because an installed distribution that ships a top-level
+``tests`` package (diffprivlib does) would shadow this directory under that name. Test modules
+never import each other: shared helpers live in the helper modules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service_fixtures import make_artifact, make_certs
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The service tests' toy artifact (one per module, so no module sees another's ledger or files)."""
+    return make_artifact(tmp_path_factory.mktemp("art") / "toy")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Throwaway CA, server and client certificates (file name → path)."""
+    return make_certs(tmp_path_factory.mktemp("certs"))
