@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from mechanisms_audit import certified_log_ratio, chisquare_pvalue, max_log_ratio, neighbour_vertices
 
+from recsvc.mechanisms.exact import random_stopping_probabilities_quad
 from recsvc.mechanisms import (
     MECHANISMS,
     MechanismInputError,
@@ -208,40 +209,58 @@ def test_slate_loss_exceeds_eps_over_k_so_the_charge_is_eps(name, k):
         assert worst == pytest.approx(1.0, abs=1e-9)
 
 
-# --- statistical audit of rs / rs_improved slates (no exact form) --------------------------
+# --- rs / rs_improved slates (no exact form): statistical audit, checked against quadrature ---
 
-N_AUDIT = 10_000
+N_AUDIT = 6_000
 
 
 def _slate_counts(name, q, d, eps, k, seed, **params):
     rng = np.random.default_rng(seed)
-    n = q.shape[0]
-    counts = np.zeros(math.perm(n, k), dtype=np.int64)
-    code = {s: i for i, s in enumerate(itertools.permutations(range(n), k))}
+    code = {s: i for i, s in enumerate(itertools.permutations(range(q.shape[0]), k))}
+    counts = np.zeros(len(code), dtype=np.int64)
     for _ in range(N_AUDIT):
         counts[code[tuple(select_slate(name, q, d, eps, k, rng, **params).tolist())]] += 1
     return counts
 
 
-def _certified_loss(name, q, d, neighbours, eps, k, seed, **params):
-    a = ALPHA / len(neighbours)
-    base = _slate_counts(name, q, d, eps, k, seed, **params)
-    return max(
-        certified_log_ratio(base, _slate_counts(name, q2, d, eps, k, seed + 1 + i, **params), N_AUDIT, a)
-        for i, q2 in enumerate(neighbours)
-    )
+def _rs_slate_log_probabilities_quad(kind, q, d, eps, k, gamma):
+    """Peeling chained over rs / rs_improved's 1-D integral form (exact.random_stopping_probabilities_quad)."""
+    steps = {}  # remaining set -> log P(each of them) at ε/k
+    out = {}
+    for s in itertools.permutations(range(q.shape[0]), k):
+        remaining, log_p = tuple(range(q.shape[0])), 0.0
+        for a in s:
+            if remaining not in steps:
+                idx = list(remaining)
+                steps[remaining] = np.log(random_stopping_probabilities_quad(q[idx], d[idx], eps / k, gamma, kind))
+            log_p += steps[remaining][remaining.index(a)]
+            remaining = tuple(b for b in remaining if b != a)
+        out[s] = float(log_p)
+    return out
 
 
 @pytest.mark.parametrize("name", ["rs", "rs_improved"])
 def test_statistical_slate_audit_random_stopping(name):
+    """Clopper–Pearson: the certified lower bound on the slate's privacy loss must not exceed ε
+    (false-positive rate ≤ ALPHA). The samples also fit the slate law chained over the integral
+    form (χ²), whose exact loss on the same neighbours is within ε."""
+    eps, k, gamma = 1.0, 2, 0.3
     d = np.array([0.1, 2.0, 1.0])
-    neighbours = [np.array([1.0, -1.0, 0.0]) * d, np.array([-1.0, 1.0, 1.0]) * d]
-    # certified lower bound on the slate's privacy loss must not exceed ε (false-positive rate ≤ ALPHA)
-    assert _certified_loss(name, np.zeros(3), d, neighbours, 1.0, 2, 100, gamma=0.3) <= 1.0
+    inputs = [np.zeros(3), np.array([1.0, -1.0, 0.0]) * d, np.array([-1.0, 1.0, 1.0]) * d]
+    counts = [_slate_counts(name, q, d, eps, k, 100 + i, gamma=gamma) for i, q in enumerate(inputs)]
+    certified = max(certified_log_ratio(counts[0], c, N_AUDIT, ALPHA / 2) for c in counts[1:])
+    assert certified <= eps
+    exact = [_rs_slate_log_probabilities_quad(name, q, d, eps, k, gamma) for q in inputs]
+    assert 0.05 < max(max_log_ratio(exact[0], e) for e in exact[1:]) <= eps + 1e-6
+    for c, e in zip(counts, exact):
+        probs = np.exp(list(e.values()))
+        assert probs.sum() == pytest.approx(1.0, abs=1e-8)
+        assert chisquare_pvalue(c, probs) > ALPHA
 
 
 def test_statistical_slate_audit_has_power_on_rnmh():
     """The same audit flags rnmh slates (§IV-A, Δ_1 ≈ 0: item 0 can only come first on q')."""
     d = np.array([TINY, 1.0, 1.0])
-    q, q2 = np.array([0.0, 0.5, -3.0]), np.array([0.0, -0.5, -3.0])
-    assert _certified_loss("rnmh", q, d, [q2], 1.0, 2, 200, allow_non_private=True) > 2.0
+    x = _slate_counts("rnmh", np.array([0.0, 0.5, -3.0]), d, 1.0, 2, 200, allow_non_private=True)
+    y = _slate_counts("rnmh", np.array([0.0, -0.5, -3.0]), d, 1.0, 2, 201, allow_non_private=True)
+    assert certified_log_ratio(x, y, N_AUDIT, ALPHA) > 2.0

@@ -79,7 +79,8 @@ def peel(
         j = select(name, q, d, eps_step, rng, allow_non_private=allow_non_private, **params)
         out[i] = remaining[j]
         if i + 1 < k:  # keep the survivors in their original order
-            remaining, q, d = np.delete(remaining, j), np.delete(q, j), np.delete(d, j)
+            keep = np.arange(remaining.shape[0]) != j
+            remaining, q, d = remaining[keep], q[keep], d[keep]
     return out
 
 
@@ -121,16 +122,20 @@ def chain_log_probabilities(
     """log P(slate) for every ordered k-tuple: the product of each step's exact probability
     over the candidates still remaining (in their original order, as :func:`peel` keeps them)."""
     out: dict[Slate, float] = {}
+    steps: dict[Slate, np.ndarray] = {}  # one exact call per remaining SET (prefixes share them)
 
-    def walk(prefix: Slate, remaining: list[int], log_p: float) -> None:
-        step = log_probabilities(name, q[remaining], d[remaining], eps_step, **params)
+    def walk(prefix: Slate, remaining: Slate, log_p: float) -> None:
+        step = steps.get(remaining)
+        if step is None:
+            idx = list(remaining)
+            step = steps[remaining] = log_probabilities(name, q[idx], d[idx], eps_step, **params)
         for j, a in enumerate(remaining):
             if len(prefix) + 1 == k:
                 out[prefix + (a,)] = log_p + float(step[j])
             else:
                 walk(prefix + (a,), remaining[:j] + remaining[j + 1 :], log_p + float(step[j]))
 
-    walk((), list(range(q.shape[0])), 0.0)
+    walk((), tuple(range(q.shape[0])), 0.0)
     return out
 
 
