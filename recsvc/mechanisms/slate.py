@@ -4,17 +4,18 @@ A slate is k distinct candidates in selection order: k successive selections wit
 replacement, each by one registered mechanism with ε/k on the candidates not chosen yet.
 
 Privacy (basic adaptive composition): for a fixed set of remaining candidates, step i is an
-(ε/k)-DP selection over their scores (the mechanism's own guarantee for |q_a − q'_a| ≤ Δ_a).
-The remaining set is a function of the earlier outputs only, and those outputs are released
-with the slate anyway, so step i is (ε/k)-DP given the previous outputs and the whole ordered
-slate is k · ε/k = ε-DP. The charge is ε, not ε/k: the audit in tests/test_mechanisms_slate.py
-shows the slate's privacy loss exceeds ε/k in general. Dropping the order (or any item) is
-post-processing and free.
+(ε/k)-DP selection over their scores (the mechanism's own guarantee for |q_a − q'_a| ≤ Δ_a;
+whatever it derives from the set — its n, Δmax, GEM's t — is public given the set). The set is
+a function of the earlier outputs only, and those outputs are released with the slate anyway,
+so step i is (ε/k)-DP given the previous outputs and the whole ordered slate is k · ε/k = ε-DP.
+The charge is ε, not ε/k: the audit in tests/test_mechanisms_slate.py shows the slate's privacy
+loss exceeds ε/k in general. Dropping the order (or any item) is post-processing and free.
 
 Every step goes through :func:`recsvc.mechanisms.select`, which validates its input before
-drawing. Passing on the full input implies passing on every subset (n ≥ 1, finite scores and
-Δ > 0 hold for subsets, and GEM's overflow bound only shrinks with n, max|q|, max Δ and grows
-with min Δ), so once step 1 has drawn, later steps cannot fail and a bad call draws nothing.
+drawing. Passing on the full input implies passing on every subset: n ≥ 1, finite scores and
+Δ > 0 hold for subsets, and GEM's overflow bound (max|q| + |t|·max Δ)/min Δ can only shrink
+(smaller n and so |t|, smaller max|q| and max Δ, larger min Δ). So once step 1 has drawn,
+later steps cannot fail, and a bad call draws nothing.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ Slate = tuple[int, ...]
 def check_count(name: str, value: object, least: int, most: int, what: str) -> int:
     """``value`` as an int in [least, most]; ``what`` says what ``most`` is (for the message)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise MechanismInputError(f"{name} must be an integer with {least} ≤ {name} ≤ {most} ({what}), got {value!r}")
+        raise MechanismInputError(
+            f"{name} must be an integer with {least} ≤ {name} ≤ {most} ({what}), got {value!r}"
+        )
     if not least <= int(value) <= most:
         raise MechanismInputError(
             f"{name} = {int(value)} is out of range; expected an integer with {least} ≤ {name} ≤ {most} ({what})"
@@ -173,4 +176,5 @@ def slate_probabilities(
 ) -> dict[Slate, float]:
     """Exact P(slate) for every ordered k-tuple (sums to 1 up to ~1e-12); see
     :func:`slate_log_probabilities`."""
-    return {s: math.exp(v) for s, v in slate_log_probabilities(name, scores, sensitivities, epsilon, k, **params).items()}
+    logs = slate_log_probabilities(name, scores, sensitivities, epsilon, k, **params)
+    return {s: math.exp(v) for s, v in logs.items()}

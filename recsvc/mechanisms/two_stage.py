@@ -68,7 +68,9 @@ def _checked(
     mm = check_count("m", m, 1, q.shape[0], "the number of candidates in the catalog")
     kk = check_count("k", k, 1, mm, "m, the number of private candidates")
     eps1, eps2 = split_budget(eps, candidate_fraction)
-    return q, d, mm, kk, step_epsilon(eps1, mm, "candidate_fraction·epsilon/m"), step_epsilon(eps2, kk, "(1 − candidate_fraction)·epsilon/k")
+    eps1_step = step_epsilon(eps1, mm, "candidate_fraction·epsilon/m")
+    eps2_step = step_epsilon(eps2, kk, "(1 − candidate_fraction)·epsilon/k")
+    return q, d, mm, kk, eps1_step, eps2_step
 
 
 def select_two_stage(
@@ -95,15 +97,17 @@ def select_two_stage(
     stage and the (ε − ε₁)-DP selection; the charge is ε in total.
 
     Everything (both names, ε, scores, Δ, 1 ≤ m ≤ n, 1 ≤ k ≤ m, candidate_fraction in (0, 1),
-    ``params``, ``rng``) is checked before any draw from ``rng``: stage 2's parameters are checked
-    by one discarded selection on the full catalog with a throwaway generator (passing on the
-    catalog implies passing on any subset, see ``slate.py``).
+    ``params``, ``rng``) is checked before any draw from ``rng``: stage 2's parameters and
+    data-dependent checks run as one discarded selection on the full catalog with a throwaway
+    generator (passing on the catalog implies passing on any subset, see ``slate.py``); it costs
+    one extra selection over n and releases nothing.
     """
     q, d, mm, kk, eps1_step, eps2_step = _checked(
         name, candidate_mechanism, scores, sensitivities, epsilon, m, candidate_fraction, k, allow_non_private
     )
     gen = check_rng(rng)
-    select(name, q, d, eps2_step, np.random.Generator(np.random.PCG64(0)), allow_non_private=allow_non_private, **params)
+    throwaway = np.random.Generator(np.random.PCG64(0))
+    select(name, q, d, eps2_step, throwaway, allow_non_private=allow_non_private, **params)  # checks only
     candidates = np.sort(peel(candidate_mechanism, q, d, eps1_step, mm, gen, allow_non_private, params))
     picked = peel(name, q[candidates], d[candidates], eps2_step, kk, gen, allow_non_private, params)
     return candidates[picked]
