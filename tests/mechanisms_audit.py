@@ -107,3 +107,28 @@ def certified_log_ratio(counts_x: np.ndarray, counts_y: np.ndarray, n: int, alph
     with np.errstate(divide="ignore"):
         ratios = np.concatenate([np.log(lx) - np.log(uy), np.log(ly) - np.log(ux)])
     return float(ratios.max())
+
+
+def neighbour_vertices(q: np.ndarray, d: np.ndarray, count: int | None = None, seed: int = 0) -> list[np.ndarray]:
+    """Neighbours q' = q + δ·Δ with δ_a ∈ {−1, 0, +1}, δ ≠ 0 (the vertices of the neighbour box).
+
+    All 3^n − 1 of them, or ``count`` distinct ones drawn at random (seeded) for larger n.
+    """
+    n = q.shape[0]
+    signs = np.array(list(itertools.product((-1.0, 0.0, 1.0), repeat=n)))
+    signs = signs[np.any(signs != 0, axis=1)]
+    if count is not None:
+        signs = signs[np.random.default_rng(seed).choice(signs.shape[0], size=count, replace=False)]
+    return [q + s * d for s in signs]
+
+
+def max_log_ratio(log_p: dict, log_p2: dict) -> float:
+    """max over outcomes of |log P(o) − log P'(o)| (both dicts over the same outcomes; two
+    zero probabilities count as equal, one zero against a positive one as ∞)."""
+    worst = 0.0
+    for o, a in log_p.items():
+        b = log_p2[o]
+        if a == b:  # also −∞ == −∞
+            continue
+        worst = max(worst, abs(a - b))
+    return worst

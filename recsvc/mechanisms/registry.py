@@ -20,12 +20,13 @@ from recsvc.mechanisms.validation import (
     MechanismInputError,
     check_batch,
     check_epsilon,
+    check_rng,
     check_scores_sensitivities,
     check_seed,
     check_trials,
     check_user_offset,
 )
-from recsvc.rng import thread_csprng, user_stream
+from recsvc.rng import user_stream
 
 # sample(q, Δ, ε, own params, rng, size) -> (size,) int64 indices; log_p(q, Δ, ε, own params) -> (n,)
 SampleFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
@@ -33,7 +34,7 @@ LogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues], np.ndarray]
 
 # The keyword arguments of select/select_batch: a parameter named like one could never be passed.
 _RESERVED = frozenset({"name", "scores", "sensitivities", "epsilon", "rng", "trials", "seed", "user_offset",
-                       "allow_non_private"})
+                       "allow_non_private", "k", "m", "candidate_fraction", "candidate_mechanism"})
 
 
 class NonPrivateMechanismError(MechanismInputError):
@@ -209,9 +210,7 @@ def select(
     p = check_params(params, mech)
     eps = check_epsilon(epsilon)
     q, d = check_scores_sensitivities(scores, sensitivities)
-    if rng is not None and not isinstance(rng, np.random.Generator):
-        raise MechanismInputError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
-    return int(mech.sample(q, d, eps, p, rng if rng is not None else thread_csprng(), 1)[0])
+    return int(mech.sample(q, d, eps, p, check_rng(rng), 1)[0])
 
 
 def select_batch(

@@ -13,6 +13,8 @@ import numbers
 
 import numpy as np
 
+from recsvc.rng import thread_csprng
+
 from recsvc.checks import ParamError
 
 
@@ -113,3 +115,12 @@ def _check_sensitivities(d: np.ndarray) -> None:
             f"sensitivities must be > 0 (SPEC: Δ = max(hi − lo, 1e-6)); found {bad.size} value(s) <= 0 "
             f"(first {d.ravel()[bad[0]]!r} at flat index {bad[0]})"
         )
+
+
+def check_rng(rng: object) -> np.random.Generator:
+    """The caller's generator, or this thread's CSPRNG for ``None``."""
+    if rng is None:
+        return thread_csprng()
+    if not isinstance(rng, np.random.Generator):
+        raise MechanismInputError(f"rng must be a numpy.random.Generator or None, got {type(rng).__name__}")
+    return rng

@@ -1,0 +1,170 @@
+"""k-item slates by peeling, and their exact probabilities (issue #11).
+
+A slate is k distinct candidates in selection order: k successive selections without
+replacement, each by one registered mechanism with ε/k on the candidates not chosen yet.
+
+Privacy (basic adaptive composition): for a fixed set of remaining candidates, step i is an
+(ε/k)-DP selection over their scores (the mechanism's own guarantee for |q_a − q'_a| ≤ Δ_a;
+whatever it derives from the set — its n, Δmax, GEM's t — is public given the set). The set is
+a function of the earlier outputs only, and those outputs are released with the slate anyway,
+so step i is (ε/k)-DP given the previous outputs and the whole ordered slate is k · ε/k = ε-DP.
+The charge is ε, not ε/k: the audit in tests/test_mechanisms_slate.py shows the slate's privacy
+loss exceeds ε/k in general. Dropping the order (or any item) is post-processing and free.
+
+Every step goes through :func:`recsvc.mechanisms.select`, which validates its input before
+drawing. Passing on the full input implies passing on every subset: n ≥ 1, finite scores and
+Δ > 0 hold for subsets, and GEM's overflow bound (max|q| + |t|·max Δ)/min Δ can only shrink
+(smaller n and so |t|, smaller max|q| and max Δ, larger min Δ). So once step 1 has drawn,
+later steps cannot fail, and a bad call draws nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from recsvc.mechanisms.registry import get_mechanism, log_probabilities, select
+from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
+
+# Exact enumeration is for audits on tiny inputs: refuse outcome spaces beyond this size.
+MAX_EXACT_OUTCOMES = 200_000
+
+Slate = tuple[int, ...]
+
+
+def check_count(name: str, value: object, least: int, most: int, what: str) -> int:
+    """``value`` as an int in [least, most]; ``what`` says what ``most`` is (for the message)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise MechanismInputError(
+            f"{name} must be an integer with {least} ≤ {name} ≤ {most} ({what}), got {value!r}"
+        )
+    if not least <= int(value) <= most:
+        raise MechanismInputError(
+            f"{name} = {int(value)} is out of range; expected an integer with {least} ≤ {name} ≤ {most} ({what})"
+        )
+    return int(value)
+
+
+def step_epsilon(epsilon: float, steps: int, what: str) -> float:
+    """ε / steps, refused if it rounds to 0 (subnormal ε)."""
+    eps = epsilon / steps
+    if not eps > 0.0:
+        raise MechanismInputError(f"{what} = {epsilon!r}/{steps} rounds to 0; expected a larger epsilon")
+    return eps
+
+
+def peel(
+    name: str,
+    q: np.ndarray,
+    d: np.ndarray,
+    eps_step: float,
+    k: int,
+    rng: np.random.Generator,
+    allow_non_private: bool,
+    params: dict[str, object],
+) -> np.ndarray:
+    """k selections without replacement at ``eps_step`` each, on validated q, Δ (see module doc)."""
+    remaining = np.arange(q.shape[0], dtype=np.int64)
+    out = np.empty(k, dtype=np.int64)
+    for i in range(k):
+        j = select(name, q, d, eps_step, rng, allow_non_private=allow_non_private, **params)
+        out[i] = remaining[j]
+        if i + 1 < k:  # keep the survivors in their original order
+            keep = np.arange(remaining.shape[0]) != j
+            remaining, q, d = remaining[keep], q[keep], d[keep]
+    return out
+
+
+def select_slate(
+    name: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    k: int,
+    rng: np.random.Generator | None = None,
+    *,
+    allow_non_private: bool = False,
+    **params: object,
+) -> np.ndarray:
+    """k distinct candidate indices (int64, in selection order) chosen by peeling with ``name``.
+
+    Step i runs ``select(name, ·, ε/k)`` on the candidates not chosen yet (their ALREADY CLIPPED
+    scores and Δ). With k = 1 this is exactly ``select`` (same draws from the same ``rng``).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, by basic composition of k (ε/k)-DP selections;
+    each step is (ε/k)-DP given the previous outputs, which are released together with it.
+    Charge ε for the whole slate. ``rnmh`` (NOT DP) is refused unless ``allow_non_private``.
+
+    All input (``name``, ε, scores, Δ, ``k`` with 1 ≤ k ≤ n, ``params``, ``rng``) is checked
+    before any draw: bad input never moves ``rng``.
+    """
+    get_mechanism(name, allow_non_private)
+    eps = check_epsilon(epsilon)
+    q, d = check_scores_sensitivities(scores, sensitivities)
+    kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
+    eps_step = step_epsilon(eps, kk, "epsilon/k")
+    gen = check_rng(rng)
+    return peel(name, q, d, eps_step, kk, gen, allow_non_private, params)
+
+
+def chain_log_probabilities(
+    name: str, q: np.ndarray, d: np.ndarray, eps_step: float, k: int, params: dict[str, object]
+) -> dict[Slate, float]:
+    """log P(slate) for every ordered k-tuple: the product of each step's exact probability
+    over the candidates still remaining (in their original order, as :func:`peel` keeps them)."""
+    out: dict[Slate, float] = {}
+    steps: dict[Slate, np.ndarray] = {}  # one exact call per remaining SET (prefixes share them)
+
+    def walk(prefix: Slate, remaining: Slate, log_p: float) -> None:
+        step = steps.get(remaining)
+        if step is None:
+            idx = list(remaining)
+            step = steps[remaining] = log_probabilities(name, q[idx], d[idx], eps_step, **params)
+        for j, a in enumerate(remaining):
+            if len(prefix) + 1 == k:
+                out[prefix + (a,)] = log_p + float(step[j])
+            else:
+                walk(prefix + (a,), remaining[:j] + remaining[j + 1 :], log_p + float(step[j]))
+
+    walk((), tuple(range(q.shape[0])), 0.0)
+    return out
+
+
+def require_exact(name: str) -> None:
+    if not get_mechanism(name, allow_non_private=True).exact:
+        raise NotImplementedError(
+            f"mechanism {name!r} has no exact selection probabilities; estimate slates with select_slate"
+        )
+
+
+def check_outcomes(count: int, what: str) -> None:
+    if count > MAX_EXACT_OUTCOMES:
+        raise MechanismInputError(
+            f"{what} has {count} outcomes; exact enumeration is for small inputs "
+            f"(at most {MAX_EXACT_OUTCOMES}); expected a smaller n or k"
+        )
+
+
+def slate_log_probabilities(
+    name: str, scores: object, sensitivities: object, epsilon: float, k: int, **params: object
+) -> dict[Slate, float]:
+    """Exact log P(select_slate returns this ordered k-tuple), for every ordered k-tuple of
+    distinct indices. ``NotImplementedError`` for mechanisms without exact probabilities
+    (rs, rs_improved, rnmh). For small n: n!/(n−k)! outcomes."""
+    require_exact(name)
+    eps = check_epsilon(epsilon)
+    q, d = check_scores_sensitivities(scores, sensitivities)
+    kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
+    check_outcomes(math.perm(q.shape[0], kk), "the slate")
+    return chain_log_probabilities(name, q, d, step_epsilon(eps, kk, "epsilon/k"), kk, params)
+
+
+def slate_probabilities(
+    name: str, scores: object, sensitivities: object, epsilon: float, k: int, **params: object
+) -> dict[Slate, float]:
+    """Exact P(slate) for every ordered k-tuple (sums to 1 up to ~1e-12); see
+    :func:`slate_log_probabilities`."""
+    logs = slate_log_probabilities(name, scores, sensitivities, epsilon, k, **params)
+    return {s: math.exp(v) for s, v in logs.items()}

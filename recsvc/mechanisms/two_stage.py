@@ -1,0 +1,165 @@
+"""Two-stage selection over a full catalog: a private top-m candidate stage, then a slate
+among those m (issue #11).
+
+Stage 1 spends ε₁ = candidate_fraction · ε on a private top-m: a peeling slate of m items with
+``candidate_mechanism`` (ε₁/m per step). Stage 2 spends ε₂ = ε − ε₁ on a k-item slate with
+``name`` among the m candidates (ε₂/k per step), in ascending catalog order, so stage 2 sees
+only the candidate SET. Only the stage-2 slate is returned.
+
+Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a over the whole catalog. Stage 1 is ε₁-DP (a peeling
+slate), stage 2 is ε₂-DP for any fixed candidate set, and the set is stage 1's output, so by
+basic adaptive composition the pair (candidates, slate) is ε₁ + ε₂ = ε-DP, and the returned
+slate is post-processing of that pair. Charge ε in total. Nothing about the candidates is
+conditional on private data outside this accounting (contrast a non-private top-m pre-filter,
+which makes every item outside it probability 0 and is not end-to-end DP).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+from scipy.special import logsumexp
+
+from recsvc.mechanisms.registry import get_mechanism, select
+from recsvc.mechanisms.slate import (
+    Slate,
+    chain_log_probabilities,
+    check_count,
+    check_outcomes,
+    peel,
+    require_exact,
+    step_epsilon,
+)
+from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
+
+
+def split_budget(epsilon: float, candidate_fraction: object) -> tuple[float, float]:
+    """(ε₁, ε₂) = (fε, ε − fε) for f in the open interval (0, 1); both parts must be > 0."""
+    if isinstance(candidate_fraction, bool) or not isinstance(candidate_fraction, numbers.Real):
+        raise MechanismInputError(f"candidate_fraction must be a real number in (0, 1), got {candidate_fraction!r}")
+    f = float(candidate_fraction)
+    if not 0.0 < f < 1.0:
+        raise MechanismInputError(
+            f"candidate_fraction must be in the open interval (0, 1) (the share of epsilon spent on the "
+            f"private candidate stage), got {f!r}"
+        )
+    eps1 = f * epsilon
+    eps2 = epsilon - eps1
+    if not (eps1 > 0.0 and eps2 > 0.0):
+        raise MechanismInputError(
+            f"epsilon={epsilon!r} is too small to split (candidate_fraction={f!r}): a part rounds to 0; "
+            "expected a larger epsilon"
+        )
+    return eps1, eps2
+
+
+def _checked(
+    name: str, candidate_mechanism: str, scores: object, sensitivities: object, epsilon: float,
+    m: int, candidate_fraction: float, k: int, allow_non_private: bool,
+) -> tuple[np.ndarray, np.ndarray, int, int, float, float]:
+    """Validated (q, Δ, m, k, ε₁/m, ε₂/k) — every check that needs no mechanism parameters."""
+    get_mechanism(name, allow_non_private)
+    get_mechanism(candidate_mechanism, allow_non_private)
+    eps = check_epsilon(epsilon)
+    q, d = check_scores_sensitivities(scores, sensitivities)
+    mm = check_count("m", m, 1, q.shape[0], "the number of candidates in the catalog")
+    kk = check_count("k", k, 1, mm, "m, the number of private candidates")
+    eps1, eps2 = split_budget(eps, candidate_fraction)
+    eps1_step = step_epsilon(eps1, mm, "candidate_fraction·epsilon/m")
+    eps2_step = step_epsilon(eps2, kk, "(1 − candidate_fraction)·epsilon/k")
+    return q, d, mm, kk, eps1_step, eps2_step
+
+
+def select_two_stage(
+    name: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    m: int,
+    candidate_fraction: float,
+    k: int = 1,
+    rng: np.random.Generator | None = None,
+    candidate_mechanism: str = "rnm",
+    *,
+    allow_non_private: bool = False,
+    **params: object,
+) -> np.ndarray:
+    """A k-item slate (int64 catalog indices, in selection order) from a private top-m.
+
+    Stage 1: ``select_slate(candidate_mechanism, q, Δ, ε₁, m)`` with ε₁ = candidate_fraction·ε.
+    Stage 2: ``select_slate(name, q[C], Δ[C], ε − ε₁, k)`` on the candidates C in catalog order.
+    ``params`` go to both stages (each mechanism uses the ones it takes).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, by basic composition of the ε₁-DP candidate
+    stage and the (ε − ε₁)-DP selection; the charge is ε in total.
+
+    Everything (both names, ε, scores, Δ, 1 ≤ m ≤ n, 1 ≤ k ≤ m, candidate_fraction in (0, 1),
+    ``params``, ``rng``) is checked before any draw from ``rng``: stage 2's parameters and
+    data-dependent checks run as one discarded selection on the full catalog with a throwaway
+    generator (passing on the catalog implies passing on any subset, see ``slate.py``); it costs
+    one extra selection over n and releases nothing.
+    """
+    q, d, mm, kk, eps1_step, eps2_step = _checked(
+        name, candidate_mechanism, scores, sensitivities, epsilon, m, candidate_fraction, k, allow_non_private
+    )
+    gen = check_rng(rng)
+    throwaway = np.random.Generator(np.random.PCG64(0))
+    select(name, q, d, eps2_step, throwaway, allow_non_private=allow_non_private, **params)  # checks only
+    candidates = np.sort(peel(candidate_mechanism, q, d, eps1_step, mm, gen, allow_non_private, params))
+    picked = peel(name, q[candidates], d[candidates], eps2_step, kk, gen, allow_non_private, params)
+    return candidates[picked]
+
+
+def two_stage_log_probabilities(
+    name: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    m: int,
+    candidate_fraction: float,
+    k: int = 1,
+    candidate_mechanism: str = "rnm",
+    **params: object,
+) -> dict[Slate, float]:
+    """Exact log P(select_two_stage returns this ordered k-tuple), for every ordered k-tuple.
+
+    Enumerates stage 1's ordered m-tuples (summed per candidate set) and stage 2's slates in each
+    set. ``NotImplementedError`` unless both mechanisms have exact probabilities. Small n only.
+    """
+    require_exact(name)
+    require_exact(candidate_mechanism)
+    q, d, mm, kk, eps1_step, eps2_step = _checked(
+        name, candidate_mechanism, scores, sensitivities, epsilon, m, candidate_fraction, k, True
+    )
+    n = q.shape[0]
+    check_outcomes(math.perm(n, mm) + math.comb(n, mm) * math.perm(mm, kk), "the two-stage enumeration")
+    by_set: dict[Slate, list[float]] = {}
+    for order, lp in chain_log_probabilities(candidate_mechanism, q, d, eps1_step, mm, params).items():
+        by_set.setdefault(tuple(sorted(order)), []).append(lp)
+    terms: dict[Slate, list[float]] = {}
+    for cand, lps in by_set.items():
+        log_p_set = float(logsumexp(lps))
+        c = np.array(cand)
+        for local, lp in chain_log_probabilities(name, q[c], d[c], eps2_step, kk, params).items():
+            terms.setdefault(tuple(cand[i] for i in local), []).append(log_p_set + lp)
+    return {s: float(logsumexp(v)) for s, v in sorted(terms.items())}
+
+
+def two_stage_probabilities(
+    name: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    m: int,
+    candidate_fraction: float,
+    k: int = 1,
+    candidate_mechanism: str = "rnm",
+    **params: object,
+) -> dict[Slate, float]:
+    """Exact P(slate) of :func:`select_two_stage`; see :func:`two_stage_log_probabilities`."""
+    logs = two_stage_log_probabilities(
+        name, scores, sensitivities, epsilon, m, candidate_fraction, k, candidate_mechanism, **params
+    )
+    return {s: math.exp(v) for s, v in logs.items()}
