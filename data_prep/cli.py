@@ -43,7 +43,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     eng.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786 (implies --engine dask; "
                      "refused with --engine local); connected before any work starts")
     eng.add_argument("--chunk-users", type=int, default=1000)
+    pol = p.add_argument_group("`auto` policy table (policy.parquet; see `recsvc policy`)")
+    pol.add_argument("--policy-users", type=int, default=1000,
+                     help="population users it averages over: a seeded sample of larger populations (default 1000)")
+    pol.add_argument("--policy-trials", type=int, default=100,
+                     help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 100)")
     p.set_defaults(func=run_prep)
+
+    q = sub.add_parser(
+        "policy",
+        help="rebuild the `auto` policy table (policy.parquet) of an existing artifact",
+        description="Expected MSE of every private mechanism for each ε of the policy grid and k ∈ {1, 5, 10} "
+        "on the artifact's public population (population.parquet), ranked; the artifact is replaced atomically.",
+    )
+    q.add_argument("--artifacts", required=True, type=Path, help="artifact directory, e.g. artifacts/ml-100k")
+    q.add_argument("--users", type=int, default=1000, help="population users to average over (seeded sample; default 1000)")
+    q.add_argument("--trials", type=int, default=100,
+                   help="Monte Carlo selections per user for mechanisms without an exact expectation (default 100)")
+    q.add_argument("--seed", type=int, default=None, help="seed of the sample and the Monte Carlo streams "
+                   "(default: the artifact's seed, as `recsvc prep` used)")
+    q.add_argument("--workers", type=int, help="≥ 1 (default: min(2, CPUs))")
+    q.set_defaults(func=run_policy)
 
 
 def run_prep(args: argparse.Namespace) -> int:
@@ -71,11 +91,45 @@ def run_prep(args: argparse.Namespace) -> int:
         workers=args.workers,
         scheduler=args.scheduler,
         chunk_users=args.chunk_users,
+        policy_users=args.policy_users,
+        policy_trials=args.policy_trials,
         verbose=getattr(args, "verbose", False),
     )
     out = run(cfg)
     print_summary(out)
     return 0
+
+
+def run_policy(args: argparse.Namespace) -> int:
+    from data_prep.policy import rebuild
+
+    out = rebuild(args.artifacts, users=args.users, trials=args.trials, seed=args.seed, workers=args.workers)
+    print_policy(out)
+    print(f"artifact: {out}")
+    return 0
+
+
+def print_policy(out: Path) -> None:
+    """The table's winners per k: what `auto` resolves to at each grid ε."""
+    from recsvc.artifact import load_artifact
+    from recsvc.policy import PolicyTable
+
+    art = load_artifact(out, verify=False)
+    info = art.manifest.policy
+    assert art.policy is not None and info is not None
+    table = PolicyTable.from_frame(art.policy)
+    print(f"`auto` policy table: {len(table.epsilons)} ε × k ∈ {list(table.ks)} on {info.users} population users "
+          f"({info.trials} Monte Carlo trials per user where no exact expectation exists)")
+    for k in table.ks:
+        runs: list[list] = []  # [mechanism, first ε, last ε] of consecutive grid points
+        for kk, e, m, _ in table.winners():
+            if kk != k:
+                continue
+            if runs and runs[-1][0] == m:
+                runs[-1][2] = e
+            else:
+                runs.append([m, e, e])
+        print(f"  k={k}: " + ", ".join(f"{m} (ε {a:g}–{b:g})" if a != b else f"{m} (ε {a:g})" for m, a, b in runs))
 
 
 def print_summary(out: Path) -> None:
@@ -94,4 +148,6 @@ def print_summary(out: Path) -> None:
               f"nDCG@100 {acc['ndcg@100']:.4f}")
     print(f"population Spearman(q, Δ) over {rho.users} {m.sensitivity_population} users: "
           f"median {rho.median:+.3f}, mean {rho.mean:+.3f}, positive {rho.frac_positive:.1%}")
+    if m.policy is not None:
+        print_policy(out)
     print(f"artifact: {out} ({m.timings_s['total']:.1f} s)")

@@ -31,10 +31,14 @@ from data_prep.metrics import accuracy
 from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, population_spearman, validate_percentiles
 from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
 from data_prep.train import FACTORIZERS, SansaParams, fit
-from recsvc.artifact import ArtifactWriter
+from recsvc.artifact import POPULATION, ArtifactWriter
+from recsvc.artifact.reader import UserRows
 from recsvc.checks import ParamError, check_int
 from recsvc.engines import chunk_ranges, make_engine
 from recsvc.model import Model, TopK
+from recsvc.policy import DEFAULT_TRIALS as DEFAULT_POLICY_TRIALS
+from recsvc.policy import DEFAULT_USERS as DEFAULT_POLICY_USERS
+from recsvc.policy import PolicySpec, build_table, sample_users
 
 POPULATIONS = ("validation", "test")
 ENGINES = ("local", "dask")
@@ -66,6 +70,8 @@ class PrepConfig:
     workers: int | None = None
     scheduler: str | None = None
     chunk_users: int = 1000
+    policy_users: int = DEFAULT_POLICY_USERS  # population users the `auto` policy table averages (seeded sample)
+    policy_trials: int = DEFAULT_POLICY_TRIALS  # its Monte Carlo selections per user (rs, rs_improved, rnm_laplace)
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
 
@@ -116,6 +122,8 @@ class PrepConfig:
                 if not ok(float(v)):
                     raise ParamError(f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v)
         check_int("chunk_users", self.chunk_users, 1)
+        check_int("policy_users", self.policy_users, 1)
+        check_int("policy_trials", self.policy_trials, 1)
         for param, value, least in (("workers", self.workers, 1), ("population_users", self.population_users, 1),
                                     ("test_users", self.test_users, 1), ("val_users", self.val_users, 0)):
             if value is not None:
@@ -307,6 +315,14 @@ def _candidates_frame(user_ids: np.ndarray, top: TopK, item_ids: np.ndarray) -> 
     )
 
 
+def _population_frame(user_ids: np.ndarray, top: TopK, item_ids: np.ndarray, spec: PolicySpec) -> pl.DataFrame:
+    """The policy sample of the sensitivity population (≤ ``spec.users``, seeded) as a
+    candidates-schema frame: raw top-500 scores, public data stored as population.parquet."""
+    pick = sample_users(len(user_ids), spec.users, spec.seed)
+    sample = TopK(np.asarray(top.index[pick]), np.asarray(top.score[pick]))
+    return _candidates_frame(np.asarray(user_ids)[pick], sample, item_ids)
+
+
 def _sensitivities(
     cfg: PrepConfig, engine: Any, model: Model, group: UserGroup, scratch: Path, timer: _Timer
 ) -> tuple[ItemRanges, TopK]:
@@ -369,15 +385,24 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
         ranges, pop_top = _sensitivities(cfg, engine, model, population, scratch, timer)
         with timer.step("spearman"):
             rho = population_spearman(pop_top, ranges, cfg.chunk_users)
+        items = pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi,
+                              "sensitivity": ranges.sensitivity})
+        spec = PolicySpec(trials=cfg.policy_trials, seed=cfg.seed, users=cfg.policy_users)
+        with timer.step("policy", f"`auto` policy table on ≤ {spec.users} {population_kind} users"):
+            pop_frame = _population_frame(population.user_ids, pop_top, split.item_ids, spec)
+            # Read back exactly as `recsvc policy` reads population.parquet: the same table bits.
+            pop_matrix = UserRows(pop_frame, items, {i: r for r, i in enumerate(split.item_ids.tolist())},
+                                  POPULATION).matrix()
+            policy, policy_users = build_table(pop_matrix, spec, engine, cfg.progress)
         del pop_top  # release the scratch memmaps before the scratch directory goes
     finally:
         engine.close()
         shutil.rmtree(scratch, ignore_errors=True)
     with timer.step("write", "writing the artifact"):
-        writer.write_items(
-            pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi, "sensitivity": ranges.sensitivity})
-        )
+        writer.write_items(items)
         writer.write_candidates(_candidates_frame(split.test.user_ids, top, split.item_ids))
+        writer.write_population(pop_frame)
+        writer.write_policy(policy)
         writer.write_model(model)
         acc_users = acc.pop("users")
         manifest = {
@@ -394,6 +419,7 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
             "sensitivity_population_users": int(population.inputs.shape[0]),
             "items_without_population_scores": int((ranges.count == 0).sum()),
             "candidates_per_user": N_CANDIDATES,
+            "policy": spec.describe(policy_users),
             "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},
             "versions": _versions(),
             **extra,

@@ -1,7 +1,7 @@
 """The layering rules of issue #10, checked on the source (AST, no import-linter).
 
     L0 core    recsvc (the bare package), recsvc.mechanisms*, recsvc.rng, recsvc.stats, recsvc.checks
-    L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines
+    L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines, recsvc.policy
     L2 parts   service (recsvc.service*, recsvc.v1*), data_prep*, eval*
     L3 app     recsvc.app*
 
@@ -38,6 +38,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.model": (1, "shared"),
     "recsvc.staging": (1, "shared"),
     "recsvc.engines": (1, "shared"),
+    "recsvc.policy": (1, "shared"),
     "recsvc.service": (2, "service"),
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),

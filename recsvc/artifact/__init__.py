@@ -15,19 +15,24 @@ from recsvc.artifact.format import (
     MANIFEST,
     MIN_SENSITIVITY,
     MODEL_DIR,
+    POLICY,
+    POLICY_SCHEMA,
+    POPULATION,
     ArtifactError,
     json_default,
     sha256_file,
     validate_candidates,
     validate_items,
+    validate_policy,
 )
-from recsvc.artifact.manifest import Manifest, SansaInfo, SpearmanStats, SplitInfo
+from recsvc.artifact.manifest import Manifest, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
 from recsvc.artifact.reader import Artifact, CandidateMatrix, load_artifact, load_model, read_manifest
 from recsvc.artifact.writer import ArtifactWriter, save_model
 
 __all__ = [
     "CANDIDATES", "CANDIDATES_SCHEMA", "FORMAT_VERSION", "ITEMS", "ITEMS_SCHEMA", "MANIFEST", "MIN_SENSITIVITY",
-    "MODEL_DIR", "Artifact", "ArtifactError", "ArtifactWriter", "CandidateMatrix", "Manifest", "SansaInfo",
-    "SpearmanStats", "SplitInfo", "json_default", "load_artifact", "load_model", "read_manifest", "save_model",
-    "sha256_file", "validate_candidates", "validate_items",
+    "MODEL_DIR", "POLICY", "POLICY_SCHEMA", "POPULATION", "Artifact", "ArtifactError", "ArtifactWriter",
+    "CandidateMatrix", "Manifest", "PolicyInfo", "SansaInfo", "SpearmanStats", "SplitInfo", "json_default",
+    "load_artifact", "load_model", "read_manifest", "save_model", "sha256_file", "validate_candidates",
+    "validate_items", "validate_policy",
 ]

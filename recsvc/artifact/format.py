@@ -7,6 +7,9 @@ Layout of ``artifacts/<dataset>/``::
     items.parquet        item_id (str), lo, hi, sensitivity           -- public per-item data
     candidates.parquet   user_id (str), rank, item_id (str), score    -- raw, unclipped
     model/W1.npz, model/W2.npz, model/items.parquet (item_id in column order)
+    population.parquet   as candidates.parquet, for the (sampled) sensitivity population: the
+                         public data the `auto` policy table is computed from  -- optional
+    policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import polars as pl
 MANIFEST = "manifest.json"
 ITEMS = "items.parquet"
 CANDIDATES = "candidates.parquet"
+POPULATION = "population.parquet"
+POLICY = "policy.parquet"
 MODEL_DIR = "model"
 MODEL_W1 = "W1.npz"
 MODEL_W2 = "W2.npz"
@@ -30,6 +35,8 @@ MIN_SENSITIVITY = 1e-6
 
 ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensitivity": pl.Float64}
 CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}
+POLICY_SCHEMA = {"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String, "expected_mse": pl.Float64,
+                 "rank": pl.Int32, "method": pl.String}
 
 
 class ArtifactError(ValueError):
@@ -76,6 +83,28 @@ def validate_candidates(cands: pl.DataFrame) -> pl.DataFrame:
     if not np.isfinite(cands["score"].to_numpy()).all():
         raise ArtifactError(f"{CANDIDATES}: scores must be finite")
     return cands
+
+
+def validate_policy(policy: pl.DataFrame) -> pl.DataFrame:
+    """The policy table's invariants: a non-empty grid of finite ε > 0 and k ≥ 1, one row per
+    (ε, k, mechanism), finite expected MSE ≥ 0, ranks 1..m within each (ε, k). The mechanism
+    names are checked by :class:`recsvc.policy.PolicyTable` (it knows the registry)."""
+    policy = _check_schema(policy, POLICY_SCHEMA, POLICY)
+    if policy.height == 0:
+        raise ArtifactError(f"{POLICY}: the grid is empty; expected at least one (epsilon, k, mechanism) row")
+    if policy.null_count().sum_horizontal().item():
+        raise ArtifactError(f"{POLICY}: null values; expected every cell set")
+    eps, k, mse = (policy[c].to_numpy() for c in ("epsilon", "k", "expected_mse"))
+    if not (np.isfinite(eps).all() and (eps > 0).all() and (k >= 1).all()):
+        raise ArtifactError(f"{POLICY}: epsilon must be finite and > 0 and k ≥ 1")
+    if not (np.isfinite(mse).all() and (mse >= 0).all()):
+        raise ArtifactError(f"{POLICY}: expected_mse must be finite and ≥ 0")
+    if policy.select("epsilon", "k", "mechanism").is_duplicated().any():
+        raise ArtifactError(f"{POLICY}: (epsilon, k, mechanism) must be unique")
+    groups = policy.group_by("epsilon", "k").agg(pl.col("rank").sort(), pl.len())
+    if not all(list(r) == list(range(1, n + 1)) for r, n in groups.select("rank", "len").iter_rows()):
+        raise ArtifactError(f"{POLICY}: ranks must be 1..m within each (epsilon, k)")
+    return policy
 
 
 def json_default(o: Any) -> Any:

@@ -46,6 +46,12 @@ _FILES = _Kind("a non-empty object of file → sha256", lambda v: _is_map_of(lam
                lambda v, s, p: dict(v))
 _PAIR = _Kind("a list of two numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)),
               lambda v, s, p: tuple(v))
+_NUMBERS = _Kind("a non-empty list of numbers", lambda v: isinstance(v, list) and bool(v) and all(map(_is_number, v)),
+                 lambda v, s, p: tuple(v))
+_INTS = _Kind("a non-empty list of integers", lambda v: isinstance(v, list) and bool(v) and all(map(_is_int, v)),
+              lambda v, s, p: tuple(v))
+_STRS = _Kind("a non-empty list of strings", lambda v: isinstance(v, list) and bool(v)
+              and all(isinstance(x, str) for x in v), lambda v, s, p: tuple(v))
 _OBJECTS = _Kind("a list of objects", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
                  lambda v, s, p: tuple(dict(x) for x in v))
 
@@ -155,6 +161,21 @@ class SansaInfo(_Record):
 
 
 @dataclass(frozen=True)
+class PolicyInfo(_Record):
+    """How ``policy.parquet`` (the `auto` table, :mod:`recsvc.policy`) was computed."""
+
+    epsilons: tuple[float, ...] = _required(_NUMBERS)
+    ks: tuple[int, ...] = _required(_INTS)
+    mechanisms: tuple[str, ...] = _required(_STRS)
+    users: int = _required(_INT)  # population users averaged over
+    trials: int = _required(_INT)  # Monte Carlo selections per user (mechanisms without an exact expectation)
+    seed: int = _required(_INT)
+    params: Mapping[str, float] = _required(_NUMBER_MAP)  # mechanism parameters given ({}: defaults)
+    utility: str = _required(_STR)
+    extra: Mapping[str, Any] = _extra()
+
+
+@dataclass(frozen=True)
 class Manifest(_Record):
     """``manifest.json``. Only ``format_version``, ``dataset`` and ``files`` are required: tests
     and benchmarks write artifacts with little else; the pipeline writes every field."""
@@ -176,6 +197,7 @@ class Manifest(_Record):
     candidates_per_user: int | None = _optional(_INT)
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
+    policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: no policy.parquet (older artifacts)
     extra: Mapping[str, Any] = _extra()  # engine, synthetic, … : recorded, read by no consumer
 
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 
@@ -21,10 +21,13 @@ from recsvc.artifact.format import (
     MODEL_ITEMS,
     MODEL_W1,
     MODEL_W2,
+    POLICY,
+    POPULATION,
     ArtifactError,
     sha256_file,
     validate_candidates,
     validate_items,
+    validate_policy,
 )
 from recsvc.artifact.manifest import Manifest
 from recsvc.model import Model
@@ -61,6 +64,57 @@ class CandidateMatrix:
     def clipped(self) -> np.ndarray:
         return np.clip(self.scores, self.lo, self.hi)
 
+    def take(self, rows: np.ndarray) -> CandidateMatrix:
+        """Only the users ``rows`` (indices into this matrix)."""
+        return CandidateMatrix(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+
+class UserRows:
+    """A candidates-schema table (``candidates.parquet`` or ``population.parquet``) cut into
+    per-user rectangular arrays over the artifact's items."""
+
+    def __init__(self, frame: pl.DataFrame, items: pl.DataFrame, item_index: dict[str, int], what: str) -> None:
+        self.sorted = frame.sort(["user_id", "rank"], maintain_order=True)
+        self.items, self.item_index, self.what = items, item_index, what
+        #: every user, in artifact order (the order of :meth:`matrix` rows)
+        self.user_ids = self.sorted["user_id"].unique(maintain_order=True).to_numpy().astype(str)
+        # Row offset of each user's first candidate in the sorted frame (+ the total at the end).
+        counts = self.sorted.group_by("user_id", maintain_order=True).len()["len"].to_numpy()
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
+        """``users`` users from position ``start`` (all remaining if None); only that slice is
+        materialised, so callers can walk the users in bounded-memory chunks."""
+        total = len(self.user_ids)
+        if start < 0 or (users is not None and users < 0):
+            raise ValueError(f"candidate_matrix: start and users must be ≥ 0, got start={start}, users={users}")
+        stop = total if users is None else min(total, start + users)
+        start = min(start, total)
+        offs = self.offsets
+        cands = self.sorted.slice(int(offs[start]), int(offs[stop] - offs[start]))
+        user_ids = self.user_ids[start:stop]
+        row_of_user = {u: i for i, u in enumerate(user_ids.tolist())}
+        rows = np.fromiter((row_of_user[u] for u in cands["user_id"].to_list()), np.int64, cands.height)
+        counts = np.bincount(rows, minlength=len(user_ids))
+        n = int(counts.max()) if len(counts) else 0
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        cols = np.arange(cands.height) - starts[rows]
+        idx = np.full((len(user_ids), n), -1, dtype=np.int64)
+        try:
+            idx[rows, cols] = np.fromiter(
+                (self.item_index[i] for i in cands["item_id"].to_list()), np.int64, cands.height
+            )
+        except KeyError as exc:
+            raise ArtifactError(f"{self.what}: item_id {exc.args[0]!r} is not in {ITEMS}") from None
+        scores = np.full((len(user_ids), n), -np.inf)
+        scores[rows, cols] = cands["score"].to_numpy()
+        pad = idx < 0
+        take = np.where(pad, 0, idx)
+        lo = np.where(pad, -np.inf, self.items["lo"].to_numpy()[take])
+        hi = np.where(pad, -np.inf, self.items["hi"].to_numpy()[take])
+        sens = np.where(pad, 1.0, self.items["sensitivity"].to_numpy()[take])
+        return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
+
 
 @dataclass(frozen=True)
 class Artifact:
@@ -85,55 +139,47 @@ class Artifact:
         return load_model(self.path / MODEL_DIR)
 
     @cached_property
-    def _sorted_candidates(self) -> pl.DataFrame:
-        return self.candidates.sort(["user_id", "rank"], maintain_order=True)
+    def _candidate_rows(self) -> UserRows:
+        return UserRows(self.candidates, self.items, self.item_index, CANDIDATES)
 
-    @cached_property
+    @property
     def user_ids(self) -> np.ndarray:
         """Every test user, in artifact order (the order of :meth:`candidate_matrix` rows)."""
-        return self._sorted_candidates["user_id"].unique(maintain_order=True).to_numpy().astype(str)
-
-    @cached_property
-    def _user_offsets(self) -> np.ndarray:
-        # Row offset of each user's first candidate in the sorted frame (+ the total at the end).
-        counts = self._sorted_candidates.group_by("user_id", maintain_order=True).len()["len"].to_numpy()
-        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return self._candidate_rows.user_ids
 
     def candidate_matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
         """``users`` test users from position ``start`` (all remaining if None), in artifact order.
 
         Only that slice is materialised, so callers can walk the users in bounded-memory chunks.
         """
-        total = len(self.user_ids)
-        if start < 0 or (users is not None and users < 0):
-            raise ValueError(f"candidate_matrix: start and users must be ≥ 0, got start={start}, users={users}")
-        stop = total if users is None else min(total, start + users)
-        start = min(start, total)
-        offs = self._user_offsets
-        cands = self._sorted_candidates.slice(int(offs[start]), int(offs[stop] - offs[start]))
-        order = pl.Series(self.user_ids[start:stop])
-        user_ids = order.to_numpy().astype(str)
-        row_of_user = {u: i for i, u in enumerate(user_ids.tolist())}
-        rows = np.fromiter((row_of_user[u] for u in cands["user_id"].to_list()), np.int64, cands.height)
-        counts = np.bincount(rows, minlength=len(user_ids))
-        n = int(counts.max()) if len(counts) else 0
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        cols = np.arange(cands.height) - starts[rows]
-        idx = np.full((len(user_ids), n), -1, dtype=np.int64)
+        return self._candidate_rows.matrix(users, start)
+
+    @property
+    def has_population(self) -> bool:
+        return POPULATION in self.manifest.files
+
+    def population_matrix(self) -> CandidateMatrix:
+        """The (sampled) sensitivity population's top candidates, raw (public data: the policy
+        table's input). ArtifactError for an artifact written without them."""
+        if not self.has_population:
+            raise ArtifactError(f"{self.path} has no {POPULATION} (written before the `auto` policy table "
+                                "existed); rebuild the artifact with `recsvc prep`")
+        frame = validate_candidates(pl.read_parquet(self.path / POPULATION))
+        return UserRows(frame, self.items, self.item_index, POPULATION).matrix()
+
+    @property
+    def has_policy(self) -> bool:
+        return POLICY in self.manifest.files
+
+    @cached_property
+    def policy(self) -> pl.DataFrame | None:
+        """``policy.parquet`` checked by :func:`validate_policy`; None when the artifact has none."""
+        if not self.has_policy:
+            return None
         try:
-            idx[rows, cols] = np.fromiter(
-                (self.item_index[i] for i in cands["item_id"].to_list()), np.int64, cands.height
-            )
-        except KeyError as exc:
-            raise ArtifactError(f"{CANDIDATES}: item_id {exc.args[0]!r} is not in {ITEMS}") from None
-        scores = np.full((len(user_ids), n), -np.inf)
-        scores[rows, cols] = cands["score"].to_numpy()
-        pad = idx < 0
-        take = np.where(pad, 0, idx)
-        lo = np.where(pad, -np.inf, self.items["lo"].to_numpy()[take])
-        hi = np.where(pad, -np.inf, self.items["hi"].to_numpy()[take])
-        sens = np.where(pad, 1.0, self.items["sensitivity"].to_numpy()[take])
-        return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
+            return validate_policy(pl.read_parquet(self.path / POLICY))
+        except ArtifactError as exc:
+            raise ArtifactError(f"{self.path}: {exc}") from None
 
 
 def read_manifest(path: Path) -> Manifest:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+import shutil
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,14 @@ from recsvc.artifact.format import (
     MODEL_ITEMS,
     MODEL_W1,
     MODEL_W2,
+    POLICY,
+    POPULATION,
     ArtifactError,
     json_default,
     sha256_file,
     validate_candidates,
     validate_items,
+    validate_policy,
 )
 from recsvc.artifact.manifest import Manifest
 from recsvc.model import Model
@@ -53,6 +58,25 @@ class ArtifactWriter(StagedDir):
 
     def write_model(self, model: Model) -> None:
         save_model(model, self.tmp / MODEL_DIR)
+
+    def write_population(self, population: pl.DataFrame) -> None:
+        """The (sampled) sensitivity population's top candidates, in the candidates schema."""
+        validate_candidates(population).write_parquet(self.tmp / POPULATION, statistics=False)
+
+    def write_policy(self, policy: pl.DataFrame) -> None:
+        validate_policy(policy).write_parquet(self.tmp / POLICY, statistics=False)
+
+    def keep(self, source: Path, files: Iterable[str]) -> None:
+        """Carries ``files`` (paths relative to the artifact ``source``) over unchanged: hard links
+        where the file system allows (no copy of a large model), else copies. Files are never
+        modified in place, so sharing inodes with the old directory is safe."""
+        for rel in files:
+            dst = self.tmp / rel
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(source / rel, dst)
+            except OSError:
+                shutil.copy2(source / rel, dst)
 
     def commit(self, content: Mapping[str, Any]) -> Path:
         """Writes ``manifest.json`` (``content`` + format version + every file's sha256), checked

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities
+    from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities, expectation
     from recsvc.mechanisms import select_slate, select_two_stage  # k-item slates, private top-m
 
 All functions take ALREADY CLIPPED scores (clip each score to its item's [lo, hi] first: that
@@ -20,6 +20,7 @@ from recsvc.mechanisms.registry import (
     Mechanism,
     NonPrivateMechanismError,
     check_params,
+    expectation,
     get_mechanism,
     log_probabilities,
     params_of,
@@ -47,6 +48,7 @@ __all__ = [
     "ParamValues",
     "add_param_arguments",
     "check_params",
+    "expectation",
     "flag",
     "get_mechanism",
     "log_probabilities",

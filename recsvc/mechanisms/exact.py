@@ -16,12 +16,16 @@ log. Cost O(n²/2) log1p evaluations (~1 ms at n = 500).
 With i.i.d. Laplace noise (rnm_laplace) the same substitution handles y > q* exactly (weights
 ½w_b), y < min q is a closed form, and in between the integrand is smooth on each segment between
 consecutive distinct scores: composite Gauss–Legendre there (:func:`laplace_noisy_max_log_probabilities`).
+
+Where only an expected value E[v_A] is needed (the `auto` policy table averages expected errors
+over a population at many ε), :func:`exponential_noisy_max_expectation` integrates it directly.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+import numba
 import numpy as np
 from scipy.special import logsumexp
 
@@ -193,3 +197,39 @@ def laplace_noisy_max_log_probabilities(u: np.ndarray, chunk: int = 256) -> np.n
     out = np.empty(n)
     out[order] = log_p
     return out
+
+
+# --- Expected values of the Exponential noisy max (the `auto` policy table, issue #15) -----
+# E[v_A] = Σ_a v_a P(a) = ∫_0^1 Σ_a w_a v_a Π_{b≠a} (1 − w_b s) ds
+#        = ∫_0^1 Π_b (1 − w_b s) · Σ_a w_a v_a / (1 − w_a s) ds,
+# the same polynomial of degree n − 1 as above, so the same Gauss–Legendre rule is exact; but
+# one pass over (candidate, node) pairs with no n × m temporaries and no per-candidate log-sum:
+# ~10× cheaper than the probabilities when only the expectation is needed.
+
+
+@numba.njit(cache=True, nogil=True)
+def _expectation_kernel(w: np.ndarray, wv: np.ndarray, s: np.ndarray, weights: np.ndarray) -> float:  # pragma: no cover - numba
+    total = 0.0
+    for j in range(s.shape[0]):
+        prod = 1.0  # may underflow to 0 far from s = 0: such a node's term is below 1e-308 × the first's
+        acc = 0.0
+        for b in range(w.shape[0]):
+            y = 1.0 - w[b] * s[j]  # > 0: every node lies inside (0, 1)
+            prod *= y
+            acc += wv[b] / y
+        total += weights[j] * prod * acc
+    return total
+
+
+def exponential_noisy_max_expectation(log_w: np.ndarray, values: np.ndarray) -> float:
+    """E[values[argmax(q + Z)]] for Z_a i.i.d. Exponential(mean λ), ``log_w`` = (q − max q)/λ.
+
+    ``values`` must be finite and ≥ 0 (every term is then positive: no cancellation). Equals
+    ``exp(exponential_noisy_max_log_probabilities(log_w)) @ values`` to ~1e-13 relative: the
+    product Π(1 − w_b s) is ≥ (1 − s_0)^n ≈ 1 − n·s_0 at the first node, so the terms that can
+    underflow are negligible next to it.
+    """
+    log_w = np.asarray(log_w, dtype=np.float64)
+    s, log_weights = _gauss_legendre_01(log_w.shape[0] // 2 + 2)
+    w = np.exp(np.where(log_w < -700.0, -np.inf, log_w))  # no subnormals (slow arithmetic); < e^-700 is nil
+    return float(_expectation_kernel(w, w * np.asarray(values, dtype=np.float64), s, np.exp(log_weights)))

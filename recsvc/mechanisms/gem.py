@@ -22,7 +22,7 @@ import math
 import numba
 import numpy as np
 
-from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
+from recsvc.mechanisms.exact import exponential_noisy_max_expectation, exponential_noisy_max_log_probabilities
 from recsvc.mechanisms.noisy_max import exponential_noisy_max
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 from recsvc.mechanisms.validation import MechanismInputError
@@ -139,6 +139,10 @@ def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Param
     return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])))
 
 
+def gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])), values)
+
+
 def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Modified GEM: as ``gem`` with t = −2 ln(n/β)/ε (favours high-Δ candidates).
 
@@ -150,6 +154,10 @@ def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rn
 
 def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])))
+
+
+def mgem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])), values)
 
 
 def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
@@ -212,3 +220,10 @@ def combined_gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float,
     _, eps_g = _split_budget(epsilon, p)
     log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
     return np.logaddexp(log_b1 + mgem_log_probabilities(q, d, eps_g, p), log_b0 + gem_log_probabilities(q, d, eps_g, p))
+
+
+def combined_gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    """The mixture of :func:`combined_gem_log_probabilities`, as an expectation."""
+    _, eps_g = _split_budget(epsilon, p)
+    log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
+    return math.exp(log_b1) * mgem_expectation(q, d, eps_g, p, values) + math.exp(log_b0) * gem_expectation(q, d, eps_g, p, values)

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities, laplace_noisy_max_log_probabilities
+from recsvc.mechanisms.exact import (
+    exponential_noisy_max_expectation,
+    exponential_noisy_max_log_probabilities,
+    laplace_noisy_max_log_probabilities,
+)
 from recsvc.mechanisms.params import ParamValues
 
 
@@ -49,6 +53,10 @@ def rnm_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng
 
 def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return exponential_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
+
+
+def rnm_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    return exponential_noisy_max_expectation(_rnm_u(q, d, epsilon), values)
 
 
 def rnm_laplace_sample(
@@ -95,6 +103,10 @@ def em_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng:
 
 def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
     return _em_log_probabilities(q, d, epsilon)
+
+
+def em_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    return float(np.exp(_em_log_probabilities(q, d, epsilon)) @ values)
 
 
 def pf_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:

@@ -66,3 +66,11 @@ def random_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Pa
 def random_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
     """Uniform over the candidates. Privacy: 0-DP (the output does not depend on the data)."""
     return rng.integers(0, q.shape[0], size)
+
+
+def krr_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    return float(np.exp(krr_log_probabilities(q, d, epsilon, p)) @ values)
+
+
+def random_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
+    return float(np.mean(values))

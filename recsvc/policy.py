@@ -1,0 +1,272 @@
+"""The `auto` policy table (issue #15): which private mechanism to run for a request's (ε, k),
+chosen offline from the PUBLIC sensitivity population, never from the request's scores.
+
+For every ε on :data:`POLICY_EPSILONS`, every slate size k in :data:`SLATE_SIZES` and every
+private mechanism, the table holds the expected MSE = E[(max q − q_selected)²] on clipped scores,
+averaged over the population's users, and the mechanism's rank at that (ε, k) (1 = lowest).
+
+- Exact expectations (:func:`recsvc.mechanisms.expectation`) for the mechanisms that declare a
+  cheap one; Monte Carlo for the others (rs, rs_improved: no exact form; rnm_laplace: its exact
+  probabilities cost ~40 ms per call at n = 500) with ``trials`` selections per user and
+  population user b's stream ``SeedSequence(seed, spawn_key=(b,))``.
+- Slates (k > 1) are ranked by the expected MSE of the slate's FIRST item: peeling selects it
+  with ε/k from all candidates, so it is the k = 1 value at ε/k (exact where k = 1 is exact).
+  The first item carries the largest share of a slate's value and every later step is the same
+  mechanism at ε/k on all but a few candidates, so the ranking carries over.
+- Lookup (:meth:`PolicyTable.resolve`): the table's k nearest to the request's k in log k, then
+  the grid ε nearest to the request's ε in log ε; ties go to the lower grid point. Beyond the
+  grid's ends the end point applies.
+
+This module is shared (L1): ``recsvc prep``/``recsvc policy`` build the table, the service and
+``recsvc eval`` read it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from recsvc.artifact import POLICY, ArtifactError, CandidateMatrix, validate_policy
+from recsvc.checks import ParamError, check_int
+
+# SPEC §6's evaluation grid; the policy grid holds it and ≥ 4 points per decade from 0.01 to 16.
+EVALUATION_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+POINTS_PER_DECADE = 4
+SLATE_SIZES: tuple[int, ...] = (1, 5, 10)
+DEFAULT_TRIALS = 100  # Monte Carlo selections per population user, mechanism and ε
+DEFAULT_SEED = 0
+DEFAULT_USERS = 1000  # population users the table averages over (a seeded sample of larger populations)
+CHUNK_USERS = 8  # users per work unit: a moving progress bar, both workers busy on 100 users
+UTILITY = ("expected MSE (max q − q_selected)² on clipped scores, averaged over the population users; "
+           "for k > 1 the slate's first item, selected with ε/k")
+METHODS = ("exact", "monte-carlo")
+
+
+def policy_epsilons(low: float = 0.01, high: float = 16.0, per_decade: int = POINTS_PER_DECADE,
+                    include: Iterable[float] = EVALUATION_EPSILONS) -> tuple[float, ...]:
+    """10^(j/per_decade) in [low, high] (4 significant digits), ``include`` and ``high``, sorted."""
+    j0, j1 = math.ceil(math.log10(low) * per_decade - 1e-9), math.floor(math.log10(high) * per_decade + 1e-9)
+    grid = {float(f"{10 ** (j / per_decade):.4g}") for j in range(j0, j1 + 1)}
+    return tuple(sorted(grid | {float(e) for e in include} | {float(high)}))
+
+
+POLICY_EPSILONS: tuple[float, ...] = policy_epsilons()
+
+
+def policy_mechanisms() -> tuple[str, ...]:
+    """Every private mechanism, in registry order: what `auto` may choose from."""
+    from recsvc.mechanisms import MECHANISMS
+
+    return tuple(n for n, m in MECHANISMS.items() if m.private)
+
+
+def method_of(mechanism: str) -> str:
+    """``exact`` where the mechanism declares a cheap exact expectation, else ``monte-carlo``."""
+    from recsvc.mechanisms import MECHANISMS
+
+    return "exact" if MECHANISMS[mechanism].expectation_fn is not None else "monte-carlo"
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """What a table is computed over; recorded in the manifest's ``policy`` section."""
+
+    epsilons: tuple[float, ...] = POLICY_EPSILONS
+    ks: tuple[int, ...] = SLATE_SIZES
+    mechanisms: tuple[str, ...] = field(default_factory=policy_mechanisms)
+    trials: int = DEFAULT_TRIALS
+    seed: int = DEFAULT_SEED
+    users: int = DEFAULT_USERS  # at most this many population users (seeded sample)
+    params: Mapping[str, float] = field(default_factory=dict)  # mechanism parameters; {} = defaults
+
+    def check(self) -> PolicySpec:
+        from recsvc.mechanisms import MECHANISMS, check_params
+
+        if not self.epsilons or any(not (math.isfinite(e) and e > 0) for e in self.epsilons):
+            raise ParamError("{epsilons} must be finite numbers > 0 (at least one), got {got}", got=list(self.epsilons))
+        if not self.ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in self.ks):
+            raise ParamError("{ks} must be integers ≥ 1 (at least one), got {got}", got=list(self.ks))
+        unknown = [m for m in self.mechanisms if m not in MECHANISMS or not MECHANISMS[m].private]
+        if not self.mechanisms or unknown:
+            raise ParamError("{mechanisms} must be private mechanisms, got {got}", got=unknown or "none")
+        check_int("trials", self.trials, 1)
+        check_int("seed", self.seed, 0)
+        check_int("users", self.users, 1)
+        check_params(dict(self.params))
+        return self
+
+    def inner_epsilons(self) -> np.ndarray:
+        """Every ε a single selection runs at: ε/k for each grid ε and k (sorted, distinct)."""
+        return np.unique(np.array([e / k for e in self.epsilons for k in self.ks], dtype=np.float64))
+
+    def describe(self, users: int) -> dict[str, object]:
+        """The manifest's ``policy`` section."""
+        return {"epsilons": list(self.epsilons), "ks": list(self.ks), "mechanisms": list(self.mechanisms),
+                "users": int(users), "trials": int(self.trials), "seed": int(self.seed),
+                "params": dict(self.params), "utility": UTILITY,
+                "lookup": "nearest k in log k, then nearest ε in log ε; ties to the lower grid point"}
+
+
+def sample_users(total: int, users: int, seed: int) -> np.ndarray:
+    """Sorted indices of at most ``users`` of ``total`` population users (all if few enough)."""
+    if total <= users:
+        return np.arange(total)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**32,)))
+    return np.sort(rng.choice(total, users, replace=False))
+
+
+@dataclass(frozen=True)
+class _Context:
+    mechanisms: tuple[str, ...]
+    inner: np.ndarray
+    trials: int
+    seed: int
+    params: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    start: int  # global index of the first user (its Monte Carlo stream)
+    scores: np.ndarray  # (B, n) clipped, padding −inf
+    sensitivities: np.ndarray  # (B, n)
+    count: np.ndarray  # (B,)
+
+
+def _user_mse(q: np.ndarray, d: np.ndarray, user: int, ctx: _Context) -> np.ndarray:
+    """(M, E') expected MSE of one user: exact or Monte Carlo, per :func:`method_of`."""
+    from recsvc.mechanisms import MECHANISMS, expectation, params_of, select_batch
+
+    gap2 = (q.max() - q) ** 2
+    out = np.empty((len(ctx.mechanisms), ctx.inner.shape[0]))
+    for mi, name in enumerate(ctx.mechanisms):
+        own = {k: v for k, v in ctx.params.items() if k in params_of(name)}
+        exact = MECHANISMS[name].expectation_fn is not None
+        for ei, eps in enumerate(ctx.inner):
+            if exact:
+                out[mi, ei] = expectation(name, q, d, eps, gap2, **own)
+            else:
+                sel = select_batch(name, q[None], d, eps, ctx.trials, ctx.seed, user_offset=user, **own)
+                out[mi, ei] = gap2[sel[0]].mean()
+    return out
+
+
+def chunk_mse(chunk: _Chunk, ctx: _Context) -> np.ndarray:
+    """Engine work unit: (B, M, E') per-user expected MSE. Pure: depends on (chunk, ctx) only."""
+    out = np.empty((chunk.count.shape[0], len(ctx.mechanisms), ctx.inner.shape[0]))
+    for b in range(chunk.count.shape[0]):
+        c = int(chunk.count[b])
+        out[b] = _user_mse(chunk.scores[b, :c], np.ascontiguousarray(chunk.sensitivities[b, :c]), chunk.start + b, ctx)
+    return out
+
+
+def population_mse(matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None,
+                   desc: str = "policy table") -> tuple[np.ndarray, np.ndarray, int]:
+    """(inner ε (E',), mean expected MSE (M, E'), users) over the population's users with ≥ 1
+    candidate. The mean is over per-user values in user order: the same bits for any engine."""
+    from recsvc.engines import LocalEngine, chunk_ranges
+
+    spec.check()
+    keep = np.flatnonzero(matrix.count > 0)
+    if keep.size == 0:
+        raise ValueError("the policy population has no users with candidates; expected ≥ 1")
+    q, d, count = matrix.clipped()[keep], matrix.sensitivity[keep], matrix.count[keep]
+    ctx = _Context(spec.mechanisms, spec.inner_epsilons(), spec.trials, spec.seed, dict(spec.params))
+    chunks = [_Chunk(r.start, q[r.start:r.stop], d[r.start:r.stop], count[r.start:r.stop])
+              for r in chunk_ranges(keep.size, CHUNK_USERS)]
+    engine = engine or LocalEngine(1, progress=progress)
+    per_user = np.concatenate(list(engine.map(chunk_mse, chunks, ctx, desc=desc, unit="user",
+                                              sizes=[c.count.shape[0] for c in chunks])))
+    return ctx.inner, per_user.mean(axis=0), int(keep.size)
+
+
+def table_frame(spec: PolicySpec, inner: np.ndarray, mse: np.ndarray) -> pl.DataFrame:
+    """``policy.parquet``: one row per (ε, k, mechanism), ranked per (ε, k) by expected MSE
+    (ties: registry order). For k > 1 the value is the k = 1 value at ε/k (first-item utility)."""
+    rows: list[tuple[float, int, str, float, int, str]] = []
+    for k in spec.ks:
+        for eps in spec.epsilons:
+            col = int(np.searchsorted(inner, eps / k))  # inner holds exactly these ε/k
+            values = mse[:, col]
+            order = np.argsort(values, kind="stable")
+            rank = np.empty(len(order), dtype=np.int64)
+            rank[order] = np.arange(1, len(order) + 1)
+            rows += [(float(eps), int(k), m, float(values[i]), int(rank[i]), method_of(m))
+                     for i, m in enumerate(spec.mechanisms)]
+    return pl.DataFrame(rows, schema={"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String,
+                                      "expected_mse": pl.Float64, "rank": pl.Int32, "method": pl.String},
+                        orient="row")
+
+
+def build_table(matrix: CandidateMatrix, spec: PolicySpec, engine=None,
+                progress: bool | None = None) -> tuple[pl.DataFrame, int]:
+    """The policy table of a population (clipped scores, Δ, counts) and the users it averaged."""
+    inner, mse, users = population_mse(matrix, spec, engine, progress)
+    return table_frame(spec, inner, mse), users
+
+
+def nearest(grid: Sequence[float] | np.ndarray, value: float) -> float:
+    """The grid point nearest to ``value`` in log scale; ties to the lower point; ends clamp."""
+    g = np.asarray(grid, dtype=np.float64)
+    i = int(np.searchsorted(g, value, side="left"))
+    if i == 0:
+        return float(g[0])
+    if i == g.shape[0]:
+        return float(g[-1])
+    lo, hi = float(g[i - 1]), float(g[i])
+    if value == hi:
+        return hi
+    return lo if math.log(value) - math.log(lo) <= math.log(hi) - math.log(value) else hi
+
+
+@dataclass(frozen=True)
+class PolicyTable:
+    """A validated policy table: :meth:`resolve` maps a request's (ε, k) to a mechanism."""
+
+    frame: pl.DataFrame
+    epsilons: tuple[float, ...]
+    ks: tuple[int, ...]
+    best: Mapping[tuple[int, float], str]  # (k, ε) → the rank-1 mechanism
+
+    @classmethod
+    def from_frame(cls, frame: pl.DataFrame, source: str = POLICY) -> PolicyTable:
+        """Refuses a table whose grid is empty or that names a mechanism this version does not
+        know (or one that is not private): ArtifactError naming ``source``."""
+        from recsvc.mechanisms import MECHANISMS
+
+        try:
+            frame = validate_policy(frame)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{source}: {exc}") from None
+        names = frame["mechanism"].unique(maintain_order=True).to_list()
+        unknown = [m for m in names if m not in MECHANISMS]
+        if unknown:
+            raise ArtifactError(f"{source}: unknown mechanism(s) {', '.join(map(repr, unknown))} (made by another "
+                                f"version?); expected some of {', '.join(MECHANISMS)}; rebuild it with "
+                                "`recsvc policy --artifacts DIR`")
+        public = [m for m in names if not MECHANISMS[m].private]
+        if public:
+            raise ArtifactError(f"{source}: {', '.join(public)} is not differentially private; `auto` never "
+                                "chooses it; rebuild it with `recsvc policy --artifacts DIR`")
+        top = frame.filter(pl.col("rank") == 1)
+        best = {(int(k), float(e)): str(m) for e, k, m in top.select("epsilon", "k", "mechanism").iter_rows()}
+        return cls(frame, tuple(sorted({e for _, e in best})), tuple(sorted({k for k, _ in best})), best)
+
+    def grid_point(self, epsilon: float, k: int = 1) -> tuple[int, float]:
+        """The table's (k, ε) a request's (ε, k) resolves at (see the module doc)."""
+        kk = int(round(nearest(self.ks, k)))
+        eps_k = sorted(e for kk_, e in self.best if kk_ == kk)
+        return kk, nearest(eps_k, epsilon)
+
+    def resolve(self, epsilon: float, k: int = 1) -> str:
+        """The mechanism with the lowest expected MSE at the grid point of (ε, k)."""
+        return self.best[self.grid_point(epsilon, k)]
+
+    def winners(self) -> list[tuple[int, float, str, float]]:
+        """(k, ε, best mechanism, its expected MSE) for every grid point, sorted."""
+        top = self.frame.filter(pl.col("rank") == 1).sort("k", "epsilon")
+        return [(int(k), float(e), str(m), float(v))
+                for k, e, m, v in top.select("k", "epsilon", "mechanism", "expected_mse").iter_rows()]
