@@ -227,8 +227,7 @@ class PolicyTable:
     """A validated policy table: :meth:`resolve` maps a request's (ε, k) to a mechanism."""
 
     frame: pl.DataFrame
-    epsilons: tuple[float, ...]
-    ks: tuple[int, ...]
+    grids: Mapping[int, tuple[float, ...]]  # k → its sorted ε grid
     best: Mapping[tuple[int, float], str]  # (k, ε) → the rank-1 mechanism
 
     @classmethod
@@ -249,17 +248,26 @@ class PolicyTable:
                                 "`recsvc policy --artifacts DIR`")
         public = [m for m in names if not MECHANISMS[m].private]
         if public:
-            raise ArtifactError(f"{source}: {', '.join(public)} is not differentially private; `auto` never "
+            raise ArtifactError(f"{source}: {', '.join(public)} is not differentially private and `auto` never "
                                 "chooses it; rebuild it with `recsvc policy --artifacts DIR`")
         top = frame.filter(pl.col("rank") == 1)
         best = {(int(k), float(e)): str(m) for e, k, m in top.select("epsilon", "k", "mechanism").iter_rows()}
-        return cls(frame, tuple(sorted({e for _, e in best})), tuple(sorted({k for k, _ in best})), best)
+        ks = sorted({k for k, _ in best})
+        grids = {k: tuple(sorted(e for kk, e in best if kk == k)) for k in ks}
+        return cls(frame, grids, best)
+
+    @property
+    def ks(self) -> tuple[int, ...]:
+        return tuple(self.grids)
+
+    @property
+    def epsilons(self) -> tuple[float, ...]:
+        return tuple(sorted({e for g in self.grids.values() for e in g}))
 
     def grid_point(self, epsilon: float, k: int = 1) -> tuple[int, float]:
         """The table's (k, ε) a request's (ε, k) resolves at (see the module doc)."""
-        kk = int(round(nearest(self.ks, k)))
-        eps_k = sorted(e for kk_, e in self.best if kk_ == kk)
-        return kk, nearest(eps_k, epsilon)
+        kk = int(nearest(self.ks, k))
+        return kk, nearest(self.grids[kk], epsilon)
 
     def resolve(self, epsilon: float, k: int = 1) -> str:
         """The mechanism with the lowest expected MSE at the grid point of (ε, k)."""

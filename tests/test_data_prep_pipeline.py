@@ -19,7 +19,8 @@ from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_
 from data_prep_fixtures import ratings_table, write_amazon, write_ml20m
 
 TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16"]
-FILES = ("items.parquet", "candidates.parquet", "model/W1.npz", "model/W2.npz", "model/items.parquet")
+FILES = ("items.parquet", "candidates.parquet", "model/W1.npz", "model/W2.npz", "model/items.parquet",
+         "population.parquet", "policy.parquet")
 
 
 def _tiny(out: Path, **kw) -> PrepConfig:

@@ -12,6 +12,7 @@ durably committed.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import uuid
@@ -21,13 +22,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from recsvc.artifact import Artifact, Manifest
+from recsvc.artifact import POLICY, Artifact, Manifest
 from recsvc.checks import ParamError
 from recsvc.mechanisms import MECHANISMS, check_params, select
 from recsvc.model import top_k
+from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.ledger import Charge, Ledger
+
+log = logging.getLogger("recsvc.service")
 
 DEFAULT_RECOMMEND_K = 500
 MAX_ID_LEN = 256
@@ -68,8 +72,14 @@ class Selected:
     request_id: str
 
 
-def resolve_auto(rho_median: float | None, threshold: float) -> str | None:
-    """SPEC §2 `auto`: mgem if ρ̄ > t, gem if ρ̄ < −t, else rnm (public data only: costs nothing)."""
+def resolve_auto(rho_median: float | None, threshold: float, table: PolicyTable | None = None,
+                 epsilon: float | None = None, k: int = 1) -> str | None:
+    """SPEC §2 `auto`, from public data only (it costs nothing and never sees a request's scores):
+    with a policy table, the mechanism with the lowest expected MSE on the public population at
+    the table's grid point of (ε, k) (:meth:`recsvc.policy.PolicyTable.resolve`); without one,
+    the sign rule: mgem if ρ̄ > t, gem if ρ̄ < −t, else rnm."""
+    if table is not None and epsilon is not None:
+        return table.resolve(epsilon, k)
     if rho_median is None or not math.isfinite(rho_median):
         return None
     if rho_median > threshold:
@@ -163,9 +173,16 @@ class Selector:
         self.policy = policy
         self.catalog = Catalog(artifact)
         self.rho_median = population_median(artifact.manifest)
-        self.auto_choice = resolve_auto(self.rho_median, policy.auto_threshold)
+        # The policy table, checked now: unknown mechanisms or an empty grid refuse the start.
+        self.auto_table = (None if artifact.policy is None
+                           else PolicyTable.from_frame(artifact.policy, f"{artifact.path}/{POLICY}"))
+        self.auto_choice = None if self.auto_table else resolve_auto(self.rho_median, policy.auto_threshold)
+        if self.auto_table is None:
+            log.warning("%s has no %s: `auto` falls back to the sign of the population's median Spearman "
+                        "(→ %s for every ε); build the table with `recsvc policy --artifacts %s`",
+                        artifact.path, POLICY, self.auto_choice or "unavailable", artifact.path)
         default = policy.default_mechanism or AUTO
-        if default == AUTO and self.auto_choice is None:
+        if default == AUTO and self.auto_choice is None and self.auto_table is None:
             raise ParamError("{manifest} has no population_spearman.median, which `auto` needs; "
                              "rebuild the artifact or set {default_mechanism} to a mechanism name",
                              manifest=f"{artifact.path}/manifest.json")
@@ -177,13 +194,25 @@ class Selector:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
 
-    def mechanism_name(self, requested: str) -> str:
-        """The mechanism a request runs: ``auto`` and empty resolved, non-private ones gated."""
+    @property
+    def auto_description(self) -> str:
+        """What `auto` resolves to, for logs: per request from the table, or the sign rule's choice."""
+        if self.auto_table is not None:
+            t = self.auto_table
+            return f"per request from {POLICY} ({len(t.epsilons)} ε × k ∈ {{{', '.join(map(str, t.ks))}}})"
+        return f"{self.auto_choice} (sign rule; no {POLICY})"
+
+    def mechanism_name(self, requested: str, epsilon: float | None = None, k: int = 1) -> str:
+        """The mechanism a request runs: ``auto`` and empty resolved, non-private ones gated.
+        ``auto`` reads only public data and the request's (checked) ε and k, never its scores."""
         name = requested or self.default_mechanism
         if name == AUTO:
-            if self.auto_choice is None:
+            if self.auto_table is not None and epsilon is None:
+                raise TypeError("mechanism_name('auto') needs the request's epsilon when there is a policy table")
+            choice = resolve_auto(self.rho_median, self.policy.auto_threshold, self.auto_table, epsilon, k)
+            if choice is None:
                 raise InvalidRequest("mechanism 'auto' is unavailable: the artifact has no population Spearman")
-            return self.auto_choice
+            return choice
         mech = MECHANISMS.get(name)
         if mech is None:
             raise InvalidRequest(
@@ -200,9 +229,9 @@ class Selector:
                 params: Mapping[str, float | None]) -> tuple[str, float]:
         check_id("user_id", user_id, required=True)
         check_id("request_id", request_id, required=False)
-        name = self.mechanism_name(mechanism)
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise InvalidRequest(f"epsilon must be a positive finite number, got {epsilon!r}")
+        name = self.mechanism_name(mechanism, epsilon)  # `auto` resolves from ε (and k), never the scores
         check_params(dict(params))  # the mechanisms' own checks, before the ledger is touched
         return name, epsilon
 

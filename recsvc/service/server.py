@@ -135,7 +135,7 @@ def start(config: ServerConfig) -> ServerHandle:
     log.info(
         "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s)",
         SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext", servicer.default_mechanism,
-        servicer.auto_choice, config.budget, config.ledger,
+        servicer.selector.auto_description, config.budget, config.ledger,
     )
     return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
 

@@ -187,8 +187,13 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                                  allowed=bool(m.private) or self.policy.allow_non_private)
                 for name, m in sorted(MECHANISMS.items())
             ]
+            table = self.selector.auto_table
+            policy = [] if table is None else [
+                pb.AutoPolicyEntry(epsilon=e, k=k, mechanism=m, expected_mse=v) for k, e, m, v in table.winners()
+            ]
             return pb.ListMechanismsResponse(
                 mechanisms=infos,
+                auto_policy=policy,
                 default_mechanism=self.default_mechanism,
                 auto_resolves_to=self.auto_choice or "",
                 auto_threshold=self.policy.auto_threshold,

@@ -140,8 +140,20 @@ class MechanismInfo(_message.Message):
     allowed: bool
     def __init__(self, name: _Optional[str] = ..., private: _Optional[bool] = ..., allowed: _Optional[bool] = ...) -> None: ...
 
+class AutoPolicyEntry(_message.Message):
+    __slots__ = ("epsilon", "k", "mechanism", "expected_mse")
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MSE_FIELD_NUMBER: _ClassVar[int]
+    epsilon: float
+    k: int
+    mechanism: str
+    expected_mse: float
+    def __init__(self, epsilon: _Optional[float] = ..., k: _Optional[int] = ..., mechanism: _Optional[str] = ..., expected_mse: _Optional[float] = ...) -> None: ...
+
 class ListMechanismsResponse(_message.Message):
-    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates")
+    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "auto_policy")
     MECHANISMS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MECHANISM_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESOLVES_TO_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +161,7 @@ class ListMechanismsResponse(_message.Message):
     POPULATION_SPEARMAN_MEDIAN_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    AUTO_POLICY_FIELD_NUMBER: _ClassVar[int]
     mechanisms: _containers.RepeatedCompositeFieldContainer[MechanismInfo]
     default_mechanism: str
     auto_resolves_to: str
@@ -156,4 +169,5 @@ class ListMechanismsResponse(_message.Message):
     population_spearman_median: float
     budget: float
     max_candidates: int
-    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ...) -> None: ...
+    auto_policy: _containers.RepeatedCompositeFieldContainer[AutoPolicyEntry]
+    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ...) -> None: ...

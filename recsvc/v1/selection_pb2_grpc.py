@@ -111,7 +111,7 @@ class PrivateSelectionServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListMechanisms(self, request, context):
-        """The mechanisms this server accepts, and what `auto` resolves to.
+        """The mechanisms this server accepts, and what `auto` resolves to (per ε and k with a policy table).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
