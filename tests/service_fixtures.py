@@ -53,6 +53,26 @@ def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_it
         return w.commit(manifest)
 
 
+def add_policy(art: Path, rows: list[tuple[float, int, str, float, int]], checked: bool = True) -> Path:
+    """Re-publishes the artifact ``art`` with a policy.parquet of ``rows`` (ε, k, mechanism,
+    expected MSE, rank), hashed in its manifest. ``checked=False`` writes the file as given,
+    bypassing the writer's checks (to test that the server refuses a bad table)."""
+    from recsvc.artifact import POLICY, load_artifact
+
+    frame = pl.DataFrame([(*r, "exact") for r in rows], orient="row",
+                         schema={"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String,
+                                 "expected_mse": pl.Float64, "rank": pl.Int32, "method": pl.String})
+    old = load_artifact(art)
+    content = {k: v for k, v in old.manifest.to_dict().items() if k not in ("files", "format_version")}
+    with ArtifactWriter(art, force=True) as w:
+        w.keep(art, [f for f in old.manifest.files if f != POLICY])
+        if checked:
+            w.write_policy(frame)
+        else:
+            frame.write_parquet(w.tmp / POLICY)
+        return w.commit(content)
+
+
 def candidates(n: int = 20, seed: int = 1) -> list[tuple[str, float]]:
     rng = np.random.default_rng(seed)
     picked = rng.choice(N_ITEMS, n, replace=False)
