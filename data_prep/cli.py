@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     pol = p.add_argument_group("`auto` policy table (policy.parquet; see `recsvc policy`)")
     pol.add_argument("--policy-users", type=int, default=1000,
                      help="population users it averages over: a seeded sample of larger populations (default 1000)")
-    pol.add_argument("--policy-trials", type=int, default=100,
-                     help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 100)")
+    pol.add_argument("--policy-trials", type=int, default=50,
+                     help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 50)")
     p.set_defaults(func=run_prep)
 
     q = sub.add_parser(
@@ -58,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--artifacts", required=True, type=Path, help="artifact directory, e.g. artifacts/ml-100k")
     q.add_argument("--users", type=int, default=1000, help="population users to average over (seeded sample; default 1000)")
-    q.add_argument("--trials", type=int, default=100,
-                   help="Monte Carlo selections per user for mechanisms without an exact expectation (default 100)")
+    q.add_argument("--trials", type=int, default=50,
+                   help="Monte Carlo selections per user for mechanisms without an exact expectation (default 50)")
     q.add_argument("--seed", type=int, default=None, help="seed of the sample and the Monte Carlo streams "
                    "(default: the artifact's seed, as `recsvc prep` used)")
     q.add_argument("--workers", type=int, help="≥ 1 (default: min(2, CPUs))")

@@ -112,12 +112,12 @@ def _notes(cfg: EvalConfig, mechanisms: tuple[str, ...], exact: np.ndarray) -> l
 
     notes = []
     if cfg.exact:
-        mc = [m for mi, m in enumerate(mechanisms) if not exact[mi]]
+        mc = [m for mi, m in enumerate(mechanisms) if not exact[mi] and m in MECHANISMS]  # auto: its choices
         if mc:
             notes.append(f"--exact: no exact probabilities for {', '.join(mc)}; used Monte Carlo with "
                          f"{cfg.trials} trials for them")
     notes += [f"{m} is NOT differentially private (paper §IV-A); shown for reference only"
-              for m in mechanisms if not MECHANISMS[m].private]
+              for m in mechanisms if m in MECHANISMS and not MECHANISMS[m].private]
     return notes
 
 

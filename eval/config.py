@@ -9,8 +9,9 @@ from pathlib import Path
 from recsvc.checks import ParamError, check_int
 from recsvc.staging import check_out
 from recsvc.engines import resolve_workers
+from recsvc.policy import AUTO, EVALUATION_EPSILONS
 
-DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+DEFAULT_EPSILONS: tuple[float, ...] = EVALUATION_EPSILONS  # 0.01 … 16 (SPEC §6); the policy grid holds them
 DEFAULT_TRIALS = 50
 DEFAULT_BETA = 0.05
 DEFAULT_GAMMA = 0.008
@@ -113,9 +114,9 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
         if val is not None and not (0 < val < 1):
             raise ValueError(f"{pname} must be in (0, 1), got {val!r}")
     names = tuple(cfg.mechanisms) if cfg.mechanisms else tuple(m for m, o in MECHANISMS.items() if o.private)
-    unknown = [m for m in names if m not in MECHANISMS]
+    unknown = [m for m in names if m not in MECHANISMS and m != AUTO]
     if unknown:
-        raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}")
+        raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}, or {AUTO}")
     if len(set(names)) != len(names):
         raise ValueError(f"mechanisms must be distinct, got {list(names)}")
     _check_out(cfg)

@@ -35,6 +35,9 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
     tables were streamed there by the reducer)."""
     result.mse.write_parquet(tmp / "mse.parquet")
     result.mse.write_csv(tmp / "mse.csv")
+    if result.auto.height:
+        result.auto.write_parquet(tmp / "auto_regret.parquet")
+        result.auto.write_csv(tmp / "auto_regret.csv")
     if result.log_ratio.height:
         result.log_ratio.write_parquet(tmp / "log_ratio_summary.parquet")
         result.log_ratio.write_csv(tmp / "log_ratio_summary.csv")
@@ -47,6 +50,8 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
                "epsilons": list(result.epsilons), "correlation": result.correlation, "config": cfg,
                "winners": [{"epsilon": e, "mechanism": m, "clear": c} for e, m, c in result.winners()],
                "seconds": result.seconds, "notes": result.notes}
+    if result.auto.height:
+        summary["auto"] = {"origin": result.auto_origin, "regret": result.auto.to_dicts()}
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (tmp / "report.md").write_text(report.markdown(result))
 

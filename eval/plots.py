@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from recsvc.policy import AUTO
+
 if TYPE_CHECKING:
     from eval.results import EvalResult, SweepResult
 
@@ -76,6 +78,8 @@ def mechanism_label(mech: str) -> str:
     """The mechanism's name, marked when it is not DP, for legends and tables."""
     from recsvc.mechanisms import MECHANISMS
 
+    if mech == AUTO:
+        return "auto (policy table)"
     return mech if MECHANISMS[mech].private else f"{mech} (not DP)"
 
 
@@ -84,6 +88,8 @@ def _style(plt, i: int, mech: str) -> dict:
     baseline and mechanisms that are not DP) are dashed."""
     from recsvc.mechanisms import MECHANISMS
 
+    if mech == AUTO:  # drawn over its resolved mechanisms: black, dotted, hollow stars
+        return {"marker": "*", "color": "k", "ls": ":", "mfc": "none", "zorder": 3}
     palette = plt.get_cmap("tab20").colors  # 11+ mechanisms: more distinct colours than the default 10
     reference = mech == "random" or not MECHANISMS[mech].private
     return {"marker": _MARKERS[i % len(_MARKERS)], "color": palette[(2 * i) % 20 + (i // 10) % 2],

@@ -41,6 +41,28 @@ def mse_table(result: EvalResult) -> str:
     return "\n".join(lines)
 
 
+def auto_section(result: EvalResult) -> list[str]:
+    """`auto` (resolved per ε from the public policy table) against the oracle: the best fixed
+    private mechanism chosen on these users themselves."""
+    a = result.auto
+    if not a.height:
+        return []
+    worst = a.sort("regret_ratio", descending=True).row(0, named=True)
+    return [
+        "## `auto` against the oracle",
+        "",
+        f"`auto` runs, at each ε, the mechanism chosen by {result.auto_origin}. The oracle is the best fixed "
+        "private mechanism of this run at that ε, chosen on these users themselves (it could not be known in "
+        f"advance). Worst regret: {worst['regret_ratio']:.3f}× at ε={worst['epsilon']:g}.",
+        "",
+        "| ε | auto → | auto MSE | oracle | oracle MSE | regret (× oracle) |",
+        "|---|---|---|---|---|---|",
+        *[f"| {r['epsilon']:g} | {r['auto_mechanism']} | {_fmt(r['auto_mse'])} | {r['oracle_mechanism']} | "
+          f"{_fmt(r['oracle_mse'])} | {r['regret_ratio']:.3f} |" for r in a.iter_rows(named=True)],
+        "",
+    ]
+
+
 def winners_text(result: EvalResult) -> list[str]:
     notes = {True: "", False: " (CI overlaps the runner-up)", None: " (no CI: fewer than 2 users)"}
     return [f"ε={e:g}: {m}{notes[clear]}" for e, m, clear in result.winners()]
@@ -69,6 +91,7 @@ def markdown(result: EvalResult) -> str:
         "",
         f"![MSE vs ε]({MSE_PNG})",
         "",
+        *auto_section(result),
         "## Correlation of scores and sensitivities",
         "",
         f"- Spearman ρ(q, Δ): mean {_fmt(c['spearman']['mean'])}, "
@@ -111,6 +134,10 @@ def summary_text(result: EvalResult) -> str:
         *[f"  {w}" for w in winners_text(result)],
         *result.notes,
     ]
+    if result.auto.height:
+        worst = result.auto.sort("regret_ratio", descending=True).row(0, named=True)
+        lines.append(f"auto (policy table): worst regret {worst['regret_ratio']:.3f}× the oracle "
+                     f"(ε={worst['epsilon']:g}: {worst['auto_mechanism']} vs {worst['oracle_mechanism']})")
     if result.out is not None:
         lines.append(f"report: {result.out / 'report.md'}")
     return "\n".join(lines)

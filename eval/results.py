@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from eval.config import EvalConfig, level_dirname
+from recsvc.policy import AUTO
 
 
 @dataclass
@@ -34,12 +35,15 @@ class EvalResult:
     seconds: float
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
+    auto: pl.DataFrame = field(default_factory=pl.DataFrame)  # eval.auto.regret_table; empty without auto
+    auto_origin: str = ""  # where auto's policy table came from
 
     def winners(self) -> list[tuple[float, str, bool | None]]:
-        """(ε, best mechanism by mean MSE, whether its CI is clear of the runner-up's; None = no CI)."""
+        """(ε, best fixed mechanism by mean MSE, whether its CI is clear of the runner-up's; None = no
+        CI). ``auto`` is not a fixed mechanism: it is scored against these in :attr:`auto`."""
         rows = []
         for eps in self.epsilons:
-            t = self.mse.filter(pl.col("epsilon") == eps).sort("mse_mean")
+            t = self.mse.filter((pl.col("epsilon") == eps) & (pl.col("mechanism") != AUTO)).sort("mse_mean")
             if t.height == 0:
                 continue
             best = t.row(0, named=True)

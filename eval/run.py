@@ -14,6 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from eval import aggregate, outputs
+from eval.auto import plan, regret_table
 from eval.config import EvalConfig, chunk_size, validate
 from eval.results import EvalResult
 from eval.sources import LazyChunks, Source, open_source
@@ -32,7 +33,9 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
     from recsvc.engines import chunk_ranges, make_engine
 
     cfg = replace(cfg, chunk_size=chunk_size(cfg, source.total))  # the report records the size used
-    ctx = make_context(cfg, mechanisms)
+    auto = plan(cfg, mechanisms, source)  # `auto` from the public policy table (or refused), before any output
+    mechanisms = auto.mechanisms
+    ctx = make_context(cfg, mechanisms, auto.resolved)
     ranges = chunk_ranges(source.total, cfg.chunk_size)
     eps = ctx.epsilons
     ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
@@ -47,6 +50,8 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
                 red.add(res)
             red.close()
             result = aggregate.finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
+            result.auto, result.auto_origin = regret_table(result.mse, auto.resolved), auto.origin
+            result.notes += auto.notes
             if stage is not None:
                 outputs.write_outputs(result, stage.tmp)
                 result.out = stage.publish()

@@ -6,13 +6,15 @@ results do not depend on the chunk size or on the engine (local processes or Das
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from eval import metrics
 from eval.config import EvalConfig, mechanism_params
 from eval.sources import Chunk
+from recsvc.policy import AUTO
 from recsvc.stats import spearman_rows
 
 
@@ -24,6 +26,7 @@ class ChunkContext:
     seed: int
     exact: frozenset[str]  # mechanisms evaluated from exact probabilities (--exact and available)
     params: dict[str, dict[str, float]]  # per mechanism
+    auto: Mapping[float, str] = field(default_factory=dict)  # ε → what `auto` runs there (eval.auto)
 
 
 @dataclass
@@ -38,13 +41,16 @@ class ChunkResult:
     exact: np.ndarray  # (M,) bool: exact probabilities were used
 
 
-def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...]) -> ChunkContext:
-    """What every chunk of the run shares; exact probabilities only where the mechanism has them."""
+def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...], auto: Mapping[float, str] | None = None) -> ChunkContext:
+    """What every chunk of the run shares; exact probabilities only where the mechanism has them.
+    ``auto`` (ε → mechanism) is what the ``auto`` row runs at each ε."""
     from recsvc.mechanisms import MECHANISMS
 
-    params = {m: mechanism_params(cfg, m) for m in mechanisms}
-    exact = frozenset(m for m in mechanisms if MECHANISMS[m].exact) if cfg.exact else frozenset()
-    return ChunkContext(mechanisms, tuple(float(e) for e in cfg.epsilons), int(cfg.trials), int(cfg.seed), exact, params)
+    real = [m for m in mechanisms if m != AUTO] + sorted(set((auto or {}).values()))
+    params = {m: mechanism_params(cfg, m) for m in real}
+    exact = frozenset(m for m in real if MECHANISMS[m].exact) if cfg.exact else frozenset()
+    return ChunkContext(mechanisms, tuple(float(e) for e in cfg.epsilons), int(cfg.trials), int(cfg.seed), exact,
+                        params, dict(auto or {}))
 
 
 def _select(name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int,
@@ -69,11 +75,17 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
     # Users with equal candidate counts form runs; each run is one batched call on unpadded arrays.
     bounds = np.flatnonzero(np.diff(count)) + 1
     runs = np.split(np.arange(B), bounds)
-    for mi, name in enumerate(ctx.mechanisms):
-        params = ctx.params.get(name, {})
-        use_exact = name in ctx.exact
-        exact_used[mi] = use_exact
+    for mi, mech in enumerate(ctx.mechanisms):
+        ran = [ctx.auto[e] for e in ctx.epsilons] if mech == AUTO else [mech]
+        exact_used[mi] = all(m in ctx.exact for m in ran)
         for ei, eps in enumerate(ctx.epsilons):
+            name = ctx.auto[eps] if mech == AUTO else mech
+            if mech == AUTO and name in ctx.mechanisms[:mi]:  # the same stream: copy, not recompute
+                done = ctx.mechanisms.index(name)
+                mse[:, mi, ei], mean_sel[:, mi, ei] = mse[:, done, ei], mean_sel[:, done, ei]
+                continue
+            params = ctx.params.get(name, {})
+            use_exact = name in ctx.exact
             for run in runs:
                 if len(run) == 0:
                     continue

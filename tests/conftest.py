@@ -23,6 +23,15 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_artifact(tmp_path_factory.mktemp("art") / "toy")
 
 
+@pytest.fixture(scope="session")
+def ml100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real ml-100k artifact (embedded RecBole copy, `recsvc prep` defaults), built once per
+    session: the pipeline's end-to-end test and the `auto` targets share it."""
+    from data_prep.pipeline import PrepConfig, run
+
+    return run(PrepConfig(out=tmp_path_factory.mktemp("ml100k") / "ml-100k", progress=False))
+
+
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Throwaway CA, server and client certificates (file name → path)."""

@@ -18,13 +18,16 @@ from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_
 
 from data_prep_fixtures import ratings_table, write_amazon, write_ml20m
 
-TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16"]
+# A small `auto` policy table keeps these runs fast; tests/test_policy_artifact.py covers the default one.
+TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16",
+        "--policy-users", "20", "--policy-trials", "5"]
 FILES = ("items.parquet", "candidates.parquet", "model/W1.npz", "model/W2.npz", "model/items.parquet",
          "population.parquet", "policy.parquet")
 
 
 def _tiny(out: Path, **kw) -> PrepConfig:
-    base = dict(dataset="synthetic", preset="tiny", out=out, workers=1, chunk_users=16, progress=False)
+    base = dict(dataset="synthetic", preset="tiny", out=out, workers=1, chunk_users=16, progress=False,
+                policy_users=20, policy_trials=5)
     return PrepConfig(**{**base, **kw})
 
 
@@ -205,9 +208,9 @@ def test_ml20m_fixture_end_to_end(tmp_path: Path) -> None:
     assert m.sansa.umr_scans == 5  # glami/sansa's ML-20M reproduction setting
 
 
-def test_real_ml100k_end_to_end(tmp_path: Path) -> None:
+def test_real_ml100k_end_to_end(ml100k: Path) -> None:
     """The embedded default: RecBole's ml-100k.inter read out of the recbole 1.2.1 wheel."""
-    out = run(PrepConfig(out=tmp_path / "ml-100k", progress=False))
+    out = ml100k
     art = load_artifact(out)
     m = art.manifest
     assert m.dataset == "ml-100k" and m.split.test_users == 100 and m.split.validation_users == 100

@@ -39,7 +39,7 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     assert {POLICY, POPULATION} <= set(m.files)
     info = m.policy
     assert info.epsilons == POLICY_EPSILONS and info.ks == SLATE_SIZES and info.mechanisms == policy_mechanisms()
-    assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (60, 100, 42, {}, UTILITY)
+    assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (60, 50, 42, {}, UTILITY)
     assert m.timings_s["policy"] > 0
     pop = art.population_matrix()  # the 60 validation users: the sensitivity population
     assert len(pop.user_ids) == 60 and not set(pop.user_ids) & set(art.user_ids)

@@ -221,6 +221,13 @@ def _expectation_kernel(w: np.ndarray, wv: np.ndarray, s: np.ndarray, weights: n
     return total
 
 
+@lru_cache(maxsize=64)
+def _gauss_legendre_01_weights(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and (linear) weights of m-point Gauss–Legendre on [0, 1]."""
+    s, log_weights = _gauss_legendre_01(m)
+    return s, np.exp(log_weights)
+
+
 def exponential_noisy_max_expectation(log_w: np.ndarray, values: np.ndarray) -> float:
     """E[values[argmax(q + Z)]] for Z_a i.i.d. Exponential(mean λ), ``log_w`` = (q − max q)/λ.
 
@@ -230,6 +237,7 @@ def exponential_noisy_max_expectation(log_w: np.ndarray, values: np.ndarray) -> 
     underflow are negligible next to it.
     """
     log_w = np.asarray(log_w, dtype=np.float64)
-    s, log_weights = _gauss_legendre_01(log_w.shape[0] // 2 + 2)
-    w = np.exp(np.where(log_w < -700.0, -np.inf, log_w))  # no subnormals (slow arithmetic); < e^-700 is nil
-    return float(_expectation_kernel(w, w * np.asarray(values, dtype=np.float64), s, np.exp(log_weights)))
+    s, weights = _gauss_legendre_01_weights(log_w.shape[0] // 2 + 2)
+    w = np.exp(np.maximum(log_w, -700.0))
+    w[log_w < -700.0] = 0.0  # no subnormals (slow arithmetic); below e^-700 a weight is nil
+    return float(_expectation_kernel(w, w * np.asarray(values, dtype=np.float64), s, weights))

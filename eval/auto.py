@@ -1,0 +1,115 @@
+"""`auto` as a row of the evaluation (issue #15): resolved per ε from the PUBLIC policy table,
+scored on the run's users, and its regret against the oracle (the best fixed private mechanism
+chosen on the run's users themselves).
+
+- An artifact: its ``policy.parquet`` (built by ``recsvc prep``/``recsvc policy`` from the
+  sensitivity population, never the test users). ``auto`` is a row by default when the artifact
+  has a table; naming ``auto`` on an artifact without one is an error.
+- A synthetic scenario (only when ``auto`` is named): a table computed here from the scenario's
+  own population drawn independently (seed + 1, at most :data:`SCENARIO_POPULATION` rows), at the
+  run's ε grid, with the run's mechanism parameters and ≥ :data:`SCENARIO_MC_SAMPLES` Monte Carlo
+  selections per (mechanism, ε) in all.
+
+At ε, ``auto`` runs the resolved mechanism with that mechanism's own stream and parameters, so
+its row equals that mechanism's row wherever both are in the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+import polars as pl
+
+from eval.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
+from eval.sources import ArtifactSource, Source
+from recsvc.policy import AUTO, PolicySpec, PolicyTable, build_table
+
+SCENARIO_POPULATION = 200  # rows of the scenario's independent public population
+# Monte Carlo selections per (mechanism, ε) over the whole public population, at least: a scenario
+# with one fixed row (1–3) would otherwise rank rs on a handful of draws.
+SCENARIO_MC_SAMPLES = 20_000
+
+
+@dataclass(frozen=True)
+class AutoPlan:
+    """The run's mechanisms (``auto`` last, if in it), what ``auto`` resolves to at each ε, and
+    where that came from (for the report)."""
+
+    mechanisms: tuple[str, ...]
+    resolved: Mapping[float, str]  # ε → mechanism; empty without auto
+    origin: str  # "" without auto
+    notes: tuple[str, ...] = ()
+
+
+def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
+    from recsvc.artifact import CandidateMatrix
+
+    from eval.scenarios import scenario
+
+    sc0 = source.sc
+    sc = scenario(sc0.name, n=sc0.n, seed=cfg.seed + 1, repeats=min(sc0.repeats, SCENARIO_POPULATION),
+                  level=DEFAULT_LEVEL if sc0.level is None else sc0.level)
+    rows, n = sc.repeats, sc.n
+    shape = (rows, n)
+    matrix = CandidateMatrix(np.array([f"public/{i}" for i in range(rows)]), np.broadcast_to(np.arange(n), shape),
+                             sc.draws, np.broadcast_to(sc.lo, shape), np.broadcast_to(sc.hi, shape),
+                             np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)), np.full(rows, n))
+    trials = max(cfg.trials, -(-SCENARIO_MC_SAMPLES // rows))
+    spec = PolicySpec(epsilons=tuple(float(e) for e in cfg.epsilons), ks=(1,), trials=trials, seed=cfg.seed + 1,
+                      users=rows)
+    params: dict[str, float] = {}
+    for m in spec.mechanisms:  # the run's parameters, for every mechanism auto may choose
+        params.update(mechanism_params(cfg, m))
+    frame, _ = build_table(matrix, replace(spec, params=params), progress=cfg.progress)
+    return PolicyTable.from_frame(frame, f"scenario {sc0.name} public population")
+
+
+def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPlan:
+    """Whether and how ``auto`` is a row of this run (see the module doc)."""
+    named = AUTO in mechanisms
+    fixed = tuple(m for m in mechanisms if m != AUTO)
+    if isinstance(source, ArtifactSource):
+        policy = source.artifact.policy
+        if policy is None:
+            if named:
+                raise ValueError(f"{source.artifact.path} has no policy.parquet, so `auto` cannot be evaluated; "
+                                 f"build it with `recsvc policy --artifacts {source.artifact.path}`")
+            return AutoPlan(fixed, {}, "", (f"{source.artifact.path} has no policy.parquet: `auto` not evaluated "
+                                            "(build it with `recsvc policy`)",))
+        if not named and cfg.mechanisms:  # an explicit list without auto: as asked
+            return AutoPlan(fixed, {}, "")
+        table = PolicyTable.from_frame(policy, f"{source.artifact.path}/policy.parquet")
+        info = source.artifact.manifest.policy
+        users = f"{info.users} " if info is not None else ""
+        origin = (f"the artifact's policy table (policy.parquet: expected MSE on {users}"
+                  f"{source.artifact.manifest.sensitivity_population or 'population'} users, never the test users)")
+    else:
+        if not named:
+            return AutoPlan(fixed, {}, "")
+        table = _scenario_table(cfg, source)
+        origin = (f"a policy table from an independent draw of the scenario's population (seed {cfg.seed + 1}, "
+                  f"≤ {SCENARIO_POPULATION} rows)")
+    resolved = {float(e): table.resolve(float(e), 1) for e in cfg.epsilons}
+    return AutoPlan((*fixed, AUTO), resolved, origin)
+
+
+def regret_table(mse: pl.DataFrame, resolved: Mapping[float, str]) -> pl.DataFrame:
+    """Per ε: auto's choice and mean MSE, the oracle (the run's best fixed private mechanism on
+    these users) and auto's regret (ratio and difference). Empty without auto."""
+    from recsvc.mechanisms import MECHANISMS
+
+    if not resolved:
+        return pl.DataFrame()
+    rows = []
+    for eps, choice in sorted(resolved.items()):
+        at = mse.filter(pl.col("epsilon") == eps)
+        fixed = at.filter(pl.col("mechanism").is_in([m for m, o in MECHANISMS.items() if o.private]))
+        best = fixed.sort("mse_mean", maintain_order=True).row(0, named=True)
+        mine = at.filter(pl.col("mechanism") == AUTO).row(0, named=True)["mse_mean"]
+        ratio = mine / best["mse_mean"] if best["mse_mean"] > 0 else (1.0 if mine == 0 else float("inf"))
+        rows.append((eps, choice, mine, best["mechanism"], best["mse_mean"], ratio, mine - best["mse_mean"]))
+    return pl.DataFrame(rows, orient="row", schema={
+        "epsilon": pl.Float64, "auto_mechanism": pl.String, "auto_mse": pl.Float64, "oracle_mechanism": pl.String,
+        "oracle_mse": pl.Float64, "regret_ratio": pl.Float64, "regret": pl.Float64})

@@ -1,0 +1,70 @@
+"""Issue #15's targets: `auto` (chosen from PUBLIC data only) is within 5% of the best fixed private
+mechanism chosen on the evaluated users themselves (the oracle), at every ε of the evaluation grid:
+on the real ml-100k artifact (policy from the validation users, scored on the test users) and on
+synthetic scenarios 1, 2, 4 and 5 (policy from an independent draw of the scenario's population).
+
+Scores are expected MSEs (exact where a mechanism has a cheap exact expectation, Monte Carlo with
+≥ 10,000 selections per mechanism and ε otherwise), so the comparison is not Monte Carlo noise.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from eval.auto import plan
+from eval.config import EvalConfig
+from eval.run import run
+from eval.sources import ScenarioSource
+from recsvc.artifact import CandidateMatrix, load_artifact
+from recsvc.engines import LocalEngine
+from recsvc.policy import EVALUATION_EPSILONS, PolicySpec, PolicyTable, population_mse
+
+TARGET = 1.05
+
+
+def _regret(matrix: CandidateMatrix, resolve, trials: int, seed: int) -> list[tuple[float, str, str, float]]:
+    """(ε, auto's choice, the oracle, auto's expected MSE ÷ the oracle's) on ``matrix``'s users."""
+    spec = PolicySpec(epsilons=EVALUATION_EPSILONS, ks=(1,), trials=trials, seed=seed)
+    inner, mse, _ = population_mse(matrix, spec, LocalEngine(2, progress=False))
+    names = spec.mechanisms
+    rows = []
+    for ei, eps in enumerate(inner):
+        choice, best = resolve(float(eps)), int(np.argmin(mse[:, ei]))
+        mine, low = mse[names.index(choice), ei], mse[best, ei]
+        rows.append((float(eps), choice, names[best], 1.0 if mine == low else mine / low))
+    return rows
+
+
+def _check(rows: list[tuple[float, str, str, float]]) -> None:
+    shown = "\n".join(f"ε={e:g}: auto→{c}, oracle {o}, regret {r:.4f}" for e, c, o, r in rows)
+    assert max(r for *_, r in rows) <= TARGET, shown
+
+
+def test_ml100k_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(ml100k: Path) -> None:
+    art = load_artifact(ml100k)
+    table = PolicyTable.from_frame(art.policy)
+    assert art.manifest.policy.users == 100  # the 100 validation users, never the test users
+    rows = _regret(art.candidate_matrix(), table.resolve, trials=100, seed=1)  # its own streams, not the table's
+    _check(rows)
+    # What the issue measured: at ε = 8 the sign rule's mgem was 3.7× worse than krr; auto picks krr.
+    assert [c for e, c, *_ in rows if e >= 8] == ["krr", "krr"]
+    assert [c for e, c, *_ in rows if e <= 4] == ["mgem"] * 9
+    # `recsvc eval` as the demo runs it (Monte Carlo, 50 trials): the reported regret meets it too.
+    res = run(EvalConfig(artifacts=ml100k, workers=2, progress=False))
+    assert res.auto["regret_ratio"].max() <= TARGET, res.auto
+
+
+@pytest.mark.parametrize("name, rows", [("1", 1), ("2", 1), ("4", 100), ("5", 100)])
+def test_scenario_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(name: str, rows: int) -> None:
+    cfg = EvalConfig(scenario=name, users=rows, mechanisms=("auto",), epsilons=EVALUATION_EPSILONS, seed=0)
+    source = ScenarioSource(name, 100, rows, 0, None)
+    auto = plan(cfg, cfg.mechanisms, source)  # the table of an independent draw (seed 1)
+    sc = source.sc
+    shape = (sc.repeats, sc.n)
+    matrix = CandidateMatrix(np.arange(sc.repeats).astype(str), np.broadcast_to(np.arange(sc.n), shape), sc.draws,
+                             np.broadcast_to(sc.lo, shape), np.broadcast_to(sc.hi, shape),
+                             np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)), np.full(sc.repeats, sc.n))
+    _check(_regret(matrix, auto.resolved.__getitem__, trials=max(100, 20_000 // rows), seed=0))
