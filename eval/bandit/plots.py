@@ -108,7 +108,8 @@ def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
     ax.set_xlabel("t (step at which the window filled)")
     ax.set_ylabel("reward quantile")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=6, ncol=3, markerscale=2)
+    if d.height:  # an arm pulled fewer than w times has no window yet
+        ax.legend(fontsize=6, ncol=3, markerscale=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

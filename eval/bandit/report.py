@@ -10,6 +10,7 @@ import polars as pl
 
 from eval.bandit import baselines, plots
 from eval.bandit.config import PRIVATE
+from eval.bandit.simulate import SWITCH_WINDOW
 from eval.bandit.tables import NEVER_SWITCHING, QUANTITIES
 
 if TYPE_CHECKING:
@@ -63,12 +64,14 @@ def _comparison_lines(result: BanditResult) -> list[str]:
 
 
 def _readings_lines(result: BanditResult) -> list[str]:
-    lines = ["| reading | definition | seeds that never switched | switch delay (median / max steps) | "
-             "share of best arm after the shift | reward t > t_shift |", "|---|---|---|---|---|---|"]
+    lines = ["| reading | definition | seeds that never switched | first pull of the new best arm (median steps "
+             "after the shift) | switch delay (median / max steps) | share of best arm after the shift | "
+             "reward t > t_shift |", "|---|---|---|---|---|---|---|"]
     for r in result.readings.iter_rows(named=True):
         delay = (f"{_num(r['switch_delay_median'])} / {_num(r['switch_delay_max'])}"
                  if r["switch_delay_median"] is not None else "never")
-        lines.append(f"| `{r['reading']}` | {r['description']} | {r['never_switched']}/{r['seeds']} | {delay} | "
+        first = _num(r["first_new_best_median"]) if r["first_new_best_median"] is not None else "never"
+        lines.append(f"| `{r['reading']}` | {r['description']} | {r['never_switched']}/{r['seeds']} | {first} | {delay} | "
                      f"{_ci(r['best_share_after'], r['best_share_after_ci_low'], r['best_share_after_ci_high'], 3)} | "
                      f"{_ci(r['reward_after'], r['reward_after_ci_low'], r['reward_after_ci_high'])} |")
     return lines
@@ -123,7 +126,7 @@ def markdown(result: BanditResult) -> str:
         f"Best private policy over the whole run: **{_best(result, 'reward_total')}**; after the shift: "
         f"**{_best(result, 'reward_after')}**.", "",
         "## Which UCB did the paper run? (issue #14)", "", *_readings_lines(result), "", ucb_answer(result), "",
-        f"Switch delay: steps after the shift until the new best arm wins the majority of the next {SWITCH_WINDOW} steps.", "",
+        f"Switch delay: steps after the shift until a pull of the new best arm from which it wins the majority of the next {SWITCH_WINDOW} steps.", "",
         "## Figures", "",
         *(f"![{n}]({n})" for n in (plots.FIG_A, plots.FIG_B, plots.FIG_C, plots.FIG_D)), "",
         "## Files", "",

@@ -16,7 +16,7 @@ from eval.bandit import baselines, private
 from eval.bandit.config import POLICIES, BanditConfig
 from eval.bandit.environment import reward_table
 
-SWITCH_WINDOW = 100  # a policy has switched once the new best arm wins the majority of the next 100 steps
+SWITCH_WINDOW = 100  # a policy has switched at a pull of the new best arm that wins the majority of the next 100 steps
 GRID_POINTS = 500  # recorded steps per run (plus 1, t_shift and T)
 READING_PREFIX = "ucb:"  # units that run a UCB reading other than the stated one
 
@@ -32,15 +32,15 @@ def sample_steps(horizon: int, shift: int, points: int = GRID_POINTS) -> np.ndar
 
 
 def switch_delay(arms: np.ndarray, shift: int, new_best: int, window: int = SWITCH_WINDOW) -> int | None:
-    """Steps after the shift until the new best arm is pulled in the majority of the following
-    ``window`` steps (or of all remaining ones near the end); None if that never happens."""
+    """Steps after the shift until a pull of the new best arm that starts a run of ``window`` steps
+    (fewer near the end) in which it is pulled in the majority; None if that never happens."""
     post = (arms[shift + 1:] == new_best).astype(np.int64)
     if post.size == 0:
         return None
     c = np.concatenate(([0], np.cumsum(post)))
     d = np.arange(post.size)
     end = np.minimum(d + window, post.size)
-    hit = np.flatnonzero(2 * (c[end] - c[d]) > end - d)
+    hit = np.flatnonzero((post == 1) & (2 * (c[end] - c[d]) > end - d))
     return int(hit[0]) if hit.size else None
 
 
