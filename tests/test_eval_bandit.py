@@ -19,7 +19,7 @@ from eval.bandit.tables import NEVER_SWITCHING
 from recsvc.app.cli import main
 from recsvc.checks import ParamError
 
-SMALL = BanditConfig(seeds=2, horizon=10_000, shift=6_000, workers=1, progress=False)
+SMALL = BanditConfig(seeds=2, horizon=8_000, shift=5_000, workers=1, progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,8 @@ def test_before_the_shift_ucb_earns_at_least_as_much_as_every_private_policy(sma
     ucb = _per_seed(small, "ucb", "reward_before")
     for policy in PRIVATE:
         assert (ucb >= _per_seed(small, policy, "reward_before")).all(), policy
-    assert (ucb - _per_seed(small, "rnm", "reward_before") > 1000).all()  # RNM: Δmax ≈ 0.6 against a gap of 0.56
+    # RNM adds noise of mean 2Δmax/ε ≈ 1.2 to a gap of 0.55: it pulls the worse arm about a third of the time
+    assert (ucb - _per_seed(small, "rnm", "reward_before") > 0.1 * SMALL.shift).all()
 
 
 def test_mgem_earns_more_than_gem_over_the_run(small) -> None:

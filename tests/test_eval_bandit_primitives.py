@@ -108,15 +108,16 @@ def test_vectorised_noise_equals_the_sum_of_node_noises() -> None:
 def test_counter_accuracy_on_a_known_stream() -> None:
     """Releases are unbiased with exactly the variance Σ 2b² of their nodes; with a huge ε they
     are the prefix sums."""
-    stream = (np.arange(1, 1001) % 3 == 0).astype(float)  # 0, 0, 1, 0, 0, 1, …
+    stream = (np.arange(1, 701) % 3 == 0).astype(float)  # 0, 0, 1, 0, 0, 1, …
     truth = np.cumsum(stream)
     np.testing.assert_allclose(counter.release(stream, 1e9, np.random.default_rng(0)), truth, atol=1e-5)
     rng = np.random.default_rng(1)
-    errors = np.array([counter.release(stream, EPS, rng) - truth for _ in range(3000)])
-    for n in (1, 3, 512, 700, 1000):
+    reps = 2000
+    errors = np.array([counter.release(stream, EPS, rng) - truth for _ in range(reps)])
+    for n in (1, 3, 512, 600, 700):
         var = sum(2 * counter.node_scale(node, EPS) ** 2 for node in counter.release_nodes(n))
-        assert abs(errors[:, n - 1].mean()) < 4 * math.sqrt(var / 3000)
-        assert errors[:, n - 1].var() == pytest.approx(var, rel=0.12)
+        assert abs(errors[:, n - 1].mean()) < 4 * math.sqrt(var / reps)
+        assert errors[:, n - 1].var() == pytest.approx(var, rel=0.15)  # ≈ 3 standard errors
     # n = 512 is a power of two: only the 10 log nodes, Laplace(2) each: variance 80.
     assert sum(2 * counter.node_scale(node, EPS) ** 2 for node in counter.release_nodes(512)) == 80.0
 

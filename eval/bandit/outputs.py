@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from eval.bandit import plots, report
 
 if TYPE_CHECKING:
-    from eval.bandit.run import BanditResult
+    from eval.bandit.results import BanditResult
 
 CURVES = "bandit.parquet"
 

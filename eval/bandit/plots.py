@@ -13,7 +13,7 @@ from eval.bandit.tables import NEVER_SWITCHING, ci
 from eval.plots import _plt
 
 if TYPE_CHECKING:
-    from eval.bandit.run import BanditResult
+    from eval.bandit.results import BanditResult
 
 FIG_A = "fig14a_cumulative_reward.png"
 FIG_B = "fig14b_estimated_means.png"

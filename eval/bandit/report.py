@@ -14,7 +14,7 @@ from eval.bandit.simulate import SWITCH_WINDOW
 from eval.bandit.tables import NEVER_SWITCHING, QUANTITIES
 
 if TYPE_CHECKING:
-    from eval.bandit.run import BanditResult
+    from eval.bandit.results import BanditResult
 
 
 def _num(x: float, digits: int = 0) -> str:
@@ -91,7 +91,7 @@ def ucb_answer(result: BanditResult) -> str:
                 f"and pulls it in {_num(100 * stated['best_share_after'], 1)}% of the steps after the shift. "
                 "Before the shift UCB keeps the two indices level (the worse arm is pulled whenever its index "
                 "exceeds the better one's), so once the old best arm's mean starts to fall the other arm's "
-                "index is ahead within a few pulls. ")
+                "index leads within a few hundred steps. ")
     else:
         text = (f"Appendix H's UCB as written (`stated`) never switched on {stated['never_switched']} of "
                 f"{stated['seeds']} seed(s). ")

@@ -8,35 +8,13 @@ writes the results directory atomically through :class:`recsvc.staging.StagedDir
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-import polars as pl
-
-from eval.bandit import tables
+from eval.bandit import outputs, tables
 from eval.bandit.config import BanditConfig, validate
+from eval.bandit.results import BanditResult
 from eval.bandit.simulate import UnitResult, run_unit, unit_names
 from recsvc.engines import make_engine
 from recsvc.staging import StagedDir
-
-
-@dataclass
-class BanditResult:
-    config: BanditConfig
-    units: list[UnitResult]
-    curves: pl.DataFrame  # bandit.parquet
-    means: pl.DataFrame
-    quantiles: pl.DataFrame
-    summary: pl.DataFrame
-    comparisons: pl.DataFrame
-    readings: pl.DataFrame
-    seconds: float
-    out: Path | None = None
-
-    def value(self, policy: str, quantity: str) -> float:
-        """The mean over seeds of one summary quantity (e.g. ``reward_after``) of one policy."""
-        row = self.summary.filter((pl.col("policy") == policy) & (pl.col("quantity") == quantity))
-        return float(row["mean"][0])
 
 
 def simulate(cfg: BanditConfig) -> list[UnitResult]:
@@ -52,8 +30,6 @@ def simulate(cfg: BanditConfig) -> list[UnitResult]:
 
 def run(cfg: BanditConfig) -> BanditResult:
     """Validates, simulates, and (with ``cfg.out``) writes the results directory atomically."""
-    from eval.bandit import outputs
-
     validate(cfg)
     t0 = time.perf_counter()
     units = simulate(cfg)
