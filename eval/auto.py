@@ -24,6 +24,7 @@ import polars as pl
 
 from eval.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
 from eval.sources import ArtifactSource, Source
+from recsvc.artifact import CandidateMatrix
 from recsvc.policy import AUTO, PolicySpec, PolicyTable, build_table
 
 SCENARIO_POPULATION = 200  # rows of the scenario's independent public population
@@ -43,19 +44,23 @@ class AutoPlan:
     notes: tuple[str, ...] = ()
 
 
-def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
-    from recsvc.artifact import CandidateMatrix
+def scenario_matrix(sc) -> CandidateMatrix:
+    """A scenario's rows as a population (what :mod:`recsvc.policy` averages over)."""
+    rows, n = sc.repeats, sc.n
+    shape = (rows, n)
+    return CandidateMatrix(np.array([f"{sc.name}/{i}" for i in range(rows)]), np.broadcast_to(np.arange(n), shape),
+                           sc.draws, np.broadcast_to(sc.lo, shape), np.broadcast_to(sc.hi, shape),
+                           np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)), np.full(rows, n))
 
+
+def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
     from eval.scenarios import scenario
 
     sc0 = source.sc
     sc = scenario(sc0.name, n=sc0.n, seed=cfg.seed + 1, repeats=min(sc0.repeats, SCENARIO_POPULATION),
                   level=DEFAULT_LEVEL if sc0.level is None else sc0.level)
-    rows, n = sc.repeats, sc.n
-    shape = (rows, n)
-    matrix = CandidateMatrix(np.array([f"public/{i}" for i in range(rows)]), np.broadcast_to(np.arange(n), shape),
-                             sc.draws, np.broadcast_to(sc.lo, shape), np.broadcast_to(sc.hi, shape),
-                             np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)), np.full(rows, n))
+    rows = sc.repeats
+    matrix = scenario_matrix(sc)
     trials = max(cfg.trials, -(-SCENARIO_MC_SAMPLES // rows))
     spec = PolicySpec(epsilons=tuple(float(e) for e in cfg.epsilons), ks=(1,), trials=trials, seed=cfg.seed + 1,
                       users=rows)

@@ -23,6 +23,7 @@ This module is shared (L1): ``recsvc prep``/``recsvc policy`` build the table, t
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -213,15 +214,15 @@ def build_table(matrix: CandidateMatrix, spec: PolicySpec, engine=None,
     return table_frame(spec, inner, mse), users
 
 
-def nearest(grid: Sequence[float] | np.ndarray, value: float) -> float:
-    """The grid point nearest to ``value`` in log scale; ties to the lower point; ends clamp."""
-    g = np.asarray(grid, dtype=np.float64)
-    i = int(np.searchsorted(g, value, side="left"))
+def nearest(grid: Sequence[float], value: float) -> float:
+    """The point of the sorted ``grid`` nearest to ``value`` in log scale; ties to the lower
+    point; beyond the ends, the end point. Pure Python (bisect): ~1 µs per request."""
+    i = bisect.bisect_left(grid, value)
     if i == 0:
-        return float(g[0])
-    if i == g.shape[0]:
-        return float(g[-1])
-    lo, hi = float(g[i - 1]), float(g[i])
+        return float(grid[0])
+    if i == len(grid):
+        return float(grid[-1])
+    lo, hi = float(grid[i - 1]), float(grid[i])
     if value == hi:
         return hi
     return lo if math.log(value) - math.log(lo) <= math.log(hi) - math.log(value) else hi

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eval.auto import plan
+from eval.auto import plan, scenario_matrix
 from eval.config import EvalConfig
 from eval.run import run
 from eval.sources import ScenarioSource
@@ -62,9 +62,4 @@ def test_scenario_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(name: 
     cfg = EvalConfig(scenario=name, users=rows, mechanisms=("auto",), epsilons=EVALUATION_EPSILONS, seed=0)
     source = ScenarioSource(name, 100, rows, 0, None)
     auto = plan(cfg, cfg.mechanisms, source)  # the table of an independent draw (seed 1)
-    sc = source.sc
-    shape = (sc.repeats, sc.n)
-    matrix = CandidateMatrix(np.arange(sc.repeats).astype(str), np.broadcast_to(np.arange(sc.n), shape), sc.draws,
-                             np.broadcast_to(sc.lo, shape), np.broadcast_to(sc.hi, shape),
-                             np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)), np.full(sc.repeats, sc.n))
-    _check(_regret(matrix, auto.resolved.__getitem__, trials=max(100, 20_000 // rows), seed=0))
+    _check(_regret(scenario_matrix(source.sc), auto.resolved.__getitem__, trials=max(100, 20_000 // rows), seed=0))
