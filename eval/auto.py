@@ -86,18 +86,26 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
         if not named and cfg.mechanisms:  # an explicit list without auto: as asked
             return AutoPlan(fixed, {}, "")
         table = PolicyTable.from_frame(policy, f"{source.artifact.path}/policy.parquet")
-        info = source.artifact.manifest.policy
-        users = f"{info.users} " if info is not None else ""
-        origin = (f"the artifact's policy table (policy.parquet: expected MSE on {users}"
-                  f"{source.artifact.manifest.sensitivity_population or 'population'} users, never the test users)")
+        m = source.artifact.manifest
+        users = f"{m.policy.users} " if m.policy is not None else ""
+        kind = m.sensitivity_population or "population"
+        if kind == "test":  # the paper's mode: the public population is the evaluated users themselves
+            origin = f"the artifact's policy table (policy.parquet: expected MSE on {users}TEST users)"
+            notes = ("the artifact was built with --sensitivity-population test: auto's table was computed on the "
+                     "test users themselves, so its regret here is optimistic",)
+        else:
+            origin = (f"the artifact's policy table (policy.parquet: expected MSE on {users}{kind} users, "
+                      "never the test users)")
+            notes = ()
     else:
         if not named:
             return AutoPlan(fixed, {}, "")
         table = _scenario_table(cfg, source)
         origin = (f"a policy table from an independent draw of the scenario's population (seed {cfg.seed + 1}, "
                   f"≤ {SCENARIO_POPULATION} rows)")
+        notes = ()
     resolved = {float(e): table.resolve(float(e), 1) for e in cfg.epsilons}
-    return AutoPlan((*fixed, AUTO), resolved, origin)
+    return AutoPlan((*fixed, AUTO), resolved, origin, notes)
 
 
 def regret_table(mse: pl.DataFrame, resolved: Mapping[float, str]) -> pl.DataFrame:

@@ -13,6 +13,7 @@ import pytest
 from eval.config import EvalConfig
 from eval.run import run
 from recsvc.app.cli import main
+from recsvc.artifact import ArtifactWriter, load_artifact
 
 from eval_fixtures import make_artifact, one_line_error, snapshot
 from service_fixtures import add_policy
@@ -94,3 +95,17 @@ def test_scenario_auto_comes_from_an_independent_draw_of_its_population(tmp_path
     plain = run(EvalConfig(scenario="2", mechanisms=None, epsilons=(1.0,), trials=5, workers=1, progress=False))
     assert "auto" not in plain.mechanisms  # scenarios: only when named (the table is computed at run time)
     assert np.isfinite(res.mse["mse_mean"].to_numpy()).all()
+
+
+def test_a_table_built_on_the_test_users_is_flagged(tmp_path: Path) -> None:
+    """`--sensitivity-population test` (the paper's mode) makes the table's population the test users."""
+    art = make_artifact(tmp_path / "t")
+    old = load_artifact(art).manifest
+    content = {k: v for k, v in old.to_dict().items() if k not in ("files", "format_version")}
+    with ArtifactWriter(art, force=True) as w:
+        w.keep(art, list(old.files))
+        w.commit({**content, "sensitivity_population": "test"})
+    add_policy(art, TABLE)
+    res = run(_cfg(art, mechanisms=("rnm", "auto")))
+    assert "TEST users" in res.auto_origin
+    assert any("computed on the test users themselves, so its regret here is optimistic" in n for n in res.notes)
