@@ -210,7 +210,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     (["--target", "localhost"], r"expected HOST:PORT"),
     (["--tls-ca", "garbage.pem"], r"--tls-ca .* is not a valid PEM certificate"),
     (["--tls-ca", "DIR"], r"CA file .* is a directory or not a regular file; expected a PEM file"),
-    (["--token-file", "DIR"], r"token file .* is a directory or not a regular file; expected a file with one token per line"),
+    (["--token-file", "DIR"], r"token file .* is a directory or not a regular file; expected lines '<token> <scope>'"),
 ])
 @pytest.mark.parametrize("command", ["select", "budget"])
 def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[str], message: str,
