@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from google.protobuf.message import DecodeError
 
@@ -146,12 +146,11 @@ def check(data: bytes, shape: Shape, limits: Limits, pos: int = 0, end: int | No
 
 def decoder(message_type: Callable[..., M], shape: Shape, limits: Limits) -> Callable[[bytes], M]:
     """A request deserializer: the bounded pre-scan, then the protobuf parser."""
-    parse: Callable[[bytes], Any] = message_type.FromString  # type: ignore[attr-defined]
 
     def decode(data: bytes) -> M:
         check(data, shape, limits)
         try:
-            return parse(data)
+            return message_type.FromString(data)  # type: ignore[attr-defined]
         except DecodeError:
             raise _malformed(shape) from None
 
