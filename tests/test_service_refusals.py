@@ -6,7 +6,7 @@ scripts/bench_refusals.py, not here."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -42,14 +42,31 @@ def _head(**over) -> bytes:
                                **over}).SerializeToString()
 
 
-# The issue's attack: 3,000,000 one-character candidates, a 15 MB message.
-CANDIDATES_3M = _head() + _field(2, _field(1, b"x")) * 3_000_000
-ITEM_IDS_3M = _head() + _field(9, b"x") * 3_000_000
-SCORES_1_5M = _head() + _field(10, b"\0" * 8 * 1_500_000)  # one packed run of 1.5M doubles (12 MB)
-UNKNOWN_3M = _head() + b"\xf8\x01\x00" * 3_000_000  # field 31 (unknown), varint 0
-REPEATED_USER_3M = _field(1, b"v") * 3_000_000  # a singular field sent 3M times
-HISTORY_5M = pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5).SerializeToString() + \
-    _field(2, b"x") * 5_000_000
+def _candidates_3m() -> bytes:
+    """The issue's attack: 3,000,000 one-character candidates, a 15 MB message."""
+    return _head() + _field(2, _field(1, b"x")) * 3_000_000
+
+
+# case → (method, the message's bytes (built when the case runs), what the refusal must say)
+OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
+    "3M candidates": ("Select", _candidates_3m,
+                      "more than 10000 candidates in one SelectRequest; this server accepts at most 10000"),
+    "3M item_ids": ("Select", lambda: _head() + _field(9, b"x") * 3_000_000,
+                    "more than 10000 item_ids in one SelectRequest"),
+    "1.5M packed scores": ("Select", lambda: _head() + _field(10, b"\0" * 8 * 1_500_000),  # one run, 12 MB
+                           "more than 10000 scores in one SelectRequest"),
+    "3M unknown fields": ("Select", lambda: _head() + b"\xf8\x01\x00" * 3_000_000,  # field 31 = 0
+                          "more than 30064 fields in one SelectRequest"),
+    "user_id sent 3M times": ("Select", lambda: _field(1, b"v") * 3_000_000,
+                              "more than 30064 fields in one SelectRequest"),
+    "5M history entries": ("Recommend", lambda: pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5)
+                           .SerializeToString() + _field(2, b"x") * 5_000_000,
+                           "more than 10000 history entries in one RecommendRequest"),
+    "1001 requests in a batch": ("SelectBatch", lambda: _field(1, _head()) * 1001,
+                                 "more than 1000 requests in one SelectBatchRequest"),
+    "a batch item of 3M candidates": ("SelectBatch", lambda: _field(1, _head()) + _field(1, _candidates_3m()),
+                                      "requests[1]: more than 10000 candidates in one SelectRequest"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -84,22 +101,11 @@ def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     assert not bad, [r.getMessage()[:300] for r in bad]
 
 
-@pytest.mark.parametrize("case,method,payload,message", [
-    ("3M candidates", "Select", CANDIDATES_3M, "more than 10000 candidates in one SelectRequest; this server "
-                                               "accepts at most 10000"),
-    ("3M item_ids", "Select", ITEM_IDS_3M, "more than 10000 item_ids in one SelectRequest"),
-    ("1.5M packed scores", "Select", SCORES_1_5M, "more than 10000 scores in one SelectRequest"),
-    ("3M unknown fields", "Select", UNKNOWN_3M, "more than 30064 fields in one SelectRequest"),
-    ("user_id 3M times", "Select", REPEATED_USER_3M, "more than 30064 fields in one SelectRequest"),
-    ("5M history entries", "Recommend", HISTORY_5M, "more than 10000 history entries in one RecommendRequest"),
-    ("1001 requests in a batch", "SelectBatch", _field(1, _head()) * 1001, "more than 1000 requests in one "
-                                                                            "SelectBatchRequest"),
-    ("a batch item of 3M candidates", "SelectBatch", _field(1, _head()) + _field(1, CANDIDATES_3M),
-     "requests[1]: more than 10000 candidates in one SelectRequest"),
-])
-def test_oversized_requests_are_refused_before_parsing(case: str, method: str, payload: bytes, message: str,
-                                                       channel: grpc.Channel, server: ServerHandle,
+@pytest.mark.parametrize("case", OVERSIZED)
+def test_oversized_requests_are_refused_before_parsing(case: str, channel: grpc.Channel, server: ServerHandle,
                                                        monkeypatch: pytest.MonkeyPatch, no_errors_logged: None) -> None:
+    method, build, message = OVERSIZED[case]
+    payload = build()
     parsed: list[str] = []
     for message_type in (pb.SelectRequest, pb.RecommendRequest, pb.SelectBatchRequest):
         real = message_type.FromString
@@ -129,7 +135,7 @@ def test_the_pre_scan_refuses_without_parsing() -> None:
     Spy, BatchSpy = spy(pb.SelectRequest), spy(pb.SelectBatchRequest)
     decode = wire.decoder(Spy, wire.SELECT, wire.Limits())
     with pytest.raises(wire.Refused, match="more than 10000 candidates"):
-        decode(CANDIDATES_3M)
+        decode(_candidates_3m())
     assert calls == []
     ok = _head() + b"".join(_field(2, pb.Candidate(item_id=i, score=s).SerializeToString()) for i, s in candidates())
     assert decode(ok).user_id == "victim" and calls == [len(ok)]
@@ -204,7 +210,7 @@ def test_authentication_runs_before_decoding(artifact: Path, tmp_path: Path, no_
     h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", token_file=tokens))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{h.port}", [("grpc.max_send_message_length", 64 << 20)]) as ch:
-            for payload in (MALFORMED["truncated varint"], CANDIDATES_3M):
+            for payload in (MALFORMED["truncated varint"], _candidates_3m()):
                 for auth in ((), (("authorization", "Bearer wrong"),)):
                     assert _raw(ch, "Select", payload, auth)[0] is grpc.StatusCode.UNAUTHENTICATED
                 assert _raw(ch, "Select", payload, (("authorization", "Bearer good-token"),))[0] \

@@ -8,7 +8,7 @@ import hmac
 import os
 import secrets
 import ssl
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -198,8 +198,6 @@ class Authenticator:
         self._tokens = None if tokens is None else {self._digest(t): p for t, p in tokens}
         if self._tokens is not None and not self._tokens:
             raise ValueError("bearer-token auth needs at least one token")
-        if cert_rules is not None and not mtls:
-            raise ParamError("{client_scopes} needs {client_ca} (certificate scopes need mTLS)")
         self._rules = None if cert_rules is None else list(cert_rules)
         self._mtls = mtls
 
