@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError
-from recsvc.service.auth import SERVICE_NAME
+from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig
 
 log = logging.getLogger("recsvc.service")
@@ -143,14 +143,12 @@ def start(config: ServerConfig) -> ServerHandle:
     return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
 
 
-def _authenticator(config: ServerConfig) -> Any:
+def _authenticator(config: ServerConfig) -> Authenticator:
     """The principals from the token file and the client-scopes file (parsed: a bad line is one
-    clear error); warns when a credentials file is readable by other users."""
-    from recsvc.service.auth import Authenticator
-
+    clear error); warns when a credentials file is open to other users."""
     for path in (config.token_file, config.client_scopes):
         if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
-            log.warning("%s is readable by other users; expected mode 0600 (chmod 600 %s)", path, path)
+            log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
     return Authenticator.from_files(config.token_file, config.client_scopes, mtls=config.client_ca is not None)
 
 
