@@ -29,15 +29,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="used when a request names no mechanism")
     p.add_argument("--auto-threshold", type=float, default=default("auto_threshold"),
                    help="|median population Spearman| above which auto picks gem/mgem")
-    p.add_argument("--max-candidates", type=int, default=default("max_candidates"))
-    p.add_argument("--max-batch", type=int, default=default("max_batch"), help="most requests per SelectBatch call")
+    p.add_argument("--max-candidates", type=int, default=default("max_candidates"),
+                   help="most candidates per Select request (default %(default)s)")
+    p.add_argument("--max-batch", type=int, default=default("max_batch"),
+                   help="most requests per SelectBatch call (default %(default)s)")
+    p.add_argument("--max-history", type=int, default=default("max_history"),
+                   help="most history entries per Recommend request (default %(default)s)")
+    p.add_argument("--max-message-bytes", type=int, default=default("max_message_bytes"),
+                   help="largest request message accepted, in bytes (default %(default)s = 16 MiB)")
     p.add_argument("--workers", type=int, default=default("workers"),
                    help="processes sharing the port (SO_REUSEPORT) and the ledger")
     p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")
-    p.add_argument("--token-file", type=Path, help="bearer tokens, one per line; enables token auth")
+    p.add_argument("--token-file", type=Path,
+                   help="bearer tokens, lines '<token> <scope>' (scope admin, service or user:<user_id>; "
+                        "a token alone means service); enables token auth")
+    p.add_argument("--client-scopes", type=Path,
+                   help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or 'san:<name> <scope>' "
+                        "mapping client certificates to scopes (see SECURITY.md)")
+    p.add_argument("--allow-plaintext-tokens", action="store_true",
+                   help="accept --token-file without TLS on a non-loopback --host (a trusted proxy terminates TLS)")
+    p.add_argument("--rate-limit", type=float, default=default("rate_limit"),
+                   help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default=default("metrics_host"))
     p.add_argument("--allow-non-private", action="store_true", help="accept rnmh (NOT differentially private)")

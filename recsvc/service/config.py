@@ -4,6 +4,8 @@ stays instant."""
 
 from __future__ import annotations
 
+import ipaddress
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -18,8 +20,9 @@ class Policy:
 
     default_mechanism: str = AUTO  # used when a request names no mechanism
     auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
-    max_candidates: int = 10_000
+    max_candidates: int = 10_000  # per Select request (and Recommend's num_candidates)
     max_batch: int = 1000  # most requests per SelectBatch call
+    max_history: int = 10_000  # most history entries per Recommend request
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
 
 
@@ -34,12 +37,19 @@ class ServerConfig:
     auto_threshold: float = Policy.auto_threshold
     max_candidates: int = Policy.max_candidates
     max_batch: int = Policy.max_batch
+    max_history: int = Policy.max_history
+    # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
+    # 16 MiB holds a full SelectBatch of 1,000 requests × 500 candidates (≈ 8.5 MB) twice over.
+    max_message_bytes: int = 16 * 1024 * 1024
     workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
     threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
     tls_cert: Path | None = None
     tls_key: Path | None = None
     client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
     token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
+    client_scopes: Path | None = None  # certificate subject/SAN → scope (needs client_ca); see SECURITY.md
+    allow_plaintext_tokens: bool = False  # tokens without TLS on a non-loopback host (behind a TLS proxy)
+    rate_limit: float = 0.0  # requests/s per principal (per worker); 0: no limit
     metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
     metrics_host: str = "127.0.0.1"
     allow_non_private: bool = Policy.allow_non_private
@@ -71,11 +81,33 @@ class ServerConfig:
             (self.auto_threshold >= 0, "{auto_threshold} must be >= 0, got {got}", {"got": self.auto_threshold}),
             (self.grace >= 0 and self.drain_delay >= 0, "{grace} and {drain_delay} must be >= 0", {}),
             (not (self.workers > 1 and self.port == 0), "{workers} > 1 needs an explicit {port} (not 0)", {}),
+            (self.max_history >= 1, "{max_history} must be >= 1, got {got}", {"got": self.max_history}),
+            (1024 <= self.max_message_bytes <= 2**31 - 1,
+             "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}", {"got": self.max_message_bytes}),
+            (math.isfinite(self.rate_limit) and self.rate_limit >= 0,
+             "{rate_limit} must be a finite number of requests/s >= 0 (0: no limit), got {got}", {"got": self.rate_limit}),
+            (self.client_scopes is None or self.client_ca is not None,
+             "{client_scopes} needs {client_ca} (certificate scopes need mTLS)", {}),
+            (self.token_file is None or self.tls_cert is not None or self.allow_plaintext_tokens
+             or is_loopback(self.host),
+             "{token_file} without TLS on {host} {got} would send bearer tokens in plaintext over the network; "
+             "expected {tls_cert} and {tls_key}, a loopback {host} (127.0.0.1, ::1, localhost), or "
+             "{allow_plaintext_tokens} when a trusted proxy terminates TLS", {"got": self.host}),
         ]
         for ok, template, values in checks:
             if not ok:
                 raise ParamError(template, **values)
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses only: any other name may reach the network."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def default(name: str) -> object:

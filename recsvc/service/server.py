@@ -30,12 +30,10 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError
+from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig
 
 log = logging.getLogger("recsvc.service")
-
-SERVICE_NAME = "recsvc.v1.PrivateSelection"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full SelectBatch of 500-candidate requests fits
 
 
 @dataclass
@@ -80,27 +78,29 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import auth, metrics
+    from recsvc.service import auth, gate, metrics
     from recsvc.service import ledger as ledger_mod
-    from recsvc.service.servicer import SelectionServicer
-    from recsvc.v1 import selection_pb2, selection_pb2_grpc
+    from recsvc.service.servicer import SelectionServicer, register
+    from recsvc.v1 import selection_pb2
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
-    interceptors = [auth.BearerTokenInterceptor(auth.load_tokens(config.token_file))] if config.token_file else []
+    authenticator = _authenticator(config)
     ledger_mod.check_path(config.ledger)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
+    servicer.limiter = gate.RateLimiter(config.rate_limit) if config.rate_limit > 0 else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
-        interceptors=interceptors,
+        # Every call: authenticate, rate-limit and scope-check, then decode (see gate.py).
+        interceptors=[gate.Gate(authenticator, servicer.limiter)],
         options=[
             # Off for a single worker, so a second server on a busy port fails loudly.
             ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
         ],
     )
-    selection_pb2_grpc.add_PrivateSelectionServicer_to_server(servicer, server)
+    register(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -132,12 +132,24 @@ def start(config: ServerConfig) -> ServerHandle:
             ledger_mod.remove_files(config.ledger)
         raise
     metrics_port = None if metrics_server is None else int(metrics_server.server_port)
+    if config.allow_non_private:
+        log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
+                    "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
         "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s)",
         SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext", servicer.default_mechanism,
         servicer.auto_choice, config.budget, config.ledger,
     )
     return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+
+
+def _authenticator(config: ServerConfig) -> Authenticator:
+    """The principals from the token file and the client-scopes file (parsed: a bad line is one
+    clear error); warns when a credentials file is open to other users."""
+    for path in (config.token_file, config.client_scopes):
+        if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
+            log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
+    return Authenticator.from_files(config.token_file, config.client_scopes, mtls=config.client_ca is not None)
 
 
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
@@ -219,8 +231,7 @@ def _fork_workers(config: ServerConfig) -> int:
     from recsvc.service import ledger as ledger_mod
 
     auth.check_server_files(config.tls_cert, config.tls_key, config.client_ca)
-    if config.token_file:
-        auth.load_tokens(config.token_file)
+    _authenticator(config)
     _check_port_free(config.host, config.port)
     if config.metrics_port:
         _check_port_free(config.metrics_host, config.metrics_port)

@@ -32,7 +32,9 @@ class PrivateSelectionStub:
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
     request_id is reused with different parameters (nothing is spent, nothing is sampled),
-    UNAUTHENTICATED for a missing or wrong bearer token.
+    UNAUTHENTICATED for a missing or wrong bearer token, PERMISSION_DENIED for a user_id or
+    RPC outside the caller's scope and RESOURCE_EXHAUSTED over its rate limit (nothing is spent;
+    see SECURITY.md).
     """
 
     def __init__(self, channel):
@@ -75,7 +77,9 @@ class PrivateSelectionServicer:
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
     request_id is reused with different parameters (nothing is spent, nothing is sampled),
-    UNAUTHENTICATED for a missing or wrong bearer token.
+    UNAUTHENTICATED for a missing or wrong bearer token, PERMISSION_DENIED for a user_id or
+    RPC outside the caller's scope and RESOURCE_EXHAUSTED over its rate limit (nothing is spent;
+    see SECURITY.md).
     """
 
     def Select(self, request, context):
@@ -160,7 +164,9 @@ class PrivateSelection:
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
     request_id is reused with different parameters (nothing is spent, nothing is sampled),
-    UNAUTHENTICATED for a missing or wrong bearer token.
+    UNAUTHENTICATED for a missing or wrong bearer token, PERMISSION_DENIED for a user_id or
+    RPC outside the caller's scope and RESOURCE_EXHAUSTED over its rate limit (nothing is spent;
+    see SECURITY.md).
     """
 
     @staticmethod
