@@ -1,4 +1,4 @@
-"""``recsvc eval`` and ``recsvc eval-synthetic`` (see recsvc/app/cli.py for the registration contract)."""
+"""``recsvc eval``, ``recsvc eval-synthetic`` and ``recsvc eval-two-candidates`` (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", type=Path, default=None, help="results directory (default: results/scenario-NAME)")
     _common(s)
     s.set_defaults(func=_run_synthetic)
+    _register_two_candidates(sub)
+
+
+def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
+    from eval.two_candidates import DEFAULT_BETA, DEFAULT_DELTAS, DEFAULT_EPSILONS, DEFAULT_GAMMAS, DEFAULT_GAPS
+
+    def grid(values: tuple[float, ...]) -> str:
+        return " ".join(f"{v:g}" for v in values)
+
+    t = sub.add_parser("eval-two-candidates", help="the paper's two-candidate analysis: HG(M, M') heatmaps, exact",
+                       description="HG(M, M') = Pr[M errs] - Pr[M' errs] for two candidates (q1 = 0 < q2 = gap, "
+                                   "Δ1 the lower one's sensitivity) over Δ1 × Δ2 × ε × gap, from exact "
+                                   "probabilities: hg.parquet, Figures 3, 15, 16, 17 and the GEM family as PNGs, "
+                                   "report.md with the paper's statements checked.")
+    t.add_argument("--out", type=Path, default=Path("results/two-candidates"),
+                   help="results directory (default: results/two-candidates)")
+    t.add_argument("--deltas", nargs="+", type=float, default=DEFAULT_DELTAS, metavar="D",
+                   help=f"the grid of Δ1 and of Δ2 (default: {grid(DEFAULT_DELTAS[:3])} … {DEFAULT_DELTAS[-1]:g})")
+    t.add_argument("--epsilons", nargs="+", type=float, default=DEFAULT_EPSILONS, metavar="EPS",
+                   help=f"ε values (default: {grid(DEFAULT_EPSILONS)}, the rows of Figs 16-17)")
+    t.add_argument("--gaps", nargs="+", type=float, default=DEFAULT_GAPS, metavar="GAP",
+                   help=f"score gaps q2 - q1 (default: {grid(DEFAULT_GAPS)}, the columns of Figs 16-17)")
+    t.add_argument("--gammas", nargs="+", type=float, default=DEFAULT_GAMMAS, metavar="GAMMA",
+                   help=f"RS stopping probabilities γ (default: {grid(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)")
+    t.add_argument("--beta", type=float, default=DEFAULT_BETA, help=f"GEM/mGEM β (default {DEFAULT_BETA:g})")
+    t.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    t.set_defaults(func=_run_two_candidates)
 
 
 def _config(args: argparse.Namespace, **source):
@@ -111,3 +138,19 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         suffix = f"-{level_dirname(DEFAULT_LEVEL if level is None else level)}" if args.scenario == "sweep" else ""
         args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
     return _finish(run(_config(args, scenario=args.scenario, n=args.n, level=level)))
+
+
+def _run_two_candidates(args: argparse.Namespace) -> int:
+    from eval.two_candidate_run import run_two_candidates
+    from eval.two_candidates import TwoCandidateConfig
+
+    res = run_two_candidates(TwoCandidateConfig(
+        out=args.out, deltas=tuple(args.deltas), epsilons=tuple(args.epsilons), gaps=tuple(args.gaps),
+        gammas=tuple(args.gammas), beta=args.beta, force=args.force))
+    held = sum(f.holds for f in res.findings)
+    print(f"two candidates: {res.table.height} HG values in {res.seconds:.1f} s; "
+          f"{held} of {len(res.findings)} of the paper's statements hold")
+    for f in res.findings:
+        print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
+    print(f"report: {res.out / 'report.md'}")
+    return 0
