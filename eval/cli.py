@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("eval-synthetic", help="evaluate selection mechanisms on a synthetic scenario from the paper",
                        description="Scenarios: 1–3 bimodal, 4–6 realistic, 7–8 combined-GEM polarised, "
-                                   "sweep (Figure 10, --level t).")
-    s.add_argument("--scenario", required=True, help="1 … 8 or sweep")
+                                   "sweep (Figure 10, --level t), proportion (Figure 18).")
+    s.add_argument("--scenario", required=True,
+                   help="1 … 8, sweep (Figure 10) or proportion (Figure 18: scenarios 1–3 over the share of high scores)")
     s.add_argument("--n", type=int, default=100, help="candidates (default 100)")
     s.add_argument("--users", "--repeats", dest="users", type=int, default=None,
                    help="synthetic users = score draws (default: 1 for scenarios 1–3, 1000 for 4–6, 5000 for 7–8, "
@@ -130,6 +131,8 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     from eval.sweep import run_sweep
 
     level = _level(args.level)
+    if args.scenario == "proportion":
+        return _run_proportion(args, level)
     if level == "all":
         if args.out is None:
             args.out = Path("results") / f"scenario-{args.scenario}"
@@ -138,6 +141,22 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         suffix = f"-{level_dirname(DEFAULT_LEVEL if level is None else level)}" if args.scenario == "sweep" else ""
         args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
     return _finish(run(_config(args, scenario=args.scenario, n=args.n, level=level)))
+
+
+def _run_proportion(args: argparse.Namespace, level: float | str | None) -> int:
+    from eval.proportion import run_proportion
+
+    if args.out is None:
+        args.out = Path("results") / "scenario-proportion"
+    res = run_proportion(_config(args, scenario="proportion", n=args.n, level=level))
+    held = sum(f.holds for f in res.findings)
+    print(f"proportion of high scores (Figure 18) at ε = {res.epsilon:g}: {held} of {len(res.findings)} of the "
+          f"paper's statements hold ({res.seconds:.1f} s)")
+    for f in res.findings:
+        print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
+    if res.out is not None:
+        print(f"report: {res.out / 'report.md'}")
+    return 0
 
 
 def _run_two_candidates(args: argparse.Namespace) -> int:
