@@ -69,6 +69,7 @@ def run_proportion(cfg: EvalConfig) -> ProportionResult:
                          f"{', '.join(f'{p:g}' for p in PROPORTIONS)}")
     mechanisms = validate(replace(cfg, scenario="1"))
     sources = [(k, p, _BimodalSource(k, p, cfg)) for k in KINDS for p in PROPORTIONS]  # a bad --n fails here
+    cfg = runner.with_data_defaults(cfg, sources[0][2])
     eps = min(cfg.epsilons, key=lambda e: abs(math.log(e / FIGURE_EPSILON)))
     t0 = time.perf_counter()
     with outputs.staged(cfg) as stage:

@@ -269,4 +269,4 @@ def test_paper_findings_sweep_benefit_grows_with_correlation_strength():
             assert mse[-5.0]["gem", e] < 0.1 * mse[-5.0]["rnm", e] and mse[-5.0]["mgem", e] > mse[-5.0]["rnm", e], e
             rs = [mse[t]["rs", e] / mse[t]["rnm", e] for t in SWEEP_LEVELS]  # RS: the more positive, the better
             assert all(a > b for a, b in zip(rs, rs[1:])), (seed, e, rs)
-            assert rs[0] > 1.5 and rs[-1] < 0.55, (seed, e, rs)
+            assert rs[0] > 1.25 and rs[-1] < 0.75, (seed, e, rs)  # γ = 0.05 (the paper's); 0.008 gave 1.5 / 0.55
