@@ -22,6 +22,7 @@ from eval import outputs
 from eval import run as runner
 from eval.config import EvalConfig, validate
 from eval.plots import _plt, _style, mechanism_label
+from eval.results import Finding
 from eval.sources import ScenarioSource
 
 PROPORTIONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
@@ -40,13 +41,6 @@ class _BimodalSource(ScenarioSource):
         self.sc = scenario(kind, n=cfg.n, seed=cfg.seed, repeats=cfg.users, proportion=proportion)
         self.total = self.sc.repeats
         self.name = f"scenario-{kind}-p{proportion:g}"
-
-
-@dataclass(frozen=True)
-class Finding:
-    statement: str
-    holds: bool
-    detail: str
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from eval.results import Finding
 from recsvc.checks import ParamError
 from recsvc.staging import check_out
 
@@ -134,13 +135,6 @@ def hg_table(cfg: TwoCandidateConfig) -> pl.DataFrame:
 def nearest(values: Sequence[float], target: float) -> float:
     """The grid value closest to ``target`` on a log scale (the figures' fixed settings)."""
     return min(values, key=lambda v: abs(math.log(v / target)))
-
-
-@dataclass(frozen=True)
-class Finding:
-    statement: str  # the paper's claim, or what our exact computation shows instead
-    holds: bool
-    detail: str
 
 
 def _pair(t: pl.DataFrame, base: str, mech: str, gamma: float | None = None) -> pl.DataFrame:
