@@ -20,6 +20,10 @@ class Policy:
     auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
     max_candidates: int = 10_000
     max_batch: int = 1000  # most requests per SelectBatch call
+    max_slate: int = 100  # largest k (items per answer) on Select and Recommend
+    # Recommend's public floor: a two-stage request's private top-m has m >= this (or the whole
+    # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
+    min_candidates: int = 500
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
 
 
@@ -34,6 +38,8 @@ class ServerConfig:
     auto_threshold: float = Policy.auto_threshold
     max_candidates: int = Policy.max_candidates
     max_batch: int = Policy.max_batch
+    max_slate: int = Policy.max_slate
+    min_candidates: int = Policy.min_candidates
     workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
     threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
     tls_cert: Path | None = None
@@ -59,6 +65,8 @@ class ServerConfig:
             (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
             (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
             (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
+            (self.max_slate >= 1, "{max_slate} must be >= 1 (items per answer), got {got}", {"got": self.max_slate}),
+            (self.min_candidates >= 1, "{min_candidates} must be >= 1, got {got}", {"got": self.min_candidates}),
             (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {got}",
              {"got": self.max_batch}),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
