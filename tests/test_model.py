@@ -44,6 +44,23 @@ def test_score_unseen_masks_each_users_own_items() -> None:
     assert s[1].tolist() == [-np.inf, -np.inf, 1.0, 2.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_score_one_equals_the_sparse_product_for_one_user(dtype) -> None:
+    rng = np.random.default_rng(5)
+    n = 300
+    w1 = (sp.random(n, n, density=0.05, random_state=1, format="csr") - sp.random(n, n, density=0.02, random_state=2))
+    w2 = sp.random(n, n, density=0.05, random_state=3, format="csr")
+    model = Model(sp.csr_matrix(w1, dtype=dtype), sp.csr_matrix(w2, dtype=dtype), np.array([str(i) for i in range(n)]))
+    for size in (0, 1, 40, n):
+        cols = np.sort(rng.choice(n, size, replace=False))
+        x = sp.csr_matrix((np.ones(size), (np.zeros(size, np.int64), cols)), shape=(1, n))
+        want = model.score(x)[0]
+        got = model.score_one(cols)
+        assert got.dtype == np.float64 and got.shape == (n,)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max()))
+    assert (model.score_one(np.array([], np.int64)) == 0).all()
+
+
 @pytest.fixture()
 def artifact(tmp_path):
     lo = np.zeros(6)

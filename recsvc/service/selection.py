@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
 from recsvc.artifact import Artifact, Manifest
 from recsvc.checks import ParamError
@@ -176,9 +175,7 @@ class Recommender:
                     f"known to the model ({len(self.index)} items)"
                 )
             cols.append(col)
-        seen = np.unique(np.asarray(cols, np.int64))
-        x = sp.csr_matrix((np.ones(seen.size), (np.zeros(seen.size, np.int64), seen)), shape=(1, self.columns))
-        dense = self.model.score(x)[0]
+        dense = self.model.score_one(np.unique(np.asarray(cols, np.int64)))  # a repeated item counts once
         if self.col_of_row is None:
             return dense
         return np.where(self.col_of_row >= 0, dense[self.col_of_row], 0.0)
