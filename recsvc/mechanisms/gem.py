@@ -94,18 +94,21 @@ def _q_prime_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray
         hx[h] = x
         hy[h] = y
         h += 1
+    edge = np.empty(max(h - 1, 0))  # slope of hull edge j → j + 1
+    for j in range(h - 1):
+        edge[j] = (hy[j + 1] - hy[j]) / (hx[j + 1] - hx[j])
     out = np.empty(n)
     for a in range(n):
         qa_x = d[a]
         qa_y = s[a]
         # g(j) = slope from hull vertex j to Q_a is unimodal along the hull: binary search.
+        # Q_a lies right of every vertex, so g(j + 1) < g(j) iff edge j is steeper than g(j):
+        # edge[j]·(x_Q − x_j) > y_Q − y_j, one multiplication instead of two divisions.
         lo = 0
         hi = h - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            g0 = (qa_y - hy[mid]) / (qa_x - hx[mid])
-            g1 = (qa_y - hy[mid + 1]) / (qa_x - hx[mid + 1])
-            if g1 < g0:
+            if edge[mid] * (qa_x - hx[mid]) > qa_y - hy[mid]:
                 lo = mid + 1
             else:
                 hi = mid
