@@ -72,6 +72,8 @@ BAD_SERVE = [
     ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private", None),
     ("max batch -1", {"max_batch": -1}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
     ("max batch 0", {"max_batch": 0}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
+    ("max slate 0", {"max_slate": 0}, r"^max_slate must be >= 1", r"--max-slate must be >= 1"),
+    ("min candidates 0", {"min_candidates": 0}, r"^min_candidates must be >= 1", r"--min-candidates must be >= 1"),
     ("artifacts is a file", {"artifacts": "FILE"}, r"^artifacts .* is a file; expected an artifact directory",
      r"--artifacts .* is a file; expected an artifact directory"),
     ("workers > 1 on port 0", {"workers": 2}, r"^workers > 1 needs an explicit port \(not 0\)",

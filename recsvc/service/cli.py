@@ -37,6 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="most history entries per Recommend request (default %(default)s)")
     p.add_argument("--max-message-bytes", type=int, default=default("max_message_bytes"),
                    help="largest request message accepted, in bytes (default %(default)s = 16 MiB)")
+    p.add_argument("--max-slate", type=int, default=default("max_slate"),
+                   help="largest k (items per answer) on Select and Recommend (default %(default)s)")
+    p.add_argument("--min-candidates", type=int, default=default("min_candidates"),
+                   help="Recommend's public floor: least m of a two-stage request's private top-m (default "
+                        "%(default)s; the whole catalog if smaller). Without a candidate stage Recommend "
+                        "always selects over the full catalog")
     p.add_argument("--workers", type=int, default=default("workers"),
                    help="processes sharing the port (SO_REUSEPORT) and the ledger")
     p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
@@ -74,6 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--beta", type=float)
     s.add_argument("--gamma", type=float)
     s.add_argument("--corr-budget-fraction", type=float)
+    s.add_argument("--k", type=int, default=0,
+                   help="slate size: k distinct items in selection order, ε charged once (default: one item)")
     s.set_defaults(func=run_select)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
@@ -167,14 +175,16 @@ def run_select(args: argparse.Namespace) -> int:
     cands = read_candidates_csv(args.candidates) if args.candidates else [parse_candidate(c) for c in args.candidate]
     if not math.isfinite(args.epsilon) or args.epsilon <= 0:
         raise ValueError(f"--epsilon must be a positive finite number, got {args.epsilon}")
+    if args.k < 0:
+        raise ValueError(f"--k must be >= 0 (0 or 1: one item; k: a k-item slate), got {args.k}")
     with _client(args) as client:
         try:
             r = client.select(args.user, cands, mechanism=args.mechanism, epsilon=args.epsilon,
                               request_id=args.request_id, beta=args.beta, gamma=args.gamma,
-                              corr_budget_fraction=args.corr_budget_fraction)
+                              corr_budget_fraction=args.corr_budget_fraction, k=args.k)
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
-    json.dump({"item_id": r.item_id, "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,
+    json.dump({"item_id": r.item_id, "item_ids": list(r.item_ids), "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,
                "budget_remaining": r.budget_remaining, "request_id": r.request_id, "replayed": r.replayed},
               sys.stdout)
     print()

@@ -23,6 +23,10 @@ class Policy:
     max_candidates: int = 10_000  # per Select request (and Recommend's num_candidates)
     max_batch: int = 1000  # most requests per SelectBatch call
     max_history: int = 10_000  # most history entries per Recommend request
+    max_slate: int = 100  # largest k (items per answer) on Select and Recommend
+    # Recommend's public floor: a two-stage request's private top-m has m >= this (or the whole
+    # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
+    min_candidates: int = 500
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
 
 
@@ -41,6 +45,8 @@ class ServerConfig:
     # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
     # 16 MiB holds a full SelectBatch of 1,000 requests × 500 candidates (≈ 8.5 MB) twice over.
     max_message_bytes: int = 16 * 1024 * 1024
+    max_slate: int = Policy.max_slate
+    min_candidates: int = Policy.min_candidates
     workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
     threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
     tls_cert: Path | None = None
@@ -69,6 +75,8 @@ class ServerConfig:
             (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
             (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
             (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
+            (self.max_slate >= 1, "{max_slate} must be >= 1 (items per answer), got {got}", {"got": self.max_slate}),
+            (self.min_candidates >= 1, "{min_candidates} must be >= 1, got {got}", {"got": self.min_candidates}),
             (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {got}",
              {"got": self.max_batch}),
             (self.metrics_port is None or 0 <= self.metrics_port <= 65535,

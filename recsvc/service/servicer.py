@@ -66,7 +66,7 @@ def _params(req: Any) -> dict[str, float | None]:
 
 
 def _encode(s: Selected) -> bytes:
-    return pb.SelectResponse(item_id=s.item_id, mechanism=s.mechanism, epsilon_spent=s.epsilon,
+    return pb.SelectResponse(item_id=s.item_id, item_ids=s.item_ids, mechanism=s.mechanism, epsilon_spent=s.epsilon,
                              budget_remaining=s.budget_remaining, request_id=s.request_id).SerializeToString()
 
 
@@ -101,12 +101,14 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def prepare_select(self, req: pb.SelectRequest) -> Prepared:
         item_ids, raw = _candidate_columns(req)
         return self.selector.prepare_select(req.user_id, req.request_id, req.mechanism, req.epsilon, _params(req),
-                                            item_ids, raw, lambda: _fingerprint(b"select\0", req))
+                                            item_ids, raw, lambda: _fingerprint(b"select\0", req), k=req.k)
 
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
         return self.selector.prepare_recommend(req.user_id, req.request_id, req.mechanism, req.epsilon,
                                                _params(req), req.history, req.num_candidates,
-                                               lambda: _fingerprint(b"recommend\0", req))
+                                               lambda: _fingerprint(b"recommend\0", req), k=req.k,
+                                               candidate_fraction=req.candidate_fraction
+                                               if req.HasField("candidate_fraction") else None)
 
     def execute(self, p: Prepared) -> pb.SelectResponse:
         charge = self.selector.execute(self.ledger, p, _encode)
@@ -114,6 +116,8 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             metrics.REPLAYS.inc()
             resp = pb.SelectResponse.FromString(charge.response)
             resp.replayed = True
+            if not resp.item_ids:  # stored before slates existed: its one item is the slate
+                resp.item_ids.append(resp.item_id)
             return resp
         metrics.epsilon_spent(p.mechanism).inc(p.epsilon)
         return pb.SelectResponse.FromString(charge.response)
@@ -220,6 +224,9 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 population_spearman_median=float("nan") if self.selector.rho_median is None else self.selector.rho_median,
                 budget=self.ledger.budget,
                 max_candidates=self.policy.max_candidates,
+                max_slate=self.policy.max_slate,
+                min_candidates=self.policy.min_candidates,
+                catalog_size=len(self.selector.catalog.item_ids) if self.selector.recommender is not None else 0,
             )
 
         return self._call("ListMechanisms", context, run)
