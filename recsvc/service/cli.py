@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=default("host"))
     p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
     p.add_argument("--ledger", type=Path, default=default("ledger"), help="SQLite privacy ledger (created if missing)")
+    p.add_argument("--fingerprint-key", type=Path, default=default("fingerprint_key"), metavar="FILE",
+                   help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
+                        "on first start; never stored in the ledger)")
     p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
     p.add_argument("--default-mechanism", default=default("default_mechanism"),
                    help="used when a request names no mechanism")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from recsvc.checks import ParamError
+from recsvc.service.ledger_units import MAX_EPSILON, budget_units
 
 AUTO = "auto"
 
@@ -29,6 +30,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
     ledger: Path = Path("ledger.db")
+    fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
     budget: float = 10.0  # per-user ε under basic composition
     default_mechanism: str = Policy.default_mechanism
     auto_threshold: float = Policy.auto_threshold
@@ -48,6 +50,11 @@ class ServerConfig:
     reuse_port: bool = False
 
     @property
+    def key_path(self) -> Path:
+        """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
+        return self.fingerprint_key or Path(self.ledger).with_name(Path(self.ledger).name + ".key")
+
+    @property
     def policy(self) -> Policy:
         return Policy(**{f.name: getattr(self, f.name) for f in fields(Policy)})
 
@@ -58,6 +65,9 @@ class ServerConfig:
             (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
             (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
             (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
+            (not 0 < self.budget < float("inf") or budget_units(self.budget) is not None,
+             "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
+             {"got": self.budget, "most": MAX_EPSILON}),
             (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
             (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {got}",
              {"got": self.max_batch}),

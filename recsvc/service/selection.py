@@ -1,13 +1,15 @@
 """Private selection for the service, without the wire format: prepare → execute.
 
 :meth:`Selector.prepare_select` / :meth:`Selector.prepare_recommend` check everything and clip
-the scores, touching no ledger. :meth:`Selector.execute` then runs one ledger transaction:
-replay | conflict | budget check → sample → store the answer and spend → durable COMMIT.
+the scores, touching no ledger. :meth:`Selector.execute` then follows the ledger's protocol
+(:meth:`recsvc.service.ledger.Ledger.draw_and_charge`): ε → exact units | replay, conflict and
+budget pre-check → sample, drawn OUTSIDE the write transaction → inside it: replay | conflict |
+budget check → store the answer and spend → durable COMMIT.
 
-Order matters for privacy: the sample is drawn only after the replay, conflict and budget
-checks passed (so a retry or a refused request never draws one), with the CSPRNG of the
-thread that commits it, and it is revealed only after the spend and the stored answer are
-durably committed.
+Order matters for privacy: a retry or a refused request never draws (the pre-check), the sample
+is drawn with the CSPRNG of the request's own thread, and it is revealed only after the spend
+and the stored answer are durably committed. A sample drawn for a request that the transaction
+then finds to be a replay, a conflict or over budget is discarded unreleased: it costs no privacy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from recsvc.model import top_k
 from recsvc.rng import thread_csprng
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.ledger import Charge, Ledger
+from recsvc.service.ledger_units import charge_units, to_epsilon
 
 DEFAULT_RECOMMEND_K = 500
 MAX_ID_LEN = 256
@@ -47,7 +50,7 @@ class Prepared:
 
     user_id: str
     request_id: str
-    fingerprint: bytes
+    fingerprint: bytes  # SHA-256 of the canonical request; the ledger stores only HMAC(key, it)
     mechanism: str  # resolved (never "auto" or empty)
     epsilon: float
     params: Mapping[str, float | None]
@@ -257,14 +260,17 @@ class Selector:
         return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q, sens, ids)
 
     def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
-        """Charges ``p`` and draws its sample in one ledger transaction; the stored answer is
-        ``encode(selected)``. A replayed request gets its stored answer and draws nothing."""
+        """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
+        ``encode(selected)`` in one transaction (see the module docstring). A replayed request
+        gets its stored answer and draws nothing; an ε the ledger cannot count exactly
+        (below 1e-12) is refused before the ledger is touched."""
+        charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
 
-        def sample_and_build(remaining: float) -> bytes:
-            # Runs inside the ledger transaction, after the replay, conflict and budget checks,
-            # in whichever request thread leads the group commit: that thread's CSPRNG draws.
-            index = select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=thread_csprng(),
-                           allow_non_private=self.policy.allow_non_private, **p.params)
-            return encode(Selected(p.item_ids[int(index)], p.mechanism, p.epsilon, remaining, p.request_id))
+        def draw() -> int:  # the request's own thread, no lock held
+            return int(select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=thread_csprng(),
+                              allow_non_private=self.policy.allow_non_private, **p.params))
 
-        return ledger.charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, sample_and_build)
+        def build(index: int, remaining: float) -> bytes:  # inside the transaction: encoding only
+            return encode(Selected(p.item_ids[index], p.mechanism, charged, remaining, p.request_id))
+
+        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, draw, build)
