@@ -10,8 +10,10 @@ default ``<ledger>.key`` next to the ledger, or ``serve --fingerprint-key FILE``
 on first start, atomically (a complete file appears, or none), so several processes starting
 at once all end up with the same key; with ``--workers N`` the parent creates it before forking.
 A key file that others may read (any group/other permission bit) is refused, as ssh refuses a
-private key. Losing the key does not lose budget, but a retry of an old request is then refused
-as a conflict (ALREADY_EXISTS): it is never answered with a fresh sample and never charged twice.
+private key. A ledger that stores requests is never paired with a new key silently: if its key
+file is missing, the server refuses to start. Under a DIFFERENT key (a replaced key file), a
+retry of an old request is refused as a conflict (ALREADY_EXISTS): it is never answered with a
+fresh sample and never charged twice; budgets are unaffected.
 """
 
 from __future__ import annotations
@@ -57,10 +59,10 @@ def load(path: str | os.PathLike[str]) -> bytes:
     """The key in ``path``; a clear error for a missing, open-to-others or malformed file."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(p, os.O_RDONLY)  # a symlink is followed (mounted secrets are links); its target is checked
     except FileNotFoundError:
         raise MissingFileError("{fingerprint_key} {path} does not exist; expected " + _EXPECTED, path=str(p)) from None
-    except OSError as exc:  # a symlink (ELOOP), unreadable, ...
+    except OSError as exc:  # unreadable, a dangling link, ...
         raise ParamError("{fingerprint_key} {path} cannot be opened ({reason}); expected a regular file, " + _EXPECTED,
                          path=str(p), reason=exc.strerror or str(exc)) from None
     try:
