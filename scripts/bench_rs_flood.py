@@ -107,13 +107,14 @@ def stats(lat: np.ndarray) -> dict[str, float]:
             "max_ms": float(lat.max()), "requests": int(lat.size)}
 
 
-def run(requests: int, flooders: int, gap_ms: float) -> dict:
+def run(requests: int, flooders: int, gap_ms: float, serve_flags: tuple[str, ...] = ()) -> dict:
     gamma = smallest_gamma()
-    out: dict = {"gamma": gamma, "flooders": flooders, "innocent_requests": requests, "gap_ms": gap_ms}
+    out: dict = {"gamma": gamma, "flooders": flooders, "innocent_requests": requests, "gap_ms": gap_ms,
+                 "serve_flags": list(serve_flags)}
     with tempfile.TemporaryDirectory(prefix="bench-rs-flood-") as td:
         tmp = Path(td)
         art = bench_artifact(tmp / "art")
-        srv = Server("sync", art, tmp)
+        srv = Server("sync", art, tmp, extra=serve_flags)
         try:
             out["alone"] = stats(innocent(srv.port, requests, gap_ms / 1e3))
             print(json.dumps({"alone": out["alone"]}), flush=True)
@@ -143,8 +144,9 @@ def main() -> int:
     ap.add_argument("--flooders", type=int, default=8, help="concurrent rs clients (default 8)")
     ap.add_argument("--gap-ms", type=float, default=10.0, help="pause between innocent requests (default 10)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--serve-flags", default="", help="extra `recsvc serve` flags, e.g. '--heavy-draw-threads 2'")
     args = ap.parse_args()
-    res = run(args.requests, args.flooders, args.gap_ms)
+    res = run(args.requests, args.flooders, args.gap_ms, tuple(args.serve_flags.split()))
     print(json.dumps(res, indent=2))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))

@@ -3,6 +3,7 @@ vanish, and a sample is drawn outside the ledger's write lock (a retry still nev
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -108,3 +109,25 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(client: Client, ser
         finish.set()
         t.join(30)
     assert locked == [False] and len(slow) == 1 and server.ledger.user("flooder").requests == 1
+
+
+def test_heavy_draws_run_in_the_lowest_priority_pool(client: Client, server: ServerHandle,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a nice-19 pool thread;
+    rs at the default γ (≈ 125 draws) and rnm are drawn inline by the request's own thread."""
+    seen: list[tuple[str, str, int]] = []
+    real = selection_module.select
+
+    def select(name, *a, **k):  # type: ignore[no-untyped-def]
+        seen.append((name, threading.current_thread().name.split("_")[0], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(selection_module, "select", select)
+    client.select("h", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-5)
+    client.select("h", candidates(), mechanism="rs", epsilon=0.5)
+    client.select("h", candidates(), mechanism="rnm", epsilon=0.5)
+    pool, inline = seen[0], seen[1:]
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # this (main) thread's nice value, which the rpc threads share
+    assert pool[:2] == ("rs", "recsvc-heavy-draw") and pool[2] == 19
+    assert [s[:2] for s in inline] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(s[2] == base for s in inline)
+    assert server.servicer.selector.heavy.pooled == 1 and server.ledger.user("h").requests == 3

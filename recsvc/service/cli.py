@@ -37,6 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=default("workers"),
                    help="processes sharing the port (SO_REUSEPORT) and the ledger")
     p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
+    p.add_argument("--heavy-draws", type=int, default=default("heavy_draws"),
+                   help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn "
+                        "by the low-priority pool")
+    p.add_argument("--heavy-draw-threads", type=int, default=default("heavy_draw_threads"),
+                   help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")

@@ -22,6 +22,11 @@ class Policy:
     max_candidates: int = 10_000
     max_batch: int = 1000  # most requests per SelectBatch call
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
+    # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
+    # the γ floor) is drawn by a pool of heavy_draw_threads threads at the lowest CPU priority,
+    # outside the ledger's lock, so floods of such requests cannot slow other users down.
+    heavy_draws: int = 50_000
+    heavy_draw_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class ServerConfig:
     metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
     metrics_host: str = "127.0.0.1"
     allow_non_private: bool = Policy.allow_non_private
+    heavy_draws: int = Policy.heavy_draws
+    heavy_draw_threads: int = Policy.heavy_draw_threads
     grace: float = 10.0  # seconds in-flight calls get to finish on SIGTERM
     drain_delay: float = 0.5  # seconds health reports NOT_SERVING before the port closes
     reuse_port: bool = False
@@ -64,6 +71,9 @@ class ServerConfig:
             (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
             (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
             (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
+            (self.heavy_draws >= 1 and self.heavy_draw_threads >= 1,
+             "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
+             {"got": f"{self.heavy_draws} and {self.heavy_draw_threads}"}),
             (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
             (not 0 < self.budget < float("inf") or budget_units(self.budget) is not None,
              "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",

@@ -29,6 +29,7 @@ from recsvc.mechanisms import MECHANISMS, check_params, select
 from recsvc.model import top_k
 from recsvc.rng import thread_csprng
 from recsvc.service.config import AUTO, Policy
+from recsvc.service.draws import HeavyDraws, expected_draws
 from recsvc.service.ledger import Charge, Ledger
 from recsvc.service.ledger_units import charge_units, to_epsilon
 
@@ -179,6 +180,7 @@ class Selector:
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
+        self.heavy = HeavyDraws(policy.heavy_draws, policy.heavy_draw_threads)
 
     def mechanism_name(self, requested: str) -> str:
         """The mechanism a request runs: ``auto`` and empty resolved, non-private ones gated."""
@@ -266,9 +268,12 @@ class Selector:
         (below 1e-12) is refused before the ledger is touched."""
         charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
 
-        def draw() -> int:  # the request's own thread, no lock held
+        def sample() -> int:  # no lock held; the drawing thread's own CSPRNG
             return int(select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=thread_csprng(),
                               allow_non_private=self.policy.allow_non_private, **p.params))
+
+        def draw() -> int:  # a heavy draw (random stopping at a tiny γ) yields the CPU to other requests
+            return self.heavy.run(sample, expected_draws(p.mechanism, p.scores.size, p.params))
 
         def build(index: int, remaining: float) -> bytes:  # inside the transaction: encoding only
             return encode(Selected(p.item_ids[index], p.mechanism, charged, remaining, p.request_id))
