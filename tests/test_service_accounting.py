@@ -131,3 +131,14 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(client: Client, server: Ser
     assert pool[:2] == ("rs", "recsvc-heavy-draw") and pool[2] == 19
     assert [s[:2] for s in inline] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(s[2] == base for s in inline)
     assert server.servicer.selector.heavy.pooled == 1 and server.ledger.user("h").requests == 3
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"budget": 1e7}, r"^budget must lie in \[1e-12, 9223372\.036854775807\] \(the ledger counts ε in units of 1e-12\), got 10000000\.0$"),
+    ({"budget": 1e-13}, r"^budget must lie in \[1e-12, "),
+    ({"heavy_draws": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 0 and 1$"),
+    ({"heavy_draw_threads": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 50000 and 0$"),
+])
+def test_budget_and_heavy_draw_knobs_are_checked(tmp_path: Path, over: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ServerConfig(artifacts=tmp_path, **over).check()
