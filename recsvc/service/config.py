@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from recsvc.checks import ParamError
+from recsvc.service.fingerprint_key import default_path as default_key_path
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units
 
 AUTO = "auto"
@@ -59,7 +60,7 @@ class ServerConfig:
     @property
     def key_path(self) -> Path:
         """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
-        return self.fingerprint_key or Path(self.ledger).with_name(Path(self.ledger).name + ".key")
+        return self.fingerprint_key or default_key_path(self.ledger)
 
     @property
     def policy(self) -> Policy:
