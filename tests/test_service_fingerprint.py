@@ -7,6 +7,7 @@ import hmac
 import os
 import sqlite3
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -141,5 +142,14 @@ def test_all_workers_key_with_the_one_secret_made_before_forking(artifact: Path,
         for _ in range(16):
             again = _select(srv.target, req)
             assert again.replayed and again.item_id == first.item_id
+        # Concurrent duplicates of a NEW request over 16 connections (both workers): whichever
+        # worker commits first, every caller gets that one stored answer and it is charged once.
+        burst = _request("w", "burst-1", seed=2)
+        with ThreadPoolExecutor(16) as pool:
+            out = list(pool.map(lambda _: _select(srv.target, burst), range(16)))
+        assert len({r.item_id for r in out}) == 1 and sorted(r.replayed for r in out) == [False] + [True] * 15
+        with Client(srv.target) as c:
+            b = c.budget("w")
+        assert (b.requests, b.spent) == (2, 1.0)
     assert stat.S_IMODE(os.stat(tmp_path / "l.db.key").st_mode) == 0o600
     assert [p.name for p in tmp_path.glob("*.key")] == ["l.db.key"]
