@@ -123,8 +123,11 @@ BAD = {
     "beta 1": (dict(mechanism="gem", beta=1.0), "beta must be in the open interval (0, 1)"),
     "gamma 1.5": (dict(mechanism="rs", gamma=1.5), "gamma must be in the open interval (0, 1)"),
     "gamma tiny": (dict(mechanism="rs_improved", gamma=1e-12), "gamma must be at least 1e-06"),
-    "epsilon overflows gem": (dict(mechanism="mgem", epsilon=1e-308), "too small for the GEM family"),
-    "epsilon unsplittable": (dict(mechanism="combined_gem", epsilon=5e-324), "too small to split"),
+    # The ledger counts ε in units of 1e-12 (exactly): a smaller ε is refused before any
+    # mechanism sees it (GEM's t overflow or combined_gem's split can no longer be reached).
+    "epsilon below the unit, gem": (dict(mechanism="mgem", epsilon=1e-308), "below the ledger's unit 1e-12"),
+    "epsilon below the unit, combined": (dict(mechanism="combined_gem", epsilon=5e-324), "below the ledger's unit"),
+    "epsilon beyond 63 bits": (dict(epsilon=1e7), "too large for the ledger to count; expected epsilon <= 9223372.036854775807"),
     "c 0": (dict(mechanism="combined_gem", corr_budget_fraction=0.0), "corr_budget_fraction must be in"),
     "c nan": (dict(mechanism="combined_gem", corr_budget_fraction=math.nan), "corr_budget_fraction must be in"),
     "n = 0": (dict(candidates=[]), "no candidates (n = 0)"),

@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=default("host"))
     p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
     p.add_argument("--ledger", type=Path, default=default("ledger"), help="SQLite privacy ledger (created if missing)")
+    p.add_argument("--fingerprint-key", type=Path, default=default("fingerprint_key"), metavar="FILE",
+                   help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
+                        "on first start; never stored in the ledger)")
     p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
     p.add_argument("--default-mechanism", default=default("default_mechanism"),
                    help="used when a request names no mechanism")
@@ -46,6 +49,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=default("workers"),
                    help="processes sharing the port (SO_REUSEPORT) and the ledger")
     p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
+    p.add_argument("--heavy-draws", type=int, default=default("heavy_draws"),
+                   help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn "
+                        "by the low-priority pool")
+    p.add_argument("--heavy-draw-threads", type=int, default=default("heavy_draw_threads"),
+                   help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")

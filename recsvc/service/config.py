@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from recsvc.checks import ParamError
+from recsvc.service.fingerprint_key import default_path as default_key_path
+from recsvc.service.ledger_units import MAX_EPSILON, budget_units
 
 AUTO = "auto"
 
@@ -28,6 +30,11 @@ class Policy:
     # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
     min_candidates: int = 500
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
+    # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
+    # the γ floor) is drawn by a pool of heavy_draw_threads threads at the lowest CPU priority,
+    # outside the ledger's lock, so floods of such requests cannot slow other users down.
+    heavy_draws: int = 50_000
+    heavy_draw_threads: int = 1
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
     ledger: Path = Path("ledger.db")
+    fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
     budget: float = 10.0  # per-user ε under basic composition
     default_mechanism: str = Policy.default_mechanism
     auto_threshold: float = Policy.auto_threshold
@@ -59,9 +67,16 @@ class ServerConfig:
     metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
     metrics_host: str = "127.0.0.1"
     allow_non_private: bool = Policy.allow_non_private
+    heavy_draws: int = Policy.heavy_draws
+    heavy_draw_threads: int = Policy.heavy_draw_threads
     grace: float = 10.0  # seconds in-flight calls get to finish on SIGTERM
     drain_delay: float = 0.5  # seconds health reports NOT_SERVING before the port closes
     reuse_port: bool = False
+
+    @property
+    def key_path(self) -> Path:
+        """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
+        return self.fingerprint_key or default_key_path(self.ledger)
 
     @property
     def policy(self) -> Policy:
@@ -73,7 +88,13 @@ class ServerConfig:
             (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
             (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
             (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
+            (self.heavy_draws >= 1 and self.heavy_draw_threads >= 1,
+             "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
+             {"got": f"{self.heavy_draws} and {self.heavy_draw_threads}"}),
             (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
+            (not 0 < self.budget < float("inf") or budget_units(self.budget) is not None,
+             "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
+             {"got": self.budget, "most": MAX_EPSILON}),
             (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
             (self.max_slate >= 1, "{max_slate} must be >= 1 (items per answer), got {got}", {"got": self.max_slate}),
             (self.min_candidates >= 1, "{min_candidates} must be >= 1, got {got}", {"got": self.min_candidates}),

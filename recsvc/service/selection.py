@@ -1,8 +1,10 @@
 """Private selection for the service, without the wire format: prepare → execute.
 
 :meth:`Selector.prepare_select` / :meth:`Selector.prepare_recommend` check everything and clip
-the scores, touching no ledger. :meth:`Selector.execute` then runs one ledger transaction:
-replay | conflict | budget check → sample → store the answer and spend → durable COMMIT.
+the scores, touching no ledger. :meth:`Selector.execute` then follows the ledger's protocol
+(:meth:`recsvc.service.ledger.Ledger.draw_and_charge`): ε → exact units | replay, conflict and
+budget pre-check → sample, drawn OUTSIDE the write transaction → inside it: replay | conflict |
+budget check → store the answer and spend → durable COMMIT.
 
 What is protected (README § "What the guarantee covers"): the neighbouring relation is one
 user's history. Select is ε-DP in the scores the client sends, given the client's candidate
@@ -10,10 +12,10 @@ set. Recommend scores the history itself and selects over the FULL catalog (no t
 exclusion of seen items), so its answer is ε-DP in the history end to end; its optional private
 candidate stage is charged inside the same ε (:func:`recsvc.mechanisms.select_two_stage`).
 
-Order matters for privacy: the sample is drawn only after the replay, conflict and budget
-checks passed (so a retry or a refused request never draws one), with the CSPRNG of the
-thread that commits it, and it is revealed only after the spend and the stored answer are
-durably committed.
+Order matters for privacy: a retry or a refused request never draws (the pre-check), the sample
+is drawn with the CSPRNG of the request's own thread, and it is revealed only after the spend
+and the stored answer are durably committed. A sample drawn for a request that the transaction
+then finds to be a replay, a conflict or over budget is discarded unreleased: it costs no privacy.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from recsvc.mechanisms.slate import step_epsilon
 from recsvc.mechanisms.two_stage import split_budget
 from recsvc.rng import thread_csprng
 from recsvc.service.config import AUTO, Policy
+from recsvc.service.draws import HeavyDraws, expected_draws
 from recsvc.service.ledger import Charge, Ledger
+from recsvc.service.ledger_units import charge_units, to_epsilon
 
 MAX_ID_LEN = 256
 CANDIDATE_MECHANISM = "rnm"  # Recommend's private top-m (peeling); public, the same for every request
@@ -61,7 +65,7 @@ class Prepared:
 
     user_id: str
     request_id: str
-    fingerprint: bytes
+    fingerprint: bytes  # SHA-256 of the canonical request; the ledger stores only HMAC(key, it)
     mechanism: str  # resolved (never "auto" or empty)
     epsilon: float
     params: Mapping[str, float | None]
@@ -208,6 +212,7 @@ class Selector:
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
+        self.heavy = HeavyDraws(policy.heavy_draws, policy.heavy_draw_threads)
 
     def mechanism_name(self, requested: str) -> str:
         """The mechanism a request runs: ``auto`` and empty resolved, non-private ones gated."""
@@ -327,14 +332,21 @@ class Selector:
                         self.catalog.sensitivity, self.catalog.item_ids, kk, stage)
 
     def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
-        """Charges ``p`` and draws its sample in one ledger transaction; the stored answer is
-        ``encode(selected)``. A replayed request gets its stored answer and draws nothing."""
+        """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
+        ``encode(selected)`` in one transaction (see the module docstring). A replayed request
+        gets its stored answer and draws nothing; an ε the ledger cannot count exactly
+        (below 1e-12) is refused before the ledger is touched."""
+        charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
 
-        def sample_and_build(remaining: float) -> bytes:
-            # Runs inside the ledger transaction, after the replay, conflict and budget checks,
-            # in whichever request thread leads the group commit: that thread's CSPRNG draws.
-            picked = draw(p, thread_csprng(), self.policy.allow_non_private)
+        def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
+            return draw(p, thread_csprng(), self.policy.allow_non_private)
+
+
+        def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU
+            return self.heavy.run(sample, p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+
+        def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
             ids = tuple(p.item_ids[i] for i in picked.tolist())
-            return encode(Selected(ids, p.mechanism, p.epsilon, remaining, p.request_id))
+            return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id))
 
-        return ledger.charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, sample_and_build)
+        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, heavy_or_inline, build)

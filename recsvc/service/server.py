@@ -78,7 +78,7 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import auth, gate, metrics
+    from recsvc.service import auth, fingerprint_key, gate, metrics
     from recsvc.service import ledger as ledger_mod
     from recsvc.service.servicer import SelectionServicer, register
     from recsvc.v1 import selection_pb2
@@ -87,6 +87,7 @@ def start(config: ServerConfig) -> ServerHandle:
     creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
     authenticator = _authenticator(config)
     ledger_mod.check_path(config.ledger)
+    fingerprint_key.check(config.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
     servicer.limiter = gate.RateLimiter(config.rate_limit) if config.rate_limit > 0 else None
     server = grpc.server(
@@ -116,7 +117,7 @@ def start(config: ServerConfig) -> ServerHandle:
     try:
         if config.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
-        ledger = ledger_mod.Ledger(config.ledger, config.budget)
+        ledger = ledger_mod.Ledger(config.ledger, config.budget, key_file=config.key_path)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -130,15 +131,17 @@ def start(config: ServerConfig) -> ServerHandle:
             ledger.close()
         if created:  # nothing was served from it: remove what this start created
             ledger_mod.remove_files(config.ledger)
+            if ledger is not None and ledger.key_created:
+                config.key_path.unlink(missing_ok=True)
         raise
     metrics_port = None if metrics_server is None else int(metrics_server.server_port)
     if config.allow_non_private:
         log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
                     "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
-        "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s)",
-        SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext", servicer.default_mechanism,
-        servicer.auto_choice, config.budget, config.ledger,
+        "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s, "
+        "fingerprint key %s)", SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext",
+        servicer.default_mechanism, servicer.auto_choice, config.budget, config.ledger, config.key_path,
     )
     return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
 
@@ -237,13 +240,18 @@ def _fork_workers(config: ServerConfig) -> int:
         _check_port_free(config.metrics_host, config.metrics_port)
     ledger_mod.check_path(config.ledger)
     created = not config.ledger.exists()
-    ledger_mod.Ledger(config.ledger, config.budget).close()  # create the file in WAL mode once, before the workers race
+    # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
+    # race: every worker must key its fingerprints with the same secret.
+    ledger = ledger_mod.Ledger(config.ledger, config.budget, key_file=config.key_path)
+    ledger.close()
     served: list[bool] = []
     try:
         return _run_workers(config, served)
     except BaseException:
         if created and not served:  # no worker ever listened: remove what this start created
             ledger_mod.remove_files(config.ledger)
+            if ledger.key_created:
+                config.key_path.unlink(missing_ok=True)
         raise
 
 

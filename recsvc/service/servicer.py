@@ -49,7 +49,8 @@ _HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes 
 
 
 def _fingerprint(kind: bytes, req: Any) -> bytes:
-    """SHA-256 of the canonical request. Fed in pieces below hashlib's 2 KiB GIL-release
+    """SHA-256 of the canonical request (the ledger stores only HMAC(server key, this digest),
+    see recsvc.service.fingerprint_key). Fed in pieces below hashlib's 2 KiB GIL-release
     threshold: releasing the GIL for a few µs of hashing only wakes a waiting thread for nothing."""
     h = hashlib.sha256(kind)
     data = memoryview(req.SerializeToString(deterministic=True))
