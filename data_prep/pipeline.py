@@ -387,7 +387,8 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
             rho = population_spearman(pop_top, ranges, cfg.chunk_users)
         items = pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi,
                               "sensitivity": ranges.sensitivity})
-        spec = PolicySpec(trials=cfg.policy_trials, seed=cfg.seed, users=cfg.policy_users)
+        # rs/rs_improved with the γ the paper used on this data (the manifest's default_gamma)
+        spec = PolicySpec(trials=cfg.policy_trials, seed=cfg.seed, users=cfg.policy_users, params={"gamma": info.gamma})
         with timer.step("policy", f"`auto` policy table on ≤ {spec.users} {population_kind} users"):
             pop_frame = _population_frame(population.user_ids, pop_top, split.item_ids, spec)
             # Read back exactly as `recsvc policy` reads population.parquet: the same table bits.
@@ -419,7 +420,8 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
             "sensitivity_population_users": int(population.inputs.shape[0]),
             "items_without_population_scores": int((ranges.count == 0).sum()),
             "candidates_per_user": N_CANDIDATES,
-            "policy": spec.describe(policy_users),
+            "policy": spec.describe(policy_users, int(pop_matrix.count.max())),
+            "default_gamma": info.gamma,
             "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},
             "versions": _versions(),
             **extra,

@@ -28,7 +28,9 @@ def rebuild(artifacts: Path, users: int = DEFAULT_USERS, trials: int = DEFAULT_T
     PolicySpec(trials=trials, users=users).check()
     art = load_artifact(artifacts)  # every sha256 checked; a missing artifact is an ArtifactError
     population = art.population_matrix()  # refused, before any work, if the artifact has none
-    spec = PolicySpec(trials=trials, seed=(art.manifest.seed or 0) if seed is None else seed, users=users).check()
+    gamma = art.manifest.default_gamma  # rs/rs_improved with the γ the paper used on this data, as prep does
+    spec = PolicySpec(trials=trials, seed=(art.manifest.seed or 0) if seed is None else seed, users=users,
+                      params={} if gamma is None else {"gamma": gamma}).check()
     check_out(artifacts, force=True, param="artifacts")  # e.g. never the working directory itself
     pick = sample_users(len(population.user_ids), spec.users, spec.seed)
     if len(pick) < len(population.user_ids):
@@ -44,7 +46,7 @@ def rebuild(artifacts: Path, users: int = DEFAULT_USERS, trials: int = DEFAULT_T
     content = art.manifest.to_dict()
     for key in ("files", "format_version"):  # the writer sets both
         content.pop(key)
-    content["policy"] = spec.describe(n_users)
+    content["policy"] = spec.describe(n_users, int(population.count.max()))
     content["timings_s"] = {**content.get("timings_s", {}), "policy": round(time.perf_counter() - t0, 3)}
     with ArtifactWriter(artifacts, force=True, param="artifacts") as writer:
         writer.keep(art.path, [f for f in art.manifest.files if f not in (POLICY, MANIFEST)])

@@ -14,7 +14,7 @@ from recsvc.policy import AUTO, EVALUATION_EPSILONS
 DEFAULT_EPSILONS: tuple[float, ...] = EVALUATION_EPSILONS  # 0.01 … 16 (SPEC §6); the policy grid holds them
 DEFAULT_TRIALS = 50
 DEFAULT_BETA = 0.05
-DEFAULT_GAMMA = 0.008
+SCENARIO_GAMMA = 0.05  # rs γ of the paper's synthetic experiments (§VI); an artifact's is in its manifest
 DEFAULT_CHUNK_SIZE = 256  # users per work unit when the run is large
 MIN_AUTO_CHUNK = 16  # automatic chunks never get smaller than this (per-chunk overhead)
 CHUNKS_PER_WORKER = 4  # automatic chunking aims for this many chunks per worker (progress, balance)
@@ -36,7 +36,7 @@ class EvalConfig:
     seed: int = 0
     exact: bool = False
     beta: float = DEFAULT_BETA
-    gamma: float = DEFAULT_GAMMA
+    gamma: float | None = None  # None: the data's own (eval.run.with_data_defaults)
     corr_budget_fraction: float | None = None  # None = the mechanism's default (0.6)
     engine: str = "local"
     workers: int | None = None

@@ -28,10 +28,17 @@ def run(cfg: EvalConfig) -> EvalResult:
     return evaluate(cfg, mechanisms, open_source(cfg))
 
 
+def with_data_defaults(cfg: EvalConfig, source: Source) -> EvalConfig:
+    """``cfg`` with an unset γ (None) replaced by the data's own: the artifact manifest's
+    ``default_gamma`` (the paper's γ for that dataset) or 0.05 for a synthetic scenario."""
+    return cfg if cfg.gamma is not None else replace(cfg, gamma=source.default_gamma)
+
+
 def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> EvalResult:
     """:func:`run` after validation, on the already built data source."""
     from recsvc.engines import chunk_ranges, make_engine
 
+    cfg = with_data_defaults(cfg, source)
     cfg = replace(cfg, chunk_size=chunk_size(cfg, source.total))  # the report records the size used
     auto = plan(cfg, mechanisms, source)  # `auto` from the public policy table (or refused), before any output
     mechanisms = auto.mechanisms

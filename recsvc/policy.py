@@ -105,10 +105,11 @@ class PolicySpec:
         """Every ε a single selection runs at: ε/k for each grid ε and k (sorted, distinct)."""
         return np.unique(np.array([e / k for e in self.epsilons for k in self.ks], dtype=np.float64))
 
-    def describe(self, users: int) -> dict[str, object]:
-        """The manifest's ``policy`` section."""
+    def describe(self, users: int, candidates: int) -> dict[str, object]:
+        """The manifest's ``policy`` section (``candidates``: the population's largest candidate
+        set, above which the service does not use the table)."""
         return {"epsilons": list(self.epsilons), "ks": list(self.ks), "mechanisms": list(self.mechanisms),
-                "users": int(users), "trials": int(self.trials), "seed": int(self.seed),
+                "users": int(users), "candidates": int(candidates), "trials": int(self.trials), "seed": int(self.seed),
                 "params": dict(self.params), "utility": UTILITY,
                 "lookup": "nearest k in log k, then nearest ε in log ε; ties to the lower grid point"}
 

@@ -39,7 +39,9 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     assert {POLICY, POPULATION} <= set(m.files)
     info = m.policy
     assert info.epsilons == POLICY_EPSILONS and info.ks == SLATE_SIZES and info.mechanisms == policy_mechanisms()
-    assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (60, 50, 42, {}, UTILITY)
+    # rs/rs_improved with the γ the paper used on synthetic data (the manifest's default_gamma)
+    assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (60, 50, 42, {"gamma": 0.05}, UTILITY)
+    assert m.default_gamma == 0.05 and info.candidates == int(art.population_matrix().count.max()) <= 150
     assert m.timings_s["policy"] > 0
     pop = art.population_matrix()  # the 60 validation users: the sensitivity population
     assert len(pop.user_ids) == 60 and not set(pop.user_ids) & set(art.user_ids)

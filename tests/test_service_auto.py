@@ -51,7 +51,7 @@ def _select(selector: Selector, eps: float, scores: np.ndarray, mechanism: str =
 
 @pytest.mark.parametrize("eps, k, want", EXPECTED)
 def test_auto_resolves_per_request_from_epsilon_and_k(selector: Selector, eps: float, k: int, want: str) -> None:
-    assert selector.mechanism_name("auto", eps, k) == want
+    assert selector.mechanism_name("auto", eps, k, candidates=50) == want
     if k == 1:
         for name in ("auto", ""):  # empty: the server default, which is auto
             assert _select(selector, eps, np.linspace(0, 1, 10), name).mechanism == want
@@ -113,3 +113,27 @@ def test_no_table_keeps_the_sign_rule_with_a_warning(tmp_path: Path, caplog: pyt
     assert "recsvc policy --artifacts" in warnings[0].getMessage()
     assert {s.mechanism_name("auto", e) for e in (0.01, 1.0, 16.0)} == {"gem"}
     assert s.auto_table is None and s.auto_choice == "gem"
+
+
+INFO = {"epsilons": [0.1, 1.0, 10.0], "ks": [1, 5], "mechanisms": ["rnm", "krr", "gem", "mgem", "em"], "users": 9,
+        "candidates": 12, "trials": 5, "seed": 0, "params": {"gamma": 0.05}, "utility": "test"}
+
+
+def test_larger_candidate_sets_than_the_tables_use_the_sign_rule_and_params_follow_the_table(tmp_path: Path) -> None:
+    """The table holds for candidate sets up to its population's (12 here): a Select with more
+    candidates, or Recommend over the 40-item catalog, resolves by the sign rule (mgem: ρ̄ = 0.5).
+    Where the table applies, its mechanism parameters fill the ones the request leaves unset."""
+    art = add_policy(make_artifact(tmp_path / "a", rho_median=0.5),
+                     [(1.0, 1, "rs", 0.1, 1), (1.0, 1, "gem", 0.2, 2)], info=INFO)
+    s = Selector(load_artifact(art), Policy(min_candidates=5))
+    ids = item_ids()
+    small = s.prepare_select("u", "r", "auto", 1.0, {"gamma": None}, ids[:12], np.linspace(0, 1, 12), lambda: b"")
+    assert (small.mechanism, small.params["gamma"]) == ("rs", 0.05)
+    mine = s.prepare_select("u", "r", "auto", 1.0, {"gamma": 0.2}, ids[:12], np.linspace(0, 1, 12), lambda: b"")
+    assert mine.params["gamma"] == 0.2  # the request's own value wins
+    large = s.prepare_select("u", "r", "auto", 1.0, {"gamma": None}, ids[:13], np.linspace(0, 1, 13), lambda: b"")
+    assert (large.mechanism, large.params["gamma"]) == ("mgem", None)
+    full = s.prepare_recommend("u", "r", "auto", 1.0, {}, ["it1"], 0, lambda: b"")
+    assert full.mechanism == "mgem" and full.scores.size == N_ITEMS
+    staged = s.prepare_recommend("u", "r", "auto", 2.0, {}, ["it1"], 10, lambda: b"", candidate_fraction=0.5)
+    assert staged.mechanism == "rs"  # selects among m = 10 ≤ 12 at ε = 1: the table's choice

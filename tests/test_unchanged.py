@@ -27,19 +27,19 @@ ARTIFACT_FILES = {
     "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
 }
-MANIFEST_WITHOUT_TIMINGS = "7e6314b7123fae3802f713096e86ebe4fd6d840854c17a45431106e7da3b9a5e"
+MANIFEST_WITHOUT_TIMINGS = "8af117ab0f5cbe09c5f9c37451ec71b63ba109d1f3a54805e9341562ea02c3c5"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
     "log_ratio_summary.csv": "85f6bf0fbf2476d3b67f8ca291d9fc13f83675d87e76a6c5b963c3f52110737b",
     "log_ratio_summary.parquet": "bae5c2776a9c1eca46ec199a52fe505d15dcbe3a08a3c4336182e733183356d7",
-    "mse.csv": "969e23a4bea5d492ea5d6c73e5fc48ba33cd2feede3e0336f1f7ac4734abdd43",
-    "mse.parquet": "cde33bf3f0c9e6abbe93725cd86997ab1bc4be20edf41f25a0ddc1645ce73107",
-    "selections.parquet": "c412c7c726ddf15fd2765152bbbcc05ee9353958e4b55c20116271d79c3c2524",
+    "mse.csv": "cf68a2d22381bcd40321e209d396ce3589431f695108abadd0d125ee890b5a2e",
+    "mse.parquet": "8e4254933eaf26dd3f571d9080319ff23c5c64e97b5e983fc4d3d79255854bf2",
+    "selections.parquet": "4ce5712b10a6c6ac7adbd3b7504c1f0a359877e7e3e776a7aaaad71f7764eeca",
     "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
 }
-REPORT_WITHOUT_SECONDS = "18c115c4dc29e93cef8a61df0c58a1773038abadee7968bd6504858d61c07371"
-SUMMARY_WITHOUT_CONFIG = "2f0cf9c37783b0eaf3ff88603eb261168ff448fab74c664df16fbae325be101c"
+REPORT_WITHOUT_SECONDS = "723715e5b45f514e08c9165145d866fab3a7aadfcea6144aebed3b442e0c9196"
+SUMMARY_WITHOUT_CONFIG = "2d23c5cd1b99d25622e0474eb4134e06e1786c2ef41c5e7b1f67a5aa578de7ad"
 
 
 def _sha(path: Path) -> str:

@@ -172,6 +172,7 @@ class PolicyInfo(_Record):
     seed: int = _required(_INT)
     params: Mapping[str, float] = _required(_NUMBER_MAP)  # mechanism parameters given ({}: defaults)
     utility: str = _required(_STR)
+    candidates: int | None = _optional(_INT)  # most candidates of a population user: the table's n
     extra: Mapping[str, Any] = _extra()
 
 
@@ -195,6 +196,7 @@ class Manifest(_Record):
     sensitivity_population_users: int | None = _optional(_INT)
     items_without_population_scores: int | None = _optional(_INT)
     candidates_per_user: int | None = _optional(_INT)
+    default_gamma: float | None = _optional(_NUMBER)  # rs γ the paper used on this data; eval's default
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
     policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: no policy.parquet (older artifacts)
