@@ -24,6 +24,7 @@ import numpy as np
 
 from eval.auto import plan, scenario_matrix
 from eval.config import EvalConfig
+from eval.run import with_data_defaults
 from eval.sources import ScenarioSource
 from recsvc.artifact import load_artifact
 from recsvc.engines import LocalEngine
@@ -38,9 +39,10 @@ def sign_rule(rho: float | None, threshold: float = 0.1) -> str:
     return "mgem" if rho > threshold else "gem" if rho < -threshold else "rnm"
 
 
-def report(name: str, matrix, resolve, rho: float | None, trials: int, workers: int) -> dict:
+def report(name: str, matrix, resolve, rho: float | None, trials: int, workers: int, params: dict) -> dict:
+    """``params``: the mechanism parameters the table used (random stopping's γ for the data)."""
     t0 = time.perf_counter()
-    spec = PolicySpec(epsilons=EVALUATION_EPSILONS, ks=(1,), trials=trials, seed=12345)
+    spec = PolicySpec(epsilons=EVALUATION_EPSILONS, ks=(1,), trials=trials, seed=12345, params=params)
     inner, mse, users = population_mse(matrix, spec, LocalEngine(workers), desc=f"oracle {name}")
     names = list(spec.mechanisms)
     others = [i for i, m in enumerate(names) if m != "combined_gem"]  # mechanisms that do not choose per user
@@ -134,18 +136,21 @@ def main() -> None:
         if args.users is not None and args.users < len(matrix.user_ids):
             matrix = matrix.take(sample_users(len(matrix.user_ids), args.users, 0))
         rho = art.manifest.population_spearman.median if art.manifest.population_spearman else None
-        results.append(report(f"{art.manifest.dataset} ({path})", matrix, table.resolve, rho, args.trials, args.workers))
+        params = dict(art.manifest.policy.params) if art.manifest.policy is not None else {}
+        results.append(report(f"{art.manifest.dataset} ({path})", matrix, table.resolve, rho, args.trials, args.workers,
+                              params))
         if args.slates:
             results[-1]["slates"] = slate_check(art.manifest.dataset, matrix, table, (5, 10), (0.5, 4.0, 16.0),
                                                 users=50, trials=20)
     for name in args.scenarios:
         source = ScenarioSource(name, 100, None, 0, None)
-        cfg = EvalConfig(scenario=name, mechanisms=(AUTO,), epsilons=EVALUATION_EPSILONS, seed=0, progress=False)
+        cfg = with_data_defaults(EvalConfig(scenario=name, mechanisms=(AUTO,), epsilons=EVALUATION_EPSILONS, seed=0,
+                                            progress=False), source)  # γ 0.05 on synthetic data, as eval runs it
         auto = plan(cfg, cfg.mechanisms, source)
         rho = float(np.median(source.sc.correlation()))  # the sign rule reads the population's median ρ
         trials = max(args.trials, 20_000 // source.total)
         results.append(report(f"scenario {name}", scenario_matrix(source.sc), auto.resolved.__getitem__, rho,
-                              trials, args.workers))
+                              trials, args.workers, {"gamma": cfg.gamma}))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 
