@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.checks import check_regular_file
+from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
 from recsvc.service.config import ServerConfig, default
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", type=Path, help="bearer tokens, one per line; enables token auth")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default=default("metrics_host"))
-    p.add_argument("--allow-non-private", action="store_true", help="accept rnmh (NOT differentially private)")
+    not_dp = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
+    p.add_argument("--allow-non-private", action="store_true", help=f"accept {not_dp} (NOT differentially private)")
     p.add_argument("--grace", type=float, default=default("grace"), help="seconds in-flight calls get on SIGTERM")
     p.add_argument("--drain-delay", type=float, default=default("drain_delay"),
                    help="seconds of NOT_SERVING before the port closes")
@@ -56,9 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--mechanism", default="", help="mechanism name or 'auto' (default: the server's default)")
     s.add_argument("--epsilon", type=float, required=True)
     s.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
-    s.add_argument("--beta", type=float)
-    s.add_argument("--gamma", type=float)
-    s.add_argument("--corr-budget-fraction", type=float)
+    add_param_arguments(s)  # --beta, --gamma, --corr-budget-fraction (unset: the mechanism's default)
     s.set_defaults(func=run_select)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
@@ -155,8 +155,7 @@ def run_select(args: argparse.Namespace) -> int:
     with _client(args) as client:
         try:
             r = client.select(args.user, cands, mechanism=args.mechanism, epsilon=args.epsilon,
-                              request_id=args.request_id, beta=args.beta, gamma=args.gamma,
-                              corr_budget_fraction=args.corr_budget_fraction)
+                              request_id=args.request_id, **params_from_namespace(args))
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
     json.dump({"item_id": r.item_id, "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError
+from recsvc.mechanisms import PARAM_NAMES
 from recsvc.service.auth import channel_credentials
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -35,9 +36,18 @@ def _columns(cands: Candidates) -> dict[str, list]:
     return {"item_ids": [str(i) for i, _ in pairs], "scores": [float(s) for _, s in pairs]}
 
 
-def _optional(beta: float | None, gamma: float | None, c: float | None) -> dict[str, float]:
-    given = {"beta": beta, "gamma": gamma, "corr_budget_fraction": c}
-    return {k: v for k, v in given.items() if v is not None}
+def param_fields(message: Any, params: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Mechanism parameters (``beta=0.1``; None: the mechanism's default, not sent) as keyword
+    fields of ``message`` (e.g. ``pb.SelectRequest``): every registered parameter the message has
+    an optional field for. The server checks the values; a value the message cannot carry is
+    refused here rather than silently dropped."""
+    fields = message.DESCRIPTOR.fields_by_name
+    sendable = [name for name in PARAM_NAMES if name in fields]
+    refused = [name for name, value in params.items() if value is not None and name not in sendable]
+    if refused:
+        raise ValueError(f"mechanism parameter(s) {', '.join(map(repr, refused))} cannot be sent: "
+                         f"{message.DESCRIPTOR.name} has fields only for {', '.join(sendable)}")
+    return {k: v for k, v in params.items() if v is not None}
 
 
 class Client:
@@ -89,17 +99,18 @@ class Client:
 
     def select_request(
         self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-        request_id: str | None = None, beta: float | None = None, gamma: float | None = None,
-        corr_budget_fraction: float | None = None,
+        request_id: str | None = None, **params: float | None,
     ) -> pb.SelectRequest:
+        """A SelectRequest; ``params``: mechanism parameters (``beta=0.1``, see :func:`param_fields`)."""
         return pb.SelectRequest(
             user_id=user_id, **_columns(candidates), mechanism=mechanism, epsilon=epsilon,
-            request_id=request_id or uuid.uuid4().hex, **_optional(beta, gamma, corr_budget_fraction),
+            request_id=request_id or uuid.uuid4().hex, **param_fields(pb.SelectRequest, params),
         )
 
     def select(self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
                request_id: str | None = None, **params: float | None) -> pb.SelectResponse:
-        """One private selection; returns the SelectResponse (item_id, mechanism, epsilon_spent, ...)."""
+        """One private selection; returns the SelectResponse (item_id, mechanism, epsilon_spent, ...).
+        ``params``: mechanism parameters, e.g. ``beta=0.1`` (None or absent: the mechanism's default)."""
         req = self.select_request(user_id, candidates, mechanism, epsilon, request_id, **params)
         return self._call(self.stub.Select, req)
 
@@ -108,13 +119,13 @@ class Client:
         return list(self._call(self.stub.SelectBatch, pb.SelectBatchRequest(requests=requests)).results)
 
     def recommend(self, user_id: str, history: Iterable[str], mechanism: str = "", epsilon: float = 1.0,
-                  request_id: str | None = None, num_candidates: int = 0, beta: float | None = None,
-                  gamma: float | None = None, corr_budget_fraction: float | None = None) -> pb.SelectResponse:
-        """Server-side SANSA top-k of the unseen items, then a private selection among them."""
+                  request_id: str | None = None, num_candidates: int = 0, **params: float | None) -> pb.SelectResponse:
+        """Server-side SANSA top-k of the unseen items, then a private selection among them
+        (``params`` as for :meth:`select`)."""
         req = pb.RecommendRequest(
             user_id=user_id, history=[str(h) for h in history], mechanism=mechanism, epsilon=epsilon,
             request_id=request_id or uuid.uuid4().hex, num_candidates=num_candidates,
-            **_optional(beta, gamma, corr_budget_fraction),
+            **param_fields(pb.RecommendRequest, params),
         )
         return self._call(self.stub.Recommend, req)
 
