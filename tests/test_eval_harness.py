@@ -162,6 +162,27 @@ def test_each_mechanism_gets_only_its_own_parameters_and_exact_only_where_it_has
     assert make_context(EvalConfig(scenario="4"), ("rnm", "gem")).exact == frozenset()  # without --exact
 
 
+def test_given_parameters_reach_the_mechanisms_that_take_them():
+    """β and c given once in the config: gem and combined_gem run with them (exact MSE against the
+    mechanisms' own probabilities), rnm ignores them; the report names the values used."""
+    from eval.metrics import expected_stats
+    from eval.report import markdown
+    from eval.sources import ScenarioSource
+
+    cfg = EvalConfig(scenario="4", n=30, users=3, mechanisms=("rnm", "gem", "combined_gem"), epsilons=(1.0,),
+                     exact=True, params={"beta": 0.2, "corr_budget_fraction": 0.3}, progress=False, workers=1)
+    res = run(cfg)
+    chunk = ScenarioSource("4", 30, 3, 0, None).chunk(range(3))
+    for mech, kw in (("gem", {"beta": 0.2}), ("combined_gem", {"beta": 0.2, "corr_budget_fraction": 0.3}), ("rnm", {})):
+        want = np.mean([expected_stats(q, probabilities(mech, q, d, 1.0, **kw))[0]
+                        for q, d in zip(chunk.scores, chunk.sensitivities)])
+        assert _mse(res, mech, 1.0) == pytest.approx(want, rel=1e-12), mech
+    default_gem = np.mean([expected_stats(q, probabilities("gem", q, d, 1.0))[0]
+                           for q, d in zip(chunk.scores, chunk.sensitivities)])
+    assert abs(_mse(res, "gem", 1.0) - default_gem) > 1e-3 * default_gem  # β = 0.2 is not the default 0.05
+    assert "seed 0, β=0.2, γ=0.008, corr_budget_fraction=0.3, exact probabilities" in markdown(res)
+
+
 @pytest.mark.parametrize("argv,match", [
     (["eval", "--artifacts", "{missing}"], "does not exist"),
     (["eval", "--artifacts", "{corrupt}"], "corrupt: sha256"),
