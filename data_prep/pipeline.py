@@ -394,6 +394,7 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
             "sensitivity_population_users": int(population.inputs.shape[0]),
             "items_without_population_scores": int((ranges.count == 0).sum()),
             "candidates_per_user": N_CANDIDATES,
+            "default_gamma": info.gamma,
             "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},
             "versions": _versions(),
             **extra,

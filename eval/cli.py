@@ -1,4 +1,4 @@
-"""``recsvc eval`` and ``recsvc eval-synthetic`` (see recsvc/app/cli.py for the registration contract)."""
+"""``recsvc eval``, ``eval-synthetic``, ``eval-bandit`` and ``eval-two-candidates`` (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action="store_true",
                    help="expected MSE from exact probabilities; Monte Carlo (and a note) where a mechanism has none")
     p.add_argument("--seed", type=int, default=0, help="seed; user b uses SeedSequence(seed, spawn_key=(b,))")
-    add_param_arguments(p)  # --beta, --gamma, --corr-budget-fraction: from the mechanisms' specs
+    # --beta, --gamma, --corr-budget-fraction from the mechanisms' specs; γ defaults to the data's.
+    add_param_arguments(p, defaults={"gamma": "the paper's for the data: the artifact manifest's default_gamma, "
+                                              "0.008 for MovieLens/Amazon-book, 0.0008 for Netflix; 0.05 for "
+                                              "synthetic scenarios"})
     p.add_argument("--engine", choices=("local", "dask"), default="local")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: min(2, cores))")
     p.add_argument("--scheduler", default=None, help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
@@ -42,8 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = sub.add_parser("eval-synthetic", help="evaluate selection mechanisms on a synthetic scenario from the paper",
                        description="Scenarios: 1–3 bimodal, 4–6 realistic, 7–8 combined-GEM polarised, "
-                                   "sweep (Figure 10, --level t).")
-    s.add_argument("--scenario", required=True, help="1 … 8 or sweep")
+                                   "sweep (Figure 10, --level t), proportion (Figure 18).")
+    s.add_argument("--scenario", required=True,
+                   help="1 … 8, sweep (Figure 10) or proportion (Figure 18: scenarios 1–3 over the share of high scores)")
     s.add_argument("--n", type=int, default=100, help="candidates (default 100)")
     s.add_argument("--users", "--repeats", dest="users", type=int, default=None,
                    help="synthetic users = score draws (default: 1 for scenarios 1–3, 1000 for 4–6, 5000 for 7–8, "
@@ -54,6 +58,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--out", type=Path, default=None, help="results directory (default: results/scenario-NAME)")
     _common(s)
     s.set_defaults(func=_run_synthetic)
+    _register_two_candidates(sub)
+
+
+def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
+    from eval.two_candidates import DEFAULT_BETA, DEFAULT_DELTAS, DEFAULT_EPSILONS, DEFAULT_GAMMAS, DEFAULT_GAPS
+
+    def grid(values: tuple[float, ...]) -> str:
+        return " ".join(f"{v:g}" for v in values)
+
+    t = sub.add_parser("eval-two-candidates", help="the paper's two-candidate analysis: HG(M, M') heatmaps, exact",
+                       description="HG(M, M') = Pr[M errs] - Pr[M' errs] for two candidates (q1 = 0 < q2 = gap, "
+                                   "Δ1 the lower one's sensitivity) over Δ1 × Δ2 × ε × gap, from exact "
+                                   "probabilities: hg.parquet, Figures 3, 15, 16, 17 and the GEM family as PNGs, "
+                                   "report.md with the paper's statements checked.")
+    t.add_argument("--out", type=Path, default=Path("results/two-candidates"),
+                   help="results directory (default: results/two-candidates)")
+    t.add_argument("--deltas", nargs="+", type=float, default=DEFAULT_DELTAS, metavar="D",
+                   help=f"the grid of Δ1 and of Δ2 (default: {grid(DEFAULT_DELTAS[:3])} … {DEFAULT_DELTAS[-1]:g})")
+    t.add_argument("--epsilons", nargs="+", type=float, default=DEFAULT_EPSILONS, metavar="EPS",
+                   help=f"ε values (default: {grid(DEFAULT_EPSILONS)}, the rows of Figs 16-17)")
+    t.add_argument("--gaps", nargs="+", type=float, default=DEFAULT_GAPS, metavar="GAP",
+                   help=f"score gaps q2 - q1 (default: {grid(DEFAULT_GAPS)}, the columns of Figs 16-17)")
+    t.add_argument("--gammas", nargs="+", type=float, default=DEFAULT_GAMMAS, metavar="GAMMA",
+                   help=f"RS stopping probabilities γ (default: {grid(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)")
+    t.add_argument("--beta", type=float, default=DEFAULT_BETA, help=f"GEM/mGEM β (default {DEFAULT_BETA:g})")
+    t.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    t.set_defaults(func=_run_two_candidates)
+
+    b = sub.add_parser("eval-bandit", help="the paper's bandit study under distribution shift (§IX, Figure 14)",
+                       description="Two arms whose reward distributions swap at --shift: non-private UCB and "
+                                   "Thompson sampling vs private kRR, RNM, RS, GEM and mGEM selecting on private "
+                                   "means and sensitivities. Writes bandit.parquet, summary tables with 95%% CIs "
+                                   "over seeds, Figure 14(a)–(d) PNGs and report.md.")
+    b.add_argument("--out", required=True, type=Path, help="results directory, e.g. results/bandit")
+    b.add_argument("--seeds", type=int, default=10, help="independent runs, seeds 0 … N−1 (default 10)")
+    b.add_argument("--horizon", type=int, default=50_000, help="steps T (default 50,000)")
+    b.add_argument("--shift", type=int, default=30_000,
+                   help="the arms swap after this step, 1 ≤ shift < horizon (default 30,000)")
+    b.add_argument("--workers", type=int, default=None, help="worker processes (default: min(2, cores))")
+    b.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    b.set_defaults(func=_run_bandit)
 
 
 def _config(args: argparse.Namespace, **source):
@@ -103,6 +148,8 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     from eval.sweep import run_sweep
 
     level = _level(args.level)
+    if args.scenario == "proportion":
+        return _run_proportion(args, level)
     if level == "all":
         if args.out is None:
             args.out = Path("results") / f"scenario-{args.scenario}"
@@ -111,3 +158,46 @@ def _run_synthetic(args: argparse.Namespace) -> int:
         suffix = f"-{level_dirname(DEFAULT_LEVEL if level is None else level)}" if args.scenario == "sweep" else ""
         args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
     return _finish(run(_config(args, scenario=args.scenario, n=args.n, level=level)))
+
+
+def _run_bandit(args: argparse.Namespace) -> int:
+    from eval.bandit.config import BanditConfig
+    from eval.bandit.report import summary_text
+    from eval.bandit.run import run
+
+    result = run(BanditConfig(out=args.out, seeds=args.seeds, horizon=args.horizon, shift=args.shift,
+                              workers=args.workers, force=args.force))
+    print(summary_text(result))
+    return 0
+
+
+def _run_proportion(args: argparse.Namespace, level: float | str | None) -> int:
+    from eval.proportion import run_proportion
+
+    if args.out is None:
+        args.out = Path("results") / "scenario-proportion"
+    res = run_proportion(_config(args, scenario="proportion", n=args.n, level=level))
+    held = sum(f.holds for f in res.findings)
+    print(f"proportion of high scores (Figure 18) at ε = {res.epsilon:g}: {held} of {len(res.findings)} of the "
+          f"paper's statements hold ({res.seconds:.1f} s)")
+    for f in res.findings:
+        print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
+    if res.out is not None:
+        print(f"report: {res.out / 'report.md'}")
+    return 0
+
+
+def _run_two_candidates(args: argparse.Namespace) -> int:
+    from eval.two_candidate_run import run_two_candidates
+    from eval.two_candidates import TwoCandidateConfig
+
+    res = run_two_candidates(TwoCandidateConfig(
+        out=args.out, deltas=tuple(args.deltas), epsilons=tuple(args.epsilons), gaps=tuple(args.gaps),
+        gammas=tuple(args.gammas), beta=args.beta, force=args.force))
+    held = sum(f.holds for f in res.findings)
+    print(f"two candidates: {res.table.height} HG values in {res.seconds:.1f} s; "
+          f"{held} of {len(res.findings)} of the paper's statements hold")
+    for f in res.findings:
+        print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
+    print(f"report: {res.out / 'report.md'}")
+    return 0

@@ -13,6 +13,7 @@ from recsvc.engines import resolve_workers
 
 DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_TRIALS = 50
+SCENARIO_GAMMA = 0.05  # rs γ of the paper's synthetic experiments (§VI); an artifact's is in its manifest
 DEFAULT_CHUNK_SIZE = 256  # users per work unit when the run is large
 MIN_AUTO_CHUNK = 16  # automatic chunks never get smaller than this (per-chunk overhead)
 CHUNKS_PER_WORKER = 4  # automatic chunking aims for this many chunks per worker (progress, balance)
@@ -33,8 +34,9 @@ class EvalConfig:
     trials: int = DEFAULT_TRIALS
     seed: int = 0
     exact: bool = False
-    # Mechanism parameters by name (recsvc.mechanisms.PARAMS; absent or None = each mechanism's own
-    # default). Each mechanism is called with the ones it takes (mechanism_params).
+    # Mechanism parameters by name (recsvc.mechanisms.PARAMS). Absent or None: the data's own where
+    # it has one (γ, eval.run.with_data_defaults), else each mechanism's default. Each mechanism is
+    # called with the ones it takes (mechanism_params).
     params: Mapping[str, float | None] = field(default_factory=dict)
     engine: str = "local"
     workers: int | None = None
@@ -61,8 +63,9 @@ def mechanism_params(cfg: EvalConfig, mechanism: str) -> dict[str, float]:
 
 
 def param_values(cfg: EvalConfig) -> dict[str, float]:
-    """Every declared parameter's value in this run: the given one, else its spec's default
-    (for the report and the summary's echo of the config)."""
+    """Every declared parameter's value in this run: the given one (or the data's, once
+    eval.run.with_data_defaults filled it in), else its spec's default. For the report and the
+    summary's echo of the config."""
     from recsvc.mechanisms import PARAMS
 
     return {k: s.default if (v := cfg.params.get(k)) is None else s.check(v) for k, s in PARAMS.items()}

@@ -14,6 +14,15 @@ import polars as pl
 from eval.config import EvalConfig, level_dirname
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One of the paper's statements checked on our results (two candidates, Figure 18)."""
+
+    statement: str  # the paper's claim, as we test it
+    holds: bool
+    detail: str  # what we measured
+
+
 @dataclass
 class EvalResult:
     """Aggregates of one run; per-user tables are in ``out`` as Parquet."""

@@ -27,10 +27,19 @@ def run(cfg: EvalConfig) -> EvalResult:
     return evaluate(cfg, mechanisms, open_source(cfg))
 
 
+def with_data_defaults(cfg: EvalConfig, source: Source) -> EvalConfig:
+    """``cfg`` with an unset γ (None) replaced by the data's own: the artifact manifest's
+    ``default_gamma`` (the paper's γ for that dataset) or 0.05 for a synthetic scenario."""
+    if cfg.params.get("gamma") is not None:
+        return cfg
+    return replace(cfg, params={**cfg.params, "gamma": source.default_gamma})
+
+
 def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> EvalResult:
     """:func:`run` after validation, on the already built data source."""
     from recsvc.engines import chunk_ranges, make_engine
 
+    cfg = with_data_defaults(cfg, source)
     cfg = replace(cfg, chunk_size=chunk_size(cfg, source.total))  # the report records the size used
     ctx = make_context(cfg, mechanisms)
     ranges = chunk_ranges(source.total, cfg.chunk_size)

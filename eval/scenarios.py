@@ -8,12 +8,15 @@ the real pipeline) and clip every score to its range. The bimodal scenarios 1–
 score vector and the sweep one fixed instance per row, so their Δ are given directly and each
 range is centred on its score.
 
-- ``"1"``/``"2"``/``"3"``  bimodal (Figure 2): half the candidates score 1, half −1; Δ ∈ {1, 1.8}.
+- ``"1"``/``"2"``/``"3"``  bimodal (Figure 2): half the candidates score 1, half −1; Δ ∈ {1, 1.8}
+  (``proportion``: another share of high scores, Figure 18 / :mod:`eval.proportion`).
   1: high score ↔ Δ 1.8 (positive correlation); 2: high score ↔ Δ 1 (negative);
   3: each group split equally between Δ 1 and 1.8 (no correlation).
 - ``"4"``  σ_1 ≤ … ≤ σ_n sorted draws of N_[0.01,0.7](0.5, 1); P_a = N(log a, σ_a²) (positive).
 - ``"5"``  P_a = N(0.1a, 2.3 − 0.02a) (variance; negative correlation).
-- ``"6"``  μ_a ~ U[0,1], σ_a ~ N_[0.01,0.7](0.5, 1); P_a = N(μ_a, σ_a²) (no correlation).
+- ``"6"``  μ_a ~ U[0,1], σ_a ~ N_[0.01,0.7](0.5, 1); P_a = N(μ_a, σ_a²) (no correlation: of 64
+  independent draws of (μ, σ) the least rank-correlated one is kept, so that the users' ρ(q, Δ)
+  is centred on 0 and not on one draw's chance correlation of about ±0.1).
 - ``"7"``/``"8"``  Appendix F, combined GEM's polarised users: group 0 has base scores
   −8 + 8a/100 (negative correlation), group 1 has 8 − 8a/100 (positive), plus N(0, σ²) noise
   per user and candidate with σ = 0.5 (7, strong) or 3 (8, weak). Clip range: the 5th–95th
@@ -103,17 +106,23 @@ def _truncnorm_sd(rng: np.random.Generator, size: int) -> np.ndarray:
     return truncnorm.rvs((lo - mu) / sd, (hi - mu) / sd, loc=mu, scale=sd, size=size, random_state=rng)
 
 
-def _bimodal(kind: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+def _bimodal(kind: str, n: int, proportion: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+    """The first round(proportion·n) candidates score 1, the rest −1 (Figure 2: half; Figure 18
+    varies the proportion)."""
     if n < 2:
         raise ValueError(f"bimodal scenario needs n ≥ 2 candidates, got {n}")
-    half = n // 2
-    q = np.where(np.arange(n) < half, 1.0, -1.0)  # first half high, as in Figure 2
+    high = int(np.floor(proportion * n + 0.5))
+    if not (isinstance(proportion, (int, float)) and 0 < proportion < 1) or not 1 <= high <= n - 1:
+        raise ValueError(f"proportion of high scores must leave at least one high and one low candidate "
+                         f"among n = {n}, got {proportion!r}")
+    idx = np.arange(n)
+    q = np.where(idx < high, 1.0, -1.0)  # first ones high, as in Figure 2
     if kind == "1":
         sens = np.where(q > 0, 1.8, 1.0)
     elif kind == "2":
         sens = np.where(q > 0, 1.0, 1.8)
     else:  # "3": alternate inside each group → equal share of large and small Δ per group
-        sens = np.where(np.arange(n) % 2 == 0, 1.8, 1.0)
+        sens = np.where(np.where(q > 0, idx, idx - high) % 2 == 0, 1.8, 1.0)
     return q, sens
 
 
@@ -129,9 +138,23 @@ def _scenario_5(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
     return 0.1 * a + np.sqrt(var) * rng.standard_normal((repeats, n))
 
 
+S6_DRAWS = 64  # independent (μ, σ) draws; scenario 6 keeps the least rank-correlated one
+
+
 def _scenario_6(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
-    mu = rng.uniform(0.0, 1.0, n)
-    sigma = _truncnorm_sd(rng, n)
+    """μ and σ independent, as in the paper, and the drawn sample itself uncorrelated: every
+    user's ρ(q, Δ) is centred on the sample correlation of μ and σ (Δ ∝ σ, q ≈ μ), and one draw
+    of 100 pairs has a rank correlation of about ±0.1 (the old seed-0 draw: +0.27, so 96% of the
+    users had ρ > 0). The paper calls scenario 6 the uncorrelated case, so of ``S6_DRAWS``
+    independent draws the one with the smallest |Spearman(μ, σ)| is kept (≤ 0.01 at n = 100)."""
+    best, best_rho = None, np.inf
+    for _ in range(S6_DRAWS):
+        mu = rng.uniform(0.0, 1.0, n)
+        sigma = _truncnorm_sd(rng, n)
+        rho = abs(float(spearman(mu, sigma)))
+        if rho < best_rho:
+            best, best_rho = (mu, sigma), rho
+    mu, sigma = best
     return mu + sigma * rng.standard_normal((repeats, n))
 
 
@@ -173,12 +196,14 @@ _PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0),
 
 
 def scenario(
-    name: str, n: int = 100, seed: int = 0, *, repeats: int | None = None, level: float = 0.8
+    name: str, n: int = 100, seed: int = 0, *, repeats: int | None = None, level: float = 0.8,
+    proportion: float = 0.5,
 ) -> Scenario:
     """Builds scenario ``name`` with ``n`` candidates; ``repeats`` rows (default per scenario:
     1 for the fixed bimodal ones (1–3), 100 instances for the sweep, 1000 for 4–6, 5000 for 7–8
     as in Appendix F).
-    ``level`` is the sweep's t (ignored elsewhere)."""
+    ``level`` is the sweep's t and ``proportion`` the share of high scores in the bimodal
+    scenarios 1–3 (Figure 18; default ½ as in Figure 2); each is ignored elsewhere."""
     name = str(name)
     if name not in _DESCRIPTIONS:
         raise ValueError(f"unknown scenario {name!r}; expected one of {', '.join(SCENARIOS)}")
@@ -199,8 +224,10 @@ def scenario(
         return Scenario(name, f"{description} (t = {level:g})", draws[0].copy(), sens, draws - sens / 2.0,
                         draws + sens / 2.0, draws, level=float(level), seed=seed)
     if name in ("1", "2", "3"):
-        q, sens = _bimodal(name, n)
+        q, sens = _bimodal(name, n, proportion)
         draws = np.broadcast_to(q, (repeats, n)).copy()
+        if proportion != 0.5:
+            description += f" ({int((q > 0).sum())} of {n} high)"
         return Scenario(name, description, q.copy(), sens, q - sens / 2.0, q + sens / 2.0, draws, seed=seed)
 
     groups = None

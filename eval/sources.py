@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.config import DEFAULT_LEVEL, EvalConfig, level_dirname
+from eval.config import DEFAULT_LEVEL, SCENARIO_GAMMA, EvalConfig, level_dirname
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class ArtifactSource:
 
     def __init__(self, path: Path, users: int | None) -> None:
         from recsvc.artifact import load_artifact
+        from recsvc.mechanisms.random_stopping import GAMMA
 
         self.artifact = load_artifact(path)  # verifies every sha256 before anything is trusted
         total = len(self.artifact.user_ids)
@@ -34,6 +35,9 @@ class ArtifactSource:
             raise ValueError(f"{path}: the artifact has no candidate users; expected ≥ 1")
         self.total = total if users is None else min(users, total)
         self.name = self.artifact.manifest.dataset
+        # rs γ: the manifest's; an artifact built before it was recorded gets the mechanism's default
+        recorded = self.artifact.manifest.default_gamma
+        self.default_gamma = GAMMA.default if recorded is None else float(recorded)
 
     def chunk(self, r: range) -> Chunk:
         m = self.artifact.candidate_matrix(users=len(r), start=r.start)
@@ -42,6 +46,8 @@ class ArtifactSource:
 
 class ScenarioSource:
     """A synthetic scenario's rows, one synthetic user each."""
+
+    default_gamma = SCENARIO_GAMMA
 
     def __init__(self, name: str, n: int, users: int | None, seed: int, level: float | None) -> None:
         from eval.scenarios import scenario  # scipy.stats: only when a scenario is evaluated

@@ -41,6 +41,7 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
     # Flags, mechanisms and --out; --level needs the sweep scenario.
     mechanisms = validate(replace(cfg, level=levels[0]))
     sources = [open_source(replace(cfg, level=t)) for t in levels]  # a bad --n / --users fails here
+    cfg = runner.with_data_defaults(cfg, sources[0])
     t0 = time.perf_counter()
     with outputs.staged(cfg) as stage:
         done = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
@@ -31,12 +32,37 @@ class Model:
         """Dense scores (users × items); seen items are not masked (see :meth:`score_unseen`)."""
         return np.asarray((x @ self.w1 @ self.w2).todense(), dtype=np.float64)
 
+    def score_one(self, cols: np.ndarray) -> np.ndarray:
+        """Dense float64 scores (items,) of ONE user whose input items are the model columns
+        ``cols`` (distinct), seen items not masked: :meth:`score` of that binary row, up to
+        summation order (≈ 1e-16). A compiled pass over the factors' nonzeros, several times
+        faster than scipy's sparse product for one user (the service scores one per request)."""
+        w1, w2 = self.w1, self.w2
+        return _score_one(np.asarray(cols, np.int64), w1.indptr, w1.indices, w1.data,
+                          w2.indptr, w2.indices, w2.data, w2.shape[1])
+
     def score_unseen(self, x: sp.csr_matrix) -> np.ndarray:
         """Dense scores with each user's input items (the nonzeros of its row of ``x``) at −inf."""
         scores = self.score(x)
         rows = np.repeat(np.arange(x.shape[0]), np.diff(x.indptr))
         scores[rows, x.indices] = -np.inf
         return scores
+
+
+@numba.njit(cache=True, nogil=True)
+def _score_one(cols: np.ndarray, p1: np.ndarray, i1: np.ndarray, d1: np.ndarray, p2: np.ndarray,
+               i2: np.ndarray, d2: np.ndarray, n: int) -> np.ndarray:  # pragma: no cover - numba
+    u = np.zeros(p1.shape[0] - 1)  # x @ W1: the sum of the input items' rows of W1
+    for c in cols:
+        for k in range(p1[c], p1[c + 1]):
+            u[i1[k]] += d1[k]
+    y = np.zeros(n)  # u @ W2: scatter each nonzero u_i times row i of W2
+    for i in range(u.shape[0]):
+        ui = u[i]
+        if ui != 0.0:
+            for k in range(p2[i], p2[i + 1]):
+                y[i2[k]] += ui * d2[k]
+    return y
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     from recsvc.service.config import Policy
     from recsvc.service.servicer import SelectionServicer, status_of
 
-    servicer = None if echo else SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e12), Policy())
+    servicer = None if echo else SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e6), Policy())
 
     async def select(req: object, ctx: grpc.aio.ServicerContext) -> object:
         if servicer is None:
@@ -167,12 +167,12 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1) -> None:
+    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = ()) -> None:
         self.port, self.workers = free_port(), workers
         self.ledger = ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
         if kind == "sync":
             cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
-                   "--port", str(self.port), "--budget", "1e12", "--workers", str(workers), "--drain-delay", "0"]
+                   "--port", str(self.port), "--budget", "1e6", "--workers", str(workers), "--drain-delay", "0", *extra]
         else:
             cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(ledger)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)

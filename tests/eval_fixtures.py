@@ -13,10 +13,11 @@ from recsvc.artifact import ArtifactWriter
 
 
 def make_artifact(out: Path, users: int = 12, items: int = 30, n: int = 20, seed: int = 0,
-                  short_users: int = 2) -> Path:
+                  short_users: int = 2, manifest: dict | None = None) -> Path:
     """Scores roughly increase with Δ (positive correlation, like SANSA in the paper).
 
     The last ``short_users`` users get fewer than ``n`` candidates, exercising the padding.
+    ``manifest``: more manifest fields (e.g. ``default_gamma``).
     """
     rng = np.random.default_rng(seed)
     lo = rng.uniform(0.0, 0.1, items)
@@ -36,7 +37,7 @@ def make_artifact(out: Path, users: int = 12, items: int = 30, n: int = 20, seed
     with ArtifactWriter(out) as w:
         w.write_items(pl.DataFrame({"item_id": item_ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
         w.write_candidates(pl.DataFrame(rows).cast({"rank": pl.Int32}))
-        return w.commit({"dataset": "toy", "seed": seed})
+        return w.commit({"dataset": "toy", "seed": seed, **(manifest or {})})
 
 
 def snapshot(d: Path) -> dict[str, bytes]:

@@ -37,12 +37,13 @@ def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_it
     w1 = sp.random(n_items, n_items, density=0.3, random_state=seed, format="csr") + sp.eye(n_items, format="csr")
     w2 = sp.random(n_items, n_items, density=0.3, random_state=seed + 1, format="csr")
     cands = {"user_id": [], "rank": [], "item_id": [], "score": []}
+    per_user = min(10, n_items)
     for u in range(3):
-        picked = rng.choice(n_items, 10, replace=False)
-        cands["user_id"] += [f"u{u}"] * 10
-        cands["rank"] += list(range(10))
+        picked = rng.choice(n_items, per_user, replace=False)
+        cands["user_id"] += [f"u{u}"] * per_user
+        cands["rank"] += list(range(per_user))
         cands["item_id"] += [ids[k] for k in picked]
-        cands["score"] += rng.uniform(0, 1, 10).tolist()
+        cands["score"] += rng.uniform(0, 1, per_user).tolist()
     manifest: dict = {"dataset": "toy", "seed": seed}
     if rho_median is not None:
         manifest["population_spearman"] = {"median": rho_median, "mean": rho_median, "frac_positive": 0.5, "users": 10}

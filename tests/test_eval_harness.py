@@ -180,7 +180,7 @@ def test_given_parameters_reach_the_mechanisms_that_take_them():
     default_gem = np.mean([expected_stats(q, probabilities("gem", q, d, 1.0))[0]
                            for q, d in zip(chunk.scores, chunk.sensitivities)])
     assert abs(_mse(res, "gem", 1.0) - default_gem) > 1e-3 * default_gem  # β = 0.2 is not the default 0.05
-    assert "seed 0, β=0.2, γ=0.008, corr_budget_fraction=0.3, exact probabilities" in markdown(res)
+    assert "seed 0, β=0.2, γ=0.05, corr_budget_fraction=0.3, exact probabilities" in markdown(res)  # γ: scenario's
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -254,23 +254,26 @@ def test_paper_findings_combined_gem_wins_on_polarised_users_once_epsilon_pays_f
     assert _mse(res, "combined_gem", 0.1) > _mse(res, "rnm", 0.1)
 
 
-def test_paper_findings_scenario_6_gem_needs_epsilon():
-    """Scenario 6 (no designed correlation): GEM is the best of RNM/GEM/mGEM once ε ≥ 0.5, but
-    below ε = 0.1 its shift t = 2 ln(n/β)/ε dominates and it does worse than random. Exact."""
+def test_paper_findings_scenario_6_uncorrelated_favours_gem():
+    """Scenario 6 (no correlation, Fig. 8c): "GEM does not perform well in the presence of positive
+    correlation, but does in the presence of negative or absent correlation, and vice-versa for
+    mGEM and RS". Exact: GEM < RNM < mGEM for ε from 0.5 to 4, and mGEM is worse than random at
+    small ε. (With the old seed-0 draw, whose users had mean ρ = +0.14, mGEM beat RNM instead.)"""
     res = run(EvalConfig(scenario="6", users=100, mechanisms=("rnm", "gem", "mgem", "random"),
-                         epsilons=(0.05, 0.1, 0.5, 1.0, 2.0), exact=True, progress=False, workers=1))
+                         epsilons=(0.05, 0.1, 0.5, 1.0, 2.0, 4.0), exact=True, progress=False, workers=1))
+    for eps in (0.5, 1.0, 2.0, 4.0):
+        gem, rnm, mgem = (_mse(res, m, eps) for m in ("gem", "rnm", "mgem"))
+        assert gem < 0.9 * rnm < 0.9 * mgem, (eps, gem, rnm, mgem)
     for eps in (0.05, 0.1):
-        assert _mse(res, "gem", eps) > 1.05 * _mse(res, "random", eps), eps
-    for eps in (0.5, 1.0, 2.0):
-        gem = _mse(res, "gem", eps)
-        assert gem < 0.9 * min(_mse(res, "rnm", eps), _mse(res, "mgem", eps)), eps
+        assert _mse(res, "mgem", eps) > 1.03 * _mse(res, "random", eps), eps
+    assert abs(res.correlation["spearman"]["mean"]) < 0.05
 
 
 def test_paper_findings_sweep_benefit_grows_with_correlation_strength():
     """Figure 10: over t = −5 … 5, mGEM and RS gain most from strong positive correlation and
     GEM from strong negative, and the best of GEM/mGEM gains more over RNM the stronger the
     correlation, on either side from |t| = 0.3 outward (at t = 0 GEM still gains from the
-    low-Δ candidates, as in scenario 6). 100 instances per level, for two seeds. Exact for the
+    low-Δ candidates, as GEM does in scenario 6). 100 instances per level, for two seeds. Exact for the
     noisy-max family, 100 trials per instance for RS."""
     from eval.scenarios import SWEEP_LEVELS
 
@@ -292,4 +295,4 @@ def test_paper_findings_sweep_benefit_grows_with_correlation_strength():
             assert mse[-5.0]["gem", e] < 0.1 * mse[-5.0]["rnm", e] and mse[-5.0]["mgem", e] > mse[-5.0]["rnm", e], e
             rs = [mse[t]["rs", e] / mse[t]["rnm", e] for t in SWEEP_LEVELS]  # RS: the more positive, the better
             assert all(a > b for a, b in zip(rs, rs[1:])), (seed, e, rs)
-            assert rs[0] > 1.5 and rs[-1] < 0.55, (seed, e, rs)
+            assert rs[0] > 1.25 and rs[-1] < 0.75, (seed, e, rs)  # γ = 0.05 (the paper's); 0.008 gave 1.5 / 0.55

@@ -133,6 +133,9 @@ def test_flags_are_derived_from_the_specs():
     add_param_arguments(only, ["gamma"])
     assert params_from_namespace(only.parse_args([])) == {"gamma": None}
     assert flag("corr_budget_fraction") == "--corr-budget-fraction"
+    elsewhere = argparse.ArgumentParser()  # a command that supplies another default (eval: γ from the data)
+    add_param_arguments(elsewhere, ["gamma"], defaults={"gamma": "the data's"})
+    assert elsewhere._actions[-1].help.endswith("; taken by rs, rs_improved (default the data's, in [1e-06, 1))")
 
 
 def test_the_listing_shows_each_mechanisms_parameters(capsys):
@@ -298,9 +301,9 @@ def test_toy_is_evaluable_with_its_parameter_from_the_command_line(toy, tmp_path
     # α was passed through: at the default α = 0.5 the MSE at ε = 2 would be 1.458306.
     assert _toy_scenario_1_mse(0.5, 2.0) == pytest.approx(1.458306, abs=1e-6)
     report = (out / "report.md").read_text(encoding="utf-8")
-    assert "β=0.05, γ=0.008, alpha=0.25" in report and "| tempered_em (exact) |" in report
+    assert "β=0.05, γ=0.05, alpha=0.25" in report and "| tempered_em (exact) |" in report  # γ: the scenario's
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["config"]["params"] == {"gamma": 0.008, "beta": 0.05, "corr_budget_fraction": 0.6, "alpha": 0.25}
+    assert summary["config"]["params"] == {"gamma": 0.05, "beta": 0.05, "corr_budget_fraction": 0.6, "alpha": 0.25}
     assert summary["mechanisms"] == ["rnm", "tempered_em"]
 
 

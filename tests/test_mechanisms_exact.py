@@ -168,6 +168,23 @@ def test_fast_q_prime_equals_naive_definition(seed):
         assert fast.max() == 0.0 and (fast <= 0).all()
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_q_prime_hull_prefilter_keeps_every_hull_vertex_at_catalog_scale(ties):
+    """At n = 3,000 the Akl–Toussaint pre-filter drops most points before the sort (for +t);
+    q' must still equal the definition, also when many points lie near one line (mgem's −t)."""
+    from recsvc.mechanisms.gem import _hull_candidates
+
+    rng = np.random.default_rng(11)
+    n = 3000
+    q, d = rng.normal(size=n), rng.uniform(0.05, 2.0, size=n)
+    if ties:
+        q, d = np.round(q, 1), np.round(d, 1) + 0.05
+    for t in (gem_t(n, 1.0, 0.05), -gem_t(n, 1.0, 0.05), 0.0):
+        fast, naive = q_prime(q, d, t), q_prime_naive(q, d, t)
+        np.testing.assert_allclose(fast, naive, rtol=1e-12, atol=1e-12 * (1 + np.abs(naive).max()))
+    assert _hull_candidates(q - gem_t(n, 1.0, 0.05) * d, d).size < n // 4  # the filter does filter
+
+
 def test_gem_is_rnm_on_q_prime_with_unit_sensitivity():
     for name, sign in (("gem", 1.0), ("mgem", -1.0)):
         qp = q_prime(Q6, D6, sign * gem_t(6, 1.5, 0.1))

@@ -44,6 +44,23 @@ def test_score_unseen_masks_each_users_own_items() -> None:
     assert s[1].tolist() == [-np.inf, -np.inf, 1.0, 2.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_score_one_equals_the_sparse_product_for_one_user(dtype) -> None:
+    rng = np.random.default_rng(5)
+    n = 300
+    w1 = (sp.random(n, n, density=0.05, random_state=1, format="csr") - sp.random(n, n, density=0.02, random_state=2))
+    w2 = sp.random(n, n, density=0.05, random_state=3, format="csr")
+    model = Model(sp.csr_matrix(w1, dtype=dtype), sp.csr_matrix(w2, dtype=dtype), np.array([str(i) for i in range(n)]))
+    for size in (0, 1, 40, n):
+        cols = np.sort(rng.choice(n, size, replace=False))
+        x = sp.csr_matrix((np.ones(size), (np.zeros(size, np.int64), cols)), shape=(1, n))
+        want = model.score(x)[0]
+        got = model.score_one(cols)
+        assert got.dtype == np.float64 and got.shape == (n,)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max()))
+    assert (model.score_one(np.array([], np.int64)) == 0).all()
+
+
 @pytest.fixture()
 def artifact(tmp_path):
     lo = np.zeros(6)
@@ -56,20 +73,33 @@ def artifact(tmp_path):
         return load_artifact(w.commit({"dataset": "ties"}))
 
 
-def test_service_and_pipeline_rank_tied_scores_alike(artifact) -> None:
-    rec = Recommender(artifact, Catalog(artifact))
+def test_pipeline_ranks_tied_scores_by_the_lower_column(artifact) -> None:
     for k, want in ((2, ["b", "d"]), (3, ["b", "d", "f"]), (4, ["b", "d", "f", "c"]), (10, ["b", "d", "f", "c", "e"])):
-        rows, scores = rec.candidates(["a"], k)
-        assert [artifact.items["item_id"][int(r)] for r in rows] == want, k
-        assert scores.tolist() == [2.0, 2.0, 2.0, 1.0, 1.0][: len(want)]
-        # The pipeline's work unit ranks the same user the same way (same function, same rule).
         top = score_top_k(range(0, 1), ScoringContext(artifact.model, sp.csr_matrix(np.eye(6)[:1]), k))
         assert [IDS[c] for c in top.index[0, : top.count[0]]] == want, k
+        assert top.score[0, : top.count[0]].tolist() == [2.0, 2.0, 2.0, 1.0, 1.0][: len(want)]
 
 
-def test_recommender_skips_seen_items_and_refuses_an_exhausted_history(artifact) -> None:
+def test_recommender_scores_the_whole_catalog_in_catalog_order_seen_items_included(artifact) -> None:
     rec = Recommender(artifact, Catalog(artifact))
-    rows, _ = rec.candidates(["a", "d", "a"], 2)  # a and d seen (a twice): next are b, f
-    assert [artifact.items["item_id"][int(r)] for r in rows] == ["b", "f"]
-    with pytest.raises(InvalidRequest, match="no unseen items are left"):
-        rec.candidates(IDS, 3)
+    catalog = artifact.items["item_id"].to_list()
+    assert catalog == IDS[::-1] and rec.col_of_row is not None  # rows differ from model columns
+    want = [dict(zip(IDS, W2_ROW_A))[i] for i in catalog]  # "a" is seen and keeps its score 5
+    assert rec.scores(["a"]).tolist() == want == [2.0, 1.0, 2.0, 1.0, 2.0, 5.0]
+    assert rec.scores(["a", "a"]).tolist() == want  # a repeated history item counts once
+    assert rec.scores([]).tolist() == [0.0] * 6 and rec.scores(IDS).shape == (6,)  # nothing left "unseen": fine
+    with pytest.raises(InvalidRequest, match="unknown item_id 'zz' in history \\(position 1\\)"):
+        rec.scores(["a", "zz"])
+
+
+def test_a_catalog_item_without_a_model_column_scores_a_constant_zero(tmp_path) -> None:
+    ids = ["z", *IDS]  # "z" has a clip range but no model column
+    with ArtifactWriter(tmp_path / "art") as w:
+        w.write_items(pl.DataFrame({"item_id": ids, "lo": np.full(7, -1.0), "hi": np.full(7, 3.0),
+                                    "sensitivity": np.full(7, 4.0)}))
+        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]})
+                           .cast({"rank": pl.Int32}))
+        w.write_model(_model())
+        art = load_artifact(w.commit({"dataset": "extra"}))
+    rec = Recommender(art, Catalog(art))
+    assert rec.scores(["a"]).tolist() == [0.0, *W2_ROW_A]

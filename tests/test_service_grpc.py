@@ -49,12 +49,13 @@ def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkey
     import recsvc.service.selection as selection_module
 
     draws: list[str] = []
-    real_select = selection_module.select
-    monkeypatch.setattr(selection_module, "select", lambda name, *a, **k: draws.append(name) or real_select(name, *a, **k))
+    real_slate = selection_module.select_slate
+    monkeypatch.setattr(selection_module, "select_slate", lambda name, *a, **k: draws.append(name) or real_slate(name, *a, **k))
     cands = candidates()
     r = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
     assert r.mechanism == "rnm" and r.epsilon_spent == 0.5 and r.budget_remaining == pytest.approx(BUDGET - 0.5)
     assert r.item_id in dict(cands) and r.request_id == "req-1" and not r.replayed
+    assert list(r.item_ids) == [r.item_id]  # one item: a slate of one
     for _ in range(5):  # a retry returns the SAME stored answer and spends nothing
         again = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
         assert (again.item_id, again.budget_remaining, again.replayed) == (r.item_id, r.budget_remaining, True)
@@ -122,8 +123,11 @@ BAD = {
     "beta 1": (dict(mechanism="gem", beta=1.0), "beta must be in the open interval (0, 1)"),
     "gamma 1.5": (dict(mechanism="rs", gamma=1.5), "gamma must be in the open interval (0, 1)"),
     "gamma tiny": (dict(mechanism="rs_improved", gamma=1e-12), "gamma must be at least 1e-06"),
-    "epsilon overflows gem": (dict(mechanism="mgem", epsilon=1e-308), "too small for the GEM family"),
-    "epsilon unsplittable": (dict(mechanism="combined_gem", epsilon=5e-324), "too small to split"),
+    # The ledger counts ε in units of 1e-12 (exactly): a smaller ε is refused before any
+    # mechanism sees it (GEM's t overflow or combined_gem's split can no longer be reached).
+    "epsilon below the unit, gem": (dict(mechanism="mgem", epsilon=1e-308), "below the ledger's unit 1e-12"),
+    "epsilon below the unit, combined": (dict(mechanism="combined_gem", epsilon=5e-324), "below the ledger's unit"),
+    "epsilon beyond 63 bits": (dict(epsilon=1e7), "too large for the ledger to count; expected epsilon <= 9223372.036854775807"),
     "c 0": (dict(mechanism="combined_gem", corr_budget_fraction=0.0), "corr_budget_fraction must be in"),
     "c nan": (dict(mechanism="combined_gem", corr_budget_fraction=math.nan), "corr_budget_fraction must be in"),
     "n = 0": (dict(candidates=[]), "no candidates (n = 0)"),
@@ -184,9 +188,9 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
     from recsvc.app.cli import main as recsvc_main
 
     seen: list[tuple[str, dict]] = []
-    real_select = selection_module.select
-    monkeypatch.setattr(selection_module, "select",
-                        lambda name, *a, **k: seen.append((name, k)) or real_select(name, *a, **k))
+    real_slate = selection_module.select_slate  # every served draw (k = 1 included) goes through it
+    monkeypatch.setattr(selection_module, "select_slate",
+                        lambda name, *a, **k: seen.append((name, k)) or real_slate(name, *a, **k))
     given = lambda kw: {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}  # noqa: E731
     client.select("param-user", candidates(), mechanism="combined_gem", epsilon=0.5, beta=0.2,
                   corr_budget_fraction=0.3, gamma=None)
@@ -294,37 +298,13 @@ def test_select_batch_too_large_is_refused_whole(artifact: Path, tmp_path: Path)
         h.stop(1)
 
 
-def test_recommend_uses_server_side_sansa(client: Client, artifact: Path, server: ServerHandle) -> None:
-    model = load_artifact(artifact).model
-    history = ["it0", "it5", "it9"]
-    x = sp.csr_matrix((np.ones(3), ([0, 0, 0], [model.index[h] for h in history])), shape=(1, len(model.item_ids)))
-    scores = model.score(x)[0]
-    scores[[model.index[h] for h in history]] = -np.inf
-    best = model.item_ids[int(np.argmax(scores))]
-    # With one candidate the choice is forced: it must be the top unseen item.
-    r = client.recommend("rec-user", history, mechanism="rnm", epsilon=0.5, num_candidates=1)
-    assert (r.item_id, r.mechanism, r.epsilon_spent) == (best, "rnm", 0.5)
-    picks = {client.recommend("rec-user", history, mechanism="random", epsilon=0.1, num_candidates=5).item_id
-             for _ in range(30)}
-    top5 = set(model.item_ids[np.argsort(-scores)[:5]].tolist())
-    assert picks <= top5 and len(picks) >= 3 and not picks & set(history)
-    code, msg = _code(client.recommend, "rec-user", ["it0", "ghost"], mechanism="rnm", epsilon=0.5)
-    assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown item_id 'ghost' in history (position 1)" in msg
-    code, msg = _code(client.recommend, "rec-user", history, mechanism="rnm", epsilon=0.5, num_candidates=26)
-    assert code is grpc.StatusCode.INVALID_ARGUMENT and "at most 25" in msg
-    assert client.budget("rec-user").spent == pytest.approx(0.5 + 30 * 0.1)
-    # A Recommend request_id is not interchangeable with a Select one.
-    client.recommend("rec-user", history, mechanism="rnm", epsilon=0.1, request_id="shared-id")
-    code, _ = _code(client.select, "rec-user", candidates(), mechanism="rnm", epsilon=0.1, request_id="shared-id")
-    assert code is grpc.StatusCode.ALREADY_EXISTS
-
-
 def test_list_mechanisms_health_and_reflection(client: Client, server: ServerHandle) -> None:
     info = client.mechanisms()
     by_name = {m.name: (m.private, m.allowed) for m in info.mechanisms}
     assert by_name["rnmh"] == (False, False) and by_name["mgem"] == (True, True) and len(by_name) == 12
     assert (info.default_mechanism, info.auto_resolves_to, info.population_spearman_median) == ("auto", "mgem", 0.5)
-    assert (info.budget, info.max_candidates) == (BUDGET, 25)
+    assert (info.budget, info.max_candidates, info.max_slate, info.min_candidates, info.catalog_size) == (
+        BUDGET, 25, 100, 500, 40)
     assert client.health() == "SERVING" and client.health("recsvc.v1.PrivateSelection") == "SERVING"
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -376,13 +356,13 @@ def test_every_path_samples_clipped_scores_with_the_chacha_csprng(client: Client
     from randomgen import ChaCha
 
     seen: list[tuple[np.ndarray, np.ndarray, object]] = []
-    real_select = selection_module.select
+    real_slate = selection_module.select_slate
 
-    def spy(name, scores, sens, eps, *, rng, **kw):
+    def spy(name, scores, sens, eps, k, rng, **kw):
         seen.append((np.array(scores), np.array(sens), rng))
-        return real_select(name, scores, sens, eps, rng=rng, **kw)
+        return real_slate(name, scores, sens, eps, k, rng, **kw)
 
-    monkeypatch.setattr(selection_module, "select", spy)
+    monkeypatch.setattr(selection_module, "select_slate", spy)
     art = load_artifact(artifact)
     items = art.items
     row = {i: k for k, i in enumerate(items["item_id"].to_list())}
@@ -394,18 +374,17 @@ def test_every_path_samples_clipped_scores_with_the_chacha_csprng(client: Client
     client.select_batch([client.select_request("spy-user", list(zip(ids, raw)), mechanism="gem", epsilon=0.5)])
     for q, d, _ in seen:
         assert np.array_equal(q, np.clip(raw, lo[rows], hi[rows])) and np.array_equal(d, sens[rows])
-    # Recommend: the server's own SANSA scores, clipped the same way (some lie outside [lo, hi]).
+    # Recommend: the server's own SANSA scores of the whole catalog (seen items included),
+    # clipped the same way (some lie outside [lo, hi]).
     model = art.model
     history = ["it0", "it5", "it9"]
     x = sp.csr_matrix((np.ones(3), ([0, 0, 0], [model.index[h] for h in history])), shape=(1, len(model.item_ids)))
-    scores = model.score(x)[0]
-    scores[[model.index[h] for h in history]] = -np.inf
-    top = np.argsort(-scores, kind="stable")[:10]
-    top_rows = np.array([row[i] for i in model.item_ids[top]])
-    assert ((scores[top] < lo[top_rows]) | (scores[top] > hi[top_rows])).any()  # clipping matters here
+    scores = model.score(x)[0][[model.index[i] for i in items["item_id"].to_list()]]
+    assert ((scores < lo) | (scores > hi)).any()  # clipping matters here
     client.recommend("spy-user", history, mechanism="mgem", epsilon=0.5, num_candidates=10)
     q, d, _ = seen[-1]
-    assert np.array_equal(q, np.clip(scores[top], lo[top_rows], hi[top_rows])) and np.array_equal(d, sens[top_rows])
+    np.testing.assert_allclose(q, np.clip(scores, lo, hi), rtol=1e-12)  # summation order may differ (score_one)
+    assert np.array_equal(d, sens)
     assert len(seen) == 3
     for _, _, rng in seen:
         assert isinstance(rng, np.random.Generator) and isinstance(rng.bit_generator, ChaCha)

@@ -22,7 +22,7 @@ def test_spend_replay_conflict_and_exhaustion(tmp_path: Path) -> None:
     # Same request again: the stored bytes, nothing spent.
     again = led.charge("alice", "r1", b"fp1", 0.4, _resp("DIFFERENT"))
     assert (again.replayed, again.response) == (True, b"a|0.600000")
-    assert led.user("alice").spent == pytest.approx(0.4)
+    assert led.user("alice").spent_units == 400_000_000_000  # exact: units of 1e-12
     # Same request_id, other parameters: refused, nothing spent.
     with pytest.raises(RequestConflict, match="different parameters"):
         led.charge("alice", "r1", b"fp2", 0.4, _resp("b"))
@@ -32,18 +32,20 @@ def test_spend_replay_conflict_and_exhaustion(tmp_path: Path) -> None:
     with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
         led.charge("alice", "r3", b"y", 0.01, _resp("d"))
     u = led.user("alice")
-    assert (u.spent, u.requests, u.remaining) == (pytest.approx(1.0), 2, pytest.approx(0.0))
+    assert (u.spent_units, u.requests, u.remaining) == (10**12, 2, 0.0)
     assert led.lookup("alice", "r3") is None  # the refused request left no trace
     assert led.totals() == {"alice": pytest.approx(1.0), "bob": pytest.approx(0.4)}
 
 
-def test_float_sums_do_not_refuse_the_last_exact_fit(tmp_path: Path) -> None:
+def test_exact_units_fit_the_last_charge_with_no_slack(tmp_path: Path) -> None:
     led = Ledger(tmp_path / "l.db", budget=1.0)
-    for i in range(50):  # 50 × 0.02 is 1.0000000000000002 in floats
+    for i in range(50):  # 50 × 0.02 is 1.0000000000000002 in floats, exactly 1 in units
         led.charge("u", f"r{i}", b"f", 0.02, _resp("x"))
-    with pytest.raises(BudgetExceeded):
+    with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.02 but only 0 of 1 remains"):
         led.charge("u", "r50", b"f", 0.02, _resp("x"))
-    assert led.user("u").requests == 50
+    with pytest.raises(BudgetExceeded):  # not even one unit more: the comparison has no slack
+        led.charge("u", "r51", b"f", 1e-12, _resp("x"))
+    assert (led.user("u").requests, led.user("u").spent_units) == (50, 10**12)
 
 
 def test_survives_reopen_and_uses_durable_wal(tmp_path: Path) -> None:
@@ -105,8 +107,8 @@ def test_check_and_spend_is_atomic_across_processes(tmp_path: Path) -> None:
     successes = sum(q.get(timeout=5) for _ in procs)
     assert successes == 50  # 120 attempts of 0.1 against ε = 5: exactly 50 fit
     con = sqlite3.connect(path)
-    assert con.execute("SELECT COUNT(*), SUM(epsilon) FROM requests").fetchone() == (50, pytest.approx(5.0))
-    assert con.execute("SELECT spent FROM budgets").fetchone()[0] == pytest.approx(5.0)
+    assert con.execute("SELECT COUNT(*), SUM(epsilon_units) FROM requests").fetchone() == (50, 5 * 10**12)
+    assert con.execute("SELECT spent_units FROM budgets").fetchone()[0] == 5 * 10**12
 
 
 def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) -> None:

@@ -148,13 +148,22 @@ def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> No
         ans = json.loads(out.stdout)
         assert ans["item_id"] in {"it1", "it2", "it3"} and ans["mechanism"] == "mgem" and ans["request_id"] == "cli-1"
         assert ans["budget_remaining"] == pytest.approx(1.5)
+        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidates", str(csv_path),
+                   "--mechanism", "rnm", "--epsilon", "0.5", "--k", "2")
+        assert out.returncode == 0, out.stderr
+        ans = json.loads(out.stdout)  # a slate: 2 distinct items, item_id first, ε charged once
+        assert len(set(ans["item_ids"])) == 2 and set(ans["item_ids"]) <= {"it1", "it2", "it3"}
+        assert ans["item_id"] == ans["item_ids"][0] and ans["budget_remaining"] == pytest.approx(1.0)
+        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidates", str(csv_path),
+                   "--epsilon", "0.5", "--k", "4")
+        assert out.returncode == 2 and "INVALID_ARGUMENT: k=4 is more than the 3 candidates" in out.stderr
         out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4",
                    "--candidate", "it5:nan", "--epsilon", "0.5")
         assert out.returncode == 2 and "INVALID_ARGUMENT" in out.stderr and len(out.stderr.strip().splitlines()) == 1
         out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4", "--epsilon", "5")
         assert out.returncode == 2 and "RESOURCE_EXHAUSTED" in out.stderr
         out = _cli("budget", "--target", srv.target, "--user", "cli-user")
-        assert out.returncode == 0 and json.loads(out.stdout)["spent"] == pytest.approx(0.5)
+        assert out.returncode == 0 and json.loads(out.stdout)["spent"] == pytest.approx(1.0)
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 0
         assert "serving recsvc.v1.PrivateSelection" in srv.log() and "5918273645" not in srv.log()

@@ -156,7 +156,7 @@ def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_pa
     def failing_select(name, scores, *args, **kwargs):
         raise RuntimeError(f"cannot select from {np.asarray(scores).tolist()}")
 
-    monkeypatch.setattr(selection_module, "select", failing_select)
+    monkeypatch.setattr(selection_module, "select_slate", failing_select)
     scores = [("it1", 0.5918273645), ("it2", 0.25)]
     with caplog.at_level(logging.DEBUG):
         h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))

@@ -72,6 +72,8 @@ BAD_SERVE = [
     ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private", None),
     ("max batch -1", {"max_batch": -1}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
     ("max batch 0", {"max_batch": 0}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
+    ("max slate 0", {"max_slate": 0}, r"^max_slate must be >= 1", r"--max-slate must be >= 1"),
+    ("min candidates 0", {"min_candidates": 0}, r"^min_candidates must be >= 1", r"--min-candidates must be >= 1"),
     ("artifacts is a file", {"artifacts": "FILE"}, r"^artifacts .* is a file; expected an artifact directory",
      r"--artifacts .* is a file; expected an artifact directory"),
     ("workers > 1 on port 0", {"workers": 2}, r"^workers > 1 needs an explicit port \(not 0\)",
@@ -81,6 +83,17 @@ BAD_SERVE = [
     ("client CA without TLS", {"client_ca": "ca.pem"}, r"^client_ca needs tls_cert and tls_key \(mTLS runs over TLS\)$",
      r"--client-ca needs --tls-cert and --tls-key \(mTLS runs over TLS\)$"),
     ("budget nan", {"budget": float("nan")}, r"^budget must be a finite ε > 0, got nan", r"--budget must be a finite ε > 0, got nan"),
+    ("rate limit -1", {"rate_limit": -1.0}, r"^rate_limit must be a finite number of requests/s >= 0 \(0: no limit\)",
+     r"--rate-limit must be a finite number of requests/s >= 0"),
+    ("max history 0", {"max_history": 0}, r"^max_history must be >= 1, got 0", r"--max-history must be >= 1, got 0"),
+    ("max message bytes 10", {"max_message_bytes": 10}, r"^max_message_bytes must be in 1024\.\.2147483647 bytes",
+     r"--max-message-bytes must be in 1024\.\.2147483647 bytes"),
+    ("client scopes without mTLS", {"client_scopes": "ca.pem"}, r"^client_scopes needs client_ca \(certificate scopes",
+     r"--client-scopes needs --client-ca \(certificate scopes"),
+    ("bad client scopes file", {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "ca.pem",
+                                "client_scopes": "garbage.pem"},
+     r"client scopes file .*garbage\.pem line 1: expected lines '<identity> <scope>'",
+     r"client scopes file .*garbage\.pem line 1: expected lines '<identity> <scope>'"),
 ]
 
 
@@ -91,7 +104,7 @@ def _serve_values(overrides: dict, artifact: Path, certs: dict[str, Path], busy_
             v = busy_port
         elif v == "FILE":
             v = artifact / "manifest.json"
-        elif k in ("tls_cert", "tls_key", "client_ca"):
+        elif k in ("tls_cert", "tls_key", "client_ca", "client_scopes"):
             v = certs[v]
         values[k] = v
     return values
@@ -210,7 +223,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     (["--target", "localhost"], r"expected HOST:PORT"),
     (["--tls-ca", "garbage.pem"], r"--tls-ca .* is not a valid PEM certificate"),
     (["--tls-ca", "DIR"], r"CA file .* is a directory or not a regular file; expected a PEM file"),
-    (["--token-file", "DIR"], r"token file .* is a directory or not a regular file; expected a file with one token per line"),
+    (["--token-file", "DIR"], r"token file .* is a directory or not a regular file; expected lines '<token> <scope>'"),
 ])
 @pytest.mark.parametrize("command", ["select", "budget"])
 def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[str], message: str,

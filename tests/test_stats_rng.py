@@ -41,7 +41,7 @@ def test_csprng_streams_differ_and_look_uniform():
 
 def test_spearman_1d_fast_path_matches_rowwise_and_scipy_with_ties():
     rng = np.random.default_rng(3)
-    for n in (2, 3, 17, 500):
+    for n in (2, 3, 17, 500, 3000):  # 3,000: the radix-sort path
         x = rng.integers(0, 4, size=n).astype(float)
         y = rng.normal(size=n).round(1)
         want = spearmanr(x, y).statistic
@@ -51,6 +51,19 @@ def test_spearman_1d_fast_path_matches_rowwise_and_scipy_with_ties():
         else:
             assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
             assert got == pytest.approx(float(spearman(x[None, :], y[None, :])[0]), rel=1e-12, abs=1e-12)
+
+
+def test_radix_argsort_is_numpys_stable_argsort():
+    from recsvc.stats import RADIX_MIN_N, _argsort_radix, argsort_fast
+
+    rng = np.random.default_rng(4)
+    extremes = np.array([3.0, -1.0, 0.0, -1e300, 1e300, 1e-310, -1e-310, 2.0, -5e-324, 5e-324])
+    for x in (rng.normal(size=5000), rng.normal(size=5000).round(1) + 0.0, np.tile(extremes, 300),
+              rng.uniform(1.0, 1.0 + 1e-12, 4000), np.full(RADIX_MIN_N, 7.5)):
+        np.testing.assert_array_equal(_argsort_radix(x), np.argsort(x, kind="stable"))
+        np.testing.assert_array_equal(argsort_fast(x), np.argsort(x, kind="stable"))
+    z = np.array([0.0, -0.0] * RADIX_MIN_N)  # −0.0 == 0.0: only their relative order may differ
+    assert (z[argsort_fast(z)] == 0.0).all()
 
 
 def test_thread_csprng_is_one_generator_per_thread():

@@ -27,19 +27,19 @@ ARTIFACT_FILES = {
     "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
 }
-MANIFEST_WITHOUT_TIMINGS = "251bbab0210e24ed8d3d30744a400048f595327e16917e41a838de96ed0b22c1"
+MANIFEST_WITHOUT_TIMINGS = "3ad034ec085c794a32c7e8dbf14ca8d55f6e96cce10ad65f329a1f485e444a05"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
     "log_ratio_summary.csv": "85f6bf0fbf2476d3b67f8ca291d9fc13f83675d87e76a6c5b963c3f52110737b",
     "log_ratio_summary.parquet": "bae5c2776a9c1eca46ec199a52fe505d15dcbe3a08a3c4336182e733183356d7",
-    "mse.csv": "b39fce3aab6aa998c9dc4585ca058c07f52a7ae4febd8929ee40cfd43512252a",
-    "mse.parquet": "6fdc3f5e6ddc12137c2f6fd73d22e19e137e7b0f94c8e421cb1196a1437fdd2c",
-    "selections.parquet": "bfcbf3966b1dee351ea46df12d99d7acc1468ee1bf9912e82c21c08d40c54e85",
+    "mse.csv": "d0d77a7b2050318921de96aa3fa24a288b24e7558f74fa31f1fd6f59b8990451",
+    "mse.parquet": "417c058e2efd7f829f94ce129c0368326a6f5d53e13cd065483b551334f9244a",
+    "selections.parquet": "57f26501468e69e6dddb458a856e3479cb2dd5b139d4eb1415b7c2c05e6e51cb",
     "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
 }
-REPORT_WITHOUT_SECONDS = "7046edb4b71b63d4b4dd480452677c4b0a40b056efe855047df7dd6789ec3f98"
-SUMMARY_WITHOUT_CONFIG = "8dd2fdd38abe68716b06fedb33fd7d1636e749c54e5aa43e6906443ece7ba7d9"
+REPORT_WITHOUT_SECONDS = "1190b35c81fdb4f835fcbf9fd55b658a8d78205d0fefc5ffcf92ffe62b750cab"
+SUMMARY_WITHOUT_CONFIG = "b766b5e16535ba3f0595642f3903ba237397ded2872ed041d37c8b96a29488c0"
 
 
 def _sha(path: Path) -> str:

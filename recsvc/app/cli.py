@@ -25,13 +25,14 @@ from recsvc.service.cli import register as register_service
 # Order here is the order in `recsvc --help`.
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_prep,  # prep
-    register_eval,  # eval, eval-synthetic
+    register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates
     register_service,  # serve, select, budget
     register_mechanisms,  # mechanisms
     register_demo,  # demo
 )
 # The install extra each command needs beyond the base install (pyproject.toml; README).
-EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "serve": "serve", "select": "serve",
+EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "eval-bandit": "eval",
+         "eval-two-candidates": "eval", "serve": "serve", "select": "serve",
          "budget": "serve", "demo": "all"}
 PROJECT_PACKAGES = ("recsvc", "data_prep", "eval")
 

@@ -174,6 +174,7 @@ class Manifest(_Record):
     sensitivity_population_users: int | None = _optional(_INT)
     items_without_population_scores: int | None = _optional(_INT)
     candidates_per_user: int | None = _optional(_INT)
+    default_gamma: float | None = _optional(_NUMBER)  # rs γ the paper used on this data; eval's default
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
     extra: Mapping[str, Any] = _extra()  # engine, synthetic, … : recorded, read by no consumer

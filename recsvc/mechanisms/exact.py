@@ -193,3 +193,70 @@ def laplace_noisy_max_log_probabilities(u: np.ndarray, chunk: int = 256) -> np.n
     out = np.empty(n)
     out[order] = log_p
     return out
+
+
+# --- Two candidates: rnmh and random stopping (paper §V-A, Figures 3 and 15–17) -------------------
+# Candidate 1 scores 0 with sensitivity d_low, candidate 2 scores gap > 0 with d_high. These give
+# P(output = candidate 1), the lower-scoring one; arrays broadcast. Inputs are trusted (callers
+# validate): gap > 0, sensitivities > 0, ε > 0, γ in (0, 1).
+
+
+def rnmh_two_candidates_lower(gap: object, d_low: object, d_high: object, epsilon: object) -> np.ndarray:
+    """rnmh (Z_a ~ Exponential(mean 2Δ_a/ε)) picks the lower candidate iff Z_1 − Z_2 > gap, which has
+    probability Δ_1/(Δ_1 + Δ_2) · exp(−ε·gap/(2Δ_1)) (paper §V-A; closed form)."""
+    g, d1, d2, eps = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (gap, d_low, d_high, epsilon)))
+    return d1 / (d1 + d2) * np.exp(-eps * g / (2.0 * d1))
+
+
+def random_stopping_two_candidates_lower(
+    gap: object, d_low: object, d_high: object, epsilon: object, gamma: object, kind: str = "rs",
+    low_share: float = 0.5,
+) -> np.ndarray:
+    """rs (K ~ Geometric(γ), Laplace(3Δ_a/ε)) or rs_improved (K ~ Logarithmic(1−γ), Laplace(2Δ_a/ε)).
+
+    Also for two GROUPS of tied candidates: a share w = ``low_share`` of them score 0 with Δ_low,
+    the rest score ``gap`` with Δ_high (the bimodal scenarios); the result is then P(the output
+    is one of the low ones). Each draw releases V = q_A + L, A uniform; with G the mixture CDF of
+    V, the best of K draws is a low one with probability E_K[K ∫ w f_1 G^{K−1}] = ∫ w f_1(v) W(G(v)) dv,
+    W(u) = γ/(1 − (1−γ)u)² (rs) or (1−γ)/(ln(1/γ)(1 − (1−γ)u)) (rs_improved). Substituting
+    x = F_1(v) (so f_1 dv = dx, v = b_1·Laplace⁻¹(x)) gives w ∫_0^1 W(G(v(x))) dx: a bounded,
+    positive integrand, smooth except at x = ½ (v = 0) and x = F_1(gap) (v = gap). Each of the
+    three smooth pieces is mapped onto [0, 1], so every grid point shares the breakpoints and one
+    vector-valued adaptive quadrature does them all. The result is ≥ wγ (one draw, a low one);
+    the absolute error ≤ 1e-13·wγ keeps it relative."""
+    from scipy import integrate
+
+    if kind not in ("rs", "rs_improved"):
+        raise ValueError(f"kind must be 'rs' or 'rs_improved', got {kind!r}")
+    if not 0.0 < low_share < 1.0:
+        raise ValueError(f"low_share must be in (0, 1), got {low_share!r}")
+    arrays = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (gap, d_low, d_high, epsilon, gamma)))
+    g, d1, d2, eps, gam = (a.ravel() for a in arrays)
+    if g.size == 0:
+        return np.zeros(arrays[0].shape)
+    c = 3.0 if kind == "rs" else 2.0
+    b1, b2 = c * d1 / eps, c * d2 / eps
+    tail = 0.5 * np.exp(-g / b1)  # 1 − F_1(gap)
+    scale = np.log(1.0 / gam)
+    w_low = float(low_share)
+
+    def weight(v: np.ndarray, x: np.ndarray) -> np.ndarray:  # w·W(G(v)) with F_1(v) = x
+        z = (v - g) / b2
+        f2 = np.where(z < 0, 0.5 * np.exp(np.minimum(z, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(z, 0.0)))
+        y = 1.0 - (1.0 - gam) * (w_low * x + (1.0 - w_low) * f2)
+        return w_low * (gam / (y * y) if kind == "rs" else (1.0 - gam) / (scale * y))
+
+    def integrand(s: float) -> np.ndarray:
+        # pieces [0, ½], [½, F_1(gap)], [F_1(gap), 1] in x, each mapped from s ∈ [0, 1]
+        with np.errstate(divide="ignore"):  # s = 0 or 1 at the outer ends: v = ∓inf, F_2 = 0 or 1
+            x0 = 0.5 * s  # x = ½s, v = b_1 ln(2x)
+            left = 0.5 * weight(b1 * np.log(2.0 * x0), x0)
+            r = 0.5 - (0.5 - tail) * s  # 1 − x = r from ½ down to `tail`
+            mid = (0.5 - tail) * weight(-b1 * np.log(2.0 * r), 1.0 - r)
+            r = tail * (1.0 - s)  # 1 − x = r from `tail` down to 0
+            right = tail * weight(-b1 * np.log(2.0 * r), 1.0 - r)
+        return left + mid + right
+
+    val, _ = integrate.quad_vec(integrand, 0.0, 1.0, epsabs=1e-13 * w_low * float(gam.min()), epsrel=1e-11,
+                                norm="max", limit=100_000)
+    return np.asarray(val).reshape(arrays[0].shape)

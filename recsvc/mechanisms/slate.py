@@ -11,11 +11,12 @@ so step i is (ε/k)-DP given the previous outputs and the whole ordered slate is
 The charge is ε, not ε/k: the audit in tests/test_mechanisms_slate.py shows the slate's privacy
 loss exceeds ε/k in general. Dropping the order (or any item) is post-processing and free.
 
-Every step goes through :func:`recsvc.mechanisms.select`, which validates its input before
-drawing. Passing on the full input implies passing on every subset: n ≥ 1, finite scores and
-Δ > 0 hold for subsets, and GEM's overflow bound (max|q| + |t|·max Δ)/min Δ can only shrink
-(smaller n and so |t|, smaller max|q| and max Δ, larger min Δ). So once step 1 has drawn,
-later steps cannot fail, and a bad call draws nothing.
+Every step samples exactly as :func:`recsvc.mechanisms.select` does (the mechanism's own
+sample function, one draw), but the O(n) input checks run once, before step 1: passing on the
+full input implies passing on every subset: n ≥ 1, finite scores and Δ > 0 hold for subsets,
+and GEM's overflow bound (max|q| + |t|·max Δ)/min Δ (checked inside each GEM step, before its
+draw) can only shrink (smaller n and so |t|, smaller max|q| and max Δ, larger min Δ). So once
+step 1 has drawn, later steps cannot fail, and a bad call draws nothing.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import numbers
 
 import numpy as np
 
-from recsvc.mechanisms.registry import get_mechanism, log_probabilities, select
+from recsvc.mechanisms.registry import check_params, get_mechanism, log_probabilities
 from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
 
 # Exact enumeration is for audits on tiny inputs: refuse outcome spaces beyond this size.
@@ -65,11 +66,15 @@ def peel(
     allow_non_private: bool,
     params: dict[str, object],
 ) -> np.ndarray:
-    """k selections without replacement at ``eps_step`` each, on validated q, Δ (see module doc)."""
+    """k selections without replacement at ``eps_step`` each, on validated q, Δ (see module doc).
+    The name and parameters are checked here, before the first draw; each step is then one
+    ``select`` draw without repeating the O(n) input checks."""
+    mech = get_mechanism(name, allow_non_private)
+    values = check_params(params, mech)
     remaining = np.arange(q.shape[0], dtype=np.int64)
     out = np.empty(k, dtype=np.int64)
     for i in range(k):
-        j = select(name, q, d, eps_step, rng, allow_non_private=allow_non_private, **params)
+        j = int(mech.sample(q, d, eps_step, values, rng, 1)[0])
         out[i] = remaining[j]
         if i + 1 < k:  # keep the survivors in their original order
             keep = np.arange(remaining.shape[0]) != j

@@ -1,11 +1,15 @@
-"""Transport security (TLS / mTLS) and bearer-token authentication for the gRPC server."""
+"""Who may call the server: transport security (TLS / mTLS), bearer tokens, and the principals
+and scopes they map to (SECURITY.md). The gRPC-side gate that applies them is
+:mod:`recsvc.service.gate`; this module stays light (the client imports its TLS helpers)."""
 
 from __future__ import annotations
 
 import hmac
 import os
+import secrets
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,30 +17,233 @@ import grpc
 
 from recsvc.checks import ParamError, check_regular_file
 
-# Health checks stay open so that load balancers and orchestrators need no token.
+SERVICE_NAME = "recsvc.v1.PrivateSelection"
+# Health checks stay open so that load balancers and orchestrators need no credentials.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
+# RPCs that act for the user_id(s) in the request: a `user:<id>` scope may call them for <id> only.
+PER_USER_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Select", "SelectBatch", "Recommend", "GetBudget"))
+# RPCs that reveal only public server configuration: every principal may call them.
+PUBLIC_METHOD_PREFIXES = (f"/{SERVICE_NAME}/ListMechanisms", "/grpc.reflection.")
+
+ADMIN, SERVICE, USER = "admin", "service", "user"
+SCOPE_FORMAT = "'admin', 'service' or 'user:<user_id>'"
 
 
-def load_tokens(path: str | os.PathLike[str]) -> list[str]:
-    """Bearer tokens, one per line; blank lines and lines starting with '#' are ignored."""
+class PermissionDenied(Exception):
+    """An authenticated caller asked for something outside its scope (PERMISSION_DENIED, nothing spent)."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a principal may do: ``admin`` every RPC for any user; ``service`` the per-user and
+    public RPCs for any user; ``user:<id>`` the per-user and public RPCs for user_id <id> only."""
+
+    kind: str
+    user_id: str = ""
+
+    @staticmethod
+    def parse(text: str) -> Scope:
+        kind, sep, user_id = text.partition(":")
+        if kind in (ADMIN, SERVICE) and not sep:
+            return Scope(kind)
+        if kind == USER and sep and user_id:
+            return Scope(USER, user_id)
+        raise ValueError(f"scope {text[:80]!r} is not a scope; expected {SCOPE_FORMAT}")
+
+    def __str__(self) -> str:
+        return f"{USER}:{self.user_id}" if self.kind == USER else self.kind
+
+    def allows_method(self, method: str) -> bool:
+        return self.kind == ADMIN or method in PER_USER_METHODS or method.startswith(PUBLIC_METHOD_PREFIXES)
+
+    def allows_user(self, user_id: str) -> bool:
+        return self.kind != USER or user_id == self.user_id
+
+
+@dataclass(frozen=True)
+class Principal:
+    """A credential's identity for logs (never the token itself) and its scope (None: none granted)."""
+
+    name: str
+    scope: Scope | None
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.scope or 'no scope'})"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """The principals behind one call: every configured credential's. A call must be within
+    every one's scope (a token and a certificate both scoped: their intersection)."""
+
+    principals: tuple[Principal, ...]
+    key: str  # the rate-limit bucket
+
+    def __str__(self) -> str:
+        return " + ".join(map(str, self.principals))
+
+    def allows_method(self, method: str) -> bool:
+        return all(p.scope is not None and p.scope.allows_method(method) for p in self.principals)
+
+    def check_user(self, user_id: str) -> None:
+        """Raises PermissionDenied unless every principal may act for ``user_id``."""
+        for p in self.principals:
+            if p.scope is None or not p.scope.allows_user(user_id):
+                allowed = f"user_id {p.scope.user_id!r} only" if p.scope else "nothing"
+                raise PermissionDenied(f"principal {p} may act for {allowed}; the request names another user_id")
+
+
+def _lines(path: str | os.PathLike[str], what: str, entry: str, expected: str) -> list[tuple[int, str]]:
+    """(line number, stripped text) of a UTF-8 text file, without blank lines and '#' comments."""
     p = Path(path)
-    check_regular_file("token file", p, "a file with one token per line")
+    check_regular_file(what, p, expected)
     try:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"token file {p} is not UTF-8 text; expected one token per line") from None
-    tokens = [ln.strip() for ln in text.splitlines()]
-    tokens = [t for t in tokens if t and not t.startswith("#")]
-    if not tokens:
-        raise ValueError(f"token file {p} holds no token; expected one token per line")
-    if any(any(ch.isspace() for ch in t) for t in tokens):
-        raise ValueError(f"token file {p}: a token contains whitespace; expected one token per line")
-    return tokens
+        raise ValueError(f"{what} {p} is not UTF-8 text; expected {expected}") from None
+    lines = [(n, ln.strip()) for n, ln in enumerate(text.splitlines(), start=1)]
+    lines = [(n, ln) for n, ln in lines if ln and not ln.startswith("#")]
+    if not lines:
+        raise ValueError(f"{what} {p} holds no {entry}; expected {expected}")
+    return lines
+
+
+TOKEN_FORMAT = "lines '<token> <scope>' (scope " + SCOPE_FORMAT + "; a token alone means 'service')"
+
+
+def load_tokens(path: str | os.PathLike[str]) -> list[tuple[str, Principal]]:
+    """(token, principal) per line of a token file: ``<token> <scope>`` or ``<token>`` (scope
+    ``service``). Blank lines and '#' comments are ignored; a repeated token is refused.
+    The principal is named by its line (``token@3``): logs never show a token."""
+    out: list[tuple[str, Principal]] = []
+    seen: dict[str, int] = {}
+    for n, line in _lines(path, "token file", "token", TOKEN_FORMAT):
+        parts = line.split()
+        if len(parts) > 2:
+            raise ValueError(f"token file {path} line {n}: {len(parts)} words; expected {TOKEN_FORMAT}")
+        try:
+            scope = Scope.parse(parts[1]) if len(parts) == 2 else Scope(SERVICE)
+        except ValueError as exc:
+            raise ValueError(f"token file {path} line {n}: {exc}") from None
+        if parts[0] in seen:  # which scope would apply? (the token itself is never printed)
+            raise ValueError(f"token file {path} line {n} repeats the token of line {seen[parts[0]]}; "
+                             "expected each token once")
+        seen[parts[0]] = n
+        out.append((parts[0], Principal(f"token@{n}", scope)))
+    return out
 
 
 def read_token(path: str | os.PathLike[str]) -> str:
     """The first token in a token file (what a client sends)."""
-    return load_tokens(path)[0]
+    return load_tokens(path)[0][0]
+
+
+CERT_FORMAT = ("lines '<identity> <scope>' with identity 'subject:<RFC 2253 subject, e.g. CN=backend,O=Example>' "
+               "or 'san:<subject alternative name, e.g. backend.internal or spiffe://…>', scope " + SCOPE_FORMAT)
+
+
+@dataclass(frozen=True)
+class CertRule:
+    kind: str  # "subject" or "san"
+    value: str
+    principal: Principal
+
+    def matches(self, subject: str, sans: Sequence[str]) -> bool:
+        return self.value == subject if self.kind == "subject" else self.value in sans
+
+
+def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
+    """Certificate identity → scope rules (first match wins), from a ``--client-scopes`` file.
+    The identity is everything before the last word (a subject may contain spaces)."""
+    rules: list[CertRule] = []
+    seen: dict[tuple[str, str], int] = {}
+    for n, line in _lines(path, "client scopes file", "rule", CERT_FORMAT):
+        parts = line.rsplit(None, 1)
+        kind, sep, value = parts[0].partition(":")
+        if len(parts) != 2 or not sep or not value or kind not in ("subject", "san"):
+            raise ValueError(f"client scopes file {path} line {n}: expected {CERT_FORMAT}")
+        try:
+            scope = Scope.parse(parts[1])
+        except ValueError as exc:
+            raise ValueError(f"client scopes file {path} line {n}: {exc}") from None
+        if (kind, value) in seen:
+            raise ValueError(f"client scopes file {path} line {n} repeats the identity of line {seen[kind, value]}; "
+                             "expected each identity once")
+        seen[kind, value] = n
+        rules.append(CertRule(kind, value, Principal(f"cert {kind}:{value}", scope)))
+    return rules
+
+
+def _first(auth_context: dict[str, list[bytes]], key: str) -> str | None:
+    values = auth_context.get(key) or []
+    return values[0].decode(errors="replace") if values else None
+
+
+class Authenticator:
+    """Maps a call's credentials to a :class:`Caller`, or None (UNAUTHENTICATED).
+
+    * tokens given: a valid ``authorization: Bearer <token>`` is required; its line's scope applies;
+    * certificate rules given (``--client-scopes``, mTLS): the first rule matching the client
+      certificate's subject or a SAN applies; an unmatched certificate has no scope;
+    * mTLS without rules and without tokens: every verified certificate is ``service``;
+    * nothing configured: every caller is ``anonymous`` with ``admin`` scope (rate-limited per peer address).
+    """
+
+    def __init__(self, tokens: Iterable[tuple[str, Principal]] | None = None,
+                 cert_rules: Sequence[CertRule] | None = None, mtls: bool = False) -> None:
+        # Tokens are looked up by HMAC under a per-process random key: whatever a lookup's timing
+        # reveals is about digests an attacker cannot compute, never about a token (the timing-safe
+        # equivalent of comparing against every token in constant time, at O(1) for many tokens).
+        self._key = secrets.token_bytes(32)
+        self._tokens = None if tokens is None else {self._digest(t): p for t, p in tokens}
+        if self._tokens is not None and not self._tokens:
+            raise ValueError("bearer-token auth needs at least one token")
+        self._rules = None if cert_rules is None else list(cert_rules)
+        self._mtls = mtls
+
+    @classmethod
+    def from_files(cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None,
+                   mtls: bool) -> Authenticator:
+        return cls(None if token_file is None else load_tokens(token_file),
+                   None if client_scopes is None else load_client_scopes(client_scopes), mtls)
+
+    def _token(self, metadata: Iterable[tuple[str, Any]] | None) -> Principal | None:
+        assert self._tokens is not None
+        value = next((v for k, v in (metadata or ()) if k == "authorization"), None)
+        if not isinstance(value, str) or not value.startswith("Bearer "):
+            return None
+        return self._tokens.get(self._digest(value[len("Bearer "):].strip()))
+
+    def _digest(self, token: str) -> bytes:
+        return hmac.digest(self._key, token.encode(), "sha256")
+
+    def _certificate(self, auth_context: dict[str, list[bytes]]) -> Principal | None:
+        subject = _first(auth_context, "x509_subject")
+        if subject is None:  # no verified client certificate on this connection
+            return None
+        if self._rules is None:
+            return Principal(f"cert subject:{subject}", Scope(SERVICE))
+        sans = [v.decode(errors="replace") for v in auth_context.get("x509_subject_alternative_name") or []]
+        rule = next((r for r in self._rules if r.matches(subject, sans)), None)
+        return rule.principal if rule else Principal(f"cert subject:{subject}", None)
+
+    def authenticate(self, context: grpc.ServicerContext) -> Caller | None:
+        principals: list[Principal] = []
+        if self._tokens is not None:
+            token = self._token(context.invocation_metadata())
+            if token is None:
+                return None
+            principals.append(token)
+        if self._rules is not None or (self._mtls and not principals):
+            cert = self._certificate(context.auth_context())
+            if cert is None:
+                return None
+            principals.append(cert)
+        if not principals:
+            peer = context.peer()
+            host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+            return Caller((Principal("anonymous", Scope(ADMIN)),), f"anonymous@{host}")
+        return Caller(tuple(principals), " + ".join(p.name for p in principals))
 
 
 def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
@@ -130,49 +337,3 @@ def channel_credentials(
         private_key=_read(key, "client key"),
         certificate_chain=_read(cert, "client certificate"),
     )
-
-
-def _deny_like(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as ``handler`` that aborts UNAUTHENTICATED."""
-
-    def abort(_request: Any, context: grpc.ServicerContext) -> None:
-        context.abort(
-            grpc.StatusCode.UNAUTHENTICATED,
-            "missing or invalid bearer token; expected metadata 'authorization: Bearer <token>'",
-        )
-
-    kinds: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }
-    make = kinds[(handler.request_streaming, handler.response_streaming)]
-    return make(abort, request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer)
-
-
-class BearerTokenInterceptor(grpc.ServerInterceptor):
-    """Requires ``authorization: Bearer <token>`` on every method except health checks."""
-
-    def __init__(self, tokens: Iterable[str], open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES) -> None:
-        self._tokens = [t.encode() for t in tokens]
-        if not self._tokens:
-            raise ValueError("bearer-token auth needs at least one token")
-        self._open = open_prefixes
-
-    def _authorised(self, metadata: Iterable[tuple[str, Any]] | None) -> bool:
-        value = next((v for k, v in (metadata or ()) if k == "authorization"), None)
-        if not isinstance(value, str) or not value.startswith("Bearer "):
-            return False
-        given = value[len("Bearer "):].strip().encode()
-        # Compare against every token in constant time (no early exit on the first match).
-        return sum(hmac.compare_digest(given, t) for t in self._tokens) > 0
-
-    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
-        handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(self._open):
-            return handler
-        if self._authorised(handler_call_details.invocation_metadata):
-            return handler
-        return _deny_like(handler)

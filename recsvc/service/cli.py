@@ -25,20 +25,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=default("host"))
     p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
     p.add_argument("--ledger", type=Path, default=default("ledger"), help="SQLite privacy ledger (created if missing)")
+    p.add_argument("--fingerprint-key", type=Path, default=default("fingerprint_key"), metavar="FILE",
+                   help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
+                        "on first start; never stored in the ledger)")
     p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
     p.add_argument("--default-mechanism", default=default("default_mechanism"),
                    help="used when a request names no mechanism")
     p.add_argument("--auto-threshold", type=float, default=default("auto_threshold"),
                    help="|median population Spearman| above which auto picks gem/mgem")
-    p.add_argument("--max-candidates", type=int, default=default("max_candidates"))
-    p.add_argument("--max-batch", type=int, default=default("max_batch"), help="most requests per SelectBatch call")
+    p.add_argument("--max-candidates", type=int, default=default("max_candidates"),
+                   help="most candidates per Select request (default %(default)s)")
+    p.add_argument("--max-batch", type=int, default=default("max_batch"),
+                   help="most requests per SelectBatch call (default %(default)s)")
+    p.add_argument("--max-history", type=int, default=default("max_history"),
+                   help="most history entries per Recommend request (default %(default)s)")
+    p.add_argument("--max-message-bytes", type=int, default=default("max_message_bytes"),
+                   help="largest request message accepted, in bytes (default %(default)s = 16 MiB)")
+    p.add_argument("--max-slate", type=int, default=default("max_slate"),
+                   help="largest k (items per answer) on Select and Recommend (default %(default)s)")
+    p.add_argument("--min-candidates", type=int, default=default("min_candidates"),
+                   help="Recommend's public floor: least m of a two-stage request's private top-m (default "
+                        "%(default)s; the whole catalog if smaller). Without a candidate stage Recommend "
+                        "always selects over the full catalog")
     p.add_argument("--workers", type=int, default=default("workers"),
                    help="processes sharing the port (SO_REUSEPORT) and the ledger")
     p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
+    p.add_argument("--heavy-draws", type=int, default=default("heavy_draws"),
+                   help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn "
+                        "by the low-priority pool")
+    p.add_argument("--heavy-draw-threads", type=int, default=default("heavy_draw_threads"),
+                   help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)")
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")
-    p.add_argument("--token-file", type=Path, help="bearer tokens, one per line; enables token auth")
+    p.add_argument("--token-file", type=Path,
+                   help="bearer tokens, lines '<token> <scope>' (scope admin, service or user:<user_id>; "
+                        "a token alone means service); enables token auth")
+    p.add_argument("--client-scopes", type=Path,
+                   help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or 'san:<name> <scope>' "
+                        "mapping client certificates to scopes (see SECURITY.md)")
+    p.add_argument("--allow-plaintext-tokens", action="store_true",
+                   help="accept --token-file without TLS on a non-loopback --host (a trusted proxy terminates TLS)")
+    p.add_argument("--rate-limit", type=float, default=default("rate_limit"),
+                   help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default=default("metrics_host"))
     not_dp = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
@@ -59,6 +88,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--epsilon", type=float, required=True)
     s.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
     add_param_arguments(s)  # --beta, --gamma, --corr-budget-fraction (unset: the mechanism's default)
+    s.add_argument("--k", type=int, default=0,
+                   help="slate size: k distinct items in selection order, ε charged once (default: one item)")
     s.set_defaults(func=run_select)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
@@ -152,13 +183,15 @@ def run_select(args: argparse.Namespace) -> int:
     cands = read_candidates_csv(args.candidates) if args.candidates else [parse_candidate(c) for c in args.candidate]
     if not math.isfinite(args.epsilon) or args.epsilon <= 0:
         raise ValueError(f"--epsilon must be a positive finite number, got {args.epsilon}")
+    if args.k < 0:
+        raise ValueError(f"--k must be >= 0 (0 or 1: one item; k: a k-item slate), got {args.k}")
     with _client(args) as client:
         try:
             r = client.select(args.user, cands, mechanism=args.mechanism, epsilon=args.epsilon,
-                              request_id=args.request_id, **params_from_namespace(args))
+                              request_id=args.request_id, k=args.k, **params_from_namespace(args))
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
-    json.dump({"item_id": r.item_id, "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,
+    json.dump({"item_id": r.item_id, "item_ids": list(r.item_ids), "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,
                "budget_remaining": r.budget_remaining, "request_id": r.request_id, "replayed": r.replayed},
               sys.stdout)
     print()

@@ -3,6 +3,8 @@
     with Client("127.0.0.1:50051") as c:
         r = c.select("user-1", {"50": 0.9, "172": 0.4}, mechanism="auto", epsilon=0.5)
         print(r.item_id, r.mechanism, r.budget_remaining)
+        r = c.select("user-1", {"50": 0.9, "172": 0.4, "181": 0.8}, epsilon=0.5, k=2)  # a slate
+        print(list(r.item_ids))  # 2 distinct items in selection order; r.item_id == r.item_ids[0]
 
 Every call carries a request_id (a fresh uuid4 unless you pass one). A call that fails with
 UNAVAILABLE or DEADLINE_EXCEEDED is retried with the SAME request_id, which the server
@@ -99,19 +101,20 @@ class Client:
 
     def select_request(
         self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-        request_id: str | None = None, **params: float | None,
+        request_id: str | None = None, k: int = 0, **params: float | None,
     ) -> pb.SelectRequest:
         """A SelectRequest; ``params``: mechanism parameters (``beta=0.1``, see :func:`param_fields`)."""
         return pb.SelectRequest(
             user_id=user_id, **_columns(candidates), mechanism=mechanism, epsilon=epsilon,
-            request_id=request_id or uuid.uuid4().hex, **param_fields(pb.SelectRequest, params),
+            request_id=request_id or uuid.uuid4().hex, k=k, **param_fields(pb.SelectRequest, params),
         )
 
     def select(self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-               request_id: str | None = None, **params: float | None) -> pb.SelectResponse:
-        """One private selection; returns the SelectResponse (item_id, mechanism, epsilon_spent, ...).
-        ``params``: mechanism parameters, e.g. ``beta=0.1`` (None or absent: the mechanism's default)."""
-        req = self.select_request(user_id, candidates, mechanism, epsilon, request_id, **params)
+               request_id: str | None = None, k: int = 0, **params: float | None) -> pb.SelectResponse:
+        """One private selection, or a slate of ``k`` distinct items (ε charged once in total);
+        returns the SelectResponse (item_id, item_ids, mechanism, epsilon_spent, ...). ``params``:
+        mechanism parameters, e.g. ``beta=0.1`` (None or absent: the mechanism's default)."""
+        req = self.select_request(user_id, candidates, mechanism, epsilon, request_id, k=k, **params)
         return self._call(self.stub.Select, req)
 
     def select_batch(self, requests: Sequence[pb.SelectRequest]) -> list[pb.SelectResult]:
@@ -119,13 +122,17 @@ class Client:
         return list(self._call(self.stub.SelectBatch, pb.SelectBatchRequest(requests=requests)).results)
 
     def recommend(self, user_id: str, history: Iterable[str], mechanism: str = "", epsilon: float = 1.0,
-                  request_id: str | None = None, num_candidates: int = 0, **params: float | None) -> pb.SelectResponse:
-        """Server-side SANSA top-k of the unseen items, then a private selection among them
-        (``params`` as for :meth:`select`)."""
+                  request_id: str | None = None, num_candidates: int = 0, k: int = 0,
+                  candidate_fraction: float | None = None, **params: float | None) -> pb.SelectResponse:
+        """Server-side SANSA over the full catalog, then a private selection (or ``k``-item slate)
+        among every item, seen ones included (drop them yourself: free post-processing). With
+        ``candidate_fraction``, a private top-``num_candidates`` stage spends that share of ε
+        first; ε is charged once in total. ``params`` as for :meth:`select`."""
+        extra = {} if candidate_fraction is None else {"candidate_fraction": candidate_fraction}
         req = pb.RecommendRequest(
             user_id=user_id, history=[str(h) for h in history], mechanism=mechanism, epsilon=epsilon,
-            request_id=request_id or uuid.uuid4().hex, num_candidates=num_candidates,
-            **param_fields(pb.RecommendRequest, params),
+            request_id=request_id or uuid.uuid4().hex, num_candidates=num_candidates, k=k,
+            **param_fields(pb.RecommendRequest, params), **extra,
         )
         return self._call(self.stub.Recommend, req)
 

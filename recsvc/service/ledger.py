@@ -2,6 +2,8 @@
 
 Invariants the service relies on:
 
+* **Exact accounting.** ε is counted in integer units of 10⁻¹² (:mod:`recsvc.service.ledger_units`):
+  every charge rounded up, the budget compared exactly, an ε below the unit refused.
 * **Atomic check-and-spend across threads and processes.** Every charge runs inside
   ``BEGIN IMMEDIATE``, which takes SQLite's single write lock before the budget is read, so
   two workers can never both see the same remaining budget.
@@ -11,15 +13,12 @@ Invariants the service relies on:
 * **Idempotent.** The answer is stored with the spend in the same transaction, keyed by
   ``(user_id, request_id)``. A retry with the same fingerprint gets the stored answer and
   spends nothing; a retry with a different fingerprint is a :class:`RequestConflict`.
-* **Answers are made inside the transaction.** ``build_response`` (which draws the sample)
-  runs only after the replay, conflict and budget checks passed, so a retried or refused
-  request never draws a sample.
+* **No sampling under the lock.** :meth:`Ledger.draw_and_charge` draws the sample before the
+  write transaction, holding no lock; the transaction only checks, stores and spends.
 
-Tables are ``WITHOUT ROWID`` (the primary key is the row), so a charge writes two B-tree pages
-to the WAL instead of four. A ledger file with rowid tables works the same: CREATE TABLE IF NOT
-EXISTS leaves its tables as they are, and every statement goes by the primary key.
-
-The ledger stores no scores: only a SHA-256 fingerprint of the request and the response.
+The ledger stores no scores: only keyed fingerprints (HMAC-SHA-256 under the server's key,
+:mod:`recsvc.service.fingerprint_key`; the key itself is never stored here) and the responses.
+The file format and its migration live in :mod:`recsvc.service.ledger_schema`.
 """
 
 from __future__ import annotations
@@ -33,68 +32,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from recsvc.checks import MissingFileError, ParamError, check_regular_file
+from recsvc.checks import ParamError
+from recsvc.service import fingerprint_key, ledger_schema
+from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
+from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, format_units, to_epsilon
 
-# Float sums of ε (e.g. 50 × 0.02) can exceed the budget by a few ulps; allow that much
-# (relative 1e-9), no more. The stored total itself is never rounded down.
-BUDGET_REL_SLACK = 1e-9
-# Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
-_CHUNK = 64
+__all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "RequestConflict", "UserBudget",
+           "check_path", "remove_files"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS budgets (
-    user_id  TEXT PRIMARY KEY,
-    spent    REAL NOT NULL,
-    requests INTEGER NOT NULL
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS requests (
-    user_id     TEXT NOT NULL,
-    request_id  TEXT NOT NULL,
-    fingerprint BLOB NOT NULL,
-    epsilon     REAL NOT NULL,
-    response    BLOB NOT NULL,
-    created     REAL NOT NULL,
-    PRIMARY KEY (user_id, request_id)
-) WITHOUT ROWID;
-"""
-
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-_EXPECTED = "an SQLite ledger written by `recsvc serve`, or a new file path in an existing, writable directory"
-
-
-def check_path(path: str | os.PathLike[str]) -> None:
-    """Refuses, before anything is created, a ledger path that cannot be an SQLite ledger."""
-    p = Path(path)
-    if p.exists():
-        check_regular_file("{ledger}", p, _EXPECTED)
-        try:
-            with open(p, "rb") as f:
-                head = f.read(len(_SQLITE_MAGIC))
-        except OSError as exc:
-            raise ParamError("{ledger} {path} cannot be read ({reason}); expected {expected}",
-                             path=str(p), reason=exc.strerror, expected=_EXPECTED) from None
-        if head and head != _SQLITE_MAGIC:
-            raise ParamError("{ledger} {path} is not an SQLite database; expected {expected}", path=str(p), expected=_EXPECTED)
-        return
-    if not p.parent.is_dir():
-        raise MissingFileError("ledger directory {dir} does not exist; create it first ({ledger} {path})",
-                               dir=str(p.parent), path=str(p))
-    if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ParamError("{ledger} {path}: the directory {dir} is not writable; expected {expected}",
-                         path=str(p), dir=str(p.parent), expected=_EXPECTED)
-
-
-def remove_files(path: str | os.PathLike[str]) -> None:
-    """Deletes a ledger and its sidecar files (-wal, -shm, .lock). Only for a ledger this process
-    just created and never answered from: deleting a used ledger would forget spent budget."""
-    p = Path(path)
-    for f in (p, *(p.with_name(p.name + suffix) for suffix in ("-wal", "-shm", "-journal", ".lock"))):
-        try:
-            f.unlink()
-        except FileNotFoundError:
-            pass
+S = TypeVar("S")
 
 
 class LedgerError(Exception):
@@ -102,11 +50,12 @@ class LedgerError(Exception):
 
 
 class BudgetExceeded(LedgerError):
-    def __init__(self, user_id: str, epsilon: float, spent: float, budget: float) -> None:
-        self.user_id, self.epsilon, self.spent, self.budget = user_id, epsilon, spent, budget
+    def __init__(self, user_id: str, units: int, spent_units: int, budget_units: int) -> None:
+        self.user_id, self.units, self.spent_units, self.budget_units = user_id, units, spent_units, budget_units
         super().__init__(
-            f"privacy budget exhausted for user {user_id!r}: requested epsilon={epsilon:g} but only "
-            f"{max(budget - spent, 0.0):g} of {budget:g} remains; nothing was spent"
+            f"privacy budget exhausted for user {user_id!r}: requested epsilon={format_units(units)} but only "
+            f"{format_units(max(budget_units - spent_units, 0))} of {format_units(budget_units)} remains; "
+            "nothing was spent"
         )
 
 
@@ -128,14 +77,24 @@ class Charge:
 
 @dataclass(frozen=True)
 class UserBudget:
+    """A user's account in exact units; the float properties are for display (and the wire)."""
+
     user_id: str
-    budget: float
-    spent: float
+    budget_units: int
+    spent_units: int
     requests: int
 
     @property
+    def budget(self) -> float:
+        return to_epsilon(self.budget_units)
+
+    @property
+    def spent(self) -> float:
+        return to_epsilon(self.spent_units)
+
+    @property
     def remaining(self) -> float:
-        return max(self.budget - self.spent, 0.0)
+        return to_epsilon(max(self.budget_units - self.spent_units, 0))
 
 
 def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
@@ -152,14 +111,26 @@ def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
 
 
 class Ledger:
-    """Thread-safe (one SQLite connection per thread) and multi-process-safe privacy ledger."""
+    """Thread-safe (one SQLite connection per thread) and multi-process-safe privacy ledger.
 
-    def __init__(self, path: str | os.PathLike[str], budget: float, busy_timeout_s: float = 60.0) -> None:
-        if not (isinstance(budget, (int, float)) and budget > 0 and budget < float("inf")):
-            raise ValueError(f"ledger budget must be a finite number > 0, got {budget!r}")
+    ``key_file`` holds the fingerprint key (default ``<path>.key``, created with mode 0600 if
+    missing). A ledger that already stores requests is never paired with a new key silently:
+    if its key file is missing, opening it fails (see :mod:`recsvc.service.fingerprint_key`).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], budget: float, key_file: str | os.PathLike[str] | None = None,
+                 busy_timeout_s: float = 60.0) -> None:
+        units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
+        if units is None:
+            raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
         self.path = Path(path)
         check_path(self.path)
-        self.budget = float(budget)
+        self.key_file = fingerprint_key.default_path(self.path) if key_file is None else Path(key_file)
+        fingerprint_key.check(self.key_file)
+        self.budget_units = units
+        self.budget = to_epsilon(units)
+        self._key = b""
+        self.key_created = False  # this open created the key file
         self._busy_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -179,33 +150,28 @@ class Ledger:
         self._queue: list[_Pending] = []
         self._leading = False
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
+        # (user_id, request_id) → [lock, holders]: one draw_and_charge per request at a time.
+        self._flights: dict[tuple[str, str], list] = {}
+        self._flights_lock = threading.Lock()
         self.commits = 0  # transactions committed by this process (for tests and metrics)
-        # CREATE ... IF NOT EXISTS is idempotent, so concurrent workers may all run it.
         try:
-            self._check_foreign()
-            conn = self._conn()
-            _retry_locked(lambda: conn.executescript(_SCHEMA))
+            ledger_schema.check_foreign(self.path)
+            self._open()
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()
             raise ParamError("{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
-                             path=str(self.path), reason=str(exc), expected=_EXPECTED) from None
+                             path=str(self.path), reason=str(exc), expected=EXPECTED) from None
         except BaseException:
             self.close()
             raise
 
-    def _check_foreign(self) -> None:
-        """Refuses another application's SQLite file, read-only (before WAL mode would modify it)."""
-        if not (self.path.is_file() and self.path.stat().st_size > 0):
-            return
-        ro = sqlite3.connect(self.path.resolve().as_uri() + "?mode=ro", uri=True)
-        try:
-            tables = {r[0] for r in ro.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            ro.close()
-        if tables and "budgets" not in tables:
-            raise ParamError("{ledger} {path} is an SQLite database of something else (tables: {tables}); "
-                             "expected {expected}", path=str(self.path), tables=", ".join(sorted(tables)[:5]),
-                             expected=_EXPECTED)
+    def _open(self) -> None:
+        """Creates, checks or migrates the file and loads or creates the key (ledger_schema.open_file)."""
+        self._key, self.key_created = ledger_schema.open_file(self._conn(), self.path, self.key_file, _retry_locked)
+
+    def fingerprint(self, digest: bytes) -> bytes:
+        """What the ledger stores for a request whose SHA-256 digest is ``digest``: HMAC(key, digest)."""
+        return fingerprint_key.keyed(self._key, digest)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -267,7 +233,7 @@ class Ledger:
     # -- reads (no lock) -----------------------------------------------------------------
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
-        """(fingerprint, response) of an earlier request, or None."""
+        """(stored fingerprint, response) of an earlier request, or None."""
         row = self._conn().execute(
             "SELECT fingerprint, response FROM requests WHERE user_id=? AND request_id=?",
             (user_id, request_id),
@@ -276,42 +242,101 @@ class Ledger:
 
     def user(self, user_id: str) -> UserBudget:
         row = self._conn().execute(
-            "SELECT spent, requests FROM budgets WHERE user_id=?", (user_id,)
+            "SELECT spent_units, requests FROM budgets WHERE user_id=?", (user_id,)
         ).fetchone()
-        spent, n = (0.0, 0) if row is None else (float(row[0]), int(row[1]))
-        return UserBudget(user_id, self.budget, spent, n)
-
-    def fits(self, spent: float, epsilon: float) -> bool:
-        return spent + epsilon <= self.budget * (1.0 + BUDGET_REL_SLACK)
+        spent, n = (0, 0) if row is None else (int(row[0]), int(row[1]))
+        return UserBudget(user_id, self.budget_units, spent, n)
 
     def totals(self) -> dict[str, float]:
-        """Every user's spent ε (for audits and tests)."""
-        return {u: float(s) for u, s in self._conn().execute("SELECT user_id, spent FROM budgets")}
+        """Every user's spent ε (for audits and tests; exact values: :meth:`user`)."""
+        return {u: to_epsilon(s) for u, s in self._conn().execute("SELECT user_id, spent_units FROM budgets")}
 
-    # -- the one write -------------------------------------------------------------------
+    def _verdict(self, p: _Pending, prior: tuple[bytes, bytes] | None, spent: int) -> Charge | LedgerError | None:
+        """The one rule, before and inside the transaction: a stored answer is replayed, another
+        fingerprint is a conflict, a charge beyond the budget is refused; None: charge it."""
+        if prior is not None:
+            return Charge(prior[1], replayed=True) if prior[0] == p.fingerprint else RequestConflict(p.user_id, p.request_id)
+        if spent + p.units > self.budget_units:  # exact: integers
+            return BudgetExceeded(p.user_id, p.units, spent, self.budget_units)
+        return None
 
-    def charge(
-        self,
-        user_id: str,
-        request_id: str,
-        fingerprint: bytes,
-        epsilon: float,
-        build_response: Callable[[float], bytes],
-    ) -> Charge:
+    def _precheck(self, p: _Pending) -> Charge | None:
+        """:meth:`_verdict` on a read snapshot, holding no lock (one statement)."""
+        fp, response, spent = self._conn().execute(
+            "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
+            " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
+            " (SELECT spent_units FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
+        verdict = self._verdict(p, None if fp is None else (bytes(fp), bytes(response)), spent or 0)
+        if isinstance(verdict, LedgerError):
+            raise verdict
+        return verdict
+
+    @contextmanager
+    def _one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
+        """Serialises the callers of one (user_id, request_id) in this process."""
+        with self._flights_lock:
+            entry = self._flights.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._flights_lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._flights[key]
+
+    # -- the writes ----------------------------------------------------------------------
+
+    def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge:
+        """The service's protocol: draw the sample OUTSIDE the write transaction, then charge it.
+
+        1. ``epsilon`` becomes units, or :class:`InvalidCharge` before the ledger is touched.
+        2. Callers of the same (user_id, request_id) in this process take turns, so concurrent
+           duplicates draw once: the later ones find the stored answer in step 3.
+        3. Pre-check on a read snapshot, holding no lock: a stored answer is replayed, another
+           fingerprint is a conflict, an exhausted budget is refused. None of these draws.
+        4. ``draw()`` runs in the caller's thread holding no lock, so its cost (random stopping
+           makes about 1/γ draws) delays no other request's charge.
+        5. :meth:`charge` decides again inside the transaction (same rule) and stores
+           ``build_response(sample, remaining)`` with the spend; ``build_response`` runs under
+           the lock, so it must be cheap (encoding only).
+
+        If step 5 finds that the request became a replay (another worker committed the same
+        request first), a conflict, or over budget (the user's other requests spent it in the
+        meantime), the drawn sample is discarded unreleased. A sample that is never released
+        reveals nothing about the data, so discarding it costs no privacy: each released answer
+        is charged exactly once, and a retry gets the stored answer, never a fresh sample.
+        """
+        p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
+        with self._one_at_a_time((user_id, request_id)):
+            done = self._precheck(p)
+            if done is not None:
+                return done
+            sample = draw()
+            p.build_response = lambda remaining: build_response(sample, remaining)
+            return self._commit(p)
+
+    def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+               build_response: Callable[[float], bytes]) -> Charge:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
 
-        ``build_response(remaining)`` makes the response bytes given the budget left after
-        this spend; it runs inside the transaction, only for a fresh request that fits the
-        budget, possibly in another caller's thread (the group-commit leader). If it raises,
-        nothing is spent. Raises :class:`BudgetExceeded` or :class:`RequestConflict` with
-        nothing spent. Returns only after the COMMIT (fsync).
+        ``digest`` is the request's SHA-256 digest (the ledger stores only its keyed
+        fingerprint). ``build_response(remaining)`` makes the response bytes given the budget
+        left after this spend; it runs inside the transaction, only for a fresh request that
+        fits the budget, possibly in another caller's thread (the group-commit leader). If it
+        raises, nothing is spent. Raises :class:`InvalidCharge` (before anything is touched),
+        :class:`BudgetExceeded` or :class:`RequestConflict` with nothing spent. Returns only
+        after the COMMIT (fsync).
+        """
+        return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response))
 
-        Group commit: concurrent callers queue; while one leader commits, the others wait; the
+    def _commit(self, item: _Pending) -> Charge:
+        """Group commit: concurrent callers queue; while one leader commits, the others wait; the
         next leader commits every queued charge in ONE transaction (one fsync), each charge
         checked in arrival order against the state left by the ones before it, so batching
-        changes throughput, never the outcome.
-        """
-        item = _Pending(user_id, request_id, fingerprint, epsilon, build_response)
+        changes throughput, never the outcome."""
         with self._queued:
             self._queue.append(item)
             lead = not self._leading
@@ -374,44 +399,42 @@ class Ledger:
         stored = self._stored(conn, [(p.user_id, p.request_id) for p in batch])
         spent = self._spent(conn, list({p.user_id: None for p in batch}))
         counts: dict[str, int] = {}
-        rows: list[tuple[str, str, bytes, float, bytes, float]] = []
+        rows: list[tuple[str, str, bytes, int, bytes, float]] = []
         now = time.time()
         for p in batch:
             key = (p.user_id, p.request_id)
-            prior = stored.get(key)
-            if prior is not None:
-                if prior[0] != p.fingerprint:
-                    p.error = RequestConflict(p.user_id, p.request_id)
-                else:
-                    p.result = Charge(prior[1], replayed=True)
+            before = spent.get(p.user_id, 0)
+            verdict = self._verdict(p, stored.get(key), before)
+            if isinstance(verdict, Charge):
+                p.result = verdict
                 continue
-            before = spent.get(p.user_id, 0.0)
-            if not self.fits(before, p.epsilon):
-                p.error = BudgetExceeded(p.user_id, p.epsilon, before, self.budget)
+            if verdict is not None:
+                p.error = verdict
                 continue
-            after = before + p.epsilon
+            after = before + p.units
             try:
-                response = p.build_response(max(self.budget - after, 0.0))
+                response = p.build_response(to_epsilon(self.budget_units - after))
             except Exception as exc:  # noqa: BLE001 - this charge alone is refused, nothing spent
                 p.error = exc
                 continue
             spent[p.user_id] = after
             counts[p.user_id] = counts.get(p.user_id, 0) + 1
             stored[key] = (p.fingerprint, response)
-            rows.append((p.user_id, p.request_id, p.fingerprint, p.epsilon, response, now))
+            rows.append((p.user_id, p.request_id, p.fingerprint, p.units, response, now))
             p.result = Charge(response, replayed=False)
         users = [(u, spent[u], n) for u, n in counts.items()]
-        for i in range(0, len(users), _CHUNK):
-            part = users[i:i + _CHUNK]
+        for i in range(0, len(users), CHUNK):
+            part = users[i:i + CHUNK]
             conn.execute(
-                "INSERT INTO budgets(user_id, spent, requests) VALUES " + ",".join(["(?, ?, ?)"] * len(part))
-                + " ON CONFLICT(user_id) DO UPDATE SET spent=excluded.spent, requests=requests+excluded.requests",
+                "INSERT INTO budgets(user_id, spent_units, requests) VALUES " + ",".join(["(?, ?, ?)"] * len(part))
+                + " ON CONFLICT(user_id) DO UPDATE SET spent_units=excluded.spent_units,"
+                " requests=requests+excluded.requests",
                 [v for row in part for v in row],
             )
-        for i in range(0, len(rows), _CHUNK):
-            chunk = rows[i:i + _CHUNK]
+        for i in range(0, len(rows), CHUNK):
+            chunk = rows[i:i + CHUNK]
             conn.execute(
-                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon, response, created) VALUES "
+                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created) VALUES "
                 + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)),
                 [v for row in chunk for v in row],
             )
@@ -420,8 +443,8 @@ class Ledger:
     def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bytes, bytes]]:
         """(fingerprint, response) of the keys already in the ledger (exact primary-key probes)."""
         out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-        for i in range(0, len(keys), _CHUNK):
-            part = keys[i:i + _CHUNK]
+        for i in range(0, len(keys), CHUNK):
+            part = keys[i:i + CHUNK]
             sql = " UNION ALL ".join(
                 ["SELECT user_id, request_id, fingerprint, response FROM requests WHERE user_id=? AND request_id=?"]
                 * len(part))
@@ -430,12 +453,12 @@ class Ledger:
         return out
 
     @staticmethod
-    def _spent(conn: sqlite3.Connection, users: list[str]) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for i in range(0, len(users), _CHUNK):
-            part = users[i:i + _CHUNK]
-            sql = f"SELECT user_id, spent FROM budgets WHERE user_id IN ({','.join(['?'] * len(part))})"
-            out.update((u, float(v)) for u, v in conn.execute(sql, part))
+    def _spent(conn: sqlite3.Connection, users: list[str]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i in range(0, len(users), CHUNK):
+            part = users[i:i + CHUNK]
+            sql = f"SELECT user_id, spent_units FROM budgets WHERE user_id IN ({','.join(['?'] * len(part))})"
+            out.update((u, int(v)) for u, v in conn.execute(sql, part))
         return out
 
 
@@ -445,17 +468,21 @@ def _locked() -> threading.Lock:
     return lock
 
 
+def _unset(_remaining: float) -> bytes:
+    raise RuntimeError("no response builder set")
+
+
 @dataclass(eq=False)
 class _Pending:
     """One queued charge; ``finished`` is set by the leader once its batch committed or failed."""
 
     user_id: str
     request_id: str
-    fingerprint: bytes
-    epsilon: float
+    fingerprint: bytes  # keyed (what the ledger stores)
+    units: int
     build_response: Callable[[float], bytes]
     result: Charge | None = None
     error: Exception | None = None
     finished: bool = False
-    # Held until a leader releases it (see Ledger.charge); a bare lock is the cheapest wake-up.
+    # Held until a leader releases it (see Ledger._commit); a bare lock is the cheapest wake-up.
     wake: threading.Lock = field(default_factory=_locked)

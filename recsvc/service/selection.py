@@ -1,13 +1,21 @@
 """Private selection for the service, without the wire format: prepare → execute.
 
 :meth:`Selector.prepare_select` / :meth:`Selector.prepare_recommend` check everything and clip
-the scores, touching no ledger. :meth:`Selector.execute` then runs one ledger transaction:
-replay | conflict | budget check → sample → store the answer and spend → durable COMMIT.
+the scores, touching no ledger. :meth:`Selector.execute` then follows the ledger's protocol
+(:meth:`recsvc.service.ledger.Ledger.draw_and_charge`): ε → exact units | replay, conflict and
+budget pre-check → sample, drawn OUTSIDE the write transaction → inside it: replay | conflict |
+budget check → store the answer and spend → durable COMMIT.
 
-Order matters for privacy: the sample is drawn only after the replay, conflict and budget
-checks passed (so a retry or a refused request never draws one), with the CSPRNG of the
-thread that commits it, and it is revealed only after the spend and the stored answer are
-durably committed.
+What is protected (README § "What the guarantee covers"): the neighbouring relation is one
+user's history. Select is ε-DP in the scores the client sends, given the client's candidate
+set. Recommend scores the history itself and selects over the FULL catalog (no top-k, no
+exclusion of seen items), so its answer is ε-DP in the history end to end; its optional private
+candidate stage is charged inside the same ε (:func:`recsvc.mechanisms.select_two_stage`).
+
+Order matters for privacy: a retry or a refused request never draws (the pre-check), the sample
+is drawn with the CSPRNG of the request's own thread, and it is revealed only after the spend
+and the stored answer are durably committed. A sample drawn for a request that the transaction
+then finds to be a replay, a conflict or over budget is discarded unreleased: it costs no privacy.
 """
 
 from __future__ import annotations
@@ -19,18 +27,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import scipy.sparse as sp
 
 from recsvc.artifact import Artifact, Manifest
 from recsvc.checks import ParamError
-from recsvc.mechanisms import MECHANISMS, check_params, select
-from recsvc.model import top_k
+from recsvc.mechanisms import MECHANISMS, check_params, select_slate, select_two_stage
+from recsvc.mechanisms.slate import step_epsilon
+from recsvc.mechanisms.two_stage import split_budget
 from recsvc.rng import thread_csprng
 from recsvc.service.config import AUTO, Policy
+from recsvc.service.draws import HeavyDraws, expected_draws
 from recsvc.service.ledger import Charge, Ledger
+from recsvc.service.ledger_units import charge_units, to_epsilon
 
-DEFAULT_RECOMMEND_K = 500
 MAX_ID_LEN = 256
+CANDIDATE_MECHANISM = "rnm"  # Recommend's private top-m (peeling); public, the same for every request
 
 
 class InvalidRequest(ValueError):
@@ -42,12 +52,20 @@ class Unavailable(Exception):
 
 
 @dataclass(frozen=True)
+class CandidateStage:
+    """Recommend's private top-m: ``candidate_fraction`` of ε picks m items of the catalog."""
+
+    m: int
+    candidate_fraction: float
+
+
+@dataclass(frozen=True)
 class Prepared:
     """A fully validated request, ready to sample: nothing here has touched the ledger."""
 
     user_id: str
     request_id: str
-    fingerprint: bytes
+    fingerprint: bytes  # SHA-256 of the canonical request; the ledger stores only HMAC(key, it)
     mechanism: str  # resolved (never "auto" or empty)
     epsilon: float
     params: Mapping[str, float | None]
@@ -55,17 +73,35 @@ class Prepared:
     scores: np.ndarray = field(repr=False)  # clipped to each item's [lo, hi]
     sensitivities: np.ndarray = field(repr=False)
     item_ids: Sequence[str] = field(repr=False)  # a list, or the request's repeated field itself (no copy)
+    k: int = 1  # slate size, 1 <= k <= the candidates (n, or the stage's m)
+    stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
 
 
 @dataclass(frozen=True)
 class Selected:
     """What a response carries once the ledger has charged the request."""
 
-    item_id: str
+    item_ids: tuple[str, ...]  # the slate, in selection order
     mechanism: str
     epsilon: float
     budget_remaining: float
     request_id: str
+
+    @property
+    def item_id(self) -> str:
+        return self.item_ids[0]
+
+
+def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.ndarray:
+    """The slate's candidate indices (k of them, in selection order); the only random step.
+    ``prepare_*`` already checked everything these calls check, so they fail only on what
+    depends on the scores' values (e.g. GEM's overflow bound), and then before any draw."""
+    if p.stage is None:
+        return select_slate(p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, rng,
+                            allow_non_private=allow_non_private, **p.params)
+    return select_two_stage(p.mechanism, p.scores, p.sensitivities, p.epsilon, p.stage.m,
+                            p.stage.candidate_fraction, p.k, rng, CANDIDATE_MECHANISM,
+                            allow_non_private=allow_non_private, **p.params)
 
 
 def resolve_auto(rho_median: float | None, threshold: float) -> str | None:
@@ -116,17 +152,24 @@ class Catalog:
 
 
 class Recommender:
-    """Server-side SANSA: history → dense scores → top-k unseen items that have clip ranges,
-    ranked by :func:`recsvc.model.top_k` (ties → lower model column), as the pipeline ranks."""
+    """Server-side SANSA over the full catalog: history → raw scores of EVERY items.parquet row.
+
+    Nothing is excluded: a seen item keeps its score (excluding it would make its probability 0
+    depending on the history, outside the ε accounting); a client drops seen items from the
+    answer itself, which is free post-processing. A catalog item the model has no column for
+    scores 0, a constant that depends on no one's data.
+    """
 
     def __init__(self, artifact: Artifact, catalog: Catalog) -> None:
         self.model = artifact.model
         self.index = self.model.index
-        # Model column → items.parquet row (−1: the item has no public clip range; never a candidate).
-        self.row_of_col = np.array([catalog.index.get(i, -1) for i in self.model.item_ids.tolist()], np.int64)
+        self.columns = len(self.model.item_ids)
+        col = np.array([self.index.get(i, -1) for i in catalog.item_ids], np.int64)
+        # items.parquet row → model column; None when they coincide (the pipeline's artifacts).
+        self.col_of_row: np.ndarray | None = None if np.array_equal(col, np.arange(self.columns)) else col
 
-    def candidates(self, history: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(items.parquet rows, raw scores) of the top-k unseen items, best first."""
+    def scores(self, history: Sequence[str]) -> np.ndarray:
+        """Raw SANSA scores of every catalog row (items.parquet order), seen items included."""
         cols = []
         for pos, item in enumerate(history):
             col = self.index.get(item)
@@ -136,17 +179,10 @@ class Recommender:
                     f"known to the model ({len(self.index)} items)"
                 )
             cols.append(col)
-        m = len(self.row_of_col)
-        seen = np.unique(np.asarray(cols, np.int64))
-        x = sp.csr_matrix((np.ones(seen.size), (np.zeros(seen.size, np.int64), seen)), shape=(1, m))
-        scores = self.model.score_unseen(x)  # recommend unseen items only
-        scores[:, self.row_of_col < 0] = -np.inf
-        top = top_k(scores, k)
-        count = int(top.count[0])
-        if count == 0:
-            raise InvalidRequest("no unseen items are left to recommend for this history")
-        cols_ranked = top.index[0, :count]  # padding (fewer than k eligible items) sits at the end
-        return self.row_of_col[cols_ranked], top.score[0, :count]
+        dense = self.model.score_one(np.unique(np.asarray(cols, np.int64)))  # a repeated item counts once
+        if self.col_of_row is None:
+            return dense
+        return np.where(self.col_of_row >= 0, dense[self.col_of_row], 0.0)
 
 
 def check_id(name: str, value: str, required: bool) -> None:
@@ -176,6 +212,7 @@ class Selector:
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
+        self.heavy = HeavyDraws(policy.heavy_draws, policy.heavy_draw_threads)
 
     def mechanism_name(self, requested: str) -> str:
         """The mechanism a request runs: ``auto`` and empty resolved, non-private ones gated."""
@@ -216,9 +253,41 @@ class Selector:
         slot[rows] = pos
         return bool((slot[rows] != pos).any())
 
+    def slate_size(self, k: int, candidates: int, epsilon: float, what: str) -> int:
+        """The slate size a request asks for (0 → 1), within the candidates and the server's maximum."""
+        kk = k or 1
+        if kk > self.policy.max_slate:
+            raise InvalidRequest(f"k={kk} is too large; this server returns at most {self.policy.max_slate} "
+                                 "items per answer (--max-slate)")
+        if kk > candidates:
+            raise InvalidRequest(f"k={kk} is more than the {candidates} {what}; expected 1 <= k <= {candidates} "
+                                 "(k distinct items)")
+        step_epsilon(epsilon, kk, "epsilon/k")
+        return kk
+
+    def candidate_stage(self, num_candidates: int, candidate_fraction: float | None,
+                        epsilon: float) -> CandidateStage | None:
+        """Recommend's private top-m, or None (the full catalog). m defaults to the public floor."""
+        if candidate_fraction is None:
+            return None  # a count alone never shrinks the candidate set
+        eps1, _ = split_budget(epsilon, candidate_fraction)
+        n = len(self.catalog.item_ids)
+        floor = min(self.policy.min_candidates, n)
+        m = num_candidates or floor
+        if m < floor:
+            raise InvalidRequest(
+                f"num_candidates={m} is below this server's floor of {floor} private candidates (--min-candidates); "
+                f"expected {floor} <= num_candidates <= {n} (the catalog size), or 0 for {floor}"
+            )
+        if m > n:
+            raise InvalidRequest(f"num_candidates={m} is more than the catalog's {n} items; "
+                                 f"expected {floor} <= num_candidates <= {n}")
+        step_epsilon(eps1, m, "candidate_fraction·epsilon/num_candidates")
+        return CandidateStage(m, float(candidate_fraction))
+
     def prepare_select(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
                        params: Mapping[str, float | None], item_ids: Sequence[str], raw: np.ndarray,
-                       fingerprint: Callable[[], bytes]) -> Prepared:
+                       fingerprint: Callable[[], bytes], *, k: int = 0) -> Prepared:
         """Checks a Select request and clips its scores; ``fingerprint`` runs only if it is valid."""
         name, eps = self._common(user_id, request_id, mechanism, epsilon, params)
         n = len(item_ids)
@@ -226,6 +295,7 @@ class Selector:
             raise InvalidRequest("no candidates (n = 0); expected at least one (item_id, score)")
         if n > self.policy.max_candidates:
             raise InvalidRequest(f"{n} candidates is too many; this server accepts at most {self.policy.max_candidates}")
+        kk = self.slate_size(k, n, eps, "candidates")
         finite = np.isfinite(raw)
         if not finite.all():
             bad = int(np.flatnonzero(~finite)[0])
@@ -239,32 +309,44 @@ class Selector:
             dup = next(i for i in item_ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
             raise InvalidRequest(f"duplicate item_id {short(dup)} among the candidates; expected each item once")
         q, sens = self.catalog.clip(rows, raw)
-        return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q, sens, item_ids)
+        return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q, sens, item_ids,
+                        kk)
 
     def prepare_recommend(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
                           params: Mapping[str, float | None], history: Sequence[str], num_candidates: int,
-                          fingerprint: Callable[[], bytes]) -> Prepared:
-        """Scores the history server-side and takes its top candidates (see :class:`Recommender`)."""
+                          fingerprint: Callable[[], bytes], *, k: int = 0,
+                          candidate_fraction: float | None = None) -> Prepared:
+        """Scores the history server-side over the full catalog (see :class:`Recommender`); with
+        ``candidate_fraction``, a private top-``num_candidates`` stage comes first (same ε)."""
         name, eps = self._common(user_id, request_id, mechanism, epsilon, params)
         if self.recommender is None:
             raise Unavailable("this server's artifact has no SANSA model, so Recommend is unavailable; use Select")
-        k = num_candidates or min(DEFAULT_RECOMMEND_K, self.policy.max_candidates)
-        if k > self.policy.max_candidates:
-            raise InvalidRequest(f"num_candidates={k} is too many; this server accepts at most {self.policy.max_candidates}")
-        rows, raw = self.recommender.candidates(history, k)
-        q, sens = self.catalog.clip(rows, raw)
-        ids = [self.catalog.item_ids[r] for r in rows.tolist()]
-        return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q, sens, ids)
+        stage = self.candidate_stage(num_candidates, candidate_fraction, eps)
+        if stage is None:
+            kk = self.slate_size(k, len(self.catalog.item_ids), eps, "items of the catalog")
+        else:
+            eps2 = split_budget(eps, stage.candidate_fraction)[1]  # what the selection among the m spends
+            kk = self.slate_size(k, stage.m, eps2, "private candidates (num_candidates)")
+        q = np.clip(self.recommender.scores(history), self.catalog.lo, self.catalog.hi)  # Δ is a bound only clipped
+        return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q,
+                        self.catalog.sensitivity, self.catalog.item_ids, kk, stage)
 
     def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
-        """Charges ``p`` and draws its sample in one ledger transaction; the stored answer is
-        ``encode(selected)``. A replayed request gets its stored answer and draws nothing."""
+        """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
+        ``encode(selected)`` in one transaction (see the module docstring). A replayed request
+        gets its stored answer and draws nothing; an ε the ledger cannot count exactly
+        (below 1e-12) is refused before the ledger is touched."""
+        charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
 
-        def sample_and_build(remaining: float) -> bytes:
-            # Runs inside the ledger transaction, after the replay, conflict and budget checks,
-            # in whichever request thread leads the group commit: that thread's CSPRNG draws.
-            index = select(p.mechanism, p.scores, p.sensitivities, p.epsilon, rng=thread_csprng(),
-                           allow_non_private=self.policy.allow_non_private, **p.params)
-            return encode(Selected(p.item_ids[int(index)], p.mechanism, p.epsilon, remaining, p.request_id))
+        def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
+            return draw(p, thread_csprng(), self.policy.allow_non_private)
 
-        return ledger.charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, sample_and_build)
+
+        def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU
+            return self.heavy.run(sample, p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+
+        def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
+            ids = tuple(p.item_ids[i] for i in picked.tolist())
+            return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id))
+
+        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, heavy_or_inline, build)

@@ -30,12 +30,10 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError
+from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig
 
 log = logging.getLogger("recsvc.service")
-
-SERVICE_NAME = "recsvc.v1.PrivateSelection"
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # a full SelectBatch of 500-candidate requests fits
 
 
 @dataclass
@@ -80,27 +78,30 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import auth, metrics
+    from recsvc.service import auth, fingerprint_key, gate, metrics
     from recsvc.service import ledger as ledger_mod
-    from recsvc.service.servicer import SelectionServicer
-    from recsvc.v1 import selection_pb2, selection_pb2_grpc
+    from recsvc.service.servicer import SelectionServicer, register
+    from recsvc.v1 import selection_pb2
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
-    interceptors = [auth.BearerTokenInterceptor(auth.load_tokens(config.token_file))] if config.token_file else []
+    authenticator = _authenticator(config)
     ledger_mod.check_path(config.ledger)
+    fingerprint_key.check(config.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
+    servicer.limiter = gate.RateLimiter(config.rate_limit) if config.rate_limit > 0 else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
-        interceptors=interceptors,
+        # Every call: authenticate, rate-limit and scope-check, then decode (see gate.py).
+        interceptors=[gate.Gate(authenticator, servicer.limiter)],
         options=[
             # Off for a single worker, so a second server on a busy port fails loudly.
             ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", config.max_message_bytes),
+            ("grpc.max_send_message_length", config.max_message_bytes),
         ],
     )
-    selection_pb2_grpc.add_PrivateSelectionServicer_to_server(servicer, server)
+    register(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (
@@ -116,7 +117,7 @@ def start(config: ServerConfig) -> ServerHandle:
     try:
         if config.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
-        ledger = ledger_mod.Ledger(config.ledger, config.budget)
+        ledger = ledger_mod.Ledger(config.ledger, config.budget, key_file=config.key_path)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -130,14 +131,28 @@ def start(config: ServerConfig) -> ServerHandle:
             ledger.close()
         if created:  # nothing was served from it: remove what this start created
             ledger_mod.remove_files(config.ledger)
+            if ledger is not None and ledger.key_created:
+                config.key_path.unlink(missing_ok=True)
         raise
     metrics_port = None if metrics_server is None else int(metrics_server.server_port)
+    if config.allow_non_private:
+        log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
+                    "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
-        "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s)",
-        SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext", servicer.default_mechanism,
-        servicer.auto_choice, config.budget, config.ledger,
+        "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s, "
+        "fingerprint key %s)", SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext",
+        servicer.default_mechanism, servicer.auto_choice, config.budget, config.ledger, config.key_path,
     )
     return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+
+
+def _authenticator(config: ServerConfig) -> Authenticator:
+    """The principals from the token file and the client-scopes file (parsed: a bad line is one
+    clear error); warns when a credentials file is open to other users."""
+    for path in (config.token_file, config.client_scopes):
+        if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
+            log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
+    return Authenticator.from_files(config.token_file, config.client_scopes, mtls=config.client_ca is not None)
 
 
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
@@ -219,20 +234,24 @@ def _fork_workers(config: ServerConfig) -> int:
     from recsvc.service import ledger as ledger_mod
 
     auth.check_server_files(config.tls_cert, config.tls_key, config.client_ca)
-    if config.token_file:
-        auth.load_tokens(config.token_file)
+    _authenticator(config)
     _check_port_free(config.host, config.port)
     if config.metrics_port:
         _check_port_free(config.metrics_host, config.metrics_port)
     ledger_mod.check_path(config.ledger)
     created = not config.ledger.exists()
-    ledger_mod.Ledger(config.ledger, config.budget).close()  # create the file in WAL mode once, before the workers race
+    # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
+    # race: every worker must key its fingerprints with the same secret.
+    ledger = ledger_mod.Ledger(config.ledger, config.budget, key_file=config.key_path)
+    ledger.close()
     served: list[bool] = []
     try:
         return _run_workers(config, served)
     except BaseException:
         if created and not served:  # no worker ever listened: remove what this start created
             ledger_mod.remove_files(config.ledger)
+            if ledger.key_created:
+                config.key_path.unlink(missing_ok=True)
         raise
 
 

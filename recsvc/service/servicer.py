@@ -18,8 +18,10 @@ import numpy as np
 
 from recsvc.artifact import Artifact
 from recsvc.mechanisms import MECHANISMS, PARAM_NAMES
-from recsvc.service import metrics
+from recsvc.service import metrics, wire
+from recsvc.service.auth import SERVICE_NAME, Caller, PermissionDenied
 from recsvc.service.config import Policy
+from recsvc.service.gate import RateLimiter, current_caller
 from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
 from recsvc.service.selection import InvalidRequest, Prepared, Selected, Selector, Unavailable, check_id
 from recsvc.v1 import selection_pb2 as pb
@@ -47,7 +49,8 @@ _HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes 
 
 
 def _fingerprint(kind: bytes, req: Any) -> bytes:
-    """SHA-256 of the canonical request. Fed in pieces below hashlib's 2 KiB GIL-release
+    """SHA-256 of the canonical request (the ledger stores only HMAC(server key, this digest),
+    see recsvc.service.fingerprint_key). Fed in pieces below hashlib's 2 KiB GIL-release
     threshold: releasing the GIL for a few µs of hashing only wakes a waiting thread for nothing."""
     h = hashlib.sha256(kind)
     data = memoryview(req.SerializeToString(deterministic=True))
@@ -64,7 +67,7 @@ def _params(req: Any) -> dict[str, float | None]:
 
 
 def _encode(s: Selected) -> bytes:
-    return pb.SelectResponse(item_id=s.item_id, mechanism=s.mechanism, epsilon_spent=s.epsilon,
+    return pb.SelectResponse(item_id=s.item_id, item_ids=s.item_ids, mechanism=s.mechanism, epsilon_spent=s.epsilon,
                              budget_remaining=s.budget_remaining, request_id=s.request_id).SerializeToString()
 
 
@@ -76,6 +79,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         self.selector = Selector(artifact, policy)
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
+        self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
 
     @property
     def ledger(self) -> Ledger:
@@ -98,12 +102,14 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def prepare_select(self, req: pb.SelectRequest) -> Prepared:
         item_ids, raw = _candidate_columns(req)
         return self.selector.prepare_select(req.user_id, req.request_id, req.mechanism, req.epsilon, _params(req),
-                                            item_ids, raw, lambda: _fingerprint(b"select\0", req))
+                                            item_ids, raw, lambda: _fingerprint(b"select\0", req), k=req.k)
 
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
         return self.selector.prepare_recommend(req.user_id, req.request_id, req.mechanism, req.epsilon,
                                                _params(req), req.history, req.num_candidates,
-                                               lambda: _fingerprint(b"recommend\0", req))
+                                               lambda: _fingerprint(b"recommend\0", req), k=req.k,
+                                               candidate_fraction=req.candidate_fraction
+                                               if req.HasField("candidate_fraction") else None)
 
     def execute(self, p: Prepared) -> pb.SelectResponse:
         charge = self.selector.execute(self.ledger, p, _encode)
@@ -111,6 +117,8 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             metrics.REPLAYS.inc()
             resp = pb.SelectResponse.FromString(charge.response)
             resp.replayed = True
+            if not resp.item_ids:  # stored before slates existed: its one item is the slate
+                resp.item_ids.append(resp.item_id)
             return resp
         metrics.epsilon_spent(p.mechanism).inc(p.epsilon)
         return pb.SelectResponse.FromString(charge.response)
@@ -139,29 +147,48 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             if log.isEnabledFor(logging.DEBUG):  # no formatting work unless asked for
                 log.debug("%s %s mechanism=%s %.2fms", method, code.name, mech or "-", elapsed * 1e3)
 
+    @staticmethod
+    def authorize(method: str, user_id: str) -> None:
+        """PERMISSION_DENIED (logged with the principal, never the request) unless the caller's
+        scope covers ``user_id``; runs before any check, so an out-of-scope call costs nothing."""
+        caller = current_caller()
+        try:
+            caller.check_user(user_id)
+        except PermissionDenied:
+            log.warning("PERMISSION_DENIED %s for principal %s: another user_id", method, caller)
+            raise
+
     def Select(self, request: pb.SelectRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
-        return self._call("Select", context, lambda: self.execute(self.prepare_select(request)),
-                          lambda r: r.mechanism)
+        def run() -> pb.SelectResponse:
+            self.authorize("Select", request.user_id)
+            return self.execute(self.prepare_select(request))
+
+        return self._call("Select", context, run, lambda r: r.mechanism)
 
     def Recommend(self, request: pb.RecommendRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
-        return self._call("Recommend", context, lambda: self.execute(self.prepare_recommend(request)),
-                          lambda r: r.mechanism)
+        def run() -> pb.SelectResponse:
+            self.authorize("Recommend", request.user_id)
+            return self.execute(self.prepare_recommend(request))
+
+        return self._call("Recommend", context, run, lambda r: r.mechanism)
 
     def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.ServicerContext) -> pb.SelectBatchResponse:
         def run() -> pb.SelectBatchResponse:
-            if len(request.requests) > self.policy.max_batch:
-                raise InvalidRequest(
-                    f"{len(request.requests)} requests in one batch is too many; expected at most {self.policy.max_batch}"
-                )
-            return pb.SelectBatchResponse(results=list(self._batch_items(request.requests)))
+            caller = current_caller()  # the batch's size was checked before parsing (wire.BATCH)
+            if self.limiter is not None and len(request.requests) > 1:  # the rate limit counts every item
+                self.limiter.debit(caller.key, len(request.requests) - 1)
+            return pb.SelectBatchResponse(results=list(self._batch_items(caller, request.requests)))
 
         return self._call("SelectBatch", context, run)
 
-    def _batch_items(self, requests: Iterable[pb.SelectRequest]) -> Iterable[pb.SelectResult]:
+    def _batch_items(self, caller: Caller, requests: Iterable[pb.SelectRequest]) -> Iterable[pb.SelectResult]:
+        denied = 0
         for req in requests:  # each item is its own transaction: partial failures are per item
             try:
+                caller.check_user(req.user_id)  # an item for a user_id outside the scope is refused alone
                 resp = self.execute(self.prepare_select(req))
             except Exception as exc:  # noqa: BLE001
+                denied += isinstance(exc, PermissionDenied)
                 code, message = status_of(exc)
                 if code is grpc.StatusCode.INTERNAL:
                     log_internal_error("SelectBatch item", exc)
@@ -170,9 +197,12 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             else:
                 metrics.requests("SelectBatch.item", resp.mechanism, "OK").inc()
                 yield pb.SelectResult(response=resp)
+        if denied:  # one line per batch, with the principal and never the request
+            log.warning("PERMISSION_DENIED SelectBatch: %d item(s) for principal %s: another user_id", denied, caller)
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
         def run() -> pb.GetBudgetResponse:
+            self.authorize("GetBudget", request.user_id)
             check_id("user_id", request.user_id, required=True)
             u = self.ledger.user(request.user_id)
             return pb.GetBudgetResponse(user_id=u.user_id, budget=u.budget, spent=u.spent,
@@ -195,9 +225,32 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 population_spearman_median=float("nan") if self.selector.rho_median is None else self.selector.rho_median,
                 budget=self.ledger.budget,
                 max_candidates=self.policy.max_candidates,
+                max_slate=self.policy.max_slate,
+                min_candidates=self.policy.min_candidates,
+                catalog_size=len(self.selector.catalog.item_ids) if self.selector.recommender is not None else 0,
             )
 
         return self._call("ListMechanisms", context, run)
+
+
+def register(servicer: SelectionServicer, server: grpc.Server) -> None:
+    """Adds the service to ``server`` with request decoders that enforce the size limits on the
+    raw bytes before parsing (:mod:`recsvc.service.wire`); the gate runs them after authentication."""
+    limits = wire.Limits.of(servicer.policy)
+    methods: dict[str, tuple[Callable[..., Any], Callable[[bytes], Any], Any]] = {
+        "Select": (servicer.Select, wire.decoder(pb.SelectRequest, wire.SELECT, limits), pb.SelectResponse),
+        "SelectBatch": (servicer.SelectBatch, wire.decoder(pb.SelectBatchRequest, wire.BATCH, limits),
+                        pb.SelectBatchResponse),
+        "Recommend": (servicer.Recommend, wire.decoder(pb.RecommendRequest, wire.RECOMMEND, limits), pb.SelectResponse),
+        "GetBudget": (servicer.GetBudget, pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
+        "ListMechanisms": (servicer.ListMechanisms, pb.ListMechanismsRequest.FromString, pb.ListMechanismsResponse),
+    }
+    handlers = {
+        name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=decode,
+                                                  response_serializer=response.SerializeToString)
+        for name, (fn, decode, response) in methods.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
 
 def log_internal_error(what: str, exc: BaseException) -> None:
@@ -210,6 +263,8 @@ def log_internal_error(what: str, exc: BaseException) -> None:
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status for a refusal. Messages are ours (no score values), except ValueErrors
     from the mechanisms, which validate the same inputs we already checked."""
+    if isinstance(exc, PermissionDenied):
+        return grpc.StatusCode.PERMISSION_DENIED, str(exc)
     if isinstance(exc, BudgetExceeded):
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, RequestConflict):

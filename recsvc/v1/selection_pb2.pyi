@@ -15,7 +15,7 @@ class Candidate(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SelectRequest(_message.Message):
-    __slots__ = ("user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "item_ids", "scores")
+    __slots__ = ("user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "item_ids", "scores", "k")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class SelectRequest(_message.Message):
     CORR_BUDGET_FRACTION_FIELD_NUMBER: _ClassVar[int]
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     mechanism: str
@@ -36,23 +37,26 @@ class SelectRequest(_message.Message):
     corr_budget_fraction: float
     item_ids: _containers.RepeatedScalarFieldContainer[str]
     scores: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, user_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., item_ids: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ...) -> None: ...
+    k: int
+    def __init__(self, user_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., item_ids: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ..., k: _Optional[int] = ...) -> None: ...
 
 class SelectResponse(_message.Message):
-    __slots__ = ("item_id", "mechanism", "epsilon_spent", "budget_remaining", "request_id", "replayed")
+    __slots__ = ("item_id", "mechanism", "epsilon_spent", "budget_remaining", "request_id", "replayed", "item_ids")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     mechanism: str
     epsilon_spent: float
     budget_remaining: float
     request_id: str
     replayed: bool
-    def __init__(self, item_id: _Optional[str] = ..., mechanism: _Optional[str] = ..., epsilon_spent: _Optional[float] = ..., budget_remaining: _Optional[float] = ..., request_id: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    item_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, item_id: _Optional[str] = ..., mechanism: _Optional[str] = ..., epsilon_spent: _Optional[float] = ..., budget_remaining: _Optional[float] = ..., request_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., item_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SelectBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -85,7 +89,7 @@ class SelectBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SelectResult, _Mapping]]] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("user_id", "history", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "num_candidates")
+    __slots__ = ("user_id", "history", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "num_candidates", "k", "candidate_fraction")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +99,8 @@ class RecommendRequest(_message.Message):
     GAMMA_FIELD_NUMBER: _ClassVar[int]
     CORR_BUDGET_FRACTION_FIELD_NUMBER: _ClassVar[int]
     NUM_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     history: _containers.RepeatedScalarFieldContainer[str]
     mechanism: str
@@ -104,7 +110,9 @@ class RecommendRequest(_message.Message):
     gamma: float
     corr_budget_fraction: float
     num_candidates: int
-    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[str]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., num_candidates: _Optional[int] = ...) -> None: ...
+    k: int
+    candidate_fraction: float
+    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[str]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., num_candidates: _Optional[int] = ..., k: _Optional[int] = ..., candidate_fraction: _Optional[float] = ...) -> None: ...
 
 class GetBudgetRequest(_message.Message):
     __slots__ = ("user_id",)
@@ -141,7 +149,7 @@ class MechanismInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., private: _Optional[bool] = ..., allowed: _Optional[bool] = ...) -> None: ...
 
 class ListMechanismsResponse(_message.Message):
-    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates")
+    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size")
     MECHANISMS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MECHANISM_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESOLVES_TO_FIELD_NUMBER: _ClassVar[int]
@@ -149,6 +157,9 @@ class ListMechanismsResponse(_message.Message):
     POPULATION_SPEARMAN_MEDIAN_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     MAX_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    MAX_SLATE_FIELD_NUMBER: _ClassVar[int]
+    MIN_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_SIZE_FIELD_NUMBER: _ClassVar[int]
     mechanisms: _containers.RepeatedCompositeFieldContainer[MechanismInfo]
     default_mechanism: str
     auto_resolves_to: str
@@ -156,4 +167,7 @@ class ListMechanismsResponse(_message.Message):
     population_spearman_median: float
     budget: float
     max_candidates: int
-    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ...) -> None: ...
+    max_slate: int
+    min_candidates: int
+    catalog_size: int
+    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ...) -> None: ...

@@ -26,13 +26,19 @@ if _version_not_supported:
 
 
 class PrivateSelectionStub:
-    """Chooses ONE item from a user's scored candidates with an ε-differentially-private
-    mechanism and charges ε to the user's privacy budget (basic composition).
+    """Chooses one item, or a slate of k distinct items, from a user's scored candidates with an
+    ε-differentially-private mechanism and charges ε to the user's privacy budget (basic
+    composition). The neighbouring relation is the user's private data (the interaction history):
+    Select protects the scores the client sends, GIVEN the candidate set the client chose (if the
+    client built that set from private data, that step is the client's to account for); Recommend
+    is ε-DP end to end over the server's full catalog. See README § "What the guarantee covers".
 
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
     request_id is reused with different parameters (nothing is spent, nothing is sampled),
-    UNAUTHENTICATED for a missing or wrong bearer token.
+    UNAUTHENTICATED for a missing or wrong bearer token, PERMISSION_DENIED for a user_id or
+    RPC outside the caller's scope and RESOURCE_EXHAUSTED over its rate limit (nothing is spent;
+    see SECURITY.md).
     """
 
     def __init__(self, channel):
@@ -69,18 +75,25 @@ class PrivateSelectionStub:
 
 
 class PrivateSelectionServicer:
-    """Chooses ONE item from a user's scored candidates with an ε-differentially-private
-    mechanism and charges ε to the user's privacy budget (basic composition).
+    """Chooses one item, or a slate of k distinct items, from a user's scored candidates with an
+    ε-differentially-private mechanism and charges ε to the user's privacy budget (basic
+    composition). The neighbouring relation is the user's private data (the interaction history):
+    Select protects the scores the client sends, GIVEN the candidate set the client chose (if the
+    client built that set from private data, that step is the client's to account for); Recommend
+    is ε-DP end to end over the server's full catalog. See README § "What the guarantee covers".
 
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
     request_id is reused with different parameters (nothing is spent, nothing is sampled),
-    UNAUTHENTICATED for a missing or wrong bearer token.
+    UNAUTHENTICATED for a missing or wrong bearer token, PERMISSION_DENIED for a user_id or
+    RPC outside the caller's scope and RESOURCE_EXHAUSTED over its rate limit (nothing is spent;
+    see SECURITY.md).
     """
 
     def Select(self, request, context):
-        """One private selection. A retried request (same user_id and request_id, same
-        parameters) returns the stored answer and spends nothing.
+        """One private selection (or a k-item slate) among the client's candidates. A retried
+        request (same user_id and request_id, same parameters) returns the stored answer and
+        spends nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,22 +109,27 @@ class PrivateSelectionServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Recommend(self, request, context):
-        """Server-side SANSA: scores the history, takes the top-k unseen items (default 500) as
-        candidates, then selects privately from them exactly like Select.
+        """Server-side SANSA: scores the history over the FULL catalog (every item of the artifact,
+        seen items included: drop them client-side, which is free post-processing) and selects
+        privately among all of them, so the answer is ε-DP w.r.t. the history end to end. With
+        candidate_fraction, a private top-m candidate stage spends that share of ε first (two
+        stages, ε charged in total).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetBudget(self, request, context):
-        """The user's budget, spent and remaining ε.
+        """The user's budget under basic composition: every charged Select / SelectBatch item /
+        Recommend adds its ε (a replay adds nothing). Reading it spends nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListMechanisms(self, request, context):
-        """The mechanisms this server accepts, and what `auto` resolves to.
+        """Public server configuration: the mechanisms it accepts (all ε-DP except rnmh), what
+        `auto` resolves to (from public data only), the budget and the request limits.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,13 +172,19 @@ def add_PrivateSelectionServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PrivateSelection:
-    """Chooses ONE item from a user's scored candidates with an ε-differentially-private
-    mechanism and charges ε to the user's privacy budget (basic composition).
+    """Chooses one item, or a slate of k distinct items, from a user's scored candidates with an
+    ε-differentially-private mechanism and charges ε to the user's privacy budget (basic
+    composition). The neighbouring relation is the user's private data (the interaction history):
+    Select protects the scores the client sends, GIVEN the candidate set the client chose (if the
+    client built that set from private data, that step is the client's to account for); Recommend
+    is ε-DP end to end over the server's full catalog. See README § "What the guarantee covers".
 
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
     request_id is reused with different parameters (nothing is spent, nothing is sampled),
-    UNAUTHENTICATED for a missing or wrong bearer token.
+    UNAUTHENTICATED for a missing or wrong bearer token, PERMISSION_DENIED for a user_id or
+    RPC outside the caller's scope and RESOURCE_EXHAUSTED over its rate limit (nothing is spent;
+    see SECURITY.md).
     """
 
     @staticmethod

@@ -1,0 +1,6 @@
+"""The bandit study of the paper (§IX, Appendix H, Figure 14): ``recsvc eval-bandit``.
+
+environment (rewards) → counter (private sums) and quantiles (private sensitivities) → private
+(private policies) and baselines (UCB readings, Thompson) → simulate (one work unit) → run
+(engine, tables, staged output) → tables, plots, report, outputs.
+"""

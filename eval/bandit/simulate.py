@@ -1,0 +1,114 @@
+"""One work unit of the bandit study: one policy (or UCB reading) on one seed's reward table.
+
+Streams are reproducible and independent of which policies run or how the units are scheduled:
+seed s's reward table uses SeedSequence(s, spawn_key=(0,)), policy p's randomness (counter
+noise, quantiles, selections, Thompson draws) SeedSequence(s, spawn_key=(1 + index of p,)).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from eval.bandit import baselines, private
+from eval.bandit.config import POLICIES, BanditConfig
+from eval.bandit.environment import reward_table
+
+SWITCH_WINDOW = 100  # a policy has switched at a pull of the new best arm that wins the majority of the next 100 steps
+GRID_POINTS = 500  # recorded steps per run (plus 1, t_shift and T)
+READING_PREFIX = "ucb:"  # units that run a UCB reading other than the stated one
+
+
+def stream(seed: int, key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(key,))))
+
+
+def sample_steps(horizon: int, shift: int, points: int = GRID_POINTS) -> np.ndarray:
+    """The recorded steps: every ⌈T/points⌉-th step, plus 1, t_shift and T."""
+    stride = max(1, -(-horizon // points))
+    return np.unique(np.concatenate(([1, shift, horizon], np.arange(stride, horizon + 1, stride)))).astype(np.int64)
+
+
+def switch_delay(arms: np.ndarray, shift: int, new_best: int, window: int = SWITCH_WINDOW) -> int | None:
+    """Steps after the shift until a pull of the new best arm that starts a run of ``window`` steps
+    (fewer near the end) in which it is pulled in the majority; None if that never happens."""
+    post = (arms[shift + 1:] == new_best).astype(np.int64)
+    if post.size == 0:
+        return None
+    c = np.concatenate(([0], np.cumsum(post)))
+    d = np.arange(post.size)
+    end = np.minimum(d + window, post.size)
+    hit = np.flatnonzero((post == 1) & (2 * (c[end] - c[d]) > end - d))
+    return int(hit[0]) if hit.size else None
+
+
+def _first(hits: np.ndarray) -> int | None:
+    i = int(np.argmax(hits)) if hits.size else 0
+    return i if hits.size and hits[i] else None
+
+
+@dataclass
+class UnitResult:
+    name: str  # a policy, or READING_PREFIX + a UCB reading
+    seed: int
+    cumulative: np.ndarray  # (G,) cumulative reward at the recorded steps
+    empirical: np.ndarray  # (G, 2) non-private mean reward of each arm so far
+    scores: np.ndarray  # (G, 2) the private means the policy selects on (NaN for the baselines)
+    quantiles: np.ndarray  # (k, 5) arm, step, pulls, p10, p90 (private policies)
+    reward_before: float  # Σ rewards over t ≤ shift
+    reward_after: float  # Σ rewards over t > shift
+    best_share_before: float  # share of steps 1 … shift that pulled the better arm
+    best_share_after: float
+    switch_delay: int | None
+    first_new_best: int | None  # steps after the shift until the new best arm's first pull
+    seconds: float
+
+
+def unit_names(cfg: BanditConfig) -> list[str]:
+    """The policies, then every UCB reading except the stated one (that is the ``ucb`` policy)."""
+    readings = [READING_PREFIX + r for r in baselines.READINGS if r != "stated"] if "ucb" in cfg.policies else []
+    return list(cfg.policies) + readings
+
+
+def run_unit(unit: tuple[int, str], cfg: BanditConfig) -> UnitResult:
+    """The engine's work unit: (seed, name) → its :class:`UnitResult`."""
+    seed, name = unit
+    t0 = time.perf_counter()
+    rewards = reward_table(cfg.arms, cfg.horizon, cfg.shift, stream(seed, 0))
+    grid = sample_steps(cfg.horizon, cfg.shift)
+    nan = np.full((grid.size, 2), np.nan)
+    quant = np.zeros((0, 5))
+    if name.startswith(READING_PREFIX):
+        arms, scores = baselines.ucb(rewards, cfg.alpha, name[len(READING_PREFIX):], cfg.window), nan
+    elif name == "ucb":
+        arms, scores = baselines.ucb(rewards, cfg.alpha, "stated"), nan
+    elif name == "thompson":
+        arms, scores = baselines.thompson(rewards, stream(seed, 1 + list(POLICIES).index(name))), nan
+    else:
+        trace = private.play(POLICIES[name], cfg.epsilon_of(name), cfg.params_of(name), rewards, grid,
+                             epsilon_means=cfg.epsilon_means, epsilon_pair=cfg.epsilon_pair, window=cfg.window,
+                             rng=stream(seed, 1 + list(POLICIES).index(name)))
+        arms, scores, quant = trace.arms, trace.scores, trace.quantiles
+    return summarise(name, seed, cfg, rewards, arms, grid, scores, quant, time.perf_counter() - t0)
+
+
+def summarise(name: str, seed: int, cfg: BanditConfig, rewards: np.ndarray, arms: np.ndarray, grid: np.ndarray,
+              scores: np.ndarray, quantiles: np.ndarray, seconds: float) -> UnitResult:
+    steps = np.arange(1, cfg.horizon + 1)
+    got = rewards[steps, arms[1:]]
+    cum = np.concatenate(([0.0], np.cumsum(got)))
+    pulls = np.stack([np.cumsum(arms[1:] == a) for a in (0, 1)], axis=1)  # (T, 2) pulls up to step t
+    sums = np.stack([np.cumsum(np.where(arms[1:] == a, got, 0.0)) for a in (0, 1)], axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        empirical = np.where(pulls[grid - 1] > 0, sums[grid - 1] / pulls[grid - 1], np.nan)
+    before, after = cfg.arms.best(False), cfg.arms.best(True)
+    s = cfg.shift
+    return UnitResult(
+        name=name, seed=seed, cumulative=cum[grid], empirical=empirical, scores=scores, quantiles=quantiles,
+        reward_before=float(cum[s]), reward_after=float(cum[-1] - cum[s]),
+        best_share_before=float(np.mean(arms[1:s + 1] == before)),
+        best_share_after=float(np.mean(arms[s + 1:] == after)),
+        switch_delay=switch_delay(arms, s, after), first_new_best=_first(arms[s + 1:] == after), seconds=seconds,
+    )

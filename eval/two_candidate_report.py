@@ -1,0 +1,77 @@
+"""report.md of the two-candidate analysis: settings, the paper's statements checked, figures."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import polars as pl
+
+from eval.two_candidate_plots import FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG, GEM_FIGURES
+
+if TYPE_CHECKING:
+    from eval.two_candidates import TwoCandidateResult
+
+
+def _grid(values: tuple[float, ...]) -> str:
+    return ", ".join(f"{v:g}" for v in values)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a table cell: |HG| would split it
+
+
+def rs_share_table(result: TwoCandidateResult) -> str:
+    """Share of the Δ1 < Δ2 grid points where RS_γ beats RNM, per γ (rows) and ε × gap (columns)."""
+    cfg = result.config
+    rs = result.table.filter((pl.col("baseline") == "rnm") & (pl.col("mechanism") == "rs")
+                             & (pl.col("delta1") < pl.col("delta2")))
+    share = {(r["gamma"], r["epsilon"], r["gap"]): r["share"] for r in rs.group_by("gamma", "epsilon", "gap").agg(
+        (pl.col("hg") > 0).mean().alias("share")).iter_rows(named=True)}
+    cols = [(e, g) for e in cfg.epsilons for g in cfg.gaps]
+    lines = ["| γ | " + " | ".join(f"ε={e:g}, gap={g:g}" for e, g in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for gamma in cfg.gammas:
+        lines.append(f"| {gamma:g} | " + " | ".join(f"{share[gamma, e, g]:.0%}" for e, g in cols) + " |")
+    return "\n".join(lines)
+
+
+def markdown(result: TwoCandidateResult) -> str:
+    cfg = result.config
+    held = sum(f.holds for f in result.findings)
+    parts = [
+        "# Two-candidate analysis (paper §V-A, Appendix D: Figures 3, 15, 16, 17)",
+        "",
+        "Candidate 1 scores q1 = 0 with sensitivity Δ1 (the lower score), candidate 2 scores q2 = gap with Δ2. "
+        "HG(M, M′) = Pr[M ≠ a*] − Pr[M′ ≠ a*]: > 0 where M′ beats M. Every probability is exact (rnm, gem, mgem: "
+        "`recsvc.mechanisms.probabilities`; rnmh: closed form; rs: quadrature; random: ½), so a sign is never "
+        "sampling noise.",
+        "",
+        f"Grid: Δ1, Δ2 ∈ {{{_grid(cfg.deltas)}}}; ε ∈ {{{_grid(cfg.epsilons)}}}; gap ∈ {{{_grid(cfg.gaps)}}}; "
+        f"RS γ ∈ {{{_grid(cfg.gammas)}}}; GEM/mGEM β = {cfg.beta:g} (n = 2: t = 2 ln(2/β)/ε). "
+        f"{result.table.height} rows in `hg.parquet`; {result.seconds:.1f} s.",
+        "",
+        f"## The paper's statements ({held} of {len(result.findings)} hold)",
+        "",
+        "| statement | holds | measured |",
+        "|---|---|---|",
+        *[f"| {_cell(f.statement)} | {'yes' if f.holds else '**no**'} | {_cell(f.detail)} |" for f in result.findings],
+        "",
+        "## Where Δ1 < Δ2: share of grid points where RS_γ beats RNM",
+        "",
+        "RNMH wins on all of them (closed form); RS_γ adds Laplace noise 3Δ/ε per draw and loses on the diagonal, "
+        "so it follows the RNMH pattern only where the candidates are redrawn often (small γ) and ε·gap is small:",
+        "",
+        rs_share_table(result),
+        "",
+        "## Figures",
+        "",
+        f"![Figure 3]({FIG3_PNG})",
+        "",
+        f"![Figure 15]({FIG15_PNG})",
+        "",
+        f"![Figure 16]({FIG16_PNG})",
+        "",
+        f"![Figure 17]({FIG17_PNG})",
+        "",
+        *[f"![{name}]({name})\n" for name, _, _ in GEM_FIGURES],
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,177 @@
+"""The ledger file: its schema, its version, path checks, and the migration of older files.
+
+Version 1 (``PRAGMA user_version = 1``) stores ε as integer units (:mod:`recsvc.service.ledger_units`)
+and keyed fingerprints (:mod:`recsvc.service.fingerprint_key`). Version 0 is the file written
+before issue #12: ``budgets.spent`` and ``requests.epsilon`` as REAL, and each fingerprint an
+unsalted SHA-256 of the request. Opening a version-0 file migrates it, once, in one transaction:
+
+* each request's ε becomes ⌈ε·10¹²⌉ units of its exact binary value, and each user's total the
+  larger of ⌈spent·10¹²⌉ and the sum of its requests' units: rounding only ever adds spend (a
+  float total that had swallowed tiny charges is restored from the requests);
+* each fingerprint ``f`` becomes ``HMAC(key, f)``, which is exactly what a retry of that request
+  computes now (the servicer's digest is the old fingerprint), so old request_ids still replay;
+* the old rows are deleted with ``secure_delete`` and the WAL is checkpointed and truncated, so
+  no unsalted fingerprint is left in the ledger's files (copies made before remain readable).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+from recsvc.checks import MissingFileError, ParamError, check_regular_file
+from recsvc.service import fingerprint_key
+from recsvc.service.ledger_units import float_units_up
+
+VERSION = 1
+# Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
+CHUNK = 64
+
+# Tables are WITHOUT ROWID (the primary key is the row): a charge writes two B-tree pages to
+# the WAL instead of four.
+_TABLES = (
+    """CREATE TABLE IF NOT EXISTS budgets (
+    user_id     TEXT PRIMARY KEY,
+    spent_units INTEGER NOT NULL,
+    requests    INTEGER NOT NULL
+) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS requests (
+    user_id       TEXT NOT NULL,
+    request_id    TEXT NOT NULL,
+    fingerprint   BLOB NOT NULL,
+    epsilon_units INTEGER NOT NULL,
+    response      BLOB NOT NULL,
+    created       REAL NOT NULL,
+    PRIMARY KEY (user_id, request_id)
+) WITHOUT ROWID""",
+)
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+EXPECTED = "an SQLite ledger written by `recsvc serve`, or a new file path in an existing, writable directory"
+SIDECARS = ("-wal", "-shm", "-journal", ".lock")
+
+
+def check_path(path: str | os.PathLike[str]) -> None:
+    """Refuses, before anything is created, a ledger path that cannot be an SQLite ledger."""
+    p = Path(path)
+    if p.exists():
+        check_regular_file("{ledger}", p, EXPECTED)
+        try:
+            with open(p, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise ParamError("{ledger} {path} cannot be read ({reason}); expected {expected}",
+                             path=str(p), reason=exc.strerror, expected=EXPECTED) from None
+        if head and head != _SQLITE_MAGIC:
+            raise ParamError("{ledger} {path} is not an SQLite database; expected {expected}", path=str(p), expected=EXPECTED)
+        return
+    if not p.parent.is_dir():
+        raise MissingFileError("ledger directory {dir} does not exist; create it first ({ledger} {path})",
+                               dir=str(p.parent), path=str(p))
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise ParamError("{ledger} {path}: the directory {dir} is not writable; expected {expected}",
+                         path=str(p), dir=str(p.parent), expected=EXPECTED)
+
+
+def check_foreign(path: Path) -> None:
+    """Refuses another application's SQLite file, read-only (before WAL mode would modify it)."""
+    if not (path.is_file() and path.stat().st_size > 0):
+        return
+    ro = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in ro.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    finally:
+        ro.close()
+    if tables and "budgets" not in tables:
+        raise ParamError("{ledger} {path} is an SQLite database of something else (tables: {tables}); "
+                         "expected {expected}", path=str(path), tables=", ".join(sorted(tables)[:5]), expected=EXPECTED)
+
+
+def remove_files(path: str | os.PathLike[str]) -> None:
+    """Deletes a ledger and its sidecar files (-wal, -shm, .lock). Only for a ledger this process
+    just created and never answered from: deleting a used ledger would forget spent budget."""
+    p = Path(path)
+    for f in (p, *(p.with_name(p.name + suffix) for suffix in SIDECARS)):
+        f.unlink(missing_ok=True)
+
+
+def version(conn: sqlite3.Connection) -> int | None:
+    """None: no ledger tables yet; 0: the float/unsalted schema; else ``PRAGMA user_version``."""
+    cols = {row[1] for row in conn.execute("PRAGMA table_info(budgets)")}
+    if not cols:
+        return None
+    if "spent" in cols:
+        return 0
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def has_requests(conn: sqlite3.Connection) -> bool:
+    return conn.execute("SELECT EXISTS (SELECT 1 FROM requests)").fetchone()[0] == 1
+
+
+def create(conn: sqlite3.Connection) -> None:
+    """The current schema (inside the caller's transaction)."""
+    for sql in _TABLES:
+        conn.execute(sql)
+    conn.execute(f"PRAGMA user_version = {VERSION}")
+
+
+def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> None:
+    """Version 0 → 1 inside the caller's write transaction (see the module docstring)."""
+    conn.execute("PRAGMA secure_delete = ON")  # dropped rows are zeroed, not left in free pages
+    conn.execute("ALTER TABLE budgets RENAME TO budgets_v0")
+    conn.execute("ALTER TABLE requests RENAME TO requests_v0")
+    create(conn)
+    spent: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    rows = conn.execute("SELECT user_id, request_id, fingerprint, epsilon, response, created FROM requests_v0")
+    while batch := rows.fetchmany(CHUNK):
+        out = []
+        for user, rid, fp, eps, resp, created in batch:
+            units = float_units_up(float(eps))
+            spent[user] = spent.get(user, 0) + units
+            counts[user] = counts.get(user, 0) + 1
+            out.append((user, rid, keyed(bytes(fp)), units, bytes(resp), float(created)))
+        conn.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)", out)
+    totals = {u: (float_units_up(float(s)), int(n)) for u, s, n in conn.execute("SELECT user_id, spent, requests FROM budgets_v0")}
+    for user in spent.keys() - totals.keys():  # a request without a budget row: count it anyway
+        totals[user] = (0, counts[user])
+    conn.executemany("INSERT INTO budgets VALUES (?, ?, ?)",
+                     [(u, max(s, spent.get(u, 0)), n) for u, (s, n) in totals.items()])
+    conn.execute("DROP TABLE budgets_v0")
+    conn.execute("DROP TABLE requests_v0")
+
+
+def open_file(conn: sqlite3.Connection, path: Path, key_file: Path,
+              retry: Callable[[Callable[[], object]], None]) -> tuple[bytes, bool]:
+    """Creates, checks or migrates the ledger in one write transaction (processes opening it at
+    once take turns) and loads or creates the fingerprint key: (key, created)."""
+    retry(lambda: conn.execute("BEGIN IMMEDIATE"))
+    created = False
+    try:
+        found = version(conn)
+        if found is not None and found > VERSION:
+            raise ParamError("{ledger} {path} has format version {v}, newer than this recsvc reads ({mine}); "
+                             "expected a ledger written by this or an older version", path=str(path), v=found, mine=VERSION)
+        if found == VERSION and not key_file.exists() and has_requests(conn):
+            raise ParamError("{fingerprint_key} {key} is missing, but the ledger {path} stores requests fingerprinted "
+                             "with it; expected the key file the ledger was written with (a new key would turn every "
+                             "retry of a stored request into a conflict)", key=str(key_file), path=str(path))
+        key, created = fingerprint_key.load_or_create(key_file)
+        if found is None:
+            create(conn)
+        elif found == 0:
+            migrate_v0(conn, lambda fp: fingerprint_key.keyed(key, fp))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if created:  # nothing was written with it
+            key_file.unlink(missing_ok=True)
+        raise
+    if found == 0:  # the migration's old pages are zeroed; now empty the WAL that held them
+        conn.execute("PRAGMA secure_delete = OFF")
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return key, created

@@ -1,0 +1,154 @@
+"""A ledger file written before issue #12 (float ε, unsalted SHA-256 fingerprints) is migrated on open."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sqlite3
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
+from recsvc.service.ledger import Ledger
+from recsvc.service.server import start
+from recsvc.v1 import selection_pb2 as pb
+
+from service_fixtures import candidates
+
+# Verbatim the schema recsvc wrote before exact accounting (recsvc/service/ledger.py, _SCHEMA).
+V0_SCHEMA = """
+CREATE TABLE IF NOT EXISTS budgets (
+    user_id  TEXT PRIMARY KEY,
+    spent    REAL NOT NULL,
+    requests INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS requests (
+    user_id     TEXT NOT NULL,
+    request_id  TEXT NOT NULL,
+    fingerprint BLOB NOT NULL,
+    epsilon     REAL NOT NULL,
+    response    BLOB NOT NULL,
+    created     REAL NOT NULL,
+    PRIMARY KEY (user_id, request_id)
+) WITHOUT ROWID;
+"""
+
+
+def _request(user: str, rid: str, epsilon: float, seed: int) -> pb.SelectRequest:
+    cands = candidates(seed=seed)
+    return pb.SelectRequest(user_id=user, request_id=rid, mechanism="rnm", epsilon=epsilon,
+                            item_ids=[i for i, _ in cands], scores=[s for _, s in cands])
+
+
+def _old_fingerprint(req: pb.SelectRequest) -> bytes:
+    """What the old servicer stored: SHA-256 of b"select\\0" + the deterministic serialization."""
+    return hashlib.sha256(b"select\0" + req.SerializeToString(deterministic=True)).digest()
+
+
+def write_v0_ledger(path: Path, rowid_tables: bool = False) -> dict[str, object]:
+    """A ledger as the old code left it, including the float total that swallowed 200 tiny charges."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.executescript(V0_SCHEMA.replace(") WITHOUT ROWID;", ");") if rowid_tables else V0_SCHEMA)
+    spent: dict[str, float] = {}
+    count: dict[str, int] = {}
+    reqs: dict[str, pb.SelectRequest] = {}
+
+    def charge(req: pb.SelectRequest) -> None:
+        after = spent.get(req.user_id, 0.0) + req.epsilon  # float sums, as the old ledger kept them
+        resp = pb.SelectResponse(item_id=req.item_ids[0], mechanism="rnm", epsilon_spent=req.epsilon,
+                                 budget_remaining=10.0 - after, request_id=req.request_id)
+        con.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)", (req.user_id, req.request_id,
+                    _old_fingerprint(req), req.epsilon, resp.SerializeToString(), 1.7e9))
+        spent[req.user_id], count[req.user_id] = after, count.get(req.user_id, 0) + 1
+        reqs[f"{req.user_id}/{req.request_id}"] = req
+
+    charge(_request("tiny", "big", 8.0, seed=1))
+    for i in range(200):
+        charge(_request("tiny", f"t{i}", 4e-16, seed=2))
+    for i in range(3):
+        charge(_request("alice", f"a{i}", 0.1, seed=3 + i))
+    con.executemany("INSERT INTO budgets VALUES (?, ?, ?)", [(u, s, count[u]) for u, s in spent.items()])
+    con.close()
+    assert spent == {"tiny": 8.0, "alice": 0.30000000000000004}  # the finding: 200 × 4e-16 vanished
+    return {"requests": reqs, "digests": [_old_fingerprint(r) for r in reqs.values()]}
+
+
+def _files(path: Path) -> bytes:
+    return b"".join(f.read_bytes() for f in path.parent.glob(path.name + "*") if f.is_file() and not f.name.endswith(".key"))
+
+
+@pytest.mark.parametrize("rowid_tables", [False, True])
+def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tables: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Debian builds SQLite with secure_delete on by default; other builds do not: start from off,
+    # so the test shows that the migration itself zeroes what it deletes.
+    connect = Ledger._connect
+
+    def insecure(self: Ledger, shared: bool = False) -> sqlite3.Connection:
+        conn = connect(self, shared)
+        conn.execute("PRAGMA secure_delete = OFF")
+        return conn
+
+    monkeypatch.setattr(Ledger, "_connect", insecure)
+    path = tmp_path / "old.db"
+    old = write_v0_ledger(path, rowid_tables)
+    digests: list[bytes] = old["digests"]  # type: ignore[assignment]
+    assert all(d in _files(path) for d in digests[:3])  # the unsalted hashes are in the old file
+    led = Ledger(path, budget=10.0)
+    key = bytes.fromhex((tmp_path / "old.db.key").read_text())
+    # Each old charge is rounded UP from its exact binary value; a user's total is the larger of
+    # its float total and the sum of its requests, so the 200 swallowed charges come back.
+    tiny, alice = led.user("tiny"), led.user("alice")
+    assert (tiny.spent_units, tiny.requests) == (8 * 10**12 + 200, 201)
+    assert (alice.spent_units, alice.requests) == (3 * 100_000_000_001, 3)
+    conn = led._conn()
+    assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+    assert conn.execute("SELECT SUM(epsilon_units) FROM requests").fetchone() == (8 * 10**12 + 200 + 300_000_000_003,)
+    stored = dict(((u, r), bytes(f)) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests"))
+    req = old["requests"]["alice/a0"]  # type: ignore[index]
+    assert stored[("alice", "a0")] == hmac.digest(key, _old_fingerprint(req), "sha256")
+    led.close()
+    # No unsalted fingerprint is left anywhere in the ledger's files (old pages zeroed, WAL emptied).
+    raw = _files(path)
+    assert not any(d in raw for d in digests)
+    assert stat.S_IMODE(os.stat(tmp_path / "old.db.key").st_mode) == 0o600
+    # Opening again changes nothing (the migration runs once).
+    again = Ledger(path, budget=10.0)
+    assert again.user("tiny").spent_units == 8 * 10**12 + 200 and again.commits == 0
+
+
+def test_a_migrated_ledger_serves_retries_of_old_requests_over_grpc(artifact: Path, tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = write_v0_ledger(path)
+    reqs: dict[str, pb.SelectRequest] = old["requests"]  # type: ignore[assignment]
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=path, budget=10.0))
+    try:
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            again = c.stub.Select(reqs["alice/a1"], timeout=10)  # a retry of a request stored before the migration
+            assert again.replayed and again.item_id == reqs["alice/a1"].item_ids[0]
+            changed = pb.SelectRequest()
+            changed.CopyFrom(reqs["alice/a1"])
+            changed.epsilon = 0.2
+            with pytest.raises(grpc.RpcError) as info:
+                c.stub.Select(changed, timeout=10)
+            assert info.value.code() is grpc.StatusCode.ALREADY_EXISTS
+            b = c.budget("tiny")
+            assert (b.spent, b.requests) == (8.0000000002, 201)
+            assert c.budget("alice").spent == 0.300000000003
+    finally:
+        h.stop(1)
+
+
+def test_a_newer_ledger_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "l.db"
+    Ledger(path, budget=1.0).close()
+    with sqlite3.connect(path) as con:
+        con.execute("PRAGMA user_version = 7")
+    with pytest.raises(ValueError, match="has format version 7, newer than this recsvc reads"):
+        Ledger(path, budget=1.0)

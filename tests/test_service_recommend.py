@@ -1,0 +1,221 @@
+"""Recommend is ε-DP end to end over the full catalog; slates and the two-stage path; through
+real gRPC channels against in-process servers (issue #11).
+
+Statistical checks draw from a fixed-seed generator (patched in for the server's CSPRNG, which
+is tested in test_service_grpc.py) so they are deterministic; each compares the answers with the
+exact distribution of the full-catalog computation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import stats
+
+import recsvc.service.selection as selection_module
+from recsvc.artifact import load_artifact
+from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import ServerHandle, start
+from recsvc.service.servicer import _fingerprint
+from recsvc.v1 import selection_pb2 as pb
+
+from service_fixtures import N_ITEMS, candidates, make_artifact
+
+HISTORY = ["it0", "it5", "it9"]
+FLOOR = 5  # the test servers' --min-candidates
+
+
+@pytest.fixture()
+def seeded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server draws from one fixed-seed generator (deterministic statistics)."""
+    gen = np.random.default_rng(20261124)
+    monkeypatch.setattr(selection_module, "thread_csprng", lambda: gen)
+
+
+def _server(artifact: Path, ledger: Path, **over: object) -> ServerHandle:
+    config = {"budget": 1e6, "min_candidates": FLOOR, "max_slate": 8, **over}
+    return start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, **config))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    h = _server(artifact, tmp_path_factory.mktemp("led") / "l.db")
+    yield h
+    h.stop(grace=1)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> Iterator[Client]:
+    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Client]]:
+    """A 6-item catalog, small enough for exact slate and two-stage distributions."""
+    art = make_artifact(tmp_path_factory.mktemp("tiny") / "art", n_items=6, seed=3)
+    h = _server(art, tmp_path_factory.mktemp("led") / "l.db", min_candidates=2)
+    with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+        yield art, c
+    h.stop(grace=1)
+
+
+def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)
+    return info.value.code(), info.value.details()
+
+
+def _catalog_scores(artifact: Path, history: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(catalog ids, clipped full-catalog SANSA scores of the history, Δ), computed independently."""
+    art = load_artifact(artifact)
+    model, items = art.model, art.items
+    x = sp.csr_matrix((np.ones(len(history)), ([0] * len(history), [model.index[h] for h in history])),
+                      shape=(1, len(model.item_ids)))
+    ids = items["item_id"].to_list()
+    raw = model.score(x)[0][[model.index[i] for i in ids]]
+    return ids, np.clip(raw, items["lo"].to_numpy(), items["hi"].to_numpy()), items["sensitivity"].to_numpy()
+
+
+def _chi2_pvalue(counts: Counter, exact: dict, min_expected: float = 5.0) -> float:
+    """Chi-square goodness of fit of ``counts`` to ``exact`` (outcome → probability); outcomes
+    expected fewer than ``min_expected`` times are pooled into one cell."""
+    total = sum(counts.values())
+    assert set(counts) <= set(exact), "an outcome the exact distribution gives probability 0"
+    big = [o for o, p in exact.items() if p * total >= min_expected]
+    small = [o for o in exact if o not in set(big)]
+    obs = [counts[o] for o in big] + ([sum(counts[o] for o in small)] if small else [])
+    exp = [exact[o] * total for o in big] + ([sum(exact[o] for o in small) * total] if small else [])
+    exp = np.array(exp) * total / sum(exp)  # exact sums to 1 up to ~1e-12
+    return float(stats.chisquare(obs, exp).pvalue)
+
+
+def test_num_candidates_1_at_small_epsilon_is_near_uniform_over_the_whole_catalog(
+        client: Client, artifact: Path, seeded: None) -> None:
+    """The attack of issue #11: num_candidates=1 used to force the private argmax (40 of 40
+    calls). Now a count alone never shrinks the candidates: ε = 0.01 is near-uniform over all 40."""
+    ids, q, d = _catalog_scores(artifact, HISTORY)
+    argmax = ids[int(np.argmax(q))]
+    exact = probabilities("rnm", q, d, 0.01)
+    assert 0.5 * np.abs(exact - 1 / N_ITEMS).sum() < 0.01  # exact TV from uniform
+    calls = 1000
+    answers = Counter(client.recommend("uniform-user", HISTORY, mechanism="rnm", epsilon=0.01,
+                                       num_candidates=1).item_id for _ in range(calls))
+    freq = np.array([answers[i] for i in ids]) / calls
+    tv = 0.5 * np.abs(freq - 1 / N_ITEMS).sum()
+    # Sampling noise alone gives TV ≈ 0.08 at 1,000 calls; always the argmax would be 0.975.
+    assert tv < 0.15, tv
+    assert answers[argmax] / calls < 0.06 and len(answers) == N_ITEMS  # every item came up
+    assert sum(answers[h] for h in HISTORY) > 0  # seen items are candidates too
+    assert _chi2_pvalue(answers, dict(zip(ids, exact))) > 1e-3
+    assert client.budget("uniform-user").spent == pytest.approx(calls * 0.01)
+
+
+def test_answers_follow_the_exact_full_catalog_distribution(tiny: tuple[Path, Client], seeded: None) -> None:
+    art, c = tiny
+    history = ["it1", "it4"]
+    ids, q, d = _catalog_scores(art, history)
+    exact = probabilities("mgem", q, d, 4.0)
+    assert exact.max() > 0.3  # far from uniform: the test can tell the scores apart
+    calls = 600
+    answers = Counter(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0).item_id
+                      for _ in range(calls))
+    assert _chi2_pvalue(answers, dict(zip(ids, exact))) > 1e-3
+    assert answers["it1"] + answers["it4"] > 0  # history items are returned too
+    # Slates over the catalog: ordered pairs follow the exact peeling distribution.
+    exact2 = {tuple(ids[i] for i in s): p for s, p in slate_probabilities("mgem", q, d, 4.0, 2).items()}
+    slates = Counter(tuple(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0, k=2).item_ids)
+                     for _ in range(calls))
+    assert _chi2_pvalue(slates, exact2) > 1e-3
+
+
+def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
+        tiny: tuple[Path, Client], seeded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    art, c = tiny
+    history = ["it2"]
+    ids, q, d = _catalog_scores(art, history)
+    exact = {tuple(ids[i] for i in s): p
+             for s, p in two_stage_probabilities("rnm", q, d, 3.0, 3, 0.4, k=2, candidate_mechanism="rnm").items()}
+    calls = 600
+    got = [c.recommend("two-user", history, mechanism="rnm", epsilon=3.0, num_candidates=3, candidate_fraction=0.4,
+                       k=2) for _ in range(calls)]
+    assert {r.epsilon_spent for r in got} == {3.0}
+    assert c.budget("two-user").spent == pytest.approx(calls * 3.0)  # ε in total, not per stage
+    assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > 1e-3
+    # m = 0 means the floor (here 2), and every stage parameter reaches select_two_stage.
+    seen: list[tuple] = []
+    real = selection_module.select_two_stage
+    monkeypatch.setattr(selection_module, "select_two_stage",
+                        lambda *a, **kw: seen.append(a[4:7] + a[8:9]) or real(*a, **kw))
+    r = c.recommend("two-user", history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
+    assert seen == [(2, 0.25, 1, "rnm")] and len(r.item_ids) == 1  # (m, fraction, k, candidate mechanism)
+
+
+def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
+        client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    draws: list[str] = []
+    for fn in ("select_slate", "select_two_stage"):
+        real = getattr(selection_module, fn)
+        monkeypatch.setattr(selection_module, fn, lambda *a, _r=real, **kw: draws.append(a[0]) or _r(*a, **kw))
+    rec = {"mechanism": "rnm", "epsilon": 1.0}
+    cases = [
+        (dict(candidate_fraction=0.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),
+        (dict(candidate_fraction=1.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),
+        (dict(candidate_fraction=float("nan"), num_candidates=10), "candidate_fraction must be in the open interval"),
+        (dict(candidate_fraction=0.5, num_candidates=FLOOR - 1),
+         f"num_candidates={FLOOR - 1} is below this server's floor of {FLOOR} private candidates (--min-candidates)"),
+        (dict(candidate_fraction=0.5, num_candidates=N_ITEMS + 1),
+         f"num_candidates={N_ITEMS + 1} is more than the catalog's {N_ITEMS} items"),
+        (dict(candidate_fraction=0.5, num_candidates=FLOOR, k=FLOOR + 1),
+         f"k={FLOOR + 1} is more than the {FLOOR} private candidates (num_candidates)"),
+        (dict(k=9), "k=9 is too large; this server returns at most 8 items per answer (--max-slate)"),
+        (dict(candidate_fraction=0.5, num_candidates=2 * FLOOR, k=9), "k=9 is too large"),
+    ]
+    for kwargs, message in cases:
+        code, msg = _code(client.recommend, "refused-user", HISTORY, **rec, **kwargs)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg, (kwargs, msg)
+    code, msg = _code(client.recommend, "refused-user", ["it1", "ghost"], **rec, k=2)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown item_id 'ghost' in history (position 1)" in msg
+    for k, message in ((6, "k=6 is more than the 5 candidates; expected 1 <= k <= 5"), (9, "k=9 is too large")):
+        code, msg = _code(client.select, "refused-user", candidates(5), mechanism="rnm", epsilon=1.0, k=k)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg
+    [res] = client.select_batch([client.select_request("refused-user", candidates(5), epsilon=1.0, k=6)])
+    assert res.error.code_name == "INVALID_ARGUMENT" and "k=6 is more than the 5 candidates" in res.error.message
+    assert draws == [] and server.ledger.user("refused-user").requests == 0
+    assert client.budget("refused-user").spent == 0.0
+
+
+def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, server: ServerHandle) -> None:
+    cands = candidates(20)
+    r = client.select("slate-user", cands, mechanism="mgem", epsilon=0.8, k=5, request_id="s-1")
+    assert len(r.item_ids) == len(set(r.item_ids)) == 5 and set(r.item_ids) <= dict(cands).keys()
+    assert r.item_id == r.item_ids[0] and r.epsilon_spent == 0.8 and not r.replayed
+    again = client.select("slate-user", cands, mechanism="mgem", epsilon=0.8, k=5, request_id="s-1")
+    assert (list(again.item_ids), again.replayed, again.budget_remaining) == (list(r.item_ids), True, r.budget_remaining)
+    code, _ = _code(client.select, "slate-user", cands, mechanism="mgem", epsilon=0.8, k=4, request_id="s-1")
+    assert code is grpc.StatusCode.ALREADY_EXISTS  # k is part of the request: another k is another request
+    rec = client.recommend("slate-user", HISTORY, mechanism="rnm", epsilon=0.5, k=8, request_id="s-2")
+    assert len(set(rec.item_ids)) == 8 and rec.item_id == rec.item_ids[0]
+    assert list(client.recommend("slate-user", HISTORY, mechanism="rnm", epsilon=0.5, k=8,
+                                 request_id="s-2").item_ids) == list(rec.item_ids)
+    [b] = client.select_batch([client.select_request("slate-user", cands, mechanism="rnm", epsilon=0.2, k=3)])
+    assert len(set(b.response.item_ids)) == 3
+    assert client.budget("slate-user").spent == pytest.approx(0.8 + 0.5 + 0.2)  # one ε per slate
+    assert server.ledger.user("slate-user").requests == 3
+
+
+def test_an_answer_stored_before_slates_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
+    req = client.select_request("old-user", candidates(10), mechanism="rnm", epsilon=0.5, request_id="old-1")
+    old = pb.SelectResponse(item_id="it7", mechanism="rnm", epsilon_spent=0.5, budget_remaining=1e6 - 0.5,
+                            request_id="old-1").SerializeToString()  # what an older server stored
+    server.ledger.charge("old-user", "old-1", _fingerprint(b"select\0", req), 0.5, lambda _: old)
+    r = client.stub.Select(req)
+    assert (r.item_id, list(r.item_ids), r.replayed) == ("it7", ["it7"], True)

@@ -1,0 +1,232 @@
+"""Issue #12 items 2 and 3, attacked through real gRPC channels with raw bytes: oversized and
+malformed messages are refused before any per-item work (INVALID_ARGUMENT, nothing spent, no
+traceback), and authentication runs before decoding. Time and memory are measured by
+scripts/bench_refusals.py, not here."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from recsvc.service import wire
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import ServerHandle, start
+from recsvc.v1 import selection_pb2 as pb
+
+from service_fixtures import candidates
+
+SERVICE = "/recsvc.v1.PrivateSelection/"
+ID = lambda b: b  # noqa: E731 - identity (de)serializer: the bytes go on the wire as they are
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _head(**over) -> bytes:
+    """A valid SelectRequest without candidates (user, mechanism, ε, request id)."""
+    return pb.SelectRequest(**{"user_id": "victim", "mechanism": "rnm", "epsilon": 0.5, "request_id": "r1",
+                               **over}).SerializeToString()
+
+
+def _candidates_3m() -> bytes:
+    """The issue's attack: 3,000,000 one-character candidates, a 15 MB message."""
+    return _head() + _field(2, _field(1, b"x")) * 3_000_000
+
+
+# case → (method, the message's bytes (built when the case runs), what the refusal must say)
+OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
+    "3M candidates": ("Select", _candidates_3m,
+                      "more than 10000 candidates in one SelectRequest; this server accepts at most 10000"),
+    "3M item_ids": ("Select", lambda: _head() + _field(9, b"x") * 3_000_000,
+                    "more than 10000 item_ids in one SelectRequest"),
+    "1.5M packed scores": ("Select", lambda: _head() + _field(10, b"\0" * 8 * 1_500_000),  # one run, 12 MB
+                           "more than 10000 scores in one SelectRequest"),
+    "3M unknown fields": ("Select", lambda: _head() + b"\xf8\x01\x00" * 3_000_000,  # field 31 = 0
+                          "more than 30064 fields in one SelectRequest"),
+    "user_id sent 3M times": ("Select", lambda: _field(1, b"v") * 3_000_000,
+                              "more than 30064 fields in one SelectRequest"),
+    "5M history entries": ("Recommend", lambda: pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5)
+                           .SerializeToString() + _field(2, b"x") * 5_000_000,
+                           "more than 10000 history entries in one RecommendRequest"),
+    "1001 requests in a batch": ("SelectBatch", lambda: _field(1, _head()) * 1001,
+                                 "more than 1000 requests in one SelectBatchRequest"),
+    "a batch item of 3M candidates": ("SelectBatch", lambda: _field(1, _head()) + _field(1, _candidates_3m()),
+                                      "requests[1]: more than 10000 candidates in one SelectRequest"),
+}
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db"))
+    yield h
+    h.stop(1)
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerHandle) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}", [("grpc.max_send_message_length", 64 << 20)]) as ch:
+        yield ch
+
+
+def _raw(channel: grpc.Channel, method: str, payload: bytes,
+         metadata: tuple[tuple[str, str], ...] = ()) -> tuple[grpc.StatusCode, str]:
+    call = channel.unary_unary(method if method.startswith("/") else SERVICE + method,
+                               request_serializer=ID, response_deserializer=ID)
+    try:
+        call(payload, timeout=60, metadata=metadata)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
+
+
+@pytest.fixture
+def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    with caplog.at_level(logging.DEBUG):
+        yield
+    bad = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info or "Traceback" in r.getMessage()]
+    assert not bad, [r.getMessage()[:300] for r in bad]
+
+
+@pytest.mark.parametrize("case", OVERSIZED)
+def test_oversized_requests_are_refused_before_parsing(case: str, channel: grpc.Channel, server: ServerHandle,
+                                                       monkeypatch: pytest.MonkeyPatch, no_errors_logged: None) -> None:
+    method, build, message = OVERSIZED[case]
+    payload = build()
+    parsed: list[str] = []
+    for message_type in (pb.SelectRequest, pb.RecommendRequest, pb.SelectBatchRequest):
+        real = message_type.FromString
+        monkeypatch.setattr(message_type, "FromString", lambda data, real=real: parsed.append("parsed") or real(data))
+    before = server.ledger.totals()
+    code, details = _raw(channel, method, payload)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and message in details, (code, details)
+    assert parsed == []  # refused on the raw bytes: no message (and no Candidate) was ever built
+    assert server.ledger.totals() == before and server.ledger.lookup("victim", "r1") is None
+    control = _head(user_id="control", request_id=case) + _field(9, b"it1") + _field(10, b"\0" * 8)
+    assert _raw(channel, "Select", control) == (grpc.StatusCode.OK, "") and parsed == ["parsed"]  # the spy works
+
+
+def test_the_pre_scan_refuses_without_parsing() -> None:
+    """The parser is never called for an oversized request; at the limit it is, once."""
+    calls: list[int] = []
+
+    def spy(message_type: type) -> type:
+        class Spy:
+            @staticmethod
+            def FromString(data: bytes) -> object:
+                calls.append(len(data))
+                return message_type.FromString(data)
+
+        return Spy
+
+    Spy, BatchSpy = spy(pb.SelectRequest), spy(pb.SelectBatchRequest)
+    decode = wire.decoder(Spy, wire.SELECT, wire.Limits())
+    with pytest.raises(wire.Refused, match="more than 10000 candidates"):
+        decode(_candidates_3m())
+    assert calls == []
+    ok = _head() + b"".join(_field(2, pb.Candidate(item_id=i, score=s).SerializeToString()) for i, s in candidates())
+    assert decode(ok).user_id == "victim" and calls == [len(ok)]
+    limits = wire.Limits(candidates=20)  # candidates() has 20: exactly at the limit, accepted
+    assert len(wire.decoder(Spy, wire.SELECT, limits)(ok).candidates) == 20
+    over = ok + _field(2, pb.Candidate(item_id="it39").SerializeToString())
+    with pytest.raises(wire.Refused, match="more than 20 candidates"):
+        wire.decoder(Spy, wire.SELECT, limits)(over)
+    batch = pb.SelectBatchRequest(requests=[pb.SelectRequest.FromString(ok)] * 3).SerializeToString()
+    assert len(wire.decoder(BatchSpy, wire.BATCH, wire.Limits(batch=3, candidates=20))(batch).requests) == 3
+    with pytest.raises(wire.Refused, match=r"^more than 2 requests"):
+        wire.decoder(BatchSpy, wire.BATCH, wire.Limits(batch=2, candidates=20))(batch)
+    with pytest.raises(wire.Refused, match=r"^requests\[3\]: more than 20 candidates"):
+        wire.decoder(BatchSpy, wire.BATCH, limits)(batch + _field(1, over))
+    assert calls == [len(ok), len(ok), len(batch)]
+
+
+def test_history_and_batch_limits_are_configurable(artifact: Path, tmp_path: Path) -> None:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_history=3, max_batch=2,
+                           max_message_bytes=64 * 1024))
+    try:
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            assert c.recommend("u", ["it1", "it2", "it3"], mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
+            with pytest.raises(grpc.RpcError) as info:
+                c.recommend("u", ["it1", "it2", "it3", "it4"], mechanism="rnm", epsilon=0.5)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "more than 3 history entries in one RecommendRequest; this server accepts at most 3" \
+                in info.value.details()
+            reqs = [c.select_request("u", candidates(), mechanism="rnm", epsilon=0.5) for _ in range(3)]
+            with pytest.raises(grpc.RpcError) as info:
+                c.select_batch(reqs)
+            assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "at most 2" in info.value.details()
+            # Larger than max_message_bytes: gRPC refuses it unread (RESOURCE_EXHAUSTED).
+            with pytest.raises(grpc.RpcError) as info:
+                c.recommend("u", ["it1"] * 20_000, mechanism="rnm", epsilon=0.5)
+            assert info.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert h.ledger.totals() == {"u": pytest.approx(0.5)}
+    finally:
+        h.stop(1)
+
+
+MALFORMED = {
+    "truncated varint": b"\x0a\xff",
+    "length past the end": b"\x0a\x05ab",
+    "unterminated group": b"\x0b",
+    "field number 0": b"\x00\x00",
+    "bad UTF-8 in user_id": b"\x0a\x02\xff\xfe",
+    "all 0xff": b"\xff" * 64,
+    # > 20 KB, so the pre-scan walks it (500 unknown fields of 100 bytes), then a value past the end.
+    "long, truncated at the end": _field(31, b"u" * 100) * 500 + b"\xfa\x01\x05x",
+}
+
+
+@pytest.mark.parametrize("method", ["Select", "SelectBatch", "Recommend", "GetBudget", "ListMechanisms",
+                                    "/grpc.health.v1.Health/Check"])
+def test_malformed_bytes_are_invalid_argument_without_a_traceback(method: str, channel: grpc.Channel,
+                                                                  server: ServerHandle,
+                                                                  no_errors_logged: None) -> None:
+    before = server.ledger.totals()
+    for name, payload in MALFORMED.items():
+        if method == "ListMechanisms" and name in ("bad UTF-8 in user_id", "field number 0"):
+            continue  # the parser accepts both for a message without fields (field 1 is unknown there)
+        code, details = _raw(channel, method, payload)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT, (name, code, details)
+        assert "not a valid" in details and "\\x" not in details
+    assert server.ledger.totals() == before
+
+
+def test_authentication_runs_before_decoding(artifact: Path, tmp_path: Path, no_errors_logged: None) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("good-token user:victim\n")
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", token_file=tokens))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{h.port}", [("grpc.max_send_message_length", 64 << 20)]) as ch:
+            for payload in (MALFORMED["truncated varint"], _candidates_3m()):
+                for auth in ((), (("authorization", "Bearer wrong"),)):
+                    assert _raw(ch, "Select", payload, auth)[0] is grpc.StatusCode.UNAUTHENTICATED
+                assert _raw(ch, "Select", payload, (("authorization", "Bearer good-token"),))[0] \
+                    is grpc.StatusCode.INVALID_ARGUMENT
+            # The scope check needs the user_id, so it follows decoding; a foreign one spends nothing.
+            assert _raw(ch, "Select", _head(user_id="other") + _field(9, b"it1") + _field(10, b"\0" * 8),
+                        (("authorization", "Bearer good-token"),))[0] is grpc.StatusCode.PERMISSION_DENIED
+        assert h.ledger.totals() == {}
+    finally:
+        h.stop(1)
+
+
+def test_malformed_bytes_on_a_streaming_method(channel: grpc.Channel, no_errors_logged: None) -> None:
+    """Server reflection is stream-stream: each message is decoded by the gate the same safe way."""
+    call = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                                 request_serializer=ID, response_deserializer=ID)
+    with pytest.raises(grpc.RpcError) as info:
+        list(call(iter([MALFORMED["length past the end"]]), timeout=30))
+    assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "not a valid" in info.value.details()

@@ -1,0 +1,226 @@
+"""Issue #12 items 1 and 7, attacked through real gRPC channels: principals and scopes (tokens
+and client certificates), the per-principal rate limit, plaintext tokens off loopback, and the
+--allow-non-private warning. Every refusal must spend nothing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import pytest
+
+from recsvc.app.cli import main as recsvc_main
+from recsvc.service.auth import Scope, load_client_scopes, load_tokens
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig, is_loopback
+from recsvc.service.server import ServerHandle, start
+
+from service_fixtures import candidates
+
+TOKENS = """# token      scope
+root-tok     admin
+backend-tok  service
+legacy-tok
+alice-tok    user:alice
+"""
+
+
+def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)
+    return info.value.code(), info.value.details()
+
+
+@contextmanager
+def _server(artifact: Path, tmp_path: Path, **config) -> Iterator[ServerHandle]:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / f"l{time.monotonic_ns()}.db", **config))
+    try:
+        yield h
+    finally:
+        h.stop(1)
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "tokens"
+    path.write_text(TOKENS)
+    path.chmod(0o600)
+    return path
+
+
+def test_a_user_token_cannot_read_spend_or_invent_other_users(artifact: Path, tmp_path: Path, token_file: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO), _server(artifact, tmp_path, token_file=token_file, budget=2.0) as h:
+        target = f"127.0.0.1:{h.port}"
+        with Client(target, token="backend-tok", retries=0) as backend:
+            backend.select("bob", candidates(), mechanism="rnm", epsilon=0.5)  # the victim has history
+        before = h.ledger.totals()
+        assert before == {"bob": pytest.approx(0.5)}
+        with Client(target, token="alice-tok", retries=0) as alice:
+            # The attack: read bob's budget, spend it to exhaustion, spread queries over invented ids.
+            assert _code(alice.budget, "bob")[0] is grpc.StatusCode.PERMISSION_DENIED
+            for _ in range(5):
+                code, msg = _code(alice.select, "bob", candidates(), mechanism="rnm", epsilon=1.5)
+                assert code is grpc.StatusCode.PERMISSION_DENIED and "token@5 (user:alice)" in msg
+            for invented in ("alice2", "Alice", "alice ", "", "bob"):
+                assert _code(alice.select, invented, candidates(), mechanism="rnm", epsilon=0.1)[0] \
+                    is grpc.StatusCode.PERMISSION_DENIED
+                assert _code(alice.recommend, invented, ["it1"], mechanism="rnm", epsilon=0.1)[0] \
+                    is grpc.StatusCode.PERMISSION_DENIED
+            assert h.ledger.totals() == before  # nothing spent, nobody new in the ledger
+            assert h.ledger.user("bob").requests == 1
+            # Its own user: every per-user RPC works; a batch refuses the foreign items alone.
+            assert alice.select("alice", candidates(), mechanism="rnm", epsilon=0.25).epsilon_spent == 0.25
+            assert alice.recommend("alice", ["it1", "it2"], mechanism="rnm", epsilon=0.25).epsilon_spent == 0.25
+            reqs = [alice.select_request(u, candidates(), mechanism="rnm", epsilon=0.25) for u in ("alice", "bob", "eve")]
+            res = alice.select_batch(reqs)
+            assert res[0].response.epsilon_spent == 0.25
+            assert [r.error.code_name for r in res[1:]] == ["PERMISSION_DENIED"] * 2
+            assert alice.budget("alice").spent == pytest.approx(0.75)
+            assert alice.mechanisms().budget == 2.0  # public configuration: every principal may read it
+        assert h.ledger.totals() == {"bob": pytest.approx(0.5), "alice": pytest.approx(0.75)}
+        for token in ("root-tok", "backend-tok", "legacy-tok"):  # admin, service, and a bare token (service)
+            with Client(target, token=token, retries=0) as c:
+                assert c.budget("bob").spent == pytest.approx(0.5)
+                assert c.select(f"user-of-{token}", candidates(), mechanism="rnm", epsilon=0.1).item_id
+    denied = [r for r in caplog.records if "PERMISSION_DENIED" in r.getMessage()]
+    assert len(denied) == 1 + 5 + 10 + 1  # budget, 5 spends, 10 invented, one line for the batch
+    for r in denied:  # the principal is logged, never the request (user ids asked for, scores)
+        text = r.getMessage()
+        assert r.levelno == logging.WARNING and "token@5 (user:alice)" in text
+        assert "bob" not in text and "eve" not in text and "alice2" not in text
+    assert "-tok" not in "\n".join(r.getMessage() for r in caplog.records)  # no token is ever logged
+
+
+def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Path, token_file: Path) -> None:
+    tls = dict(tls_cert=certs["server.pem"], tls_key=certs["server.key"], client_ca=certs["ca.pem"])
+    client_tls = dict(tls_ca=certs["ca.pem"], tls_cert=certs["client.pem"], tls_key=certs["client.key"], retries=0)
+    scopes = tmp_path / "scopes"
+    cases = {  # scopes file → (may act for carol, may act for dave, may call ListMechanisms)
+        "subject:CN=recsvc-test-client user:carol\nsan:localhost admin\n": (True, False, True),  # first match wins
+        "# by SAN\nsan:127.0.0.1 service\n": (True, True, True),
+        "subject:CN=someone-else admin\nsan:other.example service\n": (False, False, False),  # no rule: no scope
+    }
+    for text, (carol, dave, listing) in cases.items():
+        scopes.write_text(text)
+        with _server(artifact, tmp_path, client_scopes=scopes, **tls) as h:
+            with Client(f"localhost:{h.port}", **client_tls) as c:
+                for user, allowed in (("carol", carol), ("dave", dave)):
+                    if allowed:
+                        assert c.select(user, candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
+                    else:
+                        assert _code(c.select, user, candidates(), mechanism="rnm", epsilon=0.5)[0] \
+                            is grpc.StatusCode.PERMISSION_DENIED
+                        assert _code(c.budget, user)[0] is grpc.StatusCode.PERMISSION_DENIED
+                if listing:
+                    assert c.mechanisms().max_candidates > 0
+                else:
+                    assert _code(c.mechanisms)[0] is grpc.StatusCode.PERMISSION_DENIED
+            assert h.ledger.totals() == {u: pytest.approx(0.5) for u, ok in (("carol", carol), ("dave", dave)) if ok}
+    # Token and certificate both scoped: a call must be inside both (service token ∩ user:carol cert).
+    scopes.write_text("subject:CN=recsvc-test-client user:carol\n")
+    with _server(artifact, tmp_path, client_scopes=scopes, token_file=token_file, **tls) as h:
+        with Client(f"localhost:{h.port}", token="backend-tok", **client_tls) as c:
+            assert c.select("carol", candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
+            assert _code(c.select, "dave", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.PERMISSION_DENIED
+        with Client(f"localhost:{h.port}", **client_tls) as c:  # the certificate alone is not enough
+            assert _code(c.select, "carol", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.UNAUTHENTICATED
+        assert h.ledger.totals() == {"carol": pytest.approx(0.5)}
+    with pytest.raises(ValueError, match="^client_scopes needs client_ca"):
+        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "x.db", client_scopes=scopes))
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Path) -> None:
+    with _server(artifact, tmp_path, token_file=token_file, rate_limit=1.0) as h:
+        target = f"127.0.0.1:{h.port}"
+        with Client(target, token="alice-tok", retries=0) as alice, Client(target, token="backend-tok", retries=0) as b:
+            alice.select("alice", candidates(), mechanism="rnm", epsilon=0.1)  # a burst of one second's worth: 1
+            code, msg = _code(alice.select, "alice", candidates(), mechanism="rnm", epsilon=0.1)
+            assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit exceeded (1 requests/s" in msg
+            assert _code(alice.budget, "alice")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED  # every RPC counts
+            assert b.select("bob", candidates(), mechanism="rnm", epsilon=0.1).epsilon_spent == 0.1  # its own bucket
+            assert h.ledger.user("alice").requests == 1
+            time.sleep(1.1)  # one token back for each
+            alice.select("alice", candidates(), mechanism="rnm", epsilon=0.1)
+            # A batch pays for each item: 6 items leave the bucket 5 in debt (5 s at 1/s).
+            res = b.select_batch([b.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(6)])
+            assert all(r.HasField("response") for r in res)
+            assert _code(b.budget, "u0")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert h.ledger.user("alice").requests == 2 and h.ledger.user("bob").requests == 1
+    with _server(artifact, tmp_path) as h:  # off by default
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            for _ in range(30):
+                c.budget("x")
+
+
+def test_plaintext_tokens_are_refused_off_loopback(artifact: Path, certs: dict[str, Path], tmp_path: Path,
+                                                   token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ledger = tmp_path / "p.db"
+    for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
+        with pytest.raises(ValueError, match=f"^token_file without TLS on host {host} would send bearer tokens in "
+                                             "plaintext .*or allow_plaintext_tokens when a trusted proxy"):
+            start(ServerConfig(artifacts=artifact, host=host, port=0, ledger=ledger, token_file=token_file))
+    argv = ["serve", "--artifacts", str(artifact), "--ledger", str(ledger), "--host", "0.0.0.0", "--port", "0",
+            "--token-file", str(token_file)]
+    assert recsvc_main(argv) == 2
+    assert "--token-file without TLS on --host 0.0.0.0" in capsys.readouterr().err
+    assert not ledger.exists()
+    # Loopback, TLS, or the explicit flag: the server starts.
+    assert [is_loopback(h) for h in ("::1", "[::1]", "127.9.9.9", "localhost", "::", "0.0.0.0", "localhost.ex")] == \
+        [True, True, True, True, False, False, False]
+    for over in ({"host": "127.0.0.2"}, {"host": "localhost"}, {"host": "0.0.0.0", "allow_plaintext_tokens": True},
+                 {"host": "0.0.0.0", "tls_cert": certs["server.pem"], "tls_key": certs["server.key"]}):
+        with _server(artifact, tmp_path, token_file=token_file, **over) as h:
+            assert h.port > 0
+
+
+def test_token_and_scope_files_are_parsed_strictly(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    path.write_text(TOKENS)
+    got = [(t, p.name, str(p.scope)) for t, p in load_tokens(path)]
+    assert got == [("root-tok", "token@2", "admin"), ("backend-tok", "token@3", "service"),
+                   ("legacy-tok", "token@4", "service"), ("alice-tok", "token@5", "user:alice")]
+    bad = {
+        "tok root\n": r"line 1: scope 'root' is not a scope; expected 'admin', 'service' or 'user:<user_id>'",
+        "tok user:\n": r"line 1: scope 'user:' is not a scope",
+        "a service\n#\na admin\n": r"line 3 repeats the token of line 1; expected each token once",
+        "tok service extra\n": r"line 1: 3 words; expected lines '<token> <scope>'",
+    }
+    for text, message in bad.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message) as info:
+            load_tokens(path)
+        assert "a service" not in str(info.value)  # a token is never quoted back
+    path.write_text("subject:CN=John Smith,O=Example user:john\nsan:spiffe://ex.org/ns/prod/sa/api service\n")
+    rules = load_client_scopes(path)
+    assert [(r.kind, r.value, r.principal.scope) for r in rules] == [
+        ("subject", "CN=John Smith,O=Example", Scope("user", "john")),
+        ("san", "spiffe://ex.org/ns/prod/sa/api", Scope("service"))]
+    for text, message in {"CN=x admin\n": "expected lines '<identity> <scope>'", "san:x\n": "expected lines",
+                          "san:a admin\nsan:a service\n": "line 2 repeats the identity of line 1",
+                          "san:a owner\n": "scope 'owner' is not a scope"}.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            load_client_scopes(path)
+
+
+def test_allow_non_private_warns_at_start_and_labels_rnmh(artifact: Path, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO), _server(artifact, tmp_path) as h:
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            assert _code(c.select, "u", candidates(), mechanism="rnmh", epsilon=0.5)[0] is grpc.StatusCode.INVALID_ARGUMENT
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    caplog.clear()
+    with caplog.at_level(logging.INFO), _server(artifact, tmp_path, allow_non_private=True) as h:
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            r = c.select("u", candidates(), mechanism="rnmh", epsilon=0.5)
+            [res] = c.select_batch([c.select_request("u", candidates(), mechanism="rnmh", epsilon=0.5)])
+            info = {m.name: (m.private, m.allowed) for m in c.mechanisms().mechanisms}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "NOT differentially private" in warnings[0] and "--allow-non-private" in warnings[0]
+    assert (r.mechanism, res.response.mechanism, info["rnmh"]) == ("rnmh", "rnmh", (False, True))
