@@ -37,6 +37,7 @@ from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnav
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 
 S = TypeVar("S")
+T = TypeVar("T")
 URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
 _DOWN = (psycopg.OperationalError, PoolTimeout)
 
@@ -118,7 +119,11 @@ class PostgresLedger:
             if self.key_created:
                 self.key_file.unlink(missing_ok=True)
             raise
+        # reconnect_timeout: a slot that failed to reconnect for timeout_s is given up, and the next
+        # request grows the pool again with an immediate attempt, so service resumes as soon as the
+        # server is back instead of after a long exponential backoff.
         self._pool = ConnectionPool(url, min_size=pool_size, max_size=pool_size, timeout=timeout_s, open=False,
+                                    reconnect_timeout=timeout_s,
                                     kwargs={"autocommit": True, "connect_timeout": connect_timeout},
                                     configure=_configure, name="recsvc-ledger")
         self._pool.open(wait=True, timeout=timeout_s * 2)
@@ -136,12 +141,22 @@ class PostgresLedger:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def _read(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        try:
-            with self._pool.connection() as conn:
-                return conn.execute(sql, args).fetchall()
-        except _DOWN as exc:
-            raise self._unavailable(exc) from None
+    def _retrying(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """``fn`` on a pooled connection; after a connection failure (the server restarted, the
+        pool still holds dead connections) once more on a checked one, then UNAVAILABLE. Safe for
+        charges too: the retry decides again on what is stored."""
+        for attempt in range(2):
+            try:
+                with self._pool.connection() as conn:
+                    return fn(conn)
+            except _DOWN as exc:
+                if attempt == 1 or isinstance(exc, PoolTimeout):
+                    raise self._unavailable(exc) from None
+                self._pool.check()  # drop the connections that died with the server
+        raise AssertionError("unreachable")
+
+    def _read(self, sql: str, args: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
+        return self._retrying(lambda conn: conn.execute(sql, args).fetchall())
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
         rows = self._read("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
@@ -187,15 +202,7 @@ class PostgresLedger:
                                      build_response))
 
     def _commit(self, p: _Pending) -> Charge:
-        for attempt in range(2):
-            try:
-                with self._pool.connection() as conn:
-                    result = self._charge_once(conn, p)
-                break
-            except _DOWN as exc:
-                if attempt == 1:
-                    raise self._unavailable(exc) from None
-                self._pool.check()  # drop the connections that died with the server, then retry once
+        result = self._retrying(lambda conn: self._charge_once(conn, p))
         if result.replayed and p.built is not None and result.response == p.built:
             return Charge(result.response, replayed=False)  # our own COMMIT went through before the failure
         return result
