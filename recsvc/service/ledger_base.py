@@ -129,6 +129,11 @@ class Flights:
         self._flights: dict[tuple[str, str], list] = {}
         self._lock = threading.Lock()
 
+    def waiting(self, key: tuple[str, str]) -> int:
+        """Callers of ``key`` inside or queued for :meth:`one_at_a_time` (for tests)."""
+        with self._lock:
+            return self._flights.get(key, [None, 0])[1]
+
     @contextmanager
     def one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
         with self._lock:
