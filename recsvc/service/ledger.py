@@ -36,65 +36,15 @@ from typing import TypeVar
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
+from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, RequestConflict,
+                                        UserBudget, verdict)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
-from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, format_units, to_epsilon
+from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
 
-__all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "RequestConflict", "UserBudget",
-           "check_path", "remove_files"]
+__all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "LedgerUnavailable", "RequestConflict",
+           "UserBudget", "check_path", "remove_files"]
 
 S = TypeVar("S")
-
-
-class LedgerError(Exception):
-    """Base class of the ledger's refusals (nothing was spent)."""
-
-
-class BudgetExceeded(LedgerError):
-    def __init__(self, user_id: str, units: int, spent_units: int, budget_units: int) -> None:
-        self.user_id, self.units, self.spent_units, self.budget_units = user_id, units, spent_units, budget_units
-        super().__init__(
-            f"privacy budget exhausted for user {user_id!r}: requested epsilon={format_units(units)} but only "
-            f"{format_units(max(budget_units - spent_units, 0))} of {format_units(budget_units)} remains; "
-            "nothing was spent"
-        )
-
-
-class RequestConflict(LedgerError):
-    def __init__(self, user_id: str, request_id: str) -> None:
-        super().__init__(
-            f"request_id {request_id!r} was already used for user {user_id!r} with different "
-            "parameters; a retry must repeat the request exactly, a new request needs a new request_id"
-        )
-
-
-@dataclass(frozen=True)
-class Charge:
-    """Outcome of :meth:`Ledger.charge`: the stored response bytes and whether it is a replay."""
-
-    response: bytes
-    replayed: bool
-
-
-@dataclass(frozen=True)
-class UserBudget:
-    """A user's account in exact units; the float properties are for display (and the wire)."""
-
-    user_id: str
-    budget_units: int
-    spent_units: int
-    requests: int
-
-    @property
-    def budget(self) -> float:
-        return to_epsilon(self.budget_units)
-
-    @property
-    def spent(self) -> float:
-        return to_epsilon(self.spent_units)
-
-    @property
-    def remaining(self) -> float:
-        return to_epsilon(max(self.budget_units - self.spent_units, 0))
 
 
 def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
@@ -150,9 +100,7 @@ class Ledger:
         self._queue: list[_Pending] = []
         self._leading = False
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
-        # (user_id, request_id) → [lock, holders]: one draw_and_charge per request at a time.
-        self._flights: dict[tuple[str, str], list] = {}
-        self._flights_lock = threading.Lock()
+        self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
         self.commits = 0  # transactions committed by this process (for tests and metrics)
         try:
             ledger_schema.check_foreign(self.path)
@@ -252,13 +200,7 @@ class Ledger:
         return {u: to_epsilon(s) for u, s in self._conn().execute("SELECT user_id, spent_units FROM budgets")}
 
     def _verdict(self, p: _Pending, prior: tuple[bytes, bytes] | None, spent: int) -> Charge | LedgerError | None:
-        """The one rule, before and inside the transaction: a stored answer is replayed, another
-        fingerprint is a conflict, a charge beyond the budget is refused; None: charge it."""
-        if prior is not None:
-            return Charge(prior[1], replayed=True) if prior[0] == p.fingerprint else RequestConflict(p.user_id, p.request_id)
-        if spent + p.units > self.budget_units:  # exact: integers
-            return BudgetExceeded(p.user_id, p.units, spent, self.budget_units)
-        return None
+        return verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
 
     def _precheck(self, p: _Pending) -> Charge | None:
         """:meth:`_verdict` on a read snapshot, holding no lock (one statement)."""
@@ -270,21 +212,6 @@ class Ledger:
         if isinstance(verdict, LedgerError):
             raise verdict
         return verdict
-
-    @contextmanager
-    def _one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
-        """Serialises the callers of one (user_id, request_id) in this process."""
-        with self._flights_lock:
-            entry = self._flights.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._flights_lock:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._flights[key]
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -310,7 +237,7 @@ class Ledger:
         is charged exactly once, and a retry gets the stored answer, never a fresh sample.
         """
         p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
-        with self._one_at_a_time((user_id, request_id)):
+        with self._flights.one_at_a_time((user_id, request_id)):
             done = self._precheck(p)
             if done is not None:
                 return done

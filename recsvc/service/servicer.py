@@ -22,7 +22,7 @@ from recsvc.service import metrics, wire
 from recsvc.service.auth import SERVICE_NAME, Caller, PermissionDenied
 from recsvc.service.config import Policy
 from recsvc.service.gate import RateLimiter, current_caller
-from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
+from recsvc.service.ledger_base import BudgetExceeded, LedgerStore, LedgerUnavailable, RequestConflict
 from recsvc.service.selection import InvalidRequest, Prepared, Selected, Selector, Unavailable, check_id
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -75,20 +75,20 @@ T = TypeVar("T")
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
-    def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
+    def __init__(self, artifact: Artifact, ledger: LedgerStore | None, policy: Policy) -> None:
         self.selector = Selector(artifact, policy)
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> LedgerStore:
         if self._ledger is None:
             raise RuntimeError("the servicer has no ledger attached yet")
         return self._ledger
 
     @ledger.setter
-    def ledger(self, ledger: Ledger) -> None:
+    def ledger(self, ledger: LedgerStore) -> None:
         self._ledger = ledger
 
     @property
@@ -269,6 +269,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, RequestConflict):
         return grpc.StatusCode.ALREADY_EXISTS, str(exc)
+    if isinstance(exc, LedgerUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, Unavailable):
         return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, ValueError):
