@@ -28,17 +28,19 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, format_units, to_epsilon
 
+if TYPE_CHECKING:
+    from recsvc.service.ledger_batch import BatchItem
 __all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "RequestConflict", "UserBudget",
            "check_path", "remove_files"]
 
@@ -318,6 +320,12 @@ class Ledger:
             p.build_response = lambda remaining: build_response(sample, remaining)
             return self._commit(p)
 
+    def draw_and_charge_batch(self, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
+                              build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
+        """:meth:`draw_and_charge` for a whole batch, in ONE transaction: see :mod:`recsvc.service.ledger_batch`."""
+        from recsvc.service.ledger_batch import draw_and_charge_batch  # it builds on this module
+        return draw_and_charge_batch(self, items, draw, build_response)
+
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes]) -> Charge:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
@@ -333,18 +341,26 @@ class Ledger:
         return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response))
 
     def _commit(self, item: _Pending) -> Charge:
+        self._commit_all([item])
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None
+        return item.result
+
+    def _commit_all(self, items: list[_Pending]) -> None:
         """Group commit: concurrent callers queue; while one leader commits, the others wait; the
         next leader commits every queued charge in ONE transaction (one fsync), each charge
         checked in arrival order against the state left by the ones before it, so batching
         changes throughput, never the outcome."""
-        with self._queued:
-            self._queue.append(item)
+        item = items[0]  # the one this caller waits on
+        with self._queued:  # contiguous in the queue, so one leader takes them all
+            self._queue.extend(items)
             lead = not self._leading
             self._leading = True
         if not lead:
-            item.wake.acquire()  # released by a leader: our charge is finished, or we lead next
+            item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
             lead = not item.finished
-        if lead:  # nobody committed it for us: commit everything queued by now
+        if lead:  # nobody committed them for us: commit everything queued by now
             batch: list[_Pending] | None = None
             successor: _Pending | None = None
             try:
@@ -354,8 +370,9 @@ class Ledger:
                     self._commit_batch(batch)
             finally:
                 with self._queued:
-                    if batch is None:  # failed before taking the queue: withdraw our charge
-                        self._queue.remove(item)
+                    if batch is None:  # failed before taking the queue: withdraw our charges
+                        for own in items:
+                            self._queue.remove(own)
                     if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
                         successor = self._queue[0]
                     else:
@@ -365,10 +382,6 @@ class Ledger:
                 for other in batch or ():
                     if other is not item:
                         other.wake.release()
-        if item.error is not None:
-            raise item.error
-        assert item.result is not None
-        return item.result
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         conn = self._writer_conn()
@@ -463,8 +476,7 @@ class Ledger:
 
 
 def _locked() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
+    (lock := threading.Lock()).acquire()
     return lock
 
 
