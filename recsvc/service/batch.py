@@ -23,7 +23,7 @@ from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
 from recsvc.service.draws import expected_draws
 from recsvc.service.ledger import Charge, Ledger
-from recsvc.service.ledger_batch import BatchItem
+from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
 from recsvc.service.ledger_units import charge_units, to_epsilon
 from recsvc.service.selection import Prepared, Selected, Selector, draw
 
@@ -66,4 +66,4 @@ def execute_batch(selector: Selector, ledger: Ledger, prepared: Sequence[Prepare
         ids = tuple(p.item_ids[j] for j in picked.tolist())
         return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id))
 
-    return ledger.draw_and_charge_batch(items, draws, build)
+    return draw_and_charge_batch(ledger, items, draws, build)

@@ -28,19 +28,17 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, format_units, to_epsilon
 
-if TYPE_CHECKING:
-    from recsvc.service.ledger_batch import BatchItem
 __all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "RequestConflict", "UserBudget",
            "check_path", "remove_files"]
 
@@ -320,12 +318,6 @@ class Ledger:
             p.build_response = lambda remaining: build_response(sample, remaining)
             return self._commit(p)
 
-    def draw_and_charge_batch(self, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
-                              build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
-        """:meth:`draw_and_charge` for a whole batch, in ONE transaction: see :mod:`recsvc.service.ledger_batch`."""
-        from recsvc.service.ledger_batch import draw_and_charge_batch  # it builds on this module
-        return draw_and_charge_batch(self, items, draw, build_response)
-
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes]) -> Charge:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
@@ -351,7 +343,8 @@ class Ledger:
         """Group commit: concurrent callers queue; while one leader commits, the others wait; the
         next leader commits every queued charge in ONE transaction (one fsync), each charge
         checked in arrival order against the state left by the ones before it, so batching
-        changes throughput, never the outcome."""
+        changes throughput, never the outcome. Several ``items`` (a SelectBatch, see
+        :mod:`recsvc.service.ledger_batch`) are queued together, so one transaction commits them all."""
         item = items[0]  # the one this caller waits on
         with self._queued:  # contiguous in the queue, so one leader takes them all
             self._queue.extend(items)

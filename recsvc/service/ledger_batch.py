@@ -27,12 +27,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 from recsvc.service.ledger_units import charge_units
 
-if TYPE_CHECKING:
-    from recsvc.service.ledger import Charge, Ledger, _Pending
+from recsvc.service.ledger import Charge, Ledger, RequestConflict, _Pending, _unset
 
 S = TypeVar("S")
 
@@ -50,8 +49,6 @@ class BatchItem:
 def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
                           build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
     """See the module docstring. Returns only after the COMMIT (fsync) of the charged items."""
-    from recsvc.service.ledger import _Pending, _unset
-
     out: list[Charge | Exception | None] = [None] * len(items)
     pending: dict[int, _Pending] = {}
     for i, it in enumerate(items):
@@ -102,8 +99,6 @@ def _precheck(ledger: Ledger, pending: dict[int, _Pending], out: list) -> list[i
 
 def _refuse_duplicate(p: _Pending) -> Callable[[float], bytes]:
     """A repeated (user_id, request_id) is charged only as a replay of the earlier item's answer."""
-    from recsvc.service.ledger import RequestConflict
-
     def refuse(_remaining: float) -> bytes:
         raise RequestConflict(p.user_id, p.request_id)
 
