@@ -32,24 +32,35 @@ def vectorisable(p: Prepared) -> bool:
     return p.k == 1 and p.stage is None and p.mechanism in VECTORISED
 
 
-def draw_many(selector: Selector, prepared: Sequence[Prepared], rng: np.random.Generator) -> list[np.ndarray]:
-    """Each item's slate (candidate indices), vectorised per mechanism group where possible."""
-    out: list[np.ndarray | None] = [None] * len(prepared)
+def draw_many(selector: Selector, prepared: Sequence[Prepared],
+              rng: np.random.Generator) -> list[np.ndarray | Exception]:
+    """Each item's slate (candidate indices), vectorised per mechanism group where possible; an
+    item whose draw failed gets the exception (it is then refused alone, nothing spent)."""
+    out: list[np.ndarray | Exception | None] = [None] * len(prepared)
     groups: dict[str, list[int]] = {}
     for i, p in enumerate(prepared):
         if vectorisable(p):
             groups.setdefault(p.mechanism, []).append(i)
     for name, idx in groups.items():
         ps = [prepared[i] for i in idx]
-        picked = select_rows(name, np.concatenate([p.scores for p in ps]), np.concatenate([p.sensitivities for p in ps]),
-                             np.array([p.scores.size for p in ps]), np.array([p.epsilon for p in ps]), rng)
+        try:
+            picked = select_rows(name, np.concatenate([p.scores for p in ps]),
+                                 np.concatenate([p.sensitivities for p in ps]),
+                                 np.array([p.scores.size for p in ps]), np.array([p.epsilon for p in ps]), rng)
+        except Exception as exc:  # noqa: BLE001 - the group's items are refused, nothing spent
+            for i in idx:
+                out[i] = exc
+            continue
         for i, j in zip(idx, picked.tolist()):
             out[i] = np.array([j], np.int64)
     allow = selector.policy.allow_non_private
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
-            out[i] = selector.heavy.run(lambda p=p: draw(p, rng, allow),
-                                        p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+            try:
+                out[i] = selector.heavy.run(lambda p=p: draw(p, rng, allow),
+                                            p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+            except Exception as exc:  # noqa: BLE001 - this item alone is refused
+                out[i] = exc
     return out  # type: ignore[return-value]
 
 

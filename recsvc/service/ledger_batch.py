@@ -11,7 +11,7 @@ order: a :class:`Charge` (fresh or replayed) or the exception that refused it (n
    replayed, another fingerprint is a conflict, a charge beyond what the user has left after
    the EARLIER items of the batch is refused. None of these draws.
 4. ``draw(indices)`` draws the samples of the remaining items (a list, one per index) OUTSIDE
-   any lock: the caller vectorises it.
+   any lock: the caller vectorises it. A sample that is an exception refuses its item alone.
 5. One group commit (one transaction, one fsync): every item is decided again by the same rule,
    in batch order, and ``build_response(index, sample, remaining)`` is stored with its spend.
 
@@ -63,6 +63,9 @@ def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Call
         todo = _precheck(ledger, pending, out)
         samples = draw(todo) if todo else []
         for i, sample in zip(todo, samples, strict=True):
+            if isinstance(sample, Exception):  # this item's draw failed: refused alone, nothing spent
+                out[i] = sample
+                continue
             pending[i].build_response = (lambda i, s: lambda remaining: build_response(i, s, remaining))(i, sample)
         queued = [p for i, p in pending.items() if out[i] is None]
         if queued:
