@@ -260,18 +260,27 @@ class Ledger:
         return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response))
 
     def _commit(self, item: _Pending) -> Charge:
+        self._commit_all([item])
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None
+        return item.result
+
+    def _commit_all(self, items: list[_Pending]) -> None:
         """Group commit: concurrent callers queue; while one leader commits, the others wait; the
         next leader commits every queued charge in ONE transaction (one fsync), each charge
         checked in arrival order against the state left by the ones before it, so batching
-        changes throughput, never the outcome."""
-        with self._queued:
-            self._queue.append(item)
+        changes throughput, never the outcome. Several ``items`` (a SelectBatch, see
+        :mod:`recsvc.service.ledger_batch`) are queued together, so one transaction commits them all."""
+        item = items[0]  # the one this caller waits on
+        with self._queued:  # contiguous in the queue, so one leader takes them all
+            self._queue.extend(items)
             lead = not self._leading
             self._leading = True
         if not lead:
-            item.wake.acquire()  # released by a leader: our charge is finished, or we lead next
+            item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
             lead = not item.finished
-        if lead:  # nobody committed it for us: commit everything queued by now
+        if lead:  # nobody committed them for us: commit everything queued by now
             batch: list[_Pending] | None = None
             successor: _Pending | None = None
             try:
@@ -281,8 +290,9 @@ class Ledger:
                     self._commit_batch(batch)
             finally:
                 with self._queued:
-                    if batch is None:  # failed before taking the queue: withdraw our charge
-                        self._queue.remove(item)
+                    if batch is None:  # failed before taking the queue: withdraw our charges
+                        for own in items:
+                            self._queue.remove(own)
                     if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
                         successor = self._queue[0]
                     else:
@@ -292,10 +302,6 @@ class Ledger:
                 for other in batch or ():
                     if other is not item:
                         other.wake.release()
-        if item.error is not None:
-            raise item.error
-        assert item.result is not None
-        return item.result
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         conn = self._writer_conn()
@@ -390,8 +396,7 @@ class Ledger:
 
 
 def _locked() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
+    (lock := threading.Lock()).acquire()
     return lock
 
 
