@@ -150,7 +150,7 @@ def main() -> None:
         rho = float(np.median(source.sc.correlation()))  # the sign rule reads the population's median ρ
         trials = max(args.trials, 20_000 // source.total)
         results.append(report(f"scenario {name}", scenario_matrix(source.sc), auto.resolved.__getitem__, rho,
-                              trials, args.workers, {"gamma": cfg.gamma}))
+                              trials, args.workers, {"gamma": cfg.params["gamma"]}))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -66,4 +66,4 @@ def test_scenario_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(name: 
                                         seed=0), source)  # γ = 0.05, the paper's on synthetic data, as eval runs it
     auto = plan(cfg, cfg.mechanisms, source)  # the table of an independent draw (seed 1)
     _check(_regret(scenario_matrix(source.sc), auto.resolved.__getitem__, trials=max(100, 20_000 // rows), seed=0,
-                   gamma=cfg.gamma))
+                   gamma=cfg.params["gamma"]))
