@@ -43,6 +43,7 @@ class EvalResult:
     seconds: float
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
+    pipelines: pl.DataFrame | None = None  # --pipelines: eval.pipeline_report.TABLE_SCHEMA rows
 
     def winners(self) -> list[tuple[float, str, bool | None]]:
         """(ε, best mechanism by mean MSE, whether its CI is clear of the runner-up's; None = no CI)."""

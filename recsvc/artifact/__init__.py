@@ -15,6 +15,7 @@ from recsvc.artifact.format import (
     MANIFEST,
     MIN_SENSITIVITY,
     MODEL_DIR,
+    TEST_INPUTS,
     ArtifactError,
     json_default,
     sha256_file,
@@ -27,7 +28,7 @@ from recsvc.artifact.writer import ArtifactWriter, save_model
 
 __all__ = [
     "CANDIDATES", "CANDIDATES_SCHEMA", "FORMAT_VERSION", "ITEMS", "ITEMS_SCHEMA", "MANIFEST", "MIN_SENSITIVITY",
-    "MODEL_DIR", "Artifact", "ArtifactError", "ArtifactWriter", "CandidateMatrix", "Manifest", "SansaInfo",
+    "MODEL_DIR", "TEST_INPUTS", "Artifact", "ArtifactError", "ArtifactWriter", "CandidateMatrix", "Manifest", "SansaInfo",
     "SpearmanStats", "SplitInfo", "json_default", "load_artifact", "load_model", "read_manifest", "save_model",
     "sha256_file", "validate_candidates", "validate_items",
 ]

@@ -7,6 +7,8 @@ Layout of ``artifacts/<dataset>/``::
     items.parquet        item_id (str), lo, hi, sensitivity           -- public per-item data
     candidates.parquet   user_id (str), rank, item_id (str), score    -- raw, unclipped
     model/W1.npz, model/W2.npz, model/items.parquet (item_id in column order)
+    test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
+                         fold-in input items, so eval can score them over the full catalog
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ MODEL_DIR = "model"
 MODEL_W1 = "W1.npz"
 MODEL_W2 = "W2.npz"
 MODEL_ITEMS = "items.parquet"
+TEST_INPUTS = "test_inputs.parquet"
 FORMAT_VERSION = 1
 MIN_SENSITIVITY = 1e-6
 
 ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensitivity": pl.Float64}
 CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}
+TEST_INPUTS_SCHEMA = {"user_id": pl.String, "item_id": pl.String}
 
 
 class ArtifactError(ValueError):
@@ -76,6 +80,13 @@ def validate_candidates(cands: pl.DataFrame) -> pl.DataFrame:
     if not np.isfinite(cands["score"].to_numpy()).all():
         raise ArtifactError(f"{CANDIDATES}: scores must be finite")
     return cands
+
+
+def validate_test_inputs(inputs: pl.DataFrame) -> pl.DataFrame:
+    inputs = _check_schema(inputs, TEST_INPUTS_SCHEMA, TEST_INPUTS)
+    if inputs["user_id"].null_count() or inputs["item_id"].null_count():
+        raise ArtifactError(f"{TEST_INPUTS}: user_id and item_id must be non-null")
+    return inputs
 
 
 def json_default(o: Any) -> Any:
