@@ -5,22 +5,23 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
+
 
 def _common(p: argparse.ArgumentParser) -> None:
+    not_dp = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
     p.add_argument("--mechanisms", nargs="+", metavar="NAME",
-                   help="mechanisms to compare (default: every private one; rnmh only if named)")
+                   help=f"mechanisms to compare (default: every private one; {not_dp} only if named)")
     p.add_argument("--epsilons", nargs="+", type=float, metavar="EPS", default=None,
                    help="privacy parameters ε > 0 (default: 0.01 … 16, 11 values)")
     p.add_argument("--trials", type=int, default=50, help="selections per user, mechanism and ε (default 50)")
     p.add_argument("--exact", action="store_true",
                    help="expected MSE from exact probabilities; Monte Carlo (and a note) where a mechanism has none")
     p.add_argument("--seed", type=int, default=0, help="seed; user b uses SeedSequence(seed, spawn_key=(b,))")
-    p.add_argument("--beta", type=float, default=0.05, help="GEM/mGEM β (default 0.05)")
-    p.add_argument("--gamma", type=float, default=None,
-                   help="random stopping γ (default: the paper's for the data: the artifact manifest's default_gamma, "
-                        "0.008 for MovieLens/Amazon-book, 0.0008 for Netflix; 0.05 for synthetic scenarios)")
-    p.add_argument("--corr-budget-fraction", type=float, default=None,
-                   help="combined GEM's share of ε for the correlation bit (default: the mechanism's 0.6)")
+    # --beta, --gamma, --corr-budget-fraction from the mechanisms' specs; γ defaults to the data's.
+    add_param_arguments(p, defaults={"gamma": "the paper's for the data: the artifact manifest's default_gamma, "
+                                              "0.008 for MovieLens/Amazon-book, 0.0008 for Netflix; 0.05 for "
+                                              "synthetic scenarios"})
     p.add_argument("--engine", choices=("local", "dask"), default="local")
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: min(2, cores))")
     p.add_argument("--scheduler", default=None, help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
@@ -121,10 +122,10 @@ def _config(args: argparse.Namespace, **source):
                      two_stage_m=DEFAULT_M if m is None else m, two_stage_trials=getattr(args, "two_stage_trials", None))
     return EvalConfig(**pipelines,
         **source, users=args.users, mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
-        epsilons=tuple(args.epsilons) if args.epsilons else DEFAULT_EPSILONS, trials=args.trials, seed=args.seed, exact=args.exact, beta=args.beta,
-        gamma=args.gamma, corr_budget_fraction=args.corr_budget_fraction, engine=args.engine,
-        workers=args.workers, scheduler=args.scheduler, chunk_size=args.chunk_size, out=args.out,
-        ratio_epsilon=args.ratio_epsilon, force=args.force,
+        epsilons=tuple(args.epsilons) if args.epsilons else DEFAULT_EPSILONS, trials=args.trials, seed=args.seed,
+        exact=args.exact, params=params_from_namespace(args), engine=args.engine, workers=args.workers,
+        scheduler=args.scheduler, chunk_size=args.chunk_size, out=args.out, ratio_epsilon=args.ratio_epsilon,
+        force=args.force,
     )
 
 

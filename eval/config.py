@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
@@ -13,7 +14,6 @@ from recsvc.engines import resolve_workers
 
 DEFAULT_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_TRIALS = 50
-DEFAULT_BETA = 0.05
 SCENARIO_GAMMA = 0.05  # rs γ of the paper's synthetic experiments (§VI); an artifact's is in its manifest
 DEFAULT_CHUNK_SIZE = 256  # users per work unit when the run is large
 MIN_AUTO_CHUNK = 16  # automatic chunks never get smaller than this (per-chunk overhead)
@@ -35,9 +35,10 @@ class EvalConfig:
     trials: int = DEFAULT_TRIALS
     seed: int = 0
     exact: bool = False
-    beta: float = DEFAULT_BETA
-    gamma: float | None = None  # None: the data's own (eval.run.with_data_defaults)
-    corr_budget_fraction: float | None = None  # None = the mechanism's default (0.6)
+    # Mechanism parameters by name (recsvc.mechanisms.PARAMS). Absent or None: the data's own where
+    # it has one (γ, eval.run.with_data_defaults), else each mechanism's default. Each mechanism is
+    # called with the ones it takes (mechanism_params).
+    params: Mapping[str, float | None] = field(default_factory=dict)
     engine: str = "local"
     workers: int | None = None
     scheduler: str | None = None
@@ -53,26 +54,27 @@ class EvalConfig:
     two_stage_trials: int | None = None  # Monte Carlo trials of two-stage pipelines; None = trials
 
 
-# Which of the shared params each mechanism takes (SPEC §2).
-_PARAMS_OF: dict[str, tuple[str, ...]] = {
-    "gem": ("beta",),
-    "mgem": ("beta",),
-    "combined_gem": ("beta", "corr_budget_fraction"),
-    "rs": ("gamma",),
-    "rs_improved": ("gamma",),
-}
-
-
 def level_dirname(level: float) -> str:
     """``t-5``, ``t-0.8``, ``t0`` …: a sweep level's name (its results sub-directory; −0.0 is ``t0``)."""
     return f"t{float(level) + 0.0:g}"
 
 
 def mechanism_params(cfg: EvalConfig, mechanism: str) -> dict[str, float]:
-    """The keyword parameters ``mechanism`` is called with: the config's values of the parameters it
-    takes (a None value leaves the mechanism's own default). The one place that maps config → params."""
-    shared = {"beta": cfg.beta, "gamma": cfg.gamma, "corr_budget_fraction": cfg.corr_budget_fraction}
-    return {k: shared[k] for k in _PARAMS_OF.get(mechanism, ()) if shared[k] is not None}
+    """The keyword parameters ``mechanism`` is called with: the given values of the parameters it
+    declares (``params_of``; a missing or None value leaves its own default). The one place that
+    maps config → params."""
+    from recsvc.mechanisms import params_of
+
+    return {k: v for k, v in cfg.params.items() if k in params_of(mechanism) and v is not None}
+
+
+def param_values(cfg: EvalConfig) -> dict[str, float]:
+    """Every declared parameter's value in this run: the given one (or the data's, once
+    eval.run.with_data_defaults filled it in), else its spec's default. For the report and the
+    summary's echo of the config."""
+    from recsvc.mechanisms import PARAMS
+
+    return {k: s.default if (v := cfg.params.get(k)) is None else s.check(v) for k, s in PARAMS.items()}
 
 
 def protected(cfg: EvalConfig) -> dict[str, Path]:
@@ -91,7 +93,7 @@ def _check_out(cfg: EvalConfig) -> None:
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
     """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
     :func:`eval.run.run` calls it first; the demo calls it before building anything."""
-    from recsvc.mechanisms import MECHANISMS
+    from recsvc.mechanisms import MECHANISMS, check_params
 
     if (cfg.artifacts is None) == (cfg.scenario is None):
         raise ParamError("give exactly one data source: {artifacts} DIR or {scenario} NAME")
@@ -115,9 +117,9 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
             raise ValueError(f"ε must be a finite number > 0, got {eps!r}")
     if len(set(cfg.epsilons)) != len(cfg.epsilons):
         raise ValueError(f"ε values must be distinct, got {list(cfg.epsilons)}")
-    for pname, val in (("beta", cfg.beta), ("gamma", cfg.gamma), ("corr_budget_fraction", cfg.corr_budget_fraction)):
-        if val is not None and not (0 < val < 1):
-            raise ValueError(f"{pname} must be in (0, 1), got {val!r}")
+    if not isinstance(cfg.params, Mapping):
+        raise ValueError(f"params must be a mapping of parameter name to value, got {type(cfg.params).__name__}")
+    check_params(cfg.params)  # each against its spec; a name no mechanism declares is refused
     names = tuple(cfg.mechanisms) if cfg.mechanisms else tuple(m for m, o in MECHANISMS.items() if o.private)
     unknown = [m for m in names if m not in MECHANISMS]
     if unknown:

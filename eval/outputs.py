@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from eval import pipeline_report, plots, report
-from eval.config import EvalConfig, protected
+from eval.config import EvalConfig, param_values, protected
 from eval.results import EvalResult, SweepResult
 from recsvc.staging import StagedDir
 
@@ -43,6 +43,7 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
                  ).write_csv(tmp / "correlation_histogram.csv")
     plots.write_all(result, tmp)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
+    cfg["params"] = param_values(result.config)  # what the run used: given or each spec's default
     summary = {"dataset": result.dataset, "users": result.users, "mechanisms": list(result.mechanisms),
                "epsilons": list(result.epsilons), "correlation": result.correlation, "config": cfg,
                "winners": [{"epsilon": e, "mechanism": m, "clear": c} for e, m, c in result.winners()],

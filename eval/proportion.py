@@ -20,7 +20,7 @@ import polars as pl
 
 from eval import outputs
 from eval import run as runner
-from eval.config import EvalConfig, validate
+from eval.config import EvalConfig, param_values, validate
 from eval.plots import _plt, _style, mechanism_label
 from eval.results import Finding
 from eval.sources import ScenarioSource
@@ -72,7 +72,7 @@ def run_proportion(cfg: EvalConfig) -> ProportionResult:
             res = runner.evaluate(replace(cfg, scenario=kind, out=None, force=False), mechanisms, source)
             mse = res.mse.select("mechanism", "epsilon", pl.col("mse_mean").alias("mse"), "method")
             if cfg.exact:
-                mse = _exact_random_stopping(mse, source.sc.scores, source.sc.sensitivities, cfg.gamma)
+                mse = _exact_random_stopping(mse, source.sc.scores, source.sc.sensitivities, param_values(cfg)["gamma"])
             frames.append(mse.with_columns(kind=pl.lit(kind), correlation=pl.lit(KINDS[kind]), proportion=pl.lit(p)))
         table = pl.concat(frames).select("kind", "correlation", "proportion", "mechanism", "epsilon", "mse", "method")
         result = ProportionResult(cfg, table, eps, time.perf_counter() - t0)
@@ -176,13 +176,14 @@ def figure(result: ProportionResult, path: Path) -> None:
 
 def markdown(result: ProportionResult) -> str:
     cfg, eps = result.config, result.epsilon
+    values = param_values(cfg)
     t = result.table.filter(pl.col("epsilon") == eps)
     mechs = t["mechanism"].unique(maintain_order=True).to_list()
     lines = [
         "# Evaluation: proportion of high scores (paper Figure 18, Appendix E)",
         "",
         f"Scenarios 1 (positive), 2 (negative) and 3 (no correlation) with {len(PROPORTIONS)} proportions of high scores, "
-        f"n = {cfg.n}, {cfg.trials} trials, β = {cfg.beta}, γ = {cfg.gamma}"
+        f"n = {cfg.n}, {cfg.trials} trials, β = {values['beta']}, γ = {values['gamma']}"
         f"{', exact probabilities where available (rs and rs_improved too in scenarios 1–2: two groups of tied candidates; Monte Carlo for rnmh, and for rs in scenario 3)' if cfg.exact else ''}; "
         f"{result.seconds:.1f} s. MSE = 4 × P(a low candidate is chosen). Findings and tables at ε = {eps:g}.",
         "",

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.config import EvalConfig, param_values
 from eval.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
 
 if TYPE_CHECKING:
@@ -23,6 +24,15 @@ def _with_ci(mean: float, low: float, high: float) -> str:
     if np.isfinite(low) and np.isfinite(high):
         return f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]"
     return _fmt(mean)
+
+
+def _param_text(cfg: EvalConfig) -> str:
+    """``β=0.05, γ=0.008``: the values used (given or default; the report's settings line has
+    always shown these two), then every other parameter that was given, e.g. ``alpha=0.25``."""
+    values = param_values(cfg)
+    shown = {"beta": "β", "gamma": "γ"}
+    given = [f"{k}={values[k]}" for k, v in cfg.params.items() if v is not None and k not in shown]
+    return ", ".join([f"{sym}={values[k]}" for k, sym in shown.items()] + given)
 
 
 def mse_table(result: EvalResult) -> str:
@@ -54,7 +64,7 @@ def markdown(result: EvalResult) -> str:
         f"# Evaluation: {result.dataset}",
         "",
         f"{result.users} users × {len(result.mechanisms)} mechanisms × {len(result.epsilons)} ε × "
-        f"{cfg.trials} trials, seed {cfg.seed}, β={cfg.beta}, γ={cfg.gamma}"
+        f"{cfg.trials} trials, seed {cfg.seed}, {_param_text(cfg)}"
         f"{', exact probabilities where available' if cfg.exact else ''}; {result.seconds:.1f} s.",
         "MSE is the mean over trials of (max q − q_selected)² on clipped scores, averaged over users "
         "(95% normal CI over users; none with a single user).",
@@ -119,8 +129,9 @@ def summary_text(result: EvalResult) -> str:
 def _sweep_settings(result: SweepResult) -> str:
     cfg, mechanisms, epsilons = result.config, result.mechanisms, result.epsilons
     how = "exact probabilities where available" if cfg.exact else f"{cfg.trials} trials (Monte Carlo)"
-    return (f"n = {cfg.n} candidates, {result.levels[0].result.users} user(s) per level, seed {cfg.seed}, β={cfg.beta}, "
-            f"γ={cfg.gamma}, {how}; mechanisms {', '.join(mechanisms)}; ε ∈ {{{', '.join(f'{e:g}' for e in epsilons)}}}")
+    grid = ", ".join(f"{e:g}" for e in epsilons)
+    return (f"n = {cfg.n} candidates, {result.levels[0].result.users} user(s) per level, seed {cfg.seed}, "
+            f"{_param_text(cfg)}, {how}; mechanisms {', '.join(mechanisms)}; ε ∈ {{{grid}}}")
 
 
 def summary_epsilon(epsilons: tuple[float, ...]) -> float:

@@ -30,7 +30,9 @@ def run(cfg: EvalConfig) -> EvalResult:
 def with_data_defaults(cfg: EvalConfig, source: Source) -> EvalConfig:
     """``cfg`` with an unset γ (None) replaced by the data's own: the artifact manifest's
     ``default_gamma`` (the paper's γ for that dataset) or 0.05 for a synthetic scenario."""
-    return cfg if cfg.gamma is not None else replace(cfg, gamma=source.default_gamma)
+    if cfg.params.get("gamma") is not None:
+        return cfg
+    return replace(cfg, params={**cfg.params, "gamma": source.default_gamma})
 
 
 def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> EvalResult:

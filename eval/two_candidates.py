@@ -24,6 +24,7 @@ import polars as pl
 
 from eval.results import Finding
 from recsvc.checks import ParamError
+from recsvc.mechanisms import PARAMS
 from recsvc.staging import check_out
 
 DEFAULT_DELTAS: tuple[float, ...] = tuple(round(0.1 * i, 10) for i in range(1, 21))  # 0.1 … 2.0
@@ -31,7 +32,7 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.1, 1.0, 3.0)  # the rows of Figures 16�
 DEFAULT_GAPS: tuple[float, ...] = (0.1, 1.0, 2.0, 5.0)  # their columns
 DEFAULT_GAMMAS: tuple[float, ...] = (0.5, 0.1, 0.05, 0.01, 0.001)  # Figure 15's ablation
 FIGURE_EPSILON, FIGURE_GAP, FIGURE_GAMMA = 0.1, 1.0, 0.01  # Figures 3 and 15 (q1 = 0, q2 = 1); γ of 3 and 17
-DEFAULT_BETA = 0.05
+DEFAULT_BETA = PARAMS["beta"].default  # gem / mgem's own
 # (baseline, mechanism): hg > 0 means ``mechanism`` beats ``baseline``. rs has one row per γ.
 PAIRS: tuple[tuple[str, str], ...] = (
     ("rnm", "rnmh"), ("rnm", "rs"), ("rnm", "gem"), ("rnm", "mgem"), ("gem", "mgem"),

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from recsvc.mechanisms import MECHANISMS, select, select_batch, select_slate, select_two_stage
+from recsvc.mechanisms import MECHANISMS, PARAMS, select, select_batch, select_slate, select_two_stage
 from recsvc.mechanisms.gem import gem_t, q_prime, q_prime_naive
 from recsvc.rng import csprng, user_stream
 
@@ -30,7 +30,7 @@ N = 500
 N_CATALOG = 20_720  # ml20m-shape's catalog
 SCALE_MECHANISMS = ("rnm", "mgem", "combined_gem")
 SLATE_K = 10
-GAMMA = 0.008
+GAMMA = PARAMS["gamma"].default  # the floor's draw count depends on it
 
 
 def _floor_draw(name: str, rng: np.random.Generator, trials: int) -> None:
@@ -52,6 +52,8 @@ def _floor_draw(name: str, rng: np.random.Generator, trials: int) -> None:
         k = int((rng.geometric(GAMMA, trials) if name == "rs" else rng.logseries(1 - GAMMA, trials)).sum())
         rng.integers(0, N, k)
         rng.laplace(0.0, 1.0, k)
+    else:
+        raise ValueError(f"no noise floor for mechanism {name!r}; add the draws it makes to _floor_draw")
 
 
 def _time(fn: Callable[[], object], repeat: int) -> float:
@@ -131,7 +133,7 @@ def main() -> None:
         floor = time.perf_counter() - t0
         print(f"{name:<13} {best * 1e6:>8.1f} {lat * 1e6:>10.1f} {batch:>9.3f} {floor:>9.3f} {batch / floor:>6.2f}", flush=True)
 
-    t = gem_t(N, 1.0, 0.05)
+    t = gem_t(N, 1.0, PARAMS["beta"].default)
     q_prime(q, d, t)
     fast = statistics.median(_time(lambda: q_prime(q, d, t), 500) for _ in range(args.rounds))
     naive = statistics.median(_time(lambda: q_prime_naive(q, d, t), 50) for _ in range(args.rounds))

@@ -26,7 +26,9 @@ Two load generators, both in every run:
 Every server runs in its own process. Every row also reports the CPU time the server processes
 and the client used per request, and the cores they used together (QPS × CPU per request), so a
 reader can see when a run is against the machine's ceiling (all cores busy).
-Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``
+Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``;
+``--batch [--workers N]``: SelectBatch (100 rnm items of 500 candidates per batch) vs single Select
+in selections/s, same server and run (python client).
 (``apt-get install nghttp2-client`` for h2load; without it only the python rows are measured).
 """
 
@@ -50,6 +52,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 METHOD = "/recsvc.v1.PrivateSelection/Select"
+BATCH_METHOD = "/recsvc.v1.PrivateSelection/SelectBatch"
 N_CANDIDATES = 500
 
 
@@ -200,16 +203,17 @@ class Server:
 # ----------------------------------------------------------------------------- client
 
 
-async def load(port: int, bodies: list[bytes], concurrency: int, channels: int = 4) -> dict[str, float]:
+async def load(port: int, bodies: list[bytes], concurrency: int, channels: int = 4,
+               method: str = METHOD) -> dict[str, float]:
     import grpc
 
     # A local subchannel pool per channel: otherwise grpc shares ONE TCP connection among all
     # channels to the same target, and SO_REUSEPORT would hand every request to one worker.
     chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
              for _ in range(channels)]
-    calls = [c.unary_unary(METHOD) for c in chans]  # raw bytes in and out: minimal client CPU
-    for call in calls:  # warm up every connection
-        await call(_fresh(bodies[0]))
+    calls = [c.unary_unary(method) for c in chans]  # raw bytes in and out: minimal client CPU
+    for call in calls:  # warm up every connection (a batch's warm-up replays: nothing new charged)
+        await call(_fresh(bodies[0]) if method == METHOD else bodies[0])
     latencies = np.empty(len(bodies))
     nxt = 0
 
@@ -340,6 +344,51 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
     return results
 
 
+def batch_bodies(batches: int, size: int, seed: int) -> list[bytes]:
+    """Serialized SelectBatchRequests of ``size`` fresh rnm items each (every item a new charge)."""
+    from recsvc.v1 import selection_pb2 as pb
+
+    items = [pb.SelectRequest.FromString(b) for b in payloads(size, "rnm", seed=seed)]
+    out = []
+    for _ in range(batches):
+        for it in items:
+            it.request_id = uuid.uuid4().hex
+        out.append(pb.SelectBatchRequest(requests=items).SerializeToString())
+    return out
+
+
+def run_batch(quick: bool, workers: int, size: int = 100) -> dict:
+    """SelectBatch (``size`` rnm items of n = 500 per batch) vs single Select, same server, same run."""
+    n_single, n_batches = (600, 30) if quick else (3000, 150)
+    results: dict = {"n_candidates": N_CANDIDATES, "batch_size": size, "workers": workers,
+                     "loadavg_before": os.getloadavg(), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as td:
+        tmp = Path(td)
+        srv = Server("sync", bench_artifact(tmp / "art"), tmp, workers)
+        try:
+            for rep in range(2):  # alternated twice: a drift of the shared machine hits both alike
+                for kind, conc in (("Select", 8), ("Select", 32), ("SelectBatch", 4), ("SelectBatch", 8)):
+                    if kind == "Select":
+                        bodies, method, per = payloads(n_single, "rnm", seed=rep), METHOD, 1
+                    else:
+                        bodies, method, per = batch_bodies(n_batches, size, seed=rep), BATCH_METHOD, size
+                    cpu0 = srv.cpu_seconds()
+                    r = asyncio.run(load(srv.port, bodies, conc, channels=min(conc, 8), method=method))
+                    row = {"rpc": kind, "concurrency": conc, "selections_per_s": r["qps"] * per,
+                           "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
+                           "server_cpu_us_per_selection": (srv.cpu_seconds() - cpu0) / (len(bodies) * per) * 1e6}
+                    results["runs"].append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            srv.stop()
+    best = {k: max(r["selections_per_s"] for r in results["runs"] if r["rpc"] == k) for k in ("Select", "SelectBatch")}
+    results["summary"] = {**{f"best_{k}_selections_per_s": v for k, v in best.items()},
+                          "batch_over_single": best["SelectBatch"] / best["Select"],
+                          "loadavg_after": os.getloadavg()}
+    print(json.dumps(results["summary"], indent=2), flush=True)
+    return results
+
+
 def _children_cpu() -> float:
     """User + system CPU of this process's finished children (the h2load runs)."""
     import resource
@@ -382,9 +431,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--batch", action="store_true",
+                    help="only SelectBatch (100 rnm items/batch) vs single Select, python client (issue #13)")
+    ap.add_argument("--workers", type=int, default=1, help="server worker processes for --batch (default 1)")
     ap.add_argument("--clients", default="h2load,python",
                     help="load generators, comma-separated (default: h2load,python)")
     args = ap.parse_args()
+    if args.batch:
+        res = run_batch(args.quick, args.workers)
+        if args.json:
+            args.json.write_text(json.dumps(res, indent=2))
+        return 0
     clients = tuple(c for c in args.clients.split(",") if c)
     if not clients or set(clients) - {"h2load", "python"}:
         ap.error(f"--clients must name h2load and/or python, got {args.clients!r}")

@@ -16,6 +16,14 @@ if [ ! -e /usr/include/suitesparse/cholmod.h ] || ! dpkg -s libopenblas0-pthread
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libsuitesparse-dev libopenblas0-pthread >/dev/null
 fi
 
+# PostgreSQL server binaries: the ledger tests start a throwaway cluster from /usr/lib/postgresql/*/bin.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    echo "[setup] installing postgresql"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv"
     "$PY" -m venv .venv

@@ -1,7 +1,7 @@
 """Fixtures shared by several test modules.
 
 Import style: helper modules in tests/ (``data_prep_fixtures``, ``eval_fixtures``,
-``mechanisms_audit``, ``mechanisms_reference``, ``service_fixtures``) are imported by their bare
+``mechanisms_audit``, ``mechanisms_reference``, ``pg_fixtures``, ``service_fixtures``) are imported by their bare
 names. tests/ has no ``__init__.py``, so pytest's default import mode puts tests/ itself first on
 sys.path; nothing imports ``tests.…``, because an installed distribution that ships a top-level
 ``tests`` package (diffprivlib does) would shadow this directory under that name. Test modules
@@ -10,10 +10,12 @@ never import each other: shared helpers live in the helper modules.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pg_fixtures import Cluster, pg_bin, remove_cluster, start_cluster
 from service_fixtures import make_artifact, make_certs
 
 
@@ -27,3 +29,16 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Throwaway CA, server and client certificates (file name → path)."""
     return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """One throwaway PostgreSQL cluster for the whole run (skipped only without PostgreSQL's binaries,
+    which scripts/setup.sh installs)."""
+    if pg_bin() is None:
+        pytest.skip("PostgreSQL server binaries not found under /usr/lib/postgresql/*/bin (run scripts/setup.sh)")
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        remove_cluster(cluster)

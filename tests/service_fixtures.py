@@ -96,10 +96,11 @@ class ServerProcess:
 
 
 @contextmanager
-def server_process(artifacts: Path, ledger: Path, *extra: str, port: int = 0,
-                   timeout: float = 60.0) -> Iterator[ServerProcess]:
-    """`recsvc serve` as a real subprocess; yields once it printed its listening line."""
-    log_path = ledger.with_suffix(f".{time.monotonic_ns()}.log")
+def server_process(artifacts: Path, ledger: Path | str, *extra: str, port: int = 0,
+                   timeout: float = 60.0, log_path: Path | None = None) -> Iterator[ServerProcess]:
+    """`recsvc serve` as a real subprocess; yields once it printed its listening line. A PostgreSQL
+    ``ledger`` URL needs ``log_path``."""
+    log_path = log_path or Path(ledger).with_suffix(f".{time.monotonic_ns()}.log")
     cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
            "--port", str(port), "--drain-delay", "0.3", *extra]
     with open(log_path, "w") as err:

@@ -22,16 +22,16 @@ def test_each_dataset_records_the_papers_gamma():
 
 
 def test_eval_uses_the_datas_gamma_unless_given(tmp_path):
-    assert run(EvalConfig(scenario="4", users=2, **QUICK)).config.gamma == 0.05
-    assert run(EvalConfig(scenario="sweep", users=2, level=0.3, **QUICK)).config.gamma == 0.05
+    assert run(EvalConfig(scenario="4", users=2, **QUICK)).config.params["gamma"] == 0.05
+    assert run(EvalConfig(scenario="sweep", users=2, level=0.3, **QUICK)).config.params["gamma"] == 0.05
     netflix = make_artifact(tmp_path / "nf", users=3, manifest={"default_gamma": 0.0008})
     old = make_artifact(tmp_path / "old", users=3)  # built before the field existed
     res = run(EvalConfig(artifacts=netflix, out=tmp_path / "r", **QUICK))
-    assert res.config.gamma == 0.0008 and "γ=0.0008" in (res.out / "report.md").read_text()
-    assert json.loads((res.out / "summary.json").read_text())["config"]["gamma"] == 0.0008
-    assert run(EvalConfig(artifacts=old, **QUICK)).config.gamma == 0.008  # the mechanism's default
-    assert run(EvalConfig(artifacts=netflix, gamma=0.2, **QUICK)).config.gamma == 0.2
-    assert run(EvalConfig(scenario="4", users=2, gamma=0.2, **QUICK)).config.gamma == 0.2
+    assert res.config.params["gamma"] == 0.0008 and "γ=0.0008" in (res.out / "report.md").read_text()
+    assert json.loads((res.out / "summary.json").read_text())["config"]["params"]["gamma"] == 0.0008
+    assert run(EvalConfig(artifacts=old, **QUICK)).config.params["gamma"] == 0.008  # the mechanism's default
+    assert run(EvalConfig(artifacts=netflix, params={"gamma": 0.2}, **QUICK)).config.params["gamma"] == 0.2
+    assert run(EvalConfig(scenario="4", users=2, params={"gamma": 0.2}, **QUICK)).config.params["gamma"] == 0.2
 
 
 def test_cli_gamma_flag_overrides_the_manifest(tmp_path, capsys):
@@ -40,7 +40,7 @@ def test_cli_gamma_flag_overrides_the_manifest(tmp_path, capsys):
         out = tmp_path / f"r{gamma}"
         assert recsvc_main(["eval", "--artifacts", str(art), "--out", str(out), "--mechanisms", "rs",
                             "--epsilons", "1", "--trials", "2", "--workers", "1", *extra]) == 0
-        assert json.loads((out / "summary.json").read_text())["config"]["gamma"] == gamma
+        assert json.loads((out / "summary.json").read_text())["config"]["params"]["gamma"] == gamma
 
 
 def test_manifest_default_gamma_is_optional_and_typed():

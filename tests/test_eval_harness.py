@@ -5,7 +5,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.config import EvalConfig, mechanism_params
+from eval.config import EvalConfig, mechanism_params, param_values
 from eval.outputs import summary
 from eval.run import run
 from eval.scenarios import scenario
@@ -148,16 +148,39 @@ def test_default_mechanisms_are_the_private_ones(toy):
 
 
 def test_each_mechanism_gets_only_its_own_parameters_and_exact_only_where_it_has_one():
-    cfg = EvalConfig(scenario="4", beta=0.1, gamma=0.02, exact=True)
+    cfg = EvalConfig(scenario="4", params={"beta": 0.1, "gamma": 0.02, "corr_budget_fraction": None}, exact=True)
     assert mechanism_params(cfg, "gem") == mechanism_params(cfg, "mgem") == {"beta": 0.1}
     assert mechanism_params(cfg, "rs") == mechanism_params(cfg, "rs_improved") == {"gamma": 0.02}
     assert mechanism_params(cfg, "combined_gem") == {"beta": 0.1}  # None: the mechanism's own default
-    assert mechanism_params(EvalConfig(scenario="4", corr_budget_fraction=0.5), "combined_gem") == {
-        "beta": 0.05, "corr_budget_fraction": 0.5}
+    assert mechanism_params(EvalConfig(scenario="4", params={"corr_budget_fraction": 0.5}), "combined_gem") == {
+        "corr_budget_fraction": 0.5}  # beta not given: combined_gem uses its own 0.05
     assert mechanism_params(cfg, "rnm") == mechanism_params(cfg, "rnmh") == {}
+    assert param_values(cfg) == {"gamma": 0.02, "beta": 0.1, "corr_budget_fraction": 0.6}
+    assert param_values(EvalConfig(scenario="4")) == {"gamma": 0.008, "beta": 0.05, "corr_budget_fraction": 0.6}
     ctx = make_context(cfg, ("rnm", "gem", "rs", "rnmh"))
     assert ctx.exact == {"rnm", "gem"}  # rs and rnmh have no exact probabilities
     assert make_context(EvalConfig(scenario="4"), ("rnm", "gem")).exact == frozenset()  # without --exact
+
+
+def test_given_parameters_reach_the_mechanisms_that_take_them():
+    """β and c given once in the config: gem and combined_gem run with them (exact MSE against the
+    mechanisms' own probabilities), rnm ignores them; the report names the values used."""
+    from eval.metrics import expected_stats
+    from eval.report import markdown
+    from eval.sources import ScenarioSource
+
+    cfg = EvalConfig(scenario="4", n=30, users=3, mechanisms=("rnm", "gem", "combined_gem"), epsilons=(1.0,),
+                     exact=True, params={"beta": 0.2, "corr_budget_fraction": 0.3}, progress=False, workers=1)
+    res = run(cfg)
+    chunk = ScenarioSource("4", 30, 3, 0, None).chunk(range(3))
+    for mech, kw in (("gem", {"beta": 0.2}), ("combined_gem", {"beta": 0.2, "corr_budget_fraction": 0.3}), ("rnm", {})):
+        want = np.mean([expected_stats(q, probabilities(mech, q, d, 1.0, **kw))[0]
+                        for q, d in zip(chunk.scores, chunk.sensitivities)])
+        assert _mse(res, mech, 1.0) == pytest.approx(want, rel=1e-12), mech
+    default_gem = np.mean([expected_stats(q, probabilities("gem", q, d, 1.0))[0]
+                           for q, d in zip(chunk.scores, chunk.sensitivities)])
+    assert abs(_mse(res, "gem", 1.0) - default_gem) > 1e-3 * default_gem  # β = 0.2 is not the default 0.05
+    assert "seed 0, β=0.2, γ=0.05, corr_budget_fraction=0.3, exact probabilities" in markdown(res)  # γ: scenario's
 
 
 @pytest.mark.parametrize("argv,match", [
@@ -167,6 +190,9 @@ def test_each_mechanism_gets_only_its_own_parameters_and_exact_only_where_it_has
     (["eval", "--artifacts", "{toy}", "--epsilons", "1", "0"], "ε must be a finite number > 0"),
     (["eval", "--artifacts", "{toy}", "--epsilons", "-1"], "ε must be"),
     (["eval", "--artifacts", "{toy}", "--trials", "0"], "trials must be an integer ≥ 1"),
+    (["eval", "--artifacts", "{toy}", "--beta", "1"], r"--beta must be in the open interval \(0, 1\), got 1\.0$"),
+    (["eval", "--artifacts", "{toy}", "--gamma", "1e-9"], r"--gamma must be at least 1e-06 .*got 1e-09$"),
+    (["eval-synthetic", "--scenario", "1", "--corr-budget-fraction", "0"], r"--corr-budget-fraction must be in"),
     (["eval-synthetic", "--scenario", "42"], "unknown scenario '42'"),
 ])
 def test_bad_input_fails_before_any_work(argv, match, toy, tmp_path, capsys):

@@ -19,8 +19,8 @@ MECHS = ("rnm", "krr", "random", "gem", "mgem", "rs", "rnmh")
 @pytest.fixture(scope="module")
 def fig18(tmp_path_factory):
     out = tmp_path_factory.mktemp("p") / "fig18"
-    cfg = EvalConfig(scenario="proportion", mechanisms=MECHS, epsilons=(2.0,), exact=True, trials=2000, gamma=0.05,
-                     progress=False, workers=1, out=out)
+    cfg = EvalConfig(scenario="proportion", mechanisms=MECHS, epsilons=(2.0,), exact=True, trials=2000,
+                     params={"gamma": 0.05}, progress=False, workers=1, out=out)
     return run_proportion(cfg)
 
 

@@ -50,6 +50,7 @@ EXACT_ONLY = {"recsvc"}  # the bare package, not every recsvc.* module
 IMPORT_NAME = {
     "grpcio": "grpc", "grpcio-health-checking": "grpc_health", "grpcio-reflection": "grpc_reflection",
     "protobuf": "google", "prometheus-client": "prometheus_client", "scikit-sparse": "sksparse",
+    "psycopg-pool": "psycopg_pool",
 }
 CORE_THIRD_PARTY = {"numpy", "scipy", "numba", "randomgen"}
 PART_EXTRA = {"service": "serve", "data_prep": "prep", "eval": "eval"}

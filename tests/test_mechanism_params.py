@@ -133,6 +133,9 @@ def test_flags_are_derived_from_the_specs():
     add_param_arguments(only, ["gamma"])
     assert params_from_namespace(only.parse_args([])) == {"gamma": None}
     assert flag("corr_budget_fraction") == "--corr-budget-fraction"
+    elsewhere = argparse.ArgumentParser()  # a command that supplies another default (eval: γ from the data)
+    add_param_arguments(elsewhere, ["gamma"], defaults={"gamma": "the data's"})
+    assert elsewhere._actions[-1].help.endswith("; taken by rs, rs_improved (default the data's, in [1e-06, 1))")
 
 
 def test_the_listing_shows_each_mechanisms_parameters(capsys):
@@ -272,3 +275,119 @@ def test_toy_passes_the_exact_privacy_audit(toy, epsilon):
 
 def test_toy_passes_the_statistical_privacy_audit(toy):
     assert statistical_audit("tempered_em", list(paper_pairs())[:3], 1.0, 300, alpha=1.0) <= 1.0
+
+
+# --- the toy is evaluable and servable: nothing but this module knows about it -------------------
+
+def _toy_scenario_1_mse(alpha: float, epsilon: float) -> float:
+    """Scenario 1 (n = 20): ten candidates score 1 (Δ 1.8), ten −1 (Δ 1). The toy picks a −1 with
+    probability 1 / (1 + e^{2u}), u = αε / (2 · 1.8), and then misses the best by 2."""
+    return 4.0 / (1.0 + math.exp(2.0 * alpha * epsilon / 3.6))
+
+
+def test_toy_is_evaluable_with_its_parameter_from_the_command_line(toy, tmp_path, capsys):
+    import polars as pl
+
+    out = tmp_path / "r"
+    argv = ["eval-synthetic", "--scenario", "1", "--n", "20", "--mechanisms", "rnm", "tempered_em",
+            "--epsilons", "0.5", "2", "--alpha", "0.25", "--exact", "--workers", "1", "--out", str(out)]
+    assert recsvc_main(argv) == 0, capsys.readouterr().err
+    rows = {(r["mechanism"], r["epsilon"]): r for r in pl.read_csv(out / "mse.csv").iter_rows(named=True)}
+    for eps, expected in ((0.5, 1.930583), (2.0, 1.723995)):
+        row = rows[("tempered_em", eps)]
+        assert row["method"] == "exact" and row["users"] == 1
+        assert row["mse_mean"] == pytest.approx(_toy_scenario_1_mse(0.25, eps), rel=1e-12)
+        assert row["mse_mean"] == pytest.approx(expected, abs=1e-6)
+    # α was passed through: at the default α = 0.5 the MSE at ε = 2 would be 1.458306.
+    assert _toy_scenario_1_mse(0.5, 2.0) == pytest.approx(1.458306, abs=1e-6)
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "β=0.05, γ=0.05, alpha=0.25" in report and "| tempered_em (exact) |" in report  # γ: the scenario's
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    assert summary["config"]["params"] == {"gamma": 0.05, "beta": 0.05, "corr_budget_fraction": 0.6, "alpha": 0.25}
+    assert summary["mechanisms"] == ["rnm", "tempered_em"]
+
+
+def test_toy_is_run_by_default_and_its_parameter_is_checked_by_eval(toy, tmp_path, capsys):
+    from eval.config import EvalConfig, validate
+
+    assert "tempered_em" in validate(EvalConfig(scenario="1"))  # a private mechanism: in the default set
+    out = tmp_path / "r"
+    assert recsvc_main(["eval-synthetic", "--scenario", "1", "--alpha", "1.5", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("recsvc eval-synthetic: error: --alpha must be in the interval "
+                                               "(0, 1], got 1.5")
+    assert not out.exists()
+
+
+def test_eval_refuses_the_toy_parameter_once_the_toy_is_gone():
+    from eval.config import EvalConfig, validate
+
+    with pytest.raises(MechanismInputError, match=r"unknown mechanism parameter\(s\) alpha; "
+                                                  r"expected only gamma, beta, corr_budget_fraction$"):
+        validate(EvalConfig(scenario="1", params={"alpha": 0.5}))
+
+
+def test_toy_is_servable_through_grpc_and_charges_the_ledger(toy, artifact, tmp_path, capsys):
+    from service_fixtures import candidates
+
+    from recsvc.service.client import Client
+    from recsvc.service.config import ServerConfig
+    from recsvc.service.server import start
+
+    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0))
+    try:
+        target = f"127.0.0.1:{handle.port}"
+        cands = candidates(10)
+        with Client(target, retries=0) as c:
+            listed = {m.name: m for m in c.mechanisms().mechanisms}
+            assert listed["tempered_em"].private and listed["tempered_em"].allowed
+            r = c.select("toy-user", cands, mechanism="tempered_em", epsilon=0.5, request_id="t1")
+            assert (r.mechanism, r.epsilon_spent, r.replayed) == ("tempered_em", 0.5, False)
+            assert r.item_id in dict(cands) and r.budget_remaining == pytest.approx(1.5)
+            again = c.select("toy-user", cands, mechanism="tempered_em", epsilon=0.5, request_id="t1")
+            assert (again.item_id, again.replayed) == (r.item_id, True)  # a retry: the stored answer
+            # The proto has no field for α: the client refuses to drop it silently, nothing is sent.
+            with pytest.raises(ValueError, match=r"'alpha' cannot be sent: SelectRequest has fields only for "
+                                                 r"gamma, beta, corr_budget_fraction$"):
+                c.select("toy-user", cands, mechanism="tempered_em", epsilon=0.5, alpha=0.3)
+        assert handle.ledger.user("toy-user").spent == pytest.approx(0.5)
+        assert handle.ledger.user("toy-user").requests == 1
+        # ... and through `recsvc select`.
+        argv = ["select", "--target", target, "--user", "toy-cli", "--mechanism", "tempered_em", "--epsilon", "0.25",
+                *[a for i, s in cands for a in ("--candidate", f"{i}:{s}")]]
+        assert recsvc_main(argv) == 0
+        answer = json.loads(capsys.readouterr().out)
+        assert answer["mechanism"] == "tempered_em" and answer["epsilon_spent"] == 0.25
+        assert handle.ledger.user("toy-cli").spent == pytest.approx(0.25)
+        assert recsvc_main([*argv, "--alpha", "0.3"]) == 2  # its flag exists, but the request cannot carry it
+        assert "'alpha' cannot be sent: SelectRequest has fields only for" in capsys.readouterr().err
+        assert handle.ledger.user("toy-cli").spent == pytest.approx(0.25)
+    finally:
+        handle.stop(grace=1)
+
+
+def test_the_servers_toy_draws_follow_its_distribution(toy, artifact, tmp_path):
+    """The served answer is the toy's sample: 600 selections through gRPC, χ² against its exact
+    probabilities on the clipped scores (the raw ones lie outside [lo, hi])."""
+    from recsvc.artifact import load_artifact
+    from recsvc.service.client import Client
+    from recsvc.service.config import ServerConfig
+    from recsvc.service.server import start
+
+    items = load_artifact(artifact).items
+    ids = ["it3", "it7", "it11", "it20"]
+    rows = [items["item_id"].to_list().index(i) for i in ids]
+    lo, hi, sens = (items[c].to_numpy()[rows] for c in ("lo", "hi", "sensitivity"))
+    raw = np.array([hi[0] + 5.0, lo[1] - 5.0, 0.5 * (lo[2] + hi[2]), hi[3]])
+    expected = probabilities("tempered_em", np.clip(raw, lo, hi), sens, 6.0)
+    assert expected.max() / expected.min() > 1.5  # far from uniform: the test can tell
+    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
+    try:
+        with Client(f"127.0.0.1:{handle.port}", retries=0) as c:
+            reqs = [c.select_request(f"toy-{t}", list(zip(ids, raw)), mechanism="tempered_em", epsilon=6.0)
+                    for t in range(600)]
+            results = c.select_batch(reqs[:300]) + c.select_batch(reqs[300:])
+    finally:
+        handle.stop(grace=1)
+    assert all(r.WhichOneof("outcome") == "response" and r.response.mechanism == "tempered_em" for r in results)
+    counts = np.bincount([ids.index(r.response.item_id) for r in results], minlength=len(ids))
+    assert chisquare_pvalue(counts, expected) > 1e-4

@@ -179,6 +179,38 @@ def test_over_budget_is_resource_exhausted_and_spends_nothing(client: Client, se
     assert (b.spent, b.remaining, b.requests, b.budget) == (pytest.approx(BUDGET), pytest.approx(0.0), 2, BUDGET)
 
 
+def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_command_line(
+        client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """Each parameter travels in its optional proto field (None: not sent, the mechanism's default)."""
+    import json
+
+    import recsvc.service.selection as selection_module
+    from recsvc.app.cli import main as recsvc_main
+
+    seen: list[tuple[str, dict]] = []
+    real_slate = selection_module.select_slate  # every served draw (k = 1 included) goes through it
+    monkeypatch.setattr(selection_module, "select_slate",
+                        lambda name, *a, **k: seen.append((name, k)) or real_slate(name, *a, **k))
+    given = lambda kw: {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}  # noqa: E731
+    client.select("param-user", candidates(), mechanism="combined_gem", epsilon=0.5, beta=0.2,
+                  corr_budget_fraction=0.3, gamma=None)
+    client.recommend("param-user", ["it0", "it5"], mechanism="rs", epsilon=0.5, num_candidates=5, gamma=0.25)
+    argv = ["select", "--target", f"127.0.0.1:{server.port}", "--user", "param-user", "--candidate", "it1:0.5",
+            "--candidate", "it2:0.7", "--mechanism", "gem", "--epsilon", "0.5", "--beta", "0.125"]
+    assert recsvc_main(argv) == 0 and json.loads(capsys.readouterr().out)["mechanism"] == "gem"
+    assert [(name, given(kw)) for name, kw in seen] == [
+        ("combined_gem", {"beta": 0.2, "gamma": None, "corr_budget_fraction": 0.3}),
+        ("rs", {"beta": None, "gamma": 0.25, "corr_budget_fraction": None}),
+        ("gem", {"beta": 0.125, "gamma": None, "corr_budget_fraction": None}),
+    ]
+    assert recsvc_main([*argv[:-2], "--beta", "1"]) == 2  # checked by the server, before the ledger
+    assert "INVALID_ARGUMENT: beta must be in the open interval (0, 1), got 1.0" in capsys.readouterr().err
+    assert server.ledger.user("param-user").spent == pytest.approx(1.5) and len(seen) == 3
+    with pytest.raises(ValueError, match=r"'delta' cannot be sent: RecommendRequest has fields only for "
+                                         r"gamma, beta, corr_budget_fraction$"):
+        client.recommend("param-user", ["it0"], mechanism="rs", epsilon=0.5, delta=0.1)
+
+
 def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> None:
     """The output distribution matches the exact em probabilities of the CLIPPED scores.
 

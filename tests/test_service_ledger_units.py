@@ -145,9 +145,9 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10
-    while led._flights.get(("u", "dup"), [None, 0])[1] < 12 and time.monotonic() < deadline:
+    while led._flights.waiting(("u", "dup")) < 12 and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert led._flights[("u", "dup")][1] == 12 and len(draws) == 1  # all twelve in flight, one drawing
+    assert led._flights.waiting(("u", "dup")) == 12 and len(draws) == 1  # all twelve in flight, one drawing
     release.set()
     for t in threads:
         t.join(10)
@@ -155,4 +155,4 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
     assert {c.response for c in out} == {b"sample-1|4.500"}
     assert sorted(c.replayed for c in out) == [False] + [True] * 11
     assert (led.user("u").requests, led.user("u").spent_units) == (1, 500_000_000_000)
-    assert led._flights == {}  # no per-request lock is left behind
+    assert led._flights._flights == {}  # no per-request lock is left behind

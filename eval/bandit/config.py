@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eval.bandit.environment import Arms
 from recsvc.checks import ParamError, check_int
+from recsvc.mechanisms import check_params
 from recsvc.engines import resolve_workers
 from recsvc.staging import check_out
 
@@ -45,8 +46,12 @@ class BanditConfig:
         return self.epsilon_krr if policy == "krr" else self.epsilon_select
 
     def params_of(self, policy: str) -> dict[str, float]:
-        """The mechanism parameters a private policy selects with."""
-        return {"gem": {"beta": self.beta}, "mgem": {"beta": self.beta}, "rs": {"gamma": self.gamma}}.get(policy, {})
+        """The mechanism parameters a private policy selects with: the ones its mechanism declares."""
+        from recsvc.mechanisms import params_of
+
+        mechanism = POLICIES.get(policy)
+        own = {"beta": self.beta, "gamma": self.gamma}
+        return {} if mechanism is None else {k: v for k, v in own.items() if k in params_of(mechanism)}
 
 
 def _positive(param: str, value: object) -> None:
@@ -65,10 +70,7 @@ def validate(cfg: BanditConfig) -> None:
     check_int("window", cfg.window, 1)
     for name in ("alpha", "epsilon_select", "epsilon_krr", "epsilon_means", "epsilon_pair"):
         _positive(name, getattr(cfg, name))
-    for name in ("beta", "gamma"):
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1:
-            raise ParamError(f"{{{name}}} must be in the open interval (0, 1), got {{value}}", value=repr(v))
+    check_params({"beta": cfg.beta, "gamma": cfg.gamma})  # their specs' ranges (a MechanismParamError names them)
     unknown = [p for p in cfg.policies if p not in POLICIES]
     if unknown or not cfg.policies or len(set(cfg.policies)) != len(cfg.policies):
         raise ParamError("{policies} must be distinct names among {known}, got {got}",

@@ -33,7 +33,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 # The install extra each command needs beyond the base install (pyproject.toml; README).
 EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "eval-bandit": "eval",
          "eval-two-candidates": "eval", "serve": "serve", "select": "serve",
-         "budget": "serve", "demo": "all"}
+         "budget": "serve", "ledger": "serve", "demo": "all"}
 PROJECT_PACKAGES = ("recsvc", "data_prep", "eval")
 
 
@@ -53,8 +53,11 @@ def flag_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
     """Parameter name → the subcommand's flag for it (``out`` → ``--out``): its first long
     option, so an alias (``--users``/``--repeats``) is shown by the name the help lists first."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    actions = list(sub.choices[command]._actions)
+    for nested in [a for a in actions if isinstance(a, argparse._SubParsersAction)]:  # `ledger init`, ...
+        actions += [a for p in nested.choices.values() for a in p._actions]
     return {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
-            for a in sub.choices[command]._actions if a.option_strings}
+            for a in actions if a.option_strings}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,6 +4,7 @@ Public API::
 
     from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities
     from recsvc.mechanisms import select_slate, select_two_stage  # k-item slates, private top-m
+    from recsvc.mechanisms import select_rows  # one selection per row of a batch, one Generator
 
 All functions take ALREADY CLIPPED scores (clip each score to its item's [lo, hi] first: that
 is what makes Δ_a a true bound) and validate their input before drawing any randomness. Each
@@ -31,6 +32,7 @@ from recsvc.mechanisms.registry import (
     takers,
     unregister,
 )
+from recsvc.mechanisms.rows import select_rows
 from recsvc.mechanisms.slate import select_slate, slate_log_probabilities, slate_probabilities
 from recsvc.mechanisms.two_stage import select_two_stage, two_stage_log_probabilities, two_stage_probabilities
 from recsvc.mechanisms.validation import MechanismInputError, MechanismParamError
@@ -58,6 +60,7 @@ __all__ = [
     "registered",
     "select",
     "select_batch",
+    "select_rows",
     "select_slate",
     "select_two_stage",
     "slate_log_probabilities",

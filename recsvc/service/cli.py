@@ -1,4 +1,4 @@
-"""`recsvc serve`, `recsvc select`, `recsvc budget` (see recsvc/app/cli.py for the registration contract)."""
+"""`recsvc serve`, `recsvc ledger init|migrate`, `recsvc select`, `recsvc budget` (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.checks import check_regular_file
+from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
 from recsvc.service.config import ServerConfig, default
+from recsvc.service.ledger_base import is_postgres
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 
@@ -23,7 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--artifacts", type=Path, required=True, help="artifact directory, e.g. artifacts/ml-100k")
     p.add_argument("--host", default=default("host"))
     p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
-    p.add_argument("--ledger", type=Path, default=default("ledger"), help="SQLite privacy ledger (created if missing)")
+    p.add_argument("--ledger", type=ledger_arg, default=default("ledger"),
+                   help="privacy ledger: an SQLite file (created if missing) or a PostgreSQL URL "
+                        "postgresql://USER@HOST:PORT/DB shared by replicas (prepare it with `recsvc ledger init`)")
+    p.add_argument("--ledger-pool", type=int, default=default("ledger_pool"),
+                   help="PostgreSQL connections per process (default %(default)s)")
     p.add_argument("--fingerprint-key", type=Path, default=default("fingerprint_key"), metavar="FILE",
                    help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
                         "on first start; never stored in the ledger)")
@@ -69,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)")
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default=default("metrics_host"))
-    p.add_argument("--allow-non-private", action="store_true", help="accept rnmh (NOT differentially private)")
+    not_dp = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
+    p.add_argument("--allow-non-private", action="store_true", help=f"accept {not_dp} (NOT differentially private)")
     p.add_argument("--grace", type=float, default=default("grace"), help="seconds in-flight calls get on SIGTERM")
     p.add_argument("--drain-delay", type=float, default=default("drain_delay"),
                    help="seconds of NOT_SERVING before the port closes")
@@ -85,12 +92,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--mechanism", default="", help="mechanism name or 'auto' (default: the server's default)")
     s.add_argument("--epsilon", type=float, required=True)
     s.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
-    s.add_argument("--beta", type=float)
-    s.add_argument("--gamma", type=float)
-    s.add_argument("--corr-budget-fraction", type=float)
+    add_param_arguments(s)  # --beta, --gamma, --corr-budget-fraction (unset: the mechanism's default)
     s.add_argument("--k", type=int, default=0,
                    help="slate size: k distinct items in selection order, ε charged once (default: one item)")
     s.set_defaults(func=run_select)
+
+    led = sub.add_parser("ledger", help="prepare or migrate a privacy ledger (PostgreSQL or SQLite)",
+                         description="Create a ledger and store the settings every replica must share, or "
+                                     "apply pending schema migrations.")
+    led_sub = led.add_subparsers(dest="ledger_command", required=True)
+    init = led_sub.add_parser("init", help="create the ledger (idempotent; refuses other settings)")
+    init.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
+    init.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
+    init.add_argument("--fingerprint-key", type=Path, metavar="FILE",
+                      help="fingerprint key file, created with mode 0600 if missing (required for PostgreSQL; "
+                           "SQLite default: <ledger>.key); copy it to every replica")
+    init.set_defaults(func=run_ledger_init)
+    mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
+    mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
+    mig.set_defaults(func=run_ledger_migrate)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
     _client_args(b)
@@ -111,6 +131,38 @@ def run_serve(args: argparse.Namespace) -> int:
     from recsvc.service.server import serve
 
     return serve(ServerConfig(**{f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}))
+
+
+def ledger_arg(text: str) -> Path | str:
+    """A PostgreSQL URL stays a string (Path would fold its '//'); anything else is a file path."""
+    return text if is_postgres(text) else Path(text)
+
+
+def _ledger_config(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(artifacts=Path("."), ledger=args.ledger, budget=args.budget,
+                        fingerprint_key=args.fingerprint_key).check()
+
+
+def run_ledger_init(args: argparse.Namespace) -> int:
+    from recsvc.service.ledger_store import open_store
+
+    config = _ledger_config(args)
+    store = open_store(config.ledger, config.budget, config.key_path, pool_size=1, create=True)
+    store.close()
+    where = getattr(store, "where", str(config.ledger))
+    print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user, fingerprint key {config.key_path})")
+    return 0
+
+
+def run_ledger_migrate(args: argparse.Namespace) -> int:
+    from recsvc.service.ledger_pg import migrate_url
+
+    if not is_postgres(args.ledger):
+        raise ValueError(f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
+                         "expected a PostgreSQL URL postgresql://USER@HOST:PORT/DB")
+    where, before, after = migrate_url(args.ledger)
+    print(f"recsvc ledger: {where} schema version {before} -> {after}")
+    return 0
 
 
 def parse_candidate(text: str) -> tuple[str, float]:
@@ -188,8 +240,7 @@ def run_select(args: argparse.Namespace) -> int:
     with _client(args) as client:
         try:
             r = client.select(args.user, cands, mechanism=args.mechanism, epsilon=args.epsilon,
-                              request_id=args.request_id, beta=args.beta, gamma=args.gamma,
-                              corr_budget_fraction=args.corr_budget_fraction, k=args.k)
+                              request_id=args.request_id, k=args.k, **params_from_namespace(args))
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
     json.dump({"item_id": r.item_id, "item_ids": list(r.item_ids), "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError
+from recsvc.mechanisms import PARAM_NAMES
 from recsvc.service.auth import channel_credentials
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -37,9 +38,18 @@ def _columns(cands: Candidates) -> dict[str, list]:
     return {"item_ids": [str(i) for i, _ in pairs], "scores": [float(s) for _, s in pairs]}
 
 
-def _optional(beta: float | None, gamma: float | None, c: float | None) -> dict[str, float]:
-    given = {"beta": beta, "gamma": gamma, "corr_budget_fraction": c}
-    return {k: v for k, v in given.items() if v is not None}
+def param_fields(message: Any, params: Mapping[str, float | None]) -> dict[str, float | None]:
+    """Mechanism parameters (``beta=0.1``; None: the mechanism's default, not sent) as keyword
+    fields of ``message`` (e.g. ``pb.SelectRequest``): every registered parameter the message has
+    an optional field for. The server checks the values; a value the message cannot carry is
+    refused here rather than silently dropped."""
+    fields = message.DESCRIPTOR.fields_by_name
+    sendable = [name for name in PARAM_NAMES if name in fields]
+    refused = [name for name, value in params.items() if value is not None and name not in sendable]
+    if refused:
+        raise ValueError(f"mechanism parameter(s) {', '.join(map(repr, refused))} cannot be sent: "
+                         f"{message.DESCRIPTOR.name} has fields only for {', '.join(sendable)}")
+    return {k: v for k, v in params.items() if v is not None}
 
 
 class Client:
@@ -91,18 +101,19 @@ class Client:
 
     def select_request(
         self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-        request_id: str | None = None, beta: float | None = None, gamma: float | None = None,
-        corr_budget_fraction: float | None = None, k: int = 0,
+        request_id: str | None = None, k: int = 0, **params: float | None,
     ) -> pb.SelectRequest:
+        """A SelectRequest; ``params``: mechanism parameters (``beta=0.1``, see :func:`param_fields`)."""
         return pb.SelectRequest(
             user_id=user_id, **_columns(candidates), mechanism=mechanism, epsilon=epsilon,
-            request_id=request_id or uuid.uuid4().hex, **_optional(beta, gamma, corr_budget_fraction), k=k,
+            request_id=request_id or uuid.uuid4().hex, k=k, **param_fields(pb.SelectRequest, params),
         )
 
     def select(self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
                request_id: str | None = None, k: int = 0, **params: float | None) -> pb.SelectResponse:
         """One private selection, or a slate of ``k`` distinct items (ε charged once in total);
-        returns the SelectResponse (item_id, item_ids, mechanism, epsilon_spent, ...)."""
+        returns the SelectResponse (item_id, item_ids, mechanism, epsilon_spent, ...). ``params``:
+        mechanism parameters, e.g. ``beta=0.1`` (None or absent: the mechanism's default)."""
         req = self.select_request(user_id, candidates, mechanism, epsilon, request_id, k=k, **params)
         return self._call(self.stub.Select, req)
 
@@ -111,18 +122,17 @@ class Client:
         return list(self._call(self.stub.SelectBatch, pb.SelectBatchRequest(requests=requests)).results)
 
     def recommend(self, user_id: str, history: Iterable[str], mechanism: str = "", epsilon: float = 1.0,
-                  request_id: str | None = None, num_candidates: int = 0, beta: float | None = None,
-                  gamma: float | None = None, corr_budget_fraction: float | None = None, k: int = 0,
-                  candidate_fraction: float | None = None) -> pb.SelectResponse:
+                  request_id: str | None = None, num_candidates: int = 0, k: int = 0,
+                  candidate_fraction: float | None = None, **params: float | None) -> pb.SelectResponse:
         """Server-side SANSA over the full catalog, then a private selection (or ``k``-item slate)
         among every item, seen ones included (drop them yourself: free post-processing). With
         ``candidate_fraction``, a private top-``num_candidates`` stage spends that share of ε
-        first; ε is charged once in total."""
+        first; ε is charged once in total. ``params`` as for :meth:`select`."""
         extra = {} if candidate_fraction is None else {"candidate_fraction": candidate_fraction}
         req = pb.RecommendRequest(
             user_id=user_id, history=[str(h) for h in history], mechanism=mechanism, epsilon=epsilon,
             request_id=request_id or uuid.uuid4().hex, num_candidates=num_candidates, k=k,
-            **_optional(beta, gamma, corr_budget_fraction), **extra,
+            **param_fields(pb.RecommendRequest, params), **extra,
         )
         return self._call(self.stub.Recommend, req)
 

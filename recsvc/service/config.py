@@ -11,6 +11,7 @@ from pathlib import Path
 
 from recsvc.checks import ParamError
 from recsvc.service.fingerprint_key import default_path as default_key_path
+from recsvc.service.ledger_base import is_postgres
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units
 
 AUTO = "auto"
@@ -42,7 +43,8 @@ class ServerConfig:
     artifacts: Path
     host: str = "127.0.0.1"
     port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
-    ledger: Path = Path("ledger.db")
+    ledger: Path | str = Path("ledger.db")  # an SQLite file, or a PostgreSQL URL (str) shared by replicas
+    ledger_pool: int = 8  # PostgreSQL connections per process (see README "Running several replicas")
     fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
     budget: float = 10.0  # per-user ε under basic composition
     default_mechanism: str = Policy.default_mechanism
@@ -76,6 +78,8 @@ class ServerConfig:
     @property
     def key_path(self) -> Path:
         """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
+        if self.fingerprint_key is None and is_postgres(self.ledger):
+            return Path("")  # refused by check(): replicas must name their shared key file
         return self.fingerprint_key or default_key_path(self.ledger)
 
     @property
@@ -88,6 +92,10 @@ class ServerConfig:
             (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
             (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
             (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
+            (self.ledger_pool >= 1, "{ledger_pool} must be >= 1, got {got}", {"got": self.ledger_pool}),
+            (not is_postgres(self.ledger) or self.fingerprint_key is not None,
+             "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "
+             "with the same key file (created by `recsvc ledger init`)", {}),
             (self.heavy_draws >= 1 and self.heavy_draw_threads >= 1,
              "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
              {"got": f"{self.heavy_draws} and {self.heavy_draw_threads}"}),

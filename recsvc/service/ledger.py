@@ -36,65 +36,15 @@ from typing import TypeVar
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
+from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, RequestConflict,
+                                        UserBudget, verdict)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
-from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, format_units, to_epsilon
+from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
 
-__all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "RequestConflict", "UserBudget",
-           "check_path", "remove_files"]
+__all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "LedgerUnavailable", "RequestConflict",
+           "UserBudget", "check_path", "remove_files"]
 
 S = TypeVar("S")
-
-
-class LedgerError(Exception):
-    """Base class of the ledger's refusals (nothing was spent)."""
-
-
-class BudgetExceeded(LedgerError):
-    def __init__(self, user_id: str, units: int, spent_units: int, budget_units: int) -> None:
-        self.user_id, self.units, self.spent_units, self.budget_units = user_id, units, spent_units, budget_units
-        super().__init__(
-            f"privacy budget exhausted for user {user_id!r}: requested epsilon={format_units(units)} but only "
-            f"{format_units(max(budget_units - spent_units, 0))} of {format_units(budget_units)} remains; "
-            "nothing was spent"
-        )
-
-
-class RequestConflict(LedgerError):
-    def __init__(self, user_id: str, request_id: str) -> None:
-        super().__init__(
-            f"request_id {request_id!r} was already used for user {user_id!r} with different "
-            "parameters; a retry must repeat the request exactly, a new request needs a new request_id"
-        )
-
-
-@dataclass(frozen=True)
-class Charge:
-    """Outcome of :meth:`Ledger.charge`: the stored response bytes and whether it is a replay."""
-
-    response: bytes
-    replayed: bool
-
-
-@dataclass(frozen=True)
-class UserBudget:
-    """A user's account in exact units; the float properties are for display (and the wire)."""
-
-    user_id: str
-    budget_units: int
-    spent_units: int
-    requests: int
-
-    @property
-    def budget(self) -> float:
-        return to_epsilon(self.budget_units)
-
-    @property
-    def spent(self) -> float:
-        return to_epsilon(self.spent_units)
-
-    @property
-    def remaining(self) -> float:
-        return to_epsilon(max(self.budget_units - self.spent_units, 0))
 
 
 def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
@@ -150,9 +100,7 @@ class Ledger:
         self._queue: list[_Pending] = []
         self._leading = False
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
-        # (user_id, request_id) → [lock, holders]: one draw_and_charge per request at a time.
-        self._flights: dict[tuple[str, str], list] = {}
-        self._flights_lock = threading.Lock()
+        self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
         self.commits = 0  # transactions committed by this process (for tests and metrics)
         try:
             ledger_schema.check_foreign(self.path)
@@ -252,13 +200,7 @@ class Ledger:
         return {u: to_epsilon(s) for u, s in self._conn().execute("SELECT user_id, spent_units FROM budgets")}
 
     def _verdict(self, p: _Pending, prior: tuple[bytes, bytes] | None, spent: int) -> Charge | LedgerError | None:
-        """The one rule, before and inside the transaction: a stored answer is replayed, another
-        fingerprint is a conflict, a charge beyond the budget is refused; None: charge it."""
-        if prior is not None:
-            return Charge(prior[1], replayed=True) if prior[0] == p.fingerprint else RequestConflict(p.user_id, p.request_id)
-        if spent + p.units > self.budget_units:  # exact: integers
-            return BudgetExceeded(p.user_id, p.units, spent, self.budget_units)
-        return None
+        return verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
 
     def _precheck(self, p: _Pending) -> Charge | None:
         """:meth:`_verdict` on a read snapshot, holding no lock (one statement)."""
@@ -270,21 +212,6 @@ class Ledger:
         if isinstance(verdict, LedgerError):
             raise verdict
         return verdict
-
-    @contextmanager
-    def _one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
-        """Serialises the callers of one (user_id, request_id) in this process."""
-        with self._flights_lock:
-            entry = self._flights.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._flights_lock:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._flights[key]
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -310,7 +237,7 @@ class Ledger:
         is charged exactly once, and a retry gets the stored answer, never a fresh sample.
         """
         p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
-        with self._one_at_a_time((user_id, request_id)):
+        with self._flights.one_at_a_time((user_id, request_id)):
             done = self._precheck(p)
             if done is not None:
                 return done
@@ -333,18 +260,27 @@ class Ledger:
         return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response))
 
     def _commit(self, item: _Pending) -> Charge:
+        self._commit_all([item])
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None
+        return item.result
+
+    def _commit_all(self, items: list[_Pending]) -> None:
         """Group commit: concurrent callers queue; while one leader commits, the others wait; the
         next leader commits every queued charge in ONE transaction (one fsync), each charge
         checked in arrival order against the state left by the ones before it, so batching
-        changes throughput, never the outcome."""
-        with self._queued:
-            self._queue.append(item)
+        changes throughput, never the outcome. Several ``items`` (a SelectBatch, see
+        :mod:`recsvc.service.ledger_batch`) are queued together, so one transaction commits them all."""
+        item = items[0]  # the one this caller waits on
+        with self._queued:  # contiguous in the queue, so one leader takes them all
+            self._queue.extend(items)
             lead = not self._leading
             self._leading = True
         if not lead:
-            item.wake.acquire()  # released by a leader: our charge is finished, or we lead next
+            item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
             lead = not item.finished
-        if lead:  # nobody committed it for us: commit everything queued by now
+        if lead:  # nobody committed them for us: commit everything queued by now
             batch: list[_Pending] | None = None
             successor: _Pending | None = None
             try:
@@ -354,8 +290,9 @@ class Ledger:
                     self._commit_batch(batch)
             finally:
                 with self._queued:
-                    if batch is None:  # failed before taking the queue: withdraw our charge
-                        self._queue.remove(item)
+                    if batch is None:  # failed before taking the queue: withdraw our charges
+                        for own in items:
+                            self._queue.remove(own)
                     if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
                         successor = self._queue[0]
                     else:
@@ -365,10 +302,6 @@ class Ledger:
                 for other in batch or ():
                     if other is not item:
                         other.wake.release()
-        if item.error is not None:
-            raise item.error
-        assert item.result is not None
-        return item.result
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         conn = self._writer_conn()
@@ -463,8 +396,7 @@ class Ledger:
 
 
 def _locked() -> threading.Lock:
-    lock = threading.Lock()
-    lock.acquire()
+    (lock := threading.Lock()).acquire()
     return lock
 
 

@@ -36,7 +36,7 @@ from recsvc.mechanisms.two_stage import split_budget
 from recsvc.rng import thread_csprng
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
-from recsvc.service.ledger import Charge, Ledger
+from recsvc.service.ledger_base import Charge, LedgerStore
 from recsvc.service.ledger_units import charge_units, to_epsilon
 
 MAX_ID_LEN = 256
@@ -331,7 +331,7 @@ class Selector:
         return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q,
                         self.catalog.sensitivity, self.catalog.item_ids, kk, stage)
 
-    def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
+    def execute(self, ledger: LedgerStore, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
         """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
         ``encode(selected)`` in one transaction (see the module docstring). A replayed request
         gets its stored answer and draws nothing; an ε the ledger cannot count exactly

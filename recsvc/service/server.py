@@ -32,6 +32,8 @@ import grpc
 from recsvc.checks import ParamError
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig
+from recsvc.service.ledger_base import is_postgres
+from recsvc.service.ledger_store import open_store
 
 log = logging.getLogger("recsvc.service")
 
@@ -86,8 +88,10 @@ def start(config: ServerConfig) -> ServerHandle:
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
     authenticator = _authenticator(config)
-    ledger_mod.check_path(config.ledger)
-    fingerprint_key.check(config.key_path)
+    pg = is_postgres(config.ledger)
+    if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
+        ledger_mod.check_path(config.ledger)
+        fingerprint_key.check(config.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
     servicer.limiter = gate.RateLimiter(config.rate_limit) if config.rate_limit > 0 else None
     server = grpc.server(
@@ -113,11 +117,11 @@ def start(config: ServerConfig) -> ServerHandle:
     port = _bind(server, config, creds)
     metrics_server = None
     ledger = None
-    created = not config.ledger.exists()
+    created = not pg and not Path(config.ledger).exists()
     try:
         if config.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
-        ledger = ledger_mod.Ledger(config.ledger, config.budget, key_file=config.key_path)
+        ledger = open_store(config.ledger, config.budget, config.key_path, config.ledger_pool)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -141,7 +145,8 @@ def start(config: ServerConfig) -> ServerHandle:
     log.info(
         "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s, "
         "fingerprint key %s)", SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext",
-        servicer.default_mechanism, servicer.auto_choice, config.budget, config.ledger, config.key_path,
+        servicer.default_mechanism, servicer.auto_choice, config.budget, getattr(ledger, "where", config.ledger),
+        config.key_path,
     )
     return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
 
@@ -238,11 +243,14 @@ def _fork_workers(config: ServerConfig) -> int:
     _check_port_free(config.host, config.port)
     if config.metrics_port:
         _check_port_free(config.metrics_host, config.metrics_port)
-    ledger_mod.check_path(config.ledger)
-    created = not config.ledger.exists()
+    pg = is_postgres(config.ledger)
+    if not pg:
+        ledger_mod.check_path(config.ledger)
+    created = not pg and not Path(config.ledger).exists()
     # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
-    # race: every worker must key its fingerprints with the same secret.
-    ledger = ledger_mod.Ledger(config.ledger, config.budget, key_file=config.key_path)
+    # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
+    # the database is reachable and agrees on the settings, before forking.)
+    ledger = open_store(config.ledger, config.budget, config.key_path, pool_size=1)
     ledger.close()
     served: list[bool] = []
     try:

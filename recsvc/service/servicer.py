@@ -22,7 +22,8 @@ from recsvc.service import metrics, wire
 from recsvc.service.auth import SERVICE_NAME, Caller, PermissionDenied
 from recsvc.service.config import Policy
 from recsvc.service.gate import RateLimiter, current_caller
-from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
+from recsvc.service.batch import execute_batch
+from recsvc.service.ledger_base import BudgetExceeded, Charge, LedgerStore, LedgerUnavailable, RequestConflict
 from recsvc.service.selection import InvalidRequest, Prepared, Selected, Selector, Unavailable, check_id
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -75,20 +76,20 @@ T = TypeVar("T")
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
-    def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
+    def __init__(self, artifact: Artifact, ledger: LedgerStore | None, policy: Policy) -> None:
         self.selector = Selector(artifact, policy)
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
 
     @property
-    def ledger(self) -> Ledger:
+    def ledger(self) -> LedgerStore:
         if self._ledger is None:
             raise RuntimeError("the servicer has no ledger attached yet")
         return self._ledger
 
     @ledger.setter
-    def ledger(self, ledger: Ledger) -> None:
+    def ledger(self, ledger: LedgerStore) -> None:
         self._ledger = ledger
 
     @property
@@ -112,7 +113,10 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                                                if req.HasField("candidate_fraction") else None)
 
     def execute(self, p: Prepared) -> pb.SelectResponse:
-        charge = self.selector.execute(self.ledger, p, _encode)
+        return self._response(p, self.selector.execute(self.ledger, p, _encode))
+
+    @staticmethod
+    def _response(p: Prepared, charge: Charge) -> pb.SelectResponse:
         if charge.replayed:
             metrics.REPLAYS.inc()
             resp = pb.SelectResponse.FromString(charge.response)
@@ -181,22 +185,33 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
         return self._call("SelectBatch", context, run)
 
-    def _batch_items(self, caller: Caller, requests: Iterable[pb.SelectRequest]) -> Iterable[pb.SelectResult]:
-        denied = 0
-        for req in requests:  # each item is its own transaction: partial failures are per item
+    def _batch_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> Iterable[pb.SelectResult]:
+        """Each item is checked alone (a refusal is that item's error and spends nothing); the
+        rest are drawn vectorised and charged in ONE ledger transaction (recsvc.service.batch)."""
+        outcomes: list[Any] = [None] * len(requests)
+        prepared: dict[int, Prepared] = {}
+        for i, req in enumerate(requests):
             try:
                 caller.check_user(req.user_id)  # an item for a user_id outside the scope is refused alone
-                resp = self.execute(self.prepare_select(req))
+                prepared[i] = self.prepare_select(req)
             except Exception as exc:  # noqa: BLE001
-                denied += isinstance(exc, PermissionDenied)
-                code, message = status_of(exc)
+                outcomes[i] = exc
+        if prepared:
+            charged = execute_batch(self.selector, self.ledger, list(prepared.values()), _encode)
+            for (i, p), charge in zip(prepared.items(), charged):
+                outcomes[i] = charge if isinstance(charge, Exception) else self._response(p, charge)
+        denied = 0
+        for out in outcomes:
+            if isinstance(out, Exception):
+                denied += isinstance(out, PermissionDenied)
+                code, message = status_of(out)
                 if code is grpc.StatusCode.INTERNAL:
-                    log_internal_error("SelectBatch item", exc)
+                    log_internal_error("SelectBatch item", out)
                 metrics.requests("SelectBatch.item", "", code.name).inc()
                 yield pb.SelectResult(error=pb.Error(code=code.value[0], code_name=code.name, message=message))
             else:
-                metrics.requests("SelectBatch.item", resp.mechanism, "OK").inc()
-                yield pb.SelectResult(response=resp)
+                metrics.requests("SelectBatch.item", out.mechanism, "OK").inc()
+                yield pb.SelectResult(response=out)
         if denied:  # one line per batch, with the principal and never the request
             log.warning("PERMISSION_DENIED SelectBatch: %d item(s) for principal %s: another user_id", denied, caller)
 
@@ -269,6 +284,8 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, RequestConflict):
         return grpc.StatusCode.ALREADY_EXISTS, str(exc)
+    if isinstance(exc, LedgerUnavailable):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, Unavailable):
         return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, ValueError):

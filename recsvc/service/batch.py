@@ -1,0 +1,92 @@
+"""SelectBatch's fast path: one vectorised draw per mechanism group, one ledger transaction per batch.
+
+Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_select`
+(so an item's refusals are exactly a single Select's). Then :func:`execute_batch` follows the
+ledger's batch protocol (:mod:`recsvc.service.ledger_batch`): pre-check all items on one
+snapshot (replays, conflicts and refusals draw nothing), draw the rest OUTSIDE any lock, and
+charge them all in ONE transaction with per-item outcomes.
+
+The draw: single-item answers (k = 1) of a mechanism :func:`recsvc.mechanisms.select_rows`
+vectorises (rnm, rnm_laplace, pf) are drawn together, one call per mechanism, from this
+thread's CSPRNG; ``select_rows`` makes exactly the draws the per-item path would make in the
+same order, so each item's answer has a single Select's distribution. Everything else (slates,
+other mechanisms, heavy random-stopping draws) is drawn item by item as Select draws it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from recsvc.mechanisms.rows import VECTORISED, select_rows
+from recsvc.rng import thread_csprng
+from recsvc.service.draws import expected_draws
+from recsvc.service.ledger import Ledger
+from recsvc.service.ledger_base import Charge, LedgerStore
+from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
+from recsvc.service.ledger_units import charge_units, to_epsilon
+from recsvc.service.selection import Prepared, Selected, Selector, draw
+
+
+def vectorisable(p: Prepared) -> bool:
+    return p.k == 1 and p.stage is None and p.mechanism in VECTORISED
+
+
+def draw_many(selector: Selector, prepared: Sequence[Prepared],
+              rng: np.random.Generator) -> list[np.ndarray | Exception]:
+    """Each item's slate (candidate indices), vectorised per mechanism group where possible; an
+    item whose draw failed gets the exception (it is then refused alone, nothing spent)."""
+    out: list[np.ndarray | Exception | None] = [None] * len(prepared)
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prepared):
+        if vectorisable(p):
+            groups.setdefault(p.mechanism, []).append(i)
+    for name, idx in groups.items():
+        ps = [prepared[i] for i in idx]
+        try:
+            picked = select_rows(name, np.concatenate([p.scores for p in ps]),
+                                 np.concatenate([p.sensitivities for p in ps]),
+                                 np.array([p.scores.size for p in ps]), np.array([p.epsilon for p in ps]), rng)
+        except Exception as exc:  # noqa: BLE001 - the group's items are refused, nothing spent
+            for i in idx:
+                out[i] = exc
+            continue
+        for i, j in zip(idx, picked.tolist()):
+            out[i] = np.array([j], np.int64)
+    allow = selector.policy.allow_non_private
+    for i, p in enumerate(prepared):
+        if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
+            try:
+                out[i] = selector.heavy.run(lambda p=p: draw(p, rng, allow),
+                                            p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+            except Exception as exc:  # noqa: BLE001 - this item alone is refused
+                out[i] = exc
+    return out  # type: ignore[return-value]
+
+
+def execute_batch(selector: Selector, ledger: LedgerStore, prepared: Sequence[Prepared],
+                  encode: Callable[[Selected], bytes]) -> list[Charge | Exception]:
+    """Charges every prepared item in one ledger transaction; one outcome per item, in order.
+    Only the SQLite store has the one-transaction batch commit; on another store each item is
+    its own draw_and_charge (same outcomes, one transaction per item)."""
+    if not isinstance(ledger, Ledger):
+        return [_one(selector, ledger, p, encode) for p in prepared]
+    items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.epsilon) for p in prepared]
+
+    def draws(todo: list[int]) -> list[np.ndarray]:  # no lock held
+        return draw_many(selector, [prepared[i] for i in todo], thread_csprng())
+
+    def build(i: int, picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
+        p = prepared[i]
+        ids = tuple(p.item_ids[j] for j in picked.tolist())
+        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id))
+
+    return draw_and_charge_batch(ledger, items, draws, build)
+
+
+def _one(selector: Selector, ledger: LedgerStore, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge | Exception:
+    try:
+        return selector.execute(ledger, p, encode)
+    except Exception as exc:  # noqa: BLE001 - this item alone is refused
+        return exc

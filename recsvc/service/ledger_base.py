@@ -1,0 +1,150 @@
+"""What every privacy-ledger store shares: the interface the service depends on, its results and
+refusals, the one charging rule, and how a ``--ledger`` value picks a store.
+
+Two stores implement :class:`LedgerStore`: :class:`recsvc.service.ledger.Ledger` (embedded SQLite,
+the default) and :class:`recsvc.service.ledger_pg.PostgresLedger` (a PostgreSQL database shared
+by several replicas). Both count ε in exact 10⁻¹² units, store only keyed fingerprints, draw
+the sample outside any lock, and store the answer in the same transaction as its spend.
+tests/ledger_conformance.py runs the same tests against both.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from recsvc.service.ledger_units import format_units, to_epsilon
+
+S = TypeVar("S")
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_postgres(ledger: object) -> bool:
+    """True when ``--ledger`` is a libpq URL (postgresql://user@host:port/db), not an SQLite path."""
+    return isinstance(ledger, str) and ledger.startswith(URL_SCHEMES)
+
+
+class LedgerError(Exception):
+    """Base class of the ledger's refusals (nothing was spent)."""
+
+
+class LedgerUnavailable(LedgerError):
+    """The ledger's database cannot be reached (gRPC UNAVAILABLE). A charge whose COMMIT was not
+    confirmed may or may not have been stored: a retry with the same request_id finds out."""
+
+
+class BudgetExceeded(LedgerError):
+    def __init__(self, user_id: str, units: int, spent_units: int, budget_units: int) -> None:
+        self.user_id, self.units, self.spent_units, self.budget_units = user_id, units, spent_units, budget_units
+        super().__init__(
+            f"privacy budget exhausted for user {user_id!r}: requested epsilon={format_units(units)} but only "
+            f"{format_units(max(budget_units - spent_units, 0))} of {format_units(budget_units)} remains; "
+            "nothing was spent"
+        )
+
+
+class RequestConflict(LedgerError):
+    def __init__(self, user_id: str, request_id: str) -> None:
+        super().__init__(
+            f"request_id {request_id!r} was already used for user {user_id!r} with different "
+            "parameters; a retry must repeat the request exactly, a new request needs a new request_id"
+        )
+
+
+@dataclass(frozen=True)
+class Charge:
+    """Outcome of a charge: the stored response bytes and whether it is a replay."""
+
+    response: bytes
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class UserBudget:
+    """A user's account in exact units; the float properties are for display (and the wire)."""
+
+    user_id: str
+    budget_units: int
+    spent_units: int
+    requests: int
+
+    @property
+    def budget(self) -> float:
+        return to_epsilon(self.budget_units)
+
+    @property
+    def spent(self) -> float:
+        return to_epsilon(self.spent_units)
+
+    @property
+    def remaining(self) -> float:
+        return to_epsilon(max(self.budget_units - self.spent_units, 0))
+
+
+class LedgerStore(Protocol):
+    """The ledger as the service sees it (see :meth:`recsvc.service.ledger.Ledger.draw_and_charge`
+    for the protocol every store follows)."""
+
+    budget: float
+    budget_units: int
+    key_created: bool
+
+    def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge: ...
+
+    def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+               build_response: Callable[[float], bytes]) -> Charge: ...
+
+    def user(self, user_id: str) -> UserBudget: ...
+
+    def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None: ...
+
+    def totals(self) -> dict[str, float]: ...
+
+    def fingerprint(self, digest: bytes) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+def verdict(user_id: str, request_id: str, fingerprint: bytes, units: int, prior: tuple[bytes, bytes] | None,
+            spent: int, budget_units: int) -> Charge | LedgerError | None:
+    """The one rule, before and inside the transaction: a stored answer is replayed, another
+    fingerprint is a conflict, a charge beyond the budget is refused; None: charge it."""
+    if prior is not None:
+        return Charge(prior[1], replayed=True) if prior[0] == fingerprint else RequestConflict(user_id, request_id)
+    if spent + units > budget_units:  # exact: integers
+        return BudgetExceeded(user_id, units, spent, budget_units)
+    return None
+
+
+class Flights:
+    """Serialises the callers of one (user_id, request_id) in this process, so concurrent
+    duplicates draw once: the later ones find the stored answer."""
+
+    def __init__(self) -> None:
+        self._flights: dict[tuple[str, str], list] = {}
+        self._lock = threading.Lock()
+
+    def waiting(self, key: tuple[str, str]) -> int:
+        """Callers of ``key`` inside or queued for :meth:`one_at_a_time` (for tests)."""
+        with self._lock:
+            return self._flights.get(key, [None, 0])[1]
+
+    @contextmanager
+    def one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
+        with self._lock:
+            entry = self._flights.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._flights[key]
+

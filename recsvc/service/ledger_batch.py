@@ -1,0 +1,108 @@
+"""SelectBatch's ledger protocol: :meth:`Ledger.draw_and_charge` for many requests, ONE transaction.
+
+``draw_and_charge_batch(ledger, items, draw, build_response)`` returns one outcome per item, in
+order: a :class:`Charge` (fresh or replayed) or the exception that refused it (nothing spent).
+
+1. Each item's ε becomes exact units; an ε the ledger cannot count is that item's
+   :class:`InvalidCharge`, decided before the ledger is touched.
+2. This process's callers of the same (user_id, request_id) take turns, as for one request
+   (keys locked in sorted order, so two batches never wait on each other in a cycle).
+3. Pre-check on one read snapshot, holding no lock, items in batch order: a stored answer is
+   replayed, another fingerprint is a conflict, a charge beyond what the user has left after
+   the EARLIER items of the batch is refused. None of these draws.
+4. ``draw(indices)`` draws the samples of the remaining items (a list, one per index) OUTSIDE
+   any lock: the caller vectorises it. A sample that is an exception refuses its item alone.
+5. One group commit (one transaction, one fsync): every item is decided again by the same rule,
+   in batch order, and ``build_response(index, sample, remaining)`` is stored with its spend.
+
+The budget rule in a batch: items are charged in batch order, each against what remains after
+the items before it; an item that does not fit is refused (RESOURCE_EXHAUSTED) and a LATER,
+smaller item that still fits is charged. An item repeating an earlier item's (user_id,
+request_id) within the batch replays that item's answer (or conflicts). A store (SQLite here,
+PostgreSQL elsewhere) implements steps 3 and 5; the rest is the same for every store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TypeVar
+
+from recsvc.service.ledger_units import charge_units
+
+from recsvc.service.ledger import Charge, Ledger, RequestConflict, _Pending, _unset
+
+S = TypeVar("S")
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One request of a batch, as the ledger sees it."""
+
+    user_id: str
+    request_id: str
+    digest: bytes  # SHA-256 of the canonical request (the ledger stores its keyed fingerprint)
+    epsilon: float
+
+
+def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
+                          build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
+    """See the module docstring. Returns only after the COMMIT (fsync) of the charged items."""
+    out: list[Charge | Exception | None] = [None] * len(items)
+    pending: dict[int, _Pending] = {}
+    for i, it in enumerate(items):
+        try:
+            pending[i] = _Pending(it.user_id, it.request_id, ledger.fingerprint(it.digest), charge_units(it.epsilon),
+                                  _unset)
+        except ValueError as exc:  # InvalidCharge: this item alone
+            out[i] = exc
+    with ExitStack() as turns:
+        for key in sorted({(p.user_id, p.request_id) for p in pending.values()}):
+            turns.enter_context(ledger._flights.one_at_a_time(key))
+        todo = _precheck(ledger, pending, out)
+        samples = draw(todo) if todo else []
+        for i, sample in zip(todo, samples, strict=True):
+            if isinstance(sample, Exception):  # this item's draw failed: refused alone, nothing spent
+                out[i] = sample
+                continue
+            pending[i].build_response = (lambda i, s: lambda remaining: build_response(i, s, remaining))(i, sample)
+        queued = [p for i, p in pending.items() if out[i] is None]
+        if queued:
+            ledger._commit_all(queued)
+        for i, p in pending.items():
+            if out[i] is None:
+                out[i] = p.error if p.error is not None else p.result
+    return [o if o is not None else RuntimeError("no outcome") for o in out]
+
+
+def _precheck(ledger: Ledger, pending: dict[int, _Pending], out: list) -> list[int]:
+    """Step 3 on one read snapshot: fills ``out`` for the items it decides; the rest need a draw."""
+    conn = ledger._conn()
+    keys = list({(p.user_id, p.request_id): None for p in pending.values()})
+    stored = ledger._stored(conn, keys)
+    spent = ledger._spent(conn, list({p.user_id: None for p in pending.values()}))
+    todo: list[int] = []
+    earlier: set[tuple[str, str]] = set()
+    for i, p in pending.items():
+        key = (p.user_id, p.request_id)
+        if key in earlier:  # decided at commit against the earlier item; never draws
+            p.build_response = _refuse_duplicate(p)
+            continue
+        earlier.add(key)
+        before = spent.get(p.user_id, 0)
+        verdict = ledger._verdict(p, stored.get(key), before)
+        if verdict is not None:
+            out[i] = verdict
+        else:
+            spent[p.user_id] = before + p.units
+            todo.append(i)
+    return todo
+
+
+def _refuse_duplicate(p: _Pending) -> Callable[[float], bytes]:
+    """A repeated (user_id, request_id) is charged only as a replay of the earlier item's answer."""
+    def refuse(_remaining: float) -> bytes:
+        raise RequestConflict(p.user_id, p.request_id)
+
+    return refuse

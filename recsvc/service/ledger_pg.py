@@ -1,0 +1,247 @@
+"""The privacy ledger in PostgreSQL, shared by several `recsvc serve` replicas.
+
+Same protocol and invariants as the SQLite store (:class:`recsvc.service.ledger.Ledger`):
+
+* **Atomic check-and-spend across replicas.** A charge is one READ COMMITTED transaction that
+  first locks the user's budget row (``SELECT … FOR UPDATE``); every other charge of that user,
+  from any replica, waits for the lock, then re-reads the stored request and the spend.
+* **Durable before the answer leaves.** ``synchronous_commit = on`` for every pooled connection;
+  the answer is stored with its spend and returned only after COMMIT returned. PostgreSQL groups
+  the WAL flushes of concurrent commits itself, so charges of different users share fsyncs.
+* **Idempotent**, **exact units**, **keyed fingerprints**, **no sampling under the lock**: as in
+  the SQLite store (:mod:`recsvc.service.ledger_base` holds the shared rule).
+* **Outages.** A lost connection or an exhausted pool is :class:`LedgerUnavailable` (gRPC
+  UNAVAILABLE). A charge whose connection failed is retried once on a fresh connection: the retry
+  re-checks the stored request, so a COMMIT that did go through is found, never charged twice.
+
+Connections come from a ``psycopg_pool.ConnectionPool`` of ``pool_size`` connections per
+process. Errors name the host, port and database, never the password.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from recsvc.checks import ParamError
+from recsvc.service import fingerprint_key, ledger_pg_schema
+from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, UserBudget, is_postgres,
+                                        verdict)
+from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
+
+S = TypeVar("S")
+T = TypeVar("T")
+URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
+_DOWN = (psycopg.OperationalError, PoolTimeout)
+
+
+def describe(url: str) -> str:
+    """``host:port/db`` of a libpq URL, never its password; a clear error for a malformed one."""
+    if not is_postgres(url):
+        raise ParamError("{ledger} is not a PostgreSQL URL; expected " + URL_EXPECTED)
+    try:
+        info = pg_conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:  # the message would quote the URL, password included
+        raise ParamError("{ledger} is not a valid PostgreSQL URL; expected " + URL_EXPECTED) from None
+    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+
+
+def _scrub(text: str, url: str) -> str:
+    secret = pg_conninfo.conninfo_to_dict(url).get("password")
+    return text.replace(str(secret), "***") if secret else text
+
+
+def connect(url: str, where: str, connect_timeout: int) -> psycopg.Connection:
+    """One autocommit connection; an unreachable server or a refused login is a clear startup error."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
+    except psycopg.Error as exc:
+        raise ParamError("{ledger}: cannot connect to the PostgreSQL ledger at {where} ({reason}); expected "
+                         "a reachable server and a database the user may use, e.g. " + URL_EXPECTED,
+                         where=where, reason=_scrub(str(exc).strip().splitlines()[0], url)) from None
+
+
+def _configure(conn: psycopg.Connection) -> None:
+    conn.execute("SET synchronous_commit TO on")  # COMMIT returns only once the WAL is flushed
+
+
+@dataclass(eq=False)
+class _Pending:
+    user_id: str
+    request_id: str
+    fingerprint: bytes
+    units: int
+    build_response: Callable[[float], bytes]
+    built: bytes | None = None  # what this process stored, to recognise its own commit on a retry
+
+
+class PostgresLedger:
+    """A :class:`recsvc.service.ledger_base.LedgerStore` in PostgreSQL (thread-safe, multi-replica).
+
+    ``create=True`` (``recsvc ledger init``) creates the schema and the key file if missing and
+    stores the settings; otherwise the database must hold a ledger with this budget and key.
+    """
+
+    def __init__(self, url: str, budget: float, key_file: str | os.PathLike[str], pool_size: int = 8,
+                 timeout_s: float = 5.0, create: bool = False) -> None:
+        units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
+        if units is None:
+            raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
+        if pool_size < 1:
+            raise ParamError("{ledger_pool} must be >= 1, got {got}", got=pool_size)
+        self.where = describe(url)
+        self.url = url
+        self.budget_units, self.budget = units, to_epsilon(units)
+        self.key_file = Path(key_file)
+        self.key_created = False
+        self.commits = 0
+        self._flights = Flights()
+        if create:
+            fingerprint_key.check(self.key_file)
+            self._key, self.key_created = fingerprint_key.load_or_create(self.key_file)
+        else:
+            self._key = fingerprint_key.load(self.key_file)
+        connect_timeout = max(1, round(timeout_s))
+        try:
+            with connect(url, self.where, connect_timeout) as conn:
+                if create:
+                    ledger_pg_schema.init(conn, self.where, units, self._key)
+                else:
+                    ledger_pg_schema.check(conn, self.where, units, self._key)
+        except BaseException:
+            if self.key_created:
+                self.key_file.unlink(missing_ok=True)
+            raise
+        # reconnect_timeout: a slot that failed to reconnect for timeout_s is given up, and the next
+        # request grows the pool again with an immediate attempt, so service resumes as soon as the
+        # server is back instead of after a long exponential backoff.
+        self._pool = ConnectionPool(url, min_size=pool_size, max_size=pool_size, timeout=timeout_s, open=False,
+                                    reconnect_timeout=timeout_s,
+                                    kwargs={"autocommit": True, "connect_timeout": connect_timeout},
+                                    configure=_configure, name="recsvc-ledger")
+        self._pool.open(wait=True, timeout=timeout_s * 2)
+
+    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
+        reason = _scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.url)
+        return LedgerUnavailable(f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); nothing was "
+                                 "charged unless the answer was stored, so retry with the same request_id")
+
+    def fingerprint(self, digest: bytes) -> bytes:
+        return fingerprint_key.keyed(self._key, digest)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _retrying(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """``fn`` on a pooled connection; after a connection failure (the server restarted, the
+        pool still holds dead connections) once more on a checked one, then UNAVAILABLE. Safe for
+        charges too: the retry decides again on what is stored."""
+        for attempt in range(2):
+            try:
+                with self._pool.connection() as conn:
+                    return fn(conn)
+            except _DOWN as exc:
+                if attempt == 1 or isinstance(exc, PoolTimeout):
+                    raise self._unavailable(exc) from None
+                self._pool.check()  # drop the connections that died with the server
+        raise AssertionError("unreachable")
+
+    def _read(self, sql: str, args: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
+        return self._retrying(lambda conn: conn.execute(sql, args).fetchall())
+
+    def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
+        rows = self._read("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
+                          (user_id, request_id))
+        return None if not rows else (bytes(rows[0][0]), bytes(rows[0][1]))
+
+    def user(self, user_id: str) -> UserBudget:
+        rows = self._read("SELECT spent_units, requests FROM recsvc_budgets WHERE user_id=%s", (user_id,))
+        spent, n = (0, 0) if not rows else (int(rows[0][0]), int(rows[0][1]))
+        return UserBudget(user_id, self.budget_units, spent, n)
+
+    def totals(self) -> dict[str, float]:
+        return {u: to_epsilon(int(s)) for u, s in self._read("SELECT user_id, spent_units FROM recsvc_budgets", ())}
+
+    # -- the writes ----------------------------------------------------------------------
+
+    def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge:
+        """The protocol of :meth:`recsvc.service.ledger.Ledger.draw_and_charge`: pre-check on a
+        snapshot, draw holding no lock, then one transaction that decides again and stores."""
+        p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
+        with self._flights.one_at_a_time((user_id, request_id)):
+            rows = self._read(
+                "SELECT (SELECT fingerprint FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
+                " (SELECT response FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
+                " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": user_id, "r": request_id})
+            fp, response, spent = rows[0]
+            prior = None if fp is None else (bytes(fp), bytes(response))
+            done = verdict(user_id, request_id, p.fingerprint, p.units, prior, int(spent or 0), self.budget_units)
+            if isinstance(done, LedgerError):
+                raise done
+            if done is not None:
+                return done
+            sample = draw()
+            p.build_response = lambda remaining: build_response(sample, remaining)
+            return self._commit(p)
+
+    def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+               build_response: Callable[[float], bytes]) -> Charge:
+        """Atomically: replay a stored answer, or check the budget, spend ε and store the answer
+        (see :meth:`recsvc.service.ledger.Ledger.charge`). Returns only after COMMIT."""
+        return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon),
+                                     build_response))
+
+    def _commit(self, p: _Pending) -> Charge:
+        result = self._retrying(lambda conn: self._charge_once(conn, p))
+        if result.replayed and p.built is not None and result.response == p.built:
+            return Charge(result.response, replayed=False)  # our own COMMIT went through before the failure
+        return result
+
+    def _charge_once(self, conn: psycopg.Connection, p: _Pending) -> Charge:
+        with conn.transaction():
+            row = conn.execute("SELECT spent_units FROM recsvc_budgets WHERE user_id=%s FOR UPDATE",
+                               (p.user_id,)).fetchone()
+            if row is None:  # first charge of this user: create the row, then lock it
+                conn.execute("INSERT INTO recsvc_budgets VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", (p.user_id,))
+                row = conn.execute("SELECT spent_units FROM recsvc_budgets WHERE user_id=%s FOR UPDATE",
+                                   (p.user_id,)).fetchone()
+            spent = int(row[0])
+            stored = conn.execute("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND "
+                                  "request_id=%s", (p.user_id, p.request_id)).fetchone()
+            prior = None if stored is None else (bytes(stored[0]), bytes(stored[1]))
+            decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
+            if isinstance(decided, LedgerError):
+                raise decided  # rolls back: nothing written
+            if decided is not None:
+                return decided
+            after = spent + p.units
+            response = p.build_response(to_epsilon(self.budget_units - after))  # raises: rolled back
+            conn.execute("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response) "
+                         "VALUES (%s, %s, %s, %s, %s)", (p.user_id, p.request_id, p.fingerprint, p.units, response))
+            conn.execute("UPDATE recsvc_budgets SET spent_units=%s, requests=requests+1 WHERE user_id=%s",
+                         (after, p.user_id))
+            p.built = response
+        self.commits += 1  # the transaction block committed (COMMIT returned)
+        return Charge(response, replayed=False)
+
+
+def _unset(_remaining: float) -> bytes:
+    raise RuntimeError("no response builder set")
+
+
+def migrate_url(url: str) -> tuple[str, int, int]:
+    """`recsvc ledger migrate`: (where, version before, version after)."""
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        before, after = ledger_pg_schema.migrate(conn, where)
+    return where, before, after

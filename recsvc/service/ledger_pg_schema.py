@@ -1,0 +1,112 @@
+"""The PostgreSQL ledger's schema, its versioned migrations and the settings replicas must share.
+
+``recsvc ledger init`` creates the tables (``recsvc_meta``, ``recsvc_budgets``,
+``recsvc_requests``) and stores the settings every replica must agree on: the schema version,
+the per-user budget in exact units (:mod:`recsvc.service.ledger_units`) and a check value of the
+fingerprint key (``HMAC(key, "recsvc key check")``: it proves two replicas use the same key
+without storing the key). ``recsvc ledger migrate`` applies the pending steps of
+:data:`MIGRATIONS`, each in one transaction under an advisory lock. A database whose version is
+newer than this recsvc reads is refused; so is a replica whose budget or key differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from recsvc.checks import ParamError
+from recsvc.service import fingerprint_key
+from recsvc.service.ledger_units import format_units
+
+VERSION = 1
+_LOCK = 0x72656373  # pg_advisory_xact_lock key: init/migrate of several replicas take turns
+_KEY_CHECK = b"recsvc key check"
+
+# version → the statements that reach it from the version before.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE recsvc_budgets (
+            user_id     text PRIMARY KEY,
+            spent_units bigint NOT NULL CHECK (spent_units >= 0),
+            requests    bigint NOT NULL
+        )""",
+        """CREATE TABLE recsvc_requests (
+            user_id       text NOT NULL,
+            request_id    text NOT NULL,
+            fingerprint   bytea NOT NULL,
+            epsilon_units bigint NOT NULL,
+            response      bytea NOT NULL,
+            created       timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (user_id, request_id)
+        )""",
+    ),
+}
+EXPECTED = "a database prepared by `recsvc ledger init --ledger URL --budget B --fingerprint-key FILE`"
+
+
+def key_check(key: bytes) -> str:
+    return fingerprint_key.keyed(key, _KEY_CHECK).hex()
+
+
+def _settings(conn: Any) -> dict[str, str] | None:
+    """The stored settings, or None when the database has no recsvc ledger yet."""
+    if conn.execute("SELECT to_regclass('recsvc_meta')").fetchone()[0] is None:
+        return None
+    return dict(conn.execute("SELECT name, value FROM recsvc_meta").fetchall())
+
+
+def _check_version(found: int, where: str) -> None:
+    if found > VERSION:
+        raise ParamError("{ledger} {where} has ledger schema version {v}, newer than this recsvc reads ({mine}); "
+                         "expected a ledger written by this or an older version", where=where, v=found, mine=VERSION)
+
+
+def migrate(conn: Any, where: str) -> tuple[int, int]:
+    """Applies the pending migrations (autocommit connection); (version before, version after)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+        settings = _settings(conn)
+        if settings is None:
+            raise ParamError("{ledger} {where} holds no recsvc ledger; expected " + EXPECTED, where=where)
+        before = int(settings["schema_version"])
+        _check_version(before, where)
+        for v in range(before + 1, VERSION + 1):
+            for sql in MIGRATIONS[v]:
+                conn.execute(sql)
+        conn.execute("UPDATE recsvc_meta SET value=%s WHERE name='schema_version'", (str(VERSION),))
+    return before, max(before, VERSION)
+
+
+def init(conn: Any, where: str, budget_units: int, key: bytes) -> bool:
+    """Creates the ledger with these settings (True), or checks an existing one against them (False)."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+        if _settings(conn) is None:
+            conn.execute("CREATE TABLE recsvc_meta (name text PRIMARY KEY, value text NOT NULL)")
+            conn.execute("INSERT INTO recsvc_meta VALUES ('schema_version', '0'), ('budget_units', %s), "
+                         "('key_check', %s)", (str(budget_units), key_check(key)))
+            created = True
+        else:
+            created = False
+    migrate(conn, where)
+    check(conn, where, budget_units, key)
+    return created
+
+
+def check(conn: Any, where: str, budget_units: int, key: bytes) -> None:
+    """Refuses a database that is missing, newer, behind, or set up with another budget or key."""
+    settings = _settings(conn)
+    if settings is None:
+        raise ParamError("{ledger} {where} holds no recsvc ledger yet; expected " + EXPECTED, where=where)
+    found = int(settings["schema_version"])
+    _check_version(found, where)
+    if found < VERSION:
+        raise ParamError("{ledger} {where} has ledger schema version {v}, older than this recsvc's {mine}; "
+                         "run `recsvc ledger migrate --ledger URL` first", where=where, v=found, mine=VERSION)
+    stored = int(settings["budget_units"])
+    if stored != budget_units:
+        raise ParamError("{budget} {got} differs from the budget ε={stored} that the ledger {where} was initialised "
+                         "with; every replica must use the same budget (expected {budget} {stored})",
+                         got=format_units(budget_units), stored=format_units(stored), where=where)
+    if settings["key_check"] != key_check(key):
+        raise ParamError("{fingerprint_key} is not the key the ledger {where} was initialised with; every replica "
+                         "must use the same key file (a new key would turn every retry into a conflict)", where=where)

@@ -1,0 +1,36 @@
+"""Opening either ledger store the same way, for tests/test_ledger_conformance.py (and the
+PostgreSQL-only tests): the SQLite file or a fresh PostgreSQL database of the session's cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recsvc.service.ledger_base import LedgerStore
+from recsvc.service.ledger_store import open_store
+
+STORES = ("sqlite", "postgresql")
+
+
+@dataclass
+class Stores:
+    """One backing ledger (a file or a database) and the key file; ``open`` may be called again
+    to restart, ``close_all`` closes whatever is still open."""
+
+    target: Path | str
+    key_file: Path
+    opened: list[LedgerStore] = field(default_factory=list)
+
+    def open(self, budget: float = 1.0, pool_size: int = 8) -> LedgerStore:
+        store = open_store(self.target, budget, self.key_file, pool_size=pool_size, create=True)
+        self.opened.append(store)
+        return store
+
+    def close_all(self) -> None:
+        for store in self.opened:
+            store.close()
+
+
+def resp(tag: str):
+    """A response builder whose bytes show the budget left after the spend."""
+    return lambda remaining: f"{tag}|{remaining:.6f}".encode()

@@ -1,0 +1,168 @@
+"""The same ledger tests against both stores (SQLite file, PostgreSQL database of a real cluster)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from ledger_conformance import STORES, Stores, resp
+from recsvc.service.ledger_base import BudgetExceeded, LedgerError, RequestConflict
+from recsvc.service.ledger_units import InvalidCharge
+
+
+@pytest.fixture(params=STORES)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    if request.param == "sqlite":
+        s = Stores(tmp_path / "ledger.db", tmp_path / "ledger.key")
+    else:
+        cluster = request.getfixturevalue("pg_cluster")
+        s = Stores(cluster.new_database(), tmp_path / "ledger.key")
+    try:
+        yield s
+    finally:
+        s.close_all()
+
+
+def test_replay_conflict_and_budget_refusal(stores: Stores) -> None:
+    led = stores.open(budget=1.0)
+    c = led.charge("alice", "r1", b"d1", 0.4, resp("a"))
+    assert (c.replayed, c.response) == (False, b"a|0.600000")
+    again = led.charge("alice", "r1", b"d1", 0.4, resp("OTHER"))
+    assert (again.replayed, again.response) == (True, b"a|0.600000")  # the stored bytes, nothing spent
+    with pytest.raises(RequestConflict, match="different parameters"):
+        led.charge("alice", "r1", b"d2", 0.4, resp("b"))
+    assert led.charge("bob", "r1", b"d2", 0.4, resp("b")).replayed is False  # request_ids are per user
+    led.charge("alice", "r2", b"x", 0.6, resp("c"))
+    with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
+        led.charge("alice", "r3", b"y", 0.01, resp("d"))
+    u = led.user("alice")
+    assert (u.spent_units, u.requests, u.remaining) == (10**12, 2, 0.0)
+    assert led.lookup("alice", "r3") is None  # the refused request left no trace
+    assert led.lookup("alice", "r1")[1] == b"a|0.600000"
+    assert led.totals() == {"alice": pytest.approx(1.0), "bob": pytest.approx(0.4)}
+
+
+def test_exact_units_and_tiny_charges(stores: Stores) -> None:
+    led = stores.open(budget=1.0)
+    for i in range(50):  # 50 × 0.02 is 1.0000000000000002 in floats, exactly 1 in units
+        led.charge("u", f"r{i}", b"f", 0.02, resp("x"))
+    with pytest.raises(BudgetExceeded):  # not one unit more: the comparison has no slack
+        led.charge("u", "r50", b"f", 1e-12, resp("x"))
+    assert (led.user("u").requests, led.user("u").spent_units) == (50, 10**12)
+    with pytest.raises(InvalidCharge, match="below the ledger's unit"):
+        led.charge("v", "r", b"f", 4e-13, resp("x"))
+    assert led.charge("v", "r1", b"f", 1e-12, resp("x")).replayed is False
+    assert led.charge("v", "r2", b"f", 1.5e-12, resp("x")).replayed is False  # rounded UP to 2 units
+    assert (led.user("v").spent_units, led.lookup("v", "r")) == (3, None)
+
+
+def test_a_failing_answer_rolls_back(stores: Stores) -> None:
+    led = stores.open(budget=1.0)
+
+    def boom(_remaining: float) -> bytes:
+        raise RuntimeError("encoding failed")
+
+    with pytest.raises(RuntimeError, match="encoding failed"):
+        led.charge("u", "r", b"f", 0.5, boom)
+    assert (led.user("u").spent_units, led.lookup("u", "r")) == (0, None)
+    assert led.charge("u", "r", b"f", 0.5, resp("ok")).replayed is False  # the request_id is still free
+
+
+def test_restart_keeps_spend_and_answers(stores: Stores) -> None:
+    led = stores.open(budget=2.0)
+    first = led.charge("u", "r", b"f", 1.5, resp("x"))
+    led.close()
+    stores.opened.remove(led)
+    again = stores.open(budget=2.0)
+    assert (again.user("u").spent_units, again.user("u").requests) == (1_500_000_000_000, 1)
+    replay = again.charge("u", "r", b"f", 1.5, resp("NEW"))
+    assert (replay.replayed, replay.response) == (True, first.response)
+    with pytest.raises(BudgetExceeded):
+        again.charge("u", "r2", b"g", 0.6, resp("y"))
+
+
+def test_200_concurrent_requests_against_a_budget_for_50(stores: Stores) -> None:
+    led = stores.open(budget=5.0, pool_size=8)
+    draws = []
+
+    def one(i: int) -> str:
+        try:
+            led.draw_and_charge("u", f"r{i}", f"d{i}".encode(), 0.1, lambda: draws.append(i) or i,
+                                lambda s, rem: f"{s}|{rem:.3f}".encode())
+            return "ok"
+        except BudgetExceeded:
+            return "refused"
+
+    with ThreadPoolExecutor(32) as pool:
+        outcomes = list(pool.map(one, range(200)))
+    assert (outcomes.count("ok"), outcomes.count("refused")) == (50, 150)
+    u = led.user("u")
+    assert (u.spent_units, u.requests) == (5 * 10**12, 50)
+    assert 50 <= len(draws) <= 200  # the pre-check refuses most late requests before they draw
+
+
+def test_duplicates_draw_once_and_replays_and_refusals_draw_nothing(stores: Stores) -> None:
+    led = stores.open(budget=1.0)
+    draws = []
+
+    def call(rid: str, digest: bytes = b"d") -> bytes:
+        return led.draw_and_charge("u", rid, digest, 0.5, lambda: draws.append(rid) or len(draws),
+                                   lambda s, rem: f"{s}|{rem}".encode()).response
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: call("same"), range(8)))
+    assert (len(set(answers)), draws) == (1, ["same"])  # one draw, one charge, one stored answer
+    assert led.user("u").spent_units == 500_000_000_000
+    call("same")  # a replay draws nothing
+    call("r2")
+    with pytest.raises(BudgetExceeded):
+        call("r3")
+    with pytest.raises(RequestConflict):
+        call("same", b"other")
+    assert draws == ["same", "r2"]  # neither the refusal nor the conflict drew
+
+
+def test_the_draw_holds_no_lock(stores: Stores) -> None:
+    """A draw that blocks delays no other charge, not even one of the same user."""
+    led = stores.open(budget=10.0)
+    drawing, release = threading.Event(), threading.Event()
+
+    def slow_draw() -> int:
+        drawing.set()
+        assert release.wait(20)
+        return 1
+
+    slow = threading.Thread(target=led.draw_and_charge,
+                            args=("u", "slow", b"s", 1.0, slow_draw, lambda s, rem: b"slow"))
+    slow.start()
+    try:
+        assert drawing.wait(10)
+        t0 = time.monotonic()
+        led.draw_and_charge("u", "fast", b"f", 1.0, lambda: 2, lambda s, rem: b"fast")
+        led.draw_and_charge("other", "fast", b"f", 1.0, lambda: 2, lambda s, rem: b"fast")
+        assert time.monotonic() - t0 < 5.0
+        assert led.user("u").requests == 1  # only the fast one is charged while the slow one draws
+    finally:
+        release.set()
+        slow.join(20)
+    assert (led.user("u").requests, led.user("u").spent_units) == (2, 2 * 10**12)
+
+
+def test_a_sample_that_lost_the_race_is_discarded_unreleased(stores: Stores) -> None:
+    """The pre-check passes, then another charge spends the budget while we draw: the charge
+    inside the transaction refuses, and the drawn sample is never stored."""
+    led = stores.open(budget=1.0)
+
+    def draw_while_other_spends() -> int:
+        led.charge("u", "other", b"o", 0.8, resp("other"))
+        return 7
+
+    with pytest.raises(BudgetExceeded):
+        led.draw_and_charge("u", "mine", b"m", 0.5, draw_while_other_spends, lambda s, rem: b"mine")
+    assert (led.user("u").spent_units, led.lookup("u", "mine")) == (800_000_000_000, None)
+    assert issubclass(BudgetExceeded, LedgerError)

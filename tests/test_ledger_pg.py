@@ -1,0 +1,85 @@
+"""The PostgreSQL ledger's own checks: settings shared by replicas, schema versions, bad URLs, the
+`recsvc ledger` commands and the per-connection durability setting."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ledger_conformance import Stores
+from recsvc.checks import ParamError
+from recsvc.service.ledger_pg import PostgresLedger
+from service_fixtures import REPO, free_port
+
+
+def _recsvc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> None:
+    url = pg_cluster.new_database()
+    s = Stores(url, tmp_path / "k")
+    s.open(budget=1.0).close()
+    with pytest.raises(ParamError, match=r"differs from the budget ε=1 .*same budget"):
+        PostgresLedger(url, 2.0, tmp_path / "k")
+    (tmp_path / "other").write_text("ab" * 32 + "\n")
+    (tmp_path / "other").chmod(0o600)
+    with pytest.raises(ParamError, match="not the key the ledger .* was initialised with"):
+        PostgresLedger(url, 1.0, tmp_path / "other")
+    led = PostgresLedger(url, 1.0, tmp_path / "k")  # the same settings: accepted
+    with led._pool.connection() as conn:
+        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    led.close()
+
+
+def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path) -> None:
+    url = pg_cluster.new_database()
+    key = tmp_path / "k"
+    key.write_text("cd" * 32 + "\n")
+    key.chmod(0o600)
+    with pytest.raises(ParamError, match="holds no recsvc ledger yet.*recsvc ledger init"):
+        PostgresLedger(url, 1.0, key)
+    PostgresLedger(url, 1.0, key, create=True).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE recsvc_meta SET value='2' WHERE name='schema_version'")
+    with pytest.raises(ParamError, match="schema version 2, newer than this recsvc reads"):
+        PostgresLedger(url, 1.0, key)
+    proc = _recsvc("ledger", "migrate", "--ledger", url)
+    assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
+
+
+def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    port = free_port()  # nothing listens there
+    with pytest.raises(ParamError) as err:
+        PostgresLedger(f"postgresql://alice:s3cr3tpw@127.0.0.1:{port}/db", 1.0, key, create=True)
+    text = str(err.value)
+    assert f"127.0.0.1:{port}/db" in text and "s3cr3tpw" not in text and "cannot connect" in text
+    assert not key.exists()  # a failed start leaves no new key behind
+    with pytest.raises(ParamError) as err:
+        PostgresLedger("postgresql://alice:s3cr3tpw@127.0.0.1:notaport/db?bogus=1", 1.0, key, create=True)
+    assert "s3cr3tpw" not in str(err.value)
+    proc = _recsvc("ledger", "init", "--ledger", f"postgresql://alice:s3cr3tpw@127.0.0.1:{port}/db",
+                   "--fingerprint-key", str(key))
+    assert proc.returncode == 2 and f"127.0.0.1:{port}" in proc.stderr and "s3cr3tpw" not in proc.stderr, proc.stderr
+
+
+def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path) -> None:
+    url = pg_cluster.new_database()
+    key = tmp_path / "replica.key"
+    first = _recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
+    assert first.returncode == 0 and "is ready (budget ε=3" in first.stdout, first.stderr
+    assert key.stat().st_mode & 0o777 == 0o600
+    again = _recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
+    assert again.returncode == 0, again.stderr  # idempotent
+    clash = _recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
+    assert clash.returncode == 2 and "every replica must use the same budget" in clash.stderr
+    mig = _recsvc("ledger", "migrate", "--ledger", url)
+    assert mig.returncode == 0 and "schema version 1 -> 1" in mig.stdout, mig.stderr
+    nokey = _recsvc("ledger", "init", "--ledger", url, "--budget", "3")
+    assert nokey.returncode == 2 and "needs --fingerprint-key" in nokey.stderr, nokey.stderr
