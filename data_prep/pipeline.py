@@ -323,6 +323,13 @@ def _population_frame(user_ids: np.ndarray, top: TopK, item_ids: np.ndarray, spe
     return _candidates_frame(np.asarray(user_ids)[pick], sample, item_ids)
 
 
+def _inputs_frame(user_ids: np.ndarray, inputs: Any, item_ids: np.ndarray) -> pl.DataFrame:
+    """The test users' fold-in items, one row each (eval scores them over the full catalog)."""
+    x = inputs.tocsr()
+    return pl.DataFrame({"user_id": np.repeat(user_ids.astype(str), np.diff(x.indptr)),
+                         "item_id": item_ids[x.indices].astype(str)})
+
+
 def _sensitivities(
     cfg: PrepConfig, engine: Any, model: Model, group: UserGroup, scratch: Path, timer: _Timer
 ) -> tuple[ItemRanges, TopK]:
@@ -405,6 +412,7 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
         writer.write_population(pop_frame)
         writer.write_policy(policy)
         writer.write_model(model)
+        writer.write_test_inputs(_inputs_frame(split.test.user_ids, split.test.inputs, split.item_ids))
         acc_users = acc.pop("users")
         manifest = {
             "dataset": cfg.dataset,

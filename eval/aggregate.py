@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from eval import metrics
 from eval.config import EvalConfig
 from eval.metrics import RunningMean
+from eval.pipeline_report import PipelineReducer
 from eval.results import EvalResult
 from eval.work import ChunkResult
 
@@ -25,7 +26,8 @@ SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users
 class Reducer:
     """Running aggregates of the chunks added so far; per-user Parquet tables go to ``tmp`` (if set)."""
 
-    def __init__(self, mechanisms, epsilons, total: int, seed: int, ratio_eps_idx: int, tmp: Path | None) -> None:
+    def __init__(self, mechanisms, epsilons, total: int, seed: int, ratio_eps_idx: int, tmp: Path | None,
+                 pipelines=None) -> None:
         self.mechanisms, self.epsilons = mechanisms, epsilons
         M, E = len(mechanisms), len(epsilons)
         self.mse = RunningMean((M, E))
@@ -49,6 +51,7 @@ class Reducer:
         self.mi = mechanisms.index("mgem") if self.has_ratio else -1
         self.writers: dict[str, pq.ParquetWriter] = {}
         self.tmp = tmp
+        self.pipes = None if pipelines is None else PipelineReducer(pipelines, mechanisms, epsilons)
 
     def _write(self, name: str, df: pl.DataFrame) -> None:
         if self.tmp is None:
@@ -64,6 +67,8 @@ class Reducer:
         self.users += B
         self.exact |= r.exact
         self.mse.add(r.mse)
+        if self.pipes is not None and r.pipelines is not None:
+            self.pipes.add(r.pipelines)
         for key, vals, hist in (("spearman", r.spearman, self.h_s), ("weighted", r.weighted, self.h_w)):
             ok = np.isfinite(vals)
             self.undefined[key] += int((~ok).sum())
@@ -102,6 +107,8 @@ class Reducer:
     def close(self) -> None:
         for acc in (self.mse, self.ratio, self.corr_mean):
             acc.flush()
+        if self.pipes is not None:
+            self.pipes.close()
         for w in self.writers.values():
             w.close()
 
@@ -151,4 +158,5 @@ def finish(cfg: EvalConfig, dataset: str, mechanisms: tuple[str, ...], red: Redu
     scatter = pl.concat(red.scatter) if red.scatter else pl.DataFrame()
     return EvalResult(cfg, dataset, mechanisms, red.epsilons, red.users, mse, correlation, log_ratio,
                       red.edges, red.h_s, red.h_w, scatter, red.epsilons[red.ratio_eps_idx], seconds,
-                      notes=_notes(cfg, mechanisms, red.exact))
+                      notes=_notes(cfg, mechanisms, red.exact),
+                      pipelines=None if red.pipes is None else red.pipes.table())

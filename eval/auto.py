@@ -75,6 +75,10 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
     """Whether and how ``auto`` is a row of this run (see the module doc)."""
     named = AUTO in mechanisms
     fixed = tuple(m for m in mechanisms if m != AUTO)
+    if cfg.pipelines:  # the pipelines' slate metrics cover fixed mechanisms only
+        if named:
+            raise ValueError("`auto` is not evaluated with --pipelines; drop auto from --mechanisms or drop --pipelines")
+        return AutoPlan(fixed, {}, "")
     if isinstance(source, ArtifactSource):
         policy = source.artifact.policy
         if policy is None:

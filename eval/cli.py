@@ -40,6 +40,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--artifacts", required=True, type=Path, help="artifact directory, e.g. artifacts/ml-100k")
     p.add_argument("--users", type=int, default=None, help="only the first N test users (default: all)")
     p.add_argument("--out", type=Path, default=None, help="results directory (default: results/<dataset>)")
+    p.add_argument("--pipelines", nargs="+", default=(), metavar="PIPE",
+                   help="also evaluate candidate pipelines over each test user's FULL-catalog scores: top500 (the "
+                        "paper's non-private pre-filter, NOT end-to-end DP), full, two-stage:F (private top-m with "
+                        "F·ε, F in (0, 1)); writes pipelines.csv, two plots and a report section")
+    p.add_argument("--slate-k", nargs="+", type=int, default=None, metavar="K",
+                   help="slate sizes of the pipeline metrics (default: 1 5 10)")
+    p.add_argument("--two-stage-m", type=int, default=None,
+                   help="m: top500's and two-stage's candidate count (default 500)")
+    p.add_argument("--two-stage-trials", type=int, default=None,
+                   help="Monte Carlo trials of the two-stage pipelines (default: --trials; each peels m selections)")
     _common(p)
     p.set_defaults(func=_run_eval)
 
@@ -103,8 +113,14 @@ def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
 
 def _config(args: argparse.Namespace, **source):
     from eval.config import DEFAULT_EPSILONS, EvalConfig
+    from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K
 
-    return EvalConfig(
+    slate_k = getattr(args, "slate_k", None)
+    m = getattr(args, "two_stage_m", None)
+    pipelines = dict(pipelines=tuple(getattr(args, "pipelines", ())),
+                     slate_k=tuple(slate_k) if slate_k else DEFAULT_SLATE_K,
+                     two_stage_m=DEFAULT_M if m is None else m, two_stage_trials=getattr(args, "two_stage_trials", None))
+    return EvalConfig(**pipelines,
         **source, users=args.users, mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
         epsilons=tuple(args.epsilons) if args.epsilons else DEFAULT_EPSILONS, trials=args.trials, seed=args.seed,
         exact=args.exact, params=params_from_namespace(args), engine=args.engine, workers=args.workers,

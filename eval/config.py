@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
 from recsvc.checks import ParamError, check_int
 from recsvc.staging import check_out
 from recsvc.engines import resolve_workers
@@ -47,6 +48,11 @@ class EvalConfig:
     force: bool = False  # replace an existing ``out`` directory (never the artifact directory)
     progress: bool | None = None
     ratio_epsilon: float = 1.0  # ε whose mGEM/GEM log-ratio is plotted against correlation
+    # Candidate pipelines and slate metrics (eval.pipelines); () = none, the default outputs only.
+    pipelines: tuple[str, ...] = ()
+    slate_k: tuple[int, ...] = DEFAULT_SLATE_K
+    two_stage_m: int = DEFAULT_M  # top500's m and two-stage's private top-m
+    two_stage_trials: int | None = None  # Monte Carlo trials of two-stage pipelines; None = trials
 
 
 def level_dirname(level: float) -> str:
@@ -121,6 +127,8 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
         raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}, or {AUTO}")
     if len(set(names)) != len(names):
         raise ValueError(f"mechanisms must be distinct, got {list(names)}")
+    parse_pipelines(tuple(cfg.pipelines), tuple(cfg.slate_k), cfg.two_stage_m, cfg.two_stage_trials,
+                    cfg.artifacts is not None)
     _check_out(cfg)
     return names
 

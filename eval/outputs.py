@@ -10,7 +10,7 @@ from pathlib import Path
 
 import polars as pl
 
-from eval import plots, report
+from eval import pipeline_report, plots, report
 from eval.config import EvalConfig, param_values, protected
 from eval.results import EvalResult, SweepResult
 from recsvc.staging import StagedDir
@@ -54,7 +54,10 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
     if result.auto.height:
         summary["auto"] = {"origin": result.auto_origin, "regret": result.auto.to_dicts()}
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (tmp / "report.md").write_text(report.markdown(result))
+    text = report.markdown(result)
+    if result.pipelines is not None:  # only with --pipelines: the default outputs stay as they were
+        text += pipeline_report.write(result, tmp)
+    (tmp / "report.md").write_text(text)
 
 
 def write_sweep_outputs(result: SweepResult, tmp: Path) -> None:

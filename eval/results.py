@@ -44,6 +44,7 @@ class EvalResult:
     seconds: float
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
+    pipelines: pl.DataFrame | None = None  # --pipelines: eval.pipeline_report.TABLE_SCHEMA rows
     auto: pl.DataFrame = field(default_factory=pl.DataFrame)  # eval.auto.regret_table; empty without auto
     auto_origin: str = ""  # where auto's policy table came from
 

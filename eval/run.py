@@ -44,7 +44,7 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
     cfg = replace(cfg, chunk_size=chunk_size(cfg, source.total))  # the report records the size used
     auto = plan(cfg, mechanisms, source)  # `auto` from the public policy table (or refused), before any output
     mechanisms = auto.mechanisms
-    ctx = make_context(cfg, mechanisms, auto.resolved)
+    ctx = make_context(cfg, mechanisms, source.catalog_items() if cfg.pipelines else None, auto.resolved)
     ranges = chunk_ranges(source.total, cfg.chunk_size)
     eps = ctx.epsilons
     ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
@@ -52,7 +52,7 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
     try:
         with outputs.staged(cfg) as stage:  # only now, after every check, is anything written
             red = aggregate.Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx,
-                                    None if stage is None else stage.tmp)
+                                    None if stage is None else stage.tmp, pipelines=ctx.pipelines)
             t0 = time.perf_counter()
             for res in engine.map(evaluate_chunk, LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
                                   unit="user", sizes=[len(r) for r in ranges]):

@@ -20,12 +20,13 @@ class Chunk:
     scores: np.ndarray  # (B, n) clipped; padding −inf
     sensitivities: np.ndarray  # (B, n); padding 1
     count: np.ndarray  # (B,)
+    catalog: np.ndarray | None = None  # (B, items) RAW full-catalog scores, only for --pipelines
 
 
 class ArtifactSource:
     """The first ``users`` candidate users of an artifact."""
 
-    def __init__(self, path: Path, users: int | None) -> None:
+    def __init__(self, path: Path, users: int | None, catalog: bool = False) -> None:
         from recsvc.artifact import load_artifact
         from recsvc.mechanisms.random_stopping import GAMMA
 
@@ -38,10 +39,19 @@ class ArtifactSource:
         # rs γ: the manifest's; an artifact built before it was recorded gets the mechanism's default
         recorded = self.artifact.manifest.default_gamma
         self.default_gamma = GAMMA.default if recorded is None else float(recorded)
+        self.catalog = catalog
+        if catalog:  # --pipelines: fail now, before anything is written, if the scores cannot be made
+            self.artifact.catalog_scores(self.artifact.user_ids[:1])
+
+    def catalog_items(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The catalog's (lo, hi, Δ) in items.parquet order."""
+        items = self.artifact.items
+        return tuple(items[c].to_numpy().astype(np.float64) for c in ("lo", "hi", "sensitivity"))  # type: ignore[return-value]
 
     def chunk(self, r: range) -> Chunk:
         m = self.artifact.candidate_matrix(users=len(r), start=r.start)
-        return Chunk(r.start, m.user_ids, m.clipped(), m.sensitivity, m.count)
+        full = self.artifact.catalog_scores(m.user_ids) if self.catalog else None
+        return Chunk(r.start, m.user_ids, m.clipped(), m.sensitivity, m.count, full)
 
 
 class ScenarioSource:
@@ -69,7 +79,7 @@ Source = ArtifactSource | ScenarioSource
 def open_source(cfg: EvalConfig) -> Source:
     """The config's data source; a missing / corrupt artifact or a bad scenario size fails here."""
     if cfg.artifacts is not None:
-        return ArtifactSource(Path(cfg.artifacts), cfg.users)
+        return ArtifactSource(Path(cfg.artifacts), cfg.users, catalog=bool(cfg.pipelines))
     return ScenarioSource(str(cfg.scenario), cfg.n, cfg.users, cfg.seed, cfg.level)
 
 

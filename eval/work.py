@@ -13,6 +13,7 @@ import numpy as np
 
 from eval import metrics
 from eval.config import EvalConfig, mechanism_params
+from eval.pipelines import PipelineContext, evaluate_user, parse_pipeline
 from eval.sources import Chunk
 from recsvc.policy import AUTO
 from recsvc.stats import spearman_rows
@@ -26,6 +27,7 @@ class ChunkContext:
     seed: int
     exact: frozenset[str]  # mechanisms evaluated from exact probabilities (--exact and available)
     params: dict[str, dict[str, float]]  # per mechanism
+    pipelines: PipelineContext | None = None  # --pipelines (eval.pipelines)
     auto: Mapping[float, str] = field(default_factory=dict)  # ε → what `auto` runs there (eval.auto)
 
 
@@ -39,18 +41,28 @@ class ChunkResult:
     mse: np.ndarray  # (B, M, E)
     mean_selected: np.ndarray  # (B, M, E)
     exact: np.ndarray  # (M,) bool: exact probabilities were used
+    pipelines: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (first_mse, recall, exact), (B, P, M, E, K)
 
 
-def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...], auto: Mapping[float, str] | None = None) -> ChunkContext:
+def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...],
+                 catalog: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+                 auto: Mapping[float, str] | None = None) -> ChunkContext:
     """What every chunk of the run shares; exact probabilities only where the mechanism has them.
-    ``auto`` (ε → mechanism) is what the ``auto`` row runs at each ε."""
+    ``catalog``: the items' (lo, hi, Δ), needed by --pipelines. ``auto`` (ε → mechanism) is what
+    the ``auto`` row runs at each ε."""
     from recsvc.mechanisms import MECHANISMS
 
     real = [m for m in mechanisms if m != AUTO] + sorted(set((auto or {}).values()))
     params = {m: mechanism_params(cfg, m) for m in real}
     exact = frozenset(m for m in real if MECHANISMS[m].exact) if cfg.exact else frozenset()
+    pipes = None
+    if cfg.pipelines and catalog is not None:
+        pipes = PipelineContext(tuple(parse_pipeline(p) for p in cfg.pipelines), tuple(int(k) for k in cfg.slate_k),
+                                int(cfg.two_stage_m), int(cfg.trials),
+                                int(cfg.trials if cfg.two_stage_trials is None else cfg.two_stage_trials),
+                                bool(cfg.exact), *catalog)
     return ChunkContext(mechanisms, tuple(float(e) for e in cfg.epsilons), int(cfg.trials), int(cfg.seed), exact,
-                        params, dict(auto or {}))
+                        params, pipes, dict(auto or {}))
 
 
 def _select(name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int,
@@ -98,8 +110,13 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
                 else:
                     sel = _select(name, qr, sr, eps, ctx.trials, ctx.seed, chunk.start + int(run[0]), params)
                     mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
+    pipes = None
+    if ctx.pipelines is not None and chunk.catalog is not None:
+        per_user = [evaluate_user(chunk.catalog[b], chunk.start + b, ctx.seed, ctx.mechanisms, ctx.epsilons,
+                                  ctx.params, ctx.pipelines) for b in range(B)]
+        pipes = tuple(np.stack([u[i] for u in per_user]) for i in range(3))
     return ChunkResult(
         chunk.start, chunk.user_ids, count,
         spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),
-        mse, mean_sel, exact_used,
+        mse, mean_sel, exact_used, pipes,
     )

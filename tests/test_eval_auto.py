@@ -109,3 +109,16 @@ def test_a_table_built_on_the_test_users_is_flagged(tmp_path: Path) -> None:
     res = run(_cfg(art, mechanisms=("rnm", "auto")))
     assert "TEST users" in res.auto_origin
     assert any("computed on the test users themselves, so its regret here is optimistic" in n for n in res.notes)
+
+
+def test_pipelines_cover_fixed_mechanisms_only(art: Path) -> None:
+    from dataclasses import replace
+
+    from eval.auto import plan
+    from eval.sources import ArtifactSource
+
+    cfg = replace(_cfg(art), pipelines=("top500",))
+    source = ArtifactSource(art, None)
+    assert plan(cfg, ("rnm", "gem"), source).mechanisms == ("rnm", "gem")  # the table is not used
+    with pytest.raises(ValueError, match="`auto` is not evaluated with --pipelines"):
+        plan(cfg, ("rnm", "auto"), source)

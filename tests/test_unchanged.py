@@ -26,8 +26,12 @@ ARTIFACT_FILES = {
     "model/W1.npz": "e485c1e31a3564332b1552c90dd563f9c7d8a87b4b8ab4f2a9469a45b29cba20",
     "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
+    "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
 }
-MANIFEST_WITHOUT_TIMINGS = "8af117ab0f5cbe09c5f9c37451ec71b63ba109d1f3a54805e9341562ea02c3c5"
+# Re-recorded for issue #11 (eval --pipelines): the manifest's files map now lists test_inputs.parquet;
+# without that one entry it still hashes to the old 3ad034ec…. Re-recorded for issue #15 (`auto`
+# policy table): files also lists policy.parquet and population.parquet, and the policy section.
+MANIFEST_WITHOUT_TIMINGS = "3abf7d53d75e9e9ab7e3a9fb590cbbfb0c55cdd6f77ca6477b025746334383c9"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
@@ -38,6 +42,8 @@ RESULT_FILES = {
     "selections.parquet": "4ce5712b10a6c6ac7adbd3b7504c1f0a359877e7e3e776a7aaaad71f7764eeca",
     "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
 }
+# Re-recorded for issue #15: mse.*, selections.parquet, the report and the summary gain the `auto`
+# rows / section / entry; without the auto rows the tables are main's bytes.
 REPORT_WITHOUT_SECONDS = "723715e5b45f514e08c9165145d866fab3a7aadfcea6144aebed3b442e0c9196"
 SUMMARY_WITHOUT_CONFIG = "2d23c5cd1b99d25622e0474eb4134e06e1786c2ef41c5e7b1f67a5aa578de7ad"
 

@@ -18,6 +18,7 @@ from recsvc.artifact.format import (
     POLICY,
     POLICY_SCHEMA,
     POPULATION,
+    TEST_INPUTS,
     ArtifactError,
     json_default,
     sha256_file,
@@ -31,8 +32,8 @@ from recsvc.artifact.writer import ArtifactWriter, save_model
 
 __all__ = [
     "CANDIDATES", "CANDIDATES_SCHEMA", "FORMAT_VERSION", "ITEMS", "ITEMS_SCHEMA", "MANIFEST", "MIN_SENSITIVITY",
-    "MODEL_DIR", "POLICY", "POLICY_SCHEMA", "POPULATION", "Artifact", "ArtifactError", "ArtifactWriter",
-    "CandidateMatrix", "Manifest", "PolicyInfo", "SansaInfo", "SpearmanStats", "SplitInfo", "json_default",
-    "load_artifact", "load_model", "read_manifest", "save_model", "sha256_file", "validate_candidates",
-    "validate_items", "validate_policy",
+    "MODEL_DIR", "POLICY", "POLICY_SCHEMA", "POPULATION", "TEST_INPUTS", "Artifact", "ArtifactError",
+    "ArtifactWriter", "CandidateMatrix", "Manifest", "PolicyInfo", "SansaInfo", "SpearmanStats", "SplitInfo",
+    "json_default", "load_artifact", "load_model", "read_manifest", "save_model", "sha256_file",
+    "validate_candidates", "validate_items", "validate_policy",
 ]

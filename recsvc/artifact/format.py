@@ -10,6 +10,8 @@ Layout of ``artifacts/<dataset>/``::
     population.parquet   as candidates.parquet, for the (sampled) sensitivity population: the
                          public data the `auto` policy table is computed from  -- optional
     policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
+    test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
+                         fold-in input items, so eval can score them over the full catalog
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ MODEL_DIR = "model"
 MODEL_W1 = "W1.npz"
 MODEL_W2 = "W2.npz"
 MODEL_ITEMS = "items.parquet"
+TEST_INPUTS = "test_inputs.parquet"
 FORMAT_VERSION = 1
 MIN_SENSITIVITY = 1e-6
 
@@ -37,6 +40,7 @@ ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensi
 CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}
 POLICY_SCHEMA = {"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String, "expected_mse": pl.Float64,
                  "rank": pl.Int32, "method": pl.String}
+TEST_INPUTS_SCHEMA = {"user_id": pl.String, "item_id": pl.String}
 
 
 class ArtifactError(ValueError):
@@ -105,6 +109,13 @@ def validate_policy(policy: pl.DataFrame) -> pl.DataFrame:
     if not all(list(r) == list(range(1, n + 1)) for r, n in groups.select("rank", "len").iter_rows()):
         raise ArtifactError(f"{POLICY}: ranks must be 1..m within each (epsilon, k)")
     return policy
+
+
+def validate_test_inputs(inputs: pl.DataFrame) -> pl.DataFrame:
+    inputs = _check_schema(inputs, TEST_INPUTS_SCHEMA, TEST_INPUTS)
+    if inputs["user_id"].null_count() or inputs["item_id"].null_count():
+        raise ArtifactError(f"{TEST_INPUTS}: user_id and item_id must be non-null")
+    return inputs
 
 
 def json_default(o: Any) -> Any:

@@ -23,11 +23,13 @@ from recsvc.artifact.format import (
     MODEL_W2,
     POLICY,
     POPULATION,
+    TEST_INPUTS,
     ArtifactError,
     sha256_file,
     validate_candidates,
     validate_items,
     validate_policy,
+    validate_test_inputs,
 )
 from recsvc.artifact.manifest import Manifest
 from recsvc.model import Model
@@ -137,6 +139,40 @@ class Artifact:
     @cached_property
     def model(self) -> Model:
         return load_model(self.path / MODEL_DIR)
+
+    @property
+    def has_test_inputs(self) -> bool:
+        return TEST_INPUTS in self.manifest.files
+
+    @cached_property
+    def _test_inputs(self) -> dict[str, np.ndarray]:
+        """user_id → the model columns of that test user's fold-in input items."""
+        if not self.has_test_inputs:
+            raise ArtifactError(f"{self.path} has no {TEST_INPUTS} (built before it was written); "
+                                "rebuild it with `recsvc prep` to score its test users over the full catalog")
+        df = validate_test_inputs(pl.read_parquet(self.path / TEST_INPUTS))
+        index = self.model.index
+        try:
+            cols = np.fromiter((index[i] for i in df["item_id"].to_list()), np.int64, df.height)
+        except KeyError as exc:
+            raise ArtifactError(f"{TEST_INPUTS}: item_id {exc.args[0]!r} is not in the model") from None
+        users = df["user_id"].to_numpy().astype(str)
+        order = np.argsort(users, kind="stable")
+        users, cols = users[order], cols[order]
+        cuts = np.flatnonzero(users[1:] != users[:-1]) + 1
+        return {str(u[0]): np.unique(c) for u, c in zip(np.split(users, cuts), np.split(cols, cuts)) if len(u)}
+
+    def catalog_scores(self, user_ids: np.ndarray) -> np.ndarray:
+        """RAW SANSA scores (users × every items.parquet row) of these test users from their stored
+        fold-in inputs, seen items included, as the service's Recommend scores a history (an item
+        the model has no column for scores 0). Clip with the items' lo/hi before selecting."""
+        inputs, model = self._test_inputs, self.model
+        col = np.array([model.index.get(i, -1) for i in self.items["item_id"].to_list()], np.int64)
+        out = np.empty((len(user_ids), self.items.height))
+        for b, u in enumerate(np.asarray(user_ids).astype(str).tolist()):
+            dense = model.score_one(inputs.get(u, np.zeros(0, np.int64)))
+            out[b] = np.where(col >= 0, dense[np.maximum(col, 0)], 0.0)
+        return out
 
     @cached_property
     def _candidate_rows(self) -> UserRows:

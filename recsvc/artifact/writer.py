@@ -23,12 +23,14 @@ from recsvc.artifact.format import (
     MODEL_W2,
     POLICY,
     POPULATION,
+    TEST_INPUTS,
     ArtifactError,
     json_default,
     sha256_file,
     validate_candidates,
     validate_items,
     validate_policy,
+    validate_test_inputs,
 )
 from recsvc.artifact.manifest import Manifest
 from recsvc.model import Model
@@ -55,6 +57,11 @@ class ArtifactWriter(StagedDir):
 
     def write_candidates(self, cands: pl.DataFrame) -> None:
         validate_candidates(cands).write_parquet(self.tmp / CANDIDATES, statistics=False)
+
+    def write_test_inputs(self, inputs: pl.DataFrame) -> None:
+        """The test users' fold-in input items (user_id, item_id): eval's full-catalog pipelines
+        score them with the model (optional; artifacts without it still load)."""
+        validate_test_inputs(inputs).write_parquet(self.tmp / TEST_INPUTS, statistics=False)
 
     def write_model(self, model: Model) -> None:
         save_model(model, self.tmp / MODEL_DIR)
