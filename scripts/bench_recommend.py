@@ -38,7 +38,7 @@ def histories(item_ids: list[str], count: int, seed: int = 0) -> list[list[str]]
 
 def start_server(artifacts: Path, ledger: Path) -> tuple[subprocess.Popen, int]:
     cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
-           "--port", "0", "--budget", "1e12"]
+           "--port", "0", "--budget", "1e6"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
