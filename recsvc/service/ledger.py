@@ -37,7 +37,7 @@ from typing import TypeVar
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, RequestConflict,
-                                        UserBudget, verdict)
+                                        UserBudget, draw_then_commit, verdict)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
 
@@ -237,13 +237,7 @@ class Ledger:
         is charged exactly once, and a retry gets the stored answer, never a fresh sample.
         """
         p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
-        with self._flights.one_at_a_time((user_id, request_id)):
-            done = self._precheck(p)
-            if done is not None:
-                return done
-            sample = draw()
-            p.build_response = lambda remaining: build_response(sample, remaining)
-            return self._commit(p)
+        return draw_then_commit(self, p, draw, build_response)
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes]) -> Charge:

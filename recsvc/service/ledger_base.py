@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from recsvc.service.ledger_units import format_units, to_epsilon
 
@@ -148,3 +148,15 @@ class Flights:
                 if entry[1] == 0:
                     del self._flights[key]
 
+
+def draw_then_commit(store: Any, p: Any, draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge:
+    """Steps 2–5 of ``draw_and_charge``, the same for every store: one caller per (user_id,
+    request_id) at a time; ``store._precheck(p)`` on a snapshot (a replay, or a raised refusal,
+    draws nothing); ``draw()`` holding no lock; ``store._commit(p)`` decides again and stores."""
+    with store._flights.one_at_a_time((p.user_id, p.request_id)):
+        done = store._precheck(p)
+        if done is not None:
+            return done
+        sample = draw()
+        p.build_response = lambda remaining: build_response(sample, remaining)
+        return store._commit(p)

@@ -33,7 +33,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
 from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, UserBudget, is_postgres,
-                                        verdict)
+                                        draw_then_commit, verdict)
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 
 S = TypeVar("S")
@@ -178,21 +178,20 @@ class PostgresLedger:
         """The protocol of :meth:`recsvc.service.ledger.Ledger.draw_and_charge`: pre-check on a
         snapshot, draw holding no lock, then one transaction that decides again and stores."""
         p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
-        with self._flights.one_at_a_time((user_id, request_id)):
-            rows = self._read(
-                "SELECT (SELECT fingerprint FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
-                " (SELECT response FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
-                " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": user_id, "r": request_id})
-            fp, response, spent = rows[0]
-            prior = None if fp is None else (bytes(fp), bytes(response))
-            done = verdict(user_id, request_id, p.fingerprint, p.units, prior, int(spent or 0), self.budget_units)
-            if isinstance(done, LedgerError):
-                raise done
-            if done is not None:
-                return done
-            sample = draw()
-            p.build_response = lambda remaining: build_response(sample, remaining)
-            return self._commit(p)
+        return draw_then_commit(self, p, draw, build_response)
+
+    def _precheck(self, p: _Pending) -> Charge | None:
+        """The verdict on a snapshot, holding no lock: a stored answer, or a raised refusal."""
+        rows = self._read(
+            "SELECT (SELECT fingerprint FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
+            " (SELECT response FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
+            " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": p.user_id, "r": p.request_id})
+        fp, response, spent = rows[0]
+        prior = None if fp is None else (bytes(fp), bytes(response))
+        done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, int(spent or 0), self.budget_units)
+        if isinstance(done, LedgerError):
+            raise done
+        return done
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes]) -> Charge:
