@@ -61,9 +61,9 @@ class PipelineReducer:
 
 
 def _figure(t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool) -> None:
-    from eval.plots import _plt
+    from eval.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     mechs = t["mechanism"].unique(maintain_order=True).to_list()
     ks = t["k"].unique(maintain_order=True).to_list()
     fig, axes = plt.subplots(len(mechs), len(ks), figsize=(4.2 * len(ks), 3.2 * len(mechs)), squeeze=False)

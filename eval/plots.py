@@ -20,7 +20,7 @@ SWEEP_PNG = "sweep.png"
 _MARKERS = "osD^v<>pP*Xh"
 
 
-def _plt():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -30,7 +30,7 @@ def _plt():
 
 
 def correlation_hist(result: EvalResult, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     edges = result.hist_edges
     width = np.diff(edges)
@@ -52,7 +52,7 @@ def correlation_hist(result: EvalResult, path: Path) -> None:
 
 
 def log_ratio_scatter(result: EvalResult, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     s = result.scatter
     ok = np.zeros(0, dtype=bool)
@@ -83,7 +83,7 @@ def mechanism_label(mech: str) -> str:
     return mech if MECHANISMS[mech].private else f"{mech} (not DP)"
 
 
-def _style(plt, i: int, mech: str) -> dict:
+def line_style(plt, i: int, mech: str) -> dict:
     """Mechanism i's marker, colour and line style, the same in every plot; references (the uniform
     baseline and mechanisms that are not DP) are dashed."""
     from recsvc.mechanisms import MECHANISMS
@@ -97,7 +97,7 @@ def _style(plt, i: int, mech: str) -> dict:
 
 
 def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.2, 4.5), dpi=110)
     drawn: list[float] = []
     for i, mech in enumerate(result.mechanisms):
@@ -106,7 +106,7 @@ def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
         lo, hi = t["ci_low"].to_numpy(), t["ci_high"].to_numpy()
         pos = m > 0  # log axes: a zero MSE cannot be drawn
         drawn += m[pos].tolist()
-        line, = ax.plot(e[pos], m[pos], **_style(plt, i, mech), ms=4, lw=1.4,
+        line, = ax.plot(e[pos], m[pos], **line_style(plt, i, mech), ms=4, lw=1.4,
                         label=mechanism_label(mech))
         band = pos & np.isfinite(lo) & np.isfinite(hi)
         low = np.maximum(lo[band], m[band] * 1e-3)
@@ -154,7 +154,7 @@ def _plain_log_ticks(ax) -> None:
 def sweep_figure(result: SweepResult, path: Path) -> None:
     """Figure 10: per level, the first instance's score vs Δ (top) and each mechanism's MSE ÷ RNM's vs ε
     (bottom, dashed line at 1: below it beats RNM); raw MSE on log-y when RNM was not run."""
-    plt = _plt()
+    plt = pyplot()
     k = len(result.levels)
     fig, axes = plt.subplots(2, k, figsize=(2.5 * k + 1.6, 5.6), dpi=110, squeeze=False)
     rel = result.has_rnm
@@ -175,7 +175,7 @@ def sweep_figure(result: SweepResult, path: Path) -> None:
             ok = np.isfinite(y) & (y > 0)  # log axes
             drawn += y[ok].tolist()
             hidden += int((~ok).sum())
-            bottom.plot(e[ok], y[ok], **_style(plt, i, mech), ms=3, lw=1.2,
+            bottom.plot(e[ok], y[ok], **line_style(plt, i, mech), ms=3, lw=1.2,
                         label=mechanism_label(mech))
         if rel:
             bottom.axhline(1.0, color="k", lw=1.0, ls="--", label="rnm (= 1)")

@@ -21,7 +21,7 @@ import polars as pl
 from eval import outputs
 from eval import run as runner
 from eval.config import EvalConfig, param_values, validate
-from eval.plots import _plt, _style, mechanism_label
+from eval.plots import line_style, mechanism_label, pyplot
 from eval.results import Finding
 from eval.sources import ScenarioSource
 
@@ -153,14 +153,14 @@ def findings(table: pl.DataFrame, eps: float) -> list[Finding]:
 
 def figure(result: ProportionResult, path: Path) -> None:
     """Figure 18: MSE vs the proportion of high scores at ε, one panel per correlation."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), dpi=110, sharey=True)
     mechs = result.table["mechanism"].unique(maintain_order=True).to_list()
     for ax, (kind, corr) in zip(axes, KINDS.items()):
         t = result.table.filter((pl.col("kind") == kind) & (pl.col("epsilon") == result.epsilon))
         for i, m in enumerate(mechs):
             r = t.filter(pl.col("mechanism") == m).sort("proportion")
-            ax.plot(r["proportion"], r["mse"], **_style(plt, i, m), ms=3, lw=1.2, label=mechanism_label(m))
+            ax.plot(r["proportion"], r["mse"], **line_style(plt, i, m), ms=3, lw=1.2, label=mechanism_label(m))
         ax.set_title(f"scenario {kind}: {'no' if corr == 'none' else corr} correlation", fontsize=10)
         ax.set_xlabel("proportion of high scores", fontsize=9)
         ax.grid(True, alpha=0.25)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from eval.plots import _plt
+from eval.plots import pyplot
 
 if TYPE_CHECKING:
     from eval.two_candidates import TwoCandidateResult
@@ -44,7 +44,7 @@ def _panel(ax, t: pl.DataFrame, deltas: tuple[float, ...], title: str):
 
 def _figure(result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], ncols: int, title: str,
             path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.5 * nrows + 0.7), dpi=110, squeeze=False)
     for ax in axes.ravel()[len(panels):]:

@@ -10,7 +10,7 @@ import polars as pl
 
 from eval.bandit.config import POLICIES, PRIVATE
 from eval.bandit.tables import NEVER_SWITCHING, ci
-from eval.plots import _plt
+from eval.plots import pyplot
 
 if TYPE_CHECKING:
     from eval.bandit.results import BanditResult
@@ -36,7 +36,7 @@ def _shift_line(ax, result: BanditResult) -> None:
 
 def cumulative(result: BanditResult, path: Path) -> None:
     """(a) mean cumulative reward over seeds with its 95% band; the never-switching UCB reading dashed."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     cfg = result.config
     for policy in cfg.policies:
@@ -64,7 +64,7 @@ def cumulative(result: BanditResult, path: Path) -> None:
 
 def estimated_means(result: BanditResult, path: Path) -> None:
     """(b) seed 0: each policy's mean reward per arm (lines) over the private scores it selects on (points)."""
-    plt = _plt()
+    plt = pyplot()
     cfg = result.config
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110, sharey=True)
     d = result.means.filter(pl.col("seed") == 0)
@@ -90,7 +90,7 @@ def estimated_means(result: BanditResult, path: Path) -> None:
 
 def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
     """(c)/(d) seed 0: the private p10/p90 estimates of one arm per window; true quantiles dashed."""
-    plt = _plt()
+    plt = pyplot()
     cfg = result.config
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
     d = result.quantiles.filter((pl.col("seed") == 0) & (pl.col("arm") == arm))
