@@ -318,3 +318,30 @@ def test_a_good_start_still_serves(artifact: Path, tmp_path: Path) -> None:
     with socket.socket() as s:  # stop() also closed the metrics port
         assert s.connect_ex(("127.0.0.1", h.metrics_port)) != 0
     assert Ledger(tmp_path / "l.db", budget=10.0).totals() == {"u": pytest.approx(0.5)}
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_an_ipv6_host_is_bracketed_and_serves(artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from recsvc.service.config import host_port
+
+    assert (host_port("::1", 50051), host_port("127.0.0.1", 1)) == ("[::1]:50051", "127.0.0.1:1")
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", host="::1"))
+    try:
+        with Client(f"[::1]:{h.port}") as c:
+            assert c.select("u", candidates(), mechanism="rnm", epsilon=0.25).epsilon_spent == pytest.approx(0.25)
+    finally:
+        h.stop(1)
+    with pytest.raises(ValueError, match=r"cannot listen on \[::1\]:\d+: "):
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+            s.listen()
+            start(ServerConfig(artifacts=artifact, port=s.getsockname()[1], ledger=tmp_path / "l2.db", host="::1"))

@@ -137,6 +137,11 @@ class ServerConfig:
         return self
 
 
+def host_port(host: str, port: int) -> str:
+    """``host:port`` as gRPC and URLs spell it: an IPv6 address is bracketed ([::1]:50051)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def is_loopback(host: str) -> bool:
     """True for localhost and loopback addresses only: any other name may reach the network."""
     if host == "localhost":

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client import multiprocess
 
 from recsvc.checks import ParamError
+from recsvc.service.config import host_port
 
 REQUESTS = Counter(
     "recsvc_requests",
@@ -65,5 +66,5 @@ def serve_metrics_http(port: int, addr: str = "127.0.0.1") -> Any:
         reason = getattr(exc, "strerror", None) or str(exc)
         raise ParamError("cannot serve metrics on {address} ({reason}); expected {metrics_port} to be a free port "
                          "in 0..65535 (not {port}) and {metrics_host} an address of this machine",
-                         address=f"{addr}:{port}", reason=reason) from None
+                         address=host_port(addr, port), reason=reason) from None
     return server

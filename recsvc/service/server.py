@@ -31,7 +31,7 @@ import grpc
 
 from recsvc.checks import ParamError
 from recsvc.service.auth import SERVICE_NAME, Authenticator
-from recsvc.service.config import ServerConfig
+from recsvc.service.config import ServerConfig, host_port
 from recsvc.service.ledger_base import is_postgres
 from recsvc.service.ledger_store import open_store
 
@@ -143,8 +143,8 @@ def start(config: ServerConfig) -> ServerHandle:
         log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
                     "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
-        "serving %s on %s:%d (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s, "
-        "fingerprint key %s)", SERVICE_NAME, config.host, port, "TLS" if creds else "plaintext",
+        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s, "
+        "fingerprint key %s)", SERVICE_NAME, host_port(config.host, port), "TLS" if creds else "plaintext",
         servicer.default_mechanism, servicer.selector.auto_description, config.budget,
         getattr(ledger, "where", config.ledger), config.key_path,
     )
@@ -162,7 +162,7 @@ def _authenticator(config: ServerConfig) -> Authenticator:
 
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
     """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
-    address = f"{config.host}:{config.port}"
+    address = host_port(config.host, config.port)
     expected = "expected a free {port} (0..65535) and a {host} that is an address of this machine (e.g. 127.0.0.1)"
     if not config.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
         try:
@@ -191,9 +191,9 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
     stop = _stop_on_signals()
     handle = start(config)
     if ready_fd is None:
-        print(f"recsvc serve: listening on {config.host}:{handle.port}", flush=True)
+        print(f"recsvc serve: listening on {host_port(config.host, handle.port)}", flush=True)
         if handle.metrics_port is not None:
-            print(f"recsvc serve: metrics on http://{config.metrics_host}:{handle.metrics_port}/metrics", flush=True)
+            print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, handle.metrics_port)}/metrics", flush=True)
     else:
         os.write(ready_fd, b"1")
         os.close(ready_fd)
@@ -320,7 +320,7 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
         raise RuntimeError(f"only {ready} of {config.workers} workers started; see the log above")
     os.close(err_read)
     served.append(True)
-    print(f"recsvc serve: listening on {config.host}:{config.port} ({config.workers} workers)", flush=True)
+    print(f"recsvc serve: listening on {host_port(config.host, config.port)} ({config.workers} workers)", flush=True)
     if config.metrics_port is not None:
         from recsvc.service.metrics import serve_metrics_http
 
@@ -329,7 +329,7 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
         except ValueError:
             _terminate(pids)
             raise
-        print(f"recsvc serve: metrics on http://{config.metrics_host}:{mport}/metrics", flush=True)
+        print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, mport)}/metrics", flush=True)
     codes: dict[int, int] = {}
     while len(codes) < len(pids):
         if stop.is_set():
@@ -364,4 +364,4 @@ def _check_port_free(host: str, port: int) -> None:
             s.bind((host, port))
         except (OSError, OverflowError) as exc:  # gaierror (bad host) is an OSError
             reason = getattr(exc, "strerror", None) or str(exc)
-            raise ValueError(f"cannot listen on {host}:{port}: {reason}") from None
+            raise ValueError(f"cannot listen on {host_port(host, port)}: {reason}") from None
