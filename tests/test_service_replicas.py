@@ -58,6 +58,17 @@ def _select(target: str, user: str, rid: str, epsilon: float) -> tuple[str, obje
             return exc.code().name, None
 
 
+def _health_becomes(target: str, status: str, within_s: float = 15.0) -> bool:
+    """Whether the replica's health check reports ``status`` within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    with Client(target, retries=0, timeout=5) as c:
+        while time.monotonic() < deadline:
+            if c.health() == status:
+                return True
+            time.sleep(0.2)
+    return False
+
+
 def _ledger_rows(url: str, user: str) -> tuple[dict[str, bytes], int, int]:
     """(request_id → stored response, spent units, request count) straight from the database."""
     with psycopg.connect(url) as conn:
@@ -148,8 +159,11 @@ def test_database_crash_and_restart_mid_burst(fleet: Fleet, pg_cluster) -> None:
             with ThreadPoolExecutor(6) as outage:
                 during = list(outage.map(lambda i: _select(targets[i % 2], "outage", f"o{i}", 0.001), range(6)))
             assert [c for c, _ in during] == ["UNAVAILABLE"] * 6
+            # A load balancer sees it: both replicas report NOT_SERVING while the database is down.
+            assert [_health_becomes(t, "NOT_SERVING") for t in targets] == [True, True]
         finally:
             pg_cluster.start()
+        assert [_health_becomes(t, "SERVING") for t in targets] == [True, True]
         deadline = time.monotonic() + 40
         for t in targets:  # each replica's pool reconnects (with its backoff)
             while time.monotonic() < deadline and _select(t, "after", f"a{time.monotonic_ns()}", 0.001)[0] != "OK":

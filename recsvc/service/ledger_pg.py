@@ -139,6 +139,16 @@ class PostgresLedger:
     def close(self) -> None:
         self._pool.close()
 
+    def reachable(self) -> bool:
+        """Whether the database answers now (for health checks): its own short connection, so a
+        probe never waits behind requests for a pooled one."""
+        try:
+            with psycopg.connect(self.url, autocommit=True, connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
+
     # -- reads ---------------------------------------------------------------------------
 
     def _retrying(self, fn: Callable[[psycopg.Connection], T]) -> T:

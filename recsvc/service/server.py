@@ -36,6 +36,7 @@ from recsvc.service.ledger_base import is_postgres
 from recsvc.service.ledger_store import open_store
 
 log = logging.getLogger("recsvc.service")
+PROBE_INTERVAL_S = 1.0  # how often a replica checks that its PostgreSQL ledger answers (health)
 
 
 @dataclass
@@ -50,11 +51,14 @@ class ServerHandle:
     metrics_port: int | None = None
     metrics_server: Any = None
     _stopped: threading.Event = field(default_factory=threading.Event)
+    _watcher: threading.Thread | None = None
 
     def stop(self, grace: float | None = 5.0, drain_delay: float = 0.0) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self._watcher is not None:
+            self._watcher.join()
         self.health.enter_graceful_shutdown()  # every service → NOT_SERVING
         if drain_delay > 0:
             time.sleep(drain_delay)  # let load balancers see NOT_SERVING before the port closes
@@ -148,7 +152,29 @@ def start(config: ServerConfig) -> ServerHandle:
         servicer.default_mechanism, servicer.selector.auto_description, config.budget,
         getattr(ledger, "where", config.ledger), config.key_path,
     )
-    return ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+    handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+    if pg:
+        handle._watcher = threading.Thread(target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe",
+                                           daemon=True)
+        handle._watcher.start()
+    return handle
+
+
+def _watch_ledger(handle: ServerHandle) -> None:
+    """Health follows the shared database: NOT_SERVING while it does not answer (a load balancer
+    then sends requests to a replica that can charge them), SERVING again once it does."""
+    from grpc_health.v1 import health_pb2
+
+    serving = True
+    while not handle._stopped.wait(PROBE_INTERVAL_S):
+        ok = handle.ledger.reachable()
+        if ok != serving and not handle._stopped.is_set():
+            status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", SERVICE_NAME):
+                handle.health.set(name, status)
+            log.warning("ledger %s %s: health %s", getattr(handle.ledger, "where", "?"),
+                        "answers again" if ok else "does not answer", "SERVING" if ok else "NOT_SERVING")
+            serving = ok
 
 
 def _authenticator(config: ServerConfig) -> Authenticator:
