@@ -24,6 +24,14 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq postgresql >/dev/null
 fi
 
+# iproute2 (`ip netns`): tests/test_service_netns.py runs replicas as separate network hosts.
+if ! command -v ip >/dev/null 2>&1; then
+    echo "[setup] installing iproute2"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq iproute2 >/dev/null
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "[setup] creating .venv"
     "$PY" -m venv .venv

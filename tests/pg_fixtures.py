@@ -27,6 +27,7 @@ class Cluster:
     bin: Path
     data: Path
     port: int
+    listen: str = "127.0.0.1"  # listen_addresses (comma-separated)
     _names = itertools.count()
 
     def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -37,13 +38,18 @@ class Cluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
 
     def start(self) -> None:
-        opts = (f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses=127.0.0.1 -c synchronous_commit=on "
+        opts = (f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses={self.listen} -c synchronous_commit=on "
                 "-c max_connections=200 -c shared_buffers=32MB")
         self._run(str(self.bin / "pg_ctl"), "start", "-w", "-t", "30", "-D", str(self.data / "db"),
                   "-l", str(self.data / "log"), "-o", opts)
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bin / "pg_ctl"), "stop", "-w", "-D", str(self.data / "db"), "-m", mode, check=False)
+
+    def trust(self, cidr: str) -> None:
+        """Lets clients from ``cidr`` log in (before ``start``): replicas on other hosts."""
+        with open(self.data / "db" / "pg_hba.conf", "a") as f:
+            f.write(f"host all all {cidr} trust\n")
 
     def new_database(self) -> str:
         """A fresh, empty database; its URL."""
@@ -55,7 +61,7 @@ class Cluster:
         return self.url(name)
 
 
-def start_cluster() -> Cluster:
+def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = ()) -> Cluster:
     binaries = pg_bin()
     assert binaries is not None
     data = Path(tempfile.mkdtemp(prefix="recsvc-pg-"))
@@ -63,9 +69,11 @@ def start_cluster() -> Cluster:
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
         shutil.chown(data / "sock", "postgres", "postgres")
-    cluster = Cluster(binaries, data, free_port())
+    cluster = Cluster(binaries, data, free_port(), listen)
     cluster._run(str(binaries / "initdb"), "-D", str(data / "db"), "-U", "postgres", "-A", "trust", "--no-sync",
                  "-E", "UTF8", "--locale=C")
+    for cidr in trust:
+        cluster.trust(cidr)
     cluster.start()
     return cluster
 

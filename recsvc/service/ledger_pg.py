@@ -68,6 +68,15 @@ def connect(url: str, where: str, connect_timeout: int) -> psycopg.Connection:
                          where=where, reason=_scrub(str(exc).strip().splitlines()[0], url)) from None
 
 
+def _link_timeouts(timeout_s: float) -> dict[str, int]:
+    """libpq settings that turn a silent network partition into an error within about ``timeout_s``
+    (a request then gets UNAVAILABLE) instead of a query that waits for TCP's own retransmission
+    limit (many minutes): unacknowledged data, and idle connections probed by keepalives."""
+    ms = max(1000, round(timeout_s * 1000))
+    return {"connect_timeout": max(1, round(timeout_s)), "tcp_user_timeout": ms, "keepalives": 1,
+            "keepalives_idle": max(1, round(timeout_s)), "keepalives_interval": 1, "keepalives_count": 3}
+
+
 def _configure(conn: psycopg.Connection) -> None:
     conn.execute("SET synchronous_commit TO on")  # COMMIT returns only once the WAL is flushed
 
@@ -124,7 +133,7 @@ class PostgresLedger:
         # server is back instead of after a long exponential backoff.
         self._pool = ConnectionPool(url, min_size=pool_size, max_size=pool_size, timeout=timeout_s, open=False,
                                     reconnect_timeout=timeout_s,
-                                    kwargs={"autocommit": True, "connect_timeout": connect_timeout},
+                                    kwargs={"autocommit": True, **_link_timeouts(timeout_s)},
                                     configure=_configure, name="recsvc-ledger")
         self._pool.open(wait=True, timeout=timeout_s * 2)
 
@@ -143,7 +152,7 @@ class PostgresLedger:
         """Whether the database answers now (for health checks): its own short connection, so a
         probe never waits behind requests for a pooled one."""
         try:
-            with psycopg.connect(self.url, autocommit=True, connect_timeout=2) as conn:
+            with psycopg.connect(self.url, autocommit=True, **_link_timeouts(2.0)) as conn:
                 conn.execute("SELECT 1")
             return True
         except psycopg.Error:
@@ -160,7 +169,9 @@ class PostgresLedger:
                 with self._pool.connection() as conn:
                     return fn(conn)
             except _DOWN as exc:
-                if attempt == 1 or isinstance(exc, PoolTimeout):
+                # Unreachable now (down, or a partition): fail fast rather than also wait on the
+                # pool's other, equally dead connections.
+                if attempt == 1 or isinstance(exc, PoolTimeout) or not self.reachable():
                     raise self._unavailable(exc) from None
                 self._pool.check()  # drop the connections that died with the server
         raise AssertionError("unreachable")
