@@ -4,9 +4,11 @@ PostgreSQL-only tests): the SQLite file or a fresh PostgreSQL database of the se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from recsvc.service.ledger_base import LedgerStore
 from recsvc.service.ledger_store import open_store
@@ -50,3 +52,18 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@pytest.fixture(params=STORES)
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    """Each test that takes it runs twice: on an SQLite file and on a fresh PostgreSQL database
+    (import it into the test module: ``from ledger_conformance import stores``)."""
+    if request.param == "sqlite":
+        s = Stores(tmp_path / "ledger.db", tmp_path / "ledger.key")
+    else:
+        cluster = request.getfixturevalue("pg_cluster")
+        s = Stores(cluster.new_database(), tmp_path / "ledger.key")
+    try:
+        yield s
+    finally:
+        s.close_all()

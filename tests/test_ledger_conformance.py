@@ -4,30 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from ledger_conformance import DAY, STORES, Clock, Stores, resp
+from ledger_conformance import DAY, Clock, Stores, resp, stores  # noqa: F401 - stores: the fixture
 from recsvc.checks import ParamError
 from recsvc.service.ledger_base import BudgetExceeded, LedgerError, RequestConflict
 from recsvc.service.ledger_units import InvalidCharge
-
-
-@pytest.fixture(params=STORES)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    if request.param == "sqlite":
-        s = Stores(tmp_path / "ledger.db", tmp_path / "ledger.key")
-    else:
-        cluster = request.getfixturevalue("pg_cluster")
-        s = Stores(cluster.new_database(), tmp_path / "ledger.key")
-    try:
-        yield s
-    finally:
-        s.close_all()
 
 
 def test_replay_conflict_and_budget_refusal(stores: Stores) -> None:

@@ -103,9 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="slate size: k distinct items in selection order, ε charged once (default: one item)")
     s.set_defaults(func=run_select)
 
-    led = sub.add_parser("ledger", help="prepare or migrate a privacy ledger (PostgreSQL or SQLite)",
-                         description="Create a ledger and store the settings every replica must share, or "
-                                     "apply pending schema migrations.")
+    led = sub.add_parser("ledger", help="prepare, migrate or export a privacy ledger (PostgreSQL or SQLite)",
+                         description="Create a ledger and store the settings every replica must share, "
+                                     "apply pending schema migrations, or export its charges for an audit.")
     led_sub = led.add_subparsers(dest="ledger_command", required=True)
     init = led_sub.add_parser("init", help="create the ledger (idempotent; refuses other settings)")
     init.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
@@ -118,6 +118,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
     mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
     mig.set_defaults(func=run_ledger_migrate)
+    exp = led_sub.add_parser("export", help="write one Parquet row per charge (user_id, request_id, mechanism, "
+                                            "epsilon, time) for an audit",
+                             description="Stream every charge of a ledger into a Parquet file: user_id, request_id, "
+                                         "mechanism, epsilon, time (UTC). No fingerprints, scores, items or answers.")
+    exp.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
+    exp.add_argument("--out", type=Path, required=True, help="Parquet file to write, e.g. charges.parquet")
+    exp.add_argument("--force", action="store_true", help="replace --out if it exists")
+    exp.set_defaults(func=run_ledger_export)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
     _client_args(b)
@@ -172,6 +180,24 @@ def run_ledger_migrate(args: argparse.Namespace) -> int:
     where, before, after = migrate_url(args.ledger)
     print(f"recsvc ledger: {where} schema version {before} -> {after}")
     return 0
+
+
+def run_ledger_export(args: argparse.Namespace) -> int:
+    from recsvc.service.ledger_export import export
+
+    n = export(args.ledger, args.out, force=args.force)
+    where = describe_ledger(args.ledger)
+    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
+    return 0
+
+
+def describe_ledger(ledger: Path | str) -> str:
+    """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
+    if is_postgres(ledger):
+        from recsvc.service.ledger_pg import describe
+
+        return describe(str(ledger))
+    return str(ledger)
 
 
 def parse_candidate(text: str) -> tuple[str, float]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
 from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, UserBudget, account,
                                         draw_then_commit, is_postgres, unset, verdict)
+from recsvc.service.ledger_schema import ChargeRow
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
 
@@ -247,3 +249,24 @@ def migrate_url(url: str) -> tuple[str, int, int]:
     with connect(url, where, 5) as conn:
         before, after = ledger_pg_schema.migrate(conn, where)
     return where, before, after
+
+
+@contextmanager
+def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
+    """``(number of charges, chunks of charge rows)`` of a PostgreSQL ledger (the rows of
+    :func:`recsvc.service.ledger_schema.read_charges`), streamed by a server-side cursor, on one
+    read-only REPEATABLE READ snapshot, in (user_id, request_id) order."""
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        ledger_pg_schema.check_readable(conn, where)
+        conn.autocommit = False
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        with conn.transaction():
+            total = int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+            with conn.cursor(name="recsvc_export") as cur:
+                cur.itersize = chunk
+                cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "
+                            "(extract(epoch FROM created) * 1000000)::bigint FROM recsvc_requests "
+                            "ORDER BY user_id, request_id")
+                yield total, iter(lambda: cur.fetchmany(chunk), [])

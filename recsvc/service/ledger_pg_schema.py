@@ -127,8 +127,8 @@ def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWin
     return created
 
 
-def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> None:
-    """Refuses a database that is missing, newer, behind, or set up with another budget, window or key."""
+def check_readable(conn: Any, where: str) -> None:
+    """Refuses a database without a recsvc ledger, or with a schema version other than this recsvc's."""
     settings = _settings(conn)
     if settings is None:
         raise ParamError("{ledger} {where} holds no recsvc ledger yet; expected " + EXPECTED, where=where)
@@ -137,6 +137,13 @@ def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWi
     if found < VERSION:
         raise ParamError("{ledger} {where} has ledger schema version {v}, older than this recsvc's {mine}; "
                          "run `recsvc ledger migrate --ledger URL` first", where=where, v=found, mine=VERSION)
+
+
+def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> None:
+    """Refuses a database that is missing, newer, behind, or set up with another budget, window or key."""
+    check_readable(conn, where)
+    settings = _settings(conn)
+    assert settings is not None
     stored = int(settings["budget_units"])
     if stored != budget_units:
         raise ParamError("{budget} {got} differs from the budget ε={stored} that the ledger {where} was initialised "

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from recsvc.checks import MissingFileError, ParamError, check_regular_file
@@ -64,7 +65,8 @@ _V2 = ("ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
        _TABLES[2])
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-EXPECTED = "an SQLite ledger written by `recsvc serve`, or a new file path in an existing, writable directory"
+WRITTEN = "an SQLite ledger written by `recsvc serve`"
+EXPECTED = WRITTEN + ", or a new file path in an existing, writable directory"
 SIDECARS = ("-wal", "-shm", "-journal", ".lock")
 
 
@@ -259,3 +261,35 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: Budg
         conn.execute("PRAGMA secure_delete = OFF")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return key, created
+
+
+# One charge as the audit export reads it: user_id, request_id, mechanism, ε units, time (µs since
+# the Unix epoch, UTC). Never the fingerprint or the response.
+ChargeRow = tuple[str, str, str, int, int]
+
+
+@contextmanager
+def read_charges(path: Path, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
+    """``(number of charges, chunks of charge rows)`` of an SQLite ledger, read-only, on one
+    snapshot, in (user_id, request_id) order, ``chunk`` rows at a time."""
+    p = Path(path)
+    if not p.exists():
+        raise MissingFileError("{ledger} {path} does not exist; expected " + WRITTEN, path=str(p))
+    check_path(p)
+    check_foreign(p)
+    conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    try:
+        found = version(conn)
+        if found is None:
+            raise ParamError("{ledger} {path} holds no recsvc ledger; expected " + WRITTEN, path=str(p))
+        if found != VERSION:
+            raise ParamError("{ledger} {path} has format version {v}; expected a ledger of version {mine}: open it once "
+                             "with this recsvc (`recsvc ledger init --ledger {path}`, or `recsvc serve`) to migrate it",
+                             path=str(p), v=found, mine=VERSION)
+        conn.execute("BEGIN")  # one snapshot for the count and the rows
+        total = int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+        rows = conn.execute("SELECT user_id, request_id, mechanism, epsilon_units, CAST(round(created * 1000000) AS "
+                            "INTEGER) FROM requests ORDER BY user_id, request_id")
+        yield total, iter(lambda: rows.fetchmany(chunk), [])
+    finally:
+        conn.close()
