@@ -21,6 +21,7 @@ from recsvc.service.config import ServerConfig
 from recsvc.service.ledger import Ledger
 from recsvc.service.ledger_base import BudgetExceeded, Charge, RequestConflict
 from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
+from recsvc.service.ledger_export import export
 from recsvc.service.ledger_window import BudgetWindow
 from recsvc.service.server import start
 from recsvc.v1 import selection_pb2 as pb
@@ -106,6 +107,8 @@ def test_a_version_1_file_migrates_to_version_2(tmp_path: Path) -> None:
     _write_v1(path)
     with pytest.raises(ParamError, match="budget_window 7d differs from the budget window lifetime"):
         Ledger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
+    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 2: open it once"):
+        export(path, tmp_path / "c.parquet")  # the audit export reads only the current format
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA user_version").fetchone() == (1,)
     assert con.execute("SELECT name FROM sqlite_master WHERE name='settings'").fetchall() == []
@@ -126,6 +129,7 @@ def test_a_version_1_file_migrates_to_version_2(tmp_path: Path) -> None:
         led.charge("bob", "b2", b"x", 0.1, lambda r: b"x")
     led.close()
     assert Ledger(path, 1.0).commits == 0  # opening again migrates nothing
+    assert export(path, tmp_path / "c.parquet", progress=False) == 3
 
 
 def _digest(rid: str) -> bytes:

@@ -15,8 +15,8 @@ order: a :class:`Charge` (fresh or replayed) or the exception that refused it (n
 5. One group commit (one transaction, one fsync): every item is decided again by the same rule,
    in batch order, and ``build_response(index, sample, remaining)`` is stored with its spend.
 
-The budget rule in a batch: items are charged in batch order, each against what remains after
-the items before it; an item that does not fit is refused (RESOURCE_EXHAUSTED) and a LATER,
+The budget rule in a batch: items are charged in batch order, each against what remains (in the
+current budget window, one clock reading for the whole transaction) after the items before it; an item that does not fit is refused (RESOURCE_EXHAUSTED) and a LATER,
 smaller item that still fits is charged. An item repeating an earlier item's (user_id,
 request_id) within the batch replays that item's answer (or conflicts). A store (SQLite here,
 PostgreSQL elsewhere) implements steps 3 and 5; the rest is the same for every store.
