@@ -57,7 +57,9 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def _bar(desc: str, unit: str, total: int, disable: bool | None) -> tqdm:
+def progress_bar(desc: str, unit: str, total: int, disable: bool | None) -> tqdm:
+    """The progress bar every long-running command shows (``disable`` None: tqdm decides, off when
+    not a TTY); the engines' map and ``recsvc ledger export`` use it."""
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, mininterval=0.5)
 
 
@@ -74,7 +76,7 @@ class LocalEngine:
     def map(self, fn, chunks, context=None, *, desc="", unit="chunk", sizes=None):
         sizes = list(sizes) if sizes is not None else [1] * len(chunks)
         disable = None if self.progress is None else not self.progress
-        with _bar(desc, unit, sum(sizes), disable) as bar:
+        with progress_bar(desc, unit, sum(sizes), disable) as bar:
             if self.workers == 1 or len(chunks) <= 1:
                 for chunk, size in zip(chunks, sizes):
                     out = fn(chunk, context)
@@ -140,7 +142,7 @@ class DaskEngine:
         ctx = client.scatter(context, broadcast=True) if context is not None else None
         disable = None if self.progress is None else not self.progress
         window = max(2 * len(client.scheduler_info().get("workers", {}) or [1]), 2)
-        with _bar(desc, unit, sum(sizes), disable) as bar:
+        with progress_bar(desc, unit, sum(sizes), disable) as bar:
             futures: dict[int, Any] = {}
             nxt = 0
             for i in range(len(chunks)):

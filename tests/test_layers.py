@@ -40,6 +40,9 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.engines": (1, "shared"),
     "recsvc.policy": (1, "shared"),
     "recsvc.service": (2, "service"),
+    # named although the prefix above covers them: the ledger's renewable windows and audit export (issue #13)
+    "recsvc.service.ledger_window": (2, "service"),
+    "recsvc.service.ledger_export": (2, "service"),
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),
     "eval": (2, "eval"),

@@ -4,28 +4,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from ledger_conformance import STORES, Stores, resp
+from ledger_conformance import DAY, Clock, Stores, resp, stores  # noqa: F401 - stores: the fixture
+from recsvc.checks import ParamError
 from recsvc.service.ledger_base import BudgetExceeded, LedgerError, RequestConflict
 from recsvc.service.ledger_units import InvalidCharge
-
-
-@pytest.fixture(params=STORES)
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    if request.param == "sqlite":
-        s = Stores(tmp_path / "ledger.db", tmp_path / "ledger.key")
-    else:
-        cluster = request.getfixturevalue("pg_cluster")
-        s = Stores(cluster.new_database(), tmp_path / "ledger.key")
-    try:
-        yield s
-    finally:
-        s.close_all()
 
 
 def test_replay_conflict_and_budget_refusal(stores: Stores) -> None:
@@ -166,3 +154,70 @@ def test_a_sample_that_lost_the_race_is_discarded_unreleased(stores: Stores) -> 
         led.draw_and_charge("u", "mine", b"m", 0.5, draw_while_other_spends, lambda s, rem: b"mine")
     assert (led.user("u").spent_units, led.lookup("u", "mine")) == (800_000_000_000, None)
     assert issubclass(BudgetExceeded, LedgerError)
+
+
+def test_a_renewable_budget_renews_at_the_utc_window_boundary(stores: Stores) -> None:
+    day = 19_723  # 2024-01-01, a Monday
+    clock = Clock(day * DAY + DAY - 1.0)  # 23:59:59 UTC: the last second of the window
+    led = stores.open(budget=1.0, window="1d", clock=clock)
+    assert led.charge("u", "r1", b"d1", 0.6, resp("a"), mechanism="rnm").response == b"a|0.400000"
+    led.charge("u", "r2", b"d2", 0.4, resp("b"))
+    with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
+        led.charge("u", "r3", b"d3", 0.01, resp("c"))
+    u = led.user("u")
+    assert (u.spent_units, u.requests, u.window_start, u.window_end) == (10**12, 2, day * DAY, (day + 1) * DAY)
+    clock.now = (day + 1) * DAY  # exactly 00:00:00 UTC: the next window has started
+    u = led.user("u")
+    assert (u.spent_units, u.requests, u.remaining, u.window_start, u.window_end) == (
+        0, 0, 1.0, (day + 1) * DAY, (day + 2) * DAY)
+    assert led.charge("u", "r3", b"d3", 0.7, resp("c")).response == b"c|0.300000"  # the refused request, now fits
+    with pytest.raises(BudgetExceeded, match="only 0.3 of 1 remains"):
+        led.charge("u", "r4", b"d4", 0.4, resp("d"))
+    # A request charged in the previous window still replays: never a fresh draw, never a new charge.
+    draws: list[int] = []
+    old = led.draw_and_charge("u", "r1", b"d1", 0.6, lambda: draws.append(1), lambda s, rem: b"FRESH")
+    assert (old.replayed, old.response, draws) == (True, b"a|0.400000", [])
+    with pytest.raises(RequestConflict):
+        led.charge("u", "r2", b"other", 0.4, resp("x"))
+    assert (led.user("u").spent_units, led.user("u").requests) == (700_000_000_000, 1)
+    assert led.totals() == {"u": pytest.approx(0.7)}
+    clock.now = (day + 1) * DAY - 0.5  # a clock that steps back: the row's window never moves backwards
+    assert led.user("u").spent_units == 700_000_000_000
+    with pytest.raises(BudgetExceeded):
+        led.charge("u", "r5", b"d5", 0.4, resp("e"))
+
+
+def test_seven_day_windows_are_epoch_aligned(stores: Stores) -> None:
+    clock = Clock(19_723 * DAY + 5.0)  # Monday 2024-01-01 00:00:05 UTC
+    led = stores.open(budget=1.0, window="7d", clock=clock)
+    led.charge("u", "r1", b"d", 1.0, resp("a"))
+    u = led.user("u")
+    # 19,719 days after the epoch is Thursday 2023-12-28 (1970-01-01 was a Thursday)
+    assert (u.window_start, u.window_end) == (19_719 * DAY, 19_726 * DAY)
+    assert datetime.fromtimestamp(u.window_start, UTC).strftime("%A %Y-%m-%d %H:%M") == "Thursday 2023-12-28 00:00"
+    clock.now = 19_726 * DAY - 1  # Wednesday 23:59:59: still exhausted
+    with pytest.raises(BudgetExceeded):
+        led.charge("u", "r2", b"d", 0.5, resp("b"))
+    clock.now = 19_726 * DAY
+    assert led.charge("u", "r2", b"d", 0.5, resp("b")).response == b"b|0.500000"
+
+
+def test_a_lifetime_budget_never_renews(stores: Stores) -> None:
+    clock = Clock(19_723 * DAY)
+    led = stores.open(budget=1.0, clock=clock)  # the default window: lifetime
+    led.charge("u", "r1", b"d", 1.0, resp("a"))
+    clock.now += 10 * 365 * DAY
+    u = led.user("u")
+    assert (u.spent_units, u.requests, u.window_start, u.window_end) == (10**12, 1, 0, 0)
+    with pytest.raises(BudgetExceeded):
+        led.charge("u", "r2", b"d", 1e-12, resp("b"))
+
+
+def test_every_process_on_a_ledger_must_use_its_window(stores: Stores) -> None:
+    stores.open(budget=1.0, window="7d").close()
+    with pytest.raises(ParamError, match=r"budget_window 1d differs from the budget window 7d .*same window"):
+        stores.open(budget=1.0, window="1d")
+    with pytest.raises(ParamError, match=r"budget_window lifetime differs from the budget window 7d"):
+        stores.open(budget=1.0)
+    again = stores.open(budget=1.0, window="7d")  # the same window: accepted
+    assert again.window.name == "7d"

@@ -13,6 +13,8 @@ import pytest
 from ledger_conformance import Stores
 from recsvc.checks import ParamError
 from recsvc.service.ledger_pg import PostgresLedger
+from recsvc.service.ledger_pg_schema import MIGRATIONS, key_check
+from recsvc.v1 import selection_pb2 as pb
 from service_fixtures import REPO, free_port
 
 
@@ -46,8 +48,8 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
         PostgresLedger(url, 1.0, key)
     PostgresLedger(url, 1.0, key, create=True).close()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE recsvc_meta SET value='2' WHERE name='schema_version'")
-    with pytest.raises(ParamError, match="schema version 2, newer than this recsvc reads"):
+        conn.execute("UPDATE recsvc_meta SET value='3' WHERE name='schema_version'")
+    with pytest.raises(ParamError, match="schema version 3, newer than this recsvc reads"):
         PostgresLedger(url, 1.0, key)
     proc = _recsvc("ledger", "migrate", "--ledger", url)
     assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
@@ -80,6 +82,44 @@ def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path) -> None:
     clash = _recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
     assert clash.returncode == 2 and "every replica must use the same budget" in clash.stderr
     mig = _recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 1 -> 1" in mig.stdout, mig.stderr
+    assert mig.returncode == 0 and "schema version 2 -> 2" in mig.stdout, mig.stderr
     nokey = _recsvc("ledger", "init", "--ledger", url, "--budget", "3")
     assert nokey.returncode == 2 and "needs --fingerprint-key" in nokey.stderr, nokey.stderr
+
+
+def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) -> None:
+    """A database as version 1 left it (schema, settings, charges with SelectResponse answers) gets the
+    window column, the lifetime window setting and each charge's mechanism from its stored answer."""
+    url = pg_cluster.new_database()
+    key = tmp_path / "k"
+    key.write_text("ef" * 32 + "\n")
+    key.chmod(0o600)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE recsvc_meta (name text PRIMARY KEY, value text NOT NULL)")
+        conn.execute("INSERT INTO recsvc_meta VALUES ('schema_version', '1'), ('budget_units', %s), ('key_check', %s)",
+                     (str(10**12), key_check(bytes.fromhex("ef" * 32))))
+        for sql in MIGRATIONS[1]:
+            conn.execute(sql)
+        for i, mech in enumerate(["rnm", "gem", "combined_gem"] * 200):  # 600 rows: more than one page of 512
+            resp = pb.SelectResponse(item_id="x", mechanism=mech, epsilon_spent=0.001, request_id=f"r{i:03d}")
+            conn.execute("INSERT INTO recsvc_requests VALUES (%s, %s, %s, %s, %s)",
+                         (f"u{i % 7}", f"r{i:03d}", b"fp", 10**9, resp.SerializeToString()))
+        conn.execute("INSERT INTO recsvc_requests VALUES ('odd', 'r', 'fp', 1, '\\xff00')")  # not a SelectResponse
+        conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
+    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 2; run `recsvc ledger migrate"):
+        PostgresLedger(url, 1.0, key)
+    mig = _recsvc("ledger", "migrate", "--ledger", url)
+    assert mig.returncode == 0 and "schema version 1 -> 2" in mig.stdout, mig.stderr
+    with psycopg.connect(url, autocommit=True) as conn:
+        counts = dict(conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall())
+        assert counts == {"rnm": 200, "gem": 200, "combined_gem": 200, "": 1}
+        assert conn.execute("SELECT spent_units, requests, window_start FROM recsvc_budgets").fetchall() == [
+            (86 * 10**9, 86, 0)]
+        assert conn.execute("SELECT value FROM recsvc_meta WHERE name='budget_window'").fetchone() == ("lifetime",)
+    with pytest.raises(ParamError, match="budget_window 1d differs from the budget window lifetime"):
+        PostgresLedger(url, 1.0, key, window="1d")
+    led = PostgresLedger(url, 1.0, key)
+    assert (led.user("u0").spent_units, led.user("u0").requests, led.user("u0").window_end) == (86 * 10**9, 86, 0)
+    led.close()
+    again = _recsvc("ledger", "migrate", "--ledger", url)
+    assert again.returncode == 0 and "schema version 2 -> 2" in again.stdout, again.stderr

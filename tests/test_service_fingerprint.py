@@ -68,8 +68,8 @@ def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_pat
     assert stored == hmac.digest(key, _digest(req), "sha256")  # with the key, it matches
     files = b"".join(f.read_bytes() for f in tmp_path.glob("l.db*") if f.name != "l.db.key")
     assert _digest(req) not in files and key not in files and key.hex().encode() not in files
-    assert columns == {"user_id", "spent_units", "requests", "request_id", "fingerprint", "epsilon_units", "response",
-                       "created"}  # and no key column: the key is never stored in the ledger
+    assert columns == {"user_id", "spent_units", "requests", "window_start", "request_id", "fingerprint",
+                       "epsilon_units", "response", "created", "mechanism"}  # no key column: the key is never stored
 
 
 def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: Path, tmp_path: Path) -> None:

@@ -108,7 +108,10 @@ def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tabl
     assert (tiny.spent_units, tiny.requests) == (8 * 10**12 + 200, 201)
     assert (alice.spent_units, alice.requests) == (3 * 100_000_000_001, 3)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (2,)  # 0 → 2 in one go
+    # Version 2: every old charge's mechanism is read back from its stored response; the window is lifetime.
+    assert conn.execute("SELECT mechanism, COUNT(*) FROM requests GROUP BY mechanism").fetchall() == [("rnm", 204)]
+    assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
     assert conn.execute("SELECT SUM(epsilon_units) FROM requests").fetchone() == (8 * 10**12 + 200 + 300_000_000_003,)
     stored = dict(((u, r), bytes(f)) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests"))
     req = old["requests"]["alice/a0"]  # type: ignore[index]

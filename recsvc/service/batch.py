@@ -72,7 +72,7 @@ def execute_batch(selector: Selector, ledger: LedgerStore, prepared: Sequence[Pr
     its own draw_and_charge (same outcomes, one transaction per item)."""
     if not isinstance(ledger, Ledger):
         return [_one(selector, ledger, p, encode) for p in prepared]
-    items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.epsilon) for p in prepared]
+    items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.epsilon, p.mechanism) for p in prepared]
 
     def draws(todo: list[int]) -> list[np.ndarray]:  # no lock held
         return draw_many(selector, [prepared[i] for i in todo], thread_csprng())

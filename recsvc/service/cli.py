@@ -17,6 +17,11 @@ from recsvc.service.config import ServerConfig, default
 from recsvc.service.ledger_base import is_postgres
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+WINDOW_HELP = ("'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
+               "budget, --budget ε per user per N-day window aligned to the Unix epoch in UTC (1d starts at 00:00 "
+               "UTC; 7d on Thursdays). The guarantee is then ε per window, NOT over all time: over T windows a "
+               "user's data may be exposed up to T·ε. Hours are not accepted. Fixed when the ledger is created; "
+               "every replica must use the same window")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
                         "on first start; never stored in the ledger)")
     p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
+    p.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
     p.add_argument("--default-mechanism", default=default("default_mechanism"),
                    help="used when a request names no mechanism")
     p.add_argument("--auto-threshold", type=float, default=default("auto_threshold"),
@@ -97,13 +103,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="slate size: k distinct items in selection order, ε charged once (default: one item)")
     s.set_defaults(func=run_select)
 
-    led = sub.add_parser("ledger", help="prepare or migrate a privacy ledger (PostgreSQL or SQLite)",
-                         description="Create a ledger and store the settings every replica must share, or "
-                                     "apply pending schema migrations.")
+    led = sub.add_parser("ledger", help="prepare, migrate or export a privacy ledger (PostgreSQL or SQLite)",
+                         description="Create a ledger and store the settings every replica must share, "
+                                     "apply pending schema migrations, or export its charges for an audit.")
     led_sub = led.add_subparsers(dest="ledger_command", required=True)
     init = led_sub.add_parser("init", help="create the ledger (idempotent; refuses other settings)")
     init.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
     init.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
+    init.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
     init.add_argument("--fingerprint-key", type=Path, metavar="FILE",
                       help="fingerprint key file, created with mode 0600 if missing (required for PostgreSQL; "
                            "SQLite default: <ledger>.key); copy it to every replica")
@@ -111,6 +118,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
     mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
     mig.set_defaults(func=run_ledger_migrate)
+    exp = led_sub.add_parser("export", help="write one Parquet row per charge (user_id, request_id, mechanism, "
+                                            "epsilon, time) for an audit",
+                             description="Stream every charge of a ledger into a Parquet file: user_id, request_id, "
+                                         "mechanism, epsilon, time (UTC). No fingerprints, scores, items or answers.")
+    exp.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
+    exp.add_argument("--out", type=Path, required=True, help="Parquet file to write, e.g. charges.parquet")
+    exp.add_argument("--force", action="store_true", help="replace --out if it exists")
+    exp.set_defaults(func=run_ledger_export)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
     _client_args(b)
@@ -139,7 +154,7 @@ def ledger_arg(text: str) -> Path | str:
 
 
 def _ledger_config(args: argparse.Namespace) -> ServerConfig:
-    return ServerConfig(artifacts=Path("."), ledger=args.ledger, budget=args.budget,
+    return ServerConfig(artifacts=Path("."), ledger=args.ledger, budget=args.budget, budget_window=args.budget_window,
                         fingerprint_key=args.fingerprint_key).check()
 
 
@@ -147,10 +162,12 @@ def run_ledger_init(args: argparse.Namespace) -> int:
     from recsvc.service.ledger_store import open_store
 
     config = _ledger_config(args)
-    store = open_store(config.ledger, config.budget, config.key_path, pool_size=1, create=True)
+    store = open_store(config.ledger, config.budget, config.key_path, pool_size=1, create=True, window=config.window)
     store.close()
     where = getattr(store, "where", str(config.ledger))
-    print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user, fingerprint key {config.key_path})")
+    per = "over all time" if config.window.days == 0 else f"per {config.window.name} window (UTC)"
+    print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {per}, "
+          f"fingerprint key {config.key_path})")
     return 0
 
 
@@ -163,6 +180,24 @@ def run_ledger_migrate(args: argparse.Namespace) -> int:
     where, before, after = migrate_url(args.ledger)
     print(f"recsvc ledger: {where} schema version {before} -> {after}")
     return 0
+
+
+def run_ledger_export(args: argparse.Namespace) -> int:
+    from recsvc.service.ledger_export import export
+
+    n = export(args.ledger, args.out, force=args.force)
+    where = describe_ledger(args.ledger)
+    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
+    return 0
+
+
+def describe_ledger(ledger: Path | str) -> str:
+    """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
+    if is_postgres(ledger):
+        from recsvc.service.ledger_pg import describe
+
+        return describe(str(ledger))
+    return str(ledger)
 
 
 def parse_candidate(text: str) -> tuple[str, float]:
@@ -259,6 +294,14 @@ def run_budget(args: argparse.Namespace) -> int:
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
     json.dump({"user_id": r.user_id, "budget": r.budget, "spent": r.spent, "remaining": r.remaining,
-               "requests": r.requests}, sys.stdout)
+               "requests": r.requests, "window_start": _utc(r.window_start_unix), "window_end": _utc(r.window_end_unix),
+               "window_start_unix": r.window_start_unix, "window_end_unix": r.window_end_unix}, sys.stdout)
     print()
     return 0
+
+
+def _utc(unix: int) -> str | None:
+    """ISO 8601 UTC of a window bound; None for a lifetime budget (0)."""
+    from datetime import UTC, datetime
+
+    return None if unix == 0 else datetime.fromtimestamp(unix, UTC).isoformat().replace("+00:00", "Z")

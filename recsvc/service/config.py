@@ -13,6 +13,7 @@ from recsvc.checks import ParamError
 from recsvc.service.fingerprint_key import default_path as default_key_path
 from recsvc.service.ledger_base import is_postgres
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units
+from recsvc.service.ledger_window import LIFETIME, BudgetWindow
 
 AUTO = "auto"
 
@@ -47,6 +48,8 @@ class ServerConfig:
     ledger_pool: int = 8  # PostgreSQL connections per process (see README "Running several replicas")
     fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
     budget: float = 10.0  # per-user ε under basic composition
+    # 'lifetime', or Nd: ε per user per UTC-aligned N-day window (NOT over all time; ledger_window)
+    budget_window: str = LIFETIME
     default_mechanism: str = Policy.default_mechanism
     auto_threshold: float = Policy.auto_threshold
     max_candidates: int = Policy.max_candidates
@@ -83,11 +86,16 @@ class ServerConfig:
         return self.fingerprint_key or default_key_path(self.ledger)
 
     @property
+    def window(self) -> BudgetWindow:
+        return BudgetWindow.parse(self.budget_window)
+
+    @property
     def policy(self) -> Policy:
         return Policy(**{f.name: getattr(self, f.name) for f in fields(Policy)})
 
     def check(self) -> ServerConfig:
         """Validates the knobs that do not need the artifact; returns self."""
+        self.window  # noqa: B018 - a ParamError naming --budget-window
         checks: list[tuple[bool, str, dict[str, object]]] = [
             (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
             (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),

@@ -15,6 +15,9 @@ Invariants the service relies on:
   spends nothing; a retry with a different fingerprint is a :class:`RequestConflict`.
 * **No sampling under the lock.** :meth:`Ledger.draw_and_charge` draws the sample before the
   write transaction, holding no lock; the transaction only checks, stores and spends.
+* **Budget windows.** The budget holds per user over all time (``lifetime``) or per UTC-aligned
+  window (``--budget-window 7d``): only the current window's spend counts, decided inside the
+  transaction with one clock reading (:mod:`recsvc.service.ledger_window`).
 
 The ledger stores no scores: only keyed fingerprints (HMAC-SHA-256 under the server's key,
 :mod:`recsvc.service.fingerprint_key`; the key itself is never stored here) and the responses.
@@ -30,16 +33,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
-from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, RequestConflict,
-                                        UserBudget, draw_then_commit, verdict)
+from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, Pending,
+                                        RequestConflict, UserBudget, account, draw_then_commit, unset,
+                                        verdict)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
+from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
 
 __all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "LedgerUnavailable", "RequestConflict",
            "UserBudget", "check_path", "remove_files"]
@@ -66,10 +70,13 @@ class Ledger:
     ``key_file`` holds the fingerprint key (default ``<path>.key``, created with mode 0600 if
     missing). A ledger that already stores requests is never paired with a new key silently:
     if its key file is missing, opening it fails (see :mod:`recsvc.service.fingerprint_key`).
+    ``window`` is the budget window (:mod:`recsvc.service.ledger_window`), fixed in the file when
+    it is created; ``clock`` (Unix seconds) places each charge in its window (tests inject one).
     """
 
     def __init__(self, path: str | os.PathLike[str], budget: float, key_file: str | os.PathLike[str] | None = None,
-                 busy_timeout_s: float = 60.0) -> None:
+                 busy_timeout_s: float = 60.0, window: BudgetWindow | str = LIFETIME_WINDOW,
+                 clock: Callable[[], float] = time.time) -> None:
         units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
         if units is None:
             raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
@@ -79,6 +86,8 @@ class Ledger:
         fingerprint_key.check(self.key_file)
         self.budget_units = units
         self.budget = to_epsilon(units)
+        self.window = BudgetWindow.parse(window)
+        self._clock = clock
         self._key = b""
         self.key_created = False  # this open created the key file
         self._busy_ms = int(busy_timeout_s * 1000)
@@ -97,7 +106,7 @@ class Ledger:
         # exactly the threads that have something to do (no notify_all storm of threads that
         # only go back to sleep, each costing a GIL hand-off).
         self._queued = threading.Lock()
-        self._queue: list[_Pending] = []
+        self._queue: list[Pending] = []
         self._leading = False
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
@@ -115,7 +124,8 @@ class Ledger:
 
     def _open(self) -> None:
         """Creates, checks or migrates the file and loads or creates the key (ledger_schema.open_file)."""
-        self._key, self.key_created = ledger_schema.open_file(self._conn(), self.path, self.key_file, _retry_locked)
+        self._key, self.key_created = ledger_schema.open_file(self._conn(), self.path, self.key_file, self.window,
+                                                              _retry_locked)
 
     def fingerprint(self, digest: bytes) -> bytes:
         """What the ledger stores for a request whose SHA-256 digest is ``digest``: HMAC(key, digest)."""
@@ -193,26 +203,29 @@ class Ledger:
         return None if row is None else (bytes(row[0]), bytes(row[1]))
 
     def user(self, user_id: str) -> UserBudget:
-        row = self._conn().execute(
-            "SELECT spent_units, requests FROM budgets WHERE user_id=?", (user_id,)
-        ).fetchone()
-        spent, n = (0, 0) if row is None else (int(row[0]), int(row[1]))
-        return UserBudget(user_id, self.budget_units, spent, n)
+        """The user's account in the current budget window."""
+        return account(user_id, self.budget_units, self.window, self._accounts(self._conn(), [user_id]).get(user_id),
+                       self._clock())
 
     def totals(self) -> dict[str, float]:
-        """Every user's spent ε (for audits and tests; exact values: :meth:`user`)."""
-        return {u: to_epsilon(s) for u, s in self._conn().execute("SELECT user_id, spent_units FROM budgets")}
+        """Every user's ε spent in the current window (for audits and tests; exact values: :meth:`user`)."""
+        start = self.window.start(self._clock())
+        return {u: to_epsilon(self.window.in_window(s, ws, start)[0])
+                for u, s, ws in self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")}
 
-    def _verdict(self, p: _Pending, prior: tuple[bytes, bytes] | None, spent: int) -> Charge | LedgerError | None:
+    def _verdict(self, p: Pending, prior: tuple[bytes, bytes] | None, spent: int) -> Charge | LedgerError | None:
         return verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
 
-    def _precheck(self, p: _Pending) -> Charge | None:
+    def _precheck(self, p: Pending) -> Charge | None:
         """:meth:`_verdict` on a read snapshot, holding no lock (one statement)."""
-        fp, response, spent = self._conn().execute(
+        start = self.window.start(self._clock())
+        fp, response, spent, row_start = self._conn().execute(
             "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
-            " (SELECT spent_units FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
-        verdict = self._verdict(p, None if fp is None else (bytes(fp), bytes(response)), spent or 0)
+            " (SELECT spent_units FROM budgets WHERE user_id=?1),"
+            " (SELECT window_start FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
+        spent = self.window.in_window(spent or 0, row_start or 0, start)[0]
+        verdict = self._verdict(p, None if fp is None else (bytes(fp), bytes(response)), spent)
         if isinstance(verdict, LedgerError):
             raise verdict
         return verdict
@@ -220,7 +233,8 @@ class Ledger:
     # -- the writes ----------------------------------------------------------------------
 
     def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-                        draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge:
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes], *,
+                        mechanism: str = "") -> Charge:
         """The service's protocol: draw the sample OUTSIDE the write transaction, then charge it.
 
         1. ``epsilon`` becomes units, or :class:`InvalidCharge` before the ledger is touched.
@@ -240,11 +254,11 @@ class Ledger:
         reveals nothing about the data, so discarding it costs no privacy: each released answer
         is charged exactly once, and a retry gets the stored answer, never a fresh sample.
         """
-        p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
+        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), unset, mechanism)
         return draw_then_commit(self, p, draw, build_response)
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-               build_response: Callable[[float], bytes]) -> Charge:
+               build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
 
         ``digest`` is the request's SHA-256 digest (the ledger stores only its keyed
@@ -253,18 +267,19 @@ class Ledger:
         fits the budget, possibly in another caller's thread (the group-commit leader). If it
         raises, nothing is spent. Raises :class:`InvalidCharge` (before anything is touched),
         :class:`BudgetExceeded` or :class:`RequestConflict` with nothing spent. Returns only
-        after the COMMIT (fsync).
+        after the COMMIT (fsync). ``mechanism`` is stored with the charge (``recsvc ledger export``).
         """
-        return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response))
+        return self._commit(Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response,
+                                    mechanism))
 
-    def _commit(self, item: _Pending) -> Charge:
+    def _commit(self, item: Pending) -> Charge:
         self._commit_all([item])
         if item.error is not None:
             raise item.error
         assert item.result is not None
         return item.result
 
-    def _commit_all(self, items: list[_Pending]) -> None:
+    def _commit_all(self, items: list[Pending]) -> None:
         """Group commit: concurrent callers queue; while one leader commits, the others wait; the
         next leader commits every queued charge in ONE transaction (one fsync), each charge
         checked in arrival order against the state left by the ones before it, so batching
@@ -279,8 +294,8 @@ class Ledger:
             item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
             lead = not item.finished
         if lead:  # nobody committed them for us: commit everything queued by now
-            batch: list[_Pending] | None = None
-            successor: _Pending | None = None
+            batch: list[Pending] | None = None
+            successor: Pending | None = None
             try:
                 with self._exclusive():
                     with self._queued:
@@ -301,7 +316,7 @@ class Ledger:
                     if other is not item:
                         other.wake.release()
 
-    def _commit_batch(self, batch: list[_Pending]) -> None:
+    def _commit_batch(self, batch: list[Pending]) -> None:
         conn = self._writer_conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -319,19 +334,26 @@ class Ledger:
             for item in batch:
                 item.finished = True
 
-    def _apply(self, conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    def _apply(self, conn: sqlite3.Connection, batch: list[Pending]) -> None:
         """Decides every charge of the batch in arrival order, then writes them all.
 
         The whole batch costs a handful of SQL statements (one read of the stored requests,
         one of the budgets, one multi-row write each), not ~8 per charge: every statement
         releases the GIL, and with many request threads waiting for it each release costs a
         thread wake-up while the write lock is held. Within the batch the decisions use the
-        same rules as one charge at a time (the in-memory state is updated after each)."""
+        same rules as one charge at a time (the in-memory state is updated after each). The whole
+        batch is charged in the budget window of one clock reading."""
         stored = self._stored(conn, [(p.user_id, p.request_id) for p in batch])
-        spent = self._spent(conn, list({p.user_id: None for p in batch}))
-        counts: dict[str, int] = {}
-        rows: list[tuple[str, str, bytes, int, bytes, float]] = []
-        now = time.time()
+        now = self._clock()
+        start = self.window.start(now)
+        spent: dict[str, int] = {}
+        counts: dict[str, int] = {}  # this window's charges per user, the batch's included
+        windows: dict[str, int] = {}
+        for u, (s, ws, n) in self._accounts(conn, list({p.user_id: None for p in batch})).items():
+            spent[u], windows[u] = self.window.in_window(s, ws, start)
+            counts[u] = n if windows[u] == ws else 0
+        charged: set[str] = set()
+        rows: list[tuple[str, str, bytes, int, bytes, float, str]] = []
         for p in batch:
             key = (p.user_id, p.request_id)
             before = spent.get(p.user_id, 0)
@@ -350,23 +372,26 @@ class Ledger:
                 continue
             spent[p.user_id] = after
             counts[p.user_id] = counts.get(p.user_id, 0) + 1
+            windows.setdefault(p.user_id, start)
+            charged.add(p.user_id)
             stored[key] = (p.fingerprint, response)
-            rows.append((p.user_id, p.request_id, p.fingerprint, p.units, response, now))
+            rows.append((p.user_id, p.request_id, p.fingerprint, p.units, response, now, p.mechanism))
             p.result = Charge(response, replayed=False)
-        users = [(u, spent[u], n) for u, n in counts.items()]
+        users = [(u, spent[u], counts[u], windows[u]) for u in charged]  # absolute values: we hold the write lock
         for i in range(0, len(users), CHUNK):
             part = users[i:i + CHUNK]
             conn.execute(
-                "INSERT INTO budgets(user_id, spent_units, requests) VALUES " + ",".join(["(?, ?, ?)"] * len(part))
+                "INSERT INTO budgets(user_id, spent_units, requests, window_start) VALUES "
+                + ",".join(["(?, ?, ?, ?)"] * len(part))
                 + " ON CONFLICT(user_id) DO UPDATE SET spent_units=excluded.spent_units,"
-                " requests=requests+excluded.requests",
+                " requests=excluded.requests, window_start=excluded.window_start",
                 [v for row in part for v in row],
             )
         for i in range(0, len(rows), CHUNK):
             chunk = rows[i:i + CHUNK]
             conn.execute(
-                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created) VALUES "
-                + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)),
+                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created, mechanism) "
+                "VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk)),
                 [v for row in chunk for v in row],
             )
 
@@ -383,36 +408,19 @@ class Ledger:
                 out[(u, r)] = (bytes(fp), bytes(resp))
         return out
 
+    def _spent(self, conn: sqlite3.Connection, users: list[str]) -> dict[str, int]:
+        """Each user's spend in the clock's current window (users without a row: absent)."""
+        start = self.window.start(self._clock())
+        return {u: self.window.in_window(s, ws, start)[0] for u, (s, ws, _n) in self._accounts(conn, users).items()}
+
     @staticmethod
-    def _spent(conn: sqlite3.Connection, users: list[str]) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def _accounts(conn: sqlite3.Connection, users: list[str]) -> dict[str, tuple[int, int, int]]:
+        """(spent_units, window_start, requests) of each user's row, as stored."""
+        out: dict[str, tuple[int, int, int]] = {}
         for i in range(0, len(users), CHUNK):
             part = users[i:i + CHUNK]
-            sql = f"SELECT user_id, spent_units FROM budgets WHERE user_id IN ({','.join(['?'] * len(part))})"
-            out.update((u, int(v)) for u, v in conn.execute(sql, part))
+            sql = ("SELECT user_id, spent_units, window_start, requests FROM budgets WHERE user_id IN "
+                   f"({','.join(['?'] * len(part))})")
+            out.update((u, (int(s), int(ws), int(n))) for u, s, ws, n in conn.execute(sql, part))
         return out
 
-
-def _locked() -> threading.Lock:
-    (lock := threading.Lock()).acquire()
-    return lock
-
-
-def _unset(_remaining: float) -> bytes:
-    raise RuntimeError("no response builder set")
-
-
-@dataclass(eq=False)
-class _Pending:
-    """One queued charge; ``finished`` is set by the leader once its batch committed or failed."""
-
-    user_id: str
-    request_id: str
-    fingerprint: bytes  # keyed (what the ledger stores)
-    units: int
-    build_response: Callable[[float], bytes]
-    result: Charge | None = None
-    error: Exception | None = None
-    finished: bool = False
-    # Held until a leader releases it (see Ledger._commit); a bare lock is the cheapest wake-up.
-    wake: threading.Lock = field(default_factory=_locked)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from recsvc.service.ledger_units import format_units, to_epsilon
+
+if TYPE_CHECKING:
+    from recsvc.service.ledger_window import BudgetWindow
 
 S = TypeVar("S")
 
@@ -65,12 +68,16 @@ class Charge:
 
 @dataclass(frozen=True)
 class UserBudget:
-    """A user's account in exact units; the float properties are for display (and the wire)."""
+    """A user's account in exact units, in the current budget window (:mod:`recsvc.service.ledger_window`:
+    ``spent_units`` and ``requests`` count this window's charges; lifetime: all of them, and the
+    window bounds are 0); the float properties are for display (and the wire)."""
 
     user_id: str
     budget_units: int
     spent_units: int
     requests: int
+    window_start: int = 0  # Unix seconds, UTC; 0: lifetime
+    window_end: int = 0  # Unix seconds (exclusive); 0: lifetime (never ends)
 
     @property
     def budget(self) -> float:
@@ -85,6 +92,17 @@ class UserBudget:
         return to_epsilon(max(self.budget_units - self.spent_units, 0))
 
 
+def account(user_id: str, budget_units: int, window: BudgetWindow, row: tuple[int, int, int] | None,
+            now: float) -> UserBudget:
+    """A user's :class:`UserBudget` at time ``now`` from the stored row ``(spent_units,
+    window_start, requests)`` (None: no charge yet): only the current window's charges count."""
+    start = window.start(now)
+    spent, row_start, n = (0, start, 0) if row is None else row
+    in_window, current = window.in_window(spent, row_start, start)
+    return UserBudget(user_id, budget_units, in_window, n if current == row_start else 0,
+                      current if window.days else 0, window.end(current))
+
+
 class LedgerStore(Protocol):
     """The ledger as the service sees it (see :meth:`recsvc.service.ledger.Ledger.draw_and_charge`
     for the protocol every store follows)."""
@@ -94,10 +112,11 @@ class LedgerStore(Protocol):
     key_created: bool
 
     def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-                        draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge: ...
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes], *,
+                        mechanism: str = "") -> Charge: ...
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-               build_response: Callable[[float], bytes]) -> Charge: ...
+               build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge: ...
 
     def user(self, user_id: str) -> UserBudget: ...
 
@@ -114,8 +133,10 @@ class LedgerStore(Protocol):
 
 def verdict(user_id: str, request_id: str, fingerprint: bytes, units: int, prior: tuple[bytes, bytes] | None,
             spent: int, budget_units: int) -> Charge | LedgerError | None:
-    """The one rule, before and inside the transaction: a stored answer is replayed, another
-    fingerprint is a conflict, a charge beyond the budget is refused; None: charge it."""
+    """The one rule, before and inside the transaction: a stored answer is replayed (whatever
+    window it was charged in), another fingerprint is a conflict, a charge beyond the budget is
+    refused; None: charge it. ``spent`` is the spend in the current budget window
+    (:meth:`recsvc.service.ledger_window.BudgetWindow.in_window`)."""
     if prior is not None:
         return Charge(prior[1], replayed=True) if prior[0] == fingerprint else RequestConflict(user_id, request_id)
     if spent + units > budget_units:  # exact: integers
@@ -162,3 +183,31 @@ def draw_then_commit(store: Any, p: Any, draw: Callable[[], S], build_response: 
         sample = draw()
         p.build_response = lambda remaining: build_response(sample, remaining)
         return store._commit(p)
+
+
+def _locked() -> threading.Lock:
+    (lock := threading.Lock()).acquire()
+    return lock
+
+
+def unset(_remaining: float) -> bytes:
+    raise RuntimeError("no response builder set")
+
+
+@dataclass(eq=False)
+class Pending:
+    """One charge on its way into a store (both stores; the SQLite group commit uses the
+    result/error/finished/wake fields, the PostgreSQL store ``built``)."""
+
+    user_id: str
+    request_id: str
+    fingerprint: bytes  # keyed (what the ledger stores)
+    units: int
+    build_response: Callable[[float], bytes]
+    mechanism: str = ""  # the answer's mechanism, stored for the audit export
+    result: Charge | None = None
+    error: Exception | None = None
+    finished: bool = False  # set by the SQLite group-commit leader once its batch committed or failed
+    # Held until a leader releases it (see Ledger._commit_all); a bare lock is the cheapest wake-up.
+    wake: threading.Lock = field(default_factory=_locked)
+    built: bytes | None = None  # PostgreSQL: what this process stored, to recognise its own commit on a retry

@@ -15,8 +15,8 @@ order: a :class:`Charge` (fresh or replayed) or the exception that refused it (n
 5. One group commit (one transaction, one fsync): every item is decided again by the same rule,
    in batch order, and ``build_response(index, sample, remaining)`` is stored with its spend.
 
-The budget rule in a batch: items are charged in batch order, each against what remains after
-the items before it; an item that does not fit is refused (RESOURCE_EXHAUSTED) and a LATER,
+The budget rule in a batch: items are charged in batch order, each against what remains (in the
+current budget window, one clock reading for the whole transaction) after the items before it; an item that does not fit is refused (RESOURCE_EXHAUSTED) and a LATER,
 smaller item that still fits is charged. An item repeating an earlier item's (user_id,
 request_id) within the batch replays that item's answer (or conflicts). A store (SQLite here,
 PostgreSQL elsewhere) implements steps 3 and 5; the rest is the same for every store.
@@ -29,9 +29,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TypeVar
 
+from recsvc.service.ledger import Charge, Ledger, RequestConflict
+from recsvc.service.ledger_base import Pending, unset
 from recsvc.service.ledger_units import charge_units
-
-from recsvc.service.ledger import Charge, Ledger, RequestConflict, _Pending, _unset
 
 S = TypeVar("S")
 
@@ -44,17 +44,18 @@ class BatchItem:
     request_id: str
     digest: bytes  # SHA-256 of the canonical request (the ledger stores its keyed fingerprint)
     epsilon: float
+    mechanism: str = ""  # the answer's mechanism, stored with the charge (``recsvc ledger export``)
 
 
 def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
                           build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
     """See the module docstring. Returns only after the COMMIT (fsync) of the charged items."""
     out: list[Charge | Exception | None] = [None] * len(items)
-    pending: dict[int, _Pending] = {}
+    pending: dict[int, Pending] = {}
     for i, it in enumerate(items):
         try:
-            pending[i] = _Pending(it.user_id, it.request_id, ledger.fingerprint(it.digest), charge_units(it.epsilon),
-                                  _unset)
+            pending[i] = Pending(it.user_id, it.request_id, ledger.fingerprint(it.digest), charge_units(it.epsilon),
+                                 unset, it.mechanism)
         except ValueError as exc:  # InvalidCharge: this item alone
             out[i] = exc
     with ExitStack() as turns:
@@ -76,7 +77,7 @@ def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Call
     return [o if o is not None else RuntimeError("no outcome") for o in out]
 
 
-def _precheck(ledger: Ledger, pending: dict[int, _Pending], out: list) -> list[int]:
+def _precheck(ledger: Ledger, pending: dict[int, Pending], out: list) -> list[int]:
     """Step 3 on one read snapshot: fills ``out`` for the items it decides; the rest need a draw."""
     conn = ledger._conn()
     keys = list({(p.user_id, p.request_id): None for p in pending.values()})
@@ -100,7 +101,7 @@ def _precheck(ledger: Ledger, pending: dict[int, _Pending], out: list) -> list[i
     return todo
 
 
-def _refuse_duplicate(p: _Pending) -> Callable[[float], bytes]:
+def _refuse_duplicate(p: Pending) -> Callable[[float], bytes]:
     """A repeated (user_id, request_id) is charged only as a replay of the earlier item's answer."""
     def refuse(_remaining: float) -> bytes:
         raise RequestConflict(p.user_id, p.request_id)

@@ -21,8 +21,10 @@ process. Errors name the host, port and database, never the password.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,9 +34,11 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
-from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, UserBudget, is_postgres,
-                                        draw_then_commit, verdict)
+from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, UserBudget, account,
+                                        draw_then_commit, is_postgres, unset, verdict)
+from recsvc.service.ledger_schema import ChargeRow
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
+from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -81,25 +85,17 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.execute("SET synchronous_commit TO on")  # COMMIT returns only once the WAL is flushed
 
 
-@dataclass(eq=False)
-class _Pending:
-    user_id: str
-    request_id: str
-    fingerprint: bytes
-    units: int
-    build_response: Callable[[float], bytes]
-    built: bytes | None = None  # what this process stored, to recognise its own commit on a retry
-
-
 class PostgresLedger:
     """A :class:`recsvc.service.ledger_base.LedgerStore` in PostgreSQL (thread-safe, multi-replica).
 
     ``create=True`` (``recsvc ledger init``) creates the schema and the key file if missing and
-    stores the settings; otherwise the database must hold a ledger with this budget and key.
+    stores the settings; otherwise the database must hold a ledger with this budget, budget
+    window and key. ``clock`` (Unix seconds) places each charge in its window (tests inject one).
     """
 
     def __init__(self, url: str, budget: float, key_file: str | os.PathLike[str], pool_size: int = 8,
-                 timeout_s: float = 5.0, create: bool = False) -> None:
+                 timeout_s: float = 5.0, create: bool = False, window: BudgetWindow | str = LIFETIME_WINDOW,
+                 clock: Callable[[], float] = time.time) -> None:
         units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
         if units is None:
             raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
@@ -108,6 +104,8 @@ class PostgresLedger:
         self.where = describe(url)
         self.url = url
         self.budget_units, self.budget = units, to_epsilon(units)
+        self.window = BudgetWindow.parse(window)
+        self._clock = clock
         self.key_file = Path(key_file)
         self.key_created = False
         self.commits = 0
@@ -121,9 +119,9 @@ class PostgresLedger:
         try:
             with connect(url, self.where, connect_timeout) as conn:
                 if create:
-                    ledger_pg_schema.init(conn, self.where, units, self._key)
+                    ledger_pg_schema.init(conn, self.where, units, self._key, self.window)
                 else:
-                    ledger_pg_schema.check(conn, self.where, units, self._key)
+                    ledger_pg_schema.check(conn, self.where, units, self._key, self.window)
         except BaseException:
             if self.key_created:
                 self.key_file.unlink(missing_ok=True)
@@ -185,57 +183,66 @@ class PostgresLedger:
         return None if not rows else (bytes(rows[0][0]), bytes(rows[0][1]))
 
     def user(self, user_id: str) -> UserBudget:
-        rows = self._read("SELECT spent_units, requests FROM recsvc_budgets WHERE user_id=%s", (user_id,))
-        spent, n = (0, 0) if not rows else (int(rows[0][0]), int(rows[0][1]))
-        return UserBudget(user_id, self.budget_units, spent, n)
+        rows = self._read("SELECT spent_units, window_start, requests FROM recsvc_budgets WHERE user_id=%s", (user_id,))
+        row = None if not rows else (int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))
+        return account(user_id, self.budget_units, self.window, row, self._clock())
 
     def totals(self) -> dict[str, float]:
-        return {u: to_epsilon(int(s)) for u, s in self._read("SELECT user_id, spent_units FROM recsvc_budgets", ())}
+        """Every user's ε spent in the current window."""
+        start = self.window.start(self._clock())
+        return {u: to_epsilon(self.window.in_window(int(s), int(ws), start)[0])
+                for u, s, ws in self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", ())}
 
     # -- the writes ----------------------------------------------------------------------
 
     def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-                        draw: Callable[[], S], build_response: Callable[[S, float], bytes]) -> Charge:
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes], *,
+                        mechanism: str = "") -> Charge:
         """The protocol of :meth:`recsvc.service.ledger.Ledger.draw_and_charge`: pre-check on a
         snapshot, draw holding no lock, then one transaction that decides again and stores."""
-        p = _Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), _unset)
+        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), unset, mechanism)
         return draw_then_commit(self, p, draw, build_response)
 
-    def _precheck(self, p: _Pending) -> Charge | None:
+    def _precheck(self, p: Pending) -> Charge | None:
         """The verdict on a snapshot, holding no lock: a stored answer, or a raised refusal."""
+        start = self.window.start(self._clock())
         rows = self._read(
             "SELECT (SELECT fingerprint FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
             " (SELECT response FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
-            " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": p.user_id, "r": p.request_id})
-        fp, response, spent = rows[0]
+            " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s),"
+            " (SELECT window_start FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": p.user_id, "r": p.request_id})
+        fp, response, spent, row_start = rows[0]
         prior = None if fp is None else (bytes(fp), bytes(response))
-        done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, int(spent or 0), self.budget_units)
+        spent = self.window.in_window(int(spent or 0), int(row_start or 0), start)[0]
+        done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
         if isinstance(done, LedgerError):
             raise done
         return done
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-               build_response: Callable[[float], bytes]) -> Charge:
+               build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer
         (see :meth:`recsvc.service.ledger.Ledger.charge`). Returns only after COMMIT."""
-        return self._commit(_Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon),
-                                     build_response))
+        return self._commit(Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon),
+                                    build_response, mechanism))
 
-    def _commit(self, p: _Pending) -> Charge:
+    def _commit(self, p: Pending) -> Charge:
         result = self._retrying(lambda conn: self._charge_once(conn, p))
         if result.replayed and p.built is not None and result.response == p.built:
             return Charge(result.response, replayed=False)  # our own COMMIT went through before the failure
         return result
 
-    def _charge_once(self, conn: psycopg.Connection, p: _Pending) -> Charge:
+    def _charge_once(self, conn: psycopg.Connection, p: Pending) -> Charge:
+        lock = "SELECT spent_units, window_start, requests FROM recsvc_budgets WHERE user_id=%s FOR UPDATE"
         with conn.transaction():
-            row = conn.execute("SELECT spent_units FROM recsvc_budgets WHERE user_id=%s FOR UPDATE",
-                               (p.user_id,)).fetchone()
+            row = conn.execute(lock, (p.user_id,)).fetchone()
             if row is None:  # first charge of this user: create the row, then lock it
-                conn.execute("INSERT INTO recsvc_budgets VALUES (%s, 0, 0) ON CONFLICT DO NOTHING", (p.user_id,))
-                row = conn.execute("SELECT spent_units FROM recsvc_budgets WHERE user_id=%s FOR UPDATE",
-                                   (p.user_id,)).fetchone()
-            spent = int(row[0])
+                conn.execute("INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES (%s, 0, 0) "
+                             "ON CONFLICT DO NOTHING", (p.user_id,))
+                row = conn.execute(lock, (p.user_id,)).fetchone()
+            now = self._clock()  # read under the row lock: the window this charge counts in
+            spent, window_start = self.window.in_window(int(row[0]), int(row[1]), self.window.start(now))
+            count = int(row[2]) if window_start == int(row[1]) else 0
             stored = conn.execute("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND "
                                   "request_id=%s", (p.user_id, p.request_id)).fetchone()
             prior = None if stored is None else (bytes(stored[0]), bytes(stored[1]))
@@ -246,17 +253,15 @@ class PostgresLedger:
                 return decided
             after = spent + p.units
             response = p.build_response(to_epsilon(self.budget_units - after))  # raises: rolled back
-            conn.execute("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response) "
-                         "VALUES (%s, %s, %s, %s, %s)", (p.user_id, p.request_id, p.fingerprint, p.units, response))
-            conn.execute("UPDATE recsvc_budgets SET spent_units=%s, requests=requests+1 WHERE user_id=%s",
-                         (after, p.user_id))
+            conn.execute("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
+                         "created, mechanism) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                         (p.user_id, p.request_id, p.fingerprint, p.units, response,
+                          datetime.fromtimestamp(now, UTC), p.mechanism))
+            conn.execute("UPDATE recsvc_budgets SET spent_units=%s, requests=%s, window_start=%s WHERE user_id=%s",
+                         (after, count + 1, window_start, p.user_id))
             p.built = response
         self.commits += 1  # the transaction block committed (COMMIT returned)
         return Charge(response, replayed=False)
-
-
-def _unset(_remaining: float) -> bytes:
-    raise RuntimeError("no response builder set")
 
 
 def migrate_url(url: str) -> tuple[str, int, int]:
@@ -265,3 +270,24 @@ def migrate_url(url: str) -> tuple[str, int, int]:
     with connect(url, where, 5) as conn:
         before, after = ledger_pg_schema.migrate(conn, where)
     return where, before, after
+
+
+@contextmanager
+def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
+    """``(number of charges, chunks of charge rows)`` of a PostgreSQL ledger (the rows of
+    :func:`recsvc.service.ledger_schema.read_charges`), streamed by a server-side cursor, on one
+    read-only REPEATABLE READ snapshot, in (user_id, request_id) order."""
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        ledger_pg_schema.check_readable(conn, where)
+        conn.autocommit = False
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        with conn.transaction():
+            total = int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+            with conn.cursor(name="recsvc_export") as cur:
+                cur.itersize = chunk
+                cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "
+                            "(extract(epoch FROM created) * 1000000)::bigint FROM recsvc_requests "
+                            "ORDER BY user_id, request_id")
+                yield total, iter(lambda: cur.fetchmany(chunk), [])

@@ -6,18 +6,26 @@ the per-user budget in exact units (:mod:`recsvc.service.ledger_units`) and a ch
 fingerprint key (``HMAC(key, "recsvc key check")``: it proves two replicas use the same key
 without storing the key). ``recsvc ledger migrate`` applies the pending steps of
 :data:`MIGRATIONS`, each in one transaction under an advisory lock. A database whose version is
-newer than this recsvc reads is refused; so is a replica whose budget or key differs.
+newer than this recsvc reads is refused; so is a replica whose budget, budget window or key differs.
+
+Version 2 adds renewable budgets and the audit export (as the SQLite file's version 2,
+:mod:`recsvc.service.ledger_schema`): ``recsvc_budgets.window_start``, ``recsvc_requests.mechanism``
+(recovered from each stored response by :data:`STEPS`) and the ``budget_window`` setting, which is
+``lifetime`` for a database created before it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key
+from recsvc.service.ledger_schema import recover_mechanisms
 from recsvc.service.ledger_units import format_units
+from recsvc.service.ledger_window import BudgetWindow
 
-VERSION = 1
+VERSION = 2
 _LOCK = 0x72656373  # pg_advisory_xact_lock key: init/migrate of several replicas take turns
 _KEY_CHECK = b"recsvc key check"
 
@@ -39,7 +47,32 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             PRIMARY KEY (user_id, request_id)
         )""",
     ),
+    2: (
+        "ALTER TABLE recsvc_budgets ADD COLUMN window_start bigint NOT NULL DEFAULT 0",
+        "ALTER TABLE recsvc_requests ADD COLUMN mechanism text NOT NULL DEFAULT ''",
+        "INSERT INTO recsvc_meta VALUES ('budget_window', 'lifetime') ON CONFLICT DO NOTHING",
+    ),
 }
+
+
+def _recover(conn: Any) -> None:
+    """Version 2: the mechanism of every request stored before, from its stored response."""
+    def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
+        sql = "SELECT user_id, request_id, response FROM recsvc_requests WHERE mechanism=''"
+        if after is None:
+            return conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
+        return conn.execute(sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512",
+                            after).fetchall()
+
+    def update(rows: list[tuple[str, str, str]]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany("UPDATE recsvc_requests SET mechanism=%s WHERE user_id=%s AND request_id=%s", rows)
+
+    recover_mechanisms(page, update)
+
+
+# version → what runs after its statements, in the same transaction.
+STEPS: dict[int, Callable[[Any], None]] = {2: _recover}
 EXPECTED = "a database prepared by `recsvc ledger init --ledger URL --budget B --fingerprint-key FILE`"
 
 
@@ -72,28 +105,30 @@ def migrate(conn: Any, where: str) -> tuple[int, int]:
         for v in range(before + 1, VERSION + 1):
             for sql in MIGRATIONS[v]:
                 conn.execute(sql)
+            if v in STEPS:
+                STEPS[v](conn)
         conn.execute("UPDATE recsvc_meta SET value=%s WHERE name='schema_version'", (str(VERSION),))
     return before, max(before, VERSION)
 
 
-def init(conn: Any, where: str, budget_units: int, key: bytes) -> bool:
+def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> bool:
     """Creates the ledger with these settings (True), or checks an existing one against them (False)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         if _settings(conn) is None:
             conn.execute("CREATE TABLE recsvc_meta (name text PRIMARY KEY, value text NOT NULL)")
             conn.execute("INSERT INTO recsvc_meta VALUES ('schema_version', '0'), ('budget_units', %s), "
-                         "('key_check', %s)", (str(budget_units), key_check(key)))
+                         "('key_check', %s), ('budget_window', %s)", (str(budget_units), key_check(key), window.name))
             created = True
         else:
             created = False
     migrate(conn, where)
-    check(conn, where, budget_units, key)
+    check(conn, where, budget_units, key, window)
     return created
 
 
-def check(conn: Any, where: str, budget_units: int, key: bytes) -> None:
-    """Refuses a database that is missing, newer, behind, or set up with another budget or key."""
+def check_readable(conn: Any, where: str) -> None:
+    """Refuses a database without a recsvc ledger, or with a schema version other than this recsvc's."""
     settings = _settings(conn)
     if settings is None:
         raise ParamError("{ledger} {where} holds no recsvc ledger yet; expected " + EXPECTED, where=where)
@@ -102,11 +137,22 @@ def check(conn: Any, where: str, budget_units: int, key: bytes) -> None:
     if found < VERSION:
         raise ParamError("{ledger} {where} has ledger schema version {v}, older than this recsvc's {mine}; "
                          "run `recsvc ledger migrate --ledger URL` first", where=where, v=found, mine=VERSION)
+
+
+def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> None:
+    """Refuses a database that is missing, newer, behind, or set up with another budget, window or key."""
+    check_readable(conn, where)
+    settings = _settings(conn)
+    assert settings is not None
     stored = int(settings["budget_units"])
     if stored != budget_units:
         raise ParamError("{budget} {got} differs from the budget ε={stored} that the ledger {where} was initialised "
                          "with; every replica must use the same budget (expected {budget} {stored})",
                          got=format_units(budget_units), stored=format_units(stored), where=where)
+    if settings["budget_window"] != window.name:
+        raise ParamError("{budget_window} {got} differs from the budget window {stored} that the ledger {where} was "
+                         "initialised with; every replica must use the same window (expected {budget_window} {stored})",
+                         got=window.name, stored=settings["budget_window"], where=where)
     if settings["key_check"] != key_check(key):
         raise ParamError("{fingerprint_key} is not the key the ledger {where} was initialised with; every replica "
                          "must use the same key file (a new key would turn every retry into a conflict)", where=where)

@@ -12,20 +12,30 @@ unsalted SHA-256 of the request. Opening a version-0 file migrates it, once, in 
   computes now (the servicer's digest is the old fingerprint), so old request_ids still replay;
 * the old rows are deleted with ``secure_delete`` and the WAL is checkpointed and truncated, so
   no unsalted fingerprint is left in the ledger's files (copies made before remain readable).
+
+Version 2 adds renewable budgets and the audit export: ``budgets.window_start`` (the Unix second
+at which the row's budget window started, 0 for lifetime; :mod:`recsvc.service.ledger_window`),
+``requests.mechanism`` (for ``recsvc ledger export``) and a ``settings`` table holding the
+``budget_window`` every process on the file must use. A version-1 file (or a version-0 file, after
+the step above) is migrated in the same one transaction: its budget window is ``lifetime`` (what
+it was written under), and each request's mechanism is read back from its stored response (a
+serialized ``SelectResponse`` whose ``mechanism`` field is set; '' if it cannot be parsed).
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from recsvc.checks import MissingFileError, ParamError, check_regular_file
 from recsvc.service import fingerprint_key
 from recsvc.service.ledger_units import float_units_up
+from recsvc.service.ledger_window import LIFETIME, BudgetWindow
 
-VERSION = 1
+VERSION = 2
 # Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
 CHUNK = 64
 
@@ -33,9 +43,10 @@ CHUNK = 64
 # the WAL instead of four.
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS budgets (
-    user_id     TEXT PRIMARY KEY,
-    spent_units INTEGER NOT NULL,
-    requests    INTEGER NOT NULL
+    user_id      TEXT PRIMARY KEY,
+    spent_units  INTEGER NOT NULL,
+    requests     INTEGER NOT NULL,
+    window_start INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS requests (
     user_id       TEXT NOT NULL,
@@ -44,12 +55,18 @@ _TABLES = (
     epsilon_units INTEGER NOT NULL,
     response      BLOB NOT NULL,
     created       REAL NOT NULL,
+    mechanism     TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (user_id, request_id)
 ) WITHOUT ROWID""",
+    "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
 )
+_V2 = ("ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
+       "ALTER TABLE requests ADD COLUMN mechanism TEXT NOT NULL DEFAULT ''",
+       _TABLES[2])
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-EXPECTED = "an SQLite ledger written by `recsvc serve`, or a new file path in an existing, writable directory"
+WRITTEN = "an SQLite ledger written by `recsvc serve`"
+EXPECTED = WRITTEN + ", or a new file path in an existing, writable directory"
 SIDECARS = ("-wal", "-shm", "-journal", ".lock")
 
 
@@ -118,6 +135,67 @@ def create(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {VERSION}")
 
 
+def response_mechanism(response: bytes) -> str:
+    """The ``mechanism`` of a stored answer (a serialized SelectResponse); '' if it is not one.
+    Both stores' version-2 migrations recover the mechanism of older charges with it."""
+    from google.protobuf.message import DecodeError
+
+    from recsvc.v1 import selection_pb2 as pb
+
+    try:
+        return pb.SelectResponse.FromString(response).mechanism
+    except (DecodeError, UnicodeDecodeError):
+        return ""
+
+
+def recover_mechanisms(page: Callable[[tuple[str, str] | None], list[tuple[str, str, bytes]]],
+                       update: Callable[[list[tuple[str, str, str]]], None]) -> int:
+    """Fills in the mechanism of every request stored without one, page by page in key order
+    (``page(after)``: the next rows with mechanism '' after the key ``after``; ``update`` stores
+    ``(mechanism, user_id, request_id)``); the number of requests updated."""
+    after: tuple[str, str] | None = None
+    done = 0
+    while rows := page(after):
+        found = [(m, u, r) for u, r, resp in rows if (m := response_mechanism(bytes(resp)))]
+        if found:
+            update(found)
+        done += len(found)
+        after = (rows[-1][0], rows[-1][1])
+    return done
+
+
+def migrate_v1(conn: sqlite3.Connection) -> None:
+    """Version 1 → 2 inside the caller's write transaction (see the module docstring)."""
+    for sql in _V2:
+        conn.execute(sql)
+    conn.execute(f"PRAGMA user_version = {VERSION}")
+
+
+def _recover(conn: sqlite3.Connection) -> None:
+    def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
+        sql = "SELECT user_id, request_id, response FROM requests WHERE mechanism=''"
+        if after is None:
+            return conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
+        return conn.execute(sql + " AND (user_id, request_id) > (?, ?) ORDER BY user_id, request_id LIMIT 512",
+                            after).fetchall()
+
+    recover_mechanisms(page, lambda rows: conn.executemany(
+        "UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows))
+
+
+def check_window(conn: sqlite3.Connection, path: Path, window: BudgetWindow) -> None:
+    """Refuses a budget window other than the one the file was created with (every worker and
+    every restart must count ε over the same windows)."""
+    row = conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (window.name,))
+    elif row[0] != window.name:
+        raise ParamError("{budget_window} {got} differs from the budget window {stored} that the ledger {path} was "
+                         "created with; every process on one ledger must use the same window, and a ledger's window "
+                         "is fixed when it is created (expected {budget_window} {stored}, or a new ledger)",
+                         got=window.name, stored=row[0], path=str(path))
+
+
 def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> None:
     """Version 0 → 1 inside the caller's write transaction (see the module docstring)."""
     conn.execute("PRAGMA secure_delete = ON")  # dropped rows are zeroed, not left in free pages
@@ -134,20 +212,22 @@ def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> Non
             spent[user] = spent.get(user, 0) + units
             counts[user] = counts.get(user, 0) + 1
             out.append((user, rid, keyed(bytes(fp)), units, bytes(resp), float(created)))
-        conn.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)", out)
+        conn.executemany("INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created) "
+                         "VALUES (?, ?, ?, ?, ?, ?)", out)
     totals = {u: (float_units_up(float(s)), int(n)) for u, s, n in conn.execute("SELECT user_id, spent, requests FROM budgets_v0")}
     for user in spent.keys() - totals.keys():  # a request without a budget row: count it anyway
         totals[user] = (0, counts[user])
-    conn.executemany("INSERT INTO budgets VALUES (?, ?, ?)",
+    conn.executemany("INSERT INTO budgets(user_id, spent_units, requests) VALUES (?, ?, ?)",
                      [(u, max(s, spent.get(u, 0)), n) for u, (s, n) in totals.items()])
     conn.execute("DROP TABLE budgets_v0")
     conn.execute("DROP TABLE requests_v0")
 
 
-def open_file(conn: sqlite3.Connection, path: Path, key_file: Path,
+def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: BudgetWindow,
               retry: Callable[[Callable[[], object]], None]) -> tuple[bytes, bool]:
     """Creates, checks or migrates the ledger in one write transaction (processes opening it at
-    once take turns) and loads or creates the fingerprint key: (key, created)."""
+    once take turns), checks its budget window, and loads or creates the fingerprint key:
+    (key, created). A refusal rolls everything back: the file is left as it was."""
     retry(lambda: conn.execute("BEGIN IMMEDIATE"))
     created = False
     try:
@@ -155,7 +235,7 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path,
         if found is not None and found > VERSION:
             raise ParamError("{ledger} {path} has format version {v}, newer than this recsvc reads ({mine}); "
                              "expected a ledger written by this or an older version", path=str(path), v=found, mine=VERSION)
-        if found == VERSION and not key_file.exists() and has_requests(conn):
+        if found is not None and found >= 1 and not key_file.exists() and has_requests(conn):
             raise ParamError("{fingerprint_key} {key} is missing, but the ledger {path} stores requests fingerprinted "
                              "with it; expected the key file the ledger was written with (a new key would turn every "
                              "retry of a stored request into a conflict)", key=str(key_file), path=str(path))
@@ -163,7 +243,13 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path,
         if found is None:
             create(conn)
         elif found == 0:
-            migrate_v0(conn, lambda fp: fingerprint_key.keyed(key, fp))
+            migrate_v0(conn, lambda fp: fingerprint_key.keyed(key, fp))  # straight to the current tables
+        elif found == 1:
+            migrate_v1(conn)
+        if found is not None and found < VERSION:  # written under lifetime budgets, without mechanisms
+            conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (LIFETIME,))
+            _recover(conn)
+        check_window(conn, path, window)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -175,3 +261,35 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path,
         conn.execute("PRAGMA secure_delete = OFF")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return key, created
+
+
+# One charge as the audit export reads it: user_id, request_id, mechanism, ε units, time (µs since
+# the Unix epoch, UTC). Never the fingerprint or the response.
+ChargeRow = tuple[str, str, str, int, int]
+
+
+@contextmanager
+def read_charges(path: Path, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
+    """``(number of charges, chunks of charge rows)`` of an SQLite ledger, read-only, on one
+    snapshot, in (user_id, request_id) order, ``chunk`` rows at a time."""
+    p = Path(path)
+    if not p.exists():
+        raise MissingFileError("{ledger} {path} does not exist; expected " + WRITTEN, path=str(p))
+    check_path(p)
+    check_foreign(p)
+    conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    try:
+        found = version(conn)
+        if found is None:
+            raise ParamError("{ledger} {path} holds no recsvc ledger; expected " + WRITTEN, path=str(p))
+        if found != VERSION:
+            raise ParamError("{ledger} {path} has format version {v}; expected a ledger of version {mine}: open it once "
+                             "with this recsvc (`recsvc ledger init --ledger {path}`, or `recsvc serve`) to migrate it",
+                             path=str(p), v=found, mine=VERSION)
+        conn.execute("BEGIN")  # one snapshot for the count and the rows
+        total = int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
+        rows = conn.execute("SELECT user_id, request_id, mechanism, epsilon_units, CAST(round(created * 1000000) AS "
+                            "INTEGER) FROM requests ORDER BY user_id, request_id")
+        yield total, iter(lambda: rows.fetchmany(chunk), [])
+    finally:
+        conn.close()

@@ -407,4 +407,5 @@ class Selector:
             ids = tuple(p.item_ids[i] for i in picked.tolist())
             return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id))
 
-        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, heavy_or_inline, build)
+        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, heavy_or_inline, build,
+                                      mechanism=p.mechanism)

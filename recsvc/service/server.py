@@ -125,7 +125,7 @@ def start(config: ServerConfig) -> ServerHandle:
     try:
         if config.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
-        ledger = open_store(config.ledger, config.budget, config.key_path, config.ledger_pool)
+        ledger = open_store(config.ledger, config.budget, config.key_path, config.ledger_pool, window=config.window)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -147,9 +147,9 @@ def start(config: ServerConfig) -> ServerHandle:
         log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
                     "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
-        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user, ledger %s, "
+        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user per window %s, ledger %s, "
         "fingerprint key %s)", SERVICE_NAME, host_port(config.host, port), "TLS" if creds else "plaintext",
-        servicer.default_mechanism, servicer.selector.auto_description, config.budget,
+        servicer.default_mechanism, servicer.selector.auto_description, config.budget, config.window.name,
         getattr(ledger, "where", config.ledger), config.key_path,
     )
     handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
@@ -276,7 +276,7 @@ def _fork_workers(config: ServerConfig) -> int:
     # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
-    ledger = open_store(config.ledger, config.budget, config.key_path, pool_size=1)
+    ledger = open_store(config.ledger, config.budget, config.key_path, pool_size=1, window=config.window)
     ledger.close()
     served: list[bool] = []
     try:

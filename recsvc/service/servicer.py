@@ -221,7 +221,8 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             check_id("user_id", request.user_id, required=True)
             u = self.ledger.user(request.user_id)
             return pb.GetBudgetResponse(user_id=u.user_id, budget=u.budget, spent=u.spent,
-                                        remaining=u.remaining, requests=u.requests)
+                                        remaining=u.remaining, requests=u.requests,
+                                        window_start_unix=u.window_start, window_end_unix=u.window_end)
 
         return self._call("GetBudget", context, run)
 

@@ -121,18 +121,22 @@ class GetBudgetRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ...) -> None: ...
 
 class GetBudgetResponse(_message.Message):
-    __slots__ = ("user_id", "budget", "spent", "remaining", "requests")
+    __slots__ = ("user_id", "budget", "spent", "remaining", "requests", "window_start_unix", "window_end_unix")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     SPENT_FIELD_NUMBER: _ClassVar[int]
     REMAINING_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_START_UNIX_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_END_UNIX_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     budget: float
     spent: float
     remaining: float
     requests: int
-    def __init__(self, user_id: _Optional[str] = ..., budget: _Optional[float] = ..., spent: _Optional[float] = ..., remaining: _Optional[float] = ..., requests: _Optional[int] = ...) -> None: ...
+    window_start_unix: int
+    window_end_unix: int
+    def __init__(self, user_id: _Optional[str] = ..., budget: _Optional[float] = ..., spent: _Optional[float] = ..., remaining: _Optional[float] = ..., requests: _Optional[int] = ..., window_start_unix: _Optional[int] = ..., window_end_unix: _Optional[int] = ...) -> None: ...
 
 class ListMechanismsRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,193 @@
+"""Renewable budgets beyond the store conformance suite: the flag, the SQLite file's version-2
+migration from a real version-1 file, SelectBatch's one-transaction path across a window
+boundary, and GetBudget / `recsvc budget` reporting the window."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ledger_conformance import DAY, Clock
+from recsvc.checks import ParamError
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
+from recsvc.service.ledger import Ledger
+from recsvc.service.ledger_base import BudgetExceeded, Charge, RequestConflict
+from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
+from recsvc.service.ledger_export import export
+from recsvc.service.ledger_window import BudgetWindow
+from recsvc.service.server import start
+from recsvc.v1 import selection_pb2 as pb
+from service_fixtures import REPO, candidates
+
+# Verbatim the version-1 schema (recsvc/service/ledger_schema.py before renewable budgets).
+V1_SCHEMA = """
+CREATE TABLE budgets (
+    user_id     TEXT PRIMARY KEY,
+    spent_units INTEGER NOT NULL,
+    requests    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE requests (
+    user_id       TEXT NOT NULL,
+    request_id    TEXT NOT NULL,
+    fingerprint   BLOB NOT NULL,
+    epsilon_units INTEGER NOT NULL,
+    response      BLOB NOT NULL,
+    created       REAL NOT NULL,
+    PRIMARY KEY (user_id, request_id)
+) WITHOUT ROWID;
+PRAGMA user_version = 1;
+"""
+KEY = bytes(range(32))
+
+
+def _recsvc(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize(("text", "days"), [("lifetime", 0), ("1d", 1), ("7d", 7), ("30d", 30), ("36500d", 36500)])
+def test_window_values(text: str, days: int) -> None:
+    w = BudgetWindow.parse(text)
+    assert (w.days, w.name, w.seconds) == (days, text, days * DAY)
+    assert w.start(1_700_000_123.5) == (0 if days == 0 else 1_700_000_123 // (days * DAY) * days * DAY)
+
+
+@pytest.mark.parametrize("bad", ["", "7", "12h", "0d", "36501d", "-1d", "1w", "Lifetime", "1.5d", "7 d"])
+def test_a_bad_window_is_a_clear_error(bad: str) -> None:
+    with pytest.raises(ParamError, match=r"budget_window .* is not a budget window; expected 'lifetime' or a number "
+                                         r"of days such as 1d, 7d or 30d \(1d to 36500d; hours are not accepted\)"):
+        BudgetWindow.parse(bad)
+
+
+def test_the_flag_is_checked_before_anything_is_created(tmp_path: Path) -> None:
+    led = tmp_path / "l.db"
+    out = _recsvc("ledger", "init", "--ledger", str(led), "--budget-window", "12h")
+    assert out.returncode == 2 and "--budget-window '12h' is not a budget window" in out.stderr, out.stderr
+    out = _recsvc("serve", "--artifacts", str(tmp_path), "--ledger", str(led), "--port", "0", "--budget-window", "0d")
+    assert out.returncode == 2 and "--budget-window '0d' is not a budget window" in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []  # no ledger, no key
+    ok = _recsvc("ledger", "init", "--ledger", str(led), "--budget", "2", "--budget-window", "7d")
+    assert ok.returncode == 0 and "budget ε=2 per user per 7d window (UTC)" in ok.stdout, ok.stderr
+    clash = _recsvc("ledger", "init", "--ledger", str(led), "--budget", "2")
+    assert clash.returncode == 2 and ("--budget-window lifetime differs from the budget window 7d that the ledger "
+                                      f"{led} was created with") in clash.stderr, clash.stderr
+    help_text = _recsvc("serve", "--help").stdout
+    assert "NOT over all time" in " ".join(help_text.split()) and "T·ε" in help_text
+
+
+def _write_v1(path: Path) -> None:
+    """A version-1 ledger as recsvc wrote it: keyed fingerprints, integer units, SelectResponse answers."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.executescript(V1_SCHEMA)
+    rows = [("alice", "a1", "rnm", 300_000_000_000), ("alice", "a2", "gem", 200_000_000_000),
+            ("bob", "b1", "pf", 1_000_000_000_000)]
+    for user, rid, mech, units in rows:
+        resp = pb.SelectResponse(item_id="it1", mechanism=mech, epsilon_spent=units / 1e12, request_id=rid)
+        con.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)",
+                    (user, rid, hmac.digest(KEY, f"d-{rid}".encode(), "sha256"), units, resp.SerializeToString(),
+                     1.7e9))
+    con.executemany("INSERT INTO budgets VALUES (?, ?, ?)", [("alice", 500_000_000_000, 2), ("bob", 10**12, 1)])
+    con.close()
+    key = path.with_name(path.name + ".key")
+    key.write_text(KEY.hex() + "\n")
+    key.chmod(0o600)
+
+
+def test_a_version_1_file_migrates_to_version_2(tmp_path: Path) -> None:
+    path = tmp_path / "v1.db"
+    _write_v1(path)
+    with pytest.raises(ParamError, match="budget_window 7d differs from the budget window lifetime"):
+        Ledger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
+    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 2: open it once"):
+        export(path, tmp_path / "c.parquet")  # the audit export reads only the current format
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone() == (1,)
+    assert con.execute("SELECT name FROM sqlite_master WHERE name='settings'").fetchall() == []
+    con.close()
+    led = Ledger(path, 1.0)
+    conn = led._conn()
+    assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+    assert conn.execute("SELECT user_id, request_id, mechanism FROM requests ORDER BY 1, 2").fetchall() == [
+        ("alice", "a1", "rnm"), ("alice", "a2", "gem"), ("bob", "b1", "pf")]
+    assert conn.execute("SELECT user_id, spent_units, requests, window_start FROM budgets ORDER BY 1").fetchall() == [
+        ("alice", 500_000_000_000, 2, 0), ("bob", 10**12, 1, 0)]
+    assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchone() == ("lifetime",)
+    alice = led.user("alice")
+    assert (alice.spent_units, alice.requests, alice.window_start, alice.window_end) == (500_000_000_000, 2, 0, 0)
+    replay = led.charge("alice", "a1", _digest("a1"), 0.3, lambda r: b"NEW")
+    assert replay.replayed and pb.SelectResponse.FromString(replay.response).mechanism == "rnm"
+    with pytest.raises(BudgetExceeded):
+        led.charge("bob", "b2", b"x", 0.1, lambda r: b"x")
+    led.close()
+    assert Ledger(path, 1.0).commits == 0  # opening again migrates nothing
+    assert export(path, tmp_path / "c.parquet", progress=False) == 3
+
+
+def _digest(rid: str) -> bytes:
+    """The digest whose keyed fingerprint _write_v1 stored for ``rid``."""
+    return f"d-{rid}".encode()
+
+
+def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
+    clock = Clock(19_723 * DAY + 100.0)
+    led = Ledger(tmp_path / "l.db", 1.0, window="1d", clock=clock)
+    draws: list[list[int]] = []
+
+    def run(items: list[BatchItem]) -> list[Charge | Exception]:
+        return draw_and_charge_batch(led, items, lambda todo: draws.append(todo) or [f"s{i}" for i in todo],
+                                     lambda i, s, rem: f"{s}|{rem:.1f}".encode())
+
+    first = run([BatchItem("u", f"r{i}", f"d{i}".encode(), 0.4, "rnm") for i in range(3)])
+    assert [o.response if isinstance(o, Charge) else type(o) for o in first] == [b"s0|0.6", b"s1|0.2", BudgetExceeded]
+    clock.now = 19_724 * DAY  # 00:00 UTC: the next window
+    items = [BatchItem("u", "r0", b"d0", 0.4, "rnm"),  # charged yesterday: replayed, not drawn, not charged
+             BatchItem("u", "r1", b"other", 0.4, "rnm"),  # conflict, whatever the window
+             *(BatchItem("u", f"n{i}", f"e{i}".encode(), 0.4, "pf") for i in range(3))]
+    second = run(items)
+    assert second[0] == Charge(b"s0|0.6", replayed=True) and isinstance(second[1], RequestConflict)
+    assert [o.response for o in second[2:4]] == [b"s2|0.6", b"s3|0.2"] and isinstance(second[4], BudgetExceeded)
+    assert draws == [[0, 1], [2, 3]]
+    u = led.user("u")
+    assert (u.spent_units, u.requests, u.window_start) == (800_000_000_000, 2, 19_724 * DAY)
+    stored = led._conn().execute("SELECT request_id, mechanism, epsilon_units, created FROM requests ORDER BY created, "
+                                 "request_id").fetchall()
+    assert stored == [("r0", "rnm", 4 * 10**11, 19_723 * DAY + 100.0), ("r1", "rnm", 4 * 10**11, 19_723 * DAY + 100.0),
+                      ("n0", "pf", 4 * 10**11, 19_724 * DAY), ("n1", "pf", 4 * 10**11, 19_724 * DAY)]
+
+
+def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path) -> None:
+    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0, budget_window="7d"))
+    try:
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            before = time.time()
+            r = c.select("w", candidates(), mechanism="rnm", epsilon=0.5, request_id="q1")
+            assert r.budget_remaining == 1.5
+            b = c.budget("w")
+            after = time.time()
+            starts = {int(t // (7 * DAY)) * 7 * DAY for t in (before, after)}
+            assert b.window_start_unix in starts and b.window_end_unix == b.window_start_unix + 7 * DAY
+            assert (b.spent, b.remaining, b.requests) == (0.5, 1.5, 1)
+        out = _recsvc("budget", "--target", f"127.0.0.1:{h.port}", "--user", "w")
+        shown = json.loads(out.stdout)
+        assert shown["window_start_unix"] == b.window_start_unix and shown["window_end_unix"] == b.window_end_unix
+        assert shown["window_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.window_start_unix))
+        assert shown["window_start"].endswith("T00:00:00Z") and shown["spent"] == 0.5
+        assert h.ledger.lookup("w", "q1") is not None
+        assert h.ledger._conn().execute("SELECT mechanism FROM requests").fetchall() == [("rnm",)]
+    finally:
+        h.stop(1)
+    life = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "life.db"))
+    try:
+        shown = json.loads(_recsvc("budget", "--target", f"127.0.0.1:{life.port}", "--user", "w").stdout)
+        assert (shown["window_start"], shown["window_end"], shown["window_start_unix"]) == (None, None, 0)
+    finally:
+        life.stop(1)
