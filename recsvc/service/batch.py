@@ -79,8 +79,8 @@ def execute_batch(selector: Selector, ledger: LedgerStore, prepared: Sequence[Pr
 
     def build(i: int, picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
         p = prepared[i]
-        ids = tuple(p.item_ids[j] for j in picked.tolist())
-        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id))
+        ids, rows = p.answer(picked)
+        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id, rows))
 
     return draw_and_charge_batch(ledger, items, draws, build)
 
