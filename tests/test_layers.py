@@ -40,6 +40,8 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.engines": (1, "shared"),
     "recsvc.policy": (1, "shared"),
     "recsvc.service": (2, "service"),
+    "recsvc.service.catalog": (2, "service"),  # the catalog, its version (compact encoding), server-side SANSA
+    "recsvc.service.pg_cluster": (2, "service"),  # throwaway PostgreSQL for tests and benchmarks
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),
     "eval": (2, "eval"),
