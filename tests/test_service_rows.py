@@ -181,3 +181,18 @@ def test_the_pre_scan_counts_packed_rows_exactly(rows: list[int], refused: bool)
             wire.check(body, wire.SELECT, wire.Limits(candidates=100))
     else:
         wire.check(body, wire.SELECT, wire.Limits(candidates=100))
+
+
+def test_a_batch_mixing_both_encodings_maps_every_item_to_its_rows(client: Client, rows: ItemRows,
+                                                                   server: ServerHandle) -> None:
+    reqs = [client.select_request("mixed", candidates(6, seed=s), mechanism="rnm", epsilon=0.1,
+                                  rows=rows if s % 2 else None) for s in range(5)]
+    reqs.append(client.select_request("mixed", [("it1", 0.5), ("no-such-item", 0.1)], mechanism="rnm", epsilon=0.1))
+    prepared = server.servicer.prepare_selects(reqs)
+    for req, p in zip(reqs[:5], prepared[:5]):
+        ids = list(req.item_ids) or [server.servicer.selector.catalog.item_ids[r] for r in req.item_rows]
+        assert p.rows.tolist() == [rows.index[i] for i in ids]
+    assert "unknown item_id 'no-such-item' (candidate #1)" in str(prepared[5])
+    res = client.select_batch(reqs)
+    assert [r.WhichOneof("outcome") for r in res] == ["response"] * 5 + ["error"]
+    assert all(list(r.response.item_rows) == [rows.index[r.response.item_id]] for r in res[:5])

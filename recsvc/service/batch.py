@@ -1,6 +1,6 @@
 """SelectBatch's fast path: one vectorised draw per mechanism group, one ledger transaction per batch.
 
-Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_select`
+Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_many`
 (so an item's refusals are exactly a single Select's). Then :func:`execute_batch` follows the
 ledger's batch protocol (:mod:`recsvc.service.ledger_batch`): pre-check all items on one
 snapshot (replays, conflicts and refusals draw nothing), draw the rest OUTSIDE any lock, and
