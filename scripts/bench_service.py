@@ -27,8 +27,9 @@ Every server runs in its own process. Every row also reports the CPU time the se
 and the client used per request, and the cores they used together (QPS × CPU per request), so a
 reader can see when a run is against the machine's ceiling (all cores busy).
 Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``;
-``--batch [--workers N]``: SelectBatch (100 rnm items of 500 candidates per batch) vs single Select
-in selections/s, same server and run (python client).
+``--batch [--workers N] [--ledger sqlite,postgresql]``: SelectBatch (100 rnm items of 500 candidates
+per batch) vs single Select in selections/s, same server and run (python client;
+scripts/bench_service_batch.py).
 (``apt-get install nghttp2-client`` for h2load; without it only the python rows are measured).
 """
 
@@ -49,6 +50,8 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+
+from recsvc.service.pg_cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 METHOD = "/recsvc.v1.PrivateSelection/Select"
@@ -161,23 +164,19 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     asyncio.run(main())
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
-    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = (),
+                 ledger: str | None = None) -> None:
+        """``ledger``: a PostgreSQL URL for the sync server (default: a fresh SQLite file in tmp)."""
         self.port, self.workers = free_port(), workers
-        self.ledger = ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
+        self.ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
+        self.ledger_target = ledger or str(self.ledger)
         if kind == "sync":
-            cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
+            cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts),
+                   "--ledger", self.ledger_target,
                    "--port", str(self.port), "--budget", "1e6", "--workers", str(workers), "--drain-delay", "0", *extra]
         else:
-            cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(ledger)]
+            cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(self.ledger)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()  # type: ignore[union-attr]
         if not re.search(r"listening on", line):
@@ -344,51 +343,6 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
     return results
 
 
-def batch_bodies(batches: int, size: int, seed: int) -> list[bytes]:
-    """Serialized SelectBatchRequests of ``size`` fresh rnm items each (every item a new charge)."""
-    from recsvc.v1 import selection_pb2 as pb
-
-    items = [pb.SelectRequest.FromString(b) for b in payloads(size, "rnm", seed=seed)]
-    out = []
-    for _ in range(batches):
-        for it in items:
-            it.request_id = uuid.uuid4().hex
-        out.append(pb.SelectBatchRequest(requests=items).SerializeToString())
-    return out
-
-
-def run_batch(quick: bool, workers: int, size: int = 100) -> dict:
-    """SelectBatch (``size`` rnm items of n = 500 per batch) vs single Select, same server, same run."""
-    n_single, n_batches = (600, 30) if quick else (3000, 150)
-    results: dict = {"n_candidates": N_CANDIDATES, "batch_size": size, "workers": workers,
-                     "loadavg_before": os.getloadavg(), "runs": []}
-    with tempfile.TemporaryDirectory(prefix="bench-batch-") as td:
-        tmp = Path(td)
-        srv = Server("sync", bench_artifact(tmp / "art"), tmp, workers)
-        try:
-            for rep in range(2):  # alternated twice: a drift of the shared machine hits both alike
-                for kind, conc in (("Select", 8), ("Select", 32), ("SelectBatch", 4), ("SelectBatch", 8)):
-                    if kind == "Select":
-                        bodies, method, per = payloads(n_single, "rnm", seed=rep), METHOD, 1
-                    else:
-                        bodies, method, per = batch_bodies(n_batches, size, seed=rep), BATCH_METHOD, size
-                    cpu0 = srv.cpu_seconds()
-                    r = asyncio.run(load(srv.port, bodies, conc, channels=min(conc, 8), method=method))
-                    row = {"rpc": kind, "concurrency": conc, "selections_per_s": r["qps"] * per,
-                           "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
-                           "server_cpu_us_per_selection": (srv.cpu_seconds() - cpu0) / (len(bodies) * per) * 1e6}
-                    results["runs"].append(row)
-                    print(json.dumps(row), flush=True)
-        finally:
-            srv.stop()
-    best = {k: max(r["selections_per_s"] for r in results["runs"] if r["rpc"] == k) for k in ("Select", "SelectBatch")}
-    results["summary"] = {**{f"best_{k}_selections_per_s": v for k, v in best.items()},
-                          "batch_over_single": best["SelectBatch"] / best["Select"],
-                          "loadavg_after": os.getloadavg()}
-    print(json.dumps(results["summary"], indent=2), flush=True)
-    return results
-
-
 def _children_cpu() -> float:
     """User + system CPU of this process's finished children (the h2load runs)."""
     import resource
@@ -434,11 +388,19 @@ def main() -> int:
     ap.add_argument("--batch", action="store_true",
                     help="only SelectBatch (100 rnm items/batch) vs single Select, python client (issue #13)")
     ap.add_argument("--workers", type=int, default=1, help="server worker processes for --batch (default 1)")
+    ap.add_argument("--ledger", default="sqlite",
+                    help="--batch: ledger stores to measure, comma-separated: sqlite and/or postgresql "
+                         "(a throwaway cluster on loopback; default sqlite)")
     ap.add_argument("--clients", default="h2load,python",
                     help="load generators, comma-separated (default: h2load,python)")
     args = ap.parse_args()
     if args.batch:
-        res = run_batch(args.quick, args.workers)
+        from bench_service_batch import run_batch
+
+        ledgers = tuple(x for x in args.ledger.split(",") if x)
+        if not ledgers or set(ledgers) - {"sqlite", "postgresql"}:
+            ap.error(f"--ledger must name sqlite and/or postgresql, got {args.ledger!r}")
+        res = run_batch(args.quick, args.workers, ledgers)
         if args.json:
             args.json.write_text(json.dumps(res, indent=2))
         return 0

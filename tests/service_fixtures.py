@@ -19,6 +19,7 @@ import scipy.sparse as sp
 
 from recsvc.artifact import ArtifactWriter
 from recsvc.model import Model
+from recsvc.service.pg_cluster import free_port  # noqa: F401 - the tests' one free-port helper
 
 REPO = Path(__file__).resolve().parents[1]
 N_ITEMS = 40
@@ -151,11 +152,3 @@ def server_process(artifacts: Path, ledger: Path | str, *extra: str, port: int =
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

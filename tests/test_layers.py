@@ -43,6 +43,8 @@ LAYERS: dict[str, tuple[int, str]] = {
     # named although the prefix above covers them: the ledger's renewable windows and audit export (issue #13)
     "recsvc.service.ledger_window": (2, "service"),
     "recsvc.service.ledger_export": (2, "service"),
+    "recsvc.service.catalog": (2, "service"),  # the catalog, its version (compact encoding), server-side SANSA
+    "recsvc.service.pg_cluster": (2, "service"),  # throwaway PostgreSQL for tests and benchmarks
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),
     "eval": (2, "eval"),

@@ -55,10 +55,12 @@ OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
                     "more than 10000 item_ids in one SelectRequest"),
     "1.5M packed scores": ("Select", lambda: _head() + _field(10, b"\0" * 8 * 1_500_000),  # one run, 12 MB
                            "more than 10000 scores in one SelectRequest"),
+    "3M packed item rows": ("Select", lambda: _head() + _field(12, b"\x01" * 3_000_000),  # one run, 3 MB
+                            "more than 10000 item_rows in one SelectRequest"),
     "3M unknown fields": ("Select", lambda: _head() + b"\xf8\x01\x00" * 3_000_000,  # field 31 = 0
-                          "more than 30064 fields in one SelectRequest"),
+                          "more than 40064 fields in one SelectRequest"),
     "user_id sent 3M times": ("Select", lambda: _field(1, b"v") * 3_000_000,
-                              "more than 30064 fields in one SelectRequest"),
+                              "more than 40064 fields in one SelectRequest"),
     "5M history entries": ("Recommend", lambda: pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5)
                            .SerializeToString() + _field(2, b"x") * 5_000_000,
                            "more than 10000 history entries in one RecommendRequest"),

@@ -1,6 +1,6 @@
 """SelectBatch's fast path: one vectorised draw per mechanism group, one ledger transaction per batch.
 
-Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_select`
+Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_many`
 (so an item's refusals are exactly a single Select's). Then :func:`execute_batch` follows the
 ledger's batch protocol (:mod:`recsvc.service.ledger_batch`): pre-check all items on one
 snapshot (replays, conflicts and refusals draw nothing), draw the rest OUTSIDE any lock, and
@@ -79,8 +79,8 @@ def execute_batch(selector: Selector, ledger: LedgerStore, prepared: Sequence[Pr
 
     def build(i: int, picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
         p = prepared[i]
-        ids = tuple(p.item_ids[j] for j in picked.tolist())
-        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id))
+        ids, rows = p.answer(picked)
+        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id, rows))
 
     return draw_and_charge_batch(ledger, items, draws, build)
 

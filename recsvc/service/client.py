@@ -6,6 +6,12 @@
         r = c.select("user-1", {"50": 0.9, "172": 0.4, "181": 0.8}, epsilon=0.5, k=2)  # a slate
         print(list(r.item_ids))  # 2 distinct items in selection order; r.item_id == r.item_ids[0]
 
+The compact encoding (README § "Compact encoding: item rows") sends items.parquet rows instead
+of ids, tied to the server's catalog version; :meth:`Client.item_rows` checks that version once:
+
+    rows = c.item_rows(pl.read_parquet("artifacts/ml-100k/items.parquet")["item_id"].to_list())
+    r = c.select("user-1", {"50": 0.9, "172": 0.4}, epsilon=0.5, rows=rows)
+
 Every call carries a request_id (a fresh uuid4 unless you pass one). A call that fails with
 UNAVAILABLE or DEADLINE_EXCEEDED is retried with the SAME request_id, which the server
 answers from its ledger if it had already charged it: retries never spend twice.
@@ -25,6 +31,7 @@ import grpc
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAM_NAMES
 from recsvc.service.auth import channel_credentials
+from recsvc.service.catalog import catalog_version
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
 
@@ -36,6 +43,25 @@ def _columns(cands: Candidates) -> dict[str, list]:
     """The columnar encoding (item_ids + scores): same meaning as `candidates`, cheaper to decode."""
     pairs = list(cands.items() if isinstance(cands, Mapping) else cands)
     return {"item_ids": [str(i) for i, _ in pairs], "scores": [float(s) for _, s in pairs]}
+
+
+class ItemRows:
+    """The compact encoding for one catalog: item id → items.parquet row, and the catalog version
+    (the same digest the server reports) that every row-encoded request names."""
+
+    def __init__(self, item_ids: Sequence[str]) -> None:
+        self.index = {item: row for row, item in enumerate(item_ids)}
+        self.version = catalog_version(item_ids)
+
+    def fields(self, cands: Candidates) -> dict[str, Any]:
+        """SelectRequest fields: item_rows + scores + catalog_version (an unknown id is refused here)."""
+        pairs = list(cands.items() if isinstance(cands, Mapping) else cands)
+        try:
+            rows = [self.index[str(i)] for i, _ in pairs]
+        except KeyError as exc:
+            raise ValueError(f"item_id {exc.args[0]!r} is not in this catalog ({len(self.index)} items); "
+                             "expected an item_id of the artifact's items.parquet") from None
+        return {"item_rows": rows, "scores": [float(s) for _, s in pairs], "catalog_version": self.version}
 
 
 def param_fields(message: Any, params: Mapping[str, float | None]) -> dict[str, float | None]:
@@ -101,20 +127,23 @@ class Client:
 
     def select_request(
         self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-        request_id: str | None = None, k: int = 0, **params: float | None,
+        request_id: str | None = None, k: int = 0, rows: ItemRows | None = None, **params: float | None,
     ) -> pb.SelectRequest:
-        """A SelectRequest; ``params``: mechanism parameters (``beta=0.1``, see :func:`param_fields`)."""
+        """A SelectRequest; ``params``: mechanism parameters (``beta=0.1``, see :func:`param_fields`);
+        ``rows``: send the compact encoding (see :meth:`item_rows`) instead of item ids."""
+        columns = _columns(candidates) if rows is None else rows.fields(candidates)
         return pb.SelectRequest(
-            user_id=user_id, **_columns(candidates), mechanism=mechanism, epsilon=epsilon,
+            user_id=user_id, **columns, mechanism=mechanism, epsilon=epsilon,
             request_id=request_id or uuid.uuid4().hex, k=k, **param_fields(pb.SelectRequest, params),
         )
 
     def select(self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-               request_id: str | None = None, k: int = 0, **params: float | None) -> pb.SelectResponse:
+               request_id: str | None = None, k: int = 0, rows: ItemRows | None = None,
+               **params: float | None) -> pb.SelectResponse:
         """One private selection, or a slate of ``k`` distinct items (ε charged once in total);
         returns the SelectResponse (item_id, item_ids, mechanism, epsilon_spent, ...). ``params``:
         mechanism parameters, e.g. ``beta=0.1`` (None or absent: the mechanism's default)."""
-        req = self.select_request(user_id, candidates, mechanism, epsilon, request_id, k=k, **params)
+        req = self.select_request(user_id, candidates, mechanism, epsilon, request_id, k=k, rows=rows, **params)
         return self._call(self.stub.Select, req)
 
     def select_batch(self, requests: Sequence[pb.SelectRequest]) -> list[pb.SelectResult]:
@@ -141,6 +170,20 @@ class Client:
 
     def mechanisms(self) -> pb.ListMechanismsResponse:
         return self._call(self.stub.ListMechanisms, pb.ListMechanismsRequest())
+
+    def catalog_version(self) -> str:
+        """The server's catalog version (what row-encoded requests must name)."""
+        return self.mechanisms().catalog_version
+
+    def item_rows(self, item_ids: Sequence[str]) -> ItemRows:
+        """The compact encoding for the artifact whose item ids (items.parquet order) are given,
+        checked against the server's catalog version: a different artifact is refused here, once."""
+        rows = ItemRows(item_ids)
+        served = self.catalog_version()
+        if rows.version != served:
+            raise ValueError(f"these {len(item_ids)} item ids have catalog version {rows.version!r} but the server's "
+                             f"is {served!r}; expected the items.parquet of the artifact the server serves")
+        return rows
 
     def health(self, service: str = "") -> str:
         """'SERVING', 'NOT_SERVING', ... (health is open: no token needed)."""

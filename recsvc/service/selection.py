@@ -26,6 +26,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from recsvc.mechanisms.slate import step_epsilon
 from recsvc.mechanisms.two_stage import split_budget
 from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
+from recsvc.service.catalog import Catalog, InvalidRequest, Recommender, RowIds, Unavailable, short
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
 from recsvc.service.ledger_base import Charge, LedgerStore
@@ -45,14 +47,6 @@ log = logging.getLogger("recsvc.service")
 
 MAX_ID_LEN = 256
 CANDIDATE_MECHANISM = "rnm"  # Recommend's private top-m (peeling); public, the same for every request
-
-
-class InvalidRequest(ValueError):
-    """Bad input: INVALID_ARGUMENT, nothing spent. Messages never contain score values."""
-
-
-class Unavailable(Exception):
-    """The request is well-formed but this server cannot serve it (FAILED_PRECONDITION)."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +70,16 @@ class Prepared:
     # The user's data stays out of repr(), so no log line or traceback can print it.
     scores: np.ndarray = field(repr=False)  # clipped to each item's [lo, hi]
     sensitivities: np.ndarray = field(repr=False)
-    item_ids: Sequence[str] = field(repr=False)  # a list, or the request's repeated field itself (no copy)
+    item_ids: Sequence[str] = field(repr=False)  # the candidates' ids (a list, a protobuf field, RowIds)
     k: int = 1  # slate size, 1 <= k <= the candidates (n, or the stage's m)
     stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
+    rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
+
+    def answer(self, picked: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The slate's (item ids, catalog rows) from the drawn candidate indices."""
+        at = picked.tolist()
+        rows = at if self.rows is None else self.rows[picked].tolist()
+        return tuple(self.item_ids[i] for i in at), tuple(rows)
 
 
 @dataclass(frozen=True)
@@ -90,10 +91,41 @@ class Selected:
     epsilon: float
     budget_remaining: float
     request_id: str
+    item_rows: tuple[int, ...] = ()  # the same slate as items.parquet rows
 
     @property
     def item_id(self) -> str:
         return self.item_ids[0]
+
+
+@dataclass(frozen=True)
+class SelectInput:
+    """One Select request without the wire format; its candidates are in the :class:`Columns`."""
+
+    user_id: str
+    request_id: str
+    mechanism: str
+    epsilon: float
+    params: Mapping[str, float | None]
+    fingerprint: Callable[[], bytes]  # runs only for a valid request
+    k: int = 0
+    item_ids: Sequence[str] | None = None  # the id encoding; None: the compact one (rows in Columns.rows)
+    catalog_version: str = ""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The candidates of several Select requests, decoded at once: concatenated in input order."""
+
+    raw: np.ndarray = field(repr=False)  # float64, every input's raw scores
+    lengths: np.ndarray  # int64, candidates per input
+    rows: np.ndarray = field(repr=False)  # int64, the rows of the row-encoded inputs only
+
+    @staticmethod
+    def of(raw: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> Columns:
+        lengths = np.fromiter(map(len, raw), np.int64, len(raw))
+        cat = (lambda a, t: np.concatenate(a).astype(t, copy=False) if a else np.empty(0, t))
+        return Columns(cat(raw, np.float64), lengths, cat(rows, np.int64))
 
 
 def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.ndarray:
@@ -128,71 +160,6 @@ def resolve_auto(rho_median: float | None, threshold: float, table: PolicyTable 
 def population_median(manifest: Manifest) -> float | None:
     stats = manifest.population_spearman
     return None if stats is None else float(stats.median)
-
-
-def short(s: str, limit: int = 64) -> str:
-    """An id for an error message, cut to ``limit`` characters."""
-    return repr(s if len(s) <= limit else s[:limit] + "…")
-
-
-class Catalog:
-    """Public per-item data from the artifact, as arrays indexed by items.parquet row."""
-
-    def __init__(self, artifact: Artifact) -> None:
-        self.index: dict[str, int] = artifact.item_index
-        self.item_ids: list[str] = artifact.items["item_id"].to_list()
-        self.lo = artifact.items["lo"].to_numpy().astype(np.float64)
-        self.hi = artifact.items["hi"].to_numpy().astype(np.float64)
-        self.sensitivity = artifact.items["sensitivity"].to_numpy().astype(np.float64)
-
-    def rows(self, item_ids: Sequence[str]) -> np.ndarray:
-        # One pass over the ids, straight from the protobuf field: no intermediate list.
-        try:
-            return np.fromiter(map(self.index.__getitem__, item_ids), np.int64, len(item_ids))
-        except KeyError as exc:
-            pos = list(item_ids).index(exc.args[0])
-            raise InvalidRequest(
-                f"unknown item_id {short(exc.args[0])} (candidate #{pos}); expected an item_id from the "
-                f"artifact's items.parquet ({len(self.item_ids)} items)"
-            ) from None
-
-    def clip(self, rows: np.ndarray, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # Clipping to the public [lo, hi] is what makes Δ a true bound (SPEC §1): never skip it.
-        return np.clip(raw, self.lo[rows], self.hi[rows]), self.sensitivity[rows]
-
-
-class Recommender:
-    """Server-side SANSA over the full catalog: history → raw scores of EVERY items.parquet row.
-
-    Nothing is excluded: a seen item keeps its score (excluding it would make its probability 0
-    depending on the history, outside the ε accounting); a client drops seen items from the
-    answer itself, which is free post-processing. A catalog item the model has no column for
-    scores 0, a constant that depends on no one's data.
-    """
-
-    def __init__(self, artifact: Artifact, catalog: Catalog) -> None:
-        self.model = artifact.model
-        self.index = self.model.index
-        self.columns = len(self.model.item_ids)
-        col = np.array([self.index.get(i, -1) for i in catalog.item_ids], np.int64)
-        # items.parquet row → model column; None when they coincide (the pipeline's artifacts).
-        self.col_of_row: np.ndarray | None = None if np.array_equal(col, np.arange(self.columns)) else col
-
-    def scores(self, history: Sequence[str]) -> np.ndarray:
-        """Raw SANSA scores of every catalog row (items.parquet order), seen items included."""
-        cols = []
-        for pos, item in enumerate(history):
-            col = self.index.get(item)
-            if col is None:
-                raise InvalidRequest(
-                    f"unknown item_id {short(item)} in history (position {pos}); expected item ids "
-                    f"known to the model ({len(self.index)} items)"
-                )
-            cols.append(col)
-        dense = self.model.score_one(np.unique(np.asarray(cols, np.int64)))  # a repeated item counts once
-        if self.col_of_row is None:
-            return dense
-        return np.where(self.col_of_row >= 0, dense[self.col_of_row], 0.0)
 
 
 def check_id(name: str, value: str, required: bool) -> None:
@@ -236,6 +203,7 @@ class Selector:
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
+        self._valid: dict[tuple, str] = {}
         self.heavy = HeavyDraws(policy.heavy_draws, policy.heavy_draw_threads)
 
     @property
@@ -281,10 +249,16 @@ class Selector:
                 params: Mapping[str, float | None]) -> tuple[str, float]:
         check_id("user_id", user_id, required=True)
         check_id("request_id", request_id, required=False)
-        name = self.mechanism_name(mechanism)
+        key = (mechanism, tuple(params.items()))
+        name = self._valid.get(key)  # a (mechanism, params) pair already found valid: same checks, same answer
+        if name is None:
+            name = self.mechanism_name(mechanism)
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise InvalidRequest(f"epsilon must be a positive finite number, got {epsilon!r}")
-        check_params(dict(params))  # the mechanisms' own checks, before the ledger is touched
+        if key not in self._valid:
+            check_params(dict(params))  # the mechanisms' own checks, before the ledger is touched
+            if len(self._valid) < 4096:
+                self._valid[key] = name
         return name, epsilon
 
     def resolve(self, name: str, epsilon: float, k: int, candidates: int,
@@ -343,30 +317,94 @@ class Selector:
     def prepare_select(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
                        params: Mapping[str, float | None], item_ids: Sequence[str], raw: np.ndarray,
                        fingerprint: Callable[[], bytes], *, k: int = 0) -> Prepared:
-        """Checks a Select request and clips its scores; ``fingerprint`` runs only if it is valid."""
-        name, eps = self._common(user_id, request_id, mechanism, epsilon, params)
-        n = len(item_ids)
+        """One id-encoded Select request through :meth:`prepare_many`; raises its refusal."""
+        x = SelectInput(user_id, request_id, mechanism, epsilon, params, fingerprint, k, item_ids)
+        out = self.prepare_many([x], Columns.of([np.asarray(raw, np.float64)], []))[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    def _checked(self, x: SelectInput, n: int) -> tuple[str, int]:
+        """A request's checks that do not read its candidates, in Select's order: (mechanism, k)."""
+        name, eps = self._common(x.user_id, x.request_id, x.mechanism, x.epsilon, x.params)
         if n == 0:
             raise InvalidRequest("no candidates (n = 0); expected at least one (item_id, score)")
         if n > self.policy.max_candidates:
             raise InvalidRequest(f"{n} candidates is too many; this server accepts at most {self.policy.max_candidates}")
-        kk = self.slate_size(k, n, eps, "candidates")
-        finite = np.isfinite(raw)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            raise InvalidRequest(
-                f"{int((~finite).sum())} candidate score(s) are NaN or infinite (first: candidate #{bad}); "
-                "expected finite scores"
-            )
-        rows = self.catalog.rows(item_ids)
-        if self._has_duplicates(rows):  # the same item twice (ids map 1:1 to rows)
-            seen: set[str] = set()
-            dup = next(i for i in item_ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
-            raise InvalidRequest(f"duplicate item_id {short(dup)} among the candidates; expected each item once")
-        q, sens = self.catalog.clip(rows, raw)
-        name, params = self.resolve(name, eps, kk, n, params)
-        return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q, sens, item_ids,
-                        kk)
+        return name, self.slate_size(x.k, n, eps, "candidates")
+
+    def _duplicate(self, x: SelectInput, rows: np.ndarray) -> InvalidRequest | None:
+        if not self._has_duplicates(rows):  # the same item twice (ids map 1:1 to rows)
+            return None
+        if x.item_ids is None:
+            _, first = np.unique(rows, return_index=True)
+            dup = int(rows[np.setdiff1d(np.arange(rows.size), first)[0]])
+            return InvalidRequest(f"duplicate item_rows entry {dup} among the candidates; expected each item once")
+        seen: set[str] = set()
+        dup_id = next(i for i in x.item_ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        return InvalidRequest(f"duplicate item_id {short(dup_id)} among the candidates; expected each item once")
+
+    def prepare_many(self, inputs: Sequence[SelectInput], cols: Columns) -> list[Prepared | Exception]:
+        """Checks Select requests and clips their scores: THE Select validation (one request is a
+        batch of one). Each input gets its Prepared or its refusal, exactly as if it came alone;
+        the checks on the candidates run once over the concatenated columns."""
+        out: list[Prepared | Exception | None] = [None] * len(inputs)
+        checked: dict[int, tuple[str, int]] = {}
+        for i, x in enumerate(inputs):
+            try:
+                checked[i] = self._checked(x, int(cols.lengths[i]))
+            except Exception as exc:  # noqa: BLE001 - this input alone is refused
+                out[i] = exc
+        ends = np.cumsum(cols.lengths).tolist()
+        span = [(e - n, e) for e, n in zip(ends, cols.lengths.tolist())]
+        by_id = [x.item_ids is not None for x in inputs]
+        rows = cols.rows if not any(by_id) else self._rows(inputs, cols, by_id)
+        finite = np.isfinite(cols.raw)
+        bad = (rows < 0) | (rows >= len(self.catalog.item_ids))
+        given, suspects = rows, set()
+        if not finite.all() or bad.any():  # which inputs to refuse; the messages below are Select's
+            seg = np.repeat(np.arange(len(inputs)), cols.lengths)
+            suspects = set(np.unique(seg[~finite | bad]).tolist())
+            rows = np.where(bad, 0, rows)  # the refused inputs' rows, so that the clip below can run
+        for i in list(checked):
+            x, (s, e) = inputs[i], span[i]
+            try:
+                if i in suspects and not finite[s:e].all():
+                    nonfinite = np.flatnonzero(~finite[s:e])
+                    raise InvalidRequest(f"{nonfinite.size} candidate score(s) are NaN or infinite (first: "
+                                         f"candidate #{int(nonfinite[0])}); expected finite scores")
+                self.catalog.check_version(x.catalog_version, required=x.item_ids is None)
+                if i in suspects and bad[s:e].any():
+                    raise (self.catalog.bad_row(given[s:e]) if x.item_ids is None
+                           else self.catalog.unknown_id(x.item_ids, given[s:e]))
+                dup = self._duplicate(x, rows[s:e])
+                if dup is not None:
+                    raise dup
+            except Exception as exc:  # noqa: BLE001
+                out[i] = exc
+                del checked[i]
+        q, sens = self.catalog.clip(rows, cols.raw)
+        for i, (name, kk) in checked.items():
+            x, (s, e) = inputs[i], span[i]
+            try:
+                name, params = self.resolve(name, x.epsilon, kk, e - s, x.params)
+                ids = x.item_ids if x.item_ids is not None else RowIds(self.catalog.item_ids, rows[s:e])
+                out[i] = Prepared(x.user_id, x.request_id or uuid.uuid4().hex, x.fingerprint(), name, x.epsilon,
+                                  params, q[s:e], sens[s:e], ids, kk, rows=rows[s:e])
+            except Exception as exc:  # noqa: BLE001
+                out[i] = exc
+        return out  # type: ignore[return-value]
+
+    def _rows(self, inputs: Sequence[SelectInput], cols: Columns, by_id: list[bool]) -> np.ndarray:
+        """Every candidate's catalog row: the id-encoded inputs' ids mapped in ONE pass (−1: unknown)."""
+        id_inputs = [x.item_ids for x in inputs if x.item_ids is not None]
+        mapped = self.catalog.rows(chain.from_iterable(id_inputs), sum(map(len, id_inputs)))  # type: ignore[arg-type]
+        if all(by_id):
+            return mapped
+        rows = np.empty(cols.raw.size, np.int64)
+        mask = np.repeat(np.array(by_id), cols.lengths)
+        rows[mask], rows[~mask] = mapped, cols.rows
+        return rows
 
     def prepare_recommend(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
                           params: Mapping[str, float | None], history: Sequence[str], num_candidates: int,
@@ -404,8 +442,8 @@ class Selector:
             return self.heavy.run(sample, p.k * expected_draws(p.mechanism, p.scores.size, p.params))
 
         def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
-            ids = tuple(p.item_ids[i] for i in picked.tolist())
-            return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id))
+            ids, rows = p.answer(picked)
+            return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id, rows))
 
         return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, heavy_or_inline, build,
                                       mechanism=p.mechanism)

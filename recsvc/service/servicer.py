@@ -10,6 +10,7 @@ import hashlib
 import logging
 import time
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -24,15 +25,26 @@ from recsvc.service.config import Policy
 from recsvc.service.gate import RateLimiter, current_caller
 from recsvc.service.batch import execute_batch
 from recsvc.service.ledger_base import BudgetExceeded, Charge, LedgerStore, LedgerUnavailable, RequestConflict
-from recsvc.service.selection import InvalidRequest, Prepared, Selected, Selector, Unavailable, check_id
+from recsvc.service.selection import (Columns, InvalidRequest, Prepared, Selected, SelectInput, Selector,
+                                      Unavailable, check_id)
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
 
 log = logging.getLogger("recsvc.service")
 
 
-def _candidate_columns(req: pb.SelectRequest) -> tuple[Sequence[str], np.ndarray]:
-    """(item_ids, raw scores) from either encoding of the candidates."""
+def _candidates(req: pb.SelectRequest) -> tuple[Sequence[str] | None, np.ndarray, np.ndarray | None]:
+    """(item_ids, raw scores, rows) from any one encoding of the candidates: ids or rows is None."""
+    if len(req.item_rows):
+        if len(req.candidates) or len(req.item_ids):
+            other = "candidates" if len(req.candidates) else "item_ids"
+            raise InvalidRequest(f"both item_rows and {other} are set; expected exactly one encoding of the candidates "
+                                 "(item_rows + scores + catalog_version, item_ids + scores, or candidates)")
+        raw, rows = np.array(req.scores, dtype=np.float64), np.array(req.item_rows, dtype=np.int64)
+        if rows.size != raw.size:
+            raise InvalidRequest(f"item_rows has {rows.size} entries but scores has {raw.size}; "
+                                 "expected one score per row")
+        return None, raw, rows
     if len(req.item_ids) or len(req.scores):
         if len(req.candidates):
             raise InvalidRequest("both candidates and item_ids/scores are set; expected exactly one encoding")
@@ -41,9 +53,9 @@ def _candidate_columns(req: pb.SelectRequest) -> tuple[Sequence[str], np.ndarray
             raise InvalidRequest(
                 f"item_ids has {len(ids)} entries but scores has {raw.size}; expected one score per item_id"
             )
-        return ids, raw
+        return ids, raw, None
     cands = list(req.candidates)  # one wrapper per candidate: the slower encoding
-    return [c.item_id for c in cands], np.array([c.score for c in cands], dtype=np.float64)
+    return [c.item_id for c in cands], np.array([c.score for c in cands], dtype=np.float64), None
 
 
 _HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes or more
@@ -68,8 +80,9 @@ def _params(req: Any) -> dict[str, float | None]:
 
 
 def _encode(s: Selected) -> bytes:
-    return pb.SelectResponse(item_id=s.item_id, item_ids=s.item_ids, mechanism=s.mechanism, epsilon_spent=s.epsilon,
-                             budget_remaining=s.budget_remaining, request_id=s.request_id).SerializeToString()
+    return pb.SelectResponse(item_id=s.item_id, item_ids=s.item_ids, item_rows=s.item_rows, mechanism=s.mechanism,
+                             epsilon_spent=s.epsilon, budget_remaining=s.budget_remaining,
+                             request_id=s.request_id).SerializeToString()
 
 
 T = TypeVar("T")
@@ -100,10 +113,32 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def auto_choice(self) -> str | None:
         return self.selector.auto_choice
 
+    def prepare_selects(self, requests: Sequence[pb.SelectRequest]) -> list[Prepared | Exception]:
+        """Each request's Prepared or refusal (a single Select is a batch of one): every request's
+        columns decoded, then checked and clipped together (Selector.prepare_many)."""
+        out: list[Prepared | Exception | None] = [None] * len(requests)
+        inputs, raws, rows, where = [], [], [], []
+        for i, req in enumerate(requests):
+            try:
+                ids, raw, r = _candidates(req)
+            except Exception as exc:  # noqa: BLE001 - this request alone is refused
+                out[i] = exc
+                continue
+            inputs.append(SelectInput(req.user_id, req.request_id, req.mechanism, req.epsilon, _params(req),
+                                      lambda req=req: _fingerprint(b"select\0", req), req.k, ids, req.catalog_version))
+            raws.append(raw)
+            where.append(i)
+            if r is not None:
+                rows.append(r)
+        for i, p in zip(where, self.selector.prepare_many(inputs, Columns.of(raws, rows))):
+            out[i] = p
+        return out  # type: ignore[return-value]
+
     def prepare_select(self, req: pb.SelectRequest) -> Prepared:
-        item_ids, raw = _candidate_columns(req)
-        return self.selector.prepare_select(req.user_id, req.request_id, req.mechanism, req.epsilon, _params(req),
-                                            item_ids, raw, lambda: _fingerprint(b"select\0", req), k=req.k)
+        out = self.prepare_selects([req])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
 
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
         return self.selector.prepare_recommend(req.user_id, req.request_id, req.mechanism, req.epsilon,
@@ -117,6 +152,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     @staticmethod
     def _response(p: Prepared, charge: Charge) -> pb.SelectResponse:
+        """The response to send (replays marked); counts the ε of a fresh charge (SelectBatch counts its own)."""
         if charge.replayed:
             metrics.REPLAYS.inc()
             resp = pb.SelectResponse.FromString(charge.response)
@@ -176,44 +212,68 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
         return self._call("Recommend", context, run, lambda r: r.mechanism)
 
-    def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.ServicerContext) -> pb.SelectBatchResponse:
-        def run() -> pb.SelectBatchResponse:
+    def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.ServicerContext) -> bytes:
+        """Answers with the serialized SelectBatchResponse (see :func:`batch_response`)."""
+        def run() -> bytes:
             caller = current_caller()  # the batch's size was checked before parsing (wire.BATCH)
             if self.limiter is not None and len(request.requests) > 1:  # the rate limit counts every item
                 self.limiter.debit(caller.key, len(request.requests) - 1)
-            return pb.SelectBatchResponse(results=list(self._batch_items(caller, request.requests)))
+            return batch_response(self._batch_items(caller, request.requests))
 
         return self._call("SelectBatch", context, run)
 
-    def _batch_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> Iterable[pb.SelectResult]:
+    def _batch_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[tuple[int, bytes]]:
         """Each item is checked alone (a refusal is that item's error and spends nothing); the
-        rest are drawn vectorised and charged in ONE ledger transaction (recsvc.service.batch)."""
+        rest are drawn vectorised and charged in ONE ledger transaction (recsvc.service.batch).
+        Returns each item's SelectResult field: (1, SelectResponse bytes) or (2, Error bytes)."""
         outcomes: list[Any] = [None] * len(requests)
-        prepared: dict[int, Prepared] = {}
+        allowed: list[int] = []
         for i, req in enumerate(requests):
             try:
                 caller.check_user(req.user_id)  # an item for a user_id outside the scope is refused alone
-                prepared[i] = self.prepare_select(req)
-            except Exception as exc:  # noqa: BLE001
+                allowed.append(i)
+            except PermissionDenied as exc:
                 outcomes[i] = exc
+        prepared: dict[int, Prepared] = {}
+        for i, p in zip(allowed, self.prepare_selects([requests[i] for i in allowed])):
+            if isinstance(p, Exception):
+                outcomes[i] = p
+            else:
+                prepared[i] = p
         if prepared:
             charged = execute_batch(self.selector, self.ledger, list(prepared.values()), _encode)
             for (i, p), charge in zip(prepared.items(), charged):
-                outcomes[i] = charge if isinstance(charge, Exception) else self._response(p, charge)
+                outcomes[i] = (p, charge)
+        counts: Counter[tuple[str, str]] = Counter()
+        spent: Counter[str] = Counter()
+        results: list[tuple[int, bytes]] = []
         denied = 0
         for out in outcomes:
-            if isinstance(out, Exception):
-                denied += isinstance(out, PermissionDenied)
-                code, message = status_of(out)
-                if code is grpc.StatusCode.INTERNAL:
-                    log_internal_error("SelectBatch item", out)
-                metrics.requests("SelectBatch.item", "", code.name).inc()
-                yield pb.SelectResult(error=pb.Error(code=code.value[0], code_name=code.name, message=message))
-            else:
-                metrics.requests("SelectBatch.item", out.mechanism, "OK").inc()
-                yield pb.SelectResult(response=out)
+            if isinstance(out, tuple) and not isinstance(out[1], Exception):
+                p, charge = out
+                if charge.replayed:  # rare: parsed to mark it replayed (and fill an old answer's item_ids)
+                    resp = self._response(p, charge)
+                    counts[resp.mechanism, "OK"] += 1
+                    results.append((1, resp.SerializeToString()))
+                else:  # the stored answer's bytes are the response: no parse, no re-encode
+                    counts[p.mechanism, "OK"] += 1
+                    spent[p.mechanism] += p.epsilon
+                    results.append((1, charge.response))
+                continue
+            exc = out[1] if isinstance(out, tuple) else out
+            denied += isinstance(exc, PermissionDenied)
+            code, message = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log_internal_error("SelectBatch item", exc)
+            counts["", code.name] += 1
+            results.append((2, pb.Error(code=code.value[0], code_name=code.name, message=message).SerializeToString()))
+        for (mech, code_name), n in counts.items():
+            metrics.requests("SelectBatch.item", mech, code_name).inc(n)
+        for mech, eps in spent.items():
+            metrics.epsilon_spent(mech).inc(eps)
         if denied:  # one line per batch, with the principal and never the request
             log.warning("PERMISSION_DENIED SelectBatch: %d item(s) for principal %s: another user_id", denied, caller)
+        return results
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
         def run() -> pb.GetBudgetResponse:
@@ -249,6 +309,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 max_slate=self.policy.max_slate,
                 min_candidates=self.policy.min_candidates,
                 catalog_size=len(self.selector.catalog.item_ids) if self.selector.recommender is not None else 0,
+                catalog_version=self.selector.catalog.version,
             )
 
         return self._call("ListMechanisms", context, run)
@@ -268,10 +329,38 @@ def register(servicer: SelectionServicer, server: grpc.Server) -> None:
     }
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=decode,
-                                                  response_serializer=response.SerializeToString)
+                                                  response_serializer=_serializer(response))
         for name, (fn, decode, response) in methods.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+def _serializer(message_type: Any) -> Callable[[Any], bytes]:
+    """Serializes a response message; bytes (SelectBatch's pre-encoded answer) pass through."""
+    def serialize(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else message_type.SerializeToString(response)
+
+    return serialize
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def batch_response(results: Iterable[tuple[int, bytes]]) -> bytes:
+    """A serialized SelectBatchResponse from each item's SelectResult field (1: a serialized
+    SelectResponse, 2: a serialized Error), written directly: the stored answers are already
+    SelectResponse bytes, so they are framed (tag, length) rather than parsed and re-encoded."""
+    parts = []
+    for number, body in results:
+        inner = bytes([number << 3 | 2]) + _varint(len(body)) + body  # SelectResult.response / .error
+        parts.append(b"\x0a" + _varint(len(inner)) + inner)  # SelectBatchResponse.results
+    return b"".join(parts)
 
 
 def log_internal_error(what: str, exc: BaseException) -> None:

@@ -15,7 +15,7 @@ class Candidate(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SelectRequest(_message.Message):
-    __slots__ = ("user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "item_ids", "scores", "k")
+    __slots__ = ("user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "item_ids", "scores", "k", "item_rows", "catalog_version")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class SelectRequest(_message.Message):
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     SCORES_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ROWS_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_VERSION_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     mechanism: str
@@ -38,10 +40,12 @@ class SelectRequest(_message.Message):
     item_ids: _containers.RepeatedScalarFieldContainer[str]
     scores: _containers.RepeatedScalarFieldContainer[float]
     k: int
-    def __init__(self, user_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., item_ids: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ..., k: _Optional[int] = ...) -> None: ...
+    item_rows: _containers.RepeatedScalarFieldContainer[int]
+    catalog_version: str
+    def __init__(self, user_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., item_ids: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ..., k: _Optional[int] = ..., item_rows: _Optional[_Iterable[int]] = ..., catalog_version: _Optional[str] = ...) -> None: ...
 
 class SelectResponse(_message.Message):
-    __slots__ = ("item_id", "mechanism", "epsilon_spent", "budget_remaining", "request_id", "replayed", "item_ids")
+    __slots__ = ("item_id", "mechanism", "epsilon_spent", "budget_remaining", "request_id", "replayed", "item_ids", "item_rows")
     ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
     EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +53,7 @@ class SelectResponse(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ROWS_FIELD_NUMBER: _ClassVar[int]
     item_id: str
     mechanism: str
     epsilon_spent: float
@@ -56,7 +61,8 @@ class SelectResponse(_message.Message):
     request_id: str
     replayed: bool
     item_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, item_id: _Optional[str] = ..., mechanism: _Optional[str] = ..., epsilon_spent: _Optional[float] = ..., budget_remaining: _Optional[float] = ..., request_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., item_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    item_rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, item_id: _Optional[str] = ..., mechanism: _Optional[str] = ..., epsilon_spent: _Optional[float] = ..., budget_remaining: _Optional[float] = ..., request_id: _Optional[str] = ..., replayed: _Optional[bool] = ..., item_ids: _Optional[_Iterable[str]] = ..., item_rows: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SelectBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -165,7 +171,7 @@ class AutoPolicyEntry(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., k: _Optional[int] = ..., mechanism: _Optional[str] = ..., expected_mse: _Optional[float] = ...) -> None: ...
 
 class ListMechanismsResponse(_message.Message):
-    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size", "auto_policy")
+    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size", "auto_policy", "catalog_version")
     MECHANISMS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MECHANISM_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESOLVES_TO_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +183,7 @@ class ListMechanismsResponse(_message.Message):
     MIN_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     CATALOG_SIZE_FIELD_NUMBER: _ClassVar[int]
     AUTO_POLICY_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_VERSION_FIELD_NUMBER: _ClassVar[int]
     mechanisms: _containers.RepeatedCompositeFieldContainer[MechanismInfo]
     default_mechanism: str
     auto_resolves_to: str
@@ -188,4 +195,5 @@ class ListMechanismsResponse(_message.Message):
     min_candidates: int
     catalog_size: int
     auto_policy: _containers.RepeatedCompositeFieldContainer[AutoPolicyEntry]
-    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ...) -> None: ...
+    catalog_version: str
+    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ..., catalog_version: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,133 @@
+"""The artifact's catalog as the service sees it: public per-item data by items.parquet row, the
+catalog version that row-encoded requests are tied to, and server-side SANSA over it.
+
+A request names its candidates by item id or, in the compact encoding, by items.parquet ROW
+(``SelectRequest.item_rows``). Rows mean something only for one item list, so a row-encoded
+request carries the :func:`catalog_version` it was built for and the server refuses any other
+(nothing spent). The version is a digest of the item ids in row order, computed here and only
+here: replicas serving the same artifact report the same version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+
+import numpy as np
+
+from recsvc.artifact import Artifact
+
+VERSION_PREFIX = "items-sha256:"
+
+
+class InvalidRequest(ValueError):
+    """Bad input: INVALID_ARGUMENT, nothing spent. Messages never contain score values."""
+
+
+class Unavailable(Exception):
+    """The request is well-formed but this server cannot serve it (FAILED_PRECONDITION)."""
+
+
+def short(s: str, limit: int = 64) -> str:
+    """An id for an error message, cut to ``limit`` characters."""
+    return repr(s if len(s) <= limit else s[:limit] + "…")
+
+
+def catalog_version(item_ids: Iterable[str]) -> str:
+    """SHA-256 of the item ids in row order (each UTF-8, length-prefixed, so no two lists collide)."""
+    h = hashlib.sha256()
+    for item in item_ids:
+        data = item.encode()
+        h.update(len(data).to_bytes(4, "little"))
+        h.update(data)
+    return VERSION_PREFIX + h.hexdigest()[:32]
+
+
+class Catalog:
+    """Public per-item data from the artifact, as arrays indexed by items.parquet row."""
+
+    def __init__(self, artifact: Artifact) -> None:
+        self.index: dict[str, int] = artifact.item_index
+        self.item_ids: list[str] = artifact.items["item_id"].to_list()
+        self.version = catalog_version(self.item_ids)
+        self.lo = artifact.items["lo"].to_numpy().astype(np.float64)
+        self.hi = artifact.items["hi"].to_numpy().astype(np.float64)
+        self.sensitivity = artifact.items["sensitivity"].to_numpy().astype(np.float64)
+
+    def rows(self, item_ids: Iterable[str], count: int | None = None) -> np.ndarray:
+        """The rows of ``count`` ids in one pass (straight from protobuf fields: no list); −1 for an unknown id."""
+        count = len(item_ids) if count is None else count  # type: ignore[arg-type]
+        return np.fromiter(map(self.index.get, item_ids, repeat(-1, count)), np.int64, count)
+
+    def unknown_id(self, item_ids: Sequence[str], rows: np.ndarray) -> InvalidRequest:
+        pos = int(np.flatnonzero(rows < 0)[0])
+        return InvalidRequest(f"unknown item_id {short(item_ids[pos])} (candidate #{pos}); expected an item_id "
+                              f"from the artifact's items.parquet ({len(self.item_ids)} items)")
+
+    def bad_row(self, rows: np.ndarray) -> InvalidRequest:
+        pos = int(np.flatnonzero(rows >= len(self.item_ids))[0])
+        return InvalidRequest(f"item_rows[{pos}] = {int(rows[pos])} is out of range; expected a row of the "
+                              f"artifact's items.parquet, 0 <= row < {len(self.item_ids)}")
+
+    def check_version(self, version: str, required: bool) -> None:
+        """A row-encoded request must name this catalog; any request that names one must name this one."""
+        if not version and required:
+            raise InvalidRequest(f"item_rows without catalog_version; expected the catalog_version the rows "
+                                 f"index (this server's is {self.version!r}, see ListMechanisms)")
+        if version and version != self.version:
+            raise Unavailable(f"catalog_version {short(version)} is not this server's catalog ({self.version!r}); "
+                              "re-map the items with the artifact this server serves, nothing was spent")
+
+    def clip(self, rows: np.ndarray, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # Clipping to the public [lo, hi] is what makes Δ a true bound (SPEC §1): never skip it.
+        return np.clip(raw, self.lo[rows], self.hi[rows]), self.sensitivity[rows]
+
+
+class RowIds(Sequence[str]):
+    """The item ids of a row-encoded request's candidates, looked up only when read (the answer's few)."""
+
+    def __init__(self, catalog_ids: list[str], rows: np.ndarray) -> None:
+        self.catalog_ids, self.rows = catalog_ids, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        if isinstance(i, slice):
+            return [self.catalog_ids[r] for r in self.rows[i].tolist()]
+        return self.catalog_ids[int(self.rows[i])]
+
+
+class Recommender:
+    """Server-side SANSA over the full catalog: history → raw scores of EVERY items.parquet row.
+
+    Nothing is excluded: a seen item keeps its score (excluding it would make its probability 0
+    depending on the history, outside the ε accounting); a client drops seen items from the
+    answer itself, which is free post-processing. A catalog item the model has no column for
+    scores 0, a constant that depends on no one's data.
+    """
+
+    def __init__(self, artifact: Artifact, catalog: Catalog) -> None:
+        self.model = artifact.model
+        self.index = self.model.index
+        self.columns = len(self.model.item_ids)
+        col = np.array([self.index.get(i, -1) for i in catalog.item_ids], np.int64)
+        # items.parquet row → model column; None when they coincide (the pipeline's artifacts).
+        self.col_of_row: np.ndarray | None = None if np.array_equal(col, np.arange(self.columns)) else col
+
+    def scores(self, history: Sequence[str]) -> np.ndarray:
+        """Raw SANSA scores of every catalog row (items.parquet order), seen items included."""
+        cols = []
+        for pos, item in enumerate(history):
+            col = self.index.get(item)
+            if col is None:
+                raise InvalidRequest(
+                    f"unknown item_id {short(item)} in history (position {pos}); expected item ids "
+                    f"known to the model ({len(self.index)} items)"
+                )
+            cols.append(col)
+        dense = self.model.score_one(np.unique(np.asarray(cols, np.int64)))  # a repeated item counts once
+        if self.col_of_row is None:
+            return dense
+        return np.where(self.col_of_row >= 0, dense[self.col_of_row], 0.0)

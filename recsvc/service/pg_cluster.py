@@ -1,0 +1,90 @@
+"""A throwaway PostgreSQL cluster for the tests and the benchmarks (scripts/bench_service.py
+--ledger postgresql): initdb into a temp dir, pg_ctl on a free loopback port with a private
+socket dir. PostgreSQL refuses to run as root, so as root the server binaries run as the
+``postgres`` user (runuser) on a directory it owns. Development tooling: the server never uses it."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pg_bin() -> Path | None:
+    """The newest /usr/lib/postgresql/<version>/bin holding initdb and pg_ctl, or None."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    return Path(found[-1]).parent if found else None
+
+
+@dataclass
+class Cluster:
+    bin: Path
+    data: Path
+    port: int
+    listen: str = "127.0.0.1"  # listen_addresses (comma-separated)
+    _names = itertools.count()
+
+    def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run([*prefix, *cmd], check=check, capture_output=True, text=True, timeout=60)
+
+    def url(self, db: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> None:
+        opts = (f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses={self.listen} -c synchronous_commit=on "
+                "-c max_connections=200 -c shared_buffers=32MB")
+        self._run(str(self.bin / "pg_ctl"), "start", "-w", "-t", "30", "-D", str(self.data / "db"),
+                  "-l", str(self.data / "log"), "-o", opts)
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(str(self.bin / "pg_ctl"), "stop", "-w", "-D", str(self.data / "db"), "-m", mode, check=False)
+
+    def trust(self, cidr: str) -> None:
+        """Lets clients from ``cidr`` log in (call before ``start``): replicas on other hosts."""
+        with open(self.data / "db" / "pg_hba.conf", "a") as f:
+            f.write(f"host all all {cidr} trust\n")
+
+    def new_database(self) -> str:
+        """A fresh, empty database; its URL."""
+        import psycopg
+
+        name = f"t{os.getpid()}_{next(self._names)}"
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return self.url(name)
+
+
+def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = ()) -> Cluster:
+    binaries = pg_bin()
+    assert binaries is not None
+    data = Path(tempfile.mkdtemp(prefix="recsvc-pg-"))
+    (data / "sock").mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(data, "postgres", "postgres")
+        shutil.chown(data / "sock", "postgres", "postgres")
+    cluster = Cluster(binaries, data, free_port(), listen)
+    cluster._run(str(binaries / "initdb"), "-D", str(data / "db"), "-U", "postgres", "-A", "trust", "--no-sync",
+                 "-E", "UTF8", "--locale=C")
+    for cidr in trust:
+        cluster.trust(cidr)
+    cluster.start()
+    return cluster
+
+
+def remove_cluster(cluster: Cluster) -> None:
+    cluster.stop("immediate")
+    shutil.rmtree(cluster.data, ignore_errors=True)

@@ -1,0 +1,154 @@
+"""``scripts/bench_service.py --batch``: SelectBatch vs single Select (issue #13), one server per ledger.
+
+Against one ``recsvc serve`` (durable ledger), n = 500 candidates, rnm, every request a fresh
+charge, the python ``grpc.aio`` client with pre-serialised bodies, alternated twice so a drift of
+the shared machine hits every row alike:
+
+* single Select with item ids (what ``Client`` sends by default) at concurrency 8 and 32;
+* single Select and SelectBatch (``size`` requests per batch) in the compact encoding (item rows +
+  catalog version, README § "Compact encoding: item rows");
+* SelectBatch with item ids.
+
+``--ledger sqlite,postgresql`` measures each store in the same run (PostgreSQL: a throwaway cluster
+on loopback, :mod:`recsvc.service.pg_cluster`, prepared with ``recsvc ledger init``). After each
+row the ledger is asked how many requests it charged: a row whose requests were not all charged
+is an error, not a number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import uuid
+from contextlib import ExitStack
+from pathlib import Path
+
+from bench_service import BATCH_METHOD, METHOD, REPO, Server, bench_artifact, load, payloads
+
+BENCH_ITEMS = 2000  # bench_artifact's catalog: item{k} is row k
+
+
+def rows_encoded(body: bytes) -> bytes:
+    """The same SelectRequest with item rows and the catalog version instead of item ids."""
+    from recsvc.service.catalog import catalog_version
+    from recsvc.v1 import selection_pb2 as pb
+
+    req = pb.SelectRequest.FromString(body)
+    rows = [int(i.removeprefix("item")) for i in req.item_ids]
+    del req.item_ids[:]
+    req.item_rows.extend(rows)
+    req.catalog_version = catalog_version(f"item{k}" for k in range(BENCH_ITEMS))
+    return req.SerializeToString()
+
+
+def select_bodies(count: int, seed: int, encoding: str) -> list[bytes]:
+    bodies = payloads(count, "rnm", seed=seed)
+    return bodies if encoding == "ids" else [rows_encoded(b) for b in bodies]
+
+
+def batch_bodies(batches: int, size: int, seed: int, encoding: str = "ids") -> list[bytes]:
+    """Serialized SelectBatchRequests of ``size`` fresh rnm items each (every item a new charge)."""
+    from recsvc.v1 import selection_pb2 as pb
+
+    items = [pb.SelectRequest.FromString(b) for b in select_bodies(size, seed, encoding)]
+    out = []
+    for _ in range(batches):
+        for it in items:
+            it.request_id = uuid.uuid4().hex
+        out.append(pb.SelectBatchRequest(requests=items).SerializeToString())
+    return out
+
+
+def charged_total(ledger: str) -> int:
+    """Requests the ledger has charged so far (read straight from its database)."""
+    if ledger.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(ledger) as conn:
+            return int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+    import sqlite3
+
+    with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as conn:
+        return int(conn.execute("SELECT count(*) FROM requests").fetchone()[0])
+
+
+def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack) -> Server:
+    """A durable SQLite ledger in tmp, or a fresh database on a throwaway PostgreSQL cluster."""
+    if kind == "sqlite":
+        return Server("sync", art, tmp, workers)
+    from recsvc.service.pg_cluster import remove_cluster, start_cluster
+
+    cluster = start_cluster()
+    stack.callback(remove_cluster, cluster)
+    url, key = cluster.new_database(), tmp / "pg.key"
+    subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "1e6",
+                    "--fingerprint-key", str(key)], cwd=REPO, check=True, capture_output=True)
+    return Server("sync", art, tmp, workers, ledger=url, extra=("--fingerprint-key", str(key)))
+
+
+PLAN = (("Select", "ids", 8), ("Select", "ids", 32), ("Select", "rows", 8), ("Select", "rows", 32),
+        ("SelectBatch", "rows", 4), ("SelectBatch", "rows", 8), ("SelectBatch", "ids", 8))
+
+
+def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str) -> list[dict]:
+    n_single, n_batches = (600, 30) if quick else (3000, 150)
+    rows = []
+    for kind, encoding, conc in PLAN:
+        if kind == "Select":
+            bodies, method, per = select_bodies(n_single, rep, encoding), METHOD, 1
+        else:
+            bodies, method, per = batch_bodies(n_batches, size, rep, encoding), BATCH_METHOD, size
+        before, cpu0 = charged_total(srv.ledger_target), srv.cpu_seconds()
+        r = asyncio.run(load(srv.port, bodies, conc, channels=min(conc, 8), method=method))
+        cpu = srv.cpu_seconds() - cpu0
+        got = charged_total(srv.ledger_target) - before
+        warm = min(conc, 8) if kind == "Select" else 0  # Select's warm-up calls are fresh charges too
+        if got != len(bodies) * per + warm:
+            raise RuntimeError(f"{ledger} {kind}/{encoding}: the ledger charged {got} of {len(bodies) * per + warm}")
+        row = {"ledger": ledger, "rpc": kind, "encoding": encoding, "concurrency": conc,
+               "selections_per_s": r["qps"] * per, "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"],
+               "p99_ms": r["p99_ms"], "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def best(runs: list[dict], ledger: str, rpc: str, encoding: str) -> float:
+    return max(r["selections_per_s"] for r in runs if (r["ledger"], r["rpc"], r["encoding"]) == (ledger, rpc, encoding))
+
+
+def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",), size: int = 100) -> dict:
+    """SelectBatch (``size`` rnm items of n = 500 per batch) vs single Select, same server, same run."""
+    import tempfile
+
+    results: dict = {"n_candidates": 500, "batch_size": size, "workers": workers, "cpus": os.cpu_count(),
+                     "loadavg_before": os.getloadavg(), "runs": []}
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as td, ExitStack() as stack:
+        tmp = Path(td)
+        art = bench_artifact(tmp / "art")
+        for ledger in ledgers:
+            srv = start_server(ledger, art, tmp, workers, stack)
+            try:
+                for rep in range(2):
+                    results["runs"] += measure(srv, quick, size, rep, ledger)
+            finally:
+                srv.stop()
+    summary: dict = {}
+    for ledger in ledgers:
+        single = best(results["runs"], ledger, "Select", "ids")
+        batch = best(results["runs"], ledger, "SelectBatch", "rows")
+        summary[ledger] = {"best_Select_ids": single, "best_Select_rows": best(results["runs"], ledger, "Select", "rows"),
+                           "best_SelectBatch_rows": batch,
+                           "best_SelectBatch_ids": best(results["runs"], ledger, "SelectBatch", "ids"),
+                           "batch_rows_over_single_ids": batch / single}
+    if {"sqlite", "postgresql"} <= set(ledgers):
+        pg, lite = summary["postgresql"], summary["sqlite"]
+        summary["pg_over_sqlite"] = {"SelectBatch_rows": pg["best_SelectBatch_rows"] / lite["best_SelectBatch_rows"],
+                                     "Select_ids": pg["best_Select_ids"] / lite["best_Select_ids"]}
+    summary["loadavg_after"] = os.getloadavg()
+    results["summary"] = summary
+    print(json.dumps(summary, indent=2), flush=True)
+    return results
