@@ -12,7 +12,8 @@ import pytest
 
 from ledger_conformance import DAY, Clock, Stores, resp, stores  # noqa: F401 - stores: the fixture
 from recsvc.checks import ParamError
-from recsvc.service.ledger_base import BudgetExceeded, LedgerError, RequestConflict
+from recsvc.service.ledger_base import BudgetExceeded, Charge, LedgerError, RequestConflict
+from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
 from recsvc.service.ledger_units import InvalidCharge
 
 
@@ -221,3 +222,66 @@ def test_every_process_on_a_ledger_must_use_its_window(stores: Stores) -> None:
         stores.open(budget=1.0)
     again = stores.open(budget=1.0, window="7d")  # the same window: accepted
     assert again.window.name == "7d"
+
+
+# -- the SelectBatch protocol (recsvc.service.ledger_batch): one transaction per batch, either store --
+
+
+def _batch(led, items: list[BatchItem], draws: list[list[int]] | None = None) -> list:
+    def draw(todo: list[int]) -> list:
+        if draws is not None:
+            draws.append(todo)
+        return [f"s{i}" for i in todo]
+
+    return draw_and_charge_batch(led, items, draw, lambda i, s, rem: f"{s}|{rem:.1f}".encode())
+
+
+def _outcome(o: object) -> object:
+    return (o.response, o.replayed) if isinstance(o, Charge) else type(o).__name__
+
+
+def test_a_batch_is_one_transaction_decided_in_order(stores: Stores) -> None:
+    led = stores.open(budget=1.0)
+    led.charge("v", "old", b"dv", 0.5, resp("v"))
+    commits = led.commits
+    draws: list[list[int]] = []
+    items = [BatchItem("u", "a", b"da", 0.4, "rnm"),
+             BatchItem("u", "b", b"db", 0.5, "rnm"),
+             BatchItem("u", "c", b"dc", 0.3, "rnm"),  # does not fit after a and b
+             BatchItem("u", "d", b"dd", 0.1, "rnm"),  # a later, smaller item that still fits
+             BatchItem("u", "a", b"da", 0.4, "rnm"),  # repeats item 0: its answer, never a second charge
+             BatchItem("v", "old", b"dv", 0.5, "pf"),  # stored before the batch: replayed
+             BatchItem("v", "old2", b"dv", 0.5, "pf"),
+             BatchItem("v", "old", b"zz", 0.5, "pf"),  # stored with another fingerprint: conflict
+             BatchItem("w", "x", b"dx", 2.0, "pf")]  # beyond the whole budget
+    got = [_outcome(o) for o in _batch(led, items, draws)]
+    assert got == [(b"s0|0.6", False), (b"s1|0.1", False), "BudgetExceeded", (b"s3|0.0", False),
+                   (b"s0|0.6", True), (b"v|0.500000", True), (b"s6|0.0", False), "RequestConflict", "BudgetExceeded"]
+    assert draws == [[0, 1, 3, 6]]  # replays, conflicts and refusals draw nothing
+    assert led.commits == commits + 1  # one transaction for the whole batch
+    assert [(led.user(u).spent_units, led.user(u).requests) for u in "uvw"] == [
+        (10**12, 3), (10**12, 2), (0, 0)]
+    assert led.lookup("u", "c") is None and led.lookup("u", "d")[1] == b"s3|0.0"
+
+
+def test_concurrent_batches_and_single_charges_against_a_budget_for_50(stores: Stores) -> None:
+    """8 batches of 20 items and 40 single charges of one user, all at once, against a budget
+    for 50: exactly 50 are charged, whichever path they took."""
+    led = stores.open(budget=5.0, pool_size=8)
+
+    def batch(b: int) -> list[str]:
+        items = [BatchItem("u", f"b{b}-{i}", f"d{b}-{i}".encode(), 0.1, "rnm") for i in range(20)]
+        return ["ok" if isinstance(o, Charge) else type(o).__name__ for o in _batch(led, items)]
+
+    def single(i: int) -> list[str]:
+        try:
+            led.draw_and_charge("u", f"s{i}", f"e{i}".encode(), 0.1, lambda: i, lambda s, rem: b"x")
+            return ["ok"]
+        except BudgetExceeded:
+            return ["BudgetExceeded"]
+
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(batch, b) for b in range(8)] + [pool.submit(single, i) for i in range(40)]
+        outcomes = [o for f in futures for o in f.result()]
+    assert (outcomes.count("ok"), outcomes.count("BudgetExceeded"), len(outcomes)) == (50, 150, 200)
+    assert (led.user("u").spent_units, led.user("u").requests) == (5 * 10**12, 50)

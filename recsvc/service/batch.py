@@ -22,9 +22,8 @@ import numpy as np
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
 from recsvc.service.draws import expected_draws
-from recsvc.service.ledger import Ledger
-from recsvc.service.ledger_base import Charge, LedgerStore
-from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
+from recsvc.service.ledger_base import Charge
+from recsvc.service.ledger_batch import BatchItem, BatchStore, draw_and_charge_batch
 from recsvc.service.ledger_units import charge_units, to_epsilon
 from recsvc.service.selection import Prepared, Selected, Selector, draw
 
@@ -65,13 +64,9 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
     return out  # type: ignore[return-value]
 
 
-def execute_batch(selector: Selector, ledger: LedgerStore, prepared: Sequence[Prepared],
+def execute_batch(selector: Selector, ledger: BatchStore, prepared: Sequence[Prepared],
                   encode: Callable[[Selected], bytes]) -> list[Charge | Exception]:
-    """Charges every prepared item in one ledger transaction; one outcome per item, in order.
-    Only the SQLite store has the one-transaction batch commit; on another store each item is
-    its own draw_and_charge (same outcomes, one transaction per item)."""
-    if not isinstance(ledger, Ledger):
-        return [_one(selector, ledger, p, encode) for p in prepared]
+    """Charges every prepared item in one ledger transaction (either store); one outcome per item, in order."""
     items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.epsilon, p.mechanism) for p in prepared]
 
     def draws(todo: list[int]) -> list[np.ndarray]:  # no lock held
@@ -83,10 +78,3 @@ def execute_batch(selector: Selector, ledger: LedgerStore, prepared: Sequence[Pr
         return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id, rows))
 
     return draw_and_charge_batch(ledger, items, draws, build)
-
-
-def _one(selector: Selector, ledger: LedgerStore, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge | Exception:
-    try:
-        return selector.execute(ledger, p, encode)
-    except Exception as exc:  # noqa: BLE001 - this item alone is refused
-        return exc

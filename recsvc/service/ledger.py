@@ -39,8 +39,8 @@ from typing import TypeVar
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, Pending,
-                                        RequestConflict, UserBudget, account, draw_then_commit, unset,
-                                        verdict)
+                                        RequestConflict, UserBudget, account, decide_all, draw_then_commit,
+                                        unset, verdict)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -335,51 +335,18 @@ class Ledger:
                 item.finished = True
 
     def _apply(self, conn: sqlite3.Connection, batch: list[Pending]) -> None:
-        """Decides every charge of the batch in arrival order, then writes them all.
+        """Decides every charge of the batch in arrival order (:func:`decide_all`), then writes them all.
 
         The whole batch costs a handful of SQL statements (one read of the stored requests,
         one of the budgets, one multi-row write each), not ~8 per charge: every statement
         releases the GIL, and with many request threads waiting for it each release costs a
-        thread wake-up while the write lock is held. Within the batch the decisions use the
-        same rules as one charge at a time (the in-memory state is updated after each). The whole
-        batch is charged in the budget window of one clock reading."""
-        stored = self._stored(conn, [(p.user_id, p.request_id) for p in batch])
+        thread wake-up while the write lock is held."""
         now = self._clock()
-        start = self.window.start(now)
-        spent: dict[str, int] = {}
-        counts: dict[str, int] = {}  # this window's charges per user, the batch's included
-        windows: dict[str, int] = {}
-        for u, (s, ws, n) in self._accounts(conn, list({p.user_id: None for p in batch})).items():
-            spent[u], windows[u] = self.window.in_window(s, ws, start)
-            counts[u] = n if windows[u] == ws else 0
-        charged: set[str] = set()
-        rows: list[tuple[str, str, bytes, int, bytes, float, str]] = []
-        for p in batch:
-            key = (p.user_id, p.request_id)
-            before = spent.get(p.user_id, 0)
-            verdict = self._verdict(p, stored.get(key), before)
-            if isinstance(verdict, Charge):
-                p.result = verdict
-                continue
-            if verdict is not None:
-                p.error = verdict
-                continue
-            after = before + p.units
-            try:
-                response = p.build_response(to_epsilon(self.budget_units - after))
-            except Exception as exc:  # noqa: BLE001 - this charge alone is refused, nothing spent
-                p.error = exc
-                continue
-            spent[p.user_id] = after
-            counts[p.user_id] = counts.get(p.user_id, 0) + 1
-            windows.setdefault(p.user_id, start)
-            charged.add(p.user_id)
-            stored[key] = (p.fingerprint, response)
-            rows.append((p.user_id, p.request_id, p.fingerprint, p.units, response, now, p.mechanism))
-            p.result = Charge(response, replayed=False)
-        users = [(u, spent[u], counts[u], windows[u]) for u in charged]  # absolute values: we hold the write lock
-        for i in range(0, len(users), CHUNK):
-            part = users[i:i + CHUNK]
+        writes = decide_all(batch, self._stored(conn, [(p.user_id, p.request_id) for p in batch]),
+                            self._accounts(conn, list({p.user_id: None for p in batch})),
+                            self.window, self.budget_units, now)
+        for i in range(0, len(writes.users), CHUNK):
+            part = writes.users[i:i + CHUNK]
             conn.execute(
                 "INSERT INTO budgets(user_id, spent_units, requests, window_start) VALUES "
                 + ",".join(["(?, ?, ?, ?)"] * len(part))
@@ -387,13 +354,20 @@ class Ledger:
                 " requests=excluded.requests, window_start=excluded.window_start",
                 [v for row in part for v in row],
             )
-        for i in range(0, len(rows), CHUNK):
-            chunk = rows[i:i + CHUNK]
+        for i in range(0, len(writes.requests), CHUNK):
+            chunk = writes.requests[i:i + CHUNK]
             conn.execute(
-                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created, mechanism) "
+                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, created) "
                 "VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk)),
-                [v for row in chunk for v in row],
+                [v for row in chunk for v in (*row, now)],
             )
+
+    def _snapshot(self, keys: list[tuple[str, str]],
+                  users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]:
+        """The batch pre-check's read (:mod:`recsvc.service.ledger_batch`), holding no lock: the
+        stored (fingerprint, response) of ``keys`` and each user's spend in the current window."""
+        conn = self._conn()
+        return self._stored(conn, keys), self._spent(conn, users)
 
     @staticmethod
     def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bytes, bytes]]:

@@ -210,4 +210,60 @@ class Pending:
     finished: bool = False  # set by the SQLite group-commit leader once its batch committed or failed
     # Held until a leader releases it (see Ledger._commit_all); a bare lock is the cheapest wake-up.
     wake: threading.Lock = field(default_factory=_locked)
-    built: bytes | None = None  # PostgreSQL: what this process stored, to recognise its own commit on a retry
+    built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
+
+
+@dataclass
+class Writes:
+    """What one transaction stores after :func:`decide_all`: the users' new accounts (absolute
+    values: the transaction holds their locks) and the charged requests."""
+
+    users: list[tuple[str, int, int, int]]  # (user_id, spent_units, requests, window_start)
+    requests: list[tuple[str, str, bytes, int, bytes, str]]  # (user_id, request_id, fingerprint, units, response, mechanism)
+
+
+def decide_all(batch: list[Pending], stored: dict[tuple[str, str], tuple[bytes, bytes]],
+               accounts: dict[str, tuple[int, int, int]], window: BudgetWindow, budget_units: int,
+               now: float) -> Writes:
+    """Decides every charge of a transaction in order, each by :func:`verdict` against the state
+    the ones before it left, and sets its ``result`` or ``error``; returns what to write.
+
+    ``stored`` holds the (fingerprint, response) of the batch's requests already in the ledger,
+    ``accounts`` each user's stored (spent_units, window_start, requests), both read under the
+    transaction's locks; the whole batch counts in the budget window of ``now``. A response
+    builder that raises refuses its charge alone (nothing spent)."""
+    start = window.start(now)
+    spent: dict[str, int] = {}
+    counts: dict[str, int] = {}  # this window's charges per user, the batch's included
+    windows: dict[str, int] = {}
+    for u, (s, ws, n) in accounts.items():
+        spent[u], windows[u] = window.in_window(s, ws, start)
+        counts[u] = n if windows[u] == ws else 0
+    stored = dict(stored)
+    charged: dict[str, None] = {}
+    requests: list[tuple[str, str, bytes, int, bytes, str]] = []
+    for p in batch:
+        p.result, p.error = None, None  # a retried transaction decides afresh
+        key = (p.user_id, p.request_id)
+        before = spent.get(p.user_id, 0)
+        decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, stored.get(key), before, budget_units)
+        if isinstance(decided, Charge):
+            p.result = decided
+            continue
+        if decided is not None:
+            p.error = decided
+            continue
+        after = before + p.units
+        try:
+            response = p.build_response(to_epsilon(budget_units - after))
+        except Exception as exc:  # noqa: BLE001 - this charge alone is refused, nothing spent
+            p.error = exc
+            continue
+        spent[p.user_id] = after
+        counts[p.user_id] = counts.get(p.user_id, 0) + 1
+        windows.setdefault(p.user_id, start)
+        charged[p.user_id] = None
+        stored[key] = (p.fingerprint, response)
+        requests.append((p.user_id, p.request_id, p.fingerprint, p.units, response, p.mechanism))
+        p.result, p.built = Charge(response, replayed=False), response
+    return Writes([(u, spent[u], counts[u], windows[u]) for u in charged], requests)

@@ -18,8 +18,9 @@ order: a :class:`Charge` (fresh or replayed) or the exception that refused it (n
 The budget rule in a batch: items are charged in batch order, each against what remains (in the
 current budget window, one clock reading for the whole transaction) after the items before it; an item that does not fit is refused (RESOURCE_EXHAUSTED) and a LATER,
 smaller item that still fits is charged. An item repeating an earlier item's (user_id,
-request_id) within the batch replays that item's answer (or conflicts). A store (SQLite here,
-PostgreSQL elsewhere) implements steps 3 and 5; the rest is the same for every store.
+request_id) within the batch replays that item's answer (or conflicts). Each store implements
+the read of step 3 (``_snapshot``) and the transaction of step 5 (``_commit_all``, deciding by
+:func:`recsvc.service.ledger_base.decide_all`); the rest is the same for every store.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from recsvc.service.ledger import Charge, Ledger, RequestConflict
-from recsvc.service.ledger_base import Pending, unset
+from recsvc.service.ledger_base import Charge, Flights, LedgerError, Pending, RequestConflict, unset, verdict
 from recsvc.service.ledger_units import charge_units
 
 S = TypeVar("S")
@@ -47,7 +47,22 @@ class BatchItem:
     mechanism: str = ""  # the answer's mechanism, stored with the charge (``recsvc ledger export``)
 
 
-def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
+class BatchStore(Protocol):
+    """What the batch protocol needs of a store (both :class:`recsvc.service.ledger.Ledger` and
+    :class:`recsvc.service.ledger_pg.PostgresLedger` have it)."""
+
+    budget_units: int
+    _flights: Flights
+
+    def fingerprint(self, digest: bytes) -> bytes: ...
+
+    def _snapshot(self, keys: list[tuple[str, str]],
+                  users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]: ...
+
+    def _commit_all(self, items: list[Pending]) -> None: ...
+
+
+def draw_and_charge_batch(ledger: BatchStore, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
                           build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
     """See the module docstring. Returns only after the COMMIT (fsync) of the charged items."""
     out: list[Charge | Exception | None] = [None] * len(items)
@@ -70,19 +85,27 @@ def draw_and_charge_batch(ledger: Ledger, items: Sequence[BatchItem], draw: Call
             pending[i].build_response = (lambda i, s: lambda remaining: build_response(i, s, remaining))(i, sample)
         queued = [p for i, p in pending.items() if out[i] is None]
         if queued:
-            ledger._commit_all(queued)
+            try:
+                ledger._commit_all(queued)
+            except LedgerError as exc:  # the database went away: every queued item refused, retry finds out
+                for p in queued:
+                    p.result, p.error = None, exc
         for i, p in pending.items():
             if out[i] is None:
                 out[i] = p.error if p.error is not None else p.result
     return [o if o is not None else RuntimeError("no outcome") for o in out]
 
 
-def _precheck(ledger: Ledger, pending: dict[int, Pending], out: list) -> list[int]:
-    """Step 3 on one read snapshot: fills ``out`` for the items it decides; the rest need a draw."""
-    conn = ledger._conn()
+def _precheck(ledger: BatchStore, pending: dict[int, Pending], out: list) -> list[int]:
+    """Step 3 on one read snapshot: fills ``out`` for the items it decides; the rest need a draw.
+    A store that cannot be read (:class:`LedgerUnavailable`) refuses every item, nothing spent."""
     keys = list({(p.user_id, p.request_id): None for p in pending.values()})
-    stored = ledger._stored(conn, keys)
-    spent = ledger._spent(conn, list({p.user_id: None for p in pending.values()}))
+    try:
+        stored, spent = ledger._snapshot(keys, list({p.user_id: None for p in pending.values()}))
+    except LedgerError as exc:
+        for i in pending:
+            out[i] = exc
+        return []
     todo: list[int] = []
     earlier: set[tuple[str, str]] = set()
     for i, p in pending.items():
@@ -92,9 +115,9 @@ def _precheck(ledger: Ledger, pending: dict[int, Pending], out: list) -> list[in
             continue
         earlier.add(key)
         before = spent.get(p.user_id, 0)
-        verdict = ledger._verdict(p, stored.get(key), before)
-        if verdict is not None:
-            out[i] = verdict
+        decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, stored.get(key), before, ledger.budget_units)
+        if decided is not None:
+            out[i] = decided
         else:
             spent[p.user_id] = before + p.units
             todo.append(i)

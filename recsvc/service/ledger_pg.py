@@ -35,7 +35,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
 from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, UserBudget, account,
-                                        draw_then_commit, is_postgres, unset, verdict)
+                                        decide_all, draw_then_commit, is_postgres, unset, verdict)
 from recsvc.service.ledger_schema import ChargeRow
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -166,6 +166,8 @@ class PostgresLedger:
             try:
                 with self._pool.connection() as conn:
                     return fn(conn)
+            except psycopg.errors.DeadlockDetected:  # an OperationalError, but the server is up
+                raise
             except _DOWN as exc:
                 # Unreachable now (down, or a partition): fail fast rather than also wait on the
                 # pool's other, equally dead connections.
@@ -227,41 +229,83 @@ class PostgresLedger:
                                     build_response, mechanism))
 
     def _commit(self, p: Pending) -> Charge:
-        result = self._retrying(lambda conn: self._charge_once(conn, p))
-        if result.replayed and p.built is not None and result.response == p.built:
-            return Charge(result.response, replayed=False)  # our own COMMIT went through before the failure
-        return result
+        self._commit_all([p])
+        if p.error is not None:
+            raise p.error
+        assert p.result is not None
+        return p.result
 
-    def _charge_once(self, conn: psycopg.Connection, p: Pending) -> Charge:
-        lock = "SELECT spent_units, window_start, requests FROM recsvc_budgets WHERE user_id=%s FOR UPDATE"
-        with conn.transaction():
-            row = conn.execute(lock, (p.user_id,)).fetchone()
-            if row is None:  # first charge of this user: create the row, then lock it
-                conn.execute("INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES (%s, 0, 0) "
-                             "ON CONFLICT DO NOTHING", (p.user_id,))
-                row = conn.execute(lock, (p.user_id,)).fetchone()
-            now = self._clock()  # read under the row lock: the window this charge counts in
-            spent, window_start = self.window.in_window(int(row[0]), int(row[1]), self.window.start(now))
-            count = int(row[2]) if window_start == int(row[1]) else 0
-            stored = conn.execute("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND "
-                                  "request_id=%s", (p.user_id, p.request_id)).fetchone()
-            prior = None if stored is None else (bytes(stored[0]), bytes(stored[1]))
-            decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
-            if isinstance(decided, LedgerError):
-                raise decided  # rolls back: nothing written
-            if decided is not None:
-                return decided
-            after = spent + p.units
-            response = p.build_response(to_epsilon(self.budget_units - after))  # raises: rolled back
-            conn.execute("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
-                         "created, mechanism) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                         (p.user_id, p.request_id, p.fingerprint, p.units, response,
-                          datetime.fromtimestamp(now, UTC), p.mechanism))
-            conn.execute("UPDATE recsvc_budgets SET spent_units=%s, requests=%s, window_start=%s WHERE user_id=%s",
-                         (after, count + 1, window_start, p.user_id))
-            p.built = response
+    def _commit_all(self, batch: list[Pending]) -> None:
+        """One transaction for every charge of ``batch`` (one Select, or a SelectBatch via
+        :mod:`recsvc.service.ledger_batch`), each decided by :func:`decide_all`; sets each
+        ``result``/``error``. Returns after COMMIT; raises :class:`LedgerUnavailable` (nothing of
+        the batch is known to be stored: a retry finds out)."""
+        for attempt in range(_DEADLOCK_TRIES):
+            try:
+                self._retrying(lambda conn: self._transaction(conn, batch))
+                break
+            except psycopg.errors.DeadlockDetected:  # rolled back whole; lock order makes this rare
+                if attempt == _DEADLOCK_TRIES - 1:
+                    raise
+        for p in batch:  # our own COMMIT went through before a connection failure
+            if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
+                p.result = Charge(p.result.response, replayed=False)
+
+    def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
+        """Two round trips (pipeline mode): [BEGIN, create missing budget rows, lock the users'
+        rows in user_id order (so two transactions never wait on each other in a cycle), read the
+        stored requests], decide, then [store the answers, update the budgets, COMMIT]. READ
+        COMMITTED: the read of the stored requests runs after the locks are granted, so it sees
+        every charge committed before."""
+        users = sorted({p.user_id for p in batch})
+        keys = list({(p.user_id, p.request_id): None for p in batch})
+        with conn.pipeline() as pipe, conn.transaction():
+            conn.execute("INSERT INTO recsvc_budgets(user_id, spent_units, requests) SELECT unnest(%s::text[]), 0, 0 "
+                         "ON CONFLICT DO NOTHING", (users,))
+            locked = conn.execute("SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
+                                  "WHERE user_id = ANY(%s::text[]) ORDER BY user_id FOR UPDATE", (users,))
+            found = conn.execute(_STORED, _key_columns(keys))
+            pipe.sync()
+            accounts = {u: (int(s), int(ws), int(n)) for u, s, ws, n in locked.fetchall()}
+            stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found.fetchall()}
+            now = self._clock()  # read under the row locks: the window these charges count in
+            writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
+            if writes.requests:
+                u, q, fp, units, response, mech = (list(c) for c in zip(*writes.requests, strict=True))
+                conn.execute("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
+                             "created, mechanism) SELECT u, q, f, e, r, %s, m FROM unnest(%s::text[], %s::text[], "
+                             "%s::bytea[], %s::bigint[], %s::bytea[], %s::text[]) AS t(u, q, f, e, r, m)",
+                             (datetime.fromtimestamp(now, UTC), u, q, fp, units, response, mech))
+                uu, spent, count, start = (list(c) for c in zip(*writes.users, strict=True))
+                conn.execute("UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
+                             "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(u, s, n, w) "
+                             "WHERE b.user_id = v.u", (uu, spent, count, start))
         self.commits += 1  # the transaction block committed (COMMIT returned)
-        return Charge(response, replayed=False)
+
+    def _snapshot(self, keys: list[tuple[str, str]],
+                  users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]:
+        """The batch pre-check's read, holding no lock (one round trip)."""
+        start = self.window.start(self._clock())
+
+        def read(conn: psycopg.Connection) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+            with conn.pipeline():
+                found = conn.execute(_STORED, _key_columns(keys))
+                spent = conn.execute("SELECT user_id, spent_units, window_start FROM recsvc_budgets "
+                                     "WHERE user_id = ANY(%s::text[])", (users,))
+            return found.fetchall(), spent.fetchall()
+
+        found, spent = self._retrying(read)
+        return ({(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found},
+                {u: self.window.in_window(int(s), int(ws), start)[0] for u, s, ws in spent})
+
+
+_DEADLOCK_TRIES = 3
+_STORED = ("SELECT r.user_id, r.request_id, r.fingerprint, r.response FROM recsvc_requests AS r "
+           "JOIN unnest(%s::text[], %s::text[]) AS k(u, q) ON r.user_id = k.u AND r.request_id = k.q")
+
+
+def _key_columns(keys: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    return [k[0] for k in keys], [k[1] for k in keys]
 
 
 def migrate_url(url: str) -> tuple[str, int, int]:
