@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import lru_cache
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -252,47 +253,44 @@ class PostgresLedger:
                 p.result = Charge(p.result.response, replayed=False)
 
     def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
-        """Two round trips (pipeline mode): [BEGIN, create missing budget rows, lock the users'
-        rows in user_id order (so two transactions never wait on each other in a cycle), read the
-        stored requests], decide, then [store the answers, update the budgets, COMMIT]. READ
-        COMMITTED: the read of the stored requests runs after the locks are granted, so it sees
-        every charge committed before."""
+        """Two round trips, each one multi-statement query (client-side binding: here a psycopg
+        call costs more than a statement): [BEGIN, create missing budget rows, lock the users'
+        rows in user_id order (two transactions never wait on each other in a cycle), read the
+        stored requests], decide, then [store the answers, update the budgets, COMMIT].
+        READ COMMITTED: each statement reads a fresh snapshot, so the stored requests are read
+        after the locks are granted and include every charge committed before."""
         users = sorted({p.user_id for p in batch})
         keys = list({(p.user_id, p.request_id): None for p in batch})
-        with conn.pipeline() as pipe, conn.transaction():
-            conn.execute("INSERT INTO recsvc_budgets(user_id, spent_units, requests) SELECT unnest(%s::text[]), 0, 0 "
-                         "ON CONFLICT DO NOTHING", (users,))
-            locked = conn.execute("SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
-                                  "WHERE user_id = ANY(%s::text[]) ORDER BY user_id FOR UPDATE", (users,))
-            found = conn.execute(_STORED, _key_columns(keys))
-            pipe.sync()
-            accounts = {u: (int(s), int(ws), int(n)) for u, s, ws, n in locked.fetchall()}
-            stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found.fetchall()}
+        cur = psycopg.ClientCursor(conn)
+        try:
+            cur.execute(_lock_and_read(len(users), len(keys)), [*users, *users, *(v for k in keys for v in k)])
+            locked, found = _result_sets(cur)
+            accounts = {u: (int(sp), int(ws), int(n)) for u, sp, ws, n in locked}
+            stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
-            if writes.requests:
-                u, q, fp, units, response, mech = (list(c) for c in zip(*writes.requests, strict=True))
-                conn.execute("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
-                             "created, mechanism) SELECT u, q, f, e, r, %s, m FROM unnest(%s::text[], %s::text[], "
-                             "%s::bytea[], %s::bigint[], %s::bytea[], %s::text[]) AS t(u, q, f, e, r, m)",
-                             (datetime.fromtimestamp(now, UTC), u, q, fp, units, response, mech))
-                uu, spent, count, start = (list(c) for c in zip(*writes.users, strict=True))
-                conn.execute("UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
-                             "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(u, s, n, w) "
-                             "WHERE b.user_id = v.u", (uu, spent, count, start))
-        self.commits += 1  # the transaction block committed (COMMIT returned)
+            if not writes.requests:
+                cur.execute("COMMIT")
+            else:
+                created = datetime.fromtimestamp(now, UTC)
+                cur.execute(_write_and_commit(len(writes.requests), len(writes.users)),
+                            [*(v for row in writes.requests for v in (*row, created)),
+                             *(v for row in writes.users for v in row)])
+        except BaseException:
+            _roll_back(conn)
+            raise
+        self.commits += 1  # COMMIT returned: the WAL is flushed
 
     def _snapshot(self, keys: list[tuple[str, str]],
                   users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]:
         """The batch pre-check's read, holding no lock (one round trip)."""
         start = self.window.start(self._clock())
 
-        def read(conn: psycopg.Connection) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-            with conn.pipeline():
-                found = conn.execute(_STORED, _key_columns(keys))
-                spent = conn.execute("SELECT user_id, spent_units, window_start FROM recsvc_budgets "
-                                     "WHERE user_id = ANY(%s::text[])", (users,))
-            return found.fetchall(), spent.fetchall()
+        def read(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
+            cur = psycopg.ClientCursor(conn)
+            cur.execute(f"{_stored(len(keys))}; SELECT user_id, spent_units, window_start FROM recsvc_budgets "
+                        f"WHERE user_id IN ({_values(len(users), 1)})", [*(v for k in keys for v in k), *users])
+            return _result_sets(cur)
 
         found, spent = self._retrying(read)
         return ({(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found},
@@ -300,12 +298,58 @@ class PostgresLedger:
 
 
 _DEADLOCK_TRIES = 3
-_STORED = ("SELECT r.user_id, r.request_id, r.fingerprint, r.response FROM recsvc_requests AS r "
-           "JOIN unnest(%s::text[], %s::text[]) AS k(u, q) ON r.user_id = k.u AND r.request_id = k.q")
 
 
-def _key_columns(keys: list[tuple[str, str]]) -> tuple[list[str], list[str]]:
-    return [k[0] for k in keys], [k[1] for k in keys]
+@lru_cache(maxsize=512)
+def _values(n: int, width: int, row: str = "") -> str:
+    """``n`` parameter tuples of ``width`` (or ``row``, a tuple's text): ``(%s, %s), (%s, %s)``."""
+    one = row or ("%s" if width == 1 else "(" + ", ".join(["%s"] * width) + ")")
+    return ", ".join([one] * n)
+
+
+def _stored(n_keys: int) -> str:
+    return ("SELECT user_id, request_id, fingerprint, response FROM recsvc_requests WHERE (user_id, request_id) IN "
+            f"({_values(n_keys, 2)})")
+
+
+@lru_cache(maxsize=512)
+def _lock_and_read(n_users: int, n_keys: int) -> str:
+    """Parameters: the users (sorted) twice, then the (user_id, request_id) keys."""
+    return ("BEGIN; "
+            f"INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES {_values(n_users, 0, '(%s, 0, 0)')} "
+            "ON CONFLICT DO NOTHING; "
+            "SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
+            f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
+
+
+@lru_cache(maxsize=512)
+def _write_and_commit(n_requests: int, n_users: int) -> str:
+    """Parameters: per request (user_id, request_id, fingerprint, units, response, mechanism,
+    created), then per user (user_id, spent_units, requests, window_start)."""
+    return ("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
+            f"created) VALUES {_values(n_requests, 7)}; "
+            "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM (VALUES "
+            f"{_values(n_users, 0, '(%s, %s::bigint, %s::bigint, %s::bigint)')}) AS v(u, s, n, w) "
+            "WHERE b.user_id = v.u; COMMIT")
+
+
+def _result_sets(cur: psycopg.ClientCursor) -> list[list[tuple[Any, ...]]]:
+    """The rows of every statement of a multi-statement query that returns rows, in order."""
+    sets = []
+    while True:
+        if cur.description is not None:
+            sets.append(cur.fetchall())
+        if not cur.nextset():
+            return sets
+
+
+def _roll_back(conn: psycopg.Connection) -> None:
+    """Ends a failed transaction on a connection that still works (the pool discards a broken one)."""
+    if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        try:
+            conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass
 
 
 def migrate_url(url: str) -> tuple[str, int, int]:
