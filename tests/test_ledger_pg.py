@@ -123,3 +123,51 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
     led.close()
     again = _recsvc("ledger", "migrate", "--ledger", url)
     assert again.returncode == 0 and "schema version 2 -> 2" in again.stdout, again.stderr
+
+
+def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_path: Path) -> None:
+    """Group commit in the PostgreSQL store: while another replica holds the user's row lock, this
+    process's leader waits with its one charge and the next four queue; they then share ONE
+    transaction, each decided in arrival order (the 0.2 that no longer fits is refused alone)."""
+    import threading
+    import time
+
+    from recsvc.service.ledger_base import BudgetExceeded
+
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    led = s.open(budget=1.0)
+    led.charge("u", "r0", b"f0", 0.1, lambda rem: b"first")
+    out: dict[str, object] = {}
+
+    def charge(rid: str, eps: float) -> None:
+        try:
+            out[rid] = led.charge("u", rid, rid.encode(), eps, lambda rem, rid=rid: f"{rid}|{rem:.1f}".encode())
+        except Exception as exc:  # noqa: BLE001
+            out[rid] = exc
+
+    other = psycopg.connect(s.target)  # "another replica", mid-transaction on the user's row
+    other.execute("SELECT * FROM recsvc_budgets WHERE user_id='u' FOR UPDATE")
+    commits = led.commits
+    threads = [threading.Thread(target=charge, args=("r1", 0.3))]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    with psycopg.connect(s.target, autocommit=True) as watch:  # until the leader waits for the row lock
+        while time.monotonic() < deadline and not watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]:
+            time.sleep(0.005)
+    assert led._commit_all.queued() == 0  # the leader took its own charge
+    for rid, eps in [("r2", 0.3), ("r3", 0.2), ("r4", 0.2), ("r5", 0.1)]:
+        threads.append(threading.Thread(target=charge, args=(rid, eps)))
+        threads[-1].start()
+    while led._commit_all.queued() < 4 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert led._commit_all.queued() == 4
+    other.rollback()
+    other.close()
+    for t in threads:
+        t.join(20)
+    assert led.commits == commits + 2  # the waiting leader's charge, then the four in one transaction
+    assert [out[r].response for r in ("r1", "r2", "r3", "r5")] == [b"r1|0.6", b"r2|0.3", b"r3|0.1", b"r5|0.0"]
+    assert isinstance(out["r4"], BudgetExceeded) and led.lookup("u", "r4") is None
+    assert (led.user("u").spent_units, led.user("u").requests) == (10**12, 5)
+    s.close_all()

@@ -130,9 +130,9 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
             threads.append(threading.Thread(target=charge, args=(name, rid, eps)))
             threads[-1].start()
             deadline = time.monotonic() + 10
-            while len(led._queue) < len(threads) and time.monotonic() < deadline:  # keep arrival order
+            while led._commit_all.queued() < len(threads) and time.monotonic() < deadline:  # keep arrival order
                 time.sleep(0.001)
-        assert len(led._queue) == 5
+        assert led._commit_all.queued() == 5
     for t in threads:
         t.join(10)
     assert led.commits == 1  # one transaction, one fsync for all five
@@ -216,9 +216,9 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
             threads.append(threading.Thread(target=charge, args=job))
             threads[-1].start()
             deadline = time.monotonic() + 10
-            while len(led._queue) < len(threads) and time.monotonic() < deadline:
+            while led._commit_all.queued() < len(threads) and time.monotonic() < deadline:
                 time.sleep(0.001)
-        assert len(led._queue) == 5
+        assert led._commit_all.queued() == 5
     for t in threads:
         t.join(10)
     assert led.commits == 2  # the first charge, then the whole batch in one transaction

@@ -39,7 +39,7 @@ from typing import TypeVar
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, Pending,
-                                        RequestConflict, UserBudget, account, decide_all, draw_then_commit,
+                                        RequestConflict, UserBudget, GroupCommit, account, decide_all, draw_then_commit,
                                         unset, verdict)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
@@ -100,14 +100,7 @@ class Ledger:
         self._write_lock = threading.Lock()
         self._lock_file = self.path.with_name(self.path.name + ".lock")
         self._lock_fd: tuple[int, int] | None = None  # (pid, fd)
-        # Group commit: callers queue under _queued; one of them at a time leads (takes the
-        # write lock and commits the whole queue). Every other caller sleeps on its OWN lock
-        # until the leader either finished its charge or handed it the lead, so a commit wakes
-        # exactly the threads that have something to do (no notify_all storm of threads that
-        # only go back to sleep, each costing a GIL hand-off).
-        self._queued = threading.Lock()
-        self._queue: list[Pending] = []
-        self._leading = False
+        self._commit_all = GroupCommit(self._transaction)  # one transaction for all queued charges
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
         self.commits = 0  # transactions committed by this process (for tests and metrics)
@@ -273,48 +266,13 @@ class Ledger:
                                     mechanism))
 
     def _commit(self, item: Pending) -> Charge:
-        self._commit_all([item])
-        if item.error is not None:
-            raise item.error
-        assert item.result is not None
-        return item.result
+        return self._commit_all.one(item)
 
-    def _commit_all(self, items: list[Pending]) -> None:
-        """Group commit: concurrent callers queue; while one leader commits, the others wait; the
-        next leader commits every queued charge in ONE transaction (one fsync), each charge
-        checked in arrival order against the state left by the ones before it, so batching
-        changes throughput, never the outcome. Several ``items`` (a SelectBatch, see
-        :mod:`recsvc.service.ledger_batch`) are queued together, so one transaction commits them all."""
-        item = items[0]  # the one this caller waits on
-        with self._queued:  # contiguous in the queue, so one leader takes them all
-            self._queue.extend(items)
-            lead = not self._leading
-            self._leading = True
-        if not lead:
-            item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
-            lead = not item.finished
-        if lead:  # nobody committed them for us: commit everything queued by now
-            batch: list[Pending] | None = None
-            successor: Pending | None = None
-            try:
-                with self._exclusive():
-                    with self._queued:
-                        batch, self._queue = self._queue, []
-                    self._commit_batch(batch)
-            finally:
-                with self._queued:
-                    if batch is None:  # failed before taking the queue: withdraw our charges
-                        for own in items:
-                            self._queue.remove(own)
-                    if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
-                        successor = self._queue[0]
-                    else:
-                        self._leading = False
-                if successor is not None:  # first, so its fsync overlaps the wake-ups below
-                    successor.wake.release()
-                for other in batch or ():
-                    if other is not item:
-                        other.wake.release()
+    def _transaction(self, take: Callable[[], list[Pending]]) -> None:
+        """The group-commit leader's transaction (:class:`GroupCommit`): the queue is taken once
+        this process holds the write lock, so charges that queued meanwhile join it."""
+        with self._exclusive():
+            self._commit_batch(take())
 
     def _commit_batch(self, batch: list[Pending]) -> None:
         conn = self._writer_conn()
@@ -330,9 +288,6 @@ class Ledger:
                 item.result, item.error = None, exc if isinstance(exc, Exception) else RuntimeError(str(exc))
             if not isinstance(exc, Exception):
                 raise
-        finally:
-            for item in batch:
-                item.finished = True
 
     def _apply(self, conn: sqlite3.Connection, batch: list[Pending]) -> None:
         """Decides every charge of the batch in arrival order (:func:`decide_all`), then writes them all.

@@ -185,6 +185,79 @@ def draw_then_commit(store: Any, p: Any, draw: Callable[[], S], build_response: 
         return store._commit(p)
 
 
+class GroupCommit:
+    """Group commit: concurrent callers queue; while one leader commits, the others wait; the
+    next leader commits every queued charge in ONE transaction (one WAL flush), each charge
+    checked in arrival order against the state left by the ones before it (:func:`decide_all`),
+    so batching changes throughput, never the outcome. Several items of one call (a SelectBatch)
+    are queued together, so one transaction commits them all.
+
+    ``commit(take)`` is the store's transaction: it calls ``take()`` once it is ready (holds its
+    locks, has a connection) to get the batch, and sets every taken item's ``result``/``error``.
+    Every waiter sleeps on its OWN lock until the leader either finished its charge or handed it
+    the lead, so a commit wakes exactly the threads that have something to do."""
+
+    def __init__(self, commit: Callable[[Callable[[], list[Pending]]], None]) -> None:
+        self._commit = commit
+        self._lock = threading.Lock()
+        self._queue: list[Pending] = []
+        self._leading = False
+
+    def queued(self) -> int:
+        """Charges waiting for a leader to take them (for tests)."""
+        with self._lock:
+            return len(self._queue)
+
+    def __call__(self, items: list[Pending]) -> None:
+        item = items[0]  # the one this caller waits on
+        with self._lock:  # contiguous in the queue, so one leader takes them all
+            self._queue.extend(items)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
+            lead = not item.finished
+        if lead:
+            self._lead(items)
+
+    def _lead(self, items: list[Pending]) -> None:
+        taken: list[Pending] | None = None
+
+        def take() -> list[Pending]:
+            nonlocal taken
+            with self._lock:
+                taken, self._queue = self._queue, []
+            return taken
+
+        successor: Pending | None = None
+        try:
+            self._commit(take)
+        finally:
+            for other in taken or ():
+                other.finished = True
+            with self._lock:
+                if taken is None:  # failed before taking the queue: withdraw our charges
+                    for own in items:
+                        self._queue.remove(own)
+                if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
+                    successor = self._queue[0]
+                else:
+                    self._leading = False
+            if successor is not None:  # first, so its commit overlaps the wake-ups below
+                successor.wake.release()
+            for other in taken or ():
+                if other is not items[0]:
+                    other.wake.release()
+
+    def one(self, item: Pending) -> Charge:
+        """Commits one charge: its stored answer, or its refusal raised."""
+        self([item])
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None
+        return item.result
+
+
 def _locked() -> threading.Lock:
     (lock := threading.Lock()).acquire()
     return lock
@@ -196,7 +269,7 @@ def unset(_remaining: float) -> bytes:
 
 @dataclass(eq=False)
 class Pending:
-    """One charge on its way into a store (both stores; the SQLite group commit uses the
+    """One charge on its way into a store (both stores; :class:`GroupCommit` uses the
     result/error/finished/wake fields, the PostgreSQL store ``built``)."""
 
     user_id: str
@@ -207,8 +280,8 @@ class Pending:
     mechanism: str = ""  # the answer's mechanism, stored for the audit export
     result: Charge | None = None
     error: Exception | None = None
-    finished: bool = False  # set by the SQLite group-commit leader once its batch committed or failed
-    # Held until a leader releases it (see Ledger._commit_all); a bare lock is the cheapest wake-up.
+    finished: bool = False  # set by the group-commit leader once its batch committed or failed
+    # Held until a leader releases it (see GroupCommit); a bare lock is the cheapest wake-up.
     wake: threading.Lock = field(default_factory=_locked)
     built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
 

@@ -36,7 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
 from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, UserBudget, account,
-                                        decide_all, draw_then_commit, is_postgres, unset, verdict)
+                                        GroupCommit, decide_all, draw_then_commit, is_postgres, unset, verdict)
 from recsvc.service.ledger_schema import ChargeRow
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -111,6 +111,7 @@ class PostgresLedger:
         self.key_created = False
         self.commits = 0
         self._flights = Flights()
+        self._commit_all = GroupCommit(self._group)  # concurrent charges of this process: one transaction
         if create:
             fingerprint_key.check(self.key_file)
             self._key, self.key_created = fingerprint_key.load_or_create(self.key_file)
@@ -230,24 +231,26 @@ class PostgresLedger:
                                     build_response, mechanism))
 
     def _commit(self, p: Pending) -> Charge:
-        self._commit_all([p])
-        if p.error is not None:
-            raise p.error
-        assert p.result is not None
-        return p.result
+        return self._commit_all.one(p)
 
-    def _commit_all(self, batch: list[Pending]) -> None:
-        """One transaction for every charge of ``batch`` (one Select, or a SelectBatch via
-        :mod:`recsvc.service.ledger_batch`), each decided by :func:`decide_all`; sets each
-        ``result``/``error``. Returns after COMMIT; raises :class:`LedgerUnavailable` (nothing of
-        the batch is known to be stored: a retry finds out)."""
-        for attempt in range(_DEADLOCK_TRIES):
-            try:
-                self._retrying(lambda conn: self._transaction(conn, batch))
-                break
-            except psycopg.errors.DeadlockDetected:  # rolled back whole; lock order makes this rare
-                if attempt == _DEADLOCK_TRIES - 1:
-                    raise
+    def _group(self, take: Callable[[], list[Pending]]) -> None:
+        """The group-commit leader (:class:`GroupCommit`): everything queued by now, in ONE
+        transaction. Sets each charge's ``result``/``error``; an unreachable database refuses
+        the whole group (:class:`LedgerUnavailable`: nothing is known to be stored, a retry
+        with the same request_id finds out)."""
+        batch = take()
+        try:
+            for attempt in range(_DEADLOCK_TRIES):
+                try:
+                    self._retrying(lambda conn: self._transaction(conn, batch))
+                    break
+                except psycopg.errors.DeadlockDetected:  # rolled back whole; the lock order makes it rare
+                    if attempt == _DEADLOCK_TRIES - 1:
+                        raise
+        except Exception as exc:  # noqa: BLE001 - every charge of the group refused, nothing stored
+            for p in batch:
+                p.result, p.error = None, exc
+            return
         for p in batch:  # our own COMMIT went through before a connection failure
             if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
                 p.result = Charge(p.result.response, replayed=False)
