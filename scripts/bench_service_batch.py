@@ -86,7 +86,28 @@ def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack
     url, key = cluster.new_database(), tmp / "pg.key"
     subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "1e6",
                     "--fingerprint-key", str(key)], cwd=REPO, check=True, capture_output=True)
-    return Server("sync", art, tmp, workers, ledger=url, extra=("--fingerprint-key", str(key)))
+    srv = Server("sync", art, tmp, workers, ledger=url, extra=("--fingerprint-key", str(key)))
+    srv.db_pid = int((cluster.data / "db" / "postmaster.pid").read_text().split()[0])
+    return srv
+
+
+def db_cpu_seconds(srv: Server) -> float:
+    """User + system CPU of the PostgreSQL server's processes so far (0 for SQLite: in-process).
+    The server shares the 2 cores, so its CPU per selection is part of the PostgreSQL cost."""
+    import psutil
+
+    pid = getattr(srv, "db_pid", None)
+    if pid is None:
+        return 0.0
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 PLAN = (("Select", "ids", 8), ("Select", "ids", 32), ("Select", "rows", 8), ("Select", "rows", 32),
@@ -101,16 +122,17 @@ def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str) -> list[
             bodies, method, per = select_bodies(n_single, rep, encoding), METHOD, 1
         else:
             bodies, method, per = batch_bodies(n_batches, size, rep, encoding), BATCH_METHOD, size
-        before, cpu0 = charged_total(srv.ledger_target), srv.cpu_seconds()
+        before, cpu0, db0 = charged_total(srv.ledger_target), srv.cpu_seconds(), db_cpu_seconds(srv)
         r = asyncio.run(load(srv.port, bodies, conc, channels=min(conc, 8), method=method))
-        cpu = srv.cpu_seconds() - cpu0
+        cpu, db_cpu = srv.cpu_seconds() - cpu0, db_cpu_seconds(srv) - db0
         got = charged_total(srv.ledger_target) - before
         warm = min(conc, 8) if kind == "Select" else 0  # Select's warm-up calls are fresh charges too
         if got != len(bodies) * per + warm:
             raise RuntimeError(f"{ledger} {kind}/{encoding}: the ledger charged {got} of {len(bodies) * per + warm}")
         row = {"ledger": ledger, "rpc": kind, "encoding": encoding, "concurrency": conc,
                "selections_per_s": r["qps"] * per, "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"],
-               "p99_ms": r["p99_ms"], "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6}
+               "p99_ms": r["p99_ms"], "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6,
+               "db_cpu_us_per_selection": db_cpu / (len(bodies) * per) * 1e6}
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
