@@ -43,6 +43,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     # named although the prefix above covers them: the ledger's renewable windows and audit export (issue #13)
     "recsvc.service.ledger_window": (2, "service"),
     "recsvc.service.ledger_export": (2, "service"),
+    "recsvc.service.shutdown": (2, "service"),  # stop signals and the drain watchdog (stdlib only)
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),
     "eval": (2, "eval"),
