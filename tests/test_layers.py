@@ -45,6 +45,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.service.ledger_export": (2, "service"),
     "recsvc.service.catalog": (2, "service"),  # the catalog, its version (compact encoding), server-side SANSA
     "recsvc.service.pg_cluster": (2, "service"),  # throwaway PostgreSQL for tests and benchmarks
+    "recsvc.service.shutdown": (2, "service"),  # stop signals and the drain watchdog (stdlib only)
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),
     "eval": (2, "eval"),

@@ -270,11 +270,13 @@ def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) 
     port = free_port()
     cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifact), "--ledger",
            str(tmp_path / "l.db"), "--port", str(port), "--workers", "2", "--drain-delay", "0", "--grace", "1"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    log_path = tmp_path / "serve.log"  # the workers' log: how each drained, or the watchdog's stacks
+    with open(log_path, "w") as err:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
     workers: list[psutil.Process] = []
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "listening on" in line, line
+        assert "listening on" in line, log_path.read_text()
         workers = psutil.Process(proc.pid).children()
         assert len(workers) == 2
         proc.send_signal(signal.SIGKILL)
@@ -282,7 +284,11 @@ def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) 
         # Each worker drains (grace 1 s) on its parent-death SIGTERM; a full suite run on 2 busy
         # cores once took longer than 8 s, so allow 20 s: the point is that they exit at all.
         gone, alive = psutil.wait_procs(workers, timeout=20)
-        assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}"
+        log = log_path.read_text()
+        assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}; their log:\n{log}"
+        # ... and that they drained cleanly: not ended by their drain watchdog (11 s here), which
+        # would mean the drain hung (its thread stacks are in the log then).
+        assert "drain did not finish" not in log and log.count("recsvc.service: stopped") == 2, log
         with socket.socket() as s:  # nobody serves the port any more
             assert s.connect_ex(("127.0.0.1", port)) != 0
     finally:

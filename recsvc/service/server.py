@@ -34,9 +34,11 @@ from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
 from recsvc.service.ledger_base import is_postgres
 from recsvc.service.ledger_store import open_store
+from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
 
 log = logging.getLogger("recsvc.service")
 PROBE_INTERVAL_S = 1.0  # how often a replica checks that its PostgreSQL ledger answers (health)
+KILL_AFTER_S = 5.0  # the parent's SIGKILL comes this long after a worker's own drain watchdog was due
 
 
 @dataclass
@@ -205,28 +207,29 @@ def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
     return port
 
 
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
-
-
 def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
-    """One worker: start, report readiness, wait for SIGTERM/SIGINT, drain, return 0."""
-    stop = _stop_on_signals()
+    """One worker: start, report readiness, wait for SIGTERM/SIGINT, drain, return 0.
+
+    A drain that has not finished ``drain_limit`` seconds after the signal ends the process (exit
+    1, thread stacks on stderr): a worker that never exits would keep serving its SO_REUSEPORT port.
+    """
+    stop = StopSignal.install()
     handle = start(config)
-    if ready_fd is None:
-        print(f"recsvc serve: listening on {host_port(config.host, handle.port)}", flush=True)
-        if handle.metrics_port is not None:
-            print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, handle.metrics_port)}/metrics", flush=True)
-    else:
-        os.write(ready_fd, b"1")
-        os.close(ready_fd)
-    while not stop.wait(0.5):
-        pass
-    log.info("draining: health NOT_SERVING, in-flight calls get %.1fs", config.grace)
-    handle.stop(config.grace, config.drain_delay)
+    watchdog = DrainWatchdog(stop, drain_limit(config.grace, config.drain_delay))
+    try:
+        if ready_fd is None:
+            print(f"recsvc serve: listening on {host_port(config.host, handle.port)}", flush=True)
+            if handle.metrics_port is not None:
+                print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, handle.metrics_port)}/metrics",
+                      flush=True)
+        else:
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
+        stop.wait()
+        log.info("draining: health NOT_SERVING, in-flight calls get %.1fs", config.grace)
+        handle.stop(config.grace, config.drain_delay)
+    finally:
+        watchdog.disarm()
     log.info("stopped")
     return 0
 
@@ -327,7 +330,7 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
         pids.append(pid)
     os.close(write_fd)
     os.close(err_write)
-    stop = _stop_on_signals()
+    stop = StopSignal.install()
     ready = 0
     while ready < config.workers:  # EOF before N bytes: a worker died while starting
         chunk = os.read(read_fd, config.workers)
@@ -356,11 +359,24 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
             _terminate(pids)
             raise
         print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, mport)}/metrics", flush=True)
+    return _supervise(config, pids, stop)
+
+
+def _supervise(config: ServerConfig, pids: list[int], stop: StopSignal) -> int:
+    """Reaps the workers; on SIGTERM/SIGINT or a crashed worker, stops the others. A worker still
+    alive ``KILL_AFTER_S`` after its own watchdog should have ended it gets SIGKILL."""
     codes: dict[int, int] = {}
+    forwarded = 0  # stop signals already passed on
+    kill_at: float | None = None
     while len(codes) < len(pids):
-        if stop.is_set():
-            _terminate([p for p in pids if p not in codes])
-            stop.clear()
+        alive = [p for p in pids if p not in codes]
+        if stop.count > forwarded:
+            forwarded = stop.count
+            kill_at = _stop_workers(config, alive, kill_at)
+        if kill_at is not None and time.monotonic() > kill_at:
+            log.error("workers %s did not exit after SIGTERM; killing them", alive)
+            _terminate(alive, signal.SIGKILL)
+            kill_at = float("inf")
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -371,14 +387,21 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
         codes[pid] = os.waitstatus_to_exitcode(status)
         if codes[pid] != 0:  # one worker crashed: stop the rest rather than serve degraded
             log.error("worker %d exited with %d; stopping the others", pid, codes[pid])
-            _terminate([p for p in pids if p not in codes])
+            kill_at = _stop_workers(config, [p for p in pids if p not in codes], kill_at)
     return 0 if all(c == 0 for c in codes.values()) else 1
 
 
-def _terminate(pids: list[int]) -> None:
+def _stop_workers(config: ServerConfig, pids: list[int], kill_at: float | None) -> float:
+    """SIGTERM to ``pids``; returns when to SIGKILL them (the earliest deadline already set stays)."""
+    _terminate(pids)
+    deadline = time.monotonic() + drain_limit(config.grace, config.drain_delay) + KILL_AFTER_S
+    return deadline if kill_at is None else min(kill_at, deadline)
+
+
+def _terminate(pids: list[int], sig: int = signal.SIGTERM) -> None:
     for pid in pids:
         try:
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, sig)
         except ProcessLookupError:
             pass
 

@@ -1,0 +1,135 @@
+"""Stop requests from SIGTERM/SIGINT that cannot deadlock, and a watchdog for drains that hang.
+
+A Python signal handler runs in the main thread between two bytecodes, wherever that thread is,
+possibly while it holds a lock; a handler that takes a lock the interrupted code holds waits for
+itself forever. The old stop handler called `threading.Event.set`, which takes the Event's
+internal, non-reentrant lock; the main thread holds that lock for a few bytecodes of each
+`Event.wait` (e.g. just after a timed-out wait, in threading.Condition.wait), so a worker whose
+SIGTERM was handled there slept forever, still serving its port via SO_REUSEPORT (reproduced with
+py-spy showing Event.set → Condition.__enter__ inside Condition.wait; rare, as the window is a
+few bytecodes unless the thread is preempted or hands over the GIL inside it). So the handler
+here only increments a counter, and waiting polls that counter with time.sleep (which a signal
+interrupts).
+
+Stdlib only: the multi-worker parent imports this before it forks.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import select
+import signal
+import threading
+import time
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+POLL_S = 0.05  # longest a waiter sleeps before it looks at the counter again
+# How long a drain may overrun grace + drain_delay before the watchdog ends the process: room for
+# the PostgreSQL pool's close (its 5 s timeout) and the health probe's join (2 s connect timeout).
+DRAIN_MARGIN_S = 10.0
+WATCHDOG_EXIT_CODE = 1
+
+
+class StopSignal:
+    """Counts SIGTERM/SIGINT; safe to wait on from the main thread."""
+
+    def __init__(self) -> None:
+        self.count = 0  # written only by the handler (main thread), read by anyone
+
+    @classmethod
+    def install(cls) -> StopSignal:
+        """A new counter as this process's SIGTERM and SIGINT handler (main thread only)."""
+        stop = cls()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, stop.handle)
+        return stop
+
+    def handle(self, signum: int, frame: object) -> None:
+        self.count += 1  # no lock, no I/O, no logging: see the module docstring
+
+    @property
+    def requested(self) -> bool:
+        return self.count > 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until a stop was requested (True) or ``timeout`` seconds passed (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.count:
+            left = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            time.sleep(left)
+        return True
+
+
+class DrainWatchdog:
+    """Ends this process if it is still alive ``limit_s`` seconds after its first stop signal.
+
+    It does not depend on the main thread: besides polling ``stop``, a daemon thread reads the
+    signal numbers that the C-level handler writes to `signal.set_wakeup_fd`, so it arms even when
+    the main thread never runs Python code again. On expiry it writes one line and every thread's
+    stack (faulthandler: no locks, no logging) to stderr, then `os._exit(1)`.
+    """
+
+    def __init__(self, stop: StopSignal, limit_s: float) -> None:
+        self.limit_s = limit_s
+        self._stop = stop
+        self._done = threading.Event()  # set by disarm() from ordinary code, never from a handler
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)  # set_wakeup_fd requires it; a full pipe just drops bytes
+        self._previous_fd = signal.set_wakeup_fd(self._write, warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._run, name="recsvc-drain-watchdog", daemon=True)
+        self._thread.start()
+
+    def disarm(self) -> None:
+        """The drain finished: stop watching and give the wakeup fd back (main thread only)."""
+        self._done.set()
+        try:
+            os.write(self._write, b"\0")  # wakes the thread if it still waits for a signal
+        except BlockingIOError:  # the pipe is full of signal numbers: it wakes anyway
+            pass
+        self._thread.join()
+        signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._read)
+        os.close(self._write)
+
+    def _run(self) -> None:
+        stops = {int(s) for s in STOP_SIGNALS}
+        while not self._stop.count:
+            if self._done.is_set():
+                return
+            readable, _, _ = select.select([self._read], [], [], 0.5)  # the count: for a signal before the fd
+            if readable and stops & set(os.read(self._read, 64)):
+                break
+        if self._done.wait(self.limit_s):
+            return
+        line = (f"recsvc serve: pid {os.getpid()}: the drain did not finish within {self.limit_s:g}s of the "
+                f"stop signal; exiting with {WATCHDOG_EXIT_CODE} (thread stacks follow)\n")
+        _write_all(2, line.encode() + _thread_stacks())
+        os._exit(WATCHDOG_EXIT_CODE)
+
+
+def _thread_stacks() -> bytes:
+    """Every thread's Python stack, as faulthandler prints it (no locks, works beside a deadlock);
+    collected first so that workers sharing a stderr do not interleave their dumps."""
+    if not hasattr(os, "memfd_create"):  # not Linux: straight to stderr
+        faulthandler.dump_traceback(2, all_threads=True)
+        return b""
+    fd = os.memfd_create("recsvc-stacks")
+    try:
+        faulthandler.dump_traceback(fd, all_threads=True)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return b"".join(iter(lambda: os.read(fd, 65536), b""))
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def drain_limit(grace: float, drain_delay: float) -> float:
+    """Seconds a drain may take before the watchdog ends the process."""
+    return grace + drain_delay + DRAIN_MARGIN_S
