@@ -256,10 +256,10 @@ class PostgresLedger:
                 p.result = Charge(p.result.response, replayed=False)
 
     def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
-        """Two round trips, each one multi-statement query (client-side binding: here a psycopg
-        call costs more than a statement): [BEGIN, create missing budget rows, lock the users'
-        rows in user_id order (two transactions never wait on each other in a cycle), read the
-        stored requests], decide, then [store the answers, update the budgets, COMMIT].
+        """Three round trips: [BEGIN, create missing budget rows, lock the users' rows in user_id
+        order (two transactions never wait on each other in a cycle), read the stored requests]
+        as one multi-statement query (client-side binding of a few short strings), decide, then
+        [store the answers and update the budgets] as one prepared statement, then COMMIT.
         READ COMMITTED: each statement reads a fresh snapshot, so the stored requests are read
         after the locks are granted and include every charge committed before."""
         users = sorted({p.user_id for p in batch})
@@ -272,13 +272,10 @@ class PostgresLedger:
             stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
-            if not writes.requests:
-                cur.execute("COMMIT")
-            else:
-                created = datetime.fromtimestamp(now, UTC)
-                cur.execute(_write_and_commit(len(writes.requests), len(writes.users)),
-                            [*(v for row in writes.requests for v in (*row, created)),
-                             *(v for row in writes.users for v in row)])
+            if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
+                conn.execute(_WRITE, (datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True)),
+                                      *map(list, zip(*writes.users, strict=True))))
+            conn.execute("COMMIT")
         except BaseException:
             _roll_back(conn)
             raise
@@ -325,15 +322,14 @@ def _lock_and_read(n_users: int, n_keys: int) -> str:
             f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
 
 
-@lru_cache(maxsize=512)
-def _write_and_commit(n_requests: int, n_users: int) -> str:
-    """Parameters: per request (user_id, request_id, fingerprint, units, response, mechanism,
-    created), then per user (user_id, spent_units, requests, window_start)."""
-    return ("INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
-            f"created) VALUES {_values(n_requests, 7)}; "
-            "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM (VALUES "
-            f"{_values(n_users, 0, '(%s, %s::bigint, %s::bigint, %s::bigint)')}) AS v(u, s, n, w) "
-            "WHERE b.user_id = v.u; COMMIT")
+# One statement (a constant text, so psycopg prepares it once per connection): store the answers
+# and set the users' new accounts (absolute values: the transaction holds their row locks).
+_WRITE = (
+    "WITH stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
+    "mechanism, created) SELECT u, q, f, e, r, m, %s FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bigint[], "
+    "%s::bytea[], %s::text[]) AS t(u, q, f, e, r, m)) "
+    "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
+    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u")
 
 
 def _result_sets(cur: psycopg.ClientCursor) -> list[list[tuple[Any, ...]]]:
