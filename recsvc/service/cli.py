@@ -165,8 +165,7 @@ def run_ledger_init(args: argparse.Namespace) -> int:
     store = open_store(config.ledger, config.budget, config.key_path, pool_size=1, create=True, window=config.window)
     store.close()
     where = getattr(store, "where", str(config.ledger))
-    per = "over all time" if config.window.days == 0 else f"per {config.window.name} window (UTC)"
-    print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {per}, "
+    print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
           f"fingerprint key {config.key_path})")
     return 0
 

@@ -55,6 +55,11 @@ class BudgetWindow:
         return LIFETIME if self.days == 0 else f"{self.days}d"
 
     @property
+    def per(self) -> str:
+        """How the budget is meant, for messages: ``over all time`` or ``per 7d window (UTC)``."""
+        return "over all time" if self.days == 0 else f"per {self.name} window (UTC)"
+
+    @property
     def seconds(self) -> int:
         return self.days * DAY
 

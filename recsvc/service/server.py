@@ -149,9 +149,9 @@ def start(config: ServerConfig) -> ServerHandle:
         log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
                     "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
-        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user per window %s, ledger %s, "
+        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
         "fingerprint key %s)", SERVICE_NAME, host_port(config.host, port), "TLS" if creds else "plaintext",
-        servicer.default_mechanism, servicer.selector.auto_description, config.budget, config.window.name,
+        servicer.default_mechanism, servicer.selector.auto_description, config.budget, config.window.per,
         getattr(ledger, "where", config.ledger), config.key_path,
     )
     handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
