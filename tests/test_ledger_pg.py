@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -170,4 +171,31 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     assert [out[r].response for r in ("r1", "r2", "r3", "r5")] == [b"r1|0.6", b"r2|0.3", b"r3|0.1", b"r5|0.0"]
     assert isinstance(out["r4"], BudgetExceeded) and led.lookup("u", "r4") is None
     assert (led.user("u").spent_units, led.user("u").requests) == (10**12, 5)
+    s.close_all()
+
+
+def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) -> None:
+    """reachable() (polled every second by each replica's health watcher) reuses one connection
+    instead of opening a new server backend per probe, and replaces it when it dies."""
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    led = s.open(budget=1.0)
+    sql = "SELECT pid FROM pg_stat_activity WHERE application_name = 'recsvc-probe' AND datname = current_database()"
+    with psycopg.connect(s.target, autocommit=True) as watch:
+        def probes(want: int) -> list[tuple]:  # a backend leaves pg_stat_activity a moment after it ends
+            deadline = time.monotonic() + 10
+            while len(rows := watch.execute(sql).fetchall()) != want and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return rows
+
+        assert probes(0) == []
+        assert all(led.reachable() for _ in range(5))
+        first = probes(1)
+        assert len(first) == 1  # five probes, one backend
+        watch.execute("SELECT pg_terminate_backend(%s, 5000)", (first[0][0],))  # as a server restart would
+        assert probes(0) == []
+        assert led.reachable()  # the dead connection is replaced within the same probe
+        second = probes(1)
+        assert len(second) == 1 and second != first
+        led.close()
+        assert probes(0) == []
     s.close_all()

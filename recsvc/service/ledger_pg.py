@@ -21,6 +21,7 @@ process. Errors name the host, port and database, never the password.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -112,6 +113,8 @@ class PostgresLedger:
         self.commits = 0
         self._flights = Flights()
         self._commit_all = GroupCommit(self._group)  # concurrent charges of this process: one transaction
+        self._probe: psycopg.Connection | None = None  # reachable()'s own connection
+        self._probe_lock = threading.Lock()
         if create:
             fingerprint_key.check(self.key_file)
             self._key, self.key_created = fingerprint_key.load_or_create(self.key_file)
@@ -147,16 +150,31 @@ class PostgresLedger:
 
     def close(self) -> None:
         self._pool.close()
+        with self._probe_lock:
+            if self._probe is not None:
+                self._probe.close()
+            self._probe = None
 
     def reachable(self) -> bool:
-        """Whether the database answers now (for health checks): its own short connection, so a
-        probe never waits behind requests for a pooled one."""
-        try:
-            with psycopg.connect(self.url, autocommit=True, **_link_timeouts(2.0)) as conn:
-                conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
+        """Whether the database answers now (for health checks): a probe connection of its own, so
+        a probe never waits behind requests for a pooled one, kept open between probes (a probe
+        every second would otherwise cost the server a new backend every second), and replaced at
+        once when it died with a restarted server."""
+        with self._probe_lock:
+            while True:
+                reused, t0 = self._probe is not None and not self._probe.closed, time.monotonic()
+                try:
+                    if not reused:
+                        self._probe = psycopg.connect(self.url, autocommit=True, application_name="recsvc-probe",
+                                                      **_link_timeouts(2.0))
+                    self._probe.execute("SELECT 1")  # type: ignore[union-attr]
+                    return True
+                except psycopg.Error:
+                    if self._probe is not None:
+                        self._probe.close()
+                    self._probe = None
+                    if not reused or time.monotonic() - t0 > 1.0:  # down or cut off, not just a stale socket
+                        return False
 
     # -- reads ---------------------------------------------------------------------------
 
