@@ -5,6 +5,9 @@ Same protocol and invariants as the SQLite store (:class:`recsvc.service.ledger.
 * **Atomic check-and-spend across replicas.** A charge is one READ COMMITTED transaction that
   first locks the user's budget row (``SELECT … FOR UPDATE``); every other charge of that user,
   from any replica, waits for the lock, then re-reads the stored request and the spend.
+* **Group commit.** The charges that queue in this process while its previous transaction
+  commits share the next one (:class:`recsvc.service.ledger_base.GroupCommit`), and a SelectBatch
+  is one transaction; its users' rows are locked in user_id order, so no lock cycle forms.
 * **Durable before the answer leaves.** ``synchronous_commit = on`` for every pooled connection;
   the answer is stored with its spend and returned only after COMMIT returned. PostgreSQL groups
   the WAL flushes of concurrent commits itself, so charges of different users share fsyncs.
