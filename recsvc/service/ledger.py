@@ -40,7 +40,7 @@ from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, Pending,
                                         RequestConflict, UserBudget, GroupCommit, account, decide_all, draw_then_commit,
-                                        unset, verdict)
+                                        precheck, unset)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -202,26 +202,17 @@ class Ledger:
 
     def totals(self) -> dict[str, float]:
         """Every user's ε spent in the current window (for audits and tests; exact values: :meth:`user`)."""
-        start = self.window.start(self._clock())
-        return {u: to_epsilon(self.window.in_window(s, ws, start)[0])
-                for u, s, ws in self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")}
-
-    def _verdict(self, p: Pending, prior: tuple[bytes, bytes] | None, spent: int) -> Charge | LedgerError | None:
-        return verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
+        rows = self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")
+        return {u: to_epsilon(s) for u, s in self.window.spent_now(rows, self._clock()).items()}
 
     def _precheck(self, p: Pending) -> Charge | None:
-        """:meth:`_verdict` on a read snapshot, holding no lock (one statement)."""
-        start = self.window.start(self._clock())
-        fp, response, spent, row_start = self._conn().execute(
+        """:func:`precheck` on a read snapshot, holding no lock (one statement)."""
+        row = self._conn().execute(
             "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT spent_units FROM budgets WHERE user_id=?1),"
             " (SELECT window_start FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
-        spent = self.window.in_window(spent or 0, row_start or 0, start)[0]
-        verdict = self._verdict(p, None if fp is None else (bytes(fp), bytes(response)), spent)
-        if isinstance(verdict, LedgerError):
-            raise verdict
-        return verdict
+        return precheck(p, row, self.window, self.budget_units, self._clock())
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -339,8 +330,8 @@ class Ledger:
 
     def _spent(self, conn: sqlite3.Connection, users: list[str]) -> dict[str, int]:
         """Each user's spend in the clock's current window (users without a row: absent)."""
-        start = self.window.start(self._clock())
-        return {u: self.window.in_window(s, ws, start)[0] for u, (s, ws, _n) in self._accounts(conn, users).items()}
+        return self.window.spent_now(((u, s, ws) for u, (s, ws, _n) in self._accounts(conn, users).items()),
+                                     self._clock())
 
     @staticmethod
     def _accounts(conn: sqlite3.Connection, users: list[str]) -> dict[str, tuple[int, int, int]]:

@@ -144,6 +144,20 @@ def verdict(user_id: str, request_id: str, fingerprint: bytes, units: int, prior
     return None
 
 
+def precheck(p: Pending, row: tuple[Any, Any, Any, Any], window: BudgetWindow, budget_units: int,
+             now: float) -> Charge | None:
+    """The pre-check's verdict (:func:`draw_then_commit`) from a snapshot row ``(stored
+    fingerprint, stored response, spent_units, window_start)``, NULLs where nothing is stored: a
+    stored answer to replay, None to draw and charge, or the refusal raised."""
+    fp, response, spent, row_start = row
+    prior = None if fp is None else (bytes(fp), bytes(response))
+    in_window = window.in_window(int(spent or 0), int(row_start or 0), window.start(now))[0]
+    done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, in_window, budget_units)
+    if isinstance(done, LedgerError):
+        raise done
+    return done
+
+
 class Flights:
     """Serialises the callers of one (user_id, request_id) in this process, so concurrent
     duplicates draw once: the later ones find the stored answer."""

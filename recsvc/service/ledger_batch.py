@@ -84,12 +84,8 @@ def draw_and_charge_batch(ledger: BatchStore, items: Sequence[BatchItem], draw: 
                 continue
             pending[i].build_response = (lambda i, s: lambda remaining: build_response(i, s, remaining))(i, sample)
         queued = [p for i, p in pending.items() if out[i] is None]
-        if queued:
-            try:
-                ledger._commit_all(queued)
-            except LedgerError as exc:  # the database went away: every queued item refused, retry finds out
-                for p in queued:
-                    p.result, p.error = None, exc
+        if queued:  # sets each item's result or error (a database that went away: every item's)
+            ledger._commit_all(queued)
         for i, p in pending.items():
             if out[i] is None:
                 out[i] = p.error if p.error is not None else p.result

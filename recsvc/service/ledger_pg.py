@@ -39,8 +39,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
-from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, UserBudget, account,
-                                        GroupCommit, decide_all, draw_then_commit, is_postgres, unset, verdict)
+from recsvc.service.ledger_base import (Charge, Flights, LedgerUnavailable, Pending, UserBudget, account, GroupCommit,
+                                        decide_all, draw_then_commit, is_postgres, precheck, unset)
 from recsvc.service.ledger_schema import ChargeRow
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -214,9 +214,8 @@ class PostgresLedger:
 
     def totals(self) -> dict[str, float]:
         """Every user's ε spent in the current window."""
-        start = self.window.start(self._clock())
-        return {u: to_epsilon(self.window.in_window(int(s), int(ws), start)[0])
-                for u, s, ws in self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", ())}
+        rows = self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", ())
+        return {u: to_epsilon(s) for u, s in self.window.spent_now(rows, self._clock()).items()}
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -229,20 +228,13 @@ class PostgresLedger:
         return draw_then_commit(self, p, draw, build_response)
 
     def _precheck(self, p: Pending) -> Charge | None:
-        """The verdict on a snapshot, holding no lock: a stored answer, or a raised refusal."""
-        start = self.window.start(self._clock())
+        """:func:`precheck` on a snapshot, holding no lock (one statement)."""
         rows = self._read(
             "SELECT (SELECT fingerprint FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
             " (SELECT response FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
             " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s),"
             " (SELECT window_start FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": p.user_id, "r": p.request_id})
-        fp, response, spent, row_start = rows[0]
-        prior = None if fp is None else (bytes(fp), bytes(response))
-        spent = self.window.in_window(int(spent or 0), int(row_start or 0), start)[0]
-        done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, spent, self.budget_units)
-        if isinstance(done, LedgerError):
-            raise done
-        return done
+        return precheck(p, rows[0], self.window, self.budget_units, self._clock())
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
@@ -305,8 +297,6 @@ class PostgresLedger:
     def _snapshot(self, keys: list[tuple[str, str]],
                   users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]:
         """The batch pre-check's read, holding no lock (one round trip)."""
-        start = self.window.start(self._clock())
-
         def read(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
             cur = psycopg.ClientCursor(conn)
             cur.execute(f"{_stored(len(keys))}; SELECT user_id, spent_units, window_start FROM recsvc_budgets "
@@ -314,8 +304,7 @@ class PostgresLedger:
             return _result_sets(cur)
 
         found, spent = self._retrying(read)
-        return ({(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found},
-                {u: self.window.in_window(int(s), int(ws), start)[0] for u, s, ws in spent})
+        return {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}, self.window.spent_now(spent, self._clock())
 
 
 _DEADLOCK_TRIES = 3

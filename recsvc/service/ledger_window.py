@@ -21,6 +21,7 @@ parses the flag with it).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from recsvc.checks import ParamError
@@ -78,6 +79,12 @@ class BudgetWindow:
         spend if its window is current (or later: another replica's clock is ahead), else 0 in
         the clock's window."""
         return (spent_units, row_start) if row_start >= start else (0, start)
+
+    def spent_now(self, rows: Iterable[tuple[str, int, int]], now: float) -> dict[str, int]:
+        """Each user's spend counted against the budget at ``now``, from stored rows
+        ``(user_id, spent_units, window_start)``."""
+        start = self.start(now)
+        return {u: self.in_window(int(s), int(ws), start)[0] for u, s, ws in rows}
 
 
 LIFETIME_WINDOW = BudgetWindow(0)
