@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -20,6 +21,10 @@ import scipy.sparse as sp
 from recsvc.artifact import ArtifactWriter
 from recsvc.model import Model
 from recsvc.service.pg_cluster import free_port  # noqa: F401 - the tests' one free-port helper
+
+if TYPE_CHECKING:
+    from recsvc.service.client import Client
+    from recsvc.service.server import ServerHandle
 
 REPO = Path(__file__).resolve().parents[1]
 N_ITEMS = 40
@@ -104,6 +109,28 @@ def make_certs(d: Path) -> dict[str, Path]:
         "-days", "2", "-subj", "/CN=rogue")
     return {k: d / f"{k}" for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key",
                                      "rogue.pem", "rogue.key")}
+
+
+@contextmanager
+def served(artifact: Path, ledger: Path | str, **config: Any) -> Iterator[ServerHandle]:
+    """An in-process server (``start``) on a free port; stopped with 1 s of grace afterwards."""
+    from recsvc.service.config import ServerConfig
+    from recsvc.service.server import start
+
+    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, **config))
+    try:
+        yield handle
+    finally:
+        handle.stop(grace=1)
+
+
+@contextmanager
+def client_of(handle: ServerHandle) -> Iterator[Client]:
+    """A client of an in-process server that never retries (a test sees every refusal)."""
+    from recsvc.service.client import Client
+
+    with Client(f"127.0.0.1:{handle.port}", retries=0) as c:
+        yield c
 
 
 @dataclass

@@ -15,21 +15,20 @@ import pytest
 import recsvc.service.selection as selection_module
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
-from recsvc.service.server import ServerHandle, start
+from recsvc.service.server import ServerHandle
 
-from service_fixtures import candidates
+from service_fixtures import candidates, client_of, served
 
 
 @pytest.fixture()
 def server(artifact: Path, tmp_path: Path) -> Iterator[ServerHandle]:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0))
-    yield h
-    h.stop(grace=1)
+    with served(artifact, tmp_path / "l.db", budget=10.0) as h:
+        yield h
 
 
 @pytest.fixture()
 def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+    with client_of(server) as c:
         yield c
 
 

@@ -14,12 +14,11 @@ from scipy import stats
 from recsvc.mechanisms import MechanismInputError, probabilities, select, select_rows
 from recsvc.service import batch as batch_module
 from recsvc.service.client import Client
-from recsvc.service.config import ServerConfig
-from recsvc.service.server import ServerHandle, start
+from recsvc.service.server import ServerHandle
 from recsvc.service.selection import draw
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates
+from service_fixtures import candidates, client_of, served
 
 BUDGET = 3.0
 
@@ -56,15 +55,13 @@ def test_select_rows_checks_everything_before_drawing() -> None:
 
 @pytest.fixture(scope="module")
 def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    cfg = ServerConfig(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET)
-    h = start(cfg)
-    yield h
-    h.stop(grace=1)
+    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+    with client_of(server) as c:
         yield c
 
 
@@ -179,9 +176,8 @@ def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster,
     url = pg_cluster.new_database()
     Stores(url, tmp_path / "k").open(budget=5.0).close()
     (tmp_path / "k").chmod(0o600)
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=url, fingerprint_key=tmp_path / "k", budget=5.0))
-    try:
-        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+    with served(artifact, url, fingerprint_key=tmp_path / "k", budget=5.0) as h:
+        with client_of(h) as c:
             reqs = [c.select_request("pg-batch", candidates(), mechanism="rnm", epsilon=1.0, request_id=f"r{i}")
                     for i in range(3)]
             reqs.append(c.select_request("pg-batch", candidates(), mechanism="no-such-mechanism", epsilon=1.0, request_id="bad"))
@@ -193,5 +189,3 @@ def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster,
         assert [r.response.item_id for r in again] == [r.response.item_id for r in results[:3]]
         u = h.ledger.user("pg-batch")
         assert (u.requests, u.spent_units) == (3, 3 * 10**12)
-    finally:
-        h.stop(grace=1)

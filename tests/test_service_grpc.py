@@ -19,23 +19,20 @@ from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates, make_artifact
+from service_fixtures import candidates, client_of, make_artifact, served
 
 BUDGET = 10.0
 
 
 @pytest.fixture(scope="module")
 def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    cfg = ServerConfig(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db",
-                       budget=BUDGET, max_candidates=25)
-    h = start(cfg)
-    yield h
-    h.stop(grace=1)
+    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET, max_candidates=25) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+    with client_of(server) as c:
         yield c
 
 

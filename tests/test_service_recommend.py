@@ -27,7 +27,7 @@ from recsvc.service.server import ServerHandle, start
 from recsvc.service.servicer import _fingerprint
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import N_ITEMS, candidates, make_artifact
+from service_fixtures import N_ITEMS, candidates, client_of, make_artifact
 
 HISTORY = ["it0", "it5", "it9"]
 FLOOR = 5  # the test servers' --min-candidates
@@ -54,7 +54,7 @@ def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="module")
 def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+    with client_of(server) as c:
         yield c
 
 

@@ -18,25 +18,22 @@ from recsvc.mechanisms import probabilities
 from recsvc.service import batch as batch_module
 from recsvc.service.catalog import catalog_version
 from recsvc.service.client import Client, ItemRows
-from recsvc.service.config import ServerConfig
-from recsvc.service.server import ServerHandle, start
+from recsvc.service.server import ServerHandle
 
-from service_fixtures import candidates
+from service_fixtures import candidates, client_of, served
 
 BUDGET = 50.0
 
 
 @pytest.fixture(scope="module")
 def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    cfg = ServerConfig(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET)
-    h = start(cfg)
-    yield h
-    h.stop(grace=1)
+    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET) as h:
+        yield h
 
 
 @pytest.fixture(scope="module")
 def client(server: ServerHandle) -> Iterator[Client]:
-    with Client(f"127.0.0.1:{server.port}", retries=0) as c:
+    with client_of(server) as c:
         yield c
 
 
