@@ -24,7 +24,7 @@ from recsvc.service.ledger import Ledger
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 
-from service_fixtures import REPO, candidates, free_port
+from service_fixtures import REPO, candidates, free_port, server_process
 
 
 @pytest.fixture(scope="module")
@@ -267,38 +267,31 @@ def test_candidates_file_of_the_wrong_kind(tmp_path: Path) -> None:
 
 
 def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) -> None:
-    port = free_port()
-    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifact), "--ledger",
-           str(tmp_path / "l.db"), "--port", str(port), "--workers", "2", "--drain-delay", "0", "--grace", "1"]
-    log_path = tmp_path / "serve.log"  # the workers' log: how each drained, or the watchdog's stacks
-    with open(log_path, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
     workers: list[psutil.Process] = []
     try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert "listening on" in line, log_path.read_text()
-        workers = psutil.Process(proc.pid).children()
-        assert len(workers) == 2
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        # Each worker drains (grace 1 s) on its parent-death SIGTERM; a full suite run on 2 busy
-        # cores once took longer than 8 s, so allow 20 s: the point is that they exit at all.
-        gone, alive = psutil.wait_procs(workers, timeout=20)
-        log = log_path.read_text()
-        assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}; their log:\n{log}"
-        # ... and that they drained cleanly: not ended by their drain watchdog (11 s here), which
-        # would mean the drain hung (its thread stacks are in the log then).
-        assert "drain did not finish" not in log and log.count("recsvc.service: stopped") == 2, log
-        with socket.socket() as s:  # nobody serves the port any more
-            assert s.connect_ex(("127.0.0.1", port)) != 0
+        # The log holds how each worker drained, or the watchdog's stacks.
+        with server_process(artifact, tmp_path / "l.db", "--workers", "2", "--drain-delay", "0", "--grace", "1",
+                            port=free_port(), log_path=tmp_path / "serve.log") as srv:
+            workers = psutil.Process(srv.proc.pid).children()
+            assert len(workers) == 2
+            srv.proc.send_signal(signal.SIGKILL)
+            srv.proc.wait(10)
+            # Each worker drains (grace 1 s) on its parent-death SIGTERM; a full suite run on 2 busy
+            # cores once took longer than 8 s, so allow 20 s: the point is that they exit at all.
+            gone, alive = psutil.wait_procs(workers, timeout=20)
+            log = srv.log()
+            assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}; their log:\n{log}"
+            # ... and that they drained cleanly: not ended by their drain watchdog (11 s here), which
+            # would mean the drain hung (its thread stacks are in the log then).
+            assert "drain did not finish" not in log and log.count("recsvc.service: stopped") == 2, log
+            with socket.socket() as s:  # nobody serves the port any more
+                assert s.connect_ex(("127.0.0.1", srv.port)) != 0
     finally:
         for p in [*workers, *psutil.Process().children(recursive=True)]:  # orphans are no longer our children
             try:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
-        if proc.stdout:
-            proc.stdout.close()
 
 
 def test_worker_startup_error_is_one_clear_line_and_creates_no_ledger(artifact: Path, tmp_path: Path) -> None:
