@@ -61,8 +61,8 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
 
     out = Path(out)
     check_out(out, force)
-    schema = pa.schema([("user_id", pa.string()), ("request_id", pa.string()), ("mechanism", pa.string()),
-                        ("epsilon", pa.float64()), ("time", pa.timestamp("us", tz="UTC"))])
+    schema = pa.schema(list(zip(COLUMNS, (pa.string(), pa.string(), pa.string(), pa.float64(),
+                                          pa.timestamp("us", tz="UTC")), strict=True)))
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     written = 0
     try:
