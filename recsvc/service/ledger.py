@@ -308,12 +308,12 @@ class Ledger:
                 [v for row in chunk for v in (*row, now)],
             )
 
-    def _snapshot(self, keys: list[tuple[str, str]],
-                  users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]:
+    def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[
+            dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]:
         """The batch pre-check's read (:mod:`recsvc.service.ledger_batch`), holding no lock: the
-        stored (fingerprint, response) of ``keys`` and each user's spend in the current window."""
+        stored (fingerprint, response) of ``keys`` and each user's stored account."""
         conn = self._conn()
-        return self._stored(conn, keys), self._spent(conn, users)
+        return self._stored(conn, keys), self._accounts(conn, users)
 
     @staticmethod
     def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bytes, bytes]]:
@@ -327,11 +327,6 @@ class Ledger:
             for u, r, fp, resp in conn.execute(sql, [v for k in part for v in k]):
                 out[(u, r)] = (bytes(fp), bytes(resp))
         return out
-
-    def _spent(self, conn: sqlite3.Connection, users: list[str]) -> dict[str, int]:
-        """Each user's spend in the clock's current window (users without a row: absent)."""
-        return self.window.spent_now(((u, s, ws) for u, (s, ws, _n) in self._accounts(conn, users).items()),
-                                     self._clock())
 
     @staticmethod
     def _accounts(conn: sqlite3.Connection, users: list[str]) -> dict[str, tuple[int, int, int]]:

@@ -211,10 +211,10 @@ class GroupCommit:
     Every waiter sleeps on its OWN lock until the leader either finished its charge or handed it
     the lead, so a commit wakes exactly the threads that have something to do."""
 
-    def __init__(self, commit: Callable[[Callable[[], list[Pending]]], None]) -> None:
+    def __init__(self, commit: Callable[[Callable[[], list[Any]]], None]) -> None:
         self._commit = commit
         self._lock = threading.Lock()
-        self._queue: list[Pending] = []
+        self._queue: list[Queued] = []
         self._leading = False
 
     def queued(self) -> int:
@@ -222,7 +222,7 @@ class GroupCommit:
         with self._lock:
             return len(self._queue)
 
-    def __call__(self, items: list[Pending]) -> None:
+    def __call__(self, items: list[Any]) -> None:
         item = items[0]  # the one this caller waits on
         with self._lock:  # contiguous in the queue, so one leader takes them all
             self._queue.extend(items)
@@ -234,16 +234,16 @@ class GroupCommit:
         if lead:
             self._lead(items)
 
-    def _lead(self, items: list[Pending]) -> None:
-        taken: list[Pending] | None = None
+    def _lead(self, items: list[Queued]) -> None:
+        taken: list[Queued] | None = None
 
-        def take() -> list[Pending]:
+        def take() -> list[Queued]:
             nonlocal taken
             with self._lock:
                 taken, self._queue = self._queue, []
             return taken
 
-        successor: Pending | None = None
+        successor: Queued | None = None
         try:
             self._commit(take)
         finally:
@@ -263,12 +263,11 @@ class GroupCommit:
                 if other is not items[0]:
                     other.wake.release()
 
-    def one(self, item: Pending) -> Charge:
-        """Commits one charge: its stored answer, or its refusal raised."""
+    def one(self, item: Queued) -> Any:
+        """Commits one item: its result, or its error raised."""
         self([item])
         if item.error is not None:
             raise item.error
-        assert item.result is not None
         return item.result
 
 
@@ -281,10 +280,21 @@ def unset(_remaining: float) -> bytes:
     raise RuntimeError("no response builder set")
 
 
+@dataclass(eq=False, kw_only=True)
+class Queued:
+    """What :class:`GroupCommit` needs of an item: its outcome, set by the leader that took it."""
+
+    result: Any = None
+    error: Exception | None = None
+    finished: bool = False  # set by the group-commit leader once its batch committed or failed
+    # Held until a leader releases it (see GroupCommit); a bare lock is the cheapest wake-up.
+    wake: threading.Lock = field(default_factory=_locked)
+
+
 @dataclass(eq=False)
-class Pending:
-    """One charge on its way into a store (both stores; :class:`GroupCommit` uses the
-    result/error/finished/wake fields, the PostgreSQL store ``built``)."""
+class Pending(Queued):
+    """One charge on its way into a store (both stores; ``result`` is its :class:`Charge`, the
+    PostgreSQL store also uses ``built`` and ``seen``)."""
 
     user_id: str
     request_id: str
@@ -292,12 +302,10 @@ class Pending:
     units: int
     build_response: Callable[[float], bytes]
     mechanism: str = ""  # the answer's mechanism, stored for the audit export
-    result: Charge | None = None
-    error: Exception | None = None
-    finished: bool = False  # set by the group-commit leader once its batch committed or failed
-    # Held until a leader releases it (see GroupCommit); a bare lock is the cheapest wake-up.
-    wake: threading.Lock = field(default_factory=_locked)
     built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
+    # The account (spent_units, window_start, requests) the pre-check read, None: no row yet,
+    # False: not read (PostgreSQL's one-statement charge, ``PostgresLedger._charge_if_unchanged``).
+    seen: tuple[int, int, int] | None | bool = False
 
 
 @dataclass

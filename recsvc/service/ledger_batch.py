@@ -28,10 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from recsvc.service.ledger_base import Charge, Flights, LedgerError, Pending, RequestConflict, unset, verdict
 from recsvc.service.ledger_units import charge_units
+
+if TYPE_CHECKING:
+    from recsvc.service.ledger_window import BudgetWindow
 
 S = TypeVar("S")
 
@@ -56,8 +59,12 @@ class BatchStore(Protocol):
 
     def fingerprint(self, digest: bytes) -> bytes: ...
 
-    def _snapshot(self, keys: list[tuple[str, str]],
-                  users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]: ...
+    window: BudgetWindow
+
+    def _clock(self) -> float: ...
+
+    def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[
+            dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]: ...
 
     def _commit_all(self, items: list[Pending]) -> None: ...
 
@@ -97,20 +104,23 @@ def _precheck(ledger: BatchStore, pending: dict[int, Pending], out: list) -> lis
     A store that cannot be read (:class:`LedgerUnavailable`) refuses every item, nothing spent."""
     keys = list({(p.user_id, p.request_id): None for p in pending.values()})
     try:
-        stored, spent = ledger._snapshot(keys, list({p.user_id: None for p in pending.values()}))
+        stored, accounts = ledger._snapshot(keys, list({p.user_id: None for p in pending.values()}))
     except LedgerError as exc:
         for i in pending:
             out[i] = exc
         return []
+    spent = ledger.window.spent_now(((u, s, ws) for u, (s, ws, _n) in accounts.items()), ledger._clock())
+    for p in pending.values():
+        p.seen = accounts.get(p.user_id)  # what the commit may check is unchanged (PostgreSQL)
     todo: list[int] = []
     earlier: set[tuple[str, str]] = set()
     for i, p in pending.items():
         key = (p.user_id, p.request_id)
-        if key in earlier:  # decided at commit against the earlier item; never draws
+        before = spent.get(p.user_id, 0)
+        if key in earlier and key not in stored:  # decided at commit against the earlier item; never draws
             p.build_response = _refuse_duplicate(p)
             continue
-        earlier.add(key)
-        before = spent.get(p.user_id, 0)
+        earlier.add(key)  # so every item that reaches the commit found its request unstored here
         decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, stored.get(key), before, ledger.budget_units)
         if decided is not None:
             out[i] = decided

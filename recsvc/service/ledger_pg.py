@@ -2,12 +2,21 @@
 
 Same protocol and invariants as the SQLite store (:class:`recsvc.service.ledger.Ledger`):
 
-* **Atomic check-and-spend across replicas.** A charge is one READ COMMITTED transaction that
-  first locks the user's budget row (``SELECT … FOR UPDATE``); every other charge of that user,
-  from any replica, waits for the lock, then re-reads the stored request and the spend.
-* **Group commit.** The charges that queue in this process while its previous transaction
-  commits share the next one (:class:`recsvc.service.ledger_base.GroupCommit`), and a SelectBatch
-  is one transaction; its users' rows are locked in user_id order, so no lock cycle forms.
+* **Atomic check-and-spend across replicas.** A charge is stored by a transaction that holds
+  the user's budget row lock. First optimistically (:meth:`PostgresLedger._charge_unchanged`):
+  the charge is decided on the account its pre-check read, and ONE autocommit statement locks
+  that row only if the account is still exactly that, moves it on and stores the answer. An
+  account only moves forward, so an unchanged one means no charge of the user committed since
+  the read. Otherwise the locking transaction (:meth:`PostgresLedger._transaction`): READ
+  COMMITTED, ``SELECT … FOR UPDATE`` on the user's row, then re-read the stored request and the
+  spend, decide, store, COMMIT; every other charge of that user, from any replica, waits.
+* **Group commit.** The charges that queue in this process while its previous commit runs share
+  the next one (:class:`recsvc.service.ledger_base.GroupCommit`), the pre-checks that queue
+  share one read, and a SelectBatch is one commit; rows are locked in user_id order, so no lock
+  cycle forms.
+* **Index lookups only.** Every pooled connection runs with ``enable_seqscan`` off and generic
+  plans: the prepared statements' arrays hide their sizes from the planner, and a plan cached
+  while the tables were small must not scan every user's row once they are large.
 * **Durable before the answer leaves.** ``synchronous_commit = on`` for every pooled connection;
   the answer is stored with its spend and returned only after COMMIT returned. PostgreSQL groups
   the WAL flushes of concurrent commits itself, so charges of different users share fsyncs.
@@ -28,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,8 +49,9 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
-from recsvc.service.ledger_base import (Charge, Flights, LedgerUnavailable, Pending, UserBudget, account, GroupCommit,
-                                        decide_all, draw_then_commit, is_postgres, precheck, unset)
+from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, Queued, UserBudget,
+                                        account, GroupCommit, decide_all, draw_then_commit, is_postgres, precheck,
+                                        unset)
 from recsvc.service.ledger_schema import ChargeRow
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -88,6 +99,8 @@ def _link_timeouts(timeout_s: float) -> dict[str, int]:
 
 def _configure(conn: psycopg.Connection) -> None:
     conn.execute("SET synchronous_commit TO on")  # COMMIT returns only once the WAL is flushed
+    conn.execute("SET enable_seqscan TO off")  # every ledger statement is a key lookup (module docstring)
+    conn.execute("SET plan_cache_mode TO force_generic_plan")  # index plans, planned once per connection
 
 
 class PostgresLedger:
@@ -114,8 +127,10 @@ class PostgresLedger:
         self.key_file = Path(key_file)
         self.key_created = False
         self.commits = 0
+        self.moved = 0  # charges whose account moved after their pre-check: decided under the lock
         self._flights = Flights()
         self._commit_all = GroupCommit(self._group)  # concurrent charges of this process: one transaction
+        self._prechecks = GroupCommit(self._read_group)  # and concurrent pre-checks: one read
         self._probe: psycopg.Connection | None = None  # reachable()'s own connection
         self._probe_lock = threading.Lock()
         if create:
@@ -228,13 +243,28 @@ class PostgresLedger:
         return draw_then_commit(self, p, draw, build_response)
 
     def _precheck(self, p: Pending) -> Charge | None:
-        """:func:`precheck` on a snapshot, holding no lock (one statement)."""
-        rows = self._read(
-            "SELECT (SELECT fingerprint FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
-            " (SELECT response FROM recsvc_requests WHERE user_id=%(u)s AND request_id=%(r)s),"
-            " (SELECT spent_units FROM recsvc_budgets WHERE user_id=%(u)s),"
-            " (SELECT window_start FROM recsvc_budgets WHERE user_id=%(u)s)", {"u": p.user_id, "r": p.request_id})
-        return precheck(p, rows[0], self.window, self.budget_units, self._clock())
+        """:func:`precheck` on a snapshot, holding no lock; the pre-checks that queue in this
+        process meanwhile share one read (:meth:`_read_group`)."""
+        return self._prechecks.one(_Probe(pending=p))  # type: ignore[no-any-return]
+
+    def _read_group(self, take: Callable[[], list[_Probe]]) -> None:
+        """One statement reads every queued pre-check's stored request and account; each gets its
+        verdict, and its charge remembers the account for :meth:`_commit`. An unreachable
+        database refuses them all (nothing was drawn or spent)."""
+        batch = take()
+        try:
+            rows = self._read(_PRECHECKS, ([q.pending.user_id for q in batch], [q.pending.request_id for q in batch]))
+        except LedgerUnavailable as exc:
+            for q in batch:
+                q.error = exc
+            return
+        now = self._clock()
+        for q, row in zip(batch, rows, strict=True):
+            try:
+                q.result = precheck(q.pending, row[:4], self.window, self.budget_units, now)
+            except LedgerError as exc:
+                q.error = exc
+            q.pending.seen = None if row[2] is None else (int(row[2]), int(row[3]), int(row[4]))
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
@@ -244,29 +274,65 @@ class PostgresLedger:
                                     build_response, mechanism))
 
     def _commit(self, p: Pending) -> Charge:
-        return self._commit_all.one(p)
+        return self._commit_all.one(p)  # type: ignore[no-any-return]
 
     def _group(self, take: Callable[[], list[Pending]]) -> None:
-        """The group-commit leader (:class:`GroupCommit`): everything queued by now, in ONE
-        transaction. Sets each charge's ``result``/``error``; an unreachable database refuses
-        the whole group (:class:`LedgerUnavailable`: nothing is known to be stored, a retry
-        with the same request_id finds out)."""
-        batch = take()
+        """The group-commit leader (:class:`GroupCommit`): everything queued by now, first as ONE
+        optimistic statement (:meth:`_charge_unchanged`), then whatever it left in ONE locking
+        transaction (:meth:`_transaction`). Sets each charge's ``result``/``error``; an
+        unreachable database refuses every charge not yet stored (:class:`LedgerUnavailable`:
+        nothing is known to be stored, a retry with the same request_id finds out)."""
+        batch = rest = take()
         try:
+            rest = self._retrying(lambda conn: self._charge_unchanged(conn, batch))
             for attempt in range(_DEADLOCK_TRIES):
                 try:
-                    self._retrying(lambda conn: self._transaction(conn, batch))
+                    if rest:
+                        self._retrying(lambda conn: self._transaction(conn, rest))
                     break
                 except psycopg.errors.DeadlockDetected:  # rolled back whole; the lock order makes it rare
                     if attempt == _DEADLOCK_TRIES - 1:
                         raise
-        except Exception as exc:  # noqa: BLE001 - every charge of the group refused, nothing stored
-            for p in batch:
+        except Exception as exc:  # noqa: BLE001 - every charge not yet stored is refused
+            for p in rest:
                 p.result, p.error = None, exc
             return
-        for p in batch:  # our own COMMIT went through before a connection failure
+        for p in rest:  # our own COMMIT went through before a connection failure
             if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
                 p.result = Charge(p.result.response, replayed=False)
+
+    def _charge_unchanged(self, conn: psycopg.Connection, batch: list[Pending]) -> list[Pending]:
+        """Optimistic concurrency for the charges whose pre-check read their user's account
+        (``seen``): decided on those accounts, then ONE autocommit statement (its own
+        transaction, durable when it returns) that locks, in user_id order, the accounts still
+        exactly as read, creates the missing ones, moves them on and stores those users' answers.
+        An account only moves forward (each charge adds a request to its window or starts a later
+        window), so "unchanged" means that no charge of the user, from any replica, committed
+        since the snapshot, which also found each request unstored: the decisions are the ones
+        the locking transaction would make. Returns the charges it did not decide (not read, a
+        user read twice differently, or an account that moved): nothing of theirs was stored."""
+        seen: dict[str, Any] = {}
+        for p in batch:
+            seen[p.user_id] = p.seen if seen.get(p.user_id, p.seen) == p.seen else False
+        tried = [p for p in batch if seen[p.user_id] is not False]
+        if not tried:
+            return batch
+        now = self._clock()
+        writes = decide_all(tried, {}, {u: a for u, a in seen.items() if a}, self.window, self.budget_units, now)
+        charged: set[str] = set()
+        if writes.requests:
+            before = [seen[u] or (None, None, None) for u, *_ in writes.users]
+            users = [*map(list, zip(*writes.users, strict=True)), *map(list, zip(*before, strict=True))]
+            try:
+                charged = {u for u, in conn.execute(_CHARGE_UNCHANGED, (
+                    *users, datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True))))}
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
+                pass  # nothing stored (one statement); the locking transaction decides them all
+            if charged:
+                self.commits += 1
+        rest = [p for p in batch if p.user_id not in charged]
+        self.moved += sum(seen[p.user_id] is not False for p in rest)
+        return rest
 
     def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
         """Three round trips: [BEGIN, create missing budget rows, lock the users' rows in user_id
@@ -294,20 +360,24 @@ class PostgresLedger:
             raise
         self.commits += 1  # COMMIT returned: the WAL is flushed
 
-    def _snapshot(self, keys: list[tuple[str, str]],
-                  users: list[str]) -> tuple[dict[tuple[str, str], tuple[bytes, bytes]], dict[str, int]]:
-        """The batch pre-check's read, holding no lock (one round trip)."""
-        def read(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
-            cur = psycopg.ClientCursor(conn)
-            cur.execute(f"{_stored(len(keys))}; SELECT user_id, spent_units, window_start FROM recsvc_budgets "
-                        f"WHERE user_id IN ({_values(len(users), 1)})", [*(v for k in keys for v in k), *users])
-            return _result_sets(cur)
-
-        found, spent = self._retrying(read)
-        return {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}, self.window.spent_now(spent, self._clock())
+    def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[
+            dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]:
+        """The batch pre-check's read, holding no lock: the pre-checks' statement (``users`` are
+        the keys' users)."""
+        rows = self._read(_PRECHECKS, ([u for u, _ in keys], [q for _, q in keys]))
+        stored = {k: (bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None}
+        return stored, {k[0]: (int(s), int(ws), int(n)) for k, (*_, s, ws, n) in zip(keys, rows, strict=True)
+                        if s is not None}
 
 
 _DEADLOCK_TRIES = 3
+
+
+@dataclass(eq=False)
+class _Probe(Queued):
+    """A charge's pre-check, queued for a shared read; ``result``: a stored answer to replay, or None."""
+
+    pending: Pending
 
 
 @lru_cache(maxsize=512)
@@ -331,6 +401,32 @@ def _lock_and_read(n_users: int, n_keys: int) -> str:
             "SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
             f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
 
+
+# The pre-checks' read: one row per (user_id, request_id), in order (NULLs where nothing is stored).
+_PRECHECKS = ("SELECT q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
+              "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(u, r, i) "
+              "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
+              "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r ORDER BY k.i")
+
+# The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: lock the
+# accounts still as read (in user_id order, like the locking transaction), create the missing ones
+# (``s0`` NULL: none was read), move them on, store the answers of exactly those users, and
+# return them. Parameters: the users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time,
+# the requests' columns.
+_CHARGE_UNCHANGED = (
+    "WITH v AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
+    "%s::bigint[], %s::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
+    "locked AS (SELECT b.user_id FROM recsvc_budgets AS b JOIN v ON b.user_id = v.u WHERE b.spent_units = v.s0 "
+    "AND b.requests = v.n0 AND b.window_start = v.w0 ORDER BY b.user_id FOR UPDATE OF b), "
+    "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v, locked "
+    "WHERE b.user_id = locked.user_id AND v.u = locked.user_id RETURNING b.user_id), "
+    "created AS (INSERT INTO recsvc_budgets(user_id, spent_units, requests, window_start) SELECT u, s, n, w FROM v "
+    "WHERE s0 IS NULL ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
+    "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
+    "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
+    "created) SELECT u, q, f, e, r, m, %s FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bigint[], "
+    "%s::bytea[], %s::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) "
+    "SELECT user_id FROM charged")
 
 # One statement (a constant text, so psycopg prepares it once per connection): store the answers
 # and set the users' new accounts (absolute values: the transaction holds their row locks).

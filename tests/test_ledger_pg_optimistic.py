@@ -1,0 +1,164 @@
+"""The PostgreSQL store's optimistic charge (``PostgresLedger._charge_unchanged``): a drawn charge
+is stored by ONE statement only if its user's account is still exactly what its pre-check read;
+otherwise the locking transaction decides it. Each test moves the account between the pre-check
+and the commit from "another replica" (a second store on the same database), inside ``draw``,
+which runs between the two, and checks the outcome is the one the lock gives: exact spend, the
+budget left that the answer reports, refusals, replays."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from ledger_conformance import Stores
+from recsvc.service import ledger_pg
+from recsvc.service.ledger_base import BudgetExceeded, Pending
+from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
+from recsvc.service.ledger_units import charge_units
+
+
+def _replicas(pg_cluster, tmp_path: Path, budget: float = 1.0):
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    return s, s.open(budget=budget), s.open(budget=budget)
+
+
+def _answer(tag: str):
+    return lambda _sample, remaining: f"{tag}|{remaining:.2f}".encode()
+
+
+def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: Path) -> None:
+    s, a, _ = _replicas(pg_cluster, tmp_path)
+    first = a.draw_and_charge("u", "r1", b"d1", 0.25, lambda: 0, _answer("r1"))  # creates the account
+    second = a.draw_and_charge("u", "r2", b"d2", 0.5, lambda: 0, _answer("r2"))  # moves it on
+    assert (first.response, second.response) == (b"r1|0.75", b"r2|0.25")
+    assert (a.commits, a.moved) == (2, 0)
+    assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.75), 2)
+    s.close_all()
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["existing-account", "first-charge"])
+def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluster, tmp_path: Path,
+                                                                        fresh: bool) -> None:
+    s, a, b = _replicas(pg_cluster, tmp_path)
+    if not fresh:
+        a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+
+    def meanwhile() -> int:  # after a's pre-check read the account, before a's commit
+        b.charge("u", "other", b"d", 0.3, lambda rem: b"other")
+        return 0
+
+    got = a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, _answer("r1"))
+    # 1 - 0.3 - 0.5 (- 0.1): the other replica's spend counts
+    assert got.response == (b"r1|0.20" if fresh else b"r1|0.10") and not got.replayed
+    assert a.moved == 1
+    assert a.user("u").spent_units == charge_units(0.8 if fresh else 0.9)
+    assert a.user("u").requests == (2 if fresh else 3)
+    s.close_all()
+
+
+def test_a_charge_that_no_longer_fits_is_refused_and_stores_nothing(pg_cluster, tmp_path: Path) -> None:
+    s, a, b = _replicas(pg_cluster, tmp_path)
+    a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+
+    def meanwhile() -> int:
+        b.charge("u", "other", b"d", 0.5, lambda rem: b"other")
+        return 0
+
+    with pytest.raises(BudgetExceeded, match="requested epsilon=0.5 but only 0.4 of 1 remains"):
+        a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, _answer("r1"))
+    assert a.lookup("u", "r1") is None and a.moved == 1
+    assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.6), 2)
+    s.close_all()
+
+
+def test_the_same_request_stored_by_another_replica_meanwhile_is_replayed(pg_cluster, tmp_path: Path) -> None:
+    s, a, b = _replicas(pg_cluster, tmp_path)
+    a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+
+    def meanwhile() -> int:  # a retry of r1 that reached the other replica and was answered there
+        b.draw_and_charge("u", "r1", b"d1", 0.5, lambda: 0, _answer("from-b"))
+        return 0
+
+    got = a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, _answer("from-a"))
+    assert got.response == b"from-b|0.40" and got.replayed  # the answer the client may already hold
+    assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.6), 2)  # charged once
+    s.close_all()
+
+
+def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(pg_cluster, tmp_path: Path) -> None:
+    """A group-commit leader's queue with three users, one of whose accounts moved since its
+    pre-check: the other two are stored by the one statement, the third by the locking
+    transaction, each with the budget left it really has."""
+    s, a, b = _replicas(pg_cluster, tmp_path)
+    for u in ("x", "y"):
+        a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
+    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), (lambda u: lambda rem: f"{u}|{rem:.2f}".encode())(u))
+             for u in ("x", "y", "z")]
+    for p in queue:
+        assert a._precheck(p) is None and p.seen is not False
+    b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
+    commits = a.commits
+    a._group(lambda: queue)
+    assert [p.result.response for p in queue] == [b"x|0.40", b"y|0.20", b"z|0.50"]
+    assert (a.commits - commits, a.moved) == (2, 1)  # one optimistic statement, one locking transaction
+    assert [a.user(u).spent_units for u in ("x", "y", "z")] == [charge_units(e) for e in (0.6, 0.8, 0.5)]
+    s.close_all()
+
+
+def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_user(pg_cluster,
+                                                                                     tmp_path: Path) -> None:
+    """SelectBatch: the snapshot's accounts are what the one statement checks, per user."""
+    s, a, b = _replicas(pg_cluster, tmp_path)
+    a.charge("y", "r0", b"d0", 0.1, lambda rem: b"r0")
+    items = [BatchItem(u, q, b"d" + q.encode(), 0.3, "rnm") for u, q in (("x", "1"), ("y", "1"), ("x", "2"), ("y", "2"))]
+
+    def draw(todo: list[int]) -> list[int]:
+        b.charge("y", "other", b"d", 0.3, lambda rem: b"other")  # another replica, after the snapshot
+        return todo
+
+    got = draw_and_charge_batch(a, items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
+    assert [c.response for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
+    assert a.moved == 2  # y's two items
+    assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [(charge_units(0.6), 2),
+                                                                         (charge_units(1.0), 4)]
+    s.close_all()
+
+
+def _generic_plans(conn: psycopg.Connection, sql: str, types: list[str]) -> str:
+    """The plan PostgreSQL caches for ``sql`` once it prefers a generic plan (never re-planned for
+    the values at hand), with NULL parameters."""
+    n = iter(range(1, 100))
+    text = re.sub(r"%s", lambda _m: f"${next(n)}", sql)
+    conn.execute(f"PREPARE probe({', '.join(types)}) AS {text}")
+    conn.execute("SET plan_cache_mode TO force_generic_plan")
+    try:
+        return "\n".join(r[0] for r in conn.execute(f"EXPLAIN EXECUTE probe({', '.join(['NULL'] * len(types))})"))
+    finally:
+        conn.execute("RESET plan_cache_mode")
+        conn.execute("DEALLOCATE probe")
+
+
+def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg_cluster, tmp_path: Path) -> None:
+    """A prepared statement's generic plan is made without the arrays' values; on a pooled
+    connection it must still find each user and request through the primary keys, never by
+    scanning every user's row, however many users the ledger holds."""
+    s, a, _ = _replicas(pg_cluster, tmp_path)
+    for i in range(300):
+        a.charge(f"u{i}", "r", b"d", 0.001, lambda rem: b"x")
+    with psycopg.connect(s.target, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    statements = {
+        ledger_pg._PRECHECKS: ["text[]", "text[]"],
+        ledger_pg._CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
+                                      "bigint[]", "bytea[]", "text[]"],
+        ledger_pg._WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
+                           "bigint[]", "bigint[]", "bigint[]"],
+    }
+    with a._pool.connection() as conn:
+        for sql, types in statements.items():
+            plan = _generic_plans(conn, sql, types)
+            assert "Index" in plan and "Seq Scan on recsvc_" not in plan, plan
+    s.close_all()
