@@ -50,14 +50,17 @@ def select_bodies(count: int, seed: int, encoding: str) -> list[bytes]:
 
 
 def batch_bodies(batches: int, size: int, seed: int, encoding: str = "ids") -> list[bytes]:
-    """Serialized SelectBatchRequests of ``size`` fresh rnm items each (every item a new charge)."""
+    """Serialized SelectBatchRequests of ``size`` fresh rnm items each (every item a new charge),
+    each item for another user: batch b holds users ``size*b`` to ``size*(b+1) - 1``, as a frontend
+    batching many users' requests would send (the same ``size`` users in every batch would make
+    concurrent batches queue for the same rows: a contention test, not a throughput one)."""
     from recsvc.v1 import selection_pb2 as pb
 
     items = [pb.SelectRequest.FromString(b) for b in select_bodies(size, seed, encoding)]
     out = []
-    for _ in range(batches):
-        for it in items:
-            it.request_id = uuid.uuid4().hex
+    for b in range(batches):
+        for j, it in enumerate(items):
+            it.request_id, it.user_id = uuid.uuid4().hex, f"batch-user-{b * size + j}"
         out.append(pb.SelectBatchRequest(requests=items).SerializeToString())
     return out
 
