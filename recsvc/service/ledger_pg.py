@@ -127,7 +127,7 @@ class PostgresLedger:
         self.key_file = Path(key_file)
         self.key_created = False
         self.commits = 0
-        self.moved = 0  # charges whose account moved after their pre-check: decided under the lock
+        self.moved = 0  # charges whose account moved after their pre-check: decided under the lock (tests)
         self._flights = Flights()
         self._commit_all = GroupCommit(self._group)  # concurrent charges of this process: one transaction
         self._prechecks = GroupCommit(self._read_group)  # and concurrent pre-checks: one read
@@ -331,7 +331,8 @@ class PostgresLedger:
             if charged:
                 self.commits += 1
         rest = [p for p in batch if p.user_id not in charged]
-        self.moved += sum(seen[p.user_id] is not False for p in rest)
+        moved = {u for u, *_ in writes.users} - charged
+        self.moved += sum(p.user_id in moved for p in rest)
         return rest
 
     def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
