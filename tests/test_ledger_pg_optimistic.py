@@ -127,6 +127,50 @@ def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_u
     s.close_all()
 
 
+def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_cluster, tmp_path: Path) -> None:
+    """While the pre-check leader waits for the pool's only connection, three more pre-checks
+    queue; they are then answered by one read: a replay, a refusal and a fresh charge."""
+    import threading
+    import time
+
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    a = s.open(budget=1.0, pool_size=1)
+    a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
+    a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
+    draws: list[str] = []
+    out: dict[str, object] = {}
+
+    def charge(user: str, rid: str, eps: float) -> None:
+        def draw() -> int:
+            draws.append(rid)
+            return 0
+        try:
+            out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
+        except Exception as exc:  # noqa: BLE001
+            out[rid] = exc
+
+    held = a._pool.getconn()  # the leader's read waits for it
+    threads = [threading.Thread(target=charge, args=("u", "lead", 0.1))]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    while a._pool.get_stats().get("requests_waiting", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    for user, rid, eps in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "fresh", 0.3)]:
+        threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
+        threads[-1].start()
+    while a._prechecks.queued() < 3 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert a._prechecks.queued() == 3
+    a._pool.putconn(held)
+    for t in threads:
+        t.join(20)
+    assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
+    assert isinstance(out["r1"], BudgetExceeded)
+    assert (out["lead"].response, out["fresh"].response) == (b"lead|0.90", b"fresh|0.70")
+    assert sorted(draws) == ["fresh", "lead"]  # the replay and the refusal drew nothing
+    s.close_all()
+
+
 def _generic_plans(conn: psycopg.Connection, sql: str, types: list[str]) -> str:
     """The plan PostgreSQL caches for ``sql`` once it prefers a generic plan (never re-planned for
     the values at hand), with NULL parameters."""
