@@ -15,7 +15,7 @@ import pytest
 
 from ledger_conformance import Clock, Stores, resp, stores  # noqa: F401 - stores: the fixture
 from recsvc.checks import ParamError
-from recsvc.service import ledger_export, ledger_pg, ledger_schema
+from recsvc.service import ledger_export, ledger_pg_schema, ledger_schema
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.ledger_base import BudgetExceeded
@@ -128,7 +128,7 @@ def test_a_failure_mid_way_leaves_no_file(stores: Stores, tmp_path: Path, monkey
     connection after the first chunk (a real failure of the server-side cursor)."""
     _charge_some(stores)
     pg = not isinstance(stores.target, Path)
-    module = ledger_pg if pg else ledger_schema
+    module = ledger_pg_schema if pg else ledger_schema
     real = module.read_charges
 
     @contextmanager

@@ -171,7 +171,7 @@ def run_ledger_init(args: argparse.Namespace) -> int:
 
 
 def run_ledger_migrate(args: argparse.Namespace) -> int:
-    from recsvc.service.ledger_pg import migrate_url
+    from recsvc.service.ledger_pg_schema import migrate_url
 
     if not is_postgres(args.ledger):
         raise ValueError(f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
@@ -193,7 +193,7 @@ def run_ledger_export(args: argparse.Namespace) -> int:
 def describe_ledger(ledger: Path | str) -> str:
     """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
     if is_postgres(ledger):
-        from recsvc.service.ledger_pg import describe
+        from recsvc.service.ledger_pg_schema import describe
 
         return describe(str(ledger))
     return str(ledger)

@@ -6,7 +6,7 @@ nearest double of the exact charge) and ``time`` (timestamp[µs, UTC]: when the 
 Never the fingerprint, the response, scores or items. Rows come in (user_id, request_id) order.
 
 Each store provides ``read_charges(ledger, chunk)`` (:func:`recsvc.service.ledger_schema.read_charges`,
-:func:`recsvc.service.ledger_pg.read_charges`): the number of charges and the rows in chunks, read
+:func:`recsvc.service.ledger_pg_schema.read_charges`): the number of charges and the rows in chunks, read
 on one snapshot (SQLite: chunked reads; PostgreSQL: a server-side cursor). Each chunk becomes one
 Parquet row group, so the whole ledger is never in memory. The file is written to a temporary name
 next to ``out`` and renamed only when complete: a failure leaves no file (and, with ``force``, the
@@ -44,7 +44,7 @@ def check_out(out: Path, force: bool) -> None:
 
 def _source(ledger: Path | str, chunk: int) -> AbstractContextManager[tuple[int, Iterator[list[ChargeRow]]]]:
     if is_postgres(ledger):
-        from recsvc.service.ledger_pg import read_charges as read_pg
+        from recsvc.service.ledger_pg_schema import read_charges as read_pg
 
         return read_pg(str(ledger), chunk)
     from recsvc.service.ledger_schema import read_charges

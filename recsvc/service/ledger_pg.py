@@ -35,57 +35,27 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import conninfo as pg_conninfo
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_pg_schema
-from recsvc.service.ledger_base import (Charge, Flights, LedgerError, LedgerUnavailable, Pending, Queued, UserBudget,
-                                        account, GroupCommit, decide_all, draw_then_commit, is_postgres, precheck,
-                                        unset)
-from recsvc.service.ledger_schema import ChargeRow
+from recsvc.service.ledger_base import (Charge, Flights, GroupCommit, LedgerError, LedgerUnavailable, Pending, Queued,
+                                        UserBudget, account, decide_all, draw_then_commit, precheck, unset)
+from recsvc.service.ledger_pg_schema import connect, describe, scrub
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
 
 S = TypeVar("S")
 T = TypeVar("T")
-URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
 _DOWN = (psycopg.OperationalError, PoolTimeout)
-
-
-def describe(url: str) -> str:
-    """``host:port/db`` of a libpq URL, never its password; a clear error for a malformed one."""
-    if not is_postgres(url):
-        raise ParamError("{ledger} is not a PostgreSQL URL; expected " + URL_EXPECTED)
-    try:
-        info = pg_conninfo.conninfo_to_dict(url)
-    except psycopg.ProgrammingError:  # the message would quote the URL, password included
-        raise ParamError("{ledger} is not a valid PostgreSQL URL; expected " + URL_EXPECTED) from None
-    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
-
-
-def _scrub(text: str, url: str) -> str:
-    secret = pg_conninfo.conninfo_to_dict(url).get("password")
-    return text.replace(str(secret), "***") if secret else text
-
-
-def connect(url: str, where: str, connect_timeout: int) -> psycopg.Connection:
-    """One autocommit connection; an unreachable server or a refused login is a clear startup error."""
-    try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
-    except psycopg.Error as exc:
-        raise ParamError("{ledger}: cannot connect to the PostgreSQL ledger at {where} ({reason}); expected "
-                         "a reachable server and a database the user may use, e.g. " + URL_EXPECTED,
-                         where=where, reason=_scrub(str(exc).strip().splitlines()[0], url)) from None
 
 
 def _link_timeouts(timeout_s: float) -> dict[str, int]:
@@ -159,7 +129,7 @@ class PostgresLedger:
         self._pool.open(wait=True, timeout=timeout_s * 2)
 
     def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
-        reason = _scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.url)
+        reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.url)
         return LedgerUnavailable(f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); nothing was "
                                  "charged unless the answer was stored, so retry with the same request_id")
 
@@ -458,30 +428,3 @@ def _roll_back(conn: psycopg.Connection) -> None:
             pass
 
 
-def migrate_url(url: str) -> tuple[str, int, int]:
-    """`recsvc ledger migrate`: (where, version before, version after)."""
-    where = describe(url)
-    with connect(url, where, 5) as conn:
-        before, after = ledger_pg_schema.migrate(conn, where)
-    return where, before, after
-
-
-@contextmanager
-def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
-    """``(number of charges, chunks of charge rows)`` of a PostgreSQL ledger (the rows of
-    :func:`recsvc.service.ledger_schema.read_charges`), streamed by a server-side cursor, on one
-    read-only REPEATABLE READ snapshot, in (user_id, request_id) order."""
-    where = describe(url)
-    with connect(url, where, 5) as conn:
-        ledger_pg_schema.check_readable(conn, where)
-        conn.autocommit = False
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        conn.read_only = True
-        with conn.transaction():
-            total = int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
-            with conn.cursor(name="recsvc_export") as cur:
-                cur.itersize = chunk
-                cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "
-                            "(extract(epoch FROM created) * 1000000)::bigint FROM recsvc_requests "
-                            "ORDER BY user_id, request_id")
-                yield total, iter(lambda: cur.fetchmany(chunk), [])

@@ -12,16 +12,25 @@ Version 2 adds renewable budgets and the audit export (as the SQLite file's vers
 :mod:`recsvc.service.ledger_schema`): ``recsvc_budgets.window_start``, ``recsvc_requests.mechanism``
 (recovered from each stored response by :data:`STEPS`) and the ``budget_window`` setting, which is
 ``lifetime`` for a database created before it.
+
+Also here, as the SQLite file's :mod:`recsvc.service.ledger_schema`: connecting with errors that
+name host and port but never the password (:func:`describe`, :func:`connect`), ``recsvc ledger
+migrate`` (:func:`migrate_url`) and the audit export's read (:func:`read_charges`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import psycopg
+from psycopg import conninfo as pg_conninfo
 
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key
-from recsvc.service.ledger_schema import recover_mechanisms
+from recsvc.service.ledger_base import is_postgres
+from recsvc.service.ledger_schema import ChargeRow, recover_mechanisms
 from recsvc.service.ledger_units import format_units
 from recsvc.service.ledger_window import BudgetWindow
 
@@ -73,6 +82,35 @@ def _recover(conn: Any) -> None:
 
 # version → what runs after its statements, in the same transaction.
 STEPS: dict[int, Callable[[Any], None]] = {2: _recover}
+URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
+
+
+def describe(url: str) -> str:
+    """``host:port/db`` of a libpq URL, never its password; a clear error for a malformed one."""
+    if not is_postgres(url):
+        raise ParamError("{ledger} is not a PostgreSQL URL; expected " + URL_EXPECTED)
+    try:
+        info = pg_conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:  # the message would quote the URL, password included
+        raise ParamError("{ledger} is not a valid PostgreSQL URL; expected " + URL_EXPECTED) from None
+    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+
+
+def scrub(text: str, url: str) -> str:
+    secret = pg_conninfo.conninfo_to_dict(url).get("password")
+    return text.replace(str(secret), "***") if secret else text
+
+
+def connect(url: str, where: str, connect_timeout: int) -> psycopg.Connection:
+    """One autocommit connection; an unreachable server or a refused login is a clear startup error."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
+    except psycopg.Error as exc:
+        raise ParamError("{ledger}: cannot connect to the PostgreSQL ledger at {where} ({reason}); expected "
+                         "a reachable server and a database the user may use, e.g. " + URL_EXPECTED,
+                         where=where, reason=scrub(str(exc).strip().splitlines()[0], url)) from None
+
+
 EXPECTED = "a database prepared by `recsvc ledger init --ledger URL --budget B --fingerprint-key FILE`"
 
 
@@ -156,3 +194,32 @@ def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWi
     if settings["key_check"] != key_check(key):
         raise ParamError("{fingerprint_key} is not the key the ledger {where} was initialised with; every replica "
                          "must use the same key file (a new key would turn every retry into a conflict)", where=where)
+
+
+def migrate_url(url: str) -> tuple[str, int, int]:
+    """`recsvc ledger migrate`: (where, version before, version after)."""
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        before, after = migrate(conn, where)
+    return where, before, after
+
+
+@contextmanager
+def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
+    """``(number of charges, chunks of charge rows)`` of a PostgreSQL ledger (the rows of
+    :func:`recsvc.service.ledger_schema.read_charges`), streamed by a server-side cursor, on one
+    read-only REPEATABLE READ snapshot, in (user_id, request_id) order."""
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        check_readable(conn, where)
+        conn.autocommit = False
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.read_only = True
+        with conn.transaction():
+            total = int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+            with conn.cursor(name="recsvc_export") as cur:
+                cur.itersize = chunk
+                cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "
+                            "(extract(epoch FROM created) * 1000000)::bigint FROM recsvc_requests "
+                            "ORDER BY user_id, request_id")
+                yield total, iter(lambda: cur.fetchmany(chunk), [])
