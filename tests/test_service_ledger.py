@@ -178,7 +178,7 @@ def test_build_runs_only_for_fresh_charges_that_fit(tmp_path: Path) -> None:
     assert calls == ["a"] and led.user("u").requests == 1
 
 
-def test_one_writer_connection_and_rowless_tables(tmp_path: Path) -> None:
+def test_one_writer_connection_and_the_table_layout(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     led = Ledger(tmp_path / "l.db", budget=100.0)
@@ -187,7 +187,9 @@ def test_one_writer_connection_and_rowless_tables(tmp_path: Path) -> None:
     writer = led._writer_conn()
     assert writer.execute("SELECT COUNT(*) FROM requests").fetchone() == (40,)
     sql = dict(writer.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
-    assert all("WITHOUT ROWID" in sql[t] for t in ("budgets", "requests"))
+    assert "WITHOUT ROWID" in sql["budgets"] and "WITHOUT ROWID" not in sql["requests"]  # requests: appended
+    assert writer.execute("SELECT request_id FROM requests ORDER BY rowid").fetchall() == [  # in commit order
+        (r,) for (r,) in writer.execute("SELECT request_id FROM requests ORDER BY created, rowid")]
     assert led.totals() == {"u0": pytest.approx(7.0), "u1": pytest.approx(6.5), "u2": pytest.approx(6.5)}
 
 
