@@ -78,6 +78,22 @@ def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server:
     assert len(batch[-1]) == 3
 
 
+def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_copy(client: Client,
+                                                                                   server: ServerHandle) -> None:
+    """prepare_selects clips a batch as ONE array: the draw reads it in place, with the same answers."""
+    reqs = [client.select_request(f"view-{i}", candidates(9 + i, seed=i), mechanism="rnm", epsilon=0.5 + i)
+            for i in range(5)]
+    prepared = server.servicer.prepare_selects(reqs)
+    scores = batch_module.joined([p.scores for p in prepared])
+    assert scores.base is prepared[0].scores.base and scores.size == sum(p.scores.size for p in prepared)
+    assert scores.tolist() == np.concatenate([p.scores for p in prepared]).tolist()
+    apart = batch_module.joined([prepared[0].scores, prepared[2].scores])  # not adjacent: a copy
+    assert apart.base is None and apart.tolist() == prepared[0].scores.tolist() + prepared[2].scores.tolist()
+    batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
+    g = _gen(5)
+    assert [b.tolist() for b in batch] == [draw(p, g, False).tolist() for p in prepared]
+
+
 def test_batch_answers_have_the_single_select_distribution(client: Client, server: ServerHandle) -> None:
     """Chi-square of 40 batches × 50 identical items (rnm, 5 candidates) against the exact law."""
     cands = candidates(5, seed=4)
