@@ -84,11 +84,15 @@ def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_c
     reqs = [client.select_request(f"view-{i}", candidates(9 + i, seed=i), mechanism="rnm", epsilon=0.5 + i)
             for i in range(5)]
     prepared = server.servicer.prepare_selects(reqs)
-    scores = batch_module.joined([p.scores for p in prepared])
-    assert scores.base is prepared[0].scores.base and scores.size == sum(p.scores.size for p in prepared)
-    assert scores.tolist() == np.concatenate([p.scores for p in prepared]).tolist()
-    apart = batch_module.joined([prepared[0].scores, prepared[2].scores])  # not adjacent: a copy
-    assert apart.base is None and apart.tolist() == prepared[0].scores.tolist() + prepared[2].scores.tolist()
+    for column in ("scores", "sensitivities"):
+        whole = batch_module.joined(prepared, column)
+        assert whole.base is getattr(prepared[0], column).base and whole.size == sum(p.scores.size for p in prepared)
+        assert whole.tolist() == np.concatenate([getattr(p, column) for p in prepared]).tolist()
+    tail = batch_module.joined(prepared[1:], "scores")  # a replayed first item: still in place
+    assert tail.base is prepared[0].scores.base and tail.tolist() == np.concatenate([p.scores for p in prepared[1:]]).tolist()
+    for apart in ([prepared[0], prepared[2]], [prepared[1], prepared[0]]):  # not adjacent, not in order: a copy
+        got = batch_module.joined(apart, "scores")
+        assert got.base is None and got.tolist() == apart[0].scores.tolist() + apart[1].scores.tolist()
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
     g = _gen(5)
     assert [b.tolist() for b in batch] == [draw(p, g, False).tolist() for p in prepared]

@@ -32,20 +32,19 @@ def vectorisable(p: Prepared) -> bool:
     return p.k == 1 and p.stage is None and p.mechanism in VECTORISED
 
 
-def joined(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """``np.concatenate(parts)`` of 1-D float64 arrays, without the copy when they are adjacent
-    slices of one array, in order (Selector.prepare_many clips a batch's scores as ONE array)."""
-    base = parts[0].base
-    if isinstance(base, np.ndarray) and base.ndim == 1 and base.dtype == parts[0].dtype and base.strides == (8,):
-        start = parts[0].ctypes.data
-        end = start
-        for a in parts:
-            if a.base is not base or a.ctypes.data != end or a.strides != (8,):
-                return np.concatenate(parts)
-            end += a.nbytes
-        first = (start - base.ctypes.data) // 8
-        return base[first:first + (end - start) // 8]
-    return np.concatenate(parts)
+def joined(ps: Sequence[Prepared], column: str) -> np.ndarray:
+    """``np.concatenate`` of the items' ``column`` (scores or sensitivities), without the copy when
+    they are adjacent slices of one array, in order: Selector.prepare_many clips a batch as ONE array."""
+    parts = [getattr(p, column) for p in ps]
+    base, at = parts[0].base, ps[0].at
+    if at < 0 or not isinstance(base, np.ndarray) or base.ndim != 1:
+        return np.concatenate(parts)
+    end = at
+    for p, a in zip(ps, parts):
+        if a.base is not base or p.at != end:
+            return np.concatenate(parts)
+        end += a.size
+    return base[at:end]
 
 
 def draw_many(selector: Selector, prepared: Sequence[Prepared],
@@ -60,7 +59,7 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
     for name, idx in groups.items():
         ps = [prepared[i] for i in idx]
         try:
-            picked = select_rows(name, joined([p.scores for p in ps]), joined([p.sensitivities for p in ps]),
+            picked = select_rows(name, joined(ps, "scores"), joined(ps, "sensitivities"),
                                  np.array([p.scores.size for p in ps]), np.array([p.epsilon for p in ps]), rng)
         except Exception as exc:  # noqa: BLE001 - the group's items are refused, nothing spent
             for i in idx:
