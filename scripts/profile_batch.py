@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import pstats
 import sys
 import tempfile
@@ -51,6 +52,7 @@ def main() -> int:
         servicer = SelectionServicer(art, ledger, Policy())
         decode = wire.decoder(pb.SelectBatchRequest, wire.BATCH, wire.Limits.of(servicer.policy))
         CALLER.set(Caller((Principal("profile", Scope(ADMIN)),), "profile"))
+        gc.freeze()  # as a served worker does after startup (recsvc/service/server.py)
 
         def round_(bodies: list[bytes]) -> float:
             t0 = time.process_time()
