@@ -3,6 +3,7 @@ batch, per-item outcomes and exact charges (through a real gRPC channel)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +94,10 @@ def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_c
     for apart in ([prepared[0], prepared[2]], [prepared[1], prepared[0]]):  # not adjacent, not in order: a copy
         got = batch_module.joined(apart, "scores")
         assert got.base is None and got.tolist() == apart[0].scores.tolist() + apart[1].scores.tolist()
+    inner = np.arange(40.0)[5:]  # offsets that are not the slices' places in their base: a copy
+    shifted = [dataclasses.replace(p, scores=inner[s:s + 2], at=s) for p, s in zip(prepared[:2], (0, 2))]
+    got = batch_module.joined(shifted, "scores")
+    assert got.base is None and got.tolist() == [5.0, 6.0, 7.0, 8.0]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
     g = _gen(5)
     assert [b.tolist() for b in batch] == [draw(p, g, False).tolist() for p in prepared]

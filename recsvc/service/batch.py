@@ -37,13 +37,17 @@ def joined(ps: Sequence[Prepared], column: str) -> np.ndarray:
     they are adjacent slices of one array, in order: Selector.prepare_many clips a batch as ONE array."""
     parts = [getattr(p, column) for p in ps]
     base, at = parts[0].base, ps[0].at
-    if at < 0 or not isinstance(base, np.ndarray) or base.ndim != 1:
+    if at < 0 or not isinstance(base, np.ndarray) or base.ndim != 1 or not base.flags.c_contiguous:
         return np.concatenate(parts)
     end = at
     for p, a in zip(ps, parts):
         if a.base is not base or p.at != end:
             return np.concatenate(parts)
         end += a.size
+    step = base.itemsize  # the offsets must be the slices' own places in base (checked at both ends)
+    if (parts[0].ctypes.data != base.ctypes.data + at * step
+            or parts[-1].ctypes.data != base.ctypes.data + (end - parts[-1].size) * step):
+        return np.concatenate(parts)
     return base[at:end]
 
 
