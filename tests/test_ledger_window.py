@@ -102,12 +102,12 @@ def _write_v1(path: Path) -> None:
     key.chmod(0o600)
 
 
-def test_a_version_1_file_migrates_to_version_2(tmp_path: Path) -> None:
+def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> None:
     path = tmp_path / "v1.db"
     _write_v1(path)
     with pytest.raises(ParamError, match="budget_window 7d differs from the budget window lifetime"):
         Ledger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
-    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 2: open it once"):
+    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 3: open it once"):
         export(path, tmp_path / "c.parquet")  # the audit export reads only the current format
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA user_version").fetchone() == (1,)
@@ -115,7 +115,7 @@ def test_a_version_1_file_migrates_to_version_2(tmp_path: Path) -> None:
     con.close()
     led = Ledger(path, 1.0)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (3,)
     assert conn.execute("SELECT user_id, request_id, mechanism FROM requests ORDER BY 1, 2").fetchall() == [
         ("alice", "a1", "rnm"), ("alice", "a2", "gem"), ("bob", "b1", "pf")]
     assert conn.execute("SELECT user_id, spent_units, requests, window_start FROM budgets ORDER BY 1").fetchall() == [

@@ -3,6 +3,7 @@ batch, per-item outcomes and exact charges (through a real gRPC channel)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,6 +77,30 @@ def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server:
     single = [draw(p, g, False) for p in prepared]  # the vectorised group first, then the slate: same order
     assert [b.tolist() for b in batch] == [s.tolist() for s in single]
     assert len(batch[-1]) == 3
+
+
+def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_copy(client: Client,
+                                                                                   server: ServerHandle) -> None:
+    """prepare_selects clips a batch as ONE array: the draw reads it in place, with the same answers."""
+    reqs = [client.select_request(f"view-{i}", candidates(9 + i, seed=i), mechanism="rnm", epsilon=0.5 + i)
+            for i in range(5)]
+    prepared = server.servicer.prepare_selects(reqs)
+    for column in ("scores", "sensitivities"):
+        whole = batch_module.joined(prepared, column)
+        assert whole.base is getattr(prepared[0], column).base and whole.size == sum(p.scores.size for p in prepared)
+        assert whole.tolist() == np.concatenate([getattr(p, column) for p in prepared]).tolist()
+    tail = batch_module.joined(prepared[1:], "scores")  # a replayed first item: still in place
+    assert tail.base is prepared[0].scores.base and tail.tolist() == np.concatenate([p.scores for p in prepared[1:]]).tolist()
+    for apart in ([prepared[0], prepared[2]], [prepared[1], prepared[0]]):  # not adjacent, not in order: a copy
+        got = batch_module.joined(apart, "scores")
+        assert got.base is None and got.tolist() == apart[0].scores.tolist() + apart[1].scores.tolist()
+    inner = np.arange(40.0)[5:]  # offsets that are not the slices' places in their base: a copy
+    shifted = [dataclasses.replace(p, scores=inner[s:s + 2], at=s) for p, s in zip(prepared[:2], (0, 2))]
+    got = batch_module.joined(shifted, "scores")
+    assert got.base is None and got.tolist() == [5.0, 6.0, 7.0, 8.0]
+    batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
+    g = _gen(5)
+    assert [b.tolist() for b in batch] == [draw(p, g, False).tolist() for p in prepared]
 
 
 def test_batch_answers_have_the_single_select_distribution(client: Client, server: ServerHandle) -> None:

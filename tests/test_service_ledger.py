@@ -178,7 +178,7 @@ def test_build_runs_only_for_fresh_charges_that_fit(tmp_path: Path) -> None:
     assert calls == ["a"] and led.user("u").requests == 1
 
 
-def test_one_writer_connection_and_rowless_tables(tmp_path: Path) -> None:
+def test_one_writer_connection_and_the_table_layout(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     led = Ledger(tmp_path / "l.db", budget=100.0)
@@ -187,7 +187,9 @@ def test_one_writer_connection_and_rowless_tables(tmp_path: Path) -> None:
     writer = led._writer_conn()
     assert writer.execute("SELECT COUNT(*) FROM requests").fetchone() == (40,)
     sql = dict(writer.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
-    assert all("WITHOUT ROWID" in sql[t] for t in ("budgets", "requests"))
+    assert "WITHOUT ROWID" in sql["budgets"] and "WITHOUT ROWID" not in sql["requests"]  # requests: appended
+    assert writer.execute("SELECT request_id FROM requests ORDER BY rowid").fetchall() == [  # in commit order
+        (r,) for (r,) in writer.execute("SELECT request_id FROM requests ORDER BY created, rowid")]
     assert led.totals() == {"u0": pytest.approx(7.0), "u1": pytest.approx(6.5), "u2": pytest.approx(6.5)}
 
 
@@ -227,3 +229,30 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
     assert out["e"].response == b"e|0.600000"
     assert (led.user("u").spent, led.user("u").requests) == (pytest.approx(0.5), 3)
     assert (led.user("v").spent, led.user("v").requests) == (pytest.approx(0.4), 2)
+
+
+def test_a_request_stored_by_another_process_after_its_precheck_is_decided_against_it(tmp_path: Path) -> None:
+    """The transaction first decides a batch as if none of it were stored (each item was new at
+    its pre-check); a request another process stored meanwhile is found (by the INSERT's unique
+    key, or by a probe when the item was refused) and the batch is decided again against it."""
+    from recsvc.service.ledger_base import Pending
+    from recsvc.service.ledger_units import charge_units
+
+    led, other = Ledger(tmp_path / "l.db", budget=1.0), Ledger(tmp_path / "l.db", budget=1.0)
+    other.charge("u", "a", b"da", 0.2, _resp("A"))  # another process, after our pre-checks
+    other.charge("u", "s", b"ds", 0.5, _resp("S"))
+
+    def commit(*items: tuple[str, bytes, float]) -> list[object]:
+        ps = [Pending("u", rid, led.fingerprint(d), charge_units(eps), _resp(rid)) for rid, d, eps in items]
+        led._commit_all(ps)  # straight to the transaction, as after a pre-check that found nothing
+        return [p.error.__class__.__name__ if p.error else (p.result.response, p.result.replayed) for p in ps]
+
+    # The INSERT meets the stored "a": decided again, "a" replays and "n" alone is charged.
+    assert commit(("n", b"dn", 0.2), ("a", b"da", 0.1)) == [(b"n|0.100000", False), (b"A|0.800000", True)]
+    # "s" does not fit the budget left, but it is stored: a replay, not a refusal.
+    assert commit(("s", b"ds", 0.9)) == [(b"S|0.300000", True)]
+    # Stored with another fingerprint: a conflict, nothing spent; the later item still charged.
+    assert commit(("a", b"zz", 0.05), ("m", b"dm", 0.05)) == ["RequestConflict", (b"m|0.050000", False)]
+    assert (led.user("u").spent_units, led.user("u").requests) == (950_000_000_000, 4)
+    assert [r for (r,) in led._conn().execute("SELECT request_id FROM requests ORDER BY rowid")] == ["a", "s", "n", "m"]
+    assert led.lookup("u", "a")[1] == b"A|0.800000" and led.commits == 3

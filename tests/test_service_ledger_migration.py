@@ -108,7 +108,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tabl
     assert (tiny.spent_units, tiny.requests) == (8 * 10**12 + 200, 201)
     assert (alice.spent_units, alice.requests) == (3 * 100_000_000_001, 3)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (2,)  # 0 → 2 in one go
+    assert conn.execute("PRAGMA user_version").fetchone() == (3,)  # 0 → 3 in one go
     # Version 2: every old charge's mechanism is read back from its stored response; the window is lifetime.
     assert conn.execute("SELECT mechanism, COUNT(*) FROM requests GROUP BY mechanism").fetchall() == [("rnm", 204)]
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
@@ -155,3 +155,92 @@ def test_a_newer_ledger_is_refused(tmp_path: Path) -> None:
         con.execute("PRAGMA user_version = 7")
     with pytest.raises(ValueError, match="has format version 7, newer than this recsvc reads"):
         Ledger(path, budget=1.0)
+
+
+# Verbatim the version-2 schema (recsvc/service/ledger_schema.py before issue #13's rowid requests table).
+V2_SCHEMA = """
+CREATE TABLE budgets (
+    user_id      TEXT PRIMARY KEY,
+    spent_units  INTEGER NOT NULL,
+    requests     INTEGER NOT NULL,
+    window_start INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE requests (
+    user_id       TEXT NOT NULL,
+    request_id    TEXT NOT NULL,
+    fingerprint   BLOB NOT NULL,
+    epsilon_units INTEGER NOT NULL,
+    response      BLOB NOT NULL,
+    created       REAL NOT NULL,
+    mechanism     TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (user_id, request_id)
+) WITHOUT ROWID;
+CREATE TABLE settings (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+INSERT INTO settings VALUES ('budget_window', '7d');
+PRAGMA user_version = 2;
+"""
+V2_KEY = bytes(range(32))
+
+
+def _write_v2(path: Path) -> list[tuple]:
+    """A version-2 ledger (7d window) whose key order differs from its commit order; its request rows."""
+    con = sqlite3.connect(path, isolation_level=None)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.executescript(V2_SCHEMA)
+    rows = []
+    for i, (user, rid) in enumerate([("zed", "z1"), ("alice", "a2"), ("bob", "b1"), ("alice", "a1")]):
+        resp = pb.SelectResponse(item_id=f"it{i}", mechanism="rnm", epsilon_spent=0.1, request_id=rid)
+        rows.append((user, rid, hmac.digest(V2_KEY, f"d-{rid}".encode(), "sha256"), 100_000_000_000,
+                     resp.SerializeToString(), 1.7e9 + i, "rnm"))
+    con.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.executemany("INSERT INTO budgets VALUES (?, ?, ?, ?)",
+                    [("alice", 200_000_000_000, 2, 1_699_833_600), ("bob", 10**11, 1, 1_699_833_600),
+                     ("zed", 10**11, 1, 1_699_833_600)])
+    con.close()
+    key = path.with_name(path.name + ".key")
+    key.write_text(V2_KEY.hex() + "\n")
+    key.chmod(0o600)
+    return rows
+
+
+def _requests_sql(path: Path) -> str:
+    with sqlite3.connect(path) as con:
+        return con.execute("SELECT sql FROM sqlite_master WHERE name='requests'").fetchone()[0]
+
+
+def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -> None:
+    from recsvc.service.ledger_base import RequestConflict
+    from recsvc.service.ledger_export import export
+
+    path = tmp_path / "v2.db"
+    rows = _write_v2(path)
+    clock = lambda: 1.7e9 + 100  # noqa: E731 - inside the file's 7d window
+    with pytest.raises(ValueError, match="budget_window lifetime differs from the budget window 7d"):
+        Ledger(path, 1.0, clock=clock)  # refused: the rebuild is rolled back with everything else
+    assert "WITHOUT ROWID" in _requests_sql(path)
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA user_version").fetchone() == (2,)
+    led = Ledger(path, 1.0, window="7d", clock=clock)
+    conn = led._conn()
+    assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+    assert "WITHOUT ROWID" not in _requests_sql(path)
+    assert conn.execute("SELECT name, \"unique\" FROM pragma_index_list('requests')").fetchall() == [("requests_key", 1)]
+    # Every row unchanged, now in commit (created) order; the key index answers in key order.
+    cols = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
+    assert [tuple(r) for r in conn.execute(f"SELECT {cols} FROM requests ORDER BY rowid")] == rows
+    assert [r[:2] for r in conn.execute("SELECT user_id, request_id FROM requests ORDER BY user_id, request_id")] == [
+        ("alice", "a1"), ("alice", "a2"), ("bob", "b1"), ("zed", "z1")]
+    assert conn.execute("SELECT value FROM settings").fetchall() == [("7d",)]
+    alice = led.user("alice")
+    assert (alice.spent_units, alice.requests, alice.window_start) == (200_000_000_000, 2, 1_699_833_600)
+    replay = led.charge("alice", "a2", b"d-a2", 0.1, lambda r: b"NEW")  # an old request still replays
+    assert replay.replayed and replay.response == rows[1][4]
+    with pytest.raises(RequestConflict):
+        led.charge("alice", "a2", b"other", 0.1, lambda r: b"NEW")
+    fresh = led.charge("alice", "a3", b"d-a3", 0.25, lambda r: b"FRESH")
+    assert not fresh.replayed and led.user("alice").spent_units == 450_000_000_000
+    with pytest.raises(sqlite3.IntegrityError):  # the key is still unique
+        conn.execute("INSERT INTO requests VALUES ('alice', 'a3', x'00', 1, x'00', 0, '')")
+    led.close()
+    assert Ledger(path, 1.0, window="7d", clock=clock).commits == 0  # opening again migrates nothing
+    assert export(path, tmp_path / "c.parquet", progress=False) == 5

@@ -156,3 +156,16 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
     assert sorted(c.replayed for c in out) == [False] + [True] * 11
     assert (led.user("u").requests, led.user("u").spent_units) == (1, 500_000_000_000)
     assert led._flights._flights == {}  # no per-request lock is left behind
+
+
+def test_float_charges_are_converted_once_and_refusals_every_time() -> None:
+    from recsvc.service import ledger_units
+
+    before = ledger_units._float_charge_units.cache_info()
+    assert [charge_units(0.3) for _ in range(3)] == [300_000_000_000] * 3
+    after = ledger_units._float_charge_units.cache_info()
+    assert after.hits - before.hits >= 2
+    for _ in range(2):  # a refusal is never cached: raised on every call
+        with pytest.raises(InvalidCharge, match="below the ledger's unit"):
+            charge_units(4e-13)
+    assert charge_units(3) == 3 * 10**12 and charge_units(1e-12) == 1  # ints take the uncached path

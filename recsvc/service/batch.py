@@ -32,6 +32,25 @@ def vectorisable(p: Prepared) -> bool:
     return p.k == 1 and p.stage is None and p.mechanism in VECTORISED
 
 
+def joined(ps: Sequence[Prepared], column: str) -> np.ndarray:
+    """``np.concatenate`` of the items' ``column`` (scores or sensitivities), without the copy when
+    they are adjacent slices of one array, in order: Selector.prepare_many clips a batch as ONE array."""
+    parts = [getattr(p, column) for p in ps]
+    base, at = parts[0].base, ps[0].at
+    if at < 0 or not isinstance(base, np.ndarray) or base.ndim != 1 or not base.flags.c_contiguous:
+        return np.concatenate(parts)
+    end = at
+    for p, a in zip(ps, parts):
+        if a.base is not base or p.at != end:
+            return np.concatenate(parts)
+        end += a.size
+    step = base.itemsize  # the offsets must be the slices' own places in base (checked at both ends)
+    if (parts[0].ctypes.data != base.ctypes.data + at * step
+            or parts[-1].ctypes.data != base.ctypes.data + (end - parts[-1].size) * step):
+        return np.concatenate(parts)
+    return base[at:end]
+
+
 def draw_many(selector: Selector, prepared: Sequence[Prepared],
               rng: np.random.Generator) -> list[np.ndarray | Exception]:
     """Each item's slate (candidate indices), vectorised per mechanism group where possible; an
@@ -44,8 +63,7 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
     for name, idx in groups.items():
         ps = [prepared[i] for i in idx]
         try:
-            picked = select_rows(name, np.concatenate([p.scores for p in ps]),
-                                 np.concatenate([p.sensitivities for p in ps]),
+            picked = select_rows(name, joined(ps, "scores"), joined(ps, "sensitivities"),
                                  np.array([p.scores.size for p in ps]), np.array([p.epsilon for p in ps]), rng)
         except Exception as exc:  # noqa: BLE001 - the group's items are refused, nothing spent
             for i in idx:

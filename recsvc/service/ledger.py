@@ -39,8 +39,8 @@ from typing import TypeVar
 from recsvc.checks import ParamError
 from recsvc.service import fingerprint_key, ledger_schema
 from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, Pending,
-                                        RequestConflict, UserBudget, GroupCommit, account, decide_all, draw_then_commit,
-                                        precheck, unset)
+                                        RequestConflict, UserBudget, GroupCommit, Writes, account, decide_all,
+                                        draw_then_commit, precheck, unset)
 from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
 from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
@@ -283,14 +283,35 @@ class Ledger:
     def _apply(self, conn: sqlite3.Connection, batch: list[Pending]) -> None:
         """Decides every charge of the batch in arrival order (:func:`decide_all`), then writes them all.
 
-        The whole batch costs a handful of SQL statements (one read of the stored requests,
-        one of the budgets, one multi-row write each), not ~8 per charge: every statement
-        releases the GIL, and with many request threads waiting for it each release costs a
-        thread wake-up while the write lock is held."""
+        The whole batch costs a handful of SQL statements (one read of the budgets, one
+        multi-row write each), not ~8 per charge: every statement releases the GIL, and with many
+        request threads waiting for it each release costs a thread wake-up while the write lock is held.
+
+        Optimistic: every charge that reached the transaction was new at its pre-check, so the
+        batch is first decided as if none of its requests were stored, and the INSERT (which
+        probes the unique key anyway) confirms it: if any request turns out to be stored (another
+        process committed it since its pre-check), that attempt is rolled back to the savepoint and
+        the batch is decided again against the stored requests, exactly as before."""
         now = self._clock()
-        writes = decide_all(batch, self._stored(conn, [(p.user_id, p.request_id) for p in batch]),
-                            self._accounts(conn, list({p.user_id: None for p in batch})),
-                            self.window, self.budget_units, now)
+        keys = [(p.user_id, p.request_id) for p in batch]
+        accounts = self._accounts(conn, list({p.user_id: None for p in batch}))
+        conn.execute("SAVEPOINT fresh")
+        writes = decide_all(batch, {}, accounts, self.window, self.budget_units, now)
+        written = {(r[0], r[1]) for r in writes.requests}
+        unwritten = [k for k in dict.fromkeys(keys) if k not in written]  # refused: were they stored after all?
+        if self._write(conn, writes, now) and not self._stored(conn, unwritten):
+            conn.execute("RELEASE fresh")
+            return
+        conn.execute("ROLLBACK TO fresh")
+        conn.execute("RELEASE fresh")
+        writes = decide_all(batch, self._stored(conn, keys), accounts, self.window, self.budget_units, now)
+        if not self._write(conn, writes, now):
+            raise RuntimeError("a request decided as new is already stored")  # cannot happen under the write lock
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, writes: Writes, now: float) -> bool:
+        """Stores the users' accounts and the charged requests; False if a request was already
+        stored (that row is not written: the caller rolls back)."""
         for i in range(0, len(writes.users), CHUNK):
             part = writes.users[i:i + CHUNK]
             conn.execute(
@@ -300,13 +321,15 @@ class Ledger:
                 " requests=excluded.requests, window_start=excluded.window_start",
                 [v for row in part for v in row],
             )
+        inserted = 0
         for i in range(0, len(writes.requests), CHUNK):
             chunk = writes.requests[i:i + CHUNK]
-            conn.execute(
+            inserted += conn.execute(
                 "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, created) "
-                "VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk)),
+                "VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk)) + " ON CONFLICT DO NOTHING",
                 [v for row in chunk for v in (*row, now)],
-            )
+            ).rowcount
+        return inserted == len(writes.requests)
 
     def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[
             dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]:

@@ -20,6 +20,14 @@ at which the row's budget window started, 0 for lifetime; :mod:`recsvc.service.l
 the step above) is migrated in the same one transaction: its budget window is ``lifetime`` (what
 it was written under), and each request's mechanism is read back from its stored response (a
 serialized ``SelectResponse`` whose ``mechanism`` field is set; '' if it cannot be parsed).
+
+Version 3 (issue #13) changes only the layout of ``requests``: a rowid table, appended in
+commit order, plus a UNIQUE index on ``(user_id, request_id)``, instead of a WITHOUT ROWID table
+keyed by it. Request ids are random, so a commit of 100 charges used to dirty ~100 leaf pages of
+the table whose rows carry the whole stored answer; now it appends to the table's last pages and
+dirties the leaves of the much smaller index, which lookups, replays and the export read in key
+order as before. An older file (after the steps above) is rebuilt in the same one transaction:
+the rows are copied in ``created`` order, unchanged.
 """
 
 from __future__ import annotations
@@ -35,12 +43,22 @@ from recsvc.service import fingerprint_key
 from recsvc.service.ledger_units import float_units_up
 from recsvc.service.ledger_window import LIFETIME, BudgetWindow
 
-VERSION = 2
+VERSION = 3
 # Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
 CHUNK = 64
 
-# Tables are WITHOUT ROWID (the primary key is the row): a charge writes two B-tree pages to
-# the WAL instead of four.
+# budgets and settings are WITHOUT ROWID (the primary key is the row). requests is a rowid table
+# appended in commit order with a unique index on the key (see the module docstring: version 3).
+_REQUESTS = """CREATE TABLE IF NOT EXISTS requests (
+    user_id       TEXT NOT NULL,
+    request_id    TEXT NOT NULL,
+    fingerprint   BLOB NOT NULL,
+    epsilon_units INTEGER NOT NULL,
+    response      BLOB NOT NULL,
+    created       REAL NOT NULL,
+    mechanism     TEXT NOT NULL DEFAULT ''
+)"""
+_REQUESTS_KEY = "CREATE UNIQUE INDEX IF NOT EXISTS requests_key ON requests (user_id, request_id)"
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS budgets (
     user_id      TEXT PRIMARY KEY,
@@ -48,21 +66,17 @@ _TABLES = (
     requests     INTEGER NOT NULL,
     window_start INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS requests (
-    user_id       TEXT NOT NULL,
-    request_id    TEXT NOT NULL,
-    fingerprint   BLOB NOT NULL,
-    epsilon_units INTEGER NOT NULL,
-    response      BLOB NOT NULL,
-    created       REAL NOT NULL,
-    mechanism     TEXT NOT NULL DEFAULT '',
-    PRIMARY KEY (user_id, request_id)
-) WITHOUT ROWID""",
+    _REQUESTS,
+    _REQUESTS_KEY,
     "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
 )
 _V2 = ("ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
        "ALTER TABLE requests ADD COLUMN mechanism TEXT NOT NULL DEFAULT ''",
-       _TABLES[2])
+       _TABLES[3])
+_COLUMNS = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
+_V3 = ("ALTER TABLE requests RENAME TO requests_v2", _REQUESTS, _REQUESTS_KEY,
+       f"INSERT INTO requests ({_COLUMNS}) SELECT {_COLUMNS} FROM requests_v2 ORDER BY created, user_id, request_id",
+       "DROP TABLE requests_v2")
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 WRITTEN = "an SQLite ledger written by `recsvc serve`"
@@ -168,6 +182,12 @@ def migrate_v1(conn: sqlite3.Connection) -> None:
     """Version 1 → 2 inside the caller's write transaction (see the module docstring)."""
     for sql in _V2:
         conn.execute(sql)
+
+
+def migrate_v2(conn: sqlite3.Connection) -> None:
+    """Version 2 → 3 inside the caller's write transaction: ``requests`` rebuilt as a rowid table."""
+    for sql in _V3:
+        conn.execute(sql)
     conn.execute(f"PRAGMA user_version = {VERSION}")
 
 
@@ -244,9 +264,11 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: Budg
             create(conn)
         elif found == 0:
             migrate_v0(conn, lambda fp: fingerprint_key.keyed(key, fp))  # straight to the current tables
-        elif found == 1:
+        if found == 1:
             migrate_v1(conn)
-        if found is not None and found < VERSION:  # written under lifetime budgets, without mechanisms
+        if found in (1, 2):
+            migrate_v2(conn)
+        if found is not None and found < 2:  # written under lifetime budgets, without mechanisms
             conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (LIFETIME,))
             _recover(conn)
         check_window(conn, path, window)

@@ -20,6 +20,7 @@ Stdlib only: :mod:`recsvc.service.config` checks the budget with it.
 
 from __future__ import annotations
 
+import functools
 import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from fractions import Fraction
@@ -50,6 +51,12 @@ MAX_EPSILON = format_units(MAX_UNITS)
 
 def charge_units(epsilon: float) -> int:
     """The units a charge of ``epsilon`` spends: ⌈ε · 10¹²⌉ of the decimal ε (see the module doc)."""
+    if type(epsilon) is float:  # the wire's doubles: a service sees few distinct ε, each converted once
+        return _float_charge_units(epsilon)
+    return _charge_units(epsilon)
+
+
+def _charge_units(epsilon: float) -> int:
     d = _decimal(epsilon)
     if d is None or d <= 0:
         raise InvalidCharge(f"epsilon must be a positive finite number, got {epsilon!r}")
@@ -60,6 +67,9 @@ def charge_units(epsilon: float) -> int:
     if units > MAX_UNITS:
         raise InvalidCharge(f"epsilon={epsilon!r} is too large for the ledger to count; expected epsilon <= {MAX_EPSILON}")
     return units
+
+
+_float_charge_units = functools.lru_cache(maxsize=4096)(_charge_units)  # a refusal raises, never cached
 
 
 def budget_units(budget: float) -> int | None:

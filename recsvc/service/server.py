@@ -13,6 +13,7 @@ In-process API (used by the demo and tests)::
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import shutil
@@ -215,6 +216,9 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
     """
     stop = StopSignal.install()
     handle = start(config)
+    # What startup loaded (modules, the catalog, gRPC) lives as long as the process: out of the
+    # collector's generations, so its periodic full collections no longer walk it on every request path.
+    gc.freeze()
     watchdog = DrainWatchdog(stop, drain_limit(config.grace, config.drain_delay))
     try:
         if ready_fd is None:
