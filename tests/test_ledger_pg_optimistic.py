@@ -175,7 +175,7 @@ def _generic_plans(conn: psycopg.Connection, sql: str, types: list[str]) -> str:
     """The plan PostgreSQL caches for ``sql`` once it prefers a generic plan (never re-planned for
     the values at hand), with NULL parameters."""
     n = iter(range(1, 100))
-    text = re.sub(r"%s", lambda _m: f"${next(n)}", sql)
+    text = re.sub(r"%[sb]", lambda _m: f"${next(n)}", sql)
     conn.execute(f"PREPARE probe({', '.join(types)}) AS {text}")
     conn.execute("SET plan_cache_mode TO force_generic_plan")
     try:

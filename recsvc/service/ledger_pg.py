@@ -373,9 +373,11 @@ def _lock_and_read(n_users: int, n_keys: int) -> str:
             f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
 
 
-# The pre-checks' read: one row per (user_id, request_id), in order (NULLs where nothing is stored).
+# Arrays are bound as binary (%b): psycopg's text format quotes every element through a regex
+# (about 12 µs per batched charge). The pre-checks' read: one row per (user_id, request_id), in
+# order (NULLs where nothing is stored).
 _PRECHECKS = ("SELECT q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
-              "FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS k(u, r, i) "
+              "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
               "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
               "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r ORDER BY k.i")
 
@@ -385,8 +387,8 @@ _PRECHECKS = ("SELECT q.fingerprint, q.response, b.spent_units, b.window_start, 
 # return them. Parameters: the users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time,
 # the requests' columns.
 _CHARGE_UNCHANGED = (
-    "WITH v AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], "
-    "%s::bigint[], %s::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
+    "WITH v AS (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
+    "%b::bigint[], %b::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
     "locked AS (SELECT b.user_id FROM recsvc_budgets AS b JOIN v ON b.user_id = v.u WHERE b.spent_units = v.s0 "
     "AND b.requests = v.n0 AND b.window_start = v.w0 ORDER BY b.user_id FOR UPDATE OF b), "
     "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v, locked "
@@ -395,18 +397,18 @@ _CHARGE_UNCHANGED = (
     "WHERE s0 IS NULL ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
     "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
     "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
-    "created) SELECT u, q, f, e, r, m, %s FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bigint[], "
-    "%s::bytea[], %s::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) "
+    "created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
+    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) "
     "SELECT user_id FROM charged")
 
 # One statement (a constant text, so psycopg prepares it once per connection): store the answers
 # and set the users' new accounts (absolute values: the transaction holds their row locks).
 _WRITE = (
     "WITH stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
-    "mechanism, created) SELECT u, q, f, e, r, m, %s FROM unnest(%s::text[], %s::text[], %s::bytea[], %s::bigint[], "
-    "%s::bytea[], %s::text[]) AS t(u, q, f, e, r, m)) "
+    "mechanism, created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
+    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m)) "
     "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
-    "FROM unnest(%s::text[], %s::bigint[], %s::bigint[], %s::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u")
+    "FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u")
 
 
 def _result_sets(cur: psycopg.ClientCursor) -> list[list[tuple[Any, ...]]]:
