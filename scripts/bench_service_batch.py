@@ -1,8 +1,8 @@
 """``scripts/bench_service.py --batch``: SelectBatch vs single Select (issue #13), one server per ledger.
 
 Against one ``recsvc serve`` (durable ledger), n = 500 candidates, rnm, every request a fresh
-charge, the python ``grpc.aio`` client with pre-serialised bodies, alternated twice so a drift of
-the shared machine hits every row alike:
+charge, the python ``grpc.aio`` client with pre-serialised bodies; the plan runs twice and, with
+several stores, the stores take turns row by row, so a drift of the shared machine hits them alike:
 
 * single Select with item ids (what ``Client`` sends by default) at concurrency 8 and 32;
 * single Select and SelectBatch (``size`` requests per batch) in the compact encoding (item rows +
@@ -117,28 +117,27 @@ PLAN = (("Select", "ids", 8), ("Select", "ids", 32), ("Select", "rows", 8), ("Se
         ("SelectBatch", "rows", 4), ("SelectBatch", "rows", 8), ("SelectBatch", "ids", 8))
 
 
-def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str) -> list[dict]:
+def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str, kind: str, encoding: str,
+            conc: int) -> dict:
+    """One row of the plan against one server."""
     n_single, n_batches = (600, 30) if quick else (3000, 150)
-    rows = []
-    for kind, encoding, conc in PLAN:
-        if kind == "Select":
-            bodies, method, per = select_bodies(n_single, rep, encoding), METHOD, 1
-        else:
-            bodies, method, per = batch_bodies(n_batches, size, rep, encoding), BATCH_METHOD, size
-        before, cpu0, db0 = charged_total(srv.ledger_target), srv.cpu_seconds(), db_cpu_seconds(srv)
-        r = asyncio.run(load(srv.port, bodies, conc, channels=min(conc, 8), method=method))
-        cpu, db_cpu = srv.cpu_seconds() - cpu0, db_cpu_seconds(srv) - db0
-        got = charged_total(srv.ledger_target) - before
-        warm = min(conc, 8) if kind == "Select" else 0  # Select's warm-up calls are fresh charges too
-        if got != len(bodies) * per + warm:
-            raise RuntimeError(f"{ledger} {kind}/{encoding}: the ledger charged {got} of {len(bodies) * per + warm}")
-        row = {"ledger": ledger, "rpc": kind, "encoding": encoding, "concurrency": conc,
-               "selections_per_s": r["qps"] * per, "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"],
-               "p99_ms": r["p99_ms"], "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6,
-               "db_cpu_us_per_selection": db_cpu / (len(bodies) * per) * 1e6}
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+    if kind == "Select":
+        bodies, method, per = select_bodies(n_single, rep, encoding), METHOD, 1
+    else:
+        bodies, method, per = batch_bodies(n_batches, size, rep, encoding), BATCH_METHOD, size
+    before, cpu0, db0 = charged_total(srv.ledger_target), srv.cpu_seconds(), db_cpu_seconds(srv)
+    r = asyncio.run(load(srv.port, bodies, conc, channels=min(conc, 8), method=method))
+    cpu, db_cpu = srv.cpu_seconds() - cpu0, db_cpu_seconds(srv) - db0
+    got = charged_total(srv.ledger_target) - before
+    warm = min(conc, 8) if kind == "Select" else 0  # Select's warm-up calls are fresh charges too
+    if got != len(bodies) * per + warm:
+        raise RuntimeError(f"{ledger} {kind}/{encoding}: the ledger charged {got} of {len(bodies) * per + warm}")
+    row = {"ledger": ledger, "rpc": kind, "encoding": encoding, "concurrency": conc,
+           "selections_per_s": r["qps"] * per, "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"],
+           "p99_ms": r["p99_ms"], "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6,
+           "db_cpu_us_per_selection": db_cpu / (len(bodies) * per) * 1e6}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def best(runs: list[dict], ledger: str, rpc: str, encoding: str) -> float:
@@ -154,13 +153,14 @@ def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",),
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as td, ExitStack() as stack:
         tmp = Path(td)
         art = bench_artifact(tmp / "art")
+        servers = {}
         for ledger in ledgers:
-            srv = start_server(ledger, art, tmp, workers, stack)
-            try:
-                for rep in range(2):
-                    results["runs"] += measure(srv, quick, size, rep, ledger)
-            finally:
-                srv.stop()
+            servers[ledger] = start_server(ledger, art, tmp, workers, stack)
+            stack.callback(servers[ledger].stop)  # before its database goes (LIFO)
+        for rep in range(2):  # the stores take turns row by row, so a drift of the machine hits them alike
+            for kind, encoding, conc in PLAN:
+                for ledger, srv in servers.items():
+                    results["runs"].append(measure(srv, quick, size, rep, ledger, kind, encoding, conc))
     summary: dict = {}
     for ledger in ledgers:
         single = best(results["runs"], ledger, "Select", "ids")
