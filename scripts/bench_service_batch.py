@@ -84,7 +84,7 @@ def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack
         return Server("sync", art, tmp, workers)
     from recsvc.service.pg_cluster import remove_cluster, start_cluster
 
-    cluster = start_cluster()
+    cluster = start_cluster(shared_buffers="128MB")  # PostgreSQL's default (the tests' clusters use less)
     stack.callback(remove_cluster, cluster)
     url, key = cluster.new_database(), tmp / "pg.key"
     subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "1e6",

@@ -35,6 +35,7 @@ class Cluster:
     data: Path
     port: int
     listen: str = "127.0.0.1"  # listen_addresses (comma-separated)
+    shared_buffers: str = "32MB"  # small for the tests' many clusters; benchmarks use PostgreSQL's default
     _names = itertools.count()
 
     def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -46,7 +47,7 @@ class Cluster:
 
     def start(self) -> None:
         opts = (f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses={self.listen} -c synchronous_commit=on "
-                "-c max_connections=200 -c shared_buffers=32MB")
+                f"-c max_connections=200 -c shared_buffers={self.shared_buffers}")
         self._run(str(self.bin / "pg_ctl"), "start", "-w", "-t", "30", "-D", str(self.data / "db"),
                   "-l", str(self.data / "log"), "-o", opts)
 
@@ -68,7 +69,7 @@ class Cluster:
         return self.url(name)
 
 
-def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = ()) -> Cluster:
+def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = (), shared_buffers: str = "32MB") -> Cluster:
     binaries = pg_bin()
     assert binaries is not None
     data = Path(tempfile.mkdtemp(prefix="recsvc-pg-"))
@@ -76,7 +77,7 @@ def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = ()) -> Clu
     if os.geteuid() == 0:
         shutil.chown(data, "postgres", "postgres")
         shutil.chown(data / "sock", "postgres", "postgres")
-    cluster = Cluster(binaries, data, free_port(), listen)
+    cluster = Cluster(binaries, data, free_port(), listen, shared_buffers)
     cluster._run(str(binaries / "initdb"), "-D", str(data / "db"), "-U", "postgres", "-A", "trust", "--no-sync",
                  "-E", "UTF8", "--locale=C")
     for cidr in trust:
