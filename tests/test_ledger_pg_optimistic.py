@@ -74,6 +74,43 @@ def test_a_charge_that_no_longer_fits_is_refused_and_stores_nothing(pg_cluster, 
     s.close_all()
 
 
+@pytest.mark.parametrize("other_commits", [True, False], ids=["other-commits", "other-rolls-back"])
+def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster, tmp_path: Path,
+                                                                      other_commits: bool) -> None:
+    """Another replica's transaction holds the user's row (it moved the account, uncommitted)
+    while the optimistic statement runs: the statement waits for the lock, then checks the row's
+    NEWEST version. If the other transaction commits, the account moved and the locking
+    transaction decides (the other's spend counts); if it rolls back, the one statement charges."""
+    import threading
+    import time
+
+    s, a, _ = _replicas(pg_cluster, tmp_path)
+    a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+    p = Pending("u", "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem: f"r1|{rem:.2f}".encode())
+    assert a._precheck(p) is None
+    other = psycopg.connect(s.target)
+    other.execute("UPDATE recsvc_budgets SET spent_units = spent_units + %s, requests = requests + 1 "
+                  "WHERE user_id = 'u'", (charge_units(0.3),))
+    worker = threading.Thread(target=a._group, args=(lambda: [p],))
+    worker.start()
+    deadline = time.monotonic() + 10
+    with psycopg.connect(s.target, autocommit=True) as watch:
+        while time.monotonic() < deadline and not watch.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]:
+            time.sleep(0.005)
+    assert worker.is_alive()  # waiting for the row lock
+    other.commit() if other_commits else other.rollback()
+    other.close()
+    worker.join(20)
+    if other_commits:
+        assert (p.result.response, a.moved) == (b"r1|0.10", 1)
+        assert a.user("u").spent_units == charge_units(0.9)
+    else:
+        assert (p.result.response, a.moved) == (b"r1|0.40", 0)
+        assert a.user("u").spent_units == charge_units(0.6)
+    s.close_all()
+
+
 def test_the_same_request_stored_by_another_replica_meanwhile_is_replayed(pg_cluster, tmp_path: Path) -> None:
     s, a, b = _replicas(pg_cluster, tmp_path)
     a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")

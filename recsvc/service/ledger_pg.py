@@ -291,8 +291,9 @@ class PostgresLedger:
         writes = decide_all(tried, {}, {u: a for u, a in seen.items() if a}, self.window, self.budget_units, now)
         charged: set[str] = set()
         if writes.requests:
-            before = [seen[u] or (None, None, None) for u, *_ in writes.users]
-            users = [*map(list, zip(*writes.users, strict=True)), *map(list, zip(*before, strict=True))]
+            accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
+            before = [seen[u] or (None, None, None) for u, *_ in accounts]
+            users = [*map(list, zip(*accounts, strict=True)), *map(list, zip(*before, strict=True))]
             try:
                 charged = {u for u, in conn.execute(_CHARGE_UNCHANGED, (
                     *users, datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True))))}
@@ -381,18 +382,18 @@ _PRECHECKS = ("SELECT q.fingerprint, q.response, b.spent_units, b.window_start, 
               "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
               "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r ORDER BY k.i")
 
-# The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: lock the
-# accounts still as read (in user_id order, like the locking transaction), create the missing ones
-# (``s0`` NULL: none was read), move them on, store the answers of exactly those users, and
-# return them. Parameters: the users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time,
-# the requests' columns.
+# The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: update the
+# accounts still as read (the UPDATE locks each row and, after waiting for another transaction's
+# lock, re-checks its WHERE on the row's newest version; its nested loop over the sorted arrays
+# locks in user_id order, as the locking transaction does), create the missing ones (``s0`` NULL:
+# none was read), store the answers of exactly those users, and return them. Parameters: the
+# users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time, the requests' columns.
 _CHARGE_UNCHANGED = (
     "WITH v AS (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
     "%b::bigint[], %b::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
-    "locked AS (SELECT b.user_id FROM recsvc_budgets AS b JOIN v ON b.user_id = v.u WHERE b.spent_units = v.s0 "
-    "AND b.requests = v.n0 AND b.window_start = v.w0 ORDER BY b.user_id FOR UPDATE OF b), "
-    "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v, locked "
-    "WHERE b.user_id = locked.user_id AND v.u = locked.user_id RETURNING b.user_id), "
+    "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v "
+    "WHERE b.user_id = v.u AND b.spent_units = v.s0 AND b.requests = v.n0 AND b.window_start = v.w0 "
+    "RETURNING b.user_id), "
     "created AS (INSERT INTO recsvc_budgets(user_id, spent_units, requests, window_start) SELECT u, s, n, w FROM v "
     "WHERE s0 IS NULL ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
     "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
