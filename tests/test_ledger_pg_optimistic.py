@@ -208,6 +208,52 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     s.close_all()
 
 
+def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(pg_cluster, tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shared reads that fail (here a statement timeout): the first leader's, then the one its
+    successor makes for the two pre-checks that queued meanwhile. Every charge fails with the
+    error, the one that waited for another's read included; none draws, nothing is spent."""
+    import threading
+    import time
+
+    s, a, _ = _replicas(pg_cluster, tmp_path)
+    release = threading.Event()
+
+    def broken(sql: str, args: object) -> list:
+        release.wait(10)
+        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+
+    monkeypatch.setattr(a, "_read", broken)
+    draws: list[str] = []
+    out: dict[str, object] = {}
+
+    def charge(user: str) -> None:
+        try:
+            out[user] = a.draw_and_charge(user, "r1", b"d1", 0.5, lambda: draws.append(user) or 0, _answer(user))
+        except Exception as exc:  # noqa: BLE001
+            out[user] = exc
+
+    users = ("leader", "successor", "waiter")
+    threads = [threading.Thread(target=charge, args=(u,)) for u in users]
+    threads[0].start()
+    deadline = time.monotonic() + 10
+    while not a._prechecks._leading and time.monotonic() < deadline:
+        time.sleep(0.002)
+    for n, th in enumerate(threads[1:], start=1):  # in order: the first to queue leads next
+        th.start()
+        while a._prechecks.queued() < n and time.monotonic() < deadline:
+            time.sleep(0.002)
+    assert a._prechecks.queued() == 2
+    release.set()
+    for th in threads:
+        th.join(20)
+    assert all(isinstance(out[u], psycopg.errors.QueryCanceled) for u in users), out
+    assert draws == []
+    monkeypatch.undo()
+    assert [a.user(u).spent_units for u in users] == [0, 0, 0]
+    s.close_all()
+
+
 def _generic_plans(conn: psycopg.Connection, sql: str, types: list[str]) -> str:
     """The plan PostgreSQL caches for ``sql`` once it prefers a generic plan (never re-planned for
     the values at hand), with NULL parameters."""

@@ -219,12 +219,12 @@ class PostgresLedger:
 
     def _read_group(self, take: Callable[[], list[_Probe]]) -> None:
         """One statement reads every queued pre-check's stored request and account; each gets its
-        verdict, and its charge remembers the account for :meth:`_commit`. An unreachable
-        database refuses them all (nothing was drawn or spent)."""
+        verdict, and its charge remembers the account for :meth:`_commit`. A read that fails
+        (an unreachable database: :class:`LedgerUnavailable`) refuses them all: none may draw."""
         batch = take()
         try:
             rows = self._read(_PRECHECKS, ([q.pending.user_id for q in batch], [q.pending.request_id for q in batch]))
-        except LedgerUnavailable as exc:
+        except Exception as exc:  # noqa: BLE001 - every queued pre-check fails with it, nothing drawn or spent
             for q in batch:
                 q.error = exc
             return
