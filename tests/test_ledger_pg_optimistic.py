@@ -195,9 +195,9 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     for user, rid, eps in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "fresh", 0.3)]:
         threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
         threads[-1].start()
-    while a._prechecks.queued() < 3 and time.monotonic() < deadline:
+    while a._commit_all.queued() < 3 and time.monotonic() < deadline:
         time.sleep(0.002)
-    assert a._prechecks.queued() == 3
+    assert a._commit_all.queued() == 3
     a._pool.putconn(held)
     for t in threads:
         t.join(20)
@@ -210,8 +210,8 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
 
 def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(pg_cluster, tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Shared reads that fail (here a statement timeout): the first leader's, then the one its
-    successor makes for the two pre-checks that queued meanwhile. Every charge fails with the
+    """Shared rounds that fail (here with a server-side error): the first leader's, then the one
+    its successor makes for the two pre-checks that queued meanwhile. Every charge fails with the
     error, the one that waited for another's read included; none draws, nothing is spent."""
     import threading
     import time
@@ -219,11 +219,11 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
     s, a, _ = _replicas(pg_cluster, tmp_path)
     release = threading.Event()
 
-    def broken(sql: str, args: object) -> list:
+    def broken(conn: object, charges: list, probes: list) -> tuple:
         release.wait(10)
-        raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        raise psycopg.errors.InternalError("could not read block 7 in file base/16384/16390")
 
-    monkeypatch.setattr(a, "_read", broken)
+    monkeypatch.setattr(a, "_charge_unchanged", broken)
     draws: list[str] = []
     out: dict[str, object] = {}
 
@@ -237,17 +237,17 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
     threads = [threading.Thread(target=charge, args=(u,)) for u in users]
     threads[0].start()
     deadline = time.monotonic() + 10
-    while not a._prechecks._leading and time.monotonic() < deadline:
+    while not a._commit_all._leading and time.monotonic() < deadline:
         time.sleep(0.002)
     for n, th in enumerate(threads[1:], start=1):  # in order: the first to queue leads next
         th.start()
-        while a._prechecks.queued() < n and time.monotonic() < deadline:
+        while a._commit_all.queued() < n and time.monotonic() < deadline:
             time.sleep(0.002)
-    assert a._prechecks.queued() == 2
+    assert a._commit_all.queued() == 2
     release.set()
     for th in threads:
         th.join(20)
-    assert all(isinstance(out[u], psycopg.errors.QueryCanceled) for u in users), out
+    assert all(isinstance(out[u], psycopg.errors.InternalError) for u in users), out
     assert draws == []
     monkeypatch.undo()
     assert [a.user(u).spent_units for u in users] == [0, 0, 0]
@@ -288,4 +288,99 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
         for sql, types in statements.items():
             plan = _generic_plans(conn, sql, types)
             assert "Index" in plan and "Seq Scan on recsvc_" not in plan, plan
+    s.close_all()
+
+
+@pytest.mark.parametrize("rolled_back", [False, True], ids=["one-statement", "statement-rolled-back"])
+def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
+        pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rolled_back: bool) -> None:
+    """A drawn charge of x and three pre-checks queue while the round before waits for the pool's
+    only connection: the next round decides them in ONE statement. The pre-checks read its
+    snapshot, as before its own write: x's second request sees x's account unmoved, draws, and is
+    then decided under the lock with the first charge counted. If that statement fails with a
+    unique violation (here a duplicate row it inserts), nothing of it is stored: the pre-checks
+    read on their own and the charge goes to the locking transaction. Same outcomes either way."""
+    import threading
+    import time
+
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    a = s.open(budget=1.0, pool_size=1)
+    a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
+    a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
+    if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
+        monkeypatch.setattr(ledger_pg, "_CHARGE_AND_PRECHECK", ledger_pg._CHARGE_AND_PRECHECK.replace(
+            "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
+    rounds: list[tuple[int, int]] = []
+    unchanged = a._charge_unchanged
+
+    def counted(conn: psycopg.Connection, charges: list, probes: list) -> tuple:
+        rounds.append((len(charges), len(probes)))
+        return unchanged(conn, charges, probes)
+
+    monkeypatch.setattr(a, "_charge_unchanged", counted)
+    draws: list[str] = []
+    out: dict[str, object] = {}
+    go = threading.Event()
+
+    def charge(user: str, rid: str, eps: float, wait: bool = False) -> None:
+        def draw() -> int:
+            draws.append(rid)
+            if wait:
+                go.wait(10)
+            return 0
+        try:
+            out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
+        except Exception as exc:  # noqa: BLE001
+            out[rid] = exc
+
+    deadline = time.monotonic() + 10
+    threads = [threading.Thread(target=charge, args=("x", "x1", 0.3, True))]
+    threads[0].start()
+    while "x1" not in draws and time.monotonic() < deadline:  # x1's pre-check is done, its draw waits
+        time.sleep(0.002)
+    held = a._pool.getconn()
+    threads.append(threading.Thread(target=charge, args=("w", "r0", 0.9)))  # a replay: no charge follows
+    threads[-1].start()
+    while a._pool.get_stats().get("requests_waiting", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    go.set()
+    while a._commit_all.queued() < 1 and time.monotonic() < deadline:  # x1's charge
+        time.sleep(0.002)
+    for n, (user, rid, eps) in enumerate([("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)], start=2):
+        threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
+        threads[-1].start()
+        while a._commit_all.queued() < n and time.monotonic() < deadline:
+            time.sleep(0.002)
+    assert a._commit_all.queued() == 4
+    a._pool.putconn(held)
+    for t in threads:
+        t.join(20)
+    assert rounds == [(0, 1), (0, 1), (1, 3), (1, 0)]  # x1's pre-check, r0's, the shared round, x2's charge
+    assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
+    assert isinstance(out["r1"], BudgetExceeded)
+    assert out["r0"].response == b"w|0.10" and out["r0"].replayed
+    assert (out["x1"].response, out["x2"].response) == (b"x1|0.70", b"x2|0.30")
+    assert sorted(draws) == ["x1", "x2"]  # the replays and the refusal drew nothing
+    assert a.moved == (2 if rolled_back else 1)  # x2 (and x1, when the statement was rolled back)
+    assert [(a.user(u).spent_units, a.user(u).requests) for u in "vwx"] == [
+        (charge_units(0.5), 1), (charge_units(0.9), 1), (charge_units(0.7), 2)]
+    s.close_all()
+
+
+def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_numbers(pg_cluster,
+                                                                                       tmp_path: Path) -> None:
+    """psycopg would send an int as int2, int4 or int8 by its size, and prepares a statement once
+    per parameter types (after 5 executions, each parsed and planned until then): the charges of
+    a user who spends little and of one who spends much would be two statements. Every int is
+    sent as int8, so each statement text is prepared once."""
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    a = s.open(budget=1.0, pool_size=1)
+    for k in range(7):
+        a.draw_and_charge("little", f"r{k}", b"d", 1e-6, lambda: 0, _answer("r"))
+        a.draw_and_charge("much", f"r{k}", b"d", 0.1, lambda: 0, _answer("r"))
+    assert a.user("little").spent_units < 2**15 * 1000 and a.user("much").spent_units > 2**31
+    with a._pool.connection() as conn:
+        texts = [t for t, in conn.execute("SELECT statement FROM pg_prepared_statements")]
+    assert sum(t.endswith("SELECT user_id FROM charged") for t in texts) == 1, texts
+    assert sum(t.startswith("SELECT q.fingerprint") for t in texts) == 1, texts
     s.close_all()

@@ -10,10 +10,11 @@ Same protocol and invariants as the SQLite store (:class:`recsvc.service.ledger.
   the read. Otherwise the locking transaction (:meth:`PostgresLedger._transaction`): READ
   COMMITTED, ``SELECT … FOR UPDATE`` on the user's row, then re-read the stored request and the
   spend, decide, store, COMMIT; every other charge of that user, from any replica, waits.
-* **Group commit.** The charges that queue in this process while its previous commit runs share
-  the next one (:class:`recsvc.service.ledger_base.GroupCommit`), the pre-checks that queue
-  share one read, and a SelectBatch is one commit; rows are locked in user_id order, so no lock
-  cycle forms.
+* **Group commit.** The charges and the pre-checks that queue in this process while its previous
+  round runs share the next round's one statement
+  (:class:`recsvc.service.ledger_base.GroupCommit`): it stores the charges and reads the
+  pre-checks on its snapshot, so a Select costs about half a statement under load; a SelectBatch
+  is one commit; rows are locked in user_id order, so no lock cycle forms.
 * **Index lookups only.** Every pooled connection runs with ``enable_seqscan`` off and generic
   plans: the prepared statements' arrays hide their sizes from the planner, and a plan cached
   while the tables were small must not scan every user's row once they are large.
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
@@ -71,6 +73,11 @@ def _configure(conn: psycopg.Connection) -> None:
     conn.execute("SET synchronous_commit TO on")  # COMMIT returns only once the WAL is flushed
     conn.execute("SET enable_seqscan TO off")  # every ledger statement is a key lookup (module docstring)
     conn.execute("SET plan_cache_mode TO force_generic_plan")  # index plans, planned once per connection
+    # psycopg sends an int as int2, int4 or int8 by its size, and prepares a statement once per
+    # parameter types: without this, the arrays' sizes of numbers made several statements of one
+    # text, each executed unprepared (parsed and planned) its first times on every connection.
+    conn.adapters.register_dumper(int, Int8Dumper)
+    conn.adapters.register_dumper(int, Int8BinaryDumper)
 
 
 class PostgresLedger:
@@ -99,8 +106,9 @@ class PostgresLedger:
         self.commits = 0
         self.moved = 0  # charges whose account moved after their pre-check: decided under the lock (tests)
         self._flights = Flights()
-        self._commit_all = GroupCommit(self._group)  # concurrent charges of this process: one transaction
-        self._prechecks = GroupCommit(self._read_group)  # and concurrent pre-checks: one read
+        # The charges and pre-checks that queue in this process while its previous round runs: one
+        # statement (:meth:`_group`).
+        self._commit_all = GroupCommit(self._group)
         self._probe: psycopg.Connection | None = None  # reachable()'s own connection
         self._probe_lock = threading.Lock()
         if create:
@@ -213,23 +221,15 @@ class PostgresLedger:
         return draw_then_commit(self, p, draw, build_response)
 
     def _precheck(self, p: Pending) -> Charge | None:
-        """:func:`precheck` on a snapshot, holding no lock; the pre-checks that queue in this
-        process meanwhile share one read (:meth:`_read_group`)."""
-        return self._prechecks.one(_Probe(pending=p))  # type: ignore[no-any-return]
+        """:func:`precheck` on a snapshot, holding no lock: it rides in the next round of this
+        process (:meth:`_group`) with the charges and pre-checks queued meanwhile."""
+        return self._commit_all.one(_Probe(pending=p))  # type: ignore[no-any-return]
 
-    def _read_group(self, take: Callable[[], list[_Probe]]) -> None:
-        """One statement reads every queued pre-check's stored request and account; each gets its
-        verdict, and its charge remembers the account for :meth:`_commit`. A read that fails
-        (an unreachable database: :class:`LedgerUnavailable`) refuses them all: none may draw."""
-        batch = take()
-        try:
-            rows = self._read(_PRECHECKS, ([q.pending.user_id for q in batch], [q.pending.request_id for q in batch]))
-        except Exception as exc:  # noqa: BLE001 - every queued pre-check fails with it, nothing drawn or spent
-            for q in batch:
-                q.error = exc
-            return
+    def _answer(self, probes: list[_Probe], rows: list[tuple[Any, ...]]) -> None:
+        """Each pre-check's verdict from its row of :data:`_PRECHECKS`; its charge remembers the
+        account it read (``seen``) for :meth:`_charge_unchanged`."""
         now = self._clock()
-        for q, row in zip(batch, rows, strict=True):
+        for q, row in zip(probes, rows, strict=True):
             try:
                 q.result = precheck(q.pending, row[:4], self.window, self.budget_units, now)
             except LedgerError as exc:
@@ -246,15 +246,22 @@ class PostgresLedger:
     def _commit(self, p: Pending) -> Charge:
         return self._commit_all.one(p)  # type: ignore[no-any-return]
 
-    def _group(self, take: Callable[[], list[Pending]]) -> None:
-        """The group-commit leader (:class:`GroupCommit`): everything queued by now, first as ONE
-        optimistic statement (:meth:`_charge_unchanged`), then whatever it left in ONE locking
-        transaction (:meth:`_transaction`). Sets each charge's ``result``/``error``; an
-        unreachable database refuses every charge not yet stored (:class:`LedgerUnavailable`:
-        nothing is known to be stored, a retry with the same request_id finds out)."""
-        batch = rest = take()
+    def _group(self, take: Callable[[], list[Queued]]) -> None:
+        """The round's leader (:class:`GroupCommit`): everything queued by now, charges and
+        pre-checks, first as ONE statement (:meth:`_charge_unchanged`), then the charges it left in
+        ONE locking transaction (:meth:`_transaction`). Sets each item's ``result``/``error``. A
+        failed statement refuses every pre-check it took (none may draw) and, with an unreachable
+        database, every charge not yet stored (:class:`LedgerUnavailable`: nothing is known to be
+        stored, a retry with the same request_id finds out)."""
+        batch = take()
+        probes = [q for q in batch if isinstance(q, _Probe)]
+        rest = charges = [q for q in batch if isinstance(q, Pending)]
         try:
-            rest = self._retrying(lambda conn: self._charge_unchanged(conn, batch))
+            rest, rows = self._retrying(lambda conn: self._charge_unchanged(conn, charges, probes))
+            if rows is None and probes:  # the statement was rolled back: the pre-checks read on their own
+                rows = self._read(_PRECHECKS, _keys(probes))
+            self._answer(probes, rows or [])
+            probes = []
             for attempt in range(_DEADLOCK_TRIES):
                 try:
                     if rest:
@@ -263,48 +270,55 @@ class PostgresLedger:
                 except psycopg.errors.DeadlockDetected:  # rolled back whole; the lock order makes it rare
                     if attempt == _DEADLOCK_TRIES - 1:
                         raise
-        except Exception as exc:  # noqa: BLE001 - every charge not yet stored is refused
-            for p in rest:
-                p.result, p.error = None, exc
+        except Exception as exc:  # noqa: BLE001 - every pre-check and every charge not yet stored is refused
+            for q in [*probes, *rest]:
+                q.result, q.error = None, exc
             return
         for p in rest:  # our own COMMIT went through before a connection failure
             if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
                 p.result = Charge(p.result.response, replayed=False)
 
-    def _charge_unchanged(self, conn: psycopg.Connection, batch: list[Pending]) -> list[Pending]:
+    def _charge_unchanged(self, conn: psycopg.Connection, batch: list[Pending],
+                          probes: list[_Probe]) -> tuple[list[Pending], list[tuple[Any, ...]] | None]:
         """Optimistic concurrency for the charges whose pre-check read their user's account
         (``seen``): decided on those accounts, then ONE autocommit statement (its own
         transaction, durable when it returns) that locks, in user_id order, the accounts still
-        exactly as read, creates the missing ones, moves them on and stores those users' answers.
-        An account only moves forward (each charge adds a request to its window or starts a later
-        window), so "unchanged" means that no charge of the user, from any replica, committed
-        since the snapshot, which also found each request unstored: the decisions are the ones
-        the locking transaction would make. Returns the charges it did not decide (not read, a
-        user read twice differently, or an account that moved): nothing of theirs was stored."""
+        exactly as read, creates the missing ones, moves them on and stores those users' answers;
+        the same statement reads the ``probes``' stored requests and accounts on its snapshot (as
+        before its own writes). An account only moves forward (each charge adds a request to its
+        window or starts a later window), so "unchanged" means that no charge of the user, from
+        any replica, committed since the snapshot, which also found each request unstored: the
+        decisions are the ones the locking transaction would make. Returns the charges it did not
+        decide (not read, a user read twice differently, or an account that moved: nothing of
+        theirs was stored), and the probes' rows (None if the statement was rolled back)."""
         seen: dict[str, Any] = {}
         for p in batch:
             seen[p.user_id] = p.seen if seen.get(p.user_id, p.seen) == p.seen else False
         tried = [p for p in batch if seen[p.user_id] is not False]
-        if not tried:
-            return batch
         now = self._clock()
         writes = decide_all(tried, {}, {u: a for u, a in seen.items() if a}, self.window, self.budget_units, now)
-        charged: set[str] = set()
-        if writes.requests:
-            accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
-            before = [seen[u] or (None, None, None) for u, *_ in accounts]
-            users = [*map(list, zip(*accounts, strict=True)), *map(list, zip(*before, strict=True))]
-            try:
-                charged = {u for u, in conn.execute(_CHARGE_UNCHANGED, (
-                    *users, datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True))))}
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
-                pass  # nothing stored (one statement); the locking transaction decides them all
-            if charged:
-                self.commits += 1
+        if not writes.requests:
+            return batch, (conn.execute(_PRECHECKS, _keys(probes)).fetchall() if probes else [])
+        accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
+        before = [seen[u] or (None, None, None) for u, *_ in accounts]
+        args = (*map(list, zip(*accounts, strict=True)), *map(list, zip(*before, strict=True)),
+                datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True)))
+        rows: list[tuple[Any, ...]] | None = []
+        try:
+            if probes:
+                out = conn.execute(_CHARGE_AND_PRECHECK, (*args, *_keys(probes))).fetchall()
+                charged = {u for i, u, *_ in out if i is None}
+                rows = [r[2:] for r in sorted((r for r in out if r[0] is not None), key=lambda r: r[0])]
+            else:
+                charged = {u for u, in conn.execute(_CHARGE_UNCHANGED, args)}
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
+            charged, rows = set(), None  # nothing stored (one statement); the locking transaction decides them all
+        if charged:
+            self.commits += 1
         rest = [p for p in batch if p.user_id not in charged]
         moved = {u for u, *_ in writes.users} - charged
         self.moved += sum(p.user_id in moved for p in rest)
-        return rest
+        return rest, rows
 
     def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
         """Three round trips: [BEGIN, create missing budget rows, lock the users' rows in user_id
@@ -359,6 +373,11 @@ def _values(n: int, width: int, row: str = "") -> str:
     return ", ".join([one] * n)
 
 
+def _keys(probes: list[_Probe]) -> tuple[list[str], list[str]]:
+    """:data:`_PRECHECKS`' parameters."""
+    return [q.pending.user_id for q in probes], [q.pending.request_id for q in probes]
+
+
 def _stored(n_keys: int) -> str:
     return ("SELECT user_id, request_id, fingerprint, response FROM recsvc_requests WHERE (user_id, request_id) IN "
             f"({_values(n_keys, 2)})")
@@ -388,7 +407,7 @@ _PRECHECKS = ("SELECT q.fingerprint, q.response, b.spent_units, b.window_start, 
 # locks in user_id order, as the locking transaction does), create the missing ones (``s0`` NULL:
 # none was read), store the answers of exactly those users, and return them. Parameters: the
 # users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time, the requests' columns.
-_CHARGE_UNCHANGED = (
+_CHARGE_CTES = (
     "WITH v AS (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
     "%b::bigint[], %b::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
     "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v "
@@ -399,8 +418,16 @@ _CHARGE_UNCHANGED = (
     "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
     "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
     "created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
-    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) "
-    "SELECT user_id FROM charged")
+    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) ")
+_CHARGE_UNCHANGED = _CHARGE_CTES + "SELECT user_id FROM charged"
+# The same, and the pre-checks' read (:data:`_PRECHECKS`, parameters after the charge's) on the
+# statement's snapshot: rows (NULL, a user charged, NULLs…) and (i, NULL, the i-th read's row).
+_CHARGE_AND_PRECHECK = (
+    _CHARGE_CTES + "SELECT NULL::bigint, user_id, NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint, NULL::bigint "
+    "FROM charged UNION ALL SELECT k.i, NULL, q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
+    "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
+    "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
+    "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r")
 
 # One statement (a constant text, so psycopg prepares it once per connection): store the answers
 # and set the users' new accounts (absolute values: the transaction holds their row locks).
