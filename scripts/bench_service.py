@@ -391,6 +391,8 @@ def main() -> int:
     ap.add_argument("--ledger", default="sqlite",
                     help="--batch: ledger stores to measure, comma-separated: sqlite and/or postgresql "
                          "(a throwaway cluster on loopback; default sqlite)")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="--batch: passes over the plan (default 2); the stores take turns row by row")
     ap.add_argument("--clients", default="h2load,python",
                     help="load generators, comma-separated (default: h2load,python)")
     args = ap.parse_args()
@@ -400,7 +402,9 @@ def main() -> int:
         ledgers = tuple(x for x in args.ledger.split(",") if x)
         if not ledgers or set(ledgers) - {"sqlite", "postgresql"}:
             ap.error(f"--ledger must name sqlite and/or postgresql, got {args.ledger!r}")
-        res = run_batch(args.quick, args.workers, ledgers)
+        if args.passes < 1:
+            ap.error(f"--passes must be >= 1, got {args.passes}")
+        res = run_batch(args.quick, args.workers, ledgers, passes=args.passes)
         if args.json:
             args.json.write_text(json.dumps(res, indent=2))
         return 0

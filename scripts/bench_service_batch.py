@@ -1,8 +1,9 @@
 """``scripts/bench_service.py --batch``: SelectBatch vs single Select (issue #13), one server per ledger.
 
 Against one ``recsvc serve`` (durable ledger), n = 500 candidates, rnm, every request a fresh
-charge, the python ``grpc.aio`` client with pre-serialised bodies; the plan runs twice and, with
-several stores, the stores take turns row by row, so a drift of the shared machine hits them alike:
+charge, the python ``grpc.aio`` client with pre-serialised bodies; the plan runs twice (``--passes``)
+and, with several stores, the stores take turns row by row, so a drift of the shared machine hits
+them alike:
 
 * single Select with item ids (what ``Client`` sends by default) at concurrency 8 and 32;
 * single Select and SelectBatch (``size`` requests per batch) in the compact encoding (item rows +
@@ -10,9 +11,11 @@ several stores, the stores take turns row by row, so a drift of the shared machi
 * SelectBatch with item ids.
 
 ``--ledger sqlite,postgresql`` measures each store in the same run (PostgreSQL: a throwaway cluster
-on loopback, :mod:`recsvc.service.pg_cluster`, prepared with ``recsvc ledger init``). After each
-row the ledger is asked how many requests it charged: a row whose requests were not all charged
-is an error, not a number.
+on loopback, :mod:`recsvc.service.pg_cluster`, prepared with ``recsvc ledger init``). The summary
+compares the stores' best rows, and row by row (``paired``: the median of PostgreSQL over SQLite
+for the same row of the same pass, measured one right after the other). After each row the
+ledger is asked how many requests it charged: a row whose requests were not all charged is an
+error, not a number.
 """
 
 from __future__ import annotations
@@ -144,8 +147,19 @@ def best(runs: list[dict], ledger: str, rpc: str, encoding: str) -> float:
     return max(r["selections_per_s"] for r in runs if (r["ledger"], r["rpc"], r["encoding"]) == (ledger, rpc, encoding))
 
 
-def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",), size: int = 100) -> dict:
+def paired(runs: list[dict], rpc: str) -> list[float]:
+    """PostgreSQL over SQLite, row by row: the two stores' measurements of the same plan row in the
+    same pass, taken one right after the other, so a drift of the shared machine cancels out."""
+    rows: dict[tuple, dict[str, float]] = {}
+    for r in runs:
+        rows.setdefault((r["pass"], r["rpc"], r["encoding"], r["concurrency"]), {})[r["ledger"]] = r["selections_per_s"]
+    return [v["postgresql"] / v["sqlite"] for k, v in rows.items() if k[1] == rpc and len(v) == 2]
+
+
+def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",), size: int = 100,
+              passes: int = 2) -> dict:
     """SelectBatch (``size`` rnm items of n = 500 per batch) vs single Select, same server, same run."""
+    import statistics
     import tempfile
 
     results: dict = {"n_candidates": 500, "batch_size": size, "workers": workers, "cpus": os.cpu_count(),
@@ -157,10 +171,11 @@ def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",),
         for ledger in ledgers:
             servers[ledger] = start_server(ledger, art, tmp, workers, stack)
             stack.callback(servers[ledger].stop)  # before its database goes (LIFO)
-        for rep in range(2):  # the stores take turns row by row, so a drift of the machine hits them alike
+        for rep in range(passes):  # the stores take turns row by row, so a drift of the machine hits them alike
             for kind, encoding, conc in PLAN:
                 for ledger, srv in servers.items():
-                    results["runs"].append(measure(srv, quick, size, rep, ledger, kind, encoding, conc))
+                    row = measure(srv, quick, size, rep, ledger, kind, encoding, conc)
+                    results["runs"].append({**row, "pass": rep})
     summary: dict = {}
     for ledger in ledgers:
         single = best(results["runs"], ledger, "Select", "ids")
@@ -172,7 +187,12 @@ def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",),
     if {"sqlite", "postgresql"} <= set(ledgers):
         pg, lite = summary["postgresql"], summary["sqlite"]
         summary["pg_over_sqlite"] = {"SelectBatch_rows": pg["best_SelectBatch_rows"] / lite["best_SelectBatch_rows"],
-                                     "Select_ids": pg["best_Select_ids"] / lite["best_Select_ids"]}
+                                     "Select_ids": pg["best_Select_ids"] / lite["best_Select_ids"],
+                                     "Select_rows": pg["best_Select_rows"] / lite["best_Select_rows"]}
+        for rpc in ("Select", "SelectBatch"):
+            ratios = paired(results["runs"], rpc)
+            summary["pg_over_sqlite"][f"{rpc}_paired_median"] = statistics.median(ratios)
+            summary["pg_over_sqlite"][f"{rpc}_paired"] = ratios
     summary["loadavg_after"] = os.getloadavg()
     results["summary"] = summary
     print(json.dumps(summary, indent=2), flush=True)
