@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from prometheus_client import REGISTRY
 
 from ledger_conformance import Stores
 from recsvc.service import ledger_pg
@@ -50,10 +51,12 @@ def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluste
         b.charge("u", "other", b"d", 0.3, lambda rem: b"other")
         return 0
 
+    relocked = REGISTRY.get_sample_value("recsvc_ledger_relocked_total") or 0.0
     got = a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, _answer("r1"))
     # 1 - 0.3 - 0.5 (- 0.1): the other replica's spend counts
     assert got.response == (b"r1|0.20" if fresh else b"r1|0.10") and not got.replayed
     assert a.moved == 1
+    assert REGISTRY.get_sample_value("recsvc_ledger_relocked_total") == relocked + 1  # what operators see
     assert a.user("u").spent_units == charge_units(0.8 if fresh else 0.9)
     assert a.user("u").requests == (2 if fresh else 3)
     s.close_all()

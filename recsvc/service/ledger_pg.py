@@ -48,7 +48,7 @@ from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
-from recsvc.service import fingerprint_key, ledger_pg_schema
+from recsvc.service import fingerprint_key, ledger_pg_schema, metrics
 from recsvc.service.ledger_base import (Charge, Flights, GroupCommit, LedgerError, LedgerUnavailable, Pending, Queued,
                                         UserBudget, account, decide_all, draw_then_commit, precheck, unset)
 from recsvc.service.ledger_pg_schema import connect, describe, scrub
@@ -104,7 +104,7 @@ class PostgresLedger:
         self.key_file = Path(key_file)
         self.key_created = False
         self.commits = 0
-        self.moved = 0  # charges whose account moved after their pre-check: decided under the lock (tests)
+        self.moved = 0  # charges whose account moved after their pre-check: decided under the lock
         self._flights = Flights()
         # The charges and pre-checks that queue in this process while its previous round runs: one
         # statement (:meth:`_group`).
@@ -317,7 +317,10 @@ class PostgresLedger:
             self.commits += 1
         rest = [p for p in batch if p.user_id not in charged]
         moved = {u for u, *_ in writes.users} - charged
-        self.moved += sum(p.user_id in moved for p in rest)
+        relocked = sum(p.user_id in moved for p in rest)
+        if relocked:
+            self.moved += relocked
+            metrics.RELOCKED.inc(relocked)
         return rest, rows
 
     def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:

@@ -33,6 +33,11 @@ EPSILON_SPENT = Counter(
     ["mechanism"],
 )
 REPLAYS = Counter("recsvc_replays", "Retried requests answered from the ledger without spending.")
+RELOCKED = Counter(
+    "recsvc_ledger_relocked",
+    "PostgreSQL ledger: drawn charges decided under the user's row lock because the account moved "
+    "after their pre-check read it (another request or replica charged the user meanwhile).",
+)
 
 
 # The label sets are few and fixed (methods × mechanisms × status codes): bind each child once
