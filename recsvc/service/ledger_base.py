@@ -304,7 +304,7 @@ class Pending(Queued):
     mechanism: str = ""  # the answer's mechanism, stored for the audit export
     built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
     # The account (spent_units, window_start, requests) the pre-check read, None: no row yet,
-    # False: not read (PostgreSQL's one-statement charge, ``PostgresLedger._charge_if_unchanged``).
+    # False: not read (PostgreSQL's one-statement charge, ``PostgresLedger._charge_unchanged``).
     seen: tuple[int, int, int] | None | bool = False
 
 

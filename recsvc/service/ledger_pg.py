@@ -234,7 +234,7 @@ class PostgresLedger:
                 q.result = precheck(q.pending, row[:4], self.window, self.budget_units, now)
             except LedgerError as exc:
                 q.error = exc
-            q.pending.seen = None if row[2] is None else (int(row[2]), int(row[3]), int(row[4]))
+            q.pending.seen = _account(row)
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
@@ -355,8 +355,7 @@ class PostgresLedger:
         the keys' users)."""
         rows = self._read(_PRECHECKS, ([u for u, _ in keys], [q for _, q in keys]))
         stored = {k: (bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None}
-        return stored, {k[0]: (int(s), int(ws), int(n)) for k, (*_, s, ws, n) in zip(keys, rows, strict=True)
-                        if s is not None}
+        return stored, {k[0]: a for k, row in zip(keys, rows, strict=True) if (a := _account(row)) is not None}
 
 
 _DEADLOCK_TRIES = 3
@@ -364,7 +363,8 @@ _DEADLOCK_TRIES = 3
 
 @dataclass(eq=False)
 class _Probe(Queued):
-    """A charge's pre-check, queued for a shared read; ``result``: a stored answer to replay, or None."""
+    """A charge's pre-check, queued for the next round (:meth:`PostgresLedger._group`);
+    ``result``: a stored answer to replay, or None."""
 
     pending: Pending
 
@@ -379,6 +379,11 @@ def _values(n: int, width: int, row: str = "") -> str:
 def _keys(probes: list[_Probe]) -> tuple[list[str], list[str]]:
     """:data:`_PRECHECKS`' parameters."""
     return [q.pending.user_id for q in probes], [q.pending.request_id for q in probes]
+
+
+def _account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
+    """The (spent_units, window_start, requests) of a :data:`_PRECHECKS` row; None: the user has no row."""
+    return None if row[2] is None else (int(row[2]), int(row[3]), int(row[4]))
 
 
 def _stored(n_keys: int) -> str:
@@ -399,10 +404,11 @@ def _lock_and_read(n_users: int, n_keys: int) -> str:
 # Arrays are bound as binary (%b): psycopg's text format quotes every element through a regex
 # (about 12 µs per batched charge). The pre-checks' read: one row per (user_id, request_id), in
 # order (NULLs where nothing is stored).
-_PRECHECKS = ("SELECT q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
-              "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
-              "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
-              "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r ORDER BY k.i")
+_PRECHECK_ROWS = ("q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
+                  "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
+                  "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
+                  "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r")
+_PRECHECKS = "SELECT " + _PRECHECK_ROWS + " ORDER BY k.i"
 
 # The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: update the
 # accounts still as read (the UPDATE locks each row and, after waiting for another transaction's
@@ -427,10 +433,7 @@ _CHARGE_UNCHANGED = _CHARGE_CTES + "SELECT user_id FROM charged"
 # statement's snapshot: rows (NULL, a user charged, NULLs…) and (i, NULL, the i-th read's row).
 _CHARGE_AND_PRECHECK = (
     _CHARGE_CTES + "SELECT NULL::bigint, user_id, NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint, NULL::bigint "
-    "FROM charged UNION ALL SELECT k.i, NULL, q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
-    "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
-    "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
-    "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r")
+    "FROM charged UNION ALL SELECT k.i, NULL, " + _PRECHECK_ROWS)
 
 # One statement (a constant text, so psycopg prepares it once per connection): store the answers
 # and set the users' new accounts (absolute values: the transaction holds their row locks).
