@@ -373,11 +373,17 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
 def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_numbers(pg_cluster,
                                                                                        tmp_path: Path) -> None:
     """psycopg would send an int as int2, int4 or int8 by its size, and prepares a statement once
-    per parameter types (after 5 executions, each parsed and planned until then): the charges of
-    a user who spends little and of one who spends much would be two statements. Every int is
-    sent as int8, so each statement text is prepared once."""
+    per parameter types: the charges of a new user (no account read), of one who spends little and
+    of one who spends much would be three statements. Every int is sent as int8 and "no account"
+    as −1, so each statement text is prepared once, and on its first execution (psycopg's default
+    is after 5, each parsed and planned until then)."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = s.open(budget=1.0, pool_size=1)
+    a.draw_and_charge("first", "r", b"d", 1e-6, lambda: 0, _answer("r"))
+    with a._pool.connection() as conn:
+        texts = [t for t, in conn.execute("SELECT statement FROM pg_prepared_statements")]
+    assert sum(t.endswith("SELECT user_id FROM charged") for t in texts) == 1, texts
+    assert sum(t.startswith("SELECT q.fingerprint") for t in texts) == 1, texts
     for k in range(7):
         a.draw_and_charge("little", f"r{k}", b"d", 1e-6, lambda: 0, _answer("r"))
         a.draw_and_charge("much", f"r{k}", b"d", 0.1, lambda: 0, _answer("r"))

@@ -132,7 +132,9 @@ class PostgresLedger:
         # server is back instead of after a long exponential backoff.
         self._pool = ConnectionPool(url, min_size=pool_size, max_size=pool_size, timeout=timeout_s, open=False,
                                     reconnect_timeout=timeout_s,
-                                    kwargs={"autocommit": True, **_link_timeouts(timeout_s)},
+                                    # prepared on their first execution, not after psycopg's default 5, each
+                                    # planned until then: every statement here repeats on every connection.
+                                    kwargs={"autocommit": True, "prepare_threshold": 0, **_link_timeouts(timeout_s)},
                                     configure=_configure, name="recsvc-ledger")
         self._pool.open(wait=True, timeout=timeout_s * 2)
 
@@ -300,7 +302,9 @@ class PostgresLedger:
         if not writes.requests:
             return batch, (conn.execute(_PRECHECKS, _keys(probes)).fetchall() if probes else [])
         accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
-        before = [seen[u] or (None, None, None) for u, *_ in accounts]
+        # −1, never a stored value, for "no row read": an all-NULL array would be sent with another
+        # type than a bigint one, and psycopg would prepare the statement a second time for it.
+        before = [seen[u] or (-1, -1, -1) for u, *_ in accounts]
         args = (*map(list, zip(*accounts, strict=True)), *map(list, zip(*before, strict=True)),
                 datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True)))
         rows: list[tuple[Any, ...]] | None = []
@@ -413,7 +417,7 @@ _PRECHECKS = "SELECT " + _PRECHECK_ROWS + " ORDER BY k.i"
 # The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: update the
 # accounts still as read (the UPDATE locks each row and, after waiting for another transaction's
 # lock, re-checks its WHERE on the row's newest version; its nested loop over the sorted arrays
-# locks in user_id order, as the locking transaction does), create the missing ones (``s0`` NULL:
+# locks in user_id order, as the locking transaction does), create the missing ones (``s0`` −1:
 # none was read), store the answers of exactly those users, and return them. Parameters: the
 # users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time, the requests' columns.
 _CHARGE_CTES = (
@@ -423,7 +427,7 @@ _CHARGE_CTES = (
     "WHERE b.user_id = v.u AND b.spent_units = v.s0 AND b.requests = v.n0 AND b.window_start = v.w0 "
     "RETURNING b.user_id), "
     "created AS (INSERT INTO recsvc_budgets(user_id, spent_units, requests, window_start) SELECT u, s, n, w FROM v "
-    "WHERE s0 IS NULL ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
+    "WHERE s0 < 0 ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
     "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
     "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
     "created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
