@@ -27,10 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,21 +40,11 @@ import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_service import bench_artifact, free_port  # noqa: E402
+from bench_service import bench_artifact, free_port, launch, stop  # noqa: E402
+
+from recsvc.service.wire import length_delimited as _field  # noqa: E402
 
 MB = 1e6
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _select_head(user: str) -> bytes:
@@ -128,14 +115,10 @@ class Server:
         if src is not None:
             env["PYTHONPATH"] = str(src)
         cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
-               "--port", str(self.port), "--budget", "1e9", "--drain-delay", "0", *extra]
+               "--port", str(self.port), "--budget", "1e6", "--drain-delay", "0", *extra]
         if floor:
             cmd = [sys.executable, __file__, "--serve-floor", str(self.port)]
-        self.proc = subprocess.Popen(cmd, cwd=src or REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        if not re.search(r"listening on", line):
-            raise RuntimeError(f"server did not start: {line!r}")
+        self.proc = launch(cmd, "server", cwd=src or REPO, env=env)
         self.ps = psutil.Process(self.proc.pid)
 
     def cpu(self) -> float:
@@ -158,12 +141,7 @@ class Server:
         return float("nan")
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc)
 
 
 def _call(channel: grpc.Channel, method: str, payload: bytes) -> str:

@@ -164,6 +164,25 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     asyncio.run(main())
 
 
+def launch(cmd: list[str], what: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A server process, returned once it printed that it is listening."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()  # type: ignore[union-attr]
+    if not re.search(r"listening on", line):
+        raise RuntimeError(f"{what} did not start: {line!r}")
+    return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (a graceful drain), then SIGKILL after 15 s."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 class Server:
     def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = (),
                  ledger: str | None = None) -> None:
@@ -177,10 +196,7 @@ class Server:
                    "--port", str(self.port), "--budget", "1e6", "--workers", str(workers), "--drain-delay", "0", *extra]
         else:
             cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(self.ledger)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline()  # type: ignore[union-attr]
-        if not re.search(r"listening on", line):
-            raise RuntimeError(f"{kind} server did not start: {line!r}")
+        self.proc = launch(cmd, f"{kind} server")
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the server process and its worker processes so far."""
@@ -191,12 +207,7 @@ class Server:
         return sum(sum(p.cpu_times()[:2]) for p in procs)
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop(self.proc)
 
 
 # ----------------------------------------------------------------------------- client

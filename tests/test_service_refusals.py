@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from recsvc.service import wire
+from recsvc.service.wire import length_delimited as _field
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
@@ -22,18 +23,6 @@ from service_fixtures import candidates
 
 SERVICE = "/recsvc.v1.PrivateSelection/"
 ID = lambda b: b  # noqa: E731 - identity (de)serializer: the bytes go on the wire as they are
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    return bytes(out + bytes([n]))
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _head(**over) -> bytes:
@@ -232,3 +221,16 @@ def test_malformed_bytes_on_a_streaming_method(channel: grpc.Channel, no_errors_
     with pytest.raises(grpc.RpcError) as info:
         list(call(iter([MALFORMED["length past the end"]]), timeout=30))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "not a valid" in info.value.details()
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 300_000])
+def test_a_length_delimited_field_reads_back_through_the_scan_and_through_protobuf(size: int) -> None:
+    """The raw encoder the refusal tests build their messages with: lengths on both sides of each
+    varint byte boundary, a field number past 15 (a two-byte tag), read back by :func:`wire.fields`
+    and by protobuf's own parser (which keeps the unknown field 17 aside)."""
+    payload = bytes(97 + i % 26 for i in range(size))  # ASCII: field 3 is a string
+    data = _field(1, b"user") + _field(17, b"x") + _field(3, payload)
+    starts = [(n, t, data[s:e]) for n, t, s, e in wire.fields(data, 0, len(data))]
+    assert starts == [(1, 2, b"user"), (17, 2, b"x"), (3, 2, payload)]
+    req = pb.SelectRequest.FromString(data)
+    assert (req.user_id, req.mechanism) == ("user", payload.decode())
