@@ -48,10 +48,6 @@ class StopSignal:
     def handle(self, signum: int, frame: object) -> None:
         self.count += 1  # no lock, no I/O, no logging: see the module docstring
 
-    @property
-    def requested(self) -> bool:
-        return self.count > 0
-
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until a stop was requested (True) or ``timeout`` seconds passed (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
