@@ -131,6 +131,9 @@ def main() -> None:
     results = []
     for path in args.artifacts:
         art = load_artifact(path)
+        if art.policy is None:
+            ap.error(f"{path} has no policy.parquet; expected an artifact built by `recsvc prep` (it writes `auto`'s "
+                     "policy table)")
         table = PolicyTable.from_frame(art.policy)
         matrix = art.candidate_matrix()
         if args.users is not None and args.users < len(matrix.user_ids):
