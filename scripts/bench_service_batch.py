@@ -93,18 +93,21 @@ def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack
     subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "1e6",
                     "--fingerprint-key", str(key)], cwd=REPO, check=True, capture_output=True)
     srv = Server("sync", art, tmp, workers, ledger=url, extra=("--fingerprint-key", str(key)))
-    srv.db_pid = int((cluster.data / "db" / "postmaster.pid").read_text().split()[0])
+    srv.db_pid = cluster.postmaster_pid()
     return srv
 
 
 def db_cpu_seconds(srv: Server) -> float:
     """User + system CPU of the PostgreSQL server's processes so far (0 for SQLite: in-process).
     The server shares the 2 cores, so its CPU per selection is part of the PostgreSQL cost."""
+    pid = getattr(srv, "db_pid", None)
+    return 0.0 if pid is None else tree_cpu_seconds(pid)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU so far of process ``pid`` and its descendants alive now."""
     import psutil
 
-    pid = getattr(srv, "db_pid", None)
-    if pid is None:
-        return 0.0
     procs = [psutil.Process(pid)]
     procs += procs[0].children(recursive=True)
     total = 0.0

@@ -39,8 +39,16 @@ class Cluster:
     _names = itertools.count()
 
     def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        return subprocess.run([*prefix, *cmd], check=check, capture_output=True, text=True, timeout=60)
+        return subprocess.run(_as_postgres(cmd), check=check, capture_output=True, text=True, timeout=60)
+
+    def spawn(self, program: str, *args: str) -> subprocess.Popen:
+        """One of the cluster's programs (e.g. ``pgbench``) in the background, as ``postgres`` when
+        root; its output, stdout and stderr together, is the Popen's ``stdout``."""
+        return subprocess.Popen(_as_postgres((str(self.bin / program), *args)), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "db" / "postmaster.pid").read_text().split()[0])
 
     def url(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
@@ -67,6 +75,10 @@ class Cluster:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {name}")
         return self.url(name)
+
+
+def _as_postgres(cmd: tuple[str, ...]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else list(cmd)
 
 
 def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = (), shared_buffers: str = "32MB") -> Cluster:
