@@ -94,10 +94,15 @@ def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_c
     for apart in ([prepared[0], prepared[2]], [prepared[1], prepared[0]]):  # not adjacent, not in order: a copy
         got = batch_module.joined(apart, "scores")
         assert got.base is None and got.tolist() == apart[0].scores.tolist() + apart[1].scores.tolist()
-    inner = np.arange(40.0)[5:]  # offsets that are not the slices' places in their base: a copy
-    shifted = [dataclasses.replace(p, scores=inner[s:s + 2], at=s) for p, s in zip(prepared[:2], (0, 2))]
-    got = batch_module.joined(shifted, "scores")
-    assert got.base is None and got.tolist() == [5.0, 6.0, 7.0, 8.0]
+    whole = np.arange(40.0)
+    inner = whole[5:]  # adjacent slices of a view: read in place at their addresses in the base
+    moved = [dataclasses.replace(p, scores=inner[s:s + 2]) for p, s in zip(prepared[:2], (0, 2))]
+    got = batch_module.joined(moved, "scores")
+    assert got.base is whole and got.tolist() == [5.0, 6.0, 7.0, 8.0]
+    # Each starts where the one before would end if it were contiguous, but they are strided: a copy.
+    strided = [dataclasses.replace(p, scores=whole[s:s + 4:2]) for p, s in zip(prepared[:2], (0, 2))]
+    got = batch_module.joined(strided, "scores")
+    assert got.base is None and got.tolist() == [0.0, 2.0, 2.0, 4.0]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
     g = _gen(5)
     assert [b.tolist() for b in batch] == [draw(p, g, False).tolist() for p in prepared]

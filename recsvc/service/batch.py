@@ -34,21 +34,20 @@ def vectorisable(p: Prepared) -> bool:
 
 def joined(ps: Sequence[Prepared], column: str) -> np.ndarray:
     """``np.concatenate`` of the items' ``column`` (scores or sensitivities), without the copy when
-    they are adjacent slices of one array, in order: Selector.prepare_many clips a batch as ONE array."""
+    they are adjacent slices of one array, in order: Selector.prepare_many clips a batch as ONE array.
+    Adjacency is read off the slices' own addresses in their base, so nothing else has to record it."""
     parts = [getattr(p, column) for p in ps]
-    base, at = parts[0].base, ps[0].at
-    if at < 0 or not isinstance(base, np.ndarray) or base.ndim != 1 or not base.flags.c_contiguous:
+    base = parts[0].base
+    if not isinstance(base, np.ndarray) or base.ndim != 1 or not base.flags.c_contiguous:
         return np.concatenate(parts)
-    end = at
-    for p, a in zip(ps, parts):
-        if a.base is not base or p.at != end:
+    step, origin = base.itemsize, base.ctypes.data
+    start = end = (parts[0].ctypes.data - origin) // step
+    for a in parts:
+        in_place = a.base is base and a.dtype == base.dtype and a.flags.c_contiguous
+        if not in_place or a.ctypes.data != origin + end * step:
             return np.concatenate(parts)
         end += a.size
-    step = base.itemsize  # the offsets must be the slices' own places in base (checked at both ends)
-    if (parts[0].ctypes.data != base.ctypes.data + at * step
-            or parts[-1].ctypes.data != base.ctypes.data + (end - parts[-1].size) * step):
-        return np.concatenate(parts)
-    return base[at:end]
+    return base[start:end]
 
 
 def draw_many(selector: Selector, prepared: Sequence[Prepared],

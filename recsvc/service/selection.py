@@ -74,7 +74,6 @@ class Prepared:
     k: int = 1  # slate size, 1 <= k <= the candidates (n, or the stage's m)
     stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
     rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
-    at: int = -1  # where scores/sensitivities start in the arrays prepare_many clipped them in (their .base)
 
     def answer(self, picked: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The slate's (item ids, catalog rows) from the drawn candidate indices."""
@@ -391,7 +390,7 @@ class Selector:
                 name, params = self.resolve(name, x.epsilon, kk, e - s, x.params)
                 ids = x.item_ids if x.item_ids is not None else RowIds(self.catalog.item_ids, rows[s:e])
                 out[i] = Prepared(x.user_id, x.request_id or uuid.uuid4().hex, x.fingerprint(), name, x.epsilon,
-                                  params, q[s:e], sens[s:e], ids, kk, rows=rows[s:e], at=s)
+                                  params, q[s:e], sens[s:e], ids, kk, rows=rows[s:e])
             except Exception as exc:  # noqa: BLE001
                 out[i] = exc
         return out  # type: ignore[return-value]
