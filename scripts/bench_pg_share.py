@@ -36,8 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
-from bench_service import METHOD, bench_artifact, load, stop  # noqa: E402
-from bench_service_batch import db_cpu_seconds, select_bodies, start_server, tree_cpu_seconds  # noqa: E402
+from bench_service import METHOD, bench_artifact, load, stop, tree_cpu_seconds  # noqa: E402
+from bench_service_batch import db_cpu_seconds, select_bodies, start_server  # noqa: E402
 
 SELECTS = 3000  # per row and turn: about 2-3 s
 # One pgbench transaction: 3 rows like recsvc_requests' (two hex ids, a 16-byte fingerprint, a

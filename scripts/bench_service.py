@@ -183,6 +183,21 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU so far of process ``pid`` and its descendants alive now."""
+    import psutil
+
+    procs = [psutil.Process(pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0.0
+    for p in procs:
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 class Server:
     def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = (),
                  ledger: str | None = None) -> None:
@@ -200,11 +215,7 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the server process and its worker processes so far."""
-        import psutil
-
-        procs = [psutil.Process(self.proc.pid)]
-        procs += procs[0].children(recursive=True)
-        return sum(sum(p.cpu_times()[:2]) for p in procs)
+        return tree_cpu_seconds(self.proc.pid)
 
     def stop(self) -> None:
         stop(self.proc)

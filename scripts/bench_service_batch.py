@@ -29,7 +29,7 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_service import BATCH_METHOD, METHOD, REPO, Server, bench_artifact, load, payloads
+from bench_service import BATCH_METHOD, METHOD, REPO, Server, bench_artifact, load, payloads, tree_cpu_seconds
 
 BENCH_ITEMS = 2000  # bench_artifact's catalog: item{k} is row k
 
@@ -102,21 +102,6 @@ def db_cpu_seconds(srv: Server) -> float:
     The server shares the 2 cores, so its CPU per selection is part of the PostgreSQL cost."""
     pid = getattr(srv, "db_pid", None)
     return 0.0 if pid is None else tree_cpu_seconds(pid)
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU so far of process ``pid`` and its descendants alive now."""
-    import psutil
-
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
-    total = 0.0
-    for p in procs:
-        try:
-            total += sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 PLAN = (("Select", "ids", 8), ("Select", "ids", 32), ("Select", "rows", 8), ("Select", "rows", 32),

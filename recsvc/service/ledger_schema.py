@@ -59,6 +59,7 @@ _REQUESTS = """CREATE TABLE IF NOT EXISTS requests (
     mechanism     TEXT NOT NULL DEFAULT ''
 )"""
 _REQUESTS_KEY = "CREATE UNIQUE INDEX IF NOT EXISTS requests_key ON requests (user_id, request_id)"
+_SETTINGS = "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS budgets (
     user_id      TEXT PRIMARY KEY,
@@ -68,11 +69,11 @@ _TABLES = (
 ) WITHOUT ROWID""",
     _REQUESTS,
     _REQUESTS_KEY,
-    "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID",
+    _SETTINGS,
 )
 _V2 = ("ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
        "ALTER TABLE requests ADD COLUMN mechanism TEXT NOT NULL DEFAULT ''",
-       _TABLES[3])
+       _SETTINGS)
 _COLUMNS = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
 _V3 = ("ALTER TABLE requests RENAME TO requests_v2", _REQUESTS, _REQUESTS_KEY,
        f"INSERT INTO requests ({_COLUMNS}) SELECT {_COLUMNS} FROM requests_v2 ORDER BY created, user_id, request_id",
