@@ -48,12 +48,13 @@ from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
-from recsvc.service import fingerprint_key, ledger_pg_schema, metrics
+from recsvc.service import fingerprint_key, ledger_pg_schema, metrics, pg_arrays
 from recsvc.service.ledger_base import (Charge, Flights, GroupCommit, LedgerError, LedgerUnavailable, Pending, Queued,
                                         UserBudget, account, decide_all, draw_then_commit, precheck, unset)
 from recsvc.service.ledger_pg_schema import connect, describe, scrub
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
+from recsvc.service.pg_arrays import BinaryArray, bytea_array, int8_array, text_array
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -78,6 +79,7 @@ def _configure(conn: psycopg.Connection) -> None:
     # text, each executed unprepared (parsed and planned) its first times on every connection.
     conn.adapters.register_dumper(int, Int8Dumper)
     conn.adapters.register_dumper(int, Int8BinaryDumper)
+    pg_arrays.register(conn)
 
 
 class PostgresLedger:
@@ -305,8 +307,8 @@ class PostgresLedger:
         # −1, never a stored value, for "no row read": an all-NULL array would be sent with another
         # type than a bigint one, and psycopg would prepare the statement a second time for it.
         before = [seen[u] or (-1, -1, -1) for u, *_ in accounts]
-        args = (*map(list, zip(*accounts, strict=True)), *map(list, zip(*before, strict=True)),
-                datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True)))
+        args = (*_columns(accounts, _ACCOUNT), *_columns(before, _SEEN), datetime.fromtimestamp(now, UTC),
+                *_columns(writes.requests, _REQUEST))
         rows: list[tuple[Any, ...]] | None = []
         try:
             if probes:
@@ -345,8 +347,8 @@ class PostgresLedger:
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
-                conn.execute(_WRITE, (datetime.fromtimestamp(now, UTC), *map(list, zip(*writes.requests, strict=True)),
-                                      *map(list, zip(*writes.users, strict=True))))
+                conn.execute(_WRITE, (datetime.fromtimestamp(now, UTC), *_columns(writes.requests, _REQUEST),
+                                      *_columns(writes.users, _ACCOUNT)))
             conn.execute("COMMIT")
         except BaseException:
             _roll_back(conn)
@@ -357,7 +359,7 @@ class PostgresLedger:
             dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]:
         """The batch pre-check's read, holding no lock: the pre-checks' statement (``users`` are
         the keys' users)."""
-        rows = self._read(_PRECHECKS, ([u for u, _ in keys], [q for _, q in keys]))
+        rows = self._read(_PRECHECKS, tuple(_columns(keys, _KEY)))
         stored = {k: (bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None}
         return stored, {k[0]: a for k, row in zip(keys, rows, strict=True) if (a := _account(row)) is not None}
 
@@ -380,9 +382,23 @@ def _values(n: int, width: int, row: str = "") -> str:
     return ", ".join([one] * n)
 
 
-def _keys(probes: list[_Probe]) -> tuple[list[str], list[str]]:
+def _keys(probes: list[_Probe]) -> tuple[BinaryArray, ...]:
     """:data:`_PRECHECKS`' parameters."""
-    return [q.pending.user_id for q in probes], [q.pending.request_id for q in probes]
+    return tuple(_columns([(q.pending.user_id, q.pending.request_id) for q in probes], _KEY))
+
+
+# The binary array of each column (:mod:`recsvc.service.pg_arrays`): a (user_id, request_id)
+# key, an account (user_id, spent_units, requests, window_start), an account as a pre-check read
+# it (spent_units, window_start, requests), a stored request (:class:`ledger_base.Writes`).
+_KEY = (text_array, text_array)
+_ACCOUNT = (text_array, int8_array, int8_array, int8_array)
+_SEEN = (int8_array, int8_array, int8_array)
+_REQUEST = (text_array, text_array, bytea_array, int8_array, bytea_array, text_array)
+
+
+def _columns(rows: list[tuple[Any, ...]], kinds: tuple[Callable[[Any], BinaryArray], ...]) -> list[BinaryArray]:
+    """``rows`` (at least one) as one binary array per column."""
+    return [kind(col) for kind, col in zip(kinds, zip(*rows, strict=True), strict=True)]
 
 
 def _account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
@@ -405,8 +421,7 @@ def _lock_and_read(n_users: int, n_keys: int) -> str:
             f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
 
 
-# Arrays are bound as binary (%b): psycopg's text format quotes every element through a regex
-# (about 12 µs per batched charge). The pre-checks' read: one row per (user_id, request_id), in
+# Arrays are bound as binary (%b), built by :func:`_columns`. The pre-checks' read: one row per (user_id, request_id), in
 # order (NULLs where nothing is stored).
 _PRECHECK_ROWS = ("q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
                   "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
