@@ -15,6 +15,7 @@ from ledger_conformance import Stores
 from recsvc.checks import ParamError
 from recsvc.service.ledger_pg import PostgresLedger
 from recsvc.service.ledger_pg_schema import MIGRATIONS, key_check
+from recsvc.service.ledger_units import charge_units
 from recsvc.v1 import selection_pb2 as pb
 from service_fixtures import REPO, free_port
 
@@ -37,6 +38,18 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
     led = PostgresLedger(url, 1.0, tmp_path / "k")  # the same settings: accepted
     with led._pool.connection() as conn:
         assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+    led.close()
+
+
+def test_a_pooled_connection_runs_its_statements_on_one_cursor(pg_cluster, tmp_path: Path) -> None:
+    led = Stores(pg_cluster.new_database(), tmp_path / "k").open(budget=1.0)
+    led.charge("u", "r1", b"d", 0.25, lambda rem: b"a")
+    with led._pool.connection() as conn:
+        first = conn.run("SELECT %s::int", (1,))
+        assert first.fetchall() == [(1,)]
+        assert conn.run("SELECT %s::text", ("x",)) is first and first.fetchall() == [("x",)]
+        assert conn.run("SHOW synchronous_commit").fetchone() == ("on",)  # configured like every pooled one
+    assert led.user("u").spent_units == charge_units(0.25)
     led.close()
 
 

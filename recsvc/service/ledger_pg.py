@@ -82,6 +82,18 @@ def _configure(conn: psycopg.Connection) -> None:
     pg_arrays.register(conn)
 
 
+class _Connection(psycopg.Connection[Any]):
+    """A pooled ledger connection that runs its statements on one cursor it keeps: a new cursor
+    looks up every parameter's dumper again, about 20 µs of client CPU per statement."""
+
+    _cursor: psycopg.Cursor[Any] | None = None
+
+    def run(self, sql: str, args: tuple[Any, ...] | dict[str, Any] = ()) -> psycopg.Cursor[Any]:
+        if self._cursor is None or self._cursor.closed:
+            self._cursor = self.cursor()
+        return self._cursor.execute(sql, args)
+
+
 class PostgresLedger:
     """A :class:`recsvc.service.ledger_base.LedgerStore` in PostgreSQL (thread-safe, multi-replica).
 
@@ -137,7 +149,7 @@ class PostgresLedger:
                                     # prepared on their first execution, not after psycopg's default 5, each
                                     # planned until then: every statement here repeats on every connection.
                                     kwargs={"autocommit": True, "prepare_threshold": 0, **_link_timeouts(timeout_s)},
-                                    configure=_configure, name="recsvc-ledger")
+                                    connection_class=_Connection, configure=_configure, name="recsvc-ledger")
         self._pool.open(wait=True, timeout=timeout_s * 2)
 
     def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
@@ -178,14 +190,14 @@ class PostgresLedger:
 
     # -- reads ---------------------------------------------------------------------------
 
-    def _retrying(self, fn: Callable[[psycopg.Connection], T]) -> T:
+    def _retrying(self, fn: Callable[[_Connection], T]) -> T:
         """``fn`` on a pooled connection; after a connection failure (the server restarted, the
         pool still holds dead connections) once more on a checked one, then UNAVAILABLE. Safe for
         charges too: the retry decides again on what is stored."""
         for attempt in range(2):
             try:
                 with self._pool.connection() as conn:
-                    return fn(conn)
+                    return fn(conn)  # type: ignore[arg-type]
             except psycopg.errors.DeadlockDetected:  # an OperationalError, but the server is up
                 raise
             except _DOWN as exc:
@@ -197,7 +209,7 @@ class PostgresLedger:
         raise AssertionError("unreachable")
 
     def _read(self, sql: str, args: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
-        return self._retrying(lambda conn: conn.execute(sql, args).fetchall())
+        return self._retrying(lambda conn: conn.run(sql, args).fetchall())
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
         rows = self._read("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
@@ -282,7 +294,7 @@ class PostgresLedger:
             if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
                 p.result = Charge(p.result.response, replayed=False)
 
-    def _charge_unchanged(self, conn: psycopg.Connection, batch: list[Pending],
+    def _charge_unchanged(self, conn: _Connection, batch: list[Pending],
                           probes: list[_Probe]) -> tuple[list[Pending], list[tuple[Any, ...]] | None]:
         """Optimistic concurrency for the charges whose pre-check read their user's account
         (``seen``): decided on those accounts, then ONE autocommit statement (its own
@@ -302,7 +314,7 @@ class PostgresLedger:
         now = self._clock()
         writes = decide_all(tried, {}, {u: a for u, a in seen.items() if a}, self.window, self.budget_units, now)
         if not writes.requests:
-            return batch, (conn.execute(_PRECHECKS, _keys(probes)).fetchall() if probes else [])
+            return batch, (conn.run(_PRECHECKS, _keys(probes)).fetchall() if probes else [])
         accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
         # −1, never a stored value, for "no row read": an all-NULL array would be sent with another
         # type than a bigint one, and psycopg would prepare the statement a second time for it.
@@ -312,11 +324,11 @@ class PostgresLedger:
         rows: list[tuple[Any, ...]] | None = []
         try:
             if probes:
-                out = conn.execute(_CHARGE_AND_PRECHECK, (*args, *_keys(probes))).fetchall()
+                out = conn.run(_CHARGE_AND_PRECHECK, (*args, *_keys(probes))).fetchall()
                 charged = {u for i, u, *_ in out if i is None}
                 rows = [r[2:] for r in sorted((r for r in out if r[0] is not None), key=lambda r: r[0])]
             else:
-                charged = {u for u, in conn.execute(_CHARGE_UNCHANGED, args)}
+                charged = {u for u, in conn.run(_CHARGE_UNCHANGED, args)}
         except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
             charged, rows = set(), None  # nothing stored (one statement); the locking transaction decides them all
         if charged:
@@ -329,7 +341,7 @@ class PostgresLedger:
             metrics.RELOCKED.inc(relocked)
         return rest, rows
 
-    def _transaction(self, conn: psycopg.Connection, batch: list[Pending]) -> None:
+    def _transaction(self, conn: _Connection, batch: list[Pending]) -> None:
         """Three round trips: [BEGIN, create missing budget rows, lock the users' rows in user_id
         order (two transactions never wait on each other in a cycle), read the stored requests]
         as one multi-statement query (client-side binding of a few short strings), decide, then
@@ -347,9 +359,9 @@ class PostgresLedger:
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
-                conn.execute(_WRITE, (datetime.fromtimestamp(now, UTC), *_columns(writes.requests, _REQUEST),
+                conn.run(_WRITE, (datetime.fromtimestamp(now, UTC), *_columns(writes.requests, _REQUEST),
                                       *_columns(writes.users, _ACCOUNT)))
-            conn.execute("COMMIT")
+            conn.run("COMMIT")
         except BaseException:
             _roll_back(conn)
             raise
