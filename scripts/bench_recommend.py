@@ -97,6 +97,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--two-stage-requests", type=int, default=20)
     args = ap.parse_args()
+    if not args.artifacts.is_dir():
+        ap.error(f"no artifact at {args.artifacts}: build the default one with `.venv/bin/recsvc prep "
+                 "--dataset synthetic --preset ml20m-shape --out artifacts/synthetic-ml20m-shape` (as "
+                 "scripts/bench_pipeline.py does), or pass --artifacts artifacts/ml-100k after "
+                 "`bash scripts/demo.sh`")
 
     from recsvc.artifact import load_artifact
     from recsvc.service.client import Client
