@@ -199,8 +199,9 @@ def test_duplicate_request_ids_within_a_batch_replay_the_first(client: Client, s
 
 
 def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster, artifact: Path, tmp_path: Path) -> None:
-    """The PostgreSQL store has no one-transaction batch commit: SelectBatch charges its items one
-    by one there, with the same per-item outcomes (good items charged, a bad one refused alone)."""
+    """On the PostgreSQL store too, a SelectBatch is one commit with per-item outcomes: good items
+    charged, bad ones refused alone. An id with a NUL character, which PostgreSQL's text cannot
+    hold, is refused at validation, so it never reaches (and fails) the batch's statement."""
     from ledger_conformance import Stores
 
     url = pg_cluster.new_database()
@@ -211,10 +212,13 @@ def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster,
             reqs = [c.select_request("pg-batch", candidates(), mechanism="rnm", epsilon=1.0, request_id=f"r{i}")
                     for i in range(3)]
             reqs.append(c.select_request("pg-batch", candidates(), mechanism="no-such-mechanism", epsilon=1.0, request_id="bad"))
-            results = c.select_batch(reqs)
+            reqs.append(c.select_request("pg\x00batch", candidates(), mechanism="rnm", epsilon=1.0, request_id="nul"))
+            results, commits = _batch_commits(h, c, reqs)
             again = c.select_batch(reqs[:3])
-        assert [r.WhichOneof("outcome") for r in results] == ["response"] * 3 + ["error"]
-        assert results[3].error.code_name == "INVALID_ARGUMENT"
+        assert [r.WhichOneof("outcome") for r in results] == ["response"] * 3 + ["error"] * 2
+        assert results[3].error.code_name == results[4].error.code_name == "INVALID_ARGUMENT"
+        assert "user_id contains a NUL character" in results[4].error.message
+        assert commits == 1
         assert [r.response.replayed for r in again] == [True] * 3
         assert [r.response.item_id for r in again] == [r.response.item_id for r in results[:3]]
         u = h.ledger.user("pg-batch")

@@ -134,6 +134,8 @@ BAD = {
     "unknown mechanism": (dict(mechanism="magic"), "unknown mechanism 'magic'; expected one of"),
     "empty user": (dict(user_id=""), "user_id is empty"),
     "huge request_id": (dict(request_id="x" * 300), "request_id is 300 characters long"),
+    "NUL in user_id": (dict(user_id="a\x00b"), "user_id contains a NUL character (U+0000) at position 1"),
+    "NUL in request_id": (dict(request_id="bad-\x00"), "request_id contains a NUL character (U+0000) at position 4"),
     "rnmh refused": (dict(mechanism="rnmh"), "not differentially private"),
 }
 

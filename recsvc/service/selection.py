@@ -167,6 +167,9 @@ def check_id(name: str, value: str, required: bool) -> None:
         raise InvalidRequest(f"{name} is empty; expected a non-empty string")
     if len(value) > MAX_ID_LEN:
         raise InvalidRequest(f"{name} is {len(value)} characters long; expected at most {MAX_ID_LEN}")
+    if "\x00" in value:  # PostgreSQL's text cannot hold it: the ledger statement of a whole round would fail
+        raise InvalidRequest(f"{name} contains a NUL character (U+0000) at position {value.index(chr(0))}; "
+                             "expected text without NUL")
 
 
 class Selector:
