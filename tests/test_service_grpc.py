@@ -156,6 +156,16 @@ def test_bad_input_is_invalid_argument_and_spends_nothing(case: str, encoding: s
         assert not client.stub.Select(_good(encoding, request_id=f"bad-after-{encoding}"), timeout=10).replayed
 
 
+def test_a_nul_in_an_id_is_invalid_argument_for_every_rpc_that_takes_one(client: Client, server: ServerHandle) -> None:
+    before = server.ledger.totals()
+    for call in (lambda: client.budget("nul\x00user"),
+                 lambda: client.recommend("nul\x00user", ["it0", "it5"], mechanism="rnm", epsilon=0.5),
+                 lambda: client.recommend("nul-user", ["it0"], mechanism="rnm", epsilon=0.5, request_id="\x00")):
+        code, msg = _code(call)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "contains a NUL character (U+0000) at position" in msg
+    assert server.ledger.totals() == before
+
+
 def test_rnmh_only_with_allow_non_private(artifact: Path, tmp_path: Path) -> None:
     h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", allow_non_private=True))
     try:
