@@ -263,6 +263,14 @@ def test_a_batch_is_one_transaction_decided_in_order(stores: Stores) -> None:
     assert led.lookup("u", "c") is None and led.lookup("u", "d")[1] == b"s3|0.0"
 
 
+def test_a_batch_of_only_uncountable_items_refuses_each_and_reads_nothing_stored(stores: Stores) -> None:
+    led = stores.open(budget=1.0)
+    draws: list[list[int]] = []
+    got = _batch(led, [BatchItem("u", "a", b"da", 1e-300, "rnm"), BatchItem("v", "b", b"db", 1e-13, "rnm")], draws)
+    assert [_outcome(o) for o in got] == ["InvalidCharge", "InvalidCharge"] and draws == []
+    assert led.commits == 0 and led.totals() == {}
+
+
 def test_concurrent_batches_and_single_charges_against_a_budget_for_50(stores: Stores) -> None:
     """8 batches of 20 items and 40 single charges of one user, all at once, against a budget
     for 50: exactly 50 are charged, whichever path they took."""

@@ -409,8 +409,9 @@ _REQUEST = (text_array, text_array, bytea_array, int8_array, bytea_array, text_a
 
 
 def _columns(rows: list[tuple[Any, ...]], kinds: tuple[Callable[[Any], BinaryArray], ...]) -> list[BinaryArray]:
-    """``rows`` (at least one) as one binary array per column."""
-    return [kind(col) for kind, col in zip(kinds, zip(*rows, strict=True), strict=True)]
+    """``rows`` as one binary array per column (empty arrays for no rows)."""
+    cols = list(zip(*rows, strict=True)) or [()] * len(kinds)
+    return [kind(col) for kind, col in zip(kinds, cols, strict=True)]
 
 
 def _account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
