@@ -393,3 +393,63 @@ def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_
     assert sum(t.endswith("SELECT user_id FROM charged") for t in texts) == 1, texts
     assert sum(t.startswith("SELECT q.fingerprint") for t in texts) == 1, texts
     s.close_all()
+
+
+def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Validation refuses an id PostgreSQL's text cannot hold (a NUL). Should one reach the ledger,
+    the statement of the round it shares with other users' charges and pre-checks fails as a whole,
+    storing nothing; each item is then done again alone, so only that one fails: the others are
+    charged or replayed, exactly once."""
+    import threading
+    import time
+
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    a = s.open(budget=1.0, pool_size=1)
+    a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
+    rounds: list[tuple[int, int]] = []
+    unchanged = a._charge_unchanged
+
+    def counted(conn: psycopg.Connection, charges: list, probes: list) -> tuple:
+        rounds.append((len(charges), len(probes)))
+        return unchanged(conn, charges, probes)
+
+    monkeypatch.setattr(a, "_charge_unchanged", counted)
+    out: dict[str, object] = {}
+
+    def run(rid: str, call) -> None:
+        try:
+            out[rid] = call()
+        except Exception as exc:  # noqa: BLE001
+            out[rid] = exc
+
+    held = a._pool.getconn()  # the first round waits for it while the others queue behind it
+    deadline = time.monotonic() + 10
+    threads = [threading.Thread(target=run, args=("first", lambda: a.draw_and_charge(
+        "f", "first", b"d", 0.1, lambda: 0, _answer("first"))))]
+    threads[0].start()
+    while a._pool.get_stats().get("requests_waiting", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.002)
+    queued = [("charged", lambda: a.charge("c", "charged", b"d", 0.25, lambda rem: f"charged|{rem:.2f}".encode())),
+              ("nul", lambda: a.draw_and_charge("bad\x00user", "nul", b"d", 0.2, lambda: 0, _answer("nul"))),
+              ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored")))]
+    for n, (rid, call) in enumerate(queued, start=1):
+        threads.append(threading.Thread(target=run, args=(rid, call)))
+        threads[-1].start()
+        while a._commit_all.queued() < n and time.monotonic() < deadline:
+            time.sleep(0.002)
+    assert a._commit_all.queued() == 3
+    a._pool.putconn(held)
+    for th in threads:
+        th.join(20)
+    # the charge (and perhaps first's, drawn meanwhile) and both pre-checks shared one statement,
+    # which failed; then each item went alone
+    assert rounds[0] == (0, 1) and rounds[1][0] >= 1 and rounds[1][1] == 2, rounds
+    assert all(c + p == 1 for c, p in rounds[2:]), rounds
+    assert isinstance(out["nul"], psycopg.DataError) and "0x00" in str(out["nul"])
+    assert out["charged"].response == b"charged|0.75" and not out["charged"].replayed
+    assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
+    assert out["first"].response == b"first|0.90" and not out["first"].replayed
+    assert [(a.user(u).spent_units, a.user(u).requests) for u in "cfv"] == [
+        (charge_units(0.25), 1), (charge_units(0.1), 1), (charge_units(0.5), 1)]
+    s.close_all()

@@ -269,7 +269,13 @@ class PostgresLedger:
         failed statement refuses every pre-check it took (none may draw) and, with an unreachable
         database, every charge not yet stored (:class:`LedgerUnavailable`: nothing is known to be
         stored, a retry with the same request_id finds out)."""
-        batch = take()
+        self._round(take())
+
+    def _round(self, batch: list[Queued]) -> None:
+        """:meth:`_group`'s work on ``batch``. A statement that fails on one item's values (a
+        data or integrity error, which validation should have stopped) stored nothing of the
+        items it held: they are done again one at a time, so only that item fails, never the other
+        users' requests that shared its round."""
         probes = [q for q in batch if isinstance(q, _Probe)]
         rest = charges = [q for q in batch if isinstance(q, Pending)]
         try:
@@ -287,7 +293,12 @@ class PostgresLedger:
                     if attempt == _DEADLOCK_TRIES - 1:
                         raise
         except Exception as exc:  # noqa: BLE001 - every pre-check and every charge not yet stored is refused
-            for q in [*probes, *rest]:
+            left: list[Queued] = [*probes, *rest]
+            if isinstance(exc, _ITEM_ERRORS) and len(left) > 1:
+                for q in left:
+                    self._round([q])
+                return
+            for q in left:
                 q.result, q.error = None, exc
             return
         for p in rest:  # our own COMMIT went through before a connection failure
@@ -377,6 +388,8 @@ class PostgresLedger:
 
 
 _DEADLOCK_TRIES = 3
+# What one item's values can make a statement fail with (not the database or the connection).
+_ITEM_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
 
 
 @dataclass(eq=False)
