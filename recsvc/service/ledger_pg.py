@@ -23,6 +23,9 @@ Same protocol and invariants as the SQLite store (:class:`recsvc.service.ledger.
   the WAL flushes of concurrent commits itself, so charges of different users share fsyncs.
 * **Idempotent**, **exact units**, **keyed fingerprints**, **no sampling under the lock**: as in
   the SQLite store (:mod:`recsvc.service.ledger_base` holds the shared rule).
+* **One item's values fail only that item.** A round statement that fails on an item's values
+  (a data or integrity error; validation refuses the one known case, a NUL in an id) stored
+  nothing, and its items are done again one at a time (:meth:`PostgresLedger._round`).
 * **Outages.** A lost connection or an exhausted pool is :class:`LedgerUnavailable` (gRPC
   UNAVAILABLE). A charge whose connection failed is retried once on a fresh connection: the retry
   re-checks the stored request, so a COMMIT that did go through is found, never charged twice.
