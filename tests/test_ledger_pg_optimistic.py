@@ -8,6 +8,9 @@ budget left that the answer reports, refusals, replays."""
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -24,6 +27,35 @@ from recsvc.service.ledger_units import charge_units
 def _replicas(pg_cluster, tmp_path: Path, budget: float = 1.0):
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     return s, s.open(budget=budget), s.open(budget=budget)
+
+
+def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Waits for other threads to reach a point (``done()``), at most ``seconds``; the caller's
+    asserts then say what did not happen."""
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.002)
+
+
+def _queue_in_order(a, threads: list[threading.Thread], queued: int = 0) -> None:
+    """Starts ``threads`` one by one, each once the one before has queued for ``a``'s next round
+    (which holds ``queued`` items before them), so they queue, and lead, in that order."""
+    for n, thread in enumerate(threads, start=queued + 1):
+        thread.start()
+        _until(lambda: a._commit_all.queued() >= n)
+
+
+def _rounds(a, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """The (charges, pre-checks) of each round statement ``a`` runs from now on."""
+    rounds: list[tuple[int, int]] = []
+    unchanged = a._charge_unchanged
+
+    def counted(conn: psycopg.Connection, charges: list, probes: list) -> tuple:
+        rounds.append((len(charges), len(probes)))
+        return unchanged(conn, charges, probes)
+
+    monkeypatch.setattr(a, "_charge_unchanged", counted)
+    return rounds
 
 
 def _answer(tag: str):
@@ -84,9 +116,6 @@ def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster
     while the optimistic statement runs: the statement waits for the lock, then checks the row's
     NEWEST version. If the other transaction commits, the account moved and the locking
     transaction decides (the other's spend counts); if it rolls back, the one statement charges."""
-    import threading
-    import time
-
     s, a, _ = _replicas(pg_cluster, tmp_path)
     a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
     p = Pending("u", "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem: f"r1|{rem:.2f}".encode())
@@ -96,11 +125,9 @@ def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster
                   "WHERE user_id = 'u'", (charge_units(0.3),))
     worker = threading.Thread(target=a._group, args=(lambda: [p],))
     worker.start()
-    deadline = time.monotonic() + 10
     with psycopg.connect(s.target, autocommit=True) as watch:
-        while time.monotonic() < deadline and not watch.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]:
-            time.sleep(0.005)
+        _until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+               .fetchone()[0] > 0)
     assert worker.is_alive()  # waiting for the row lock
     other.commit() if other_commits else other.rollback()
     other.close()
@@ -170,8 +197,6 @@ def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_u
 def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_cluster, tmp_path: Path) -> None:
     """While the pre-check leader waits for the pool's only connection, three more pre-checks
     queue; they are then answered by one read: a replay, a refusal and a fresh charge."""
-    import threading
-    import time
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = s.open(budget=1.0, pool_size=1)
@@ -192,14 +217,11 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     held = a._pool.getconn()  # the leader's read waits for it
     threads = [threading.Thread(target=charge, args=("u", "lead", 0.1))]
     threads[0].start()
-    deadline = time.monotonic() + 10
-    while a._pool.get_stats().get("requests_waiting", 0) < 1 and time.monotonic() < deadline:
-        time.sleep(0.002)
+    _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     for user, rid, eps in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "fresh", 0.3)]:
         threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
         threads[-1].start()
-    while a._commit_all.queued() < 3 and time.monotonic() < deadline:
-        time.sleep(0.002)
+    _until(lambda: a._commit_all.queued() >= 3)
     assert a._commit_all.queued() == 3
     a._pool.putconn(held)
     for t in threads:
@@ -216,8 +238,6 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
     """Shared rounds that fail (here with a server-side error): the first leader's, then the one
     its successor makes for the two pre-checks that queued meanwhile. Every charge fails with the
     error, the one that waited for another's read included; none draws, nothing is spent."""
-    import threading
-    import time
 
     s, a, _ = _replicas(pg_cluster, tmp_path)
     release = threading.Event()
@@ -239,13 +259,8 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
     users = ("leader", "successor", "waiter")
     threads = [threading.Thread(target=charge, args=(u,)) for u in users]
     threads[0].start()
-    deadline = time.monotonic() + 10
-    while not a._commit_all._leading and time.monotonic() < deadline:
-        time.sleep(0.002)
-    for n, th in enumerate(threads[1:], start=1):  # in order: the first to queue leads next
-        th.start()
-        while a._commit_all.queued() < n and time.monotonic() < deadline:
-            time.sleep(0.002)
+    _until(lambda: a._commit_all._leading)
+    _queue_in_order(a, threads[1:])  # the first to queue leads next
     assert a._commit_all.queued() == 2
     release.set()
     for th in threads:
@@ -303,8 +318,6 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     then decided under the lock with the first charge counted. If that statement fails with a
     unique violation (here a duplicate row it inserts), nothing of it is stored: the pre-checks
     read on their own and the charge goes to the locking transaction. Same outcomes either way."""
-    import threading
-    import time
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = s.open(budget=1.0, pool_size=1)
@@ -313,14 +326,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
         monkeypatch.setattr(ledger_pg, "_CHARGE_AND_PRECHECK", ledger_pg._CHARGE_AND_PRECHECK.replace(
             "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
-    rounds: list[tuple[int, int]] = []
-    unchanged = a._charge_unchanged
-
-    def counted(conn: psycopg.Connection, charges: list, probes: list) -> tuple:
-        rounds.append((len(charges), len(probes)))
-        return unchanged(conn, charges, probes)
-
-    monkeypatch.setattr(a, "_charge_unchanged", counted)
+    rounds = _rounds(a, monkeypatch)
     draws: list[str] = []
     out: dict[str, object] = {}
     go = threading.Event()
@@ -336,24 +342,18 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
         except Exception as exc:  # noqa: BLE001
             out[rid] = exc
 
-    deadline = time.monotonic() + 10
     threads = [threading.Thread(target=charge, args=("x", "x1", 0.3, True))]
     threads[0].start()
-    while "x1" not in draws and time.monotonic() < deadline:  # x1's pre-check is done, its draw waits
-        time.sleep(0.002)
+    _until(lambda: "x1" in draws)  # x1's pre-check is done, its draw waits
     held = a._pool.getconn()
     threads.append(threading.Thread(target=charge, args=("w", "r0", 0.9)))  # a replay: no charge follows
     threads[-1].start()
-    while a._pool.get_stats().get("requests_waiting", 0) < 1 and time.monotonic() < deadline:
-        time.sleep(0.002)
+    _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     go.set()
-    while a._commit_all.queued() < 1 and time.monotonic() < deadline:  # x1's charge
-        time.sleep(0.002)
-    for n, (user, rid, eps) in enumerate([("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)], start=2):
-        threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
-        threads[-1].start()
-        while a._commit_all.queued() < n and time.monotonic() < deadline:
-            time.sleep(0.002)
+    _until(lambda: a._commit_all.queued() >= 1)  # x1's charge
+    more = [threading.Thread(target=charge, args=args) for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]]
+    _queue_in_order(a, more, queued=1)
+    threads += more
     assert a._commit_all.queued() == 4
     a._pool.putconn(held)
     for t in threads:
@@ -401,20 +401,11 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
     the statement of the round it shares with other users' charges and pre-checks fails as a whole,
     storing nothing; each item is then done again alone, so only that one fails: the others are
     charged or replayed, exactly once."""
-    import threading
-    import time
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = s.open(budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
-    rounds: list[tuple[int, int]] = []
-    unchanged = a._charge_unchanged
-
-    def counted(conn: psycopg.Connection, charges: list, probes: list) -> tuple:
-        rounds.append((len(charges), len(probes)))
-        return unchanged(conn, charges, probes)
-
-    monkeypatch.setattr(a, "_charge_unchanged", counted)
+    rounds = _rounds(a, monkeypatch)
     out: dict[str, object] = {}
 
     def run(rid: str, call) -> None:
@@ -424,20 +415,15 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
             out[rid] = exc
 
     held = a._pool.getconn()  # the first round waits for it while the others queue behind it
-    deadline = time.monotonic() + 10
     threads = [threading.Thread(target=run, args=("first", lambda: a.draw_and_charge(
         "f", "first", b"d", 0.1, lambda: 0, _answer("first"))))]
     threads[0].start()
-    while a._pool.get_stats().get("requests_waiting", 0) < 1 and time.monotonic() < deadline:
-        time.sleep(0.002)
+    _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     queued = [("charged", lambda: a.charge("c", "charged", b"d", 0.25, lambda rem: f"charged|{rem:.2f}".encode())),
               ("nul", lambda: a.draw_and_charge("bad\x00user", "nul", b"d", 0.2, lambda: 0, _answer("nul"))),
               ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored")))]
-    for n, (rid, call) in enumerate(queued, start=1):
-        threads.append(threading.Thread(target=run, args=(rid, call)))
-        threads[-1].start()
-        while a._commit_all.queued() < n and time.monotonic() < deadline:
-            time.sleep(0.002)
+    threads += [threading.Thread(target=run, args=(rid, call)) for rid, call in queued]
+    _queue_in_order(a, threads[1:])
     assert a._commit_all.queued() == 3
     a._pool.putconn(held)
     for th in threads:
