@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -42,6 +43,29 @@ def test_an_unusable_path_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2, err
     assert "Traceback" not in err and err.startswith("recsvc prep: error:") and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_no_sigterm_can_land_in_polars_loading_numpys_c_api(tmp_path: Path) -> None:
+    """polars loads numpy's C API on its first array by running numpy's Python code from Rust; a
+    SIGTERM raised there became a Rust panic (exit 1) instead of "terminated" (143). A tracer sends
+    SIGTERM the moment that code runs with the CLI's handler installed: the CLI loads it before
+    installing the handler, so prep is never hit there and finishes."""
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from recsvc.app import cli
+
+        def tracer(frame, event, arg):
+            if (event == "call" and frame.f_code.co_filename.endswith(os.path.join("numpy", "lib", "_version.py"))
+                    and signal.getsignal(signal.SIGTERM) is cli._terminate):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        sys.settrace(tracer)
+        sys.exit(cli.main(["prep", "--dataset", "synthetic", "--preset", "tiny", "--out", sys.argv[1]]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "art")], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0 and "panicked" not in proc.stderr, proc.stderr[-2000:]
+    assert (tmp_path / "art" / "manifest.json").is_file()
 
 
 def test_sigterm_cleans_up_temporary_directories(tmp_path: Path) -> None:

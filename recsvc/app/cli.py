@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     # `serve` installs its own handler (drain, then exit 0) when it starts.
     global _MAIN_PID
     _MAIN_PID = os.getpid()
+    if args.command not in _NO_PIPELINE:
+        _bridge_numpy_to_polars()
     signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
@@ -104,6 +106,20 @@ class _Terminated(BaseException):
 
 
 _MAIN_PID: int | None = None
+# Commands that run no data pipeline (client calls, the ledger's tools, and `serve`, which
+# installs its own handler): they skip :func:`_bridge_numpy_to_polars`.
+_NO_PIPELINE = {"select", "budget", "ledger", "serve"}
+
+
+def _bridge_numpy_to_polars() -> None:
+    """polars (Rust, through pyo3) loads numpy's C API the first time it is handed an array, by
+    running numpy's Python code from Rust. A SIGTERM that :func:`_terminate` raised in there became
+    a Rust panic (exit 1, a Rust backtrace, no "terminated"), so it is loaded here, before that
+    handler is installed."""
+    import numpy as np
+    import polars as pl
+
+    pl.Series(np.zeros(1, dtype=np.int64))
 
 
 def _terminate(signum: int, frame: object) -> None:
