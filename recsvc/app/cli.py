@@ -106,9 +106,9 @@ class _Terminated(BaseException):
 
 
 _MAIN_PID: int | None = None
-# Commands that run no data pipeline (client calls, the ledger's tools, and `serve`, which
-# installs its own handler): they skip :func:`_bridge_numpy_to_polars`.
-_NO_PIPELINE = {"select", "budget", "ledger", "serve"}
+# Commands that run no data pipeline (client calls, the ledger's tools, the mechanism list, and
+# `serve`, which installs its own handler): they skip :func:`_bridge_numpy_to_polars`.
+_NO_PIPELINE = {"select", "budget", "ledger", "mechanisms", "serve"}
 
 
 def _bridge_numpy_to_polars() -> None:
