@@ -1,7 +1,7 @@
 """recsvc's client-side CPU for one round statement of the PostgreSQL ledger, in psycopg.
 
 A single Select with the PostgreSQL ledger rides in about half a round statement: the charges and
-pre-checks queued in a process while its previous round ran (``ledger_pg._CHARGE_AND_PRECHECK``).
+pre-checks queued in a process while its previous round ran (``ledger_pg_sql.CHARGE_AND_PRECHECK``).
 This measures the CPU that statement costs the recsvc process (``time.thread_time``: psycopg,
 libpq and the socket calls), for a round of 3 charges of new users and 3 pre-checks, in three
 ways, interleaved in blocks so that a busy machine slows them alike:
@@ -35,7 +35,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from recsvc.service import ledger_pg  # noqa: E402
-from recsvc.service.ledger_pg import _ACCOUNT, _CHARGE_AND_PRECHECK, _KEY, _REQUEST, _SEEN, _columns  # noqa: E402
+from recsvc.service.ledger_pg_sql import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns  # noqa: E402
 from recsvc.service.pg_cluster import remove_cluster, start_cluster  # noqa: E402
 
 WARM = 4  # rounds not counted: connections, prepared statements and caches warm up
@@ -59,8 +59,8 @@ def as_lists(rows: tuple, now: datetime) -> tuple:
 
 def as_arrays(rows: tuple, now: datetime) -> tuple:
     accounts, seen, requests, keys = rows
-    return (*_columns(accounts, _ACCOUNT), *_columns(seen, _SEEN), now, *_columns(requests, _REQUEST),
-            *_columns(keys, _KEY))
+    return (*columns(accounts, ACCOUNT), *columns(seen, SEEN), now, *columns(requests, REQUEST),
+            *columns(keys, KEY))
 
 
 def main() -> None:
@@ -84,7 +84,7 @@ def main() -> None:
             def statement(pack: Callable[[tuple, datetime], tuple], kept: bool) -> Callable[[], Any]:
                 def run() -> Any:
                     params = pack(round_rows(next(ids)), now)
-                    return (conn.run if kept else conn.execute)(_CHARGE_AND_PRECHECK, params).fetchall()
+                    return (conn.run if kept else conn.execute)(CHARGE_AND_PRECHECK, params).fetchall()
                 return run
 
             def rows_only(pack: Callable[[tuple, datetime], tuple]) -> Callable[[], Any]:

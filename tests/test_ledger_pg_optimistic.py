@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from ledger_conformance import Stores
-from recsvc.service import ledger_pg
+from recsvc.service import ledger_pg, ledger_pg_sql
 from recsvc.service.ledger_base import BudgetExceeded, Pending
 from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
 from recsvc.service.ledger_units import charge_units
@@ -296,10 +296,10 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
     with psycopg.connect(s.target, autocommit=True) as conn:
         conn.execute("ANALYZE")
     statements = {
-        ledger_pg._PRECHECKS: ["text[]", "text[]"],
-        ledger_pg._CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
+        ledger_pg_sql.PRECHECKS: ["text[]", "text[]"],
+        ledger_pg_sql.CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
                                       "bigint[]", "bytea[]", "text[]"],
-        ledger_pg._WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
+        ledger_pg_sql.WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
                            "bigint[]", "bigint[]", "bigint[]"],
     }
     with a._pool.connection() as conn:
@@ -324,7 +324,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
-        monkeypatch.setattr(ledger_pg, "_CHARGE_AND_PRECHECK", ledger_pg._CHARGE_AND_PRECHECK.replace(
+        monkeypatch.setattr(ledger_pg_sql, "CHARGE_AND_PRECHECK", ledger_pg_sql.CHARGE_AND_PRECHECK.replace(
             "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
     rounds = _rounds(a, monkeypatch)
     draws: list[str] = []
@@ -351,7 +351,8 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     go.set()
     _until(lambda: a._commit_all.queued() >= 1)  # x1's charge
-    more = [threading.Thread(target=charge, args=args) for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]]
+    more = [threading.Thread(target=charge, args=args)
+            for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]]
     _queue_in_order(a, more, queued=1)
     threads += more
     assert a._commit_all.queued() == 4

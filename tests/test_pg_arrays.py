@@ -35,7 +35,8 @@ def test_arrays_read_back_as_sent_and_as_psycopg_sends_lists(conn, sql_type, enc
 
 @pytest.mark.parametrize(("sql_type", "encode"), [(t, e) for t, e, _ in CASES], ids=[c[0] for c in CASES])
 def test_empty_arrays(conn, sql_type, encode) -> None:
-    got, n = conn.execute(f"SELECT %b::{sql_type}[], cardinality(%b::{sql_type}[])", (encode([]), encode([]))).fetchone()
+    got, n = conn.execute(f"SELECT %b::{sql_type}[], cardinality(%b::{sql_type}[])",
+                          (encode([]), encode([]))).fetchone()
     assert (got, n) == ([], 0)
 
 

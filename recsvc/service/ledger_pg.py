@@ -42,7 +42,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,13 +50,13 @@ from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from recsvc.checks import ParamError
-from recsvc.service import fingerprint_key, ledger_pg_schema, metrics, pg_arrays
+from recsvc.service import fingerprint_key, ledger_pg_schema, ledger_pg_sql as sql, metrics, pg_arrays
 from recsvc.service.ledger_base import (Charge, Flights, GroupCommit, LedgerError, LedgerUnavailable, Pending, Queued,
                                         UserBudget, account, decide_all, draw_then_commit, precheck, unset)
 from recsvc.service.ledger_pg_schema import connect, describe, scrub
 from recsvc.service.ledger_units import MAX_EPSILON, budget_units, charge_units, to_epsilon
 from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
-from recsvc.service.pg_arrays import BinaryArray, bytea_array, int8_array, text_array
+from recsvc.service.pg_arrays import BinaryArray
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -245,7 +244,7 @@ class PostgresLedger:
         return self._commit_all.one(_Probe(pending=p))  # type: ignore[no-any-return]
 
     def _answer(self, probes: list[_Probe], rows: list[tuple[Any, ...]]) -> None:
-        """Each pre-check's verdict from its row of :data:`_PRECHECKS`; its charge remembers the
+        """Each pre-check's verdict from its row of :data:`sql.PRECHECKS`; its charge remembers the
         account it read (``seen``) for :meth:`_charge_unchanged`."""
         now = self._clock()
         for q, row in zip(probes, rows, strict=True):
@@ -253,7 +252,7 @@ class PostgresLedger:
                 q.result = precheck(q.pending, row[:4], self.window, self.budget_units, now)
             except LedgerError as exc:
                 q.error = exc
-            q.pending.seen = _account(row)
+            q.pending.seen = sql.account(row)
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
@@ -284,7 +283,7 @@ class PostgresLedger:
         try:
             rest, rows = self._retrying(lambda conn: self._charge_unchanged(conn, charges, probes))
             if rows is None and probes:  # the statement was rolled back: the pre-checks read on their own
-                rows = self._read(_PRECHECKS, _keys(probes))
+                rows = self._read(sql.PRECHECKS, _keys(probes))
             self._answer(probes, rows or [])
             probes = []
             for attempt in range(_DEADLOCK_TRIES):
@@ -328,21 +327,21 @@ class PostgresLedger:
         now = self._clock()
         writes = decide_all(tried, {}, {u: a for u, a in seen.items() if a}, self.window, self.budget_units, now)
         if not writes.requests:
-            return batch, (conn.run(_PRECHECKS, _keys(probes)).fetchall() if probes else [])
+            return batch, (conn.run(sql.PRECHECKS, _keys(probes)).fetchall() if probes else [])
         accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
         # −1, never a stored value, for "no row read": an all-NULL array would be sent with another
         # type than a bigint one, and psycopg would prepare the statement a second time for it.
         before = [seen[u] or (-1, -1, -1) for u, *_ in accounts]
-        args = (*_columns(accounts, _ACCOUNT), *_columns(before, _SEEN), datetime.fromtimestamp(now, UTC),
-                *_columns(writes.requests, _REQUEST))
+        args = (*sql.columns(accounts, sql.ACCOUNT), *sql.columns(before, sql.SEEN),
+                datetime.fromtimestamp(now, UTC), *sql.columns(writes.requests, sql.REQUEST))
         rows: list[tuple[Any, ...]] | None = []
         try:
             if probes:
-                out = conn.run(_CHARGE_AND_PRECHECK, (*args, *_keys(probes))).fetchall()
+                out = conn.run(sql.CHARGE_AND_PRECHECK, (*args, *_keys(probes))).fetchall()
                 charged = {u for i, u, *_ in out if i is None}
                 rows = [r[2:] for r in sorted((r for r in out if r[0] is not None), key=lambda r: r[0])]
             else:
-                charged = {u for u, in conn.run(_CHARGE_UNCHANGED, args)}
+                charged = {u for u, in conn.run(sql.CHARGE_UNCHANGED, args)}
         except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
             charged, rows = set(), None  # nothing stored (one statement); the locking transaction decides them all
         if charged:
@@ -366,15 +365,15 @@ class PostgresLedger:
         keys = list({(p.user_id, p.request_id): None for p in batch})
         cur = psycopg.ClientCursor(conn)
         try:
-            cur.execute(_lock_and_read(len(users), len(keys)), [*users, *users, *(v for k in keys for v in k)])
+            cur.execute(sql.lock_and_read(len(users), len(keys)), [*users, *users, *(v for k in keys for v in k)])
             locked, found = _result_sets(cur)
             accounts = {u: (int(sp), int(ws), int(n)) for u, sp, ws, n in locked}
             stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
-                conn.run(_WRITE, (datetime.fromtimestamp(now, UTC), *_columns(writes.requests, _REQUEST),
-                                      *_columns(writes.users, _ACCOUNT)))
+                conn.run(sql.WRITE, (datetime.fromtimestamp(now, UTC), *sql.columns(writes.requests, sql.REQUEST),
+                                     *sql.columns(writes.users, sql.ACCOUNT)))
             conn.run("COMMIT")
         except BaseException:
             _roll_back(conn)
@@ -385,9 +384,9 @@ class PostgresLedger:
             dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]:
         """The batch pre-check's read, holding no lock: the pre-checks' statement (``users`` are
         the keys' users)."""
-        rows = self._read(_PRECHECKS, tuple(_columns(keys, _KEY)))
+        rows = self._read(sql.PRECHECKS, tuple(sql.columns(keys, sql.KEY)))
         stored = {k: (bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None}
-        return stored, {k[0]: a for k, row in zip(keys, rows, strict=True) if (a := _account(row)) is not None}
+        return stored, {k[0]: a for k, row in zip(keys, rows, strict=True) if (a := sql.account(row)) is not None}
 
 
 _DEADLOCK_TRIES = 3
@@ -403,94 +402,9 @@ class _Probe(Queued):
     pending: Pending
 
 
-@lru_cache(maxsize=512)
-def _values(n: int, width: int, row: str = "") -> str:
-    """``n`` parameter tuples of ``width`` (or ``row``, a tuple's text): ``(%s, %s), (%s, %s)``."""
-    one = row or ("%s" if width == 1 else "(" + ", ".join(["%s"] * width) + ")")
-    return ", ".join([one] * n)
-
-
 def _keys(probes: list[_Probe]) -> tuple[BinaryArray, ...]:
-    """:data:`_PRECHECKS`' parameters."""
-    return tuple(_columns([(q.pending.user_id, q.pending.request_id) for q in probes], _KEY))
-
-
-# The binary array of each column (:mod:`recsvc.service.pg_arrays`): a (user_id, request_id)
-# key, an account (user_id, spent_units, requests, window_start), an account as a pre-check read
-# it (spent_units, window_start, requests), a stored request (:class:`ledger_base.Writes`).
-_KEY = (text_array, text_array)
-_ACCOUNT = (text_array, int8_array, int8_array, int8_array)
-_SEEN = (int8_array, int8_array, int8_array)
-_REQUEST = (text_array, text_array, bytea_array, int8_array, bytea_array, text_array)
-
-
-def _columns(rows: list[tuple[Any, ...]], kinds: tuple[Callable[[Any], BinaryArray], ...]) -> list[BinaryArray]:
-    """``rows`` as one binary array per column (empty arrays for no rows)."""
-    cols = list(zip(*rows, strict=True)) or [()] * len(kinds)
-    return [kind(col) for kind, col in zip(kinds, cols, strict=True)]
-
-
-def _account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
-    """The (spent_units, window_start, requests) of a :data:`_PRECHECKS` row; None: the user has no row."""
-    return None if row[2] is None else (int(row[2]), int(row[3]), int(row[4]))
-
-
-def _stored(n_keys: int) -> str:
-    return ("SELECT user_id, request_id, fingerprint, response FROM recsvc_requests WHERE (user_id, request_id) IN "
-            f"({_values(n_keys, 2)})")
-
-
-@lru_cache(maxsize=512)
-def _lock_and_read(n_users: int, n_keys: int) -> str:
-    """Parameters: the users (sorted) twice, then the (user_id, request_id) keys."""
-    return ("BEGIN; "
-            f"INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES {_values(n_users, 0, '(%s, 0, 0)')} "
-            "ON CONFLICT DO NOTHING; "
-            "SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
-            f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
-
-
-# Arrays are bound as binary (%b), built by :func:`_columns`. The pre-checks' read: one row per (user_id, request_id), in
-# order (NULLs where nothing is stored).
-_PRECHECK_ROWS = ("q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
-                  "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
-                  "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
-                  "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r")
-_PRECHECKS = "SELECT " + _PRECHECK_ROWS + " ORDER BY k.i"
-
-# The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: update the
-# accounts still as read (the UPDATE locks each row and, after waiting for another transaction's
-# lock, re-checks its WHERE on the row's newest version; its nested loop over the sorted arrays
-# locks in user_id order, as the locking transaction does), create the missing ones (``s0`` −1:
-# none was read), store the answers of exactly those users, and return them. Parameters: the
-# users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time, the requests' columns.
-_CHARGE_CTES = (
-    "WITH v AS (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
-    "%b::bigint[], %b::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
-    "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v "
-    "WHERE b.user_id = v.u AND b.spent_units = v.s0 AND b.requests = v.n0 AND b.window_start = v.w0 "
-    "RETURNING b.user_id), "
-    "created AS (INSERT INTO recsvc_budgets(user_id, spent_units, requests, window_start) SELECT u, s, n, w FROM v "
-    "WHERE s0 < 0 ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
-    "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
-    "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
-    "created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
-    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) ")
-_CHARGE_UNCHANGED = _CHARGE_CTES + "SELECT user_id FROM charged"
-# The same, and the pre-checks' read (:data:`_PRECHECKS`, parameters after the charge's) on the
-# statement's snapshot: rows (NULL, a user charged, NULLs…) and (i, NULL, the i-th read's row).
-_CHARGE_AND_PRECHECK = (
-    _CHARGE_CTES + "SELECT NULL::bigint, user_id, NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint, NULL::bigint "
-    "FROM charged UNION ALL SELECT k.i, NULL, " + _PRECHECK_ROWS)
-
-# One statement (a constant text, so psycopg prepares it once per connection): store the answers
-# and set the users' new accounts (absolute values: the transaction holds their row locks).
-_WRITE = (
-    "WITH stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
-    "mechanism, created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
-    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m)) "
-    "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
-    "FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u")
+    """:data:`sql.PRECHECKS`' parameters."""
+    return tuple(sql.columns([(q.pending.user_id, q.pending.request_id) for q in probes], sql.KEY))
 
 
 def _result_sets(cur: psycopg.ClientCursor) -> list[list[tuple[Any, ...]]]:
