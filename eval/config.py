@@ -9,9 +9,9 @@ from pathlib import Path
 
 from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
 from recsvc.checks import ParamError, check_int
-from recsvc.staging import check_out
 from recsvc.engines import resolve_workers
 from recsvc.policy import AUTO, EVALUATION_EPSILONS
+from recsvc.staging import check_out
 
 DEFAULT_EPSILONS: tuple[float, ...] = EVALUATION_EPSILONS  # 0.01 … 16 (SPEC §6); the policy grid holds them
 DEFAULT_TRIALS = 50

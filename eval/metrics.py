@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 WEIGHTED_BUCKETS = 5  # Appendix I: "which we set to 5 in our evaluation"
 
 

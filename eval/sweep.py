@@ -45,7 +45,7 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
     t0 = time.perf_counter()
     with outputs.staged(cfg) as stage:
         done = []
-        for t, source in zip(levels, sources):
+        for t, source in zip(levels, sources, strict=True):
             sub = None if stage is None else stage.tmp / level_dirname(t)
             res = runner.evaluate(replace(cfg, level=t, out=sub, force=False), mechanisms, source)
             q0, d0 = source.sc.row(0)

@@ -104,7 +104,7 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
                 c = int(count[run[0]])
                 qr, sr = q[run, :c], np.ascontiguousarray(sens[run, :c])
                 if use_exact:
-                    for b, row in zip(run, range(len(run))):
+                    for b, row in zip(run, range(len(run)), strict=True):
                         p = probabilities(name, qr[row], sr[row], eps, **params)
                         mse[b, mi, ei], mean_sel[b, mi, ei] = metrics.expected_stats(qr[row], p)
                 else:

@@ -78,7 +78,7 @@ class LocalEngine:
         disable = None if self.progress is None else not self.progress
         with progress_bar(desc, unit, sum(sizes), disable) as bar:
             if self.workers == 1 or len(chunks) <= 1:
-                for chunk, size in zip(chunks, sizes):
+                for chunk, size in zip(chunks, sizes, strict=True):
                     out = fn(chunk, context)
                     bar.update(size)
                     yield out

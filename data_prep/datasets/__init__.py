@@ -10,10 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-
-from data_prep.datasets.base import DataError, Interactions
-
 from data_prep import DATASETS
+from data_prep.datasets.base import DataError, Interactions
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from eval.bandit.environment import Arms
 from recsvc.checks import ParamError, check_int
-from recsvc.mechanisms import check_params
 from recsvc.engines import resolve_workers
+from recsvc.mechanisms import check_params
 from recsvc.staging import check_out
 
 # policy → the recsvc.mechanisms name it selects with (None: a non-private baseline).
