@@ -87,9 +87,10 @@ def hit_rates(scenarios: Sequence[str] = SCENARIOS, users: int = DEFAULT_USERS,
     for scope, t in [*((s, cases.filter(pl.col("scenario") == s)) for s in scenarios), ("all", cases)]:
         for rule in RULES:
             pred, actual = t[f"pred_{rule}"], t[rule]
+            hits = int((pred == actual).sum())
             out.append({"scenario": scope, "rule": rule, "cases": t.height, "predicted": int(pred.sum()),
-                        "happened": int(actual.sum()), "hits": int((pred == actual).sum()),
-                        "misses": int((actual & ~pred).sum()), "hit_rate": float((pred == actual).mean())})
+                        "happened": int(actual.sum()), "hits": hits,
+                        "misses": int((actual & ~pred).sum()), "hit_rate": hits / t.height})
     return pl.DataFrame(out)
 
 

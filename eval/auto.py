@@ -95,7 +95,7 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
         kind = m.sensitivity_population or "population"
         if kind == "test":  # the paper's mode: the public population is the evaluated users themselves
             origin = f"the artifact's policy table (policy.parquet: expected MSE on {users}TEST users)"
-            notes = ("the artifact was built with --sensitivity-population test: auto's table was computed on the "
+            notes: tuple[str, ...] = ("the artifact was built with --sensitivity-population test: auto's table was computed on the "
                      "test users themselves, so its regret here is optimistic",)
         else:
             origin = (f"the artifact's policy table (policy.parquet: expected MSE on {users}{kind} users, "

@@ -13,6 +13,7 @@ with per-user seeds (SPEC §3) a local run and a Dask run give identical output.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -89,11 +90,10 @@ class LocalEngine:
             ) as pool:
                 # Bounded look-ahead keeps memory flat however many chunks there are.
                 window = 2 * self.workers
-                pending = [pool.submit(_call_with_context, fn, c) for c in chunks[:window]]
+                pending = deque(pool.submit(_call_with_context, fn, c) for c in chunks[:window])
                 nxt = len(pending)
                 for i in range(len(chunks)):
-                    out = pending[i].result()
-                    pending[i] = None  # type: ignore[call-overload]
+                    out = pending.popleft().result()  # popped: a finished result is not held twice
                     if nxt < len(chunks):
                         pending.append(pool.submit(_call_with_context, fn, chunks[nxt]))
                         nxt += 1

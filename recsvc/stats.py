@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -114,7 +116,7 @@ def _spearman_1d(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray,
         sxy += a * b
         sxx += a * a
         syy += b * b
-    den = np.sqrt(sxx * syy)
+    den = math.sqrt(sxx * syy)
     if den > 0:
         return min(1.0, max(-1.0, sxy / den))
     return undefined

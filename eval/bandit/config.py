@@ -16,7 +16,8 @@ from recsvc.staging import check_out
 POLICIES: dict[str, str | None] = {
     "ucb": None, "thompson": None, "krr": "krr", "rnm": "rnm", "rs": "rs", "gem": "gem", "mgem": "mgem",
 }
-PRIVATE = tuple(p for p, m in POLICIES.items() if m is not None)
+MECHANISM_OF: dict[str, str] = {p: m for p, m in POLICIES.items() if m is not None}  # the private policies
+PRIVATE = tuple(MECHANISM_OF)
 INIT_STEPS = 2  # steps 1 and 2 pull arms 0 and 1 once (data-independent), so every mean exists
 
 

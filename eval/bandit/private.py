@@ -50,7 +50,8 @@ def play(mechanism: str, epsilon: float, params: dict[str, float], rewards: np.n
         return min(REWARD_HI, max(REWARD_LO, (s[a] + noise[a][n[a]]) / n[a]))
 
     for t in range(1, horizon + 1):
-        a = t - 1 if t <= 2 else select(mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng, **params)
+        a = t - 1 if t <= 2 else select(mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng,
+                                        allow_non_private=False, **params)
         r = float(rewards[t, a])
         arms[t] = a
         s[a] += r
