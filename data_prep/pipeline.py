@@ -1,5 +1,5 @@
-"""The offline pipeline (SPEC §4): load → split → fit SANSA → accuracy + test candidates →
-sensitivities from a population → population Spearman → one atomic artifact directory.
+"""The offline pipeline (docs/reference/specification.md §4): load → split → fit SANSA → accuracy + test
+candidates → sensitivities from a population → population Spearman → one atomic artifact directory.
 
 Python API: ``run(PrepConfig(dataset="ml-100k")) -> Path``.
 """

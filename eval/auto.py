@@ -1,4 +1,4 @@
-"""`auto` as a row of the evaluation (issue #15): resolved per ε from the PUBLIC policy table,
+"""`auto` as a row of the evaluation: resolved per ε from the PUBLIC policy table,
 scored on the run's users, and its regret against the oracle (the best fixed private mechanism
 chosen on the run's users themselves).
 

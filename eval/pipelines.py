@@ -1,4 +1,4 @@
-"""Candidate pipelines and slate metrics (issue #11, item 5): what honest accounting costs.
+"""Candidate pipelines and slate metrics: what honest accounting costs.
 
 Every pipeline selects a k-item slate for a test user from that user's FULL-CATALOG clipped SANSA
 scores q (every items.parquet row, the user's own input items included: exactly what the

@@ -1,4 +1,5 @@
-"""Evaluation harness: every mechanism × ε on every user, chunked over an engine (SPEC §6).
+"""Evaluation harness: every mechanism × ε on every user, chunked over an engine
+(docs/reference/specification.md §6).
 
 :func:`run` validates the config, builds the data source, maps the work unit
 (:func:`eval.work.evaluate_chunk`) over lazy chunks, reduces the results in order

@@ -36,7 +36,7 @@ class ArtifactSource:
             raise ValueError(f"{path}: the artifact has no candidate users; expected ≥ 1")
         self.total = total if users is None else min(users, total)
         self.name = self.artifact.manifest.dataset
-        # rs γ: the manifest's; an artifact built before it was recorded gets the mechanism's default
+        # rs γ: the manifest's; an artifact that does not record one gets the mechanism's default
         recorded = self.artifact.manifest.default_gamma
         self.default_gamma = GAMMA.default if recorded is None else float(recorded)
         self.catalog = catalog

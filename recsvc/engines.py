@@ -3,7 +3,7 @@
 The work unit is a pure, picklable function ``fn(chunk, context) -> result``. ``context`` is
 large read-only data (a model, an artifact's arrays) shipped once per worker, not per chunk.
 Results come back in chunk order, so any reduction is deterministic whatever the engine:
-with per-user seeds (SPEC §3) a local run and a Dask run give identical output.
+with per-user seeds (docs/reference/specification.md §3) a local run and a Dask run give identical output.
 
 - :class:`LocalEngine` — in-process for ``workers=1``, else a process pool.
 - :class:`DaskEngine` — a Dask distributed scheduler (``scheduler="tcp://host:8786"``) or a

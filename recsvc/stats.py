@@ -125,8 +125,8 @@ def _spearman_1d(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray,
 def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray | float:
     """Spearman's ρ along the last axis, with average ranks for ties.
 
-    Rows where either input is constant (ρ undefined) get ``undefined``; SPEC §2 counts them
-    as 0 for combined GEM. Returns a float for 1-D input, else an array of the leading shape.
+    Rows where either input is constant (ρ undefined) get ``undefined``; combined GEM counts
+    them as 0 (docs/reference/specification.md §2). Returns a float for 1-D input, else an array of the leading shape.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)

@@ -1,4 +1,5 @@
-"""Dataset loaders (SPEC §4). Each returns raw :class:`Interactions` in the dataset's own ids.
+"""Dataset loaders (docs/reference/specification.md §4). Each returns raw :class:`Interactions` in the dataset's
+own ids.
 
 Every loader reads its dataset's ORIGINAL on-disk format; malformed input raises
 :class:`DataError` naming the file, the line and what was expected.

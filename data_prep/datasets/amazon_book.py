@@ -1,7 +1,7 @@
 """Amazon-book loader in LightGCN's format: ``train.txt`` / ``test.txt``, lines ``user item item …``.
 
-Weak generalisation (SPEC §4): train.txt is both the training data and the test users' input;
-test.txt holds the targets, so rows carry ``target`` = True when they come from test.txt.
+Weak generalisation (docs/reference/specification.md §4): train.txt is both the training data and the test users'
+input; test.txt holds the targets, so rows carry ``target`` = True when they come from test.txt.
 """
 
 from __future__ import annotations

@@ -127,7 +127,8 @@ def _short(value: Any, limit: int = 40) -> str:
 
 @dataclass(frozen=True)
 class SpearmanStats(_Record):
-    """Spearman(q, Δ) over the sensitivity population's users (SPEC §2 ``auto`` reads the median)."""
+    """Spearman(q, Δ) over the sensitivity population's users; ``auto`` reads the median
+    (docs/reference/specification.md §2)."""
 
     median: float = _required(_NUMBER)
     mean: float = _required(_NUMBER)
@@ -206,7 +207,7 @@ class Manifest(_Record):
     default_gamma: float | None = _optional(_NUMBER)  # rs γ the paper used on this data; eval's default
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
-    policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: no policy.parquet (older artifacts)
+    policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: the artifact has no policy.parquet
     extra: Mapping[str, Any] = _extra()  # engine, synthetic, … : recorded, read by no consumer
 
     @classmethod
