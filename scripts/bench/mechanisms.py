@@ -4,12 +4,12 @@
 2. Batched throughput of ``select_batch`` (users × trials) as a ratio to the "floor": the time to
    create the same per-user streams and draw the same noise, with no selection logic.
 3. GEM's q' normalisation: upper-hull kernel vs the naive O(n²) definition.
-4. Catalog scale (issue #11, Recommend selects over the full catalog): ``select`` and
+4. Catalog scale (Recommend selects over the full catalog): ``select`` and
    ``select_slate(k=10)`` at n = 20,720 (ml20m-shape) vs n = 500, in the same run, for rnm,
    mgem and combined_gem (target: ≤ 40× the n = 500 time), and one two-stage call
    (private top-500 at half of ε, then a 10-item slate) at n = 20,720.
 
-Usage: .venv/bin/python scripts/bench_mechanisms.py [--users 10000] [--trials 50] [--only-scale]
+Usage: .venv/bin/python -m scripts.bench.mechanisms [--users 10000] [--trials 50] [--only-scale]
 The machine may be shared: compare the ratios within one run, not absolute times across runs.
 """
 

@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""Recommend latency over a full catalog (issue #11): p50/p99 at concurrency 1 (bounded run time).
+"""Recommend latency over a full catalog: p50/p99 at concurrency 1 (bounded run time).
 
 Starts `recsvc serve` on an artifact in its own process (durable SQLite ledger in a temp dir) and
 sends Recommend requests one at a time over loopback, each with a fresh request_id (every request
@@ -9,7 +8,7 @@ a 10-item slate, and the two-stage path (private top-500 at half of ε; few requ
 times over the catalog). Also times the server's steps in-process (SANSA scoring, clipping, the
 selection) so a reader sees where the time goes.
 
-Usage: .venv/bin/python scripts/bench_recommend.py [--artifacts artifacts/synthetic-ml20m-shape]
+Usage: .venv/bin/python -m scripts.bench.recommend [--artifacts artifacts/synthetic-ml20m-shape]
        [--requests 2000]    (target: default row p99 < 10 ms on ml20m-shape)
 """
 
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MEAN_HISTORY = 74
 
 
@@ -100,7 +99,7 @@ def main() -> None:
     if not args.artifacts.is_dir():
         ap.error(f"no artifact at {args.artifacts}: build the default one with `.venv/bin/recsvc prep "
                  "--dataset synthetic --preset ml20m-shape --out artifacts/synthetic-ml20m-shape` (as "
-                 "scripts/bench_pipeline.py does), or pass --artifacts artifacts/ml-100k after "
+                 "python -m scripts.bench.pipeline does), or pass --artifacts artifacts/ml-100k after "
                  "`bash scripts/demo.sh`")
 
     from recsvc.artifact import load_artifact

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Benchmark of ``recsvc eval-bandit`` (BENCHMARKS.md § Bandit study).
 
 1. one seed of the paper's setting (T = 50,000, shift after 30,000), every policy and UCB
    reading in this process: seconds per policy and in total (target: all 7 policies < 60 s);
 2. with ``--full``: the default run (10 seeds, 2 workers, no output directory), wall time.
 
-    .venv/bin/python scripts/bench_bandit.py [--seed 0] [--full]
+    .venv/bin/python -m scripts.bench.bandit [--seed 0] [--full]
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
-"""In-process CPU profile of the SelectBatch path (issue #13): server CPU per batched selection.
+"""In-process CPU profile of the SelectBatch path: server CPU per batched selection.
 
-Builds the payloads of ``scripts/bench_service.py --batch`` (rows encoding, n = 500 rnm
+Builds the payloads of ``python -m scripts.bench.service --batch`` (rows encoding, n = 500 rnm
 candidates, ``--size`` items per batch, every item a fresh charge) and runs them through the
 server's own decoder (:mod:`recsvc.service.wire`) and ``SelectionServicer.SelectBatch`` against a
 durable SQLite ledger in a temporary directory, in this one thread. Reports CPU time
@@ -9,7 +8,7 @@ durable SQLite ledger in a temporary directory, in this one thread. Reports CPU 
 ``--reps`` rounds, and with ``--profile`` a cProfile top-30 (cumulative and own time).
 
 ``--threads N`` serves the batches from N threads at once (the server's thread pool; GIL hand-offs
-count). Usage: ``.venv/bin/python scripts/profile_batch.py [--batches 40] [--size 100] [--reps 3]
+count). Usage: ``.venv/bin/python -m scripts.bench.profile_batch [--batches 40] [--size 100] [--reps 3]
 [--threads 1] [--profile]``
 """
 
@@ -25,10 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_service import bench_artifact  # noqa: E402
-from bench_service_batch import batch_bodies  # noqa: E402
+from scripts.bench.harness import batch_bodies, bench_artifact
 
 
 def main() -> int:

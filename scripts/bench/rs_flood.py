@@ -1,20 +1,19 @@
-#!/usr/bin/env python
 """An innocent user's latency while other clients flood the server with `rs` at the smallest γ.
 
 Random stopping makes about 1/γ draws per selection (γ ≥ the `gamma` ParamSpec floor, 1e-6:
 ≈ 10⁶ draws, tens of ms of CPU each, with a geometric tail). The question is whether those
-draws delay OTHER users' requests: before issue #12 the group-commit leader drew every queued
-sample while holding the ledger's cross-process write lock, so one innocent request could wait
-behind a whole batch of floods.
+draws delay OTHER users' requests: a group-commit leader that drew every queued sample while
+holding the ledger's cross-process write lock would make one innocent request wait behind a whole
+batch of floods.
 
 One real `recsvc serve` process (1 worker, default threads) on the synthetic artifact of
-scripts/bench_service.py. ``--flooders`` clients (default 8, each its own connection and user)
+:mod:`scripts.bench.harness`. ``--flooders`` clients (default 8, each its own connection and user)
 send `rs` at γ = the floor back to back, 500 candidates, ε = 0.001, a fresh request_id each.
 Meanwhile one innocent user sends ``--requests`` `rnm` requests (500 candidates) one at a time,
 ``--gap-ms`` apart, on its own connection; we report its p50 / p99 / max latency, alone and under
 the flood, and how many flood requests the server answered per second.
 
-Usage: ``.venv/bin/python scripts/bench_rs_flood.py [--requests 400] [--json out.json]``.
+Usage: ``.venv/bin/python -m scripts.bench.rs_flood [--requests 400] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_service import METHOD, Server, bench_artifact, payloads  # noqa: E402
+from scripts.bench.harness import METHOD, Server, bench_artifact, payloads
 
 
 def smallest_gamma() -> float:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark of the offline pipeline (`recsvc prep`).
 
 Runs the whole pipeline on `synthetic --preset ml20m-shape` (136,677 users, 20,720 items,
@@ -7,7 +6,7 @@ ml-100k end-to-end, each in a subprocess. Reports wall time per step (from the m
 peak RSS of the whole process tree (sampled with psutil, workers included) and users scored
 per second. Targets: ml20m-shape < 15 min and < 8 GiB; ml-100k < 60 s.
 
-    .venv/bin/python scripts/bench_pipeline.py [--skip-ml20m] [--engine local|dask] [--workers N]
+    .venv/bin/python -m scripts.bench.pipeline [--skip-ml20m] [--engine local|dask] [--workers N]
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import psutil
 
 from recsvc.artifact import read_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RECSVC = [sys.executable, "-m", "recsvc.app.cli"]
 
 

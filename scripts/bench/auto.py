@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Report on the `auto` policy (BENCHMARKS.md § auto policy, README § `auto`): for artifacts and
 synthetic scenarios, auto's expected MSE against the oracle (the best fixed private mechanism chosen
 on the evaluated users themselves) at every ε of the evaluation grid, the sign rule's choice, and
@@ -9,7 +8,7 @@ mechanism has a cheap exact expectation, Monte Carlo otherwise), with other stre
 policy table's. An artifact's table is its policy.parquet (built from the sensitivity population);
 a scenario's comes from an independent draw of its population (:mod:`eval.auto`).
 
-    .venv/bin/python scripts/bench_auto.py --artifacts artifacts/ml-100k [--users 2000] \
+    .venv/bin/python -m scripts.bench.auto --artifacts artifacts/ml-100k [--users 2000] \
         [--scenarios 1 2 4 5 7 8] [--json out.json]
 """
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark of the PrivateSelection service on loopback (bounded run time).
 
 Measures, in ONE run so that ratios are comparable on a noisy machine:
@@ -26,10 +25,10 @@ Two load generators, both in every run:
 Every server runs in its own process. Every row also reports the CPU time the server processes
 and the client used per request, and the cores they used together (QPS × CPU per request), so a
 reader can see when a run is against the machine's ceiling (all cores busy).
-Usage: ``.venv/bin/python scripts/bench_service.py [--quick] [--json out.json]``;
+Usage: ``.venv/bin/python -m scripts.bench.service [--quick] [--json out.json]``;
 ``--batch [--workers N] [--ledger sqlite,postgresql]``: SelectBatch (100 rnm items of 500 candidates
 per batch) vs single Select in selections/s, same server and run (python client;
-scripts/bench_service_batch.py).
+:mod:`scripts.bench.service_batch`).
 (``apt-get install nghttp2-client`` for h2load; without it only the python rows are measured).
 """
 
@@ -41,63 +40,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 
-from recsvc.service.pg_cluster import free_port
+from scripts.bench.harness import METHOD, N_CANDIDATES, Server, bench_artifact, children_cpu, load, payloads
 
-REPO = Path(__file__).resolve().parents[1]
-METHOD = "/recsvc.v1.PrivateSelection/Select"
-BATCH_METHOD = "/recsvc.v1.PrivateSelection/SelectBatch"
-N_CANDIDATES = 500
-
-
-# ----------------------------------------------------------------------------- fixtures
-
-
-def bench_artifact(out: Path, n_items: int = 2000, seed: int = 0) -> Path:
-    """A synthetic artifact with n_items clip ranges and a positive population Spearman."""
-    import polars as pl
-
-    from recsvc.artifact import ArtifactWriter
-
-    rng = np.random.default_rng(seed)
-    ids = [f"item{k}" for k in range(n_items)]
-    lo = rng.uniform(0, 0.05, n_items)
-    hi = lo + rng.uniform(0.01, 1.0, n_items)
-    with ArtifactWriter(out) as w:
-        w.write_items(pl.DataFrame({"item_id": ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
-        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]})
-                           .cast({"rank": pl.Int32}))
-        return w.commit({"dataset": "bench", "seed": seed,
-                         "population_spearman": {"median": 0.3, "mean": 0.3, "frac_positive": 0.8, "users": 100}})
-
-
-def payloads(count: int, mechanism: str, seed: int = 1, encoding: str = "columns") -> list[bytes]:
-    """Serialized SelectRequests, each with a fresh request_id; `columns` is what Client sends."""
-    from recsvc.v1 import selection_pb2 as pb
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(count):
-        ids = [f"item{k}" for k in rng.choice(2000, N_CANDIDATES, replace=False)]
-        scores = rng.uniform(0, 1, N_CANDIDATES).tolist()
-        req = pb.SelectRequest(user_id=f"bench-{i % 1000}", mechanism=mechanism, epsilon=0.001,
-                               request_id=uuid.uuid4().hex)
-        if encoding == "columns":
-            req.item_ids.extend(ids)
-            req.scores.extend(scores)
-        else:
-            req.candidates.extend(pb.Candidate(item_id=k, score=s) for k, s in zip(ids, scores))
-        out.append(req.SerializeToString())
-    return out
+MODULE = "scripts.bench.service"  # run again, as a subprocess, to serve the echo and aio servers
 
 
 # ----------------------------------------------------------------------------- servers
@@ -164,97 +117,17 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     asyncio.run(main())
 
 
-def launch(cmd: list[str], what: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """A server process, returned once it printed that it is listening."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()  # type: ignore[union-attr]
-    if not re.search(r"listening on", line):
-        raise RuntimeError(f"{what} did not start: {line!r}")
-    return proc
+class BenchServer(Server):
+    """``recsvc serve`` (kind ``sync``) or one of this module's comparison servers (``echo``,
+    ``aio-echo``, ``aio``) in its own process."""
 
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM (a graceful drain), then SIGKILL after 15 s."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system CPU so far of process ``pid`` and its descendants alive now."""
-    import psutil
-
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
-    total = 0.0
-    for p in procs:
-        try:
-            total += sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
-class Server:
-    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = (),
-                 ledger: str | None = None) -> None:
-        """``ledger``: a PostgreSQL URL for the sync server (default: a fresh SQLite file in tmp)."""
-        self.port, self.workers = free_port(), workers
-        self.ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
-        self.ledger_target = ledger or str(self.ledger)
-        if kind == "sync":
-            cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts),
-                   "--ledger", self.ledger_target,
-                   "--port", str(self.port), "--budget", "1e6", "--workers", str(workers), "--drain-delay", "0", *extra]
-        else:
-            cmd = [sys.executable, __file__, f"--serve-{kind}", str(self.port), str(artifacts), str(self.ledger)]
-        self.proc = launch(cmd, f"{kind} server")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU of the server process and its worker processes so far."""
-        return tree_cpu_seconds(self.proc.pid)
-
-    def stop(self) -> None:
-        stop(self.proc)
+    def command(self, artifacts: Path, extra: tuple[str, ...]) -> list[str]:
+        if self.kind == "sync":
+            return super().command(artifacts, extra)
+        return [sys.executable, "-m", MODULE, f"--serve-{self.kind}", str(self.port), str(artifacts), str(self.ledger)]
 
 
 # ----------------------------------------------------------------------------- client
-
-
-async def load(port: int, bodies: list[bytes], concurrency: int, channels: int = 4,
-               method: str = METHOD) -> dict[str, float]:
-    import grpc
-
-    # A local subchannel pool per channel: otherwise grpc shares ONE TCP connection among all
-    # channels to the same target, and SO_REUSEPORT would hand every request to one worker.
-    chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
-             for _ in range(channels)]
-    calls = [c.unary_unary(method) for c in chans]  # raw bytes in and out: minimal client CPU
-    for call in calls:  # warm up every connection (a batch's warm-up replays: nothing new charged)
-        await call(_fresh(bodies[0]) if method == METHOD else bodies[0])
-    latencies = np.empty(len(bodies))
-    nxt = 0
-
-    async def worker(w: int) -> None:
-        nonlocal nxt
-        call = calls[w % channels]
-        while nxt < len(bodies):
-            i = nxt
-            nxt += 1
-            t = time.perf_counter()
-            await call(bodies[i])
-            latencies[i] = time.perf_counter() - t
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    wall = time.perf_counter() - t0
-    for c in chans:
-        await c.close()
-    return {"qps": len(bodies) / wall, "p50_ms": float(np.percentile(latencies, 50) * 1e3),
-            "p99_ms": float(np.percentile(latencies, 99) * 1e3), "requests": len(bodies)}
 
 
 def h2load_run(port: int, body: bytes, n: int, concurrency: int, tmp: Path) -> dict[str, float]:
@@ -296,14 +169,6 @@ def charged(ledger: Path, user_id: str) -> int:
     return 0 if row is None else int(row[0])
 
 
-def _fresh(body: bytes) -> bytes:
-    from recsvc.v1 import selection_pb2 as pb
-
-    req = pb.SelectRequest.FromString(body)
-    req.request_id = uuid.uuid4().hex
-    return req.SerializeToString()
-
-
 def run(quick: bool, clients: tuple[str, ...]) -> dict:
     n1, n32 = (300, 1000) if quick else (1500, 4000)
     results: dict = {"n_candidates": N_CANDIDATES, "cpus": os.cpu_count(), "clients": list(clients), "runs": []}
@@ -319,10 +184,10 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
                 body = h2load_body(mech, user, seed)
                 h2load_run(srv.port, body, 20, 1, tmp)  # warm-up (its own charges, counted below)
                 before = charged(srv.ledger, user) if srv.ledger.exists() else 0
-                server0, client0 = srv.cpu_seconds(), _children_cpu()
+                server0, client0 = srv.cpu_seconds(), children_cpu()
                 r = h2load_run(srv.port, body, n, conc, tmp)
                 server_us = (srv.cpu_seconds() - server0) / n * 1e6
-                client_us = (_children_cpu() - client0) / n * 1e6
+                client_us = (children_cpu() - client0) / n * 1e6
                 if kind in ("sync", "aio") and charged(srv.ledger, user) - before != n:
                     raise RuntimeError(f"the ledger charged {charged(srv.ledger, user) - before} of {n} requests")
             else:
@@ -337,7 +202,7 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
 
         def measure(kind: str, mechanisms: list[str], workers: int = 1, concurrencies=(1, 32),
                     encoding: str = "columns", channels: int = 4, only: tuple[str, ...] | None = None) -> None:
-            srv = Server(kind, art, tmp, workers)
+            srv = BenchServer(kind, art, tmp, workers)
             try:
                 for client in only or clients:
                     for mech in mechanisms:
@@ -363,14 +228,6 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
     results["summary"] = {c: summary(results["runs"], c) for c in clients}
     print(json.dumps(results["summary"], indent=2), flush=True)
     return results
-
-
-def _children_cpu() -> float:
-    """User + system CPU of this process's finished children (the h2load runs)."""
-    import resource
-
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
 
 
 def summary(runs: list[dict], client: str) -> dict:
@@ -408,7 +265,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--batch", action="store_true",
-                    help="only SelectBatch (100 rnm items/batch) vs single Select, python client (issue #13)")
+                    help="only SelectBatch (100 rnm items/batch) vs single Select, python client")
     ap.add_argument("--workers", type=int, default=1, help="server worker processes for --batch (default 1)")
     ap.add_argument("--ledger", default="sqlite",
                     help="--batch: ledger stores to measure, comma-separated: sqlite and/or postgresql "
@@ -419,7 +276,7 @@ def main() -> int:
                     help="load generators, comma-separated (default: h2load,python)")
     args = ap.parse_args()
     if args.batch:
-        from bench_service_batch import run_batch
+        from scripts.bench.service_batch import run_batch
 
         ledgers = tuple(x for x in args.ledger.split(",") if x)
         if not ledgers or set(ledgers) - {"sqlite", "postgresql"}:

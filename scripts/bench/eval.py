@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """Benchmark of the evaluation harness (BENCHMARKS.md § Evaluation).
 
 1. users/s per private mechanism over the whole ε grid (1 worker, a subset of users);
@@ -13,7 +12,7 @@ benchmark). If it does not exist, a candidate set with the same shape (20,720 it
 candidates per test user, power-law popularity, Δ and scores increasing with popularity) is
 written with ArtifactWriter to ``artifacts/bench-eval-ml20m-shape`` and used instead.
 
-    .venv/bin/python scripts/bench_eval.py [--users 10000] [--subset 200] [--speedup-users 1000]
+    .venv/bin/python -m scripts.bench.eval [--users 10000] [--subset 200] [--speedup-users 1000]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``scripts/bench_service.py --batch``: SelectBatch vs single Select (issue #13), one server per ledger.
+"""``python -m scripts.bench.service --batch``: SelectBatch vs single Select, one server per ledger.
 
 Against one ``recsvc serve`` (durable ledger), n = 500 candidates, rnm, every request a fresh
 charge, the python ``grpc.aio`` client with pre-serialised bodies; the plan runs twice (``--passes``)
@@ -11,8 +11,8 @@ them alike:
 * SelectBatch with item ids.
 
 ``--ledger sqlite,postgresql`` measures each store in the same run (PostgreSQL: a throwaway cluster
-on loopback, :mod:`recsvc.service.pg_cluster`, prepared with ``recsvc ledger init``). The summary
-compares the stores' best rows, and row by row (``paired``: the median of PostgreSQL over SQLite
+on loopback, :func:`scripts.bench.harness.start_server`, prepared with ``recsvc ledger init``). The
+summary compares the stores' best rows, and row by row (``paired``: the median of PostgreSQL over SQLite
 for the same row of the same pass, measured one right after the other). After each row the
 ledger is asked how many requests it charged: a row whose requests were not all charged is an
 error, not a number.
@@ -23,49 +23,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench_service import BATCH_METHOD, METHOD, REPO, Server, bench_artifact, load, payloads, tree_cpu_seconds
-
-BENCH_ITEMS = 2000  # bench_artifact's catalog: item{k} is row k
-
-
-def rows_encoded(body: bytes) -> bytes:
-    """The same SelectRequest with item rows and the catalog version instead of item ids."""
-    from recsvc.service.catalog import catalog_version
-    from recsvc.v1 import selection_pb2 as pb
-
-    req = pb.SelectRequest.FromString(body)
-    rows = [int(i.removeprefix("item")) for i in req.item_ids]
-    del req.item_ids[:]
-    req.item_rows.extend(rows)
-    req.catalog_version = catalog_version(f"item{k}" for k in range(BENCH_ITEMS))
-    return req.SerializeToString()
-
-
-def select_bodies(count: int, seed: int, encoding: str) -> list[bytes]:
-    bodies = payloads(count, "rnm", seed=seed)
-    return bodies if encoding == "ids" else [rows_encoded(b) for b in bodies]
-
-
-def batch_bodies(batches: int, size: int, seed: int, encoding: str = "ids") -> list[bytes]:
-    """Serialized SelectBatchRequests of ``size`` fresh rnm items each (every item a new charge),
-    each item for another user: batch b holds users ``size*b`` to ``size*(b+1) - 1``, as a frontend
-    batching many users' requests would send (the same ``size`` users in every batch would make
-    concurrent batches queue for the same rows: a contention test, not a throughput one)."""
-    from recsvc.v1 import selection_pb2 as pb
-
-    items = [pb.SelectRequest.FromString(b) for b in select_bodies(size, seed, encoding)]
-    out = []
-    for b in range(batches):
-        for j, it in enumerate(items):
-            it.request_id, it.user_id = uuid.uuid4().hex, f"batch-user-{b * size + j}"
-        out.append(pb.SelectBatchRequest(requests=items).SerializeToString())
-    return out
+from scripts.bench.harness import (BATCH_METHOD, METHOD, Server, batch_bodies, bench_artifact, db_cpu_seconds, load,
+                                   select_bodies, start_server)
 
 
 def charged_total(ledger: str) -> int:
@@ -79,29 +41,6 @@ def charged_total(ledger: str) -> int:
 
     with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as conn:
         return int(conn.execute("SELECT count(*) FROM requests").fetchone()[0])
-
-
-def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack) -> Server:
-    """A durable SQLite ledger in tmp, or a fresh database on a throwaway PostgreSQL cluster."""
-    if kind == "sqlite":
-        return Server("sync", art, tmp, workers)
-    from recsvc.service.pg_cluster import remove_cluster, start_cluster
-
-    cluster = start_cluster(shared_buffers="128MB")  # PostgreSQL's default (the tests' clusters use less)
-    stack.callback(remove_cluster, cluster)
-    url, key = cluster.new_database(), tmp / "pg.key"
-    subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "1e6",
-                    "--fingerprint-key", str(key)], cwd=REPO, check=True, capture_output=True)
-    srv = Server("sync", art, tmp, workers, ledger=url, extra=("--fingerprint-key", str(key)))
-    srv.db_pid = cluster.postmaster_pid()
-    return srv
-
-
-def db_cpu_seconds(srv: Server) -> float:
-    """User + system CPU of the PostgreSQL server's processes so far (0 for SQLite: in-process).
-    The server shares the 2 cores, so its CPU per selection is part of the PostgreSQL cost."""
-    pid = getattr(srv, "db_pid", None)
-    return 0.0 if pid is None else tree_cpu_seconds(pid)
 
 
 PLAN = (("Select", "ids", 8), ("Select", "ids", 32), ("Select", "rows", 8), ("Select", "rows", 32),

@@ -5,7 +5,7 @@ both on this machine. This benchmark separates the two things the PostgreSQL led
 database's own work (parse-free prepared statements, locks, WAL flushes, backends waking on the
 shared cores) and recsvc's side of it (psycopg, the rounds' queue). Each turn measures, one right
 after the other, single Select with item ids, rnm, n = 500, concurrency 32, against one
-``recsvc serve --workers 2`` per store (as ``bench_service.py --batch``), python grpc.aio client:
+``recsvc serve --workers 2`` per store (as ``scripts.bench.service --batch``), python grpc.aio client:
 
 * ``sqlite``: the SQLite ledger alone;
 * ``sqlite + db R/s``: the same SQLite server while a second PostgreSQL cluster on the same cores
@@ -19,7 +19,7 @@ summary gives each row over ``sqlite`` turn by turn, and the medians. Choose R s
 ``sqlite + db`` row's database CPU matches the ``postgresql`` row's: the ratio of that row is what
 a PostgreSQL ledger with a free client side would reach on this machine.
 
-    .venv/bin/python scripts/bench_pg_share.py --turns 5 --rates 400,200 [--json out.json]
+    .venv/bin/python -m scripts.bench.pg_share --turns 5 --rates 400,200 [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,10 +34,8 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from bench_service import METHOD, bench_artifact, load, stop, tree_cpu_seconds  # noqa: E402
-from bench_service_batch import db_cpu_seconds, select_bodies, start_server  # noqa: E402
+from scripts.bench.harness import (METHOD, bench_artifact, db_cpu_seconds, load, select_bodies, start_server, stop,
+                                   throwaway_cluster, tree_cpu_seconds)
 
 SELECTS = 3000  # per row and turn: about 2-3 s
 # One pgbench transaction: 3 rows like recsvc_requests' (two hex ids, a 16-byte fingerprint, a
@@ -59,10 +57,7 @@ def load_cluster(stack: ExitStack):  # -> (Cluster, url, script path)
     """The second cluster, busy only while a ``sqlite + db`` row runs."""
     import psycopg
 
-    from recsvc.service.pg_cluster import remove_cluster, start_cluster
-
-    cluster = start_cluster(shared_buffers="128MB")
-    stack.callback(remove_cluster, cluster)
+    cluster = throwaway_cluster(stack, shared_buffers="128MB")
     url = cluster.new_database()
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE answers (u text, q text, f bytea, e bigint, r bytea, m text, "

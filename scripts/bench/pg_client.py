@@ -15,7 +15,7 @@ ways, interleaved in blocks so that a busy machine slows them alike:
 and a floor: ``SELECT 1`` through libpq alone (``pgconn.exec_``), one round trip with nothing to
 adapt. Each is reported in µs per statement and over the floor.
 
-    .venv/bin/python scripts/bench_pg_client.py [--rounds 40] [--block 50] [--json out.json]
+    .venv/bin/python -m scripts.bench.pg_client [--rounds 40] [--block 50] [--json out.json]
 """
 
 from __future__ import annotations
@@ -23,20 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from itertools import count
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from recsvc.service import ledger_pg  # noqa: E402
-from recsvc.service.ledger_pg_sql import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns  # noqa: E402
-from recsvc.service.pg_cluster import remove_cluster, start_cluster  # noqa: E402
+from recsvc.service import ledger_pg
+from recsvc.service.ledger_pg_sql import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns
+from scripts.bench.harness import throwaway_cluster
 
 WARM = 4  # rounds not counted: connections, prepared statements and caches warm up
 
@@ -71,7 +69,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.rounds <= WARM or args.block < 1:
         ap.error(f"--rounds must be > {WARM} and --block >= 1")
-    cluster = start_cluster()
+    stack = ExitStack()  # removes the cluster
+    cluster = throwaway_cluster(stack)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             url = cluster.new_database()
@@ -107,7 +106,7 @@ def main() -> None:
                         cpu[name] += time.thread_time() - t0
             conn.close()
     finally:
-        remove_cluster(cluster)
+        stack.close()
     n = (args.rounds - WARM) * args.block
     us = {k: cpu[k] / n * 1e6 - (cpu.get(f"build:{k}", 0.0) / n * 1e6) for k in ways}
     floor = us["SELECT 1 through libpq (floor)"]

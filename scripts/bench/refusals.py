@@ -1,5 +1,4 @@
-#!/usr/bin/env python
-"""What a refused request costs the server (issue #12 item 2): CPU and memory per refusal.
+"""What a refused request costs the server: CPU and memory per refusal.
 
 Each case sends one kind of hostile request (pre-serialised raw bytes, through a generic gRPC
 call with identity serializers) to a fresh ``recsvc serve`` process, ``--reps`` times, and
@@ -8,7 +7,7 @@ resident memory: RSS before and after, and the peak (VmHWM, reset before the cas
 /proc/PID/clear_refs where the kernel allows it). The message itself has to be received, so a
 refusal's floor is the message's size in memory; anything above that is decoding work.
 
-Cases: the issue's 3,000,000 one-character candidates (15 MB), the same in the columnar
+Cases: 3,000,000 one-character candidates (15 MB), the same in the columnar
 encoding, a Recommend with 5,000,000 history entries, a SelectBatch whose one item holds the
 3M candidates, 15 MB of malformed bytes, the 3M-candidate message from an unauthenticated
 caller (server with a token file), a message over --max-message-bytes, and for comparison one
@@ -19,7 +18,7 @@ receiving the message at all). ``--src DIR`` runs the server from another source
 unpacked in DIR) to measure the same cases before a change; only cases whose flags that tree
 knows are meaningful there.
 
-Usage: ``.venv/bin/python scripts/bench_refusals.py [--reps 20] [--floor] [--src DIR] [--json out.json]``
+Usage: ``.venv/bin/python -m scripts.bench.refusals [--reps 20] [--floor] [--src DIR] [--json out.json]``
 """
 
 from __future__ import annotations
@@ -38,11 +37,8 @@ from pathlib import Path
 import grpc
 import psutil
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
-from bench_service import bench_artifact, free_port, launch, stop  # noqa: E402
-
-from recsvc.service.wire import length_delimited as _field  # noqa: E402
+from recsvc.service.wire import length_delimited as _field
+from scripts.bench.harness import REPO, bench_artifact, free_port, launch, stop
 
 MB = 1e6
 
@@ -116,8 +112,8 @@ class Server:
             env["PYTHONPATH"] = str(src)
         cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
                "--port", str(self.port), "--budget", "1e6", "--drain-delay", "0", *extra]
-        if floor:
-            cmd = [sys.executable, __file__, "--serve-floor", str(self.port)]
+        if floor:  # this module from the checkout: the floor server needs only grpc
+            cmd, src = [sys.executable, "-m", "scripts.bench.refusals", "--serve-floor", str(self.port)], None
         self.proc = launch(cmd, "server", cwd=src or REPO, env=env)
         self.ps = psutil.Process(self.proc.pid)
 
