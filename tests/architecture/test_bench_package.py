@@ -5,6 +5,7 @@ through ``sys.path``, their imports form no cycle, and every benchmark answers `
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,21 @@ def test_benchmark_runs_as_a_module_and_answers_help(module):
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage:") and "--help" in proc.stdout
+
+
+def test_no_text_names_a_benchmark_by_a_script_path():
+    """Commands and references name benchmarks as modules, the way they run."""
+    stale = re.compile(r"scripts/(bench_[a-z_]+|profile_batch)\.py")
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.sh", "*.toml", "*.cfg", "*.txt"], cwd=REPO,
+                             capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    offenders = []
+    for rel in tracked.stdout.split():
+        if rel == Path(__file__).relative_to(REPO).as_posix():
+            continue
+        path = REPO / rel
+        if path.is_file():
+            offenders += [f"{rel}:{n}" for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                          if stale.search(line)]
+    assert offenders == []
