@@ -10,8 +10,7 @@ import pytest
 
 from data_prep.datasets import DataError, load
 from data_prep.split import filter_implicit, sample_population, strong_split, weak_split
-
-from data_prep_fixtures import write_amazon
+from data_prep.testing import write_amazon
 
 
 def _implicit(users: int = 60, seed: int = 1) -> pl.DataFrame:

@@ -1,5 +1,4 @@
-"""Refactors keep behaviour: a tiny synthetic artifact and an eval run on it hash to the bytes
-they had before the layering refactor (issue #10), recorded with the code of commit 06cbafb.
+"""Refactors keep behaviour: a tiny synthetic artifact and an eval run on it hash to recorded bytes.
 
 Only wall-clock times (the manifest's timings, the report's run time, the summary's seconds) and
 the summary's echo of the run's own config are left out; everything else, data files and the manifest's content included, must
@@ -28,9 +27,8 @@ ARTIFACT_FILES = {
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
     "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
 }
-# Re-recorded for issue #11 (eval --pipelines): the manifest's files map now lists test_inputs.parquet;
-# without that one entry it still hashes to the old 3ad034ec…. Re-recorded for issue #15 (`auto`
-# policy table): files also lists policy.parquet and population.parquet, and the policy section.
+# The manifest's files map lists every data file (test_inputs.parquet, policy.parquet and
+# population.parquet included), and the manifest holds the policy section.
 MANIFEST_WITHOUT_TIMINGS = "3abf7d53d75e9e9ab7e3a9fb590cbbfb0c55cdd6f77ca6477b025746334383c9"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
@@ -42,8 +40,7 @@ RESULT_FILES = {
     "selections.parquet": "4ce5712b10a6c6ac7adbd3b7504c1f0a359877e7e3e776a7aaaad71f7764eeca",
     "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
 }
-# Re-recorded for issue #15: mse.*, selections.parquet, the report and the summary gain the `auto`
-# rows / section / entry; without the auto rows the tables are main's bytes.
+# mse.*, selections.parquet, the report and the summary include the `auto` rows, section and entry.
 REPORT_WITHOUT_SECONDS = "723715e5b45f514e08c9165145d866fab3a7aadfcea6144aebed3b442e0c9196"
 SUMMARY_WITHOUT_CONFIG = "2d23c5cd1b99d25622e0474eb4134e06e1786c2ef41c5e7b1f67a5aa578de7ad"
 

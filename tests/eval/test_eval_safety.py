@@ -9,13 +9,13 @@ import pytest
 from eval import aggregate, outputs
 from eval.config import EvalConfig, chunk_size, validate
 from eval.run import run
+from eval.testing import make_artifact
 from recsvc.app import demo
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact
 from recsvc.checks import ParamError
 from recsvc.staging import OutputError
 
-from eval_fixtures import make_artifact, one_line_error, snapshot
 
 QUICK = ["--users", "3", "--trials", "2", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--workers", "1"]
 
@@ -27,24 +27,24 @@ def art(tmp_path):
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
 @pytest.mark.parametrize("force", [False, True])
-def test_out_overlapping_the_artifact_is_refused_even_with_force(where, force, art, tmp_path, capsys):
+def test_out_overlapping_the_artifact_is_refused_even_with_force(where, force, art, tmp_path, snapshot, one_line_error):
     out = {"same": art, "inside": art / "results", "parent": tmp_path}[where]
     before = snapshot(tmp_path)
     argv = ["eval", "--artifacts", str(art), "--out", str(out), *QUICK] + (["--force"] if force else [])
     assert recsvc_main(argv) == 2
-    one_line_error(capsys, r"--out .* (is|is inside|contains) the --artifacts directory")
+    one_line_error(r"--out .* (is|is inside|contains) the --artifacts directory")
     assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["art"]
     assert load_artifact(art).manifest.files  # still a valid, verified artifact
 
 
 @pytest.mark.parametrize("cmd", [["eval", "--artifacts", "{art}"], ["eval-synthetic", "--scenario", "4", "--n", "8"]])
-def test_existing_out_needs_force(cmd, art, tmp_path, capsys):
+def test_existing_out_needs_force(cmd, art, tmp_path, one_line_error):
     out = tmp_path / "res"
     out.mkdir()
     (out / "keep.txt").write_text("earlier results")
     argv = [a.format(art=art) for a in cmd] + ["--out", str(out), *QUICK]
     assert recsvc_main(argv) == 2
-    one_line_error(capsys, r"--out .*res already exists; pass --force to replace it")
+    one_line_error(r"--out .*res already exists; pass --force to replace it")
     assert (out / "keep.txt").read_text() == "earlier results" and len(list(tmp_path.glob(".res*"))) == 0
     assert recsvc_main(argv + ["--force"]) == 0
     assert not (out / "keep.txt").exists() and (out / "report.md").stat().st_size > 0
@@ -52,12 +52,12 @@ def test_existing_out_needs_force(cmd, art, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("force", [False, True])
-def test_out_that_is_a_file_is_refused(force, art, tmp_path, capsys):
+def test_out_that_is_a_file_is_refused(force, art, tmp_path, one_line_error):
     out = tmp_path / "res.txt"
     out.write_text("not a directory")
     argv = ["eval", "--artifacts", str(art), "--out", str(out), *QUICK] + (["--force"] if force else [])
     assert recsvc_main(argv) == 2
-    one_line_error(capsys, r"cannot create --out .*res\.txt: it exists and is not a directory; expected a directory path")
+    one_line_error(r"cannot create --out .*res\.txt: it exists and is not a directory; expected a directory path")
     assert out.read_text() == "not a directory" and not list(tmp_path.glob(".res*"))
 
 
@@ -70,11 +70,11 @@ def test_out_that_is_a_file_is_refused(force, art, tmp_path, capsys):
     (["--ratio-epsilon", "nan"], r"--ratio-epsilon must be a finite number > 0, got nan"),
     (["--engine", "dask", "--workers", "0"], r"--workers must be an integer ≥ 1"),
 ])
-def test_refused_run_leaves_no_temp_dir(extra, match, art, tmp_path, capsys):
+def test_refused_run_leaves_no_temp_dir(extra, match, art, tmp_path, one_line_error):
     out = tmp_path / "results"
     # QUICK's --workers 1 comes first; a later --workers overrides it (argparse keeps the last).
     assert recsvc_main(["eval", "--artifacts", str(art), "--out", str(out), *QUICK, *extra]) == 2
-    one_line_error(capsys, match)
+    one_line_error(match)
     assert not out.exists() and not list(tmp_path.glob(".results*"))
 
 
@@ -121,11 +121,11 @@ def test_failed_run_leaves_no_parents_or_temp_dir_and_a_good_run_publishes(error
     assert sorted(p.name for p in out.parent.iterdir()) == ["c"]
 
 
-def test_level_only_with_the_sweep_scenario(tmp_path, capsys):
+def test_level_only_with_the_sweep_scenario(tmp_path, one_line_error):
     out = tmp_path / "s1"
     argv = ["eval-synthetic", "--scenario", "1", "--n", "8", "--out", str(out), *QUICK]
     assert recsvc_main([*argv, "--level", "3"]) == 2
-    one_line_error(capsys, r"--level applies only to --scenario sweep, got it with --scenario 1")
+    one_line_error(r"--level applies only to --scenario sweep, got it with --scenario 1")
     assert not out.exists()
     assert recsvc_main(argv) == 0  # without --level the other scenarios still work
     # sweep: default level 0.8, an explicit level changes the data (and the default out name).
@@ -167,16 +167,16 @@ def _no_stage_1(*_a, **_k):
     (["--results", "{art}"], r"--results .* is the --artifacts directory"),
     (["--results", "{art}/x", "--force"], r"--results .* is inside the --artifacts directory"),
 ])
-def test_demo_checks_arguments_before_stage_1(extra, match, tmp_path, monkeypatch, capsys):
+def test_demo_checks_arguments_before_stage_1(extra, match, tmp_path, monkeypatch, capsys, one_line_error):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "_prep", _no_stage_1)
     art = tmp_path / "art"
     assert recsvc_main(["demo", "--artifacts", str(art), *[a.format(art=art) for a in extra]]) == 2
-    one_line_error(capsys, match)
+    one_line_error(match)
     assert "1/3" not in capsys.readouterr().out and list(tmp_path.iterdir()) == []
 
 
-def test_demo_replaces_its_own_results_but_not_a_named_directory(art, tmp_path, monkeypatch, capsys):
+def test_demo_replaces_its_own_results_but_not_a_named_directory(art, tmp_path, monkeypatch, one_line_error):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "_prep", lambda *a: None)  # the toy artifact stands in for ml-100k
     monkeypatch.setattr(demo, "_serve_and_select", lambda *a: None)
@@ -187,7 +187,7 @@ def test_demo_replaces_its_own_results_but_not_a_named_directory(art, tmp_path, 
     named = tmp_path / "mine"
     named.mkdir()
     assert recsvc_main([*argv, "--results", str(named)]) == 2
-    one_line_error(capsys, r"--results .*mine already exists; pass --force to replace it")
+    one_line_error(r"--results .*mine already exists; pass --force to replace it")
     assert list(named.iterdir()) == []
     assert recsvc_main([*argv, "--results", str(named), "--force"]) == 0
     assert (named / "report.md").is_file()

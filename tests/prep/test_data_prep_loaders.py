@@ -10,17 +10,8 @@ import pytest
 
 from data_prep.datasets import DataError, amazon_book, load, movielens, netflix
 from data_prep.datasets.synthetic import PRESETS, config_for, generate
+from data_prep.testing import ratings_table, triples, write_amazon, write_inter, write_ml20m, write_netflix, write_udata
 from recsvc.checks import ParamError
-
-from data_prep_fixtures import (
-    ratings_table,
-    triples,
-    write_amazon,
-    write_inter,
-    write_ml20m,
-    write_netflix,
-    write_udata,
-)
 
 
 @pytest.fixture(scope="module")

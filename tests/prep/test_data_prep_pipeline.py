@@ -13,12 +13,12 @@ import pytest
 
 import data_prep.pipeline as pipeline
 from data_prep.pipeline import PrepConfig, run
+from data_prep.testing import ratings_table, write_amazon, write_ml20m
 from recsvc.app.cli import main
 from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
 
-from data_prep_fixtures import ratings_table, write_amazon, write_ml20m
 
-# A small `auto` policy table keeps these runs fast; tests/test_policy_artifact.py covers the default one.
+# A small `auto` policy table keeps these runs fast; test_policy_artifact.py covers the default one.
 TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16",
         "--policy-users", "20", "--policy-trials", "5"]
 FILES = ("items.parquet", "candidates.parquet", "model/W1.npz", "model/W2.npz", "model/items.parquet",

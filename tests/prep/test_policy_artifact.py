@@ -1,4 +1,4 @@
-"""policy.parquet in the artifact (issue #15): written by `recsvc prep`, rebuilt by `recsvc policy`
+"""policy.parquet in the artifact: written by `recsvc prep`, rebuilt by `recsvc policy`
 to the same bytes, atomically; bad input is a clear error that changes nothing; older artifacts
 without a table stay readable."""
 
@@ -14,11 +14,10 @@ import pytest
 
 import data_prep.policy as policy_cmd
 from data_prep.pipeline import PrepConfig, run
+from eval.testing import make_artifact
 from recsvc.app.cli import main
 from recsvc.artifact import POLICY, POPULATION, load_artifact
 from recsvc.policy import POLICY_EPSILONS, SLATE_SIZES, UTILITY, PolicyTable, policy_mechanisms
-
-from eval_fixtures import make_artifact, one_line_error, snapshot
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +54,7 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     assert all(mse[(e, k, "mgem")] < mse[(e, k, "gem")] for e in POLICY_EPSILONS for k in SLATE_SIZES)
 
 
-def test_recsvc_policy_rebuilds_the_same_bytes_atomically(tiny: Path, tmp_path: Path, capsys) -> None:
+def test_recsvc_policy_rebuilds_the_same_bytes_atomically(tiny: Path, tmp_path: Path, capsys, snapshot) -> None:
     copy = tmp_path / "copy"
     os.system(f"cp -a {tiny} {copy}")
     before = snapshot(copy)
@@ -75,16 +74,17 @@ def test_recsvc_policy_rebuilds_the_same_bytes_atomically(tiny: Path, tmp_path: 
     assert all((copy / f).read_bytes() == before[f] for f in ("candidates.parquet", "model/W1.npz", POPULATION))
 
 
-def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(tiny: Path, tmp_path: Path, capsys) -> None:
+def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(tiny: Path, tmp_path: Path, snapshot,
+                                                                 one_line_error) -> None:
     missing = tmp_path / "nope"
     assert main(["policy", "--artifacts", str(missing)]) == 2
-    one_line_error(capsys, rf"recsvc policy: error: artifact directory {missing} does not exist")
+    one_line_error(rf"recsvc policy: error: artifact directory {missing} does not exist")
     assert not missing.exists() and list(tmp_path.iterdir()) == []
 
     old = make_artifact(tmp_path / "old")  # written without population.parquet (older artifact)
     before = snapshot(old)
     assert main(["policy", "--artifacts", str(old)]) == 2
-    one_line_error(capsys, r"has no population.parquet \(written before the `auto` policy table existed\); "
+    one_line_error(r"has no population.parquet \(written before the `auto` policy table existed\); "
                            r"rebuild the artifact with `recsvc prep`")
     assert snapshot(old) == before
 
@@ -92,17 +92,18 @@ def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(tiny: Path, tmp
     os.system(f"cp -a {tiny} {copy}")
     before = snapshot(copy)
     assert main(["policy", "--artifacts", str(copy), "--trials", "0"]) == 2
-    one_line_error(capsys, r"recsvc policy: error: --trials must be an integer ≥ 1, got 0")
+    one_line_error(r"recsvc policy: error: --trials must be an integer ≥ 1, got 0")
     with open(copy / POPULATION, "ab") as f:
         f.write(b"x")
     assert main(["policy", "--artifacts", str(copy)]) == 2
-    one_line_error(capsys, r"population.parquet is corrupt: sha256")
+    one_line_error(r"population.parquet is corrupt: sha256")
     (copy / POPULATION).write_bytes(before[POPULATION])
     assert snapshot(copy) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "old"]
 
 
-def test_a_crash_while_rebuilding_leaves_the_artifact_as_it_was(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+def test_a_crash_while_rebuilding_leaves_the_artifact_as_it_was(tiny: Path, tmp_path: Path, monkeypatch,
+                                                                snapshot) -> None:
     copy = tmp_path / "copy"
     os.system(f"cp -a {tiny} {copy}")
     before = snapshot(copy)

@@ -17,7 +17,6 @@ from eval.scenarios import SWEEP_LEVELS
 from eval.sweep import run_sweep
 from recsvc.app.cli import main as recsvc_main
 
-from eval_fixtures import one_line_error, snapshot
 
 MECHS = ["rnm", "gem", "mgem", "rs"]
 EPS = [0.5, 2.0]
@@ -98,7 +97,7 @@ def test_report_figure_and_terminal_summary(sweep):
     assert level_lines[-1].split()[-2] == "mgem" and lines[-1] == f"report: {out / 'report.md'}"
 
 
-def test_a_level_equals_the_single_run_with_the_same_flags(sweep, tmp_path, capsys):
+def test_a_level_equals_the_single_run_with_the_same_flags(sweep, tmp_path):
     out, _ = sweep
     single = tmp_path / "single"
     argv = ["eval-synthetic", "--scenario", "sweep", "--level", "0.3", "--out", str(single), *FLAGS]
@@ -109,13 +108,13 @@ def test_a_level_equals_the_single_run_with_the_same_flags(sweep, tmp_path, caps
     assert rows["mse"].to_list() == pl.read_csv(single / "mse.csv")["mse_mean"].to_list()
 
 
-def test_existing_out_needs_force(tmp_path, capsys):
+def test_existing_out_needs_force(tmp_path, one_line_error):
     out = tmp_path / "sw"
     out.mkdir()
     (out / "keep.txt").write_text("earlier results")
     argv = ["eval-synthetic", "--scenario", "sweep", "--level", "all", "--out", str(out), *QUICK]
     assert recsvc_main(argv) == 2
-    one_line_error(capsys, r"--out .*sw already exists; pass --force to replace it")
+    one_line_error(r"--out .*sw already exists; pass --force to replace it")
     assert [p.name for p in tmp_path.iterdir()] == ["sw"] and (out / "keep.txt").read_text() == "earlier results"
     assert recsvc_main([*argv, "--force"]) == 0
     assert not (out / "keep.txt").exists() and sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(DIRS)
@@ -130,18 +129,18 @@ def test_existing_out_needs_force(tmp_path, capsys):
     # --repeats is an alias of --users: the error names the flag that the help lists first
     (["--scenario", "sweep", "--level", "all", "--repeats", "0"], r"--users must be an integer ≥ 1, got 0"),
 ])
-def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, capsys):
+def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, one_line_error):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runner, "evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
     # --n 10 from QUICK comes first; a later --n overrides it (argparse keeps the last).
     assert recsvc_main(["eval-synthetic", *QUICK, *extra]) == 2
-    one_line_error(capsys, match)
+    one_line_error(match)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 @pytest.mark.parametrize("existing", [False, True])
-def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkeypatch):
+def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkeypatch, snapshot):
     out = tmp_path / "sw"
     if existing:  # --force: the earlier results survive a failed run untouched
         out.mkdir()

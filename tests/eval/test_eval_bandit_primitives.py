@@ -1,4 +1,4 @@
-"""The bandit study's two private primitives (issue #14): the hybrid continual counter (Chan,
+"""The bandit study's two private primitives: the hybrid continual counter (Chan,
 Shi & Song 2010) and the exponential-mechanism quantile. Exact privacy audits on neighbouring
 inputs, exact output distributions, and accuracy on known streams."""
 

@@ -10,11 +10,11 @@ from eval.outputs import summary
 from eval.run import run
 from eval.scenarios import scenario
 from eval.sources import ArtifactSource
+from eval.testing import make_artifact
 from eval.work import make_context
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms import MECHANISMS, probabilities
 
-from eval_fixtures import make_artifact
 
 MECHS = ("rnm", "gem", "mgem", "rs", "combined_gem")
 
@@ -87,7 +87,7 @@ def _mse(res, mech, eps):
 
 
 @pytest.mark.parametrize("name,positive", [("1", True), ("4", True), ("2", False), ("5", False)])
-def test_paper_findings_correlation_decides_the_winner(name, positive):
+def test_the_sign_of_the_correlation_decides_the_winning_mechanism(name, positive):
     # Paper §VI (Figures 2 and 8): the gap is largest at small ε; exact probabilities for the
     # noisy-max family, Monte Carlo with many trials for RS.
     eps_grid = (0.05, 0.1, 0.2, 0.5)
@@ -95,7 +95,7 @@ def test_paper_findings_correlation_decides_the_winner(name, positive):
                          epsilons=eps_grid, trials=400, exact=True, seed=3, progress=False, workers=1))
     for eps in eps_grid:
         rnm, gem, mgem, rs = (_mse(res, m, eps) for m in ("rnm", "gem", "mgem", "rs"))
-        # Issue #5: under positive correlation mGEM and RS beat RNM and GEM loses; reversed
+        # Under positive correlation mGEM and RS beat RNM and GEM loses; reversed
         # under negative correlation (GEM beats RNM, which beats mGEM and RS).
         if positive:
             assert mgem < rnm < gem, (eps, mgem, rnm, gem)
@@ -195,7 +195,7 @@ def test_given_parameters_reach_the_mechanisms_that_take_them():
     (["eval-synthetic", "--scenario", "1", "--corr-budget-fraction", "0"], r"--corr-budget-fraction must be in"),
     (["eval-synthetic", "--scenario", "42"], "unknown scenario '42'"),
 ])
-def test_bad_input_fails_before_any_work(argv, match, toy, tmp_path, capsys):
+def test_bad_input_fails_before_any_work(argv, match, toy, tmp_path, one_line_error):
     corrupt = make_artifact(tmp_path / "corrupt", users=3, n=5)
     data = (corrupt / "candidates.parquet").read_bytes()
     (corrupt / "candidates.parquet").write_bytes(data[:-9] + bytes([data[-9] ^ 1]) + data[-8:])
@@ -203,9 +203,7 @@ def test_bad_input_fails_before_any_work(argv, match, toy, tmp_path, capsys):
     out = tmp_path / "results"
     argv = [a.format(**paths) for a in argv] + ["--out", str(out)]
     assert recsvc_main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1
-    assert re.search(match, err), err
+    one_line_error(match)
     assert not out.exists() and not list(tmp_path.glob(".results*"))
 
 
@@ -225,7 +223,7 @@ def test_memory_is_bounded_by_the_chunk_not_the_users(tmp_path):
     assert peaks[1] < 1.6 * peaks[0], peaks
 
 
-def test_paper_findings_wrong_gem_loses_to_random_and_scenario_3_favours_rnm():
+def test_gem_on_the_wrong_correlation_loses_to_random_and_scenario_3_favours_rnm():
     """Paper §VI: at small ε the GEM variant that bets on the wrong correlation is worse than
     picking at random (scenario 1: GEM; scenario 2: mGEM), and in scenario 3 (no usable
     correlation) RNM is best and GEM beats mGEM. Exact probabilities: no sampling noise."""
@@ -243,7 +241,7 @@ def test_paper_findings_wrong_gem_loses_to_random_and_scenario_3_favours_rnm():
         assert rnm < gem < mgem, (eps, rnm, gem, mgem)
 
 
-def test_paper_findings_combined_gem_wins_on_polarised_users_once_epsilon_pays_for_the_bit():
+def test_combined_gem_wins_on_polarised_users_once_epsilon_pays_for_the_bit():
     """Appendix F (scenario 7): with half the users positively and half negatively correlated,
     combined GEM beats RNM, GEM and mGEM at ε = 2, while at ε = 0.1 the correlation bit is too
     noisy and it does no better than RNM. Exact probabilities (the bit's RR mixture is exact)."""
@@ -254,11 +252,12 @@ def test_paper_findings_combined_gem_wins_on_polarised_users_once_epsilon_pays_f
     assert _mse(res, "combined_gem", 0.1) > _mse(res, "rnm", 0.1)
 
 
-def test_paper_findings_scenario_6_uncorrelated_favours_gem():
+def test_uncorrelated_scenario_6_favours_gem():
     """Scenario 6 (no correlation, Fig. 8c): "GEM does not perform well in the presence of positive
     correlation, but does in the presence of negative or absent correlation, and vice-versa for
     mGEM and RS". Exact: GEM < RNM < mGEM for ε from 0.5 to 4, and mGEM is worse than random at
-    small ε. (With the old seed-0 draw, whose users had mean ρ = +0.14, mGEM beat RNM instead.)"""
+    small ε. The scenario's users must be uncorrelated on average: a draw with mean ρ = +0.14 makes
+    mGEM beat RNM instead."""
     res = run(EvalConfig(scenario="6", users=100, mechanisms=("rnm", "gem", "mgem", "random"),
                          epsilons=(0.05, 0.1, 0.5, 1.0, 2.0, 4.0), exact=True, progress=False, workers=1))
     for eps in (0.5, 1.0, 2.0, 4.0):
@@ -269,7 +268,7 @@ def test_paper_findings_scenario_6_uncorrelated_favours_gem():
     assert abs(res.correlation["spearman"]["mean"]) < 0.05
 
 
-def test_paper_findings_sweep_benefit_grows_with_correlation_strength():
+def test_the_sweep_benefit_grows_with_correlation_strength():
     """Figure 10: over t = −5 … 5, mGEM and RS gain most from strong positive correlation and
     GEM from strong negative, and the best of GEM/mGEM gains more over RNM the stronger the
     correlation, on either side from |t| = 0.3 outward (at t = 0 GEM still gains from the

@@ -15,7 +15,6 @@ from recsvc.checks import ParamError
 from recsvc.mechanisms import select_batch
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower, rnmh_two_candidates_lower
 
-from eval_fixtures import one_line_error
 from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 
 # Δ on both sides of each other, ε and gap spanning Figures 16–17, γ from Fig. 15's ends and Fig. 3's 0.01.
@@ -122,7 +121,7 @@ def test_findings_hold_on_the_exact_table_and_catch_a_flipped_sign(table):
     assert [f.holds for f in findings(flipped, cfg)][0] is False
 
 
-def test_cli_writes_every_output_atomically(tmp_path, capsys):
+def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error):
     out = tmp_path / "tc"
     argv = ["eval-two-candidates", "--out", str(out), "--deltas", "0.5", "1", "1.5", "--epsilons", "0.1",
             "--gaps", "1", "--gammas", "0.01"]
@@ -136,7 +135,7 @@ def test_cli_writes_every_output_atomically(tmp_path, capsys):
     assert "HG(RNM, RNMH) > 0 iff Δ1 < Δ2" in (out / "report.md").read_text()
     assert not list(tmp_path.glob(".tc*"))
     assert recsvc_main(argv) == 2  # exists: refused without --force
-    one_line_error(capsys, r"--out .* already exists; pass --force")
+    one_line_error(r"--out .* already exists; pass --force")
     assert recsvc_main(argv + ["--force"]) == 0
 
 
@@ -147,10 +146,10 @@ def test_cli_writes_every_output_atomically(tmp_path, capsys):
     (["--gammas", "1.5"], r"--gammas must lie in \[1e-06, 1\)"),
     (["--beta", "0"], r"--beta must be in the open interval \(0, 1\)"),
 ])
-def test_bad_input_is_refused_before_any_output(args, match, tmp_path, capsys):
+def test_bad_input_is_refused_before_any_output(args, match, tmp_path, one_line_error):
     out = tmp_path / "new" / "tc"
     assert recsvc_main(["eval-two-candidates", "--out", str(out), *args]) == 2
-    one_line_error(capsys, match)
+    one_line_error(match)
     assert not (tmp_path / "new").exists()
 
 

@@ -1,4 +1,4 @@
-"""The `auto` policy table (issue #15): its grid, its numbers (exact expectations and Monte Carlo
+"""The `auto` policy table: its grid, its numbers (exact expectations and Monte Carlo
 against independent recomputations), the lookup rule, and the checks that refuse a bad table."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`auto` in `recsvc eval` (issue #15): a row resolved per ε from the artifact's policy table (or a
+"""`auto` in `recsvc eval`: a row resolved per ε from the artifact's policy table (or a
 scenario's independent public population), its regret against the oracle, in every output."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 
 from eval.config import EvalConfig
 from eval.run import run
+from eval.testing import make_artifact
 from recsvc.app.cli import main
 from recsvc.artifact import ArtifactWriter, load_artifact
 
-from eval_fixtures import make_artifact, one_line_error, snapshot
 from service_fixtures import add_policy
 
 # k = 1: rnm at ε ≤ √(0.1·1) ≈ 0.316, krr above; k = 5 (ignored by the eval) says gem.
@@ -74,14 +74,14 @@ def test_auto_runs_its_choice_even_when_that_mechanism_is_not_in_the_run(art: Pa
     assert without.mechanisms == ("rnm", "gem") and without.auto.height == 0
 
 
-def test_no_table_no_auto_row_and_naming_auto_is_a_clear_error(tmp_path: Path, capsys) -> None:
+def test_no_table_no_auto_row_and_naming_auto_is_a_clear_error(tmp_path: Path, snapshot, one_line_error) -> None:
     old = make_artifact(tmp_path / "old")
     res = run(_cfg(old))
     assert "auto" not in res.mechanisms and res.auto.height == 0
     assert any("has no policy.parquet: `auto` not evaluated" in n for n in res.notes)
     before = snapshot(tmp_path)
     assert main(["eval", "--artifacts", str(old), "--mechanisms", "rnm", "auto", "--out", str(tmp_path / "r")]) == 2
-    one_line_error(capsys, r"has no policy.parquet, so `auto` cannot be evaluated; build it with `recsvc policy")
+    one_line_error(r"has no policy.parquet, so `auto` cannot be evaluated; build it with `recsvc policy")
     assert snapshot(tmp_path) == before and not (tmp_path / "r").exists()
 
 

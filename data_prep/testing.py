@@ -1,4 +1,8 @@
-"""Builders of small dataset files in the EXACT original on-disk formats, for data_prep tests."""
+"""Builders of small dataset files in the EXACT original on-disk formats, for testing the loaders and
+the pipeline on every format they read.
+
+Test helpers that are not fixtures live here, beside the code they exercise (as ``numpy.testing``
+does); the test suite's fixtures live in its conftest.py files."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ from eval.scenarios import scenario
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 
-from eval_fixtures import one_line_error
 from mechanisms_reference import random_stopping_probabilities_quad
 
 MECHS = ("rnm", "krr", "random", "gem", "mgem", "rs", "rnmh")
@@ -54,7 +53,7 @@ def test_two_group_random_stopping_matches_the_reference_quadrature():
         assert got == pytest.approx(ref, rel=1e-8), kind
 
 
-def test_paper_findings_figure_18_positive_correlation(fig18):
+def test_figure_18_proportions_under_positive_correlation(fig18):
     """Appendix E: with positive correlation RNMH, mGEM and RS beat RNM, kRR and GEM 'for most
     proportions', and the gap is largest with a few high scores and smallest at the extremes."""
     m = _mse(fig18, "1")
@@ -65,7 +64,7 @@ def test_paper_findings_figure_18_positive_correlation(fig18):
     assert PROPORTIONS[int(np.argmax(gap))] == 0.1 and gap.max() > 2.0 and gap[0] < 0.7 and gap[-1] < 0.02
 
 
-def test_paper_findings_figure_18_negative_correlation(fig18):
+def test_figure_18_proportions_under_negative_correlation(fig18):
     """Only GEM gains from heterogeneity; RNMH and mGEM are worse than random at every split. RS
     (γ = 0.05, exact) is NOT: it is within 1.5% of random below half high scores (slightly better)
     and worse from half on (by up to 11% at 99%)."""
@@ -79,7 +78,7 @@ def test_paper_findings_figure_18_negative_correlation(fig18):
     assert ((rel < 0) == (props < 0.5)).all() and rel.min() > -0.015 and 0.09 < rel.max() < 0.12
 
 
-def test_paper_findings_figure_18_no_correlation(fig18):
+def test_figure_18_proportions_without_correlation(fig18):
     """'RNM suffices at all splits' holds from 5% to 90% high scores; at the extremes one candidate
     is alone in its group with Δ = 1.8, which GEM (95%, 99%) or mGEM and RS (1%) exploit."""
     m = _mse(fig18, "3")
@@ -104,10 +103,10 @@ def test_outputs_and_the_report(fig18):
     assert "7 of 9 hold" in (fig18.out / "report.md").read_text()
 
 
-def test_level_is_refused_and_nothing_is_written(tmp_path, capsys):
+def test_level_is_refused_and_nothing_is_written(tmp_path, one_line_error):
     out = tmp_path / "p"
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--level", "0.3", "--out", str(out)]) == 2
-    one_line_error(capsys, r"--level applies only to --scenario sweep")
+    one_line_error(r"--level applies only to --scenario sweep")
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--epsilons", "0", "--out", str(out)]) == 2
-    one_line_error(capsys, r"ε must be a finite number > 0")
+    one_line_error(r"ε must be a finite number > 0")
     assert not out.exists() and not list(tmp_path.iterdir())

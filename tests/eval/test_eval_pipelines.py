@@ -9,11 +9,11 @@ import pytest
 
 from eval.config import EvalConfig
 from eval.run import run
+from eval.testing import make_artifact, make_catalog_artifact
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact
 from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
 
-from eval_fixtures import make_artifact, make_catalog_artifact, one_line_error, snapshot
 
 EPS = (0.5, 8.0)
 
@@ -105,21 +105,21 @@ def test_monte_carlo_agrees_with_exact_and_ignores_chunking(art):
     (["--pipelines", "full", "--slate-k", "0"], r"--slate-k: every slate size must be an integer k ≥ 1, got 0"),
     (["--pipelines", "full", "--two-stage-m", "2", "--slate-k", "5"], r"--two-stage-m must be an integer ≥ the largest"),
 ])
-def test_bad_pipeline_options_are_refused_and_write_nothing(extra, match, art, tmp_path, capsys):
+def test_bad_pipeline_options_are_refused_and_write_nothing(extra, match, art, tmp_path, snapshot, one_line_error):
     before = snapshot(tmp_path)
     argv = ["eval", "--artifacts", str(art), "--out", str(tmp_path / "r"), "--trials", "2", "--epsilons", "1",
             "--workers", "1", *extra]
     assert recsvc_main(argv) == 2
-    one_line_error(capsys, match)
+    one_line_error(match)
     assert snapshot(tmp_path) == before and not (tmp_path / "r").exists()
 
 
-def test_artifact_without_test_inputs_is_refused_before_any_output(tmp_path, capsys):
+def test_artifact_without_test_inputs_is_refused_before_any_output(tmp_path, one_line_error):
     old = make_artifact(tmp_path / "old", users=3, n=5)
     argv = ["eval", "--artifacts", str(old), "--out", str(tmp_path / "r"), "--trials", "2", "--epsilons", "1",
             "--workers", "1", "--pipelines", "full"]
     assert recsvc_main(argv) == 2
-    one_line_error(capsys, r"has no test_inputs.parquet .* rebuild it with `recsvc prep`")
+    one_line_error(r"has no test_inputs.parquet .* rebuild it with `recsvc prep`")
     assert not (tmp_path / "r").exists()
 
 

@@ -1,4 +1,4 @@
-"""`recsvc eval-bandit` (issue #14, paper §IX / Appendix H / Figure 14): the policies on small
+"""`recsvc eval-bandit` (paper §IX / Appendix H / Figure 14): the policies on small
 horizons with fixed seeds, the paper's claims as measured, the UCB readings at the paper's
 scale, the output files, and bad input."""
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from eval_fixtures import one_line_error, snapshot
 
 from eval.bandit.config import PRIVATE, BanditConfig
 from eval.bandit.environment import Arms
@@ -152,14 +151,15 @@ def test_results_directory(tmp_path: Path) -> None:
     assert "Which UCB did the paper run?" in report and "mean [95% CI]" in report
 
 
-def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(tmp_path: Path, capsys) -> None:
+def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(tmp_path: Path, capsys, snapshot,
+                                                                      one_line_error) -> None:
     out = tmp_path / "b"
     args = ["eval-bandit", "--out", str(out), "--seeds", "1", "--horizon", "300", "--shift", "200", "--workers", "1"]
     assert main(args) == 0
     assert "UCB readings that never switch" in capsys.readouterr().out
     before = snapshot(out)
     assert main(args) == 2
-    one_line_error(capsys, r"--out .* already exists; pass --force")
+    one_line_error(r"--out .* already exists; pass --force")
     assert snapshot(out) == before
     assert main(args + ["--force"]) == 0
 
@@ -172,10 +172,10 @@ def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(tmp_path: P
     (["--horizon", "2", "--shift", "1"], r"--horizon must be an integer ≥ 3"),
     (["--workers", "0"], r"--workers must be an integer ≥ 1"),
 ])
-def test_bad_input_is_one_line_and_leaves_no_directory(tmp_path: Path, capsys, flags, match) -> None:
+def test_bad_input_is_one_line_and_leaves_no_directory(tmp_path: Path, flags, match, one_line_error) -> None:
     out = tmp_path / "new" / "b"
     assert main(["eval-bandit", "--out", str(out), *flags]) == 2
-    one_line_error(capsys, match)
+    one_line_error(match)
     assert not (tmp_path / "new").exists()
 
 

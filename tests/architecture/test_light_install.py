@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOT_FOR_SERVING = ("sansa", "sksparse", "dask", "distributed", "matplotlib", "pyarrow", "data_prep", "eval")
 
 _PROBE = """

@@ -1,9 +1,10 @@
-"""Tiny artifacts for the eval tests, written through the real ArtifactWriter, and checks of
-what a refused command leaves behind."""
+"""Tiny artifacts for testing the evaluation harness, written through the real ArtifactWriter.
+
+Test helpers that are not fixtures live here, beside the code they exercise (as ``numpy.testing``
+does); the test suite's fixtures live in its conftest.py files."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -38,18 +39,6 @@ def make_artifact(out: Path, users: int = 12, items: int = 30, n: int = 20, seed
         w.write_items(pl.DataFrame({"item_id": item_ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
         w.write_candidates(pl.DataFrame(rows).cast({"rank": pl.Int32}))
         return w.commit({"dataset": "toy", "seed": seed, **(manifest or {})})
-
-
-def snapshot(d: Path) -> dict[str, bytes]:
-    """Every file under ``d`` with its bytes: equal snapshots mean nothing was written or removed."""
-    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
-
-
-def one_line_error(capsys, match: str) -> str:
-    """The captured stderr is one line and matches ``match``."""
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and re.search(match, err), err
-    return err
 
 
 def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int = 0) -> Path:

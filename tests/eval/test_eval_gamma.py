@@ -8,10 +8,10 @@ import pytest
 from data_prep.datasets import INFO
 from eval.config import EvalConfig
 from eval.run import run
+from eval.testing import make_artifact
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import ArtifactError, Manifest
 
-from eval_fixtures import make_artifact
 
 QUICK = dict(mechanisms=("rnm", "rs"), epsilons=(1.0,), trials=3, progress=False, workers=1)
 
@@ -34,7 +34,7 @@ def test_eval_uses_the_datas_gamma_unless_given(tmp_path):
     assert run(EvalConfig(scenario="4", users=2, params={"gamma": 0.2}, **QUICK)).config.params["gamma"] == 0.2
 
 
-def test_cli_gamma_flag_overrides_the_manifest(tmp_path, capsys):
+def test_cli_gamma_flag_overrides_the_manifest(tmp_path):
     art = make_artifact(tmp_path / "nf", users=3, manifest={"default_gamma": 0.0008})
     for extra, gamma in (([], 0.0008), (["--gamma", "0.3"], 0.3)):
         out = tmp_path / f"r{gamma}"
