@@ -13,7 +13,30 @@ change to it shows first:
 * ``test_policy`` and ``test_policy_artifact``: the ``auto`` policy table, computed offline by
   ``recsvc prep`` / ``recsvc policy`` and stored in the artifact.
 
-Dataset files in each source's own on-disk format come from :mod:`data_prep.testing`. The
-``snapshot`` and ``one_line_error`` fixtures (tests/conftest.py) check that a refused command
-changes nothing and says why in one line; ``ml100k`` is the real ml-100k artifact, built once.
+Dataset files in each source's own on-disk format come from :mod:`data_prep.testing`. A refused
+``recsvc prep`` says why in one error line (``prep_error_line``, below); ``snapshot`` and
+``one_line_error`` (tests/conftest.py) check that ``recsvc policy`` changes nothing when it refuses,
+and ``ml100k`` is the real ml-100k artifact, built once per session.
 """
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+
+
+@pytest.fixture
+def prep_error_line(capsys: pytest.CaptureFixture[str]) -> Callable[[], str]:
+    """``prep_error_line()``: the one ``recsvc prep: error:`` line a refused prep wrote to stderr,
+    after whatever progress lines (``[prep] loading …``) it printed before it found the problem;
+    no traceback."""
+
+    def line() -> str:
+        err = capsys.readouterr().err
+        errors = [text for text in err.splitlines() if re.match(r"recsvc prep: error: ", text)]
+        assert len(errors) == 1 and "Traceback" not in err, err
+        return errors[0]
+
+    return line

@@ -176,7 +176,7 @@ def test_crash_after_the_scratch_dir_removes_the_parents_it_made(tmp_path: Path,
         ("ok", ["--dataset", "ml-20m", "--l2", "-1", "--test-users", "5", "--val-users", "5"], r"l2 must be a positive number"),
     ],
 )
-def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, capsys, setup, args, message) -> None:
+def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, setup, args, message, prep_error_line) -> None:
     data = tmp_path / "data"
     data.mkdir()
     table = ratings_table(users=40, items=30, per_user=(8, 20))
@@ -190,10 +190,8 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, capsys, 
         write_ml20m(data, table.with_columns(pl.lit(2.0).alias("rating")))
     out = tmp_path / "out" / "art"
     code = main(["prep", *args, "--data-dir", str(data), "--out", str(out), "--workers", "1"])
-    err = capsys.readouterr().err
     assert code == 2
-    errors = [line for line in err.splitlines() if line.startswith("recsvc prep: error:")]
-    assert len(errors) == 1 and re.search(message, errors[0]), err
+    assert re.search(message, prep_error_line())
     assert not out.exists() and _siblings(out) == []
 
 

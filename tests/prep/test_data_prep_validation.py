@@ -27,7 +27,6 @@ def no_work(monkeypatch):
     monkeypatch.setattr(pipeline, "_load_and_split", forbidden)
 
 
-PREP_ERROR = r"^recsvc prep: error: "  # the one line a refused `recsvc prep` writes
 SYN = ["--dataset", "synthetic", "--preset", "tiny"]
 
 
@@ -60,26 +59,25 @@ SYN = ["--dataset", "synthetic", "--preset", "tiny"]
         ([*SYN, "--scheduler", "foo://h:1"], r"--scheduler 'foo://h:1' is not a Dask scheduler address \(unknown protocol 'foo'\)"),
     ],
 )
-def test_bad_flag_fails_before_any_work_or_directory(tmp_path: Path, no_work, args, message, one_line_error) -> None:
+def test_bad_flag_fails_before_any_work_or_directory(tmp_path: Path, no_work, args, message, prep_error_line) -> None:
     out = tmp_path / "np1" / "deep" / "o"
     assert main(["prep", *args, "--out", str(out)]) == 2
-    assert re.search(message, one_line_error(PREP_ERROR))
+    assert re.search(message, prep_error_line())
     assert list(tmp_path.iterdir()) == []
 
 
-def test_data_dir_that_is_a_file(tmp_path: Path, no_work, one_line_error) -> None:
+def test_data_dir_that_is_a_file(tmp_path: Path, no_work, prep_error_line) -> None:
     f = tmp_path / "ratings.csv"
     f.write_text("x")
     assert main(["prep", "--dataset", "ml-20m", "--data-dir", str(f), "--out", str(tmp_path / "a" / "o")]) == 2
-    assert re.search(r"--data-dir .*ratings\.csv is not a directory; expected a directory",
-                     one_line_error(PREP_ERROR))
+    assert re.search(r"--data-dir .*ratings\.csv is not a directory; expected a directory", prep_error_line())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ratings.csv"]
     assert main(["prep", *SYN, "--data-dir", str(tmp_path), "--out", str(tmp_path / "a" / "o")]) == 2
-    assert "--data-dir does not apply to --dataset synthetic" in one_line_error(PREP_ERROR)
+    assert "--data-dir does not apply to --dataset synthetic" in prep_error_line()
 
 
 @pytest.mark.parametrize("where", ["under-a-file", "file-itself", "not-permitted"])
-def test_unusable_out_is_one_line_and_creates_nothing(tmp_path: Path, where, one_line_error) -> None:
+def test_unusable_out_is_one_line_and_creates_nothing(tmp_path: Path, where, prep_error_line) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     out, message = {
@@ -89,7 +87,7 @@ def test_unusable_out_is_one_line_and_creates_nothing(tmp_path: Path, where, one
         "not-permitted": (Path("/sys/recsvc-prep-test/o"), r"cannot create --out /sys/recsvc-prep-test/o: Operation not permitted \(/sys"),
     }[where]
     assert main(["prep", *SYN, "--workers", "1", "--out", str(out)]) == 2
-    assert re.search(message, one_line_error(PREP_ERROR))
+    assert re.search(message, prep_error_line())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"] and blocker.read_text() == "x"
     assert not Path("/sys/recsvc-prep-test").exists()
 
@@ -106,7 +104,7 @@ def test_failed_run_removes_the_parents_it_created(tmp_path: Path, monkeypatch) 
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
 
 
-def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch, one_line_error) -> None:
+def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch, prep_error_line) -> None:
     calls: list[str] = []
 
     class Unreachable:
@@ -135,7 +133,7 @@ def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch,
     calls.clear()
     assert main(["prep", *SYN, "--scheduler", "tcp://127.0.0.1:1", "--out", str(tmp_path / "a" / "o")]) == 2
     assert re.search(r"cannot connect to --scheduler tcp://127\.0\.0\.1:1: Timed out .*; expected a running Dask scheduler$",
-                     one_line_error(PREP_ERROR))
+                     prep_error_line())
     assert calls == ["dask tcp://127.0.0.1:1", "map", "close"]
     assert list(tmp_path.iterdir()) == []
 
@@ -169,7 +167,7 @@ def test_defaults_resolve_when_flags_are_not_given() -> None:
     ("work", r"--out work contains the --data-dir directory"),
 ])
 def test_out_never_replaces_the_working_directory_or_the_input_data(tmp_path: Path, monkeypatch, no_work,
-                                                                    out_rel, message, one_line_error) -> None:
+                                                                    out_rel, message, prep_error_line) -> None:
     """--force replaces --out whole: it must never be the cwd, contain it, or overlap --data-dir."""
     cwd = tmp_path / "work" / "cwd"
     data = tmp_path / "work" / "data"
@@ -187,7 +185,7 @@ def test_out_never_replaces_the_working_directory_or_the_input_data(tmp_path: Pa
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
     assert main(["prep", "--dataset", "ml-20m", "--data-dir", str(data), "--workers", "1", "--out", out_rel,
                  "--force"]) == 2
-    assert re.search(message, one_line_error(PREP_ERROR))
+    assert re.search(message, prep_error_line())
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     assert (cwd / "keep.txt").read_text() == "mine"
 
@@ -217,13 +215,13 @@ def test_library_errors_name_the_parameters(fields: dict, message: str) -> None:
     ("netflix", r"netflix needs DATA_DIR: a directory containing combined_data_1\.txt, "),
     ("ml-20m", r"ml-20m needs DATA_DIR: a directory containing ratings\.csv"),
 ])
-def test_a_dataset_without_its_data_dir_names_it(dataset: str, message: str, tmp_path: Path, one_line_error) -> None:
+def test_a_dataset_without_its_data_dir_names_it(dataset: str, message: str, tmp_path: Path, prep_error_line) -> None:
     from data_prep.datasets import load
 
     with pytest.raises(ParamError, match="^" + message.replace("DATA_DIR", "data_dir")):
         load(dataset, None)
     assert main(["prep", "--dataset", dataset, "--workers", "1", "--out", str(tmp_path / "o")]) == 2
-    assert re.search(message.replace("DATA_DIR", "--data-dir"), one_line_error(PREP_ERROR))
+    assert re.search(message.replace("DATA_DIR", "--data-dir"), prep_error_line())
     assert list(tmp_path.iterdir()) == []
 
 
@@ -240,12 +238,12 @@ def test_more_library_errors_name_the_parameters(fields: dict, message: str) -> 
         PrepConfig(**{"dataset": "synthetic", "preset": "tiny", **fields}).validate()
 
 
-def test_a_grid_without_validation_users_names_the_parameters(tmp_path: Path, one_line_error) -> None:
+def test_a_grid_without_validation_users_names_the_parameters(tmp_path: Path, prep_error_line) -> None:
     """A check that needs the split: the library names the fields, `recsvc prep` the flags."""
     argv = ["prep", *SYN, "--workers", "1", "--out", str(tmp_path / "o"), "--val-users", "0", "--l2", "1", "2"]
     assert main(argv) == 2
     assert re.search(r"choosing l2/density needs validation users; give one --l2 and one --density value$",
-                     one_line_error(PREP_ERROR))
+                     prep_error_line())
     assert list(tmp_path.iterdir()) == []
     cfg = PrepConfig(dataset="synthetic", preset="tiny", workers=1, out=tmp_path / "o", progress=False, val_users=0,
                      l2=(1.0, 2.0))
