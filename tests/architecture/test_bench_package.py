@@ -128,6 +128,35 @@ def test_only_the_harness_starts_the_throwaway_postgresql():
     assert {name for name, found in helpers.items() if found} <= {f"{PACKAGE}.harness"}
 
 
+def test_every_project_name_a_benchmark_imports_exists():
+    """Imports inside functions too (the servers, the in-process profile): a renamed project module
+    or symbol fails here, not halfway through a benchmark run."""
+    import importlib
+    import importlib.util
+
+    missing = []
+    for name, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                wanted = [(alias.name, None) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                wanted = [(node.module, alias.name) for alias in node.names]
+            else:
+                continue
+            for module, attr in wanted:
+                if module.split(".")[0] not in ("recsvc", "data_prep", "eval", "scripts"):
+                    continue
+                try:
+                    found = importlib.import_module(module)
+                except ImportError:
+                    missing.append(f"{name}:{node.lineno} {module}")
+                    continue
+                submodule = hasattr(found, "__path__") and importlib.util.find_spec(f"{module}.{attr}") is not None
+                if attr and not hasattr(found, attr) and not submodule:
+                    missing.append(f"{name}:{node.lineno} {module}.{attr}")
+    assert missing == []
+
+
 @pytest.mark.parametrize("module", BENCHMARKS)
 def test_benchmark_runs_as_a_module_and_answers_help(module):
     proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
