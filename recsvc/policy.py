@@ -13,7 +13,7 @@ averaged over the population's users, and the mechanism's rank at that (ε, k) (
   with ε/k from all candidates, so it is the k = 1 value at ε/k (exact where k = 1 is exact).
   The first item carries the largest share of a slate's value and every later step is the same
   mechanism at ε/k on all but a few candidates, so the ranking carries over (checked on ml-100k
-  against the mean slate MSE: scripts/bench_auto.py --slates).
+  against the mean slate MSE: python -m scripts.bench.auto --slates).
 - Lookup (:meth:`PolicyTable.resolve`): the table's k nearest to the request's k in log k, then
   the grid ε nearest to the request's ε in log ε; ties go to the lower grid point. Beyond the
   grid's ends the end point applies. The service uses the table only for candidate sets no larger
