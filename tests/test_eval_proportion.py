@@ -109,5 +109,5 @@ def test_level_is_refused_and_nothing_is_written(tmp_path, capsys):
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--level", "0.3", "--out", str(out)]) == 2
     one_line_error(capsys, r"--level applies only to --scenario sweep")
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--epsilons", "0", "--out", str(out)]) == 2
-    one_line_error(capsys, r"ε must be a finite number > 0")
+    one_line_error(capsys, r"ε must be a positive finite number")
     assert not out.exists() and not list(tmp_path.iterdir())

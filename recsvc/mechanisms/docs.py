@@ -26,7 +26,7 @@ def markdown_table() -> str:
              "|---|---|---|---|---|"]
     for m in MECHANISMS.values():
         params = "<br>".join(f"`{k}` = {s.default:g} in {s.accepted}: {_cell(s.doc)}" for k, s in m.params.items())
-        privacy = m.privacy if m.private else f"**{m.privacy}**"
+        privacy = m.privacy.label if m.private else f"**{m.privacy.label}**"
         lines.append(f"| `{m.name}` | {privacy} | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} |")
     return "\n".join(lines) + "\n"
 
