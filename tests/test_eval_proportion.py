@@ -11,7 +11,7 @@ from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 
 from eval_fixtures import one_line_error
-from mechanisms_reference import random_stopping_probabilities_quad
+from recsvc.mechanisms.testing import random_stopping_probabilities_quad
 
 MECHS = ("rnm", "krr", "random", "gem", "mgem", "rs", "rnmh")
 

@@ -17,7 +17,7 @@ SAMPLE = [
     "tests/test_data_prep_split.py",  # data_prep_fixtures
     "tests/test_eval_safety.py::test_out_that_is_a_file_is_refused",  # eval_fixtures
     "tests/test_eval_sweep.py::test_bad_flags_are_refused_before_any_level_runs",  # eval_fixtures (one_line_error, snapshot)
-    "tests/test_mechanisms_privacy.py::test_random_stopping_exact_audit_by_quadrature",  # mechanisms_audit, _reference
+    "tests/mechanisms/test_mechanisms_privacy.py::test_statistically_audited_mechanisms_are_within_epsilon_by_quadrature",  # recsvc.mechanisms.testing
     "tests/test_service_security.py::test_tls_and_mtls",  # service_fixtures, conftest's artifact and certs
 ]
 
@@ -41,7 +41,7 @@ def test_sample_passes_with_a_foreign_tests_package_first_on_sys_path(tmp_path):
 
 def test_the_old_tests_dot_import_breaks_under_the_same_stub(tmp_path):
     """What the suite used to do (``from tests.x import …``) works only while no ``tests`` package is installed."""
-    code = ["-c", "import tests.mechanisms_audit"]
+    code = ["-c", "import tests.service_fixtures"]
     clean = subprocess.run([sys.executable, *code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stderr
     env = _stub_tests_package(tmp_path / "stub")

@@ -96,7 +96,7 @@ def _declared(name: str, neighbouring: Neighbouring, audit: Audit, privacy_map=p
 _BOUNDED, _ANY = Neighbouring.BOUNDED, Neighbouring.ANY
 _EXACT = Audit(AuditKind.EXACT)
 _TIGHT = Audit(AuditKind.EXACT, reach=0.4)  # the box vertices attain ≥ 40 % of ε (the audit is not vacuous)
-_GEM = Audit(AuditKind.EXACT, ({}, {"beta": 0.2}))
+_GEM = Audit(AuditKind.EXACT, ({}, {"beta": 0.2}), reach=0.4)
 _STOPPING = Audit(AuditKind.STATISTICAL, ({"gamma": 0.05},))  # about 1/γ draws per sample: 20
 
 _BUILTIN = (
@@ -134,7 +134,7 @@ _BUILTIN = (
               gem.combined_gem_sample, gem.combined_gem_log_probabilities, param_specs(gem.BETA, gem.CORR_BUDGET_FRACTION),
               expectation_fn=gem.combined_gem_expectation,
               privacy=_declared("combined_gem", _BOUNDED,
-                                Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25})),
+                                Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25}), reach=0.4),
                                 split=gem.correlation_split)),
 )
 _REGISTRY: dict[str, Mechanism] = {}

@@ -1,30 +1,52 @@
-"""Privacy proofs by audit: exact worst-case neighbour checks, a statistical audit with a
-controlled false-positive rate (and demonstrated power), and the paper's counterexamples."""
+"""Privacy proofs by audit, each as the mechanism declares it (``MECHANISMS[name].privacy``):
+exact worst-case neighbour checks, a statistical audit with a controlled false-positive rate (and
+demonstrated power), the paper's counterexamples, and the declarations' own consistency."""
 
 import math
 
 import numpy as np
 import pytest
 
-from recsvc.mechanisms import MECHANISMS, select_batch
+from recsvc.mechanisms import MECHANISMS, AuditKind, Neighbouring, select_batch
+from recsvc.mechanisms.testing import (
+    REFERENCE,
+    SENS,
+    TINY,
+    audit,
+    audited,
+    noisy_max_probabilities_quad,
+    paper_pairs,
+    statistical_audit,
+    vertex_pairs,
+)
 
-from mechanisms_audit import SENS, TINY, box_vertex_pairs, max_loss, paper_pairs, statistical_audit, vertex_pairs
-from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
-
-TOL = 1e-9  # numerical tolerance on exact log-probabilities
-EXACT_PRIVATE = [n for n, m in MECHANISMS.items() if m.exact and m.private]
+EXACT = audited(AuditKind.EXACT)
+STATISTICAL = audited(AuditKind.STATISTICAL)
 
 
-@pytest.mark.parametrize("name", EXACT_PRIVATE)
+def test_every_mechanism_declares_its_privacy():
+    """A finite map exactly where the mechanism is private; an audit that can prove it; a proof link."""
+    for name, m in MECHANISMS.items():
+        decl = m.privacy
+        assert decl.proof == f"docs/concepts/privacy-proofs.md#{name}"
+        assert isinstance(decl.neighbouring, Neighbouring)
+        for eps in (1e-3, 0.5, 7.0):
+            assert decl.privacy_map(eps) == (eps if m.private else math.inf)
+        assert (decl.audit.kind is AuditKind.EXACT) <= m.exact
+        assert (decl.audit.kind is AuditKind.NONE) == (not m.private)
+    assert [n for n, m in MECHANISMS.items() if not m.private] == ["rnmh"]
+    assert set(EXACT) | set(STATISTICAL) == {n for n, m in MECHANISMS.items() if m.private}
+
+
+@pytest.mark.parametrize("name", EXACT)
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
 def test_exact_dp_audit_on_every_box_vertex(name, epsilon):
-    worst = max_loss(name, box_vertex_pairs(), epsilon)
-    assert worst <= epsilon + TOL, f"{name}: privacy loss {worst} > ε = {epsilon}"
-    if name in ("rnm", "rnm_laplace", "pf", "em", "krr"):
-        assert worst > 0.4 * epsilon  # the audit does reach near-worst cases
+    result = audit(name, epsilon)
+    assert result.passed, f"{name}: privacy loss {result.loss} > map(ε) = {result.bound}"
+    assert result.reached, f"{name}: the audit reached only {result.loss} (declared reach {result.reach})"
 
 
-@pytest.mark.parametrize("name", EXACT_PRIVATE)
+@pytest.mark.parametrize("name", EXACT)
 def test_exact_dp_audit_n10_random_vertices_and_interior(name):
     rng = np.random.default_rng(3)
     d = SENS
@@ -33,39 +55,39 @@ def test_exact_dp_audit_n10_random_vertices_and_interior(name):
         q = rng.normal(size=10)
         delta = rng.choice([-1.0, 0.0, 1.0], size=10) if rng.random() < 0.7 else rng.uniform(-1, 1, 10)
         pairs.append((q, q + delta * d, d))
-    for eps, c in ((0.3, 0.6), (3.0, 0.25)):
-        assert max_loss(name, pairs, eps, corr_budget_fraction=c, beta=0.2) <= eps + TOL
+    for eps in (0.3, 3.0):
+        assert audit(name, eps, pairs).passed
 
 
-@pytest.mark.parametrize("kind", ["rs", "rs_improved"])
+@pytest.mark.parametrize("name", STATISTICAL)
+def test_statistical_audit(name):
+    """The certified lower bound on the privacy loss must not exceed map(ε) (false-positive rate ≤ ALPHA)."""
+    result = audit(name, 1.0)
+    assert result.passed and result.loss > -math.inf, result
+
+
+@pytest.mark.parametrize("name", [n for n in STATISTICAL if n in REFERENCE])
 @pytest.mark.parametrize("gamma", [0.008, 0.3])
-def test_random_stopping_exact_audit_by_quadrature(kind, gamma):
-    """rs / rs_improved have a 1-D integral form (mechanisms_reference.random_stopping_probabilities_quad)."""
+def test_statistically_audited_mechanisms_are_within_epsilon_by_quadrature(name, gamma):
+    """rs / rs_improved have a 1-D integral form (recsvc.mechanisms.testing.REFERENCE): an exact
+    audit of the same neighbours by quadrature."""
     eps = 1.0
     pairs = list(vertex_pairs(2, 0)) + list(vertex_pairs(3, 1))[::3] + list(paper_pairs())[:3]
     worst = 0.0
     for q, q2, d in pairs:
-        a = random_stopping_probabilities_quad(q, d, eps, gamma, kind)
-        b = random_stopping_probabilities_quad(q2, d, eps, gamma, kind)
+        a = REFERENCE[name](q, d, eps, gamma=gamma)
+        b = REFERENCE[name](q2, d, eps, gamma=gamma)
         worst = max(worst, float(np.abs(np.log(a) - np.log(b)).max()))
     assert worst <= eps + 1e-6
     assert worst > 0.1 * eps
 
 
-@pytest.mark.parametrize("name", ["rs", "rs_improved"])
-def test_statistical_audit_random_stopping(name):
-    d = np.array([0.1, 2.0])
-    pairs = [(np.zeros(2), s * d, d) for s in (np.array([1.0, -1.0]), np.array([-1.0, 1.0]), np.array([1.0, 0.0]))]
-    pairs += [list(paper_pairs())[0]]
-    eps = 1.0
-    # certified lower bound on the privacy loss must not exceed ε (false-positive rate ≤ ALPHA)
-    assert statistical_audit(name, pairs, eps, 100, gamma=0.05) <= eps
-
-
 def test_statistical_audit_has_power_on_rnmh():
-    """The same audit DOES flag rnmh on the §IV-A counterexample (loss certified > 5ε)."""
+    """The same audit DOES flag rnmh on the §IV-A counterexample (loss certified > 5ε), whose
+    declaration has nothing to prove (its map is infinite)."""
     pair = list(paper_pairs())[0]
     assert statistical_audit("rnmh", [pair], 1.0, 200) > 5.0
+    assert audit("rnmh", 1.0).passed and MECHANISMS["rnmh"].privacy.audit.kind is AuditKind.NONE
 
 
 def test_counterexample_section_iv_a_rnmh():
@@ -97,3 +119,15 @@ def test_counterexample_appendix_a_heterogeneous_laplace(k):
     h1 = noisy_max_probabilities_quad(q1, np.full(k, 2 * d.max() / eps), "laplace")
     h2 = noisy_max_probabilities_quad(q2, np.full(k, 2 * d.max() / eps), "laplace")
     assert np.abs(np.log(h1) - np.log(h2)).max() <= eps + 1e-7
+
+
+def test_the_exact_audit_catches_an_understated_map(make_toy):
+    """A throwaway mechanism that runs at 4αε (em at 4ε at its audited α = 1) but declares ε-DP
+    fails its own audit: the audit reads the declaration, so a wrong one is caught without any
+    test naming the mechanism."""
+    from recsvc.mechanisms import registered
+
+    with registered(make_toy("overspender", scale=4.0)):
+        result = audit("overspender", 1.0)
+    assert result.kind is AuditKind.EXACT and result.bound == 1.0 and not result.passed
+    assert result.loss == pytest.approx(audit("em", 4.0).loss, rel=1e-9) and result.loss > 1.5
