@@ -2,7 +2,8 @@
 
 Import style: helper modules in tests/ (``data_prep_fixtures``, ``eval_fixtures``,
 ``pg_fixtures``, ``service_fixtures``) are imported by their bare names; the mechanisms' helpers
-are :mod:`recsvc.mechanisms.testing`. tests/ has no ``__init__.py``, so pytest's default import mode puts tests/ itself first on
+are :mod:`recsvc.mechanisms.testing`.
+tests/ has no ``__init__.py``, so pytest's default import mode puts tests/ itself first on
 sys.path; nothing imports ``tests.…``, because an installed distribution that ships a top-level
 ``tests`` package (diffprivlib does) would shadow this directory under that name. Test modules
 never import each other: shared helpers live in the helper modules.

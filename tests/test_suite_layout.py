@@ -17,7 +17,8 @@ SAMPLE = [
     "tests/test_data_prep_split.py",  # data_prep_fixtures
     "tests/test_eval_safety.py::test_out_that_is_a_file_is_refused",  # eval_fixtures
     "tests/test_eval_sweep.py::test_bad_flags_are_refused_before_any_level_runs",  # eval_fixtures (one_line_error, snapshot)
-    "tests/mechanisms/test_mechanisms_privacy.py::test_statistically_audited_mechanisms_are_within_epsilon_by_quadrature",  # recsvc.mechanisms.testing
+    # recsvc.mechanisms.testing and tests/mechanisms/conftest.py
+    "tests/mechanisms/test_mechanisms_privacy.py::test_statistically_audited_mechanisms_are_within_epsilon_by_quadrature",
     "tests/test_service_security.py::test_tls_and_mtls",  # service_fixtures, conftest's artifact and certs
 ]
 

@@ -189,8 +189,8 @@ class Split:
         for i, stage in enumerate(self.stages):
             budget = eps * Fraction(self.fractions[i]) if i < len(self.fractions) else rest
             rest -= budget
-            used = stage.privacy_map(budget / stage.steps)  # type: ignore[arg-type]
+            used = stage.privacy_map(budget / stage.steps)  # type: ignore[arg-type]  # a Fraction: maps are arithmetic
             if used == math.inf:
                 return math.inf
             total += stage.steps * Fraction(used)
-        return total if exact else float(total)  # type: ignore[return-value]
+        return total if exact else float(total)  # type: ignore[return-value]  # Fraction in, Fraction out

@@ -18,7 +18,17 @@ import numpy as np
 
 from recsvc.mechanisms import gem, noisy_max, random_stopping, randomized_response
 from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
-from recsvc.mechanisms.privacy import PROOFS, Audit, AuditKind, Neighbouring, Privacy, not_private, pure
+from recsvc.mechanisms.privacy import (
+    PROOFS,
+    Audit,
+    AuditKind,
+    Neighbouring,
+    Privacy,
+    PrivacyMap,
+    Split,
+    not_private,
+    pure,
+)
 from recsvc.mechanisms.validation import (
     MechanismInputError,
     check_batch,
@@ -89,8 +99,10 @@ class Mechanism:
         return self.privacy.private
 
 
-def _declared(name: str, neighbouring: Neighbouring, audit: Audit, privacy_map=pure, **kw: object) -> Privacy:
-    return Privacy(privacy_map, neighbouring, audit, f"{PROOFS}#{name}", **kw)  # type: ignore[arg-type]
+def _declared(name: str, neighbouring: Neighbouring, audit: Audit, privacy_map: PrivacyMap = pure,
+              split: Callable[[Mapping[str, float]], Split] | None = None) -> Privacy:
+    """A built-in mechanism's declaration; its proof is the section named after it."""
+    return Privacy(privacy_map, neighbouring, audit, f"{PROOFS}#{name}", split)
 
 
 _BOUNDED, _ANY = Neighbouring.BOUNDED, Neighbouring.ANY

@@ -23,7 +23,7 @@ from recsvc.mechanisms.privacy import AuditKind
 from recsvc.mechanisms.registry import MECHANISMS, log_probabilities, select_batch
 
 SENS = np.array([0.05, 1.0, 3.0, 0.4, 1.7, 0.2, 2.5, 0.9, 0.6, 1.2])
-TINY = 1e-6  # the paper uses Δ_1 = 0; SPEC requires Δ > 0
+TINY = 1e-6  # the paper uses Δ_1 = 0; every Δ must be > 0 (docs/reference/specification.md §1)
 ALPHA = 1e-3  # overall false-positive rate of the statistical audit (Bonferroni over pairs)
 N_AUDIT = 100_000  # draws per input of a statistical audit, unless its declaration says otherwise
 TOL = 1e-9  # numerical tolerance of an exact audit on log-probabilities

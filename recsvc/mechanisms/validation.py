@@ -111,7 +111,8 @@ def _check_sensitivities(d: np.ndarray) -> None:
     if d.size and d.min() <= 0:
         bad = np.flatnonzero(d.ravel() <= 0)
         raise MechanismInputError(
-            f"sensitivities must be > 0 (SPEC: Δ = max(hi − lo, 1e-6)); found {bad.size} value(s) <= 0 "
+            f"sensitivities must be > 0 (Δ = max(hi − lo, 1e-6), docs/reference/specification.md §1); "
+            f"found {bad.size} value(s) <= 0 "
             f"(first {d.ravel()[bad[0]]!r} at flat index {bad[0]})"
         )
 

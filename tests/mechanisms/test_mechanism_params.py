@@ -33,7 +33,14 @@ from recsvc.mechanisms import (
     takers,
     unregister,
 )
-from recsvc.mechanisms.testing import audit, box_vertex_pairs, chisquare_pvalue, max_loss, paper_pairs, statistical_audit
+from recsvc.mechanisms.testing import (
+    audit,
+    box_vertex_pairs,
+    chisquare_pvalue,
+    max_loss,
+    paper_pairs,
+    statistical_audit,
+)
 
 Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
@@ -156,7 +163,7 @@ def test_the_listing_shows_each_mechanisms_parameters(capsys):
 
 def test_the_registry_is_read_only_and_registration_is_checked():
     with pytest.raises(TypeError):
-        MECHANISMS["x"] = MECHANISMS["rnm"]  # type: ignore[index]
+        MECHANISMS["x"] = MECHANISMS["rnm"]  # type: ignore[index]  # the point: it is read-only
     with pytest.raises(ValueError, match="already registered"):
         register(MECHANISMS["rnm"])
     with pytest.raises(ValueError, match="built in"):
@@ -169,7 +176,7 @@ def test_the_registry_is_read_only_and_registration_is_checked():
         register(Mechanism("seeded", "x", MECHANISMS["rnm"].sample, MECHANISMS["rnm"].log_probabilities_fn,
                            params=param_specs(ParamSpec("seed", 1, 0, 2, "x")), privacy=MECHANISMS["rnm"].privacy))
     with pytest.raises(TypeError, match="privacy"):  # no mechanism without a privacy declaration
-        Mechanism("undeclared", "x", MECHANISMS["rnm"].sample)  # type: ignore[call-arg]
+        Mechanism("undeclared", "x", MECHANISMS["rnm"].sample)  # type: ignore[call-arg]  # the point: it is required
     with pytest.raises(ValueError, match="an exact audit needs log_probabilities_fn"):
         Mechanism("unprovable", "x", MECHANISMS["rnm"].sample, privacy=MECHANISMS["rnm"].privacy)
     with pytest.raises(ValueError, match=r"its audit sets \['beta'\], which it does not take"):

@@ -182,7 +182,8 @@ def test_the_service_refuses_a_non_private_mechanism_and_charges_nothing(artifac
     try:
         with Client(f"127.0.0.1:{handle.port}", retries=0) as c, pytest.raises(grpc.RpcError) as err:
             c.select("u", [("it1", 0.2), ("it2", 0.4)], mechanism="rnmh", epsilon=1.0)
-        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "not differentially private" in err.value.details()
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert "not differentially private" in err.value.details()
         assert handle.ledger.user("u").spent == 0.0
     finally:
         handle.stop(grace=1)
