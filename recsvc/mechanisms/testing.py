@@ -75,7 +75,7 @@ def statistical_audit(name, pairs, eps, seed, draws=N_AUDIT, **params):
     return worst
 
 
-def stopping_pairs():
+def statistical_pairs():
     """The statistical audit's neighbours: the corners of the box around 0 for Δ = (0.1, 2) and
     the paper's §IV-A pair (Δ_1 ≈ 0), where heterogeneous noise breaks privacy."""
     d = np.array([0.1, 2.0])
@@ -182,7 +182,7 @@ class AuditResult:
 def audit(name: str, epsilon: float, pairs=None, seed: int = 100) -> AuditResult:
     """Audit mechanism ``name`` at ``epsilon`` the way its declaration says, at every declared
     parameter setting: exact (every box vertex at n ≤ 4 and the paper's pairs, unless ``pairs``
-    are given) or statistical (:func:`stopping_pairs` unless given; ``seed`` fixes the draws)."""
+    are given) or statistical (:func:`statistical_pairs` unless given; ``seed`` fixes the draws)."""
     decl = MECHANISMS[name].privacy
     kind = decl.audit.kind
     bound = decl.privacy_map(epsilon)
@@ -192,7 +192,7 @@ def audit(name: str, epsilon: float, pairs=None, seed: int = 100) -> AuditResult
         cases = box_vertex_pairs() if pairs is None else pairs
         loss = max(max_loss(name, cases, epsilon, **s) for s in decl.audit.settings)
     else:
-        cases = stopping_pairs() if pairs is None else pairs
+        cases = statistical_pairs() if pairs is None else pairs
         loss = max(statistical_audit(name, cases, epsilon, seed, decl.audit.draws, **s) for s in decl.audit.settings)
     return AuditResult(name, kind, epsilon, bound, loss, decl.audit.reach)
 
