@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from recsvc.checks import check_epsilon
+
 RULES: dict[str, str] = {
     "gem_worse_than_random": "GEM worse than random (eq. 19)",
     "mgem_worse_than_random": "mGEM worse than random (eq. 19 mirrored)",
@@ -46,8 +48,9 @@ def predict(scores: np.ndarray, sensitivities: np.ndarray, epsilon: float, beta:
     q, d = np.asarray(scores, dtype=np.float64), np.asarray(sensitivities, dtype=np.float64)
     if q.ndim != 1 or q.shape != d.shape or q.size < 2:
         raise ValueError(f"expected scores and sensitivities of one shape (n,) with n ≥ 2, got {q.shape}, {d.shape}")
-    if not (math.isfinite(epsilon) and epsilon > 0) or not 0 < beta < 1:
-        raise ValueError(f"expected ε > 0 and β in (0, 1), got ε = {epsilon!r}, β = {beta!r}")
+    check_epsilon(epsilon, "ε")
+    if not 0 < beta < 1:
+        raise ValueError(f"expected β in (0, 1), got β = {beta!r}")
     d_best = float(d[q == q.max()].min())
     d_worst = float(d[q == q.min()].max())
     reach = (q.max() - q.min()) / (4.0 * math.log(q.size / beta) / epsilon)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
-from recsvc.checks import ParamError, check_int
+from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.engines import resolve_workers
 from recsvc.policy import AUTO, EVALUATION_EPSILONS
 from recsvc.staging import check_out
@@ -115,8 +115,7 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
     if not cfg.epsilons:
         raise ValueError("no ε given; expected at least one ε > 0")
     for eps in cfg.epsilons:
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-            raise ValueError(f"ε must be a finite number > 0, got {eps!r}")
+        check_epsilon(eps, "ε")
     if len(set(cfg.epsilons)) != len(cfg.epsilons):
         raise ValueError(f"ε values must be distinct, got {list(cfg.epsilons)}")
     if not isinstance(cfg.params, Mapping):

@@ -3,16 +3,20 @@ service). Messages name the parameter or file, so the one-line error says what t
 
 from __future__ import annotations
 
+import math
 import numbers
 import string
 from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 
 class ParamError(ValueError):
     """Bad value of a named parameter. The message is a template whose ``{name}`` fields are
     parameter names: ``str()`` shows them as the library's names (``out``), and the command
     line shows its own flags instead (``--out``) with :meth:`render`."""
+
+    status: ClassVar[str] = "INVALID_ARGUMENT"  # the grpc.StatusCode member's name, for the service
 
     def __init__(self, template: str, **values: object) -> None:
         self.template = template
@@ -27,6 +31,18 @@ class ParamError(ValueError):
     def render(self, names: Mapping[str, str]) -> str:
         """The message with each parameter shown as ``names[param]`` (default: the param itself)."""
         return self.template.format(**{p: names.get(p, p) for p in self.params}, **self.values)
+
+
+def check_epsilon(value: object, name: str = "epsilon", error: type[Exception] = ValueError) -> float:
+    """``value`` as a float if it is a real number, finite and > 0 (a privacy budget ε); else
+    ``error`` (a ``ValueError`` type: each part keeps its own, e.g. ``MechanismInputError``) with a
+    message naming ``name`` (``epsilon``, ``--epsilon``, ``ε``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise error(f"{name} must be a positive finite real number, got {value!r}")
+    e = float(value)
+    if not math.isfinite(e) or e <= 0.0:
+        raise error(f"{name} must be a positive finite number, got {e!r}")
+    return e
 
 
 def check_int(param: str, value: object, least: int) -> int:

@@ -20,10 +20,11 @@ and every released sequence, a function of it, is too. ``tests/eval/test_eval_ba
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from recsvc.checks import check_epsilon
 
 # ("log", k) or ("bin", k, level, index): bin node (k, j, i) covers the local items
 # [i·2^j + 1, (i+1)·2^j] of segment k, i.e. the items 2^k + those.
@@ -85,8 +86,9 @@ def _max_tau(k: int, horizon: int) -> int:
 
 def draw_noise(horizon: int, epsilon: float, rng: np.random.Generator, value_range: float = 1.0) -> NodeNoise:
     """All node noises for a stream of at most ``horizon`` items, drawn in a fixed order."""
-    if horizon < 1 or epsilon <= 0 or not math.isfinite(epsilon) or value_range <= 0:
-        raise ValueError(f"need horizon ≥ 1, ε > 0 and R > 0; got {horizon}, {epsilon}, {value_range}")
+    check_epsilon(epsilon, "ε")
+    if horizon < 1 or value_range <= 0:
+        raise ValueError(f"need horizon ≥ 1 and R > 0; got {horizon}, {value_range}")
     top = segment(horizon)
     log = rng.laplace(0.0, 2.0 * value_range / epsilon, top + 1)
     bins = {}

@@ -1,19 +1,24 @@
-"""ε-DP selection mechanisms with heterogeneous sensitivities (SPEC §2).
+"""ε-DP selection mechanisms with heterogeneous sensitivities (docs/reference/specification.md §2).
 
 Public API::
 
     from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities, expectation
     from recsvc.mechanisms import select_slate, select_two_stage  # k-item slates, private top-m
     from recsvc.mechanisms import select_rows  # one selection per row of a batch, one Generator
+    from recsvc.mechanisms import charged_epsilon  # the ε a selection consumes (what to charge)
 
 All functions take ALREADY CLIPPED scores (clip each score to its item's [lo, hi] first: that
 is what makes Δ_a a true bound) and validate their input before drawing any randomness. Each
 mechanism declares its parameters (``MECHANISMS[name].params``: name → :class:`ParamSpec`);
-validation, defaults and command-line flags are derived from them.
+validation, defaults and command-line flags are derived from them. Each also declares its
+privacy (``MECHANISMS[name].privacy``: :class:`Privacy`, with its map, neighbouring relation,
+audit and proof; docs/concepts/mechanisms.md lists them).
 """
 
+from recsvc.mechanisms.accounting import charged_epsilon, selection_split
 from recsvc.mechanisms.flags import add_param_arguments, flag, params_from_namespace
 from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
+from recsvc.mechanisms.privacy import Audit, AuditKind, Neighbouring, Privacy, Split, Stage, not_private, pure
 from recsvc.mechanisms.registry import (
     MECHANISMS,
     PARAM_NAMES,
@@ -42,27 +47,37 @@ __all__ = [
     "MECHANISMS",
     "PARAMS",
     "PARAM_NAMES",
+    "Audit",
+    "AuditKind",
     "Mechanism",
     "MechanismInputError",
     "MechanismParamError",
+    "Neighbouring",
     "NonPrivateMechanismError",
     "ParamSpec",
     "ParamValues",
+    "Privacy",
+    "Split",
+    "Stage",
     "add_param_arguments",
+    "charged_epsilon",
     "check_params",
     "expectation",
     "flag",
     "get_mechanism",
     "log_probabilities",
+    "not_private",
     "param_specs",
     "params_from_namespace",
     "params_of",
     "probabilities",
+    "pure",
     "register",
     "registered",
     "select",
     "select_batch",
     "select_rows",
+    "selection_split",
     "select_slate",
     "select_two_stage",
     "slate_log_probabilities",

@@ -23,7 +23,7 @@ def rows() -> list[dict[str, object]]:
 
     return [
         {
-            "name": m.name, "privacy": m.privacy, "exact": m.exact,
+            "name": m.name, "privacy": m.privacy.label, "exact": m.exact,
             "params": {k: {**dataclasses.asdict(s), "accepted": s.accepted} for k, s in m.params.items()},
             "description": m.description,
         }
@@ -42,5 +42,5 @@ def run(args: argparse.Namespace) -> int:
     pw = max(len(p) for p in params.values())
     print(f"{'name':<{w}}  {'privacy':<7}  {'exact':<5}  {'parameters':<{pw}}  description")
     for n, m in MECHANISMS.items():
-        print(f"{n:<{w}}  {m.privacy:<7}  {'yes' if m.exact else 'no':<5}  {params[n]:<{pw}}  {m.description}")
+        print(f"{n:<{w}}  {m.privacy.label:<7}  {'yes' if m.exact else 'no':<5}  {params[n]:<{pw}}  {m.description}")
     return 0

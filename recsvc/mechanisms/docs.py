@@ -1,57 +1,93 @@
-"""The README's mechanism table, generated from the registry.
+"""The mechanisms table of docs/concepts/mechanisms.md, generated from the registry.
 
-``python -m recsvc.mechanisms.docs --write README.md`` rewrites the table between the markers;
-``--check README.md`` exits 1 when it is stale (a test runs the same check).
+``python -m recsvc.mechanisms.docs --write`` rewrites the table between the page's markers;
+``--check`` exits 1 when it is stale (tests/mechanisms/test_docs_table.py runs the same check).
+Each row shows a mechanism's privacy declaration (map, neighbours, audit, proof link) beside its
+parameters and definition, so the page cannot drift from the code.
 """
 
 from __future__ import annotations
 
 import argparse
+import posixpath
 import sys
 from pathlib import Path
 
-from recsvc.mechanisms.registry import MECHANISMS
+from recsvc.mechanisms.privacy import AuditKind, Neighbouring, Privacy, pure
+from recsvc.mechanisms.registry import MECHANISMS, Mechanism
 
+PAGE = Path("docs/concepts/mechanisms.md")  # relative to the repository root
 BEGIN = "<!-- BEGIN mechanism-table -->"
 END = "<!-- END mechanism-table -->"
+NEIGHBOURS = {Neighbouring.BOUNDED: "\\|q_a − q′_a\\| ≤ Δ_a", Neighbouring.ANY: "any scores"}
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown_table() -> str:
-    """One row per registered mechanism: name, privacy, exact, parameters, description."""
-    lines = ["| name | privacy | exact probabilities | parameters (default, range) | description |",
-             "|---|---|---|---|---|"]
+def privacy_map_text(m: Mechanism) -> str:
+    """The map as a formula: ``ε``, ``∞``, or a declared split's stages (at the defaults) and their sum."""
+    decl = m.privacy
+    if not decl.private:
+        return "∞"
+    total = "ε" if decl.privacy_map is pure else f"ε ↦ {decl.privacy_map(1.0):g} at ε = 1"
+    if decl.split is None:
+        return total
+    stages = decl.split({k: s.default for k, s in m.params.items()}).stages
+    return " + ".join(s.label.replace("epsilon", "ε") for s in stages) + f" = {total}"
+
+
+def audit_text(decl: Privacy) -> str:
+    """How the map is proven: the audit's kind and the parameter settings it runs at."""
+    a = decl.audit
+    if a.kind is AuditKind.NONE:
+        return "none (nothing to prove)"
+    settings = " and ".join(", ".join(f"{k} = {v:g}" for k, v in s.items()) or "defaults" for s in a.settings)
+    if a.kind is AuditKind.EXACT:
+        reach = f"; the loss reaches ≥ {a.reach:.0%} of ε" if a.reach else ""
+        return f"exact, at {settings}{reach}"
+    return f"statistical, at {settings}; {a.draws:,} draws per input"
+
+
+def markdown_table(page: Path = PAGE) -> str:
+    """One row per registered mechanism; proof links are relative to ``page``."""
+    lines = ["| name | privacy map | neighbours | audit | proof | exact probabilities | parameters (default, range) "
+             "| description |",
+             "|---|---|---|---|---|---|---|---|"]
     for m in MECHANISMS.values():
+        decl = m.privacy
         params = "<br>".join(f"`{k}` = {s.default:g} in {s.accepted}: {_cell(s.doc)}" for k, s in m.params.items())
-        privacy = m.privacy if m.private else f"**{m.privacy}**"
-        lines.append(f"| `{m.name}` | {privacy} | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} |")
+        privacy = privacy_map_text(m) if m.private else f"**{privacy_map_text(m)} ({decl.label})**"
+        path, _, anchor = decl.proof.partition("#")
+        link = posixpath.relpath(path, page.parent.as_posix()) + f"#{anchor}"
+        lines.append(f"| `{m.name}` | {privacy} | {NEIGHBOURS[decl.neighbouring]} | {_cell(audit_text(decl))} "
+                     f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} |")
     return "\n".join(lines) + "\n"
 
 
-def with_table(text: str) -> str:
+def with_table(text: str, page: Path = PAGE) -> str:
     """``text`` with the generated table between its markers (each must occur exactly once)."""
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
         raise ValueError(f"expected one {BEGIN} line followed by one {END} line")
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{markdown_table()}{END}{tail}"
+    return f"{head}{BEGIN}\n{markdown_table(page)}{END}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recsvc.mechanisms.docs", description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", type=Path, metavar="FILE", help="exit 1 if FILE's table is not the generated one")
-    mode.add_argument("--write", type=Path, metavar="FILE", help="rewrite FILE's table in place")
+    mode.add_argument("--check", action="store_true", help="exit 1 if the page's table is not the generated one")
+    mode.add_argument("--write", action="store_true", help="rewrite the page's table in place")
+    parser.add_argument("--page", type=Path, default=PAGE, help=f"the page (default: {PAGE}, from the repository root)")
     args = parser.parse_args(argv)
-    path: Path = args.check or args.write
+    path: Path = args.page
     text = path.read_text(encoding="utf-8")
     new = with_table(text)
     if args.check:
         if new != text:
-            print(f"{path}: the mechanism table is stale; run python -m recsvc.mechanisms.docs --write {path}",
+            print(f"{path}: the mechanism table is stale; run python -m recsvc.mechanisms.docs --write",
                   file=sys.stderr)
             return 1
         return 0

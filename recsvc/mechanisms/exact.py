@@ -199,7 +199,7 @@ def laplace_noisy_max_log_probabilities(u: np.ndarray, chunk: int = 256) -> np.n
     return out
 
 
-# --- Expected values of the Exponential noisy max (the `auto` policy table, issue #15) -----
+# --- Expected values of the Exponential noisy max (the `auto` policy table) -----
 # E[v_A] = Σ_a v_a P(a) = ∫_0^1 Σ_a w_a v_a Π_{b≠a} (1 − w_b s) ds
 #        = ∫_0^1 Π_b (1 − w_b s) · Σ_a w_a v_a / (1 − w_a s) ds,
 # the same polynomial of degree n − 1 as above, so the same Gauss–Legendre rule is exact; but

@@ -20,6 +20,7 @@ Scores are ALREADY CLIPPED by the caller; inputs are validated.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numba
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from recsvc.mechanisms.exact import exponential_noisy_max_expectation, exponential_noisy_max_log_probabilities
 from recsvc.mechanisms.noisy_max import exponential_noisy_max
 from recsvc.mechanisms.params import ParamSpec, ParamValues
+from recsvc.mechanisms.privacy import Split, Stage
 from recsvc.mechanisms.validation import MechanismInputError
 from recsvc.stats import argsort_fast, spearman
 
@@ -208,19 +210,16 @@ def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
     return int(rho >= 0.0)
 
 
-def _split_budget(epsilon: float, p: ParamValues) -> tuple[float, float]:
-    eps_c = p["corr_budget_fraction"] * epsilon
-    if not (eps_c > 0.0 and epsilon - eps_c > 0.0):  # subnormal ε: a part rounds to 0
-        raise MechanismInputError(
-            f"epsilon={epsilon!r} is too small to split (corr_budget_fraction={p['corr_budget_fraction']!r}): "
-            "a part rounds to 0; expected a larger epsilon"
-        )
-    return eps_c, epsilon - eps_c
+def correlation_split(p: Mapping[str, float]) -> Split:
+    """Combined GEM's budget: ε_c = cε on the correlation bit, ε_g = ε − ε_c on the selection."""
+    c = p["corr_budget_fraction"]
+    return Split((Stage("corr_budget_fraction·epsilon"), Stage("(1 − corr_budget_fraction)·epsilon")), (c,),
+                 "corr_budget_fraction")
 
 
 def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> tuple[float, float]:
     """(log P(reported bit = 0), log P(reported bit = 1)) under binary RR with ε_c = cε."""
-    eps_c, _ = _split_budget(epsilon, p)
+    eps_c, _ = correlation_split(p).stage_epsilons(epsilon)
     log_keep = -math.log1p(math.exp(-eps_c))  # log e^{ε_c}/(1 + e^{ε_c})
     log_flip = -eps_c + log_keep
     return (log_flip, log_keep) if correlation_bit(q, d) else (log_keep, log_flip)
@@ -231,7 +230,7 @@ def report_correlation_bit(
 ) -> np.ndarray:
     """``size`` independent reports of b = [spearman(q, Δ) ≥ 0] by binary randomised response:
     keep b with probability e^{ε_c}/(1 + e^{ε_c}), ε_c = cε. Privacy: ε_c-DP for any input."""
-    eps_c, _ = _split_budget(epsilon, p)
+    eps_c, _ = correlation_split(p).stage_epsilons(epsilon)
     keep = 1.0 / (1.0 + math.exp(-eps_c))
     b = correlation_bit(q, d)
     return np.where(rng.random(size) < keep, b, 1 - b)
@@ -246,7 +245,7 @@ def combined_gem_sample(
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: RR is ε_c-DP for any bit, the selection is
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
-    _, eps_g = _split_budget(epsilon, p)
+    _, eps_g = correlation_split(p).stage_epsilons(epsilon)
     t = _checked_t(q, d, eps_g, p["beta"])  # both branches' input check, before the bit is drawn
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
@@ -259,13 +258,13 @@ def combined_gem_sample(
 
 
 def combined_gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
-    _, eps_g = _split_budget(epsilon, p)
+    _, eps_g = correlation_split(p).stage_epsilons(epsilon)
     log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
     return np.logaddexp(log_b1 + mgem_log_probabilities(q, d, eps_g, p), log_b0 + gem_log_probabilities(q, d, eps_g, p))
 
 
 def combined_gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
     """The mixture of :func:`combined_gem_log_probabilities`, as an expectation."""
-    _, eps_g = _split_budget(epsilon, p)
+    _, eps_g = correlation_split(p).stage_epsilons(epsilon)
     log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
     return math.exp(log_b1) * mgem_expectation(q, d, eps_g, p, values) + math.exp(log_b0) * gem_expectation(q, d, eps_g, p, values)

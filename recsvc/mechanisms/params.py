@@ -1,7 +1,7 @@
-"""Mechanism parameters, each declared once as a :class:`ParamSpec` (SPEC §2).
+"""Mechanism parameters, each declared once as a :class:`ParamSpec` (docs/reference/specification.md §2).
 
 A registry entry maps each parameter it takes to its spec; validation, defaults, command-line
-flags, the ``recsvc mechanisms`` listing and the README's table are all derived from the specs.
+flags, the ``recsvc mechanisms`` listing and docs/concepts/mechanisms.md are all derived from the specs.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class ParamSpec:
     default: float
     low: float
     high: float
-    doc: str  # one line, shown by `--help`, `recsvc mechanisms` and the README
+    doc: str  # one line, shown by `--help`, `recsvc mechanisms` and docs/concepts/mechanisms.md
     low_inclusive: bool = False
     high_inclusive: bool = False
     floor: float | None = None

@@ -1,4 +1,4 @@
-"""k-item slates by peeling, and their exact probabilities (issue #11).
+"""k-item slates by peeling, and their exact probabilities.
 
 A slate is k distinct candidates in selection order: k successive selections without
 replacement, each by one registered mechanism with ε/k on the candidates not chosen yet.
@@ -8,8 +8,9 @@ Privacy (basic adaptive composition): for a fixed set of remaining candidates, s
 whatever it derives from the set — its n, Δmax, GEM's t — is public given the set). The set is
 a function of the earlier outputs only, and those outputs are released with the slate anyway,
 so step i is (ε/k)-DP given the previous outputs and the whole ordered slate is k · ε/k = ε-DP.
-The charge is ε, not ε/k: the audit in tests/test_mechanisms_slate.py shows the slate's privacy
-loss exceeds ε/k in general. Dropping the order (or any item) is post-processing and free.
+The charge is ε (:func:`slate_split`'s composition), not ε/k: the slate audit in
+tests/mechanisms/test_mechanisms_slate.py shows the slate's privacy loss exceeds ε/k in general.
+Dropping the order (or any item) is post-processing and free.
 
 Every step samples exactly as :func:`recsvc.mechanisms.select` does (the mechanism's own
 sample function, one draw), but the O(n) input checks run once, before step 1: passing on the
@@ -26,6 +27,7 @@ import numbers
 
 import numpy as np
 
+from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
 from recsvc.mechanisms.registry import check_params, get_mechanism, log_probabilities
 from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
 
@@ -48,12 +50,9 @@ def check_count(name: str, value: object, least: int, most: int, what: str) -> i
     return int(value)
 
 
-def step_epsilon(epsilon: float, steps: int, what: str) -> float:
-    """ε / steps, refused if it rounds to 0 (subnormal ε)."""
-    eps = epsilon / steps
-    if not eps > 0.0:
-        raise MechanismInputError(f"{what} = {epsilon!r}/{steps} rounds to 0; expected a larger epsilon")
-    return eps
+def slate_split(k: int, privacy_map: PrivacyMap = pure) -> Split:
+    """A k-item slate's budget: k steps of ε/k each (``privacy_map``: the mechanism's)."""
+    return Split((Stage("epsilon/k", k, privacy_map),))
 
 
 def peel(
@@ -109,7 +108,7 @@ def select_slate(
     eps = check_epsilon(epsilon)
     q, d = check_scores_sensitivities(scores, sensitivities)
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
-    eps_step = step_epsilon(eps, kk, "epsilon/k")
+    (eps_step,) = slate_split(kk).stage_epsilons(eps)
     gen = check_rng(rng)
     return peel(name, q, d, eps_step, kk, gen, allow_non_private, params)
 
@@ -163,7 +162,8 @@ def slate_log_probabilities(
     q, d = check_scores_sensitivities(scores, sensitivities)
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
     check_outcomes(math.perm(q.shape[0], kk), "the slate")
-    return chain_log_probabilities(name, q, d, step_epsilon(eps, kk, "epsilon/k"), kk, params)
+    (eps_step,) = slate_split(kk).stage_epsilons(eps)
+    return chain_log_probabilities(name, q, d, eps_step, kk, params)
 
 
 def slate_probabilities(

@@ -1,5 +1,5 @@
 """Two-stage selection over a full catalog: a private top-m candidate stage, then a slate
-among those m (issue #11).
+among those m.
 
 Stage 1 spends ε₁ = candidate_fraction · ε on a private top-m: a peeling slate of m items with
 ``candidate_mechanism`` (ε₁/m per step). Stage 2 spends ε₂ = ε − ε₁ on a k-item slate with
@@ -9,7 +9,7 @@ only the candidate SET. Only the stage-2 slate is returned.
 Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a over the whole catalog. Stage 1 is ε₁-DP (a peeling
 slate), stage 2 is ε₂-DP for any fixed candidate set, and the set is stage 1's output, so by
 basic adaptive composition the pair (candidates, slate) is ε₁ + ε₂ = ε-DP, and the returned
-slate is post-processing of that pair. Charge ε in total. Nothing about the candidates is
+slate is post-processing of that pair. Charge ε in total (:func:`two_stage_split`'s composition). Nothing about the candidates is
 conditional on private data outside this accounting (contrast a non-private top-m pre-filter,
 which makes every item outside it probability 0 and is not end-to-end DP).
 """
@@ -22,6 +22,7 @@ import numbers
 import numpy as np
 from scipy.special import logsumexp
 
+from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
 from recsvc.mechanisms.registry import get_mechanism, select
 from recsvc.mechanisms.slate import (
     Slate,
@@ -30,13 +31,12 @@ from recsvc.mechanisms.slate import (
     check_outcomes,
     peel,
     require_exact,
-    step_epsilon,
 )
 from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
 
 
-def split_budget(epsilon: float, candidate_fraction: object) -> tuple[float, float]:
-    """(ε₁, ε₂) = (fε, ε − fε) for f in the open interval (0, 1); both parts must be > 0."""
+def check_fraction(candidate_fraction: object) -> float:
+    """``candidate_fraction`` as a float in the open interval (0, 1)."""
     if isinstance(candidate_fraction, bool) or not isinstance(candidate_fraction, numbers.Real):
         raise MechanismInputError(f"candidate_fraction must be a real number in (0, 1), got {candidate_fraction!r}")
     f = float(candidate_fraction)
@@ -45,14 +45,17 @@ def split_budget(epsilon: float, candidate_fraction: object) -> tuple[float, flo
             f"candidate_fraction must be in the open interval (0, 1) (the share of epsilon spent on the "
             f"private candidate stage), got {f!r}"
         )
-    eps1 = f * epsilon
-    eps2 = epsilon - eps1
-    if not (eps1 > 0.0 and eps2 > 0.0):
-        raise MechanismInputError(
-            f"epsilon={epsilon!r} is too small to split (candidate_fraction={f!r}): a part rounds to 0; "
-            "expected a larger epsilon"
-        )
-    return eps1, eps2
+    return f
+
+
+def two_stage_split(candidate_fraction: object, m: int = 1, k: int = 1, candidate_map: PrivacyMap = pure,
+                    privacy_map: PrivacyMap = pure, *, m_label: str = "m") -> Split:
+    """The two stages' budget: m steps of ε₁/m (ε₁ = candidate_fraction·ε) with the candidate
+    mechanism (``candidate_map``), then k steps of (ε − ε₁)/k with the selecting one
+    (``privacy_map``). ``m_label`` names m in refusals (the service calls it num_candidates)."""
+    f = check_fraction(candidate_fraction)
+    return Split((Stage(f"candidate_fraction·epsilon/{m_label}", m, candidate_map),
+                  Stage("(1 − candidate_fraction)·epsilon/k", k, privacy_map)), (f,), "candidate_fraction")
 
 
 def _checked(
@@ -66,9 +69,7 @@ def _checked(
     q, d = check_scores_sensitivities(scores, sensitivities)
     mm = check_count("m", m, 1, q.shape[0], "the number of candidates in the catalog")
     kk = check_count("k", k, 1, mm, "m, the number of private candidates")
-    eps1, eps2 = split_budget(eps, candidate_fraction)
-    eps1_step = step_epsilon(eps1, mm, "candidate_fraction·epsilon/m")
-    eps2_step = step_epsilon(eps2, kk, "(1 − candidate_fraction)·epsilon/k")
+    eps1_step, eps2_step = two_stage_split(candidate_fraction, mm, kk).stage_epsilons(eps)
     return q, d, mm, kk, eps1_step, eps2_step
 
 

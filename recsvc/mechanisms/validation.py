@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import ClassVar
 
 import numpy as np
 
-from recsvc.rng import thread_csprng
-
+from recsvc import checks
 from recsvc.checks import ParamError
+from recsvc.rng import thread_csprng
 
 
 class MechanismInputError(ValueError):
     """Bad input to a selection mechanism (a ``ValueError``: the CLI prints it as one line)."""
+
+    status: ClassVar[str] = "INVALID_ARGUMENT"  # the grpc.StatusCode member's name, for the service
 
 
 class MechanismParamError(MechanismInputError, ParamError):
@@ -28,12 +31,8 @@ class MechanismParamError(MechanismInputError, ParamError):
 
 
 def check_epsilon(epsilon: object) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
-        raise MechanismInputError(f"epsilon must be a positive finite real number, got {epsilon!r}")
-    e = float(epsilon)
-    if not math.isfinite(e) or e <= 0.0:
-        raise MechanismInputError(f"epsilon must be a positive finite number, got {e!r}")
-    return e
+    """The one ε check (:func:`recsvc.checks.check_epsilon`), refusing as a mechanism does."""
+    return checks.check_epsilon(epsilon, error=MechanismInputError)
 
 
 def check_trials(trials: object) -> int:
@@ -112,7 +111,8 @@ def _check_sensitivities(d: np.ndarray) -> None:
     if d.size and d.min() <= 0:
         bad = np.flatnonzero(d.ravel() <= 0)
         raise MechanismInputError(
-            f"sensitivities must be > 0 (SPEC: Δ = max(hi − lo, 1e-6)); found {bad.size} value(s) <= 0 "
+            f"sensitivities must be > 0 (Δ = max(hi − lo, 1e-6), docs/reference/specification.md §1); "
+            f"found {bad.size} value(s) <= 0 "
             f"(first {d.ravel()[bad[0]]!r} at flat index {bad[0]})"
         )
 

@@ -84,7 +84,7 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
 def execute_batch(selector: Selector, ledger: BatchStore, prepared: Sequence[Prepared],
                   encode: Callable[[Selected], bytes]) -> list[Charge | Exception]:
     """Charges every prepared item in one ledger transaction (either store); one outcome per item, in order."""
-    items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.epsilon, p.mechanism) for p in prepared]
+    items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
 
     def draws(todo: list[int]) -> list[np.ndarray]:  # no lock held
         return draw_many(selector, [prepared[i] for i in todo], thread_csprng())
@@ -92,6 +92,6 @@ def execute_batch(selector: Selector, ledger: BatchStore, prepared: Sequence[Pre
     def build(i: int, picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
         p = prepared[i]
         ids, rows = p.answer(picked)
-        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.epsilon)), remaining, p.request_id, rows))
+        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.charge)), remaining, p.request_id, rows))
 
     return draw_and_charge_batch(ledger, items, draws, build)

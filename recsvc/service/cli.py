@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from recsvc.checks import check_regular_file
+from recsvc.checks import check_epsilon, check_regular_file
 from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
 from recsvc.service.config import ServerConfig, default
 from recsvc.service.ledger_base import is_postgres
@@ -267,8 +266,7 @@ def run_select(args: argparse.Namespace) -> int:
     import grpc
 
     cands = read_candidates_csv(args.candidates) if args.candidates else [parse_candidate(c) for c in args.candidate]
-    if not math.isfinite(args.epsilon) or args.epsilon <= 0:
-        raise ValueError(f"--epsilon must be a positive finite number, got {args.epsilon}")
+    check_epsilon(args.epsilon, "--epsilon")
     if args.k < 0:
         raise ValueError(f"--k must be >= 0 (0 or 1: one item; k: a k-item slate), got {args.k}")
     with _client(args) as client:

@@ -31,10 +31,10 @@ from itertools import chain
 import numpy as np
 
 from recsvc.artifact import POLICY, Artifact, Manifest
-from recsvc.checks import ParamError
-from recsvc.mechanisms import MECHANISMS, check_params, select_slate, select_two_stage
-from recsvc.mechanisms.slate import step_epsilon
-from recsvc.mechanisms.two_stage import split_budget
+from recsvc.checks import ParamError, check_epsilon
+from recsvc.mechanisms import MECHANISMS, charged_epsilon, check_params, select_slate, select_two_stage
+from recsvc.mechanisms.slate import slate_split
+from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, InvalidRequest, Recommender, RowIds, Unavailable, short
@@ -74,6 +74,16 @@ class Prepared:
     k: int = 1  # slate size, 1 <= k <= the candidates (n, or the stage's m)
     stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
     rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
+
+    @property
+    def charge(self) -> float:
+        """The ε the ledger charges: the selection's composed privacy map
+        (:func:`recsvc.mechanisms.charged_epsilon`). Only a non-private mechanism, served under
+        --allow-non-private for reference runs, has no finite one: it is charged its nominal ε."""
+        m, f = (None, None) if self.stage is None else (self.stage.m, self.stage.candidate_fraction)
+        c = charged_epsilon(self.mechanism, self.epsilon, self.k, m=m, candidate_fraction=f,
+                            candidate_mechanism=CANDIDATE_MECHANISM, **self.params)
+        return c if math.isfinite(c) else self.epsilon
 
     def answer(self, picked: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
         """The slate's (item ids, catalog rows) from the drawn candidate indices."""
@@ -256,8 +266,7 @@ class Selector:
         name = self._valid.get(key)  # a (mechanism, params) pair already found valid: same checks, same answer
         if name is None:
             name = self.mechanism_name(mechanism)
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise InvalidRequest(f"epsilon must be a positive finite number, got {epsilon!r}")
+        check_epsilon(epsilon, error=InvalidRequest)
         if key not in self._valid:
             check_params(dict(params))  # the mechanisms' own checks, before the ledger is touched
             if len(self._valid) < 4096:
@@ -294,7 +303,7 @@ class Selector:
         if kk > candidates:
             raise InvalidRequest(f"k={kk} is more than the {candidates} {what}; expected 1 <= k <= {candidates} "
                                  "(k distinct items)")
-        step_epsilon(epsilon, kk, "epsilon/k")
+        slate_split(kk).stage_epsilons(epsilon)
         return kk
 
     def candidate_stage(self, num_candidates: int, candidate_fraction: float | None,
@@ -302,7 +311,7 @@ class Selector:
         """Recommend's private top-m, or None (the full catalog). m defaults to the public floor."""
         if candidate_fraction is None:
             return None  # a count alone never shrinks the candidate set
-        eps1, _ = split_budget(epsilon, candidate_fraction)
+        two_stage_split(candidate_fraction).budgets(epsilon)
         n = len(self.catalog.item_ids)
         floor = min(self.policy.min_candidates, n)
         m = num_candidates or floor
@@ -314,7 +323,7 @@ class Selector:
         if m > n:
             raise InvalidRequest(f"num_candidates={m} is more than the catalog's {n} items; "
                                  f"expected {floor} <= num_candidates <= {n}")
-        step_epsilon(eps1, m, "candidate_fraction·epsilon/num_candidates")
+        two_stage_split(candidate_fraction, m, m_label="num_candidates").stage_epsilons(epsilon)
         return CandidateStage(m, float(candidate_fraction))
 
     def prepare_select(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
@@ -423,7 +432,7 @@ class Selector:
             kk = self.slate_size(k, len(self.catalog.item_ids), eps, "items of the catalog")
             name, params = self.resolve(name, eps, kk, len(self.catalog.item_ids), params)
         else:
-            eps2 = split_budget(eps, stage.candidate_fraction)[1]  # what the selection among the m spends
+            eps2 = two_stage_split(stage.candidate_fraction).budgets(eps)[1]  # what the selection among the m spends
             kk = self.slate_size(k, stage.m, eps2, "private candidates (num_candidates)")
             name, params = self.resolve(name, eps2, kk, stage.m, params)
         q = np.clip(self.recommender.scores(history), self.catalog.lo, self.catalog.hi)  # Δ is a bound only clipped
@@ -435,7 +444,7 @@ class Selector:
         ``encode(selected)`` in one transaction (see the module docstring). A replayed request
         gets its stored answer and draws nothing; an ε the ledger cannot count exactly
         (below 1e-12) is refused before the ledger is touched."""
-        charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
+        charged = to_epsilon(charge_units(p.charge))  # what the ledger spends (rounded up to its unit)
 
         def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
             return draw(p, thread_csprng(), self.policy.allow_non_private)
@@ -448,5 +457,5 @@ class Selector:
             ids, rows = p.answer(picked)
             return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id, rows))
 
-        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.epsilon, heavy_or_inline, build,
+        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.charge, heavy_or_inline, build,
                                       mechanism=p.mechanism)

@@ -10,7 +10,7 @@ from eval.scenarios import scenario
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 
-from mechanisms_reference import random_stopping_probabilities_quad
+from recsvc.mechanisms.testing import random_stopping_probabilities_quad
 
 MECHS = ("rnm", "krr", "random", "gem", "mgem", "rs", "rnmh")
 
@@ -108,5 +108,5 @@ def test_level_is_refused_and_nothing_is_written(tmp_path, one_line_error):
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--level", "0.3", "--out", str(out)]) == 2
     one_line_error(r"--level applies only to --scenario sweep")
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--epsilons", "0", "--out", str(out)]) == 2
-    one_line_error(r"ε must be a finite number > 0")
+    one_line_error(r"ε must be a positive finite number")
     assert not out.exists() and not list(tmp_path.iterdir())

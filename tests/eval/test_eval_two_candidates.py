@@ -15,7 +15,7 @@ from recsvc.checks import ParamError
 from recsvc.mechanisms import select_batch
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower, rnmh_two_candidates_lower
 
-from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
+from recsvc.mechanisms.testing import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 
 # Δ on both sides of each other, ε and gap spanning Figures 16–17, γ from Fig. 15's ends and Fig. 3's 0.01.
 SMALL = TwoCandidateConfig(deltas=(0.2, 0.5, 1.0, 1.8), epsilons=(0.1, 1.0, 3.0), gaps=(0.1, 1.0, 5.0),

@@ -1,7 +1,7 @@
 """k-item slates by peeling (select_slate): API and bad input, exact probabilities vs closed
-forms and Monte Carlo, an exact DP audit on every box vertex for every private mechanism with
-exact probabilities, a statistical audit for rs / rs_improved, and proof that the ε charge is
-not overstated (the slate's privacy loss exceeds ε/k)."""
+forms and Monte Carlo, an exact DP audit on every box vertex for every mechanism whose declared
+audit is exact, a statistical audit for those declared statistical, and proof that the ε charge
+is not overstated (the slate's privacy loss exceeds ε/k)."""
 
 import itertools
 import math
@@ -12,8 +12,10 @@ import pytest
 
 from recsvc.mechanisms import (
     MECHANISMS,
+    AuditKind,
     MechanismInputError,
     NonPrivateMechanismError,
+    charged_epsilon,
     probabilities,
     select,
     select_slate,
@@ -21,12 +23,19 @@ from recsvc.mechanisms import (
     slate_probabilities,
 )
 
-from mechanisms_audit import certified_log_ratio, chisquare_pvalue, max_log_ratio, neighbour_vertices
-from mechanisms_reference import random_stopping_probabilities_quad
+from recsvc.mechanisms.testing import (
+    REFERENCE,
+    TOL,
+    audited,
+    certified_log_ratio,
+    chisquare_pvalue,
+    max_log_ratio,
+    neighbour_vertices,
+)
 
 ALPHA = 1e-3  # per goodness-of-fit test / overall false-positive rate of an audit; seeds fixed
-TOL = 1e-9  # numerical tolerance on exact log-probabilities
-EXACT_PRIVATE = [n for n, m in MECHANISMS.items() if m.exact and m.private]
+EXACT = audited(AuditKind.EXACT)
+STATISTICAL = audited(AuditKind.STATISTICAL)
 SENS = np.array([0.05, 1.0, 3.0, 0.4, 1.7, 0.2])
 Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
@@ -125,7 +134,7 @@ def test_exact_slate_errors():
 # --- exact probabilities -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", EXACT_PRIVATE)
+@pytest.mark.parametrize("name", EXACT)
 def test_slate_probabilities_sum_to_one_and_k1_is_probabilities(name):
     for k in (1, 2, 3):
         p = slate_probabilities(name, Q, D, 2.0, k)
@@ -188,26 +197,25 @@ def _slate_audit(name, k, epsilon):
     return worst
 
 
-@pytest.mark.parametrize("name", EXACT_PRIVATE)
+@pytest.mark.parametrize("name", EXACT)
 @pytest.mark.parametrize("k", [1, 2, 3])
 def test_exact_slate_dp_audit_on_every_box_vertex(name, k):
+    bound = charged_epsilon(name, 1.0, k)  # the slate's composed map: what the service charges
     worst = _slate_audit(name, k, 1.0)
-    assert worst <= 1.0 + TOL, f"{name} k={k}: privacy loss {worst} > ε = 1"
+    assert bound == 1.0 and worst <= bound + TOL, f"{name} k={k}: privacy loss {worst} > ε = 1"
 
 
-LOSS_ABOVE_EPS_OVER_K = [(n, 3) for n in EXACT_PRIVATE if n != "random"]
-LOSS_ABOVE_EPS_OVER_K += [(n, 2) for n in ("rnm", "pf", "krr", "gem", "combined_gem")]
+@pytest.mark.parametrize("name", [n for n in EXACT if MECHANISMS[n].privacy.audit.reach > 0])
+def test_slate_loss_exceeds_eps_over_k_so_the_charge_is_eps(name):
+    """Charging ε/k (one step's budget) for the slate would be wrong: for every mechanism whose
+    audit reaches near-worst cases, the worst loss of a 3-item slate is above ε/3."""
+    assert _slate_audit(name, 3, 1.0) > 1.0 / 3 + 0.01
 
 
-@pytest.mark.parametrize("name,k", LOSS_ABOVE_EPS_OVER_K)
-def test_slate_loss_exceeds_eps_over_k_so_the_charge_is_eps(name, k):
-    """Charging ε/k (one step's budget) for the slate would be wrong: the audit's worst loss is
-    above ε/k (for these mechanisms; em, rnm_laplace and mgem at k = 2 stay just below ε/2 on
-    these inputs). krr reaches the full ε at k = 2: basic composition is tight there."""
-    worst = _slate_audit(name, k, 1.0)
-    assert worst > 1.0 / k + 0.01
-    if (name, k) == ("krr", 2):
-        assert worst == pytest.approx(1.0, abs=1e-9)
+def test_krr_slate_reaches_the_full_epsilon():
+    """krr at k = 2 loses exactly ε on these inputs: basic composition is tight, the charge is not
+    overstated."""
+    assert _slate_audit("krr", 2, 1.0) == pytest.approx(1.0, abs=1e-9)
 
 
 # --- rs / rs_improved slates (no exact form): statistical audit, checked against quadrature ---
@@ -224,8 +232,8 @@ def _slate_counts(name, q, d, eps, k, seed, **params):
     return counts
 
 
-def _rs_slate_log_probabilities_quad(kind, q, d, eps, k, gamma):
-    """Peeling chained over rs / rs_improved's 1-D integral form (exact.random_stopping_probabilities_quad)."""
+def _reference_slate_log_probabilities(name, q, d, eps, k, **params):
+    """Peeling chained over a mechanism's reference probabilities (recsvc.mechanisms.testing.REFERENCE)."""
     steps = {}  # remaining set -> log P(each of them) at ε/k
     out = {}
     for s in itertools.permutations(range(q.shape[0]), k):
@@ -233,25 +241,27 @@ def _rs_slate_log_probabilities_quad(kind, q, d, eps, k, gamma):
         for a in s:
             if remaining not in steps:
                 idx = list(remaining)
-                steps[remaining] = np.log(random_stopping_probabilities_quad(q[idx], d[idx], eps / k, gamma, kind))
+                steps[remaining] = np.log(REFERENCE[name](q[idx], d[idx], eps / k, **params))
             log_p += steps[remaining][remaining.index(a)]
             remaining = tuple(b for b in remaining if b != a)
         out[s] = float(log_p)
     return out
 
 
-@pytest.mark.parametrize("name", ["rs", "rs_improved"])
-def test_statistical_slate_audit_random_stopping(name):
+@pytest.mark.parametrize("name", [n for n in STATISTICAL if n in REFERENCE])
+def test_statistical_slate_audit(name):
     """Clopper–Pearson: the certified lower bound on the slate's privacy loss must not exceed ε
-    (false-positive rate ≤ ALPHA). The samples also fit the slate law chained over the integral
-    form (χ²), whose exact loss on the same neighbours is within ε."""
-    eps, k, gamma = 1.0, 2, 0.3
+    (false-positive rate ≤ ALPHA), at the declared audit's first parameter setting. The samples
+    also fit the slate law chained over the reference probabilities (χ²), whose exact loss on
+    the same neighbours is within ε."""
+    eps, k = 1.0, 2
+    params = dict(MECHANISMS[name].privacy.audit.settings[0])
     d = np.array([0.1, 2.0, 1.0])
     inputs = [np.zeros(3), np.array([1.0, -1.0, 0.0]) * d, np.array([-1.0, 1.0, 1.0]) * d]
-    counts = [_slate_counts(name, q, d, eps, k, 100 + i, gamma=gamma) for i, q in enumerate(inputs)]
+    counts = [_slate_counts(name, q, d, eps, k, 100 + i, **params) for i, q in enumerate(inputs)]
     certified = max(certified_log_ratio(counts[0], c, N_AUDIT, ALPHA / 2) for c in counts[1:])
-    assert certified <= eps
-    exact = [_rs_slate_log_probabilities_quad(name, q, d, eps, k, gamma) for q in inputs]
+    assert certified <= charged_epsilon(name, eps, k) == eps
+    exact = [_reference_slate_log_probabilities(name, q, d, eps, k, **params) for q in inputs]
     assert 0.05 < max(max_log_ratio(exact[0], e) for e in exact[1:]) <= eps + 1e-6
     for c, e in zip(counts, exact):
         probs = np.exp(list(e.values()))

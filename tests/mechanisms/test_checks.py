@@ -50,3 +50,27 @@ def test_check_regular_file_may_name_a_parameter(tmp_path):
 def _touch(path):
     path.write_text("x")
     return path
+
+
+def test_check_epsilon_is_the_one_epsilon_check_and_each_caller_keeps_its_error_type():
+    from recsvc.checks import check_epsilon
+    from recsvc.mechanisms import MechanismInputError, MechanismParamError
+    from recsvc.mechanisms.validation import check_epsilon as mechanism_check
+    from recsvc.service.catalog import InvalidRequest
+
+    assert check_epsilon(1) == 1.0 and type(check_epsilon(np.float32(0.5))) is float
+    assert check_epsilon(5e-324) == 5e-324 and check_epsilon(1e300) == 1e300
+    for bad, shown in ((0.0, "0.0"), (-1.0, "-1.0"), (float("nan"), "nan"), (float("inf"), "inf"), (-0.0, "-0.0")):
+        with pytest.raises(ValueError, match=rf"^epsilon must be a positive finite number, got {shown}$"):
+            check_epsilon(bad)
+        with pytest.raises(MechanismInputError, match=rf"^epsilon must be a positive finite number, got {shown}$"):
+            mechanism_check(bad)
+        with pytest.raises(InvalidRequest, match=rf"^epsilon must be a positive finite number, got {shown}$"):
+            check_epsilon(bad, error=InvalidRequest)
+        with pytest.raises(ValueError, match=rf"^--epsilon must be a positive finite number, got {shown}$"):
+            check_epsilon(bad, "--epsilon")
+    for bad in (True, "1", None, 1j):
+        with pytest.raises(MechanismInputError, match=rf"^epsilon must be a positive finite real number, got {bad!r}$"):
+            mechanism_check(bad)
+    assert MechanismInputError.status == MechanismParamError.status == ParamError.status == "INVALID_ARGUMENT"
+    assert isinstance(MechanismInputError.status, str)

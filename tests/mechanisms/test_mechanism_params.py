@@ -1,20 +1,20 @@
-"""Mechanism parameters declared once (issue 10): the specs, validation, flags, the listing and
-the README table derived from them, and a toy mechanism registered by this module only."""
+"""Mechanism parameters declared once: the specs, validation, flags and the listing derived from
+them, and a toy mechanism (tests/mechanisms/conftest.py) that is registered, evaluated and served
+with its own parameter while nothing outside the test knows about it."""
 
 import argparse
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
-from mechanisms_audit import box_vertex_pairs, chisquare_pvalue, max_loss, paper_pairs, statistical_audit
 
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms import (
     MECHANISMS,
     PARAM_NAMES,
     PARAMS,
+    AuditKind,
     Mechanism,
     MechanismInputError,
     MechanismParamError,
@@ -33,9 +33,15 @@ from recsvc.mechanisms import (
     takers,
     unregister,
 )
-from recsvc.mechanisms import docs
+from recsvc.mechanisms.testing import (
+    audit,
+    box_vertex_pairs,
+    chisquare_pvalue,
+    max_loss,
+    paper_pairs,
+    statistical_audit,
+)
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
 
@@ -46,7 +52,7 @@ DEFAULTS = {
 }
 
 
-def test_each_mechanism_declares_the_issues_parameters_and_defaults():
+def test_each_mechanism_declares_its_parameters_and_defaults():
     assert {n: {k: s.default for k, s in m.params.items()} for n, m in MECHANISMS.items()} == DEFAULTS
     assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]  # order of first declaration
     bounds = {k: (s.low, s.high, s.low_inclusive, s.high_inclusive, s.floor, s.accepted) for k, s in PARAMS.items()}
@@ -155,74 +161,36 @@ def test_the_listing_shows_each_mechanisms_parameters(capsys):
     assert list(rows["combined_gem"]["params"]) == ["beta", "corr_budget_fraction"]
 
 
-def test_the_readme_mechanism_table_is_generated_and_current(tmp_path):
-    text = README.read_text(encoding="utf-8")
-    assert docs.with_table(text) == text, "README.md is stale: python -m recsvc.mechanisms.docs --write README.md"
-    assert docs.main(["--check", str(README)]) == 0
-    table = docs.markdown_table()
-    assert len(table.splitlines()) == 2 + len(MECHANISMS)
-    assert "| `rnmh` | **NOT DP** | no | – |" in table
-    assert "| `gem` | ε-DP | yes | `beta` = 0.05 in (0, 1): " in table
-    stale = tmp_path / "README.md"
-    stale.write_text(text.replace("| `rnm` |", "| `rnm2` |"), encoding="utf-8")
-    assert docs.main(["--check", str(stale)]) == 1
-    assert docs.main(["--write", str(stale)]) == 0 and stale.read_text(encoding="utf-8") == text
-
-
 def test_the_registry_is_read_only_and_registration_is_checked():
     with pytest.raises(TypeError):
-        MECHANISMS["x"] = MECHANISMS["rnm"]  # type: ignore[index]
+        MECHANISMS["x"] = MECHANISMS["rnm"]  # type: ignore[index]  # the point: it is read-only
     with pytest.raises(ValueError, match="already registered"):
         register(MECHANISMS["rnm"])
     with pytest.raises(ValueError, match="built in"):
         unregister("rnm")
     other_beta = ParamSpec("beta", 0.1, 0.0, 1.0, "another β")
     with pytest.raises(ValueError, match="'beta' differs from the spec declared by gem, mgem, combined_gem"):
-        register(Mechanism("gem2", "gem with another β", MECHANISMS["gem"].sample, params=param_specs(other_beta)))
+        register(Mechanism("gem2", "gem with another β", MECHANISMS["gem"].sample, MECHANISMS["gem"].log_probabilities_fn,
+                           params=param_specs(other_beta), privacy=MECHANISMS["gem"].privacy))
     with pytest.raises(ValueError, match="argument of select"):
-        register(Mechanism("seeded", "x", MECHANISMS["rnm"].sample, params=param_specs(ParamSpec("seed", 1, 0, 2, "x"))))
+        register(Mechanism("seeded", "x", MECHANISMS["rnm"].sample, MECHANISMS["rnm"].log_probabilities_fn,
+                           params=param_specs(ParamSpec("seed", 1, 0, 2, "x")), privacy=MECHANISMS["rnm"].privacy))
+    with pytest.raises(TypeError, match="privacy"):  # no mechanism without a privacy declaration
+        Mechanism("undeclared", "x", MECHANISMS["rnm"].sample)  # type: ignore[call-arg]  # the point: it is required
+    with pytest.raises(ValueError, match="an exact audit needs log_probabilities_fn"):
+        Mechanism("unprovable", "x", MECHANISMS["rnm"].sample, privacy=MECHANISMS["rnm"].privacy)
+    with pytest.raises(ValueError, match=r"its audit sets \['beta'\], which it does not take"):
+        Mechanism("rnm2", "x", MECHANISMS["rnm"].sample, MECHANISMS["rnm"].log_probabilities_fn,
+                  privacy=MECHANISMS["gem"].privacy)
     with pytest.raises(ValueError, match="default"):
         ParamSpec("x", 1.0, 0.0, 1.0, "a default outside its range")
     assert "gem2" not in MECHANISMS and "seeded" not in MECHANISMS and list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]
 
 
-# --- a toy mechanism, registered by this module only ----------------------------------------
-
-ALPHA = ParamSpec("alpha", 0.5, 0.0, 1.0, "share α of ε the tempered exponential mechanism uses", high_inclusive=True)
-
-
-def _toy_u(q, d, epsilon, p):
-    return q * (p["alpha"] * epsilon / (2.0 * d.max()))
-
-
-def toy_sample(q, d, epsilon, p, rng, size):
-    """Tempered exponential mechanism: P(a) ∝ exp(α ε q_a / 2Δmax), by the Gumbel-max trick.
-
-    Privacy: αε-DP, so ε-DP for α ≤ 1: each exponent moves by at most αε/2 between neighbours.
-    """
-    u = _toy_u(q, d, epsilon, p)
-    return np.argmax(u + rng.gumbel(size=(size, q.shape[0])), axis=1).astype(np.int64)
-
-
-def toy_log_probabilities(q, d, epsilon, p):
-    u = _toy_u(q, d, epsilon, p)
-    u = u - u.max()
-    return u - np.log(np.exp(u).sum())
-
-
-TOY = Mechanism("tempered_em", "exponential mechanism at αε: P(a) ∝ exp(α ε q_a / 2Δmax)",
-                toy_sample, toy_log_probabilities, param_specs(ALPHA))
-
-
-@pytest.fixture
-def toy():
-    with registered(TOY) as mech:
-        yield mech
-    assert "tempered_em" not in MECHANISMS and "alpha" not in PARAMS
-
+# --- a toy mechanism (conftest's tempered_em), registered by each test that uses it -------------
 
 def test_toy_parameters_are_validated_before_any_draw(toy):
-    assert dict(params_of("tempered_em")) == {"alpha": ALPHA} and takers("alpha") == ("tempered_em",)
+    assert dict(params_of("tempered_em")) == {"alpha": toy.params["alpha"]} and takers("alpha") == ("tempered_em",)
     for bad, message in ((0.0, r"alpha must be in the interval \(0, 1\], got 0\.0$"),
                          (1.5, r"alpha must be in the interval \(0, 1\], got 1\.5$"),
                          ("x", r"alpha must be a real number in \(0, 1\], got 'x'$")):
@@ -236,8 +204,8 @@ def test_toy_parameters_are_validated_before_any_draw(toy):
     np.testing.assert_array_equal(select_batch("rnm", Q[None], D, 1.0, 9, 2, alpha=0.3), select_batch("rnm", Q[None], D, 1.0, 9, 2))
 
 
-def test_toy_parameter_leaves_with_the_toy():
-    with registered(TOY):
+def test_toy_parameter_leaves_with_the_toy(make_toy):
+    with registered(make_toy("tempered_em")):
         assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction", "alpha"]
     with pytest.raises(MechanismInputError, match="unknown mechanism parameter"):
         select("rnm", Q, D, 1.0, alpha=0.5)
@@ -264,13 +232,22 @@ def test_toy_is_listed_with_its_parameter(toy, capsys):
 
 
 @pytest.mark.parametrize("epsilon", [0.5, 2.0])
-def test_toy_passes_the_exact_privacy_audit(toy, epsilon):
+def test_toy_loss_is_alpha_epsilon_on_the_box_vertices(toy, epsilon):
     pairs = box_vertex_pairs()
     for alpha in (0.25, 1.0):
         worst = max_loss("tempered_em", pairs, epsilon, alpha=alpha)
         assert worst <= alpha * epsilon + 1e-9  # αε-DP, hence ε-DP
         assert worst > 0.4 * alpha * epsilon  # the audit reaches near-worst cases
     assert math.isfinite(max_loss("tempered_em", pairs, epsilon))
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0])
+def test_toy_is_audited_as_it_declares(toy, epsilon):
+    """The audit every built-in mechanism gets (recsvc.mechanisms.testing.audit), driven by the
+    toy's own declaration: exact, at its default α = 1/2 and at α = 1, reaching 40 % of ε."""
+    result = audit("tempered_em", epsilon)
+    assert (result.kind, result.bound, result.passed, result.reached) == (AuditKind.EXACT, epsilon, True, True)
+    assert result.loss == pytest.approx(max_loss("tempered_em", box_vertex_pairs(), epsilon, alpha=1.0), rel=1e-12)
 
 
 def test_toy_passes_the_statistical_privacy_audit(toy):

@@ -9,11 +9,8 @@ from scipy.stats import binomtest
 
 from recsvc.mechanisms import MECHANISMS, log_probabilities, probabilities, select, select_batch
 
-from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 from recsvc.mechanisms.gem import gem_t, q_prime, q_prime_naive, report_correlation_bit
-
-from mechanisms_audit import chisquare_pvalue
-from mechanisms_reference import noisy_max_probabilities_quad, random_stopping_probabilities_quad
+from recsvc.mechanisms.testing import REFERENCE, chisquare_pvalue, noisy_max_probabilities_quad
 
 ALPHA = 1e-3  # per goodness-of-fit test; seeds are fixed, so outcomes are deterministic
 EXACT = [n for n, m in MECHANISMS.items() if m.exact]
@@ -249,20 +246,18 @@ def test_monte_carlo_matches_exact_through_select():
         assert chisquare_pvalue(counts, probabilities(name, Q6, D6, 1.0)) > ALPHA
 
 
-def test_monte_carlo_matches_quadrature_for_mechanisms_without_closed_form():
+@pytest.mark.parametrize("name", [n for n, m in MECHANISMS.items() if not m.exact])
+def test_monte_carlo_matches_quadrature_for_mechanisms_without_closed_form(name):
+    """Every mechanism without exact probabilities has a reference (recsvc.mechanisms.testing.REFERENCE)."""
     q, d, eps = Q6[:4], D6[:4], 1.0
-    ref = {
-        "rnmh": noisy_max_probabilities_quad(q, 2 * d / eps, "exponential"),
-        "rs": random_stopping_probabilities_quad(q, d, eps, 0.008, "rs"),
-        "rs_improved": random_stopping_probabilities_quad(q, d, eps, 0.008, "rs_improved"),
-    }
-    for name, p in ref.items():
-        assert abs(p.sum() - 1) < 1e-8
-        assert chisquare_pvalue(_mc_counts(name, q, d, eps, 30_000, 8), p) > ALPHA, name
-    rng = np.random.default_rng(4)  # single-call path of random stopping
-    for name in ("rs", "rs_improved"):
+    params = {k: s.default for k, s in MECHANISMS[name].params.items()}
+    p = REFERENCE[name](q, d, eps, **params)
+    assert abs(p.sum() - 1) < 1e-8
+    assert chisquare_pvalue(_mc_counts(name, q, d, eps, 30_000, 8), p) > ALPHA, name
+    if MECHANISMS[name].private:  # the single-call path
+        rng = np.random.default_rng(4)
         counts = np.bincount([select(name, q, d, eps, rng=rng) for _ in range(3000)], minlength=4)
-        assert chisquare_pvalue(counts, ref[name]) > ALPHA, name
+        assert chisquare_pvalue(counts, p) > ALPHA, name
 
 
 def test_goodness_of_fit_has_power():
