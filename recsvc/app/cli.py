@@ -64,10 +64,19 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
     a line of their own, so no default is hidden."""
 
     def _format_action(self, action: argparse.Action) -> str:
+        return super()._format_action(self._with_help(action))
+
+    def help_text(self, action: argparse.Action) -> str:
+        """The help ``--help`` shows for ``action``, its default included ('' for none)."""
+        action = self._with_help(action)
+        return self._expand_help(action) if action.help else ""
+
+    @staticmethod
+    def _with_help(action: argparse.Action) -> argparse.Action:
         if action.help is None and shows_default(action):
             action = copy.copy(action)
             action.help = "(default: %(default)s)"
-        return super()._format_action(action)
+        return action
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
