@@ -91,9 +91,34 @@ def broken(page: Path) -> list[str]:
     return problems
 
 
-def test_the_docs_tree_is_found() -> None:
+TREE = """README.md CHANGELOG.md SECURITY.md docs/index.md docs/getting-started.md docs/conventions.md
+docs/concepts/privacy-model.md docs/concepts/mechanisms.md docs/concepts/privacy-proofs.md docs/concepts/auto.md
+docs/concepts/ledger.md docs/guides/offline-pipeline.md docs/guides/serving.md docs/guides/replicas-postgresql.md
+docs/guides/ledger-operations.md docs/guides/evaluation.md docs/reference/specification.md docs/reference/cli.md
+docs/reference/grpc-api.md docs/reference/status-codes.md docs/reference/artifact-format.md
+docs/reference/ledger-format.md docs/research/paper-reproduction.md docs/research/bandit-study.md
+docs/research/two-candidates.md docs/performance.md docs/decisions/0001-exact-epsilon-units.md
+docs/decisions/0002-group-commit.md docs/decisions/0003-optimistic-postgres-charges.md
+docs/decisions/0004-wire-prescan.md docs/archive/benchmarks-notebook.md""".split()
+
+
+def test_every_page_of_the_docs_tree_exists() -> None:
+    """Page names are fixed so that code, docstrings and other pages can link to them."""
     names = {p.relative_to(ROOT).as_posix() for p in PAGES}
-    assert {"README.md", "docs/index.md", "docs/reference/specification.md", "docs/reference/cli.md"} <= names
+    assert sorted(set(TREE) - names) == []
+
+
+def test_the_specification_keeps_its_six_numbered_sections() -> None:
+    """Code cites `docs/reference/specification.md §N`, so the numbers must not move."""
+    found = anchors(ROOT / "docs" / "reference" / "specification.md")
+    assert {"1-the-problem", "2-mechanisms", "3-randomness", "4-offline-pipeline", "5-grpc-service",
+            "6-evaluation"} <= found
+
+
+def test_the_readme_stays_an_overview() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    assert "bash scripts/demo.sh" in text.split("##")[0] and "bash scripts/test.sh" in text.split("##")[0]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -106,6 +131,10 @@ def test_generated_page_is_fresh(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     assert "do not edit" in text.split("\n\n")[1], "a generated page says so near its top"
     assert text == GENERATED[page](), f"{page.relative_to(ROOT)} is stale: run `{cli_docs.COMMAND}`"
+
+
+def test_the_cli_page_generator_checks_staleness_in_one_command() -> None:
+    assert cli_docs.main(["--check"]) == 0
 
 
 def test_the_link_checker_finds_what_is_broken(tmp_path: Path) -> None:
