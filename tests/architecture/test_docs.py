@@ -137,6 +137,30 @@ def test_the_cli_page_generator_checks_staleness_in_one_command() -> None:
     assert cli_docs.main(["--check"]) == 0
 
 
+CODE_ROOTS = ("recsvc", "data_prep", "eval", "scripts", "tests", "proto")
+CODE_CITATION = re.compile(r"docs/[\w./-]+?\.md(?:#[\w\-ε]+)?")
+
+
+def test_docs_pages_cited_in_code_exist() -> None:
+    """Source, tests and the proto cite docs pages by their path from the repository's root
+    (``docs/reference/specification.md §2``, ``docs/concepts/auto.md#the-table``): each must
+    resolve, anchor included."""
+    problems = []
+    for root in CODE_ROOTS:
+        for path in sorted((ROOT / root).rglob("*")):
+            if path.suffix not in (".py", ".proto", ".sh") or "__pycache__" in path.parts:
+                continue
+            for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+                for cited in CODE_CITATION.findall(line):
+                    page, _, fragment = cited.partition("#")
+                    dest = ROOT / page
+                    if not dest.exists():
+                        problems.append(f"{path.relative_to(ROOT)}:{n}: {cited}: no such page")
+                    elif fragment and fragment not in anchors(dest):
+                        problems.append(f"{path.relative_to(ROOT)}:{n}: {cited}: no such anchor")
+    assert problems == []
+
+
 def test_the_link_checker_finds_what_is_broken(tmp_path: Path) -> None:
     (tmp_path / "b.md").write_text('# Title: the `x` part\n\n## Same\n\n## Same\n\n<a id="here"></a>\n')
     page = tmp_path / "a.md"
