@@ -33,7 +33,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_mechanisms,  # mechanisms
     register_demo,  # demo
 )
-# The install extra each command needs beyond the base install (pyproject.toml; README).
+# The install extra each command needs beyond the base install (pyproject.toml; docs/getting-started.md).
 EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "eval-bandit": "eval",
          "eval-two-candidates": "eval", "serve": "serve", "select": "serve",
          "budget": "serve", "ledger": "serve", "demo": "all"}
