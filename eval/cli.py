@@ -85,7 +85,7 @@ def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", type=Path, default=Path("results/two-candidates"),
                    help="results directory (default: results/two-candidates)")
     t.add_argument("--deltas", nargs="+", type=float, default=DEFAULT_DELTAS, metavar="D",
-                   help=f"the grid of Δ1 and of Δ2 (default: {grid(DEFAULT_DELTAS[:3])} … {DEFAULT_DELTAS[-1]:g})")
+                   help="the grid of Δ1 and of Δ2")
     t.add_argument("--epsilons", nargs="+", type=float, default=DEFAULT_EPSILONS, metavar="EPS",
                    help=f"ε values (default: {grid(DEFAULT_EPSILONS)}, the rows of Figs 16-17)")
     t.add_argument("--gaps", nargs="+", type=float, default=DEFAULT_GAPS, metavar="GAP",

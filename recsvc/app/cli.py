@@ -9,11 +9,14 @@ loads only argparse-level code.
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from data_prep.cli import register as register_prep
 from eval.cli import register as register_eval
@@ -30,15 +33,78 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_mechanisms,  # mechanisms
     register_demo,  # demo
 )
-# The install extra each command needs beyond the base install (pyproject.toml; README).
+# The install extra each command needs beyond the base install (pyproject.toml; docs/getting-started.md).
 EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "eval-bandit": "eval",
          "eval-two-candidates": "eval", "serve": "serve", "select": "serve",
          "budget": "serve", "ledger": "serve", "demo": "all"}
 PROJECT_PACKAGES = ("recsvc", "data_prep", "eval")
 
 
+def render_default(value: object) -> str:
+    """A default as a user would type it: a sequence's items separated by spaces, a whole float
+    without its ``.0``."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(render_default(v) for v in value)
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` states this option's default: every option that takes a value and has
+    one. A flag that takes no value (``--force``) is off unless given, and an empty string or list
+    is no value (its help says what leaving it out means), so these state none."""
+    empty = action.default is None or (isinstance(action.default, (str, list, tuple)) and not action.default)
+    return bool(action.option_strings) and action.nargs != 0 and not empty and action.default is not argparse.SUPPRESS
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already states it (through
+    ``%(default)s`` or by naming the value after the word "default"). Options without help get
+    a line of their own, so no default is hidden."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        return super()._format_action(self._with_help(action))
+
+    def help_text(self, action: argparse.Action) -> str:
+        """The help ``--help`` shows for ``action``, its default included ('' for none)."""
+        action = self._with_help(action)
+        return self._expand_help(action) if action.help else ""
+
+    @staticmethod
+    def _with_help(action: argparse.Action) -> argparse.Action:
+        if action.help is None and shows_default(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return action
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if not shows_default(action) or "%(default)" in text:
+            return text
+        shown = render_default(action.default)
+        if "default" in text and shown in re.sub(r"(?<=\d),(?=\d{3})", "", text):  # 50,000 states 50000
+            return text
+        return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
+
+    def _expand_help(self, action: argparse.Action) -> str:
+        if shows_default(action):  # %(default)s renders like the appended note
+            action = copy.copy(action)
+            action.default = render_default(action.default)
+        return super()._expand_help(action)
+
+
+class Parser(argparse.ArgumentParser):
+    """``recsvc`` and every subcommand's parser (``add_subparsers`` passes its class on): they all
+    show defaults the same way."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="recsvc",
         description="Differentially private item selection for recommenders.",
     )
