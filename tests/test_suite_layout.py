@@ -18,7 +18,7 @@ SAMPLE = [
     "tests/test_eval_safety.py::test_out_that_is_a_file_is_refused",  # eval_fixtures
     "tests/test_eval_sweep.py::test_bad_flags_are_refused_before_any_level_runs",  # eval_fixtures (one_line_error, snapshot)
     "tests/test_mechanisms_privacy.py::test_random_stopping_exact_audit_by_quadrature",  # mechanisms_audit, _reference
-    "tests/test_service_security.py::test_tls_and_mtls",  # service_fixtures, conftest's artifact and certs
+    "tests/service/test_service_security.py::test_tls_and_mtls",  # recsvc.service.testing, conftest's artifact and certs
 ]
 
 

@@ -17,7 +17,7 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
 
-from service_fixtures import candidates, client_of, served
+from recsvc.service.testing import candidates, client_of, served
 
 
 @pytest.fixture()
@@ -140,4 +140,4 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(client: Client, server: Ser
 ])
 def test_budget_and_heavy_draw_knobs_are_checked(tmp_path: Path, over: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ServerConfig(artifacts=tmp_path, **over).check()
+        ServerConfig.of(artifacts=tmp_path, **over).check()

@@ -19,7 +19,7 @@ from recsvc.service.server import ServerHandle
 from recsvc.service.selection import draw
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates, client_of, served
+from recsvc.service.testing import candidates, client_of, served
 
 BUDGET = 3.0
 

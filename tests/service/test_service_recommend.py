@@ -27,7 +27,7 @@ from recsvc.service.server import ServerHandle, start
 from recsvc.service.servicer import _fingerprint
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import N_ITEMS, candidates, client_of, make_artifact
+from recsvc.service.testing import N_ITEMS, candidates, client_of, make_artifact
 
 HISTORY = ["it0", "it5", "it9"]
 FLOOR = 5  # the test servers' --min-candidates
@@ -42,7 +42,7 @@ def seeded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _server(artifact: Path, ledger: Path, **over: object) -> ServerHandle:
     config = {"budget": 1e6, "min_candidates": FLOOR, "max_slate": 8, **over}
-    return start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, **config))  # type: ignore[arg-type]
+    return start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger, **config))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig, is_loopback
 from recsvc.service.server import ServerHandle, start
 
-from service_fixtures import candidates
+from recsvc.service.testing import candidates
 
 TOKENS = """# token      scope
 root-tok     admin
@@ -37,7 +37,7 @@ def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
 
 @contextmanager
 def _server(artifact: Path, tmp_path: Path, **config) -> Iterator[ServerHandle]:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / f"l{time.monotonic_ns()}.db", **config))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / f"l{time.monotonic_ns()}.db", **config))
     try:
         yield h
     finally:
@@ -131,7 +131,7 @@ def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Pa
             assert _code(c.select, "carol", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.UNAUTHENTICATED
         assert h.ledger.totals() == {"carol": pytest.approx(0.5)}
     with pytest.raises(ValueError, match="^client_scopes needs client_ca"):
-        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "x.db", client_scopes=scopes))
+        start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "x.db", client_scopes=scopes))
     assert not (tmp_path / "x.db").exists()
 
 
@@ -164,7 +164,7 @@ def test_plaintext_tokens_are_refused_off_loopback(artifact: Path, certs: dict[s
     for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
         with pytest.raises(ValueError, match=f"^token_file without TLS on host {host} would send bearer tokens in "
                                              "plaintext .*or allow_plaintext_tokens when a trusted proxy"):
-            start(ServerConfig(artifacts=artifact, host=host, port=0, ledger=ledger, token_file=token_file))
+            start(ServerConfig.of(artifacts=artifact, host=host, port=0, ledger=ledger, token_file=token_file))
     argv = ["serve", "--artifacts", str(artifact), "--ledger", str(ledger), "--host", "0.0.0.0", "--port", "0",
             "--token-file", str(token_file)]
     assert recsvc_main(argv) == 2

@@ -21,7 +21,7 @@ import psutil
 
 from recsvc.service.shutdown import DrainWatchdog, StopSignal
 
-from service_fixtures import REPO, free_port
+from recsvc.service.testing import REPO, free_port
 
 # A stop signal that "arrives" at the k-th trace event (every line, call and return) of the
 # worker's wait loop, for every k up to K: a handler that takes a lock the loop may hold at that
@@ -155,7 +155,7 @@ STUCK_SERVER = textwrap.dedent("""
                 pass
 
         server.DrainWatchdog = NoWatchdog
-    config = ServerConfig(artifacts=Path(sys.argv[1]), ledger=Path(sys.argv[2]), port=int(sys.argv[3]),
+    config = ServerConfig.of(artifacts=Path(sys.argv[1]), ledger=Path(sys.argv[2]), port=int(sys.argv[3]),
                           workers=2, grace=0.2, drain_delay=0.0)
     sys.exit(server.serve(config))
 """)

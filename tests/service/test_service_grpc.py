@@ -19,7 +19,7 @@ from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates, client_of, make_artifact, served
+from recsvc.service.testing import candidates, client_of, make_artifact, served
 
 BUDGET = 10.0
 
@@ -167,7 +167,7 @@ def test_a_nul_in_an_id_is_invalid_argument_for_every_rpc_that_takes_one(client:
 
 
 def test_rnmh_only_with_allow_non_private(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", allow_non_private=True))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", allow_non_private=True))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.select("u", candidates(), mechanism="rnmh", epsilon=1.0).mechanism == "rnmh"
@@ -247,7 +247,7 @@ def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> 
                                                          (0.5, 0.6, "rnm")])
 def test_auto_resolves_from_public_population_spearman(rho: float, threshold: float, want: str, tmp_path: Path) -> None:
     art = make_artifact(tmp_path / "a", rho_median=rho)
-    h = start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", auto_threshold=threshold))
+    h = start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", auto_threshold=threshold))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.mechanisms().auto_resolves_to == want
@@ -262,10 +262,10 @@ def test_auto_resolves_from_public_population_spearman(rho: float, threshold: fl
 def test_default_mechanism_and_missing_population_statistics(tmp_path: Path) -> None:
     art = make_artifact(tmp_path / "a", rho_median=None)
     with pytest.raises(ValueError, match="population_spearman.median"):
-        start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db"))
+        start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db"))
     with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
-        start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="nope"))
-    h = start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="em"))
+        start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="nope"))
+    h = start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="em"))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.select("u", candidates(), epsilon=0.5).mechanism == "em"
@@ -296,7 +296,7 @@ def test_select_batch_reports_per_item_status(client: Client, server: ServerHand
 
 
 def test_select_batch_too_large_is_refused_whole(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_batch=3))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_batch=3))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             reqs = [c.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(4)]
@@ -324,7 +324,7 @@ def test_list_mechanisms_health_and_reflection(client: Client, server: ServerHan
 
 
 def test_stop_reports_not_serving(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
     with Client(f"127.0.0.1:{h.port}") as c:
         assert c.health() == "SERVING"
         h.health.enter_graceful_shutdown()
