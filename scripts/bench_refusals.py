@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_service import bench_artifact, free_port, launch, stop  # noqa: E402
 
-from recsvc.service.wire import length_delimited as _field  # noqa: E402
+from recsvc.service.codec import length_delimited as _field  # noqa: E402
 
 MB = 1e6
 

@@ -336,8 +336,8 @@ def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_f
         server: ServerHandle) -> None:
     import hashlib
 
-    from recsvc.service.selection import InvalidRequest
-    from recsvc.service.servicer import _fingerprint
+    from recsvc.service.errors import InvalidRequest
+    from recsvc.service.codec import fingerprint as _fingerprint
 
     # Hashed in pieces (below hashlib's GIL-release size); must stay the plain SHA-256, or
     # retries of requests stored by an older server would be refused as conflicts.

@@ -24,7 +24,7 @@ from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_prob
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.service.servicer import _fingerprint
+from recsvc.service.codec import fingerprint as _fingerprint
 from recsvc.v1 import selection_pb2 as pb
 
 from recsvc.service.testing import N_ITEMS, candidates, client_of, make_artifact
