@@ -11,12 +11,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
@@ -26,7 +27,7 @@ from recsvc.model import Model
 from recsvc.service.pg_cluster import free_port
 
 __all__ = ["N_ITEMS", "REPO", "ServerProcess", "add_policy", "candidates", "client_of", "free_port", "item_ids",
-           "make_artifact", "make_certs", "run_recsvc", "served", "server_process"]
+           "make_artifact", "make_certs", "rpc_error", "run_recsvc", "served", "server_process"]
 
 if TYPE_CHECKING:
     from recsvc.service.client import Client
@@ -135,6 +136,15 @@ def served(artifact: Path, ledger: Path | str, **config: Any) -> Iterator[Server
         yield handle
     finally:
         handle.stop(grace=1)
+
+
+def rpc_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of the RpcError that ``fn(*args, **kwargs)`` must raise."""
+    import pytest
+
+    with pytest.raises(grpc.RpcError) as info:
+        fn(*args, **kwargs)
+    return info.value.code(), info.value.details()
 
 
 @contextmanager

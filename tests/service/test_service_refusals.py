@@ -62,13 +62,6 @@ OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
 
 
 @pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db"))
-    yield h
-    h.stop(1)
-
-
-@pytest.fixture(scope="module")
 def channel(server: ServerHandle) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(f"127.0.0.1:{server.port}", [("grpc.max_send_message_length", 64 << 20)]) as ch:
         yield ch

@@ -3,7 +3,6 @@ item ids, through a real gRPC channel; a request for another catalog is refused 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -20,21 +19,10 @@ from recsvc.service.catalog import catalog_version
 from recsvc.service.client import Client, ItemRows
 from recsvc.service.server import ServerHandle
 
-from recsvc.service.testing import candidates, client_of, served
+from recsvc.service.testing import candidates
 
 BUDGET = 50.0
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET) as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with client_of(server) as c:
-        yield c
+SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
 
 
 @pytest.fixture(scope="module")

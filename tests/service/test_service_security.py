@@ -15,13 +15,11 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 
-from recsvc.service.testing import candidates
+from recsvc.service.testing import candidates, rpc_error
 
 
 def _code(fn, *args, **kwargs) -> grpc.StatusCode:
-    with pytest.raises(grpc.RpcError) as info:
-        fn(*args, **kwargs)
-    return info.value.code()
+    return rpc_error(fn, *args, **kwargs)[0]
 
 
 def test_bearer_token(artifact: Path, tmp_path: Path) -> None:
