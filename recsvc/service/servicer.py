@@ -60,12 +60,14 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def Select(self, request: pb.SelectRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
         self.authorize("Select", request.user_id)
         prepared = self.prepare_select(request)
-        return self.execute(prepared)
+        charge = self.selector.execute(self.ledger, prepared, codec.encode)
+        return codec.answer(charge)
 
     def Recommend(self, request: pb.RecommendRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
         self.authorize("Recommend", request.user_id)
         prepared = self.prepare_recommend(request)
-        return self.execute(prepared)
+        charge = self.selector.execute(self.ledger, prepared, codec.encode)
+        return codec.answer(charge)
 
     def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.ServicerContext) -> codec.Framed:
         """The serialized SelectBatchResponse (:func:`recsvc.service.codec.batch_response`): each

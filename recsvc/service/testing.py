@@ -140,11 +140,11 @@ def served(artifact: Path, ledger: Path | str, **config: Any) -> Iterator[Server
 
 def rpc_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
     """The status code and details of the RpcError that ``fn(*args, **kwargs)`` must raise."""
-    import pytest
-
-    with pytest.raises(grpc.RpcError) as info:
+    try:
         fn(*args, **kwargs)
-    return info.value.code(), info.value.details()
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} returned; expected it to raise grpc.RpcError")
 
 
 @contextmanager
