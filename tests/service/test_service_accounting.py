@@ -1,5 +1,5 @@
-"""Issue #12 findings 4 and 5 reproduced through real gRPC channels: tiny charges no longer
-vanish, and a sample is drawn outside the ledger's write lock (a retry still never draws)."""
+"""Accounting through real gRPC channels: a tiny charge is refused or counted, never lost, and a
+sample is drawn outside the ledger's write lock (a retry never draws)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ SERVER_OPTIONS = {"budget": 10.0}  # each test's own server (conftest.py: fresh_
 def test_tiny_charges_are_refused_or_counted_never_lost(fresh_client: Client, fresh_server: ServerHandle) -> None:
     cands = candidates()
     assert fresh_client.select("u", cands, mechanism="rnm", epsilon=8.0).budget_remaining == 2.0
-    for _ in range(200):  # the finding: each of these used to leave a float total of 8.0 unchanged
+    for _ in range(200):  # each below the unit: added to a float total of 8.0 it would change nothing
         with pytest.raises(grpc.RpcError) as info:
             fresh_client.select("u", cands, mechanism="rnm", epsilon=4e-16)
         assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT

@@ -1,4 +1,4 @@
-"""`auto` with a policy table (issue #15): resolved per request from (ε, k) by the documented rule,
+"""`auto` with a policy table: resolved per request from (ε, k) by the documented rule,
 never from the request's scores; the response and ListMechanisms say what it resolved to; a bad
 table refuses the start; no table keeps the sign rule with a warning."""
 

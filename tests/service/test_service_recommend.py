@@ -1,5 +1,5 @@
 """Recommend is ε-DP end to end over the full catalog; slates and the two-stage path; through
-real gRPC channels against in-process servers (issue #11).
+real gRPC channels against in-process servers.
 
 Statistical checks draw from a fixed-seed generator (patched in for the server's CSPRNG, which
 is tested in test_service_grpc.py) so they are deterministic; each compares the answers with the
@@ -81,8 +81,8 @@ def _chi2_pvalue(counts: Counter, exact: dict, min_expected: float = 5.0) -> flo
 
 def test_num_candidates_1_at_small_epsilon_is_near_uniform_over_the_whole_catalog(
         client: Client, artifact: Path, seeded: None) -> None:
-    """The attack of issue #11: num_candidates=1 used to force the private argmax (40 of 40
-    calls). Now a count alone never shrinks the candidates: ε = 0.01 is near-uniform over all 40."""
+    """A count alone never shrinks the candidates (num_candidates=1 would otherwise reveal the
+    private argmax): at ε = 0.01 the answer is near-uniform over all 40 items."""
     ids, q, d = _catalog_scores(artifact, HISTORY)
     argmax = ids[int(np.argmax(q))]
     exact = probabilities("rnm", q, d, 0.01)
@@ -193,10 +193,10 @@ def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, ser
     assert server.ledger.user("slate-user").requests == 3
 
 
-def test_an_answer_stored_before_slates_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
+def test_an_answer_stored_with_item_id_alone_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
     req = client.select_request("old-user", candidates(10), mechanism="rnm", epsilon=0.5, request_id="old-1")
     old = pb.SelectResponse(item_id="it7", mechanism="rnm", epsilon_spent=0.5, budget_remaining=1e6 - 0.5,
-                            request_id="old-1").SerializeToString()  # what an older server stored
+                            request_id="old-1").SerializeToString()  # item_id set, item_ids empty
     server.ledger.charge("old-user", "old-1", _fingerprint(b"select\0", req), 0.5, lambda _: old)
     r = client.stub.Select(req)
     assert (r.item_id, list(r.item_ids), r.replayed) == ("it7", ["it7"], True)

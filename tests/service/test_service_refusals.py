@@ -1,4 +1,4 @@
-"""Issue #12 items 2 and 3, attacked through real gRPC channels with raw bytes: oversized and
+"""Oversized and malformed requests, sent through real gRPC channels as raw bytes: oversized and
 malformed messages are refused before any per-item work (INVALID_ARGUMENT, nothing spent, no
 traceback), and authentication runs before decoding. Time and memory are measured by
 scripts/bench_refusals.py, not here."""
@@ -33,7 +33,7 @@ def _head(**over) -> bytes:
 
 
 def _candidates_3m() -> bytes:
-    """The issue's attack: 3,000,000 one-character candidates, a 15 MB message."""
+    """3,000,000 one-character candidates, a 15 MB message."""
     return _head() + _field(2, _field(1, b"x")) * 3_000_000
 
 

@@ -1,4 +1,4 @@
-"""Issue #12 items 1 and 7, attacked through real gRPC channels: principals and scopes (tokens
+"""Who may call what, tried through real gRPC channels: principals and scopes (tokens
 and client certificates), the per-principal rate limit, plaintext tokens off loopback, and the
 --allow-non-private warning. Every refusal must spend nothing."""
 
