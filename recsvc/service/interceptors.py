@@ -54,10 +54,13 @@ log = logging.getLogger("recsvc.service")
 CALLER: ContextVar[Caller | None] = ContextVar("recsvc_caller", default=None)
 
 
+_CODES = grpc.StatusCode.__members__
+
+
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     """The gRPC status and message for a refusal (one lookup, :func:`recsvc.service.errors.status_name`);
     an unexpected error's message is withheld."""
-    code = grpc.StatusCode[status_name(exc)]
+    code = _CODES.get(status_name(exc), grpc.StatusCode.INTERNAL)  # a foreign `status` that names no code: INTERNAL
     if code is grpc.StatusCode.INTERNAL:
         return code, INTERNAL_MESSAGE
     return code, str(exc)

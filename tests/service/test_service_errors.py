@@ -104,3 +104,10 @@ def test_the_observer_counts_calls_and_batch_items_with_their_mechanism_status_a
     after = [_value(n, **labels) for n, labels in names]
     assert [b - a for a, b in zip(before, after)] == [
         2, 1, 1, 4, 1, 1, pytest.approx(0.5 + 3 * 0.25), 2, 3]
+
+
+def test_a_foreign_status_attribute_that_names_no_code_is_internal() -> None:
+    class HttpError(Exception):
+        status = "404 Not Found"
+
+    assert status_of(HttpError("x")) == (grpc.StatusCode.INTERNAL, errors.INTERNAL_MESSAGE)
