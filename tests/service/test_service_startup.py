@@ -48,7 +48,7 @@ def _ledger_files(d: Path) -> list[str]:
 
 
 # (case, ServerConfig overrides, message the error must contain, the same from `recsvc serve` if it
-# names parameters: the library names ServerConfig's fields, the command line its flags)
+# names parameters: the library names ServerConfig's parameters, the command line its flags)
 BAD_SERVE = [
     ("busy port", {"port": "BUSY"}, r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free port",
      r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port"),
