@@ -83,8 +83,9 @@ class LedgerSettings:
 
 @dataclass(frozen=True)
 class Limits:
-    """Request sizes: checked on the raw bytes before parsing (recsvc.service.codec) and again on
-    the decoded request (recsvc.service.selection)."""
+    """How large a request and an answer may be. The counts of repeated fields are checked on the
+    raw bytes before parsing (recsvc.service.codec), every limit on the decoded request
+    (recsvc.service.selection), and max_message_bytes by gRPC itself."""
 
     max_candidates: int = 10_000  # per Select request (and Recommend's num_candidates)
     max_batch: int = 1000  # most requests per SelectBatch call
@@ -203,9 +204,14 @@ def _budget_ok(c: ServerConfig) -> bool:
     return 0 < c.ledger.budget < float("inf")
 
 
+def _window_parses(c: ServerConfig) -> bool:
+    """A bad budget_window raises BudgetWindow.parse's own ParamError (it names the accepted forms)."""
+    return c.ledger.window is not None
+
+
 # Checked in this order; the first that fails is the error.
 CONSTRAINTS: tuple[Constraint, ...] = (
-    Constraint(lambda c: c.ledger.window is not None, ""),  # BudgetWindow.parse raises its own ParamError
+    Constraint(_window_parses, "{budget_window} is not a budget window"),
     _port("port"),
     _at_least("workers", 1),
     _at_least("threads", 1),

@@ -120,3 +120,10 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     ("UNAVAILABLE", "LedgerUnavailable", "the ledger's database does not answer; retry with the same request_id"),
     ("INTERNAL", "any other exception", "an unexpected failure; the message is withheld and the stack logged"),
 )
+
+
+def status_table_markdown() -> str:
+    """:data:`STATUS_TABLE` as a Markdown table (for docs/reference/status-codes.md)."""
+    rows = ["| Status | Raised as | When |", "|---|---|---|"]
+    rows += [f"| `{code}` | {raised or '-'} | {when} |" for code, raised, when in STATUS_TABLE]
+    return "\n".join(rows) + "\n"
