@@ -5,7 +5,7 @@ Installed as ``interceptors=[Gate(...), Observer()]``: the gate runs first, the 
 wraps the servicer's method.
 
 **The gate.** Every call is authenticated, rate-limited and scope-checked on its raw bytes, and
-only then decoded (SECURITY.md). :class:`Gate` is a server interceptor that re-registers every handler with no request
+only then decoded (SECURITY.md). :class:`Gate` re-registers every handler with no request
 deserializer, so gRPC hands the behaviour the raw message, in a worker thread (never the
 poller). The wrapped behaviour then runs, in this order, each step cheaper than the next:
 
@@ -20,7 +20,7 @@ Health checks skip steps 1–3 (load balancers need no credentials) but are deco
 safe way. Nothing here reads a request's content, so nothing here can log one.
 
 **The observer.** :class:`Observer` wraps each PrivateSelection method: an exception the method
-raises becomes its status code (:func:`recsvc.service.errors.status_of`: one lookup), and every
+raises becomes its status code (:func:`status_of`: one lookup), and every
 call is counted (``recsvc_requests`` by method, mechanism used and status; ``recsvc_request_seconds``),
 with the ε an answer charged (``recsvc_epsilon_spent``) or its replay (``recsvc_replays``).
 A SelectBatch answer carries its items' outcomes (:class:`recsvc.service.codec.Framed`), which
@@ -52,8 +52,6 @@ log = logging.getLogger("recsvc.service")
 
 # The authenticated caller of the RPC running in this thread (set by the gate around the behaviour).
 CALLER: ContextVar[Caller | None] = ContextVar("recsvc_caller", default=None)
-
-
 _CODES = grpc.StatusCode.__members__
 
 
