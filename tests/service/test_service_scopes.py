@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import grpc
@@ -19,7 +18,7 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig, is_loopback
 from recsvc.service.server import ServerHandle, start
 
-from recsvc.service.testing import candidates, rpc_error
+from recsvc.service.testing import candidates, rpc_error, served
 
 TOKENS = """# token      scope
 root-tok     admin
@@ -29,13 +28,8 @@ alice-tok    user:alice
 """
 
 
-@contextmanager
-def _server(artifact: Path, tmp_path: Path, **config) -> Iterator[ServerHandle]:
-    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / f"l{time.monotonic_ns()}.db", **config))
-    try:
-        yield h
-    finally:
-        h.stop(1)
+def _server(artifact: Path, tmp_path: Path, **config) -> AbstractContextManager[ServerHandle]:
+    return served(artifact, tmp_path / f"l{time.monotonic_ns()}.db", **config)
 
 
 @pytest.fixture
