@@ -1,12 +1,11 @@
 """Fixtures shared by several test modules.
 
-Import style: helper modules in tests/ (``mechanisms_audit``, ``mechanisms_reference``,
-``pg_fixtures``, ``service_fixtures``) are imported by their bare names. tests/ has no
-``__init__.py``, so pytest's default import mode puts tests/ itself first on sys.path; nothing
-imports ``tests.…``, because an installed distribution that ships a top-level ``tests`` package
-(diffprivlib does) would shadow this directory under that name. Test modules never import each
-other: shared helpers live in the helper modules, in conftest.py fixtures, or in the ``testing``
-module of the package they test (``data_prep.testing``, ``eval.testing``).
+Import style: tests/ has no ``__init__.py`` and holds no helper modules. Fixtures shared by
+several areas live here, each area's in its own conftest.py, and reusable helpers that are not
+fixtures in the ``testing`` module of the package they test (``recsvc.mechanisms.testing``,
+``recsvc.ledger.testing``, ``recsvc.service.testing``, ``data_prep.testing``, ``eval.testing``).
+Nothing imports ``tests.…``: an installed distribution that ships a top-level ``tests`` package
+(diffprivlib does) would shadow this directory under that name. Test modules never import each other.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pg_fixtures import Cluster, pg_bin, remove_cluster, start_cluster
-from service_fixtures import make_artifact, make_certs
+from recsvc.service.testing import make_artifact, make_certs
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from recsvc.service.config import ServerConfig
 from recsvc.service.ledger_base import BudgetExceeded
 from recsvc.service.ledger_export import COLUMNS, export
 from recsvc.service.server import start
-from service_fixtures import REPO, candidates, free_port, item_ids
+from recsvc.service.testing import REPO, candidates, free_port, item_ids
 
 T0 = 1_700_000_000.123456  # 2023-11-14T22:13:20.123456Z
 
@@ -65,7 +65,7 @@ def test_export_writes_exactly_the_charges(stores: Stores, tmp_path: Path) -> No
 
 def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Path) -> None:
     """Select, SelectBatch (one transaction) and Recommend pass the mechanism they answered with."""
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0))
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
             c.select("u", candidates(), mechanism="gem", epsilon=0.5, request_id="s1")

@@ -17,7 +17,7 @@ from recsvc.service.ledger_pg import PostgresLedger
 from recsvc.service.ledger_pg_schema import MIGRATIONS, key_check
 from recsvc.service.ledger_units import charge_units
 from recsvc.v1 import selection_pb2 as pb
-from service_fixtures import REPO, free_port
+from recsvc.service.testing import REPO, free_port
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:

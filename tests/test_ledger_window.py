@@ -25,7 +25,7 @@ from recsvc.service.ledger_export import export
 from recsvc.service.ledger_window import BudgetWindow
 from recsvc.service.server import start
 from recsvc.v1 import selection_pb2 as pb
-from service_fixtures import REPO, candidates
+from recsvc.service.testing import REPO, candidates
 
 # Verbatim the version-1 schema (recsvc/service/ledger_schema.py before renewable budgets).
 V1_SCHEMA = """
@@ -165,7 +165,7 @@ def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
 
 
 def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0, budget_window="7d"))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0, budget_window="7d"))
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
             before = time.time()
@@ -185,7 +185,7 @@ def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path)
         assert h.ledger._conn().execute("SELECT mechanism FROM requests").fetchall() == [("rnm",)]
     finally:
         h.stop(1)
-    life = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "life.db"))
+    life = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "life.db"))
     try:
         shown = json.loads(_recsvc("budget", "--target", f"127.0.0.1:{life.port}", "--user", "w").stdout)
         assert (shown["window_start"], shown["window_end"], shown["window_start_unix"]) == (None, None, 0)

@@ -21,7 +21,7 @@ from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates, free_port, server_process
+from recsvc.service.testing import candidates, free_port, server_process
 
 
 def _request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> pb.SelectRequest:
@@ -47,7 +47,7 @@ def _code(target: str, req: pb.SelectRequest) -> tuple[grpc.StatusCode, str]:
 
 def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "l.db"
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger))
     req = _request("guessable-user", "rid-1")
     try:
         _select(f"127.0.0.1:{h.port}", req)
@@ -75,12 +75,12 @@ def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_pat
 def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "l.db"
     req = _request("u", "r1")
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, budget=5.0))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger, budget=5.0))
     try:
         first = _select(f"127.0.0.1:{h.port}", req)
     finally:
         h.stop(1)
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, budget=5.0))  # the default key, <ledger>.key
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger, budget=5.0))  # the default key, <ledger>.key
     try:
         again = _select(f"127.0.0.1:{h.port}", req)
         assert again.replayed and again.item_id == first.item_id
@@ -88,7 +88,7 @@ def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: P
         h.stop(1)
     other = tmp_path / "other.key"
     fingerprint_key.load_or_create(other)
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, budget=5.0, fingerprint_key=other))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger, budget=5.0, fingerprint_key=other))
     try:
         # Documented behaviour: under a different key an old request_id is a conflict (never a
         # fresh sample, never a second charge); new request_ids work as usual.
@@ -103,7 +103,7 @@ def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: P
 def test_a_missing_or_unsafe_key_is_refused_before_anything_changes(artifact: Path, tmp_path: Path,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     ledger = tmp_path / "l.db"
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger))
     try:
         _select(f"127.0.0.1:{h.port}", _request("u", "r1"))
     finally:

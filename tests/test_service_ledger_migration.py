@@ -18,7 +18,7 @@ from recsvc.service.ledger import Ledger
 from recsvc.service.server import start
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates
+from recsvc.service.testing import candidates
 
 # Verbatim the schema recsvc wrote before exact accounting (recsvc/service/ledger.py, _SCHEMA).
 V0_SCHEMA = """
@@ -130,7 +130,7 @@ def test_a_migrated_ledger_serves_retries_of_old_requests_over_grpc(artifact: Pa
     path = tmp_path / "old.db"
     old = write_v0_ledger(path)
     reqs: dict[str, pb.SelectRequest] = old["requests"]  # type: ignore[assignment]
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=path, budget=10.0))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=path, budget=10.0))
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
             again = c.stub.Select(reqs["alice/a1"], timeout=10)  # a retry of a request stored before the migration

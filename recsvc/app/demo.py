@@ -83,7 +83,7 @@ def _serve_and_select(artifacts: Path) -> None:
     item_ids = art.items["item_id"].to_numpy()
     with tempfile.TemporaryDirectory(prefix="recsvc-demo-") as tmp:
         budget = 3.0
-        handle = start(ServerConfig(artifacts=artifacts, port=0, ledger=Path(tmp) / "ledger.db", budget=budget))
+        handle = start(ServerConfig.of(artifacts, port=0, ledger=Path(tmp) / "ledger.db", budget=budget))
         print(f"service on 127.0.0.1:{handle.port}, per-user budget ε={budget}, fresh ledger")
         try:
             with Client(f"127.0.0.1:{handle.port}") as client:

@@ -1,12 +1,18 @@
-"""The private-selection gRPC service (SPEC §5).
+"""The private-selection gRPC service (docs/reference/specification.md §5).
 
-* :mod:`recsvc.service.config` — ``ServerConfig`` and the selection ``Policy``: every default, once
+* :mod:`recsvc.service.config` — ``ServerConfig`` (grouped: listen, auth, ledger, limits, selection,
+  drain) and the selection ``Policy``: every default and constraint, once
 * :mod:`recsvc.service.server` — ``start`` (in-process) and ``serve`` (CLI, SIGTERM drain, ``--workers``)
+* :mod:`recsvc.service.servicer` — each RPC: authorize → decode → selector → encode
+* :mod:`recsvc.service.interceptors` — the gate (authentication, rate limit, scopes, safe decoding)
+  and the observer (status codes, metrics)
+* :mod:`recsvc.service.codec` — the wire format: the bounded pre-scan, message codecs, batch framing
+* :mod:`recsvc.service.errors` — the service's refusals, each with its status code, and the status table
 * :mod:`recsvc.service.selection` — proto-free: request checks, clipping, ``auto``, select + ledger charge
-* :mod:`recsvc.service.servicer` — gRPC only: messages ↔ selection, refusals → status codes
 * :mod:`recsvc.service.ledger` — the SQLite privacy ledger (atomic, durable, idempotent; samples drawn outside its lock)
 * :mod:`recsvc.service.ledger_units`, :mod:`recsvc.service.ledger_schema`, :mod:`recsvc.service.fingerprint_key` —
   exact ε units, the file format and its migration, the HMAC key of the request fingerprints
 * :mod:`recsvc.service.client` — ``Client(target, token=None, ...)``
 * :mod:`recsvc.service.auth`, :mod:`recsvc.service.metrics` — TLS/mTLS, bearer tokens, Prometheus
+* :mod:`recsvc.service.testing` — helpers for tests: a toy artifact, certificates, servers, clients
 """

@@ -1,6 +1,6 @@
 """Who may call the server: transport security (TLS / mTLS), bearer tokens, and the principals
 and scopes they map to (SECURITY.md). The gRPC-side gate that applies them is
-:mod:`recsvc.service.gate`; this module stays light (the client imports its TLS helpers)."""
+:mod:`recsvc.service.interceptors`; this module stays light (the client imports its TLS helpers)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError, check_regular_file
+from recsvc.service.errors import PermissionDenied
 
 SERVICE_NAME = "recsvc.v1.PrivateSelection"
 # Health checks stay open so that load balancers and orchestrators need no credentials.
@@ -27,10 +28,6 @@ PUBLIC_METHOD_PREFIXES = (f"/{SERVICE_NAME}/ListMechanisms", "/grpc.reflection."
 
 ADMIN, SERVICE, USER = "admin", "service", "user"
 SCOPE_FORMAT = "'admin', 'service' or 'user:<user_id>'"
-
-
-class PermissionDenied(Exception):
-    """An authenticated caller asked for something outside its scope (PERMISSION_DENIED, nothing spent)."""
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
             continue
         for i, j in zip(idx, picked.tolist()):
             out[i] = np.array([j], np.int64)
-    allow = selector.policy.allow_non_private
+    allow = selector.policy.selection.allow_non_private
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
             try:

@@ -17,16 +17,9 @@ from itertools import repeat
 import numpy as np
 
 from recsvc.artifact import Artifact
+from recsvc.service.errors import InvalidRequest, Unavailable
 
 VERSION_PREFIX = "items-sha256:"
-
-
-class InvalidRequest(ValueError):
-    """Bad input: INVALID_ARGUMENT, nothing spent. Messages never contain score values."""
-
-
-class Unavailable(Exception):
-    """The request is well-formed but this server cannot serve it (FAILED_PRECONDITION)."""
 
 
 def short(s: str, limit: int = 64) -> str:

@@ -6,13 +6,12 @@ import argparse
 import csv
 import json
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from recsvc.checks import check_epsilon, check_regular_file
 from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
-from recsvc.service.config import ServerConfig, default
+from recsvc.service.config import PARAMS, ServerConfig, default
 from recsvc.service.ledger_base import is_postgres
 
 DEFAULT_TARGET = "127.0.0.1:50051"
@@ -144,7 +143,7 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from recsvc.service.server import serve
 
-    return serve(ServerConfig(**{f.name: getattr(args, f.name) for f in fields(ServerConfig) if hasattr(args, f.name)}))
+    return serve(ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)}))
 
 
 def ledger_arg(text: str) -> Path | str:
@@ -153,17 +152,17 @@ def ledger_arg(text: str) -> Path | str:
 
 
 def _ledger_config(args: argparse.Namespace) -> ServerConfig:
-    return ServerConfig(artifacts=Path("."), ledger=args.ledger, budget=args.budget, budget_window=args.budget_window,
-                        fingerprint_key=args.fingerprint_key).check()
+    return ServerConfig.of(Path("."), ledger=args.ledger, budget=args.budget, budget_window=args.budget_window,
+                           fingerprint_key=args.fingerprint_key).check()
 
 
 def run_ledger_init(args: argparse.Namespace) -> int:
     from recsvc.service.ledger_store import open_store
 
-    config = _ledger_config(args)
-    store = open_store(config.ledger, config.budget, config.key_path, pool_size=1, create=True, window=config.window)
+    config = _ledger_config(args).ledger
+    store = open_store(config.location, config.budget, config.key_path, pool_size=1, create=True, window=config.window)
     store.close()
-    where = getattr(store, "where", str(config.ledger))
+    where = getattr(store, "where", str(config.location))
     print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
           f"fingerprint key {config.key_path})")
     return 0

@@ -1,13 +1,21 @@
 """The service's knobs and their defaults, written once: the `serve` flags, :class:`ServerConfig`
 and the selection :class:`Policy` all read them from here. Stdlib only, so `recsvc --help`
-stays instant."""
+stays instant.
+
+:class:`ServerConfig` groups the knobs by what they configure (listen, auth, ledger, limits,
+selection, drain). Each knob has one flat parameter name, the `serve` flag's (``max_batch`` is
+``--max-batch``), which messages name and :meth:`ServerConfig.of` accepts. The constraints on
+them are declared once, in :data:`CONSTRAINTS`, and checked once, by :func:`validate`.
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from recsvc.checks import ParamError
 from recsvc.service.fingerprint_key import default_path as default_key_path
@@ -18,12 +26,67 @@ from recsvc.service.ledger_window import LIFETIME, BudgetWindow
 AUTO = "auto"
 
 
-@dataclass(frozen=True)
-class Policy:
-    """What the selection layer needs to know of the server's configuration."""
+def _named(default: Any, flag: str) -> Any:
+    """A group field whose flat parameter name (the `serve` flag's) differs from its own name."""
+    return field(default=default, metadata={"flag": flag})
 
-    default_mechanism: str = AUTO  # used when a request names no mechanism
-    auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
+
+@dataclass(frozen=True)
+class Listen:
+    """Where and how the server listens."""
+
+    host: str = "127.0.0.1"
+    port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
+    workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
+    threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
+    reuse_port: bool = False
+    metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
+    metrics_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Transport security, principals and their rate limit."""
+
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
+    token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
+    client_scopes: Path | None = None  # certificate subject/SAN → scope (needs client_ca); see SECURITY.md
+    allow_plaintext_tokens: bool = False  # tokens without TLS on a non-loopback host (behind a TLS proxy)
+    rate_limit: float = 0.0  # requests/s per principal (per worker); 0: no limit
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    """The privacy ledger and the budget it enforces."""
+
+    # an SQLite file, or a PostgreSQL URL (str) shared by replicas
+    location: Path | str = _named(Path("ledger.db"), "ledger")
+    pool: int = _named(8, "ledger_pool")  # PostgreSQL connections per process
+    fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
+    budget: float = 10.0  # per-user ε under basic composition
+    # 'lifetime', or Nd: ε per user per UTC-aligned N-day window (NOT over all time; ledger_window)
+    budget_window: str = LIFETIME
+
+    @property
+    def key_path(self) -> Path:
+        """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
+        if self.fingerprint_key is None and is_postgres(self.location):
+            return Path("")  # refused by validate(): replicas must name their shared key file
+        return self.fingerprint_key or default_key_path(self.location)
+
+    @property
+    def window(self) -> BudgetWindow:
+        return BudgetWindow.parse(self.budget_window)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How large a request and an answer may be. The counts of repeated fields are checked on the
+    raw bytes before parsing (recsvc.service.codec), every limit on the decoded request
+    (recsvc.service.selection), and max_message_bytes by gRPC itself."""
+
     max_candidates: int = 10_000  # per Select request (and Recommend's num_candidates)
     max_batch: int = 1000  # most requests per SelectBatch call
     max_history: int = 10_000  # most history entries per Recommend request
@@ -31,6 +94,17 @@ class Policy:
     # Recommend's public floor: a two-stage request's private top-m has m >= this (or the whole
     # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
     min_candidates: int = 500
+    # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
+    # 16 MiB holds a full SelectBatch of 1,000 requests × 500 candidates (≈ 8.5 MB) twice over.
+    max_message_bytes: int = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Selection:
+    """How a mechanism is chosen and drawn."""
+
+    default_mechanism: str = AUTO  # used when a request names no mechanism
+    auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
     # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
     # the γ floor) is drawn by a pool of heavy_draw_threads threads at the lowest CPU priority,
@@ -40,109 +114,157 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """Graceful shutdown on SIGTERM."""
+
+    grace: float = 10.0  # seconds in-flight calls get to finish
+    delay: float = _named(0.5, "drain_delay")  # seconds health reports NOT_SERVING before the port closes
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the selection layer reads of the server's configuration: two of its groups, shared."""
+
+    limits: Limits = field(default_factory=Limits)
+    selection: Selection = field(default_factory=Selection)
+
+
+GROUPS: dict[str, type] = {"listen": Listen, "auth": Auth, "ledger": LedgerSettings, "limits": Limits,
+                           "selection": Selection, "drain": Drain}
+# flat parameter name → (group, field)
+PARAMS: dict[str, tuple[str, str]] = {
+    f.metadata.get("flag", f.name): (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)
+}
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     artifacts: Path
-    host: str = "127.0.0.1"
-    port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
-    ledger: Path | str = Path("ledger.db")  # an SQLite file, or a PostgreSQL URL (str) shared by replicas
-    ledger_pool: int = 8  # PostgreSQL connections per process (see README "Running several replicas")
-    fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
-    budget: float = 10.0  # per-user ε under basic composition
-    # 'lifetime', or Nd: ε per user per UTC-aligned N-day window (NOT over all time; ledger_window)
-    budget_window: str = LIFETIME
-    default_mechanism: str = Policy.default_mechanism
-    auto_threshold: float = Policy.auto_threshold
-    max_candidates: int = Policy.max_candidates
-    max_batch: int = Policy.max_batch
-    max_history: int = Policy.max_history
-    # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
-    # 16 MiB holds a full SelectBatch of 1,000 requests × 500 candidates (≈ 8.5 MB) twice over.
-    max_message_bytes: int = 16 * 1024 * 1024
-    max_slate: int = Policy.max_slate
-    min_candidates: int = Policy.min_candidates
-    workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
-    threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
-    token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
-    client_scopes: Path | None = None  # certificate subject/SAN → scope (needs client_ca); see SECURITY.md
-    allow_plaintext_tokens: bool = False  # tokens without TLS on a non-loopback host (behind a TLS proxy)
-    rate_limit: float = 0.0  # requests/s per principal (per worker); 0: no limit
-    metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
-    metrics_host: str = "127.0.0.1"
-    allow_non_private: bool = Policy.allow_non_private
-    heavy_draws: int = Policy.heavy_draws
-    heavy_draw_threads: int = Policy.heavy_draw_threads
-    grace: float = 10.0  # seconds in-flight calls get to finish on SIGTERM
-    drain_delay: float = 0.5  # seconds health reports NOT_SERVING before the port closes
-    reuse_port: bool = False
+    listen: Listen = field(default_factory=Listen)
+    auth: Auth = field(default_factory=Auth)
+    ledger: LedgerSettings = field(default_factory=LedgerSettings)
+    limits: Limits = field(default_factory=Limits)
+    selection: Selection = field(default_factory=Selection)
+    drain: Drain = field(default_factory=Drain)
 
-    @property
-    def key_path(self) -> Path:
-        """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
-        if self.fingerprint_key is None and is_postgres(self.ledger):
-            return Path("")  # refused by check(): replicas must name their shared key file
-        return self.fingerprint_key or default_key_path(self.ledger)
+    @classmethod
+    def of(cls, artifacts: Path | str, **params: Any) -> ServerConfig:
+        """A config from flat parameters (the `serve` flags' names, e.g. ``port=0, max_batch=3``);
+        the rest keep their defaults."""
+        return cls(Path(artifacts)).replace(**params)
 
-    @property
-    def window(self) -> BudgetWindow:
-        return BudgetWindow.parse(self.budget_window)
+    def replace(self, **params: Any) -> ServerConfig:
+        """A copy with the flat parameters ``params`` changed."""
+        unknown = sorted(set(params) - set(PARAMS))
+        if unknown:
+            raise TypeError(f"unknown ServerConfig parameter(s) {', '.join(unknown)}; expected some of {', '.join(PARAMS)}")
+        changes: dict[str, dict[str, Any]] = {}
+        for name, value in params.items():
+            group, attr = PARAMS[name]
+            changes.setdefault(group, {})[attr] = value
+        return replace(self, **{g: replace(getattr(self, g), **c) for g, c in changes.items()})
+
+    def get(self, name: str) -> Any:
+        """The value of the flat parameter ``name``."""
+        group, attr = PARAMS[name]
+        return getattr(getattr(self, group), attr)
 
     @property
     def policy(self) -> Policy:
-        return Policy(**{f.name: getattr(self, f.name) for f in fields(Policy)})
+        return Policy(self.limits, self.selection)
 
     def check(self) -> ServerConfig:
         """Validates the knobs that do not need the artifact; returns self."""
-        self.window  # noqa: B018 - a ParamError naming --budget-window
-        checks: list[tuple[bool, str, dict[str, object]]] = [
-            (0 <= self.port <= 65535, "{port} must be in 0..65535, got {got}", {"got": self.port}),
-            (self.workers >= 1, "{workers} must be >= 1, got {got}", {"got": self.workers}),
-            (self.threads >= 1, "{threads} must be >= 1, got {got}", {"got": self.threads}),
-            (self.ledger_pool >= 1, "{ledger_pool} must be >= 1, got {got}", {"got": self.ledger_pool}),
-            (not is_postgres(self.ledger) or self.fingerprint_key is not None,
-             "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "
-             "with the same key file (created by `recsvc ledger init`)", {}),
-            (self.heavy_draws >= 1 and self.heavy_draw_threads >= 1,
-             "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
-             {"got": f"{self.heavy_draws} and {self.heavy_draw_threads}"}),
-            (0 < self.budget < float("inf"), "{budget} must be a finite ε > 0, got {got}", {"got": self.budget}),
-            (not 0 < self.budget < float("inf") or budget_units(self.budget) is not None,
-             "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
-             {"got": self.budget, "most": MAX_EPSILON}),
-            (self.max_candidates >= 1, "{max_candidates} must be >= 1, got {got}", {"got": self.max_candidates}),
-            (self.max_slate >= 1, "{max_slate} must be >= 1 (items per answer), got {got}", {"got": self.max_slate}),
-            (self.min_candidates >= 1, "{min_candidates} must be >= 1, got {got}", {"got": self.min_candidates}),
-            (self.max_batch >= 1, "{max_batch} must be >= 1 (requests per SelectBatch), got {got}",
-             {"got": self.max_batch}),
-            (self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-             "{metrics_port} must be in 0..65535, got {got}", {"got": self.metrics_port}),
-            (self.metrics_port is None or self.metrics_port == 0 or self.metrics_port != self.port,
-             "{metrics_port} must differ from {port} (both are {got}); expected two different ports", {"got": self.port}),
-            (not Path(self.artifacts).exists() or Path(self.artifacts).is_dir(),
-             "{artifacts} {path} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
-             {"path": self.artifacts}),
-            (self.auto_threshold >= 0, "{auto_threshold} must be >= 0, got {got}", {"got": self.auto_threshold}),
-            (self.grace >= 0 and self.drain_delay >= 0, "{grace} and {drain_delay} must be >= 0", {}),
-            (not (self.workers > 1 and self.port == 0), "{workers} > 1 needs an explicit {port} (not 0)", {}),
-            (self.max_history >= 1, "{max_history} must be >= 1, got {got}", {"got": self.max_history}),
-            (1024 <= self.max_message_bytes <= 2**31 - 1,
-             "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}", {"got": self.max_message_bytes}),
-            (math.isfinite(self.rate_limit) and self.rate_limit >= 0,
-             "{rate_limit} must be a finite number of requests/s >= 0 (0: no limit), got {got}", {"got": self.rate_limit}),
-            (self.client_scopes is None or self.client_ca is not None,
-             "{client_scopes} needs {client_ca} (certificate scopes need mTLS)", {}),
-            (self.token_file is None or self.tls_cert is not None or self.allow_plaintext_tokens
-             or is_loopback(self.host),
-             "{token_file} without TLS on {host} {got} would send bearer tokens in plaintext over the network; "
-             "expected {tls_cert} and {tls_key}, a loopback {host} (127.0.0.1, ::1, localhost), or "
-             "{allow_plaintext_tokens} when a trusted proxy terminates TLS", {"got": self.host}),
-        ]
-        for ok, template, values in checks:
-            if not ok:
-                raise ParamError(template, **values)
+        validate(self)
         return self
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A rule on the config: when ``holds`` is false, a ParamError from ``template`` (its
+    ``{name}`` fields are parameter names; ``{got}`` is ``got(config)``)."""
+
+    holds: Callable[[ServerConfig], bool]
+    template: str
+    got: Callable[[ServerConfig], object] | None = None
+    values: dict[str, object] = field(default_factory=dict)
+
+
+def _at_least(name: str, least: float, note: str = "") -> Constraint:
+    return Constraint(lambda c: c.get(name) >= least, f"{{{name}}} must be >= {least}{note}, got {{got}}",
+                      lambda c: c.get(name))
+
+
+def _port(name: str) -> Constraint:
+    return Constraint(lambda c: c.get(name) is None or 0 <= c.get(name) <= 65535,
+                      f"{{{name}}} must be in 0..65535, got {{got}}", lambda c: c.get(name))
+
+
+def _budget_ok(c: ServerConfig) -> bool:
+    return 0 < c.ledger.budget < float("inf")
+
+
+def _window_parses(c: ServerConfig) -> bool:
+    """A bad budget_window raises BudgetWindow.parse's own ParamError (it names the accepted forms)."""
+    return c.ledger.window is not None
+
+
+# Checked in this order; the first that fails is the error.
+CONSTRAINTS: tuple[Constraint, ...] = (
+    Constraint(_window_parses, "{budget_window} is not a budget window"),
+    _port("port"),
+    _at_least("workers", 1),
+    _at_least("threads", 1),
+    _at_least("ledger_pool", 1),
+    Constraint(lambda c: not is_postgres(c.ledger.location) or c.ledger.fingerprint_key is not None,
+               "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "
+               "with the same key file (created by `recsvc ledger init`)"),
+    Constraint(lambda c: c.selection.heavy_draws >= 1 and c.selection.heavy_draw_threads >= 1,
+               "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
+               lambda c: f"{c.selection.heavy_draws} and {c.selection.heavy_draw_threads}"),
+    Constraint(_budget_ok, "{budget} must be a finite ε > 0, got {got}", lambda c: c.ledger.budget),
+    Constraint(lambda c: not _budget_ok(c) or budget_units(c.ledger.budget) is not None,
+               "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
+               lambda c: c.ledger.budget, {"most": MAX_EPSILON}),
+    _at_least("max_candidates", 1),
+    _at_least("max_slate", 1, " (items per answer)"),
+    _at_least("min_candidates", 1),
+    _at_least("max_batch", 1, " (requests per SelectBatch)"),
+    _port("metrics_port"),
+    Constraint(lambda c: c.listen.metrics_port is None or c.listen.metrics_port == 0
+               or c.listen.metrics_port != c.listen.port,
+               "{metrics_port} must differ from {port} (both are {got}); expected two different ports",
+               lambda c: c.listen.port),
+    Constraint(lambda c: not Path(c.artifacts).exists() or Path(c.artifacts).is_dir(),
+               "{artifacts} {got} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
+               lambda c: c.artifacts),
+    _at_least("auto_threshold", 0),
+    Constraint(lambda c: c.drain.grace >= 0 and c.drain.delay >= 0, "{grace} and {drain_delay} must be >= 0"),
+    Constraint(lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"),
+    _at_least("max_history", 1),
+    Constraint(lambda c: 1024 <= c.limits.max_message_bytes <= 2**31 - 1,
+               "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}", lambda c: c.limits.max_message_bytes),
+    Constraint(lambda c: math.isfinite(c.auth.rate_limit) and c.auth.rate_limit >= 0,
+               "{rate_limit} must be a finite number of requests/s >= 0 (0: no limit), got {got}",
+               lambda c: c.auth.rate_limit),
+    Constraint(lambda c: c.auth.client_scopes is None or c.auth.client_ca is not None,
+               "{client_scopes} needs {client_ca} (certificate scopes need mTLS)"),
+    Constraint(lambda c: c.auth.token_file is None or c.auth.tls_cert is not None or c.auth.allow_plaintext_tokens
+               or is_loopback(c.listen.host),
+               "{token_file} without TLS on {host} {got} would send bearer tokens in plaintext over the network; "
+               "expected {tls_cert} and {tls_key}, a loopback {host} (127.0.0.1, ::1, localhost), or "
+               "{allow_plaintext_tokens} when a trusted proxy terminates TLS", lambda c: c.listen.host),
+)
+
+
+def validate(config: ServerConfig) -> None:
+    """Raises a ParamError for the first of :data:`CONSTRAINTS` that ``config`` breaks."""
+    for rule in CONSTRAINTS:
+        if not rule.holds(config):
+            values = dict(rule.values)
+            if rule.got is not None:
+                values["got"] = rule.got(config)
+            raise ParamError(rule.template, **values)
 
 
 def host_port(host: str, port: int) -> str:
@@ -161,5 +283,6 @@ def is_loopback(host: str) -> bool:
 
 
 def default(name: str) -> object:
-    """The default of a ServerConfig field (for the `serve` flags)."""
-    return ServerConfig.__dataclass_fields__[name].default
+    """The default of a flat ServerConfig parameter (for the `serve` flags)."""
+    group, attr = PARAMS[name]
+    return GROUPS[group].__dataclass_fields__[attr].default

@@ -37,9 +37,10 @@ from recsvc.mechanisms.slate import slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
-from recsvc.service.catalog import Catalog, InvalidRequest, Recommender, RowIds, Unavailable, short
+from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
+from recsvc.service.errors import InvalidRequest, Unavailable
 from recsvc.service.ledger_base import Charge, LedgerStore
 from recsvc.service.ledger_units import charge_units, to_epsilon
 
@@ -198,13 +199,13 @@ class Selector:
         # use the sign rule.
         self.auto_max_candidates = None if info is None else info.candidates
         self.auto_params = {} if info is None else dict(info.params)
-        self.sign_rule = resolve_auto(self.rho_median, policy.auto_threshold)
+        self.sign_rule = resolve_auto(self.rho_median, policy.selection.auto_threshold)
         self.auto_choice = None if self.auto_table else self.sign_rule
         if self.auto_table is None:
             log.warning("%s has no %s: `auto` falls back to the sign of the population's median Spearman "
                         "(→ %s for every ε); build the table with `recsvc policy --artifacts %s`",
                         artifact.path, POLICY, self.auto_choice or "unavailable", artifact.path)
-        default = policy.default_mechanism or AUTO
+        default = policy.selection.default_mechanism or AUTO
         if default == AUTO and self.sign_rule is None and self.auto_table is None:
             raise ParamError("{manifest} has no population_spearman.median, which `auto` needs; "
                              "rebuild the artifact or set {default_mechanism} to a mechanism name",
@@ -217,7 +218,7 @@ class Selector:
             self.recommender = Recommender(artifact, self.catalog)
         self._local = threading.local()
         self._valid: dict[tuple, str] = {}
-        self.heavy = HeavyDraws(policy.heavy_draws, policy.heavy_draw_threads)
+        self.heavy = HeavyDraws(policy.selection.heavy_draws, policy.selection.heavy_draw_threads)
 
     @property
     def auto_description(self) -> str:
@@ -242,7 +243,7 @@ class Selector:
             table = self.auto_table if candidates is not None and self.table_applies(candidates) else None
             if epsilon is None and (self.auto_table is not None or self.sign_rule is not None):
                 return AUTO
-            choice = resolve_auto(self.rho_median, self.policy.auto_threshold, table, epsilon, k)
+            choice = resolve_auto(self.rho_median, self.policy.selection.auto_threshold, table, epsilon, k)
             if choice is None:
                 raise InvalidRequest("mechanism 'auto' is unavailable: the artifact has no population Spearman")
             return choice
@@ -251,7 +252,7 @@ class Selector:
             raise InvalidRequest(
                 f"unknown mechanism {short(name)}; expected one of {', '.join(sorted(MECHANISMS))}, or 'auto'"
             )
-        if not mech.private and not self.policy.allow_non_private:
+        if not mech.private and not self.policy.selection.allow_non_private:
             raise InvalidRequest(
                 f"mechanism {name!r} is not differentially private and this server refuses it; "
                 "start the server with --allow-non-private to use it for reference experiments"
@@ -297,8 +298,8 @@ class Selector:
     def slate_size(self, k: int, candidates: int, epsilon: float, what: str) -> int:
         """The slate size a request asks for (0 → 1), within the candidates and the server's maximum."""
         kk = k or 1
-        if kk > self.policy.max_slate:
-            raise InvalidRequest(f"k={kk} is too large; this server returns at most {self.policy.max_slate} "
+        if kk > self.policy.limits.max_slate:
+            raise InvalidRequest(f"k={kk} is too large; this server returns at most {self.policy.limits.max_slate} "
                                  "items per answer (--max-slate)")
         if kk > candidates:
             raise InvalidRequest(f"k={kk} is more than the {candidates} {what}; expected 1 <= k <= {candidates} "
@@ -313,7 +314,7 @@ class Selector:
             return None  # a count alone never shrinks the candidate set
         two_stage_split(candidate_fraction).budgets(epsilon)
         n = len(self.catalog.item_ids)
-        floor = min(self.policy.min_candidates, n)
+        floor = min(self.policy.limits.min_candidates, n)
         m = num_candidates or floor
         if m < floor:
             raise InvalidRequest(
@@ -341,8 +342,8 @@ class Selector:
         name, eps = self._common(x.user_id, x.request_id, x.mechanism, x.epsilon, x.params)
         if n == 0:
             raise InvalidRequest("no candidates (n = 0); expected at least one (item_id, score)")
-        if n > self.policy.max_candidates:
-            raise InvalidRequest(f"{n} candidates is too many; this server accepts at most {self.policy.max_candidates}")
+        if n > self.policy.limits.max_candidates:
+            raise InvalidRequest(f"{n} candidates is too many; this server accepts at most {self.policy.limits.max_candidates}")
         return name, self.slate_size(x.k, n, eps, "candidates")
 
     def _duplicate(self, x: SelectInput, rows: np.ndarray) -> InvalidRequest | None:
@@ -447,7 +448,7 @@ class Selector:
         charged = to_epsilon(charge_units(p.charge))  # what the ledger spends (rounded up to its unit)
 
         def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
-            return draw(p, thread_csprng(), self.policy.allow_non_private)
+            return draw(p, thread_csprng(), self.policy.selection.allow_non_private)
 
 
         def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU

@@ -6,7 +6,7 @@ each worker then builds its own server on the same port with ``SO_REUSEPORT``.
 
 In-process API (used by the demo and tests)::
 
-    handle = start(ServerConfig(artifacts="artifacts/ml-100k", port=0))
+    handle = start(ServerConfig.of("artifacts/ml-100k", port=0))
     ... Client(f"127.0.0.1:{handle.port}") ...
     handle.stop(grace=5)
 """
@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from concurrent import futures
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,29 +87,30 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import auth, fingerprint_key, gate, metrics
+    from recsvc.service import auth, fingerprint_key, interceptors, metrics
     from recsvc.service import ledger as ledger_mod
     from recsvc.service.servicer import SelectionServicer, register
     from recsvc.v1 import selection_pb2
 
     artifact = load_artifact(config.artifacts)
-    creds = auth.server_credentials(config.tls_cert, config.tls_key, config.client_ca)
+    creds = auth.server_credentials(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
     authenticator = _authenticator(config)
-    pg = is_postgres(config.ledger)
+    pg = is_postgres(config.ledger.location)
     if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
-        ledger_mod.check_path(config.ledger)
-        fingerprint_key.check(config.key_path)
+        ledger_mod.check_path(config.ledger.location)
+        fingerprint_key.check(config.ledger.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
-    servicer.limiter = gate.RateLimiter(config.rate_limit) if config.rate_limit > 0 else None
+    servicer.limiter = interceptors.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.threads, thread_name_prefix="recsvc-rpc"),
-        # Every call: authenticate, rate-limit and scope-check, then decode (see gate.py).
-        interceptors=[gate.Gate(authenticator, servicer.limiter)],
+        futures.ThreadPoolExecutor(max_workers=config.listen.threads, thread_name_prefix="recsvc-rpc"),
+        # Every call: authenticate, rate-limit and scope-check, then decode; then the method, its
+        # refusals mapped to status codes and its metrics recorded (see interceptors.py).
+        interceptors=[interceptors.Gate(authenticator, servicer.limiter), interceptors.Observer()],
         options=[
             # Off for a single worker, so a second server on a busy port fails loudly.
-            ("grpc.so_reuseport", 1 if config.reuse_port else 0),
-            ("grpc.max_receive_message_length", config.max_message_bytes),
-            ("grpc.max_send_message_length", config.max_message_bytes),
+            ("grpc.so_reuseport", 1 if config.listen.reuse_port else 0),
+            ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+            ("grpc.max_send_message_length", config.limits.max_message_bytes),
         ],
     )
     register(servicer, server)
@@ -124,11 +125,12 @@ def start(config: ServerConfig) -> ServerHandle:
     port = _bind(server, config, creds)
     metrics_server = None
     ledger = None
-    created = not pg and not Path(config.ledger).exists()
+    created = not pg and not Path(config.ledger.location).exists()
     try:
-        if config.metrics_port is not None:
-            metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
-        ledger = open_store(config.ledger, config.budget, config.key_path, config.ledger_pool, window=config.window)
+        if config.listen.metrics_port is not None:
+            metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
+        settings = config.ledger
+        ledger = open_store(settings.location, settings.budget, settings.key_path, settings.pool, window=settings.window)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -141,19 +143,19 @@ def start(config: ServerConfig) -> ServerHandle:
         if ledger is not None:
             ledger.close()
         if created:  # nothing was served from it: remove what this start created
-            ledger_mod.remove_files(config.ledger)
+            ledger_mod.remove_files(config.ledger.location)
             if ledger is not None and ledger.key_created:
-                config.key_path.unlink(missing_ok=True)
+                config.ledger.key_path.unlink(missing_ok=True)
         raise
     metrics_port = None if metrics_server is None else int(metrics_server.server_port)
-    if config.allow_non_private:
+    if config.selection.allow_non_private:
         log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
                     "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
     log.info(
         "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
-        "fingerprint key %s)", SERVICE_NAME, host_port(config.host, port), "TLS" if creds else "plaintext",
-        servicer.default_mechanism, servicer.selector.auto_description, config.budget, config.window.per,
-        getattr(ledger, "where", config.ledger), config.key_path,
+        "fingerprint key %s)", SERVICE_NAME, host_port(config.listen.host, port), "TLS" if creds else "plaintext",
+        servicer.default_mechanism, servicer.selector.auto_description, config.ledger.budget, config.ledger.window.per,
+        getattr(ledger, "where", config.ledger.location), config.ledger.key_path,
     )
     handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
     if pg:
@@ -183,19 +185,20 @@ def _watch_ledger(handle: ServerHandle) -> None:
 def _authenticator(config: ServerConfig) -> Authenticator:
     """The principals from the token file and the client-scopes file (parsed: a bad line is one
     clear error); warns when a credentials file is open to other users."""
-    for path in (config.token_file, config.client_scopes):
+    for path in (config.auth.token_file, config.auth.client_scopes):
         if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
             log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
-    return Authenticator.from_files(config.token_file, config.client_scopes, mtls=config.client_ca is not None)
+    return Authenticator.from_files(config.auth.token_file, config.auth.client_scopes,
+                                    mtls=config.auth.client_ca is not None)
 
 
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
     """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
-    address = host_port(config.host, config.port)
+    address = host_port(config.listen.host, config.listen.port)
     expected = "expected a free {port} (0..65535) and a {host} that is an address of this machine (e.g. 127.0.0.1)"
-    if not config.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
+    if not config.listen.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
         try:
-            _check_port_free(config.host, config.port)
+            _check_port_free(config.listen.host, config.listen.port)
         except ValueError as exc:
             raise ParamError("{reason}; " + expected, reason=str(exc)) from None
     try:
@@ -219,19 +222,19 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
     # What startup loaded (modules, the catalog, gRPC) lives as long as the process: out of the
     # collector's generations, so its periodic full collections no longer walk it on every request path.
     gc.freeze()
-    watchdog = DrainWatchdog(stop, drain_limit(config.grace, config.drain_delay))
+    watchdog = DrainWatchdog(stop, drain_limit(config.drain.grace, config.drain.delay))
     try:
         if ready_fd is None:
-            print(f"recsvc serve: listening on {host_port(config.host, handle.port)}", flush=True)
+            print(f"recsvc serve: listening on {host_port(config.listen.host, handle.port)}", flush=True)
             if handle.metrics_port is not None:
-                print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, handle.metrics_port)}/metrics",
+                print(f"recsvc serve: metrics on http://{host_port(config.listen.metrics_host, handle.metrics_port)}/metrics",
                       flush=True)
         else:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
         stop.wait()
-        log.info("draining: health NOT_SERVING, in-flight calls get %.1fs", config.grace)
-        handle.stop(config.grace, config.drain_delay)
+        log.info("draining: health NOT_SERVING, in-flight calls get %.1fs", config.drain.grace)
+        handle.stop(config.drain.grace, config.drain.delay)
     finally:
         watchdog.disarm()
     log.info("stopped")
@@ -241,7 +244,7 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
 def serve(config: ServerConfig) -> int:
     """The `recsvc serve` entry point: blocks until SIGTERM/SIGINT, then drains; exit code."""
     config.check()
-    if config.workers == 1:
+    if config.listen.workers == 1:
         return _serve_one(config)
     return _serve_workers(config)
 
@@ -253,7 +256,7 @@ def _serve_workers(config: ServerConfig) -> int:
     mode), forwards SIGTERM to the workers and exits 0 when they all drained cleanly.
     """
     metrics_dir = None
-    if config.metrics_port is not None:
+    if config.listen.metrics_port is not None:
         if "prometheus_client" in sys.modules:
             raise RuntimeError("multi-worker metrics need PROMETHEUS_MULTIPROC_DIR set before prometheus_client is imported")
         metrics_dir = tempfile.mkdtemp(prefix="recsvc-metrics-")
@@ -271,28 +274,29 @@ def _fork_workers(config: ServerConfig) -> int:
     from recsvc.service import auth
     from recsvc.service import ledger as ledger_mod
 
-    auth.check_server_files(config.tls_cert, config.tls_key, config.client_ca)
+    auth.check_server_files(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
     _authenticator(config)
-    _check_port_free(config.host, config.port)
-    if config.metrics_port:
-        _check_port_free(config.metrics_host, config.metrics_port)
-    pg = is_postgres(config.ledger)
+    _check_port_free(config.listen.host, config.listen.port)
+    if config.listen.metrics_port:
+        _check_port_free(config.listen.metrics_host, config.listen.metrics_port)
+    pg = is_postgres(config.ledger.location)
     if not pg:
-        ledger_mod.check_path(config.ledger)
-    created = not pg and not Path(config.ledger).exists()
+        ledger_mod.check_path(config.ledger.location)
+    created = not pg and not Path(config.ledger.location).exists()
     # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
-    ledger = open_store(config.ledger, config.budget, config.key_path, pool_size=1, window=config.window)
+    settings = config.ledger
+    ledger = open_store(settings.location, settings.budget, settings.key_path, pool_size=1, window=settings.window)
     ledger.close()
     served: list[bool] = []
     try:
         return _run_workers(config, served)
     except BaseException:
         if created and not served:  # no worker ever listened: remove what this start created
-            ledger_mod.remove_files(config.ledger)
+            ledger_mod.remove_files(config.ledger.location)
             if ledger.key_created:
-                config.key_path.unlink(missing_ok=True)
+                config.ledger.key_path.unlink(missing_ok=True)
         raise
 
 
@@ -311,12 +315,12 @@ def _die_with_parent(parent: int) -> None:
 
 def _run_workers(config: ServerConfig, served: list[bool]) -> int:
     """Forks the workers and supervises them; appends to ``served`` once they all listen."""
-    worker_config = replace(config, workers=1, reuse_port=True, metrics_port=None)
+    worker_config = config.replace(workers=1, reuse_port=True, metrics_port=None)
     read_fd, write_fd = os.pipe()
     err_read, err_write = os.pipe()
     parent = os.getpid()
     pids: list[int] = []
-    for _ in range(config.workers):
+    for _ in range(config.listen.workers):
         pid = os.fork()
         if pid == 0:  # child: never returns into the parent's code
             _die_with_parent(parent)
@@ -336,13 +340,13 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
     os.close(err_write)
     stop = StopSignal.install()
     ready = 0
-    while ready < config.workers:  # EOF before N bytes: a worker died while starting
-        chunk = os.read(read_fd, config.workers)
+    while ready < config.listen.workers:  # EOF before N bytes: a worker died while starting
+        chunk = os.read(read_fd, config.listen.workers)
         if not chunk:
             break
         ready += len(chunk)
     os.close(read_fd)
-    if ready < config.workers:
+    if ready < config.listen.workers:
         _terminate(pids)
         for pid in pids:
             os.waitpid(pid, 0)
@@ -350,19 +354,20 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
         os.close(err_read)
         if errors:
             raise ValueError(errors[0])
-        raise RuntimeError(f"only {ready} of {config.workers} workers started; see the log above")
+        raise RuntimeError(f"only {ready} of {config.listen.workers} workers started; see the log above")
     os.close(err_read)
     served.append(True)
-    print(f"recsvc serve: listening on {host_port(config.host, config.port)} ({config.workers} workers)", flush=True)
-    if config.metrics_port is not None:
+    print(f"recsvc serve: listening on {host_port(config.listen.host, config.listen.port)} "
+          f"({config.listen.workers} workers)", flush=True)
+    if config.listen.metrics_port is not None:
         from recsvc.service.metrics import serve_metrics_http
 
         try:
-            mport = serve_metrics_http(config.metrics_port, config.metrics_host).server_port
+            mport = serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host).server_port
         except ValueError:
             _terminate(pids)
             raise
-        print(f"recsvc serve: metrics on http://{host_port(config.metrics_host, mport)}/metrics", flush=True)
+        print(f"recsvc serve: metrics on http://{host_port(config.listen.metrics_host, mport)}/metrics", flush=True)
     return _supervise(config, pids, stop)
 
 
@@ -398,7 +403,7 @@ def _supervise(config: ServerConfig, pids: list[int], stop: StopSignal) -> int:
 def _stop_workers(config: ServerConfig, pids: list[int], kill_at: float | None) -> float:
     """SIGTERM to ``pids``; returns when to SIGKILL them (the earliest deadline already set stays)."""
     _terminate(pids)
-    deadline = time.monotonic() + drain_limit(config.grace, config.drain_delay) + KILL_AFTER_S
+    deadline = time.monotonic() + drain_limit(config.drain.grace, config.drain.delay) + KILL_AFTER_S
     return deadline if kill_at is None else min(kill_at, deadline)
 
 

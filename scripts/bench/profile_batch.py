@@ -2,7 +2,7 @@
 
 Builds the payloads of ``python -m scripts.bench.service --batch`` (rows encoding, n = 500 rnm
 candidates, ``--size`` items per batch, every item a fresh charge) and runs them through the
-server's own decoder (:mod:`recsvc.service.wire`) and ``SelectionServicer.SelectBatch`` against a
+server's own decoder (:mod:`recsvc.service.codec`) and ``SelectionServicer.SelectBatch`` against a
 durable SQLite ledger in a temporary directory, in this one thread. Reports CPU time
 (``time.process_time``, so other jobs on the machine do not count) per selection, the best of
 ``--reps`` rounds, and with ``--profile`` a cProfile top-30 (cumulative and own time).
@@ -37,10 +37,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import wire
+    from recsvc.service import codec
     from recsvc.service.auth import ADMIN, Caller, Principal, Scope
     from recsvc.service.config import Policy
-    from recsvc.service.gate import CALLER
+    from recsvc.service.interceptors import CALLER
     from recsvc.service.ledger import Ledger
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
@@ -50,7 +50,7 @@ def main() -> int:
         art = load_artifact(bench_artifact(tmp / "art"))
         ledger = Ledger(tmp / "ledger.db", 1e6)
         servicer = SelectionServicer(art, ledger, Policy())
-        decode = wire.decoder(pb.SelectBatchRequest, wire.BATCH, wire.Limits.of(servicer.policy))
+        decode = codec.decoder(pb.SelectBatchRequest, codec.BATCH, servicer.policy.limits)
         caller = Caller((Principal("profile", Scope(ADMIN)),), "profile")
         gc.freeze()  # as a served worker does after startup (recsvc/service/server.py)
 
@@ -58,7 +58,7 @@ def main() -> int:
             CALLER.set(caller)
             for body in bodies:
                 out = servicer.SelectBatch(decode(body), None)  # type: ignore[arg-type]
-                assert isinstance(out, bytes)  # the serialized SelectBatchResponse
+                assert isinstance(out, codec.Framed)  # the serialized SelectBatchResponse
 
         def round_(bodies: list[bytes]) -> float:
             """CPU of this whole process (every thread) per selection."""

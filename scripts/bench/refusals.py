@@ -37,7 +37,7 @@ from pathlib import Path
 import grpc
 import psutil
 
-from recsvc.service.wire import length_delimited as _field
+from recsvc.service.codec import length_delimited as _field
 from scripts.bench.harness import REPO, bench_artifact, free_port, launch, stop
 
 MB = 1e6

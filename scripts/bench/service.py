@@ -95,7 +95,8 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     from recsvc.artifact import load_artifact
     from recsvc.service.ledger import Ledger
     from recsvc.service.config import Policy
-    from recsvc.service.servicer import SelectionServicer, status_of
+    from recsvc.service.interceptors import status_of
+    from recsvc.service.servicer import SelectionServicer
 
     servicer = None if echo else SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e6), Policy())
 

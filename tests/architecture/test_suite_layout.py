@@ -30,6 +30,7 @@ SAMPLE = [
     "tests/eval/test_eval_safety.py::test_out_that_is_a_file_is_refused",  # eval.testing, one_line_error
     "tests/eval/test_eval_sweep.py::test_bad_flags_are_refused_before_any_level_runs",  # one_line_error, snapshot
     "tests/prep/test_data_prep_split.py",  # data_prep.testing
+    "tests/service/test_service_security.py::test_tls_and_mtls",  # recsvc.service.testing, conftest artifact and certs
     "tests/mechanisms/test_mechanisms_privacy.py::test_the_exact_audit_catches_an_understated_map",  # mechanisms.testing, conftest fixture
 ]
 

@@ -16,7 +16,7 @@ from eval.testing import make_artifact
 from recsvc.app.cli import main
 from recsvc.artifact import ArtifactWriter, load_artifact
 
-from service_fixtures import add_policy
+from recsvc.service.testing import add_policy
 
 # k = 1: rnm at ε ≤ √(0.1·1) ≈ 0.316, krr above; k = 5 (ignored by the eval) says gem.
 TABLE = [(0.1, 1, "rnm", 0.2, 1), (0.1, 1, "krr", 0.3, 2), (1.0, 1, "krr", 0.1, 1), (1.0, 1, "rnm", 0.2, 2),

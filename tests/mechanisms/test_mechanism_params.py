@@ -304,13 +304,13 @@ def test_eval_refuses_the_toy_parameter_once_the_toy_is_gone():
 
 
 def test_toy_is_servable_through_grpc_and_charges_the_ledger(toy, artifact, tmp_path, capsys):
-    from service_fixtures import candidates
+    from recsvc.service.testing import candidates
 
     from recsvc.service.client import Client
     from recsvc.service.config import ServerConfig
     from recsvc.service.server import start
 
-    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0))
+    handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0))
     try:
         target = f"127.0.0.1:{handle.port}"
         cands = candidates(10)
@@ -357,7 +357,7 @@ def test_the_servers_toy_draws_follow_its_distribution(toy, artifact, tmp_path):
     raw = np.array([hi[0] + 5.0, lo[1] - 5.0, 0.5 * (lo[2] + hi[2]), hi[3]])
     expected = probabilities("tempered_em", np.clip(raw, lo, hi), sens, 6.0)
     assert expected.max() / expected.min() > 1.5  # far from uniform: the test can tell
-    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
+    handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
     try:
         with Client(f"127.0.0.1:{handle.port}", retries=0) as c:
             reqs = [c.select_request(f"toy-{t}", list(zip(ids, raw)), mechanism="tempered_em", epsilon=6.0)

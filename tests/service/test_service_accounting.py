@@ -1,12 +1,11 @@
-"""Issue #12 findings 4 and 5 reproduced through real gRPC channels: tiny charges no longer
-vanish, and a sample is drawn outside the ledger's write lock (a retry still never draws)."""
+"""Accounting through real gRPC channels: a tiny charge is refused or counted, never lost, and a
+sample is drawn outside the ledger's write lock (a retry never draws)."""
 
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -17,39 +16,29 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
 
-from service_fixtures import candidates, client_of, served
+from recsvc.service.testing import candidates
+
+SERVER_OPTIONS = {"budget": 10.0}  # each test's own server (conftest.py: fresh_server)
 
 
-@pytest.fixture()
-def server(artifact: Path, tmp_path: Path) -> Iterator[ServerHandle]:
-    with served(artifact, tmp_path / "l.db", budget=10.0) as h:
-        yield h
-
-
-@pytest.fixture()
-def client(server: ServerHandle) -> Iterator[Client]:
-    with client_of(server) as c:
-        yield c
-
-
-def test_tiny_charges_are_refused_or_counted_never_lost(client: Client, server: ServerHandle) -> None:
+def test_tiny_charges_are_refused_or_counted_never_lost(fresh_client: Client, fresh_server: ServerHandle) -> None:
     cands = candidates()
-    assert client.select("u", cands, mechanism="rnm", epsilon=8.0).budget_remaining == 2.0
-    for _ in range(200):  # the finding: each of these used to leave a float total of 8.0 unchanged
+    assert fresh_client.select("u", cands, mechanism="rnm", epsilon=8.0).budget_remaining == 2.0
+    for _ in range(200):  # each below the unit: added to a float total of 8.0 it would change nothing
         with pytest.raises(grpc.RpcError) as info:
-            client.select("u", cands, mechanism="rnm", epsilon=4e-16)
+            fresh_client.select("u", cands, mechanism="rnm", epsilon=4e-16)
         assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         assert "below the ledger's unit 1e-12" in info.value.details()
-    b = client.budget("u")
+    b = fresh_client.budget("u")
     assert (b.spent, b.requests) == (8.0, 1)  # refused: nothing spent, nothing counted
     for _ in range(200):  # just above the unit: rounded UP to 2e-12 each, and counted
-        assert client.select("u", cands, mechanism="rnm", epsilon=1.5e-12).epsilon_spent == 2e-12
-    b = client.budget("u")
+        assert fresh_client.select("u", cands, mechanism="rnm", epsilon=1.5e-12).epsilon_spent == 2e-12
+    b = fresh_client.budget("u")
     assert (b.spent, b.remaining, b.requests) == (8.0000000004, 1.9999999996, 201)
-    assert server.ledger.user("u").spent_units == 8 * 10**12 + 400
+    assert fresh_server.ledger.user("u").spent_units == 8 * 10**12 + 400
 
 
-def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(client: Client, server: ServerHandle,
+def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(fresh_client: Client, fresh_server: ServerHandle,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     draws: list[int] = []
     real = selection_module.select_slate
@@ -64,7 +53,7 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(client: Clie
     out: list[object] = []
 
     def one() -> None:
-        with Client(f"127.0.0.1:{server.port}", retries=0) as c:  # each its own connection
+        with Client(f"127.0.0.1:{fresh_server.port}", retries=0) as c:  # each its own connection
             out.append(c.select("dup", cands, mechanism="rs", epsilon=0.5, gamma=0.01, request_id="same-id"))
 
     threads = [threading.Thread(target=one) for _ in range(8)]
@@ -75,11 +64,11 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(client: Clie
     assert len(out) == 8 and len({r.item_id for r in out}) == 1
     assert sorted(r.replayed for r in out) == [False] + [True] * 7
     assert len(draws) == 1  # one sample drawn in all; the duplicates waited for it
-    u = server.ledger.user("dup")
+    u = fresh_server.ledger.user("dup")
     assert (u.requests, u.spent_units) == (1, 500_000_000_000)
 
 
-def test_a_long_draw_holds_no_lock_that_other_users_wait_for(client: Client, server: ServerHandle,
+def test_a_long_draw_holds_no_lock_that_other_users_wait_for(fresh_client: Client, fresh_server: ServerHandle,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """A request whose draw never ends (think γ = 1e-6) must not delay another user's request:
     the other request is answered while the first one is still drawing."""
@@ -89,28 +78,28 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(client: Client, ser
 
     def select(name, *a, **k):  # type: ignore[no-untyped-def]
         if name == "rs":
-            locked.append(server.ledger._write_lock.locked())
+            locked.append(fresh_server.ledger._write_lock.locked())
             in_draw.set()
             finish.wait(30)
         return real(name, *a, **k)
 
     monkeypatch.setattr(selection_module, "select_slate", select)
     slow: list[object] = []
-    t = threading.Thread(target=lambda: slow.append(client.select("flooder", candidates(), mechanism="rs", epsilon=0.5)))
+    t = threading.Thread(target=lambda: slow.append(fresh_client.select("flooder", candidates(), mechanism="rs", epsilon=0.5)))
     t.start()
     try:
         assert in_draw.wait(10)
         t0 = time.monotonic()
-        r = client.select("innocent", candidates(seed=2), mechanism="rnm", epsilon=0.5)
+        r = fresh_client.select("innocent", candidates(seed=2), mechanism="rnm", epsilon=0.5)
         assert not r.replayed and time.monotonic() - t0 < 5 and not finish.is_set()
-        assert server.ledger.user("innocent").requests == 1 and server.ledger.user("flooder").requests == 0
+        assert fresh_server.ledger.user("innocent").requests == 1 and fresh_server.ledger.user("flooder").requests == 0
     finally:
         finish.set()
         t.join(30)
-    assert locked == [False] and len(slow) == 1 and server.ledger.user("flooder").requests == 1
+    assert locked == [False] and len(slow) == 1 and fresh_server.ledger.user("flooder").requests == 1
 
 
-def test_heavy_draws_run_in_the_lowest_priority_pool(client: Client, server: ServerHandle,
+def test_heavy_draws_run_in_the_lowest_priority_pool(fresh_client: Client, fresh_server: ServerHandle,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a nice-19 pool thread;
     rs at the default γ (≈ 125 draws) and rnm are drawn inline by the request's own thread."""
@@ -122,14 +111,14 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(client: Client, server: Ser
         return real(name, *a, **k)
 
     monkeypatch.setattr(selection_module, "select_slate", select)
-    client.select("h", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-5)
-    client.select("h", candidates(), mechanism="rs", epsilon=0.5)
-    client.select("h", candidates(), mechanism="rnm", epsilon=0.5)
+    fresh_client.select("h", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-5)
+    fresh_client.select("h", candidates(), mechanism="rs", epsilon=0.5)
+    fresh_client.select("h", candidates(), mechanism="rnm", epsilon=0.5)
     pool, inline = seen[0], seen[1:]
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this (main) thread's nice value, which the rpc threads share
     assert pool[:2] == ("rs", "recsvc-heavy-draw") and pool[2] == 19
     assert [s[:2] for s in inline] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(s[2] == base for s in inline)
-    assert server.servicer.selector.heavy.pooled == 1 and server.ledger.user("h").requests == 3
+    assert fresh_server.servicer.selector.heavy.pooled == 1 and fresh_server.ledger.user("h").requests == 3
 
 
 @pytest.mark.parametrize(("over", "message"), [
@@ -140,4 +129,4 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(client: Client, server: Ser
 ])
 def test_budget_and_heavy_draw_knobs_are_checked(tmp_path: Path, over: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ServerConfig(artifacts=tmp_path, **over).check()
+        ServerConfig.of(artifacts=tmp_path, **over).check()

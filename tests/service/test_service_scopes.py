@@ -1,4 +1,4 @@
-"""Issue #12 items 1 and 7, attacked through real gRPC channels: principals and scopes (tokens
+"""Who may call what, tried through real gRPC channels: principals and scopes (tokens
 and client certificates), the per-principal rate limit, plaintext tokens off loopback, and the
 --allow-non-private warning. Every refusal must spend nothing."""
 
@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import grpc
@@ -19,7 +18,7 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig, is_loopback
 from recsvc.service.server import ServerHandle, start
 
-from service_fixtures import candidates
+from recsvc.service.testing import candidates, rpc_error, served
 
 TOKENS = """# token      scope
 root-tok     admin
@@ -29,19 +28,8 @@ alice-tok    user:alice
 """
 
 
-def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        fn(*args, **kwargs)
-    return info.value.code(), info.value.details()
-
-
-@contextmanager
-def _server(artifact: Path, tmp_path: Path, **config) -> Iterator[ServerHandle]:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / f"l{time.monotonic_ns()}.db", **config))
-    try:
-        yield h
-    finally:
-        h.stop(1)
+def _server(artifact: Path, tmp_path: Path, **config) -> AbstractContextManager[ServerHandle]:
+    return served(artifact, tmp_path / f"l{time.monotonic_ns()}.db", **config)
 
 
 @pytest.fixture
@@ -62,14 +50,14 @@ def test_a_user_token_cannot_read_spend_or_invent_other_users(artifact: Path, tm
         assert before == {"bob": pytest.approx(0.5)}
         with Client(target, token="alice-tok", retries=0) as alice:
             # The attack: read bob's budget, spend it to exhaustion, spread queries over invented ids.
-            assert _code(alice.budget, "bob")[0] is grpc.StatusCode.PERMISSION_DENIED
+            assert rpc_error(alice.budget, "bob")[0] is grpc.StatusCode.PERMISSION_DENIED
             for _ in range(5):
-                code, msg = _code(alice.select, "bob", candidates(), mechanism="rnm", epsilon=1.5)
+                code, msg = rpc_error(alice.select, "bob", candidates(), mechanism="rnm", epsilon=1.5)
                 assert code is grpc.StatusCode.PERMISSION_DENIED and "token@5 (user:alice)" in msg
             for invented in ("alice2", "Alice", "alice ", "", "bob"):
-                assert _code(alice.select, invented, candidates(), mechanism="rnm", epsilon=0.1)[0] \
+                assert rpc_error(alice.select, invented, candidates(), mechanism="rnm", epsilon=0.1)[0] \
                     is grpc.StatusCode.PERMISSION_DENIED
-                assert _code(alice.recommend, invented, ["it1"], mechanism="rnm", epsilon=0.1)[0] \
+                assert rpc_error(alice.recommend, invented, ["it1"], mechanism="rnm", epsilon=0.1)[0] \
                     is grpc.StatusCode.PERMISSION_DENIED
             assert h.ledger.totals() == before  # nothing spent, nobody new in the ledger
             assert h.ledger.user("bob").requests == 1
@@ -113,25 +101,25 @@ def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Pa
                     if allowed:
                         assert c.select(user, candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
                     else:
-                        assert _code(c.select, user, candidates(), mechanism="rnm", epsilon=0.5)[0] \
+                        assert rpc_error(c.select, user, candidates(), mechanism="rnm", epsilon=0.5)[0] \
                             is grpc.StatusCode.PERMISSION_DENIED
-                        assert _code(c.budget, user)[0] is grpc.StatusCode.PERMISSION_DENIED
+                        assert rpc_error(c.budget, user)[0] is grpc.StatusCode.PERMISSION_DENIED
                 if listing:
                     assert c.mechanisms().max_candidates > 0
                 else:
-                    assert _code(c.mechanisms)[0] is grpc.StatusCode.PERMISSION_DENIED
+                    assert rpc_error(c.mechanisms)[0] is grpc.StatusCode.PERMISSION_DENIED
             assert h.ledger.totals() == {u: pytest.approx(0.5) for u, ok in (("carol", carol), ("dave", dave)) if ok}
     # Token and certificate both scoped: a call must be inside both (service token ∩ user:carol cert).
     scopes.write_text("subject:CN=recsvc-test-client user:carol\n")
     with _server(artifact, tmp_path, client_scopes=scopes, token_file=token_file, **tls) as h:
         with Client(f"localhost:{h.port}", token="backend-tok", **client_tls) as c:
             assert c.select("carol", candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
-            assert _code(c.select, "dave", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.PERMISSION_DENIED
+            assert rpc_error(c.select, "dave", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.PERMISSION_DENIED
         with Client(f"localhost:{h.port}", **client_tls) as c:  # the certificate alone is not enough
-            assert _code(c.select, "carol", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.UNAUTHENTICATED
+            assert rpc_error(c.select, "carol", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.UNAUTHENTICATED
         assert h.ledger.totals() == {"carol": pytest.approx(0.5)}
     with pytest.raises(ValueError, match="^client_scopes needs client_ca"):
-        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "x.db", client_scopes=scopes))
+        start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "x.db", client_scopes=scopes))
     assert not (tmp_path / "x.db").exists()
 
 
@@ -140,9 +128,9 @@ def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Pa
         target = f"127.0.0.1:{h.port}"
         with Client(target, token="alice-tok", retries=0) as alice, Client(target, token="backend-tok", retries=0) as b:
             alice.select("alice", candidates(), mechanism="rnm", epsilon=0.1)  # a burst of one second's worth: 1
-            code, msg = _code(alice.select, "alice", candidates(), mechanism="rnm", epsilon=0.1)
+            code, msg = rpc_error(alice.select, "alice", candidates(), mechanism="rnm", epsilon=0.1)
             assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit exceeded (1 requests/s" in msg
-            assert _code(alice.budget, "alice")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED  # every RPC counts
+            assert rpc_error(alice.budget, "alice")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED  # every RPC counts
             assert b.select("bob", candidates(), mechanism="rnm", epsilon=0.1).epsilon_spent == 0.1  # its own bucket
             assert h.ledger.user("alice").requests == 1
             time.sleep(1.1)  # one token back for each
@@ -150,7 +138,7 @@ def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Pa
             # A batch pays for each item: 6 items leave the bucket 5 in debt (5 s at 1/s).
             res = b.select_batch([b.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(6)])
             assert all(r.HasField("response") for r in res)
-            assert _code(b.budget, "u0")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert rpc_error(b.budget, "u0")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert h.ledger.user("alice").requests == 2 and h.ledger.user("bob").requests == 1
     with _server(artifact, tmp_path) as h:  # off by default
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
@@ -164,7 +152,7 @@ def test_plaintext_tokens_are_refused_off_loopback(artifact: Path, certs: dict[s
     for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
         with pytest.raises(ValueError, match=f"^token_file without TLS on host {host} would send bearer tokens in "
                                              "plaintext .*or allow_plaintext_tokens when a trusted proxy"):
-            start(ServerConfig(artifacts=artifact, host=host, port=0, ledger=ledger, token_file=token_file))
+            start(ServerConfig.of(artifacts=artifact, host=host, port=0, ledger=ledger, token_file=token_file))
     argv = ["serve", "--artifacts", str(artifact), "--ledger", str(ledger), "--host", "0.0.0.0", "--port", "0",
             "--token-file", str(token_file)]
     assert recsvc_main(argv) == 2
@@ -213,7 +201,7 @@ def test_allow_non_private_warns_at_start_and_labels_rnmh(artifact: Path, tmp_pa
                                                           caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO), _server(artifact, tmp_path) as h:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
-            assert _code(c.select, "u", candidates(), mechanism="rnmh", epsilon=0.5)[0] is grpc.StatusCode.INVALID_ARGUMENT
+            assert rpc_error(c.select, "u", candidates(), mechanism="rnmh", epsilon=0.5)[0] is grpc.StatusCode.INVALID_ARGUMENT
     # (the toy artifact has no `auto` policy table: that start-up warning is not this test's)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "policy.parquet" not in r.getMessage()]
     caplog.clear()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -19,27 +18,10 @@ from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates, client_of, make_artifact, served
+from recsvc.service.testing import candidates, make_artifact, rpc_error
 
 BUDGET = 10.0
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET, max_candidates=25) as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with client_of(server) as c:
-        yield c
-
-
-def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        fn(*args, **kwargs)
-    return info.value.code(), info.value.details()
+SERVER_OPTIONS = {"budget": BUDGET, "max_candidates": 25}  # the module's server (conftest.py)
 
 
 def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -61,11 +43,11 @@ def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkey
     # Same request_id with other parameters: refused (no fresh sample), nothing spent.
     for kwargs in ({"epsilon": 0.6}, {"mechanism": "em"}, {"beta": 0.1}):
         params = {"mechanism": "rnm", "epsilon": 0.5, **kwargs}
-        code, msg = _code(client.select, "replay-user", cands, request_id="req-1", **params)
+        code, msg = rpc_error(client.select, "replay-user", cands, request_id="req-1", **params)
         assert code is grpc.StatusCode.ALREADY_EXISTS and "different parameters" in msg
     assert draws == ["rnm"]  # ... and neither does a conflicting reuse of the request_id
     changed = [(i, s + 0.1) for i, s in cands]
-    assert _code(client.select, "replay-user", changed, mechanism="rnm", epsilon=0.5,
+    assert rpc_error(client.select, "replay-user", changed, mechanism="rnm", epsilon=0.5,
                  request_id="req-1")[0] is grpc.StatusCode.ALREADY_EXISTS
     # request_ids are scoped per user.
     other = client.select("replay-user-2", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
@@ -100,11 +82,11 @@ def test_both_candidate_encodings_agree_and_cannot_be_mixed(client: Client, serv
     mixed = _good("candidates", user_id="enc", request_id="e3")
     mixed.item_ids.append("it1")
     mixed.scores.append(0.5)
-    code, msg = _code(client.stub.Select, mixed)
+    code, msg = rpc_error(client.stub.Select, mixed)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "expected exactly one encoding" in msg
     short = _good("columns", user_id="enc", request_id="e4")
     short.scores.append(0.5)
-    code, msg = _code(client.stub.Select, short)
+    code, msg = rpc_error(client.stub.Select, short)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "item_ids has 10 entries but scores has 11" in msg
     assert client.budget("enc").requests == 2
 
@@ -146,7 +128,7 @@ def test_bad_input_is_invalid_argument_and_spends_nothing(case: str, encoding: s
                                                           server: ServerHandle) -> None:
     over, expected = BAD[case]
     before = server.ledger.totals()
-    code, msg = _code(client.stub.Select, _good(encoding, **over), timeout=10)
+    code, msg = rpc_error(client.stub.Select, _good(encoding, **over), timeout=10)
     assert code is grpc.StatusCode.INVALID_ARGUMENT
     assert expected in msg
     assert server.ledger.totals() == before
@@ -161,13 +143,13 @@ def test_a_nul_in_an_id_is_invalid_argument_for_every_rpc_that_takes_one(client:
     for call in (lambda: client.budget("nul\x00user"),
                  lambda: client.recommend("nul\x00user", ["it0", "it5"], mechanism="rnm", epsilon=0.5),
                  lambda: client.recommend("nul-user", ["it0"], mechanism="rnm", epsilon=0.5, request_id="\x00")):
-        code, msg = _code(call)
+        code, msg = rpc_error(call)
         assert code is grpc.StatusCode.INVALID_ARGUMENT and "contains a NUL character (U+0000) at position" in msg
     assert server.ledger.totals() == before
 
 
 def test_rnmh_only_with_allow_non_private(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", allow_non_private=True))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", allow_non_private=True))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.select("u", candidates(), mechanism="rnmh", epsilon=1.0).mechanism == "rnmh"
@@ -178,7 +160,7 @@ def test_rnmh_only_with_allow_non_private(artifact: Path, tmp_path: Path) -> Non
 
 def test_over_budget_is_resource_exhausted_and_spends_nothing(client: Client, server: ServerHandle) -> None:
     client.select("spender", candidates(), mechanism="rnm", epsilon=BUDGET - 1.0)
-    code, msg = _code(client.select, "spender", candidates(), mechanism="rnm", epsilon=1.5, request_id="over")
+    code, msg = rpc_error(client.select, "spender", candidates(), mechanism="rnm", epsilon=1.5, request_id="over")
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "only 1 of 10 remains" in msg
     assert client.budget("spender").spent == pytest.approx(BUDGET - 1.0)
     assert server.ledger.lookup("spender", "over") is None
@@ -247,7 +229,7 @@ def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> 
                                                          (0.5, 0.6, "rnm")])
 def test_auto_resolves_from_public_population_spearman(rho: float, threshold: float, want: str, tmp_path: Path) -> None:
     art = make_artifact(tmp_path / "a", rho_median=rho)
-    h = start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", auto_threshold=threshold))
+    h = start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", auto_threshold=threshold))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.mechanisms().auto_resolves_to == want
@@ -262,14 +244,14 @@ def test_auto_resolves_from_public_population_spearman(rho: float, threshold: fl
 def test_default_mechanism_and_missing_population_statistics(tmp_path: Path) -> None:
     art = make_artifact(tmp_path / "a", rho_median=None)
     with pytest.raises(ValueError, match="population_spearman.median"):
-        start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db"))
+        start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db"))
     with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
-        start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="nope"))
-    h = start(ServerConfig(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="em"))
+        start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="nope"))
+    h = start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="em"))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.select("u", candidates(), epsilon=0.5).mechanism == "em"
-            code, msg = _code(c.select, "u", candidates(), mechanism="auto", epsilon=0.5)
+            code, msg = rpc_error(c.select, "u", candidates(), mechanism="auto", epsilon=0.5)
             assert code is grpc.StatusCode.INVALID_ARGUMENT and "'auto' is unavailable" in msg
     finally:
         h.stop(1)
@@ -296,11 +278,11 @@ def test_select_batch_reports_per_item_status(client: Client, server: ServerHand
 
 
 def test_select_batch_too_large_is_refused_whole(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_batch=3))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_batch=3))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             reqs = [c.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(4)]
-            code, msg = _code(c.select_batch, reqs)
+            code, msg = rpc_error(c.select_batch, reqs)
             assert code is grpc.StatusCode.INVALID_ARGUMENT and "at most 3" in msg
             assert h.ledger.totals() == {}
     finally:
@@ -319,12 +301,12 @@ def test_list_mechanisms_health_and_reflection(client: Client, server: ServerHan
 
     services = set(ProtoReflectionDescriptorDatabase(client.channel).get_services())
     assert {"recsvc.v1.PrivateSelection", "grpc.health.v1.Health"} <= services
-    code, msg = _code(client.budget, "")
+    code, msg = rpc_error(client.budget, "")
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "user_id is empty" in msg
 
 
 def test_stop_reports_not_serving(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
     with Client(f"127.0.0.1:{h.port}") as c:
         assert c.health() == "SERVING"
         h.health.enter_graceful_shutdown()
@@ -336,8 +318,8 @@ def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_f
         server: ServerHandle) -> None:
     import hashlib
 
-    from recsvc.service.selection import InvalidRequest
-    from recsvc.service.servicer import _fingerprint
+    from recsvc.service.errors import InvalidRequest
+    from recsvc.service.codec import fingerprint as _fingerprint
 
     # Hashed in pieces (below hashlib's GIL-release size); must stay the plain SHA-256, or
     # retries of requests stored by an older server would be refused as conflicts.

@@ -22,7 +22,7 @@ import pytest
 
 from recsvc.service.client import Client
 from recsvc.service.ledger_units import charge_units
-from service_fixtures import REPO, ServerProcess, candidates, server_process
+from recsvc.service.testing import REPO, ServerProcess, candidates, server_process
 
 CANDS = candidates(10)
 

@@ -3,7 +3,6 @@ item ids, through a real gRPC channel; a request for another catalog is refused 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -20,21 +19,10 @@ from recsvc.service.catalog import catalog_version
 from recsvc.service.client import Client, ItemRows
 from recsvc.service.server import ServerHandle
 
-from service_fixtures import candidates, client_of, served
+from recsvc.service.testing import candidates
 
 BUDGET = 50.0
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET) as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with client_of(server) as c:
-        yield c
+SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -169,15 +157,16 @@ def test_a_retried_rows_request_replays_and_a_changed_one_conflicts(client: Clie
                                                ([1] * 101, True), ([2**31] * 100, False)])
 def test_the_pre_scan_counts_packed_rows_exactly(rows: list[int], refused: bool) -> None:
     """item_rows is a packed varint run (1–5 bytes per row): the raw pre-scan counts its entries, not bytes."""
-    from recsvc.service import wire
+    from recsvc.service import codec
+    from recsvc.service.config import Limits
     from recsvc.v1 import selection_pb2 as pb
 
     body = pb.SelectRequest(user_id="u", item_rows=rows, scores=[0.0] * 100).SerializeToString()
     if refused:
-        with pytest.raises(wire.Refused, match="more than 100 item_rows in one SelectRequest"):
-            wire.check(body, wire.SELECT, wire.Limits(candidates=100))
+        with pytest.raises(codec.Refused, match="more than 100 item_rows in one SelectRequest"):
+            codec.check(body, codec.SELECT, Limits(max_candidates=100))
     else:
-        wire.check(body, wire.SELECT, wire.Limits(candidates=100))
+        codec.check(body, codec.SELECT, Limits(max_candidates=100))
 
 
 def test_a_batch_mixing_both_encodings_maps_every_item_to_its_rows(client: Client, rows: ItemRows,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service_fixtures import REPO
+from recsvc.service.testing import REPO
 
 STUBS = ("selection_pb2.py", "selection_pb2_grpc.py", "selection_pb2.pyi")
 

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from recsvc.artifact import load_artifact
-from recsvc.service.config import Policy, ServerConfig
+from recsvc.service.config import PARAMS, Limits, Policy, ServerConfig
 from recsvc.service.ledger import Ledger
 from recsvc.service.selection import InvalidRequest, Selected, Selector
-from service_fixtures import candidates, make_artifact
+from recsvc.service.testing import candidates, make_artifact
 
 
 @pytest.fixture(scope="module")
 def selector(tmp_path_factory: pytest.TempPathFactory) -> Selector:
     art = make_artifact(tmp_path_factory.mktemp("art") / "toy", rho_median=0.5)
-    return Selector(load_artifact(art), Policy(max_candidates=25))
+    return Selector(load_artifact(art), Policy(limits=Limits(max_candidates=25)))
 
 
 def _prepare(selector: Selector, cands, mechanism: str = "", request_id: str = "r1"):
@@ -72,10 +71,19 @@ def test_defaults_are_written_once_and_shared_by_cli_config_and_policy() -> None
     from recsvc.app.cli import build_parser
 
     serve = build_parser().parse_args(["serve", "--artifacts", "x"])
-    config = ServerConfig(artifacts=Path("x"))
-    for f in fields(ServerConfig):
-        if hasattr(serve, f.name):
-            assert getattr(serve, f.name) == getattr(config, f.name), f.name
+    config = ServerConfig.of(Path("x"))
+    # every grouped field is one `serve` flag with the same default, but reuse_port (the server sets it for its workers)
+    assert set(PARAMS) - set(vars(serve)) == {"reuse_port"} and len(PARAMS) == 32
+    for name in set(PARAMS) - {"reuse_port"}:
+        assert getattr(serve, name) == config.get(name), name
     assert config.policy == Policy()
-    changed = ServerConfig(artifacts=Path("x"), max_candidates=7, auto_threshold=0.3)
-    assert (changed.policy.max_candidates, changed.policy.auto_threshold) == (7, 0.3)
+    changed = ServerConfig.of(Path("x"), max_candidates=7, auto_threshold=0.3)
+    # the policy holds the config's own groups: nothing is copied
+    assert changed.policy.limits is changed.limits and changed.policy.selection is changed.selection
+    assert (changed.policy.limits.max_candidates, changed.policy.selection.auto_threshold) == (7, 0.3)
+    assert changed.get("max_batch") == 1000 and changed.replace(max_batch=3).limits.max_batch == 3
+
+
+def test_an_unknown_parameter_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match=r"unknown ServerConfig parameter\(s\) max_batches; expected some of host, "):
+        ServerConfig.of(Path("x"), max_batches=3)

@@ -15,19 +15,17 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 
-from service_fixtures import candidates
+from recsvc.service.testing import candidates, rpc_error
 
 
 def _code(fn, *args, **kwargs) -> grpc.StatusCode:
-    with pytest.raises(grpc.RpcError) as info:
-        fn(*args, **kwargs)
-    return info.value.code()
+    return rpc_error(fn, *args, **kwargs)[0]
 
 
 def test_bearer_token(artifact: Path, tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("# clients\ns3cret-one\ns3cret-two\n")
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", token_file=tokens))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", token_file=tokens))
     target = f"127.0.0.1:{h.port}"
     try:
         for token in (None, "wrong", "s3cret-one-but-longer", "s3cret"):
@@ -50,11 +48,11 @@ def test_bearer_token(artifact: Path, tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.write_text("\n# nothing\n")
     with pytest.raises(ValueError, match="holds no token"):
-        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l2.db", token_file=empty))
+        start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l2.db", token_file=empty))
 
 
 def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "tls.db",
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "tls.db",
                            tls_cert=certs["server.pem"], tls_key=certs["server.key"]))
     try:
         target = f"localhost:{h.port}"
@@ -67,7 +65,7 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
     finally:
         h.stop(1)
 
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "mtls.db", tls_cert=certs["server.pem"],
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "mtls.db", tls_cert=certs["server.pem"],
                            tls_key=certs["server.key"], client_ca=certs["ca.pem"]))
     try:
         target = f"localhost:{h.port}"
@@ -82,7 +80,7 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
     finally:
         h.stop(1)
     with pytest.raises(ValueError, match="^TLS needs both tls_cert and tls_key$"):  # CLI: test_service_startup
-        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "x.db", tls_cert=certs["server.pem"]))
+        start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "x.db", tls_cert=certs["server.pem"]))
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
@@ -96,7 +94,7 @@ def _sample(text: str, name: str, **labels: str) -> float:
 
 
 def test_metrics_are_scraped(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", metrics_port=0))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", metrics_port=0))
     url = f"http://127.0.0.1:{h.metrics_port}/metrics"
     try:
         before = urllib.request.urlopen(url, timeout=5).read().decode()
@@ -126,7 +124,7 @@ def test_logs_never_contain_scores(artifact: Path, tmp_path: Path, caplog: pytes
     marker = "0.7318284619"  # distinctive digits; must not appear anywhere in the logs
     scores = [(f"it{k}", float(f"0.{k + 1}7318284619")) for k in range(8)] + [("it9", float(marker))]
     with caplog.at_level(logging.DEBUG):
-        h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
+        h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
         try:
             with Client(f"127.0.0.1:{h.port}", retries=0) as c:
                 for mech in ("rnm", "gem", "mgem", "combined_gem", "em", "rs"):
@@ -161,7 +159,7 @@ def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_pa
     monkeypatch.setattr(batch_module, "select_rows", failing_select)  # SelectBatch's vectorised draw
     scores = [("it1", 0.5918273645), ("it2", 0.25)]
     with caplog.at_level(logging.DEBUG):
-        h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
+        h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
         try:
             with Client(f"127.0.0.1:{h.port}", retries=0) as c:
                 with pytest.raises(grpc.RpcError) as info:

@@ -4,7 +4,6 @@ batch, per-item outcomes and exact charges (through a real gRPC channel)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +18,10 @@ from recsvc.service.server import ServerHandle
 from recsvc.service.selection import draw
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates, client_of, served
+from recsvc.service.testing import candidates, client_of, served
 
 BUDGET = 3.0
+SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
 
 
 def _gen(key: int = 7) -> np.random.Generator:
@@ -52,18 +52,6 @@ def test_select_rows_checks_everything_before_drawing() -> None:
     with pytest.raises(MechanismInputError):
         select_rows("rnm", np.array([1.0, np.nan]), np.ones(2), [2], [1.0], g)
     assert g.random() == ref.random()  # nothing was drawn
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", budget=BUDGET) as h:
-        yield h
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with client_of(server) as c:
-        yield c
 
 
 def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server: ServerHandle) -> None:

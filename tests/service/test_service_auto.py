@@ -1,4 +1,4 @@
-"""`auto` with a policy table (issue #15): resolved per request from (ε, k) by the documented rule,
+"""`auto` with a policy table: resolved per request from (ε, k) by the documented rule,
 never from the request's scores; the response and ListMechanisms say what it resolved to; a bad
 table refuses the start; no table keeps the sign rule with a warning."""
 
@@ -13,11 +13,11 @@ import pytest
 from recsvc.app.cli import main
 from recsvc.artifact import ArtifactError, load_artifact
 from recsvc.service.client import Client
-from recsvc.service.config import Policy, ServerConfig
+from recsvc.service.config import Limits, Policy, ServerConfig
 from recsvc.service.selection import Selector
 from recsvc.service.server import start
 
-from service_fixtures import N_ITEMS, add_policy, candidates, item_ids, make_artifact
+from recsvc.service.testing import N_ITEMS, add_policy, candidates, item_ids, make_artifact
 
 # k = 1: rnm at ε 0.1, gem at 1, krr at 10; k = 5: mgem at 0.1 and 10, em at 1. rho_median says
 # mgem: the sign rule would pick mgem everywhere.
@@ -72,7 +72,7 @@ def test_the_resolution_never_reads_the_scores(selector: Selector) -> None:
 
 
 def test_grpc_response_and_list_mechanisms_say_what_auto_resolved_to(table_artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=table_artifact, port=0, ledger=tmp_path / "l.db"))
+    h = start(ServerConfig.of(artifacts=table_artifact, port=0, ledger=tmp_path / "l.db"))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             info = c.mechanisms()
@@ -125,7 +125,7 @@ def test_larger_candidate_sets_than_the_tables_use_the_sign_rule_and_params_foll
     Where the table applies, its mechanism parameters fill the ones the request leaves unset."""
     art = add_policy(make_artifact(tmp_path / "a", rho_median=0.5),
                      [(1.0, 1, "rs", 0.1, 1), (1.0, 1, "gem", 0.2, 2)], info=INFO)
-    s = Selector(load_artifact(art), Policy(min_candidates=5))
+    s = Selector(load_artifact(art), Policy(limits=Limits(min_candidates=5)))
     ids = item_ids()
     small = s.prepare_select("u", "r", "auto", 1.0, {"gamma": None}, ids[:12], np.linspace(0, 1, 12), lambda: b"")
     assert (small.mechanism, small.params["gamma"]) == ("rs", 0.05)

@@ -20,7 +20,7 @@ import pytest
 from recsvc.service.client import Client
 from recsvc.service.ledger import Ledger
 
-from service_fixtures import REPO, candidates, free_port, server_process
+from recsvc.service.testing import REPO, candidates, free_port, server_process
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path: Path) -> None:

@@ -1,7 +1,11 @@
-"""The server's gate: every call is authenticated, rate-limited and scope-checked on its raw
-bytes, and only then decoded (SECURITY.md).
+"""The server's interceptors: the gate (authentication, rate limit, scopes, decoding) and the
+per-call observer (status mapping, metrics, the debug log line).
 
-:class:`Gate` is a server interceptor that re-registers every handler with no request
+Installed as ``interceptors=[Gate(...), Observer()]``: the gate runs first, the observer then
+wraps the servicer's method.
+
+**The gate.** Every call is authenticated, rate-limited and scope-checked on its raw bytes, and
+only then decoded (SECURITY.md). :class:`Gate` re-registers every handler with no request
 deserializer, so gRPC hands the behaviour the raw message, in a worker thread (never the
 poller). The wrapped behaviour then runs, in this order, each step cheaper than the next:
 
@@ -9,11 +13,19 @@ poller). The wrapped behaviour then runs, in this order, each step cheaper than 
 2. the principal's rate limit → RESOURCE_EXHAUSTED;
 3. the method against the principal's scope → PERMISSION_DENIED (logged with the principal);
 4. decode with the handler's own deserializer (for PrivateSelection: the bounded pre-scan of
-   :mod:`recsvc.service.wire`, then the parser) → INVALID_ARGUMENT, never a traceback;
+   :mod:`recsvc.service.codec`, then the parser) → INVALID_ARGUMENT, never a traceback;
 5. the original behaviour, with the caller in :data:`CALLER` for the per-user checks.
 
 Health checks skip steps 1–3 (load balancers need no credentials) but are decoded the same
 safe way. Nothing here reads a request's content, so nothing here can log one.
+
+**The observer.** :class:`Observer` wraps each PrivateSelection method: an exception the method
+raises becomes its status code (:func:`status_of`: one lookup), and every
+call is counted (``recsvc_requests`` by method, mechanism used and status; ``recsvc_request_seconds``),
+with the ε an answer charged (``recsvc_epsilon_spent``) or its replay (``recsvc_replays``).
+A SelectBatch answer carries its items' outcomes (:class:`recsvc.service.codec.Framed`), which
+are counted the same way under the method ``SelectBatch.item``. Labels never carry user ids,
+item ids or scores.
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -29,13 +42,26 @@ from typing import Any
 import grpc
 
 from recsvc.service import metrics
-from recsvc.service.auth import OPEN_METHOD_PREFIXES, Authenticator, Caller, PermissionDenied
-from recsvc.service.wire import Refused
+from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller
+from recsvc.service.codec import Framed
+from recsvc.service.errors import (INTERNAL_MESSAGE, PermissionDenied, RateLimited, Refused, ServiceError,
+                                   Unauthenticated, log_internal_error, status_name)
+from recsvc.v1 import selection_pb2 as pb
 
 log = logging.getLogger("recsvc.service")
 
 # The authenticated caller of the RPC running in this thread (set by the gate around the behaviour).
 CALLER: ContextVar[Caller | None] = ContextVar("recsvc_caller", default=None)
+_CODES = grpc.StatusCode.__members__
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status and message for a refusal (one lookup, :func:`recsvc.service.errors.status_name`);
+    an unexpected error's message is withheld."""
+    code = _CODES.get(status_name(exc), grpc.StatusCode.INTERNAL)  # a foreign `status` that names no code: INTERNAL
+    if code is grpc.StatusCode.INTERNAL:
+        return code, INTERNAL_MESSAGE
+    return code, str(exc)
 
 
 def current_caller() -> Caller:
@@ -116,7 +142,8 @@ class Gate(grpc.ServerInterceptor):
             cached = self._wrapped[method] = (handler, self._wrap(method, handler))
         return cached[1]
 
-    def _refuse(self, context: grpc.ServicerContext, method: str, code: grpc.StatusCode, message: str) -> None:
+    def _refuse(self, context: grpc.ServicerContext, method: str, refusal: ServiceError) -> None:
+        code, message = status_of(refusal)
         metrics.requests(_short(method), "", code.name).inc()
         context.abort(code, message)
 
@@ -125,18 +152,17 @@ class Gate(grpc.ServerInterceptor):
         caller = self.authenticator.authenticate(context)
         if caller is None:
             log.debug("UNAUTHENTICATED %s", _short(method))
-            self._refuse(context, method, grpc.StatusCode.UNAUTHENTICATED,
-                         "missing or invalid credentials; expected metadata 'authorization: Bearer <token>' "
-                         "with a token from the server's token file (and, under mTLS, a client certificate)")
+            self._refuse(context, method, Unauthenticated(
+                "missing or invalid credentials; expected metadata 'authorization: Bearer <token>' "
+                "with a token from the server's token file (and, under mTLS, a client certificate)"))
         assert caller is not None
         if self.limiter is not None and not self.limiter.admit(caller.key):
             log.debug("RESOURCE_EXHAUSTED %s: rate limit of %s", _short(method), caller)
-            self._refuse(context, method, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later")
+            self._refuse(context, method, RateLimited(
+                f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later"))
         if not caller.allows_method(method):
             log.warning("PERMISSION_DENIED %s for principal %s", _short(method), caller)
-            self._refuse(context, method, grpc.StatusCode.PERMISSION_DENIED,
-                         f"principal {caller} may not call {_short(method)}")
+            self._refuse(context, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
         return caller
 
     def _decode(self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str,
@@ -147,11 +173,11 @@ class Gate(grpc.ServerInterceptor):
         try:
             return decode(raw)
         except Refused as exc:
-            message = str(exc)
+            refusal = exc
         except Exception:  # noqa: BLE001 - a parser's error may quote the bytes: say nothing of them
-            message = _INVALID
+            refusal = Refused(_INVALID)
         log.debug("INVALID_ARGUMENT %s: the request was refused before parsing or did not parse", _short(method))
-        self._refuse(context, method, grpc.StatusCode.INVALID_ARGUMENT, message)
+        self._refuse(context, method, refusal)
         raise AssertionError("unreachable")  # context.abort raises
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -182,3 +208,82 @@ class Gate(grpc.ServerInterceptor):
                  context: grpc.ServicerContext) -> Iterator[Any]:
         for raw in requests:
             yield self._decode(decode, raw, method, context)
+
+
+class Observer(grpc.ServerInterceptor):
+    """Maps each PrivateSelection method's exceptions to status codes and records its metrics
+    (see the module docstring); other services (health, reflection) pass through untouched."""
+
+    def __init__(self, prefix: str = f"/{SERVICE_NAME}/") -> None:
+        self._prefix = prefix
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+        handler = continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not method.startswith(self._prefix) or handler.unary_unary is None:
+            return handler
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:  # wrap each handler once: the gate caches by identity
+            cached = self._wrapped[method] = (handler, self._wrap(_short(method), handler))
+        return cached[1]
+
+    @staticmethod
+    def _wrap(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        behaviour = handler.unary_unary
+        latency = metrics.latency(name)
+
+        def observed(request: Any, context: grpc.ServicerContext) -> Any:
+            t0 = time.perf_counter()
+            code, mechanism = grpc.StatusCode.OK, ""
+            try:
+                response = behaviour(request, context)
+                mechanism = _count_answer(response)
+                return response
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+                code, message = status_of(exc)
+                if code is grpc.StatusCode.INTERNAL:
+                    log_internal_error(name, exc)
+                context.abort(code, message)
+                raise AssertionError("unreachable") from None  # context.abort raises
+            finally:
+                elapsed = time.perf_counter() - t0
+                metrics.requests(name, mechanism, code.name).inc()
+                latency.observe(elapsed)
+                if log.isEnabledFor(logging.DEBUG):  # no formatting work unless asked for
+                    log.debug("%s %s mechanism=%s %.2fms", name, code.name, mechanism or "-", elapsed * 1e3)
+
+        return grpc.unary_unary_rpc_method_handler(observed, request_deserializer=handler.request_deserializer,
+                                                   response_serializer=handler.response_serializer)
+
+
+def _count_answer(response: Any) -> str:
+    """Counts what an answer spent (or that it replayed); returns the mechanism label of the call."""
+    if isinstance(response, pb.SelectResponse):
+        if response.replayed:
+            metrics.REPLAYS.inc()
+        else:
+            metrics.epsilon_spent(response.mechanism).inc(response.epsilon_spent)
+        return response.mechanism
+    if isinstance(response, Framed):
+        _count_items(response.outcomes)
+    return ""
+
+
+def _count_items(outcomes: list[tuple[str, str, float, bool]]) -> None:
+    """A batch's items (see :class:`recsvc.service.codec.Framed`), counted as SelectBatch.item calls."""
+    counts: Counter[tuple[str, str]] = Counter()
+    spent: Counter[str] = Counter()
+    replays = 0
+    for mechanism, status, epsilon, replay in outcomes:
+        counts[mechanism, status] += 1
+        if replay:
+            replays += 1
+        elif epsilon:
+            spent[mechanism] += epsilon
+    for (mechanism, status), n in counts.items():
+        metrics.requests("SelectBatch.item", mechanism, status).inc(n)
+    for mechanism, eps in spent.items():
+        metrics.epsilon_spent(mechanism).inc(eps)
+    if replays:
+        metrics.REPLAYS.inc(replays)

@@ -21,7 +21,7 @@ import pytest
 
 from pg_fixtures import Cluster, pg_bin, remove_cluster, start_cluster
 from recsvc.service.client import Client
-from service_fixtures import REPO, candidates, free_port
+from recsvc.service.testing import REPO, candidates, free_port
 
 HOSTS = 2
 _TAG = os.getpid() % 10_000

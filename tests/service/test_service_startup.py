@@ -24,7 +24,7 @@ from recsvc.service.ledger import Ledger
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 
-from service_fixtures import REPO, candidates, free_port, server_process
+from recsvc.service.testing import REPO, candidates, free_port, server_process
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def _ledger_files(d: Path) -> list[str]:
 
 
 # (case, ServerConfig overrides, message the error must contain, the same from `recsvc serve` if it
-# names parameters: the library names ServerConfig's fields, the command line its flags)
+# names parameters: the library names ServerConfig's parameters, the command line its flags)
 BAD_SERVE = [
     ("busy port", {"port": "BUSY"}, r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free port",
      r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port"),
@@ -116,7 +116,7 @@ def test_bad_serve_config_is_a_clear_error_and_creates_no_ledger(
     busy_port: int, tmp_path: Path
 ) -> None:
     values = _serve_values(overrides, artifact, certs, busy_port)
-    config = ServerConfig(**{"artifacts": artifact, "port": 0, "ledger": tmp_path / "l.db", **values})
+    config = ServerConfig.of(**{"artifacts": artifact, "port": 0, "ledger": tmp_path / "l.db", **values})
     with pytest.raises(ValueError, match=message):
         start(config)
     assert _ledger_files(tmp_path) == []
@@ -178,7 +178,7 @@ def test_bad_ledger_path_names_ledger_and_changes_nothing(kind: str, via: str, a
     snapshot = path.read_bytes() if path.is_file() else None
     if via == "library":
         with pytest.raises(ValueError, match=message.replace("LEDGER", "ledger")):
-            start(ServerConfig(artifacts=artifact, port=0, ledger=path))
+            start(ServerConfig.of(artifacts=artifact, port=0, ledger=path))
     else:
         assert recsvc_main(["serve", "--artifacts", str(artifact), "--port", "0", "--ledger", str(path)]) == 2
         err = capsys.readouterr().err
@@ -197,7 +197,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     led.charge("u", "r1", b"f", 1.5, lambda _rem: b"answer")
     led.close()
     with pytest.raises(ValueError, match="Address already in use"):
-        start(ServerConfig(artifacts=artifact, port=busy_port, ledger=path))
+        start(ServerConfig.of(artifacts=artifact, port=busy_port, ledger=path))
     # A failure AFTER the ledger was opened (here: the health service) must not delete it either...
     from grpc_health.v1 import health
 
@@ -206,11 +206,11 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
 
     monkeypatch.setattr(health.HealthServicer, "set", broken)
     with pytest.raises(RuntimeError, match="health service broke"):
-        start(ServerConfig(artifacts=artifact, port=0, ledger=path))
+        start(ServerConfig.of(artifacts=artifact, port=0, ledger=path))
     assert Ledger(path, budget=10.0).totals() == {"u": pytest.approx(1.5)}
     # ...while a ledger that this failed start created is removed with its -wal/-shm/.lock files.
     with pytest.raises(RuntimeError, match="health service broke"):
-        start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "new.db"))
+        start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "new.db"))
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("new.db")]
 
 
@@ -307,7 +307,7 @@ def test_worker_startup_error_is_one_clear_line_and_creates_no_ledger(artifact: 
 def test_a_good_start_still_serves(artifact: Path, tmp_path: Path) -> None:
     from recsvc.service.client import Client
 
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", metrics_port=0))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", metrics_port=0))
     try:
         with Client(f"127.0.0.1:{h.port}") as c:
             assert c.select("u", candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == pytest.approx(0.5)
@@ -333,7 +333,7 @@ def test_an_ipv6_host_is_bracketed_and_serves(artifact: Path, tmp_path: Path, ca
     from recsvc.service.config import host_port
 
     assert (host_port("::1", 50051), host_port("127.0.0.1", 1)) == ("[::1]:50051", "127.0.0.1:1")
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", host="::1"))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", host="::1"))
     try:
         with Client(f"[::1]:{h.port}") as c:
             assert c.select("u", candidates(), mechanism="rnm", epsilon=0.25).epsilon_spent == pytest.approx(0.25)
@@ -343,4 +343,4 @@ def test_an_ipv6_host_is_bracketed_and_serves(artifact: Path, tmp_path: Path, ca
         with socket.socket(socket.AF_INET6) as s:
             s.bind(("::1", 0))
             s.listen()
-            start(ServerConfig(artifacts=artifact, port=s.getsockname()[1], ledger=tmp_path / "l2.db", host="::1"))
+            start(ServerConfig.of(artifacts=artifact, port=s.getsockname()[1], ledger=tmp_path / "l2.db", host="::1"))

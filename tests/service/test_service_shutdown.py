@@ -21,11 +21,11 @@ import psutil
 
 from recsvc.service.shutdown import DrainWatchdog, StopSignal
 
-from service_fixtures import REPO, free_port
+from recsvc.service.testing import REPO, free_port
 
 # A stop signal that "arrives" at the k-th trace event (every line, call and return) of the
 # worker's wait loop, for every k up to K: a handler that takes a lock the loop may hold at that
-# point deadlocks here, at whichever k that is (the old Event-based stop did at k = 3).
+# point deadlocks here, at whichever k that is (a stop built on threading.Event deadlocks at k = 3).
 EVERY_POINT = textwrap.dedent("""
     import signal, sys
     from recsvc.service.shutdown import StopSignal
@@ -77,8 +77,8 @@ def test_a_stop_signal_at_any_point_of_the_wait_loop_is_noticed() -> None:
 
 
 # Real SIGTERMs from this process, at random moments, against a child that waits for each with
-# the worker's loop; each must be noticed within 2 s. (Statistical: the old Event-based stop hung
-# here after a few hundred to a few thousand signals; it failed 5 of 6 runs of this test.)
+# the worker's loop; each must be noticed within 2 s. (Statistical: a stop built on threading.Event
+# hangs here after a few hundred to a few thousand signals, in 5 of 6 runs of this test.)
 SIGNALLED = textwrap.dedent("""
     import os
     from recsvc.service.shutdown import StopSignal
@@ -155,7 +155,7 @@ STUCK_SERVER = textwrap.dedent("""
                 pass
 
         server.DrainWatchdog = NoWatchdog
-    config = ServerConfig(artifacts=Path(sys.argv[1]), ledger=Path(sys.argv[2]), port=int(sys.argv[3]),
+    config = ServerConfig.of(artifacts=Path(sys.argv[1]), ledger=Path(sys.argv[2]), port=int(sys.argv[3]),
                           workers=2, grace=0.2, drain_delay=0.0)
     sys.exit(server.serve(config))
 """)

@@ -1,4 +1,7 @@
-"""Shared helpers for the service tests: a tiny artifact, throwaway certificates, server processes."""
+"""Helpers for testing the service and the programs around it (like numpy.testing): a tiny
+artifact, throwaway certificates, an in-process server and its client, `recsvc serve` as a real
+process, and the `recsvc` command. The pytest fixtures built on them live in the conftest.py
+files under tests/."""
 
 from __future__ import annotations
 
@@ -8,25 +11,29 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import grpc
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
 from recsvc.artifact import ArtifactWriter
 from recsvc.model import Model
-from recsvc.service.pg_cluster import free_port  # noqa: F401 - the tests' one free-port helper
+from recsvc.service.pg_cluster import free_port
+
+__all__ = ["N_ITEMS", "REPO", "ServerProcess", "add_policy", "candidates", "client_of", "free_port", "item_ids",
+           "make_artifact", "make_certs", "rpc_error", "run_recsvc", "served", "server_process"]
 
 if TYPE_CHECKING:
     from recsvc.service.client import Client
     from recsvc.service.server import ServerHandle
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # the source checkout the tests run in
 N_ITEMS = 40
 
 
@@ -111,17 +118,33 @@ def make_certs(d: Path) -> dict[str, Path]:
                                      "rogue.pem", "rogue.key")}
 
 
+def run_recsvc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """The `recsvc` command run to completion in the checkout (output captured as text)."""
+    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 @contextmanager
 def served(artifact: Path, ledger: Path | str, **config: Any) -> Iterator[ServerHandle]:
-    """An in-process server (``start``) on a free port; stopped with 1 s of grace afterwards."""
+    """An in-process server (``start``) on a free port, configured by flat ServerConfig
+    parameters (``max_batch=3``); stopped with 1 s of grace afterwards."""
     from recsvc.service.config import ServerConfig
     from recsvc.service.server import start
 
-    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, **config))
+    handle = start(ServerConfig.of(artifact, port=0, ledger=ledger, **config))
     try:
         yield handle
     finally:
         handle.stop(grace=1)
+
+
+def rpc_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[grpc.StatusCode, str]:
+    """The status code and details of the RpcError that ``fn(*args, **kwargs)`` must raise."""
+    try:
+        fn(*args, **kwargs)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    raise AssertionError(f"{getattr(fn, '__name__', fn)} returned; expected it to raise grpc.RpcError")
 
 
 @contextmanager

@@ -1,4 +1,4 @@
-"""Issue #12 items 2 and 3, attacked through real gRPC channels with raw bytes: oversized and
+"""Oversized and malformed requests, sent through real gRPC channels as raw bytes: oversized and
 malformed messages are refused before any per-item work (INVALID_ARGUMENT, nothing spent, no
 traceback), and authentication runs before decoding. Time and memory are measured by
 python -m scripts.bench.refusals, not here."""
@@ -12,14 +12,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from recsvc.service import wire
-from recsvc.service.wire import length_delimited as _field
+from recsvc.service import codec
+from recsvc.service.config import Limits
+from recsvc.service.codec import length_delimited as _field
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import candidates
+from recsvc.service.testing import candidates
 
 SERVICE = "/recsvc.v1.PrivateSelection/"
 ID = lambda b: b  # noqa: E731 - identity (de)serializer: the bytes go on the wire as they are
@@ -32,7 +33,7 @@ def _head(**over) -> bytes:
 
 
 def _candidates_3m() -> bytes:
-    """The issue's attack: 3,000,000 one-character candidates, a 15 MB message."""
+    """3,000,000 one-character candidates, a 15 MB message."""
     return _head() + _field(2, _field(1, b"x")) * 3_000_000
 
 
@@ -58,13 +59,6 @@ OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
     "a batch item of 3M candidates": ("SelectBatch", lambda: _field(1, _head()) + _field(1, _candidates_3m()),
                                       "requests[1]: more than 10000 candidates in one SelectRequest"),
 }
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path_factory.mktemp("led") / "l.db"))
-    yield h
-    h.stop(1)
 
 
 @pytest.fixture(scope="module")
@@ -124,28 +118,28 @@ def test_the_pre_scan_refuses_without_parsing() -> None:
         return Spy
 
     Spy, BatchSpy = spy(pb.SelectRequest), spy(pb.SelectBatchRequest)
-    decode = wire.decoder(Spy, wire.SELECT, wire.Limits())
-    with pytest.raises(wire.Refused, match="more than 10000 candidates"):
+    decode = codec.decoder(Spy, codec.SELECT, Limits())
+    with pytest.raises(codec.Refused, match="more than 10000 candidates"):
         decode(_candidates_3m())
     assert calls == []
     ok = _head() + b"".join(_field(2, pb.Candidate(item_id=i, score=s).SerializeToString()) for i, s in candidates())
     assert decode(ok).user_id == "victim" and calls == [len(ok)]
-    limits = wire.Limits(candidates=20)  # candidates() has 20: exactly at the limit, accepted
-    assert len(wire.decoder(Spy, wire.SELECT, limits)(ok).candidates) == 20
+    limits = Limits(max_candidates=20)  # candidates() has 20: exactly at the limit, accepted
+    assert len(codec.decoder(Spy, codec.SELECT, limits)(ok).candidates) == 20
     over = ok + _field(2, pb.Candidate(item_id="it39").SerializeToString())
-    with pytest.raises(wire.Refused, match="more than 20 candidates"):
-        wire.decoder(Spy, wire.SELECT, limits)(over)
+    with pytest.raises(codec.Refused, match="more than 20 candidates"):
+        codec.decoder(Spy, codec.SELECT, limits)(over)
     batch = pb.SelectBatchRequest(requests=[pb.SelectRequest.FromString(ok)] * 3).SerializeToString()
-    assert len(wire.decoder(BatchSpy, wire.BATCH, wire.Limits(batch=3, candidates=20))(batch).requests) == 3
-    with pytest.raises(wire.Refused, match=r"^more than 2 requests"):
-        wire.decoder(BatchSpy, wire.BATCH, wire.Limits(batch=2, candidates=20))(batch)
-    with pytest.raises(wire.Refused, match=r"^requests\[3\]: more than 20 candidates"):
-        wire.decoder(BatchSpy, wire.BATCH, limits)(batch + _field(1, over))
+    assert len(codec.decoder(BatchSpy, codec.BATCH, Limits(max_batch=3, max_candidates=20))(batch).requests) == 3
+    with pytest.raises(codec.Refused, match=r"^more than 2 requests"):
+        codec.decoder(BatchSpy, codec.BATCH, Limits(max_batch=2, max_candidates=20))(batch)
+    with pytest.raises(codec.Refused, match=r"^requests\[3\]: more than 20 candidates"):
+        codec.decoder(BatchSpy, codec.BATCH, limits)(batch + _field(1, over))
     assert calls == [len(ok), len(ok), len(batch)]
 
 
 def test_history_and_batch_limits_are_configurable(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_history=3, max_batch=2,
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_history=3, max_batch=2,
                            max_message_bytes=64 * 1024))
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
@@ -198,7 +192,7 @@ def test_malformed_bytes_are_invalid_argument_without_a_traceback(method: str, c
 def test_authentication_runs_before_decoding(artifact: Path, tmp_path: Path, no_errors_logged: None) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text("good-token user:victim\n")
-    h = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", token_file=tokens))
+    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", token_file=tokens))
     try:
         with grpc.insecure_channel(f"127.0.0.1:{h.port}", [("grpc.max_send_message_length", 64 << 20)]) as ch:
             for payload in (MALFORMED["truncated varint"], _candidates_3m()):
@@ -226,11 +220,11 @@ def test_malformed_bytes_on_a_streaming_method(channel: grpc.Channel, no_errors_
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, 300_000])
 def test_a_length_delimited_field_reads_back_through_the_scan_and_through_protobuf(size: int) -> None:
     """The raw encoder the refusal tests build their messages with: lengths on both sides of each
-    varint byte boundary, a field number past 15 (a two-byte tag), read back by :func:`wire.fields`
+    varint byte boundary, a field number past 15 (a two-byte tag), read back by :func:`codec.fields`
     and by protobuf's own parser (which keeps the unknown field 17 aside)."""
     payload = bytes(97 + i % 26 for i in range(size))  # ASCII: field 3 is a string
     data = _field(1, b"user") + _field(17, b"x") + _field(3, payload)
-    starts = [(n, t, data[s:e]) for n, t, s, e in wire.fields(data, 0, len(data))]
+    starts = [(n, t, data[s:e]) for n, t, s, e in codec.fields(data, 0, len(data))]
     assert starts == [(1, 2, b"user"), (17, 2, b"x"), (3, 2, payload)]
     req = pb.SelectRequest.FromString(data)
     assert (req.user_id, req.mechanism) == ("user", payload.decode())

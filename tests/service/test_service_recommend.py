@@ -1,5 +1,5 @@
 """Recommend is ε-DP end to end over the full catalog; slates and the two-stage path; through
-real gRPC channels against in-process servers (issue #11).
+real gRPC channels against in-process servers.
 
 Statistical checks draw from a fixed-seed generator (patched in for the server's CSPRNG, which
 is tested in test_service_grpc.py) so they are deterministic; each compares the answers with the
@@ -24,13 +24,14 @@ from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_prob
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.service.servicer import _fingerprint
+from recsvc.service.codec import fingerprint as _fingerprint
 from recsvc.v1 import selection_pb2 as pb
 
-from service_fixtures import N_ITEMS, candidates, client_of, make_artifact
+from recsvc.service.testing import N_ITEMS, candidates, make_artifact, rpc_error
 
 HISTORY = ["it0", "it5", "it9"]
 FLOOR = 5  # the test servers' --min-candidates
+SERVER_OPTIONS = {"budget": 1e6, "min_candidates": FLOOR, "max_slate": 8}  # the module's server (conftest.py)
 
 
 @pytest.fixture()
@@ -41,21 +42,7 @@ def seeded(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _server(artifact: Path, ledger: Path, **over: object) -> ServerHandle:
-    config = {"budget": 1e6, "min_candidates": FLOOR, "max_slate": 8, **over}
-    return start(ServerConfig(artifacts=artifact, port=0, ledger=ledger, **config))  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerHandle]:
-    h = _server(artifact, tmp_path_factory.mktemp("led") / "l.db")
-    yield h
-    h.stop(grace=1)
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerHandle) -> Iterator[Client]:
-    with client_of(server) as c:
-        yield c
+    return start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger, **{**SERVER_OPTIONS, **over}))
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +53,6 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Clien
     with Client(f"127.0.0.1:{h.port}", retries=0) as c:
         yield art, c
     h.stop(grace=1)
-
-
-def _code(fn, *args, **kwargs) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        fn(*args, **kwargs)
-    return info.value.code(), info.value.details()
 
 
 def _catalog_scores(artifact: Path, history: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -100,8 +81,8 @@ def _chi2_pvalue(counts: Counter, exact: dict, min_expected: float = 5.0) -> flo
 
 def test_num_candidates_1_at_small_epsilon_is_near_uniform_over_the_whole_catalog(
         client: Client, artifact: Path, seeded: None) -> None:
-    """The attack of issue #11: num_candidates=1 used to force the private argmax (40 of 40
-    calls). Now a count alone never shrinks the candidates: ε = 0.01 is near-uniform over all 40."""
+    """A count alone never shrinks the candidates (num_candidates=1 would otherwise reveal the
+    private argmax): at ε = 0.01 the answer is near-uniform over all 40 items."""
     ids, q, d = _catalog_scores(artifact, HISTORY)
     argmax = ids[int(np.argmax(q))]
     exact = probabilities("rnm", q, d, 0.01)
@@ -180,12 +161,12 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
         (dict(candidate_fraction=0.5, num_candidates=2 * FLOOR, k=9), "k=9 is too large"),
     ]
     for kwargs, message in cases:
-        code, msg = _code(client.recommend, "refused-user", HISTORY, **rec, **kwargs)
+        code, msg = rpc_error(client.recommend, "refused-user", HISTORY, **rec, **kwargs)
         assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg, (kwargs, msg)
-    code, msg = _code(client.recommend, "refused-user", ["it1", "ghost"], **rec, k=2)
+    code, msg = rpc_error(client.recommend, "refused-user", ["it1", "ghost"], **rec, k=2)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown item_id 'ghost' in history (position 1)" in msg
     for k, message in ((6, "k=6 is more than the 5 candidates; expected 1 <= k <= 5"), (9, "k=9 is too large")):
-        code, msg = _code(client.select, "refused-user", candidates(5), mechanism="rnm", epsilon=1.0, k=k)
+        code, msg = rpc_error(client.select, "refused-user", candidates(5), mechanism="rnm", epsilon=1.0, k=k)
         assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg
     [res] = client.select_batch([client.select_request("refused-user", candidates(5), epsilon=1.0, k=6)])
     assert res.error.code_name == "INVALID_ARGUMENT" and "k=6 is more than the 5 candidates" in res.error.message
@@ -200,7 +181,7 @@ def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, ser
     assert r.item_id == r.item_ids[0] and r.epsilon_spent == 0.8 and not r.replayed
     again = client.select("slate-user", cands, mechanism="mgem", epsilon=0.8, k=5, request_id="s-1")
     assert (list(again.item_ids), again.replayed, again.budget_remaining) == (list(r.item_ids), True, r.budget_remaining)
-    code, _ = _code(client.select, "slate-user", cands, mechanism="mgem", epsilon=0.8, k=4, request_id="s-1")
+    code, _ = rpc_error(client.select, "slate-user", cands, mechanism="mgem", epsilon=0.8, k=4, request_id="s-1")
     assert code is grpc.StatusCode.ALREADY_EXISTS  # k is part of the request: another k is another request
     rec = client.recommend("slate-user", HISTORY, mechanism="rnm", epsilon=0.5, k=8, request_id="s-2")
     assert len(set(rec.item_ids)) == 8 and rec.item_id == rec.item_ids[0]
@@ -212,10 +193,10 @@ def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, ser
     assert server.ledger.user("slate-user").requests == 3
 
 
-def test_an_answer_stored_before_slates_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
+def test_an_answer_stored_with_item_id_alone_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
     req = client.select_request("old-user", candidates(10), mechanism="rnm", epsilon=0.5, request_id="old-1")
     old = pb.SelectResponse(item_id="it7", mechanism="rnm", epsilon_spent=0.5, budget_remaining=1e6 - 0.5,
-                            request_id="old-1").SerializeToString()  # what an older server stored
+                            request_id="old-1").SerializeToString()  # item_id set, item_ids empty
     server.ledger.charge("old-user", "old-1", _fingerprint(b"select\0", req), 0.5, lambda _: old)
     r = client.stub.Select(req)
     assert (r.item_id, list(r.item_ids), r.replayed) == ("it7", ["it7"], True)

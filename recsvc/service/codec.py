@@ -1,0 +1,328 @@
+"""The service's wire format: a bounded pre-scan of each request, the message codecs, and the
+hand framing of SelectBatch's answer.
+
+**Cheap refusals before protobuf parsing.**
+
+Parsing a message builds every repeated entry (3,000,000 ``Candidate`` objects take seconds and
+hundreds of MB), so the size limits must be checked on the raw bytes first. The scan walks the
+top-level fields only (tag, then skip by length), counts the entries of the repeated fields and
+stops as soon as one count or the number of fields passes its limit: a refusal costs
+O(limit) steps, never O(message), and allocates nothing. Only a message within the limits is
+parsed. Two facts keep the scan off the common path:
+
+* every field occurrence takes at least 2 bytes (a tag and a value), a packed double 8 and a
+  packed varint (``item_rows``) 1, so a message of at most ``2 × limit`` bytes (``limit`` with a
+  packed varint field) cannot exceed a limit and is parsed without scanning (a 500-candidate
+  Select, ≈ 7 KB with ids, ≈ 5 KB with rows, is under the default 10,000 bytes);
+* the entries of a SelectBatch are scanned one by one with the same rule, so a batch of small
+  requests costs one step per request.
+
+The message-size limit itself is gRPC's ``max_receive_message_length`` (the server never reads
+a larger message). Malformed bytes (a truncated varint, a length past the end, a group or an
+invalid wire type, or anything the parser rejects) are refused the same way: :class:`Refused`,
+which the gate answers with INVALID_ARGUMENT and no traceback.
+
+**Codecs.** :func:`candidates`, :func:`params` and :func:`fingerprint` read a decoded request;
+:func:`encode` writes a SelectResponse; :func:`batch_response` frames a SelectBatchResponse
+around answers that are already serialized (the ledger stores each answer's bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from recsvc.mechanisms import MECHANISMS, PARAM_NAMES
+from recsvc.service.config import Limits, Policy
+from recsvc.service.errors import InvalidRequest, Refused
+from recsvc.service.selection import SelectInput
+from recsvc.v1 import selection_pb2 as pb
+
+if TYPE_CHECKING:
+    from recsvc.service.ledger_base import Charge
+    from recsvc.service.selection import Selected, Selector
+
+_HIGH = bytes(range(0x80, 0x100))  # continuation bytes of a varint
+EXTRA_FIELDS = 64  # room for a message's singular fields (user_id, epsilon, …), once each in practice
+M = TypeVar("M")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What to count in one message type: its repeated fields (number → name), all bounded by
+    the same limit; ``fixed64`` fields may be packed (one length-delimited run of 8-byte values),
+    ``varint`` fields too (a run of varints, one ending at each byte below 0x80); the entries of
+    ``items`` are themselves messages to scan."""
+
+    name: str
+    counted: dict[int, str]
+    limit: str  # a Limits field (recsvc.service.config.Limits)
+    fixed64: frozenset[int] = frozenset()
+    items: Shape | None = field(default=None)
+    varint: frozenset[int] = frozenset()
+
+
+SELECT = Shape("SelectRequest", {2: "candidates", 9: "item_ids", 10: "scores", 12: "item_rows"}, "max_candidates",
+               frozenset({10}), varint=frozenset({12}))
+RECOMMEND = Shape("RecommendRequest", {2: "history entries"}, "max_history")
+BATCH = Shape("SelectBatchRequest", {1: "requests"}, "max_batch", items=SELECT)
+
+
+def _malformed(shape: Shape) -> Refused:
+    return Refused(f"the request is not a valid recsvc.v1.{shape.name} (malformed protobuf wire format); "
+                   f"expected a serialized {shape.name} (proto/recsvc/v1/selection.proto)")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position); IndexError past the end, ValueError beyond 10 bytes."""
+    b = data[pos]
+    if b < 0x80:
+        return b, pos + 1
+    value, shift = b & 0x7F, 7
+    while True:
+        pos += 1
+        b = data[pos]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos + 1
+        shift += 7
+        if shift >= 70:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def length_delimited(number: int, payload: bytes) -> bytes:
+    """Field ``number`` holding ``payload`` as it goes on the wire (tag, length, bytes): the
+    inverse of :func:`fields` for wire type 2. The tests and the refusal benchmark build raw
+    messages with it, huge or malformed, that protobuf's encoder would build slowly or not at all."""
+    return _varint_bytes(number << 3 | 2) + _varint_bytes(len(payload)) + payload
+
+
+def _varint_bytes(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
+
+
+def fields(data: bytes, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value start, value end) of each top-level field in data[pos:end]."""
+    while pos < end:
+        key, pos = _varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        start = pos
+        if wire_type == 0:
+            _, pos = _varint(data, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 2:
+            length, start = _varint(data, pos)
+            pos = start + length
+        elif wire_type == 5:
+            pos += 4
+        else:  # 3/4: groups (not in proto3 messages); 6/7: not wire types
+            raise ValueError(f"wire type {wire_type}")
+        if number == 0 or pos > end:
+            raise ValueError("field number 0 or a value past the end")
+        yield number, wire_type, start, pos
+
+
+def check(data: bytes, shape: Shape, limits: Limits, pos: int = 0, end: int | None = None) -> None:
+    """Raises :class:`Refused` if data[pos:end] has more entries in a counted field (or more
+    fields) than the limits allow, or is not well-formed wire format at its top level."""
+    end = len(data) if end is None else end
+    limit = getattr(limits, shape.limit)
+    if shape.items is None and end - pos <= (1 if shape.varint else 2) * limit:
+        return  # every entry takes ≥ 2 bytes (≥ 1 packed varint): no count can pass the limit
+    counts = dict.fromkeys(shape.counted, 0)
+    most = len(counts) * limit + EXTRA_FIELDS
+    total = 0
+    try:
+        for number, wire_type, start, stop in fields(data, pos, end):
+            total += 1
+            if total > most:
+                raise Refused(f"more than {most} fields in one {shape.name}; this server accepts at most "
+                              f"{limit} {'/'.join(shape.counted.values())} per {shape.name}")
+            if number not in counts:
+                continue
+            if wire_type == 2 and number in shape.fixed64:
+                counts[number] += (stop - start + 7) // 8
+            elif wire_type == 2 and number in shape.varint:  # C-speed count, on at most 10 × limit bytes
+                run = min(stop - start, 10 * limit + 10)
+                counts[number] += len(data[start:start + run].translate(None, _HIGH))
+            else:
+                counts[number] += 1
+            if counts[number] > limit:
+                raise Refused(f"more than {limit} {shape.counted[number]} in one {shape.name}; "
+                              f"this server accepts at most {limit}")
+            if shape.items is not None and wire_type == 2:
+                try:
+                    check(data, shape.items, limits, start, stop)
+                except Refused as exc:
+                    raise Refused(f"{shape.counted[number]}[{counts[number] - 1}]: {exc}") from None
+    except (IndexError, ValueError) as exc:
+        if isinstance(exc, Refused):
+            raise
+        raise _malformed(shape) from None
+
+
+def decoder(message_type: Callable[..., M], shape: Shape, limits: Limits) -> Callable[[bytes], M]:
+    """A request deserializer: the bounded pre-scan, then the protobuf parser."""
+
+    def decode(data: bytes) -> M:
+        check(data, shape, limits)
+        try:
+            return message_type.FromString(data)  # type: ignore[attr-defined]
+        except DecodeError:
+            raise _malformed(shape) from None
+
+    return decode
+
+
+# -- message codecs ----------------------------------------------------------------------------
+
+
+def candidates(req: pb.SelectRequest) -> tuple[Sequence[str] | None, np.ndarray, np.ndarray | None]:
+    """(item_ids, raw scores, rows) from any one encoding of the candidates: ids or rows is None."""
+    if len(req.item_rows):
+        if len(req.candidates) or len(req.item_ids):
+            other = "candidates" if len(req.candidates) else "item_ids"
+            raise InvalidRequest(f"both item_rows and {other} are set; expected exactly one encoding of the candidates "
+                                 "(item_rows + scores + catalog_version, item_ids + scores, or candidates)")
+        raw, rows = np.array(req.scores, dtype=np.float64), np.array(req.item_rows, dtype=np.int64)
+        if rows.size != raw.size:
+            raise InvalidRequest(f"item_rows has {rows.size} entries but scores has {raw.size}; "
+                                 "expected one score per row")
+        return None, raw, rows
+    if len(req.item_ids) or len(req.scores):
+        if len(req.candidates):
+            raise InvalidRequest("both candidates and item_ids/scores are set; expected exactly one encoding")
+        ids, raw = req.item_ids, np.array(req.scores, dtype=np.float64)
+        if len(ids) != raw.size:
+            raise InvalidRequest(
+                f"item_ids has {len(ids)} entries but scores has {raw.size}; expected one score per item_id"
+            )
+        return ids, raw, None
+    cands = list(req.candidates)  # one wrapper per candidate: the slower encoding
+    return [c.item_id for c in cands], np.array([c.score for c in cands], dtype=np.float64), None
+
+
+_HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes or more
+
+
+def fingerprint(kind: bytes, req: Any) -> bytes:
+    """SHA-256 of the canonical request (the ledger stores only HMAC(server key, this digest),
+    see recsvc.service.fingerprint_key). Fed in pieces below hashlib's 2 KiB GIL-release
+    threshold: releasing the GIL for a few µs of hashing only wakes a waiting thread for nothing."""
+    h = hashlib.sha256(kind)
+    data = memoryview(req.SerializeToString(deterministic=True))
+    for i in range(0, len(data), _HASH_PIECE):
+        h.update(data[i:i + _HASH_PIECE])
+    return h.digest()
+
+
+def params(req: Any) -> dict[str, float | None]:
+    """The request's mechanism parameters (None: the mechanism's default); every registered
+    parameter that the message has a field for."""
+    fields_ = req.DESCRIPTOR.fields_by_name
+    return {name: getattr(req, name) if req.HasField(name) else None for name in PARAM_NAMES if name in fields_}
+
+
+def select_input(req: pb.SelectRequest) -> tuple[SelectInput, np.ndarray, np.ndarray | None]:
+    """A Select request for the selector: its input, raw scores and rows (None unless sent as rows)."""
+    ids, raw, rows = candidates(req)
+    x = SelectInput(req.user_id, req.request_id, req.mechanism, req.epsilon, params(req),
+                    lambda: fingerprint(b"select\0", req), req.k, ids, req.catalog_version)
+    return x, raw, rows
+
+
+def recommend_input(req: pb.RecommendRequest) -> dict[str, Any]:
+    """A Recommend request as the arguments of :meth:`recsvc.service.selection.Selector.prepare_recommend`."""
+    fraction = req.candidate_fraction if req.HasField("candidate_fraction") else None
+    return dict(user_id=req.user_id, request_id=req.request_id, mechanism=req.mechanism, epsilon=req.epsilon,
+                params=params(req), history=req.history, num_candidates=req.num_candidates,
+                fingerprint=lambda: fingerprint(b"recommend\0", req), k=req.k, candidate_fraction=fraction)
+
+
+def encode(s: Selected) -> bytes:
+    """A serialized SelectResponse: the answer the ledger stores and a replay returns."""
+    return pb.SelectResponse(item_id=s.item_id, item_ids=s.item_ids, item_rows=s.item_rows, mechanism=s.mechanism,
+                             epsilon_spent=s.epsilon, budget_remaining=s.budget_remaining,
+                             request_id=s.request_id).SerializeToString()
+
+
+def replayed(stored: bytes) -> pb.SelectResponse:
+    """A stored answer, marked as a replay."""
+    resp = pb.SelectResponse.FromString(stored)
+    resp.replayed = True
+    if not resp.item_ids:  # an answer stored with item_id alone: its one item is the slate
+        resp.item_ids.append(resp.item_id)
+    return resp
+
+
+def answer(charge: Charge) -> pb.SelectResponse:
+    """The response to a charged request: its stored answer, marked when it was a replay."""
+    return replayed(charge.response) if charge.replayed else pb.SelectResponse.FromString(charge.response)
+
+
+def mechanisms_response(selector: Selector, policy: Policy, budget: float) -> pb.ListMechanismsResponse:
+    """The server's public configuration: mechanisms, the ``auto`` table and the limits."""
+    infos = [pb.MechanismInfo(name=name, private=bool(m.private),
+                              allowed=bool(m.private) or policy.selection.allow_non_private)
+             for name, m in sorted(MECHANISMS.items())]
+    table = selector.auto_table
+    auto = [] if table is None else [
+        pb.AutoPolicyEntry(epsilon=e, k=k, mechanism=m, expected_mse=v) for k, e, m, v in table.winners()
+    ]
+    return pb.ListMechanismsResponse(
+        mechanisms=infos,
+        auto_policy=auto,
+        default_mechanism=selector.default_mechanism,
+        auto_resolves_to=selector.auto_choice or "",
+        auto_threshold=policy.selection.auto_threshold,
+        population_spearman_median=float("nan") if selector.rho_median is None else selector.rho_median,
+        budget=budget,
+        max_candidates=policy.limits.max_candidates,
+        max_slate=policy.limits.max_slate,
+        min_candidates=policy.limits.min_candidates,
+        catalog_size=len(selector.catalog.item_ids) if selector.recommender is not None else 0,
+        catalog_version=selector.catalog.version,
+    )
+
+
+def error(code_value: int, code_name: str, message: str) -> bytes:
+    """A serialized Error: one SelectBatch item's refusal."""
+    return pb.Error(code=code_value, code_name=code_name, message=message).SerializeToString()
+
+
+def batch_response(results: Iterable[tuple[int, bytes]]) -> bytes:
+    """A serialized SelectBatchResponse from each item's SelectResult field (1: a serialized
+    SelectResponse, 2: a serialized Error), written directly: the stored answers are already
+    SelectResponse bytes, so they are framed (tag, length) rather than parsed and re-encoded."""
+    parts = []
+    for number, body in results:
+        inner = bytes([number << 3 | 2]) + _varint_bytes(len(body)) + body  # SelectResult.response / .error
+        parts.append(b"\x0a" + _varint_bytes(len(inner)) + inner)  # SelectBatchResponse.results
+    return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class Framed:
+    """An answer already serialized (SelectBatch's), with what each item came to for the metrics:
+    (mechanism, status name, ε charged, replayed) per item; a refused item has mechanism ""."""
+
+    data: bytes
+    outcomes: list[tuple[str, str, float, bool]]
+
+
+def serializer(message_type: Any) -> Callable[[Any], bytes]:
+    """Serializes a response message; a :class:`Framed` answer is sent as it is."""
+    def serialize(response: Any) -> bytes:
+        return response.data if isinstance(response, Framed) else message_type.SerializeToString(response)
+
+    return serialize

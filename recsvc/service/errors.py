@@ -1,0 +1,129 @@
+"""The service's refusals and the status code each one carries.
+
+Every error a client can see declares ``status``, the NAME of a :class:`grpc.StatusCode`
+member, as a class attribute; :func:`status_name` maps any exception with one walk up its MRO,
+so a new error needs no change here (:func:`recsvc.service.interceptors.status_of` turns the
+name into the code). This module imports no grpc: the selection layer raises these errors. Errors raised by the core and the ledger declare the same
+attribute as a plain string (they never import grpc). Messages quote no scores: they are sent
+to the client as they are, except an unexpected error's, which is withheld (see
+:func:`log_internal_error`).
+
+:data:`STATUS_TABLE` is the table of every status code the service answers with, and why; the
+reference page ``docs/reference/status-codes.md`` can be generated from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import ClassVar
+
+log = logging.getLogger("recsvc.service")
+
+INTERNAL_MESSAGE = "internal error; see the server log"
+
+
+class ServiceError(Exception):
+    """Base of the service's own refusals; nothing was spent."""
+
+    status: ClassVar[str] = "INTERNAL"
+
+
+class InvalidRequest(ServiceError, ValueError):
+    """Bad input: INVALID_ARGUMENT, nothing spent. Messages never contain score values."""
+
+    status: ClassVar[str] = "INVALID_ARGUMENT"
+
+
+class Refused(InvalidRequest):
+    """A request refused before parsing (bounded pre-scan or a malformed message): INVALID_ARGUMENT.
+    The message quotes no request data."""
+
+
+class Unavailable(ServiceError):
+    """The request is well-formed but this server cannot serve it (FAILED_PRECONDITION)."""
+
+    status: ClassVar[str] = "FAILED_PRECONDITION"
+
+
+class PermissionDenied(ServiceError):
+    """An authenticated caller asked for something outside its scope (PERMISSION_DENIED, nothing spent)."""
+
+    status: ClassVar[str] = "PERMISSION_DENIED"
+
+
+class Unauthenticated(ServiceError):
+    """No valid credentials (bearer token and/or client certificate)."""
+
+    status: ClassVar[str] = "UNAUTHENTICATED"
+
+
+class RateLimited(ServiceError):
+    """The principal's rate limit is used up; retrying later succeeds."""
+
+    status: ClassVar[str] = "RESOURCE_EXHAUSTED"
+
+
+# Exceptions defined elsewhere whose class cannot declare ``status`` here: a builtin (ValueError:
+# the core validates the inputs the service checked already, with messages of its own) and, until
+# the ledger's errors declare their own, the ledger's refusals. Keyed by class; the MRO walk in
+# :func:`status_name` consults it after the class's own attribute.
+FOREIGN_STATUS: dict[type[BaseException], str] = {ValueError: "INVALID_ARGUMENT"}
+
+
+def _ledger_statuses() -> None:
+    """The ledger's refusals (BudgetExceeded, RequestConflict, LedgerUnavailable): their own
+    ``status`` attribute wins; this fills in only for classes that do not declare one."""
+    from recsvc.service import ledger_base
+
+    for name, status in (("BudgetExceeded", "RESOURCE_EXHAUSTED"), ("RequestConflict", "ALREADY_EXISTS"),
+                         ("LedgerUnavailable", "UNAVAILABLE")):
+        cls = getattr(ledger_base, name)
+        if "status" not in vars(cls):
+            FOREIGN_STATUS.setdefault(cls, status)
+
+
+_ledger_statuses()
+
+
+def status_name(exc: BaseException) -> str:
+    """The name of ``exc``'s status code: the nearest class in its MRO that declares ``status``
+    (or has an entry in :data:`FOREIGN_STATUS`); INTERNAL for anything else."""
+    for cls in type(exc).__mro__:
+        name = vars(cls).get("status") or FOREIGN_STATUS.get(cls)
+        if isinstance(name, str):
+            return name
+    return "INTERNAL"
+
+
+def log_internal_error(what: str, exc: BaseException) -> None:
+    """Logs an unexpected failure by type and stack only: an exception's message (e.g. one of
+    numpy's) may quote the values it was given, and those may be a user's scores."""
+    stack = "".join(traceback.format_tb(exc.__traceback__))
+    log.error("%s failed with an internal error: %s (message withheld)\n%s", what, type(exc).__name__, stack)
+
+
+# (status code, raised as, when). Spent: nothing is spent on any refusal; a SelectBatch answers
+# each item's refusal as that item's Error (code, code_name, message) and the call itself is OK.
+STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("OK", "", "the answer; a replayed request_id returns the stored answer with replayed=true"),
+    ("INVALID_ARGUMENT", "InvalidRequest, Refused, ValueError",
+     "a malformed or out-of-limit request (checked before parsing where possible), a bad parameter"),
+    ("FAILED_PRECONDITION", "Unavailable",
+     "well-formed, but this server cannot serve it (another catalog_version, no model for Recommend)"),
+    ("UNAUTHENTICATED", "Unauthenticated", "missing or invalid bearer token or client certificate"),
+    ("PERMISSION_DENIED", "PermissionDenied", "the principal's scope does not cover the method or the user_id"),
+    ("RESOURCE_EXHAUSTED", "BudgetExceeded, RateLimited",
+     "the user's privacy budget is used up, the principal's rate limit is exceeded, or the message is "
+     "larger than the server's max_message_bytes (refused unread by gRPC)"),
+    ("ALREADY_EXISTS", "RequestConflict", "the request_id was used before with different parameters"),
+    ("UNAVAILABLE", "LedgerUnavailable", "the ledger's database does not answer; retry with the same request_id"),
+    ("INTERNAL", "any other exception", "an unexpected failure; the message is withheld and the stack logged"),
+)
+
+
+def status_table_markdown() -> str:
+    """:data:`STATUS_TABLE` as a Markdown table (for docs/reference/status-codes.md)."""
+    rows = ["| Status | Raised as | When |", "|---|---|---|"]
+    rows += [f"| `{code}` | {raised or '-'} | {when} |" for code, raised, when in STATUS_TABLE]
+    return "\n".join(rows) + "\n"

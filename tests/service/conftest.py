@@ -1,0 +1,48 @@
+"""Fixtures of the service tests: an in-process server on the toy artifact and its client.
+
+A module configures the shared server with ``SERVER_OPTIONS``, a dict of flat ServerConfig
+parameters (``{"budget": 5.0, "max_candidates": 25}``); without it the server has the defaults.
+``server``/``client`` live for the module (one ledger, so tests use distinct user ids);
+``fresh_server``/``fresh_client`` give a test a server and ledger of its own.
+Non-fixture helpers are in :mod:`recsvc.service.testing`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from recsvc.service.client import Client
+from recsvc.service.server import ServerHandle
+from recsvc.service.testing import client_of, served
+
+
+def _options(request: pytest.FixtureRequest) -> dict:
+    return dict(getattr(request.module, "SERVER_OPTIONS", {}))
+
+
+@pytest.fixture(scope="module")
+def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    with served(artifact, tmp_path_factory.mktemp("led") / "l.db", **_options(request)) as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerHandle) -> Iterator[Client]:
+    with client_of(server) as c:
+        yield c
+
+
+@pytest.fixture
+def fresh_server(artifact: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+    with served(artifact, tmp_path / "l.db", **_options(request)) as h:
+        yield h
+
+
+@pytest.fixture
+def fresh_client(fresh_server: ServerHandle) -> Iterator[Client]:
+    with client_of(fresh_server) as c:
+        yield c
