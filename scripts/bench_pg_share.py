@@ -59,7 +59,7 @@ def load_cluster(stack: ExitStack):  # -> (Cluster, url, script path)
     """The second cluster, busy only while a ``sqlite + db`` row runs."""
     import psycopg
 
-    from recsvc.service.pg_cluster import remove_cluster, start_cluster
+    from recsvc.ledger.testing.cluster import remove_cluster, start_cluster
 
     cluster = start_cluster(shared_buffers="128MB")
     stack.callback(remove_cluster, cluster)

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from recsvc.service.pg_cluster import free_port
+from recsvc.ledger.testing.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 METHOD = "/recsvc.v1.PrivateSelection/Select"
@@ -140,11 +140,11 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     import grpc
 
     from recsvc.artifact import load_artifact
-    from recsvc.service.ledger import Ledger
+    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service.config import Policy
     from recsvc.service.servicer import SelectionServicer, status_of
 
-    servicer = None if echo else SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e6), Policy())
+    servicer = None if echo else SelectionServicer(load_artifact(artifacts), SQLiteLedger(ledger, 1e6), Policy())
 
     async def select(req: object, ctx: grpc.aio.ServicerContext) -> object:
         if servicer is None:

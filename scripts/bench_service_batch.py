@@ -11,7 +11,7 @@ them alike:
 * SelectBatch with item ids.
 
 ``--ledger sqlite,postgresql`` measures each store in the same run (PostgreSQL: a throwaway cluster
-on loopback, :mod:`recsvc.service.pg_cluster`, prepared with ``recsvc ledger init``). The summary
+on loopback, :mod:`recsvc.ledger.testing.cluster`, prepared with ``recsvc ledger init``). The summary
 compares the stores' best rows, and row by row (``paired``: the median of PostgreSQL over SQLite
 for the same row of the same pass, measured one right after the other). After each row the
 ledger is asked how many requests it charged: a row whose requests were not all charged is an
@@ -85,7 +85,7 @@ def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack
     """A durable SQLite ledger in tmp, or a fresh database on a throwaway PostgreSQL cluster."""
     if kind == "sqlite":
         return Server("sync", art, tmp, workers)
-    from recsvc.service.pg_cluster import remove_cluster, start_cluster
+    from recsvc.ledger.testing.cluster import remove_cluster, start_cluster
 
     cluster = start_cluster(shared_buffers="128MB")  # PostgreSQL's default (the tests' clusters use less)
     stack.callback(remove_cluster, cluster)

@@ -45,14 +45,14 @@ def main() -> int:
     from recsvc.service.auth import ADMIN, Caller, Principal, Scope
     from recsvc.service.config import Policy
     from recsvc.service.gate import CALLER
-    from recsvc.service.ledger import Ledger
+    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
     with tempfile.TemporaryDirectory(prefix="profile-batch-") as td:
         tmp = Path(td)
         art = load_artifact(bench_artifact(tmp / "art"))
-        ledger = Ledger(tmp / "ledger.db", 1e6)
+        ledger = SQLiteLedger(tmp / "ledger.db", 1e6)
         servicer = SelectionServicer(art, ledger, Policy())
         decode = wire.decoder(pb.SelectBatchRequest, wire.BATCH, wire.Limits.of(servicer.policy))
         caller = Caller((Principal("profile", Scope(ADMIN)),), "profile")

@@ -1,7 +1,7 @@
 """Fixtures shared by several test modules.
 
 Import style: helper modules in tests/ (``data_prep_fixtures``, ``eval_fixtures``,
-``mechanisms_audit``, ``mechanisms_reference``, ``pg_fixtures``, ``service_fixtures``) are imported by their bare
+``mechanisms_audit``, ``mechanisms_reference``, ``service_fixtures``) are imported by their bare
 names. tests/ has no ``__init__.py``, so pytest's default import mode puts tests/ itself first on
 sys.path; nothing imports ``tests.…``, because an installed distribution that ships a top-level
 ``tests`` package (diffprivlib does) would shadow this directory under that name. Test modules
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pg_fixtures import Cluster, pg_bin, remove_cluster, start_cluster
+from recsvc.ledger.testing.cluster import Cluster, pg_bin, remove_cluster, start_cluster
 from service_fixtures import make_artifact, make_certs
 
 

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 
 from recsvc.artifact import ArtifactWriter
 from recsvc.model import Model
-from recsvc.service.pg_cluster import free_port  # noqa: F401 - the tests' one free-port helper
+from recsvc.ledger.testing.cluster import free_port  # noqa: F401 - the tests' one free-port helper
 
 if TYPE_CHECKING:
     from recsvc.service.client import Client

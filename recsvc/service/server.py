@@ -33,8 +33,7 @@ import grpc
 from recsvc.checks import ParamError
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.service.ledger_base import is_postgres
-from recsvc.service.ledger_store import open_store
+from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
 from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
 
 log = logging.getLogger("recsvc.service")
@@ -87,8 +86,8 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import auth, fingerprint_key, gate, metrics
-    from recsvc.service import ledger as ledger_mod
+    from recsvc.ledger import fingerprint, sqlite as ledger_mod
+    from recsvc.service import auth, gate, metrics
     from recsvc.service.servicer import SelectionServicer, register
     from recsvc.v1 import selection_pb2
 
@@ -98,7 +97,7 @@ def start(config: ServerConfig) -> ServerHandle:
     pg = is_postgres(config.ledger)
     if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
         ledger_mod.check_path(config.ledger)
-        fingerprint_key.check(config.key_path)
+        fingerprint.check(config.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
     servicer.limiter = gate.RateLimiter(config.rate_limit) if config.rate_limit > 0 else None
     server = grpc.server(
@@ -128,7 +127,8 @@ def start(config: ServerConfig) -> ServerHandle:
     try:
         if config.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.metrics_port, config.metrics_host)
-        ledger = open_store(config.ledger, config.budget, config.key_path, config.ledger_pool, window=config.window)
+        ledger = open_ledger(config.ledger, config.budget, config.key_path, pool_size=config.ledger_pool,
+                             window=config.window, observer=ledger_observer(), mechanism_of=stored_mechanism)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -161,6 +161,26 @@ def start(config: ServerConfig) -> ServerHandle:
                                            daemon=True)
         handle._watcher.start()
     return handle
+
+
+def ledger_observer() -> LedgerObserver:
+    """The ledger's callbacks, wired to this process's Prometheus metrics."""
+    from recsvc.service import metrics
+
+    return LedgerObserver(relocked=metrics.RELOCKED.inc)
+
+
+def stored_mechanism(response: bytes) -> str:
+    """The mechanism a stored answer (a serialized SelectResponse) names; '' if it is not one.
+    The ledger's migrations recover the mechanism of charges stored without it with this."""
+    from google.protobuf.message import DecodeError
+
+    from recsvc.v1 import selection_pb2
+
+    try:
+        return selection_pb2.SelectResponse.FromString(response).mechanism
+    except (DecodeError, UnicodeDecodeError):
+        return ""
 
 
 def _watch_ledger(handle: ServerHandle) -> None:
@@ -268,8 +288,8 @@ def _serve_workers(config: ServerConfig) -> int:
 def _fork_workers(config: ServerConfig) -> int:
     # Checks that need no gRPC/polars state run here, before any fork and before the ledger
     # exists; the rest (artifact, mechanism policy) runs in the workers, which report failures.
+    from recsvc.ledger import sqlite as ledger_mod
     from recsvc.service import auth
-    from recsvc.service import ledger as ledger_mod
 
     auth.check_server_files(config.tls_cert, config.tls_key, config.client_ca)
     _authenticator(config)
@@ -283,7 +303,8 @@ def _fork_workers(config: ServerConfig) -> int:
     # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
-    ledger = open_store(config.ledger, config.budget, config.key_path, pool_size=1, window=config.window)
+    ledger = open_ledger(config.ledger, config.budget, config.key_path, pool_size=1, window=config.window,
+                         mechanism_of=stored_mechanism)
     ledger.close()
     served: list[bool] = []
     try:

@@ -24,7 +24,7 @@ from recsvc.service.auth import SERVICE_NAME, Caller, PermissionDenied
 from recsvc.service.config import Policy
 from recsvc.service.gate import RateLimiter, current_caller
 from recsvc.service.batch import execute_batch
-from recsvc.service.ledger_base import BudgetExceeded, Charge, LedgerStore, LedgerUnavailable, RequestConflict
+from recsvc.ledger import BudgetExceeded, Charge, Ledger, LedgerUnavailable, RequestConflict
 from recsvc.service.selection import (Columns, InvalidRequest, Prepared, Selected, SelectInput, Selector,
                                       Unavailable, check_id)
 from recsvc.v1 import selection_pb2 as pb
@@ -63,7 +63,7 @@ _HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes 
 
 def _fingerprint(kind: bytes, req: Any) -> bytes:
     """SHA-256 of the canonical request (the ledger stores only HMAC(server key, this digest),
-    see recsvc.service.fingerprint_key). Fed in pieces below hashlib's 2 KiB GIL-release
+    see recsvc.ledger.fingerprint). Fed in pieces below hashlib's 2 KiB GIL-release
     threshold: releasing the GIL for a few µs of hashing only wakes a waiting thread for nothing."""
     h = hashlib.sha256(kind)
     data = memoryview(req.SerializeToString(deterministic=True))
@@ -89,20 +89,20 @@ T = TypeVar("T")
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
-    def __init__(self, artifact: Artifact, ledger: LedgerStore | None, policy: Policy) -> None:
+    def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
         self.selector = Selector(artifact, policy)
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
 
     @property
-    def ledger(self) -> LedgerStore:
+    def ledger(self) -> Ledger:
         if self._ledger is None:
             raise RuntimeError("the servicer has no ledger attached yet")
         return self._ledger
 
     @ledger.setter
-    def ledger(self, ledger: LedgerStore) -> None:
+    def ledger(self, ledger: Ledger) -> None:
         self._ledger = ledger
 
     @property

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from recsvc.app.cli import main as recsvc_main
-from recsvc.service import fingerprint_key
+from recsvc.ledger import fingerprint as fingerprint_key
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start

@@ -11,11 +11,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from ledger_conformance import Stores
 from recsvc.checks import ParamError
-from recsvc.service.ledger_pg import PostgresLedger
-from recsvc.service.ledger_pg_schema import MIGRATIONS, key_check
-from recsvc.service.ledger_units import charge_units
+from recsvc.ledger.postgres import PostgresLedger
+from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
+from recsvc.ledger.testing import Stores
+from recsvc.ledger.units import charge_units
 from recsvc.v1 import selection_pb2 as pb
 from service_fixtures import REPO, free_port
 
@@ -146,7 +146,7 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     import threading
     import time
 
-    from recsvc.service.ledger_base import BudgetExceeded
+    from recsvc.ledger import BudgetExceeded
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     led = s.open(budget=1.0)
@@ -169,13 +169,13 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
         while time.monotonic() < deadline and not watch.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]:
             time.sleep(0.005)
-    assert led._commit_all.queued() == 0  # the leader took its own charge
+    assert led._group_commit.queued() == 0  # the leader took its own charge
     for rid, eps in [("r2", 0.3), ("r3", 0.2), ("r4", 0.2), ("r5", 0.1)]:
         threads.append(threading.Thread(target=charge, args=(rid, eps)))
         threads[-1].start()
-        while led._commit_all.queued() < len(threads) - 1 and time.monotonic() < deadline:  # arrival order
+        while led._group_commit.queued() < len(threads) - 1 and time.monotonic() < deadline:  # arrival order
             time.sleep(0.002)
-    assert led._commit_all.queued() == 4
+    assert led._group_commit.queued() == 4
     other.rollback()
     other.close()
     for t in threads:

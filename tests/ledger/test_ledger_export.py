@@ -13,13 +13,14 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
-from ledger_conformance import Clock, Stores, resp, stores  # noqa: F401 - stores: the fixture
 from recsvc.checks import ParamError
-from recsvc.service import ledger_export, ledger_pg_schema, ledger_schema
+from recsvc.ledger import BudgetExceeded, export as ledger_export
+from recsvc.ledger.export import COLUMNS, export
+from recsvc.ledger.postgres import schema as ledger_pg_schema
+from recsvc.ledger.sqlite import schema as ledger_schema
+from recsvc.ledger.testing import Clock, Stores, resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
-from recsvc.service.ledger_base import BudgetExceeded
-from recsvc.service.ledger_export import COLUMNS, export
 from recsvc.service.server import start
 from service_fixtures import REPO, candidates, free_port, item_ids
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from recsvc.service import pg_arrays
-from recsvc.service.pg_arrays import bytea_array, int8_array, text_array
+from recsvc.ledger.postgres import arrays as pg_arrays
+from recsvc.ledger.postgres.arrays import bytea_array, int8_array, text_array
 
 CASES = [
     ("bigint", int8_array, [0, 1, -1, 2**63 - 1, -(2**63), 5_000_000_000]),

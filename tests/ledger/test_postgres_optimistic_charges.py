@@ -17,16 +17,17 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from ledger_conformance import Stores
-from recsvc.service import ledger_pg, ledger_pg_sql
-from recsvc.service.ledger_base import BudgetExceeded, Pending
-from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
-from recsvc.service.ledger_units import charge_units
+from recsvc.ledger import BatchItem, BudgetExceeded, LedgerObserver
+from recsvc.ledger.charging import Pending
+from recsvc.ledger.postgres import store as ledger_pg
+from recsvc.ledger.testing import Stores
+from recsvc.ledger.units import charge_units
+from recsvc.service.server import ledger_observer
 
 
-def _replicas(pg_cluster, tmp_path: Path, budget: float = 1.0):
+def _replicas(pg_cluster, tmp_path: Path, budget: float = 1.0, observer: LedgerObserver | None = None):
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    return s, s.open(budget=budget), s.open(budget=budget)
+    return s, s.open(budget=budget, observer=observer), s.open(budget=budget)
 
 
 def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -42,7 +43,7 @@ def _queue_in_order(a, threads: list[threading.Thread], queued: int = 0) -> None
     (which holds ``queued`` items before them), so they queue, and lead, in that order."""
     for n, thread in enumerate(threads, start=queued + 1):
         thread.start()
-        _until(lambda: a._commit_all.queued() >= n)
+        _until(lambda: a._group_commit.queued() >= n)
 
 
 def _rounds(a, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
@@ -75,7 +76,7 @@ def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: 
 @pytest.mark.parametrize("fresh", [False, True], ids=["existing-account", "first-charge"])
 def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluster, tmp_path: Path,
                                                                         fresh: bool) -> None:
-    s, a, b = _replicas(pg_cluster, tmp_path)
+    s, a, b = _replicas(pg_cluster, tmp_path, observer=ledger_observer())  # the service's metrics
     if not fresh:
         a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
 
@@ -186,7 +187,7 @@ def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_u
         b.charge("y", "other", b"d", 0.3, lambda rem: b"other")  # another replica, after the snapshot
         return todo
 
-    got = draw_and_charge_batch(a, items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
+    got = a.draw_and_charge_batch(items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
     assert [c.response for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
     assert a.moved == 2  # y's two items
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [(charge_units(0.6), 2),
@@ -221,8 +222,8 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     for user, rid, eps in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "fresh", 0.3)]:
         threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
         threads[-1].start()
-    _until(lambda: a._commit_all.queued() >= 3)
-    assert a._commit_all.queued() == 3
+    _until(lambda: a._group_commit.queued() >= 3)
+    assert a._group_commit.queued() == 3
     a._pool.putconn(held)
     for t in threads:
         t.join(20)
@@ -259,9 +260,9 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
     users = ("leader", "successor", "waiter")
     threads = [threading.Thread(target=charge, args=(u,)) for u in users]
     threads[0].start()
-    _until(lambda: a._commit_all._leading)
+    _until(lambda: a._group_commit._leading)
     _queue_in_order(a, threads[1:])  # the first to queue leads next
-    assert a._commit_all.queued() == 2
+    assert a._group_commit.queued() == 2
     release.set()
     for th in threads:
         th.join(20)
@@ -296,10 +297,10 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
     with psycopg.connect(s.target, autocommit=True) as conn:
         conn.execute("ANALYZE")
     statements = {
-        ledger_pg_sql.PRECHECKS: ["text[]", "text[]"],
-        ledger_pg_sql.CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
+        ledger_pg.PRECHECKS: ["text[]", "text[]"],
+        ledger_pg.CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
                                       "bigint[]", "bytea[]", "text[]"],
-        ledger_pg_sql.WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
+        ledger_pg.WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
                            "bigint[]", "bigint[]", "bigint[]"],
     }
     with a._pool.connection() as conn:
@@ -324,7 +325,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
-        monkeypatch.setattr(ledger_pg_sql, "CHARGE_AND_PRECHECK", ledger_pg_sql.CHARGE_AND_PRECHECK.replace(
+        monkeypatch.setattr(ledger_pg, "CHARGE_AND_PRECHECK", ledger_pg.CHARGE_AND_PRECHECK.replace(
             "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
     rounds = _rounds(a, monkeypatch)
     draws: list[str] = []
@@ -350,12 +351,12 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     threads[-1].start()
     _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     go.set()
-    _until(lambda: a._commit_all.queued() >= 1)  # x1's charge
+    _until(lambda: a._group_commit.queued() >= 1)  # x1's charge
     more = [threading.Thread(target=charge, args=args)
             for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]]
     _queue_in_order(a, more, queued=1)
     threads += more
-    assert a._commit_all.queued() == 4
+    assert a._group_commit.queued() == 4
     a._pool.putconn(held)
     for t in threads:
         t.join(20)
@@ -425,7 +426,7 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
               ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored")))]
     threads += [threading.Thread(target=run, args=(rid, call)) for rid, call in queued]
     _queue_in_order(a, threads[1:])
-    assert a._commit_all.queued() == 3
+    assert a._group_commit.queued() == 3
     a._pool.putconn(held)
     for th in threads:
         th.join(20)
