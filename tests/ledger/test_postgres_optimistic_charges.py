@@ -124,7 +124,7 @@ def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster
     other = psycopg.connect(s.target)
     other.execute("UPDATE recsvc_budgets SET spent_units = spent_units + %s, requests = requests + 1 "
                   "WHERE user_id = 'u'", (charge_units(0.3),))
-    worker = threading.Thread(target=a._group, args=(lambda: [p],))
+    worker = threading.Thread(target=a._commit_group, args=(lambda: [p],))
     worker.start()
     with psycopg.connect(s.target, autocommit=True) as watch:
         _until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
@@ -169,7 +169,7 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
         assert a._precheck(p) is None and p.seen is not False
     b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
     commits = a.commits
-    a._group(lambda: queue)
+    a._commit_group(lambda: queue)
     assert [p.result.response for p in queue] == [b"x|0.40", b"y|0.20", b"z|0.50"]
     assert (a.commits - commits, a.moved) == (2, 1)  # one optimistic statement, one locking transaction
     assert [a.user(u).spent_units for u in ("x", "y", "z")] == [charge_units(e) for e in (0.6, 0.8, 0.5)]
