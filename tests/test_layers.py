@@ -220,7 +220,8 @@ def ledger_violations(tree: Tree) -> list[str]:
             out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the ledger imports {what}")
         elif (_within(i.target, "recsvc.ledger.postgres") and not i.lazy
               and not any(_within(i.importer, p) for p in ("recsvc.ledger.postgres", "recsvc.ledger.testing"))):
-            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the PostgreSQL store, imported outside a function")
+            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the PostgreSQL store, imported outside "
+                       "a function")
     return out
 
 
@@ -435,8 +436,8 @@ def test_the_ledger_may_not_import_the_service_or_its_stubs(tmp_path):
     expected = [
         "recsvc/ledger/base.py:2 recsvc.ledger.base → recsvc.service.metrics: the ledger imports the service",
         "recsvc/ledger/base.py:2 recsvc.ledger.base → recsvc.service.metrics: upward (L1 ledger imports L2 service)",
-        "recsvc/ledger/sqlite.py:1 recsvc.ledger.sqlite → recsvc.v1.selection_pb2: the ledger imports the protobuf stubs",
-        "recsvc/ledger/sqlite.py:1 recsvc.ledger.sqlite → recsvc.v1.selection_pb2: upward (L1 ledger imports L2 service)",
+        "recsvc.ledger.sqlite → recsvc.v1.selection_pb2: the ledger imports the protobuf stubs",
+        "recsvc.ledger.sqlite → recsvc.v1.selection_pb2: upward (L1 ledger imports L2 service)",
         "recsvc/ledger/sqlite.py:2 recsvc.ledger.sqlite → psycopg: third-party, only inside a function (ledger)",
         "recsvc/ledger/__init__.py:1 recsvc.ledger → recsvc.ledger.postgres: the PostgreSQL store, imported outside",
     ]

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from recsvc.ledger import fingerprint
 from recsvc.ledger.charging import Charge, Pending, UserBudget, account, precheck, unset, verdict
@@ -186,7 +186,7 @@ class Ledger(abc.ABC):
                 return done
             sample = draw()
             p.build_response = lambda remaining: build_response(sample, remaining)
-            return self._group_commit.one(p)  # type: ignore[no-any-return]
+            return cast(Charge, self._group_commit.one(p))
 
     def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
                build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
@@ -202,7 +202,7 @@ class Ledger(abc.ABC):
         COMMIT. ``mechanism`` is stored with the charge (``recsvc ledger export``).
         """
         p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response, mechanism)
-        return self._group_commit.one(p)  # type: ignore[no-any-return]
+        return cast(Charge, self._group_commit.one(p))
 
     def _precheck(self, p: Pending) -> Charge | None:
         """Step 3: :func:`recsvc.ledger.charging.precheck` on the store's snapshot read."""

@@ -1,4 +1,4 @@
-"""The ledger's pre-encoded array parameters (``recsvc.service.pg_arrays``) read back by a real
+"""The ledger's pre-encoded array parameters (``recsvc.ledger.postgres.arrays``) read back by a real
 PostgreSQL exactly as psycopg's own list adaptation sends them, and wrong input is refused
 before anything is sent."""
 

@@ -1,4 +1,4 @@
-"""The privacy ledger on its own: atomic check-and-spend, replay, conflicts, durability, processes."""
+"""The SQLite ledger: atomic check-and-spend, replay, conflicts, durability, group commit, processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A ledger file written before issue #12 (float ε, unsalted SHA-256 fingerprints) is migrated on open."""
+"""Older SQLite ledger files (version 0: float ε, unsalted SHA-256 fingerprints; version 2: requests
+keyed WITHOUT ROWID) are migrated when opened."""
 
 from __future__ import annotations
 

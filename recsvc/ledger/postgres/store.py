@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -276,7 +276,7 @@ class PostgresLedger(Ledger):
     def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
         """Rides in the next round of this process (:meth:`_commit_group`) with the charges and
         pre-checks queued meanwhile: one statement reads them all on its snapshot."""
-        return self._group_commit.one(_Probe(pending=p))  # type: ignore[no-any-return]
+        return cast("tuple[Any, Any, Any, Any]", self._group_commit.one(_Probe(pending=p)))
 
     def _answer(self, probes: list[_Probe], rows: list[tuple[Any, ...]]) -> None:
         """Each pre-check's row of :data:`PRECHECKS` (the rule is applied by its caller); its

@@ -218,7 +218,8 @@ def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> Non
 
 
 def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: BudgetWindow,
-              retry: Callable[[Callable[[], object]], None], mechanism_of: MechanismOf | None = None) -> tuple[bytes, bool]:
+              retry: Callable[[Callable[[], object]], None],
+              mechanism_of: MechanismOf | None = None) -> tuple[bytes, bool]:
     """Creates, checks or migrates the ledger in one write transaction (processes opening it at
     once take turns), checks its budget window, and loads or creates the fingerprint key:
     (key, created). A refusal rolls everything back: the file is left as it was. ``mechanism_of``

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
@@ -183,11 +183,12 @@ class SQLiteLedger(Ledger):
 
     def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
         """One statement on a read snapshot."""
-        return self._conn().execute(  # type: ignore[no-any-return]
+        row = self._conn().execute(
             "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT spent_units FROM budgets WHERE user_id=?1),"
             " (SELECT window_start FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
+        return cast("tuple[Any, Any, Any, Any]", row)
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -195,7 +196,7 @@ class SQLiteLedger(Ledger):
         """The queue is taken once this process holds the write lock, so charges that queued
         meanwhile join the transaction."""
         with self._exclusive():
-            self._commit_batch(take())  # type: ignore[arg-type]
+            self._commit_batch(cast("list[Pending]", take()))  # this store queues charges only
 
     def _commit_batch(self, batch: list[Pending]) -> None:
         conn = self._writer_conn()

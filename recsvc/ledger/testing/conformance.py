@@ -269,7 +269,8 @@ class AbstractLedgerTest(abc.ABC):
                  BatchItem("w", "x", b"dx", 2.0, "pf")]  # beyond the whole budget
         got = [_outcome(o) for o in _batch(led, items, draws)]
         assert got == [(b"s0|0.6", False), (b"s1|0.1", False), "BudgetExceeded", (b"s3|0.0", False),
-                       (b"s0|0.6", True), (b"v|0.500000", True), (b"s6|0.0", False), "RequestConflict", "BudgetExceeded"]
+                       (b"s0|0.6", True), (b"v|0.500000", True), (b"s6|0.0", False), "RequestConflict",
+                       "BudgetExceeded"]
         assert draws == [[0, 1, 3, 6]]  # replays, conflicts and refusals draw nothing
         assert led.commits == commits + 1  # one transaction for the whole batch
         assert [(led.user(u).spent_units, led.user(u).requests) for u in "uvw"] == [
