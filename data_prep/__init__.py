@@ -1,3 +1,3 @@
-"""Offline pipeline (SPEC §4): ``recsvc prep`` / :func:`data_prep.pipeline.run`."""
+"""Offline pipeline (docs/reference/specification.md §4): ``recsvc prep`` / :func:`data_prep.pipeline.run`."""
 
 DATASETS = ("ml-100k", "ml-20m", "netflix", "amazon-book", "synthetic")

@@ -1,4 +1,4 @@
-"""Top-k accuracy metrics as in SANSA's evaluation code (SPEC §4).
+"""Top-k accuracy metrics as in SANSA's evaluation code (docs/reference/specification.md §4).
 
 Recall@k = hits / min(k, |targets|);  nDCG@k = DCG / ideal DCG with ideal length min(k, |targets|).
 The weak-generalisation protocol (Amazon-book, as in LightGCN/BARS) reports instead

@@ -1,5 +1,5 @@
-"""The offline pipeline (SPEC §4): load → split → fit SANSA → accuracy + test candidates →
-sensitivities from a population → population Spearman → one atomic artifact directory.
+"""The offline pipeline (docs/reference/specification.md §4): load → split → fit SANSA → accuracy + test
+candidates → sensitivities from a population → population Spearman → one atomic artifact directory.
 
 Python API: ``run(PrepConfig(dataset="ml-100k")) -> Path``.
 """
@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from data_prep import datasets
 from data_prep.candidates import N_CANDIDATES, ScoringContext, score_population, score_top_k
-from data_prep.datasets.base import DataError
 from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate
 from data_prep.metrics import accuracy
 from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, population_spearman, validate_percentiles
@@ -343,7 +342,7 @@ def _sensitivities(
     with timer.step("population_scoring"):
         ctx = ScoringContext(model, group.inputs, N_CANDIDATES)
         results = engine.map(score_population, chunks, ctx, desc="population scores", unit="user", sizes=[len(c) for c in chunks])
-        for rows, (scores, top) in zip(chunks, results):
+        for rows, (scores, top) in zip(chunks, results, strict=True):
             store.write_rows(rows.start, scores)
             top_index[rows.start : rows.stop] = top.index
             top_score[rows.start : rows.stop] = top.score

@@ -1,4 +1,4 @@
-"""``recsvc policy``: rebuild the `auto` policy table of an existing artifact (issue #15).
+"""``recsvc policy``: rebuild the `auto` policy table of an existing artifact.
 
 The table's input is the artifact's own ``population.parquet`` (the sampled sensitivity
 population's top candidates, written by ``recsvc prep``), so no dataset files are needed and

@@ -1,4 +1,4 @@
-"""Per-item clip ranges and sensitivities from a population of users (SPEC §4 step 5), and
+"""Per-item clip ranges and sensitivities from a population of users (docs/reference/specification.md §4 step 5), and
 the population's Spearman statistics (step 6).
 
 For item a: lo = p_lo and hi = p_hi percentile (numpy's default linear interpolation) of a's

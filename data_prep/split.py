@@ -1,4 +1,5 @@
-"""Implicit-feedback filter and the train / validation / test splits (SPEC §4, as SANSA's code).
+"""Implicit-feedback filter and the train / validation / test splits, as SANSA's code does
+(docs/reference/specification.md §4).
 
 Strong generalisation: users are shuffled with the seed; the first ``test_users`` are test
 users, the next ``val_users`` validation users, the rest train. Each held-out user keeps a

@@ -11,7 +11,7 @@ q_î ≥ q_j − Δ_î(t_GEM' − t) − Δ_j(t_GEM' + t) for every j, where t_G
   derivation, the paper states only GEM's).
 
 :func:`predict` applies the rules; :func:`hit_rates` scores them against exact expected MSE on the
-paper's scenarios. ``python -m eval.appendix_j`` prints the table quoted in the README.
+paper's scenarios. ``python -m eval.appendix_j`` prints the table quoted in docs/research/paper-reproduction.md.
 """
 
 from __future__ import annotations
@@ -87,9 +87,10 @@ def hit_rates(scenarios: Sequence[str] = SCENARIOS, users: int = DEFAULT_USERS,
     for scope, t in [*((s, cases.filter(pl.col("scenario") == s)) for s in scenarios), ("all", cases)]:
         for rule in RULES:
             pred, actual = t[f"pred_{rule}"], t[rule]
+            hits = int((pred == actual).sum())
             out.append({"scenario": scope, "rule": rule, "cases": t.height, "predicted": int(pred.sum()),
-                        "happened": int(actual.sum()), "hits": int((pred == actual).sum()),
-                        "misses": int((actual & ~pred).sum()), "hit_rate": float((pred == actual).mean())})
+                        "happened": int(actual.sum()), "hits": hits,
+                        "misses": int((actual & ~pred).sum()), "hit_rate": hits / t.height})
     return pl.DataFrame(out)
 
 

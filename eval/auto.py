@@ -1,4 +1,4 @@
-"""`auto` as a row of the evaluation (issue #15): resolved per ε from the PUBLIC policy table,
+"""`auto` as a row of the evaluation: resolved per ε from the PUBLIC policy table,
 scored on the run's users, and its regret against the oracle (the best fixed private mechanism
 chosen on the run's users themselves).
 
@@ -95,7 +95,7 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
         kind = m.sensitivity_population or "population"
         if kind == "test":  # the paper's mode: the public population is the evaluated users themselves
             origin = f"the artifact's policy table (policy.parquet: expected MSE on {users}TEST users)"
-            notes = ("the artifact was built with --sensitivity-population test: auto's table was computed on the "
+            notes: tuple[str, ...] = ("the artifact was built with --sensitivity-population test: auto's table was computed on the "
                      "test users themselves, so its regret here is optimistic",)
         else:
             origin = (f"the artifact's policy table (policy.parquet: expected MSE on {users}{kind} users, "

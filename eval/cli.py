@@ -117,10 +117,9 @@ def _config(args: argparse.Namespace, **source):
 
     slate_k = getattr(args, "slate_k", None)
     m = getattr(args, "two_stage_m", None)
-    pipelines = dict(pipelines=tuple(getattr(args, "pipelines", ())),
-                     slate_k=tuple(slate_k) if slate_k else DEFAULT_SLATE_K,
-                     two_stage_m=DEFAULT_M if m is None else m, two_stage_trials=getattr(args, "two_stage_trials", None))
-    return EvalConfig(**pipelines,
+    return EvalConfig(
+        pipelines=tuple(getattr(args, "pipelines", ())), slate_k=tuple(slate_k) if slate_k else DEFAULT_SLATE_K,
+        two_stage_m=DEFAULT_M if m is None else m, two_stage_trials=getattr(args, "two_stage_trials", None),
         **source, users=args.users, mechanisms=tuple(args.mechanisms) if args.mechanisms else None,
         epsilons=tuple(args.epsilons) if args.epsilons else DEFAULT_EPSILONS, trials=args.trials, seed=args.seed,
         exact=args.exact, params=params_from_namespace(args), engine=args.engine, workers=args.workers,
@@ -166,7 +165,7 @@ def _run_synthetic(args: argparse.Namespace) -> int:
     level = _level(args.level)
     if args.scenario == "proportion":
         return _run_proportion(args, level)
-    if level == "all":
+    if isinstance(level, str):  # "all"
         if args.out is None:
             args.out = Path("results") / f"scenario-{args.scenario}"
         return _finish(run_sweep(_config(args, scenario=args.scenario, n=args.n, level=None)))
@@ -215,5 +214,6 @@ def _run_two_candidates(args: argparse.Namespace) -> int:
           f"{held} of {len(res.findings)} of the paper's statements hold")
     for f in res.findings:
         print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
-    print(f"report: {res.out / 'report.md'}")
+    if res.out is not None:
+        print(f"report: {res.out / 'report.md'}")
     return 0

@@ -1,4 +1,4 @@
-"""One evaluation run's configuration and every check that needs no data (SPEC §6)."""
+"""One evaluation run's configuration and every check that needs no data (docs/reference/specification.md §6)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from pathlib import Path
 
 from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
 from recsvc.checks import ParamError, check_int
-from recsvc.staging import check_out
 from recsvc.engines import resolve_workers
 from recsvc.policy import AUTO, EVALUATION_EPSILONS
+from recsvc.staging import check_out
 
-DEFAULT_EPSILONS: tuple[float, ...] = EVALUATION_EPSILONS  # 0.01 … 16 (SPEC §6); the policy grid holds them
+# 0.01 … 16 (docs/reference/specification.md §6); the policy grid holds them
+DEFAULT_EPSILONS: tuple[float, ...] = EVALUATION_EPSILONS
 DEFAULT_TRIALS = 50
 SCENARIO_GAMMA = 0.05  # rs γ of the paper's synthetic experiments (§VI); an artifact's is in its manifest
 DEFAULT_CHUNK_SIZE = 256  # users per work unit when the run is large

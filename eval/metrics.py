@@ -1,4 +1,4 @@
-"""Per-user evaluation metrics (SPEC §6; main paper §VIII and Appendix I).
+"""Per-user evaluation metrics (docs/reference/specification.md §6; main paper §VIII and Appendix I).
 
 All functions are row-wise over users: inputs are (users, n) arrays of clipped scores and
 sensitivities, and optional ``count`` (users,) for padded rows (only the first count[b]
@@ -8,7 +8,6 @@ columns of row b are real candidates).
 from __future__ import annotations
 
 import numpy as np
-
 
 WEIGHTED_BUCKETS = 5  # Appendix I: "which we set to 5 in our evaluation"
 

@@ -70,7 +70,7 @@ def _figure(t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool) 
     for r, mech in enumerate(mechs):
         for c, k in enumerate(ks):
             ax = axes[r][c]
-            for i, pipe in enumerate(t["pipeline"].unique(maintain_order=True).to_list()):
+            for pipe in t["pipeline"].unique(maintain_order=True).to_list():
                 s = t.filter((pl.col("mechanism") == mech) & (pl.col("k") == k) & (pl.col("pipeline") == pipe)).sort("epsilon")
                 dp = bool(s["end_to_end_dp"][0])
                 ax.errorbar(s["epsilon"], s[column], yerr=[s[column] - s[column + "_ci_low"], s[column + "_ci_high"] - s[column]],

@@ -1,4 +1,4 @@
-"""Candidate pipelines and slate metrics (issue #11, item 5): what honest accounting costs.
+"""Candidate pipelines and slate metrics: what honest accounting costs.
 
 Every pipeline selects a k-item slate for a test user from that user's FULL-CATALOG clipped SANSA
 scores q (every items.parquet row, the user's own input items included: exactly what the
@@ -47,7 +47,7 @@ EXACT_LIMIT = 200_000  # enumerated outcomes (= recsvc.mechanisms.slate.MAX_EXAC
 @dataclass(frozen=True)
 class Pipeline:
     kind: str  # "top500", "full", "two-stage"
-    fraction: float | None = None  # two-stage's share of ε for the candidate stage
+    fraction: float | None = None  # two-stage's share of ε for the candidate stage; None for the others
 
     @property
     def label(self) -> str:
@@ -130,7 +130,7 @@ def _exact_stats(name: str, pipe: Pipeline, q: np.ndarray, d: np.ndarray, eps: f
     """(first_mse, recall) from exact probabilities, or None when not cheap here."""
     from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
 
-    if pipe.kind == "two-stage":
+    if pipe.fraction is not None:  # two-stage
         n = len(q)
         if math.perm(n, m) + math.comb(n, m) * math.perm(m, k) > EXACT_LIMIT:
             return None
@@ -195,7 +195,7 @@ def evaluate_user(raw: np.ndarray, b: int, seed: int, mechanisms: tuple[str, ...
                             (mse[pi, mi, ei, ki], rec[pi, mi, ei, ki]), exact[pi, mi, ei, ki] = got, True
                             continue
                     rng = _stream(seed, b, TAG, pi, ei, mi, ki)
-                    if pipe.kind != "two-stage":
+                    if pipe.fraction is None:  # top500 or full: a single stage
                         sl = _mc_slates(name, q[cand], d[cand], eps, k, ctx.trials, rng, params.get(name, {}))
                         mse[pi, mi, ei, ki], rec[pi, mi, ei, ki] = _slate_metrics(cand[sl], q, gap, thr[k])
                         continue

@@ -118,7 +118,7 @@ def findings(table: pl.DataFrame, eps: float) -> list[Finding]:
     props = np.array(sorted(set(table["proportion"].to_list())))
     homog = [m for m in ("rnm", "krr") if m in pos]
     if homog and "gem" in pos:
-        rivals = np.min([pos[m] for m in homog + ["gem"]], axis=0)
+        rivals = np.min([pos[m] for m in [*homog, "gem"]], axis=0)
         for m in (m for m in ("rnmh", "mgem", "rs") if m in pos):
             wins = int((pos[m] < rivals).sum())
             out.append(Finding(f"positive: {m} beats {', '.join(homog)} and gem for most proportions", 2 * wins > len(props),
@@ -143,7 +143,7 @@ def findings(table: pl.DataFrame, eps: float) -> list[Finding]:
                                f"at {worse} of {len(props)}; largest relative difference from random {rel:.1%}"))
     if "rnm" in none:
         het = [m for m in ("gem", "mgem", "rs", "rs_improved") if m in none]
-        beat = {m: [f"{p:g}" for p, v, r in zip(props, none[m], none["rnm"]) if v < r * (1 - 1e-9)] for m in het}
+        beat = {m: [f"{p:g}" for p, v, r in zip(props, none[m], none["rnm"], strict=True) if v < r * (1 - 1e-9)] for m in het}
         out.append(Finding("none: heterogeneity does not help, RNM suffices (no heterogeneous DP mechanism beats it "
                            "at any proportion)", not any(beat.values()),
                            "; ".join(f"{m} beats RNM at {', '.join(v)}" for m, v in beat.items() if v) or
@@ -156,7 +156,7 @@ def figure(result: ProportionResult, path: Path) -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), dpi=110, sharey=True)
     mechs = result.table["mechanism"].unique(maintain_order=True).to_list()
-    for ax, (kind, corr) in zip(axes, KINDS.items()):
+    for ax, (kind, corr) in zip(axes, KINDS.items(), strict=True):
         t = result.table.filter((pl.col("kind") == kind) & (pl.col("epsilon") == result.epsilon))
         for i, m in enumerate(mechs):
             r = t.filter(pl.col("mechanism") == m).sort("proportion")
@@ -202,8 +202,8 @@ def markdown(result: ProportionResult) -> str:
                   "|---" * (len(mechs) + 1) + "|"]
         for i, p in enumerate(PROPORTIONS):
             row = [mse[m][i] for m in mechs]
-            best = min(v for m, v in zip(mechs, row) if m != "rnmh")
+            best = min(v for m, v in zip(mechs, row, strict=True) if m != "rnmh")
             lines.append(f"| {p:g} | " + " | ".join(f"**{v:.3g}**" if v == best and m != "rnmh" else f"{v:.3g}"
-                                                   for m, v in zip(mechs, row)) + " |")
+                                                   for m, v in zip(mechs, row, strict=True)) + " |")
     lines += ["", f"All ε in `{PROPORTION_CSV}` / `{PROPORTION_PARQUET}`."]
     return "\n".join(lines) + "\n"

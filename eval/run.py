@@ -1,4 +1,5 @@
-"""Evaluation harness: every mechanism × ε on every user, chunked over an engine (SPEC §6).
+"""Evaluation harness: every mechanism × ε on every user, chunked over an engine
+(docs/reference/specification.md §6).
 
 :func:`run` validates the config, builds the data source, maps the work unit
 (:func:`eval.work.evaluate_chunk`) over lazy chunks, reduces the results in order
@@ -17,7 +18,7 @@ from eval import aggregate, outputs
 from eval.auto import plan, regret_table
 from eval.config import EvalConfig, chunk_size, validate
 from eval.results import EvalResult
-from eval.sources import LazyChunks, Source, open_source
+from eval.sources import ArtifactSource, LazyChunks, Source, open_source
 from eval.work import evaluate_chunk, make_context
 
 
@@ -41,11 +42,14 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
     from recsvc.engines import chunk_ranges, make_engine
 
     cfg = with_data_defaults(cfg, source)
-    cfg = replace(cfg, chunk_size=chunk_size(cfg, source.total))  # the report records the size used
+    size = chunk_size(cfg, source.total)
+    cfg = replace(cfg, chunk_size=size)  # the report records the size used
     auto = plan(cfg, mechanisms, source)  # `auto` from the public policy table (or refused), before any output
     mechanisms = auto.mechanisms
-    ctx = make_context(cfg, mechanisms, source.catalog_items() if cfg.pipelines else None, auto.resolved)
-    ranges = chunk_ranges(source.total, cfg.chunk_size)
+    # validate() refuses --pipelines without --artifacts: only an artifact has the catalog's scores.
+    catalog = source.catalog_items() if cfg.pipelines and isinstance(source, ArtifactSource) else None
+    ctx = make_context(cfg, mechanisms, catalog, auto.resolved)
+    ranges = chunk_ranges(source.total, size)
     eps = ctx.epsilons
     ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
     engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)  # validates, no I/O

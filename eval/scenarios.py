@@ -144,16 +144,19 @@ S6_DRAWS = 64  # independent (μ, σ) draws; scenario 6 keeps the least rank-cor
 def _scenario_6(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
     """μ and σ independent, as in the paper, and the drawn sample itself uncorrelated: every
     user's ρ(q, Δ) is centred on the sample correlation of μ and σ (Δ ∝ σ, q ≈ μ), and one draw
-    of 100 pairs has a rank correlation of about ±0.1 (the old seed-0 draw: +0.27, so 96% of the
-    users had ρ > 0). The paper calls scenario 6 the uncorrelated case, so of ``S6_DRAWS``
+    of 100 pairs has a rank correlation of about ±0.1 (a single seed-0 draw has +0.27, which would give
+    96% of the users ρ > 0). The paper calls scenario 6 the uncorrelated case, so of ``S6_DRAWS``
     independent draws the one with the smallest |Spearman(μ, σ)| is kept (≤ 0.01 at n = 100)."""
-    best, best_rho = None, np.inf
+    best: tuple[np.ndarray, np.ndarray] | None = None
+    best_rho = np.inf
     for _ in range(S6_DRAWS):
         mu = rng.uniform(0.0, 1.0, n)
         sigma = _truncnorm_sd(rng, n)
         rho = abs(float(spearman(mu, sigma)))
         if rho < best_rho:
             best, best_rho = (mu, sigma), rho
+    if best is None:  # only if every draw had a constant μ or σ, which continuous draws do not
+        raise ValueError(f"scenario 6: no (μ, σ) draw of n={n} has a defined rank correlation")
     mu, sigma = best
     return mu + sigma * rng.standard_normal((repeats, n))
 

@@ -36,7 +36,7 @@ class ArtifactSource:
             raise ValueError(f"{path}: the artifact has no candidate users; expected ≥ 1")
         self.total = total if users is None else min(users, total)
         self.name = self.artifact.manifest.dataset
-        # rs γ: the manifest's; an artifact built before it was recorded gets the mechanism's default
+        # rs γ: the manifest's; an artifact that does not record one gets the mechanism's default
         recorded = self.artifact.manifest.default_gamma
         self.default_gamma = GAMMA.default if recorded is None else float(recorded)
         self.catalog = catalog
@@ -46,7 +46,8 @@ class ArtifactSource:
     def catalog_items(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The catalog's (lo, hi, Δ) in items.parquet order."""
         items = self.artifact.items
-        return tuple(items[c].to_numpy().astype(np.float64) for c in ("lo", "hi", "sensitivity"))  # type: ignore[return-value]
+        lo, hi, sens = (items[c].to_numpy().astype(np.float64) for c in ("lo", "hi", "sensitivity"))
+        return lo, hi, sens
 
     def chunk(self, r: range) -> Chunk:
         m = self.artifact.candidate_matrix(users=len(r), start=r.start)
@@ -92,7 +93,7 @@ class LazyChunks(Sequence):
     def __len__(self) -> int:
         return len(self.ranges)
 
-    def __getitem__(self, i):  # type: ignore[override]
+    def __getitem__(self, i):
         if isinstance(i, slice):
             return [self.source.chunk(r) for r in self.ranges[i]]
         return self.source.chunk(self.ranges[i])

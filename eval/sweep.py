@@ -15,7 +15,7 @@ from eval import run as runner
 from eval.config import EvalConfig, level_dirname, validate
 from eval.results import SweepLevel, SweepResult
 from eval.scenarios import SWEEP_LEVELS
-from eval.sources import open_source
+from eval.sources import ScenarioSource
 
 
 def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]:
@@ -40,12 +40,14 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
     levels = _check_levels(cfg, SWEEP_LEVELS if levels is None else levels)
     # Flags, mechanisms and --out; --level needs the sweep scenario.
     mechanisms = validate(replace(cfg, level=levels[0]))
-    sources = [open_source(replace(cfg, level=t)) for t in levels]  # a bad --n / --users fails here
+    # validate() refuses a level with --artifacts, so each level's source is the sweep scenario at that level;
+    # a bad --n / --users fails here.
+    sources = [ScenarioSource(str(cfg.scenario), cfg.n, cfg.users, cfg.seed, t) for t in levels]
     cfg = runner.with_data_defaults(cfg, sources[0])
     t0 = time.perf_counter()
     with outputs.staged(cfg) as stage:
         done = []
-        for t, source in zip(levels, sources):
+        for t, source in zip(levels, sources, strict=True):
             sub = None if stage is None else stage.tmp / level_dirname(t)
             res = runner.evaluate(replace(cfg, level=t, out=sub, force=False), mechanisms, source)
             q0, d0 = source.sc.row(0)

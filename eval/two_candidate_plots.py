@@ -49,7 +49,7 @@ def _figure(result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], 
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.5 * nrows + 0.7), dpi=110, squeeze=False)
     for ax in axes.ravel()[len(panels):]:
         ax.set_visible(False)
-    for ax, (t, sub) in zip(axes.ravel(), panels):
+    for ax, (t, sub) in zip(axes.ravel(), panels, strict=False):
         mesh = _panel(ax, t, result.config.deltas, sub)
         fig.colorbar(mesh, ax=ax, fraction=0.046, pad=0.03).ax.tick_params(labelsize=6)
     for ax in axes[-1]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +108,7 @@ def error_probability(mech: str, grid: dict[str, np.ndarray], beta: float, gamma
         return random_stopping_two_candidates_lower(gap, d1, d2, eps, gamma)
     params = {"beta": beta} if mech in ("gem", "mgem") else {}
     return np.array([probabilities(mech, [0.0, g], [a, b], e, **params)[0]
-                     for a, b, e, g in zip(d1, d2, eps, gap)])
+                     for a, b, e, g in zip(d1, d2, eps, gap, strict=True)])
 
 
 def hg_table(cfg: TwoCandidateConfig) -> pl.DataFrame:
@@ -208,8 +209,8 @@ def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
         pl.col("hg").abs().max().alias("top")).sort("gamma")
     tops = fig15["top"].to_list()
     res.append(Finding(f"the largest |HG(RNM, RS_γ)| grows as γ falls (Fig. 15, ε = {eps:g}, gap = {gap:g})",
-                       all(a >= b for a, b in zip(tops, tops[1:])),
-                       ", ".join(f"γ = {g:g}: {t:.3f}" for g, t in zip(fig15["gamma"], tops))))
+                       all(a >= b for a, b in pairwise(tops)),
+                       ", ".join(f"γ = {g:g}: {t:.3f}" for g, t in zip(fig15["gamma"], tops, strict=True))))
     return res
 
 

@@ -104,17 +104,18 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
                 c = int(count[run[0]])
                 qr, sr = q[run, :c], np.ascontiguousarray(sens[run, :c])
                 if use_exact:
-                    for b, row in zip(run, range(len(run))):
+                    for row, b in enumerate(run):
                         p = probabilities(name, qr[row], sr[row], eps, **params)
                         mse[b, mi, ei], mean_sel[b, mi, ei] = metrics.expected_stats(qr[row], p)
                 else:
                     sel = _select(name, qr, sr, eps, ctx.trials, ctx.seed, chunk.start + int(run[0]), params)
                     mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
-    pipes = None
+    pipes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     if ctx.pipelines is not None and chunk.catalog is not None:
         per_user = [evaluate_user(chunk.catalog[b], chunk.start + b, ctx.seed, ctx.mechanisms, ctx.epsilons,
                                   ctx.params, ctx.pipelines) for b in range(B)]
-        pipes = tuple(np.stack([u[i] for u in per_user]) for i in range(3))
+        first_mse, recall, exact = (np.stack([u[i] for u in per_user]) for i in range(3))
+        pipes = (first_mse, recall, exact)
     return ChunkResult(
         chunk.start, chunk.user_ids, count,
         spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),

@@ -3,7 +3,7 @@
 The work unit is a pure, picklable function ``fn(chunk, context) -> result``. ``context`` is
 large read-only data (a model, an artifact's arrays) shipped once per worker, not per chunk.
 Results come back in chunk order, so any reduction is deterministic whatever the engine:
-with per-user seeds (SPEC §3) a local run and a Dask run give identical output.
+with per-user seeds (docs/reference/specification.md §3) a local run and a Dask run give identical output.
 
 - :class:`LocalEngine` — in-process for ``workers=1``, else a process pool.
 - :class:`DaskEngine` — a Dask distributed scheduler (``scheduler="tcp://host:8786"``) or a
@@ -13,6 +13,7 @@ with per-user seeds (SPEC §3) a local run and a Dask run give identical output.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ class LocalEngine:
         disable = None if self.progress is None else not self.progress
         with progress_bar(desc, unit, sum(sizes), disable) as bar:
             if self.workers == 1 or len(chunks) <= 1:
-                for chunk, size in zip(chunks, sizes):
+                for chunk, size in zip(chunks, sizes, strict=True):
                     out = fn(chunk, context)
                     bar.update(size)
                     yield out
@@ -89,11 +90,10 @@ class LocalEngine:
             ) as pool:
                 # Bounded look-ahead keeps memory flat however many chunks there are.
                 window = 2 * self.workers
-                pending = [pool.submit(_call_with_context, fn, c) for c in chunks[:window]]
+                pending = deque(pool.submit(_call_with_context, fn, c) for c in chunks[:window])
                 nxt = len(pending)
                 for i in range(len(chunks)):
-                    out = pending[i].result()
-                    pending[i] = None  # type: ignore[call-overload]
+                    out = pending.popleft().result()  # popped: a finished result is not held twice
                     if nxt < len(chunks):
                         pending.append(pool.submit(_call_with_context, fn, chunks[nxt]))
                         nxt += 1

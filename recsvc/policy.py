@@ -1,4 +1,4 @@
-"""The `auto` policy table (issue #15): which private mechanism to run for a request's (ε, k),
+"""The `auto` policy table: which private mechanism to run for a request's (ε, k),
 chosen offline from the PUBLIC sensitivity population, never from the request's scores.
 
 For every ε on :data:`POLICY_EPSILONS`, every slate size k in :data:`SLATE_SIZES` and every
@@ -13,7 +13,7 @@ averaged over the population's users, and the mechanism's rank at that (ε, k) (
   with ε/k from all candidates, so it is the k = 1 value at ε/k (exact where k = 1 is exact).
   The first item carries the largest share of a slate's value and every later step is the same
   mechanism at ε/k on all but a few candidates, so the ranking carries over (checked on ml-100k
-  against the mean slate MSE: scripts/bench_auto.py --slates).
+  against the mean slate MSE: python -m scripts.bench.auto --slates).
 - Lookup (:meth:`PolicyTable.resolve`): the table's k nearest to the request's k in log k, then
   the grid ε nearest to the request's ε in log ε; ties go to the lower grid point. Beyond the
   grid's ends the end point applies. The service uses the table only for candidate sets no larger
@@ -37,7 +37,8 @@ from recsvc.artifact import POLICY, ArtifactError, CandidateMatrix, validate_pol
 from recsvc.checks import ParamError, check_int
 
 AUTO = "auto"  # the name requests and the evaluation use for the policy's choice
-# SPEC §6's evaluation grid; the policy grid holds it and ≥ 4 points per decade from 0.01 to 16.
+# The evaluation grid (docs/reference/specification.md §6); the policy grid holds it and ≥ 4 points per decade
+# from 0.01 to 16.
 EVALUATION_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 POINTS_PER_DECADE = 4
 SLATE_SIZES: tuple[int, ...] = (1, 5, 10)

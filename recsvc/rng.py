@@ -1,4 +1,5 @@
-"""Random generators: a CSPRNG for the service, seeded per-user streams for evaluation (SPEC §3)."""
+"""Random generators: a CSPRNG for the service, seeded per-user streams for evaluation
+(docs/reference/specification.md §3)."""
 
 from __future__ import annotations
 

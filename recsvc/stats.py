@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 
@@ -114,7 +116,7 @@ def _spearman_1d(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray,
         sxy += a * b
         sxx += a * a
         syy += b * b
-    den = np.sqrt(sxx * syy)
+    den = math.sqrt(sxx * syy)
     if den > 0:
         return min(1.0, max(-1.0, sxy / den))
     return undefined
@@ -123,8 +125,8 @@ def _spearman_1d(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray,
 def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray | float:
     """Spearman's ρ along the last axis, with average ranks for ties.
 
-    Rows where either input is constant (ρ undefined) get ``undefined``; SPEC §2 counts them
-    as 0 for combined GEM. Returns a float for 1-D input, else an array of the leading shape.
+    Rows where either input is constant (ρ undefined) get ``undefined``; combined GEM counts
+    them as 0 (docs/reference/specification.md §2). Returns a float for 1-D input, else an array of the leading shape.
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)

@@ -1,16 +1,18 @@
 """Fixtures shared by several test modules.
 
-Import style: helper modules in tests/ (``data_prep_fixtures``, ``eval_fixtures``,
-``mechanisms_audit``, ``mechanisms_reference``, ``service_fixtures``) are imported by their bare
-names. tests/ has no ``__init__.py``, so pytest's default import mode puts tests/ itself first on
-sys.path; nothing imports ``tests.…``, because an installed distribution that ships a top-level
-``tests`` package (diffprivlib does) would shadow this directory under that name. Test modules
-never import each other: shared helpers live in the helper modules.
+Import style: helper modules in tests/ (``mechanisms_audit``, ``mechanisms_reference``,
+``service_fixtures``) are imported by their bare names. tests/ has no ``__init__.py``, so pytest's
+default import mode puts tests/ itself first on sys.path; nothing imports ``tests.…``, because an
+installed distribution that ships a top-level ``tests`` package (diffprivlib does) would shadow
+this directory under that name. Test modules never import each other: shared helpers live in the
+helper modules, in conftest.py fixtures, or in the ``testing`` module of the package they test
+(``data_prep.testing``, ``eval.testing``, ``recsvc.ledger.testing``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,30 @@ def ml100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from data_prep.pipeline import PrepConfig, run
 
     return run(PrepConfig(out=tmp_path_factory.mktemp("ml100k") / "ml-100k", progress=False))
+
+
+@pytest.fixture
+def snapshot() -> Callable[[Path], dict[str, bytes]]:
+    """``snapshot(d)``: every file under ``d`` with its bytes. Equal snapshots taken around a refused
+    command mean it wrote, changed and removed nothing (prep, policy and eval refuse the same way)."""
+
+    def take(d: Path) -> dict[str, bytes]:
+        return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+    return take
+
+
+@pytest.fixture
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> Callable[[str], str]:
+    """``one_line_error(match)``: what the command wrote to stderr since the last read is one line
+    (no traceback) that matches the regular expression ``match``; returns it."""
+
+    def check(match: str) -> str:
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(match, err), err
+        return err
+
+    return check
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Issue #12 items 2 and 3, attacked through real gRPC channels with raw bytes: oversized and
 malformed messages are refused before any per-item work (INVALID_ARGUMENT, nothing spent, no
 traceback), and authentication runs before decoding. Time and memory are measured by
-scripts/bench_refusals.py, not here."""
+python -m scripts.bench.refusals, not here."""
 
 from __future__ import annotations
 

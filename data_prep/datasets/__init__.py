@@ -1,4 +1,5 @@
-"""Dataset loaders (SPEC §4). Each returns raw :class:`Interactions` in the dataset's own ids.
+"""Dataset loaders (docs/reference/specification.md §4). Each returns raw :class:`Interactions` in the dataset's
+own ids.
 
 Every loader reads its dataset's ORIGINAL on-disk format; malformed input raises
 :class:`DataError` naming the file, the line and what was expected.
@@ -10,10 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-
-from data_prep.datasets.base import DataError, Interactions
-
 from data_prep import DATASETS
+from data_prep.datasets.base import DataError, Interactions
 
 
 @dataclass(frozen=True)

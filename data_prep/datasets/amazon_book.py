@@ -1,7 +1,7 @@
 """Amazon-book loader in LightGCN's format: ``train.txt`` / ``test.txt``, lines ``user item item …``.
 
-Weak generalisation (SPEC §4): train.txt is both the training data and the test users' input;
-test.txt holds the targets, so rows carry ``target`` = True when they come from test.txt.
+Weak generalisation (docs/reference/specification.md §4): train.txt is both the training data and the test users'
+input; test.txt holds the targets, so rows carry ``target`` = True when they come from test.txt.
 """
 
 from __future__ import annotations
@@ -31,8 +31,11 @@ def parse_file(path: Path, target: bool) -> pl.DataFrame:
     df = tokens.select(
         pl.col("_tok").list.first().alias("user"), pl.col("_tok").list.slice(1).alias("item")
     ).explode("item")
-    # Strip leading zeros so ids are canonical decimal strings, like the other loaders.
-    canon = lambda c: pl.col(c).cast(pl.Int64).cast(pl.String)  # noqa: E731
+
+    def canon(c: str) -> pl.Expr:
+        """Strips leading zeros so ids are canonical decimal strings, like the other loaders."""
+        return pl.col(c).cast(pl.Int64).cast(pl.String)
+
     return df.drop_nulls("item").select(
         canon("user").alias("user"),
         canon("item").alias("item"),

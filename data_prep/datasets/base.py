@@ -86,7 +86,7 @@ def split_fields(
 
 
 def cast_checked(
-    df: pl.DataFrame, column: str, dtype: pl.DataType, path: Path | str, expected: str
+    df: pl.DataFrame, column: str, dtype: pl.DataType | type[pl.DataType], path: Path | str, expected: str
 ) -> pl.DataFrame:
     """Casts ``column``; the first value that does not parse is reported with its line."""
     cast = pl.col(column).cast(dtype, strict=False)

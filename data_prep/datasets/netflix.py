@@ -8,7 +8,15 @@ from pathlib import Path
 import polars as pl
 from tqdm.auto import tqdm
 
-from data_prep.datasets.base import DataError, Interactions, fail_at, integer_ids, read_lines, split_fields, cast_checked
+from data_prep.datasets.base import (
+    DataError,
+    Interactions,
+    cast_checked,
+    fail_at,
+    integer_ids,
+    read_lines,
+    split_fields,
+)
 from recsvc.checks import ParamError
 
 FILES = tuple(f"combined_data_{i}.txt" for i in range(1, 5))

@@ -5,7 +5,7 @@ arm chosen at every step (index 0 unused; steps 1 and 2 pull arms 0 and 1).
 Appendix H's UCB: q̂_{a,t} = (1/N_t(a)) Σ_{t' ≤ t} r_{t'} I(a_{t'} = a) + α √(ln T / N_t(a)), α = √2.
 §IX reports that this UCB "keeps picking action 1 for all time steps … even once it is the
 sub-optimal action". The readings below are the plausible ways to read (or mis-implement) the
-formula; ``report.md`` shows which of them, if any, never switch (issue #14).
+formula; ``report.md`` shows which of them, if any, never switch.
 """
 
 from __future__ import annotations

@@ -8,15 +8,16 @@ from pathlib import Path
 
 from eval.bandit.environment import Arms
 from recsvc.checks import ParamError, check_int
-from recsvc.mechanisms import check_params
 from recsvc.engines import resolve_workers
+from recsvc.mechanisms import check_params
 from recsvc.staging import check_out
 
 # policy → the recsvc.mechanisms name it selects with (None: a non-private baseline).
 POLICIES: dict[str, str | None] = {
     "ucb": None, "thompson": None, "krr": "krr", "rnm": "rnm", "rs": "rs", "gem": "gem", "mgem": "mgem",
 }
-PRIVATE = tuple(p for p, m in POLICIES.items() if m is not None)
+MECHANISM_OF: dict[str, str] = {p: m for p, m in POLICIES.items() if m is not None}  # the private policies
+PRIVATE = tuple(MECHANISM_OF)
 INIT_STEPS = 2  # steps 1 and 2 pull arms 0 and 1 once (data-independent), so every mean exists
 
 

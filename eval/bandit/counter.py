@@ -15,7 +15,7 @@ sum plus the sum of their noises (:func:`noise_sequence` computes that sum for e
 Privacy (replace one x_i by another value in [0, R]): item i lies in one log node (Laplace 2R/ε:
 costs ε/2) and, unless it is a power of two, in at most one released p-sum per level of its
 segment (≤ k levels of Laplace 2kR/ε: ≤ ε/2 together), so the vector of all noisy nodes is ε-DP
-and every released sequence, a function of it, is too. ``tests/test_eval_bandit_primitives.py`` checks this node by node.
+and every released sequence, a function of it, is too. ``tests/eval/test_eval_bandit_primitives.py`` checks this node by node.
 """
 
 from __future__ import annotations

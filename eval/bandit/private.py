@@ -3,7 +3,8 @@
 * Means: each arm's reward sum is released by the hybrid continual counter (``counter.py``,
   ε_M, per-item range R = 1) indexed by that arm's pull count N_t(a), which the private
   selections make public; score q_a = clip(Ŝ_a(N_t(a)) / N_t(a), 0, 1), the clip to the public
-  reward range being post-processing (SPEC: clip scores to their range before selecting).
+  reward range being post-processing (docs/reference/specification.md §1: scores are clipped to their
+  range before selecting).
 * Sensitivities: Δ_a = max(|p90 − p10|, 1e-6) from an ε_p-DP exponential-mechanism quantile pair
   (``quantiles.py``) over each disjoint window of w observations of arm a, so every reward is
   used once; until arm a's first window is full, Δ_a = 1, the width of the reward range.
@@ -21,7 +22,7 @@ from eval.bandit.environment import REWARD_HI, REWARD_LO
 from eval.bandit.quantiles import quantile_pair
 from recsvc.mechanisms import select
 
-MIN_SENSITIVITY = 1e-6  # SPEC §1: Δ = max(hi − lo, 1e-6)
+MIN_SENSITIVITY = 1e-6  # docs/reference/specification.md §1: Δ = max(hi − lo, 1e-6)
 
 
 @dataclass
@@ -50,7 +51,8 @@ def play(mechanism: str, epsilon: float, params: dict[str, float], rewards: np.n
         return min(REWARD_HI, max(REWARD_LO, (s[a] + noise[a][n[a]]) / n[a]))
 
     for t in range(1, horizon + 1):
-        a = t - 1 if t <= 2 else select(mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng, **params)
+        a = t - 1 if t <= 2 else select(mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng,
+                                        allow_non_private=False, **params)
         r = float(rewards[t, a])
         arms[t] = a
         s[a] += r

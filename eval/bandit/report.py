@@ -1,5 +1,5 @@
 """report.md of the bandit study: setup, results with 95% CIs, the paper's claims checked, and
-the UCB question of issue #14 answered from the measured readings."""
+the question which UCB the paper ran answered from the measured readings."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _readings_lines(result: BanditResult) -> list[str]:
 
 
 def ucb_answer(result: BanditResult) -> str:
-    """The UCB question of issue #14, answered from this run's readings table."""
+    """Which UCB the paper ran (the one that never switches arms), answered from this run's readings table."""
     r = result.readings
     if not r.height:
         return "Not run (needs the ucb policy)."
@@ -129,7 +129,7 @@ def markdown(result: BanditResult) -> str:
         "all other private policies.", "", *_comparison_lines(result), "",
         f"Best private policy over the whole run: **{_best(result, 'reward_total')}**; after the shift: "
         f"**{_best(result, 'reward_after')}**.", "",
-        "## Which UCB did the paper run? (issue #14)", "", *_readings_lines(result), "", ucb_answer(result), "",
+        "## Which UCB did the paper run?", "", *_readings_lines(result), "", ucb_answer(result), "",
         f"Switch delay: steps after the shift until a pull of the new best arm from which it wins the majority of the next {SWITCH_WINDOW} steps.", "",
         "## Figures", "",
         *(f"![{n}]({n})" for n in (plots.FIG_A, plots.FIG_B, plots.FIG_C, plots.FIG_D)), "",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eval.bandit import baselines, private
-from eval.bandit.config import POLICIES, BanditConfig
+from eval.bandit.config import MECHANISM_OF, POLICIES, BanditConfig
 from eval.bandit.environment import reward_table
 
 SWITCH_WINDOW = 100  # a policy has switched at a pull of the new best arm that wins the majority of the next 100 steps
@@ -87,7 +87,7 @@ def run_unit(unit: tuple[int, str], cfg: BanditConfig) -> UnitResult:
     elif name == "thompson":
         arms, scores = baselines.thompson(rewards, stream(seed, 1 + list(POLICIES).index(name))), nan
     else:
-        trace = private.play(POLICIES[name], cfg.epsilon_of(name), cfg.params_of(name), rewards, grid,
+        trace = private.play(MECHANISM_OF[name], cfg.epsilon_of(name), cfg.params_of(name), rewards, grid,
                              epsilon_means=cfg.epsilon_means, epsilon_pair=cfg.epsilon_pair, window=cfg.window,
                              rng=stream(seed, 1 + list(POLICIES).index(name)))
         arms, scores, quant = trace.arms, trace.scores, trace.quantiles

@@ -75,7 +75,7 @@ def summary(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """summary.csv: policy × quantity → mean and 95% CI over seeds."""
     groups = by_name(units)
     rows = []
-    for name in [p for p in cfg.policies] + [n for n in groups if n.startswith(READING_PREFIX)]:
+    for name in [*cfg.policies, *(n for n in groups if n.startswith(READING_PREFIX))]:
         for q in QUANTITIES:
             m, lo, hi = ci(np.array([quantity(u, q) for u in groups[name]]))
             rows.append({"policy": name, "quantity": q, "mean": m, "ci_low": lo, "ci_high": hi,

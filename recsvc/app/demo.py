@@ -91,7 +91,7 @@ def _serve_and_select(artifacts: Path) -> None:
                 print("health:", client.health())
                 for b, user in enumerate(cands.user_ids):
                     k = int(cands.count[b])
-                    pairs = list(zip(item_ids[cands.item_index[b, :k]].tolist(), cands.scores[b, :k].tolist()))
+                    pairs = list(zip(item_ids[cands.item_index[b, :k]].tolist(), cands.scores[b, :k].tolist(), strict=True))
                     rid = uuid.uuid4().hex
                     r = client.select(user, pairs, mechanism="auto", epsilon=DEMO_EPSILON, request_id=rid)
                     print(f"user {user}: Select({k} candidates, auto, ε={DEMO_EPSILON}) → item {r.item_id} "

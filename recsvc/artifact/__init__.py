@@ -1,4 +1,4 @@
-"""The one reader and writer of artifact directories (SPEC §4).
+"""The one reader and writer of artifact directories (docs/reference/specification.md §4).
 
 :mod:`~recsvc.artifact.format` (file names, schemas, checks), :mod:`~recsvc.artifact.manifest`
 (the typed ``manifest.json``), :mod:`~recsvc.artifact.reader` (:func:`load_artifact`, which

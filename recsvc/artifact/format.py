@@ -1,4 +1,5 @@
-"""The artifact directory's format (SPEC §4): file names, column schemas and their invariants.
+"""The artifact directory's format (docs/reference/specification.md §4): file names, column schemas and their
+invariants.
 
 Layout of ``artifacts/<dataset>/``::
 

@@ -10,8 +10,8 @@ is None is absent from the JSON.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, Self
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from recsvc.artifact.format import ArtifactError
 
@@ -87,11 +87,18 @@ class _Record:
     """A JSON object with typed fields (metadata ``kind``) and ``extra``: every other key."""
 
     extra: Mapping[str, Any]
+    # Every record is a frozen dataclass; declared here so the type checker lets `fields()` and `cls(**...)`
+    # work on the base class.
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    if TYPE_CHECKING:
+
+        def __init__(self, **values: Any) -> None: ...
 
     @classmethod
     def _parse(cls, data: Mapping[str, Any], source: str, prefix: str = "") -> Self:
         values: dict[str, Any] = {}
-        typed = [f for f in fields(cls) if "kind" in f.metadata]  # type: ignore[arg-type]
+        typed = [f for f in fields(cls) if "kind" in f.metadata]
         for f in typed:
             kind: _Kind = f.metadata["kind"]
             path = prefix + f.name
@@ -105,10 +112,10 @@ class _Record:
                 raise ArtifactError(f"{source}: field {path!r} is {shown}; expected {kind.expected}")
             values[f.name] = kind.convert(value, source, path)
         names = {f.name for f in typed}
-        return cls(**values, extra={k: v for k, v in data.items() if k not in names})  # type: ignore[call-arg]
+        return cls(**values, extra={k: v for k, v in data.items() if k not in names})
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: _plain(getattr(self, f.name)) for f in fields(self)  # type: ignore[arg-type]
+        out = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
                if "kind" in f.metadata and getattr(self, f.name) is not None}
         return {**out, **self.extra}
 
@@ -120,7 +127,8 @@ def _short(value: Any, limit: int = 40) -> str:
 
 @dataclass(frozen=True)
 class SpearmanStats(_Record):
-    """Spearman(q, Δ) over the sensitivity population's users (SPEC §2 ``auto`` reads the median)."""
+    """Spearman(q, Δ) over the sensitivity population's users; ``auto`` reads the median
+    (docs/reference/specification.md §2)."""
 
     median: float = _required(_NUMBER)
     mean: float = _required(_NUMBER)
@@ -199,7 +207,7 @@ class Manifest(_Record):
     default_gamma: float | None = _optional(_NUMBER)  # rs γ the paper used on this data; eval's default
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
-    policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: no policy.parquet (older artifacts)
+    policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: the artifact has no policy.parquet
     extra: Mapping[str, Any] = _extra()  # engine, synthetic, … : recorded, read by no consumer
 
     @classmethod

@@ -160,7 +160,7 @@ class Artifact:
         order = np.argsort(users, kind="stable")
         users, cols = users[order], cols[order]
         cuts = np.flatnonzero(users[1:] != users[:-1]) + 1
-        return {str(u[0]): np.unique(c) for u, c in zip(np.split(users, cuts), np.split(cols, cuts)) if len(u)}
+        return {str(u[0]): np.unique(c) for u, c in zip(np.split(users, cuts), np.split(cols, cuts), strict=True) if len(u)}
 
     def catalog_scores(self, user_ids: np.ndarray) -> np.ndarray:
         """RAW SANSA scores (users × every items.parquet row) of these test users from their stored

@@ -134,7 +134,7 @@ def q_prime(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
 
 
 def q_prime_naive(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
-    """The O(n²)-memory definition of q': what the tests and scripts/bench_mechanisms.py hold q_prime to."""
+    """The O(n²)-memory definition of q': what the tests and scripts.bench.mechanisms hold q_prime to."""
     s = q - t * d
     return ((s[:, None] - s[None, :]) / (d[:, None] + d[None, :])).min(axis=1)
 

@@ -1,7 +1,7 @@
-"""A throwaway PostgreSQL cluster for the tests and the benchmarks (``--ledger postgresql``):
-initdb into a temp dir, pg_ctl on a free loopback port with a private socket dir. PostgreSQL
-refuses to run as root, so as root the server binaries run as the ``postgres`` user (runuser) on
-a directory it owns. Development tooling: the server never uses it."""
+"""A throwaway PostgreSQL cluster for the tests and the benchmarks (scripts.bench.service
+--ledger postgresql): initdb into a temp dir, pg_ctl on a free loopback port with a private
+socket dir. PostgreSQL refuses to run as root, so as root the server binaries run as the
+``postgres`` user (runuser) on a directory it owns. Development tooling: the server never uses it."""
 
 from __future__ import annotations
 

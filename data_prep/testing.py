@@ -1,0 +1,78 @@
+"""Builders of small dataset files in the EXACT original on-disk formats, for testing the loaders and
+the pipeline on every format they read.
+
+Test helpers that are not fixtures live here, beside the code they exercise (as ``numpy.testing``
+does); the test suite's fixtures live in its conftest.py files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+
+def ratings_table(users: int = 30, items: int = 25, per_user: tuple[int, int] = (3, 15), seed: int = 0) -> pl.DataFrame:
+    """Random explicit ratings: columns user, item (ints as str), rating (1..5), ts (int)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(1, users + 1):
+        n = int(rng.integers(per_user[0], per_user[1] + 1))
+        for i in rng.choice(np.arange(1, items + 1), size=n, replace=False):
+            rows.append((str(u), str(int(i)), float(rng.integers(1, 6)), int(rng.integers(8e8, 9e8))))
+    return pl.DataFrame(rows, schema=["user", "item", "rating", "ts"], orient="row")
+
+
+def write_ml20m(directory: Path, table: pl.DataFrame, kaggle: bool = False) -> Path:
+    """GroupLens ratings.csv (unix timestamps, ratings like 3.5) or Kaggle rating.csv (datetimes)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / ("rating.csv" if kaggle else "ratings.csv")
+    lines = ["userId,movieId,rating,timestamp"]
+    for u, i, r, ts in table.iter_rows():
+        stamp = str(np.datetime64(ts, "s")).replace("T", " ") if kaggle else str(ts)
+        lines.append(f"{u},{i},{r:.1f},{stamp}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_udata(directory: Path, table: pl.DataFrame) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "u.data"
+    path.write_text("".join(f"{u}\t{i}\t{int(r)}\t{ts}\n" for u, i, r, ts in table.iter_rows()))
+    return path
+
+
+def write_inter(directory: Path, table: pl.DataFrame) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "ml-100k.inter"
+    head = "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+    path.write_text(head + "".join(f"{u}\t{i}\t{int(r)}\t{ts}\n" for u, i, r, ts in table.iter_rows()))
+    return path
+
+
+def write_netflix(directory: Path, table: pl.DataFrame) -> list[Path]:
+    """Movies spread over combined_data_1..4.txt, each 'MovieID:' then 'CustomerID,Rating,Date'."""
+    directory.mkdir(parents=True, exist_ok=True)
+    movies = sorted(table["item"].unique().to_list(), key=int)
+    paths = []
+    for part in range(4):
+        lines = []
+        for movie in movies[part::4]:
+            lines.append(f"{movie}:")
+            for u, _, r, ts in table.filter(pl.col("item") == movie).iter_rows():
+                lines.append(f"{u},{int(r)},{np.datetime64(ts, 's').astype('datetime64[D]')}")
+        path = directory / f"combined_data_{part + 1}.txt"
+        path.write_text("\n".join(lines) + "\n")
+        paths.append(path)
+    return paths
+
+
+def write_amazon(directory: Path, train: dict[int, list[int]], test: dict[int, list[int]]) -> None:
+    """LightGCN train.txt / test.txt: 'user item item …' per line."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, data in (("train.txt", train), ("test.txt", test)):
+        (directory / name).write_text("".join(f"{u} {' '.join(map(str, items))}\n" for u, items in data.items()))
+
+
+def triples(df: pl.DataFrame) -> set[tuple[str, str, float]]:
+    return {(u, i, float(r)) for u, i, r in df.select("user", "item", "rating").iter_rows()}

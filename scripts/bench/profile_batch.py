@@ -1,0 +1,101 @@
+"""In-process CPU profile of the SelectBatch path: server CPU per batched selection.
+
+Builds the payloads of ``python -m scripts.bench.service --batch`` (rows encoding, n = 500 rnm
+candidates, ``--size`` items per batch, every item a fresh charge) and runs them through the
+server's own decoder (:mod:`recsvc.service.wire`) and ``SelectionServicer.SelectBatch`` against a
+durable SQLite ledger in a temporary directory, in this one thread. Reports CPU time
+(``time.process_time``, so other jobs on the machine do not count) per selection, the best of
+``--reps`` rounds, and with ``--profile`` a cProfile top-30 (cumulative and own time).
+
+``--threads N`` serves the batches from N threads at once (the server's thread pool; GIL hand-offs
+count). Usage: ``.venv/bin/python -m scripts.bench.profile_batch [--batches 40] [--size 100] [--reps 3]
+[--threads 1] [--profile]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import pstats
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from scripts.bench.harness import batch_bodies, bench_artifact
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, default=40, help="batches per round")
+    ap.add_argument("--size", type=int, default=100, help="requests per batch")
+    ap.add_argument("--reps", type=int, default=3, help="rounds (the best is reported)")
+    ap.add_argument("--threads", type=int, default=1, help="threads serving the batches concurrently")
+    ap.add_argument("--profile", action="store_true", help="also print a cProfile top-30 of one round")
+    args = ap.parse_args()
+
+    from recsvc.artifact import load_artifact
+    from recsvc.service import wire
+    from recsvc.service.auth import ADMIN, Caller, Principal, Scope
+    from recsvc.service.config import Policy
+    from recsvc.service.gate import CALLER
+    from recsvc.ledger.sqlite import SQLiteLedger
+    from recsvc.service.servicer import SelectionServicer
+    from recsvc.v1 import selection_pb2 as pb
+
+    with tempfile.TemporaryDirectory(prefix="profile-batch-") as td:
+        tmp = Path(td)
+        art = load_artifact(bench_artifact(tmp / "art"))
+        ledger = SQLiteLedger(tmp / "ledger.db", 1e6)
+        servicer = SelectionServicer(art, ledger, Policy())
+        decode = wire.decoder(pb.SelectBatchRequest, wire.BATCH, wire.Limits.of(servicer.policy))
+        caller = Caller((Principal("profile", Scope(ADMIN)),), "profile")
+        gc.freeze()  # as a served worker does after startup (recsvc/service/server.py)
+
+        def serve(bodies: list[bytes]) -> None:
+            CALLER.set(caller)
+            for body in bodies:
+                out = servicer.SelectBatch(decode(body), None)  # type: ignore[arg-type]
+                assert isinstance(out, bytes)  # the serialized SelectBatchResponse
+
+        def round_(bodies: list[bytes]) -> float:
+            """CPU of this whole process (every thread) per selection."""
+            t0 = time.process_time()
+            if args.threads == 1:
+                serve(bodies)
+            else:  # concurrent batches, as the server's thread pool runs them
+                threads = [threading.Thread(target=serve, args=(bodies[k::args.threads],))
+                           for k in range(args.threads)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            return (time.process_time() - t0) / (args.batches * args.size)
+
+        def bodies(seed: int) -> list[bytes]:  # built before the clock starts
+            return batch_bodies(args.batches, args.size, seed, "rows")
+
+        round_(bodies(0))  # warm-up: caches, the ledger's first pages
+        best = min(round_(bodies(rep)) for rep in range(args.reps))
+        charged = ledger._conn().execute("SELECT count(*) FROM requests").fetchone()[0]
+        expected = (args.reps + 1) * args.batches * args.size
+        if charged != expected:
+            raise SystemExit(f"the ledger charged {charged} requests, expected {expected}")
+        print(f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {args.batches} batches "
+              f"x {args.size}, {args.threads} thread(s); {charged} charges)")
+        if args.profile:
+            todo = bodies(1)
+            prof = cProfile.Profile()  # wall time: a CPU-time timer costs a system call per event
+            prof.enable()
+            round_(todo)
+            prof.disable()
+            for key in ("cumulative", "tottime"):
+                pstats.Stats(prof).sort_stats(key).print_stats(30)
+        ledger.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

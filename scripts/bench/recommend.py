@@ -1,0 +1,135 @@
+"""Recommend latency over a full catalog: p50/p99 at concurrency 1 (bounded run time).
+
+Starts `recsvc serve` on an artifact in its own process (durable SQLite ledger in a temp dir) and
+sends Recommend requests one at a time over loopback, each with a fresh request_id (every request
+is a new charge, none a replay). Histories are random catalog items, their lengths drawn around
+the ml20m-shape mean (≈ 74 interactions per user). Rows: the default (one item, `auto`), rnm,
+a 10-item slate, and the two-stage path (private top-500 at half of ε; few requests: it peels 500
+times over the catalog). Also times the server's steps in-process (SANSA scoring, clipping, the
+selection) so a reader sees where the time goes.
+
+Usage: .venv/bin/python -m scripts.bench.recommend [--artifacts artifacts/synthetic-ml20m-shape]
+       [--requests 2000]    (target: default row p99 < 10 ms on ml20m-shape)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+MEAN_HISTORY = 74
+
+
+def histories(item_ids: list[str], count: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(np.log(MEAN_HISTORY) - 0.5, 1.0, count).astype(int), 5, 2000)
+    return [[item_ids[i] for i in rng.choice(len(item_ids), n, replace=False)] for n in lengths]
+
+
+def start_server(artifacts: Path, ledger: Path) -> tuple[subprocess.Popen, int]:
+    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
+           "--port", "0", "--budget", "1e6"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        m = re.search(r"listening on [^\s]+:(\d+)", line)
+        if m:
+            return proc, int(m.group(1))
+        if not line:
+            break
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def measure(client, hist: list[list[str]], requests: int, **kwargs) -> np.ndarray:
+    out = np.empty(requests)
+    for i in range(requests):
+        h = hist[i % len(hist)]
+        t0 = time.perf_counter()
+        client.recommend(f"user{i % 1000}", h, request_id=uuid.uuid4().hex, **kwargs)
+        out[i] = time.perf_counter() - t0
+    return out
+
+
+def steps(artifacts: Path, hist: list[list[str]], calls: int = 200) -> None:
+    """In-process: the median time of each step of one Recommend (no gRPC, no ledger)."""
+    from recsvc.artifact import load_artifact
+    from recsvc.mechanisms import select
+    from recsvc.rng import csprng
+    from recsvc.service.selection import Catalog, Recommender
+
+    art = load_artifact(artifacts)
+    cat = Catalog(art)
+    rec = Recommender(art, cat)
+    g = csprng()
+    score_t, clip_t, sel_t = [], [], {"rnm": [], "mgem": []}
+    for i in range(calls):
+        t0 = time.perf_counter()
+        raw = rec.scores(hist[i % len(hist)])
+        t1 = time.perf_counter()
+        q = np.clip(raw, cat.lo, cat.hi)
+        t2 = time.perf_counter()
+        score_t.append(t1 - t0)
+        clip_t.append(t2 - t1)
+        for name in sel_t:
+            t3 = time.perf_counter()
+            select(name, q, cat.sensitivity, 1.0, rng=g)
+            sel_t[name].append(time.perf_counter() - t3)
+    med = {k: float(np.median(v)) * 1e3 for k, v in {"SANSA scoring": score_t, "clip": clip_t,
+                                                       **{f"select {k}": v for k, v in sel_t.items()}}.items()}
+    print("in-process medians (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--artifacts", type=Path, default=REPO / "artifacts" / "synthetic-ml20m-shape")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--two-stage-requests", type=int, default=20)
+    args = ap.parse_args()
+    if not args.artifacts.is_dir():
+        ap.error(f"no artifact at {args.artifacts}: build the default one with `.venv/bin/recsvc prep "
+                 "--dataset synthetic --preset ml20m-shape --out artifacts/synthetic-ml20m-shape` (as "
+                 "python -m scripts.bench.pipeline does), or pass --artifacts artifacts/ml-100k after "
+                 "`bash scripts/demo.sh`")
+
+    from recsvc.artifact import load_artifact
+    from recsvc.service.client import Client
+
+    art = load_artifact(args.artifacts)
+    ids = art.items["item_id"].to_list()
+    hist = histories(ids, 500)
+    print(f"artifact {args.artifacts}: {len(ids)} items; histories of mean length "
+          f"{np.mean([len(h) for h in hist]):.0f}; concurrency 1, loopback, durable SQLite ledger")
+    steps(args.artifacts, hist)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_server(args.artifacts, Path(tmp) / "ledger.db")
+        try:
+            with Client(f"127.0.0.1:{port}", retries=0) as c:
+                rows = [("default (auto, 1 item)", {"epsilon": 1.0}, args.requests),
+                        ("rnm, 1 item", {"epsilon": 1.0, "mechanism": "rnm"}, args.requests),
+                        ("auto, k=10 slate", {"epsilon": 1.0, "k": 10}, args.requests // 2),
+                        ("two-stage m=500, f=0.5, k=10", {"epsilon": 1.0, "k": 10, "num_candidates": 500,
+                                                          "candidate_fraction": 0.5}, args.two_stage_requests)]
+                print(f"{'row':<30} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+                for label, kwargs, n in rows:
+                    measure(c, hist, min(20, n), **kwargs)  # warm-up (JIT, caches)
+                    lat = measure(c, hist, n, **kwargs) * 1e3
+                    print(f"{label:<30} {n:>8} {np.percentile(lat, 50):>8.2f} {np.percentile(lat, 99):>8.2f} "
+                          f"{lat.max():>8.2f}", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
