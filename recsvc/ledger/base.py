@@ -234,7 +234,7 @@ class Ledger(abc.ABC):
                 if isinstance(sample, Exception):  # this item's draw failed: refused alone, nothing spent
                     out[i] = sample
                     continue
-                pending[i].build_response = (lambda i, s: lambda remaining: build_response(i, s, remaining))(i, sample)
+                pending[i].build_response = _bound(build_response, i, sample)
             queued = [p for i, p in pending.items() if out[i] is None]
             if queued:  # sets each item's result or error (a database that went away: every item's)
                 self._group_commit(queued)
@@ -274,6 +274,11 @@ class Ledger(abc.ABC):
                 spent[p.user_id] = before + p.units
                 todo.append(i)
         return todo
+
+
+def _bound(build_response: Callable[[int, S, float], bytes], i: int, sample: S) -> Callable[[float], bytes]:
+    """Item ``i``'s response builder, its sample bound."""
+    return lambda remaining: build_response(i, sample, remaining)
 
 
 def _refuse_duplicate(p: Pending) -> Callable[[float], bytes]:

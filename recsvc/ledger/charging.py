@@ -117,7 +117,7 @@ class Pending(Queued):
     built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
     # The account (spent_units, window_start, requests) the pre-check read, None: no row yet,
     # False: not read (PostgreSQL's one-statement charge, ``PostgresLedger._charge_unchanged``).
-    seen: tuple[int, int, int] | None | bool = False
+    seen: tuple[int, int, int] | bool | None = False
 
 
 @dataclass
@@ -163,7 +163,7 @@ def decide_all(batch: list[Pending], stored: dict[tuple[str, str], tuple[bytes, 
         after = before + p.units
         try:
             response = p.build_response(to_epsilon(budget_units - after))
-        except Exception as exc:  # noqa: BLE001 - this charge alone is refused, nothing spent
+        except Exception as exc:  # this charge alone is refused, nothing spent
             p.error = exc
             continue
         spent[p.user_id] = after

@@ -69,7 +69,7 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
         with _source(ledger, chunk) as (total, chunks), pq.ParquetWriter(tmp, schema) as writer, \
                 progress_bar("export", "charge", total, None if progress is None else not progress) as bar:
             for rows in chunks:
-                users, requests, mechanisms, units, micros = zip(*rows)
+                users, requests, mechanisms, units, micros = zip(*rows, strict=True)
                 writer.write_table(pa.table([
                     pa.array(users, pa.string()), pa.array(requests, pa.string()), pa.array(mechanisms, pa.string()),
                     pa.array([to_epsilon(u) for u in units], pa.float64()),

@@ -19,13 +19,13 @@ class Flights:
     duplicates draw once: the later ones find the stored answer."""
 
     def __init__(self) -> None:
-        self._flights: dict[tuple[str, str], list] = {}
+        self._flights: dict[tuple[str, str], list[Any]] = {}  # key → [its lock, callers in or waiting]
         self._lock = threading.Lock()
 
     def waiting(self, key: tuple[str, str]) -> int:
         """Callers of ``key`` inside or queued for :meth:`one_at_a_time` (for tests)."""
         with self._lock:
-            return self._flights.get(key, [None, 0])[1]
+            return int(self._flights.get(key, [None, 0])[1])
 
     @contextmanager
     def one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:

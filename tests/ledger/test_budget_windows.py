@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from service_fixtures import REPO, candidates
 
 from recsvc.checks import ParamError
 from recsvc.ledger import BatchItem, BudgetExceeded, Charge, RequestConflict
@@ -24,7 +25,6 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
 from recsvc.v1 import selection_pb2 as pb
-from service_fixtures import REPO, candidates
 
 # Verbatim the version-1 SQLite schema (the file format without renewable budgets).
 V1_SCHEMA = """

@@ -118,7 +118,7 @@ def test_a_sample_the_transaction_refuses_is_discarded_unreleased(tmp_path: Path
         led.charge("u", "other", b"o", 0.6, lambda rem: b"other")
         return "never released"
 
-    with pytest.raises(BudgetExceeded, match="only 0.4 of 1 remains"):
+    with pytest.raises(BudgetExceeded, match=r"only 0\.4 of 1 remains"):
         led.draw_and_charge("u", "r", b"d", 0.5, draw_while_someone_spends, _build)
     assert led.lookup("u", "r") is None and led.user("u").spent_units == 600_000_000_000
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from service_fixtures import candidates, free_port, server_process
 
 from recsvc.app.cli import main as recsvc_main
 from recsvc.ledger import fingerprint as fingerprint_key
@@ -20,8 +21,6 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 from recsvc.v1 import selection_pb2 as pb
-
-from service_fixtures import candidates, free_port, server_process
 
 
 def _request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> pb.SelectRequest:

@@ -12,9 +12,11 @@ from pathlib import Path
 import psycopg
 import pyarrow.parquet as pq
 import pytest
+from service_fixtures import REPO, candidates, free_port, item_ids
 
 from recsvc.checks import ParamError
-from recsvc.ledger import BudgetExceeded, export as ledger_export
+from recsvc.ledger import BudgetExceeded
+from recsvc.ledger import export as ledger_export
 from recsvc.ledger.export import COLUMNS, export
 from recsvc.ledger.postgres import schema as ledger_pg_schema
 from recsvc.ledger.sqlite import schema as ledger_schema
@@ -22,7 +24,6 @@ from recsvc.ledger.testing import Clock, Stores, resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from service_fixtures import REPO, candidates, free_port, item_ids
 
 T0 = 1_700_000_000.123456  # 2023-11-14T22:13:20.123456Z
 
@@ -106,7 +107,7 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     (tmp_path / "empty.db").write_bytes(b"")
     with pytest.raises(ParamError, match="holds no recsvc ledger"):
         export(tmp_path / "empty.db", tmp_path / "e.parquet")
-    with pytest.raises(ParamError, match="directory .* does not exist"):
+    with pytest.raises(ParamError, match=r"directory .* does not exist"):
         export(s.target, tmp_path / "no-dir" / "c.parquet")
     with pytest.raises(ParamError, match="is a directory"):
         export(s.target, tmp_path)
@@ -158,4 +159,4 @@ def test_a_failure_mid_way_leaves_no_file(stores: Stores, tmp_path: Path, monkey
     assert out.read_bytes() == b"the previous export" and [p.name for p in out.parent.iterdir()] == ["c.parquet"]
     monkeypatch.setattr(module, "read_charges", real)
     assert export(stores.target, out, force=True, progress=False) == 5
-    assert ledger_export.COLUMNS == tuple(pq.read_table(out).column_names)
+    assert tuple(pq.read_table(out).column_names) == ledger_export.COLUMNS

@@ -61,6 +61,6 @@ def test_a_number_past_bigint_is_a_clear_error(bad) -> None:
 
 def test_the_encoding_is_postgresqls_binary_array_format() -> None:
     # ndim 1, no NULLs, int8 (oid 20), 2 elements from index 1; then (length 8, value) per element
-    assert int8_array([1, -2]) == bytes.fromhex("00000001" "00000000" "00000014" "00000002" "00000001"
-                                               "00000008" "0000000000000001" "00000008" "fffffffffffffffe")
-    assert text_array([]) == bytes.fromhex("00000000" "00000000" "00000019")
+    assert int8_array([1, -2]) == bytes.fromhex("00000001 00000000 00000014 00000002 00000001"
+                                               " 00000008 0000000000000001 00000008 fffffffffffffffe")
+    assert text_array([]) == bytes.fromhex("00000000 00000000 00000019")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from service_fixtures import REPO, free_port
 
 from recsvc.checks import ParamError
 from recsvc.ledger.postgres import PostgresLedger
@@ -17,7 +18,6 @@ from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
 from recsvc.ledger.testing import Stores
 from recsvc.ledger.units import charge_units
 from recsvc.v1 import selection_pb2 as pb
-from service_fixtures import REPO, free_port
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
@@ -33,7 +33,7 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
         PostgresLedger(url, 2.0, tmp_path / "k")
     (tmp_path / "other").write_text("ab" * 32 + "\n")
     (tmp_path / "other").chmod(0o600)
-    with pytest.raises(ParamError, match="not the key the ledger .* was initialised with"):
+    with pytest.raises(ParamError, match=r"not the key the ledger .* was initialised with"):
         PostgresLedger(url, 1.0, tmp_path / "other")
     led = PostgresLedger(url, 1.0, tmp_path / "k")  # the same settings: accepted
     with led._pool.connection() as conn:
@@ -58,7 +58,7 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
     key = tmp_path / "k"
     key.write_text("cd" * 32 + "\n")
     key.chmod(0o600)
-    with pytest.raises(ParamError, match="holds no recsvc ledger yet.*recsvc ledger init"):
+    with pytest.raises(ParamError, match=r"holds no recsvc ledger yet.*recsvc ledger init"):
         PostgresLedger(url, 1.0, key)
     PostgresLedger(url, 1.0, key, create=True).close()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -156,7 +156,7 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     def charge(rid: str, eps: float) -> None:
         try:
             out[rid] = led.charge("u", rid, rid.encode(), eps, lambda rem, rid=rid: f"{rid}|{rem:.1f}".encode())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     other = psycopg.connect(s.target)  # "another replica", mid-transaction on the user's row

@@ -43,7 +43,7 @@ def _queue_in_order(a, threads: list[threading.Thread], queued: int = 0) -> None
     (which holds ``queued`` items before them), so they queue, and lead, in that order."""
     for n, thread in enumerate(threads, start=queued + 1):
         thread.start()
-        _until(lambda: a._group_commit.queued() >= n)
+        _until(lambda n=n: a._group_commit.queued() >= n)
 
 
 def _rounds(a, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
@@ -103,7 +103,7 @@ def test_a_charge_that_no_longer_fits_is_refused_and_stores_nothing(pg_cluster, 
         b.charge("u", "other", b"d", 0.5, lambda rem: b"other")
         return 0
 
-    with pytest.raises(BudgetExceeded, match="requested epsilon=0.5 but only 0.4 of 1 remains"):
+    with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.5 but only 0\.4 of 1 remains"):
         a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, _answer("r1"))
     assert a.lookup("u", "r1") is None and a.moved == 1
     assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.6), 2)
@@ -163,7 +163,7 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
     s, a, b = _replicas(pg_cluster, tmp_path)
     for u in ("x", "y"):
         a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
-    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), (lambda u: lambda rem: f"{u}|{rem:.2f}".encode())(u))
+    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem, u=u: f"{u}|{rem:.2f}".encode())
              for u in ("x", "y", "z")]
     for p in queue:
         assert a._precheck(p) is None and p.seen is not False
@@ -212,7 +212,7 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
             return 0
         try:
             out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     held = a._pool.getconn()  # the leader's read waits for it
@@ -254,7 +254,7 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
     def charge(user: str) -> None:
         try:
             out[user] = a.draw_and_charge(user, "r1", b"d1", 0.5, lambda: draws.append(user) or 0, _answer(user))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[user] = exc
 
     users = ("leader", "successor", "waiter")
@@ -340,7 +340,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
             return 0
         try:
             out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     threads = [threading.Thread(target=charge, args=("x", "x1", 0.3, True))]
@@ -413,7 +413,7 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
     def run(rid: str, call) -> None:
         try:
             out[rid] = call()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     held = a._pool.getconn()  # the first round waits for it while the others queue behind it

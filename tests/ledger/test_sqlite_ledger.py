@@ -122,7 +122,7 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
     def charge(name: str, rid: str, eps: float) -> None:
         try:
             out[name] = led.charge("u", rid, b"fp", eps, _resp(name))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[name] = exc
 
     with led._write_lock:  # hold the writers back until all five have queued
@@ -208,7 +208,7 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
     def charge(name: str, user: str, rid: str, build) -> None:  # type: ignore[no-untyped-def]
         try:
             out[name] = led.charge(user, rid, b"fp", 0.2, build)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[name] = exc
 
     jobs = [("a", "u", "r1", _resp("a")), ("b", "u", "r2", boom), ("c", "u", "r3", _resp("c")),

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import grpc
 import pytest
+from service_fixtures import candidates
 
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
 from recsvc.v1 import selection_pb2 as pb
-
-from service_fixtures import candidates
 
 # Verbatim the version-0 schema (float totals and unsalted fingerprints).
 V0_SCHEMA = """
@@ -114,7 +113,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tabl
     assert conn.execute("SELECT mechanism, COUNT(*) FROM requests GROUP BY mechanism").fetchall() == [("rnm", 204)]
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
     assert conn.execute("SELECT SUM(epsilon_units) FROM requests").fetchone() == (8 * 10**12 + 200 + 300_000_000_003,)
-    stored = dict(((u, r), bytes(f)) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests"))
+    stored = {(u, r): bytes(f) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests")}
     req = old["requests"]["alice/a0"]  # type: ignore[index]
     assert stored[("alice", "a0")] == hmac.digest(key, _old_fingerprint(req), "sha256")
     led.close()

@@ -3,6 +3,7 @@ per connection (:class:`recsvc.ledger.postgres.PostgresLedger` pools them)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import psycopg
@@ -11,7 +12,7 @@ from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 from recsvc.ledger.postgres import arrays
 
 
-def link_timeouts(timeout_s: float) -> dict[str, int]:
+def link_timeouts(timeout_s: float) -> dict[str, Any]:
     """libpq settings that turn a silent network partition into an error within about ``timeout_s``
     (a request then gets UNAVAILABLE) instead of a query that waits for TCP's own retransmission
     limit (many minutes): unacknowledged data, and idle connections probed by keepalives."""
@@ -57,7 +58,5 @@ def result_sets(cur: psycopg.ClientCursor) -> list[list[tuple[Any, ...]]]:
 def roll_back(conn: psycopg.Connection) -> None:
     """Ends a failed transaction on a connection that still works (the pool discards a broken one)."""
     if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        try:
+        with contextlib.suppress(psycopg.Error):
             conn.execute("ROLLBACK")
-        except psycopg.Error:
-            pass

@@ -69,10 +69,13 @@ def _recover(conn: Any, mechanism_of: MechanismOf | None) -> None:
     """Version 2: the mechanism of every request stored before, from its stored response."""
     def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
         sql = "SELECT user_id, request_id, response FROM recsvc_requests WHERE mechanism=''"
+        rows: list[tuple[str, str, bytes]]
         if after is None:
-            return conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
-        return conn.execute(sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512",
-                            after).fetchall()
+            rows = conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
+        else:
+            rows = conn.execute(sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512",
+                                after).fetchall()
+        return rows
 
     def update(rows: list[tuple[str, str, str]]) -> None:
         with conn.cursor() as cur:
@@ -219,7 +222,9 @@ def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[Char
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         with conn.transaction():
-            total = int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+            count = conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()
+            assert count is not None  # an aggregate returns one row
+            total = int(count[0])
             with conn.cursor(name="recsvc_export") as cur:
                 cur.itersize = chunk
                 cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "

@@ -247,7 +247,7 @@ class PostgresLedger(Ledger):
         for attempt in range(2):
             try:
                 with self._pool.connection() as conn:
-                    return fn(conn)  # type: ignore[arg-type]
+                    return fn(conn)
             except psycopg.errors.DeadlockDetected:  # an OperationalError, but the server is up
                 raise
             except _DOWN as exc:
@@ -317,7 +317,7 @@ class PostgresLedger(Ledger):
                 except psycopg.errors.DeadlockDetected:  # rolled back whole; the lock order makes it rare
                     if attempt == _DEADLOCK_TRIES - 1:
                         raise
-        except Exception as exc:  # noqa: BLE001 - every pre-check and every charge not yet stored is refused
+        except Exception as exc:  # every pre-check and every charge not yet stored is refused
             left: list[Queued] = [*probes, *rest]
             if isinstance(exc, _ITEM_ERRORS) and len(left) > 1:
                 for q in left:

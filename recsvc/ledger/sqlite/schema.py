@@ -142,7 +142,7 @@ def version(conn: sqlite3.Connection) -> int | None:
 
 
 def has_requests(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM requests)").fetchone()[0] == 1
+    return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM requests)").fetchone()[0] == 1)
 
 
 def create(conn: sqlite3.Connection) -> None:
@@ -173,8 +173,10 @@ def _recover(conn: sqlite3.Connection, mechanism_of: MechanismOf | None) -> None
         return conn.execute(sql + " AND (user_id, request_id) > (?, ?) ORDER BY user_id, request_id LIMIT 512",
                             after).fetchall()
 
-    recover_mechanisms(page, lambda rows: conn.executemany(
-        "UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows), mechanism_of)
+    def update(rows: list[tuple[str, str, str]]) -> None:
+        conn.executemany("UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows)
+
+    recover_mechanisms(page, update, mechanism_of)
 
 
 def check_window(conn: sqlite3.Connection, path: Path, window: BudgetWindow) -> None:

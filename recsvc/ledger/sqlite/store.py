@@ -27,6 +27,7 @@ The file format and its migrations live in :mod:`recsvc.ledger.sqlite.schema`.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -46,6 +47,7 @@ from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.sqlite import schema
 from recsvc.ledger.sqlite.schema import CHUNK, EXPECTED, check_path
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
+
 
 def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
     """Switching a fresh file to WAL can report 'database is locked' without waiting on the
@@ -156,10 +158,8 @@ class SQLiteLedger(Ledger):
         with self._lock:
             conns, self._all = self._all, []
         for c in conns:
-            try:
+            with contextlib.suppress(sqlite3.ProgrammingError):  # closed from another thread; harmless at shutdown
                 c.close()
-            except sqlite3.ProgrammingError:  # closed from another thread; harmless at shutdown
-                pass
         self._local = threading.local()
 
     def reachable(self) -> bool:
