@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -18,6 +19,11 @@ from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
 from recsvc.ledger.testing import Stores
 from recsvc.ledger.units import charge_units
 from recsvc.v1 import selection_pb2 as pb
+
+
+def _open(s: Stores, **settings: Any) -> PostgresLedger:
+    """A replica of the PostgreSQL ledger ``s`` names."""
+    return cast(PostgresLedger, s.open(**settings))
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
@@ -42,7 +48,7 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
 
 
 def test_a_pooled_connection_runs_its_statements_on_one_cursor(pg_cluster, tmp_path: Path) -> None:
-    led = Stores(pg_cluster.new_database(), tmp_path / "k").open(budget=1.0)
+    led = _open(Stores(pg_cluster.new_database(), tmp_path / "k"), budget=1.0)
     led.charge("u", "r1", b"d", 0.25, lambda rem: b"a")
     with led._pool.connection() as conn:
         first = conn.run("SELECT %s::int", (1,))
@@ -149,7 +155,7 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     from recsvc.ledger import BudgetExceeded
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    led = s.open(budget=1.0)
+    led = _open(s, budget=1.0)
     led.charge("u", "r0", b"f0", 0.1, lambda rem: b"first")
     out: dict[str, object] = {}
 
@@ -191,7 +197,7 @@ def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) 
     """reachable() (polled every second by each replica's health watcher) reuses one connection
     instead of opening a new server backend per probe, and replaces it when it dies."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    led = s.open(budget=1.0)
+    led = _open(s, budget=1.0)
     sql = "SELECT pid FROM pg_stat_activity WHERE application_name = 'recsvc-probe' AND datname = current_database()"
     with psycopg.connect(s.target, autocommit=True) as watch:
         def probes(want: int) -> list[tuple]:  # a backend leaves pg_stat_activity a moment after it ends

@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -19,15 +20,23 @@ from prometheus_client import REGISTRY
 
 from recsvc.ledger import BatchItem, BudgetExceeded, LedgerObserver
 from recsvc.ledger.charging import Pending
+from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres import store as ledger_pg
 from recsvc.ledger.testing import Stores
+from recsvc.ledger.testing.cluster import Cluster
 from recsvc.ledger.units import charge_units
 from recsvc.service.server import ledger_observer
 
 
-def _replicas(pg_cluster, tmp_path: Path, budget: float = 1.0, observer: LedgerObserver | None = None):
+def _replicas(pg_cluster: Cluster, tmp_path: Path, budget: float = 1.0,
+              observer: LedgerObserver | None = None) -> tuple[Stores, PostgresLedger, PostgresLedger]:
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    return s, s.open(budget=budget, observer=observer), s.open(budget=budget)
+    return s, _open(s, budget=budget, observer=observer), _open(s, budget=budget)
+
+def _open(s: Stores, **settings: Any) -> PostgresLedger:
+    """A replica of the PostgreSQL ledger ``s`` names."""
+    return cast(PostgresLedger, s.open(**settings))
+
 
 
 def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -200,11 +209,11 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     queue; they are then answered by one read: a replay, a refusal and a fresh charge."""
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     draws: list[str] = []
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(user: str, rid: str, eps: float) -> None:
         def draw() -> int:
@@ -249,7 +258,7 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
 
     monkeypatch.setattr(a, "_charge_unchanged", broken)
     draws: list[str] = []
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(user: str) -> None:
         try:
@@ -321,7 +330,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     read on their own and the charge goes to the locking transaction. Same outcomes either way."""
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
@@ -329,7 +338,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
             "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
     rounds = _rounds(a, monkeypatch)
     draws: list[str] = []
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     go = threading.Event()
 
     def charge(user: str, rid: str, eps: float, wait: bool = False) -> None:
@@ -380,7 +389,7 @@ def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_
     as −1, so each statement text is prepared once, and on its first execution (psycopg's default
     is after 5, each parsed and planned until then)."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("first", "r", b"d", 1e-6, lambda: 0, _answer("r"))
     with a._pool.connection() as conn:
         texts = [t for t, in conn.execute("SELECT statement FROM pg_prepared_statements")]
@@ -405,10 +414,10 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
     charged or replayed, exactly once."""
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     rounds = _rounds(a, monkeypatch)
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def run(rid: str, call) -> None:
         try:
