@@ -37,11 +37,11 @@ def main() -> int:
     args = ap.parse_args()
 
     from recsvc.artifact import load_artifact
+    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service import wire
     from recsvc.service.auth import ADMIN, Caller, Principal, Scope
     from recsvc.service.config import Policy
     from recsvc.service.gate import CALLER
-    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
