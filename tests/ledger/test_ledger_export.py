@@ -134,9 +134,9 @@ def test_a_failure_mid_way_leaves_no_file(stores: Stores, tmp_path: Path, monkey
     real = module.read_charges
 
     @contextmanager
-    def failing(target, chunk):  # type: ignore[no-untyped-def]
+    def failing(target, chunk):
         with real(target, chunk) as (total, chunks):
-            def rows():  # type: ignore[no-untyped-def]
+            def rows():
                 yield next(chunks)
                 if pg:
                     with psycopg.connect(str(stores.target), autocommit=True) as conn:

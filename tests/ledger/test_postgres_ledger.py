@@ -157,7 +157,7 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     led = _open(s, budget=1.0)
     led.charge("u", "r0", b"f0", 0.1, lambda rem: b"first")
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(rid: str, eps: float) -> None:
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,7 +118,7 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
     import time
 
     led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(name: str, rid: str, eps: float) -> None:
         try:
@@ -200,12 +201,12 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
 
     led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     led.charge("u", "r0", b"fp", 0.1, _resp("z"))  # an existing row: the batch's upsert updates it
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def boom(remaining: float) -> bytes:
         raise RuntimeError("no answer")
 
-    def charge(name: str, user: str, rid: str, build) -> None:  # type: ignore[no-untyped-def]
+    def charge(name: str, user: str, rid: str, build) -> None:
         try:
             out[name] = led.charge(user, rid, b"fp", 0.2, build)
         except Exception as exc:
