@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pg_fixtures import Cluster, pg_bin, remove_cluster, start_cluster
+from recsvc.ledger.testing.cluster import Cluster, pg_bin, remove_cluster, start_cluster
 from recsvc.service.testing import make_artifact, make_certs
 
 

@@ -9,9 +9,7 @@
 * :mod:`recsvc.service.codec` — the wire format: the bounded pre-scan, message codecs, batch framing
 * :mod:`recsvc.service.errors` — the service's refusals, each with its status code, and the status table
 * :mod:`recsvc.service.selection` — proto-free: request checks, clipping, ``auto``, select + ledger charge
-* :mod:`recsvc.service.ledger` — the SQLite privacy ledger (atomic, durable, idempotent; samples drawn outside its lock)
-* :mod:`recsvc.service.ledger_units`, :mod:`recsvc.service.ledger_schema`, :mod:`recsvc.service.fingerprint_key` —
-  exact ε units, the file format and its migration, the HMAC key of the request fingerprints
+* :mod:`recsvc.ledger` (its own package) — the privacy ledger the service charges
 * :mod:`recsvc.service.client` — ``Client(target, token=None, ...)``
 * :mod:`recsvc.service.auth`, :mod:`recsvc.service.metrics` — TLS/mTLS, bearer tokens, Prometheus
 * :mod:`recsvc.service.testing` — helpers for tests: a toy artifact, certificates, servers, clients

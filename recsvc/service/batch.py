@@ -2,7 +2,7 @@
 
 Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_many`
 (so an item's refusals are exactly a single Select's). Then :func:`execute_batch` follows the
-ledger's batch protocol (:mod:`recsvc.service.ledger_batch`): pre-check all items on one
+ledger's batch protocol (:meth:`recsvc.ledger.Ledger.draw_and_charge_batch`): pre-check all items on one
 snapshot (replays, conflicts and refusals draw nothing), draw the rest OUTSIDE any lock, and
 charge them all in ONE transaction with per-item outcomes.
 
@@ -22,9 +22,8 @@ import numpy as np
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
 from recsvc.service.draws import expected_draws
-from recsvc.service.ledger_base import Charge
-from recsvc.service.ledger_batch import BatchItem, BatchStore, draw_and_charge_batch
-from recsvc.service.ledger_units import charge_units, to_epsilon
+from recsvc.ledger import BatchItem, Charge, Ledger
+from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.service.selection import Prepared, Selected, Selector, draw
 
 
@@ -81,7 +80,7 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
     return out  # type: ignore[return-value]
 
 
-def execute_batch(selector: Selector, ledger: BatchStore, prepared: Sequence[Prepared],
+def execute_batch(selector: Selector, ledger: Ledger, prepared: Sequence[Prepared],
                   encode: Callable[[Selected], bytes]) -> list[Charge | Exception]:
     """Charges every prepared item in one ledger transaction (either store); one outcome per item, in order."""
     items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
@@ -94,4 +93,4 @@ def execute_batch(selector: Selector, ledger: BatchStore, prepared: Sequence[Pre
         ids, rows = p.answer(picked)
         return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.charge)), remaining, p.request_id, rows))
 
-    return draw_and_charge_batch(ledger, items, draws, build)
+    return ledger.draw_and_charge_batch(items, draws, build)

@@ -11,8 +11,8 @@ from typing import Any
 
 from recsvc.checks import check_epsilon, check_regular_file
 from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
+from recsvc.ledger import is_postgres
 from recsvc.service.config import PARAMS, ServerConfig, default
-from recsvc.service.ledger_base import is_postgres
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 WINDOW_HELP = ("'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
@@ -157,10 +157,12 @@ def _ledger_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_ledger_init(args: argparse.Namespace) -> int:
-    from recsvc.service.ledger_store import open_store
+    from recsvc.ledger import open_ledger
+    from recsvc.service.server import stored_mechanism
 
     config = _ledger_config(args).ledger
-    store = open_store(config.location, config.budget, config.key_path, pool_size=1, create=True, window=config.window)
+    store = open_ledger(config.location, config.budget, config.key_path, pool_size=1, create=True,
+                        window=config.window, mechanism_of=stored_mechanism)
     store.close()
     where = getattr(store, "where", str(config.location))
     print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
@@ -169,18 +171,19 @@ def run_ledger_init(args: argparse.Namespace) -> int:
 
 
 def run_ledger_migrate(args: argparse.Namespace) -> int:
-    from recsvc.service.ledger_pg_schema import migrate_url
+    from recsvc.ledger.postgres.schema import migrate_url
+    from recsvc.service.server import stored_mechanism
 
     if not is_postgres(args.ledger):
         raise ValueError(f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
                          "expected a PostgreSQL URL postgresql://USER@HOST:PORT/DB")
-    where, before, after = migrate_url(args.ledger)
+    where, before, after = migrate_url(args.ledger, stored_mechanism)
     print(f"recsvc ledger: {where} schema version {before} -> {after}")
     return 0
 
 
 def run_ledger_export(args: argparse.Namespace) -> int:
-    from recsvc.service.ledger_export import export
+    from recsvc.ledger.export import export
 
     n = export(args.ledger, args.out, force=args.force)
     where = describe_ledger(args.ledger)
@@ -191,7 +194,7 @@ def run_ledger_export(args: argparse.Namespace) -> int:
 def describe_ledger(ledger: Path | str) -> str:
     """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
     if is_postgres(ledger):
-        from recsvc.service.ledger_pg_schema import describe
+        from recsvc.ledger.postgres.schema import describe
 
         return describe(str(ledger))
     return str(ledger)

@@ -44,7 +44,7 @@ from recsvc.service.selection import SelectInput
 from recsvc.v1 import selection_pb2 as pb
 
 if TYPE_CHECKING:
-    from recsvc.service.ledger_base import Charge
+    from recsvc.ledger import Charge
     from recsvc.service.selection import Selected, Selector
 
 _HIGH = bytes(range(0x80, 0x100))  # continuation bytes of a varint
@@ -217,7 +217,7 @@ _HASH_PIECE = 2000  # bytes; hashlib releases the GIL for updates of 2048 bytes 
 
 def fingerprint(kind: bytes, req: Any) -> bytes:
     """SHA-256 of the canonical request (the ledger stores only HMAC(server key, this digest),
-    see recsvc.service.fingerprint_key). Fed in pieces below hashlib's 2 KiB GIL-release
+    see recsvc.ledger.fingerprint). Fed in pieces below hashlib's 2 KiB GIL-release
     threshold: releasing the GIL for a few µs of hashing only wakes a waiting thread for nothing."""
     h = hashlib.sha256(kind)
     data = memoryview(req.SerializeToString(deterministic=True))

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.checks import ParamError
-from recsvc.service.fingerprint_key import default_path as default_key_path
-from recsvc.service.ledger_base import is_postgres
-from recsvc.service.ledger_units import MAX_EPSILON, budget_units
-from recsvc.service.ledger_window import LIFETIME, BudgetWindow
+from recsvc.ledger import is_postgres
+from recsvc.ledger.fingerprint import default_path as default_key_path
+from recsvc.ledger.units import MAX_EPSILON, budget_units
+from recsvc.ledger.window import LIFETIME, BudgetWindow
 
 AUTO = "auto"
 

@@ -3,7 +3,7 @@
 Random stopping makes ≈ 1/γ base draws per selection; at the `gamma` ParamSpec floor (1e-6,
 the bound on any single draw's expected cost) that is ≈ 10⁶ draws, tens of milliseconds of CPU
 and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t). Such draws already run outside the
-ledger's lock (:meth:`recsvc.service.ledger.Ledger.draw_and_charge`); on top of that, a sample
+ledger's lock (:meth:`recsvc.ledger.Ledger.draw_and_charge`); on top of that, a sample
 expected to need more than ``heavy_draws`` draws runs in a small pool of ``heavy_draw_threads``
 threads at the lowest CPU priority (nice 19, per thread on Linux). Every other request's thread
 then wins the CPU against them, the pool bounds how many such draws (and their memory) run at

@@ -64,26 +64,10 @@ class RateLimited(ServiceError):
     status: ClassVar[str] = "RESOURCE_EXHAUSTED"
 
 
-# Exceptions defined elsewhere whose class cannot declare ``status`` here: a builtin (ValueError:
-# the core validates the inputs the service checked already, with messages of its own) and, until
-# the ledger's errors declare their own, the ledger's refusals. Keyed by class; the MRO walk in
-# :func:`status_name` consults it after the class's own attribute.
+# Builtins cannot declare ``status``: a ValueError is the core's check of an input the service
+# checked already, with a message of its own. Keyed by class; :func:`status_name` consults it
+# after the class's own attribute.
 FOREIGN_STATUS: dict[type[BaseException], str] = {ValueError: "INVALID_ARGUMENT"}
-
-
-def _ledger_statuses() -> None:
-    """The ledger's refusals (BudgetExceeded, RequestConflict, LedgerUnavailable): their own
-    ``status`` attribute wins; this fills in only for classes that do not declare one."""
-    from recsvc.service import ledger_base
-
-    for name, status in (("BudgetExceeded", "RESOURCE_EXHAUSTED"), ("RequestConflict", "ALREADY_EXISTS"),
-                         ("LedgerUnavailable", "UNAVAILABLE")):
-        cls = getattr(ledger_base, name)
-        if "status" not in vars(cls):
-            FOREIGN_STATUS.setdefault(cls, status)
-
-
-_ledger_statuses()
 
 
 def status_name(exc: BaseException) -> str:

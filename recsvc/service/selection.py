@@ -2,7 +2,7 @@
 
 :meth:`Selector.prepare_select` / :meth:`Selector.prepare_recommend` check everything and clip
 the scores, touching no ledger. :meth:`Selector.execute` then follows the ledger's protocol
-(:meth:`recsvc.service.ledger.Ledger.draw_and_charge`): ε → exact units | replay, conflict and
+(:meth:`recsvc.ledger.Ledger.draw_and_charge`): ε → exact units | replay, conflict and
 budget pre-check → sample, drawn OUTSIDE the write transaction → inside it: replay | conflict |
 budget check → store the answer and spend → durable COMMIT.
 
@@ -40,9 +40,9 @@ from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
+from recsvc.ledger import Charge, Ledger
+from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.service.errors import InvalidRequest, Unavailable
-from recsvc.service.ledger_base import Charge, LedgerStore
-from recsvc.service.ledger_units import charge_units, to_epsilon
 
 log = logging.getLogger("recsvc.service")
 
@@ -440,7 +440,7 @@ class Selector:
         return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q,
                         self.catalog.sensitivity, self.catalog.item_ids, kk, stage)
 
-    def execute(self, ledger: LedgerStore, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
+    def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
         """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
         ``encode(selected)`` in one transaction (see the module docstring). A replayed request
         gets its stored answer and draws nothing; an ε the ledger cannot count exactly

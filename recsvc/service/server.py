@@ -33,8 +33,7 @@ import grpc
 from recsvc.checks import ParamError
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.service.ledger_base import is_postgres
-from recsvc.service.ledger_store import open_store
+from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
 from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
 
 log = logging.getLogger("recsvc.service")
@@ -87,8 +86,9 @@ def start(config: ServerConfig) -> ServerHandle:
     from grpc_reflection.v1alpha import reflection
 
     from recsvc.artifact import load_artifact
-    from recsvc.service import auth, fingerprint_key, interceptors, metrics
-    from recsvc.service import ledger as ledger_mod
+    from recsvc.ledger import fingerprint
+    from recsvc.ledger import sqlite as ledger_mod
+    from recsvc.service import auth, interceptors, metrics
     from recsvc.service.servicer import SelectionServicer, register
     from recsvc.v1 import selection_pb2
 
@@ -98,7 +98,7 @@ def start(config: ServerConfig) -> ServerHandle:
     pg = is_postgres(config.ledger.location)
     if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
         ledger_mod.check_path(config.ledger.location)
-        fingerprint_key.check(config.ledger.key_path)
+        fingerprint.check(config.ledger.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
     servicer.limiter = interceptors.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
     server = grpc.server(
@@ -130,7 +130,8 @@ def start(config: ServerConfig) -> ServerHandle:
         if config.listen.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
         settings = config.ledger
-        ledger = open_store(settings.location, settings.budget, settings.key_path, settings.pool, window=settings.window)
+        ledger = open_ledger(settings.location, settings.budget, settings.key_path, pool_size=settings.pool,
+                             window=settings.window, observer=ledger_observer(), mechanism_of=stored_mechanism)
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -163,6 +164,26 @@ def start(config: ServerConfig) -> ServerHandle:
                                            daemon=True)
         handle._watcher.start()
     return handle
+
+
+def ledger_observer() -> LedgerObserver:
+    """The ledger's callbacks, wired to this process's Prometheus metrics."""
+    from recsvc.service import metrics
+
+    return LedgerObserver(relocked=metrics.RELOCKED.inc)
+
+
+def stored_mechanism(response: bytes) -> str:
+    """The mechanism a stored answer (a serialized SelectResponse) names; '' if it is not one.
+    The ledger's migrations recover the mechanism of charges stored without it with this."""
+    from google.protobuf.message import DecodeError
+
+    from recsvc.v1 import selection_pb2
+
+    try:
+        return selection_pb2.SelectResponse.FromString(response).mechanism
+    except (DecodeError, UnicodeDecodeError):
+        return ""
 
 
 def _watch_ledger(handle: ServerHandle) -> None:
@@ -271,8 +292,8 @@ def _serve_workers(config: ServerConfig) -> int:
 def _fork_workers(config: ServerConfig) -> int:
     # Checks that need no gRPC/polars state run here, before any fork and before the ledger
     # exists; the rest (artifact, mechanism policy) runs in the workers, which report failures.
+    from recsvc.ledger import sqlite as ledger_mod
     from recsvc.service import auth
-    from recsvc.service import ledger as ledger_mod
 
     auth.check_server_files(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
     _authenticator(config)
@@ -287,7 +308,8 @@ def _fork_workers(config: ServerConfig) -> int:
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
     settings = config.ledger
-    ledger = open_store(settings.location, settings.budget, settings.key_path, pool_size=1, window=settings.window)
+    ledger = open_ledger(settings.location, settings.budget, settings.key_path, pool_size=1, window=settings.window,
+                         mechanism_of=stored_mechanism)
     ledger.close()
     served: list[bool] = []
     try:

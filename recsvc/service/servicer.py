@@ -19,10 +19,10 @@ from recsvc.artifact import Artifact
 from recsvc.service import codec
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
+from recsvc.ledger import Ledger
 from recsvc.service.config import Policy
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import RateLimiter, current_caller, status_of
-from recsvc.service.ledger_base import LedgerStore
 from recsvc.service.selection import Columns, Prepared, Selector, check_id
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -31,20 +31,20 @@ log = logging.getLogger("recsvc.service")
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
-    def __init__(self, artifact: Artifact, ledger: LedgerStore | None, policy: Policy) -> None:
+    def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
         self.selector = Selector(artifact, policy)
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
 
     @property
-    def ledger(self) -> LedgerStore:
+    def ledger(self) -> Ledger:
         if self._ledger is None:
             raise RuntimeError("the servicer has no ledger attached yet")
         return self._ledger
 
     @ledger.setter
-    def ledger(self, ledger: LedgerStore) -> None:
+    def ledger(self, ledger: Ledger) -> None:
         self._ledger = ledger
 
     @property

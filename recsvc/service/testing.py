@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from recsvc.artifact import ArtifactWriter
 from recsvc.model import Model
-from recsvc.service.pg_cluster import free_port
+from recsvc.ledger.testing.cluster import free_port
 
 __all__ = ["N_ITEMS", "REPO", "ServerProcess", "add_policy", "candidates", "client_of", "free_port", "item_ids",
            "make_artifact", "make_certs", "rpc_error", "run_recsvc", "served", "server_process"]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.service.pg_cluster import free_port
+from recsvc.ledger.testing.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 METHOD = "/recsvc.v1.PrivateSelection/Select"
@@ -196,7 +196,7 @@ class Server:
 def throwaway_cluster(stack: ExitStack, **options: Any) -> Any:
     """A fresh PostgreSQL cluster on loopback (the project's test cluster), removed when ``stack``
     closes; ``options`` go to its ``start_cluster`` (e.g. ``shared_buffers``)."""
-    from recsvc.service.pg_cluster import remove_cluster, start_cluster
+    from recsvc.ledger.testing.cluster import remove_cluster, start_cluster
 
     cluster = start_cluster(**options)
     stack.callback(remove_cluster, cluster)

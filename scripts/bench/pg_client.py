@@ -1,7 +1,7 @@
 """recsvc's client-side CPU for one round statement of the PostgreSQL ledger, in psycopg.
 
 A single Select with the PostgreSQL ledger rides in about half a round statement: the charges and
-pre-checks queued in a process while its previous round ran (``ledger_pg_sql.CHARGE_AND_PRECHECK``).
+pre-checks queued in a process while its previous round ran (``recsvc.ledger.postgres.store.CHARGE_AND_PRECHECK``).
 This measures the CPU that statement costs the recsvc process (``time.thread_time``: psycopg,
 libpq and the socket calls), for a round of 3 charges of new users and 3 pre-checks, in three
 ways, interleaved in blocks so that a busy machine slows them alike:
@@ -9,8 +9,8 @@ ways, interleaved in blocks so that a busy machine slows them alike:
 * ``lists, new cursor``: the columns as Python lists, adapted element by element by psycopg, on
   a new cursor each time (``conn.execute``);
 * ``binary arrays, new cursor``: the columns packed once in PostgreSQL's binary array format
-  (``recsvc.service.pg_arrays``);
-* ``binary arrays, kept cursor``: as the ledger runs them now (``_Connection.run``);
+  (``recsvc.ledger.postgres.arrays``);
+* ``binary arrays, kept cursor``: as the ledger runs them now (``Connection.run``);
 
 and a floor: ``SELECT 1`` through libpq alone (``pgconn.exec_``), one round trip with nothing to
 adapt. Each is reported in µs per statement and over the floor.
@@ -32,8 +32,8 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-from recsvc.service import ledger_pg
-from recsvc.service.ledger_pg_sql import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns
+from recsvc.ledger.postgres import PostgresLedger, connection
+from recsvc.ledger.postgres.store import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns
 from scripts.bench.harness import throwaway_cluster
 
 WARM = 4  # rounds not counted: connections, prepared statements and caches warm up
@@ -74,9 +74,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             url = cluster.new_database()
-            ledger_pg.PostgresLedger(url, 1e6, Path(tmp) / "key", create=True).close()  # the schema
-            conn = ledger_pg._Connection.connect(url, autocommit=True, prepare_threshold=0)
-            ledger_pg._configure(conn)
+            PostgresLedger(url, 1e6, Path(tmp) / "key", create=True).close()  # the schema
+            conn = connection.Connection.connect(url, autocommit=True, prepare_threshold=0)
+            connection.configure(conn)
             ids = count()
             now = datetime.now(UTC)
 

@@ -37,18 +37,18 @@ def main() -> int:
     args = ap.parse_args()
 
     from recsvc.artifact import load_artifact
+    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service import codec
     from recsvc.service.auth import ADMIN, Caller, Principal, Scope
     from recsvc.service.config import Policy
     from recsvc.service.interceptors import CALLER
-    from recsvc.service.ledger import Ledger
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
     with tempfile.TemporaryDirectory(prefix="profile-batch-") as td:
         tmp = Path(td)
         art = load_artifact(bench_artifact(tmp / "art"))
-        ledger = Ledger(tmp / "ledger.db", 1e6)
+        ledger = SQLiteLedger(tmp / "ledger.db", 1e6)
         servicer = SelectionServicer(art, ledger, Policy())
         decode = codec.decoder(pb.SelectBatchRequest, codec.BATCH, servicer.policy.limits)
         caller = Caller((Principal("profile", Scope(ADMIN)),), "profile")

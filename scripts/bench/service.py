@@ -93,12 +93,12 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     import grpc
 
     from recsvc.artifact import load_artifact
-    from recsvc.service.ledger import Ledger
+    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service.config import Policy
     from recsvc.service.interceptors import status_of
     from recsvc.service.servicer import SelectionServicer
 
-    servicer = None if echo else SelectionServicer(load_artifact(artifacts), Ledger(ledger, 1e6), Policy())
+    servicer = None if echo else SelectionServicer(load_artifact(artifacts), SQLiteLedger(ledger, 1e6), Policy())
 
     async def select(req: object, ctx: grpc.aio.ServicerContext) -> object:
         if servicer is None:

@@ -1,7 +1,8 @@
 """The layering rules, checked on the source (AST, no import-linter).
 
     L0 core    recsvc (the bare package), recsvc.mechanisms*, recsvc.rng, recsvc.stats, recsvc.checks
-    L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines, recsvc.policy
+    L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines, recsvc.policy,
+               recsvc.ledger* (the privacy-budget ledger)
     L2 parts   service (recsvc.service*, recsvc.v1*), data_prep*, eval*
     L3 app     recsvc.app*
 
@@ -12,6 +13,10 @@ string; a dynamic import of a computed name cannot be checked and is itself a vi
 The project's module graph has no cycles. Third-party imports must come from what the layer's
 install provides (pyproject.toml: the base dependencies plus the part's extra); L1 may import a
 part's extra (dask for the Dask engine) only inside a function, so the base install can load it.
+The ledger is declared apart: it uses the serve extra's database and export packages
+(:data:`LEDGER_FROM_SERVE`) only inside a function, except in its PostgreSQL store
+(recsvc.ledger.postgres*, which imports psycopg at module level and is itself imported lazily);
+its testing module may import pytest. It never imports the service or its stubs, not even lazily.
 """
 
 from __future__ import annotations
@@ -39,12 +44,11 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.staging": (1, "shared"),
     "recsvc.engines": (1, "shared"),
     "recsvc.policy": (1, "shared"),
+    "recsvc.ledger": (1, "ledger"),
+    "recsvc.ledger.postgres": (1, "ledger.postgres"),  # the only part of the ledger that loads psycopg eagerly
+    "recsvc.ledger.testing": (1, "ledger.testing"),  # conformance suite (pytest) and throwaway PostgreSQL
     "recsvc.service": (2, "service"),
-    # named although the prefix above covers them: the ledger's renewable windows and audit export (issue #13)
-    "recsvc.service.ledger_window": (2, "service"),
-    "recsvc.service.ledger_export": (2, "service"),
     "recsvc.service.catalog": (2, "service"),  # the catalog, its version (compact encoding), server-side SANSA
-    "recsvc.service.pg_cluster": (2, "service"),  # throwaway PostgreSQL for tests and benchmarks
     "recsvc.service.shutdown": (2, "service"),  # stop signals and the drain watchdog (stdlib only)
     "recsvc.v1": (2, "service"),
     "data_prep": (2, "data_prep"),
@@ -62,6 +66,10 @@ IMPORT_NAME = {
 CORE_THIRD_PARTY = {"numpy", "scipy", "numba", "randomgen"}
 PART_EXTRA = {"service": "serve", "data_prep": "prep", "eval": "eval"}
 LAZY_ONLY_IN_SHARED = {"dask", "distributed"}  # the Dask engine: imported when it is used
+# The serve extra's packages the ledger uses: PostgreSQL (psycopg, its pool) and the Parquet export.
+LEDGER_FROM_SERVE = {"psycopg", "psycopg_pool", "pyarrow"}
+LEDGER_POSTGRES = {"psycopg", "psycopg_pool"}  # module level in recsvc.ledger.postgres* only
+TEST_RUNNER = {"pytest"}  # recsvc.ledger.testing's conformance suite (the dev extra)
 
 
 @dataclass(frozen=True)
@@ -183,10 +191,38 @@ def third_party_rules(root: Path) -> dict[str, tuple[set[str], set[str]]]:
     """part → (third-party modules it may import anywhere, ones it may import only lazily)."""
     base, extras = _base_and_extras(root)
     rules = {"core": (CORE_THIRD_PARTY, set()), "shared": (base, LAZY_ONLY_IN_SHARED)}
+    serve, dev = extras.get("serve", set()), extras.get("dev", set())
+    ledger_lazy = LEDGER_FROM_SERVE & serve
+    rules["ledger"] = (base, ledger_lazy)
+    rules["ledger.postgres"] = (base | (LEDGER_POSTGRES & serve), ledger_lazy)
+    rules["ledger.testing"] = (base | (TEST_RUNNER & dev), ledger_lazy)
     for part, extra in PART_EXTRA.items():
         rules[part] = (base | extras.get(extra, set()), set())
     rules["app"] = (base | set().union(*extras.values()), set())
     return rules
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def ledger_violations(tree: Tree) -> list[str]:
+    """The ledger (L1) never reaches into the service or its protobuf stubs, not even inside a
+    function: metrics reach it through callbacks, and what it needs of a stored answer is passed
+    in. Outside its PostgreSQL store and its testing module, the ledger loads that store (and so
+    psycopg) only inside a function, so opening an SQLite ledger never needs the database driver."""
+    out = []
+    for i in tree.imports:
+        if not _within(i.importer, "recsvc.ledger"):
+            continue
+        if _within(i.target, "recsvc.service") or _within(i.target, "recsvc.v1"):
+            what = "the service" if _within(i.target, "recsvc.service") else "the protobuf stubs"
+            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the ledger imports {what}")
+        elif (_within(i.target, "recsvc.ledger.postgres") and not i.lazy
+              and not any(_within(i.importer, p) for p in ("recsvc.ledger.postgres", "recsvc.ledger.testing"))):
+            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the PostgreSQL store, imported outside "
+                       "a function")
+    return out
 
 
 def layer_violations(tree: Tree) -> list[str]:
@@ -282,7 +318,8 @@ def cycle_violations(tree: Tree) -> list[str]:
 
 def violations(root: Path) -> list[str]:
     tree = scan(root)
-    return [*tree.problems, *layer_violations(tree), *third_party_violations(tree, root), *cycle_violations(tree)]
+    return [*tree.problems, *layer_violations(tree), *ledger_violations(tree), *third_party_violations(tree, root),
+            *cycle_violations(tree)]
 
 
 def _report(found: list[str]) -> str:
@@ -362,3 +399,55 @@ def test_the_checker_finds_upward_imports_and_cycles(tmp_path):
     for e in expected:
         assert any(e in f for f in found), f"missing: {e}\n{text}"
     assert len(found) == len(expected), text  # and nothing else: the app, lazy dask, relative imports are fine
+
+
+_TOY_LEDGER = {
+    "recsvc/__init__.py": "",
+    "recsvc/ledger/__init__.py": "from recsvc.ledger import postgres\n",  # eagerly: psycopg for every user
+    "recsvc/ledger/base.py": "def f():\n    from recsvc.service import metrics\n",  # upward, even lazily
+    "recsvc/ledger/sqlite.py": "from recsvc.v1 import selection_pb2\nimport psycopg\n",  # stubs; psycopg eagerly
+    "recsvc/ledger/export.py": "def g():\n    import pyarrow\n    from recsvc.ledger import postgres\n",  # fine
+    "recsvc/ledger/postgres.py": "import psycopg\nimport psycopg_pool\n",  # fine: the store itself
+    "recsvc/ledger/testing.py": "import pytest\nfrom recsvc.ledger import postgres\n",  # fine
+    "recsvc/service/__init__.py": "",
+    "recsvc/service/metrics.py": "",
+    "recsvc/v1/__init__.py": "",
+    "recsvc/v1/selection_pb2.py": "",
+}
+
+_TOY_PYPROJECT_LEDGER = """
+[project]
+name = "recsvc"
+dependencies = ["numpy==1"]
+[project.optional-dependencies]
+serve = ["grpcio==1", "psycopg[binary]==3", "psycopg-pool==3", "pyarrow==1"]
+dev = ["pytest==9"]
+"""
+
+
+def test_the_ledger_may_not_import_the_service_or_its_stubs(tmp_path):
+    for rel, text in _TOY_LEDGER.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    (tmp_path / "pyproject.toml").write_text(_TOY_PYPROJECT_LEDGER)
+    found = violations(tmp_path)
+    text = _report(found)
+    print(text)
+    expected = [
+        "recsvc/ledger/base.py:2 recsvc.ledger.base → recsvc.service.metrics: the ledger imports the service",
+        "recsvc/ledger/base.py:2 recsvc.ledger.base → recsvc.service.metrics: upward (L1 ledger imports L2 service)",
+        "recsvc.ledger.sqlite → recsvc.v1.selection_pb2: the ledger imports the protobuf stubs",
+        "recsvc.ledger.sqlite → recsvc.v1.selection_pb2: upward (L1 ledger imports L2 service)",
+        "recsvc/ledger/sqlite.py:2 recsvc.ledger.sqlite → psycopg: third-party, only inside a function (ledger)",
+        "recsvc/ledger/__init__.py:1 recsvc.ledger → recsvc.ledger.postgres: the PostgreSQL store, imported outside",
+    ]
+    for e in expected:
+        assert any(e in f for f in found), f"missing: {e}\n{text}"
+    assert len(found) == len(expected), text
+
+
+def test_the_real_ledger_imports_neither_the_service_nor_its_stubs():
+    """The rule above, on the project itself (also part of test_the_project_follows_the_layers)."""
+    tree = scan(REPO)
+    assert any(_within(m, "recsvc.ledger.postgres") for m in tree.modules)  # the scan sees the ledger
+    assert ledger_violations(tree) == []

@@ -151,7 +151,7 @@ def test_the_service_charges_a_registered_mechanisms_own_map(make_toy, artifact,
     from recsvc.service.server import start
 
     with registered(make_toy("doubler", scale=2.0, privacy_map=lambda e: 2 * e)):
-        handle = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0,
+        handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0,
                                     min_candidates=4))
         try:
             cands = [(f"it{i}", 0.1 * i) for i in range(8)]
@@ -178,7 +178,7 @@ def test_the_service_refuses_a_non_private_mechanism_and_charges_nothing(artifac
     from recsvc.service.config import ServerConfig
     from recsvc.service.server import start
 
-    handle = start(ServerConfig(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
+    handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
     try:
         with Client(f"127.0.0.1:{handle.port}", retries=0) as c, pytest.raises(grpc.RpcError) as err:
             c.select("u", [("it1", 0.2), ("it2", 0.4)], mechanism="rnmh", epsilon=1.0)

@@ -190,7 +190,7 @@ def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster,
     """On the PostgreSQL store too, a SelectBatch is one commit with per-item outcomes: good items
     charged, bad ones refused alone. An id with a NUL character, which PostgreSQL's text cannot
     hold, is refused at validation, so it never reaches (and fails) the batch's statement."""
-    from ledger_conformance import Stores
+    from recsvc.ledger.testing import Stores
 
     url = pg_cluster.new_database()
     Stores(url, tmp_path / "k").open(budget=5.0).close()

@@ -19,7 +19,7 @@ import grpc
 import psycopg
 import pytest
 
-from pg_fixtures import Cluster, pg_bin, remove_cluster, start_cluster
+from recsvc.ledger.testing.cluster import Cluster, pg_bin, remove_cluster, start_cluster
 from recsvc.service.client import Client
 from recsvc.service.testing import REPO, candidates, free_port
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from recsvc.service.client import Client
-from recsvc.service.ledger import Ledger
+from recsvc.ledger.sqlite import SQLiteLedger
 
 from recsvc.service.testing import REPO, candidates, free_port, server_process
 
@@ -58,7 +58,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path:
         results = outcome["results"]
         assert len(results) == 1000 and all(r.WhichOneof("outcome") == "response" for r in results)
         c.close()
-    led = Ledger(tmp_path / "l.db", budget=1000)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1000)
     assert sum(led.totals().values()) == pytest.approx(500.0)  # every answer was charged, exactly once
 
 

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from recsvc.service.client import Client
-from recsvc.service.ledger_units import charge_units
+from recsvc.ledger.units import charge_units
 from recsvc.service.testing import REPO, ServerProcess, candidates, server_process
 
 CANDS = candidates(10)

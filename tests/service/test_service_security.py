@@ -180,12 +180,12 @@ def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_pa
 
 def test_prepared_requests_keep_user_data_out_of_repr(artifact: Path, tmp_path: Path) -> None:
     from recsvc.artifact import load_artifact
-    from recsvc.service.ledger import Ledger
+    from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service.config import Policy
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
-    ledger = Ledger(tmp_path / "l.db", 3.0)
+    ledger = SQLiteLedger(tmp_path / "l.db", 3.0)
     try:
         servicer = SelectionServicer(load_artifact(artifact), ledger, Policy())
         req = pb.SelectRequest(user_id="u", mechanism="rnm", epsilon=0.5, item_ids=["it1", "it2"],

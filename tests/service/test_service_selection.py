@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from recsvc.artifact import load_artifact
+from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.config import PARAMS, Limits, Policy, ServerConfig
-from recsvc.service.ledger import Ledger
 from recsvc.service.selection import InvalidRequest, Selected, Selector
 from recsvc.service.testing import candidates, make_artifact
 
@@ -52,7 +52,7 @@ def test_refusals_happen_before_the_fingerprint_and_the_ledger(selector: Selecto
 
 
 def test_execute_charges_once_and_a_retry_replays_the_stored_answer(selector: Selector, tmp_path: Path) -> None:
-    ledger = Ledger(tmp_path / "l.db", budget=3.0)
+    ledger = SQLiteLedger(tmp_path / "l.db", budget=3.0)
     try:
         encoded: list[Selected] = []
         p = _prepare(selector, candidates(20), mechanism="rnm")

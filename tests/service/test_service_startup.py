@@ -20,7 +20,7 @@ from recsvc.checks import ParamError
 from recsvc.app.cli import main as recsvc_main
 from recsvc.service import cli as service_cli
 from recsvc.service.client import Client
-from recsvc.service.ledger import Ledger
+from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 
@@ -193,7 +193,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     artifact: Path, tmp_path: Path, busy_port: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "l.db"
-    led = Ledger(path, budget=10.0)
+    led = SQLiteLedger(path, budget=10.0)
     led.charge("u", "r1", b"f", 1.5, lambda _rem: b"answer")
     led.close()
     with pytest.raises(ValueError, match="Address already in use"):
@@ -207,7 +207,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     monkeypatch.setattr(health.HealthServicer, "set", broken)
     with pytest.raises(RuntimeError, match="health service broke"):
         start(ServerConfig.of(artifacts=artifact, port=0, ledger=path))
-    assert Ledger(path, budget=10.0).totals() == {"u": pytest.approx(1.5)}
+    assert SQLiteLedger(path, budget=10.0).totals() == {"u": pytest.approx(1.5)}
     # ...while a ledger that this failed start created is removed with its -wal/-shm/.lock files.
     with pytest.raises(RuntimeError, match="health service broke"):
         start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "new.db"))
@@ -316,7 +316,7 @@ def test_a_good_start_still_serves(artifact: Path, tmp_path: Path) -> None:
         h.stop(1)
     with socket.socket() as s:  # stop() also closed the metrics port
         assert s.connect_ex(("127.0.0.1", h.metrics_port)) != 0
-    assert Ledger(tmp_path / "l.db", budget=10.0).totals() == {"u": pytest.approx(0.5)}
+    assert SQLiteLedger(tmp_path / "l.db", budget=10.0).totals() == {"u": pytest.approx(0.5)}
 
 
 def _ipv6_loopback() -> bool:

@@ -5,12 +5,12 @@ charge whose stored answer named none), ``epsilon`` (float64: the charged units 
 nearest double of the exact charge) and ``time`` (timestamp[µs, UTC]: when the charge committed).
 Never the fingerprint, the response, scores or items. Rows come in (user_id, request_id) order.
 
-Each store provides ``read_charges(ledger, chunk)`` (:func:`recsvc.service.ledger_schema.read_charges`,
-:func:`recsvc.service.ledger_pg_schema.read_charges`): the number of charges and the rows in chunks, read
+Each store provides ``read_charges(ledger, chunk)`` (:func:`recsvc.ledger.sqlite.schema.read_charges`,
+:func:`recsvc.ledger.postgres.schema.read_charges`): the number of charges and the rows in chunks, read
 on one snapshot (SQLite: chunked reads; PostgreSQL: a server-side cursor). Each chunk becomes one
 Parquet row group, so the whole ledger is never in memory. The file is written to a temporary name
 next to ``out`` and renamed only when complete: a failure leaves no file (and, with ``force``, the
-old one untouched); without ``force`` an existing ``out`` is refused before anything is read.
+existing one untouched); without ``force`` an existing ``out`` is refused before anything is read.
 pyarrow is imported here only (the serving path never loads it).
 """
 
@@ -22,9 +22,9 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from recsvc.checks import MissingFileError, ParamError
-from recsvc.service.ledger_base import is_postgres
-from recsvc.service.ledger_schema import ChargeRow
-from recsvc.service.ledger_units import to_epsilon
+from recsvc.ledger.base import is_postgres
+from recsvc.ledger.charging import ChargeRow
+from recsvc.ledger.units import to_epsilon
 
 COLUMNS = ("user_id", "request_id", "mechanism", "epsilon", "time")
 CHUNK = 65_536  # rows per read and per row group
@@ -44,10 +44,10 @@ def check_out(out: Path, force: bool) -> None:
 
 def _source(ledger: Path | str, chunk: int) -> AbstractContextManager[tuple[int, Iterator[list[ChargeRow]]]]:
     if is_postgres(ledger):
-        from recsvc.service.ledger_pg_schema import read_charges as read_pg
+        from recsvc.ledger.postgres.schema import read_charges as read_pg
 
         return read_pg(str(ledger), chunk)
-    from recsvc.service.ledger_schema import read_charges
+    from recsvc.ledger.sqlite.schema import read_charges
 
     return read_charges(Path(ledger), chunk)
 
@@ -69,7 +69,7 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
         with _source(ledger, chunk) as (total, chunks), pq.ParquetWriter(tmp, schema) as writer, \
                 progress_bar("export", "charge", total, None if progress is None else not progress) as bar:
             for rows in chunks:
-                users, requests, mechanisms, units, micros = zip(*rows)
+                users, requests, mechanisms, units, micros = zip(*rows, strict=True)
                 writer.write_table(pa.table([
                     pa.array(users, pa.string()), pa.array(requests, pa.string()), pa.array(mechanisms, pa.string()),
                     pa.array([to_epsilon(u) for u in units], pa.float64()),

@@ -13,15 +13,14 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from recsvc.service.testing import candidates, free_port, server_process
 
 from recsvc.app.cli import main as recsvc_main
-from recsvc.service import fingerprint_key
+from recsvc.ledger import fingerprint as fingerprint_key
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
 from recsvc.v1 import selection_pb2 as pb
-
-from recsvc.service.testing import candidates, free_port, server_process
 
 
 def _request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> pb.SelectRequest:

@@ -14,7 +14,7 @@ A budget row stores ``(spent_units, window_start)``. The spend in the current wi
 ``spent_units`` if the row's window started at or after the current window's start, else 0
 (a charge then starts the row's new window). A row's window never moves backwards, so a replica
 whose clock lags another's still charges against the later window: clock skew between replicas
-can delay a renewal, never grant one early twice. Stdlib only (:mod:`recsvc.service.config`
+can delay a renewal, never grant one early twice. Stdlib only (the service's configuration
 parses the flag with it).
 """
 

@@ -38,10 +38,10 @@ class Cluster:
     shared_buffers: str = "32MB"  # small for the tests' many clusters; benchmarks use PostgreSQL's default
     _names = itertools.count()
 
-    def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(_as_postgres(cmd), check=check, capture_output=True, text=True, timeout=60)
 
-    def spawn(self, program: str, *args: str) -> subprocess.Popen:
+    def spawn(self, program: str, *args: str) -> subprocess.Popen[str]:
         """One of the cluster's programs (e.g. ``pgbench``) in the background, as ``postgres`` when
         root; its output, stdout and stderr together, is the Popen's ``stdout``."""
         return subprocess.Popen(_as_postgres((str(self.bin / program), *args)), stdout=subprocess.PIPE,

@@ -12,21 +12,31 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from ledger_conformance import Stores
-from recsvc.service import ledger_pg, ledger_pg_sql
-from recsvc.service.ledger_base import BudgetExceeded, Pending
-from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
-from recsvc.service.ledger_units import charge_units
+from recsvc.ledger import BatchItem, BudgetExceeded, LedgerObserver
+from recsvc.ledger.charging import Pending
+from recsvc.ledger.postgres import PostgresLedger
+from recsvc.ledger.postgres import store as ledger_pg
+from recsvc.ledger.testing import Stores
+from recsvc.ledger.testing.cluster import Cluster
+from recsvc.ledger.units import charge_units
+from recsvc.service.server import ledger_observer
 
 
-def _replicas(pg_cluster, tmp_path: Path, budget: float = 1.0):
+def _replicas(pg_cluster: Cluster, tmp_path: Path, budget: float = 1.0,
+              observer: LedgerObserver | None = None) -> tuple[Stores, PostgresLedger, PostgresLedger]:
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    return s, s.open(budget=budget), s.open(budget=budget)
+    return s, _open(s, budget=budget, observer=observer), _open(s, budget=budget)
+
+def _open(s: Stores, **settings: Any) -> PostgresLedger:
+    """A replica of the PostgreSQL ledger ``s`` names."""
+    return cast(PostgresLedger, s.open(**settings))
+
 
 
 def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -42,7 +52,7 @@ def _queue_in_order(a, threads: list[threading.Thread], queued: int = 0) -> None
     (which holds ``queued`` items before them), so they queue, and lead, in that order."""
     for n, thread in enumerate(threads, start=queued + 1):
         thread.start()
-        _until(lambda: a._commit_all.queued() >= n)
+        _until(lambda n=n: a._group_commit.queued() >= n)
 
 
 def _rounds(a, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
@@ -75,7 +85,7 @@ def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: 
 @pytest.mark.parametrize("fresh", [False, True], ids=["existing-account", "first-charge"])
 def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluster, tmp_path: Path,
                                                                         fresh: bool) -> None:
-    s, a, b = _replicas(pg_cluster, tmp_path)
+    s, a, b = _replicas(pg_cluster, tmp_path, observer=ledger_observer())  # the service's metrics
     if not fresh:
         a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
 
@@ -102,7 +112,7 @@ def test_a_charge_that_no_longer_fits_is_refused_and_stores_nothing(pg_cluster, 
         b.charge("u", "other", b"d", 0.5, lambda rem: b"other")
         return 0
 
-    with pytest.raises(BudgetExceeded, match="requested epsilon=0.5 but only 0.4 of 1 remains"):
+    with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.5 but only 0\.4 of 1 remains"):
         a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, _answer("r1"))
     assert a.lookup("u", "r1") is None and a.moved == 1
     assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.6), 2)
@@ -123,7 +133,7 @@ def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster
     other = psycopg.connect(s.target)
     other.execute("UPDATE recsvc_budgets SET spent_units = spent_units + %s, requests = requests + 1 "
                   "WHERE user_id = 'u'", (charge_units(0.3),))
-    worker = threading.Thread(target=a._group, args=(lambda: [p],))
+    worker = threading.Thread(target=a._commit_group, args=(lambda: [p],))
     worker.start()
     with psycopg.connect(s.target, autocommit=True) as watch:
         _until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
@@ -162,13 +172,13 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
     s, a, b = _replicas(pg_cluster, tmp_path)
     for u in ("x", "y"):
         a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
-    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), (lambda u: lambda rem: f"{u}|{rem:.2f}".encode())(u))
+    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem, u=u: f"{u}|{rem:.2f}".encode())
              for u in ("x", "y", "z")]
     for p in queue:
         assert a._precheck(p) is None and p.seen is not False
     b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
     commits = a.commits
-    a._group(lambda: queue)
+    a._commit_group(lambda: queue)
     assert [p.result.response for p in queue] == [b"x|0.40", b"y|0.20", b"z|0.50"]
     assert (a.commits - commits, a.moved) == (2, 1)  # one optimistic statement, one locking transaction
     assert [a.user(u).spent_units for u in ("x", "y", "z")] == [charge_units(e) for e in (0.6, 0.8, 0.5)]
@@ -186,7 +196,7 @@ def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_u
         b.charge("y", "other", b"d", 0.3, lambda rem: b"other")  # another replica, after the snapshot
         return todo
 
-    got = draw_and_charge_batch(a, items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
+    got = a.draw_and_charge_batch(items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
     assert [c.response for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
     assert a.moved == 2  # y's two items
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [(charge_units(0.6), 2),
@@ -199,11 +209,11 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     queue; they are then answered by one read: a replay, a refusal and a fresh charge."""
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     draws: list[str] = []
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(user: str, rid: str, eps: float) -> None:
         def draw() -> int:
@@ -211,7 +221,7 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
             return 0
         try:
             out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     held = a._pool.getconn()  # the leader's read waits for it
@@ -221,8 +231,8 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     for user, rid, eps in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "fresh", 0.3)]:
         threads.append(threading.Thread(target=charge, args=(user, rid, eps)))
         threads[-1].start()
-    _until(lambda: a._commit_all.queued() >= 3)
-    assert a._commit_all.queued() == 3
+    _until(lambda: a._group_commit.queued() >= 3)
+    assert a._group_commit.queued() == 3
     a._pool.putconn(held)
     for t in threads:
         t.join(20)
@@ -248,20 +258,20 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(p
 
     monkeypatch.setattr(a, "_charge_unchanged", broken)
     draws: list[str] = []
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(user: str) -> None:
         try:
             out[user] = a.draw_and_charge(user, "r1", b"d1", 0.5, lambda: draws.append(user) or 0, _answer(user))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[user] = exc
 
     users = ("leader", "successor", "waiter")
     threads = [threading.Thread(target=charge, args=(u,)) for u in users]
     threads[0].start()
-    _until(lambda: a._commit_all._leading)
+    _until(lambda: a._group_commit._leading)
     _queue_in_order(a, threads[1:])  # the first to queue leads next
-    assert a._commit_all.queued() == 2
+    assert a._group_commit.queued() == 2
     release.set()
     for th in threads:
         th.join(20)
@@ -296,10 +306,10 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
     with psycopg.connect(s.target, autocommit=True) as conn:
         conn.execute("ANALYZE")
     statements = {
-        ledger_pg_sql.PRECHECKS: ["text[]", "text[]"],
-        ledger_pg_sql.CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
+        ledger_pg.PRECHECKS: ["text[]", "text[]"],
+        ledger_pg.CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
                                       "bigint[]", "bytea[]", "text[]"],
-        ledger_pg_sql.WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
+        ledger_pg.WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
                            "bigint[]", "bigint[]", "bigint[]"],
     }
     with a._pool.connection() as conn:
@@ -320,15 +330,15 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     read on their own and the charge goes to the locking transaction. Same outcomes either way."""
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
-        monkeypatch.setattr(ledger_pg_sql, "CHARGE_AND_PRECHECK", ledger_pg_sql.CHARGE_AND_PRECHECK.replace(
+        monkeypatch.setattr(ledger_pg, "CHARGE_AND_PRECHECK", ledger_pg.CHARGE_AND_PRECHECK.replace(
             "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
     rounds = _rounds(a, monkeypatch)
     draws: list[str] = []
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     go = threading.Event()
 
     def charge(user: str, rid: str, eps: float, wait: bool = False) -> None:
@@ -339,7 +349,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
             return 0
         try:
             out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     threads = [threading.Thread(target=charge, args=("x", "x1", 0.3, True))]
@@ -350,12 +360,12 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     threads[-1].start()
     _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     go.set()
-    _until(lambda: a._commit_all.queued() >= 1)  # x1's charge
+    _until(lambda: a._group_commit.queued() >= 1)  # x1's charge
     more = [threading.Thread(target=charge, args=args)
             for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]]
     _queue_in_order(a, more, queued=1)
     threads += more
-    assert a._commit_all.queued() == 4
+    assert a._group_commit.queued() == 4
     a._pool.putconn(held)
     for t in threads:
         t.join(20)
@@ -379,7 +389,7 @@ def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_
     as −1, so each statement text is prepared once, and on its first execution (psycopg's default
     is after 5, each parsed and planned until then)."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("first", "r", b"d", 1e-6, lambda: 0, _answer("r"))
     with a._pool.connection() as conn:
         texts = [t for t, in conn.execute("SELECT statement FROM pg_prepared_statements")]
@@ -404,15 +414,15 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
     charged or replayed, exactly once."""
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    a = s.open(budget=1.0, pool_size=1)
+    a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     rounds = _rounds(a, monkeypatch)
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def run(rid: str, call) -> None:
         try:
             out[rid] = call()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     held = a._pool.getconn()  # the first round waits for it while the others queue behind it
@@ -425,7 +435,7 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
               ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored")))]
     threads += [threading.Thread(target=run, args=(rid, call)) for rid, call in queued]
     _queue_in_order(a, threads[1:])
-    assert a._commit_all.queued() == 3
+    assert a._group_commit.queued() == 3
     a._pool.putconn(held)
     for th in threads:
         th.join(20)

@@ -1,14 +1,16 @@
-"""The privacy ledger on its own: atomic check-and-spend, replay, conflicts, durability, processes."""
+"""The SQLite ledger: atomic check-and-spend, replay, conflicts, durability, group commit, processes."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from recsvc.service.ledger import BudgetExceeded, Ledger, RequestConflict
+from recsvc.ledger import BudgetExceeded, RequestConflict
+from recsvc.ledger.sqlite import SQLiteLedger
 
 
 def _resp(tag: str):
@@ -16,7 +18,7 @@ def _resp(tag: str):
 
 
 def test_spend_replay_conflict_and_exhaustion(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     c = led.charge("alice", "r1", b"fp1", 0.4, _resp("a"))
     assert (c.replayed, c.response) == (False, b"a|0.600000")
     # Same request again: the stored bytes, nothing spent.
@@ -38,7 +40,7 @@ def test_spend_replay_conflict_and_exhaustion(tmp_path: Path) -> None:
 
 
 def test_exact_units_fit_the_last_charge_with_no_slack(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     for i in range(50):  # 50 × 0.02 is 1.0000000000000002 in floats, exactly 1 in units
         led.charge("u", f"r{i}", b"f", 0.02, _resp("x"))
     with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.02 but only 0 of 1 remains"):
@@ -50,13 +52,13 @@ def test_exact_units_fit_the_last_charge_with_no_slack(tmp_path: Path) -> None:
 
 def test_survives_reopen_and_uses_durable_wal(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    led = Ledger(path, budget=2.0)
+    led = SQLiteLedger(path, budget=2.0)
     led.charge("u", "r", b"f", 1.5, _resp("x"))
     mode = led._conn().execute("PRAGMA journal_mode").fetchone()[0]
     sync = led._conn().execute("PRAGMA synchronous").fetchone()[0]
     assert (mode, sync) == ("wal", 2)  # 2 = FULL: the WAL is fsynced at every commit
     led.close()
-    led2 = Ledger(path, budget=2.0)
+    led2 = SQLiteLedger(path, budget=2.0)
     assert led2.user("u").spent == 1.5
     assert led2.charge("u", "r", b"f", 1.5, _resp("y")).response == b"x|0.500000"
     with pytest.raises(BudgetExceeded):
@@ -64,7 +66,7 @@ def test_survives_reopen_and_uses_durable_wal(tmp_path: Path) -> None:
 
 
 def test_failed_build_rolls_back(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
 
     def boom(_remaining: float) -> bytes:
         raise RuntimeError("boom")
@@ -76,13 +78,13 @@ def test_failed_build_rolls_back(tmp_path: Path) -> None:
 
 def test_bad_budget_and_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="budget must be a finite number > 0"):
-        Ledger(tmp_path / "l.db", budget=0.0)
+        SQLiteLedger(tmp_path / "l.db", budget=0.0)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        Ledger(tmp_path / "nope" / "l.db", budget=1.0)
+        SQLiteLedger(tmp_path / "nope" / "l.db", budget=1.0)
 
 
 def _spend_many(path: str, worker: int, attempts: int, out: mp.Queue) -> None:
-    led = Ledger(path, budget=5.0)
+    led = SQLiteLedger(path, budget=5.0)
     ok = 0
     for i in range(attempts):
         try:
@@ -95,7 +97,7 @@ def _spend_many(path: str, worker: int, attempts: int, out: mp.Queue) -> None:
 
 def test_check_and_spend_is_atomic_across_processes(tmp_path: Path) -> None:
     path = str(tmp_path / "l.db")
-    Ledger(path, budget=5.0).close()
+    SQLiteLedger(path, budget=5.0).close()
     q: mp.Queue = mp.get_context("spawn").Queue()
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_spend_many, args=(path, w, 30, q)) for w in range(4)]
@@ -115,13 +117,13 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
     import threading
     import time
 
-    led = Ledger(tmp_path / "l.db", budget=1.0)
-    out: dict[str, object] = {}
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
+    out: dict[str, Any] = {}
 
     def charge(name: str, rid: str, eps: float) -> None:
         try:
             out[name] = led.charge("u", rid, b"fp", eps, _resp(name))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[name] = exc
 
     with led._write_lock:  # hold the writers back until all five have queued
@@ -130,9 +132,9 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
             threads.append(threading.Thread(target=charge, args=(name, rid, eps)))
             threads[-1].start()
             deadline = time.monotonic() + 10
-            while led._commit_all.queued() < len(threads) and time.monotonic() < deadline:  # keep arrival order
+            while led._group_commit.queued() < len(threads) and time.monotonic() < deadline:  # keep arrival order
                 time.sleep(0.001)
-        assert led._commit_all.queued() == 5
+        assert led._group_commit.queued() == 5
     for t in threads:
         t.join(10)
     assert led.commits == 1  # one transaction, one fsync for all five
@@ -147,7 +149,7 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
 def test_many_threads_never_overspend(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    led = Ledger(tmp_path / "l.db", budget=5.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=5.0)
 
     def one(i: int) -> bool:
         try:
@@ -163,7 +165,7 @@ def test_many_threads_never_overspend(tmp_path: Path) -> None:
 
 def test_build_runs_only_for_fresh_charges_that_fit(tmp_path: Path) -> None:
     """The service draws its sample inside build_response: replays and refusals must never call it."""
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     calls: list[str] = []
 
     def build(tag: str):
@@ -181,7 +183,7 @@ def test_build_runs_only_for_fresh_charges_that_fit(tmp_path: Path) -> None:
 def test_one_writer_connection_and_the_table_layout(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    led = Ledger(tmp_path / "l.db", budget=100.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=100.0)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda i: led.charge(f"u{i % 3}", f"r{i}", b"f", 0.5, _resp("x")), range(40)))
     writer = led._writer_conn()
@@ -197,17 +199,17 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
     import threading
     import time
 
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     led.charge("u", "r0", b"fp", 0.1, _resp("z"))  # an existing row: the batch's upsert updates it
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def boom(remaining: float) -> bytes:
         raise RuntimeError("no answer")
 
-    def charge(name: str, user: str, rid: str, build) -> None:  # type: ignore[no-untyped-def]
+    def charge(name: str, user: str, rid: str, build) -> None:
         try:
             out[name] = led.charge(user, rid, b"fp", 0.2, build)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[name] = exc
 
     jobs = [("a", "u", "r1", _resp("a")), ("b", "u", "r2", boom), ("c", "u", "r3", _resp("c")),
@@ -218,9 +220,9 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
             threads.append(threading.Thread(target=charge, args=job))
             threads[-1].start()
             deadline = time.monotonic() + 10
-            while led._commit_all.queued() < len(threads) and time.monotonic() < deadline:
+            while led._group_commit.queued() < len(threads) and time.monotonic() < deadline:
                 time.sleep(0.001)
-        assert led._commit_all.queued() == 5
+        assert led._group_commit.queued() == 5
     for t in threads:
         t.join(10)
     assert led.commits == 2  # the first charge, then the whole batch in one transaction
@@ -235,16 +237,16 @@ def test_a_request_stored_by_another_process_after_its_precheck_is_decided_again
     """The transaction first decides a batch as if none of it were stored (each item was new at
     its pre-check); a request another process stored meanwhile is found (by the INSERT's unique
     key, or by a probe when the item was refused) and the batch is decided again against it."""
-    from recsvc.service.ledger_base import Pending
-    from recsvc.service.ledger_units import charge_units
+    from recsvc.ledger.charging import Pending
+    from recsvc.ledger.units import charge_units
 
-    led, other = Ledger(tmp_path / "l.db", budget=1.0), Ledger(tmp_path / "l.db", budget=1.0)
+    led, other = SQLiteLedger(tmp_path / "l.db", budget=1.0), SQLiteLedger(tmp_path / "l.db", budget=1.0)
     other.charge("u", "a", b"da", 0.2, _resp("A"))  # another process, after our pre-checks
     other.charge("u", "s", b"ds", 0.5, _resp("S"))
 
     def commit(*items: tuple[str, bytes, float]) -> list[object]:
         ps = [Pending("u", rid, led.fingerprint(d), charge_units(eps), _resp(rid)) for rid, d, eps in items]
-        led._commit_all(ps)  # straight to the transaction, as after a pre-check that found nothing
+        led._group_commit(ps)  # straight to the transaction, as after a pre-check that found nothing
         return [p.error.__class__.__name__ if p.error else (p.result.response, p.result.replayed) for p in ps]
 
     # The INSERT meets the stored "a": decided again, "a" replays and "n" alone is charged.

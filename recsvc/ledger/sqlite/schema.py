@@ -1,33 +1,33 @@
-"""The ledger file: its schema, its version, path checks, and the migration of older files.
+"""The SQLite ledger file: its schema, its version, path checks, and the migration of older files.
 
-Version 1 (``PRAGMA user_version = 1``) stores ε as integer units (:mod:`recsvc.service.ledger_units`)
-and keyed fingerprints (:mod:`recsvc.service.fingerprint_key`). Version 0 is the file written
-before issue #12: ``budgets.spent`` and ``requests.epsilon`` as REAL, and each fingerprint an
-unsalted SHA-256 of the request. Opening a version-0 file migrates it, once, in one transaction:
+Version 1 (``PRAGMA user_version = 1``) stores ε as integer units (:mod:`recsvc.ledger.units`)
+and keyed fingerprints (:mod:`recsvc.ledger.fingerprint`). Version 0 is the first file format:
+``budgets.spent`` and ``requests.epsilon`` as REAL, and each fingerprint an unsalted SHA-256 of
+the request. Opening a version-0 file migrates it, once, in one transaction:
 
 * each request's ε becomes ⌈ε·10¹²⌉ units of its exact binary value, and each user's total the
   larger of ⌈spent·10¹²⌉ and the sum of its requests' units: rounding only ever adds spend (a
   float total that had swallowed tiny charges is restored from the requests);
 * each fingerprint ``f`` becomes ``HMAC(key, f)``, which is exactly what a retry of that request
-  computes now (the servicer's digest is the old fingerprint), so old request_ids still replay;
-* the old rows are deleted with ``secure_delete`` and the WAL is checkpointed and truncated, so
-  no unsalted fingerprint is left in the ledger's files (copies made before remain readable).
+  computes (the service's digest is the version-0 fingerprint), so version-0 request_ids still replay;
+* the version-0 rows are deleted with ``secure_delete`` and the WAL is checkpointed and truncated,
+  so no unsalted fingerprint is left in the ledger's files (copies made elsewhere remain readable).
 
 Version 2 adds renewable budgets and the audit export: ``budgets.window_start`` (the Unix second
-at which the row's budget window started, 0 for lifetime; :mod:`recsvc.service.ledger_window`),
+at which the row's budget window started, 0 for lifetime; :mod:`recsvc.ledger.window`),
 ``requests.mechanism`` (for ``recsvc ledger export``) and a ``settings`` table holding the
 ``budget_window`` every process on the file must use. A version-1 file (or a version-0 file, after
 the step above) is migrated in the same one transaction: its budget window is ``lifetime`` (what
-it was written under), and each request's mechanism is read back from its stored response (a
-serialized ``SelectResponse`` whose ``mechanism`` field is set; '' if it cannot be parsed).
+it was written under), and each request's mechanism is read back from its stored response
+(:mod:`recsvc.ledger.migrations`).
 
-Version 3 (issue #13) changes only the layout of ``requests``: a rowid table, appended in
-commit order, plus a UNIQUE index on ``(user_id, request_id)``, instead of a WITHOUT ROWID table
-keyed by it. Request ids are random, so a commit of 100 charges used to dirty ~100 leaf pages of
-the table whose rows carry the whole stored answer; now it appends to the table's last pages and
-dirties the leaves of the much smaller index, which lookups, replays and the export read in key
-order as before. An older file (after the steps above) is rebuilt in the same one transaction:
-the rows are copied in ``created`` order, unchanged.
+Version 3 changes only the layout of ``requests``: a rowid table, appended in commit order, plus a
+UNIQUE index on ``(user_id, request_id)``, instead of a WITHOUT ROWID table keyed by it. Request
+ids are random, so in a table keyed by them a commit of 100 charges dirties ~100 leaf pages of
+rows that carry the whole stored answer; appended, it dirties the table's last pages and the
+leaves of the much smaller index, which lookups, replays and the export read in key order. An
+older file (after the steps above) is rebuilt in the same one transaction: the rows are copied in
+``created`` order, unchanged.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from recsvc.checks import MissingFileError, ParamError, check_regular_file
-from recsvc.service import fingerprint_key
-from recsvc.service.ledger_units import float_units_up
-from recsvc.service.ledger_window import LIFETIME, BudgetWindow
+from recsvc.ledger import fingerprint
+from recsvc.ledger.charging import ChargeRow
+from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
+from recsvc.ledger.units import float_units_up
+from recsvc.ledger.window import LIFETIME, BudgetWindow
 
 VERSION = 3
 # Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
@@ -140,7 +142,7 @@ def version(conn: sqlite3.Connection) -> int | None:
 
 
 def has_requests(conn: sqlite3.Connection) -> bool:
-    return conn.execute("SELECT EXISTS (SELECT 1 FROM requests)").fetchone()[0] == 1
+    return bool(conn.execute("SELECT EXISTS (SELECT 1 FROM requests)").fetchone()[0] == 1)
 
 
 def create(conn: sqlite3.Connection) -> None:
@@ -148,35 +150,6 @@ def create(conn: sqlite3.Connection) -> None:
     for sql in _TABLES:
         conn.execute(sql)
     conn.execute(f"PRAGMA user_version = {VERSION}")
-
-
-def response_mechanism(response: bytes) -> str:
-    """The ``mechanism`` of a stored answer (a serialized SelectResponse); '' if it is not one.
-    Both stores' version-2 migrations recover the mechanism of older charges with it."""
-    from google.protobuf.message import DecodeError
-
-    from recsvc.v1 import selection_pb2 as pb
-
-    try:
-        return pb.SelectResponse.FromString(response).mechanism
-    except (DecodeError, UnicodeDecodeError):
-        return ""
-
-
-def recover_mechanisms(page: Callable[[tuple[str, str] | None], list[tuple[str, str, bytes]]],
-                       update: Callable[[list[tuple[str, str, str]]], None]) -> int:
-    """Fills in the mechanism of every request stored without one, page by page in key order
-    (``page(after)``: the next rows with mechanism '' after the key ``after``; ``update`` stores
-    ``(mechanism, user_id, request_id)``); the number of requests updated."""
-    after: tuple[str, str] | None = None
-    done = 0
-    while rows := page(after):
-        found = [(m, u, r) for u, r, resp in rows if (m := response_mechanism(bytes(resp)))]
-        if found:
-            update(found)
-        done += len(found)
-        after = (rows[-1][0], rows[-1][1])
-    return done
 
 
 def migrate_v1(conn: sqlite3.Connection) -> None:
@@ -192,7 +165,7 @@ def migrate_v2(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {VERSION}")
 
 
-def _recover(conn: sqlite3.Connection) -> None:
+def _recover(conn: sqlite3.Connection, mechanism_of: MechanismOf | None) -> None:
     def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
         sql = "SELECT user_id, request_id, response FROM requests WHERE mechanism=''"
         if after is None:
@@ -200,8 +173,10 @@ def _recover(conn: sqlite3.Connection) -> None:
         return conn.execute(sql + " AND (user_id, request_id) > (?, ?) ORDER BY user_id, request_id LIMIT 512",
                             after).fetchall()
 
-    recover_mechanisms(page, lambda rows: conn.executemany(
-        "UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows))
+    def update(rows: list[tuple[str, str, str]]) -> None:
+        conn.executemany("UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows)
+
+    recover_mechanisms(page, update, mechanism_of)
 
 
 def check_window(conn: sqlite3.Connection, path: Path, window: BudgetWindow) -> None:
@@ -245,10 +220,12 @@ def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> Non
 
 
 def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: BudgetWindow,
-              retry: Callable[[Callable[[], object]], None]) -> tuple[bytes, bool]:
+              retry: Callable[[Callable[[], object]], None],
+              mechanism_of: MechanismOf | None = None) -> tuple[bytes, bool]:
     """Creates, checks or migrates the ledger in one write transaction (processes opening it at
     once take turns), checks its budget window, and loads or creates the fingerprint key:
-    (key, created). A refusal rolls everything back: the file is left as it was."""
+    (key, created). A refusal rolls everything back: the file is left as it was. ``mechanism_of``
+    reads the mechanism of a stored answer (:mod:`recsvc.ledger.migrations`)."""
     retry(lambda: conn.execute("BEGIN IMMEDIATE"))
     created = False
     try:
@@ -260,18 +237,18 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: Budg
             raise ParamError("{fingerprint_key} {key} is missing, but the ledger {path} stores requests fingerprinted "
                              "with it; expected the key file the ledger was written with (a new key would turn every "
                              "retry of a stored request into a conflict)", key=str(key_file), path=str(path))
-        key, created = fingerprint_key.load_or_create(key_file)
+        key, created = fingerprint.load_or_create(key_file)
         if found is None:
             create(conn)
         elif found == 0:
-            migrate_v0(conn, lambda fp: fingerprint_key.keyed(key, fp))  # straight to the current tables
+            migrate_v0(conn, lambda fp: fingerprint.keyed(key, fp))  # straight to the current tables
         if found == 1:
             migrate_v1(conn)
         if found in (1, 2):
             migrate_v2(conn)
         if found is not None and found < 2:  # written under lifetime budgets, without mechanisms
             conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (LIFETIME,))
-            _recover(conn)
+            _recover(conn, mechanism_of)
         check_window(conn, path, window)
         conn.execute("COMMIT")
     except BaseException:
@@ -280,15 +257,10 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: Budg
         if created:  # nothing was written with it
             key_file.unlink(missing_ok=True)
         raise
-    if found == 0:  # the migration's old pages are zeroed; now empty the WAL that held them
+    if found == 0:  # the migration's dropped pages are zeroed; empty the WAL that held them too
         conn.execute("PRAGMA secure_delete = OFF")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     return key, created
-
-
-# One charge as the audit export reads it: user_id, request_id, mechanism, ε units, time (µs since
-# the Unix epoch, UTC). Never the fingerprint or the response.
-ChargeRow = tuple[str, str, str, int, int]
 
 
 @contextmanager

@@ -7,17 +7,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import psycopg
 import pytest
-
-from ledger_conformance import Stores
-from recsvc.checks import ParamError
-from recsvc.service.ledger_pg import PostgresLedger
-from recsvc.service.ledger_pg_schema import MIGRATIONS, key_check
-from recsvc.service.ledger_units import charge_units
-from recsvc.v1 import selection_pb2 as pb
 from recsvc.service.testing import REPO, free_port
+
+from recsvc.checks import ParamError
+from recsvc.ledger.postgres import PostgresLedger
+from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
+from recsvc.ledger.testing import Stores
+from recsvc.ledger.units import charge_units
+from recsvc.v1 import selection_pb2 as pb
+
+
+def _open(s: Stores, **settings: Any) -> PostgresLedger:
+    """A replica of the PostgreSQL ledger ``s`` names."""
+    return cast(PostgresLedger, s.open(**settings))
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
@@ -33,7 +39,7 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
         PostgresLedger(url, 2.0, tmp_path / "k")
     (tmp_path / "other").write_text("ab" * 32 + "\n")
     (tmp_path / "other").chmod(0o600)
-    with pytest.raises(ParamError, match="not the key the ledger .* was initialised with"):
+    with pytest.raises(ParamError, match=r"not the key the ledger .* was initialised with"):
         PostgresLedger(url, 1.0, tmp_path / "other")
     led = PostgresLedger(url, 1.0, tmp_path / "k")  # the same settings: accepted
     with led._pool.connection() as conn:
@@ -42,7 +48,7 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
 
 
 def test_a_pooled_connection_runs_its_statements_on_one_cursor(pg_cluster, tmp_path: Path) -> None:
-    led = Stores(pg_cluster.new_database(), tmp_path / "k").open(budget=1.0)
+    led = _open(Stores(pg_cluster.new_database(), tmp_path / "k"), budget=1.0)
     led.charge("u", "r1", b"d", 0.25, lambda rem: b"a")
     with led._pool.connection() as conn:
         first = conn.run("SELECT %s::int", (1,))
@@ -58,7 +64,7 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
     key = tmp_path / "k"
     key.write_text("cd" * 32 + "\n")
     key.chmod(0o600)
-    with pytest.raises(ParamError, match="holds no recsvc ledger yet.*recsvc ledger init"):
+    with pytest.raises(ParamError, match=r"holds no recsvc ledger yet.*recsvc ledger init"):
         PostgresLedger(url, 1.0, key)
     PostgresLedger(url, 1.0, key, create=True).close()
     with psycopg.connect(url, autocommit=True) as conn:
@@ -146,17 +152,17 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     import threading
     import time
 
-    from recsvc.service.ledger_base import BudgetExceeded
+    from recsvc.ledger import BudgetExceeded
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    led = s.open(budget=1.0)
+    led = _open(s, budget=1.0)
     led.charge("u", "r0", b"f0", 0.1, lambda rem: b"first")
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
 
     def charge(rid: str, eps: float) -> None:
         try:
             out[rid] = led.charge("u", rid, rid.encode(), eps, lambda rem, rid=rid: f"{rid}|{rem:.1f}".encode())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[rid] = exc
 
     other = psycopg.connect(s.target)  # "another replica", mid-transaction on the user's row
@@ -169,13 +175,13 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
         while time.monotonic() < deadline and not watch.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]:
             time.sleep(0.005)
-    assert led._commit_all.queued() == 0  # the leader took its own charge
+    assert led._group_commit.queued() == 0  # the leader took its own charge
     for rid, eps in [("r2", 0.3), ("r3", 0.2), ("r4", 0.2), ("r5", 0.1)]:
         threads.append(threading.Thread(target=charge, args=(rid, eps)))
         threads[-1].start()
-        while led._commit_all.queued() < len(threads) - 1 and time.monotonic() < deadline:  # arrival order
+        while led._group_commit.queued() < len(threads) - 1 and time.monotonic() < deadline:  # arrival order
             time.sleep(0.002)
-    assert led._commit_all.queued() == 4
+    assert led._group_commit.queued() == 4
     other.rollback()
     other.close()
     for t in threads:
@@ -191,7 +197,7 @@ def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) 
     """reachable() (polled every second by each replica's health watcher) reuses one connection
     instead of opening a new server backend per probe, and replaces it when it dies."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
-    led = s.open(budget=1.0)
+    led = _open(s, budget=1.0)
     sql = "SELECT pid FROM pg_stat_activity WHERE application_name = 'recsvc-probe' AND datname = current_database()"
     with psycopg.connect(s.target, autocommit=True) as watch:
         def probes(want: int) -> list[tuple]:  # a backend leaves pg_stat_activity a moment after it ends

@@ -13,21 +13,20 @@ import time
 from pathlib import Path
 
 import pytest
-
-from ledger_conformance import DAY, Clock
-from recsvc.checks import ParamError
-from recsvc.service.client import Client
-from recsvc.service.config import ServerConfig
-from recsvc.service.ledger import Ledger
-from recsvc.service.ledger_base import BudgetExceeded, Charge, RequestConflict
-from recsvc.service.ledger_batch import BatchItem, draw_and_charge_batch
-from recsvc.service.ledger_export import export
-from recsvc.service.ledger_window import BudgetWindow
-from recsvc.service.server import start
-from recsvc.v1 import selection_pb2 as pb
 from recsvc.service.testing import REPO, candidates
 
-# Verbatim the version-1 schema (recsvc/service/ledger_schema.py before renewable budgets).
+from recsvc.checks import ParamError
+from recsvc.ledger import BatchItem, BudgetExceeded, Charge, RequestConflict
+from recsvc.ledger.export import export
+from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.ledger.testing import DAY, Clock
+from recsvc.ledger.window import BudgetWindow
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import start, stored_mechanism
+from recsvc.v1 import selection_pb2 as pb
+
+# Verbatim the version-1 SQLite schema (the file format without renewable budgets).
 V1_SCHEMA = """
 CREATE TABLE budgets (
     user_id     TEXT PRIMARY KEY,
@@ -106,14 +105,14 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     path = tmp_path / "v1.db"
     _write_v1(path)
     with pytest.raises(ParamError, match="budget_window 7d differs from the budget window lifetime"):
-        Ledger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
+        SQLiteLedger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
     with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 3: open it once"):
         export(path, tmp_path / "c.parquet")  # the audit export reads only the current format
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA user_version").fetchone() == (1,)
     assert con.execute("SELECT name FROM sqlite_master WHERE name='settings'").fetchall() == []
     con.close()
-    led = Ledger(path, 1.0)
+    led = SQLiteLedger(path, 1.0, mechanism_of=stored_mechanism)
     conn = led._conn()
     assert conn.execute("PRAGMA user_version").fetchone() == (3,)
     assert conn.execute("SELECT user_id, request_id, mechanism FROM requests ORDER BY 1, 2").fetchall() == [
@@ -128,7 +127,7 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     with pytest.raises(BudgetExceeded):
         led.charge("bob", "b2", b"x", 0.1, lambda r: b"x")
     led.close()
-    assert Ledger(path, 1.0).commits == 0  # opening again migrates nothing
+    assert SQLiteLedger(path, 1.0).commits == 0  # opening again migrates nothing
     assert export(path, tmp_path / "c.parquet", progress=False) == 3
 
 
@@ -139,11 +138,11 @@ def _digest(rid: str) -> bytes:
 
 def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
     clock = Clock(19_723 * DAY + 100.0)
-    led = Ledger(tmp_path / "l.db", 1.0, window="1d", clock=clock)
+    led = SQLiteLedger(tmp_path / "l.db", 1.0, window="1d", clock=clock)
     draws: list[list[int]] = []
 
     def run(items: list[BatchItem]) -> list[Charge | Exception]:
-        return draw_and_charge_batch(led, items, lambda todo: draws.append(todo) or [f"s{i}" for i in todo],
+        return led.draw_and_charge_batch(items, lambda todo: draws.append(todo) or [f"s{i}" for i in todo],
                                      lambda i, s, rem: f"{s}|{rem:.1f}".encode())
 
     first = run([BatchItem("u", f"r{i}", f"d{i}".encode(), 0.4, "rnm") for i in range(3)])

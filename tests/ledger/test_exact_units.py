@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from recsvc.service.ledger import BudgetExceeded, InvalidCharge, Ledger, RequestConflict
-from recsvc.service.ledger_units import (
+from recsvc.ledger import BudgetExceeded, InvalidCharge, RequestConflict
+from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.ledger.units import (
     MAX_UNITS,
     budget_units,
     charge_units,
@@ -57,7 +58,7 @@ def test_budget_rounds_down_and_stored_floats_round_up() -> None:
 
 def test_tiny_charges_no_longer_vanish(tmp_path: Path) -> None:
     """The finding: after 8.0, 200 charges of 4e-16 left a float total at exactly 8.0."""
-    led = Ledger(tmp_path / "l.db", budget=10.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=10.0)
     led.charge("u", "big", b"d", 8.0, lambda rem: b"x")
     for i in range(200):
         with pytest.raises(InvalidCharge, match="below the ledger's unit"):
@@ -70,7 +71,7 @@ def test_tiny_charges_no_longer_vanish(tmp_path: Path) -> None:
 
 
 def test_budget_comparison_is_exact(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     for i in range(10):  # 10 × 0.1 = 1 exactly (as floats the sum is 0.9999999999999999)
         led.charge("u", f"r{i}", b"d", 0.1, lambda rem: f"{rem!r}".encode())
     assert led.lookup("u", "r9")[1] == b"0.0" and led.user("u").spent_units == 10**12
@@ -86,7 +87,7 @@ def _build(sample: str, remaining: float) -> bytes:
 
 
 def test_the_draw_runs_outside_the_write_lock_and_refusals_never_draw(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     held: list[bool] = []
 
     def draw(tag: str):
@@ -111,13 +112,13 @@ def test_the_draw_runs_outside_the_write_lock_and_refusals_never_draw(tmp_path: 
 def test_a_sample_the_transaction_refuses_is_discarded_unreleased(tmp_path: Path) -> None:
     """The pre-check passed, but while drawing, another request spent the budget: the drawn
     sample is thrown away, nothing is spent or stored, and the caller gets BudgetExceeded."""
-    led = Ledger(tmp_path / "l.db", budget=1.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
 
     def draw_while_someone_spends() -> str:
         led.charge("u", "other", b"o", 0.6, lambda rem: b"other")
         return "never released"
 
-    with pytest.raises(BudgetExceeded, match="only 0.4 of 1 remains"):
+    with pytest.raises(BudgetExceeded, match=r"only 0\.4 of 1 remains"):
         led.draw_and_charge("u", "r", b"d", 0.5, draw_while_someone_spends, _build)
     assert led.lookup("u", "r") is None and led.user("u").spent_units == 600_000_000_000
 
@@ -130,7 +131,7 @@ def test_a_sample_the_transaction_refuses_is_discarded_unreleased(tmp_path: Path
 
 
 def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path: Path) -> None:
-    led = Ledger(tmp_path / "l.db", budget=5.0)
+    led = SQLiteLedger(tmp_path / "l.db", budget=5.0)
     draws: list[int] = []
     release = threading.Event()
 
@@ -159,7 +160,7 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
 
 
 def test_float_charges_are_converted_once_and_refusals_every_time() -> None:
-    from recsvc.service import ledger_units
+    from recsvc.ledger import units as ledger_units
 
     before = ledger_units._float_charge_units.cache_info()
     assert [charge_units(0.3) for _ in range(3)] == [300_000_000_000] * 3

@@ -1,4 +1,5 @@
-"""A ledger file written before issue #12 (float ε, unsalted SHA-256 fingerprints) is migrated on open."""
+"""Older SQLite ledger files (version 0: float ε, unsalted SHA-256 fingerprints; version 2: requests
+keyed WITHOUT ROWID) are migrated when opened."""
 
 from __future__ import annotations
 
@@ -11,16 +12,15 @@ from pathlib import Path
 
 import grpc
 import pytest
-
-from recsvc.service.client import Client
-from recsvc.service.config import ServerConfig
-from recsvc.service.ledger import Ledger
-from recsvc.service.server import start
-from recsvc.v1 import selection_pb2 as pb
-
 from recsvc.service.testing import candidates
 
-# Verbatim the schema recsvc wrote before exact accounting (recsvc/service/ledger.py, _SCHEMA).
+from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import start, stored_mechanism
+from recsvc.v1 import selection_pb2 as pb
+
+# Verbatim the version-0 schema (float totals and unsalted fingerprints).
 V0_SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
     user_id  TEXT PRIMARY KEY,
@@ -88,19 +88,19 @@ def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tabl
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     # Debian builds SQLite with secure_delete on by default; other builds do not: start from off,
     # so the test shows that the migration itself zeroes what it deletes.
-    connect = Ledger._connect
+    connect = SQLiteLedger._connect
 
-    def insecure(self: Ledger, shared: bool = False) -> sqlite3.Connection:
+    def insecure(self: SQLiteLedger, shared: bool = False) -> sqlite3.Connection:
         conn = connect(self, shared)
         conn.execute("PRAGMA secure_delete = OFF")
         return conn
 
-    monkeypatch.setattr(Ledger, "_connect", insecure)
+    monkeypatch.setattr(SQLiteLedger, "_connect", insecure)
     path = tmp_path / "old.db"
     old = write_v0_ledger(path, rowid_tables)
     digests: list[bytes] = old["digests"]  # type: ignore[assignment]
     assert all(d in _files(path) for d in digests[:3])  # the unsalted hashes are in the old file
-    led = Ledger(path, budget=10.0)
+    led = SQLiteLedger(path, budget=10.0, mechanism_of=stored_mechanism)
     key = bytes.fromhex((tmp_path / "old.db.key").read_text())
     # Each old charge is rounded UP from its exact binary value; a user's total is the larger of
     # its float total and the sum of its requests, so the 200 swallowed charges come back.
@@ -113,7 +113,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tabl
     assert conn.execute("SELECT mechanism, COUNT(*) FROM requests GROUP BY mechanism").fetchall() == [("rnm", 204)]
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
     assert conn.execute("SELECT SUM(epsilon_units) FROM requests").fetchone() == (8 * 10**12 + 200 + 300_000_000_003,)
-    stored = dict(((u, r), bytes(f)) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests"))
+    stored = {(u, r): bytes(f) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests")}
     req = old["requests"]["alice/a0"]  # type: ignore[index]
     assert stored[("alice", "a0")] == hmac.digest(key, _old_fingerprint(req), "sha256")
     led.close()
@@ -122,7 +122,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tabl
     assert not any(d in raw for d in digests)
     assert stat.S_IMODE(os.stat(tmp_path / "old.db.key").st_mode) == 0o600
     # Opening again changes nothing (the migration runs once).
-    again = Ledger(path, budget=10.0)
+    again = SQLiteLedger(path, budget=10.0)
     assert again.user("tiny").spent_units == 8 * 10**12 + 200 and again.commits == 0
 
 
@@ -150,14 +150,14 @@ def test_a_migrated_ledger_serves_retries_of_old_requests_over_grpc(artifact: Pa
 
 def test_a_newer_ledger_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "l.db"
-    Ledger(path, budget=1.0).close()
+    SQLiteLedger(path, budget=1.0).close()
     with sqlite3.connect(path) as con:
         con.execute("PRAGMA user_version = 7")
     with pytest.raises(ValueError, match="has format version 7, newer than this recsvc reads"):
-        Ledger(path, budget=1.0)
+        SQLiteLedger(path, budget=1.0)
 
 
-# Verbatim the version-2 schema (recsvc/service/ledger_schema.py before issue #13's rowid requests table).
+# Verbatim the version-2 schema (requests keyed WITHOUT ROWID, not the rowid table of version 3).
 V2_SCHEMA = """
 CREATE TABLE budgets (
     user_id      TEXT PRIMARY KEY,
@@ -209,18 +209,18 @@ def _requests_sql(path: Path) -> str:
 
 
 def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -> None:
-    from recsvc.service.ledger_base import RequestConflict
-    from recsvc.service.ledger_export import export
+    from recsvc.ledger import RequestConflict
+    from recsvc.ledger.export import export
 
     path = tmp_path / "v2.db"
     rows = _write_v2(path)
     clock = lambda: 1.7e9 + 100  # noqa: E731 - inside the file's 7d window
     with pytest.raises(ValueError, match="budget_window lifetime differs from the budget window 7d"):
-        Ledger(path, 1.0, clock=clock)  # refused: the rebuild is rolled back with everything else
+        SQLiteLedger(path, 1.0, clock=clock)  # refused: the rebuild is rolled back with everything else
     assert "WITHOUT ROWID" in _requests_sql(path)
     with sqlite3.connect(path) as con:
         assert con.execute("PRAGMA user_version").fetchone() == (2,)
-    led = Ledger(path, 1.0, window="7d", clock=clock)
+    led = SQLiteLedger(path, 1.0, window="7d", clock=clock)
     conn = led._conn()
     assert conn.execute("PRAGMA user_version").fetchone() == (3,)
     assert "WITHOUT ROWID" not in _requests_sql(path)
@@ -242,5 +242,5 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
     with pytest.raises(sqlite3.IntegrityError):  # the key is still unique
         conn.execute("INSERT INTO requests VALUES ('alice', 'a3', x'00', 1, x'00', 0, '')")
     led.close()
-    assert Ledger(path, 1.0, window="7d", clock=clock).commits == 0  # opening again migrates nothing
+    assert SQLiteLedger(path, 1.0, window="7d", clock=clock).commits == 0  # opening again migrates nothing
     assert export(path, tmp_path / "c.parquet", progress=False) == 5

@@ -12,16 +12,18 @@ from pathlib import Path
 import psycopg
 import pyarrow.parquet as pq
 import pytest
+from recsvc.service.testing import REPO, candidates, free_port, item_ids
 
-from ledger_conformance import Clock, Stores, resp, stores  # noqa: F401 - stores: the fixture
 from recsvc.checks import ParamError
-from recsvc.service import ledger_export, ledger_pg_schema, ledger_schema
+from recsvc.ledger import BudgetExceeded
+from recsvc.ledger import export as ledger_export
+from recsvc.ledger.export import COLUMNS, export
+from recsvc.ledger.postgres import schema as ledger_pg_schema
+from recsvc.ledger.sqlite import schema as ledger_schema
+from recsvc.ledger.testing import Clock, Stores, resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
-from recsvc.service.ledger_base import BudgetExceeded
-from recsvc.service.ledger_export import COLUMNS, export
 from recsvc.service.server import start
-from recsvc.service.testing import REPO, candidates, free_port, item_ids
 
 T0 = 1_700_000_000.123456  # 2023-11-14T22:13:20.123456Z
 
@@ -105,7 +107,7 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     (tmp_path / "empty.db").write_bytes(b"")
     with pytest.raises(ParamError, match="holds no recsvc ledger"):
         export(tmp_path / "empty.db", tmp_path / "e.parquet")
-    with pytest.raises(ParamError, match="directory .* does not exist"):
+    with pytest.raises(ParamError, match=r"directory .* does not exist"):
         export(s.target, tmp_path / "no-dir" / "c.parquet")
     with pytest.raises(ParamError, match="is a directory"):
         export(s.target, tmp_path)
@@ -132,9 +134,9 @@ def test_a_failure_mid_way_leaves_no_file(stores: Stores, tmp_path: Path, monkey
     real = module.read_charges
 
     @contextmanager
-    def failing(target, chunk):  # type: ignore[no-untyped-def]
+    def failing(target, chunk):
         with real(target, chunk) as (total, chunks):
-            def rows():  # type: ignore[no-untyped-def]
+            def rows():
                 yield next(chunks)
                 if pg:
                     with psycopg.connect(str(stores.target), autocommit=True) as conn:
@@ -157,4 +159,4 @@ def test_a_failure_mid_way_leaves_no_file(stores: Stores, tmp_path: Path, monkey
     assert out.read_bytes() == b"the previous export" and [p.name for p in out.parent.iterdir()] == ["c.parquet"]
     monkeypatch.setattr(module, "read_charges", real)
     assert export(stores.target, out, force=True, progress=False) == 5
-    assert ledger_export.COLUMNS == tuple(pq.read_table(out).column_names)
+    assert tuple(pq.read_table(out).column_names) == ledger_export.COLUMNS

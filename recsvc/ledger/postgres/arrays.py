@@ -2,7 +2,7 @@
 
 psycopg adapts a Python list element by element: it inspects the elements to choose a dumper,
 then dumps each one, about 100 µs of client CPU for the 15 short arrays of one round statement
-(:mod:`recsvc.service.ledger_pg`). These columns have one known element type and no NULLs, so
+(:mod:`recsvc.ledger.postgres.store`). These columns have one known element type and no NULLs, so
 they are packed here with :mod:`struct` and passed through as they are (bind them with ``%b``).
 Call :func:`register` on a connection before binding them.
 """

@@ -1,4 +1,4 @@
-"""The ledger's pre-encoded array parameters (``recsvc.service.pg_arrays``) read back by a real
+"""The ledger's pre-encoded array parameters (``recsvc.ledger.postgres.arrays``) read back by a real
 PostgreSQL exactly as psycopg's own list adaptation sends them, and wrong input is refused
 before anything is sent."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from recsvc.service import pg_arrays
-from recsvc.service.pg_arrays import bytea_array, int8_array, text_array
+from recsvc.ledger.postgres import arrays as pg_arrays
+from recsvc.ledger.postgres.arrays import bytea_array, int8_array, text_array
 
 CASES = [
     ("bigint", int8_array, [0, 1, -1, 2**63 - 1, -(2**63), 5_000_000_000]),
@@ -61,6 +61,6 @@ def test_a_number_past_bigint_is_a_clear_error(bad) -> None:
 
 def test_the_encoding_is_postgresqls_binary_array_format() -> None:
     # ndim 1, no NULLs, int8 (oid 20), 2 elements from index 1; then (length 8, value) per element
-    assert int8_array([1, -2]) == bytes.fromhex("00000001" "00000000" "00000014" "00000002" "00000001"
-                                               "00000008" "0000000000000001" "00000008" "fffffffffffffffe")
-    assert text_array([]) == bytes.fromhex("00000000" "00000000" "00000019")
+    assert int8_array([1, -2]) == bytes.fromhex("00000001 00000000 00000014 00000002 00000001"
+                                               " 00000008 0000000000000001 00000008 fffffffffffffffe")
+    assert text_array([]) == bytes.fromhex("00000000 00000000 00000019")

@@ -1,54 +1,52 @@
-"""The privacy ledger: per-user ε under basic composition, in embedded SQLite (WAL).
+"""The privacy ledger in embedded SQLite (WAL): :class:`SQLiteLedger`, the default store.
 
-Invariants the service relies on:
+Invariants the service relies on (the protocol itself is :class:`recsvc.ledger.base.Ledger`'s):
 
-* **Exact accounting.** ε is counted in integer units of 10⁻¹² (:mod:`recsvc.service.ledger_units`):
+* **Exact accounting.** ε is counted in integer units of 10⁻¹² (:mod:`recsvc.ledger.units`):
   every charge rounded up, the budget compared exactly, an ε below the unit refused.
 * **Atomic check-and-spend across threads and processes.** Every charge runs inside
   ``BEGIN IMMEDIATE``, which takes SQLite's single write lock before the budget is read, so
   two workers can never both see the same remaining budget.
 * **Durable before the answer leaves.** ``journal_mode=WAL`` + ``synchronous=FULL`` fsyncs
-  the WAL on every COMMIT; the server sends the response only after :meth:`Ledger.charge`
-  returns, so a crash can lose an answer the client never saw, never a spend it did see.
+  the WAL on every COMMIT; the server sends the response only after a charge returns, so a crash
+  can lose an answer the client never saw, never a spend it did see.
 * **Idempotent.** The answer is stored with the spend in the same transaction, keyed by
   ``(user_id, request_id)``. A retry with the same fingerprint gets the stored answer and
-  spends nothing; a retry with a different fingerprint is a :class:`RequestConflict`.
-* **No sampling under the lock.** :meth:`Ledger.draw_and_charge` draws the sample before the
-  write transaction, holding no lock; the transaction only checks, stores and spends.
+  spends nothing; a retry with a different fingerprint is a
+  :class:`~recsvc.ledger.errors.RequestConflict`.
+* **No sampling under the lock.** The sample is drawn before the write transaction, holding no
+  lock; the transaction only checks, stores and spends.
 * **Budget windows.** The budget holds per user over all time (``lifetime``) or per UTC-aligned
   window (``--budget-window 7d``): only the current window's spend counts, decided inside the
-  transaction with one clock reading (:mod:`recsvc.service.ledger_window`).
+  transaction with one clock reading (:mod:`recsvc.ledger.window`).
 
 The ledger stores no scores: only keyed fingerprints (HMAC-SHA-256 under the server's key,
-:mod:`recsvc.service.fingerprint_key`; the key itself is never stored here) and the responses.
-The file format and its migration live in :mod:`recsvc.service.ledger_schema`.
+:mod:`recsvc.ledger.fingerprint`; the key itself is never stored here) and the responses.
+The file format and its migrations live in :mod:`recsvc.ledger.sqlite.schema`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, cast
 
 from recsvc.checks import ParamError
-from recsvc.service import fingerprint_key, ledger_schema
-from recsvc.service.ledger_base import (BudgetExceeded, Charge, Flights, LedgerError, LedgerUnavailable, Pending,
-                                        RequestConflict, UserBudget, GroupCommit, Writes, account, decide_all,
-                                        draw_then_commit, precheck, unset)
-from recsvc.service.ledger_schema import CHUNK, EXPECTED, check_path, remove_files
-from recsvc.service.ledger_units import MAX_EPSILON, InvalidCharge, budget_units, charge_units, to_epsilon
-from recsvc.service.ledger_window import LIFETIME_WINDOW, BudgetWindow
-
-__all__ = ["BudgetExceeded", "Charge", "InvalidCharge", "Ledger", "LedgerError", "LedgerUnavailable", "RequestConflict",
-           "UserBudget", "check_path", "remove_files"]
-
-S = TypeVar("S")
+from recsvc.ledger import fingerprint
+from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
+from recsvc.ledger.charging import Pending, Writes, decide_all
+from recsvc.ledger.group_commit import Queued
+from recsvc.ledger.migrations import MechanismOf
+from recsvc.ledger.sqlite import schema
+from recsvc.ledger.sqlite.schema import CHUNK, EXPECTED, check_path
+from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 
 def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
@@ -64,32 +62,28 @@ def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
             time.sleep(0.02 * (i + 1))
 
 
-class Ledger:
+class SQLiteLedger(Ledger):
     """Thread-safe (one SQLite connection per thread) and multi-process-safe privacy ledger.
 
     ``key_file`` holds the fingerprint key (default ``<path>.key``, created with mode 0600 if
     missing). A ledger that already stores requests is never paired with a new key silently:
-    if its key file is missing, opening it fails (see :mod:`recsvc.service.fingerprint_key`).
-    ``window`` is the budget window (:mod:`recsvc.service.ledger_window`), fixed in the file when
-    it is created; ``clock`` (Unix seconds) places each charge in its window (tests inject one).
+    if its key file is missing, opening it fails (see :mod:`recsvc.ledger.fingerprint`).
+    ``window`` is the budget window (:mod:`recsvc.ledger.window`), fixed in the file when it is
+    created; ``clock`` (Unix seconds) places each charge in its window (tests inject one).
+    ``mechanism_of`` reads the mechanism of a stored answer, for migrating a file written before
+    charges stored it (:mod:`recsvc.ledger.migrations`).
     """
 
     def __init__(self, path: str | os.PathLike[str], budget: float, key_file: str | os.PathLike[str] | None = None,
                  busy_timeout_s: float = 60.0, window: BudgetWindow | str = LIFETIME_WINDOW,
-                 clock: Callable[[], float] = time.time) -> None:
-        units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
-        if units is None:
-            raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
+                 clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None,
+                 mechanism_of: MechanismOf | None = None) -> None:
+        super().__init__(budget, window, clock, observer)
         self.path = Path(path)
+        self.where = str(self.path)
         check_path(self.path)
-        self.key_file = fingerprint_key.default_path(self.path) if key_file is None else Path(key_file)
-        fingerprint_key.check(self.key_file)
-        self.budget_units = units
-        self.budget = to_epsilon(units)
-        self.window = BudgetWindow.parse(window)
-        self._clock = clock
-        self._key = b""
-        self.key_created = False  # this open created the key file
+        self.key_file = fingerprint.default_path(self.path) if key_file is None else Path(key_file)
+        fingerprint.check(self.key_file)
         self._busy_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -100,13 +94,11 @@ class Ledger:
         self._write_lock = threading.Lock()
         self._lock_file = self.path.with_name(self.path.name + ".lock")
         self._lock_fd: tuple[int, int] | None = None  # (pid, fd)
-        self._commit_all = GroupCommit(self._transaction)  # one transaction for all queued charges
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
-        self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
-        self.commits = 0  # transactions committed by this process (for tests and metrics)
         try:
-            ledger_schema.check_foreign(self.path)
-            self._open()
+            schema.check_foreign(self.path)
+            self._key, self.key_created = schema.open_file(self._conn(), self.path, self.key_file, self.window,
+                                                           _retry_locked, mechanism_of)
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()
             raise ParamError("{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
@@ -114,15 +106,6 @@ class Ledger:
         except BaseException:
             self.close()
             raise
-
-    def _open(self) -> None:
-        """Creates, checks or migrates the file and loads or creates the key (ledger_schema.open_file)."""
-        self._key, self.key_created = ledger_schema.open_file(self._conn(), self.path, self.key_file, self.window,
-                                                              _retry_locked)
-
-    def fingerprint(self, digest: bytes) -> bytes:
-        """What the ledger stores for a request whose SHA-256 digest is ``digest``: HMAC(key, digest)."""
-        return fingerprint_key.keyed(self._key, digest)
 
     # -- connections ---------------------------------------------------------------------
 
@@ -175,10 +158,8 @@ class Ledger:
         with self._lock:
             conns, self._all = self._all, []
         for c in conns:
-            try:
+            with contextlib.suppress(sqlite3.ProgrammingError):  # closed from another thread; harmless at shutdown
                 c.close()
-            except sqlite3.ProgrammingError:  # closed from another thread; harmless at shutdown
-                pass
         self._local = threading.local()
 
     def reachable(self) -> bool:
@@ -188,82 +169,34 @@ class Ledger:
     # -- reads (no lock) -----------------------------------------------------------------
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
-        """(stored fingerprint, response) of an earlier request, or None."""
         row = self._conn().execute(
             "SELECT fingerprint, response FROM requests WHERE user_id=? AND request_id=?",
             (user_id, request_id),
         ).fetchone()
         return None if row is None else (bytes(row[0]), bytes(row[1]))
 
-    def user(self, user_id: str) -> UserBudget:
-        """The user's account in the current budget window."""
-        return account(user_id, self.budget_units, self.window, self._accounts(self._conn(), [user_id]).get(user_id),
-                       self._clock())
+    def _account(self, user_id: str) -> tuple[int, int, int] | None:
+        return self._accounts(self._conn(), [user_id]).get(user_id)
 
-    def totals(self) -> dict[str, float]:
-        """Every user's ε spent in the current window (for audits and tests; exact values: :meth:`user`)."""
-        rows = self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")
-        return {u: to_epsilon(s) for u, s in self.window.spent_now(rows, self._clock()).items()}
+    def _spends(self) -> Iterable[tuple[str, int, int]]:
+        return self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")
 
-    def _precheck(self, p: Pending) -> Charge | None:
-        """:func:`precheck` on a read snapshot, holding no lock (one statement)."""
+    def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
+        """One statement on a read snapshot."""
         row = self._conn().execute(
             "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
             " (SELECT spent_units FROM budgets WHERE user_id=?1),"
             " (SELECT window_start FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
-        return precheck(p, row, self.window, self.budget_units, self._clock())
+        return cast("tuple[Any, Any, Any, Any]", row)
 
     # -- the writes ----------------------------------------------------------------------
 
-    def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-                        draw: Callable[[], S], build_response: Callable[[S, float], bytes], *,
-                        mechanism: str = "") -> Charge:
-        """The service's protocol: draw the sample OUTSIDE the write transaction, then charge it.
-
-        1. ``epsilon`` becomes units, or :class:`InvalidCharge` before the ledger is touched.
-        2. Callers of the same (user_id, request_id) in this process take turns, so concurrent
-           duplicates draw once: the later ones find the stored answer in step 3.
-        3. Pre-check on a read snapshot, holding no lock: a stored answer is replayed, another
-           fingerprint is a conflict, an exhausted budget is refused. None of these draws.
-        4. ``draw()`` runs in the caller's thread holding no lock, so its cost (random stopping
-           makes about 1/γ draws) delays no other request's charge.
-        5. :meth:`charge` decides again inside the transaction (same rule) and stores
-           ``build_response(sample, remaining)`` with the spend; ``build_response`` runs under
-           the lock, so it must be cheap (encoding only).
-
-        If step 5 finds that the request became a replay (another worker committed the same
-        request first), a conflict, or over budget (the user's other requests spent it in the
-        meantime), the drawn sample is discarded unreleased. A sample that is never released
-        reveals nothing about the data, so discarding it costs no privacy: each released answer
-        is charged exactly once, and a retry gets the stored answer, never a fresh sample.
-        """
-        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), unset, mechanism)
-        return draw_then_commit(self, p, draw, build_response)
-
-    def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-               build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
-        """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
-
-        ``digest`` is the request's SHA-256 digest (the ledger stores only its keyed
-        fingerprint). ``build_response(remaining)`` makes the response bytes given the budget
-        left after this spend; it runs inside the transaction, only for a fresh request that
-        fits the budget, possibly in another caller's thread (the group-commit leader). If it
-        raises, nothing is spent. Raises :class:`InvalidCharge` (before anything is touched),
-        :class:`BudgetExceeded` or :class:`RequestConflict` with nothing spent. Returns only
-        after the COMMIT (fsync). ``mechanism`` is stored with the charge (``recsvc ledger export``).
-        """
-        return self._commit(Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response,
-                                    mechanism))
-
-    def _commit(self, item: Pending) -> Charge:
-        return self._commit_all.one(item)
-
-    def _transaction(self, take: Callable[[], list[Pending]]) -> None:
-        """The group-commit leader's transaction (:class:`GroupCommit`): the queue is taken once
-        this process holds the write lock, so charges that queued meanwhile join it."""
+    def _commit_group(self, take: Callable[[], list[Queued]]) -> None:
+        """The queue is taken once this process holds the write lock, so charges that queued
+        meanwhile join the transaction."""
         with self._exclusive():
-            self._commit_batch(take())
+            self._commit_batch(cast("list[Pending]", take()))  # this store queues charges only
 
     def _commit_batch(self, batch: list[Pending]) -> None:
         conn = self._writer_conn()
@@ -331,17 +264,14 @@ class Ledger:
             ).rowcount
         return inserted == len(writes.requests)
 
-    def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[
-            dict[tuple[str, str], tuple[bytes, bytes]], dict[str, tuple[int, int, int]]]:
-        """The batch pre-check's read (:mod:`recsvc.service.ledger_batch`), holding no lock: the
-        stored (fingerprint, response) of ``keys`` and each user's stored account."""
+    def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[Stored, Accounts]:
         conn = self._conn()
         return self._stored(conn, keys), self._accounts(conn, users)
 
     @staticmethod
-    def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[bytes, bytes]]:
+    def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> Stored:
         """(fingerprint, response) of the keys already in the ledger (exact primary-key probes)."""
-        out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        out: Stored = {}
         for i in range(0, len(keys), CHUNK):
             part = keys[i:i + CHUNK]
             sql = " UNION ALL ".join(
@@ -352,9 +282,9 @@ class Ledger:
         return out
 
     @staticmethod
-    def _accounts(conn: sqlite3.Connection, users: list[str]) -> dict[str, tuple[int, int, int]]:
+    def _accounts(conn: sqlite3.Connection, users: list[str]) -> Accounts:
         """(spent_units, window_start, requests) of each user's row, as stored."""
-        out: dict[str, tuple[int, int, int]] = {}
+        out: Accounts = {}
         for i in range(0, len(users), CHUNK):
             part = users[i:i + CHUNK]
             sql = ("SELECT user_id, spent_units, window_start, requests FROM budgets WHERE user_id IN "

@@ -12,8 +12,8 @@ at once all end up with the same key; with ``--workers N`` the parent creates it
 A key file that others may read (any group/other permission bit) is refused, as ssh refuses a
 private key. A ledger that stores requests is never paired with a new key silently: if its key
 file is missing, the server refuses to start. Under a DIFFERENT key (a replaced key file), a
-retry of an old request is refused as a conflict (ALREADY_EXISTS): it is never answered with a
-fresh sample and never charged twice; budgets are unaffected.
+retry of a request stored under the previous key is refused as a conflict (ALREADY_EXISTS): it
+is never answered with a fresh sample and never charged twice; budgets are unaffected.
 """
 
 from __future__ import annotations

@@ -2,18 +2,18 @@
 
 ``recsvc ledger init`` creates the tables (``recsvc_meta``, ``recsvc_budgets``,
 ``recsvc_requests``) and stores the settings every replica must agree on: the schema version,
-the per-user budget in exact units (:mod:`recsvc.service.ledger_units`) and a check value of the
+the per-user budget in exact units (:mod:`recsvc.ledger.units`) and a check value of the
 fingerprint key (``HMAC(key, "recsvc key check")``: it proves two replicas use the same key
 without storing the key). ``recsvc ledger migrate`` applies the pending steps of
 :data:`MIGRATIONS`, each in one transaction under an advisory lock. A database whose version is
 newer than this recsvc reads is refused; so is a replica whose budget, budget window or key differs.
 
 Version 2 adds renewable budgets and the audit export (as the SQLite file's version 2,
-:mod:`recsvc.service.ledger_schema`): ``recsvc_budgets.window_start``, ``recsvc_requests.mechanism``
-(recovered from each stored response by :data:`STEPS`) and the ``budget_window`` setting, which is
-``lifetime`` for a database created before it.
+:mod:`recsvc.ledger.sqlite.schema`): ``recsvc_budgets.window_start``, ``recsvc_requests.mechanism``
+(recovered from each stored response by :data:`STEPS`, :mod:`recsvc.ledger.migrations`) and the
+``budget_window`` setting, which is ``lifetime`` for a database created without it.
 
-Also here, as the SQLite file's :mod:`recsvc.service.ledger_schema`: connecting with errors that
+Also here, as the SQLite file's :mod:`recsvc.ledger.sqlite.schema`: connecting with errors that
 name host and port but never the password (:func:`describe`, :func:`connect`), ``recsvc ledger
 migrate`` (:func:`migrate_url`) and the audit export's read (:func:`read_charges`).
 """
@@ -28,11 +28,12 @@ import psycopg
 from psycopg import conninfo as pg_conninfo
 
 from recsvc.checks import ParamError
-from recsvc.service import fingerprint_key
-from recsvc.service.ledger_base import is_postgres
-from recsvc.service.ledger_schema import ChargeRow, recover_mechanisms
-from recsvc.service.ledger_units import format_units
-from recsvc.service.ledger_window import BudgetWindow
+from recsvc.ledger import fingerprint
+from recsvc.ledger.base import is_postgres
+from recsvc.ledger.charging import ChargeRow
+from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
+from recsvc.ledger.units import format_units
+from recsvc.ledger.window import BudgetWindow
 
 VERSION = 2
 _LOCK = 0x72656373  # pg_advisory_xact_lock key: init/migrate of several replicas take turns
@@ -64,24 +65,27 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 }
 
 
-def _recover(conn: Any) -> None:
+def _recover(conn: Any, mechanism_of: MechanismOf | None) -> None:
     """Version 2: the mechanism of every request stored before, from its stored response."""
     def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
         sql = "SELECT user_id, request_id, response FROM recsvc_requests WHERE mechanism=''"
+        rows: list[tuple[str, str, bytes]]
         if after is None:
-            return conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
-        return conn.execute(sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512",
-                            after).fetchall()
+            rows = conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
+        else:
+            rows = conn.execute(sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512",
+                                after).fetchall()
+        return rows
 
     def update(rows: list[tuple[str, str, str]]) -> None:
         with conn.cursor() as cur:
             cur.executemany("UPDATE recsvc_requests SET mechanism=%s WHERE user_id=%s AND request_id=%s", rows)
 
-    recover_mechanisms(page, update)
+    recover_mechanisms(page, update, mechanism_of)
 
 
 # version → what runs after its statements, in the same transaction.
-STEPS: dict[int, Callable[[Any], None]] = {2: _recover}
+STEPS: dict[int, Callable[[Any, MechanismOf | None], None]] = {2: _recover}
 URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
 
 
@@ -115,7 +119,7 @@ EXPECTED = "a database prepared by `recsvc ledger init --ledger URL --budget B -
 
 
 def key_check(key: bytes) -> str:
-    return fingerprint_key.keyed(key, _KEY_CHECK).hex()
+    return fingerprint.keyed(key, _KEY_CHECK).hex()
 
 
 def _settings(conn: Any) -> dict[str, str] | None:
@@ -131,8 +135,9 @@ def _check_version(found: int, where: str) -> None:
                          "expected a ledger written by this or an older version", where=where, v=found, mine=VERSION)
 
 
-def migrate(conn: Any, where: str) -> tuple[int, int]:
-    """Applies the pending migrations (autocommit connection); (version before, version after)."""
+def migrate(conn: Any, where: str, mechanism_of: MechanismOf | None = None) -> tuple[int, int]:
+    """Applies the pending migrations (autocommit connection); (version before, version after).
+    ``mechanism_of`` reads the mechanism of a stored answer (:mod:`recsvc.ledger.migrations`)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         settings = _settings(conn)
@@ -144,12 +149,13 @@ def migrate(conn: Any, where: str) -> tuple[int, int]:
             for sql in MIGRATIONS[v]:
                 conn.execute(sql)
             if v in STEPS:
-                STEPS[v](conn)
+                STEPS[v](conn, mechanism_of)
         conn.execute("UPDATE recsvc_meta SET value=%s WHERE name='schema_version'", (str(VERSION),))
     return before, max(before, VERSION)
 
 
-def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> bool:
+def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow,
+         mechanism_of: MechanismOf | None = None) -> bool:
     """Creates the ledger with these settings (True), or checks an existing one against them (False)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
@@ -160,7 +166,7 @@ def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWin
             created = True
         else:
             created = False
-    migrate(conn, where)
+    migrate(conn, where, mechanism_of)
     check(conn, where, budget_units, key, window)
     return created
 
@@ -196,18 +202,18 @@ def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWi
                          "must use the same key file (a new key would turn every retry into a conflict)", where=where)
 
 
-def migrate_url(url: str) -> tuple[str, int, int]:
+def migrate_url(url: str, mechanism_of: MechanismOf | None = None) -> tuple[str, int, int]:
     """`recsvc ledger migrate`: (where, version before, version after)."""
     where = describe(url)
     with connect(url, where, 5) as conn:
-        before, after = migrate(conn, where)
+        before, after = migrate(conn, where, mechanism_of)
     return where, before, after
 
 
 @contextmanager
 def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
     """``(number of charges, chunks of charge rows)`` of a PostgreSQL ledger (the rows of
-    :func:`recsvc.service.ledger_schema.read_charges`), streamed by a server-side cursor, on one
+    :func:`recsvc.ledger.sqlite.schema.read_charges`), streamed by a server-side cursor, on one
     read-only REPEATABLE READ snapshot, in (user_id, request_id) order."""
     where = describe(url)
     with connect(url, where, 5) as conn:
@@ -216,7 +222,9 @@ def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[Char
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         conn.read_only = True
         with conn.transaction():
-            total = int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+            count = conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()
+            assert count is not None  # an aggregate returns one row
+            total = int(count[0])
             with conn.cursor(name="recsvc_export") as cur:
                 cur.itersize = chunk
                 cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "

@@ -1,7 +1,7 @@
 """Exact ε accounting: the ledger counts ε in integer units of 10⁻¹² (one "pico-ε").
 
 Floats cannot keep a running total: after spending 8.0, ``8.0 + 4e-16 == 8.0``, so tiny charges
-used to vanish. The ledger therefore stores integers (SQLite INTEGER, at most 2⁶³ − 1 units,
+would vanish. The ledger therefore stores integers (SQLite INTEGER, at most 2⁶³ − 1 units,
 i.e. ε ≤ 9,223,372.036854775807) and compares them exactly.
 
 * **A charge is rounded UP** to the unit: ``units = ⌈ε · 10¹²⌉``, where ε is the decimal the
@@ -13,9 +13,9 @@ i.e. ε ≤ 9,223,372.036854775807) and compares them exactly.
   :class:`InvalidCharge` (a ``ValueError``: INVALID_ARGUMENT), raised before the ledger is touched.
 * **The budget is rounded DOWN** to the unit (it only ever shrinks).
 * A ledger written with float totals is migrated by rounding each stored value UP from its exact
-  binary value (see :mod:`recsvc.service.ledger_schema`).
+  binary value (see :mod:`recsvc.ledger.sqlite.schema`).
 
-Stdlib only: :mod:`recsvc.service.config` checks the budget with it.
+Stdlib only: the service's configuration checks the budget with it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import functools
 import math
 from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from fractions import Fraction
+from typing import ClassVar
 
 UNITS_PER_EPSILON = 10**12
 UNIT_EXPONENT = -12  # one unit is 1e-12 ε
@@ -32,6 +33,8 @@ MAX_UNITS = 2**63 - 1  # SQLite's INTEGER
 
 class InvalidCharge(ValueError):
     """An ε the ledger cannot count exactly (below the unit, or beyond 63 bits): nothing spent."""
+
+    status: ClassVar[str] = "INVALID_ARGUMENT"
 
 
 def _decimal(value: float) -> Decimal | None:

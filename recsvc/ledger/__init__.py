@@ -1,0 +1,60 @@
+"""The privacy-budget ledger: per-user ε under basic composition, exact, idempotent and durable.
+
+One interface, two backing stores, one conformance suite:
+
+* :class:`Ledger` (:mod:`recsvc.ledger.base`) — what the service depends on. It owns the
+  draw-then-commit protocol (one caller per request at a time, a pre-check on a snapshot, the
+  draw holding no lock, a group commit that decides again); a store implements only its
+  storage primitives.
+* :class:`recsvc.ledger.sqlite.SQLiteLedger` (an embedded file, the default) and
+  :class:`recsvc.ledger.postgres.PostgresLedger` (a database shared by replicas);
+  :func:`open_ledger` picks one from a ``--ledger`` value.
+* :mod:`recsvc.ledger.testing` — the conformance suite every store's tests subclass, and a
+  throwaway PostgreSQL cluster.
+
+The rules live once each: charging (:mod:`.charging`), exact units (:mod:`.units`), budget windows
+(:mod:`.window`), keyed fingerprints (:mod:`.fingerprint`), the audit export (:mod:`.export`) and
+what both stores' migrations share (:mod:`.migrations`). Refusals (:mod:`.errors`) carry the
+name of their gRPC status in ``status``. The ledger never imports the service or its protobuf
+stubs: metrics reach the service through a :class:`LedgerObserver`, and the mechanism of an
+answer stored without one is read by a callable the service passes (``mechanism_of``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from recsvc.ledger.base import BatchItem, Ledger, LedgerObserver, is_postgres
+from recsvc.ledger.charging import Charge, UserBudget
+from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict
+from recsvc.ledger.migrations import MechanismOf
+from recsvc.ledger.units import InvalidCharge
+from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
+
+__all__ = ["BatchItem", "BudgetExceeded", "BudgetWindow", "Charge", "InvalidCharge", "Ledger", "LedgerError",
+           "LedgerObserver", "LedgerUnavailable", "MechanismOf", "RequestConflict", "UserBudget", "is_postgres",
+           "open_ledger"]
+
+
+def open_ledger(ledger: str | Path, budget: float, key_file: str | Path | None, *, pool_size: int = 8,
+                create: bool = False, window: BudgetWindow | str = LIFETIME_WINDOW,
+                clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None,
+                mechanism_of: MechanismOf | None = None) -> Ledger:
+    """The store a ``--ledger`` value names: a PostgreSQL URL, or an SQLite file path (created if
+    missing, whatever ``create`` says; a PostgreSQL ledger needs ``create`` or `recsvc ledger init`).
+    ``window``: the budget window (``--budget-window``); ``clock``: Unix seconds (tests inject one);
+    ``observer``: the metrics callbacks; ``mechanism_of``: reads the mechanism of a stored answer
+    when an older ledger is migrated (:mod:`recsvc.ledger.migrations`)."""
+    if is_postgres(ledger):
+        from recsvc.ledger.postgres import PostgresLedger
+
+        if key_file is None:
+            raise ValueError("a PostgreSQL ledger needs a fingerprint key file")
+        return PostgresLedger(str(ledger), budget, key_file, pool_size=pool_size, create=create, window=window,
+                              clock=clock, observer=observer, mechanism_of=mechanism_of)
+    from recsvc.ledger.sqlite import SQLiteLedger
+
+    return SQLiteLedger(ledger, budget, key_file=key_file, window=window, clock=clock, observer=observer,
+                        mechanism_of=mechanism_of)

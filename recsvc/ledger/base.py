@@ -1,0 +1,289 @@
+"""The ledger interface and the abstract store under it: the draw-then-commit protocol, once.
+
+:class:`Ledger` is what the service depends on. It owns the protocol every store follows, so a
+store implements only its storage primitives (the abstract methods, each a read or a transaction):
+
+1. ε becomes exact units (:func:`recsvc.ledger.units.charge_units`), or
+   :class:`~recsvc.ledger.units.InvalidCharge` before the ledger is touched.
+2. Callers of the same (user_id, request_id) in this process take turns
+   (:class:`~recsvc.ledger.group_commit.Flights`), so concurrent duplicates draw once: the later
+   ones find the stored answer in step 3.
+3. Pre-check on a read snapshot, holding no lock (``_precheck_row``): a stored answer is
+   replayed, another fingerprint is a conflict, an exhausted budget is refused
+   (:func:`recsvc.ledger.charging.precheck`). None of these draws.
+4. ``draw()`` runs in the caller's thread holding no lock, so its cost (random stopping makes
+   about 1/γ draws) delays no other request's charge.
+5. Group commit (:class:`~recsvc.ledger.group_commit.GroupCommit`, the store's
+   ``_commit_group``): the charges queued meanwhile share one transaction, which decides each
+   again by the same rule (:func:`recsvc.ledger.charging.decide_all`) and stores
+   ``build_response(sample, remaining)`` with the spend; ``build_response`` runs under the
+   store's lock, so it must be cheap (encoding only).
+
+If step 5 finds that the request became a replay (another worker committed the same request
+first), a conflict, or over budget (the user's other requests spent it in the meantime), the
+drawn sample is discarded unreleased. A sample that is never released reveals nothing about the
+data, so discarding it costs no privacy: each released answer is charged exactly once, and a
+retry gets the stored answer, never a fresh sample.
+
+SelectBatch (:meth:`Ledger.draw_and_charge_batch`) follows the same steps for many requests at
+once: keys locked in sorted order (two batches never wait on each other in a cycle), one
+snapshot (``_snapshot``), one vectorised draw, one group commit. Items are charged in batch
+order, each against what remains (in the current budget window, one clock reading for the whole
+transaction) after the items before it; an item that does not fit is refused and a LATER, smaller
+item that still fits is charged. An item repeating an earlier item's (user_id, request_id)
+within the batch replays that item's answer (or conflicts).
+
+Metrics reach the service through a :class:`LedgerObserver` given at construction.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from recsvc.ledger import fingerprint
+from recsvc.ledger.charging import Charge, Pending, UserBudget, account, precheck, unset, verdict
+from recsvc.ledger.errors import LedgerError, RequestConflict
+from recsvc.ledger.group_commit import Flights, GroupCommit, Queued
+from recsvc.ledger.units import MAX_EPSILON, budget_units, charge_units, to_epsilon
+from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
+
+S = TypeVar("S")
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+
+# The stored (fingerprint, response) of requests, and each user's stored (spent_units,
+# window_start, requests), as a store's reads return them.
+Stored = dict[tuple[str, str], tuple[bytes, bytes]]
+Accounts = dict[str, tuple[int, int, int]]
+
+
+def is_postgres(ledger: object) -> bool:
+    """True when ``--ledger`` is a libpq URL (postgresql://user@host:port/db), not an SQLite path."""
+    return isinstance(ledger, str) and ledger.startswith(URL_SCHEMES)
+
+
+def _ignore(_n: int) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class LedgerObserver:
+    """Callbacks through which the ledger reports what the service counts (its metrics); each a
+    no-op unless given. They run on the committing thread, so they must be cheap."""
+
+    # PostgreSQL: drawn charges decided under the user's row lock because the account moved
+    # after their pre-check read it (another request or replica charged the user meanwhile).
+    relocked: Callable[[int], None] = _ignore
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One request of a batch, as the ledger sees it."""
+
+    user_id: str
+    request_id: str
+    digest: bytes  # SHA-256 of the canonical request (the ledger stores its keyed fingerprint)
+    epsilon: float
+    mechanism: str = ""  # the answer's mechanism, stored with the charge (``recsvc ledger export``)
+
+
+class Ledger(abc.ABC):
+    """A privacy ledger: per-user ε under basic composition, exact, idempotent and durable.
+
+    ``budget`` is ε per user per budget ``window`` (:mod:`recsvc.ledger.window`); ``clock``
+    (Unix seconds) places each charge in its window (tests inject one). ``where`` names the
+    store in messages (never a password); ``commits`` counts this process's transactions and
+    ``key_created`` says whether this open created the fingerprint key file.
+    """
+
+    where: str
+
+    def __init__(self, budget: float, window: BudgetWindow | str = LIFETIME_WINDOW,
+                 clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None) -> None:
+        units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
+        if units is None:
+            raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
+        self.budget_units = units
+        self.budget = to_epsilon(units)
+        self.window = BudgetWindow.parse(window)
+        self.observer = observer or LedgerObserver()
+        self._clock = clock
+        self._key = b""  # the fingerprint key; each store loads or creates it
+        self.key_created = False
+        self.commits = 0
+        self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
+        self._group_commit = GroupCommit(self._commit_group)
+
+    # -- the storage primitives each store implements --------------------------------------
+
+    @abc.abstractmethod
+    def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
+        """(stored fingerprint, response) of an earlier request, or None."""
+
+    @abc.abstractmethod
+    def _account(self, user_id: str) -> tuple[int, int, int] | None:
+        """The user's stored (spent_units, window_start, requests), or None."""
+
+    @abc.abstractmethod
+    def _spends(self) -> Iterable[tuple[str, int, int]]:
+        """Every stored (user_id, spent_units, window_start)."""
+
+    @abc.abstractmethod
+    def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
+        """Step 3's read, holding no lock: ``(stored fingerprint, stored response, spent_units,
+        window_start)`` of ``p``'s request and user, NULLs where nothing is stored."""
+
+    @abc.abstractmethod
+    def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[Stored, Accounts]:
+        """The batch pre-check's read, on one snapshot holding no lock: the stored (fingerprint,
+        response) of ``keys`` and each user's stored account."""
+
+    @abc.abstractmethod
+    def _commit_group(self, take: Callable[[], list[Queued]]) -> None:
+        """The group-commit leader's transaction: calls ``take()`` once it is ready (holds its
+        locks, has a connection) to get every charge queued by then, decides them by
+        :func:`recsvc.ledger.charging.decide_all`, stores them, and sets each one's
+        ``result`` or ``error``; returns only after the COMMIT is durable."""
+
+    @abc.abstractmethod
+    def reachable(self) -> bool:
+        """Whether the store answers now (for health checks)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Releases the store's connections (and files)."""
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def fingerprint(self, digest: bytes) -> bytes:
+        """What the ledger stores for a request whose SHA-256 digest is ``digest``: HMAC(key, digest)."""
+        return fingerprint.keyed(self._key, digest)
+
+    def user(self, user_id: str) -> UserBudget:
+        """The user's account in the current budget window."""
+        return account(user_id, self.budget_units, self.window, self._account(user_id), self._clock())
+
+    def totals(self) -> dict[str, float]:
+        """Every user's ε spent in the current window (for audits and tests; exact values: :meth:`user`)."""
+        return {u: to_epsilon(s) for u, s in self.window.spent_now(self._spends(), self._clock()).items()}
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+                        draw: Callable[[], S], build_response: Callable[[S, float], bytes], *,
+                        mechanism: str = "") -> Charge:
+        """Draws the sample OUTSIDE the write transaction, then charges it (steps 1–5 of the
+        module docstring). Returns only after the COMMIT (fsync)."""
+        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), unset, mechanism)
+        with self._flights.one_at_a_time((user_id, request_id)):
+            done = self._precheck(p)
+            if done is not None:
+                return done
+            sample = draw()
+            p.build_response = lambda remaining: build_response(sample, remaining)
+            return cast(Charge, self._group_commit.one(p))
+
+    def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
+               build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
+        """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
+
+        ``digest`` is the request's SHA-256 digest (the ledger stores only its keyed
+        fingerprint). ``build_response(remaining)`` makes the response bytes given the budget
+        left after this spend; it runs inside the transaction, only for a fresh request that
+        fits the budget, possibly in another caller's thread (the group-commit leader). If it
+        raises, nothing is spent. Raises :class:`~recsvc.ledger.units.InvalidCharge` (before
+        anything is touched), :class:`~recsvc.ledger.errors.BudgetExceeded` or
+        :class:`~recsvc.ledger.errors.RequestConflict` with nothing spent. Returns only after the
+        COMMIT. ``mechanism`` is stored with the charge (``recsvc ledger export``).
+        """
+        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response, mechanism)
+        return cast(Charge, self._group_commit.one(p))
+
+    def _precheck(self, p: Pending) -> Charge | None:
+        """Step 3: :func:`recsvc.ledger.charging.precheck` on the store's snapshot read."""
+        row = self._precheck_row(p)
+        return precheck(p, row, self.window, self.budget_units, self._clock())
+
+    def draw_and_charge_batch(self, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
+                              build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
+        """SelectBatch's protocol (module docstring): one outcome per item, in order, a
+        :class:`~recsvc.ledger.charging.Charge` (fresh or replayed) or the exception that refused
+        it (nothing spent). ``draw(indices)`` draws the samples of the items left after the
+        pre-check (a list, one per index; a sample that is an exception refuses its item alone);
+        ``build_response(index, sample, remaining)`` is stored with its spend. Returns only after
+        the COMMIT (fsync) of the charged items."""
+        out: list[Charge | Exception | None] = [None] * len(items)
+        pending: dict[int, Pending] = {}
+        for i, it in enumerate(items):
+            try:
+                pending[i] = Pending(it.user_id, it.request_id, self.fingerprint(it.digest), charge_units(it.epsilon),
+                                     unset, it.mechanism)
+            except ValueError as exc:  # InvalidCharge: this item alone
+                out[i] = exc
+        with ExitStack() as turns:
+            for key in sorted({(p.user_id, p.request_id) for p in pending.values()}):
+                turns.enter_context(self._flights.one_at_a_time(key))
+            todo = self._precheck_batch(pending, out)
+            samples = draw(todo) if todo else []
+            for i, sample in zip(todo, samples, strict=True):
+                if isinstance(sample, Exception):  # this item's draw failed: refused alone, nothing spent
+                    out[i] = sample
+                    continue
+                pending[i].build_response = _bound(build_response, i, sample)
+            queued = [p for i, p in pending.items() if out[i] is None]
+            if queued:  # sets each item's result or error (a database that went away: every item's)
+                self._group_commit(queued)
+            for i, p in pending.items():
+                if out[i] is None:
+                    out[i] = p.error if p.error is not None else p.result
+        return [o if o is not None else RuntimeError("no outcome") for o in out]
+
+    def _precheck_batch(self, pending: dict[int, Pending], out: list[Any]) -> list[int]:
+        """The batch's step 3 on one read snapshot: fills ``out`` for the items it decides (a
+        replay, a conflict, a charge beyond what the user has left after the EARLIER items); the
+        rest need a draw. A store that cannot be read refuses every item, nothing spent."""
+        keys = list({(p.user_id, p.request_id): None for p in pending.values()})
+        try:
+            stored, accounts = self._snapshot(keys, list({p.user_id: None for p in pending.values()}))
+        except LedgerError as exc:
+            for i in pending:
+                out[i] = exc
+            return []
+        spent = self.window.spent_now(((u, s, ws) for u, (s, ws, _n) in accounts.items()), self._clock())
+        for p in pending.values():
+            p.seen = accounts.get(p.user_id)  # what the commit may check is unchanged (PostgreSQL)
+        todo: list[int] = []
+        earlier: set[tuple[str, str]] = set()
+        for i, p in pending.items():
+            key = (p.user_id, p.request_id)
+            before = spent.get(p.user_id, 0)
+            if key in earlier and key not in stored:  # decided at commit against the earlier item; never draws
+                p.build_response = _refuse_duplicate(p)
+                continue
+            earlier.add(key)  # so every item that reaches the commit found its request unstored here
+            decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, stored.get(key), before,
+                              self.budget_units)
+            if decided is not None:
+                out[i] = decided
+            else:
+                spent[p.user_id] = before + p.units
+                todo.append(i)
+        return todo
+
+
+def _bound(build_response: Callable[[int, S, float], bytes], i: int, sample: S) -> Callable[[float], bytes]:
+    """Item ``i``'s response builder, its sample bound."""
+    return lambda remaining: build_response(i, sample, remaining)
+
+
+def _refuse_duplicate(p: Pending) -> Callable[[float], bytes]:
+    """A repeated (user_id, request_id) is charged only as a replay of the earlier item's answer."""
+    def refuse(_remaining: float) -> bytes:
+        raise RequestConflict(p.user_id, p.request_id)
+
+    return refuse

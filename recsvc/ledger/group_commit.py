@@ -1,0 +1,130 @@
+"""The concurrency under every store's charges: group commit and one caller per request at a time.
+
+Nothing here knows about budgets or databases: :class:`GroupCommit` batches whatever items its
+callers queue into one call of the store's transaction, and :class:`Flights` serialises the
+callers of one key. :class:`recsvc.ledger.base.Ledger` builds the draw-then-commit protocol on them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Flights:
+    """Serialises the callers of one (user_id, request_id) in this process, so concurrent
+    duplicates draw once: the later ones find the stored answer."""
+
+    def __init__(self) -> None:
+        self._flights: dict[tuple[str, str], list[Any]] = {}  # key → [its lock, callers in or waiting]
+        self._lock = threading.Lock()
+
+    def waiting(self, key: tuple[str, str]) -> int:
+        """Callers of ``key`` inside or queued for :meth:`one_at_a_time` (for tests)."""
+        with self._lock:
+            return int(self._flights.get(key, [None, 0])[1])
+
+    @contextmanager
+    def one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
+        with self._lock:
+            entry = self._flights.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                yield
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._flights[key]
+
+
+class GroupCommit:
+    """Group commit: concurrent callers queue; while one leader commits, the others wait; the
+    next leader commits every queued charge in ONE transaction (one WAL flush), each charge
+    checked in arrival order against the state left by the ones before it (:func:`recsvc.ledger.charging.decide_all`),
+    so batching changes throughput, never the outcome. Several items of one call (a SelectBatch)
+    are queued together, so one transaction commits them all.
+
+    ``commit(take)`` is the store's transaction: it calls ``take()`` once it is ready (holds its
+    locks, has a connection) to get the batch, and sets every taken item's ``result``/``error``.
+    Every waiter sleeps on its OWN lock until the leader either finished its charge or handed it
+    the lead, so a commit wakes exactly the threads that have something to do."""
+
+    def __init__(self, commit: Callable[[Callable[[], list[Any]]], None]) -> None:
+        self._commit = commit
+        self._lock = threading.Lock()
+        self._queue: list[Queued] = []
+        self._leading = False
+
+    def queued(self) -> int:
+        """Charges waiting for a leader to take them (for tests)."""
+        with self._lock:
+            return len(self._queue)
+
+    def __call__(self, items: list[Any]) -> None:
+        item = items[0]  # the one this caller waits on
+        with self._lock:  # contiguous in the queue, so one leader takes them all
+            self._queue.extend(items)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            item.wake.acquire()  # released by a leader: our charges are finished, or we lead next
+            lead = not item.finished
+        if lead:
+            self._lead(items)
+
+    def _lead(self, items: list[Queued]) -> None:
+        taken: list[Queued] | None = None
+
+        def take() -> list[Queued]:
+            nonlocal taken
+            with self._lock:
+                taken, self._queue = self._queue, []
+            return taken
+
+        successor: Queued | None = None
+        try:
+            self._commit(take)
+        finally:
+            for other in taken or ():
+                other.finished = True
+            with self._lock:
+                if taken is None:  # failed before taking the queue: withdraw our charges
+                    for own in items:
+                        self._queue.remove(own)
+                if self._queue:  # hand the lead to the oldest waiter (it stays "leading")
+                    successor = self._queue[0]
+                else:
+                    self._leading = False
+            if successor is not None:  # first, so its commit overlaps the wake-ups below
+                successor.wake.release()
+            for other in taken or ():
+                if other is not items[0]:
+                    other.wake.release()
+
+    def one(self, item: Queued) -> Any:
+        """Commits one item: its result, or its error raised."""
+        self([item])
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+
+def _locked() -> threading.Lock:
+    (lock := threading.Lock()).acquire()
+    return lock
+
+
+@dataclass(eq=False, kw_only=True)
+class Queued:
+    """What :class:`GroupCommit` needs of an item: its outcome, set by the leader that took it."""
+
+    result: Any = None
+    error: Exception | None = None
+    finished: bool = False  # set by the group-commit leader once its batch committed or failed
+    # Held until a leader releases it (see GroupCommit); a bare lock is the cheapest wake-up.
+    wake: threading.Lock = field(default_factory=_locked)

@@ -1,0 +1,320 @@
+"""The ledger's conformance suite: one abstract test class that every store's tests subclass.
+
+Like the WFA privacy budget manager's ``AbstractPrivacyBudgetLedgerTest``: the tests state what any
+:class:`recsvc.ledger.Ledger` must do (replays, conflicts, exact units, refusals, durability,
+concurrency, budget windows, SelectBatch), and a subclass supplies the backing store::
+
+    class TestSQLiteLedger(AbstractLedgerTest):
+        def target(self, request, tmp_path):
+            return tmp_path / "ledger.db"
+
+A subclass's ``target`` returns a fresh SQLite path or PostgreSQL URL; it may ask ``request``
+for fixtures (e.g. a cluster). Each test gets a :class:`recsvc.ledger.testing.Stores` on it.
+"""
+
+from __future__ import annotations
+
+import abc
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from recsvc.checks import ParamError
+from recsvc.ledger import BatchItem, BudgetExceeded, Charge, InvalidCharge, Ledger, LedgerError, RequestConflict
+from recsvc.ledger.testing import DAY, Clock, Stores, resp
+
+
+def _batch(led: Ledger, items: list[BatchItem], draws: list[list[int]] | None = None) -> list[Any]:
+    def draw(todo: list[int]) -> list[Any]:
+        if draws is not None:
+            draws.append(todo)
+        return [f"s{i}" for i in todo]
+
+    return led.draw_and_charge_batch(items, draw, lambda i, s, rem: f"{s}|{rem:.1f}".encode())
+
+
+def _response(led: Ledger, user_id: str, request_id: str) -> bytes:
+    """The stored answer of a request that must be stored."""
+    stored = led.lookup(user_id, request_id)
+    assert stored is not None, (user_id, request_id)
+    return stored[1]
+
+
+def _outcome(o: object) -> object:
+    return (o.response, o.replayed) if isinstance(o, Charge) else type(o).__name__
+
+
+class AbstractLedgerTest(abc.ABC):
+    """The tests every store passes; subclass it as ``Test<Store>`` and define :meth:`target`."""
+
+    @abc.abstractmethod
+    def target(self, request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+        """A fresh, empty backing ledger: an SQLite file path or a PostgreSQL URL."""
+
+    @pytest.fixture
+    def stores(self, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+        s = Stores(self.target(request, tmp_path), tmp_path / "ledger.key")
+        try:
+            yield s
+        finally:
+            s.close_all()
+
+    def test_replay_conflict_and_budget_refusal(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+        c = led.charge("alice", "r1", b"d1", 0.4, resp("a"))
+        assert (c.replayed, c.response) == (False, b"a|0.600000")
+        again = led.charge("alice", "r1", b"d1", 0.4, resp("OTHER"))
+        assert (again.replayed, again.response) == (True, b"a|0.600000")  # the stored bytes, nothing spent
+        with pytest.raises(RequestConflict, match="different parameters"):
+            led.charge("alice", "r1", b"d2", 0.4, resp("b"))
+        assert led.charge("bob", "r1", b"d2", 0.4, resp("b")).replayed is False  # request_ids are per user
+        led.charge("alice", "r2", b"x", 0.6, resp("c"))
+        with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
+            led.charge("alice", "r3", b"y", 0.01, resp("d"))
+        u = led.user("alice")
+        assert (u.spent_units, u.requests, u.remaining) == (10**12, 2, 0.0)
+        assert led.lookup("alice", "r3") is None  # the refused request left no trace
+        assert _response(led, "alice", "r1") == b"a|0.600000"
+        assert led.totals() == {"alice": pytest.approx(1.0), "bob": pytest.approx(0.4)}
+
+    def test_exact_units_and_tiny_charges(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+        for i in range(50):  # 50 × 0.02 is 1.0000000000000002 in floats, exactly 1 in units
+            led.charge("u", f"r{i}", b"f", 0.02, resp("x"))
+        with pytest.raises(BudgetExceeded):  # not one unit more: the comparison has no slack
+            led.charge("u", "r50", b"f", 1e-12, resp("x"))
+        assert (led.user("u").requests, led.user("u").spent_units) == (50, 10**12)
+        with pytest.raises(InvalidCharge, match="below the ledger's unit"):
+            led.charge("v", "r", b"f", 4e-13, resp("x"))
+        assert led.charge("v", "r1", b"f", 1e-12, resp("x")).replayed is False
+        assert led.charge("v", "r2", b"f", 1.5e-12, resp("x")).replayed is False  # rounded UP to 2 units
+        assert (led.user("v").spent_units, led.lookup("v", "r")) == (3, None)
+
+    def test_a_failing_answer_rolls_back(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+
+        def boom(_remaining: float) -> bytes:
+            raise RuntimeError("encoding failed")
+
+        with pytest.raises(RuntimeError, match="encoding failed"):
+            led.charge("u", "r", b"f", 0.5, boom)
+        assert (led.user("u").spent_units, led.lookup("u", "r")) == (0, None)
+        assert led.charge("u", "r", b"f", 0.5, resp("ok")).replayed is False  # the request_id is still free
+
+    def test_restart_keeps_spend_and_answers(self, stores: Stores) -> None:
+        led = stores.open(budget=2.0)
+        first = led.charge("u", "r", b"f", 1.5, resp("x"))
+        led.close()
+        stores.opened.remove(led)
+        again = stores.open(budget=2.0)
+        assert (again.user("u").spent_units, again.user("u").requests) == (1_500_000_000_000, 1)
+        replay = again.charge("u", "r", b"f", 1.5, resp("NEW"))
+        assert (replay.replayed, replay.response) == (True, first.response)
+        with pytest.raises(BudgetExceeded):
+            again.charge("u", "r2", b"g", 0.6, resp("y"))
+
+    def test_200_concurrent_requests_against_a_budget_for_50(self, stores: Stores) -> None:
+        led = stores.open(budget=5.0, pool_size=8)
+        draws: list[int] = []
+
+        def one(i: int) -> str:
+            def draw() -> int:
+                draws.append(i)
+                return i
+
+            try:
+                led.draw_and_charge("u", f"r{i}", f"d{i}".encode(), 0.1, draw, lambda s, rem: f"{s}|{rem:.3f}".encode())
+                return "ok"
+            except BudgetExceeded:
+                return "refused"
+
+        with ThreadPoolExecutor(32) as pool:
+            outcomes = list(pool.map(one, range(200)))
+        assert (outcomes.count("ok"), outcomes.count("refused")) == (50, 150)
+        u = led.user("u")
+        assert (u.spent_units, u.requests) == (5 * 10**12, 50)
+        assert 50 <= len(draws) <= 200  # the pre-check refuses most late requests before they draw
+
+    def test_duplicates_draw_once_and_replays_and_refusals_draw_nothing(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+        draws: list[str] = []
+
+        def call(rid: str, digest: bytes = b"d") -> bytes:
+            def draw() -> int:
+                draws.append(rid)
+                return len(draws)
+
+            return led.draw_and_charge("u", rid, digest, 0.5, draw, lambda s, rem: f"{s}|{rem}".encode()).response
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: call("same"), range(8)))
+        assert (len(set(answers)), draws) == (1, ["same"])  # one draw, one charge, one stored answer
+        assert led.user("u").spent_units == 500_000_000_000
+        call("same")  # a replay draws nothing
+        call("r2")
+        with pytest.raises(BudgetExceeded):
+            call("r3")
+        with pytest.raises(RequestConflict):
+            call("same", b"other")
+        assert draws == ["same", "r2"]  # neither the refusal nor the conflict drew
+
+    def test_the_draw_holds_no_lock(self, stores: Stores) -> None:
+        """A draw that blocks delays no other charge, not even one of the same user."""
+        led = stores.open(budget=10.0)
+        drawing, release = threading.Event(), threading.Event()
+
+        def slow_draw() -> int:
+            drawing.set()
+            assert release.wait(20)
+            return 1
+
+        slow = threading.Thread(target=led.draw_and_charge,
+                                args=("u", "slow", b"s", 1.0, slow_draw, lambda s, rem: b"slow"))
+        slow.start()
+        try:
+            assert drawing.wait(10)
+            t0 = time.monotonic()
+            led.draw_and_charge("u", "fast", b"f", 1.0, lambda: 2, lambda s, rem: b"fast")
+            led.draw_and_charge("other", "fast", b"f", 1.0, lambda: 2, lambda s, rem: b"fast")
+            assert time.monotonic() - t0 < 5.0
+            assert led.user("u").requests == 1  # only the fast one is charged while the slow one draws
+        finally:
+            release.set()
+            slow.join(20)
+        assert (led.user("u").requests, led.user("u").spent_units) == (2, 2 * 10**12)
+
+    def test_a_sample_that_lost_the_race_is_discarded_unreleased(self, stores: Stores) -> None:
+        """The pre-check passes, then another charge spends the budget while we draw: the charge
+        inside the transaction refuses, and the drawn sample is never stored."""
+        led = stores.open(budget=1.0)
+
+        def draw_while_other_spends() -> int:
+            led.charge("u", "other", b"o", 0.8, resp("other"))
+            return 7
+
+        with pytest.raises(BudgetExceeded):
+            led.draw_and_charge("u", "mine", b"m", 0.5, draw_while_other_spends, lambda s, rem: b"mine")
+        assert (led.user("u").spent_units, led.lookup("u", "mine")) == (800_000_000_000, None)
+        assert issubclass(BudgetExceeded, LedgerError)
+
+    def test_a_renewable_budget_renews_at_the_utc_window_boundary(self, stores: Stores) -> None:
+        day = 19_723  # 2024-01-01, a Monday
+        clock = Clock(day * DAY + DAY - 1.0)  # 23:59:59 UTC: the last second of the window
+        led = stores.open(budget=1.0, window="1d", clock=clock)
+        assert led.charge("u", "r1", b"d1", 0.6, resp("a"), mechanism="rnm").response == b"a|0.400000"
+        led.charge("u", "r2", b"d2", 0.4, resp("b"))
+        with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
+            led.charge("u", "r3", b"d3", 0.01, resp("c"))
+        u = led.user("u")
+        assert (u.spent_units, u.requests, u.window_start, u.window_end) == (10**12, 2, day * DAY, (day + 1) * DAY)
+        clock.now = (day + 1) * DAY  # exactly 00:00:00 UTC: the next window has started
+        u = led.user("u")
+        assert (u.spent_units, u.requests, u.remaining, u.window_start, u.window_end) == (
+            0, 0, 1.0, (day + 1) * DAY, (day + 2) * DAY)
+        assert led.charge("u", "r3", b"d3", 0.7, resp("c")).response == b"c|0.300000"  # the refused request, now fits
+        with pytest.raises(BudgetExceeded, match=r"only 0\.3 of 1 remains"):
+            led.charge("u", "r4", b"d4", 0.4, resp("d"))
+        # A request charged in the previous window still replays: never a fresh draw, never a new charge.
+        draws: list[int] = []
+        old = led.draw_and_charge("u", "r1", b"d1", 0.6, lambda: draws.append(1), lambda s, rem: b"FRESH")
+        assert (old.replayed, old.response, draws) == (True, b"a|0.400000", [])
+        with pytest.raises(RequestConflict):
+            led.charge("u", "r2", b"other", 0.4, resp("x"))
+        assert (led.user("u").spent_units, led.user("u").requests) == (700_000_000_000, 1)
+        assert led.totals() == {"u": pytest.approx(0.7)}
+        clock.now = (day + 1) * DAY - 0.5  # a clock that steps back: the row's window never moves backwards
+        assert led.user("u").spent_units == 700_000_000_000
+        with pytest.raises(BudgetExceeded):
+            led.charge("u", "r5", b"d5", 0.4, resp("e"))
+
+    def test_seven_day_windows_are_epoch_aligned(self, stores: Stores) -> None:
+        clock = Clock(19_723 * DAY + 5.0)  # Monday 2024-01-01 00:00:05 UTC
+        led = stores.open(budget=1.0, window="7d", clock=clock)
+        led.charge("u", "r1", b"d", 1.0, resp("a"))
+        u = led.user("u")
+        # 19,719 days after the epoch is Thursday 2023-12-28 (1970-01-01 was a Thursday)
+        assert (u.window_start, u.window_end) == (19_719 * DAY, 19_726 * DAY)
+        assert datetime.fromtimestamp(u.window_start, UTC).strftime("%A %Y-%m-%d %H:%M") == "Thursday 2023-12-28 00:00"
+        clock.now = 19_726 * DAY - 1  # Wednesday 23:59:59: still exhausted
+        with pytest.raises(BudgetExceeded):
+            led.charge("u", "r2", b"d", 0.5, resp("b"))
+        clock.now = 19_726 * DAY
+        assert led.charge("u", "r2", b"d", 0.5, resp("b")).response == b"b|0.500000"
+
+    def test_a_lifetime_budget_never_renews(self, stores: Stores) -> None:
+        clock = Clock(19_723 * DAY)
+        led = stores.open(budget=1.0, clock=clock)  # the default window: lifetime
+        led.charge("u", "r1", b"d", 1.0, resp("a"))
+        clock.now += 10 * 365 * DAY
+        u = led.user("u")
+        assert (u.spent_units, u.requests, u.window_start, u.window_end) == (10**12, 1, 0, 0)
+        with pytest.raises(BudgetExceeded):
+            led.charge("u", "r2", b"d", 1e-12, resp("b"))
+
+    def test_every_process_on_a_ledger_must_use_its_window(self, stores: Stores) -> None:
+        stores.open(budget=1.0, window="7d").close()
+        with pytest.raises(ParamError, match=r"budget_window 1d differs from the budget window 7d .*same window"):
+            stores.open(budget=1.0, window="1d")
+        with pytest.raises(ParamError, match=r"budget_window lifetime differs from the budget window 7d"):
+            stores.open(budget=1.0)
+        again = stores.open(budget=1.0, window="7d")  # the same window: accepted
+        assert again.window.name == "7d"
+
+    def test_a_batch_is_one_transaction_decided_in_order(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+        led.charge("v", "old", b"dv", 0.5, resp("v"))
+        commits = led.commits
+        draws: list[list[int]] = []
+        items = [BatchItem("u", "a", b"da", 0.4, "rnm"),
+                 BatchItem("u", "b", b"db", 0.5, "rnm"),
+                 BatchItem("u", "c", b"dc", 0.3, "rnm"),  # does not fit after a and b
+                 BatchItem("u", "d", b"dd", 0.1, "rnm"),  # a later, smaller item that still fits
+                 BatchItem("u", "a", b"da", 0.4, "rnm"),  # repeats item 0: its answer, never a second charge
+                 BatchItem("v", "old", b"dv", 0.5, "pf"),  # stored before the batch: replayed
+                 BatchItem("v", "old2", b"dv", 0.5, "pf"),
+                 BatchItem("v", "old", b"zz", 0.5, "pf"),  # stored with another fingerprint: conflict
+                 BatchItem("w", "x", b"dx", 2.0, "pf")]  # beyond the whole budget
+        got = [_outcome(o) for o in _batch(led, items, draws)]
+        assert got == [(b"s0|0.6", False), (b"s1|0.1", False), "BudgetExceeded", (b"s3|0.0", False),
+                       (b"s0|0.6", True), (b"v|0.500000", True), (b"s6|0.0", False), "RequestConflict",
+                       "BudgetExceeded"]
+        assert draws == [[0, 1, 3, 6]]  # replays, conflicts and refusals draw nothing
+        assert led.commits == commits + 1  # one transaction for the whole batch
+        assert [(led.user(u).spent_units, led.user(u).requests) for u in "uvw"] == [
+            (10**12, 3), (10**12, 2), (0, 0)]
+        assert led.lookup("u", "c") is None and _response(led, "u", "d") == b"s3|0.0"
+
+    def test_a_batch_of_only_uncountable_items_refuses_each_and_reads_nothing_stored(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+        draws: list[list[int]] = []
+        got = _batch(led, [BatchItem("u", "a", b"da", 1e-300, "rnm"), BatchItem("v", "b", b"db", 1e-13, "rnm")], draws)
+        assert [_outcome(o) for o in got] == ["InvalidCharge", "InvalidCharge"] and draws == []
+        assert led.commits == 0 and led.totals() == {}
+
+    def test_concurrent_batches_and_single_charges_against_a_budget_for_50(self, stores: Stores) -> None:
+        """8 batches of 20 items and 40 single charges of one user, all at once, against a budget
+        for 50: exactly 50 are charged, whichever path they took."""
+        led = stores.open(budget=5.0, pool_size=8)
+
+        def batch(b: int) -> list[str]:
+            items = [BatchItem("u", f"b{b}-{i}", f"d{b}-{i}".encode(), 0.1, "rnm") for i in range(20)]
+            return ["ok" if isinstance(o, Charge) else type(o).__name__ for o in _batch(led, items)]
+
+        def single(i: int) -> list[str]:
+            try:
+                led.draw_and_charge("u", f"s{i}", f"e{i}".encode(), 0.1, lambda: i, lambda s, rem: b"x")
+                return ["ok"]
+            except BudgetExceeded:
+                return ["BudgetExceeded"]
+
+        with ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(batch, b) for b in range(8)] + [pool.submit(single, i) for i in range(40)]
+            outcomes = [o for f in futures for o in f.result()]
+        assert (outcomes.count("ok"), outcomes.count("BudgetExceeded"), len(outcomes)) == (50, 150, 200)
+        assert (led.user("u").spent_units, led.user("u").requests) == (5 * 10**12, 50)
