@@ -103,7 +103,6 @@ def test_every_area_folder_is_a_known_area_with_a_conftest():
     assert [f.name for f in folders if not (f / "conftest.py").is_file()] == []
 
 
-@pytest.mark.xfail(strict=False, reason="until the area branches merge")
 def test_tests_itself_holds_only_the_shared_conftest():
     """Neither test modules nor helper modules sit directly in tests/."""
     assert sorted(p.name for p in TESTS.glob("*.py") if p.name != "conftest.py") == []

@@ -12,7 +12,7 @@ from recsvc.mechanisms.validation import MechanismInputError
 from recsvc.service import errors
 from recsvc.service.client import Client
 from recsvc.service.interceptors import status_of
-from recsvc.service.ledger_base import BudgetExceeded, LedgerUnavailable, RequestConflict
+from recsvc.ledger import BudgetExceeded, LedgerUnavailable, RequestConflict
 from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates, rpc_error
 

@@ -1,4 +1,4 @@
-"""Issue #15's targets: `auto` (chosen from PUBLIC data only) is within 5% of the best fixed private
+"""The `auto` targets: `auto` (chosen from PUBLIC data only) is within 5% of the best fixed private
 mechanism chosen on the evaluated users themselves (the oracle), at every ε of the evaluation grid:
 on the real ml-100k artifact (policy from the validation users, scored on the test users) and on
 synthetic scenarios 1, 2, 4 and 5 (policy from an independent draw of the scenario's population).

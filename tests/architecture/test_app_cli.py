@@ -15,7 +15,7 @@ import pytest
 from recsvc.checks import ParamError
 from recsvc.engines import make_engine
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True])
