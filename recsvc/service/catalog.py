@@ -73,7 +73,7 @@ class Catalog:
                               "re-map the items with the artifact this server serves, nothing was spent")
 
     def clip(self, rows: np.ndarray, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        # Clipping to the public [lo, hi] is what makes Δ a true bound (SPEC §1): never skip it.
+        # Clipping to the public [lo, hi] is what makes Δ a true bound (docs/reference/specification.md §1): never skip it.
         return np.clip(raw, self.lo[rows], self.hi[rows]), self.sensitivity[rows]
 
 

@@ -6,7 +6,7 @@
         r = c.select("user-1", {"50": 0.9, "172": 0.4, "181": 0.8}, epsilon=0.5, k=2)  # a slate
         print(list(r.item_ids))  # 2 distinct items in selection order; r.item_id == r.item_ids[0]
 
-The compact encoding (README § "Compact encoding: item rows") sends items.parquet rows instead
+The compact encoding (docs/reference/grpc-api.md, "Candidates: three encodings") sends items.parquet rows instead
 of ids, tied to the server's catalog version; :meth:`Client.item_rows` checks that version once:
 
     rows = c.item_rows(pl.read_parquet("artifacts/ml-100k/items.parquet")["item_id"].to_list())

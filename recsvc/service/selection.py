@@ -6,7 +6,7 @@ the scores, touching no ledger. :meth:`Selector.execute` then follows the ledger
 budget pre-check → sample, drawn OUTSIDE the write transaction → inside it: replay | conflict |
 budget check → store the answer and spend → durable COMMIT.
 
-What is protected (README § "What the guarantee covers"): the neighbouring relation is one
+What is protected (docs/concepts/privacy-model.md, "What each RPC protects"): the neighbouring relation is one
 user's history. Select is ε-DP in the scores the client sends, given the client's candidate
 set. Recommend scores the history itself and selects over the FULL catalog (no top-k, no
 exclusion of seen items), so its answer is ε-DP in the history end to end; its optional private
@@ -153,7 +153,7 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
 
 def resolve_auto(rho_median: float | None, threshold: float, table: PolicyTable | None = None,
                  epsilon: float | None = None, k: int = 1) -> str | None:
-    """SPEC §2 `auto`, from public data only (it costs nothing and never sees a request's scores):
+    """`auto` (docs/concepts/auto.md), from public data only (it costs nothing and never sees a request's scores):
     with a policy table, the mechanism with the lowest expected MSE on the public population at
     the table's grid point of (ε, k) (:meth:`recsvc.policy.PolicyTable.resolve`); without one,
     the sign rule: mgem if ρ̄ > t, gem if ρ̄ < −t, else rnm."""

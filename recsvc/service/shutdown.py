@@ -2,14 +2,11 @@
 
 A Python signal handler runs in the main thread between two bytecodes, wherever that thread is,
 possibly while it holds a lock; a handler that takes a lock the interrupted code holds waits for
-itself forever. The old stop handler called `threading.Event.set`, which takes the Event's
-internal, non-reentrant lock; the main thread holds that lock for a few bytecodes of each
-`Event.wait` (e.g. just after a timed-out wait, in threading.Condition.wait), so a worker whose
-SIGTERM was handled there slept forever, still serving its port via SO_REUSEPORT (reproduced with
-py-spy showing Event.set → Condition.__enter__ inside Condition.wait; rare, as the window is a
-few bytecodes unless the thread is preempted or hands over the GIL inside it). So the handler
-here only increments a counter, and waiting polls that counter with time.sleep (which a signal
-interrupts).
+itself forever. `threading.Event.set` takes the Event's internal, non-reentrant lock, and the
+main thread holds that lock for a few bytecodes of each `Event.wait`, so a worker whose SIGTERM
+landed there would sleep forever while still serving its port via SO_REUSEPORT. The handler
+therefore only increments a counter, and waiting polls that counter with time.sleep (which a
+signal interrupts).
 
 Stdlib only: the multi-worker parent imports this before it forks.
 """

@@ -31,7 +31,7 @@ class PrivateSelectionStub:
     composition). The neighbouring relation is the user's private data (the interaction history):
     Select protects the scores the client sends, GIVEN the candidate set the client chose (if the
     client built that set from private data, that step is the client's to account for); Recommend
-    is ε-DP end to end over the server's full catalog. See README § "What the guarantee covers".
+    is ε-DP end to end over the server's full catalog. See docs/concepts/privacy-model.md.
 
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
@@ -80,7 +80,7 @@ class PrivateSelectionServicer:
     composition). The neighbouring relation is the user's private data (the interaction history):
     Select protects the scores the client sends, GIVEN the candidate set the client chose (if the
     client built that set from private data, that step is the client's to account for); Recommend
-    is ε-DP end to end over the server's full catalog. See README § "What the guarantee covers".
+    is ε-DP end to end over the server's full catalog. See docs/concepts/privacy-model.md.
 
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
@@ -178,7 +178,7 @@ class PrivateSelection:
     composition). The neighbouring relation is the user's private data (the interaction history):
     Select protects the scores the client sends, GIVEN the candidate set the client chose (if the
     client built that set from private data, that step is the client's to account for); Recommend
-    is ε-DP end to end over the server's full catalog. See README § "What the guarantee covers".
+    is ε-DP end to end over the server's full catalog. See docs/concepts/privacy-model.md.
 
     Status codes: INVALID_ARGUMENT for bad input (nothing is spent), RESOURCE_EXHAUSTED when
     the user's remaining budget is below ε (nothing is spent), ALREADY_EXISTS when a
