@@ -20,9 +20,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="artifact directory (default artifacts/<dataset>)")
     p.add_argument("--force", action="store_true", help="replace an existing artifact directory")
     p.add_argument("--seed", type=int, default=42, help="non-negative integer (default 42)")
-    p.add_argument("--sensitivity-population", choices=("validation", "test"), default=None,
-                   help="users whose scores give the clip ranges: validation (default) or test (the paper); "
-                        "amazon-book always uses a sample (--population-users)")
+    p.add_argument(
+        "--sensitivity-population",
+        choices=("validation", "test"),
+        default=None,
+        help="users whose scores give the clip ranges: validation (default) or test (the paper); "
+        "amazon-book always uses a sample (--population-users)",
+    )
     p.add_argument("--percentiles", type=float, nargs=2, default=(1.0, 99.0), metavar=("LO", "HI"))
     p.add_argument("--l2", type=float, nargs="+", help="SANSA l2; several values → chosen on validation users")
     p.add_argument("--density", type=float, nargs="+", help="SANSA factor density; several → chosen on validation")
@@ -35,19 +39,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     split = p.add_argument_group("split sizes (default: the dataset's)")
     split.add_argument("--test-users", type=int)
     split.add_argument("--val-users", type=int)
-    split.add_argument("--population-users", type=int,
-                       help="amazon-book only: size of the sensitivity sample of training users (default 10000)")
+    split.add_argument(
+        "--population-users",
+        type=int,
+        help="amazon-book only: size of the sensitivity sample of training users (default 10000)",
+    )
     eng = p.add_argument_group("execution")
     eng.add_argument("--engine", choices=("local", "dask"), help="default: dask with --scheduler, else local")
     eng.add_argument("--workers", type=int, help="≥ 1 (default: min(2, CPUs))")
-    eng.add_argument("--scheduler", help="Dask scheduler address, e.g. tcp://HOST:8786 (implies --engine dask; "
-                     "refused with --engine local); connected before any work starts")
+    eng.add_argument(
+        "--scheduler",
+        help="Dask scheduler address, e.g. tcp://HOST:8786 (implies --engine dask; "
+        "refused with --engine local); connected before any work starts",
+    )
     eng.add_argument("--chunk-users", type=int, default=1000)
     pol = p.add_argument_group("`auto` policy table (policy.parquet; see `recsvc policy`)")
-    pol.add_argument("--policy-users", type=int, default=1000,
-                     help="population users it averages over: a seeded sample of larger populations (default 1000)")
-    pol.add_argument("--policy-trials", type=int, default=50,
-                     help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 50)")
+    pol.add_argument(
+        "--policy-users",
+        type=int,
+        default=1000,
+        help="population users it averages over: a seeded sample of larger populations (default 1000)",
+    )
+    pol.add_argument(
+        "--policy-trials",
+        type=int,
+        default=50,
+        help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 50)",
+    )
     p.set_defaults(func=run_prep)
 
     q = sub.add_parser(
@@ -57,11 +75,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "on the artifact's public population (population.parquet), ranked; the artifact is replaced atomically.",
     )
     q.add_argument("--artifacts", required=True, type=Path, help="artifact directory, e.g. artifacts/ml-100k")
-    q.add_argument("--users", type=int, default=1000, help="population users to average over (seeded sample; default 1000)")
-    q.add_argument("--trials", type=int, default=50,
-                   help="Monte Carlo selections per user for mechanisms without an exact expectation (default 50)")
-    q.add_argument("--seed", type=int, default=None, help="seed of the sample and the Monte Carlo streams "
-                   "(default: the artifact's seed, as `recsvc prep` used)")
+    q.add_argument(
+        "--users", type=int, default=1000, help="population users to average over (seeded sample; default 1000)"
+    )
+    q.add_argument(
+        "--trials",
+        type=int,
+        default=50,
+        help="Monte Carlo selections per user for mechanisms without an exact expectation (default 50)",
+    )
+    q.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the sample and the Monte Carlo streams (default: the artifact's seed, as `recsvc prep` used)",
+    )
     q.add_argument("--workers", type=int, help="≥ 1 (default: min(2, CPUs))")
     q.set_defaults(func=run_policy)
 
@@ -118,8 +146,10 @@ def print_policy(out: Path) -> None:
     info = art.manifest.policy
     assert art.policy is not None and info is not None
     table = PolicyTable.from_frame(art.policy)
-    print(f"`auto` policy table: {len(table.epsilons)} ε × k ∈ {list(table.ks)} on {info.users} population users "
-          f"({info.trials} Monte Carlo trials per user where no exact expectation exists)")
+    print(
+        f"`auto` policy table: {len(table.epsilons)} ε × k ∈ {list(table.ks)} on {info.users} population users "
+        f"({info.trials} Monte Carlo trials per user where no exact expectation exists)"
+    )
     for k in table.ks:
         runs: list[list] = []  # [mechanism, first ε, last ε] of consecutive grid points
         for kk, e, m, _ in table.winners():
@@ -138,16 +168,24 @@ def print_summary(out: Path) -> None:
     m = load_artifact(out, verify=False).manifest
     acc, rho, s, split = m.accuracy, m.population_spearman, m.sansa, m.split
     assert acc is not None and rho is not None and s is not None and split is not None and m.timings_s is not None
-    print(f"dataset {m.dataset}: {split.test_users} test users, {split.items} items; "
-          f"SANSA l2={s.l2:g} density={s.density:g} ({s.selected_on})")
+    print(
+        f"dataset {m.dataset}: {split.test_users} test users, {split.items} items; "
+        f"SANSA l2={s.l2:g} density={s.density:g} ({s.selected_on})"
+    )
     if split.kind.startswith("weak"):  # the LightGCN/BARS protocol's metrics
-        print(f"accuracy (test users): Recall@20 (hits/|targets|) {acc['bars_recall@20']:.4f}  "
-              f"nDCG@20 {acc['ndcg@20']:.4f}")
+        print(
+            f"accuracy (test users): Recall@20 (hits/|targets|) {acc['bars_recall@20']:.4f}  "
+            f"nDCG@20 {acc['ndcg@20']:.4f}"
+        )
     else:
-        print(f"accuracy (test users): Recall@20 {acc['recall@20']:.4f}  Recall@50 {acc['recall@50']:.4f}  "
-              f"nDCG@100 {acc['ndcg@100']:.4f}")
-    print(f"population Spearman(q, Δ) over {rho.users} {m.sensitivity_population} users: "
-          f"median {rho.median:+.3f}, mean {rho.mean:+.3f}, positive {rho.frac_positive:.1%}")
+        print(
+            f"accuracy (test users): Recall@20 {acc['recall@20']:.4f}  Recall@50 {acc['recall@50']:.4f}  "
+            f"nDCG@100 {acc['ndcg@100']:.4f}"
+        )
+    print(
+        f"population Spearman(q, Δ) over {rho.users} {m.sensitivity_population} users: "
+        f"median {rho.median:+.3f}, mean {rho.mean:+.3f}, positive {rho.frac_positive:.1%}"
+    )
     if m.policy is not None:
         print_policy(out)
     print(f"artifact: {out} ({m.timings_s['total']:.1f} s)")

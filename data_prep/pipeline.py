@@ -95,20 +95,29 @@ class PrepConfig:
         """Checks every input without touching the disk or the network's expensive parts, so bad
         input fails before any directory exists. Errors are ParamErrors naming the field."""
         if self.dataset not in datasets.DATASETS:
-            raise ParamError("unknown {dataset} {value}; expected one of {names}", value=repr(self.dataset),
-                             names=", ".join(datasets.DATASETS))
+            raise ParamError(
+                "unknown {dataset} {value}; expected one of {names}",
+                value=repr(self.dataset),
+                names=", ".join(datasets.DATASETS),
+            )
         info = datasets.INFO[self.dataset]
         check_int("seed", self.seed, 0)
         if self.sensitivity_population is not None and self.sensitivity_population not in POPULATIONS:
-            raise ParamError("unknown {sensitivity_population} {value}; expected one of {names}",
-                             value=repr(self.sensitivity_population), names=", ".join(POPULATIONS))
+            raise ParamError(
+                "unknown {sensitivity_population} {value}; expected one of {names}",
+                value=repr(self.sensitivity_population),
+                names=", ".join(POPULATIONS),
+            )
         lo, hi = self.percentiles
         if not (0.0 <= lo < hi <= 100.0):  # also false for NaN
             raise ParamError("{percentiles} must satisfy 0 ≤ lo < hi ≤ 100, got {lo} {hi}", lo=lo, hi=hi)
         self.percentiles = validate_percentiles(self.percentiles)
         if self.factorizer is not None and self.factorizer not in FACTORIZERS:
-            raise ParamError("unknown {factorizer} {value}; expected one of {names}", value=repr(self.factorizer),
-                             names=", ".join(FACTORIZERS))
+            raise ParamError(
+                "unknown {factorizer} {value}; expected one of {names}",
+                value=repr(self.factorizer),
+                names=", ".join(FACTORIZERS),
+            )
         for param, values, ok, expected in (
             ("l2", self.l2, lambda v: math.isfinite(v) and v > 0, "a positive number"),
             ("density", self.density, lambda v: math.isfinite(v) and 0 < v <= 1, "in (0, 1]"),
@@ -119,12 +128,18 @@ class PrepConfig:
                 raise ParamError(f"{{{param}}} needs at least one value")
             for v in values:
                 if not ok(float(v)):
-                    raise ParamError(f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v)
+                    raise ParamError(
+                        f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v
+                    )
         check_int("chunk_users", self.chunk_users, 1)
         check_int("policy_users", self.policy_users, 1)
         check_int("policy_trials", self.policy_trials, 1)
-        for param, value, least in (("workers", self.workers, 1), ("population_users", self.population_users, 1),
-                                    ("test_users", self.test_users, 1), ("val_users", self.val_users, 0)):
+        for param, value, least in (
+            ("workers", self.workers, 1),
+            ("population_users", self.population_users, 1),
+            ("test_users", self.test_users, 1),
+            ("val_users", self.val_users, 0),
+        ):
             if value is not None:
                 check_int(param, value, least)
         self._validate_applicable(info)
@@ -132,43 +147,65 @@ class PrepConfig:
         if self.data_dir is not None:
             d = Path(self.data_dir)
             if not d.exists():
-                raise ParamError("{data_dir} {path} does not exist; expected a directory with the dataset's files",
-                                 path=str(d))
+                raise ParamError(
+                    "{data_dir} {path} does not exist; expected a directory with the dataset's files", path=str(d)
+                )
             if not d.is_dir():
-                raise ParamError("{data_dir} {path} is not a directory; expected a directory with the dataset's files",
-                                 path=str(d))
+                raise ParamError(
+                    "{data_dir} {path} is not a directory; expected a directory with the dataset's files", path=str(d)
+                )
         if self.dataset == "synthetic":  # preset name and sizes: pure checks, no data generated
             config_for(self.preset_name(), self.users, self.items, self.interactions)
 
     def _validate_applicable(self, info: datasets.DatasetInfo) -> None:
         """A parameter that would be silently ignored is refused instead."""
         if self.dataset != "synthetic":
-            given = [p for p, v in (("preset", self.preset), ("users", self.users), ("items", self.items),
-                                    ("interactions", self.interactions)) if v is not None]
+            given = [
+                p
+                for p, v in (
+                    ("preset", self.preset),
+                    ("users", self.users),
+                    ("items", self.items),
+                    ("interactions", self.interactions),
+                )
+                if v is not None
+            ]
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
-                raise ParamError(f"{_fields(given)} only {verb} to {{dataset}} synthetic, got {{dataset}} {{name}}",
-                                 name=self.dataset)
+                raise ParamError(
+                    f"{_fields(given)} only {verb} to {{dataset}} synthetic, got {{dataset}} {{name}}",
+                    name=self.dataset,
+                )
         elif self.data_dir is not None:
             raise ParamError("{data_dir} does not apply to {dataset} synthetic (its data is generated); drop it")
         if self.population_users is not None and not info.weak_generalisation:
             raise ParamError(
                 "{population_users} only applies to {dataset} amazon-book (a sample of its training users), "
-                "got {dataset} {name}; use {sensitivity_population} validation|test instead", name=self.dataset
+                "got {dataset} {name}; use {sensitivity_population} validation|test instead",
+                name=self.dataset,
             )
         if info.weak_generalisation:
-            given = [p for p, v in (("test_users", self.test_users), ("val_users", self.val_users),
-                                    ("sensitivity_population", self.sensitivity_population)) if v is not None]
+            given = [
+                p
+                for p, v in (
+                    ("test_users", self.test_users),
+                    ("val_users", self.val_users),
+                    ("sensitivity_population", self.sensitivity_population),
+                )
+                if v is not None
+            ]
             if given:
                 raise ParamError(
                     f"{_fields(given)} {'does' if len(given) == 1 else 'do'} not apply to {{dataset}} {{name}} "
-                    "(fixed train/test files); drop it", name=self.dataset
+                    "(fixed train/test files); drop it",
+                    name=self.dataset,
                 )
 
     def _validate_engine(self) -> None:
         if self.engine is not None and self.engine not in ENGINES:
-            raise ParamError("unknown {engine} {value}; expected one of {names}", value=repr(self.engine),
-                             names=", ".join(ENGINES))
+            raise ParamError(
+                "unknown {engine} {value}; expected one of {names}", value=repr(self.engine), names=", ".join(ENGINES)
+            )
         if self.scheduler is None:
             return
         if self.engine == "local":
@@ -183,8 +220,11 @@ class PrepConfig:
             if protocol not in backends:
                 raise ValueError(f"unknown protocol {protocol!r}")
         except ValueError as exc:
-            raise ParamError("{scheduler} {value} is not a Dask scheduler address ({reason}); expected e.g. tcp://HOST:8786",
-                             value=repr(self.scheduler), reason=str(exc)) from None
+            raise ParamError(
+                "{scheduler} {value} is not a Dask scheduler address ({reason}); expected e.g. tcp://HOST:8786",
+                value=repr(self.scheduler),
+                reason=str(exc),
+            ) from None
 
 
 def _fields(params: list[str]) -> str:
@@ -206,8 +246,11 @@ def _connect(cfg: PrepConfig) -> Any:
         except OSError as exc:
             engine.close()
             where = "{scheduler} {address}" if cfg.scheduler else "a local Dask cluster"
-            raise ParamError(f"cannot connect to {where}: {{reason}}; expected a running Dask scheduler",
-                             address=cfg.scheduler, reason=str(exc)) from None
+            raise ParamError(
+                f"cannot connect to {where}: {{reason}}; expected a running Dask scheduler",
+                address=cfg.scheduler,
+                reason=str(exc),
+            ) from None
     return engine
 
 
@@ -263,15 +306,19 @@ def _population(cfg: PrepConfig, split: Split) -> tuple[UserGroup, str]:
     kind = cfg.sensitivity_population or "validation"
     group = split.validation if kind == "validation" else split.test
     if len(group.user_ids) == 0:
-        raise ParamError("the sensitivity population {kind} has no users; expected {val_users} ≥ 1 or "
-                         "{sensitivity_population} test", kind=repr(kind))
+        raise ParamError(
+            "the sensitivity population {kind} has no users; expected {val_users} ≥ 1 or {sensitivity_population} test",
+            kind=repr(kind),
+        )
     return group, kind
 
 
 def _top(engine: Any, model: Model, group: UserGroup, k: int, chunk: int, desc: str) -> TopK:
     ctx = ScoringContext(model, group.inputs, k)
     chunks = chunk_ranges(group.inputs.shape[0], chunk)
-    return TopK.concat(list(engine.map(score_top_k, chunks, ctx, desc=desc, unit="user", sizes=[len(c) for c in chunks])))
+    return TopK.concat(
+        list(engine.map(score_top_k, chunks, ctx, desc=desc, unit="user", sizes=[len(c) for c in chunks]))
+    )
 
 
 def _choose_params(
@@ -289,8 +336,12 @@ def _choose_params(
         raise ParamError("choosing l2/density needs validation users; give one {l2} and one {density} value")
     results: list[dict[str, Any]] = []
     best: tuple[float, SansaParams, Model] | None = None
-    with timer.step("grid_search", f"choosing l2 × density on {len(split.validation.user_ids)} validation users ({len(grid)} fits)"):
-        for params in tqdm(grid, desc="grid (fit + validate)", unit="fit", disable=None if cfg.progress is None else not cfg.progress):
+    with timer.step(
+        "grid_search", f"choosing l2 × density on {len(split.validation.user_ids)} validation users ({len(grid)} fits)"
+    ):
+        for params in tqdm(
+            grid, desc="grid (fit + validate)", unit="fit", disable=None if cfg.progress is None else not cfg.progress
+        ):
             model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
             top = _top(engine, model, split.validation, 100, cfg.chunk_users, "validation")
             acc = accuracy(top.index, split.validation.targets)
@@ -325,8 +376,9 @@ def _population_frame(user_ids: np.ndarray, top: TopK, item_ids: np.ndarray, spe
 def _inputs_frame(user_ids: np.ndarray, inputs: Any, item_ids: np.ndarray) -> pl.DataFrame:
     """The test users' fold-in items, one row each (eval scores them over the full catalog)."""
     x = inputs.tocsr()
-    return pl.DataFrame({"user_id": np.repeat(user_ids.astype(str), np.diff(x.indptr)),
-                         "item_id": item_ids[x.indices].astype(str)})
+    return pl.DataFrame(
+        {"user_id": np.repeat(user_ids.astype(str), np.diff(x.indptr)), "item_id": item_ids[x.indices].astype(str)}
+    )
 
 
 def _sensitivities(
@@ -341,7 +393,9 @@ def _sensitivities(
     top_score = np.lib.format.open_memmap(scratch / "population_top_score.npy", "w+", np.float64, (n_users, k))
     with timer.step("population_scoring"):
         ctx = ScoringContext(model, group.inputs, N_CANDIDATES)
-        results = engine.map(score_population, chunks, ctx, desc="population scores", unit="user", sizes=[len(c) for c in chunks])
+        results = engine.map(
+            score_population, chunks, ctx, desc="population scores", unit="user", sizes=[len(c) for c in chunks]
+        )
         for rows, (scores, top) in zip(chunks, results, strict=True):
             store.write_rows(rows.start, scores)
             top_index[rows.start : rows.stop] = top.index
@@ -372,18 +426,24 @@ def run(cfg: PrepConfig) -> Path:
         engine.close()
 
 
-def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: ArtifactWriter, engine: Any,
-           t_start: float) -> Path:
+def _build(
+    cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: ArtifactWriter, engine: Any, t_start: float
+) -> Path:
     timer = _Timer()
     with timer.step("load_split", f"loading and splitting {cfg.dataset}"):
         split, source, extra = _load_and_split(cfg, info)
     population, population_kind = _population(cfg, split)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=writer.tmp.parent))  # next to out, same file system
+    scratch = Path(
+        tempfile.mkdtemp(prefix=f".{out.name}.scratch-", dir=writer.tmp.parent)
+    )  # next to out, same file system
     try:
         params, model, grid = _choose_params(cfg, info, split, engine, timer)
         if model is None:
-            with timer.step("fit", f"fitting SANSA ({params.factorizer}, l2={params.l2:g}, density={params.density:g}) "
-                            f"on {split.train.shape[0]} training users"):
+            with timer.step(
+                "fit",
+                f"fitting SANSA ({params.factorizer}, l2={params.l2:g}, density={params.density:g}) "
+                f"on {split.train.shape[0]} training users",
+            ):
                 model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
         with timer.step("test_candidates"):
             top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
@@ -391,15 +451,17 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
         ranges, pop_top = _sensitivities(cfg, engine, model, population, scratch, timer)
         with timer.step("spearman"):
             rho = population_spearman(pop_top, ranges, cfg.chunk_users)
-        items = pl.DataFrame({"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi,
-                              "sensitivity": ranges.sensitivity})
+        items = pl.DataFrame(
+            {"item_id": split.item_ids, "lo": ranges.lo, "hi": ranges.hi, "sensitivity": ranges.sensitivity}
+        )
         # rs/rs_improved with the γ the paper used on this data (the manifest's default_gamma)
         spec = PolicySpec(trials=cfg.policy_trials, seed=cfg.seed, users=cfg.policy_users, params={"gamma": info.gamma})
         with timer.step("policy", f"`auto` policy table on ≤ {spec.users} {population_kind} users"):
             pop_frame = _population_frame(population.user_ids, pop_top, split.item_ids, spec)
             # Read back exactly as `recsvc policy` reads population.parquet: the same table bits.
-            pop_matrix = UserRows(pop_frame, items, {i: r for r, i in enumerate(split.item_ids.tolist())},
-                                  POPULATION).matrix()
+            pop_matrix = UserRows(
+                pop_frame, items, {i: r for r, i in enumerate(split.item_ids.tolist())}, POPULATION
+            ).matrix()
             policy, policy_users = build_table(pop_matrix, spec, engine, cfg.progress)
         del pop_top  # release the scratch memmaps before the scratch directory goes
     finally:
@@ -418,7 +480,11 @@ def _build(cfg: PrepConfig, info: datasets.DatasetInfo, out: Path, writer: Artif
             "source": source,
             "seed": cfg.seed,
             "split": {**split.sizes(), "kind": extra.pop("split_kind"), "target_fraction": 0.2},
-            "sansa": {**params.as_dict(), "selected_on": "validation " + SELECTION_METRIC if grid else "fixed", "grid": grid},
+            "sansa": {
+                **params.as_dict(),
+                "selected_on": "validation " + SELECTION_METRIC if grid else "fixed",
+                "grid": grid,
+            },
             "accuracy": acc,
             "accuracy_users": acc_users,
             "population_spearman": rho,

@@ -19,8 +19,14 @@ from recsvc.policy import DEFAULT_TRIALS, DEFAULT_USERS, PolicySpec, build_table
 from recsvc.staging import check_out
 
 
-def rebuild(artifacts: Path, users: int = DEFAULT_USERS, trials: int = DEFAULT_TRIALS, seed: int | None = None,
-            workers: int | None = None, progress: bool | None = None) -> Path:
+def rebuild(
+    artifacts: Path,
+    users: int = DEFAULT_USERS,
+    trials: int = DEFAULT_TRIALS,
+    seed: int | None = None,
+    workers: int | None = None,
+    progress: bool | None = None,
+) -> Path:
     """Recomputes ``policy.parquet`` of the artifact ``artifacts`` over at most ``users`` of its
     population.parquet users (seeded sample), with ``trials`` Monte Carlo selections per user where
     no exact expectation exists; ``seed`` None = the artifact's own seed (what ``recsvc prep`` used).
@@ -29,14 +35,22 @@ def rebuild(artifacts: Path, users: int = DEFAULT_USERS, trials: int = DEFAULT_T
     art = load_artifact(artifacts)  # every sha256 checked; a missing artifact is an ArtifactError
     population = art.population_matrix()  # refused, before any work, if the artifact has none
     gamma = art.manifest.default_gamma  # rs/rs_improved with the γ the paper used on this data, as prep does
-    spec = PolicySpec(trials=trials, seed=(art.manifest.seed or 0) if seed is None else seed, users=users,
-                      params={} if gamma is None else {"gamma": gamma}).check()
+    spec = PolicySpec(
+        trials=trials,
+        seed=(art.manifest.seed or 0) if seed is None else seed,
+        users=users,
+        params={} if gamma is None else {"gamma": gamma},
+    ).check()
     check_out(artifacts, force=True, param="artifacts")  # e.g. never the working directory itself
     pick = sample_users(len(population.user_ids), spec.users, spec.seed)
     if len(pick) < len(population.user_ids):
         population = population.take(pick)
-    print(f"[policy] {len(spec.mechanisms)} mechanisms × {len(spec.epsilons)} ε × k ∈ {list(spec.ks)} on "
-          f"{len(pick)} population users", file=sys.stderr, flush=True)
+    print(
+        f"[policy] {len(spec.mechanisms)} mechanisms × {len(spec.epsilons)} ε × k ∈ {list(spec.ks)} on "
+        f"{len(pick)} population users",
+        file=sys.stderr,
+        flush=True,
+    )
     t0 = time.perf_counter()
     engine = make_engine("local", workers, progress=progress)
     try:

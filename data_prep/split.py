@@ -66,7 +66,11 @@ def filter_implicit(df: pl.DataFrame, explicit: bool, source: str) -> pl.DataFra
     if explicit:
         df = df.filter(pl.len().over("user") >= MIN_USER_INTERACTIONS)
     if df.height == 0:
-        rule = f"rating ≥ {MIN_RATING:g} and users with ≥ {MIN_USER_INTERACTIONS} such interactions" if explicit else "de-duplication"
+        rule = (
+            f"rating ≥ {MIN_RATING:g} and users with ≥ {MIN_USER_INTERACTIONS} such interactions"
+            if explicit
+            else "de-duplication"
+        )
         raise DataError(f"{source}: no interactions left after filtering ({rule}); expected a non-empty dataset")
     return df.select(keys)
 
@@ -89,9 +93,7 @@ def _index(values: pl.Series, ids: np.ndarray) -> np.ndarray:
 def to_csr(df: pl.DataFrame, user_ids: np.ndarray, item_ids: np.ndarray) -> sp.csr_matrix:
     rows = _index(df["user"], user_ids)
     cols = _index(df["item"], item_ids)
-    m = sp.csr_matrix(
-        (np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(user_ids), len(item_ids))
-    )
+    m = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(user_ids), len(item_ids)))
     m.sum_duplicates()
     m.sort_indices()
     return m

@@ -39,8 +39,12 @@ class SansaParams:
 
 # SANSA logs (INFO) one of these as each stage of a fit ends: the factorization, every UMR scan
 # and finetune step, and the inverse. They are the only progress it reports.
-_STAGE_ENDS = ("Computing approximate inverse of L", "Performing UMR scan", "Performing UMR finetune step",
-               "Constructing W")
+_STAGE_ENDS = (
+    "Computing approximate inverse of L",
+    "Performing UMR scan",
+    "Performing UMR finetune step",
+    "Constructing W",
+)
 
 
 class _FitProgress(logging.Handler):
@@ -68,8 +72,13 @@ def _progress(params: SansaParams, verbose: bool, progress: bool | None) -> Iter
     """SANSA's INFO records drive the bar; they reach the console only with ``verbose``."""
     logger = logging.getLogger("sansa")
     saved = logger.level, logger.propagate
-    bar = tqdm(total=fit_stages(params), desc=f"SANSA fit ({params.factorizer})", unit="stage", leave=False,
-               disable=None if progress is None else not progress)
+    bar = tqdm(
+        total=fit_stages(params),
+        desc=f"SANSA fit ({params.factorizer})",
+        unit="stage",
+        leave=False,
+        disable=None if progress is None else not progress,
+    )
     handler = _FitProgress(bar)
     logger.setLevel(logging.INFO)
     logger.propagate = verbose
@@ -84,17 +93,16 @@ def _progress(params: SansaParams, verbose: bool, progress: bool | None) -> Iter
         bar.close()
 
 
-def fit(train: sp.csr_matrix, item_ids: np.ndarray, params: SansaParams, verbose: bool = False,
-        progress: bool | None = None) -> Model:
+def fit(
+    train: sp.csr_matrix, item_ids: np.ndarray, params: SansaParams, verbose: bool = False, progress: bool | None = None
+) -> Model:
     """SANSA's factors W1, W2 with scores x @ W1 @ W2; deterministic for the same input.
 
     ``progress``: a tqdm bar over the fit's stages (None: only on a terminal)."""
     import sansa
 
     factorizer = (
-        sansa.CHOLMODGramianFactorizerConfig()
-        if params.factorizer == "cholmod"
-        else sansa.ICFGramianFactorizerConfig()
+        sansa.CHOLMODGramianFactorizerConfig() if params.factorizer == "cholmod" else sansa.ICFGramianFactorizerConfig()
     )
     config = sansa.SANSAConfig(
         l2=params.l2,

@@ -26,8 +26,9 @@ SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users
 class Reducer:
     """Running aggregates of the chunks added so far; per-user Parquet tables go to ``tmp`` (if set)."""
 
-    def __init__(self, mechanisms, epsilons, total: int, seed: int, ratio_eps_idx: int, tmp: Path | None,
-                 pipelines=None) -> None:
+    def __init__(
+        self, mechanisms, epsilons, total: int, seed: int, ratio_eps_idx: int, tmp: Path | None, pipelines=None
+    ) -> None:
         self.mechanisms, self.epsilons = mechanisms, epsilons
         M, E = len(mechanisms), len(epsilons)
         self.mse = RunningMean((M, E))
@@ -80,29 +81,54 @@ class Reducer:
             lr = metrics.log_ratio(r.mean_selected[:, self.mi, :], r.mean_selected[:, self.gi, :])  # (B, E)
             self.ratio.add(lr)
             self.ratio_undefined += (~np.isfinite(lr)).sum(axis=0)
-        users = pl.DataFrame({
-            "user_index": idx, "user_id": r.user_ids.astype(str), "n_candidates": r.count.astype(np.int64),
-            "spearman": r.spearman, "weighted_correlation": r.weighted,
-        })
+        users = pl.DataFrame(
+            {
+                "user_index": idx,
+                "user_id": r.user_ids.astype(str),
+                "n_candidates": r.count.astype(np.int64),
+                "spearman": r.spearman,
+                "weighted_correlation": r.weighted,
+            }
+        )
         self._write("users", users)
         M, E = len(self.mechanisms), len(self.epsilons)
-        self._write("selections", pl.DataFrame({
-            "user_index": np.repeat(idx, M * E),
-            "mechanism": np.tile(np.repeat(np.array(self.mechanisms), E), B),
-            "epsilon": np.tile(np.array(self.epsilons, dtype=np.float64), B * M),
-            "mse": r.mse.reshape(-1), "mean_selected": r.mean_selected.reshape(-1),
-        }))
+        self._write(
+            "selections",
+            pl.DataFrame(
+                {
+                    "user_index": np.repeat(idx, M * E),
+                    "mechanism": np.tile(np.repeat(np.array(self.mechanisms), E), B),
+                    "epsilon": np.tile(np.array(self.epsilons, dtype=np.float64), B * M),
+                    "mse": r.mse.reshape(-1),
+                    "mean_selected": r.mean_selected.reshape(-1),
+                }
+            ),
+        )
         if lr is not None:
-            self._write("log_ratio", pl.DataFrame({
-                "user_index": np.repeat(idx, E), "epsilon": np.tile(np.array(self.epsilons, dtype=np.float64), B),
-                "log_ratio_mgem_gem": lr.reshape(-1),
-            }))
+            self._write(
+                "log_ratio",
+                pl.DataFrame(
+                    {
+                        "user_index": np.repeat(idx, E),
+                        "epsilon": np.tile(np.array(self.epsilons, dtype=np.float64), B),
+                        "log_ratio_mgem_gem": lr.reshape(-1),
+                    }
+                ),
+            )
         keep = np.isin(idx, self.scatter_pick)
         if keep.any():
-            self.scatter.append(pl.DataFrame({
-                "user_index": idx[keep], "spearman": r.spearman[keep], "weighted_correlation": r.weighted[keep],
-                "log_ratio": lr[keep, self.ratio_eps_idx] if lr is not None else np.full(int(keep.sum()), np.nan),
-            }))
+            self.scatter.append(
+                pl.DataFrame(
+                    {
+                        "user_index": idx[keep],
+                        "spearman": r.spearman[keep],
+                        "weighted_correlation": r.weighted[keep],
+                        "log_ratio": lr[keep, self.ratio_eps_idx]
+                        if lr is not None
+                        else np.full(int(keep.sum()), np.nan),
+                    }
+                )
+            )
 
     def close(self) -> None:
         for acc in (self.mse, self.ratio, self.corr_mean):
@@ -121,10 +147,15 @@ def _notes(cfg: EvalConfig, mechanisms: tuple[str, ...], exact: np.ndarray) -> l
     if cfg.exact:
         mc = [m for mi, m in enumerate(mechanisms) if not exact[mi] and m in MECHANISMS]  # auto: its choices
         if mc:
-            notes.append(f"--exact: no exact probabilities for {', '.join(mc)}; used Monte Carlo with "
-                         f"{cfg.trials} trials for them")
-    notes += [f"{m} is NOT differentially private (paper §IV-A); shown for reference only"
-              for m in mechanisms if m in MECHANISMS and not MECHANISMS[m].private]
+            notes.append(
+                f"--exact: no exact probabilities for {', '.join(mc)}; used Monte Carlo with "
+                f"{cfg.trials} trials for them"
+            )
+    notes += [
+        f"{m} is NOT differentially private (paper §IV-A); shown for reference only"
+        for m in mechanisms
+        if m in MECHANISMS and not MECHANISMS[m].private
+    ]
     return notes
 
 
@@ -135,28 +166,76 @@ def finish(cfg: EvalConfig, dataset: str, mechanisms: tuple[str, ...], red: Redu
     for mi, m in enumerate(mechanisms):
         method = "exact" if red.exact[mi] else "monte-carlo"
         for ei, e in enumerate(red.epsilons):
-            rows.append((m, e, mean[mi, ei], mean[mi, ei] - half[mi, ei], mean[mi, ei] + half[mi, ei],
-                         int(red.mse.n[mi, ei]), method))
-    mse = pl.DataFrame(rows, schema={"mechanism": pl.String, "epsilon": pl.Float64, "mse_mean": pl.Float64,
-                                     "ci_low": pl.Float64, "ci_high": pl.Float64, "users": pl.Int64,
-                                     "method": pl.String}, orient="row")
+            rows.append(
+                (
+                    m,
+                    e,
+                    mean[mi, ei],
+                    mean[mi, ei] - half[mi, ei],
+                    mean[mi, ei] + half[mi, ei],
+                    int(red.mse.n[mi, ei]),
+                    method,
+                )
+            )
+    mse = pl.DataFrame(
+        rows,
+        schema={
+            "mechanism": pl.String,
+            "epsilon": pl.Float64,
+            "mse_mean": pl.Float64,
+            "ci_low": pl.Float64,
+            "ci_high": pl.Float64,
+            "users": pl.Int64,
+            "method": pl.String,
+        },
+        orient="row",
+    )
     rmean, rhalf = red.ratio.ci()
-    log_ratio = pl.DataFrame({
-        "epsilon": np.array(red.epsilons, dtype=np.float64), "mean_log_ratio": rmean,
-        "ci_low": rmean - rhalf, "ci_high": rmean + rhalf,
-        "users_defined": red.ratio.n.astype(np.int64), "users_undefined": red.ratio_undefined,
-    }) if red.has_ratio else pl.DataFrame()
+    log_ratio = (
+        pl.DataFrame(
+            {
+                "epsilon": np.array(red.epsilons, dtype=np.float64),
+                "mean_log_ratio": rmean,
+                "ci_low": rmean - rhalf,
+                "ci_high": rmean + rhalf,
+                "users_defined": red.ratio.n.astype(np.int64),
+                "users_undefined": red.ratio_undefined,
+            }
+        )
+        if red.has_ratio
+        else pl.DataFrame()
+    )
     cmean, _ = red.corr_mean.ci()
     n = max(red.users, 1)
     correlation = {
         "users": red.users,
-        "spearman": {"mean": float(cmean[0]), "frac_positive": red.pos["spearman"] / n,
-                     "undefined": red.undefined["spearman"]},
-        "weighted": {"mean": float(cmean[1]), "frac_positive": red.pos["weighted"] / n,
-                     "undefined": red.undefined["weighted"]},
+        "spearman": {
+            "mean": float(cmean[0]),
+            "frac_positive": red.pos["spearman"] / n,
+            "undefined": red.undefined["spearman"],
+        },
+        "weighted": {
+            "mean": float(cmean[1]),
+            "frac_positive": red.pos["weighted"] / n,
+            "undefined": red.undefined["weighted"],
+        },
     }
     scatter = pl.concat(red.scatter) if red.scatter else pl.DataFrame()
-    return EvalResult(cfg, dataset, mechanisms, red.epsilons, red.users, mse, correlation, log_ratio,
-                      red.edges, red.h_s, red.h_w, scatter, red.epsilons[red.ratio_eps_idx], seconds,
-                      notes=_notes(cfg, mechanisms, red.exact),
-                      pipelines=None if red.pipes is None else red.pipes.table())
+    return EvalResult(
+        cfg,
+        dataset,
+        mechanisms,
+        red.epsilons,
+        red.users,
+        mse,
+        correlation,
+        log_ratio,
+        red.edges,
+        red.h_s,
+        red.h_w,
+        scatter,
+        red.epsilons[red.ratio_eps_idx],
+        seconds,
+        notes=_notes(cfg, mechanisms, red.exact),
+        pipelines=None if red.pipes is None else red.pipes.table(),
+    )

@@ -68,18 +68,31 @@ def _cases(name: str, users: int, epsilons: Sequence[float], beta: float) -> pl.
         q, d = sc.row(b)
         err = (q.max() - q) ** 2
         for eps in epsilons:
-            mse = {m: float(probabilities(m, q, d, eps, **({"beta": beta} if "gem" in m else {})) @ err)
-                   for m in ("gem", "mgem", "rnm")}
+            mse = {
+                m: float(probabilities(m, q, d, eps, **({"beta": beta} if "gem" in m else {})) @ err)
+                for m in ("gem", "mgem", "rnm")
+            }
             p = predict(q, d, eps, beta)
-            rows.append({"scenario": name, "user": b, "epsilon": eps, **{f"pred_{k}": getattr(p, k) for k in RULES},
-                         "gem_worse_than_random": bool(mse["gem"] > err.mean()),
-                         "mgem_worse_than_random": bool(mse["mgem"] > err.mean()),
-                         "gem_worse_than_rnm": bool(mse["gem"] > mse["rnm"])})
+            rows.append(
+                {
+                    "scenario": name,
+                    "user": b,
+                    "epsilon": eps,
+                    **{f"pred_{k}": getattr(p, k) for k in RULES},
+                    "gem_worse_than_random": bool(mse["gem"] > err.mean()),
+                    "mgem_worse_than_random": bool(mse["mgem"] > err.mean()),
+                    "gem_worse_than_rnm": bool(mse["gem"] > mse["rnm"]),
+                }
+            )
     return pl.DataFrame(rows)
 
 
-def hit_rates(scenarios: Sequence[str] = SCENARIOS, users: int = DEFAULT_USERS,
-              epsilons: Sequence[float] | None = None, beta: float = 0.05) -> pl.DataFrame:
+def hit_rates(
+    scenarios: Sequence[str] = SCENARIOS,
+    users: int = DEFAULT_USERS,
+    epsilons: Sequence[float] | None = None,
+    beta: float = 0.05,
+) -> pl.DataFrame:
     """Per scenario and rule (and 'all' scenarios): cases (user × ε), how often the rule fires
     (``predicted``), how often the event happens, the hit rate (prediction = outcome) and the
     misses (it happened, the rule did not fire)."""
@@ -91,17 +104,28 @@ def hit_rates(scenarios: Sequence[str] = SCENARIOS, users: int = DEFAULT_USERS,
         for rule in RULES:
             pred, actual = t[f"pred_{rule}"], t[rule]
             hits = int((pred == actual).sum())
-            out.append({"scenario": scope, "rule": rule, "cases": t.height, "predicted": int(pred.sum()),
-                        "happened": int(actual.sum()), "hits": hits,
-                        "misses": int((actual & ~pred).sum()), "hit_rate": hits / t.height})
+            out.append(
+                {
+                    "scenario": scope,
+                    "rule": rule,
+                    "cases": t.height,
+                    "predicted": int(pred.sum()),
+                    "happened": int(actual.sum()),
+                    "hits": hits,
+                    "misses": int((actual & ~pred).sum()),
+                    "hit_rate": hits / t.height,
+                }
+            )
     return pl.DataFrame(out)
 
 
 def markdown(table: pl.DataFrame) -> str:
     """Rules as rows, scenarios as columns: hit rate (predicted / happened out of cases)."""
     scopes = table["scenario"].unique(maintain_order=True).to_list()
-    lines = ["| rule | " + " | ".join(f"scenario {s}" if s != "all" else "all" for s in scopes) + " |",
-             "|---" * (len(scopes) + 1) + "|"]
+    lines = [
+        "| rule | " + " | ".join(f"scenario {s}" if s != "all" else "all" for s in scopes) + " |",
+        "|---" * (len(scopes) + 1) + "|",
+    ]
     for rule, label in RULES.items():
         cells = []
         for s in scopes:

@@ -48,22 +48,34 @@ def scenario_matrix(sc) -> CandidateMatrix:
     """A scenario's rows as a population (what :mod:`recsvc.policy` averages over)."""
     rows, n = sc.repeats, sc.n
     shape = (rows, n)
-    return CandidateMatrix(np.array([f"{sc.name}/{i}" for i in range(rows)]), np.broadcast_to(np.arange(n), shape),
-                           sc.draws, np.broadcast_to(sc.lo, shape), np.broadcast_to(sc.hi, shape),
-                           np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)), np.full(rows, n))
+    return CandidateMatrix(
+        np.array([f"{sc.name}/{i}" for i in range(rows)]),
+        np.broadcast_to(np.arange(n), shape),
+        sc.draws,
+        np.broadcast_to(sc.lo, shape),
+        np.broadcast_to(sc.hi, shape),
+        np.ascontiguousarray(np.broadcast_to(sc.sensitivities, shape)),
+        np.full(rows, n),
+    )
 
 
 def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
     from eval.scenarios import scenario
 
     sc0 = source.sc
-    sc = scenario(sc0.name, n=sc0.n, seed=cfg.seed + 1, repeats=min(sc0.repeats, SCENARIO_POPULATION),
-                  level=DEFAULT_LEVEL if sc0.level is None else sc0.level)
+    sc = scenario(
+        sc0.name,
+        n=sc0.n,
+        seed=cfg.seed + 1,
+        repeats=min(sc0.repeats, SCENARIO_POPULATION),
+        level=DEFAULT_LEVEL if sc0.level is None else sc0.level,
+    )
     rows = sc.repeats
     matrix = scenario_matrix(sc)
     trials = max(cfg.trials, -(-SCENARIO_MC_SAMPLES // rows))
-    spec = PolicySpec(epsilons=tuple(float(e) for e in cfg.epsilons), ks=(1,), trials=trials, seed=cfg.seed + 1,
-                      users=rows)
+    spec = PolicySpec(
+        epsilons=tuple(float(e) for e in cfg.epsilons), ks=(1,), trials=trials, seed=cfg.seed + 1, users=rows
+    )
     params: dict[str, float] = {}
     for m in spec.mechanisms:  # the run's parameters, for every mechanism auto may choose
         params.update(mechanism_params(cfg, m))
@@ -77,16 +89,27 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
     fixed = tuple(m for m in mechanisms if m != AUTO)
     if cfg.pipelines:  # the pipelines' slate metrics cover fixed mechanisms only
         if named:
-            raise ValueError("`auto` is not evaluated with --pipelines; drop auto from --mechanisms or drop --pipelines")
+            raise ValueError(
+                "`auto` is not evaluated with --pipelines; drop auto from --mechanisms or drop --pipelines"
+            )
         return AutoPlan(fixed, {}, "")
     if isinstance(source, ArtifactSource):
         policy = source.artifact.policy
         if policy is None:
             if named:
-                raise ValueError(f"{source.artifact.path} has no policy.parquet, so `auto` cannot be evaluated; "
-                                 f"build it with `recsvc policy --artifacts {source.artifact.path}`")
-            return AutoPlan(fixed, {}, "", (f"{source.artifact.path} has no policy.parquet: `auto` not evaluated "
-                                            "(build it with `recsvc policy`)",))
+                raise ValueError(
+                    f"{source.artifact.path} has no policy.parquet, so `auto` cannot be evaluated; "
+                    f"build it with `recsvc policy --artifacts {source.artifact.path}`"
+                )
+            return AutoPlan(
+                fixed,
+                {},
+                "",
+                (
+                    f"{source.artifact.path} has no policy.parquet: `auto` not evaluated "
+                    "(build it with `recsvc policy`)",
+                ),
+            )
         if not named and cfg.mechanisms:  # an explicit list without auto: as asked
             return AutoPlan(fixed, {}, "")
         table = PolicyTable.from_frame(policy, f"{source.artifact.path}/policy.parquet")
@@ -95,18 +118,24 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
         kind = m.sensitivity_population or "population"
         if kind == "test":  # the paper's mode: the public population is the evaluated users themselves
             origin = f"the artifact's policy table (policy.parquet: expected MSE on {users}TEST users)"
-            notes: tuple[str, ...] = ("the artifact was built with --sensitivity-population test: auto's table was computed on the "
-                     "test users themselves, so its regret here is optimistic",)
+            notes: tuple[str, ...] = (
+                "the artifact was built with --sensitivity-population test: auto's table was computed on the "
+                "test users themselves, so its regret here is optimistic",
+            )
         else:
-            origin = (f"the artifact's policy table (policy.parquet: expected MSE on {users}{kind} users, "
-                      "never the test users)")
+            origin = (
+                f"the artifact's policy table (policy.parquet: expected MSE on {users}{kind} users, "
+                "never the test users)"
+            )
             notes = ()
     else:
         if not named:
             return AutoPlan(fixed, {}, "")
         table = _scenario_table(cfg, source)
-        origin = (f"a policy table from an independent draw of the scenario's population (seed {cfg.seed + 1}, "
-                  f"≤ {SCENARIO_POPULATION} rows)")
+        origin = (
+            f"a policy table from an independent draw of the scenario's population (seed {cfg.seed + 1}, "
+            f"≤ {SCENARIO_POPULATION} rows)"
+        )
         notes = ()
     resolved = {float(e): table.resolve(float(e), 1) for e in cfg.epsilons}
     return AutoPlan((*fixed, AUTO), resolved, origin, notes)
@@ -127,6 +156,16 @@ def regret_table(mse: pl.DataFrame, resolved: Mapping[float, str]) -> pl.DataFra
         mine = at.filter(pl.col("mechanism") == AUTO).row(0, named=True)["mse_mean"]
         ratio = mine / best["mse_mean"] if best["mse_mean"] > 0 else (1.0 if mine == 0 else float("inf"))
         rows.append((eps, choice, mine, best["mechanism"], best["mse_mean"], ratio, mine - best["mse_mean"]))
-    return pl.DataFrame(rows, orient="row", schema={
-        "epsilon": pl.Float64, "auto_mechanism": pl.String, "auto_mse": pl.Float64, "oracle_mechanism": pl.String,
-        "oracle_mse": pl.Float64, "regret_ratio": pl.Float64, "regret": pl.Float64})
+    return pl.DataFrame(
+        rows,
+        orient="row",
+        schema={
+            "epsilon": pl.Float64,
+            "auto_mechanism": pl.String,
+            "auto_mse": pl.Float64,
+            "oracle_mechanism": pl.String,
+            "oracle_mse": pl.Float64,
+            "regret_ratio": pl.Float64,
+            "regret": pl.Float64,
+        },
+    )

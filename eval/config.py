@@ -101,8 +101,11 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
         raise ParamError("give exactly one data source: {artifacts} DIR or {scenario} NAME")
     if cfg.level is not None and cfg.scenario != "sweep":
         src = "{scenario} {name}" if cfg.scenario is not None else "{artifacts}"
-        raise ParamError(f"{{level}} applies only to {{scenario}} sweep, got it with {src}; "
-                         "drop {level} or use {scenario} sweep", name=cfg.scenario)
+        raise ParamError(
+            f"{{level}} applies only to {{scenario}} sweep, got it with {src}; "
+            "drop {level} or use {scenario} sweep",
+            name=cfg.scenario,
+        )
     check_int("seed", cfg.seed, 0)
     check_int("trials", cfg.trials, 1)
     for param, value in (("users", cfg.users), ("chunk_size", cfg.chunk_size)):
@@ -127,8 +130,9 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
         raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}, or {AUTO}")
     if len(set(names)) != len(names):
         raise ValueError(f"mechanisms must be distinct, got {list(names)}")
-    parse_pipelines(tuple(cfg.pipelines), tuple(cfg.slate_k), cfg.two_stage_m, cfg.two_stage_trials,
-                    cfg.artifacts is not None)
+    parse_pipelines(
+        tuple(cfg.pipelines), tuple(cfg.slate_k), cfg.two_stage_m, cfg.two_stage_trials, cfg.artifacts is not None
+    )
     _check_out(cfg)
     return names
 

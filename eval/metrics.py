@@ -113,7 +113,7 @@ class RunningMean:
         rows = np.concatenate(self._pending)
         full = len(rows) - len(rows) % self.block
         for start in range(0, full, self.block):
-            self._merge(rows[start:start + self.block])
+            self._merge(rows[start : start + self.block])
         self._pending = [rows[full:]] if full < len(rows) else []
         self._rows = len(rows) - full
 

@@ -41,16 +41,28 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
     if result.log_ratio.height:
         result.log_ratio.write_parquet(tmp / "log_ratio_summary.parquet")
         result.log_ratio.write_csv(tmp / "log_ratio_summary.csv")
-    pl.DataFrame({"bin_low": result.hist_edges[:-1], "bin_high": result.hist_edges[1:],
-                  "spearman_users": result.hist_spearman, "weighted_users": result.hist_weighted}
-                 ).write_csv(tmp / "correlation_histogram.csv")
+    pl.DataFrame(
+        {
+            "bin_low": result.hist_edges[:-1],
+            "bin_high": result.hist_edges[1:],
+            "spearman_users": result.hist_spearman,
+            "weighted_users": result.hist_weighted,
+        }
+    ).write_csv(tmp / "correlation_histogram.csv")
     plots.write_all(result, tmp)
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
     cfg["params"] = param_values(result.config)  # what the run used: given or each spec's default
-    summary = {"dataset": result.dataset, "users": result.users, "mechanisms": list(result.mechanisms),
-               "epsilons": list(result.epsilons), "correlation": result.correlation, "config": cfg,
-               "winners": [{"epsilon": e, "mechanism": m, "clear": c} for e, m, c in result.winners()],
-               "seconds": result.seconds, "notes": result.notes}
+    summary = {
+        "dataset": result.dataset,
+        "users": result.users,
+        "mechanisms": list(result.mechanisms),
+        "epsilons": list(result.epsilons),
+        "correlation": result.correlation,
+        "config": cfg,
+        "winners": [{"epsilon": e, "mechanism": m, "clear": c} for e, m, c in result.winners()],
+        "seconds": result.seconds,
+        "notes": result.notes,
+    }
     if result.auto.height:
         summary["auto"] = {"origin": result.auto_origin, "regret": result.auto.to_dicts()}
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

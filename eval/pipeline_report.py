@@ -50,14 +50,42 @@ class PipelineReducer:
                 for ei, eps in enumerate(self.epsilons):
                     for ki, k in enumerate(self.ctx.slate_k):
                         i = (pi, mi, ei, ki)
-                        rows.append((p.label, p.end_to_end_dp, mech, float(eps), int(k),
-                                     mm[i], mm[i] - mh[i], mm[i] + mh[i], rm[i], rm[i] - rh[i], rm[i] + rh[i],
-                                     int(self.mse.n[i]), "exact" if self.exact[i] else f"monte-carlo ({trials} trials)"))
-        return pl.DataFrame(rows, orient="row", schema={
-            "pipeline": pl.String, "end_to_end_dp": pl.Boolean, "mechanism": pl.String, "epsilon": pl.Float64,
-            "k": pl.Int64, "first_mse": pl.Float64, "first_mse_ci_low": pl.Float64, "first_mse_ci_high": pl.Float64,
-            "recall": pl.Float64, "recall_ci_low": pl.Float64, "recall_ci_high": pl.Float64, "users": pl.Int64,
-            "method": pl.String})
+                        rows.append(
+                            (
+                                p.label,
+                                p.end_to_end_dp,
+                                mech,
+                                float(eps),
+                                int(k),
+                                mm[i],
+                                mm[i] - mh[i],
+                                mm[i] + mh[i],
+                                rm[i],
+                                rm[i] - rh[i],
+                                rm[i] + rh[i],
+                                int(self.mse.n[i]),
+                                "exact" if self.exact[i] else f"monte-carlo ({trials} trials)",
+                            )
+                        )
+        return pl.DataFrame(
+            rows,
+            orient="row",
+            schema={
+                "pipeline": pl.String,
+                "end_to_end_dp": pl.Boolean,
+                "mechanism": pl.String,
+                "epsilon": pl.Float64,
+                "k": pl.Int64,
+                "first_mse": pl.Float64,
+                "first_mse_ci_low": pl.Float64,
+                "first_mse_ci_high": pl.Float64,
+                "recall": pl.Float64,
+                "recall_ci_low": pl.Float64,
+                "recall_ci_high": pl.Float64,
+                "users": pl.Int64,
+                "method": pl.String,
+            },
+        )
 
 
 def _figure(t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool) -> None:
@@ -71,11 +99,20 @@ def _figure(t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool) 
         for c, k in enumerate(ks):
             ax = axes[r][c]
             for pipe in t["pipeline"].unique(maintain_order=True).to_list():
-                s = t.filter((pl.col("mechanism") == mech) & (pl.col("k") == k) & (pl.col("pipeline") == pipe)).sort("epsilon")
+                s = t.filter((pl.col("mechanism") == mech) & (pl.col("k") == k) & (pl.col("pipeline") == pipe)).sort(
+                    "epsilon"
+                )
                 dp = bool(s["end_to_end_dp"][0])
-                ax.errorbar(s["epsilon"], s[column], yerr=[s[column] - s[column + "_ci_low"], s[column + "_ci_high"] - s[column]],
-                            label=pipe + ("" if dp else " (not end-to-end DP)"), linestyle="-" if dp else "--",
-                            marker="o", markersize=3, capsize=2)
+                ax.errorbar(
+                    s["epsilon"],
+                    s[column],
+                    yerr=[s[column] - s[column + "_ci_low"], s[column + "_ci_high"] - s[column]],
+                    label=pipe + ("" if dp else " (not end-to-end DP)"),
+                    linestyle="-" if dp else "--",
+                    marker="o",
+                    markersize=3,
+                    capsize=2,
+                )
             ax.set_xscale("log")
             if log_y:
                 ax.set_yscale("symlog", linthresh=1e-4)
@@ -97,18 +134,25 @@ def markdown(result: EvalResult) -> str:
     t = result.pipelines
     assert t is not None
     cfg = result.config
-    lines = ["", "## Candidate pipelines and slates", "",
-             f"Full-catalog clipped scores of each test user (from `test_inputs.parquet`, seen items included, as "
-             f"Recommend scores them). m = {cfg.two_stage_m}; two-stage's candidate stage is rnm peeling with F·ε. "
-             "`first_mse` = mean (max q − q_first)² of the slate's first item; `recall` = share of the slate in the "
-             "true top-k of the full catalog (ties at the k-th score count). Each slate is k peeled selections "
-             "with ε/k each. **top500 is NOT end-to-end DP** (a non-private pre-filter on the history's scores).",
-             "", "| pipeline | mechanism | ε | k | first-item MSE [95% CI] | recall@k [95% CI] | method |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Candidate pipelines and slates",
+        "",
+        f"Full-catalog clipped scores of each test user (from `test_inputs.parquet`, seen items included, as "
+        f"Recommend scores them). m = {cfg.two_stage_m}; two-stage's candidate stage is rnm peeling with F·ε. "
+        "`first_mse` = mean (max q − q_first)² of the slate's first item; `recall` = share of the slate in the "
+        "true top-k of the full catalog (ties at the k-th score count). Each slate is k peeled selections "
+        "with ε/k each. **top500 is NOT end-to-end DP** (a non-private pre-filter on the history's scores).",
+        "",
+        "| pipeline | mechanism | ε | k | first-item MSE [95% CI] | recall@k [95% CI] | method |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in t.iter_rows(named=True):
         label = row["pipeline"] + ("" if row["end_to_end_dp"] else " (not DP)")
-        lines.append(f"| {label} | {row['mechanism']} | {row['epsilon']:g} | {row['k']} | {_cell(row, 'first_mse')} | "
-                     f"{_cell(row, 'recall')} | {row['method']} |")
+        lines.append(
+            f"| {label} | {row['mechanism']} | {row['epsilon']:g} | {row['k']} | {_cell(row, 'first_mse')} | "
+            f"{_cell(row, 'recall')} | {row['method']} |"
+        )
     lines += ["", f"Plots: `{MSE_PNG}`, `{RECALL_PNG}`.", ""]
     return "\n".join(lines)
 

@@ -70,15 +70,20 @@ def parse_pipeline(text: str) -> Pipeline:
         except ValueError:
             f = math.nan
         if not (math.isfinite(f) and 0.0 < f < 1.0):
-            raise ParamError("{pipelines}: two-stage fraction must be a number in the open interval (0, 1) "
-                             "(the share of ε spent on the private candidate stage), got {value}", value=repr(raw))
+            raise ParamError(
+                "{pipelines}: two-stage fraction must be a number in the open interval (0, 1) "
+                "(the share of ε spent on the private candidate stage), got {value}",
+                value=repr(raw),
+            )
         return Pipeline("two-stage", f)
-    raise ParamError("{pipelines}: unknown pipeline {value}; expected top500, full or two-stage:F with F in (0, 1)",
-                     value=repr(text))
+    raise ParamError(
+        "{pipelines}: unknown pipeline {value}; expected top500, full or two-stage:F with F in (0, 1)", value=repr(text)
+    )
 
 
-def parse_pipelines(texts: tuple[str, ...], slate_k: tuple[int, ...], m: int, two_stage_trials: int | None,
-                    source_is_artifact: bool) -> tuple[Pipeline, ...]:
+def parse_pipelines(
+    texts: tuple[str, ...], slate_k: tuple[int, ...], m: int, two_stage_trials: int | None, source_is_artifact: bool
+) -> tuple[Pipeline, ...]:
     """Every check of the pipeline options that needs no data."""
     if not texts:
         return ()
@@ -95,10 +100,12 @@ def parse_pipelines(texts: tuple[str, ...], slate_k: tuple[int, ...], m: int, tw
     if len(set(slate_k)) != len(slate_k):
         raise ParamError("{slate_k} must be distinct, got {value}", value=list(slate_k))
     if isinstance(m, bool) or not isinstance(m, int) or m < max(slate_k):
-        raise ParamError("{two_stage_m} must be an integer ≥ the largest slate size {k}, got {value}",
-                         k=max(slate_k), value=repr(m))
-    if two_stage_trials is not None and (isinstance(two_stage_trials, bool) or not isinstance(two_stage_trials, int)
-                                         or two_stage_trials < 1):
+        raise ParamError(
+            "{two_stage_m} must be an integer ≥ the largest slate size {k}, got {value}", k=max(slate_k), value=repr(m)
+        )
+    if two_stage_trials is not None and (
+        isinstance(two_stage_trials, bool) or not isinstance(two_stage_trials, int) or two_stage_trials < 1
+    ):
         raise ParamError("{two_stage_trials} must be an integer ≥ 1, got {value}", value=repr(two_stage_trials))
     return out
 
@@ -125,8 +132,19 @@ def _stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
-def _exact_stats(name: str, pipe: Pipeline, q: np.ndarray, d: np.ndarray, eps: float, k: int, m: int,
-                 params: dict, gap: np.ndarray, thr: float, cand: np.ndarray) -> tuple[float, float] | None:
+def _exact_stats(
+    name: str,
+    pipe: Pipeline,
+    q: np.ndarray,
+    d: np.ndarray,
+    eps: float,
+    k: int,
+    m: int,
+    params: dict,
+    gap: np.ndarray,
+    thr: float,
+    cand: np.ndarray,
+) -> tuple[float, float] | None:
     """(first_mse, recall) from exact probabilities, or None when not cheap here."""
     from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
 
@@ -152,8 +170,9 @@ def _exact_stats(name: str, pipe: Pipeline, q: np.ndarray, d: np.ndarray, eps: f
     return mse, rec
 
 
-def _mc_slates(name: str, q: np.ndarray, d: np.ndarray, eps: float, k: int, trials: int,
-               rng: np.random.Generator, params: dict) -> np.ndarray:
+def _mc_slates(
+    name: str, q: np.ndarray, d: np.ndarray, eps: float, k: int, trials: int, rng: np.random.Generator, params: dict
+) -> np.ndarray:
     """(trials, k) slates of select_slate's distribution (k = 1: one vectorised draw)."""
     from recsvc.mechanisms import select_slate
     from recsvc.mechanisms.registry import check_params, get_mechanism
@@ -168,8 +187,15 @@ def _slate_metrics(slates: np.ndarray, q: np.ndarray, gap: np.ndarray, thr: floa
     return float(gap[slates[:, 0]].mean()), float((q[slates] >= thr).mean())
 
 
-def evaluate_user(raw: np.ndarray, b: int, seed: int, mechanisms: tuple[str, ...], epsilons: tuple[float, ...],
-                  params: dict[str, dict], ctx: PipelineContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def evaluate_user(
+    raw: np.ndarray,
+    b: int,
+    seed: int,
+    mechanisms: tuple[str, ...],
+    epsilons: tuple[float, ...],
+    params: dict[str, dict],
+    ctx: PipelineContext,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first_mse, recall, exact) arrays (P, M, E, K) for global user b with raw catalog scores."""
     from recsvc.mechanisms import MECHANISMS, select_slate
     from recsvc.model import top_k
@@ -202,9 +228,12 @@ def evaluate_user(raw: np.ndarray, b: int, seed: int, mechanisms: tuple[str, ...
                     eps1 = pipe.fraction * eps
                     if stage1 is None:  # one private top-m per trial, shared by every mechanism and k
                         r1 = _stream(seed, b, TAG, pi, ei)
-                        stage1 = [np.sort(select_slate(CANDIDATE_MECHANISM, q, d, eps1, m, r1))
-                                  for _ in range(ctx.two_stage_trials)]
-                    sl = np.concatenate([c[_mc_slates(name, q[c], d[c], eps - eps1, k, 1, rng, params.get(name, {}))]
-                                         for c in stage1])
+                        stage1 = [
+                            np.sort(select_slate(CANDIDATE_MECHANISM, q, d, eps1, m, r1))
+                            for _ in range(ctx.two_stage_trials)
+                        ]
+                    sl = np.concatenate(
+                        [c[_mc_slates(name, q[c], d[c], eps - eps1, k, 1, rng, params.get(name, {}))] for c in stage1]
+                    )
                     mse[pi, mi, ei, ki], rec[pi, mi, ei, ki] = _slate_metrics(sl, q, gap, thr[k])
     return mse, rec, exact

@@ -34,14 +34,30 @@ def correlation_hist(result: EvalResult, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     edges = result.hist_edges
     width = np.diff(edges)
-    ax.bar(edges[:-1], result.hist_spearman, width=width, align="edge", color="#4c72b0", alpha=0.75,
-           edgecolor="white", label="Spearman ρ(q, Δ)")
-    ax.step(edges, np.r_[result.hist_weighted, result.hist_weighted[-1:]], where="post", color="#dd8452",
-            lw=1.8, label="weighted correlation (App. I, B=5)")
+    ax.bar(
+        edges[:-1],
+        result.hist_spearman,
+        width=width,
+        align="edge",
+        color="#4c72b0",
+        alpha=0.75,
+        edgecolor="white",
+        label="Spearman ρ(q, Δ)",
+    )
+    ax.step(
+        edges,
+        np.r_[result.hist_weighted, result.hist_weighted[-1:]],
+        where="post",
+        color="#dd8452",
+        lw=1.8,
+        label="weighted correlation (App. I, B=5)",
+    )
     ax.axvline(0, color="k", lw=0.8, ls="--")
     frac = result.correlation["spearman"]["frac_positive"]
-    ax.set_title(f"{result.dataset}: per-user correlation of scores and Δ\n"
-                 f"{result.users} users, {frac:.0%} with Spearman ρ > 0", fontsize=10)
+    ax.set_title(
+        f"{result.dataset}: per-user correlation of scores and Δ\n{result.users} users, {frac:.0%} with Spearman ρ > 0",
+        fontsize=10,
+    )
     ax.set_xlabel("correlation")
     ax.set_ylabel("users")
     ax.set_xlim(-1, 1)
@@ -65,8 +81,11 @@ def log_ratio_scatter(result: EvalResult, path: Path) -> None:
     note = f"; {skipped} users with a mean selected score ≤ 0 left out" if skipped else ""
     if not result.log_ratio.height:
         note = "; needs both gem and mgem"
-    ax.set_title(f"{result.dataset}: log(mean selected score mGEM / GEM) at ε = {result.ratio_epsilon:g}\n"
-                 f"{int(ok.sum())} users shown{note}", fontsize=10)
+    ax.set_title(
+        f"{result.dataset}: log(mean selected score mGEM / GEM) at ε = {result.ratio_epsilon:g}\n"
+        f"{int(ok.sum())} users shown{note}",
+        fontsize=10,
+    )
     ax.set_xlabel("Spearman ρ(q, Δ)")
     ax.set_ylabel("log ratio  (> 0: mGEM better)")
     fig.tight_layout()
@@ -92,8 +111,11 @@ def line_style(plt, i: int, mech: str) -> dict:
         return {"marker": "*", "color": "k", "ls": ":", "mfc": "none", "zorder": 3}
     palette = plt.get_cmap("tab20").colors  # 11+ mechanisms: more distinct colours than the default 10
     reference = mech == "random" or not MECHANISMS[mech].private
-    return {"marker": _MARKERS[i % len(_MARKERS)], "color": palette[(2 * i) % 20 + (i // 10) % 2],
-            "ls": "--" if reference else "-"}
+    return {
+        "marker": _MARKERS[i % len(_MARKERS)],
+        "color": palette[(2 * i) % 20 + (i // 10) % 2],
+        "ls": "--" if reference else "-",
+    }
 
 
 def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
@@ -106,8 +128,7 @@ def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
         lo, hi = t["ci_low"].to_numpy(), t["ci_high"].to_numpy()
         pos = m > 0  # log axes: a zero MSE cannot be drawn
         drawn += m[pos].tolist()
-        line, = ax.plot(e[pos], m[pos], **line_style(plt, i, mech), ms=4, lw=1.4,
-                        label=mechanism_label(mech))
+        (line,) = ax.plot(e[pos], m[pos], **line_style(plt, i, mech), ms=4, lw=1.4, label=mechanism_label(mech))
         band = pos & np.isfinite(lo) & np.isfinite(hi)
         low = np.maximum(lo[band], m[band] * 1e-3)
         drawn += low.tolist() + hi[band].tolist()
@@ -115,8 +136,10 @@ def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
     _log_axes(ax, result.epsilons, drawn)
     ax.set_xlabel("ε")
     ax.set_ylabel("MSE  (max q − q_selected)²")
-    ax.set_title(f"{result.dataset}: selection error, {result.users} users × {result.config.trials} trials "
-                 f"(95% CI bands)", fontsize=10)
+    ax.set_title(
+        f"{result.dataset}: selection error, {result.users} users × {result.config.trials} trials (95% CI bands)",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
@@ -175,14 +198,19 @@ def sweep_figure(result: SweepResult, path: Path) -> None:
             ok = np.isfinite(y) & (y > 0)  # log axes
             drawn += y[ok].tolist()
             hidden += int((~ok).sum())
-            bottom.plot(e[ok], y[ok], **line_style(plt, i, mech), ms=3, lw=1.2,
-                        label=mechanism_label(mech))
+            bottom.plot(e[ok], y[ok], **line_style(plt, i, mech), ms=3, lw=1.2, label=mechanism_label(mech))
         if rel:
             bottom.axhline(1.0, color="k", lw=1.0, ls="--", label="rnm (= 1)")
         _log_axes(bottom, result.epsilons, drawn)
         if hidden:
-            bottom.text(0.02, 0.02, f"{hidden} value(s) 0 or undefined: not drawn", transform=bottom.transAxes,
-                        fontsize=6, color="0.35")
+            bottom.text(
+                0.02,
+                0.02,
+                f"{hidden} value(s) 0 or undefined: not drawn",
+                transform=bottom.transAxes,
+                fontsize=6,
+                color="0.35",
+            )
         _plain_log_ticks(bottom)
         bottom.set_xlabel("ε", fontsize=8)
         bottom.grid(True, which="major", alpha=0.25)
@@ -192,8 +220,11 @@ def sweep_figure(result: SweepResult, path: Path) -> None:
     handles, labels = axes[1, 0].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=8, loc="center right", borderaxespad=0.3)
     cfg = result.config
-    fig.suptitle(f"Correlation sweep (paper Fig. 10): n = {cfg.n}, seed {cfg.seed}, "
-                 f"{'exact probabilities where available' if cfg.exact else f'{cfg.trials} trials'}", fontsize=10)
+    fig.suptitle(
+        f"Correlation sweep (paper Fig. 10): n = {cfg.n}, seed {cfg.seed}, "
+        f"{'exact probabilities where available' if cfg.exact else f'{cfg.trials} trials'}",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0, 1 - 1.5 / (2.5 * k + 1.6), 1))
     fig.savefig(path)
     plt.close(fig)

@@ -59,8 +59,10 @@ def run_proportion(cfg: EvalConfig) -> ProportionResult:
     from recsvc.checks import ParamError
 
     if cfg.level is not None:
-        raise ParamError("{level} applies only to {scenario} sweep; {scenario} proportion runs the proportions "
-                         f"{', '.join(f'{p:g}' for p in PROPORTIONS)}")
+        raise ParamError(
+            "{level} applies only to {scenario} sweep; {scenario} proportion runs the proportions "
+            f"{', '.join(f'{p:g}' for p in PROPORTIONS)}"
+        )
     mechanisms = validate(replace(cfg, scenario="1"))
     sources = [(k, p, _BimodalSource(k, p, cfg)) for k in KINDS for p in PROPORTIONS]  # a bad --n fails here
     cfg = runner.with_data_defaults(cfg, sources[0][2])
@@ -121,33 +123,59 @@ def findings(table: pl.DataFrame, eps: float) -> list[Finding]:
         rivals = np.min([pos[m] for m in [*homog, "gem"]], axis=0)
         for m in (m for m in ("rnmh", "mgem", "rs") if m in pos):
             wins = int((pos[m] < rivals).sum())
-            out.append(Finding(f"positive: {m} beats {', '.join(homog)} and gem for most proportions", 2 * wins > len(props),
-                               f"at {wins} of {len(props)} proportions"))
+            out.append(
+                Finding(
+                    f"positive: {m} beats {', '.join(homog)} and gem for most proportions",
+                    2 * wins > len(props),
+                    f"at {wins} of {len(props)} proportions",
+                )
+            )
         best_het = np.min([pos[m] for m in ("rnmh", "mgem", "rs") if m in pos], axis=0)
         gap = np.min([pos[m] for m in homog], axis=0) - best_het
         peak = int(np.argmax(gap))
-        out.append(Finding("positive: the gap is smallest at the extremes and largest with a few high scores",
-                           0 < peak < len(props) - 1 and props[peak] <= 0.3 and gap[0] < gap[peak] > gap[-1],
-                           f"largest ({gap[peak]:.3g}) at proportion {props[peak]:g}; {gap[0]:.3g} at {props[0]:g}, "
-                           f"{gap[-1]:.3g} at {props[-1]:g}"))
+        out.append(
+            Finding(
+                "positive: the gap is smallest at the extremes and largest with a few high scores",
+                0 < peak < len(props) - 1 and props[peak] <= 0.3 and gap[0] < gap[peak] > gap[-1],
+                f"largest ({gap[peak]:.3g}) at proportion {props[peak]:g}; {gap[0]:.3g} at {props[0]:g}, "
+                f"{gap[-1]:.3g} at {props[-1]:g}",
+            )
+        )
     if "rnm" in neg and "gem" in neg:
         helped = [m for m in _HETEROGENEOUS if m in neg and (neg[m] < neg["rnm"]).any()]
-        out.append(Finding("negative: heterogeneity helps only GEM (no other beats RNM at any proportion)",
-                           helped == ["gem"] and bool((neg["gem"] < neg["rnm"]).all()),
-                           f"beat RNM somewhere: {', '.join(helped) or 'none'}"))
+        out.append(
+            Finding(
+                "negative: heterogeneity helps only GEM (no other beats RNM at any proportion)",
+                helped == ["gem"] and bool((neg["gem"] < neg["rnm"]).all()),
+                f"beat RNM somewhere: {', '.join(helped) or 'none'}",
+            )
+        )
     if "random" in neg:
         for m in (m for m in ("rnmh", "mgem", "rs") if m in neg):
             worse = int((neg[m] > neg["random"]).sum())
             rel = float(np.max(np.abs(neg[m] / neg["random"] - 1)))
-            out.append(Finding(f"negative: {m} is worse than random at every proportion", worse == len(props),
-                               f"at {worse} of {len(props)}; largest relative difference from random {rel:.1%}"))
+            out.append(
+                Finding(
+                    f"negative: {m} is worse than random at every proportion",
+                    worse == len(props),
+                    f"at {worse} of {len(props)}; largest relative difference from random {rel:.1%}",
+                )
+            )
     if "rnm" in none:
         het = [m for m in ("gem", "mgem", "rs", "rs_improved") if m in none]
-        beat = {m: [f"{p:g}" for p, v, r in zip(props, none[m], none["rnm"], strict=True) if v < r * (1 - 1e-9)] for m in het}
-        out.append(Finding("none: heterogeneity does not help, RNM suffices (no heterogeneous DP mechanism beats it "
-                           "at any proportion)", not any(beat.values()),
-                           "; ".join(f"{m} beats RNM at {', '.join(v)}" for m, v in beat.items() if v) or
-                           f"{', '.join(het)} never beat RNM"))
+        beat = {
+            m: [f"{p:g}" for p, v, r in zip(props, none[m], none["rnm"], strict=True) if v < r * (1 - 1e-9)]
+            for m in het
+        }
+        out.append(
+            Finding(
+                "none: heterogeneity does not help, RNM suffices (no heterogeneous DP mechanism beats it "
+                "at any proportion)",
+                not any(beat.values()),
+                "; ".join(f"{m} beats RNM at {', '.join(v)}" for m, v in beat.items() if v)
+                or f"{', '.join(het)} never beat RNM",
+            )
+        )
     return out
 
 
@@ -167,8 +195,11 @@ def figure(result: ProportionResult, path: Path) -> None:
     axes[0].set_ylabel(f"MSE at ε = {result.epsilon:g}", fontsize=9)
     axes[-1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     cfg = result.config
-    fig.suptitle(f"Proportion of high scores (paper Fig. 18): n = {cfg.n}, "
-                 f"{'exact where available, else ' if cfg.exact else ''}{cfg.trials} trials", fontsize=10)
+    fig.suptitle(
+        f"Proportion of high scores (paper Fig. 18): n = {cfg.n}, "
+        f"{'exact where available, else ' if cfg.exact else ''}{cfg.trials} trials",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -197,13 +228,22 @@ def markdown(result: ProportionResult) -> str:
     ]
     for kind, corr in KINDS.items():
         mse = _mse(result.table, kind, eps)
-        lines += ["", f"## Scenario {kind} ({'no' if corr == 'none' else corr} correlation): MSE at ε = {eps:g}", "",
-                  "| proportion | " + " | ".join(mechanism_label(m) for m in mechs) + " |",
-                  "|---" * (len(mechs) + 1) + "|"]
+        lines += [
+            "",
+            f"## Scenario {kind} ({'no' if corr == 'none' else corr} correlation): MSE at ε = {eps:g}",
+            "",
+            "| proportion | " + " | ".join(mechanism_label(m) for m in mechs) + " |",
+            "|---" * (len(mechs) + 1) + "|",
+        ]
         for i, p in enumerate(PROPORTIONS):
             row = [mse[m][i] for m in mechs]
             best = min(v for m, v in zip(mechs, row, strict=True) if m != "rnmh")
-            lines.append(f"| {p:g} | " + " | ".join(f"**{v:.3g}**" if v == best and m != "rnmh" else f"{v:.3g}"
-                                                   for m, v in zip(mechs, row, strict=True)) + " |")
+            lines.append(
+                f"| {p:g} | "
+                + " | ".join(
+                    f"**{v:.3g}**" if v == best and m != "rnmh" else f"{v:.3g}" for m, v in zip(mechs, row, strict=True)
+                )
+                + " |"
+            )
     lines += ["", f"All ε in `{PROPORTION_CSV}` / `{PROPORTION_PARQUET}`."]
     return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ def _fmt(x: float) -> str:
 
 
 def _with_ci(mean: float, low: float, high: float) -> str:
-    """"mean [low, high]"; the mean alone when there is no CI (one user)."""
+    """ "mean [low, high]"; the mean alone when there is no CI (one user)."""
     if np.isfinite(low) and np.isfinite(high):
         return f"{_fmt(mean)} [{_fmt(low)}, {_fmt(high)}]"
     return _fmt(mean)
@@ -67,8 +67,11 @@ def auto_section(result: EvalResult) -> list[str]:
         "",
         "| ε | auto → | auto MSE | oracle | oracle MSE | regret (× oracle) |",
         "|---|---|---|---|---|---|",
-        *[f"| {r['epsilon']:g} | {r['auto_mechanism']} | {_fmt(r['auto_mse'])} | {r['oracle_mechanism']} | "
-          f"{_fmt(r['oracle_mse'])} | {r['regret_ratio']:.3f} |" for r in a.iter_rows(named=True)],
+        *[
+            f"| {r['epsilon']:g} | {r['auto_mechanism']} | {_fmt(r['auto_mse'])} | {r['oracle_mechanism']} | "
+            f"{_fmt(r['oracle_mse'])} | {r['regret_ratio']:.3f} |"
+            for r in a.iter_rows(named=True)
+        ],
         "",
     ]
 
@@ -121,16 +124,22 @@ def markdown(result: EvalResult) -> str:
             "",
             "| ε | mean log-ratio [95% CI] | users defined | users undefined |",
             "|---|---|---|---|",
-            *[f"| {r['epsilon']:g} | {_with_ci(r['mean_log_ratio'], r['ci_low'], r['ci_high'])} "
-              f"| {r['users_defined']} | {r['users_undefined']} |" for r in lr.iter_rows(named=True)],
+            *[
+                f"| {r['epsilon']:g} | {_with_ci(r['mean_log_ratio'], r['ci_low'], r['ci_high'])} "
+                f"| {r['users_defined']} | {r['users_undefined']} |"
+                for r in lr.iter_rows(named=True)
+            ],
             "",
             f"![log ratio vs correlation]({LOG_RATIO_PNG})",
             "",
         ]
     if result.notes:
         parts += ["## Notes", "", *[f"- {n}" for n in result.notes], ""]
-    parts += ["Per-user tables: `users.parquet`, `selections.parquet`, `log_ratio.parquet`; "
-              "aggregates: `mse.parquet`/`mse.csv`, `summary.json`.", ""]
+    parts += [
+        "Per-user tables: `users.parquet`, `selections.parquet`, `log_ratio.parquet`; "
+        "aggregates: `mse.parquet`/`mse.csv`, `summary.json`.",
+        "",
+    ]
     return "\n".join(parts)
 
 
@@ -146,8 +155,10 @@ def summary_text(result: EvalResult) -> str:
     ]
     if result.auto.height:
         worst = result.auto.sort("regret_ratio", descending=True).row(0, named=True)
-        lines.append(f"auto (policy table): worst regret {worst['regret_ratio']:.3f}× the oracle "
-                     f"(ε={worst['epsilon']:g}: {worst['auto_mechanism']} vs {worst['oracle_mechanism']})")
+        lines.append(
+            f"auto (policy table): worst regret {worst['regret_ratio']:.3f}× the oracle "
+            f"(ε={worst['epsilon']:g}: {worst['auto_mechanism']} vs {worst['oracle_mechanism']})"
+        )
     if result.out is not None:
         lines.append(f"report: {result.out / 'report.md'}")
     return "\n".join(lines)
@@ -157,8 +168,10 @@ def _sweep_settings(result: SweepResult) -> str:
     cfg, mechanisms, epsilons = result.config, result.mechanisms, result.epsilons
     how = "exact probabilities where available" if cfg.exact else f"{cfg.trials} trials (Monte Carlo)"
     grid = ", ".join(f"{e:g}" for e in epsilons)
-    return (f"n = {cfg.n} candidates, {result.levels[0].result.users} user(s) per level, seed {cfg.seed}, "
-            f"{_param_text(cfg)}, {how}; mechanisms {', '.join(mechanisms)}; ε ∈ {{{grid}}}")
+    return (
+        f"n = {cfg.n} candidates, {result.levels[0].result.users} user(s) per level, seed {cfg.seed}, "
+        f"{_param_text(cfg)}, {how}; mechanisms {', '.join(mechanisms)}; ε ∈ {{{grid}}}"
+    )
 
 
 def summary_epsilon(epsilons: tuple[float, ...]) -> float:
@@ -193,7 +206,9 @@ def sweep_markdown(result: SweepResult) -> str:
     for j, lv in enumerate(result.levels):
         cells = [_best_cell(m, mse, rel, result.has_rnm) for _, m, mse, rel in (best[e][j] for e in eps)]
         rows.append(f"| [{lv.level:g}]({lv.dirname}/report.md) | {lv.spearman:.3f} | " + " | ".join(cells) + " |")
-    shown = "" if len(eps) == len(result.epsilons) else f" ({len(eps)} of the {len(result.epsilons)} ε; all in `sweep.csv`)"
+    shown = (
+        "" if len(eps) == len(result.epsilons) else f" ({len(eps)} of the {len(result.epsilons)} ε; all in `sweep.csv`)"
+    )
     notes = result.levels[0].result.notes
     parts = [
         "# Evaluation: correlation sweep (paper Figure 10)",
@@ -233,8 +248,10 @@ def sweep_markdown(result: SweepResult) -> str:
 def sweep_summary_text(result: SweepResult) -> str:
     e = summary_epsilon(result.epsilons)
     what = "MSE ÷ RNM" if result.has_rnm else "MSE"
-    lines = [f"sweep: {len(result.levels)} levels × {len(result.mechanisms)} mechanisms × "
-             f"{len(result.epsilons)} ε in {result.seconds:.1f} s; best mechanism at ε={e:g} ({what}):"]
+    lines = [
+        f"sweep: {len(result.levels)} levels × {len(result.mechanisms)} mechanisms × "
+        f"{len(result.epsilons)} ε in {result.seconds:.1f} s; best mechanism at ε={e:g} ({what}):"
+    ]
     for lv, mech, mse, rel in result.best_at(e):
         lines.append(f"  t={lv.level:<5g} ρ={lv.spearman:+.2f}  {mech} {_fmt(rel if result.has_rnm else mse)}")
     lines += result.levels[0].result.notes

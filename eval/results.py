@@ -109,7 +109,8 @@ class SweepResult:
         rows = []
         for lv in self.levels:
             mech = next(m for e, m, _ in lv.result.winners() if e == eps)
-            row = self.table.filter((pl.col("level") == lv.level) & (pl.col("epsilon") == eps)
-                                    & (pl.col("mechanism") == mech)).row(0, named=True)
+            row = self.table.filter(
+                (pl.col("level") == lv.level) & (pl.col("epsilon") == eps) & (pl.col("mechanism") == mech)
+            ).row(0, named=True)
             rows.append((lv, mech, row["mse"], row["mse_rel_rnm"]))
         return rows

@@ -55,11 +55,24 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
     engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)  # validates, no I/O
     try:
         with outputs.staged(cfg) as stage:  # only now, after every check, is anything written
-            red = aggregate.Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx,
-                                    None if stage is None else stage.tmp, pipelines=ctx.pipelines)
+            red = aggregate.Reducer(
+                mechanisms,
+                eps,
+                source.total,
+                cfg.seed,
+                ratio_idx,
+                None if stage is None else stage.tmp,
+                pipelines=ctx.pipelines,
+            )
             t0 = time.perf_counter()
-            for res in engine.map(evaluate_chunk, LazyChunks(source, ranges), ctx, desc=f"eval {source.name}",
-                                  unit="user", sizes=[len(r) for r in ranges]):
+            for res in engine.map(
+                evaluate_chunk,
+                LazyChunks(source, ranges),
+                ctx,
+                desc=f"eval {source.name}",
+                unit="user",
+                sizes=[len(r) for r in ranges],
+            ):
                 red.add(res)
             red.close()
             result = aggregate.finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)

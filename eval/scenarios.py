@@ -113,8 +113,10 @@ def _bimodal(kind: str, n: int, proportion: float = 0.5) -> tuple[np.ndarray, np
         raise ValueError(f"bimodal scenario needs n ≥ 2 candidates, got {n}")
     high = int(np.floor(proportion * n + 0.5))
     if not (isinstance(proportion, (int, float)) and 0 < proportion < 1) or not 1 <= high <= n - 1:
-        raise ValueError(f"proportion of high scores must leave at least one high and one low candidate "
-                         f"among n = {n}, got {proportion!r}")
+        raise ValueError(
+            f"proportion of high scores must leave at least one high and one low candidate "
+            f"among n = {n}, got {proportion!r}"
+        )
     idx = np.arange(n)
     q = np.where(idx < high, 1.0, -1.0)  # first ones high, as in Figure 2
     if kind == "1":
@@ -194,12 +196,16 @@ _DESCRIPTIONS: dict[str, str] = {
 SCENARIOS: tuple[str, ...] = tuple(_DESCRIPTIONS)
 
 _DEFAULT_REPEATS = {"1": 1, "2": 1, "3": 1, "4": 1000, "5": 1000, "6": 1000, "7": 5000, "8": 5000, "sweep": 100}
-_PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0),
-                "7": (5.0, 95.0), "8": (5.0, 95.0)}
+_PERCENTILES = {"4": (10.0, 90.0), "5": (10.0, 90.0), "6": (10.0, 90.0), "7": (5.0, 95.0), "8": (5.0, 95.0)}
 
 
 def scenario(
-    name: str, n: int = 100, seed: int = 0, *, repeats: int | None = None, level: float = 0.8,
+    name: str,
+    n: int = 100,
+    seed: int = 0,
+    *,
+    repeats: int | None = None,
+    level: float = 0.8,
     proportion: float = 0.5,
 ) -> Scenario:
     """Builds scenario ``name`` with ``n`` candidates; ``repeats`` rows (default per scenario:
@@ -224,8 +230,17 @@ def scenario(
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     if name == "sweep":
         draws, sens = _sweep(rng, n, repeats, float(level))
-        return Scenario(name, f"{description} (t = {level:g})", draws[0].copy(), sens, draws - sens / 2.0,
-                        draws + sens / 2.0, draws, level=float(level), seed=seed)
+        return Scenario(
+            name,
+            f"{description} (t = {level:g})",
+            draws[0].copy(),
+            sens,
+            draws - sens / 2.0,
+            draws + sens / 2.0,
+            draws,
+            level=float(level),
+            seed=seed,
+        )
     if name in ("1", "2", "3"):
         q, sens = _bimodal(name, n, proportion)
         draws = np.broadcast_to(q, (repeats, n)).copy()

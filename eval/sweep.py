@@ -70,9 +70,17 @@ def sweep_table(levels: Sequence[SweepLevel]) -> pl.DataFrame:
         ref = np.array([rnm.get(e, np.nan) for e in mse["epsilon"].to_list()], dtype=np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             rel = mse["mse_mean"].to_numpy() / ref
-        frames.append(pl.DataFrame({
-            "level": np.full(mse.height, lv.level), "spearman": np.full(mse.height, lv.spearman),
-            "mechanism": mse["mechanism"], "epsilon": mse["epsilon"], "mse": mse["mse_mean"],
-            "mse_rel_rnm": rel, "method": mse["method"],
-        }))
+        frames.append(
+            pl.DataFrame(
+                {
+                    "level": np.full(mse.height, lv.level),
+                    "spearman": np.full(mse.height, lv.spearman),
+                    "mechanism": mse["mechanism"],
+                    "epsilon": mse["epsilon"],
+                    "mse": mse["mse_mean"],
+                    "mse_rel_rnm": rel,
+                    "method": mse["method"],
+                }
+            )
+        )
     return pl.concat(frames)

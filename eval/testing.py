@@ -13,8 +13,15 @@ import polars as pl
 from recsvc.artifact import ArtifactWriter
 
 
-def make_artifact(out: Path, users: int = 12, items: int = 30, n: int = 20, seed: int = 0,
-                  short_users: int = 2, manifest: dict | None = None) -> Path:
+def make_artifact(
+    out: Path,
+    users: int = 12,
+    items: int = 30,
+    n: int = 20,
+    seed: int = 0,
+    short_users: int = 2,
+    manifest: dict | None = None,
+) -> Path:
     """Scores roughly increase with Δ (positive correlation, like SANSA in the paper).
 
     The last ``short_users`` users get fewer than ``n`` candidates, exercising the padding.
@@ -69,6 +76,9 @@ def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int =
         w.write_items(pl.DataFrame({"item_id": item_ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
         w.write_candidates(pl.DataFrame(rows).cast({"rank": pl.Int32}))
         w.write_model(model)
-        w.write_test_inputs(pl.DataFrame({"user_id": np.repeat(list(inputs), 2),
-                                          "item_id": item_ids[np.concatenate(list(inputs.values()))]}))
+        w.write_test_inputs(
+            pl.DataFrame(
+                {"user_id": np.repeat(list(inputs), 2), "item_id": item_ids[np.concatenate(list(inputs.values()))]}
+            )
+        )
         return w.commit({"dataset": "catalog-toy", "seed": seed})

@@ -16,9 +16,13 @@ if TYPE_CHECKING:
 
 FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG = "fig3.png", "fig15.png", "fig16.png", "fig17.png"
 # (file, baseline, mechanism): the GEM family on the Figure 16/17 grid (§V-A, no figure in the paper)
-GEM_FIGURES = (("gem_vs_rnm.png", "rnm", "gem"), ("mgem_vs_rnm.png", "rnm", "mgem"),
-               ("mgem_vs_gem.png", "gem", "mgem"), ("gem_vs_random.png", "random", "gem"),
-               ("mgem_vs_random.png", "random", "mgem"))
+GEM_FIGURES = (
+    ("gem_vs_rnm.png", "rnm", "gem"),
+    ("mgem_vs_rnm.png", "rnm", "mgem"),
+    ("mgem_vs_gem.png", "gem", "mgem"),
+    ("gem_vs_random.png", "random", "gem"),
+    ("mgem_vs_random.png", "random", "mgem"),
+)
 _NAMES = {"rnm": "RNM", "rnmh": "RNMH", "rs": "RS_γ", "gem": "GEM", "mgem": "mGEM", "random": "random"}
 
 
@@ -42,12 +46,13 @@ def _panel(ax, t: pl.DataFrame, deltas: tuple[float, ...], title: str):
     return mesh
 
 
-def _figure(result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], ncols: int, title: str,
-            path: Path) -> None:
+def _figure(
+    result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], ncols: int, title: str, path: Path
+) -> None:
     plt = pyplot()
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.5 * nrows + 0.7), dpi=110, squeeze=False)
-    for ax in axes.ravel()[len(panels):]:
+    for ax in axes.ravel()[len(panels) :]:
         ax.set_visible(False)
     for ax, (t, sub) in zip(axes.ravel(), panels, strict=False):
         mesh = _panel(ax, t, result.config.deltas, sub)
@@ -56,46 +61,82 @@ def _figure(result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], 
         ax.set_xlabel("Δ1 (lower score)", fontsize=7)
     for ax in axes[:, 0]:
         ax.set_ylabel("Δ2 (higher score)", fontsize=7)
-    fig.suptitle(title + "\nred: the second mechanism wins (hg > 0); blue: the first wins; dashed: Δ1 = Δ2",
-                 fontsize=9)
+    fig.suptitle(title + "\nred: the second mechanism wins (hg > 0); blue: the first wins; dashed: Δ1 = Δ2", fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
 def _select(t: pl.DataFrame, base: str, mech: str, eps: float, gap: float, gamma: float | None) -> pl.DataFrame:
-    t = t.filter((pl.col("baseline") == base) & (pl.col("mechanism") == mech) & (pl.col("epsilon") == eps)
-                 & (pl.col("gap") == gap))
+    t = t.filter(
+        (pl.col("baseline") == base)
+        & (pl.col("mechanism") == mech)
+        & (pl.col("epsilon") == eps)
+        & (pl.col("gap") == gap)
+    )
     return t if gamma is None else t.filter(pl.col("gamma") == gamma)
 
 
 def _grid_panels(result: TwoCandidateResult, base: str, mech: str, gamma: float | None) -> list:
     """Rows ε, columns gap (Figures 16 and 17)."""
     cfg = result.config
-    return [(_select(result.table, base, mech, e, g, gamma), f"ε = {e:g}, q2 − q1 = {g:g}")
-            for e in cfg.epsilons for g in cfg.gaps]
+    return [
+        (_select(result.table, base, mech, e, g, gamma), f"ε = {e:g}, q2 − q1 = {g:g}")
+        for e in cfg.epsilons
+        for g in cfg.gaps
+    ]
 
 
 def write_all(result: TwoCandidateResult, out: Path) -> list[str]:
     from eval.two_candidates import FIGURE_EPSILON, FIGURE_GAMMA, FIGURE_GAP, nearest
 
     cfg, t = result.config, result.table
-    eps, gap, gamma = nearest(cfg.epsilons, FIGURE_EPSILON), nearest(cfg.gaps, FIGURE_GAP), nearest(
-        cfg.gammas, FIGURE_GAMMA)
+    eps, gap, gamma = (
+        nearest(cfg.epsilons, FIGURE_EPSILON),
+        nearest(cfg.gaps, FIGURE_GAP),
+        nearest(cfg.gammas, FIGURE_GAMMA),
+    )
     where = f"ε = {eps:g}, q1 = 0, q2 = {gap:g}"
-    _figure(result, [(_select(t, "rnm", "rnmh", eps, gap, None), _label("rnm", "rnmh", None)),
-                     (_select(t, "rnm", "rs", eps, gap, gamma), _label("rnm", "rs", gamma))], 2,
-            f"Figure 3: RNM vs RNMH and RS_γ, {where}", out / FIG3_PNG)
-    _figure(result, [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas],
-            min(len(cfg.gammas), 5), f"Figure 15: HG(RNM, RS_γ) as γ varies, {where}", out / FIG15_PNG)
+    _figure(
+        result,
+        [
+            (_select(t, "rnm", "rnmh", eps, gap, None), _label("rnm", "rnmh", None)),
+            (_select(t, "rnm", "rs", eps, gap, gamma), _label("rnm", "rs", gamma)),
+        ],
+        2,
+        f"Figure 3: RNM vs RNMH and RS_γ, {where}",
+        out / FIG3_PNG,
+    )
+    _figure(
+        result,
+        [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas],
+        min(len(cfg.gammas), 5),
+        f"Figure 15: HG(RNM, RS_γ) as γ varies, {where}",
+        out / FIG15_PNG,
+    )
     ncols = len(cfg.gaps)
-    _figure(result, _grid_panels(result, "rnm", "rnmh", None), ncols,
-            "Figure 16: HG(RNM, RNMH); rows ε, columns q2 − q1", out / FIG16_PNG)
-    _figure(result, _grid_panels(result, "rnm", "rs", gamma), ncols,
-            f"Figure 17: HG(RNM, RS_γ), γ = {gamma:g}; rows ε, columns q2 − q1", out / FIG17_PNG)
+    _figure(
+        result,
+        _grid_panels(result, "rnm", "rnmh", None),
+        ncols,
+        "Figure 16: HG(RNM, RNMH); rows ε, columns q2 − q1",
+        out / FIG16_PNG,
+    )
+    _figure(
+        result,
+        _grid_panels(result, "rnm", "rs", gamma),
+        ncols,
+        f"Figure 17: HG(RNM, RS_γ), γ = {gamma:g}; rows ε, columns q2 − q1",
+        out / FIG17_PNG,
+    )
     names = [FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG]
     for name, base, mech in GEM_FIGURES:
-        _figure(result, _grid_panels(result, base, mech, None), ncols,
-                f"{_label(base, mech, None)} (β = {cfg.beta:g}); rows ε, columns q2 − q1", out / name)
+        _figure(
+            result,
+            _grid_panels(result, base, mech, None),
+            ncols,
+            f"{_label(base, mech, None)} (β = {cfg.beta:g}); rows ε, columns q2 − q1",
+            out / name,
+        )
         names.append(name)
     return names

@@ -36,8 +36,13 @@ FIGURE_EPSILON, FIGURE_GAP, FIGURE_GAMMA = 0.1, 1.0, 0.01  # Figures 3 and 15 (q
 DEFAULT_BETA = PARAMS["beta"].default  # gem / mgem's own
 # (baseline, mechanism): hg > 0 means ``mechanism`` beats ``baseline``. rs has one row per γ.
 PAIRS: tuple[tuple[str, str], ...] = (
-    ("rnm", "rnmh"), ("rnm", "rs"), ("rnm", "gem"), ("rnm", "mgem"), ("gem", "mgem"),
-    ("random", "gem"), ("random", "mgem"),
+    ("rnm", "rnmh"),
+    ("rnm", "rs"),
+    ("rnm", "gem"),
+    ("rnm", "mgem"),
+    ("gem", "mgem"),
+    ("random", "gem"),
+    ("random", "mgem"),
 )
 HG_PARQUET = "hg.parquet"
 
@@ -80,8 +85,9 @@ def validate(cfg: TwoCandidateConfig) -> TwoCandidateConfig:
         try:
             GAMMA.check(g)
         except ParamError:
-            raise ParamError("{gammas} must lie in {range} (random stopping's γ), got {value}",
-                             range=GAMMA.accepted, value=repr(g)) from None
+            raise ParamError(
+                "{gammas} must lie in {range} (random stopping's γ), got {value}", range=GAMMA.accepted, value=repr(g)
+            ) from None
     beta = BETA.check(cfg.beta)
     if cfg.out is not None:
         check_out(cfg.out, cfg.force)
@@ -107,8 +113,9 @@ def error_probability(mech: str, grid: dict[str, np.ndarray], beta: float, gamma
     if mech == "rs":
         return random_stopping_two_candidates_lower(gap, d1, d2, eps, gamma)
     params = {"beta": beta} if mech in ("gem", "mgem") else {}
-    return np.array([probabilities(mech, [0.0, g], [a, b], e, **params)[0]
-                     for a, b, e, g in zip(d1, d2, eps, gap, strict=True)])
+    return np.array(
+        [probabilities(mech, [0.0, g], [a, b], e, **params)[0] for a, b, e, g in zip(d1, d2, eps, gap, strict=True)]
+    )
 
 
 def hg_table(cfg: TwoCandidateConfig) -> pl.DataFrame:
@@ -124,13 +131,21 @@ def hg_table(cfg: TwoCandidateConfig) -> pl.DataFrame:
 
     frames = []
     for base, mech in PAIRS:
-        for gamma in (cfg.gammas if mech == "rs" else (None,)):
+        for gamma in cfg.gammas if mech == "rs" else (None,):
             e0, e1 = err(base), err(mech, gamma)
-            frames.append(pl.DataFrame({
-                "baseline": [base] * e0.size, "mechanism": [mech] * e0.size,
-                "gamma": pl.Series([gamma] * e0.size, dtype=pl.Float64), **grid,
-                "hg": e0 - e1, "baseline_error": e0, "mechanism_error": e1,
-            }))
+            frames.append(
+                pl.DataFrame(
+                    {
+                        "baseline": [base] * e0.size,
+                        "mechanism": [mech] * e0.size,
+                        "gamma": pl.Series([gamma] * e0.size, dtype=pl.Float64),
+                        **grid,
+                        "hg": e0 - e1,
+                        "baseline_error": e0,
+                        "mechanism_error": e1,
+                    }
+                )
+            )
     return pl.concat(frames)
 
 
@@ -151,7 +166,8 @@ def _iff(t: pl.DataFrame, positive: pl.Expr) -> tuple[bool, str]:
     agree = off.filter((pl.col("hg") > 0) == positive.fill_null(False)).height
     zero = int((diag["hg"].abs() <= 1e-12).sum())
     return agree == off.height and zero == diag.height, (
-        f"{agree} of {off.height} off-diagonal grid points agree; hg = 0 on {zero} of {diag.height} with Δ1 = Δ2")
+        f"{agree} of {off.height} off-diagonal grid points agree; hg = 0 on {zero} of {diag.height} with Δ1 = Δ2"
+    )
 
 
 def findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
@@ -166,18 +182,28 @@ def findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
         t = _pair(table, "rnm", mech)
         wins = t.filter(pl.col("hg") > 0)
         bad = wins.filter(~side).height
-        out.append(Finding(f"{mech} beats RNM only where {'Δ1 > Δ2' if mech == 'gem' else 'Δ1 < Δ2'} (§V-A)",
-                           bad == 0, f"{mech} beats RNM on {wins.height} of {t.height} grid points, {bad} of them "
-                           "on the other side"))
+        out.append(
+            Finding(
+                f"{mech} beats RNM only where {'Δ1 > Δ2' if mech == 'gem' else 'Δ1 < Δ2'} (§V-A)",
+                bad == 0,
+                f"{mech} beats RNM on {wins.height} of {t.height} grid points, {bad} of them on the other side",
+            )
+        )
     for mech, sign in (("gem", 1.0), ("mgem", -1.0)):
         t = _pair(table, "random", mech).with_columns(
-            thr=pl.col("gap") * pl.col("epsilon") / (2.0 * math.log(2.0 / cfg.beta)))
+            thr=pl.col("gap") * pl.col("epsilon") / (2.0 * math.log(2.0 / cfg.beta))
+        )
         predicted = (sign * (pl.col("delta2") - pl.col("delta1"))) > pl.col("thr")
         agree = t.filter((pl.col("hg") < 0) == predicted).height
         who = "Δ2 − Δ1" if mech == "gem" else "Δ1 − Δ2"
-        out.append(Finding(f"{mech} is worse than random iff {who} > gap·ε / (2 ln(2/β)) (§V-A: 'a large gap in "
-                           "the sensitivities' or 'ε small')", agree == t.height,
-                           f"{agree} of {t.height} grid points agree"))
+        out.append(
+            Finding(
+                f"{mech} is worse than random iff {who} > gap·ε / (2 ln(2/β)) (§V-A: 'a large gap in "
+                "the sensitivities' or 'ε small')",
+                agree == t.height,
+                f"{agree} of {t.height} grid points agree",
+            )
+        )
     out += _rs_findings(table, cfg)
     return out
 
@@ -186,31 +212,63 @@ def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
     lower, upper = pl.col("delta1") < pl.col("delta2"), pl.col("delta1") >= pl.col("delta2")
     rs = _pair(table, "rnm", "rs")
     never = rs.filter(upper & (pl.col("hg") >= 0)).height
-    res = [Finding("RS_γ never beats RNM when Δ1 ≥ Δ2 (the RNMH pattern's 'only if')", never == 0,
-                   f"{never} of {rs.filter(upper).height} grid points with Δ1 ≥ Δ2 (every γ) have hg ≥ 0")]
-    eps, gap, gamma = (nearest(v, x) for v, x in ((cfg.epsilons, FIGURE_EPSILON), (cfg.gaps, FIGURE_GAP),
-                                                  (cfg.gammas, FIGURE_GAMMA)))
+    res = [
+        Finding(
+            "RS_γ never beats RNM when Δ1 ≥ Δ2 (the RNMH pattern's 'only if')",
+            never == 0,
+            f"{never} of {rs.filter(upper).height} grid points with Δ1 ≥ Δ2 (every γ) have hg ≥ 0",
+        )
+    ]
+    eps, gap, gamma = (
+        nearest(v, x) for v, x in ((cfg.epsilons, FIGURE_EPSILON), (cfg.gaps, FIGURE_GAP), (cfg.gammas, FIGURE_GAMMA))
+    )
     fig3 = rs.filter((pl.col("epsilon") == eps) & (pl.col("gap") == gap) & (pl.col("gamma") == gamma))
     ok, det = _iff(fig3.filter(pl.col("delta1") != pl.col("delta2")), lower)
-    res.append(Finding(f"HG(RNM, RS_γ) > 0 iff Δ1 < Δ2 off the diagonal at Figure 3's ε = {eps:g}, gap = {gap:g}, "
-                       f"γ = {gamma:g} ('confirming … the pattern predicted by analysing RNMH')", ok,
-                       det.split(";")[0]))
+    res.append(
+        Finding(
+            f"HG(RNM, RS_γ) > 0 iff Δ1 < Δ2 off the diagonal at Figure 3's ε = {eps:g}, gap = {gap:g}, "
+            f"γ = {gamma:g} ('confirming … the pattern predicted by analysing RNMH')",
+            ok,
+            det.split(";")[0],
+        )
+    )
     # The share of the Δ1 < Δ2 points where RS wins depends on ε and gap only through ε·gap
     # (noise scales with Δ/ε): it should fall as ε·gap grows and as γ grows.
-    share = rs.filter(lower).group_by("epsilon", "gap", "gamma").agg(
-        (pl.col("hg") > 0).mean().alias("share")).with_columns(eg=pl.col("epsilon") * pl.col("gap"))
-    bad = [(r["gamma"], r["eg"]) for key in ("gamma", "eg") for r in _rises(share, key, "eg" if key == "gamma" else "gamma")]
+    share = (
+        rs.filter(lower)
+        .group_by("epsilon", "gap", "gamma")
+        .agg((pl.col("hg") > 0).mean().alias("share"))
+        .with_columns(eg=pl.col("epsilon") * pl.col("gap"))
+    )
+    bad = [
+        (r["gamma"], r["eg"])
+        for key in ("gamma", "eg")
+        for r in _rises(share, key, "eg" if key == "gamma" else "gamma")
+    ]
     worst = share.sort("share").row(0, named=True)
-    res.append(Finding("where Δ1 < Δ2, RS_γ's winning share never grows with ε·gap nor with γ (Figs 15, 17: the "
-                       "blue regions spread as ε, the gap or γ grow)", not bad,
-                       f"{len(bad)} increases; lowest share {worst['share']:.0%} at ε = {worst['epsilon']:g}, "
-                       f"gap = {worst['gap']:g}, γ = {worst['gamma']:g} (table in the report)"))
-    fig15 = rs.filter((pl.col("epsilon") == eps) & (pl.col("gap") == gap)).group_by("gamma").agg(
-        pl.col("hg").abs().max().alias("top")).sort("gamma")
+    res.append(
+        Finding(
+            "where Δ1 < Δ2, RS_γ's winning share never grows with ε·gap nor with γ (Figs 15, 17: the "
+            "blue regions spread as ε, the gap or γ grow)",
+            not bad,
+            f"{len(bad)} increases; lowest share {worst['share']:.0%} at ε = {worst['epsilon']:g}, "
+            f"gap = {worst['gap']:g}, γ = {worst['gamma']:g} (table in the report)",
+        )
+    )
+    fig15 = (
+        rs.filter((pl.col("epsilon") == eps) & (pl.col("gap") == gap))
+        .group_by("gamma")
+        .agg(pl.col("hg").abs().max().alias("top"))
+        .sort("gamma")
+    )
     tops = fig15["top"].to_list()
-    res.append(Finding(f"the largest |HG(RNM, RS_γ)| grows as γ falls (Fig. 15, ε = {eps:g}, gap = {gap:g})",
-                       all(a >= b for a, b in pairwise(tops)),
-                       ", ".join(f"γ = {g:g}: {t:.3f}" for g, t in zip(fig15["gamma"], tops, strict=True))))
+    res.append(
+        Finding(
+            f"the largest |HG(RNM, RS_γ)| grows as γ falls (Fig. 15, ε = {eps:g}, gap = {gap:g})",
+            all(a >= b for a, b in pairwise(tops)),
+            ", ".join(f"γ = {g:g}: {t:.3f}" for g, t in zip(fig15["gamma"], tops, strict=True)),
+        )
+    )
     return res
 
 

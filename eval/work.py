@@ -44,9 +44,12 @@ class ChunkResult:
     pipelines: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # (first_mse, recall, exact), (B, P, M, E, K)
 
 
-def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...],
-                 catalog: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-                 auto: Mapping[float, str] | None = None) -> ChunkContext:
+def make_context(
+    cfg: EvalConfig,
+    mechanisms: tuple[str, ...],
+    catalog: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    auto: Mapping[float, str] | None = None,
+) -> ChunkContext:
     """What every chunk of the run shares; exact probabilities only where the mechanism has them.
     ``catalog``: the items' (lo, hi, Δ), needed by --pipelines. ``auto`` (ε → mechanism) is what
     the ``auto`` row runs at each ε."""
@@ -57,22 +60,37 @@ def make_context(cfg: EvalConfig, mechanisms: tuple[str, ...],
     exact = frozenset(m for m in real if MECHANISMS[m].exact) if cfg.exact else frozenset()
     pipes = None
     if cfg.pipelines and catalog is not None:
-        pipes = PipelineContext(tuple(parse_pipeline(p) for p in cfg.pipelines), tuple(int(k) for k in cfg.slate_k),
-                                int(cfg.two_stage_m), int(cfg.trials),
-                                int(cfg.trials if cfg.two_stage_trials is None else cfg.two_stage_trials),
-                                bool(cfg.exact), *catalog)
-    return ChunkContext(mechanisms, tuple(float(e) for e in cfg.epsilons), int(cfg.trials), int(cfg.seed), exact,
-                        params, pipes, dict(auto or {}))
+        pipes = PipelineContext(
+            tuple(parse_pipeline(p) for p in cfg.pipelines),
+            tuple(int(k) for k in cfg.slate_k),
+            int(cfg.two_stage_m),
+            int(cfg.trials),
+            int(cfg.trials if cfg.two_stage_trials is None else cfg.two_stage_trials),
+            bool(cfg.exact),
+            *catalog,
+        )
+    return ChunkContext(
+        mechanisms,
+        tuple(float(e) for e in cfg.epsilons),
+        int(cfg.trials),
+        int(cfg.seed),
+        exact,
+        params,
+        pipes,
+        dict(auto or {}),
+    )
 
 
-def _select(name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int,
-            start: int, params: dict[str, float]) -> np.ndarray:
+def _select(
+    name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int, start: int, params: dict[str, float]
+) -> np.ndarray:
     """select_batch for users start..start+B−1 with their GLOBAL streams SeedSequence(seed, (b,))."""
     from recsvc.mechanisms import MECHANISMS, select_batch
 
     # A non-private mechanism can only be in the list when the caller named it (it is reference-only).
-    return select_batch(name, q, sens, eps, trials, seed, user_offset=start,
-                        allow_non_private=not MECHANISMS[name].private, **params)
+    return select_batch(
+        name, q, sens, eps, trials, seed, user_offset=start, allow_non_private=not MECHANISMS[name].private, **params
+    )
 
 
 def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
@@ -112,12 +130,22 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
                     mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
     pipes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     if ctx.pipelines is not None and chunk.catalog is not None:
-        per_user = [evaluate_user(chunk.catalog[b], chunk.start + b, ctx.seed, ctx.mechanisms, ctx.epsilons,
-                                  ctx.params, ctx.pipelines) for b in range(B)]
+        per_user = [
+            evaluate_user(
+                chunk.catalog[b], chunk.start + b, ctx.seed, ctx.mechanisms, ctx.epsilons, ctx.params, ctx.pipelines
+            )
+            for b in range(B)
+        ]
         first_mse, recall, exact = (np.stack([u[i] for u in per_user]) for i in range(3))
         pipes = (first_mse, recall, exact)
     return ChunkResult(
-        chunk.start, chunk.user_ids, count,
-        spearman_rows(q, sens, count), metrics.weighted_correlation(q, sens, count),
-        mse, mean_sel, exact_used, pipes,
+        chunk.start,
+        chunk.user_ids,
+        count,
+        spearman_rows(q, sens, count),
+        metrics.weighted_correlation(q, sens, count),
+        mse,
+        mean_sel,
+        exact_used,
+        pipes,
     )

@@ -64,6 +64,9 @@ def check_regular_file(what: str, path: Path, expected: str) -> None:
     if path.is_file():
         return
     if path.exists():
-        raise ParamError(f"{what} {{path}} is a directory or not a regular file; expected {{expected}}",
-                         path=str(path), expected=expected)
+        raise ParamError(
+            f"{what} {{path}} is a directory or not a regular file; expected {{expected}}",
+            path=str(path),
+            expected=expected,
+        )
     raise MissingFileError(f"{what} {{path}} does not exist; expected {{expected}}", path=str(path), expected=expected)

@@ -38,8 +38,9 @@ class Model:
         summation order (≈ 1e-16). A compiled pass over the factors' nonzeros, several times
         faster than scipy's sparse product for one user (the service scores one per request)."""
         w1, w2 = self.w1, self.w2
-        return _score_one(np.asarray(cols, np.int64), w1.indptr, w1.indices, w1.data,
-                          w2.indptr, w2.indices, w2.data, w2.shape[1])
+        return _score_one(
+            np.asarray(cols, np.int64), w1.indptr, w1.indices, w1.data, w2.indptr, w2.indices, w2.data, w2.shape[1]
+        )
 
     def score_unseen(self, x: sp.csr_matrix) -> np.ndarray:
         """Dense scores with each user's input items (the nonzeros of its row of ``x``) at −inf."""
@@ -50,8 +51,16 @@ class Model:
 
 
 @numba.njit(cache=True, nogil=True)
-def _score_one(cols: np.ndarray, p1: np.ndarray, i1: np.ndarray, d1: np.ndarray, p2: np.ndarray,
-               i2: np.ndarray, d2: np.ndarray, n: int) -> np.ndarray:  # pragma: no cover - numba
+def _score_one(
+    cols: np.ndarray,
+    p1: np.ndarray,
+    i1: np.ndarray,
+    d1: np.ndarray,
+    p2: np.ndarray,
+    i2: np.ndarray,
+    d2: np.ndarray,
+    n: int,
+) -> np.ndarray:  # pragma: no cover - numba
     u = np.zeros(p1.shape[0] - 1)  # x @ W1: the sum of the input items' rows of W1
     for c in cols:
         for k in range(p1[c], p1[c + 1]):

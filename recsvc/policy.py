@@ -46,13 +46,19 @@ DEFAULT_TRIALS = 50  # Monte Carlo selections per population user, mechanism and
 DEFAULT_SEED = 0
 DEFAULT_USERS = 1000  # population users the table averages over (a seeded sample of larger populations)
 CHUNK_USERS = 8  # users per work unit: a moving progress bar, both workers busy on 100 users
-UTILITY = ("expected MSE (max q − q_selected)² on clipped scores, averaged over the population users; "
-           "for k > 1 the slate's first item, selected with ε/k")
+UTILITY = (
+    "expected MSE (max q − q_selected)² on clipped scores, averaged over the population users; "
+    "for k > 1 the slate's first item, selected with ε/k"
+)
 METHODS = ("exact", "monte-carlo")
 
 
-def policy_epsilons(low: float = 0.01, high: float = 16.0, per_decade: int = POINTS_PER_DECADE,
-                    include: Iterable[float] = EVALUATION_EPSILONS) -> tuple[float, ...]:
+def policy_epsilons(
+    low: float = 0.01,
+    high: float = 16.0,
+    per_decade: int = POINTS_PER_DECADE,
+    include: Iterable[float] = EVALUATION_EPSILONS,
+) -> tuple[float, ...]:
     """10^(j/per_decade) in [low, high] (4 significant digits), ``include`` and ``high``, sorted."""
     j0, j1 = math.ceil(math.log10(low) * per_decade - 1e-9), math.floor(math.log10(high) * per_decade + 1e-9)
     grid = {float(f"{10 ** (j / per_decade):.4g}") for j in range(j0, j1 + 1)}
@@ -111,10 +117,18 @@ class PolicySpec:
     def describe(self, users: int, candidates: int) -> dict[str, object]:
         """The manifest's ``policy`` section (``candidates``: the population's largest candidate
         set, above which the service does not use the table)."""
-        return {"epsilons": list(self.epsilons), "ks": list(self.ks), "mechanisms": list(self.mechanisms),
-                "users": int(users), "candidates": int(candidates), "trials": int(self.trials), "seed": int(self.seed),
-                "params": dict(self.params), "utility": UTILITY,
-                "lookup": "nearest k in log k, then nearest ε in log ε; ties to the lower grid point"}
+        return {
+            "epsilons": list(self.epsilons),
+            "ks": list(self.ks),
+            "mechanisms": list(self.mechanisms),
+            "users": int(users),
+            "candidates": int(candidates),
+            "trials": int(self.trials),
+            "seed": int(self.seed),
+            "params": dict(self.params),
+            "utility": UTILITY,
+            "lookup": "nearest k in log k, then nearest ε in log ε; ties to the lower grid point",
+        }
 
 
 def sample_users(total: int, users: int, seed: int) -> np.ndarray:
@@ -173,8 +187,9 @@ def chunk_mse(chunk: _Chunk, ctx: _Context) -> np.ndarray:
     return out
 
 
-def population_mse(matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None,
-                   desc: str = "policy table") -> tuple[np.ndarray, np.ndarray, int]:
+def population_mse(
+    matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None, desc: str = "policy table"
+) -> tuple[np.ndarray, np.ndarray, int]:
     """(inner ε (E',), mean expected MSE (M, E'), users) over the population's users with ≥ 1
     candidate. The mean is over per-user values in user order: the same bits for any engine."""
     from recsvc.engines import LocalEngine, chunk_ranges
@@ -185,11 +200,14 @@ def population_mse(matrix: CandidateMatrix, spec: PolicySpec, engine=None, progr
         raise ValueError("the policy population has no users with candidates; expected ≥ 1")
     q, d, count = matrix.clipped()[keep], matrix.sensitivity[keep], matrix.count[keep]
     ctx = _Context(spec.mechanisms, spec.inner_epsilons(), spec.trials, spec.seed, dict(spec.params))
-    chunks = [_Chunk(r.start, q[r.start:r.stop], d[r.start:r.stop], count[r.start:r.stop])
-              for r in chunk_ranges(keep.size, CHUNK_USERS)]
+    chunks = [
+        _Chunk(r.start, q[r.start : r.stop], d[r.start : r.stop], count[r.start : r.stop])
+        for r in chunk_ranges(keep.size, CHUNK_USERS)
+    ]
     engine = engine or LocalEngine(1, progress=progress)
-    per_user = np.concatenate(list(engine.map(chunk_mse, chunks, ctx, desc=desc, unit="user",
-                                              sizes=[c.count.shape[0] for c in chunks])))
+    per_user = np.concatenate(
+        list(engine.map(chunk_mse, chunks, ctx, desc=desc, unit="user", sizes=[c.count.shape[0] for c in chunks]))
+    )
     return ctx.inner, per_user.mean(axis=0), int(keep.size)
 
 
@@ -204,15 +222,27 @@ def table_frame(spec: PolicySpec, inner: np.ndarray, mse: np.ndarray) -> pl.Data
             order = np.argsort(values, kind="stable")
             rank = np.empty(len(order), dtype=np.int64)
             rank[order] = np.arange(1, len(order) + 1)
-            rows += [(float(eps), int(k), m, float(values[i]), int(rank[i]), method_of(m))
-                     for i, m in enumerate(spec.mechanisms)]
-    return pl.DataFrame(rows, schema={"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String,
-                                      "expected_mse": pl.Float64, "rank": pl.Int32, "method": pl.String},
-                        orient="row")
+            rows += [
+                (float(eps), int(k), m, float(values[i]), int(rank[i]), method_of(m))
+                for i, m in enumerate(spec.mechanisms)
+            ]
+    return pl.DataFrame(
+        rows,
+        schema={
+            "epsilon": pl.Float64,
+            "k": pl.Int32,
+            "mechanism": pl.String,
+            "expected_mse": pl.Float64,
+            "rank": pl.Int32,
+            "method": pl.String,
+        },
+        orient="row",
+    )
 
 
-def build_table(matrix: CandidateMatrix, spec: PolicySpec, engine=None,
-                progress: bool | None = None) -> tuple[pl.DataFrame, int]:
+def build_table(
+    matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None
+) -> tuple[pl.DataFrame, int]:
     """The policy table of a population (clipped scores, Δ, counts) and the users it averaged."""
     inner, mse, users = population_mse(matrix, spec, engine, progress)
     return table_frame(spec, inner, mse), users
@@ -253,13 +283,17 @@ class PolicyTable:
         names = frame["mechanism"].unique(maintain_order=True).to_list()
         unknown = [m for m in names if m not in MECHANISMS]
         if unknown:
-            raise ArtifactError(f"{source}: unknown mechanism(s) {', '.join(map(repr, unknown))} (made by another "
-                                f"version?); expected some of {', '.join(MECHANISMS)}; rebuild it with "
-                                "`recsvc policy --artifacts DIR`")
+            raise ArtifactError(
+                f"{source}: unknown mechanism(s) {', '.join(map(repr, unknown))} (made by another "
+                f"version?); expected some of {', '.join(MECHANISMS)}; rebuild it with "
+                "`recsvc policy --artifacts DIR`"
+            )
         public = [m for m in names if not MECHANISMS[m].private]
         if public:
-            raise ArtifactError(f"{source}: {', '.join(public)} is not differentially private and `auto` never "
-                                "chooses it; rebuild it with `recsvc policy --artifacts DIR`")
+            raise ArtifactError(
+                f"{source}: {', '.join(public)} is not differentially private and `auto` never "
+                "chooses it; rebuild it with `recsvc policy --artifacts DIR`"
+            )
         top = frame.filter(pl.col("rank") == 1)
         best = {(int(k), float(e)): str(m) for e, k, m in top.select("epsilon", "k", "mechanism").iter_rows()}
         ks = sorted({k for k, _ in best})
@@ -286,5 +320,7 @@ class PolicyTable:
     def winners(self) -> list[tuple[int, float, str, float]]:
         """(k, ε, best mechanism, its expected MSE) for every grid point, sorted."""
         top = self.frame.filter(pl.col("rank") == 1).sort("k", "epsilon")
-        return [(int(k), float(e), str(m), float(v))
-                for k, e, m, v in top.select("k", "epsilon", "mechanism", "expected_mse").iter_rows()]
+        return [
+            (int(k), float(e), str(m), float(v))
+            for k, e, m, v in top.select("k", "epsilon", "mechanism", "expected_mse").iter_rows()
+        ]

@@ -48,22 +48,39 @@ def check_out(out: PathLike, force: bool, param: str = "out", protect: Mapping[s
         other = Path(path).resolve()
         if real == other or other in real.parents or real in other.parents:
             rel = "is" if real == other else ("is inside" if other in real.parents else "contains")
-            raise _error("{out} {out_path} {relation} the {input} directory {input_path}; expected a separate "
-                         "output directory ({input} is never replaced, not even with {force})", param, name,
-                         out_path=str(out), relation=rel, input_path=str(path))
+            raise _error(
+                "{out} {out_path} {relation} the {input} directory {input_path}; expected a separate "
+                "output directory ({input} is never replaced, not even with {force})",
+                param,
+                name,
+                out_path=str(out),
+                relation=rel,
+                input_path=str(path),
+            )
     cwd = Path.cwd().resolve()
     if real == cwd or real in cwd.parents:
-        raise _error("{out} {out_path} {relation} the current directory; expected a separate output directory "
-                     "such as results/NAME or artifacts/NAME", param, out_path=str(out),
-                     relation="is" if real == cwd else "contains")
+        raise _error(
+            "{out} {out_path} {relation} the current directory; expected a separate output directory "
+            "such as results/NAME or artifacts/NAME",
+            param,
+            out_path=str(out),
+            relation="is" if real == cwd else "contains",
+        )
     if out.exists() and not out.is_dir():
-        raise _error("cannot create {out} {out_path}: it exists and is not a directory; expected a directory path",
-                     param, out_path=str(out))
+        raise _error(
+            "cannot create {out} {out_path}: it exists and is not a directory; expected a directory path",
+            param,
+            out_path=str(out),
+        )
     missing = _missing_parents(Path(os.path.abspath(out)))
     ancestor = missing[-1].parent if missing else Path(os.path.abspath(out)).parent
     if not ancestor.is_dir():
-        raise _error("cannot create {out} {out_path}: {ancestor} is not a directory", param,
-                     out_path=str(out), ancestor=str(ancestor))
+        raise _error(
+            "cannot create {out} {out_path}: {ancestor} is not a directory",
+            param,
+            out_path=str(out),
+            ancestor=str(ancestor),
+        )
     if out.exists() and not force:
         raise _error("{out} {out_path} already exists; pass {force} to replace it", param, out_path=str(out))
 
@@ -77,8 +94,9 @@ class StagedDir:
     atomically. Leaving without a publish removes the temp dir and the parents it created (if
     still empty), so a failed run leaves the disk as it found it."""
 
-    def __init__(self, out: PathLike, force: bool = False, param: str = "out",
-                 protect: Mapping[str, PathLike] | None = None) -> None:
+    def __init__(
+        self, out: PathLike, force: bool = False, param: str = "out", protect: Mapping[str, PathLike] | None = None
+    ) -> None:
         check_out(out, force, param, protect)
         self.out = Path(out)  # as given, for messages and the return value
         self.force = force
@@ -100,8 +118,13 @@ class StagedDir:
             self._tmp = Path(tempfile.mkdtemp(prefix=f".{self._path.name}.tmp-", dir=self._path.parent))
         except OSError as exc:
             self._remove_created()
-            raise _error("cannot create {out} {out_path}: {reason} ({where})", self.param, out_path=str(self.out),
-                         reason=str(exc.strerror or exc), where=_failed_at(exc)) from None
+            raise _error(
+                "cannot create {out} {out_path}: {reason} ({where})",
+                self.param,
+                out_path=str(self.out),
+                reason=str(exc.strerror or exc),
+                where=_failed_at(exc),
+            ) from None
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -122,8 +145,11 @@ class StagedDir:
         try:
             replace_dir(self.tmp, self._path, replace=self.force)
         except FileExistsError:  # created after the checks (atomic: RENAME_NOREPLACE)
-            raise _error("{out} {out_path} appeared while writing; not replacing it (pass {force} to replace it)",
-                         self.param, out_path=str(self.out)) from None
+            raise _error(
+                "{out} {out_path} appeared while writing; not replacing it (pass {force} to replace it)",
+                self.param,
+                out_path=str(self.out),
+            ) from None
         self._tmp = None
         self._created = []  # they hold ``out`` now
         return self.out

@@ -104,8 +104,9 @@ def _average_ranks_1d(x: np.ndarray, order: np.ndarray) -> np.ndarray:  # pragma
 
 
 @numba.njit(cache=True, nogil=True)
-def _spearman_1d(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray,
-                 undefined: float) -> float:  # pragma: no cover - numba
+def _spearman_1d(
+    x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray, undefined: float
+) -> float:  # pragma: no cover - numba
     rx = _average_ranks_1d(x, ox)
     ry = _average_ranks_1d(y, oy)
     mean = (x.shape[0] + 1) / 2.0  # average ranks always sum to n(n+1)/2

@@ -37,8 +37,9 @@ INFO: dict[str, DatasetInfo] = {
     "ml-100k": DatasetInfo("ml-100k", True, False, 100, 100, (100.0, 200.0, 500.0), (0.02, 0.1), "cholmod"),
     # umr_scans as in glami/sansa's experiments/accuracy/<dataset>/run_experiment*.py
     "ml-20m": DatasetInfo("ml-20m", True, False, 10_000, 10_000, (600.0,), (5e-3,), "cholmod", umr_scans=5),
-    "netflix": DatasetInfo("netflix", True, False, 40_000, 40_000, (1200.0,), (5e-3,), "cholmod", umr_scans=4,
-                           gamma=0.0008),
+    "netflix": DatasetInfo(
+        "netflix", True, False, 40_000, 40_000, (1200.0,), (5e-3,), "cholmod", umr_scans=4, gamma=0.0008
+    ),
     "amazon-book": DatasetInfo("amazon-book", False, True, 0, 0, (20.0,), (5e-5,), "icf", umr_scans=3),
     # Synthetic hold-out sizes come from the preset.
     "synthetic": DatasetInfo("synthetic", True, False, 0, 0, (200.0,), (5e-3,), "icf", gamma=0.05),

@@ -27,10 +27,12 @@ def parse_file(path: Path, target: bool) -> pl.DataFrame:
     bad = tokens.filter(~numeric)
     if bad.height:
         row = bad.row(0, named=True)
-        raise fail_at(path, row["line_no"], row["line"], "whitespace-separated non-negative integer ids 'user item item …'")
-    df = tokens.select(
-        pl.col("_tok").list.first().alias("user"), pl.col("_tok").list.slice(1).alias("item")
-    ).explode("item")
+        raise fail_at(
+            path, row["line_no"], row["line"], "whitespace-separated non-negative integer ids 'user item item …'"
+        )
+    df = tokens.select(pl.col("_tok").list.first().alias("user"), pl.col("_tok").list.slice(1).alias("item")).explode(
+        "item"
+    )
 
     def canon(c: str) -> pl.Expr:
         """Strips leading zeros so ids are canonical decimal strings, like the other loaders."""

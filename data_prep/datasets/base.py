@@ -68,9 +68,7 @@ def fail_at(path: Path | str, line_no: int, line: str | None, expected: str) -> 
     return DataError(f"{path}, line {line_no}: malformed line {shown}; expected {expected}")
 
 
-def split_fields(
-    lines: pl.DataFrame, sep: str, names: list[str], path: Path | str, expected: str
-) -> pl.DataFrame:
+def split_fields(lines: pl.DataFrame, sep: str, names: list[str], path: Path | str, expected: str) -> pl.DataFrame:
     """Splits each non-blank line on ``sep`` into exactly ``len(names)`` string columns."""
     lines = lines.drop_nulls("line")
     parts = lines.with_columns(pl.col("line").str.split(sep).alias("_parts"))

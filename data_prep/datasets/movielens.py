@@ -98,7 +98,9 @@ def recbole_wheel() -> Path:
         raise ParamError(
             "could not download {wheel} into {cache} ({reason}); "
             "expected network access to the package index, or pass {data_dir} with u.data or ml-100k.inter",
-            wheel=RECBOLE_WHEEL, cache=str(cache), reason=tail[0],
+            wheel=RECBOLE_WHEEL,
+            cache=str(cache),
+            reason=tail[0],
         )
     return wheel
 

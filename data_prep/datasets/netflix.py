@@ -46,14 +46,18 @@ def parse_file(path: Path) -> pl.DataFrame:
 
 def load(data_dir: Path | None) -> Interactions:
     if data_dir is None:
-        raise ParamError("netflix needs {data_dir}: a directory containing {files} (or the Prize's training_set/mv_*.txt)",
-                         files=", ".join(FILES))
+        raise ParamError(
+            "netflix needs {data_dir}: a directory containing {files} (or the Prize's training_set/mv_*.txt)",
+            files=", ".join(FILES),
+        )
     missing = [f for f in FILES if not (data_dir / f).is_file()]
     if missing:
         per_movie = _per_movie_files(data_dir)
         if not per_movie:
-            raise DataError(f"data file {data_dir / missing[0]} not found; expected {FORMAT} (all of "
-                            f"{', '.join(FILES)}), or the Prize's training_set/mv_*.txt")
+            raise DataError(
+                f"data file {data_dir / missing[0]} not found; expected {FORMAT} (all of "
+                f"{', '.join(FILES)}), or the Prize's training_set/mv_*.txt"
+            )
         files = tqdm(per_movie, desc="netflix mv_*.txt", unit="file", disable=None)
         return Interactions(pl.concat([parse_file(f) for f in files]), source=str(per_movie[0].parent / "mv_*.txt"))
     df = pl.concat([parse_file(data_dir / f) for f in FILES])

@@ -40,8 +40,11 @@ PRESETS: dict[str, SyntheticConfig] = {
 def config_for(preset: str, users: int | None, items: int | None, interactions: int | None) -> SyntheticConfig:
     """The preset's sizes, overridden by the sizes that are given (None: the preset's; 0 is an error)."""
     if preset not in PRESETS:
-        raise ParamError("unknown synthetic preset {name}; expected {preset} one of {names}", name=repr(preset),
-                         names=", ".join(PRESETS))
+        raise ParamError(
+            "unknown synthetic preset {name}; expected {preset} one of {names}",
+            name=repr(preset),
+            names=", ".join(PRESETS),
+        )
     for param, value in (("users", users), ("items", items), ("interactions", interactions)):
         if value is not None and value < 1:  # `value or default` would turn 0 into the default silently
             raise ParamError(f"{{{param}}} must be ≥ 1, got {{value}}", value=value)
@@ -53,12 +56,17 @@ def config_for(preset: str, users: int | None, items: int | None, interactions: 
         interactions=base.interactions if interactions is None else interactions,
     )
     if cfg.items < 4 * cfg.min_per_user:
-        raise ParamError("synthetic data needs {items} ≥ {least}, got {value}", least=4 * cfg.min_per_user, value=cfg.items)
+        raise ParamError(
+            "synthetic data needs {items} ≥ {least}, got {value}", least=4 * cfg.min_per_user, value=cfg.items
+        )
     if cfg.interactions < cfg.users * cfg.min_per_user:
         raise ParamError(
             "synthetic sizes {users} {n_users} {interactions} {n_interactions} are unusable; "
-            "expected {interactions} ≥ {per_user} × {users} = {least}", n_users=cfg.users,
-            n_interactions=cfg.interactions, per_user=cfg.min_per_user, least=cfg.min_per_user * cfg.users,
+            "expected {interactions} ≥ {per_user} × {users} = {least}",
+            n_users=cfg.users,
+            n_interactions=cfg.interactions,
+            per_user=cfg.min_per_user,
+            least=cfg.min_per_user * cfg.users,
         )
     return cfg
 
@@ -117,11 +125,11 @@ def generate(cfg: SyntheticConfig, seed: int) -> Interactions:
         deficit = counts - have
     pairs = pairs.sort("user", maintain_order=True)
 
-    df = (
-        pairs.select(
-            pl.col("user").cast(pl.String),
-            pl.col("item").cast(pl.String),
-            pl.lit(5.0).alias("rating"),  # explicit "liked" ratings, so the ≥ 4 filter keeps them
-        )
+    df = pairs.select(
+        pl.col("user").cast(pl.String),
+        pl.col("item").cast(pl.String),
+        pl.lit(5.0).alias("rating"),  # explicit "liked" ratings, so the ≥ 4 filter keeps them
     )
-    return Interactions(df, source=f"synthetic(users={cfg.users}, items={cfg.items}, interactions={cfg.interactions}, seed={seed})")
+    return Interactions(
+        df, source=f"synthetic(users={cfg.users}, items={cfg.items}, interactions={cfg.interactions}, seed={seed})"
+    )

@@ -14,7 +14,13 @@ from recsvc.staging import check_out
 
 # policy → the recsvc.mechanisms name it selects with (None: a non-private baseline).
 POLICIES: dict[str, str | None] = {
-    "ucb": None, "thompson": None, "krr": "krr", "rnm": "rnm", "rs": "rs", "gem": "gem", "mgem": "mgem",
+    "ucb": None,
+    "thompson": None,
+    "krr": "krr",
+    "rnm": "rnm",
+    "rs": "rs",
+    "gem": "gem",
+    "mgem": "mgem",
 }
 MECHANISM_OF: dict[str, str] = {p: m for p, m in POLICIES.items() if m is not None}  # the private policies
 PRIVATE = tuple(MECHANISM_OF)
@@ -66,16 +72,23 @@ def validate(cfg: BanditConfig) -> None:
     check_int("horizon", cfg.horizon, INIT_STEPS + 1)
     check_int("shift", cfg.shift, 1)
     if cfg.shift >= cfg.horizon:
-        raise ParamError("{shift} must be < {horizon} (the arms swap after step shift, inside the run); got "
-                         "shift={s} and horizon={h}", s=cfg.shift, h=cfg.horizon)
+        raise ParamError(
+            "{shift} must be < {horizon} (the arms swap after step shift, inside the run); got "
+            "shift={s} and horizon={h}",
+            s=cfg.shift,
+            h=cfg.horizon,
+        )
     check_int("window", cfg.window, 1)
     for name in ("alpha", "epsilon_select", "epsilon_krr", "epsilon_means", "epsilon_pair"):
         _positive(name, getattr(cfg, name))
     check_params({"beta": cfg.beta, "gamma": cfg.gamma})  # their specs' ranges (a MechanismParamError names them)
     unknown = [p for p in cfg.policies if p not in POLICIES]
     if unknown or not cfg.policies or len(set(cfg.policies)) != len(cfg.policies):
-        raise ParamError("{policies} must be distinct names among {known}, got {got}",
-                         known=", ".join(POLICIES), got=list(cfg.policies))
+        raise ParamError(
+            "{policies} must be distinct names among {known}, got {got}",
+            known=", ".join(POLICIES),
+            got=list(cfg.policies),
+        )
     resolve_workers(cfg.workers)
     if cfg.out is not None:
         check_out(cfg.out, cfg.force)

@@ -20,7 +20,15 @@ FIG_B = "fig14b_estimated_means.png"
 FIG_C = "fig14c_quantiles_arm0.png"
 FIG_D = "fig14d_quantiles_arm1.png"
 COLORS = dict(zip(POLICIES, ("#000000", "#7f7f7f", "#8c564b", "#1f77b4", "#2ca02c", "#d62728", "#9467bd"), strict=True))
-LABELS = {"ucb": "UCB", "thompson": "TS", "krr": "kRR", "rnm": "RNM", "rs": "RS$_\\gamma$", "gem": "GEM", "mgem": "mGEM"}
+LABELS = {
+    "ucb": "UCB",
+    "thompson": "TS",
+    "krr": "kRR",
+    "rnm": "RNM",
+    "rs": "RS$_\\gamma$",
+    "gem": "GEM",
+    "mgem": "mGEM",
+}
 
 
 def write_all(result: BanditResult, out: Path) -> None:
@@ -50,12 +58,20 @@ def cumulative(result: BanditResult, path: Path) -> None:
     greedy = [u for u in result.units if u.name == NEVER_SWITCHING]
     if greedy:
         t = result.curves["t"].unique(maintain_order=True).to_numpy()
-        ax.plot(t, np.mean([u.cumulative for u in greedy], axis=0), color="k", lw=1.0, ls="--",
-                label="UCB, no per-arm bonus (never switches)")
+        ax.plot(
+            t,
+            np.mean([u.cumulative for u in greedy], axis=0),
+            color="k",
+            lw=1.0,
+            ls="--",
+            label="UCB, no per-arm bonus (never switches)",
+        )
     _shift_line(ax, result)
     ax.set_xlabel("t")
     ax.set_ylabel("cumulative reward")
-    ax.set_title(f"(a) cumulative reward, mean and 95% CI over {cfg.seeds} seed(s); shift at t = {cfg.shift:,}", fontsize=10)
+    ax.set_title(
+        f"(a) cumulative reward, mean and 95% CI over {cfg.seeds} seed(s); shift at t = {cfg.shift:,}", fontsize=10
+    )
     ax.legend(fontsize=7, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
@@ -76,8 +92,14 @@ def estimated_means(result: BanditResult, path: Path) -> None:
             if policy in PRIVATE:
                 ax.scatter(t[::4], p["private_mean"].to_numpy()[::4], color=COLORS[policy], s=4, alpha=0.5)
         before, after = cfg.arms.expected(False)[arm], cfg.arms.expected(True)[arm]
-        ax.plot([1, cfg.shift, cfg.shift, cfg.horizon], [before, before, after, after], color="k", lw=0.8, ls="--",
-                label="true mean")
+        ax.plot(
+            [1, cfg.shift, cfg.shift, cfg.horizon],
+            [before, before, after, after],
+            color="k",
+            lw=0.8,
+            ls="--",
+            label="true mean",
+        )
         _shift_line(ax, result)
         ax.set_title(f"(b) arm {arm}: estimated means (lines), private scores (points), seed 0", fontsize=9)
         ax.set_xlabel("t")
@@ -97,14 +119,21 @@ def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
     for policy in cfg.policies:
         p = d.filter(pl.col("policy") == policy).sort("t")
         if p.height:
-            ax.scatter(p["t"], p["p10"], color=COLORS[policy], s=5, marker="v", alpha=0.6, label=f"{LABELS[policy]} p10")
-            ax.scatter(p["t"], p["p90"], color=COLORS[policy], s=5, marker="^", alpha=0.6, label=f"{LABELS[policy]} p90")
+            ax.scatter(
+                p["t"], p["p10"], color=COLORS[policy], s=5, marker="v", alpha=0.6, label=f"{LABELS[policy]} p10"
+            )
+            ax.scatter(
+                p["t"], p["p90"], color=COLORS[policy], s=5, marker="^", alpha=0.6, label=f"{LABELS[policy]} p90"
+            )
     for q in (0.1, 0.9):
         b, a = cfg.arms.quantile(q, False)[arm], cfg.arms.quantile(q, True)[arm]
         ax.plot([1, cfg.shift, cfg.shift, cfg.horizon], [b, b, a, a], color="k", lw=0.9, ls="--")
     _shift_line(ax, result)
-    ax.set_title(f"({'cd'[arm]}) arm {arm}: private 10th/90th percentiles per window of {cfg.window} "
-                 f"(seed 0); true values dashed", fontsize=9)
+    ax.set_title(
+        f"({'cd'[arm]}) arm {arm}: private 10th/90th percentiles per window of {cfg.window} "
+        f"(seed 0); true values dashed",
+        fontsize=9,
+    )
     ax.set_xlabel("t (step at which the window filled)")
     ax.set_ylabel("reward quantile")
     ax.set_ylim(-0.02, 1.02)

@@ -32,8 +32,18 @@ class PrivateTrace:
     quantiles: np.ndarray  # (k, 5): arm, step, pulls of that arm, p10, p90 (one row per window)
 
 
-def play(mechanism: str, epsilon: float, params: dict[str, float], rewards: np.ndarray, grid: np.ndarray,
-         *, epsilon_means: float, epsilon_pair: float, window: int, rng: np.random.Generator) -> PrivateTrace:
+def play(
+    mechanism: str,
+    epsilon: float,
+    params: dict[str, float],
+    rewards: np.ndarray,
+    grid: np.ndarray,
+    *,
+    epsilon_means: float,
+    epsilon_pair: float,
+    window: int,
+    rng: np.random.Generator,
+) -> PrivateTrace:
     """One run of the private policy that selects with ``mechanism`` on the reward table."""
     horizon = rewards.shape[0] - 1
     width = REWARD_HI - REWARD_LO
@@ -51,8 +61,13 @@ def play(mechanism: str, epsilon: float, params: dict[str, float], rewards: np.n
         return min(REWARD_HI, max(REWARD_LO, (s[a] + noise[a][n[a]]) / n[a]))
 
     for t in range(1, horizon + 1):
-        a = t - 1 if t <= 2 else select(mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng,
-                                        allow_non_private=False, **params)
+        a = (
+            t - 1
+            if t <= 2
+            else select(
+                mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng, allow_non_private=False, **params
+            )
+        )
         r = float(rewards[t, a])
         arms[t] = a
         s[a] += r

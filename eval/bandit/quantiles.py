@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 
-def interval_log_probs(values: np.ndarray, q: float, epsilon: float, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+def interval_log_probs(
+    values: np.ndarray, q: float, epsilon: float, lo: float, hi: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(edges (n+2,), log P(interval i) (n+1,)): the mechanism's exact output distribution is
     uniform within interval i = [edges[i], edges[i+1]] (empty intervals have log P = −inf)."""
     x = np.sort(np.clip(np.asarray(values, dtype=np.float64), lo, hi))
@@ -38,16 +40,25 @@ def density(values: np.ndarray, q: float, epsilon: float, lo: float, hi: float, 
         return np.where(width > 0, np.exp(logp[idx]) / np.where(width > 0, width, 1.0), 0.0)
 
 
-def em_quantile(values: np.ndarray, q: float, epsilon: float, rng: np.random.Generator,
-                lo: float = 0.0, hi: float = 1.0) -> float:
+def em_quantile(
+    values: np.ndarray, q: float, epsilon: float, rng: np.random.Generator, lo: float = 0.0, hi: float = 1.0
+) -> float:
     """One ε-DP estimate of the q-quantile of ``values`` (clipped to [lo, hi])."""
     edges, logp = interval_log_probs(values, q, epsilon, lo, hi)
     i = int(np.argmax(logp + rng.gumbel(size=logp.size)))  # Gumbel-max: P(i) = exp(logp[i])
     return float(edges[i] + rng.random() * (edges[i + 1] - edges[i]))
 
 
-def quantile_pair(values: np.ndarray, epsilon_pair: float, rng: np.random.Generator,
-                  lo: float = 0.0, hi: float = 1.0, quantiles: tuple[float, float] = (0.1, 0.9)) -> tuple[float, float]:
+def quantile_pair(
+    values: np.ndarray,
+    epsilon_pair: float,
+    rng: np.random.Generator,
+    lo: float = 0.0,
+    hi: float = 1.0,
+    quantiles: tuple[float, float] = (0.1, 0.9),
+) -> tuple[float, float]:
     """(p_low, p_high), ε_pair-DP together (ε_pair/2 each); Δ = |p_high − p_low| (App. H)."""
-    return (em_quantile(values, quantiles[0], epsilon_pair / 2.0, rng, lo, hi),
-            em_quantile(values, quantiles[1], epsilon_pair / 2.0, rng, lo, hi))
+    return (
+        em_quantile(values, quantiles[0], epsilon_pair / 2.0, rng, lo, hi),
+        em_quantile(values, quantiles[1], epsilon_pair / 2.0, rng, lo, hi),
+    )

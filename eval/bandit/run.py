@@ -22,8 +22,7 @@ def simulate(cfg: BanditConfig) -> list[UnitResult]:
     units = [(seed, name) for seed in range(cfg.seeds) for name in unit_names(cfg)]
     engine = make_engine("local", cfg.workers, progress=cfg.progress)
     try:
-        return list(engine.map(run_unit, units, cfg, desc="eval-bandit", unit="step",
-                               sizes=[cfg.horizon] * len(units)))
+        return list(engine.map(run_unit, units, cfg, desc="eval-bandit", unit="step", sizes=[cfg.horizon] * len(units)))
     finally:
         engine.close()
 
@@ -33,9 +32,17 @@ def run(cfg: BanditConfig) -> BanditResult:
     validate(cfg)
     t0 = time.perf_counter()
     units = simulate(cfg)
-    result = BanditResult(cfg, units, tables.curves(units, cfg), tables.means(units, cfg), tables.quantiles(units),
-                          tables.summary(units, cfg), tables.comparisons(units, cfg), tables.readings(units),
-                          time.perf_counter() - t0)
+    result = BanditResult(
+        cfg,
+        units,
+        tables.curves(units, cfg),
+        tables.means(units, cfg),
+        tables.quantiles(units),
+        tables.summary(units, cfg),
+        tables.comparisons(units, cfg),
+        tables.readings(units),
+        time.perf_counter() - t0,
+    )
     if cfg.out is not None:
         with StagedDir(cfg.out, cfg.force) as stage:
             outputs.write(result, stage.tmp)

@@ -34,7 +34,7 @@ def sample_steps(horizon: int, shift: int, points: int = GRID_POINTS) -> np.ndar
 def switch_delay(arms: np.ndarray, shift: int, new_best: int, window: int = SWITCH_WINDOW) -> int | None:
     """Steps after the shift until a pull of the new best arm that starts a run of ``window`` steps
     (fewer near the end) in which it is pulled in the majority; None if that never happens."""
-    post = (arms[shift + 1:] == new_best).astype(np.int64)
+    post = (arms[shift + 1 :] == new_best).astype(np.int64)
     if post.size == 0:
         return None
     c = np.concatenate(([0], np.cumsum(post)))
@@ -81,21 +81,38 @@ def run_unit(unit: tuple[int, str], cfg: BanditConfig) -> UnitResult:
     nan = np.full((grid.size, 2), np.nan)
     quant = np.zeros((0, 5))
     if name.startswith(READING_PREFIX):
-        arms, scores = baselines.ucb(rewards, cfg.alpha, name[len(READING_PREFIX):], cfg.window), nan
+        arms, scores = baselines.ucb(rewards, cfg.alpha, name[len(READING_PREFIX) :], cfg.window), nan
     elif name == "ucb":
         arms, scores = baselines.ucb(rewards, cfg.alpha, "stated"), nan
     elif name == "thompson":
         arms, scores = baselines.thompson(rewards, stream(seed, 1 + list(POLICIES).index(name))), nan
     else:
-        trace = private.play(MECHANISM_OF[name], cfg.epsilon_of(name), cfg.params_of(name), rewards, grid,
-                             epsilon_means=cfg.epsilon_means, epsilon_pair=cfg.epsilon_pair, window=cfg.window,
-                             rng=stream(seed, 1 + list(POLICIES).index(name)))
+        trace = private.play(
+            MECHANISM_OF[name],
+            cfg.epsilon_of(name),
+            cfg.params_of(name),
+            rewards,
+            grid,
+            epsilon_means=cfg.epsilon_means,
+            epsilon_pair=cfg.epsilon_pair,
+            window=cfg.window,
+            rng=stream(seed, 1 + list(POLICIES).index(name)),
+        )
         arms, scores, quant = trace.arms, trace.scores, trace.quantiles
     return summarise(name, seed, cfg, rewards, arms, grid, scores, quant, time.perf_counter() - t0)
 
 
-def summarise(name: str, seed: int, cfg: BanditConfig, rewards: np.ndarray, arms: np.ndarray, grid: np.ndarray,
-              scores: np.ndarray, quantiles: np.ndarray, seconds: float) -> UnitResult:
+def summarise(
+    name: str,
+    seed: int,
+    cfg: BanditConfig,
+    rewards: np.ndarray,
+    arms: np.ndarray,
+    grid: np.ndarray,
+    scores: np.ndarray,
+    quantiles: np.ndarray,
+    seconds: float,
+) -> UnitResult:
     steps = np.arange(1, cfg.horizon + 1)
     got = rewards[steps, arms[1:]]
     cum = np.concatenate(([0.0], np.cumsum(got)))
@@ -106,9 +123,17 @@ def summarise(name: str, seed: int, cfg: BanditConfig, rewards: np.ndarray, arms
     before, after = cfg.arms.best(False), cfg.arms.best(True)
     s = cfg.shift
     return UnitResult(
-        name=name, seed=seed, cumulative=cum[grid], empirical=empirical, scores=scores, quantiles=quantiles,
-        reward_before=float(cum[s]), reward_after=float(cum[-1] - cum[s]),
-        best_share_before=float(np.mean(arms[1:s + 1] == before)),
-        best_share_after=float(np.mean(arms[s + 1:] == after)),
-        switch_delay=switch_delay(arms, s, after), first_new_best=_first(arms[s + 1:] == after), seconds=seconds,
+        name=name,
+        seed=seed,
+        cumulative=cum[grid],
+        empirical=empirical,
+        scores=scores,
+        quantiles=quantiles,
+        reward_before=float(cum[s]),
+        reward_after=float(cum[-1] - cum[s]),
+        best_share_before=float(np.mean(arms[1 : s + 1] == before)),
+        best_share_after=float(np.mean(arms[s + 1 :] == after)),
+        switch_delay=switch_delay(arms, s, after),
+        first_new_best=_first(arms[s + 1 :] == after),
+        seconds=seconds,
     )

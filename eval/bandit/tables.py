@@ -42,31 +42,63 @@ def curves(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """bandit.parquet: policy, seed, t, cumulative_reward at the recorded steps (incl. t_shift, T)."""
     grid = sample_steps(cfg.horizon, cfg.shift)
     rows = [u for u in units if not u.name.startswith(READING_PREFIX)]
-    return pl.DataFrame({
-        "policy": np.repeat([u.name for u in rows], grid.size),
-        "seed": np.repeat([u.seed for u in rows], grid.size).astype(np.int64),
-        "t": np.tile(grid, len(rows)),
-        "cumulative_reward": np.concatenate([u.cumulative for u in rows]) if rows else np.zeros(0),
-    })
+    return pl.DataFrame(
+        {
+            "policy": np.repeat([u.name for u in rows], grid.size),
+            "seed": np.repeat([u.seed for u in rows], grid.size).astype(np.int64),
+            "t": np.tile(grid, len(rows)),
+            "cumulative_reward": np.concatenate([u.cumulative for u in rows]) if rows else np.zeros(0),
+        }
+    )
 
 
 def means(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """means.parquet (Fig. 14(b)): policy, seed, t, arm, empirical_mean, private_mean."""
     grid = sample_steps(cfg.horizon, cfg.shift)
-    parts = [pl.DataFrame({"policy": u.name, "seed": u.seed, "t": grid, "arm": a,
-                           "empirical_mean": u.empirical[:, a], "private_mean": u.scores[:, a]})
-             for u in units if not u.name.startswith(READING_PREFIX) for a in (0, 1)]
+    parts = [
+        pl.DataFrame(
+            {
+                "policy": u.name,
+                "seed": u.seed,
+                "t": grid,
+                "arm": a,
+                "empirical_mean": u.empirical[:, a],
+                "private_mean": u.scores[:, a],
+            }
+        )
+        for u in units
+        if not u.name.startswith(READING_PREFIX)
+        for a in (0, 1)
+    ]
     return pl.concat(parts).with_columns(pl.col("seed").cast(pl.Int64), pl.col("arm").cast(pl.Int64))
 
 
 def quantiles(units: list[UnitResult]) -> pl.DataFrame:
     """quantiles.parquet (Fig. 14(c)/(d)): one row per window: policy, seed, arm, t, pulls, p10, p90, sensitivity."""
-    parts = [pl.DataFrame({"policy": u.name, "seed": u.seed, "arm": u.quantiles[:, 0].astype(np.int64),
-                           "t": u.quantiles[:, 1].astype(np.int64), "pulls": u.quantiles[:, 2].astype(np.int64),
-                           "p10": u.quantiles[:, 3], "p90": u.quantiles[:, 4]})
-             for u in units if u.quantiles.shape[0]]
-    schema = {"policy": pl.String, "seed": pl.Int64, "arm": pl.Int64, "t": pl.Int64, "pulls": pl.Int64,
-              "p10": pl.Float64, "p90": pl.Float64}
+    parts = [
+        pl.DataFrame(
+            {
+                "policy": u.name,
+                "seed": u.seed,
+                "arm": u.quantiles[:, 0].astype(np.int64),
+                "t": u.quantiles[:, 1].astype(np.int64),
+                "pulls": u.quantiles[:, 2].astype(np.int64),
+                "p10": u.quantiles[:, 3],
+                "p90": u.quantiles[:, 4],
+            }
+        )
+        for u in units
+        if u.quantiles.shape[0]
+    ]
+    schema = {
+        "policy": pl.String,
+        "seed": pl.Int64,
+        "arm": pl.Int64,
+        "t": pl.Int64,
+        "pulls": pl.Int64,
+        "p10": pl.Float64,
+        "p90": pl.Float64,
+    }
     df = pl.concat(parts).with_columns(pl.col("seed").cast(pl.Int64)) if parts else pl.DataFrame(schema=schema)
     return df.with_columns(sensitivity=(pl.col("p90") - pl.col("p10")).abs())
 
@@ -78,16 +110,25 @@ def summary(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     for name in [*cfg.policies, *(n for n in groups if n.startswith(READING_PREFIX))]:
         for q in QUANTITIES:
             m, lo, hi = ci(np.array([quantity(u, q) for u in groups[name]]))
-            rows.append({"policy": name, "quantity": q, "mean": m, "ci_low": lo, "ci_high": hi,
-                         "seeds": len(groups[name])})
+            rows.append(
+                {"policy": name, "quantity": q, "mean": m, "ci_low": lo, "ci_high": hi, "seeds": len(groups[name])}
+            )
     return pl.DataFrame(rows)
 
 
 def _paired(groups: dict[str, list[UnitResult]], a: str, b: str, q: str) -> dict[str, object]:
     d = np.array([quantity(x, q) - quantity(y, q) for x, y in zip(groups[a], groups[b], strict=True)])
     m, lo, hi = ci(d)
-    return {"policy": a, "baseline": b, "quantity": q, "mean_difference": m, "ci_low": lo, "ci_high": hi,
-            "wins": int((d > 0).sum()), "seeds": d.size}
+    return {
+        "policy": a,
+        "baseline": b,
+        "quantity": q,
+        "mean_difference": m,
+        "ci_low": lo,
+        "ci_high": hi,
+        "wins": int((d > 0).sum()),
+        "seeds": d.size,
+    }
 
 
 def comparisons(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
@@ -119,12 +160,21 @@ def readings(units: list[UnitResult]) -> pl.DataFrame:
         firsts = [u.first_new_best for u in us if u.first_new_best is not None]
         share = ci(np.array([u.best_share_after for u in us]))
         after = ci(np.array([u.reward_after for u in us]))
-        rows.append({
-            "reading": reading, "description": text, "seeds": len(us), "never_switched": len(us) - len(delays),
-            "switch_delay_median": float(np.median(delays)) if delays else None,
-            "switch_delay_max": max(delays) if delays else None,
-            "first_new_best_median": float(np.median(firsts)) if firsts else None,
-            "best_share_after": share[0], "best_share_after_ci_low": share[1], "best_share_after_ci_high": share[2],
-            "reward_after": after[0], "reward_after_ci_low": after[1], "reward_after_ci_high": after[2],
-        })
+        rows.append(
+            {
+                "reading": reading,
+                "description": text,
+                "seeds": len(us),
+                "never_switched": len(us) - len(delays),
+                "switch_delay_median": float(np.median(delays)) if delays else None,
+                "switch_delay_max": max(delays) if delays else None,
+                "first_new_best_median": float(np.median(firsts)) if firsts else None,
+                "best_share_after": share[0],
+                "best_share_after_ci_low": share[1],
+                "best_share_after_ci_high": share[2],
+                "reward_after": after[0],
+                "reward_after_ci_low": after[1],
+                "reward_after_ci_high": after[2],
+            }
+        )
     return pl.DataFrame(rows)

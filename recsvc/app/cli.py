@@ -34,9 +34,18 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_demo,  # demo
 )
 # The install extra each command needs beyond the base install (pyproject.toml; docs/getting-started.md).
-EXTRA = {"prep": "prep", "eval": "eval", "eval-synthetic": "eval", "eval-bandit": "eval",
-         "eval-two-candidates": "eval", "serve": "serve", "select": "serve",
-         "budget": "serve", "ledger": "serve", "demo": "all"}
+EXTRA = {
+    "prep": "prep",
+    "eval": "eval",
+    "eval-synthetic": "eval",
+    "eval-bandit": "eval",
+    "eval-two-candidates": "eval",
+    "serve": "serve",
+    "select": "serve",
+    "budget": "serve",
+    "ledger": "serve",
+    "demo": "all",
+}
 PROJECT_PACKAGES = ("recsvc", "data_prep", "eval")
 
 
@@ -122,8 +131,11 @@ def flag_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
     actions = list(sub.choices[command]._actions)
     for nested in [a for a in actions if isinstance(a, argparse._SubParsersAction)]:  # `ledger init`, ...
         actions += [a for p in nested.choices.values() for a in p._actions]
-    return {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
-            for a in actions if a.option_strings}
+    return {
+        a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+        for a in actions
+        if a.option_strings
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     except ModuleNotFoundError as exc:  # a light install without this command's extra
         if args.command not in EXTRA or (exc.name or "").split(".")[0] in PROJECT_PACKAGES:
             raise
-        print(f"recsvc {args.command}: error: {exc.name} is not installed; this command needs "
-              f"pip install 'recsvc[{EXTRA[args.command]}]'", file=sys.stderr)
+        print(
+            f"recsvc {args.command}: error: {exc.name} is not installed; this command needs "
+            f"pip install 'recsvc[{EXTRA[args.command]}]'",
+            file=sys.stderr,
+        )
         return 2
     except (ValueError, OSError) as exc:
         # Bad input or an unusable path/address: one clear line, no traceback. ArtifactError,

@@ -25,8 +25,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gRPC service on loopback and makes private selections for real test users.",
     )
     p.add_argument("--artifacts", type=Path, default=Path("artifacts/ml-100k"), help="artifact directory")
-    p.add_argument("--results", type=Path, default=None,
-                   help=f"evaluation output directory (default {DEFAULT_RESULTS}, replaced on every run)")
+    p.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help=f"evaluation output directory (default {DEFAULT_RESULTS}, replaced on every run)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing --results directory")
     p.add_argument("--trials", type=int, default=50, help="Monte Carlo trials per user, mechanism and ε")
     p.add_argument("--users", type=int, default=None, help="evaluate only the first N test users")
@@ -54,8 +58,13 @@ def _eval_config(args: argparse.Namespace):
     from eval.config import EvalConfig
 
     out = DEFAULT_RESULTS if args.results is None else args.results
-    return EvalConfig(artifacts=args.artifacts, out=out, trials=args.trials, users=args.users,
-                      force=args.force or args.results is None)
+    return EvalConfig(
+        artifacts=args.artifacts,
+        out=out,
+        trials=args.trials,
+        users=args.users,
+        force=args.force or args.results is None,
+    )
 
 
 def _history(user_id: str) -> list[str]:
@@ -91,14 +100,20 @@ def _serve_and_select(artifacts: Path) -> None:
                 print("health:", client.health())
                 for b, user in enumerate(cands.user_ids):
                     k = int(cands.count[b])
-                    pairs = list(zip(item_ids[cands.item_index[b, :k]].tolist(), cands.scores[b, :k].tolist(), strict=True))
+                    pairs = list(
+                        zip(item_ids[cands.item_index[b, :k]].tolist(), cands.scores[b, :k].tolist(), strict=True)
+                    )
                     rid = uuid.uuid4().hex
                     r = client.select(user, pairs, mechanism="auto", epsilon=DEMO_EPSILON, request_id=rid)
-                    print(f"user {user}: Select({k} candidates, auto, ε={DEMO_EPSILON}) → item {r.item_id} "
-                          f"via {r.mechanism}; spent {r.epsilon_spent}, remaining {r.budget_remaining}")
+                    print(
+                        f"user {user}: Select({k} candidates, auto, ε={DEMO_EPSILON}) → item {r.item_id} "
+                        f"via {r.mechanism}; spent {r.epsilon_spent}, remaining {r.budget_remaining}"
+                    )
                     again = client.select(user, pairs, mechanism="auto", epsilon=DEMO_EPSILON, request_id=rid)
-                    print(f"  retry of request {rid[:8]}… → item {again.item_id} (stored answer), "
-                          f"remaining {again.budget_remaining}")
+                    print(
+                        f"  retry of request {rid[:8]}… → item {again.item_id} (stored answer), "
+                        f"remaining {again.budget_remaining}"
+                    )
                 user = str(cands.user_ids[0])
                 history = _history(user)
                 # Spend the rest of the budget; the ledger then refuses further requests.
@@ -108,8 +123,10 @@ def _serve_and_select(artifacts: Path) -> None:
                     except grpc.RpcError as exc:
                         print(f"user {user}: next request → {exc.code().name}: {exc.details()}")
                         break
-                    print(f"user {user}: Recommend(history of {len(history)} items, mgem, ε={DEMO_EPSILON}) → "
-                          f"item {r.item_id}; remaining {r.budget_remaining}")
+                    print(
+                        f"user {user}: Recommend(history of {len(history)} items, mgem, ε={DEMO_EPSILON}) → "
+                        f"item {r.item_id}; remaining {r.budget_remaining}"
+                    )
                 b = client.budget(user)
                 print(f"GetBudget({user}): spent {b.spent} of {b.budget} in {b.requests} requests")
         finally:

@@ -57,7 +57,10 @@ def _section(parser: argparse.ArgumentParser) -> list[str]:
         out += ["", "| option | meaning |", "|---|---|", *rows]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            out += ["", "Subcommands: " + ", ".join(f"[`{c.prog}`](#{anchor(c.prog)})" for c in action.choices.values()) + "."]
+            out += [
+                "",
+                "Subcommands: " + ", ".join(f"[`{c.prog}`](#{anchor(c.prog)})" for c in action.choices.values()) + ".",
+            ]
     return out
 
 
@@ -75,7 +78,9 @@ def render() -> str:
             "text; every option that takes a value states its default.",
             "",
         ]
-        out += [f"- [`{p.prog}`](#{anchor(p.prog)})" + (f": {_cell(summary)}" if summary else "") for p, summary in parsers]
+        out += [
+            f"- [`{p.prog}`](#{anchor(p.prog)})" + (f": {_cell(summary)}" if summary else "") for p, summary in parsers
+        ]
         for p, _ in parsers:
             out += _section(p)
         return "\n".join(out) + "\n"

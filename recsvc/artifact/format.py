@@ -39,8 +39,14 @@ MIN_SENSITIVITY = 1e-6
 
 ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensitivity": pl.Float64}
 CANDIDATES_SCHEMA = {"user_id": pl.String, "rank": pl.Int32, "item_id": pl.String, "score": pl.Float64}
-POLICY_SCHEMA = {"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String, "expected_mse": pl.Float64,
-                 "rank": pl.Int32, "method": pl.String}
+POLICY_SCHEMA = {
+    "epsilon": pl.Float64,
+    "k": pl.Int32,
+    "mechanism": pl.String,
+    "expected_mse": pl.Float64,
+    "rank": pl.Int32,
+    "method": pl.String,
+}
 TEST_INPUTS_SCHEMA = {"user_id": pl.String, "item_id": pl.String}
 
 

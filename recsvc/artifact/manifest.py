@@ -42,18 +42,36 @@ _NUMBER = _Kind("a number", _is_number)
 _STR = _Kind("a string", lambda v: isinstance(v, str))
 _STR_MAP = _Kind("an object of strings", _is_map_of(lambda x: isinstance(x, str)), lambda v, s, p: dict(v))
 _NUMBER_MAP = _Kind("an object of numbers", _is_map_of(_is_number), lambda v, s, p: dict(v))
-_FILES = _Kind("a non-empty object of file → sha256", lambda v: _is_map_of(lambda x: isinstance(x, str))(v) and bool(v),
-               lambda v, s, p: dict(v))
-_PAIR = _Kind("a list of two numbers", lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)),
-              lambda v, s, p: tuple(v))
-_NUMBERS = _Kind("a non-empty list of numbers", lambda v: isinstance(v, list) and bool(v) and all(map(_is_number, v)),
-                 lambda v, s, p: tuple(v))
-_INTS = _Kind("a non-empty list of integers", lambda v: isinstance(v, list) and bool(v) and all(map(_is_int, v)),
-              lambda v, s, p: tuple(v))
-_STRS = _Kind("a non-empty list of strings", lambda v: isinstance(v, list) and bool(v)
-              and all(isinstance(x, str) for x in v), lambda v, s, p: tuple(v))
-_OBJECTS = _Kind("a list of objects", lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
-                 lambda v, s, p: tuple(dict(x) for x in v))
+_FILES = _Kind(
+    "a non-empty object of file → sha256",
+    lambda v: _is_map_of(lambda x: isinstance(x, str))(v) and bool(v),
+    lambda v, s, p: dict(v),
+)
+_PAIR = _Kind(
+    "a list of two numbers",
+    lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)),
+    lambda v, s, p: tuple(v),
+)
+_NUMBERS = _Kind(
+    "a non-empty list of numbers",
+    lambda v: isinstance(v, list) and bool(v) and all(map(_is_number, v)),
+    lambda v, s, p: tuple(v),
+)
+_INTS = _Kind(
+    "a non-empty list of integers",
+    lambda v: isinstance(v, list) and bool(v) and all(map(_is_int, v)),
+    lambda v, s, p: tuple(v),
+)
+_STRS = _Kind(
+    "a non-empty list of strings",
+    lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
+    lambda v, s, p: tuple(v),
+)
+_OBJECTS = _Kind(
+    "a list of objects",
+    lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    lambda v, s, p: tuple(dict(x) for x in v),
+)
 
 
 def _section(cls: type[_Record]) -> _Kind:
@@ -115,8 +133,11 @@ class _Record:
         return cls(**values, extra={k: v for k, v in data.items() if k not in names})
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: _plain(getattr(self, f.name)) for f in fields(self)
-               if "kind" in f.metadata and getattr(self, f.name) is not None}
+        out = {
+            f.name: _plain(getattr(self, f.name))
+            for f in fields(self)
+            if "kind" in f.metadata and getattr(self, f.name) is not None
+        }
         return {**out, **self.extra}
 
 

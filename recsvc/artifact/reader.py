@@ -148,8 +148,10 @@ class Artifact:
     def _test_inputs(self) -> dict[str, np.ndarray]:
         """user_id → the model columns of that test user's fold-in input items."""
         if not self.has_test_inputs:
-            raise ArtifactError(f"{self.path} has no {TEST_INPUTS} (built before it was written); "
-                                "rebuild it with `recsvc prep` to score its test users over the full catalog")
+            raise ArtifactError(
+                f"{self.path} has no {TEST_INPUTS} (built before it was written); "
+                "rebuild it with `recsvc prep` to score its test users over the full catalog"
+            )
         df = validate_test_inputs(pl.read_parquet(self.path / TEST_INPUTS))
         index = self.model.index
         try:
@@ -160,7 +162,9 @@ class Artifact:
         order = np.argsort(users, kind="stable")
         users, cols = users[order], cols[order]
         cuts = np.flatnonzero(users[1:] != users[:-1]) + 1
-        return {str(u[0]): np.unique(c) for u, c in zip(np.split(users, cuts), np.split(cols, cuts), strict=True) if len(u)}
+        return {
+            str(u[0]): np.unique(c) for u, c in zip(np.split(users, cuts), np.split(cols, cuts), strict=True) if len(u)
+        }
 
     def catalog_scores(self, user_ids: np.ndarray) -> np.ndarray:
         """RAW SANSA scores (users × every items.parquet row) of these test users from their stored
@@ -198,8 +202,10 @@ class Artifact:
         """The (sampled) sensitivity population's top candidates, raw (public data: the policy
         table's input). ArtifactError for an artifact written without them."""
         if not self.has_population:
-            raise ArtifactError(f"{self.path} has no {POPULATION} (written before the `auto` policy table "
-                                "existed); rebuild the artifact with `recsvc prep`")
+            raise ArtifactError(
+                f"{self.path} has no {POPULATION} (written before the `auto` policy table "
+                "existed); rebuild the artifact with `recsvc prep`"
+            )
         frame = validate_candidates(pl.read_parquet(self.path / POPULATION))
         return UserRows(frame, self.items, self.item_index, POPULATION).matrix()
 

@@ -92,14 +92,11 @@ class ArtifactWriter(StagedDir):
         for required in (ITEMS, CANDIDATES):
             if not (tmp / required).is_file():
                 raise ArtifactError(f"cannot commit artifact: {required} was not written")
-        files = {
-            p.relative_to(tmp).as_posix(): sha256_file(p)
-            for p in sorted(tmp.rglob("*"))
-            if p.is_file()
-        }
+        files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         # Through JSON once: numpy values become the plain values the file holds.
-        data = json.loads(json.dumps({"format_version": FORMAT_VERSION, **content, "files": files},
-                                     default=json_default))
+        data = json.loads(
+            json.dumps({"format_version": FORMAT_VERSION, **content, "files": files}, default=json_default)
+        )
         manifest = Manifest.from_dict(data, source=f"manifest of {self.out}")
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n")
         return self.publish()

@@ -33,15 +33,36 @@ from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.units import InvalidCharge
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
-__all__ = ["BatchItem", "BudgetExceeded", "BudgetWindow", "Charge", "InvalidCharge", "Ledger", "LedgerError",
-           "LedgerObserver", "LedgerUnavailable", "MechanismOf", "RequestConflict", "UserBudget", "is_postgres",
-           "open_ledger"]
+__all__ = [
+    "BatchItem",
+    "BudgetExceeded",
+    "BudgetWindow",
+    "Charge",
+    "InvalidCharge",
+    "Ledger",
+    "LedgerError",
+    "LedgerObserver",
+    "LedgerUnavailable",
+    "MechanismOf",
+    "RequestConflict",
+    "UserBudget",
+    "is_postgres",
+    "open_ledger",
+]
 
 
-def open_ledger(ledger: str | Path, budget: float, key_file: str | Path | None, *, pool_size: int = 8,
-                create: bool = False, window: BudgetWindow | str = LIFETIME_WINDOW,
-                clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None,
-                mechanism_of: MechanismOf | None = None) -> Ledger:
+def open_ledger(
+    ledger: str | Path,
+    budget: float,
+    key_file: str | Path | None,
+    *,
+    pool_size: int = 8,
+    create: bool = False,
+    window: BudgetWindow | str = LIFETIME_WINDOW,
+    clock: Callable[[], float] = time.time,
+    observer: LedgerObserver | None = None,
+    mechanism_of: MechanismOf | None = None,
+) -> Ledger:
     """The store a ``--ledger`` value names: a PostgreSQL URL, or an SQLite file path (created if
     missing, whatever ``create`` says; a PostgreSQL ledger needs ``create`` or `recsvc ledger init`).
     ``window``: the budget window (``--budget-window``); ``clock``: Unix seconds (tests inject one);
@@ -52,9 +73,19 @@ def open_ledger(ledger: str | Path, budget: float, key_file: str | Path | None, 
 
         if key_file is None:
             raise ValueError("a PostgreSQL ledger needs a fingerprint key file")
-        return PostgresLedger(str(ledger), budget, key_file, pool_size=pool_size, create=create, window=window,
-                              clock=clock, observer=observer, mechanism_of=mechanism_of)
+        return PostgresLedger(
+            str(ledger),
+            budget,
+            key_file,
+            pool_size=pool_size,
+            create=create,
+            window=window,
+            clock=clock,
+            observer=observer,
+            mechanism_of=mechanism_of,
+        )
     from recsvc.ledger.sqlite import SQLiteLedger
 
-    return SQLiteLedger(ledger, budget, key_file=key_file, window=window, clock=clock, observer=observer,
-                        mechanism_of=mechanism_of)
+    return SQLiteLedger(
+        ledger, budget, key_file=key_file, window=window, clock=clock, observer=observer, mechanism_of=mechanism_of
+    )

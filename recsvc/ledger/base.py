@@ -103,8 +103,13 @@ class Ledger(abc.ABC):
 
     where: str
 
-    def __init__(self, budget: float, window: BudgetWindow | str = LIFETIME_WINDOW,
-                 clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None) -> None:
+    def __init__(
+        self,
+        budget: float,
+        window: BudgetWindow | str = LIFETIME_WINDOW,
+        clock: Callable[[], float] = time.time,
+        observer: LedgerObserver | None = None,
+    ) -> None:
         units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
         if units is None:
             raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
@@ -174,9 +179,17 @@ class Ledger(abc.ABC):
 
     # -- the protocol ----------------------------------------------------------------------
 
-    def draw_and_charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-                        draw: Callable[[], S], build_response: Callable[[S, float], bytes], *,
-                        mechanism: str = "") -> Charge:
+    def draw_and_charge(
+        self,
+        user_id: str,
+        request_id: str,
+        digest: bytes,
+        epsilon: float,
+        draw: Callable[[], S],
+        build_response: Callable[[S, float], bytes],
+        *,
+        mechanism: str = "",
+    ) -> Charge:
         """Draws the sample OUTSIDE the write transaction, then charges it (steps 1–5 of the
         module docstring). Returns only after the COMMIT (fsync)."""
         p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), unset, mechanism)
@@ -188,8 +201,16 @@ class Ledger(abc.ABC):
             p.build_response = lambda remaining: build_response(sample, remaining)
             return cast(Charge, self._group_commit.one(p))
 
-    def charge(self, user_id: str, request_id: str, digest: bytes, epsilon: float,
-               build_response: Callable[[float], bytes], *, mechanism: str = "") -> Charge:
+    def charge(
+        self,
+        user_id: str,
+        request_id: str,
+        digest: bytes,
+        epsilon: float,
+        build_response: Callable[[float], bytes],
+        *,
+        mechanism: str = "",
+    ) -> Charge:
         """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
 
         ``digest`` is the request's SHA-256 digest (the ledger stores only its keyed
@@ -209,8 +230,12 @@ class Ledger(abc.ABC):
         row = self._precheck_row(p)
         return precheck(p, row, self.window, self.budget_units, self._clock())
 
-    def draw_and_charge_batch(self, items: Sequence[BatchItem], draw: Callable[[list[int]], list[S]],
-                              build_response: Callable[[int, S, float], bytes]) -> list[Charge | Exception]:
+    def draw_and_charge_batch(
+        self,
+        items: Sequence[BatchItem],
+        draw: Callable[[list[int]], list[S]],
+        build_response: Callable[[int, S, float], bytes],
+    ) -> list[Charge | Exception]:
         """SelectBatch's protocol (module docstring): one outcome per item, in order, a
         :class:`~recsvc.ledger.charging.Charge` (fresh or replayed) or the exception that refused
         it (nothing spent). ``draw(indices)`` draws the samples of the items left after the
@@ -221,8 +246,14 @@ class Ledger(abc.ABC):
         pending: dict[int, Pending] = {}
         for i, it in enumerate(items):
             try:
-                pending[i] = Pending(it.user_id, it.request_id, self.fingerprint(it.digest), charge_units(it.epsilon),
-                                     unset, it.mechanism)
+                pending[i] = Pending(
+                    it.user_id,
+                    it.request_id,
+                    self.fingerprint(it.digest),
+                    charge_units(it.epsilon),
+                    unset,
+                    it.mechanism,
+                )
             except ValueError as exc:  # InvalidCharge: this item alone
                 out[i] = exc
         with ExitStack() as turns:
@@ -266,8 +297,9 @@ class Ledger(abc.ABC):
                 p.build_response = _refuse_duplicate(p)
                 continue
             earlier.add(key)  # so every item that reaches the commit found its request unstored here
-            decided = verdict(p.user_id, p.request_id, p.fingerprint, p.units, stored.get(key), before,
-                              self.budget_units)
+            decided = verdict(
+                p.user_id, p.request_id, p.fingerprint, p.units, stored.get(key), before, self.budget_units
+            )
             if decided is not None:
                 out[i] = decided
             else:
@@ -283,6 +315,7 @@ def _bound(build_response: Callable[[int, S, float], bytes], i: int, sample: S) 
 
 def _refuse_duplicate(p: Pending) -> Callable[[float], bytes]:
     """A repeated (user_id, request_id) is charged only as a replay of the earlier item's answer."""
+
     def refuse(_remaining: float) -> bytes:
         raise RequestConflict(p.user_id, p.request_id)
 

@@ -61,19 +61,33 @@ class UserBudget:
         return to_epsilon(max(self.budget_units - self.spent_units, 0))
 
 
-def account(user_id: str, budget_units: int, window: BudgetWindow, row: tuple[int, int, int] | None,
-            now: float) -> UserBudget:
+def account(
+    user_id: str, budget_units: int, window: BudgetWindow, row: tuple[int, int, int] | None, now: float
+) -> UserBudget:
     """A user's :class:`UserBudget` at time ``now`` from the stored row ``(spent_units,
     window_start, requests)`` (None: no charge yet): only the current window's charges count."""
     start = window.start(now)
     spent, row_start, n = (0, start, 0) if row is None else row
     in_window, current = window.in_window(spent, row_start, start)
-    return UserBudget(user_id, budget_units, in_window, n if current == row_start else 0,
-                      current if window.days else 0, window.end(current))
+    return UserBudget(
+        user_id,
+        budget_units,
+        in_window,
+        n if current == row_start else 0,
+        current if window.days else 0,
+        window.end(current),
+    )
 
 
-def verdict(user_id: str, request_id: str, fingerprint: bytes, units: int, prior: tuple[bytes, bytes] | None,
-            spent: int, budget_units: int) -> Charge | LedgerError | None:
+def verdict(
+    user_id: str,
+    request_id: str,
+    fingerprint: bytes,
+    units: int,
+    prior: tuple[bytes, bytes] | None,
+    spent: int,
+    budget_units: int,
+) -> Charge | LedgerError | None:
     """The one rule, before and inside the transaction: a stored answer is replayed (whatever
     window it was charged in), another fingerprint is a conflict, a charge beyond the budget is
     refused; None: charge it. ``spent`` is the spend in the current budget window
@@ -85,8 +99,9 @@ def verdict(user_id: str, request_id: str, fingerprint: bytes, units: int, prior
     return None
 
 
-def precheck(p: Pending, row: tuple[Any, Any, Any, Any], window: BudgetWindow, budget_units: int,
-             now: float) -> Charge | None:
+def precheck(
+    p: Pending, row: tuple[Any, Any, Any, Any], window: BudgetWindow, budget_units: int, now: float
+) -> Charge | None:
     """The pre-check's verdict (:meth:`recsvc.ledger.base.Ledger.draw_and_charge`) from a
     snapshot row ``(stored fingerprint, stored response, spent_units, window_start)``, NULLs where
     nothing is stored: a stored answer to replay, None to draw and charge, or the refusal raised."""
@@ -126,12 +141,19 @@ class Writes:
     values: the transaction holds their locks) and the charged requests."""
 
     users: list[tuple[str, int, int, int]]  # (user_id, spent_units, requests, window_start)
-    requests: list[tuple[str, str, bytes, int, bytes, str]]  # (user_id, request_id, fingerprint, units, response, mechanism)
+    requests: list[
+        tuple[str, str, bytes, int, bytes, str]
+    ]  # (user_id, request_id, fingerprint, units, response, mechanism)
 
 
-def decide_all(batch: list[Pending], stored: dict[tuple[str, str], tuple[bytes, bytes]],
-               accounts: dict[str, tuple[int, int, int]], window: BudgetWindow, budget_units: int,
-               now: float) -> Writes:
+def decide_all(
+    batch: list[Pending],
+    stored: dict[tuple[str, str], tuple[bytes, bytes]],
+    accounts: dict[str, tuple[int, int, int]],
+    window: BudgetWindow,
+    budget_units: int,
+    now: float,
+) -> Writes:
     """Decides every charge of a transaction in order, each by :func:`verdict` against the state
     the ones before it left, and sets its ``result`` or ``error``; returns what to write.
 

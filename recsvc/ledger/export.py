@@ -33,13 +33,13 @@ CHUNK = 65_536  # rows per read and per row group
 def check_out(out: Path, force: bool) -> None:
     """Refuses, before the ledger is read, an ``out`` that cannot be written or is not to be overwritten."""
     if not out.parent.is_dir():
-        raise MissingFileError("{out} directory {dir} does not exist; create it first ({out} {path})",
-                               dir=str(out.parent), path=str(out))
+        raise MissingFileError(
+            "{out} directory {dir} does not exist; create it first ({out} {path})", dir=str(out.parent), path=str(out)
+        )
     if out.is_dir():
         raise ParamError("{out} {path} is a directory; expected a file name such as charges.parquet", path=str(out))
     if out.exists() and not force:
-        raise ParamError("{out} {path} already exists; nothing was written (pass {force} to replace it)",
-                         path=str(out))
+        raise ParamError("{out} {path} already exists; nothing was written (pass {force} to replace it)", path=str(out))
 
 
 def _source(ledger: Path | str, chunk: int) -> AbstractContextManager[tuple[int, Iterator[list[ChargeRow]]]]:
@@ -61,20 +61,37 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
 
     out = Path(out)
     check_out(out, force)
-    schema = pa.schema(list(zip(COLUMNS, (pa.string(), pa.string(), pa.string(), pa.float64(),
-                                          pa.timestamp("us", tz="UTC")), strict=True)))
+    schema = pa.schema(
+        list(
+            zip(
+                COLUMNS,
+                (pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC")),
+                strict=True,
+            )
+        )
+    )
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     written = 0
     try:
-        with _source(ledger, chunk) as (total, chunks), pq.ParquetWriter(tmp, schema) as writer, \
-                progress_bar("export", "charge", total, None if progress is None else not progress) as bar:
+        with (
+            _source(ledger, chunk) as (total, chunks),
+            pq.ParquetWriter(tmp, schema) as writer,
+            progress_bar("export", "charge", total, None if progress is None else not progress) as bar,
+        ):
             for rows in chunks:
                 users, requests, mechanisms, units, micros = zip(*rows, strict=True)
-                writer.write_table(pa.table([
-                    pa.array(users, pa.string()), pa.array(requests, pa.string()), pa.array(mechanisms, pa.string()),
-                    pa.array([to_epsilon(u) for u in units], pa.float64()),
-                    pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                ], schema=schema))
+                writer.write_table(
+                    pa.table(
+                        [
+                            pa.array(users, pa.string()),
+                            pa.array(requests, pa.string()),
+                            pa.array(mechanisms, pa.string()),
+                            pa.array([to_epsilon(u) for u in units], pa.float64()),
+                            pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                        ],
+                        schema=schema,
+                    )
+                )
                 written += len(rows)
                 bar.update(len(rows))
         _publish(tmp, out, force)
@@ -92,6 +109,7 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
     try:
         os.link(tmp, out)  # atomic, and fails if ``out`` appeared since check_out
     except FileExistsError:
-        raise ParamError("{out} {path} already exists; nothing was written (pass {force} to replace it)",
-                         path=str(out)) from None
+        raise ParamError(
+            "{out} {path} already exists; nothing was written (pass {force} to replace it)", path=str(out)
+        ) from None
     tmp.unlink()

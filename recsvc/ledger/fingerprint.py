@@ -48,11 +48,17 @@ def check(path: str | os.PathLike[str]) -> None:
         load(p)
         return
     if not p.parent.is_dir():
-        raise MissingFileError("{fingerprint_key} directory {dir} does not exist; create it first (key file {path})",
-                               dir=str(p.parent), path=str(p))
+        raise MissingFileError(
+            "{fingerprint_key} directory {dir} does not exist; create it first (key file {path})",
+            dir=str(p.parent),
+            path=str(p),
+        )
     if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ParamError("{fingerprint_key} {path} does not exist and its directory {dir} is not writable; "
-                         "expected " + _EXPECTED, path=str(p), dir=str(p.parent))
+        raise ParamError(
+            "{fingerprint_key} {path} does not exist and its directory {dir} is not writable; expected " + _EXPECTED,
+            path=str(p),
+            dir=str(p.parent),
+        )
 
 
 def load(path: str | os.PathLike[str]) -> bytes:
@@ -63,15 +69,22 @@ def load(path: str | os.PathLike[str]) -> bytes:
     except FileNotFoundError:
         raise MissingFileError("{fingerprint_key} {path} does not exist; expected " + _EXPECTED, path=str(p)) from None
     except OSError as exc:  # unreadable, a dangling link, ...
-        raise ParamError("{fingerprint_key} {path} cannot be opened ({reason}); expected a regular file, " + _EXPECTED,
-                         path=str(p), reason=exc.strerror or str(exc)) from None
+        raise ParamError(
+            "{fingerprint_key} {path} cannot be opened ({reason}); expected a regular file, " + _EXPECTED,
+            path=str(p),
+            reason=exc.strerror or str(exc),
+        ) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ParamError("{fingerprint_key} {path} is not a regular file; expected " + _EXPECTED, path=str(p))
         if st.st_mode & 0o077:
-            raise ParamError("{fingerprint_key} {path} has mode {mode}: others may read the key; "
-                             "expected mode 0600 (chmod 600 {path})", path=str(p), mode=oct(st.st_mode & 0o777))
+            raise ParamError(
+                "{fingerprint_key} {path} has mode {mode}: others may read the key; "
+                "expected mode 0600 (chmod 600 {path})",
+                path=str(p),
+                mode=oct(st.st_mode & 0o777),
+            )
         raw = os.read(fd, 4 * KEY_BYTES + 2)
     finally:
         os.close(fd)

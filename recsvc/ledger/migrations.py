@@ -14,8 +14,11 @@ from collections.abc import Callable
 MechanismOf = Callable[[bytes], str]
 
 
-def recover_mechanisms(page: Callable[[tuple[str, str] | None], list[tuple[str, str, bytes]]],
-                       update: Callable[[list[tuple[str, str, str]]], None], mechanism_of: MechanismOf | None) -> int:
+def recover_mechanisms(
+    page: Callable[[tuple[str, str] | None], list[tuple[str, str, bytes]]],
+    update: Callable[[list[tuple[str, str, str]]], None],
+    mechanism_of: MechanismOf | None,
+) -> int:
     """Fills in the mechanism of every request stored without one, page by page in key order
     (``page(after)``: the next rows with mechanism '' after the key ``after``; ``update`` stores
     ``(mechanism, user_id, request_id)``); the number of requests updated."""

@@ -65,10 +65,13 @@ def _charge_units(epsilon: float) -> int:
         raise InvalidCharge(f"epsilon must be a positive finite number, got {epsilon!r}")
     units = int(d.scaleb(-UNIT_EXPONENT).to_integral_value(rounding=ROUND_CEILING))
     if d.scaleb(-UNIT_EXPONENT) < 1:
-        raise InvalidCharge(f"epsilon={epsilon!r} is below the ledger's unit 1e-12, so it cannot be counted; "
-                            "expected epsilon >= 1e-12")
+        raise InvalidCharge(
+            f"epsilon={epsilon!r} is below the ledger's unit 1e-12, so it cannot be counted; expected epsilon >= 1e-12"
+        )
     if units > MAX_UNITS:
-        raise InvalidCharge(f"epsilon={epsilon!r} is too large for the ledger to count; expected epsilon <= {MAX_EPSILON}")
+        raise InvalidCharge(
+            f"epsilon={epsilon!r} is too large for the ledger to count; expected epsilon <= {MAX_EPSILON}"
+        )
     return units
 
 

@@ -25,16 +25,29 @@ def _step_map(mech: Mechanism, params: Mapping[str, object]) -> PrivacyMap:
     return lambda epsilon: mech.privacy.consumed(epsilon, values)
 
 
-def _split(mech: Mechanism, cand: Mechanism | None, k: int, m: int | None, candidate_fraction: float | None,
-           params: Mapping[str, object]) -> Split:
+def _split(
+    mech: Mechanism,
+    cand: Mechanism | None,
+    k: int,
+    m: int | None,
+    candidate_fraction: float | None,
+    params: Mapping[str, object],
+) -> Split:
     step = _step_map(mech, params)
     if cand is None or candidate_fraction is None:
         return slate_split(k, step)
     return two_stage_split(candidate_fraction, 1 if m is None else m, k, _step_map(cand, params), step)
 
 
-def selection_split(name: str, k: int = 1, *, m: int | None = None, candidate_fraction: float | None = None,
-                    candidate_mechanism: str = "rnm", params: Mapping[str, object] | None = None) -> Split:
+def selection_split(
+    name: str,
+    k: int = 1,
+    *,
+    m: int | None = None,
+    candidate_fraction: float | None = None,
+    candidate_mechanism: str = "rnm",
+    params: Mapping[str, object] | None = None,
+) -> Split:
     """The budget split of a k-item selection with mechanism ``name``: a slate, or with ``m`` and
     ``candidate_fraction`` a two-stage selection whose candidate stage runs ``candidate_mechanism``.
     ``params`` (``None`` = default) are checked as :func:`recsvc.mechanisms.select` checks them."""
@@ -42,17 +55,38 @@ def selection_split(name: str, k: int = 1, *, m: int | None = None, candidate_fr
     return _split(get_mechanism(name, allow_non_private=True), cand, k, m, candidate_fraction, dict(params or {}))
 
 
-def charged_epsilon(name: str, epsilon: float, k: int = 1, *, m: int | None = None,
-                    candidate_fraction: float | None = None, candidate_mechanism: str = "rnm",
-                    **params: object) -> float:
+def charged_epsilon(
+    name: str,
+    epsilon: float,
+    k: int = 1,
+    *,
+    m: int | None = None,
+    candidate_fraction: float | None = None,
+    candidate_mechanism: str = "rnm",
+    **params: object,
+) -> float:
     """The ε to charge for a selection at ``epsilon`` (already checked): the composed privacy
     map of :func:`selection_split`. ``math.inf`` when a mechanism involved is not private."""
     cand = get_mechanism(candidate_mechanism, allow_non_private=True) if candidate_fraction is not None else None
-    return _charged(get_mechanism(name, allow_non_private=True), cand, float(epsilon), k, m, candidate_fraction,
-                    tuple(params.items()))
+    return _charged(
+        get_mechanism(name, allow_non_private=True),
+        cand,
+        float(epsilon),
+        k,
+        m,
+        candidate_fraction,
+        tuple(params.items()),
+    )
 
 
 @functools.lru_cache(maxsize=4096)  # keyed by the entries themselves: a re-registered name is a new key
-def _charged(mech: Mechanism, cand: Mechanism | None, epsilon: float, k: int, m: int | None,
-             candidate_fraction: float | None, params: tuple[tuple[str, object], ...]) -> float:
+def _charged(
+    mech: Mechanism,
+    cand: Mechanism | None,
+    epsilon: float,
+    k: int,
+    m: int | None,
+    candidate_fraction: float | None,
+    params: tuple[tuple[str, object], ...],
+) -> float:
     return _split(mech, cand, k, m, candidate_fraction, dict(params)).consumed(epsilon)

@@ -23,7 +23,9 @@ def rows() -> list[dict[str, object]]:
 
     return [
         {
-            "name": m.name, "privacy": m.privacy.label, "exact": m.exact,
+            "name": m.name,
+            "privacy": m.privacy.label,
+            "exact": m.exact,
             "params": {k: {**dataclasses.asdict(s), "accepted": s.accepted} for k, s in m.params.items()},
             "description": m.description,
         }

@@ -52,17 +52,21 @@ def audit_text(decl: Privacy) -> str:
 
 def markdown_table(page: Path = PAGE) -> str:
     """One row per registered mechanism; proof links are relative to ``page``."""
-    lines = ["| name | privacy map | neighbours | audit | proof | exact probabilities | parameters (default, range) "
-             "| description |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| name | privacy map | neighbours | audit | proof | exact probabilities | parameters (default, range) "
+        "| description |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for m in MECHANISMS.values():
         decl = m.privacy
         params = "<br>".join(f"`{k}` = {s.default:g} in {s.accepted}: {_cell(s.doc)}" for k, s in m.params.items())
         privacy = privacy_map_text(m) if m.private else f"**{privacy_map_text(m)} ({decl.label})**"
         path, _, anchor = decl.proof.partition("#")
         link = posixpath.relpath(path, page.parent.as_posix()) + f"#{anchor}"
-        lines.append(f"| `{m.name}` | {privacy} | {NEIGHBOURS[decl.neighbouring]} | {_cell(audit_text(decl))} "
-                     f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} |")
+        lines.append(
+            f"| `{m.name}` | {privacy} | {NEIGHBOURS[decl.neighbouring]} | {_cell(audit_text(decl))} "
+            f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -87,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     new = with_table(text)
     if args.check:
         if new != text:
-            print(f"{path}: the mechanism table is stale; run python -m recsvc.mechanisms.docs --write",
-                  file=sys.stderr)
+            print(
+                f"{path}: the mechanism table is stale; run python -m recsvc.mechanisms.docs --write", file=sys.stderr
+            )
             return 1
         return 0
     if new != text:

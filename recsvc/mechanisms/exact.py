@@ -208,7 +208,9 @@ def laplace_noisy_max_log_probabilities(u: np.ndarray, chunk: int = 256) -> np.n
 
 
 @numba.njit(cache=True, nogil=True)
-def _expectation_kernel(w: np.ndarray, wv: np.ndarray, s: np.ndarray, weights: np.ndarray) -> float:  # pragma: no cover - numba
+def _expectation_kernel(
+    w: np.ndarray, wv: np.ndarray, s: np.ndarray, weights: np.ndarray
+) -> float:  # pragma: no cover - numba
     total = 0.0
     for j in range(s.shape[0]):
         prod = 1.0  # may underflow to 0 far from s = 0: such a node's term is below 1e-308 × the first's
@@ -257,7 +259,12 @@ def rnmh_two_candidates_lower(gap: object, d_low: object, d_high: object, epsilo
 
 
 def random_stopping_two_candidates_lower(
-    gap: object, d_low: object, d_high: object, epsilon: object, gamma: object, kind: str = "rs",
+    gap: object,
+    d_low: object,
+    d_high: object,
+    epsilon: object,
+    gamma: object,
+    kind: str = "rs",
     low_share: float = 0.5,
 ) -> np.ndarray:
     """rs (K ~ Geometric(γ), Laplace(3Δ_a/ε)) or rs_improved (K ~ Logarithmic(1−γ), Laplace(2Δ_a/ε)).
@@ -305,6 +312,7 @@ def random_stopping_two_candidates_lower(
             right = tail * weight(-b1 * np.log(2.0 * r), 1.0 - r)
         return left + mid + right
 
-    val, _ = integrate.quad_vec(integrand, 0.0, 1.0, epsabs=1e-13 * w_low * float(gam.min()), epsrel=1e-11,
-                                norm="max", limit=100_000)
+    val, _ = integrate.quad_vec(
+        integrand, 0.0, 1.0, epsabs=1e-13 * w_low * float(gam.min()), epsrel=1e-11, norm="max", limit=100_000
+    )
     return np.asarray(val).reshape(arrays[0].shape)

@@ -14,8 +14,9 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_param_arguments(parser: argparse.ArgumentParser, names: Iterable[str] | None = None,
-                        defaults: Mapping[str, str] | None = None) -> None:
+def add_param_arguments(
+    parser: argparse.ArgumentParser, names: Iterable[str] | None = None, defaults: Mapping[str, str] | None = None
+) -> None:
     """Add a flag for each parameter in ``names`` (default: every declared one). Each defaults
     to ``None``, so a mechanism that takes the parameter uses its own default; ``defaults`` names
     another default in the help where the command supplies one (eval: γ from the data)."""
@@ -23,9 +24,13 @@ def add_param_arguments(parser: argparse.ArgumentParser, names: Iterable[str] | 
         spec = PARAMS[name]
         default = (defaults or {}).get(name, f"{spec.default:g}")
         parser.add_argument(
-            flag(name), type=float, default=None, metavar=name.upper(),
-            help=f"{spec.doc}; taken by {', '.join(takers(name))} (default {default}, in {spec.accepted})"
-            .replace("%", "%%"),
+            flag(name),
+            type=float,
+            default=None,
+            metavar=name.upper(),
+            help=f"{spec.doc}; taken by {', '.join(takers(name))} (default {default}, in {spec.accepted})".replace(
+                "%", "%%"
+            ),
         )
 
 

@@ -171,7 +171,9 @@ def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, t: float) -> np.ndarray
     return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
 
 
-def gem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def gem_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """GEM: t = 2 ln(n/β)/ε, then rnm on q' with Δmax = 1 (Exponential noise of mean 2/ε).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: q' has sensitivity 1 (Raskhodnikova & Smith 2015).
@@ -187,7 +189,9 @@ def gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues
     return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])), values)
 
 
-def mgem_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def mgem_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Modified GEM: as ``gem`` with t = −2 ln(n/β)/ε (favours high-Δ candidates).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: the sensitivity-1 argument holds for any
@@ -213,8 +217,11 @@ def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
 def correlation_split(p: Mapping[str, float]) -> Split:
     """Combined GEM's budget: ε_c = cε on the correlation bit, ε_g = ε − ε_c on the selection."""
     c = p["corr_budget_fraction"]
-    return Split((Stage("corr_budget_fraction·epsilon"), Stage("(1 − corr_budget_fraction)·epsilon")), (c,),
-                 "corr_budget_fraction")
+    return Split(
+        (Stage("corr_budget_fraction·epsilon"), Stage("(1 − corr_budget_fraction)·epsilon")),
+        (c,),
+        "corr_budget_fraction",
+    )
 
 
 def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> tuple[float, float]:
@@ -267,4 +274,6 @@ def combined_gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: Pa
     """The mixture of :func:`combined_gem_log_probabilities`, as an expectation."""
     _, eps_g = correlation_split(p).stage_epsilons(epsilon)
     log_b0, log_b1 = reported_bit_log_probabilities(q, d, epsilon, p)
-    return math.exp(log_b1) * mgem_expectation(q, d, eps_g, p, values) + math.exp(log_b0) * gem_expectation(q, d, eps_g, p, values)
+    return math.exp(log_b1) * mgem_expectation(q, d, eps_g, p, values) + math.exp(log_b0) * gem_expectation(
+        q, d, eps_g, p, values
+    )

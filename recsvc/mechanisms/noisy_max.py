@@ -42,7 +42,9 @@ def _rnm_u(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.ndarray:
     return (q - q.max()) * (epsilon / (2.0 * d.max()))
 
 
-def rnm_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def rnm_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Report noisy max, Z_a ~ Exponential(mean 2Δmax/ε).
 
     Privacy: ε-DP (pure) for neighbouring inputs with |q_a − q'_a| ≤ Δ_a ≤ Δmax for every a
@@ -76,7 +78,9 @@ def rnm_laplace_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, 
     return laplace_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
 
 
-def rnmh_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def rnmh_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Report noisy max with heterogeneous noise Z_a ~ Exponential(mean 2Δ_a/ε).
 
     Privacy: **NOT differentially private** for any ε (paper §IV-A: with Δ_1 → 0 one outcome
@@ -93,7 +97,9 @@ def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.nd
     return x - np.log(np.exp(x).sum())
 
 
-def em_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def em_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Exponential mechanism, P(a) ∝ exp(ε q_a / (2Δmax)) (computed in log space).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (McSherry & Talwar 2007).
@@ -109,7 +115,9 @@ def em_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues,
     return float(np.exp(_em_log_probabilities(q, d, epsilon)) @ values)
 
 
-def pf_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def pf_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Permute-and-flip: visit candidates in uniformly random order, return the first r whose
     coin with P(heads) = p_r = exp(ε (q_r − q*) / (2Δmax)) lands heads (the argmax always does).
 

@@ -67,19 +67,28 @@ class ParamSpec:
     def check(self, value: object) -> float:
         """``value`` as a float if it is a real number in the accepted range; else
         :class:`MechanismParamError` naming the parameter and the range."""
-        name = "{%s}" % self.name  # a parameter field: the command line shows its flag
+        name = f"{{{self.name}}}"  # a parameter field: the command line shows its flag
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise MechanismParamError(name + " must be a real number in {_range}, got {_got}", _range=self.domain, _got=repr(value))
+            raise MechanismParamError(
+                name + " must be a real number in {_range}, got {_got}", _range=self.domain, _got=repr(value)
+            )
         v = float(value)
         above = v >= self.low if self.low_inclusive else v > self.low
         below = v <= self.high if self.high_inclusive else v < self.high
         if not (above and below):  # NaN fails both
             kind = {(False, False): "the open interval", (True, True): "the closed interval"}.get(
-                (self.low_inclusive, self.high_inclusive), "the interval")
-            raise MechanismParamError(name + " must be in {_kind} {_range}, got {_got}", _kind=kind, _range=self.domain, _got=repr(v))
+                (self.low_inclusive, self.high_inclusive), "the interval"
+            )
+            raise MechanismParamError(
+                name + " must be in {_kind} {_range}, got {_got}", _kind=kind, _range=self.domain, _got=repr(v)
+            )
         if self.floor is not None and v < self.floor:
-            raise MechanismParamError(name + " must be at least {_floor} ({_why}), got {_got}",
-                                      _floor=f"{self.floor:g}", _why=self.floor_reason, _got=repr(v))
+            raise MechanismParamError(
+                name + " must be at least {_floor} ({_why}), got {_got}",
+                _floor=f"{self.floor:g}",
+                _why=self.floor_reason,
+                _got=repr(v),
+            )
         return v
 
 

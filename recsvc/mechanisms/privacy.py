@@ -148,8 +148,9 @@ class Split:
 
     def __post_init__(self) -> None:
         if len(self.fractions) != len(self.stages) - 1:
-            raise ValueError(f"{len(self.stages)} stages take {len(self.stages) - 1} fraction(s), "
-                             f"got {len(self.fractions)}")
+            raise ValueError(
+                f"{len(self.stages)} stages take {len(self.stages) - 1} fraction(s), got {len(self.fractions)}"
+            )
         if not all(0.0 < f < 1.0 for f in self.fractions) or sum(self.fractions) >= 1.0:
             raise ValueError(f"fractions must lie in (0, 1) and leave a share for the last stage, got {self.fractions}")
 
@@ -159,18 +160,21 @@ class Split:
         parts.append(epsilon - sum(parts))
         if not all(p > 0.0 for p in parts):  # subnormal ε
             shown = ", ".join(f"{f!r}" for f in self.fractions)
-            raise MechanismInputError(f"epsilon={epsilon!r} is too small to split ({self.fraction_name}={shown}): "
-                                      "a part rounds to 0; expected a larger epsilon")
+            raise MechanismInputError(
+                f"epsilon={epsilon!r} is too small to split ({self.fraction_name}={shown}): "
+                "a part rounds to 0; expected a larger epsilon"
+            )
         return tuple(parts)
 
     def stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
         """The ε of one step of each stage (what the sampler runs at); refused when one rounds to 0."""
         out = []
-        for stage, budget in zip(self.stages, self.budgets(epsilon)):
+        for stage, budget in zip(self.stages, self.budgets(epsilon), strict=False):
             step = budget / stage.steps
             if not step > 0.0:
-                raise MechanismInputError(f"{stage.label} = {budget!r}/{stage.steps} rounds to 0; "
-                                          "expected a larger epsilon")
+                raise MechanismInputError(
+                    f"{stage.label} = {budget!r}/{stage.steps} rounds to 0; expected a larger epsilon"
+                )
             out.append(step)
         return tuple(out)
 

@@ -16,8 +16,13 @@ from recsvc.mechanisms.params import ParamSpec, ParamValues
 # Random stopping makes about 1/γ draws per selection (each an array entry, all inside the
 # service's ledger transaction): a smaller γ is a memory and latency hazard, not a useful setting.
 GAMMA = ParamSpec(
-    "gamma", 0.008, 0.0, 1.0, "stopping probability γ of random stopping (about 1/γ draws per selection)",
-    floor=1e-6, floor_reason="random stopping makes about 1/gamma draws per selection",
+    "gamma",
+    0.008,
+    0.0,
+    1.0,
+    "stopping probability γ of random stopping (about 1/γ draws per selection)",
+    floor=1e-6,
+    floor_reason="random stopping makes about 1/gamma draws per selection",
 )
 
 
@@ -40,7 +45,9 @@ def _best_of_draws(
     return a[hits[np.searchsorted(hits, starts)]]  # first (earliest) maximiser of each trial
 
 
-def rs_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def rs_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Liu–Talwar random stopping: after each draw stop with probability γ (K ~ Geometric(γ)).
 
     Noise Laplace(3Δ_a/ε) per draw. Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, any γ ∈ (0,1):

@@ -29,7 +29,9 @@ def krr_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Param
     return out
 
 
-def krr_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def krr_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """k-ary randomised response on the argmax of q.
 
     Privacy: ε-DP (pure) for ANY change of the scores: every output probability lies in
@@ -63,7 +65,9 @@ def random_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Pa
     return np.full(q.shape[0], -np.log(q.shape[0]))
 
 
-def random_sample(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int) -> np.ndarray:
+def random_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> np.ndarray:
     """Uniform over the candidates. Privacy: 0-DP (the output does not depend on the data)."""
     return rng.integers(0, q.shape[0], size)
 

@@ -48,8 +48,23 @@ LogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues], np.ndarray]
 ExpectationFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.ndarray], float]
 
 # The keyword arguments of select/select_batch: a parameter named like one could never be passed.
-_RESERVED = frozenset({"name", "scores", "sensitivities", "epsilon", "rng", "trials", "seed", "user_offset",
-                       "allow_non_private", "k", "m", "candidate_fraction", "candidate_mechanism"})
+_RESERVED = frozenset(
+    {
+        "name",
+        "scores",
+        "sensitivities",
+        "epsilon",
+        "rng",
+        "trials",
+        "seed",
+        "user_offset",
+        "allow_non_private",
+        "k",
+        "m",
+        "candidate_fraction",
+        "candidate_mechanism",
+    }
+)
 
 
 class NonPrivateMechanismError(MechanismInputError):
@@ -87,8 +102,10 @@ class Mechanism:
             raise ValueError(f"mechanism {self.name!r}: an exact audit needs log_probabilities_fn")
         for setting in self.privacy.audit.settings:
             if not set(setting) <= set(self.params):
-                raise ValueError(f"mechanism {self.name!r}: its audit sets {sorted(set(setting) - set(self.params))}, "
-                                 "which it does not take")
+                raise ValueError(
+                    f"mechanism {self.name!r}: its audit sets {sorted(set(setting) - set(self.params))}, "
+                    "which it does not take"
+                )
 
     @property
     def exact(self) -> bool:
@@ -99,8 +116,13 @@ class Mechanism:
         return self.privacy.private
 
 
-def _declared(name: str, neighbouring: Neighbouring, audit: Audit, privacy_map: PrivacyMap = pure,
-              split: Callable[[Mapping[str, float]], Split] | None = None) -> Privacy:
+def _declared(
+    name: str,
+    neighbouring: Neighbouring,
+    audit: Audit,
+    privacy_map: PrivacyMap = pure,
+    split: Callable[[Mapping[str, float]], Split] | None = None,
+) -> Privacy:
     """A built-in mechanism's declaration; its proof is the section named after it."""
     return Privacy(privacy_map, neighbouring, audit, f"{PROOFS}#{name}", split)
 
@@ -112,42 +134,107 @@ _GEM = Audit(AuditKind.EXACT, ({}, {"beta": 0.2}), reach=0.4)
 _STOPPING = Audit(AuditKind.STATISTICAL, ({"gamma": 0.05},))  # about 1/γ draws per sample: 20
 
 _BUILTIN = (
-    Mechanism("rnm", "report noisy max: argmax(q + Z), Z ~ Exponential(mean 2Δmax/ε)",
-              noisy_max.rnm_sample, noisy_max.rnm_log_probabilities, expectation_fn=noisy_max.rnm_expectation,
-              privacy=_declared("rnm", _BOUNDED, _TIGHT)),
-    Mechanism("rnm_laplace", "report noisy max: argmax(q + Z), Z ~ Laplace(2Δmax/ε)",
-              noisy_max.rnm_laplace_sample, noisy_max.rnm_laplace_log_probabilities,
-              privacy=_declared("rnm_laplace", _BOUNDED, _TIGHT)),
-    Mechanism("em", "exponential mechanism: P(a) ∝ exp(ε q_a / 2Δmax)", noisy_max.em_sample, noisy_max.em_log_probabilities,
-              expectation_fn=noisy_max.em_expectation, privacy=_declared("em", _BOUNDED, _TIGHT)),
-    Mechanism("pf", "permute-and-flip (same distribution as rnm)", noisy_max.pf_sample, noisy_max.rnm_log_probabilities,
-              expectation_fn=noisy_max.rnm_expectation, privacy=_declared("pf", _BOUNDED, _TIGHT)),
-    Mechanism("krr", "k-ary randomised response on the argmax: argmax w.p. e^ε/(e^ε+n−1), others 1/(e^ε+n−1); "
-              "tied maxima share uniformly", randomized_response.krr_sample, randomized_response.krr_log_probabilities,
-              expectation_fn=randomized_response.krr_expectation, privacy=_declared("krr", _ANY, _TIGHT)),
-    Mechanism("random", "uniform over the candidates (baseline, 0-DP)",
-              randomized_response.random_sample, randomized_response.random_log_probabilities,
-              expectation_fn=randomized_response.random_expectation, privacy=_declared("random", _ANY, _EXACT)),
-    Mechanism("rnmh", "report noisy max with Z_a ~ Exponential(mean 2Δ_a/ε) (paper §IV-A; reference only)",
-              noisy_max.rnmh_sample, privacy=_declared("rnmh", _BOUNDED, Audit(AuditKind.NONE), not_private)),
-    Mechanism("rs", "Liu–Talwar random stopping: uniform draws, Laplace(3Δ_a/ε), stop w.p. γ",
-              random_stopping.rs_sample, params=param_specs(random_stopping.GAMMA),
-              privacy=_declared("rs", _BOUNDED, _STOPPING)),
-    Mechanism("rs_improved", "Papernot–Steinke stopping (η=0): K ~ Logarithmic(1−γ) draws, Laplace(2Δ_a/ε)",
-              random_stopping.rs_improved_sample, params=param_specs(random_stopping.GAMMA),
-              privacy=_declared("rs_improved", _BOUNDED, _STOPPING)),
-    Mechanism("gem", "generalised exponential mechanism: t = 2 ln(n/β)/ε, s = q − tΔ, "
-              "q'_a = min_a' (s_a−s_a')/(Δ_a+Δ_a'), rnm on q' with Δ = 1",
-              gem.gem_sample, gem.gem_log_probabilities, param_specs(gem.BETA), expectation_fn=gem.gem_expectation,
-              privacy=_declared("gem", _BOUNDED, _GEM)),
-    Mechanism("mgem", "modified GEM: as gem with t = −2 ln(n/β)/ε", gem.mgem_sample, gem.mgem_log_probabilities,
-              param_specs(gem.BETA), expectation_fn=gem.mgem_expectation, privacy=_declared("mgem", _BOUNDED, _GEM)),
-    Mechanism("combined_gem", "RR (ε_c = cε) on [spearman(q, Δ) ≥ 0], then mgem (1) / gem (0) with ε − ε_c",
-              gem.combined_gem_sample, gem.combined_gem_log_probabilities, param_specs(gem.BETA, gem.CORR_BUDGET_FRACTION),
-              expectation_fn=gem.combined_gem_expectation,
-              privacy=_declared("combined_gem", _BOUNDED,
-                                Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25}), reach=0.4),
-                                split=gem.correlation_split)),
+    Mechanism(
+        "rnm",
+        "report noisy max: argmax(q + Z), Z ~ Exponential(mean 2Δmax/ε)",
+        noisy_max.rnm_sample,
+        noisy_max.rnm_log_probabilities,
+        expectation_fn=noisy_max.rnm_expectation,
+        privacy=_declared("rnm", _BOUNDED, _TIGHT),
+    ),
+    Mechanism(
+        "rnm_laplace",
+        "report noisy max: argmax(q + Z), Z ~ Laplace(2Δmax/ε)",
+        noisy_max.rnm_laplace_sample,
+        noisy_max.rnm_laplace_log_probabilities,
+        privacy=_declared("rnm_laplace", _BOUNDED, _TIGHT),
+    ),
+    Mechanism(
+        "em",
+        "exponential mechanism: P(a) ∝ exp(ε q_a / 2Δmax)",
+        noisy_max.em_sample,
+        noisy_max.em_log_probabilities,
+        expectation_fn=noisy_max.em_expectation,
+        privacy=_declared("em", _BOUNDED, _TIGHT),
+    ),
+    Mechanism(
+        "pf",
+        "permute-and-flip (same distribution as rnm)",
+        noisy_max.pf_sample,
+        noisy_max.rnm_log_probabilities,
+        expectation_fn=noisy_max.rnm_expectation,
+        privacy=_declared("pf", _BOUNDED, _TIGHT),
+    ),
+    Mechanism(
+        "krr",
+        "k-ary randomised response on the argmax: argmax w.p. e^ε/(e^ε+n−1), others 1/(e^ε+n−1); "
+        "tied maxima share uniformly",
+        randomized_response.krr_sample,
+        randomized_response.krr_log_probabilities,
+        expectation_fn=randomized_response.krr_expectation,
+        privacy=_declared("krr", _ANY, _TIGHT),
+    ),
+    Mechanism(
+        "random",
+        "uniform over the candidates (baseline, 0-DP)",
+        randomized_response.random_sample,
+        randomized_response.random_log_probabilities,
+        expectation_fn=randomized_response.random_expectation,
+        privacy=_declared("random", _ANY, _EXACT),
+    ),
+    Mechanism(
+        "rnmh",
+        "report noisy max with Z_a ~ Exponential(mean 2Δ_a/ε) (paper §IV-A; reference only)",
+        noisy_max.rnmh_sample,
+        privacy=_declared("rnmh", _BOUNDED, Audit(AuditKind.NONE), not_private),
+    ),
+    Mechanism(
+        "rs",
+        "Liu–Talwar random stopping: uniform draws, Laplace(3Δ_a/ε), stop w.p. γ",
+        random_stopping.rs_sample,
+        params=param_specs(random_stopping.GAMMA),
+        privacy=_declared("rs", _BOUNDED, _STOPPING),
+    ),
+    Mechanism(
+        "rs_improved",
+        "Papernot–Steinke stopping (η=0): K ~ Logarithmic(1−γ) draws, Laplace(2Δ_a/ε)",
+        random_stopping.rs_improved_sample,
+        params=param_specs(random_stopping.GAMMA),
+        privacy=_declared("rs_improved", _BOUNDED, _STOPPING),
+    ),
+    Mechanism(
+        "gem",
+        "generalised exponential mechanism: t = 2 ln(n/β)/ε, s = q − tΔ, "
+        "q'_a = min_a' (s_a−s_a')/(Δ_a+Δ_a'), rnm on q' with Δ = 1",
+        gem.gem_sample,
+        gem.gem_log_probabilities,
+        param_specs(gem.BETA),
+        expectation_fn=gem.gem_expectation,
+        privacy=_declared("gem", _BOUNDED, _GEM),
+    ),
+    Mechanism(
+        "mgem",
+        "modified GEM: as gem with t = −2 ln(n/β)/ε",
+        gem.mgem_sample,
+        gem.mgem_log_probabilities,
+        param_specs(gem.BETA),
+        expectation_fn=gem.mgem_expectation,
+        privacy=_declared("mgem", _BOUNDED, _GEM),
+    ),
+    Mechanism(
+        "combined_gem",
+        "RR (ε_c = cε) on [spearman(q, Δ) ≥ 0], then mgem (1) / gem (0) with ε − ε_c",
+        gem.combined_gem_sample,
+        gem.combined_gem_log_probabilities,
+        param_specs(gem.BETA, gem.CORR_BUDGET_FRACTION),
+        expectation_fn=gem.combined_gem_expectation,
+        privacy=_declared(
+            "combined_gem",
+            _BOUNDED,
+            Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25}), reach=0.4),
+            split=gem.correlation_split,
+        ),
+    ),
 )
 _REGISTRY: dict[str, Mechanism] = {}
 _PARAMS: dict[str, ParamSpec] = {}  # every declared parameter, in order of first declaration
@@ -168,8 +255,10 @@ def register(mech: Mechanism) -> Mechanism:
         if pname in _RESERVED:
             raise ValueError(f"mechanism {mech.name!r}: parameter name {pname!r} is an argument of select")
         if _PARAMS.get(pname, spec) != spec:
-            raise ValueError(f"mechanism {mech.name!r}: parameter {pname!r} differs from the spec declared by "
-                             f"{', '.join(takers(pname))}; a parameter name has one spec")
+            raise ValueError(
+                f"mechanism {mech.name!r}: parameter {pname!r} differs from the spec declared by "
+                f"{', '.join(takers(pname))}; a parameter name has one spec"
+            )
     _REGISTRY[mech.name] = mech
     _sync_params()
     return mech
@@ -312,8 +401,9 @@ def log_probabilities(name: str, scores: object, sensitivities: object, epsilon:
     return mech.log_probabilities_fn(q, d, eps, p)
 
 
-def expectation(name: str, scores: object, sensitivities: object, epsilon: float, values: object,
-                **params: object) -> float:
+def expectation(
+    name: str, scores: object, sensitivities: object, epsilon: float, values: object, **params: object
+) -> float:
     """Exact E[values[output]] for finite ``values`` ≥ 0 (n,), e.g. squared gaps: the mechanism's
     ``expectation_fn`` where declared, else ``probabilities(...) @ values``;
     ``NotImplementedError`` where no exact form exists."""
@@ -327,8 +417,9 @@ def expectation(name: str, scores: object, sensitivities: object, epsilon: float
     q, d = check_scores_sensitivities(scores, sensitivities)
     v = np.asarray(values, dtype=np.float64)
     if v.shape != q.shape or not np.isfinite(v).all() or (v < 0).any():
-        raise MechanismInputError(f"values must be {q.shape[0]} finite numbers ≥ 0 (one per candidate), "
-                                  f"got shape {v.shape}")
+        raise MechanismInputError(
+            f"values must be {q.shape[0]} finite numbers ≥ 0 (one per candidate), got shape {v.shape}"
+        )
     if mech.expectation_fn is not None:
         return float(mech.expectation_fn(q, d, eps, p, v))
     return float(np.exp(mech.log_probabilities_fn(q, d, eps, p)) @ v)

@@ -71,8 +71,13 @@ def select_rows(
     vec = VECTORISED.get(name)
     starts = np.concatenate(([0], np.cumsum(n)[:-1]))
     if vec is None:
-        return np.array([mech.sample(q[s:s + k], d[s:s + k], float(e), p, gen, 1)[0]
-                         for s, k, e in zip(starts.tolist(), n.tolist(), eps.tolist())], dtype=np.int64)
+        return np.array(
+            [
+                mech.sample(q[s : s + k], d[s : s + k], float(e), p, gen, 1)[0]
+                for s, k, e in zip(starts.tolist(), n.tolist(), eps.tolist(), strict=False)
+            ],
+            dtype=np.int64,
+        )
     draw, pick = vec
     row = np.repeat(np.arange(n.size), n)
     # u = (q − max q)·ε/(2Δmax) per row, computed with the same operations as noisy_max._rnm_u.

@@ -40,9 +40,7 @@ Slate = tuple[int, ...]
 def check_count(name: str, value: object, least: int, most: int, what: str) -> int:
     """``value`` as an int in [least, most]; ``what`` says what ``most`` is (for the message)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise MechanismInputError(
-            f"{name} must be an integer with {least} ≤ {name} ≤ {most} ({what}), got {value!r}"
-        )
+        raise MechanismInputError(f"{name} must be an integer with {least} ≤ {name} ≤ {most} ({what}), got {value!r}")
     if not least <= int(value) <= most:
         raise MechanismInputError(
             f"{name} = {int(value)} is out of range; expected an integer with {least} ≤ {name} ≤ {most} ({what})"
@@ -128,9 +126,9 @@ def chain_log_probabilities(
             step = steps[remaining] = log_probabilities(name, q[idx], d[idx], eps_step, **params)
         for j, a in enumerate(remaining):
             if len(prefix) + 1 == k:
-                out[prefix + (a,)] = log_p + float(step[j])
+                out[(*prefix, a)] = log_p + float(step[j])
             else:
-                walk(prefix + (a,), remaining[:j] + remaining[j + 1 :], log_p + float(step[j]))
+                walk((*prefix, a), remaining[:j] + remaining[j + 1 :], log_p + float(step[j]))
 
     walk((), tuple(range(q.shape[0])), 0.0)
     return out

@@ -255,7 +255,7 @@ def noisy_max_probabilities_quad(
         edges = np.concatenate([[lo], pts, [hi]])
         out[a] = sum(
             integrate.quad(integrand, e0, e1, epsabs=0.0, epsrel=1e-11, limit=200)[0]
-            for e0, e1 in zip(edges[:-1], edges[1:])
+            for e0, e1 in itertools.pairwise(edges)
         )
     return out
 
@@ -300,7 +300,7 @@ def random_stopping_probabilities_quad(
         edges = np.concatenate([[lo], pts[(pts > lo) & (pts < hi)], [hi]])
         out[a] = sum(
             integrate.quad(integrand, e0, e1, epsabs=0.0, epsrel=1e-11, limit=200)[0]
-            for e0, e1 in zip(edges[:-1], edges[1:])
+            for e0, e1 in itertools.pairwise(edges)
         )
     return out
 

@@ -48,19 +48,39 @@ def check_fraction(candidate_fraction: object) -> float:
     return f
 
 
-def two_stage_split(candidate_fraction: object, m: int = 1, k: int = 1, candidate_map: PrivacyMap = pure,
-                    privacy_map: PrivacyMap = pure, *, m_label: str = "m") -> Split:
+def two_stage_split(
+    candidate_fraction: object,
+    m: int = 1,
+    k: int = 1,
+    candidate_map: PrivacyMap = pure,
+    privacy_map: PrivacyMap = pure,
+    *,
+    m_label: str = "m",
+) -> Split:
     """The two stages' budget: m steps of ε₁/m (ε₁ = candidate_fraction·ε) with the candidate
     mechanism (``candidate_map``), then k steps of (ε − ε₁)/k with the selecting one
     (``privacy_map``). ``m_label`` names m in refusals (the service calls it num_candidates)."""
     f = check_fraction(candidate_fraction)
-    return Split((Stage(f"candidate_fraction·epsilon/{m_label}", m, candidate_map),
-                  Stage("(1 − candidate_fraction)·epsilon/k", k, privacy_map)), (f,), "candidate_fraction")
+    return Split(
+        (
+            Stage(f"candidate_fraction·epsilon/{m_label}", m, candidate_map),
+            Stage("(1 − candidate_fraction)·epsilon/k", k, privacy_map),
+        ),
+        (f,),
+        "candidate_fraction",
+    )
 
 
 def _checked(
-    name: str, candidate_mechanism: str, scores: object, sensitivities: object, epsilon: float,
-    m: int, candidate_fraction: float, k: int, allow_non_private: bool,
+    name: str,
+    candidate_mechanism: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    m: int,
+    candidate_fraction: float,
+    k: int,
+    allow_non_private: bool,
 ) -> tuple[np.ndarray, np.ndarray, int, int, float, float]:
     """Validated (q, Δ, m, k, ε₁/m, ε₂/k) — every check that needs no mechanism parameters."""
     get_mechanism(name, allow_non_private)

@@ -98,9 +98,7 @@ def check_batch(scores: object, sensitivities: object) -> tuple[np.ndarray, np.n
     if q.shape[1] == 0:
         raise MechanismInputError("scores have no candidates (n = 0); expected at least one")
     if d.shape not in (q.shape, q.shape[1:]):
-        raise MechanismInputError(
-            f"sensitivities must have shape {q.shape} or {q.shape[1:]} (shared), got {d.shape}"
-        )
+        raise MechanismInputError(f"sensitivities must have shape {q.shape} or {q.shape[1:]} (shared), got {d.shape}")
     _check_finite("scores", q)
     _check_sensitivities(d)
     return q, np.broadcast_to(d, q.shape)

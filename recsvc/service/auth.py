@@ -123,8 +123,9 @@ def load_tokens(path: str | os.PathLike[str]) -> list[tuple[str, Principal]]:
         except ValueError as exc:
             raise ValueError(f"token file {path} line {n}: {exc}") from None
         if parts[0] in seen:  # which scope would apply? (the token itself is never printed)
-            raise ValueError(f"token file {path} line {n} repeats the token of line {seen[parts[0]]}; "
-                             "expected each token once")
+            raise ValueError(
+                f"token file {path} line {n} repeats the token of line {seen[parts[0]]}; expected each token once"
+            )
         seen[parts[0]] = n
         out.append((parts[0], Principal(f"token@{n}", scope)))
     return out
@@ -135,8 +136,10 @@ def read_token(path: str | os.PathLike[str]) -> str:
     return load_tokens(path)[0][0]
 
 
-CERT_FORMAT = ("lines '<identity> <scope>' with identity 'subject:<RFC 2253 subject, e.g. CN=backend,O=Example>' "
-               "or 'san:<subject alternative name, e.g. backend.internal or spiffe://…>', scope " + SCOPE_FORMAT)
+CERT_FORMAT = (
+    "lines '<identity> <scope>' with identity 'subject:<RFC 2253 subject, e.g. CN=backend,O=Example>' "
+    "or 'san:<subject alternative name, e.g. backend.internal or spiffe://…>', scope " + SCOPE_FORMAT
+)
 
 
 @dataclass(frozen=True)
@@ -164,8 +167,10 @@ def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
         except ValueError as exc:
             raise ValueError(f"client scopes file {path} line {n}: {exc}") from None
         if (kind, value) in seen:
-            raise ValueError(f"client scopes file {path} line {n} repeats the identity of line {seen[kind, value]}; "
-                             "expected each identity once")
+            raise ValueError(
+                f"client scopes file {path} line {n} repeats the identity of line {seen[kind, value]}; "
+                "expected each identity once"
+            )
         seen[kind, value] = n
         rules.append(CertRule(kind, value, Principal(f"cert {kind}:{value}", scope)))
     return rules
@@ -186,8 +191,12 @@ class Authenticator:
     * nothing configured: every caller is ``anonymous`` with ``admin`` scope (rate-limited per peer address).
     """
 
-    def __init__(self, tokens: Iterable[tuple[str, Principal]] | None = None,
-                 cert_rules: Sequence[CertRule] | None = None, mtls: bool = False) -> None:
+    def __init__(
+        self,
+        tokens: Iterable[tuple[str, Principal]] | None = None,
+        cert_rules: Sequence[CertRule] | None = None,
+        mtls: bool = False,
+    ) -> None:
         # Tokens are looked up by HMAC under a per-process random key: whatever a lookup's timing
         # reveals is about digests an attacker cannot compute, never about a token (the timing-safe
         # equivalent of comparing against every token in constant time, at O(1) for many tokens).
@@ -199,17 +208,21 @@ class Authenticator:
         self._mtls = mtls
 
     @classmethod
-    def from_files(cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None,
-                   mtls: bool) -> Authenticator:
-        return cls(None if token_file is None else load_tokens(token_file),
-                   None if client_scopes is None else load_client_scopes(client_scopes), mtls)
+    def from_files(
+        cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None, mtls: bool
+    ) -> Authenticator:
+        return cls(
+            None if token_file is None else load_tokens(token_file),
+            None if client_scopes is None else load_client_scopes(client_scopes),
+            mtls,
+        )
 
     def _token(self, metadata: Iterable[tuple[str, Any]] | None) -> Principal | None:
         assert self._tokens is not None
         value = next((v for k, v in (metadata or ()) if k == "authorization"), None)
         if not isinstance(value, str) or not value.startswith("Bearer "):
             return None
-        return self._tokens.get(self._digest(value[len("Bearer "):].strip()))
+        return self._tokens.get(self._digest(value[len("Bearer ") :].strip()))
 
     def _digest(self, token: str) -> bytes:
         return hmac.digest(self._key, token.encode(), "sha256")
@@ -267,7 +280,9 @@ def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str]
         raise ParamError(
             f"{params} {{cert}} / {{key}}: not a valid PEM certificate and a matching unencrypted PEM private "
             "key ({reason}); expected the certificate in the first file and its key in the second",
-            cert=str(cert), key=str(key), reason=str(exc.reason or exc),
+            cert=str(cert),
+            key=str(key),
+            reason=str(exc.reason or exc),
         ) from None
 
 
@@ -279,7 +294,9 @@ def check_ca(path: str | os.PathLike[str], param: str) -> None:
     except ssl.SSLError as exc:
         raise ParamError(
             f"{{{param}}} {{path}} is not a valid PEM certificate ({{reason}}); expected a CA certificate "
-            "in PEM format (-----BEGIN CERTIFICATE-----)", path=os.fspath(path), reason=str(exc.reason or exc),
+            "in PEM format (-----BEGIN CERTIFICATE-----)",
+            path=os.fspath(path),
+            reason=str(exc.reason or exc),
         ) from None
 
 
@@ -323,8 +340,10 @@ def channel_credentials(
     key: str | os.PathLike[str] | None = None,
 ) -> grpc.ChannelCredentials:
     if (cert is None) != (key is None):
-        raise ParamError("a client certificate needs both {tls_cert} and {tls_key} (got only "
-                         f"{{{'tls_cert' if key is None else 'tls_key'}}}); pass both or neither")
+        raise ParamError(
+            "a client certificate needs both {tls_cert} and {tls_key} (got only "
+            f"{{{'tls_cert' if key is None else 'tls_key'}}}); pass both or neither"
+        )
     if ca is not None:
         check_ca(ca, "tls_ca")
     if cert is not None and key is not None:

@@ -19,11 +19,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from recsvc.ledger import BatchItem, Charge, Ledger
+from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
 from recsvc.service.draws import expected_draws
-from recsvc.ledger import BatchItem, Charge, Ledger
-from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.service.selection import Prepared, Selected, Selector, draw
 
 
@@ -49,8 +49,9 @@ def joined(ps: Sequence[Prepared], column: str) -> np.ndarray:
     return base[start:end]
 
 
-def draw_many(selector: Selector, prepared: Sequence[Prepared],
-              rng: np.random.Generator) -> list[np.ndarray | Exception]:
+def draw_many(
+    selector: Selector, prepared: Sequence[Prepared], rng: np.random.Generator
+) -> list[np.ndarray | Exception]:
     """Each item's slate (candidate indices), vectorised per mechanism group where possible; an
     item whose draw failed gets the exception (it is then refused alone, nothing spent)."""
     out: list[np.ndarray | Exception | None] = [None] * len(prepared)
@@ -61,27 +62,35 @@ def draw_many(selector: Selector, prepared: Sequence[Prepared],
     for name, idx in groups.items():
         ps = [prepared[i] for i in idx]
         try:
-            picked = select_rows(name, joined(ps, "scores"), joined(ps, "sensitivities"),
-                                 np.array([p.scores.size for p in ps]), np.array([p.epsilon for p in ps]), rng)
-        except Exception as exc:  # noqa: BLE001 - the group's items are refused, nothing spent
+            picked = select_rows(
+                name,
+                joined(ps, "scores"),
+                joined(ps, "sensitivities"),
+                np.array([p.scores.size for p in ps]),
+                np.array([p.epsilon for p in ps]),
+                rng,
+            )
+        except Exception as exc:
             for i in idx:
                 out[i] = exc
             continue
-        for i, j in zip(idx, picked.tolist()):
+        for i, j in zip(idx, picked.tolist(), strict=False):
             out[i] = np.array([j], np.int64)
     allow = selector.policy.selection.allow_non_private
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
             try:
-                out[i] = selector.heavy.run(lambda p=p: draw(p, rng, allow),
-                                            p.k * expected_draws(p.mechanism, p.scores.size, p.params))
-            except Exception as exc:  # noqa: BLE001 - this item alone is refused
+                out[i] = selector.heavy.run(
+                    lambda p=p: draw(p, rng, allow), p.k * expected_draws(p.mechanism, p.scores.size, p.params)
+                )
+            except Exception as exc:
                 out[i] = exc
     return out  # type: ignore[return-value]
 
 
-def execute_batch(selector: Selector, ledger: Ledger, prepared: Sequence[Prepared],
-                  encode: Callable[[Selected], bytes]) -> list[Charge | Exception]:
+def execute_batch(
+    selector: Selector, ledger: Ledger, prepared: Sequence[Prepared], encode: Callable[[Selected], bytes]
+) -> list[Charge | Exception]:
     """Charges every prepared item in one ledger transaction (either store); one outcome per item, in order."""
     items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
 

@@ -55,22 +55,30 @@ class Catalog:
 
     def unknown_id(self, item_ids: Sequence[str], rows: np.ndarray) -> InvalidRequest:
         pos = int(np.flatnonzero(rows < 0)[0])
-        return InvalidRequest(f"unknown item_id {short(item_ids[pos])} (candidate #{pos}); expected an item_id "
-                              f"from the artifact's items.parquet ({len(self.item_ids)} items)")
+        return InvalidRequest(
+            f"unknown item_id {short(item_ids[pos])} (candidate #{pos}); expected an item_id "
+            f"from the artifact's items.parquet ({len(self.item_ids)} items)"
+        )
 
     def bad_row(self, rows: np.ndarray) -> InvalidRequest:
         pos = int(np.flatnonzero(rows >= len(self.item_ids))[0])
-        return InvalidRequest(f"item_rows[{pos}] = {int(rows[pos])} is out of range; expected a row of the "
-                              f"artifact's items.parquet, 0 <= row < {len(self.item_ids)}")
+        return InvalidRequest(
+            f"item_rows[{pos}] = {int(rows[pos])} is out of range; expected a row of the "
+            f"artifact's items.parquet, 0 <= row < {len(self.item_ids)}"
+        )
 
     def check_version(self, version: str, required: bool) -> None:
         """A row-encoded request must name this catalog; any request that names one must name this one."""
         if not version and required:
-            raise InvalidRequest(f"item_rows without catalog_version; expected the catalog_version the rows "
-                                 f"index (this server's is {self.version!r}, see ListMechanisms)")
+            raise InvalidRequest(
+                f"item_rows without catalog_version; expected the catalog_version the rows "
+                f"index (this server's is {self.version!r}, see ListMechanisms)"
+            )
         if version and version != self.version:
-            raise Unavailable(f"catalog_version {short(version)} is not this server's catalog ({self.version!r}); "
-                              "re-map the items with the artifact this server serves, nothing was spent")
+            raise Unavailable(
+                f"catalog_version {short(version)} is not this server's catalog ({self.version!r}); "
+                "re-map the items with the artifact this server serves, nothing was spent"
+            )
 
     def clip(self, rows: np.ndarray, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # Clipping to the public [lo, hi] is what makes Δ a true bound (docs/reference/specification.md §1): never skip it.

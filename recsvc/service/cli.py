@@ -10,84 +10,163 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.checks import check_epsilon, check_regular_file
-from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
 from recsvc.ledger import is_postgres
+from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
 from recsvc.service.config import PARAMS, ServerConfig, default
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-WINDOW_HELP = ("'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
-               "budget, --budget ε per user per N-day window aligned to the Unix epoch in UTC (1d starts at 00:00 "
-               "UTC; 7d on Thursdays). The guarantee is then ε per window, NOT over all time: over T windows a "
-               "user's data may be exposed up to T·ε. Hours are not accepted. Fixed when the ledger is created; "
-               "every replica must use the same window")
+WINDOW_HELP = (
+    "'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
+    "budget, --budget ε per user per N-day window aligned to the Unix epoch in UTC (1d starts at 00:00 "
+    "UTC; 7d on Thursdays). The guarantee is then ε per window, NOT over all time: over T windows a "
+    "user's data may be exposed up to T·ε. Hours are not accepted. Fixed when the ledger is created; "
+    "every replica must use the same window"
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the private-selection gRPC server",
-                       description="Serve PrivateSelection (gRPC) over an artifact directory, with a privacy ledger.")
+    p = sub.add_parser(
+        "serve",
+        help="run the private-selection gRPC server",
+        description="Serve PrivateSelection (gRPC) over an artifact directory, with a privacy ledger.",
+    )
     p.add_argument("--artifacts", type=Path, required=True, help="artifact directory, e.g. artifacts/ml-100k")
     p.add_argument("--host", default=default("host"))
     p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
-    p.add_argument("--ledger", type=ledger_arg, default=default("ledger"),
-                   help="privacy ledger: an SQLite file (created if missing) or a PostgreSQL URL "
-                        "postgresql://USER@HOST:PORT/DB shared by replicas (prepare it with `recsvc ledger init`)")
-    p.add_argument("--ledger-pool", type=int, default=default("ledger_pool"),
-                   help="PostgreSQL connections per process (default %(default)s)")
-    p.add_argument("--fingerprint-key", type=Path, default=default("fingerprint_key"), metavar="FILE",
-                   help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
-                        "on first start; never stored in the ledger)")
+    p.add_argument(
+        "--ledger",
+        type=ledger_arg,
+        default=default("ledger"),
+        help="privacy ledger: an SQLite file (created if missing) or a PostgreSQL URL "
+        "postgresql://USER@HOST:PORT/DB shared by replicas (prepare it with `recsvc ledger init`)",
+    )
+    p.add_argument(
+        "--ledger-pool",
+        type=int,
+        default=default("ledger_pool"),
+        help="PostgreSQL connections per process (default %(default)s)",
+    )
+    p.add_argument(
+        "--fingerprint-key",
+        type=Path,
+        default=default("fingerprint_key"),
+        metavar="FILE",
+        help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
+        "on first start; never stored in the ledger)",
+    )
     p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
     p.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
-    p.add_argument("--default-mechanism", default=default("default_mechanism"),
-                   help="used when a request names no mechanism")
-    p.add_argument("--auto-threshold", type=float, default=default("auto_threshold"),
-                   help="|median population Spearman| above which auto picks gem/mgem")
-    p.add_argument("--max-candidates", type=int, default=default("max_candidates"),
-                   help="most candidates per Select request (default %(default)s)")
-    p.add_argument("--max-batch", type=int, default=default("max_batch"),
-                   help="most requests per SelectBatch call (default %(default)s)")
-    p.add_argument("--max-history", type=int, default=default("max_history"),
-                   help="most history entries per Recommend request (default %(default)s)")
-    p.add_argument("--max-message-bytes", type=int, default=default("max_message_bytes"),
-                   help="largest request message accepted, in bytes (default %(default)s = 16 MiB)")
-    p.add_argument("--max-slate", type=int, default=default("max_slate"),
-                   help="largest k (items per answer) on Select and Recommend (default %(default)s)")
-    p.add_argument("--min-candidates", type=int, default=default("min_candidates"),
-                   help="Recommend's public floor: least m of a two-stage request's private top-m (default "
-                        "%(default)s; the whole catalog if smaller). Without a candidate stage Recommend "
-                        "always selects over the full catalog")
-    p.add_argument("--workers", type=int, default=default("workers"),
-                   help="processes sharing the port (SO_REUSEPORT) and the ledger")
+    p.add_argument(
+        "--default-mechanism", default=default("default_mechanism"), help="used when a request names no mechanism"
+    )
+    p.add_argument(
+        "--auto-threshold",
+        type=float,
+        default=default("auto_threshold"),
+        help="|median population Spearman| above which auto picks gem/mgem",
+    )
+    p.add_argument(
+        "--max-candidates",
+        type=int,
+        default=default("max_candidates"),
+        help="most candidates per Select request (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=default("max_batch"),
+        help="most requests per SelectBatch call (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-history",
+        type=int,
+        default=default("max_history"),
+        help="most history entries per Recommend request (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=default("max_message_bytes"),
+        help="largest request message accepted, in bytes (default %(default)s = 16 MiB)",
+    )
+    p.add_argument(
+        "--max-slate",
+        type=int,
+        default=default("max_slate"),
+        help="largest k (items per answer) on Select and Recommend (default %(default)s)",
+    )
+    p.add_argument(
+        "--min-candidates",
+        type=int,
+        default=default("min_candidates"),
+        help="Recommend's public floor: least m of a two-stage request's private top-m (default "
+        "%(default)s; the whole catalog if smaller). Without a candidate stage Recommend "
+        "always selects over the full catalog",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=default("workers"),
+        help="processes sharing the port (SO_REUSEPORT) and the ledger",
+    )
     p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
-    p.add_argument("--heavy-draws", type=int, default=default("heavy_draws"),
-                   help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn "
-                        "by the low-priority pool")
-    p.add_argument("--heavy-draw-threads", type=int, default=default("heavy_draw_threads"),
-                   help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)")
+    p.add_argument(
+        "--heavy-draws",
+        type=int,
+        default=default("heavy_draws"),
+        help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn "
+        "by the low-priority pool",
+    )
+    p.add_argument(
+        "--heavy-draw-threads",
+        type=int,
+        default=default("heavy_draw_threads"),
+        help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)",
+    )
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")
-    p.add_argument("--token-file", type=Path,
-                   help="bearer tokens, lines '<token> <scope>' (scope admin, service or user:<user_id>; "
-                        "a token alone means service); enables token auth")
-    p.add_argument("--client-scopes", type=Path,
-                   help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or 'san:<name> <scope>' "
-                        "mapping client certificates to scopes (see SECURITY.md)")
-    p.add_argument("--allow-plaintext-tokens", action="store_true",
-                   help="accept --token-file without TLS on a non-loopback --host (a trusted proxy terminates TLS)")
-    p.add_argument("--rate-limit", type=float, default=default("rate_limit"),
-                   help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)")
+    p.add_argument(
+        "--token-file",
+        type=Path,
+        help="bearer tokens, lines '<token> <scope>' (scope admin, service or user:<user_id>; "
+        "a token alone means service); enables token auth",
+    )
+    p.add_argument(
+        "--client-scopes",
+        type=Path,
+        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or 'san:<name> <scope>' "
+        "mapping client certificates to scopes (see SECURITY.md)",
+    )
+    p.add_argument(
+        "--allow-plaintext-tokens",
+        action="store_true",
+        help="accept --token-file without TLS on a non-loopback --host (a trusted proxy terminates TLS)",
+    )
+    p.add_argument(
+        "--rate-limit",
+        type=float,
+        default=default("rate_limit"),
+        help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)",
+    )
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default=default("metrics_host"))
     not_dp = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
     p.add_argument("--allow-non-private", action="store_true", help=f"accept {not_dp} (NOT differentially private)")
     p.add_argument("--grace", type=float, default=default("grace"), help="seconds in-flight calls get on SIGTERM")
-    p.add_argument("--drain-delay", type=float, default=default("drain_delay"),
-                   help="seconds of NOT_SERVING before the port closes")
+    p.add_argument(
+        "--drain-delay",
+        type=float,
+        default=default("drain_delay"),
+        help="seconds of NOT_SERVING before the port closes",
+    )
     p.set_defaults(func=run_serve)
 
-    s = sub.add_parser("select", help="ask a running server for one private selection",
-                       description="Send one Select request and print the answer as JSON.")
+    s = sub.add_parser(
+        "select",
+        help="ask a running server for one private selection",
+        description="Send one Select request and print the answer as JSON.",
+    )
     _client_args(s)
     s.add_argument("--user", required=True, help="user id (the budget is charged to it)")
     g = s.add_mutually_exclusive_group(required=True)
@@ -97,29 +176,42 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--epsilon", type=float, required=True)
     s.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
     add_param_arguments(s)  # --beta, --gamma, --corr-budget-fraction (unset: the mechanism's default)
-    s.add_argument("--k", type=int, default=0,
-                   help="slate size: k distinct items in selection order, ε charged once (default: one item)")
+    s.add_argument(
+        "--k",
+        type=int,
+        default=0,
+        help="slate size: k distinct items in selection order, ε charged once (default: one item)",
+    )
     s.set_defaults(func=run_select)
 
-    led = sub.add_parser("ledger", help="prepare, migrate or export a privacy ledger (PostgreSQL or SQLite)",
-                         description="Create a ledger and store the settings every replica must share, "
-                                     "apply pending schema migrations, or export its charges for an audit.")
+    led = sub.add_parser(
+        "ledger",
+        help="prepare, migrate or export a privacy ledger (PostgreSQL or SQLite)",
+        description="Create a ledger and store the settings every replica must share, "
+        "apply pending schema migrations, or export its charges for an audit.",
+    )
     led_sub = led.add_subparsers(dest="ledger_command", required=True)
     init = led_sub.add_parser("init", help="create the ledger (idempotent; refuses other settings)")
     init.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
     init.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
     init.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
-    init.add_argument("--fingerprint-key", type=Path, metavar="FILE",
-                      help="fingerprint key file, created with mode 0600 if missing (required for PostgreSQL; "
-                           "SQLite default: <ledger>.key); copy it to every replica")
+    init.add_argument(
+        "--fingerprint-key",
+        type=Path,
+        metavar="FILE",
+        help="fingerprint key file, created with mode 0600 if missing (required for PostgreSQL; "
+        "SQLite default: <ledger>.key); copy it to every replica",
+    )
     init.set_defaults(func=run_ledger_init)
     mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
     mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
     mig.set_defaults(func=run_ledger_migrate)
-    exp = led_sub.add_parser("export", help="write one Parquet row per charge (user_id, request_id, mechanism, "
-                                            "epsilon, time) for an audit",
-                             description="Stream every charge of a ledger into a Parquet file: user_id, request_id, "
-                                         "mechanism, epsilon, time (UTC). No fingerprints, scores, items or answers.")
+    exp = led_sub.add_parser(
+        "export",
+        help="write one Parquet row per charge (user_id, request_id, mechanism, epsilon, time) for an audit",
+        description="Stream every charge of a ledger into a Parquet file: user_id, request_id, "
+        "mechanism, epsilon, time (UTC). No fingerprints, scores, items or answers.",
+    )
     exp.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
     exp.add_argument("--out", type=Path, required=True, help="Parquet file to write, e.g. charges.parquet")
     exp.add_argument("--force", action="store_true", help="replace --out if it exists")
@@ -143,7 +235,9 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from recsvc.service.server import serve
 
-    return serve(ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)}))
+    return serve(
+        ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)})
+    )
 
 
 def ledger_arg(text: str) -> Path | str:
@@ -152,8 +246,13 @@ def ledger_arg(text: str) -> Path | str:
 
 
 def _ledger_config(args: argparse.Namespace) -> ServerConfig:
-    return ServerConfig.of(Path("."), ledger=args.ledger, budget=args.budget, budget_window=args.budget_window,
-                           fingerprint_key=args.fingerprint_key).check()
+    return ServerConfig.of(
+        Path("."),
+        ledger=args.ledger,
+        budget=args.budget,
+        budget_window=args.budget_window,
+        fingerprint_key=args.fingerprint_key,
+    ).check()
 
 
 def run_ledger_init(args: argparse.Namespace) -> int:
@@ -161,12 +260,21 @@ def run_ledger_init(args: argparse.Namespace) -> int:
     from recsvc.service.server import stored_mechanism
 
     config = _ledger_config(args).ledger
-    store = open_ledger(config.location, config.budget, config.key_path, pool_size=1, create=True,
-                        window=config.window, mechanism_of=stored_mechanism)
+    store = open_ledger(
+        config.location,
+        config.budget,
+        config.key_path,
+        pool_size=1,
+        create=True,
+        window=config.window,
+        mechanism_of=stored_mechanism,
+    )
     store.close()
     where = getattr(store, "where", str(config.location))
-    print(f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
-          f"fingerprint key {config.key_path})")
+    print(
+        f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
+        f"fingerprint key {config.key_path})"
+    )
     return 0
 
 
@@ -175,8 +283,10 @@ def run_ledger_migrate(args: argparse.Namespace) -> int:
     from recsvc.service.server import stored_mechanism
 
     if not is_postgres(args.ledger):
-        raise ValueError(f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
-                         "expected a PostgreSQL URL postgresql://USER@HOST:PORT/DB")
+        raise ValueError(
+            f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
+            "expected a PostgreSQL URL postgresql://USER@HOST:PORT/DB"
+        )
     where, before, after = migrate_url(args.ledger, stored_mechanism)
     print(f"recsvc ledger: {where} schema version {before} -> {after}")
     return 0
@@ -252,8 +362,9 @@ def _client(args: argparse.Namespace) -> Any:
 
     check_target(args.target)  # --timeout is checked by Client itself, before any call
     token = read_token(args.token_file) if args.token_file else None
-    return Client(args.target, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                  timeout=args.timeout)
+    return Client(
+        args.target, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, timeout=args.timeout
+    )
 
 
 class RpcFailure(ValueError):
@@ -273,13 +384,29 @@ def run_select(args: argparse.Namespace) -> int:
         raise ValueError(f"--k must be >= 0 (0 or 1: one item; k: a k-item slate), got {args.k}")
     with _client(args) as client:
         try:
-            r = client.select(args.user, cands, mechanism=args.mechanism, epsilon=args.epsilon,
-                              request_id=args.request_id, k=args.k, **params_from_namespace(args))
+            r = client.select(
+                args.user,
+                cands,
+                mechanism=args.mechanism,
+                epsilon=args.epsilon,
+                request_id=args.request_id,
+                k=args.k,
+                **params_from_namespace(args),
+            )
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
-    json.dump({"item_id": r.item_id, "item_ids": list(r.item_ids), "mechanism": r.mechanism, "epsilon_spent": r.epsilon_spent,
-               "budget_remaining": r.budget_remaining, "request_id": r.request_id, "replayed": r.replayed},
-              sys.stdout)
+    json.dump(
+        {
+            "item_id": r.item_id,
+            "item_ids": list(r.item_ids),
+            "mechanism": r.mechanism,
+            "epsilon_spent": r.epsilon_spent,
+            "budget_remaining": r.budget_remaining,
+            "request_id": r.request_id,
+            "replayed": r.replayed,
+        },
+        sys.stdout,
+    )
     print()
     return 0
 
@@ -292,9 +419,20 @@ def run_budget(args: argparse.Namespace) -> int:
             r = client.budget(args.user)
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
-    json.dump({"user_id": r.user_id, "budget": r.budget, "spent": r.spent, "remaining": r.remaining,
-               "requests": r.requests, "window_start": _utc(r.window_start_unix), "window_end": _utc(r.window_end_unix),
-               "window_start_unix": r.window_start_unix, "window_end_unix": r.window_end_unix}, sys.stdout)
+    json.dump(
+        {
+            "user_id": r.user_id,
+            "budget": r.budget,
+            "spent": r.spent,
+            "remaining": r.remaining,
+            "requests": r.requests,
+            "window_start": _utc(r.window_start_unix),
+            "window_end": _utc(r.window_end_unix),
+            "window_start_unix": r.window_start_unix,
+            "window_end_unix": r.window_end_unix,
+        },
+        sys.stdout,
+    )
     print()
     return 0
 

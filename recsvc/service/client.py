@@ -59,8 +59,10 @@ class ItemRows:
         try:
             rows = [self.index[str(i)] for i, _ in pairs]
         except KeyError as exc:
-            raise ValueError(f"item_id {exc.args[0]!r} is not in this catalog ({len(self.index)} items); "
-                             "expected an item_id of the artifact's items.parquet") from None
+            raise ValueError(
+                f"item_id {exc.args[0]!r} is not in this catalog ({len(self.index)} items); "
+                "expected an item_id of the artifact's items.parquet"
+            ) from None
         return {"item_rows": rows, "scores": [float(s) for _, s in pairs], "catalog_version": self.version}
 
 
@@ -73,8 +75,10 @@ def param_fields(message: Any, params: Mapping[str, float | None]) -> dict[str, 
     sendable = [name for name in PARAM_NAMES if name in fields]
     refused = [name for name, value in params.items() if value is not None and name not in sendable]
     if refused:
-        raise ValueError(f"mechanism parameter(s) {', '.join(map(repr, refused))} cannot be sent: "
-                         f"{message.DESCRIPTOR.name} has fields only for {', '.join(sendable)}")
+        raise ValueError(
+            f"mechanism parameter(s) {', '.join(map(repr, refused))} cannot be sent: "
+            f"{message.DESCRIPTOR.name} has fields only for {', '.join(sendable)}"
+        )
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -126,20 +130,40 @@ class Client:
         raise AssertionError("unreachable")
 
     def select_request(
-        self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-        request_id: str | None = None, k: int = 0, rows: ItemRows | None = None, **params: float | None,
+        self,
+        user_id: str,
+        candidates: Candidates,
+        mechanism: str = "",
+        epsilon: float = 1.0,
+        request_id: str | None = None,
+        k: int = 0,
+        rows: ItemRows | None = None,
+        **params: float | None,
     ) -> pb.SelectRequest:
         """A SelectRequest; ``params``: mechanism parameters (``beta=0.1``, see :func:`param_fields`);
         ``rows``: send the compact encoding (see :meth:`item_rows`) instead of item ids."""
         columns = _columns(candidates) if rows is None else rows.fields(candidates)
         return pb.SelectRequest(
-            user_id=user_id, **columns, mechanism=mechanism, epsilon=epsilon,
-            request_id=request_id or uuid.uuid4().hex, k=k, **param_fields(pb.SelectRequest, params),
+            user_id=user_id,
+            **columns,
+            mechanism=mechanism,
+            epsilon=epsilon,
+            request_id=request_id or uuid.uuid4().hex,
+            k=k,
+            **param_fields(pb.SelectRequest, params),
         )
 
-    def select(self, user_id: str, candidates: Candidates, mechanism: str = "", epsilon: float = 1.0,
-               request_id: str | None = None, k: int = 0, rows: ItemRows | None = None,
-               **params: float | None) -> pb.SelectResponse:
+    def select(
+        self,
+        user_id: str,
+        candidates: Candidates,
+        mechanism: str = "",
+        epsilon: float = 1.0,
+        request_id: str | None = None,
+        k: int = 0,
+        rows: ItemRows | None = None,
+        **params: float | None,
+    ) -> pb.SelectResponse:
         """One private selection, or a slate of ``k`` distinct items (ε charged once in total);
         returns the SelectResponse (item_id, item_ids, mechanism, epsilon_spent, ...). ``params``:
         mechanism parameters, e.g. ``beta=0.1`` (None or absent: the mechanism's default)."""
@@ -150,18 +174,33 @@ class Client:
         """Per-item results (``.response`` or ``.error``), in request order."""
         return list(self._call(self.stub.SelectBatch, pb.SelectBatchRequest(requests=requests)).results)
 
-    def recommend(self, user_id: str, history: Iterable[str], mechanism: str = "", epsilon: float = 1.0,
-                  request_id: str | None = None, num_candidates: int = 0, k: int = 0,
-                  candidate_fraction: float | None = None, **params: float | None) -> pb.SelectResponse:
+    def recommend(
+        self,
+        user_id: str,
+        history: Iterable[str],
+        mechanism: str = "",
+        epsilon: float = 1.0,
+        request_id: str | None = None,
+        num_candidates: int = 0,
+        k: int = 0,
+        candidate_fraction: float | None = None,
+        **params: float | None,
+    ) -> pb.SelectResponse:
         """Server-side SANSA over the full catalog, then a private selection (or ``k``-item slate)
         among every item, seen ones included (drop them yourself: free post-processing). With
         ``candidate_fraction``, a private top-``num_candidates`` stage spends that share of ε
         first; ε is charged once in total. ``params`` as for :meth:`select`."""
         extra = {} if candidate_fraction is None else {"candidate_fraction": candidate_fraction}
         req = pb.RecommendRequest(
-            user_id=user_id, history=[str(h) for h in history], mechanism=mechanism, epsilon=epsilon,
-            request_id=request_id or uuid.uuid4().hex, num_candidates=num_candidates, k=k,
-            **param_fields(pb.RecommendRequest, params), **extra,
+            user_id=user_id,
+            history=[str(h) for h in history],
+            mechanism=mechanism,
+            epsilon=epsilon,
+            request_id=request_id or uuid.uuid4().hex,
+            num_candidates=num_candidates,
+            k=k,
+            **param_fields(pb.RecommendRequest, params),
+            **extra,
         )
         return self._call(self.stub.Recommend, req)
 
@@ -181,8 +220,10 @@ class Client:
         rows = ItemRows(item_ids)
         served = self.catalog_version()
         if rows.version != served:
-            raise ValueError(f"these {len(item_ids)} item ids have catalog version {rows.version!r} but the server's "
-                             f"is {served!r}; expected the items.parquet of the artifact the server serves")
+            raise ValueError(
+                f"these {len(item_ids)} item ids have catalog version {rows.version!r} but the server's "
+                f"is {served!r}; expected the items.parquet of the artifact the server serves"
+            )
         return rows
 
     def health(self, service: str = "") -> str:

@@ -67,15 +67,22 @@ class Shape:
     varint: frozenset[int] = frozenset()
 
 
-SELECT = Shape("SelectRequest", {2: "candidates", 9: "item_ids", 10: "scores", 12: "item_rows"}, "max_candidates",
-               frozenset({10}), varint=frozenset({12}))
+SELECT = Shape(
+    "SelectRequest",
+    {2: "candidates", 9: "item_ids", 10: "scores", 12: "item_rows"},
+    "max_candidates",
+    frozenset({10}),
+    varint=frozenset({12}),
+)
 RECOMMEND = Shape("RecommendRequest", {2: "history entries"}, "max_history")
 BATCH = Shape("SelectBatchRequest", {1: "requests"}, "max_batch", items=SELECT)
 
 
 def _malformed(shape: Shape) -> Refused:
-    return Refused(f"the request is not a valid recsvc.v1.{shape.name} (malformed protobuf wire format); "
-                   f"expected a serialized {shape.name} (proto/recsvc/v1/selection.proto)")
+    return Refused(
+        f"the request is not a valid recsvc.v1.{shape.name} (malformed protobuf wire format); "
+        f"expected a serialized {shape.name} (proto/recsvc/v1/selection.proto)"
+    )
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -146,20 +153,24 @@ def check(data: bytes, shape: Shape, limits: Limits, pos: int = 0, end: int | No
         for number, wire_type, start, stop in fields(data, pos, end):
             total += 1
             if total > most:
-                raise Refused(f"more than {most} fields in one {shape.name}; this server accepts at most "
-                              f"{limit} {'/'.join(shape.counted.values())} per {shape.name}")
+                raise Refused(
+                    f"more than {most} fields in one {shape.name}; this server accepts at most "
+                    f"{limit} {'/'.join(shape.counted.values())} per {shape.name}"
+                )
             if number not in counts:
                 continue
             if wire_type == 2 and number in shape.fixed64:
                 counts[number] += (stop - start + 7) // 8
             elif wire_type == 2 and number in shape.varint:  # C-speed count, on at most 10 × limit bytes
                 run = min(stop - start, 10 * limit + 10)
-                counts[number] += len(data[start:start + run].translate(None, _HIGH))
+                counts[number] += len(data[start : start + run].translate(None, _HIGH))
             else:
                 counts[number] += 1
             if counts[number] > limit:
-                raise Refused(f"more than {limit} {shape.counted[number]} in one {shape.name}; "
-                              f"this server accepts at most {limit}")
+                raise Refused(
+                    f"more than {limit} {shape.counted[number]} in one {shape.name}; "
+                    f"this server accepts at most {limit}"
+                )
             if shape.items is not None and wire_type == 2:
                 try:
                     check(data, shape.items, limits, start, stop)
@@ -192,12 +203,15 @@ def candidates(req: pb.SelectRequest) -> tuple[Sequence[str] | None, np.ndarray,
     if len(req.item_rows):
         if len(req.candidates) or len(req.item_ids):
             other = "candidates" if len(req.candidates) else "item_ids"
-            raise InvalidRequest(f"both item_rows and {other} are set; expected exactly one encoding of the candidates "
-                                 "(item_rows + scores + catalog_version, item_ids + scores, or candidates)")
+            raise InvalidRequest(
+                f"both item_rows and {other} are set; expected exactly one encoding of the candidates "
+                "(item_rows + scores + catalog_version, item_ids + scores, or candidates)"
+            )
         raw, rows = np.array(req.scores, dtype=np.float64), np.array(req.item_rows, dtype=np.int64)
         if rows.size != raw.size:
-            raise InvalidRequest(f"item_rows has {rows.size} entries but scores has {raw.size}; "
-                                 "expected one score per row")
+            raise InvalidRequest(
+                f"item_rows has {rows.size} entries but scores has {raw.size}; expected one score per row"
+            )
         return None, raw, rows
     if len(req.item_ids) or len(req.scores):
         if len(req.candidates):
@@ -222,7 +236,7 @@ def fingerprint(kind: bytes, req: Any) -> bytes:
     h = hashlib.sha256(kind)
     data = memoryview(req.SerializeToString(deterministic=True))
     for i in range(0, len(data), _HASH_PIECE):
-        h.update(data[i:i + _HASH_PIECE])
+        h.update(data[i : i + _HASH_PIECE])
     return h.digest()
 
 
@@ -236,24 +250,48 @@ def params(req: Any) -> dict[str, float | None]:
 def select_input(req: pb.SelectRequest) -> tuple[SelectInput, np.ndarray, np.ndarray | None]:
     """A Select request for the selector: its input, raw scores and rows (None unless sent as rows)."""
     ids, raw, rows = candidates(req)
-    x = SelectInput(req.user_id, req.request_id, req.mechanism, req.epsilon, params(req),
-                    lambda: fingerprint(b"select\0", req), req.k, ids, req.catalog_version)
+    x = SelectInput(
+        req.user_id,
+        req.request_id,
+        req.mechanism,
+        req.epsilon,
+        params(req),
+        lambda: fingerprint(b"select\0", req),
+        req.k,
+        ids,
+        req.catalog_version,
+    )
     return x, raw, rows
 
 
 def recommend_input(req: pb.RecommendRequest) -> dict[str, Any]:
     """A Recommend request as the arguments of :meth:`recsvc.service.selection.Selector.prepare_recommend`."""
     fraction = req.candidate_fraction if req.HasField("candidate_fraction") else None
-    return dict(user_id=req.user_id, request_id=req.request_id, mechanism=req.mechanism, epsilon=req.epsilon,
-                params=params(req), history=req.history, num_candidates=req.num_candidates,
-                fingerprint=lambda: fingerprint(b"recommend\0", req), k=req.k, candidate_fraction=fraction)
+    return dict(
+        user_id=req.user_id,
+        request_id=req.request_id,
+        mechanism=req.mechanism,
+        epsilon=req.epsilon,
+        params=params(req),
+        history=req.history,
+        num_candidates=req.num_candidates,
+        fingerprint=lambda: fingerprint(b"recommend\0", req),
+        k=req.k,
+        candidate_fraction=fraction,
+    )
 
 
 def encode(s: Selected) -> bytes:
     """A serialized SelectResponse: the answer the ledger stores and a replay returns."""
-    return pb.SelectResponse(item_id=s.item_id, item_ids=s.item_ids, item_rows=s.item_rows, mechanism=s.mechanism,
-                             epsilon_spent=s.epsilon, budget_remaining=s.budget_remaining,
-                             request_id=s.request_id).SerializeToString()
+    return pb.SelectResponse(
+        item_id=s.item_id,
+        item_ids=s.item_ids,
+        item_rows=s.item_rows,
+        mechanism=s.mechanism,
+        epsilon_spent=s.epsilon,
+        budget_remaining=s.budget_remaining,
+        request_id=s.request_id,
+    ).SerializeToString()
 
 
 def replayed(stored: bytes) -> pb.SelectResponse:
@@ -272,13 +310,18 @@ def answer(charge: Charge) -> pb.SelectResponse:
 
 def mechanisms_response(selector: Selector, policy: Policy, budget: float) -> pb.ListMechanismsResponse:
     """The server's public configuration: mechanisms, the ``auto`` table and the limits."""
-    infos = [pb.MechanismInfo(name=name, private=bool(m.private),
-                              allowed=bool(m.private) or policy.selection.allow_non_private)
-             for name, m in sorted(MECHANISMS.items())]
-    table = selector.auto_table
-    auto = [] if table is None else [
-        pb.AutoPolicyEntry(epsilon=e, k=k, mechanism=m, expected_mse=v) for k, e, m, v in table.winners()
+    infos = [
+        pb.MechanismInfo(
+            name=name, private=bool(m.private), allowed=bool(m.private) or policy.selection.allow_non_private
+        )
+        for name, m in sorted(MECHANISMS.items())
     ]
+    table = selector.auto_table
+    auto = (
+        []
+        if table is None
+        else [pb.AutoPolicyEntry(epsilon=e, k=k, mechanism=m, expected_mse=v) for k, e, m, v in table.winners()]
+    )
     return pb.ListMechanismsResponse(
         mechanisms=infos,
         auto_policy=auto,
@@ -322,6 +365,7 @@ class Framed:
 
 def serializer(message_type: Any) -> Callable[[Any], bytes]:
     """Serializes a response message; a :class:`Framed` answer is sent as it is."""
+
     def serialize(response: Any) -> bytes:
         return response.data if isinstance(response, Framed) else message_type.SerializeToString(response)
 

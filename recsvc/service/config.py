@@ -129,8 +129,14 @@ class Policy:
     selection: Selection = field(default_factory=Selection)
 
 
-GROUPS: dict[str, type] = {"listen": Listen, "auth": Auth, "ledger": LedgerSettings, "limits": Limits,
-                           "selection": Selection, "drain": Drain}
+GROUPS: dict[str, type] = {
+    "listen": Listen,
+    "auth": Auth,
+    "ledger": LedgerSettings,
+    "limits": Limits,
+    "selection": Selection,
+    "drain": Drain,
+}
 # flat parameter name → (group, field)
 PARAMS: dict[str, tuple[str, str]] = {
     f.metadata.get("flag", f.name): (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)
@@ -157,7 +163,9 @@ class ServerConfig:
         """A copy with the flat parameters ``params`` changed."""
         unknown = sorted(set(params) - set(PARAMS))
         if unknown:
-            raise TypeError(f"unknown ServerConfig parameter(s) {', '.join(unknown)}; expected some of {', '.join(PARAMS)}")
+            raise TypeError(
+                f"unknown ServerConfig parameter(s) {', '.join(unknown)}; expected some of {', '.join(PARAMS)}"
+            )
         changes: dict[str, dict[str, Any]] = {}
         for name, value in params.items():
             group, attr = PARAMS[name]
@@ -191,13 +199,17 @@ class Constraint:
 
 
 def _at_least(name: str, least: float, note: str = "") -> Constraint:
-    return Constraint(lambda c: c.get(name) >= least, f"{{{name}}} must be >= {least}{note}, got {{got}}",
-                      lambda c: c.get(name))
+    return Constraint(
+        lambda c: c.get(name) >= least, f"{{{name}}} must be >= {least}{note}, got {{got}}", lambda c: c.get(name)
+    )
 
 
 def _port(name: str) -> Constraint:
-    return Constraint(lambda c: c.get(name) is None or 0 <= c.get(name) <= 65535,
-                      f"{{{name}}} must be in 0..65535, got {{got}}", lambda c: c.get(name))
+    return Constraint(
+        lambda c: c.get(name) is None or 0 <= c.get(name) <= 65535,
+        f"{{{name}}} must be in 0..65535, got {{got}}",
+        lambda c: c.get(name),
+    )
 
 
 def _budget_ok(c: ServerConfig) -> bool:
@@ -216,44 +228,70 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _at_least("workers", 1),
     _at_least("threads", 1),
     _at_least("ledger_pool", 1),
-    Constraint(lambda c: not is_postgres(c.ledger.location) or c.ledger.fingerprint_key is not None,
-               "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "
-               "with the same key file (created by `recsvc ledger init`)"),
-    Constraint(lambda c: c.selection.heavy_draws >= 1 and c.selection.heavy_draw_threads >= 1,
-               "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
-               lambda c: f"{c.selection.heavy_draws} and {c.selection.heavy_draw_threads}"),
+    Constraint(
+        lambda c: not is_postgres(c.ledger.location) or c.ledger.fingerprint_key is not None,
+        "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "
+        "with the same key file (created by `recsvc ledger init`)",
+    ),
+    Constraint(
+        lambda c: c.selection.heavy_draws >= 1 and c.selection.heavy_draw_threads >= 1,
+        "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
+        lambda c: f"{c.selection.heavy_draws} and {c.selection.heavy_draw_threads}",
+    ),
     Constraint(_budget_ok, "{budget} must be a finite ε > 0, got {got}", lambda c: c.ledger.budget),
-    Constraint(lambda c: not _budget_ok(c) or budget_units(c.ledger.budget) is not None,
-               "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
-               lambda c: c.ledger.budget, {"most": MAX_EPSILON}),
+    Constraint(
+        lambda c: not _budget_ok(c) or budget_units(c.ledger.budget) is not None,
+        "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
+        lambda c: c.ledger.budget,
+        {"most": MAX_EPSILON},
+    ),
     _at_least("max_candidates", 1),
     _at_least("max_slate", 1, " (items per answer)"),
     _at_least("min_candidates", 1),
     _at_least("max_batch", 1, " (requests per SelectBatch)"),
     _port("metrics_port"),
-    Constraint(lambda c: c.listen.metrics_port is None or c.listen.metrics_port == 0
-               or c.listen.metrics_port != c.listen.port,
-               "{metrics_port} must differ from {port} (both are {got}); expected two different ports",
-               lambda c: c.listen.port),
-    Constraint(lambda c: not Path(c.artifacts).exists() or Path(c.artifacts).is_dir(),
-               "{artifacts} {got} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
-               lambda c: c.artifacts),
+    Constraint(
+        lambda c: c.listen.metrics_port is None or c.listen.metrics_port == 0 or c.listen.metrics_port != c.listen.port,
+        "{metrics_port} must differ from {port} (both are {got}); expected two different ports",
+        lambda c: c.listen.port,
+    ),
+    Constraint(
+        lambda c: not Path(c.artifacts).exists() or Path(c.artifacts).is_dir(),
+        "{artifacts} {got} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
+        lambda c: c.artifacts,
+    ),
     _at_least("auto_threshold", 0),
     Constraint(lambda c: c.drain.grace >= 0 and c.drain.delay >= 0, "{grace} and {drain_delay} must be >= 0"),
-    Constraint(lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"),
+    Constraint(
+        lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"
+    ),
     _at_least("max_history", 1),
-    Constraint(lambda c: 1024 <= c.limits.max_message_bytes <= 2**31 - 1,
-               "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}", lambda c: c.limits.max_message_bytes),
-    Constraint(lambda c: math.isfinite(c.auth.rate_limit) and c.auth.rate_limit >= 0,
-               "{rate_limit} must be a finite number of requests/s >= 0 (0: no limit), got {got}",
-               lambda c: c.auth.rate_limit),
-    Constraint(lambda c: c.auth.client_scopes is None or c.auth.client_ca is not None,
-               "{client_scopes} needs {client_ca} (certificate scopes need mTLS)"),
-    Constraint(lambda c: c.auth.token_file is None or c.auth.tls_cert is not None or c.auth.allow_plaintext_tokens
-               or is_loopback(c.listen.host),
-               "{token_file} without TLS on {host} {got} would send bearer tokens in plaintext over the network; "
-               "expected {tls_cert} and {tls_key}, a loopback {host} (127.0.0.1, ::1, localhost), or "
-               "{allow_plaintext_tokens} when a trusted proxy terminates TLS", lambda c: c.listen.host),
+    Constraint(
+        lambda c: 1024 <= c.limits.max_message_bytes <= 2**31 - 1,
+        "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}",
+        lambda c: c.limits.max_message_bytes,
+    ),
+    Constraint(
+        lambda c: math.isfinite(c.auth.rate_limit) and c.auth.rate_limit >= 0,
+        "{rate_limit} must be a finite number of requests/s >= 0 (0: no limit), got {got}",
+        lambda c: c.auth.rate_limit,
+    ),
+    Constraint(
+        lambda c: c.auth.client_scopes is None or c.auth.client_ca is not None,
+        "{client_scopes} needs {client_ca} (certificate scopes need mTLS)",
+    ),
+    Constraint(
+        lambda c: (
+            c.auth.token_file is None
+            or c.auth.tls_cert is not None
+            or c.auth.allow_plaintext_tokens
+            or is_loopback(c.listen.host)
+        ),
+        "{token_file} without TLS on {host} {got} would send bearer tokens in plaintext over the network; "
+        "expected {tls_cert} and {tls_key}, a loopback {host} (127.0.0.1, ::1, localhost), or "
+        "{allow_plaintext_tokens} when a trusted proxy terminates TLS",
+        lambda c: c.listen.host,
+    ),
 )
 
 

@@ -13,6 +13,7 @@ knobs (``serve --heavy-draws``, ``--heavy-draw-threads``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -39,10 +40,8 @@ def _lowest_priority() -> None:
     """Initializer of the pool's threads: nice 19 for the calling thread only (on Linux a priority
     is per thread); elsewhere the pool still bounds how many heavy draws run at once."""
     if sys.platform.startswith("linux"):
-        try:
+        with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            pass
 
 
 class HeavyDraws:

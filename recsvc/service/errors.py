@@ -91,15 +91,24 @@ def log_internal_error(what: str, exc: BaseException) -> None:
 # each item's refusal as that item's Error (code, code_name, message) and the call itself is OK.
 STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     ("OK", "", "the answer; a replayed request_id returns the stored answer with replayed=true"),
-    ("INVALID_ARGUMENT", "InvalidRequest, Refused, ValueError",
-     "a malformed or out-of-limit request (checked before parsing where possible), a bad parameter"),
-    ("FAILED_PRECONDITION", "Unavailable",
-     "well-formed, but this server cannot serve it (another catalog_version, no model for Recommend)"),
+    (
+        "INVALID_ARGUMENT",
+        "InvalidRequest, Refused, ValueError",
+        "a malformed or out-of-limit request (checked before parsing where possible), a bad parameter",
+    ),
+    (
+        "FAILED_PRECONDITION",
+        "Unavailable",
+        "well-formed, but this server cannot serve it (another catalog_version, no model for Recommend)",
+    ),
     ("UNAUTHENTICATED", "Unauthenticated", "missing or invalid bearer token or client certificate"),
     ("PERMISSION_DENIED", "PermissionDenied", "the principal's scope does not cover the method or the user_id"),
-    ("RESOURCE_EXHAUSTED", "BudgetExceeded, RateLimited",
-     "the user's privacy budget is used up, the principal's rate limit is exceeded, or the message is "
-     "larger than the server's max_message_bytes (refused unread by gRPC)"),
+    (
+        "RESOURCE_EXHAUSTED",
+        "BudgetExceeded, RateLimited",
+        "the user's privacy budget is used up, the principal's rate limit is exceeded, or the message is "
+        "larger than the server's max_message_bytes (refused unread by gRPC)",
+    ),
     ("ALREADY_EXISTS", "RequestConflict", "the request_id was used before with different parameters"),
     ("UNAVAILABLE", "LedgerUnavailable", "the ledger's database does not answer; retry with the same request_id"),
     ("INTERNAL", "any other exception", "an unexpected failure; the message is withheld and the stack logged"),

@@ -44,8 +44,16 @@ import grpc
 from recsvc.service import metrics
 from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller
 from recsvc.service.codec import Framed
-from recsvc.service.errors import (INTERNAL_MESSAGE, PermissionDenied, RateLimited, Refused, ServiceError,
-                                   Unauthenticated, log_internal_error, status_name)
+from recsvc.service.errors import (
+    INTERNAL_MESSAGE,
+    PermissionDenied,
+    RateLimited,
+    Refused,
+    ServiceError,
+    Unauthenticated,
+    log_internal_error,
+    status_name,
+)
 from recsvc.v1 import selection_pb2 as pb
 
 log = logging.getLogger("recsvc.service")
@@ -125,8 +133,12 @@ def _short(method: str) -> str:
 
 
 class Gate(grpc.ServerInterceptor):
-    def __init__(self, authenticator: Authenticator, limiter: RateLimiter | None = None,
-                 open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES) -> None:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        limiter: RateLimiter | None = None,
+        open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES,
+    ) -> None:
         self.authenticator = authenticator
         self.limiter = limiter
         self._open = open_prefixes
@@ -152,21 +164,30 @@ class Gate(grpc.ServerInterceptor):
         caller = self.authenticator.authenticate(context)
         if caller is None:
             log.debug("UNAUTHENTICATED %s", _short(method))
-            self._refuse(context, method, Unauthenticated(
-                "missing or invalid credentials; expected metadata 'authorization: Bearer <token>' "
-                "with a token from the server's token file (and, under mTLS, a client certificate)"))
+            self._refuse(
+                context,
+                method,
+                Unauthenticated(
+                    "missing or invalid credentials; expected metadata 'authorization: Bearer <token>' "
+                    "with a token from the server's token file (and, under mTLS, a client certificate)"
+                ),
+            )
         assert caller is not None
         if self.limiter is not None and not self.limiter.admit(caller.key):
             log.debug("RESOURCE_EXHAUSTED %s: rate limit of %s", _short(method), caller)
-            self._refuse(context, method, RateLimited(
-                f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later"))
+            self._refuse(
+                context,
+                method,
+                RateLimited(f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later"),
+            )
         if not caller.allows_method(method):
             log.warning("PERMISSION_DENIED %s for principal %s", _short(method), caller)
             self._refuse(context, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
         return caller
 
-    def _decode(self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str,
-                context: grpc.ServicerContext) -> Any:
+    def _decode(
+        self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str, context: grpc.ServicerContext
+    ) -> Any:
         """Step 4: a bad message is INVALID_ARGUMENT with our message, never a logged traceback."""
         if decode is None:
             return raw
@@ -174,7 +195,7 @@ class Gate(grpc.ServerInterceptor):
             return decode(raw)
         except Refused as exc:
             refusal = exc
-        except Exception:  # noqa: BLE001 - a parser's error may quote the bytes: say nothing of them
+        except Exception:
             refusal = Refused(_INVALID)
         log.debug("INVALID_ARGUMENT %s: the request was refused before parsing or did not parse", _short(method))
         self._refuse(context, method, refusal)
@@ -185,8 +206,10 @@ class Gate(grpc.ServerInterceptor):
         decode = handler.request_deserializer
         streaming = handler.request_streaming
         behaviour = {
-            (False, False): handler.unary_unary, (False, True): handler.unary_stream,
-            (True, False): handler.stream_unary, (True, True): handler.stream_stream,
+            (False, False): handler.unary_unary,
+            (False, True): handler.unary_stream,
+            (True, False): handler.stream_unary,
+            (True, True): handler.stream_stream,
         }[(streaming, handler.response_streaming)]
 
         def gated(request: Any, context: grpc.ServicerContext) -> Any:
@@ -202,10 +225,16 @@ class Gate(grpc.ServerInterceptor):
                 CALLER.reset(token)
 
         return _KINDS[(streaming, handler.response_streaming)](
-            gated, request_deserializer=None, response_serializer=handler.response_serializer)
+            gated, request_deserializer=None, response_serializer=handler.response_serializer
+        )
 
-    def _decoded(self, requests: Iterator[bytes], decode: Callable[[bytes], Any] | None, method: str,
-                 context: grpc.ServicerContext) -> Iterator[Any]:
+    def _decoded(
+        self,
+        requests: Iterator[bytes],
+        decode: Callable[[bytes], Any] | None,
+        method: str,
+        context: grpc.ServicerContext,
+    ) -> Iterator[Any]:
         for raw in requests:
             yield self._decode(decode, raw, method, context)
 
@@ -240,7 +269,7 @@ class Observer(grpc.ServerInterceptor):
                 response = behaviour(request, context)
                 mechanism = _count_answer(response)
                 return response
-            except Exception as exc:  # noqa: BLE001 - every failure becomes a status code
+            except Exception as exc:
                 code, message = status_of(exc)
                 if code is grpc.StatusCode.INTERNAL:
                     log_internal_error(name, exc)
@@ -253,8 +282,9 @@ class Observer(grpc.ServerInterceptor):
                 if log.isEnabledFor(logging.DEBUG):  # no formatting work unless asked for
                     log.debug("%s %s mechanism=%s %.2fms", name, code.name, mechanism or "-", elapsed * 1e3)
 
-        return grpc.unary_unary_rpc_method_handler(observed, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+        return grpc.unary_unary_rpc_method_handler(
+            observed, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+        )
 
 
 def _count_answer(response: Any) -> str:

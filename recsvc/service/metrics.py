@@ -7,11 +7,10 @@ before it forks) and the parent serves the aggregate; see :func:`serve_metrics_h
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client import multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
 from recsvc.checks import ParamError
 from recsvc.service.config import host_port
@@ -42,17 +41,17 @@ RELOCKED = Counter(
 
 # The label sets are few and fixed (methods × mechanisms × status codes): bind each child once
 # instead of resolving labels on every request.
-@lru_cache(maxsize=None)
+@cache
 def requests(method: str, mechanism: str, status: str) -> Counter:
     return REQUESTS.labels(method, mechanism, status)
 
 
-@lru_cache(maxsize=None)
+@cache
 def latency(method: str) -> Histogram:
     return LATENCY.labels(method)
 
 
-@lru_cache(maxsize=None)
+@cache
 def epsilon_spent(mechanism: str) -> Counter:
     return EPSILON_SPENT.labels(mechanism)
 
@@ -69,7 +68,10 @@ def serve_metrics_http(port: int, addr: str = "127.0.0.1") -> Any:
             server, _ = start_http_server(port, addr=addr)
     except (OSError, OverflowError) as exc:  # socket.gaierror is an OSError
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise ParamError("cannot serve metrics on {address} ({reason}); expected {metrics_port} to be a free port "
-                         "in 0..65535 (not {port}) and {metrics_host} an address of this machine",
-                         address=host_port(addr, port), reason=reason) from None
+        raise ParamError(
+            "cannot serve metrics on {address} ({reason}); expected {metrics_port} to be a free port "
+            "in 0..65535 (not {port}) and {metrics_host} an address of this machine",
+            address=host_port(addr, port),
+            reason=reason,
+        ) from None
     return server

@@ -32,6 +32,8 @@ import numpy as np
 
 from recsvc.artifact import POLICY, Artifact, Manifest
 from recsvc.checks import ParamError, check_epsilon
+from recsvc.ledger import Charge, Ledger
+from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms import MECHANISMS, charged_epsilon, check_params, select_slate, select_two_stage
 from recsvc.mechanisms.slate import slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
@@ -40,8 +42,6 @@ from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
-from recsvc.ledger import Charge, Ledger
-from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.service.errors import InvalidRequest, Unavailable
 
 log = logging.getLogger("recsvc.service")
@@ -82,8 +82,15 @@ class Prepared:
         (:func:`recsvc.mechanisms.charged_epsilon`). Only a non-private mechanism, served under
         --allow-non-private for reference runs, has no finite one: it is charged its nominal ε."""
         m, f = (None, None) if self.stage is None else (self.stage.m, self.stage.candidate_fraction)
-        c = charged_epsilon(self.mechanism, self.epsilon, self.k, m=m, candidate_fraction=f,
-                            candidate_mechanism=CANDIDATE_MECHANISM, **self.params)
+        c = charged_epsilon(
+            self.mechanism,
+            self.epsilon,
+            self.k,
+            m=m,
+            candidate_fraction=f,
+            candidate_mechanism=CANDIDATE_MECHANISM,
+            **self.params,
+        )
         return c if math.isfinite(c) else self.epsilon
 
     def answer(self, picked: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -135,7 +142,10 @@ class Columns:
     @staticmethod
     def of(raw: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> Columns:
         lengths = np.fromiter(map(len, raw), np.int64, len(raw))
-        cat = (lambda a, t: np.concatenate(a).astype(t, copy=False) if a else np.empty(0, t))
+
+        def cat(a, t):
+            return np.concatenate(a).astype(t, copy=False) if a else np.empty(0, t)
+
         return Columns(cat(raw, np.float64), lengths, cat(rows, np.int64))
 
 
@@ -144,15 +154,31 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
     ``prepare_*`` already checked everything these calls check, so they fail only on what
     depends on the scores' values (e.g. GEM's overflow bound), and then before any draw."""
     if p.stage is None:
-        return select_slate(p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, rng,
-                            allow_non_private=allow_non_private, **p.params)
-    return select_two_stage(p.mechanism, p.scores, p.sensitivities, p.epsilon, p.stage.m,
-                            p.stage.candidate_fraction, p.k, rng, CANDIDATE_MECHANISM,
-                            allow_non_private=allow_non_private, **p.params)
+        return select_slate(
+            p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, rng, allow_non_private=allow_non_private, **p.params
+        )
+    return select_two_stage(
+        p.mechanism,
+        p.scores,
+        p.sensitivities,
+        p.epsilon,
+        p.stage.m,
+        p.stage.candidate_fraction,
+        p.k,
+        rng,
+        CANDIDATE_MECHANISM,
+        allow_non_private=allow_non_private,
+        **p.params,
+    )
 
 
-def resolve_auto(rho_median: float | None, threshold: float, table: PolicyTable | None = None,
-                 epsilon: float | None = None, k: int = 1) -> str | None:
+def resolve_auto(
+    rho_median: float | None,
+    threshold: float,
+    table: PolicyTable | None = None,
+    epsilon: float | None = None,
+    k: int = 1,
+) -> str | None:
     """`auto` (docs/concepts/auto.md), from public data only (it costs nothing and never sees a request's scores):
     with a policy table, the mechanism with the lowest expected MSE on the public population at
     the table's grid point of (ε, k) (:meth:`recsvc.policy.PolicyTable.resolve`); without one,
@@ -179,8 +205,9 @@ def check_id(name: str, value: str, required: bool) -> None:
     if len(value) > MAX_ID_LEN:
         raise InvalidRequest(f"{name} is {len(value)} characters long; expected at most {MAX_ID_LEN}")
     if "\x00" in value:  # PostgreSQL's text cannot hold it: the ledger statement of a whole round would fail
-        raise InvalidRequest(f"{name} contains a NUL character (U+0000) at position {value.index(chr(0))}; "
-                             "expected text without NUL")
+        raise InvalidRequest(
+            f"{name} contains a NUL character (U+0000) at position {value.index(chr(0))}; expected text without NUL"
+        )
 
 
 class Selector:
@@ -191,8 +218,9 @@ class Selector:
         self.catalog = Catalog(artifact)
         self.rho_median = population_median(artifact.manifest)
         # The policy table, checked now: unknown mechanisms or an empty grid refuse the start.
-        self.auto_table = (None if artifact.policy is None
-                           else PolicyTable.from_frame(artifact.policy, f"{artifact.path}/{POLICY}"))
+        self.auto_table = (
+            None if artifact.policy is None else PolicyTable.from_frame(artifact.policy, f"{artifact.path}/{POLICY}")
+        )
         info = artifact.manifest.policy
         # The table holds for candidate sets as large as its population's (top-500 lists), with the
         # mechanism parameters it was computed with; larger sets (Recommend over the full catalog)
@@ -202,14 +230,21 @@ class Selector:
         self.sign_rule = resolve_auto(self.rho_median, policy.selection.auto_threshold)
         self.auto_choice = None if self.auto_table else self.sign_rule
         if self.auto_table is None:
-            log.warning("%s has no %s: `auto` falls back to the sign of the population's median Spearman "
-                        "(→ %s for every ε); build the table with `recsvc policy --artifacts %s`",
-                        artifact.path, POLICY, self.auto_choice or "unavailable", artifact.path)
+            log.warning(
+                "%s has no %s: `auto` falls back to the sign of the population's median Spearman "
+                "(→ %s for every ε); build the table with `recsvc policy --artifacts %s`",
+                artifact.path,
+                POLICY,
+                self.auto_choice or "unavailable",
+                artifact.path,
+            )
         default = policy.selection.default_mechanism or AUTO
         if default == AUTO and self.sign_rule is None and self.auto_table is None:
-            raise ParamError("{manifest} has no population_spearman.median, which `auto` needs; "
-                             "rebuild the artifact or set {default_mechanism} to a mechanism name",
-                             manifest=f"{artifact.path}/manifest.json")
+            raise ParamError(
+                "{manifest} has no population_spearman.median, which `auto` needs; "
+                "rebuild the artifact or set {default_mechanism} to a mechanism name",
+                manifest=f"{artifact.path}/manifest.json",
+            )
         if default != AUTO:
             self.mechanism_name(default)  # fail at startup, not per request
         self.default_mechanism = default
@@ -230,11 +265,13 @@ class Selector:
 
     def table_applies(self, candidates: int) -> bool:
         """Whether the policy table covers a selection among ``candidates`` items (a public count)."""
-        return self.auto_table is not None and (self.auto_max_candidates is None
-                                                or candidates <= self.auto_max_candidates)
+        return self.auto_table is not None and (
+            self.auto_max_candidates is None or candidates <= self.auto_max_candidates
+        )
 
-    def mechanism_name(self, requested: str, epsilon: float | None = None, k: int = 1,
-                       candidates: int | None = None) -> str:
+    def mechanism_name(
+        self, requested: str, epsilon: float | None = None, k: int = 1, candidates: int | None = None
+    ) -> str:
         """The mechanism a request runs: ``auto`` and empty resolved, non-private ones gated.
         ``auto`` reads only public data and the request's checked ε, k and candidate count, never
         its scores; without ε (the first checks) it stays ``auto`` until those are known."""
@@ -259,8 +296,9 @@ class Selector:
             )
         return name
 
-    def _common(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
-                params: Mapping[str, float | None]) -> tuple[str, float]:
+    def _common(
+        self, user_id: str, request_id: str, mechanism: str, epsilon: float, params: Mapping[str, float | None]
+    ) -> tuple[str, float]:
         check_id("user_id", user_id, required=True)
         check_id("request_id", request_id, required=False)
         key = (mechanism, tuple(params.items()))
@@ -274,8 +312,9 @@ class Selector:
                 self._valid[key] = name
         return name, epsilon
 
-    def resolve(self, name: str, epsilon: float, k: int, candidates: int,
-                params: Mapping[str, float | None]) -> tuple[str, Mapping[str, float | None]]:
+    def resolve(
+        self, name: str, epsilon: float, k: int, candidates: int, params: Mapping[str, float | None]
+    ) -> tuple[str, Mapping[str, float | None]]:
         """``auto`` → the mechanism for this selection's ε, k and candidate count (never the
         scores), run with the parameters its table assumed where the request sets none."""
         if name != AUTO:
@@ -299,16 +338,20 @@ class Selector:
         """The slate size a request asks for (0 → 1), within the candidates and the server's maximum."""
         kk = k or 1
         if kk > self.policy.limits.max_slate:
-            raise InvalidRequest(f"k={kk} is too large; this server returns at most {self.policy.limits.max_slate} "
-                                 "items per answer (--max-slate)")
+            raise InvalidRequest(
+                f"k={kk} is too large; this server returns at most {self.policy.limits.max_slate} "
+                "items per answer (--max-slate)"
+            )
         if kk > candidates:
-            raise InvalidRequest(f"k={kk} is more than the {candidates} {what}; expected 1 <= k <= {candidates} "
-                                 "(k distinct items)")
+            raise InvalidRequest(
+                f"k={kk} is more than the {candidates} {what}; expected 1 <= k <= {candidates} (k distinct items)"
+            )
         slate_split(kk).stage_epsilons(epsilon)
         return kk
 
-    def candidate_stage(self, num_candidates: int, candidate_fraction: float | None,
-                        epsilon: float) -> CandidateStage | None:
+    def candidate_stage(
+        self, num_candidates: int, candidate_fraction: float | None, epsilon: float
+    ) -> CandidateStage | None:
         """Recommend's private top-m, or None (the full catalog). m defaults to the public floor."""
         if candidate_fraction is None:
             return None  # a count alone never shrinks the candidate set
@@ -322,14 +365,25 @@ class Selector:
                 f"expected {floor} <= num_candidates <= {n} (the catalog size), or 0 for {floor}"
             )
         if m > n:
-            raise InvalidRequest(f"num_candidates={m} is more than the catalog's {n} items; "
-                                 f"expected {floor} <= num_candidates <= {n}")
+            raise InvalidRequest(
+                f"num_candidates={m} is more than the catalog's {n} items; expected {floor} <= num_candidates <= {n}"
+            )
         two_stage_split(candidate_fraction, m, m_label="num_candidates").stage_epsilons(epsilon)
         return CandidateStage(m, float(candidate_fraction))
 
-    def prepare_select(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
-                       params: Mapping[str, float | None], item_ids: Sequence[str], raw: np.ndarray,
-                       fingerprint: Callable[[], bytes], *, k: int = 0) -> Prepared:
+    def prepare_select(
+        self,
+        user_id: str,
+        request_id: str,
+        mechanism: str,
+        epsilon: float,
+        params: Mapping[str, float | None],
+        item_ids: Sequence[str],
+        raw: np.ndarray,
+        fingerprint: Callable[[], bytes],
+        *,
+        k: int = 0,
+    ) -> Prepared:
         """One id-encoded Select request through :meth:`prepare_many`; raises its refusal."""
         x = SelectInput(user_id, request_id, mechanism, epsilon, params, fingerprint, k, item_ids)
         out = self.prepare_many([x], Columns.of([np.asarray(raw, np.float64)], []))[0]
@@ -343,7 +397,9 @@ class Selector:
         if n == 0:
             raise InvalidRequest("no candidates (n = 0); expected at least one (item_id, score)")
         if n > self.policy.limits.max_candidates:
-            raise InvalidRequest(f"{n} candidates is too many; this server accepts at most {self.policy.limits.max_candidates}")
+            raise InvalidRequest(
+                f"{n} candidates is too many; this server accepts at most {self.policy.limits.max_candidates}"
+            )
         return name, self.slate_size(x.k, n, eps, "candidates")
 
     def _duplicate(self, x: SelectInput, rows: np.ndarray) -> InvalidRequest | None:
@@ -366,10 +422,10 @@ class Selector:
         for i, x in enumerate(inputs):
             try:
                 checked[i] = self._checked(x, int(cols.lengths[i]))
-            except Exception as exc:  # noqa: BLE001 - this input alone is refused
+            except Exception as exc:
                 out[i] = exc
         ends = np.cumsum(cols.lengths).tolist()
-        span = [(e - n, e) for e, n in zip(ends, cols.lengths.tolist())]
+        span = [(e - n, e) for e, n in zip(ends, cols.lengths.tolist(), strict=False)]
         by_id = [x.item_ids is not None for x in inputs]
         rows = cols.rows if not any(by_id) else self._rows(inputs, cols, by_id)
         finite = np.isfinite(cols.raw)
@@ -384,16 +440,21 @@ class Selector:
             try:
                 if i in suspects and not finite[s:e].all():
                     nonfinite = np.flatnonzero(~finite[s:e])
-                    raise InvalidRequest(f"{nonfinite.size} candidate score(s) are NaN or infinite (first: "
-                                         f"candidate #{int(nonfinite[0])}); expected finite scores")
+                    raise InvalidRequest(
+                        f"{nonfinite.size} candidate score(s) are NaN or infinite (first: "
+                        f"candidate #{int(nonfinite[0])}); expected finite scores"
+                    )
                 self.catalog.check_version(x.catalog_version, required=x.item_ids is None)
                 if i in suspects and bad[s:e].any():
-                    raise (self.catalog.bad_row(given[s:e]) if x.item_ids is None
-                           else self.catalog.unknown_id(x.item_ids, given[s:e]))
+                    raise (
+                        self.catalog.bad_row(given[s:e])
+                        if x.item_ids is None
+                        else self.catalog.unknown_id(x.item_ids, given[s:e])
+                    )
                 dup = self._duplicate(x, rows[s:e])
                 if dup is not None:
                     raise dup
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out[i] = exc
                 del checked[i]
         q, sens = self.catalog.clip(rows, cols.raw)
@@ -402,9 +463,20 @@ class Selector:
             try:
                 name, params = self.resolve(name, x.epsilon, kk, e - s, x.params)
                 ids = x.item_ids if x.item_ids is not None else RowIds(self.catalog.item_ids, rows[s:e])
-                out[i] = Prepared(x.user_id, x.request_id or uuid.uuid4().hex, x.fingerprint(), name, x.epsilon,
-                                  params, q[s:e], sens[s:e], ids, kk, rows=rows[s:e])
-            except Exception as exc:  # noqa: BLE001
+                out[i] = Prepared(
+                    x.user_id,
+                    x.request_id or uuid.uuid4().hex,
+                    x.fingerprint(),
+                    name,
+                    x.epsilon,
+                    params,
+                    q[s:e],
+                    sens[s:e],
+                    ids,
+                    kk,
+                    rows=rows[s:e],
+                )
+            except Exception as exc:
                 out[i] = exc
         return out  # type: ignore[return-value]
 
@@ -419,10 +491,20 @@ class Selector:
         rows[mask], rows[~mask] = mapped, cols.rows
         return rows
 
-    def prepare_recommend(self, user_id: str, request_id: str, mechanism: str, epsilon: float,
-                          params: Mapping[str, float | None], history: Sequence[str], num_candidates: int,
-                          fingerprint: Callable[[], bytes], *, k: int = 0,
-                          candidate_fraction: float | None = None) -> Prepared:
+    def prepare_recommend(
+        self,
+        user_id: str,
+        request_id: str,
+        mechanism: str,
+        epsilon: float,
+        params: Mapping[str, float | None],
+        history: Sequence[str],
+        num_candidates: int,
+        fingerprint: Callable[[], bytes],
+        *,
+        k: int = 0,
+        candidate_fraction: float | None = None,
+    ) -> Prepared:
         """Scores the history server-side over the full catalog (see :class:`Recommender`); with
         ``candidate_fraction``, a private top-``num_candidates`` stage comes first (same ε)."""
         name, eps = self._common(user_id, request_id, mechanism, epsilon, params)
@@ -437,8 +519,19 @@ class Selector:
             kk = self.slate_size(k, stage.m, eps2, "private candidates (num_candidates)")
             name, params = self.resolve(name, eps2, kk, stage.m, params)
         q = np.clip(self.recommender.scores(history), self.catalog.lo, self.catalog.hi)  # Δ is a bound only clipped
-        return Prepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), name, eps, params, q,
-                        self.catalog.sensitivity, self.catalog.item_ids, kk, stage)
+        return Prepared(
+            user_id,
+            request_id or uuid.uuid4().hex,
+            fingerprint(),
+            name,
+            eps,
+            params,
+            q,
+            self.catalog.sensitivity,
+            self.catalog.item_ids,
+            kk,
+            stage,
+        )
 
     def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
         """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
@@ -450,7 +543,6 @@ class Selector:
         def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
             return draw(p, thread_csprng(), self.policy.selection.allow_non_private)
 
-
         def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU
             return self.heavy.run(sample, p.k * expected_draws(p.mechanism, p.scores.size, p.params))
 
@@ -458,5 +550,6 @@ class Selector:
             ids, rows = p.answer(picked)
             return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id, rows))
 
-        return ledger.draw_and_charge(p.user_id, p.request_id, p.fingerprint, p.charge, heavy_or_inline, build,
-                                      mechanism=p.mechanism)
+        return ledger.draw_and_charge(
+            p.user_id, p.request_id, p.fingerprint, p.charge, heavy_or_inline, build, mechanism=p.mechanism
+        )

@@ -13,6 +13,7 @@ In-process API (used by the demo and tests)::
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -31,9 +32,9 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError
+from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
 from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
 
 log = logging.getLogger("recsvc.service")
@@ -130,8 +131,15 @@ def start(config: ServerConfig) -> ServerHandle:
         if config.listen.metrics_port is not None:
             metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
         settings = config.ledger
-        ledger = open_ledger(settings.location, settings.budget, settings.key_path, pool_size=settings.pool,
-                             window=settings.window, observer=ledger_observer(), mechanism_of=stored_mechanism)
+        ledger = open_ledger(
+            settings.location,
+            settings.budget,
+            settings.key_path,
+            pool_size=settings.pool,
+            window=settings.window,
+            observer=ledger_observer(),
+            mechanism_of=stored_mechanism,
+        )
         servicer.ledger = ledger
         server.start()
         for name in ("", SERVICE_NAME):
@@ -150,18 +158,28 @@ def start(config: ServerConfig) -> ServerHandle:
         raise
     metrics_port = None if metrics_server is None else int(metrics_server.server_port)
     if config.selection.allow_non_private:
-        log.warning("--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
-                    "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only")
+        log.warning(
+            "--allow-non-private: this server accepts rnmh, which is NOT differentially private; "
+            "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only"
+        )
     log.info(
         "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
-        "fingerprint key %s)", SERVICE_NAME, host_port(config.listen.host, port), "TLS" if creds else "plaintext",
-        servicer.default_mechanism, servicer.selector.auto_description, config.ledger.budget, config.ledger.window.per,
-        getattr(ledger, "where", config.ledger.location), config.ledger.key_path,
+        "fingerprint key %s)",
+        SERVICE_NAME,
+        host_port(config.listen.host, port),
+        "TLS" if creds else "plaintext",
+        servicer.default_mechanism,
+        servicer.selector.auto_description,
+        config.ledger.budget,
+        config.ledger.window.per,
+        getattr(ledger, "where", config.ledger.location),
+        config.ledger.key_path,
     )
     handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
     if pg:
-        handle._watcher = threading.Thread(target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe",
-                                           daemon=True)
+        handle._watcher = threading.Thread(
+            target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe", daemon=True
+        )
         handle._watcher.start()
     return handle
 
@@ -198,8 +216,12 @@ def _watch_ledger(handle: ServerHandle) -> None:
             status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
             for name in ("", SERVICE_NAME):
                 handle.health.set(name, status)
-            log.warning("ledger %s %s: health %s", getattr(handle.ledger, "where", "?"),
-                        "answers again" if ok else "does not answer", "SERVING" if ok else "NOT_SERVING")
+            log.warning(
+                "ledger %s %s: health %s",
+                getattr(handle.ledger, "where", "?"),
+                "answers again" if ok else "does not answer",
+                "SERVING" if ok else "NOT_SERVING",
+            )
             serving = ok
 
 
@@ -209,8 +231,9 @@ def _authenticator(config: ServerConfig) -> Authenticator:
     for path in (config.auth.token_file, config.auth.client_scopes):
         if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
             log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
-    return Authenticator.from_files(config.auth.token_file, config.auth.client_scopes,
-                                    mtls=config.auth.client_ca is not None)
+    return Authenticator.from_files(
+        config.auth.token_file, config.auth.client_scopes, mtls=config.auth.client_ca is not None
+    )
 
 
 def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
@@ -227,8 +250,10 @@ def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
     except RuntimeError:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
         port = 0
     if port == 0:
-        raise ParamError("cannot listen on {address}: the port is in use or the host is not an address of "
-                         "this machine; " + expected, address=address)
+        raise ParamError(
+            "cannot listen on {address}: the port is in use or the host is not an address of this machine; " + expected,
+            address=address,
+        )
     return port
 
 
@@ -248,8 +273,10 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
         if ready_fd is None:
             print(f"recsvc serve: listening on {host_port(config.listen.host, handle.port)}", flush=True)
             if handle.metrics_port is not None:
-                print(f"recsvc serve: metrics on http://{host_port(config.listen.metrics_host, handle.metrics_port)}/metrics",
-                      flush=True)
+                print(
+                    f"recsvc serve: metrics on http://{host_port(config.listen.metrics_host, handle.metrics_port)}/metrics",
+                    flush=True,
+                )
         else:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
@@ -279,7 +306,9 @@ def _serve_workers(config: ServerConfig) -> int:
     metrics_dir = None
     if config.listen.metrics_port is not None:
         if "prometheus_client" in sys.modules:
-            raise RuntimeError("multi-worker metrics need PROMETHEUS_MULTIPROC_DIR set before prometheus_client is imported")
+            raise RuntimeError(
+                "multi-worker metrics need PROMETHEUS_MULTIPROC_DIR set before prometheus_client is imported"
+            )
         metrics_dir = tempfile.mkdtemp(prefix="recsvc-metrics-")
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
     try:
@@ -308,8 +337,14 @@ def _fork_workers(config: ServerConfig) -> int:
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
     settings = config.ledger
-    ledger = open_ledger(settings.location, settings.budget, settings.key_path, pool_size=1, window=settings.window,
-                         mechanism_of=stored_mechanism)
+    ledger = open_ledger(
+        settings.location,
+        settings.budget,
+        settings.key_path,
+        pool_size=1,
+        window=settings.window,
+        mechanism_of=stored_mechanism,
+    )
     ledger.close()
     served: list[bool] = []
     try:
@@ -379,8 +414,11 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
         raise RuntimeError(f"only {ready} of {config.listen.workers} workers started; see the log above")
     os.close(err_read)
     served.append(True)
-    print(f"recsvc serve: listening on {host_port(config.listen.host, config.listen.port)} "
-          f"({config.listen.workers} workers)", flush=True)
+    print(
+        f"recsvc serve: listening on {host_port(config.listen.host, config.listen.port)} "
+        f"({config.listen.workers} workers)",
+        flush=True,
+    )
     if config.listen.metrics_port is not None:
         from recsvc.service.metrics import serve_metrics_http
 
@@ -431,10 +469,8 @@ def _stop_workers(config: ServerConfig, pids: list[int], kill_at: float | None) 
 
 def _terminate(pids: list[int], sig: int = signal.SIGTERM) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _check_port_free(host: str, port: int) -> None:

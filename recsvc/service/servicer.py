@@ -16,10 +16,10 @@ from typing import Any
 import grpc
 
 from recsvc.artifact import Artifact
+from recsvc.ledger import Ledger
 from recsvc.service import codec
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
-from recsvc.ledger import Ledger
 from recsvc.service.config import Policy
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import RateLimiter, current_caller, status_of
@@ -79,14 +79,14 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         outcomes = self._authorize_items(caller, request.requests)
         allowed = [i for i, out in enumerate(outcomes) if out is None]
         prepared: dict[int, Prepared] = {}
-        for i, p in zip(allowed, self.prepare_selects([request.requests[i] for i in allowed])):
+        for i, p in zip(allowed, self.prepare_selects([request.requests[i] for i in allowed]), strict=False):
             if isinstance(p, Exception):
                 outcomes[i] = p
             else:
                 prepared[i] = p
         if prepared:
             charged = execute_batch(self.selector, self.ledger, list(prepared.values()), codec.encode)
-            for (i, p), charge in zip(prepared.items(), charged):
+            for (i, p), charge in zip(prepared.items(), charged, strict=False):
                 outcomes[i] = (p, charge)
         return self._encode_batch(outcomes)
 
@@ -94,12 +94,19 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         self.authorize("GetBudget", request.user_id)
         check_id("user_id", request.user_id, required=True)
         u = self.ledger.user(request.user_id)
-        return pb.GetBudgetResponse(user_id=u.user_id, budget=u.budget, spent=u.spent, remaining=u.remaining,
-                                    requests=u.requests, window_start_unix=u.window_start,
-                                    window_end_unix=u.window_end)
+        return pb.GetBudgetResponse(
+            user_id=u.user_id,
+            budget=u.budget,
+            spent=u.spent,
+            remaining=u.remaining,
+            requests=u.requests,
+            window_start_unix=u.window_start,
+            window_end_unix=u.window_end,
+        )
 
-    def ListMechanisms(self, request: pb.ListMechanismsRequest,
-                       context: grpc.ServicerContext) -> pb.ListMechanismsResponse:
+    def ListMechanisms(
+        self, request: pb.ListMechanismsRequest, context: grpc.ServicerContext
+    ) -> pb.ListMechanismsResponse:
         return codec.mechanisms_response(self.selector, self.policy, self.ledger.budget)
 
     # -- the steps ---------------------------------------------------------------------------
@@ -123,7 +130,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         for i, req in enumerate(requests):
             try:
                 x, raw, r = codec.select_input(req)
-            except Exception as exc:  # noqa: BLE001 - this request alone is refused
+            except Exception as exc:
                 out[i] = exc
                 continue
             inputs.append(x)
@@ -131,7 +138,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             where.append(i)
             if r is not None:
                 rows.append(r)
-        for i, p in zip(where, self.selector.prepare_many(inputs, Columns.of(raws, rows))):
+        for i, p in zip(where, self.selector.prepare_many(inputs, Columns.of(raws, rows)), strict=False):
             out[i] = p
         return out  # type: ignore[return-value]
 
@@ -195,16 +202,23 @@ def register(servicer: SelectionServicer, server: grpc.Server) -> None:
     limits = servicer.policy.limits
     methods: dict[str, tuple[Callable[..., Any], Callable[[bytes], Any], Any]] = {
         "Select": (servicer.Select, codec.decoder(pb.SelectRequest, codec.SELECT, limits), pb.SelectResponse),
-        "SelectBatch": (servicer.SelectBatch, codec.decoder(pb.SelectBatchRequest, codec.BATCH, limits),
-                        pb.SelectBatchResponse),
-        "Recommend": (servicer.Recommend, codec.decoder(pb.RecommendRequest, codec.RECOMMEND, limits),
-                      pb.SelectResponse),
+        "SelectBatch": (
+            servicer.SelectBatch,
+            codec.decoder(pb.SelectBatchRequest, codec.BATCH, limits),
+            pb.SelectBatchResponse,
+        ),
+        "Recommend": (
+            servicer.Recommend,
+            codec.decoder(pb.RecommendRequest, codec.RECOMMEND, limits),
+            pb.SelectResponse,
+        ),
         "GetBudget": (servicer.GetBudget, pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
         "ListMechanisms": (servicer.ListMechanisms, pb.ListMechanismsRequest.FromString, pb.ListMechanismsResponse),
     }
     handlers = {
-        name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=decode,
-                                                  response_serializer=codec.serializer(response))
+        name: grpc.unary_unary_rpc_method_handler(
+            fn, request_deserializer=decode, response_serializer=codec.serializer(response)
+        )
         for name, (fn, decode, response) in methods.items()
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -13,6 +13,7 @@ Stdlib only: the multi-worker parent imports this before it forks.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import select
@@ -78,10 +79,8 @@ class DrainWatchdog:
     def disarm(self) -> None:
         """The drain finished: stop watching and give the wakeup fd back (main thread only)."""
         self._done.set()
-        try:
+        with contextlib.suppress(BlockingIOError):  # a pipe full of signal numbers wakes it anyway
             os.write(self._write, b"\0")  # wakes the thread if it still waits for a signal
-        except BlockingIOError:  # the pipe is full of signal numbers: it wakes anyway
-            pass
         self._thread.join()
         signal.set_wakeup_fd(self._previous_fd)
         os.close(self._read)
@@ -97,8 +96,10 @@ class DrainWatchdog:
                 break
         if self._done.wait(self.limit_s):
             return
-        line = (f"recsvc serve: pid {os.getpid()}: the drain did not finish within {self.limit_s:g}s of the "
-                f"stop signal; exiting with {WATCHDOG_EXIT_CODE} (thread stacks follow)\n")
+        line = (
+            f"recsvc serve: pid {os.getpid()}: the drain did not finish within {self.limit_s:g}s of the "
+            f"stop signal; exiting with {WATCHDOG_EXIT_CODE} (thread stacks follow)\n"
+        )
         _write_all(2, line.encode() + _thread_stacks())
         os._exit(WATCHDOG_EXIT_CODE)
 
@@ -120,7 +121,7 @@ def _thread_stacks() -> bytes:
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
-        data = data[os.write(fd, data):]
+        data = data[os.write(fd, data) :]
 
 
 def drain_limit(grace: float, drain_delay: float) -> float:

@@ -23,11 +23,25 @@ import polars as pl
 import scipy.sparse as sp
 
 from recsvc.artifact import ArtifactWriter
-from recsvc.model import Model
 from recsvc.ledger.testing.cluster import free_port
+from recsvc.model import Model
 
-__all__ = ["N_ITEMS", "REPO", "ServerProcess", "add_policy", "candidates", "client_of", "free_port", "item_ids",
-           "make_artifact", "make_certs", "rpc_error", "run_recsvc", "served", "server_process"]
+__all__ = [
+    "N_ITEMS",
+    "REPO",
+    "ServerProcess",
+    "add_policy",
+    "candidates",
+    "client_of",
+    "free_port",
+    "item_ids",
+    "make_artifact",
+    "make_certs",
+    "rpc_error",
+    "run_recsvc",
+    "served",
+    "server_process",
+]
 
 if TYPE_CHECKING:
     from recsvc.service.client import Client
@@ -67,17 +81,27 @@ def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_it
         return w.commit(manifest)
 
 
-def add_policy(art: Path, rows: list[tuple[float, int, str, float, int]], checked: bool = True,
-               info: dict | None = None) -> Path:
+def add_policy(
+    art: Path, rows: list[tuple[float, int, str, float, int]], checked: bool = True, info: dict | None = None
+) -> Path:
     """Re-publishes the artifact ``art`` with a policy.parquet of ``rows`` (ε, k, mechanism,
     expected MSE, rank), hashed in its manifest, and ``info`` as the manifest's policy section.
     ``checked=False`` writes the file as given, bypassing the writer's checks (to test that the
     server refuses a bad table)."""
     from recsvc.artifact import POLICY, load_artifact
 
-    frame = pl.DataFrame([(*r, "exact") for r in rows], orient="row",
-                         schema={"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String,
-                                 "expected_mse": pl.Float64, "rank": pl.Int32, "method": pl.String})
+    frame = pl.DataFrame(
+        [(*r, "exact") for r in rows],
+        orient="row",
+        schema={
+            "epsilon": pl.Float64,
+            "k": pl.Int32,
+            "mechanism": pl.String,
+            "expected_mse": pl.Float64,
+            "rank": pl.Int32,
+            "method": pl.String,
+        },
+    )
     old = load_artifact(art)
     content = {k: v for k, v in old.manifest.to_dict().items() if k not in ("files", "format_version")}
     if info is not None:
@@ -94,7 +118,7 @@ def add_policy(art: Path, rows: list[tuple[float, int, str, float, int]], checke
 def candidates(n: int = 20, seed: int = 1) -> list[tuple[str, float]]:
     rng = np.random.default_rng(seed)
     picked = rng.choice(N_ITEMS, n, replace=False)
-    return [(f"it{k}", float(s)) for k, s in zip(picked, rng.uniform(0, 1, n))]
+    return [(f"it{k}", float(s)) for k, s in zip(picked, rng.uniform(0, 1, n), strict=False)]
 
 
 def make_certs(d: Path) -> dict[str, Path]:
@@ -103,25 +127,79 @@ def make_certs(d: Path) -> dict[str, Path]:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
 
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=recsvc-test-ca")
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=recsvc-test-ca",
+    )
     (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
     for name in ("server", "client"):
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN={'localhost' if name == 'server' else 'recsvc-test-client'}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+        run(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={'localhost' if name == 'server' else 'recsvc-test-client'}",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        )
     # A second, unrelated CA and client: must be refused under mTLS.
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "rogue.key", "-out", "rogue.pem",
-        "-days", "2", "-subj", "/CN=rogue")
-    return {k: d / f"{k}" for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key",
-                                     "rogue.pem", "rogue.key")}
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "rogue.key",
+        "-out",
+        "rogue.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=rogue",
+    )
+    return {
+        k: d / f"{k}"
+        for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key", "rogue.pem", "rogue.key")
+    }
 
 
 def run_recsvc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """The `recsvc` command run to completion in the checkout (output captured as text)."""
-    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @contextmanager
@@ -171,16 +249,31 @@ class ServerProcess:
 
 
 @contextmanager
-def server_process(artifacts: Path, ledger: Path | str, *extra: str, port: int = 0,
-                   timeout: float = 60.0, log_path: Path | None = None) -> Iterator[ServerProcess]:
+def server_process(
+    artifacts: Path, ledger: Path | str, *extra: str, port: int = 0, timeout: float = 60.0, log_path: Path | None = None
+) -> Iterator[ServerProcess]:
     """`recsvc serve` as a real subprocess; yields once it printed its listening line. A PostgreSQL
     ``ledger`` URL needs ``log_path``."""
     log_path = log_path or Path(ledger).with_suffix(f".{time.monotonic_ns()}.log")
-    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
-           "--port", str(port), "--drain-delay", "0.3", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recsvc.app.cli",
+        "serve",
+        "--artifacts",
+        str(artifacts),
+        "--ledger",
+        str(ledger),
+        "--port",
+        str(port),
+        "--drain-delay",
+        "0.3",
+        *extra,
+    ]
     with open(log_path, "w") as err:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
     try:
         deadline = time.monotonic() + timeout
         line = ""

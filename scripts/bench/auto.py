@@ -52,36 +52,56 @@ def report(name: str, matrix, resolve, rho: float | None, trials: int, workers: 
         best = int(np.argmin(col))
         other = others[int(np.argmin(col[others]))]
         choice = resolve(eps)
-        rows.append({"epsilon": eps, "auto": choice, "auto_mse": col[names.index(choice)],
-                     "oracle": names[best], "oracle_mse": col[best],
-                     "regret": 1.0 if col[names.index(choice)] == col[best] else col[names.index(choice)] / col[best],
-                     "sign_rule": sign, "sign_rule_regret": col[names.index(sign)] / col[best] if sign != "-" else None,
-                     "combined_gem_mse": col[names.index("combined_gem")],
-                     "combined_gem_vs_auto": col[names.index("combined_gem")] / col[names.index(choice)],
-                     "best_other": names[other],
-                     "combined_gem_vs_best_other": col[names.index("combined_gem")] / col[other]})
-    out = {"name": name, "users": users, "seconds": round(time.perf_counter() - t0, 1), "rows": rows,
-           "worst_regret": max(r["regret"] for r in rows),
-           "combined_gem_beats_auto_at": [r["epsilon"] for r in rows if r["combined_gem_vs_auto"] < 1.0],
-           "combined_gem_beats_every_other_at": [r["epsilon"] for r in rows if r["combined_gem_vs_best_other"] < 1.0]}
+        rows.append(
+            {
+                "epsilon": eps,
+                "auto": choice,
+                "auto_mse": col[names.index(choice)],
+                "oracle": names[best],
+                "oracle_mse": col[best],
+                "regret": 1.0 if col[names.index(choice)] == col[best] else col[names.index(choice)] / col[best],
+                "sign_rule": sign,
+                "sign_rule_regret": col[names.index(sign)] / col[best] if sign != "-" else None,
+                "combined_gem_mse": col[names.index("combined_gem")],
+                "combined_gem_vs_auto": col[names.index("combined_gem")] / col[names.index(choice)],
+                "best_other": names[other],
+                "combined_gem_vs_best_other": col[names.index("combined_gem")] / col[other],
+            }
+        )
+    out = {
+        "name": name,
+        "users": users,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "rows": rows,
+        "worst_regret": max(r["regret"] for r in rows),
+        "combined_gem_beats_auto_at": [r["epsilon"] for r in rows if r["combined_gem_vs_auto"] < 1.0],
+        "combined_gem_beats_every_other_at": [r["epsilon"] for r in rows if r["combined_gem_vs_best_other"] < 1.0],
+    }
     print(f"\n## {name}: {users} users ({out['seconds']} s)\n")
-    print("| ε | auto → | auto MSE | oracle | oracle MSE | regret | sign rule → (regret) | combined_gem MSE (÷ auto) "
-          "| best other (combined_gem ÷ it) |")
+    print(
+        "| ε | auto → | auto MSE | oracle | oracle MSE | regret | sign rule → (regret) | combined_gem MSE (÷ auto) "
+        "| best other (combined_gem ÷ it) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sr = f"{r['sign_rule']} ({r['sign_rule_regret']:.2f}×)" if r["sign_rule_regret"] is not None else "-"
-        print(f"| {r['epsilon']:g} | {r['auto']} | {r['auto_mse']:.4g} | {r['oracle']} | {r['oracle_mse']:.4g} | "
-              f"{r['regret']:.3f} | {sr} | {r['combined_gem_mse']:.4g} ({r['combined_gem_vs_auto']:.2f}×) | "
-              f"{r['best_other']} ({r['combined_gem_vs_best_other']:.3f}×) |")
+        print(
+            f"| {r['epsilon']:g} | {r['auto']} | {r['auto_mse']:.4g} | {r['oracle']} | {r['oracle_mse']:.4g} | "
+            f"{r['regret']:.3f} | {sr} | {r['combined_gem_mse']:.4g} ({r['combined_gem_vs_auto']:.2f}×) | "
+            f"{r['best_other']} ({r['combined_gem_vs_best_other']:.3f}×) |"
+        )
     met = "met" if out["worst_regret"] <= TARGET else "NOT met"
-    print(f"\nworst regret {out['worst_regret']:.3f} (target ≤ {TARGET}: {met}); combined_gem beats auto at "
-          f"ε ∈ {out['combined_gem_beats_auto_at'] or 'none'}, every mechanism that does not choose per user at "
-          f"ε ∈ {out['combined_gem_beats_every_other_at'] or 'none'}")
+    print(
+        f"\nworst regret {out['worst_regret']:.3f} (target ≤ {TARGET}: {met}); combined_gem beats auto at "
+        f"ε ∈ {out['combined_gem_beats_auto_at'] or 'none'}, every mechanism that does not choose per user at "
+        f"ε ∈ {out['combined_gem_beats_every_other_at'] or 'none'}"
+    )
     return out
 
 
-def slate_check(name: str, matrix, table: PolicyTable, ks: tuple[int, ...], epsilons: tuple[float, ...],
-                users: int, trials: int) -> list[dict]:
+def slate_check(
+    name: str, matrix, table: PolicyTable, ks: tuple[int, ...], epsilons: tuple[float, ...], users: int, trials: int
+) -> list[dict]:
     """Does ranking slates by their FIRST item (the table's k rows) pick the mechanism with the
     lowest mean slate MSE, (1/k) Σ_i (q_(i) − q_{s_i})² with q_(i) the i-th best score? Monte Carlo
     with select_slate on ``users`` users × ``trials`` slates per mechanism, k and ε."""
@@ -110,8 +130,15 @@ def slate_check(name: str, matrix, table: PolicyTable, ks: tuple[int, ...], epsi
                         vals.append(float(np.mean((best - q[s]) ** 2)))
                 mse[m] = float(np.mean(vals))
             choice, top = table.resolve(eps, k), min(mse, key=mse.get)
-            rows.append({"k": k, "epsilon": eps, "table": choice, "slate_best": top,
-                         "ratio": mse[choice] / mse[top] if mse[top] > 0 else 1.0})
+            rows.append(
+                {
+                    "k": k,
+                    "epsilon": eps,
+                    "table": choice,
+                    "slate_best": top,
+                    "ratio": mse[choice] / mse[top] if mse[top] > 0 else 1.0,
+                }
+            )
             print(f"| {k} | {eps:g} | {choice} | {top} | {mse[top]:.4g} | {rows[-1]['ratio']:.3f} |")
     return rows
 
@@ -121,38 +148,57 @@ def main() -> None:
     ap.add_argument("--artifacts", type=Path, nargs="*", default=[], help="artifact directories with policy.parquet")
     ap.add_argument("--users", type=int, default=None, help="at most this many test users (seeded sample)")
     ap.add_argument("--scenarios", nargs="*", default=[], help="synthetic scenarios, e.g. 1 2 4 5 7 8")
-    ap.add_argument("--trials", type=int, default=100, help="Monte Carlo selections per user (rs, rs_improved, rnm_laplace)")
+    ap.add_argument(
+        "--trials", type=int, default=100, help="Monte Carlo selections per user (rs, rs_improved, rnm_laplace)"
+    )
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--slates", action="store_true",
-                    help="also check the slate (k > 1) rows against the mean slate MSE (Monte Carlo, slow)")
+    ap.add_argument(
+        "--slates",
+        action="store_true",
+        help="also check the slate (k > 1) rows against the mean slate MSE (Monte Carlo, slow)",
+    )
     args = ap.parse_args()
     results = []
     for path in args.artifacts:
         art = load_artifact(path)
         if art.policy is None:
-            ap.error(f"{path} has no policy.parquet; expected an artifact built by `recsvc prep` (it writes `auto`'s "
-                     "policy table)")
+            ap.error(
+                f"{path} has no policy.parquet; expected an artifact built by `recsvc prep` (it writes `auto`'s "
+                "policy table)"
+            )
         table = PolicyTable.from_frame(art.policy)
         matrix = art.candidate_matrix()
         if args.users is not None and args.users < len(matrix.user_ids):
             matrix = matrix.take(sample_users(len(matrix.user_ids), args.users, 0))
         rho = art.manifest.population_spearman.median if art.manifest.population_spearman else None
         params = dict(art.manifest.policy.params) if art.manifest.policy is not None else {}
-        results.append(report(f"{art.manifest.dataset} ({path})", matrix, table.resolve, rho, args.trials, args.workers,
-                              params))
+        results.append(
+            report(f"{art.manifest.dataset} ({path})", matrix, table.resolve, rho, args.trials, args.workers, params)
+        )
         if args.slates:
-            results[-1]["slates"] = slate_check(art.manifest.dataset, matrix, table, (5, 10), (0.5, 4.0, 16.0),
-                                                users=50, trials=20)
+            results[-1]["slates"] = slate_check(
+                art.manifest.dataset, matrix, table, (5, 10), (0.5, 4.0, 16.0), users=50, trials=20
+            )
     for name in args.scenarios:
         source = ScenarioSource(name, 100, None, 0, None)
-        cfg = with_data_defaults(EvalConfig(scenario=name, mechanisms=(AUTO,), epsilons=EVALUATION_EPSILONS, seed=0,
-                                            progress=False), source)  # γ 0.05 on synthetic data, as eval runs it
+        cfg = with_data_defaults(
+            EvalConfig(scenario=name, mechanisms=(AUTO,), epsilons=EVALUATION_EPSILONS, seed=0, progress=False), source
+        )  # γ 0.05 on synthetic data, as eval runs it
         auto = plan(cfg, cfg.mechanisms, source)
         rho = float(np.median(source.sc.correlation()))  # the sign rule reads the population's median ρ
         trials = max(args.trials, 20_000 // source.total)
-        results.append(report(f"scenario {name}", scenario_matrix(source.sc), auto.resolved.__getitem__, rho,
-                              trials, args.workers, {"gamma": cfg.params["gamma"]}))
+        results.append(
+            report(
+                f"scenario {name}",
+                scenario_matrix(source.sc),
+                auto.resolved.__getitem__,
+                rho,
+                trials,
+                args.workers,
+                {"gamma": cfg.params["gamma"]},
+            )
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

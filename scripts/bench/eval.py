@@ -56,17 +56,24 @@ def build_fallback(out: Path, users: int, items: int = ML20M_ITEMS, n: int = CAN
         picks.append(np.take_along_axis(idx, order, 1))
         scores.append(np.take_along_axis(s, order, 1))
     idx, s = np.concatenate(picks), np.concatenate(scores)
-    cands = pl.DataFrame({
-        "user_id": np.repeat(np.array([f"u{u:06d}" for u in range(users)]), n),
-        "rank": np.tile(np.arange(n, dtype=np.int32), users),
-        "item_id": item_ids[idx.ravel()],
-        "score": s.ravel(),
-    })
+    cands = pl.DataFrame(
+        {
+            "user_id": np.repeat(np.array([f"u{u:06d}" for u in range(users)]), n),
+            "rank": np.tile(np.arange(n, dtype=np.int32), users),
+            "item_id": item_ids[idx.ravel()],
+            "score": s.ravel(),
+        }
+    )
     with ArtifactWriter(out, force=True) as w:
         w.write_items(pl.DataFrame({"item_id": item_ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
         w.write_candidates(cands)
-        return w.commit({"dataset": "bench-eval-ml20m-shape", "seed": seed,
-                         "note": "eval benchmark fallback: synthetic candidates with ml20m's shape"})
+        return w.commit(
+            {
+                "dataset": "bench-eval-ml20m-shape",
+                "seed": seed,
+                "note": "eval benchmark fallback: synthetic candidates with ml20m's shape",
+            }
+        )
 
 
 def noise_floor(art_path: Path, users: int, mechanisms: list[str], trials: int) -> float:
@@ -125,23 +132,47 @@ def main() -> int:
     unit = time.perf_counter() - t
     grid_1w, _ = timed(EvalConfig(**base, users=args.subset, workers=1))
     floor = noise_floor(art, args.subset, mechs, args.trials)
-    print(f"{args.subset} users, all mechanisms, 1 worker: work unit {unit:.1f} s, end-to-end {grid_1w:.1f} s; "
-          f"noise floor {floor:.1f} s; ratios {unit / floor:.2f}× / {grid_1w / floor:.2f}×", flush=True)
+    print(
+        f"{args.subset} users, all mechanisms, 1 worker: work unit {unit:.1f} s, end-to-end {grid_1w:.1f} s; "
+        f"noise floor {floor:.1f} s; ratios {unit / floor:.2f}× / {grid_1w / floor:.2f}×",
+        flush=True,
+    )
 
     one, _ = timed(EvalConfig(**base, users=args.speedup_users, workers=1))
     two, _ = timed(EvalConfig(**base, users=args.speedup_users, workers=2))
-    print(f"{args.speedup_users} users: 1 worker {one:.1f} s, 2 workers {two:.1f} s, speed-up {one / two:.2f}×",
-          flush=True)
+    print(
+        f"{args.speedup_users} users: 1 worker {one:.1f} s, 2 workers {two:.1f} s, speed-up {one / two:.2f}×",
+        flush=True,
+    )
 
-    full, res = timed(EvalConfig(**{**base, "progress": True}, users=args.users, workers=2,
-                                 out=Path("results") / "bench-eval", force=True))
-    print(f"full grid: {res.users} users × {len(mechs)} mechanisms × 11 ε × {args.trials} trials, 2 workers: "
-          f"{full:.1f} s = {full / 60:.1f} min ({res.users / full:.1f} users/s)", flush=True)
-    out = {"date": time.strftime("%Y-%m-%d"), "source": source, "artifact": str(art), "users": res.users,
-           "per_mechanism_users_per_s": per_mech, "subset": args.subset, "grid_subset_s": grid_1w,
-           "work_unit_s": unit, "noise_floor_s": floor, "floor_ratio_unit": unit / floor,
-           "floor_ratio_end_to_end": grid_1w / floor, "speedup_users": args.speedup_users,
-           "one_worker_s": one, "two_workers_s": two, "speedup": one / two, "full_grid_s": full}
+    full, res = timed(
+        EvalConfig(
+            **{**base, "progress": True}, users=args.users, workers=2, out=Path("results") / "bench-eval", force=True
+        )
+    )
+    print(
+        f"full grid: {res.users} users × {len(mechs)} mechanisms × 11 ε × {args.trials} trials, 2 workers: "
+        f"{full:.1f} s = {full / 60:.1f} min ({res.users / full:.1f} users/s)",
+        flush=True,
+    )
+    out = {
+        "date": time.strftime("%Y-%m-%d"),
+        "source": source,
+        "artifact": str(art),
+        "users": res.users,
+        "per_mechanism_users_per_s": per_mech,
+        "subset": args.subset,
+        "grid_subset_s": grid_1w,
+        "work_unit_s": unit,
+        "noise_floor_s": floor,
+        "floor_ratio_unit": unit / floor,
+        "floor_ratio_end_to_end": grid_1w / floor,
+        "speedup_users": args.speedup_users,
+        "one_worker_s": one,
+        "two_workers_s": two,
+        "speedup": one / two,
+        "full_grid_s": full,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +30,29 @@ BATCH_METHOD = "/recsvc.v1.PrivateSelection/SelectBatch"
 N_CANDIDATES = 500
 BENCH_ITEMS = 2000  # bench_artifact's catalog: item{k} is row k
 
-__all__ = ["BATCH_METHOD", "BENCH_ITEMS", "METHOD", "N_CANDIDATES", "REPO", "Server", "batch_bodies",
-           "bench_artifact", "children_cpu", "db_cpu_seconds", "fresh", "free_port", "launch", "load", "payloads",
-           "rows_encoded", "select_bodies", "start_server", "stop", "throwaway_cluster", "tree_cpu_seconds"]
+__all__ = [
+    "BATCH_METHOD",
+    "BENCH_ITEMS",
+    "METHOD",
+    "N_CANDIDATES",
+    "REPO",
+    "Server",
+    "batch_bodies",
+    "bench_artifact",
+    "children_cpu",
+    "db_cpu_seconds",
+    "free_port",
+    "fresh",
+    "launch",
+    "load",
+    "payloads",
+    "rows_encoded",
+    "select_bodies",
+    "start_server",
+    "stop",
+    "throwaway_cluster",
+    "tree_cpu_seconds",
+]
 
 
 # ----------------------------------------------------------------------------- artifact and payloads
@@ -50,10 +70,16 @@ def bench_artifact(out: Path, n_items: int = BENCH_ITEMS, seed: int = 0) -> Path
     hi = lo + rng.uniform(0.01, 1.0, n_items)
     with ArtifactWriter(out) as w:
         w.write_items(pl.DataFrame({"item_id": ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
-        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]})
-                           .cast({"rank": pl.Int32}))
-        return w.commit({"dataset": "bench", "seed": seed,
-                         "population_spearman": {"median": 0.3, "mean": 0.3, "frac_positive": 0.8, "users": 100}})
+        w.write_candidates(
+            pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]}).cast({"rank": pl.Int32})
+        )
+        return w.commit(
+            {
+                "dataset": "bench",
+                "seed": seed,
+                "population_spearman": {"median": 0.3, "mean": 0.3, "frac_positive": 0.8, "users": 100},
+            }
+        )
 
 
 def payloads(count: int, mechanism: str, seed: int = 1, encoding: str = "columns") -> list[bytes]:
@@ -65,13 +91,14 @@ def payloads(count: int, mechanism: str, seed: int = 1, encoding: str = "columns
     for i in range(count):
         ids = [f"item{k}" for k in rng.choice(BENCH_ITEMS, N_CANDIDATES, replace=False)]
         scores = rng.uniform(0, 1, N_CANDIDATES).tolist()
-        req = pb.SelectRequest(user_id=f"bench-{i % 1000}", mechanism=mechanism, epsilon=0.001,
-                               request_id=uuid.uuid4().hex)
+        req = pb.SelectRequest(
+            user_id=f"bench-{i % 1000}", mechanism=mechanism, epsilon=0.001, request_id=uuid.uuid4().hex
+        )
         if encoding == "columns":
             req.item_ids.extend(ids)
             req.scores.extend(scores)
         else:
-            req.candidates.extend(pb.Candidate(item_id=k, score=s) for k, s in zip(ids, scores))
+            req.candidates.extend(pb.Candidate(item_id=k, score=s) for k, s in zip(ids, scores, strict=False))
         out.append(req.SerializeToString())
     return out
 
@@ -150,10 +177,8 @@ def tree_cpu_seconds(pid: int) -> float:
     procs += procs[0].children(recursive=True)
     total = 0.0
     for p in procs:
-        try:
+        with suppress(psutil.NoSuchProcess):
             total += sum(p.cpu_times()[:2])
-        except psutil.NoSuchProcess:
-            pass
     return total
 
 
@@ -169,8 +194,15 @@ class Server:
     """A server in its own process on a free loopback port: ``recsvc serve`` for kind ``sync``.
     Subclasses serve other kinds by overriding :meth:`command`."""
 
-    def __init__(self, kind: str, artifacts: Path, tmp: Path, workers: int = 1, extra: tuple[str, ...] = (),
-                 ledger: str | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        artifacts: Path,
+        tmp: Path,
+        workers: int = 1,
+        extra: tuple[str, ...] = (),
+        ledger: str | None = None,
+    ) -> None:
         """``ledger``: a PostgreSQL URL for the sync server (default: a fresh SQLite file in tmp)."""
         self.kind, self.port, self.workers = kind, free_port(), workers
         self.ledger = tmp / f"ledger-{kind}-{workers}-{uuid.uuid4().hex[:6]}.db"
@@ -181,9 +213,25 @@ class Server:
     def command(self, artifacts: Path, extra: tuple[str, ...]) -> list[str]:
         if self.kind != "sync":
             raise ValueError(f"{type(self).__name__} serves only kind 'sync', not {self.kind!r}")
-        return [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts),
-                "--ledger", self.ledger_target, "--port", str(self.port), "--budget", "1e6",
-                "--workers", str(self.workers), "--drain-delay", "0", *extra]
+        return [
+            sys.executable,
+            "-m",
+            "recsvc.app.cli",
+            "serve",
+            "--artifacts",
+            str(artifacts),
+            "--ledger",
+            self.ledger_target,
+            "--port",
+            str(self.port),
+            "--budget",
+            "1e6",
+            "--workers",
+            str(self.workers),
+            "--drain-delay",
+            "0",
+            *extra,
+        ]
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the server process and its worker processes so far."""
@@ -210,8 +258,24 @@ def start_server(kind: str, art: Path, tmp: Path, workers: int, stack: ExitStack
         return Server("sync", art, tmp, workers)
     cluster = throwaway_cluster(stack, shared_buffers="128MB")  # PostgreSQL's default (the tests' clusters use less)
     url, key = cluster.new_database(), tmp / "pg.key"
-    subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "1e6",
-                    "--fingerprint-key", str(key)], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recsvc.app.cli",
+            "ledger",
+            "init",
+            "--ledger",
+            url,
+            "--budget",
+            "1e6",
+            "--fingerprint-key",
+            str(key),
+        ],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+    )
     srv = Server("sync", art, tmp, workers, ledger=url, extra=("--fingerprint-key", str(key)))
     srv.db_pid = cluster.postmaster_pid()
     return srv
@@ -226,16 +290,19 @@ def db_cpu_seconds(srv: Server) -> float:
 # ----------------------------------------------------------------------------- load client
 
 
-async def load(port: int, bodies: list[bytes], concurrency: int, channels: int = 4,
-               method: str = METHOD) -> dict[str, float]:
+async def load(
+    port: int, bodies: list[bytes], concurrency: int, channels: int = 4, method: str = METHOD
+) -> dict[str, float]:
     """Sends ``bodies`` (serialized, raw bytes in and out: minimal client CPU) from ``concurrency``
     workers over ``channels`` connections; QPS and p50/p99 latency."""
     import grpc
 
     # A local subchannel pool per channel: otherwise grpc shares ONE TCP connection among all
     # channels to the same target, and SO_REUSEPORT would hand every request to one worker.
-    chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
-             for _ in range(channels)]
+    chans = [
+        grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(channels)
+    ]
     calls = [c.unary_unary(method) for c in chans]
     for call in calls:  # warm up every connection (a batch's warm-up replays: nothing new charged)
         await call(fresh(bodies[0]) if method == METHOD else bodies[0])
@@ -257,5 +324,9 @@ async def load(port: int, bodies: list[bytes], concurrency: int, channels: int =
     wall = time.perf_counter() - t0
     for c in chans:
         await c.close()
-    return {"qps": len(bodies) / wall, "p50_ms": float(np.percentile(latencies, 50) * 1e3),
-            "p99_ms": float(np.percentile(latencies, 99) * 1e3), "requests": len(bodies)}
+    return {
+        "qps": len(bodies) / wall,
+        "p50_ms": float(np.percentile(latencies, 50) * 1e3),
+        "p99_ms": float(np.percentile(latencies, 99) * 1e3),
+        "requests": len(bodies),
+    }

@@ -75,25 +75,32 @@ def bench_catalog_scale(rounds: int) -> None:
     g = csprng()
     data = {n: (rng.normal(size=n), rng.uniform(0.05, 2.0, size=n)) for n in (N, N_CATALOG)}
     print(f"\ncatalog scale: n = {N} vs n = {N_CATALOG}, ε = 1, ChaCha20; best / median of {rounds} rounds (µs)")
-    print(f"{'mechanism':<13} {'call':<15} {'n=500 best':>11} {'median':>8} {'n=20720 best':>13} {'median':>8} {'ratio':>6}")
+    print(
+        f"{'mechanism':<13} {'call':<15} {'n=500 best':>11} {'median':>8} {'n=20720 best':>13} {'median':>8} {'ratio':>6}"
+    )
     for name in SCALE_MECHANISMS:
         calls: list[tuple[str, Callable[[np.ndarray, np.ndarray], object]]] = [
-            ("select", lambda q, d: select(name, q, d, 1.0, rng=g)),
-            (f"select_slate k={SLATE_K}", lambda q, d: select_slate(name, q, d, 1.0, SLATE_K, rng=g)),
+            ("select", lambda q, d, name=name: select(name, q, d, 1.0, rng=g)),
+            (f"select_slate k={SLATE_K}", lambda q, d, name=name: select_slate(name, q, d, 1.0, SLATE_K, rng=g)),
         ]
         for label, fn in calls:
             res = {}
             for n, (q, d) in data.items():
                 fn(q, d)  # warm-up (numba JIT)
                 repeat = max(2, (4000 if n == N else 100) // (SLATE_K if "slate" in label else 1))
-                res[n] = _best_median(lambda: fn(q, d), repeat, rounds)
+                res[n] = _best_median(lambda fn=fn, q=q, d=d: fn(q, d), repeat, rounds)
             (b0, m0), (b1, m1) = res[N], res[N_CATALOG]
-            print(f"{name:<13} {label:<15} {b0 * 1e6:>11.1f} {m0 * 1e6:>8.1f} {b1 * 1e6:>13.1f} {m1 * 1e6:>8.1f} "
-                  f"{b1 / b0:>5.1f}×", flush=True)
+            print(
+                f"{name:<13} {label:<15} {b0 * 1e6:>11.1f} {m0 * 1e6:>8.1f} {b1 * 1e6:>13.1f} {m1 * 1e6:>8.1f} "
+                f"{b1 / b0:>5.1f}×",
+                flush=True,
+            )
     q, d = data[N_CATALOG]
     best, med = _best_median(lambda: select_two_stage("mgem", q, d, 1.0, 500, 0.5, SLATE_K, g), 1, min(rounds, 3))
-    print(f"two-stage at n = {N_CATALOG}: rnm top-500 (ε/2) then mgem k={SLATE_K} (ε/2): "
-          f"best {best * 1e3:.1f} ms, median {med * 1e3:.1f} ms")
+    print(
+        f"two-stage at n = {N_CATALOG}: rnm top-500 (ε/2) then mgem k={SLATE_K} (ε/2): "
+        f"best {best * 1e3:.1f} ms, median {med * 1e3:.1f} ms"
+    )
 
 
 def main() -> None:
@@ -114,7 +121,9 @@ def main() -> None:
     scores = rng.normal(size=(args.users, N))
     sens = rng.uniform(0.05, 2.0, size=N)
 
-    print(f"n = {N}, ε = 1, γ = {GAMMA}; select with a ChaCha20 CSPRNG; batch {args.users} users × {args.trials} trials")
+    print(
+        f"n = {N}, ε = 1, γ = {GAMMA}; select with a ChaCha20 CSPRNG; batch {args.users} users × {args.trials} trials"
+    )
     print(f"{'mechanism':<13} {'best µs':>8} {'median µs':>10} {'batch s':>9} {'floor s':>9} {'ratio':>6}")
     g = csprng()
     for name in MECHANISMS:
@@ -122,7 +131,9 @@ def main() -> None:
         select(name, q, d, 1.0, rng=g, **kw)  # warm-up (numba JIT)
         # Best and median of the rounds: the best is the cost of the code, the median adds the
         # shared machine's noise (timeit's advice).
-        rounds = [_time(lambda: select(name, q, d, 1.0, rng=g, **kw), args.calls) for _ in range(args.rounds)]
+        rounds = [
+            _time(lambda name=name, kw=kw: select(name, q, d, 1.0, rng=g, **kw), args.calls) for _ in range(args.rounds)
+        ]
         best, lat = min(rounds), statistics.median(rounds)
         t0 = time.perf_counter()
         select_batch(name, scores, sens, 1.0, args.trials, 1, **kw)
@@ -131,14 +142,19 @@ def main() -> None:
         for b in range(args.users):
             _floor_draw(name, user_stream(1, b), args.trials)
         floor = time.perf_counter() - t0
-        print(f"{name:<13} {best * 1e6:>8.1f} {lat * 1e6:>10.1f} {batch:>9.3f} {floor:>9.3f} {batch / floor:>6.2f}", flush=True)
+        print(
+            f"{name:<13} {best * 1e6:>8.1f} {lat * 1e6:>10.1f} {batch:>9.3f} {floor:>9.3f} {batch / floor:>6.2f}",
+            flush=True,
+        )
 
     t = gem_t(N, 1.0, PARAMS["beta"].default)
     q_prime(q, d, t)
     fast = statistics.median(_time(lambda: q_prime(q, d, t), 500) for _ in range(args.rounds))
     naive = statistics.median(_time(lambda: q_prime_naive(q, d, t), 50) for _ in range(args.rounds))
-    print(f"GEM q' at n = {N}: hull kernel {fast * 1e6:.1f} µs (O(n) memory), naive O(n²) {naive * 1e6:.1f} µs "
-          f"({N * N * 8 // 1024} KiB per user); speed-up {naive / fast:.1f}×")
+    print(
+        f"GEM q' at n = {N}: hull kernel {fast * 1e6:.1f} µs (O(n) memory), naive O(n²) {naive * 1e6:.1f} µs "
+        f"({N * N * 8 // 1024} KiB per user); speed-up {naive / fast:.1f}×"
+    )
     bench_catalog_scale(args.rounds)
 
 

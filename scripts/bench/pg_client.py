@@ -51,19 +51,18 @@ def round_rows(i: int) -> tuple[list[tuple], list[tuple], list[tuple], list[tupl
 
 def as_lists(rows: tuple, now: datetime) -> tuple:
     accounts, seen, requests, keys = rows
-    cols = [list(c) for part in (accounts, seen) for c in zip(*part)]
-    return (*cols, now, *[list(c) for c in zip(*requests)], *[list(c) for c in zip(*keys)])
+    cols = [list(c) for part in (accounts, seen) for c in zip(*part, strict=False)]
+    return (*cols, now, *[list(c) for c in zip(*requests, strict=False)], *[list(c) for c in zip(*keys, strict=False)])
 
 
 def as_arrays(rows: tuple, now: datetime) -> tuple:
     accounts, seen, requests, keys = rows
-    return (*columns(accounts, ACCOUNT), *columns(seen, SEEN), now, *columns(requests, REQUEST),
-            *columns(keys, KEY))
+    return (*columns(accounts, ACCOUNT), *columns(seen, SEEN), now, *columns(requests, REQUEST), *columns(keys, KEY))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=40, help="blocks per way (the first %d not counted)" % WARM)
+    ap.add_argument("--rounds", type=int, default=40, help=f"blocks per way (the first {WARM} not counted)")
     ap.add_argument("--block", type=int, default=50, help="statements per block")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args()
@@ -84,19 +83,25 @@ def main() -> None:
                 def run() -> Any:
                     params = pack(round_rows(next(ids)), now)
                     return (conn.run if kept else conn.execute)(CHARGE_AND_PRECHECK, params).fetchall()
+
                 return run
 
             def rows_only(pack: Callable[[tuple, datetime], tuple]) -> Callable[[], Any]:
                 return lambda: pack(round_rows(next(ids)), now)
 
-            ways = {"lists, new cursor": statement(as_lists, kept=False),
-                    "binary arrays, new cursor": statement(as_arrays, kept=False),
-                    "binary arrays, kept cursor": statement(as_arrays, kept=True),
-                    "SELECT 1 through libpq (floor)": lambda: conn.pgconn.exec_(b"SELECT 1")}
+            ways = {
+                "lists, new cursor": statement(as_lists, kept=False),
+                "binary arrays, new cursor": statement(as_arrays, kept=False),
+                "binary arrays, kept cursor": statement(as_arrays, kept=True),
+                "SELECT 1 through libpq (floor)": lambda: conn.pgconn.exec_(b"SELECT 1"),
+            }
             # building the rows (ids, random bytes) is the benchmark's, not psycopg's: measured apart
-            building = {"lists, new cursor": rows_only(as_lists), "binary arrays, new cursor": rows_only(as_arrays),
-                        "binary arrays, kept cursor": rows_only(as_arrays)}
-            cpu = {k: 0.0 for k in [*ways, *(f"build:{k}" for k in building)]}
+            building = {
+                "lists, new cursor": rows_only(as_lists),
+                "binary arrays, new cursor": rows_only(as_arrays),
+                "binary arrays, kept cursor": rows_only(as_arrays),
+            }
+            cpu = dict.fromkeys([*ways, *(f"build:{k}" for k in building)], 0.0)
             for r in range(args.rounds):
                 for name, fn in [*ways.items(), *((f"build:{k}", f) for k, f in building.items())]:
                     t0 = time.thread_time()
@@ -114,8 +119,9 @@ def main() -> None:
     for k, v in us.items():
         print(f"  {k:32s} {v:6.1f} µs   {v / floor:4.2f}× the floor")
     if args.json:
-        args.json.write_text(json.dumps({"us_per_statement": us, "statements": n,
-                                         "loadavg": os.getloadavg()}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"us_per_statement": us, "statements": n, "loadavg": os.getloadavg()}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

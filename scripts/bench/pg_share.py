@@ -34,15 +34,26 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from scripts.bench.harness import (METHOD, bench_artifact, db_cpu_seconds, load, select_bodies, start_server, stop,
-                                   throwaway_cluster, tree_cpu_seconds)
+from scripts.bench.harness import (
+    METHOD,
+    bench_artifact,
+    db_cpu_seconds,
+    load,
+    select_bodies,
+    start_server,
+    stop,
+    throwaway_cluster,
+    tree_cpu_seconds,
+)
 
 SELECTS = 3000  # per row and turn: about 2-3 s
 # One pgbench transaction: 3 rows like recsvc_requests' (two hex ids, a 16-byte fingerprint, a
 # 64-byte answer), committed durably.
-LOAD_SQL = ("INSERT INTO answers(u, q, f, e, r, m) SELECT md5(random()::text), md5(random()::text), "
-            "decode(md5(random()::text), 'hex'), 1, decode(repeat(md5(random()::text), 4), 'hex'), 'rnm' "
-            "FROM generate_series(1, 3);\n")
+LOAD_SQL = (
+    "INSERT INTO answers(u, q, f, e, r, m) SELECT md5(random()::text), md5(random()::text), "
+    "decode(md5(random()::text), 'hex'), 1, decode(repeat(md5(random()::text), 4), 'hex'), 'rnm' "
+    "FROM generate_series(1, 3);\n"
+)
 
 
 def commits(url: str) -> int:
@@ -60,8 +71,10 @@ def load_cluster(stack: ExitStack):  # -> (Cluster, url, script path)
     cluster = throwaway_cluster(stack, shared_buffers="128MB")
     url = cluster.new_database()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE answers (u text, q text, f bytea, e bigint, r bytea, m text, "
-                     "created timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (u, q))")
+        conn.execute(
+            "CREATE TABLE answers (u text, q text, f bytea, e bigint, r bytea, m text, "
+            "created timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (u, q))"
+        )
     script = cluster.data / "load.sql"  # in the cluster's directory: readable by postgres
     script.write_text(LOAD_SQL)
     script.chmod(0o644)
@@ -74,10 +87,19 @@ def row(name: str, port: int, turn: int, db_cpu, db_url: str | None) -> dict:
     r = asyncio.run(load(port, select_bodies(SELECTS, 100 + turn, "ids"), 32, channels=8, method=METHOD))
     elapsed = SELECTS / r["qps"]
     cores, per_s = ((db_cpu() - c0) / elapsed, (commits(db_url) - x0) / elapsed) if db_url else (0.0, 0.0)
-    out = {"row": name, "turn": turn, "qps": r["qps"], "p50_ms": r["p50_ms"], "db_cores": cores,
-           "db_commits_per_s": per_s}
-    print(f"{name:18s} turn {turn}  {r['qps']:6.0f} sel/s  p50 {r['p50_ms']:5.1f} ms  database "
-          f"{cores:4.2f} cores {per_s:5.0f} commits/s", flush=True)
+    out = {
+        "row": name,
+        "turn": turn,
+        "qps": r["qps"],
+        "p50_ms": r["p50_ms"],
+        "db_cores": cores,
+        "db_commits_per_s": per_s,
+    }
+    print(
+        f"{name:18s} turn {turn}  {r['qps']:6.0f} sel/s  p50 {r['p50_ms']:5.1f} ms  database "
+        f"{cores:4.2f} cores {per_s:5.0f} commits/s",
+        flush=True,
+    )
     return out
 
 
@@ -87,15 +109,20 @@ def summary(rows: list[dict]) -> dict:
     for name in dict.fromkeys(r["row"] for r in rows if r["row"] != "sqlite"):
         ratios = [r["qps"] / base[r["turn"]] for r in rows if r["row"] == name]
         cores = [r["db_cores"] for r in rows if r["row"] == name]
-        out[name] = {"over_sqlite": [round(x, 3) for x in ratios], "median": round(statistics.median(ratios), 3),
-                     "db_cores_median": round(statistics.median(cores), 3)}
+        out[name] = {
+            "over_sqlite": [round(x, 3) for x in ratios],
+            "median": round(statistics.median(ratios), 3),
+            "db_cores_median": round(statistics.median(cores), 3),
+        }
     return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--turns", type=int, default=5, help="turns over the rows (default 5)")
-    ap.add_argument("--rates", default="400,200", help="pgbench transactions/s of the sqlite + db rows (default 400,200)")
+    ap.add_argument(
+        "--rates", default="400,200", help="pgbench transactions/s of the sqlite + db rows (default 400,200)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and the summary here")
     args = ap.parse_args()
     try:
@@ -103,8 +130,10 @@ def main() -> int:
         if args.turns < 1 or not rates or min(rates) < 1:
             raise ValueError
     except ValueError:
-        ap.error(f"--turns must be >= 1 and --rates positive integers separated by commas, got {args.turns} and "
-                 f"{args.rates!r}")
+        ap.error(
+            f"--turns must be >= 1 and --rates positive integers separated by commas, got {args.turns} and "
+            f"{args.rates!r}"
+        )
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as td, ExitStack() as stack:
         tmp = Path(td)
@@ -119,22 +148,49 @@ def main() -> int:
         for turn in range(args.turns):
             rows.append(row("sqlite", sqlite.port, turn, None, None))
             for rate in rates:
-                bench = cluster.spawn("pgbench", "-n", "-c", "2", "-j", "1", "-R", str(rate), "-T", "600",
-                                      "-f", str(script), "-h", "127.0.0.1", "-p", str(cluster.port), "-U", "postgres",
-                                      url.rsplit("/", 1)[1])
+                bench = cluster.spawn(
+                    "pgbench",
+                    "-n",
+                    "-c",
+                    "2",
+                    "-j",
+                    "1",
+                    "-R",
+                    str(rate),
+                    "-T",
+                    "600",
+                    "-f",
+                    str(script),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(cluster.port),
+                    "-U",
+                    "postgres",
+                    url.rsplit("/", 1)[1],
+                )
                 try:
                     time.sleep(1.0)  # connected and at its rate
                     if bench.poll() is not None:
                         raise RuntimeError(f"pgbench ended: {bench.stdout.read()[-500:]}")  # type: ignore[union-attr]
-                    rows.append(row(f"sqlite + db {rate}/s", sqlite.port, turn,
-                                    lambda: tree_cpu_seconds(cluster.postmaster_pid()), url))
+                    rows.append(
+                        row(
+                            f"sqlite + db {rate}/s",
+                            sqlite.port,
+                            turn,
+                            lambda: tree_cpu_seconds(cluster.postmaster_pid()),
+                            url,
+                        )
+                    )
                 finally:
                     stop(bench)
             rows.append(row("postgresql", pg.port, turn, lambda: db_cpu_seconds(pg), pg.ledger_target))
     result = {"rows": rows, "summary": summary(rows)}
     for name, s in result["summary"].items():
-        print(f"{name:18s} over sqlite: median {s['median']:.2f} (turns {s['over_sqlite']}), "
-              f"database {s['db_cores_median']:.2f} cores")
+        print(
+            f"{name:18s} over sqlite: median {s['median']:.2f} (turns {s['over_sqlite']}), "
+            f"database {s['db_cores_median']:.2f} cores"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -62,7 +62,11 @@ def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
         thread.join()
     if code != 0:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {code}; see {log}")
-    return {"wall_s": round(wall, 1), "peak_pss_gib": round(peak / 2**30, 2), "peak_rss_sum_gib": round(peak_rss / 2**30, 2)}
+    return {
+        "wall_s": round(wall, 1),
+        "peak_pss_gib": round(peak / 2**30, 2),
+        "peak_rss_sum_gib": round(peak_rss / 2**30, 2),
+    }
 
 
 def summarise(name: str, out: Path, measured: dict[str, float]) -> dict[str, object]:
@@ -111,7 +115,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for r in rows:
         steps = ", ".join(f"{k} {v:.1f}" for k, v in r["steps_s"].items() if k != "total")
-        print(f"| {r['run']} | {r['wall_s']} | {r['peak_pss_gib']} | {r['peak_rss_sum_gib']} | {r['users_per_s']} | {steps} |")
+        print(
+            f"| {r['run']} | {r['wall_s']} | {r['peak_pss_gib']} | {r['peak_rss_sum_gib']} | {r['users_per_s']} | {steps} |"
+        )
     return 0
 
 

@@ -66,8 +66,9 @@ def main() -> int:
             if args.threads == 1:
                 serve(bodies)
             else:  # concurrent batches, as the server's thread pool runs them
-                threads = [threading.Thread(target=serve, args=(bodies[k::args.threads],))
-                           for k in range(args.threads)]
+                threads = [
+                    threading.Thread(target=serve, args=(bodies[k :: args.threads],)) for k in range(args.threads)
+                ]
                 for t in threads:
                     t.start()
                 for t in threads:
@@ -83,8 +84,10 @@ def main() -> int:
         expected = (args.reps + 1) * args.batches * args.size
         if charged != expected:
             raise SystemExit(f"the ledger charged {charged} requests, expected {expected}")
-        print(f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {args.batches} batches "
-              f"x {args.size}, {args.threads} thread(s); {charged} charges)")
+        print(
+            f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {args.batches} batches "
+            f"x {args.size}, {args.threads} thread(s); {charged} charges)"
+        )
         if args.profile:
             todo = bodies(1)
             prof = cProfile.Profile()  # wall time: a CPU-time timer costs a system call per event

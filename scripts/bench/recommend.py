@@ -36,8 +36,20 @@ def histories(item_ids: list[str], count: int, seed: int = 0) -> list[list[str]]
 
 
 def start_server(artifacts: Path, ledger: Path) -> tuple[subprocess.Popen, int]:
-    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
-           "--port", "0", "--budget", "1e6"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recsvc.app.cli",
+        "serve",
+        "--artifacts",
+        str(artifacts),
+        "--ledger",
+        str(ledger),
+        "--port",
+        "0",
+        "--budget",
+        "1e6",
+    ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -85,8 +97,10 @@ def steps(artifacts: Path, hist: list[list[str]], calls: int = 200) -> None:
             t3 = time.perf_counter()
             select(name, q, cat.sensitivity, 1.0, rng=g)
             sel_t[name].append(time.perf_counter() - t3)
-    med = {k: float(np.median(v)) * 1e3 for k, v in {"SANSA scoring": score_t, "clip": clip_t,
-                                                       **{f"select {k}": v for k, v in sel_t.items()}}.items()}
+    med = {
+        k: float(np.median(v)) * 1e3
+        for k, v in {"SANSA scoring": score_t, "clip": clip_t, **{f"select {k}": v for k, v in sel_t.items()}}.items()
+    }
     print("in-process medians (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
 
 
@@ -97,10 +111,12 @@ def main() -> None:
     ap.add_argument("--two-stage-requests", type=int, default=20)
     args = ap.parse_args()
     if not args.artifacts.is_dir():
-        ap.error(f"no artifact at {args.artifacts}: build the default one with `.venv/bin/recsvc prep "
-                 "--dataset synthetic --preset ml20m-shape --out artifacts/synthetic-ml20m-shape` (as "
-                 "python -m scripts.bench.pipeline does), or pass --artifacts artifacts/ml-100k after "
-                 "`bash scripts/demo.sh`")
+        ap.error(
+            f"no artifact at {args.artifacts}: build the default one with `.venv/bin/recsvc prep "
+            "--dataset synthetic --preset ml20m-shape --out artifacts/synthetic-ml20m-shape` (as "
+            "python -m scripts.bench.pipeline does), or pass --artifacts artifacts/ml-100k after "
+            "`bash scripts/demo.sh`"
+        )
 
     from recsvc.artifact import load_artifact
     from recsvc.service.client import Client
@@ -108,24 +124,34 @@ def main() -> None:
     art = load_artifact(args.artifacts)
     ids = art.items["item_id"].to_list()
     hist = histories(ids, 500)
-    print(f"artifact {args.artifacts}: {len(ids)} items; histories of mean length "
-          f"{np.mean([len(h) for h in hist]):.0f}; concurrency 1, loopback, durable SQLite ledger")
+    print(
+        f"artifact {args.artifacts}: {len(ids)} items; histories of mean length "
+        f"{np.mean([len(h) for h in hist]):.0f}; concurrency 1, loopback, durable SQLite ledger"
+    )
     steps(args.artifacts, hist)
     with tempfile.TemporaryDirectory() as tmp:
         proc, port = start_server(args.artifacts, Path(tmp) / "ledger.db")
         try:
             with Client(f"127.0.0.1:{port}", retries=0) as c:
-                rows = [("default (auto, 1 item)", {"epsilon": 1.0}, args.requests),
-                        ("rnm, 1 item", {"epsilon": 1.0, "mechanism": "rnm"}, args.requests),
-                        ("auto, k=10 slate", {"epsilon": 1.0, "k": 10}, args.requests // 2),
-                        ("two-stage m=500, f=0.5, k=10", {"epsilon": 1.0, "k": 10, "num_candidates": 500,
-                                                          "candidate_fraction": 0.5}, args.two_stage_requests)]
+                rows = [
+                    ("default (auto, 1 item)", {"epsilon": 1.0}, args.requests),
+                    ("rnm, 1 item", {"epsilon": 1.0, "mechanism": "rnm"}, args.requests),
+                    ("auto, k=10 slate", {"epsilon": 1.0, "k": 10}, args.requests // 2),
+                    (
+                        "two-stage m=500, f=0.5, k=10",
+                        {"epsilon": 1.0, "k": 10, "num_candidates": 500, "candidate_fraction": 0.5},
+                        args.two_stage_requests,
+                    ),
+                ]
                 print(f"{'row':<30} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
                 for label, kwargs, n in rows:
                     measure(c, hist, min(20, n), **kwargs)  # warm-up (JIT, caches)
                     lat = measure(c, hist, n, **kwargs) * 1e3
-                    print(f"{label:<30} {n:>8} {np.percentile(lat, 50):>8.2f} {np.percentile(lat, 99):>8.2f} "
-                          f"{lat.max():>8.2f}", flush=True)
+                    print(
+                        f"{label:<30} {n:>8} {np.percentile(lat, 50):>8.2f} {np.percentile(lat, 99):>8.2f} "
+                        f"{lat.max():>8.2f}",
+                        flush=True,
+                    )
         finally:
             proc.terminate()
             proc.wait(30)

@@ -63,22 +63,40 @@ def cases() -> list[Case]:
     from recsvc.v1 import selection_pb2 as pb
 
     cands_3m = _select_head("victim") + _field(2, _field(1, b"1")) * 3_000_000
-    valid = pb.SelectRequest(user_id="ok", mechanism="rnm", epsilon=0.001,
-                             item_ids=[f"item{k}" for k in range(500)], scores=[0.5] * 500)
+    valid = pb.SelectRequest(
+        user_id="ok", mechanism="rnm", epsilon=0.001, item_ids=[f"item{k}" for k in range(500)], scores=[0.5] * 500
+    )
     return [
         Case("valid Select, 500 candidates (columnar)", "Select", valid.SerializeToString(), "OK"),
         Case("Select, 3M candidates (15 MB)", "Select", cands_3m, "INVALID_ARGUMENT"),
-        Case("Select, 3M item_ids columnar (9 MB)", "Select", _select_head("victim") + _field(9, b"1") * 3_000_000,
-             "INVALID_ARGUMENT"),
-        Case("Recommend, 5M history entries (15 MB)", "Recommend",
-             pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5).SerializeToString()
-             + _field(2, b"1") * 5_000_000, "INVALID_ARGUMENT"),
+        Case(
+            "Select, 3M item_ids columnar (9 MB)",
+            "Select",
+            _select_head("victim") + _field(9, b"1") * 3_000_000,
+            "INVALID_ARGUMENT",
+        ),
+        Case(
+            "Recommend, 5M history entries (15 MB)",
+            "Recommend",
+            pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5).SerializeToString()
+            + _field(2, b"1") * 5_000_000,
+            "INVALID_ARGUMENT",
+        ),
         Case("SelectBatch, one item of 3M candidates", "SelectBatch", _field(1, cands_3m), "INVALID_ARGUMENT"),
-        Case("Select, 15 MB malformed bytes", "Select", _select_head("victim") + _field(9, b"1") * 5000
-             + os.urandom(15_000_000), "INVALID_ARGUMENT"),
+        Case(
+            "Select, 15 MB malformed bytes",
+            "Select",
+            _select_head("victim") + _field(9, b"1") * 5000 + os.urandom(15_000_000),
+            "INVALID_ARGUMENT",
+        ),
         Case("Select, 3M candidates, unauthenticated", "Select", cands_3m, "UNAUTHENTICATED", token_file=True),
-        Case("Select, 20 MB > --max-message-bytes 16 MiB", "Select", _select_head("victim")
-             + _field(9, b"1") * 6_700_000, "RESOURCE_EXHAUSTED", max_message_bytes=16 * 1024 * 1024),
+        Case(
+            "Select, 20 MB > --max-message-bytes 16 MiB",
+            "Select",
+            _select_head("victim") + _field(9, b"1") * 6_700_000,
+            "RESOURCE_EXHAUSTED",
+            max_message_bytes=16 * 1024 * 1024,
+        ),
     ]
 
 
@@ -92,9 +110,13 @@ def serve_floor(port: int) -> None:
 
     methods = ("Select", "SelectBatch", "Recommend", "ListMechanisms")
     handler = grpc.method_handlers_generic_handler(
-        "recsvc.v1.PrivateSelection", {m: grpc.unary_unary_rpc_method_handler(refuse) for m in methods})
-    server = grpc.server(futures.ThreadPoolExecutor(16), handlers=[handler],
-                         options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)])
+        "recsvc.v1.PrivateSelection", {m: grpc.unary_unary_rpc_method_handler(refuse) for m in methods}
+    )
+    server = grpc.server(
+        futures.ThreadPoolExecutor(16),
+        handlers=[handler],
+        options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.so_reuseport", 0)],
+    )
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
     print(f"listening on 127.0.0.1:{port}", flush=True)
@@ -110,8 +132,23 @@ class Server:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         if src is not None:
             env["PYTHONPATH"] = str(src)
-        cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger),
-               "--port", str(self.port), "--budget", "1e6", "--drain-delay", "0", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "recsvc.app.cli",
+            "serve",
+            "--artifacts",
+            str(artifacts),
+            "--ledger",
+            str(ledger),
+            "--port",
+            str(self.port),
+            "--budget",
+            "1e6",
+            "--drain-delay",
+            "0",
+            *extra,
+        ]
         if floor:  # this module from the checkout: the floor server needs only grpc
             cmd, src = [sys.executable, "-m", "scripts.bench.refusals", "--serve-floor", str(self.port)], None
         self.proc = launch(cmd, "server", cwd=src or REPO, env=env)
@@ -141,8 +178,9 @@ class Server:
 
 
 def _call(channel: grpc.Channel, method: str, payload: bytes) -> str:
-    call = channel.unary_unary(f"/recsvc.v1.PrivateSelection/{method}", request_serializer=lambda b: b,
-                               response_deserializer=lambda b: b)
+    call = channel.unary_unary(
+        f"/recsvc.v1.PrivateSelection/{method}", request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
     try:
         call(payload, timeout=600)
         return "OK"
@@ -185,11 +223,19 @@ def measure(case: Case, artifacts: Path, tmp: Path, src: Path | None, reps: int,
             rss1, peak1 = server.rss(), server.peak()
     finally:
         server.stop()
-    return {"case": case.name, "server": "floor" if floor else (str(src) if src else "recsvc"),
-            "status": "/".join(sorted(codes)), "expected": "INVALID_ARGUMENT" if floor else case.expect,
-            "message_mb": round(len(case.payload) / MB, 2), "reps": reps, "cpu_ms": round(cpu_ms, 1),
-            "wall_ms_median": round(statistics.median(wall_ms), 1), "rss_first_mb": round(rss_first - rss0, 1),
-            "rss_growth_mb": round(rss1 - rss0, 1), "peak_growth_mb": round(peak1 - peak0, 1) if peak_reset else None}
+    return {
+        "case": case.name,
+        "server": "floor" if floor else (str(src) if src else "recsvc"),
+        "status": "/".join(sorted(codes)),
+        "expected": "INVALID_ARGUMENT" if floor else case.expect,
+        "message_mb": round(len(case.payload) / MB, 2),
+        "reps": reps,
+        "cpu_ms": round(cpu_ms, 1),
+        "wall_ms_median": round(statistics.median(wall_ms), 1),
+        "rss_first_mb": round(rss_first - rss0, 1),
+        "rss_growth_mb": round(rss1 - rss0, 1),
+        "peak_growth_mb": round(peak1 - peak0, 1) if peak_reset else None,
+    }
 
 
 def main() -> int:
@@ -207,8 +253,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-refusals-") as d:
         tmp = Path(d)
         artifacts = bench_artifact(tmp / "art")
-        print(f"{'case':44s} {'server':>7s} {'status':>18s} {'msg MB':>7s} {'CPU ms/req':>10s} {'wall ms':>8s} "
-              f"{'ΔRSS 1st':>8s} {'ΔRSS end':>8s} {'Δpeak':>6s}   (memory in MB)", flush=True)
+        print(
+            f"{'case':44s} {'server':>7s} {'status':>18s} {'msg MB':>7s} {'CPU ms/req':>10s} {'wall ms':>8s} "
+            f"{'ΔRSS 1st':>8s} {'ΔRSS end':>8s} {'Δpeak':>6s}   (memory in MB)",
+            flush=True,
+        )
         for case in cases():
             if args.only and args.only not in case.name:
                 continue
@@ -219,10 +268,13 @@ def main() -> int:
                 rows.append(row)
                 flag = "" if row["status"] == row["expected"] else f"  (expected {row['expected']})"
                 peak = row["peak_growth_mb"]
-                print(f"{row['case']:44s} {'floor' if floor else 'recsvc':>7s} {row['status']:>18s} "
-                      f"{row['message_mb']:7.1f} {row['cpu_ms']:10.1f} {row['wall_ms_median']:8.1f} "
-                      f"{row['rss_first_mb']:8.1f} {row['rss_growth_mb']:8.1f} {peak if peak is not None else '—':>6}"
-                      f"{flag}", flush=True)
+                print(
+                    f"{row['case']:44s} {'floor' if floor else 'recsvc':>7s} {row['status']:>18s} "
+                    f"{row['message_mb']:7.1f} {row['cpu_ms']:10.1f} {row['wall_ms_median']:8.1f} "
+                    f"{row['rss_first_mb']:8.1f} {row['rss_growth_mb']:8.1f} {peak if peak is not None else '—':>6}"
+                    f"{flag}",
+                    flush=True,
+                )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0 if all(r["status"] == r["expected"] for r in rows) else 1

@@ -65,8 +65,9 @@ def flood(port: int, clients: int, gamma: float, stop: mp.Event, counter: mp.Val
 
     async def one(k: int) -> None:
         template = pb.SelectRequest.FromString(_body("rs", f"flood-{k}", seed=100 + k, gamma=gamma))
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}",
-                                             options=[("grpc.use_local_subchannel_pool", 1)]) as chan:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)]
+        ) as chan:
             call = chan.unary_unary(METHOD)
             while not stop.is_set():
                 await call(_fresh(template), timeout=60)
@@ -101,14 +102,23 @@ def innocent(port: int, n: int, gap_s: float) -> np.ndarray:
 
 
 def stats(lat: np.ndarray) -> dict[str, float]:
-    return {"p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-            "max_ms": float(lat.max()), "requests": int(lat.size)}
+    return {
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "max_ms": float(lat.max()),
+        "requests": int(lat.size),
+    }
 
 
 def run(requests: int, flooders: int, gap_ms: float, serve_flags: tuple[str, ...] = ()) -> dict:
     gamma = smallest_gamma()
-    out: dict = {"gamma": gamma, "flooders": flooders, "innocent_requests": requests, "gap_ms": gap_ms,
-                 "serve_flags": list(serve_flags)}
+    out: dict = {
+        "gamma": gamma,
+        "flooders": flooders,
+        "innocent_requests": requests,
+        "gap_ms": gap_ms,
+        "serve_flags": list(serve_flags),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-rs-flood-") as td:
         tmp = Path(td)
         art = bench_artifact(tmp / "art")
@@ -124,8 +134,11 @@ def run(requests: int, flooders: int, gap_ms: float, serve_flags: tuple[str, ...
             c0, cpu0, t0 = counter.value, srv.cpu_seconds(), time.perf_counter()
             lat = innocent(srv.port, requests, gap_ms / 1e3)
             wall = time.perf_counter() - t0
-            out["flooded"] = {**stats(lat), "flood_qps": (counter.value - c0) / wall,
-                              "server_cores_busy": (srv.cpu_seconds() - cpu0) / wall}
+            out["flooded"] = {
+                **stats(lat),
+                "flood_qps": (counter.value - c0) / wall,
+                "server_cores_busy": (srv.cpu_seconds() - cpu0) / wall,
+            }
             print(json.dumps({"flooded": out["flooded"]}), flush=True)
             stop.set()
             proc.join(120)

@@ -60,8 +60,9 @@ def _echo(req: object) -> object:
     from recsvc.v1 import selection_pb2 as pb
 
     first = req.item_ids[0] if len(req.item_ids) else req.candidates[0].item_id
-    return pb.SelectResponse(item_id=first, mechanism=req.mechanism, epsilon_spent=req.epsilon,
-                             request_id=req.request_id)
+    return pb.SelectResponse(
+        item_id=first, mechanism=req.mechanism, epsilon_spent=req.epsilon, request_id=req.request_id
+    )
 
 
 def _select_handler(fn: object) -> object:
@@ -69,9 +70,16 @@ def _select_handler(fn: object) -> object:
 
     from recsvc.v1 import selection_pb2 as pb
 
-    return grpc.method_handlers_generic_handler("recsvc.v1.PrivateSelection", {
-        "Select": grpc.unary_unary_rpc_method_handler(fn, request_deserializer=pb.SelectRequest.FromString,
-                                                      response_serializer=pb.SelectResponse.SerializeToString)})
+    return grpc.method_handlers_generic_handler(
+        "recsvc.v1.PrivateSelection",
+        {
+            "Select": grpc.unary_unary_rpc_method_handler(
+                fn,
+                request_deserializer=pb.SelectRequest.FromString,
+                response_serializer=pb.SelectResponse.SerializeToString,
+            )
+        },
+    )
 
 
 def serve_echo(port: int) -> None:
@@ -105,7 +113,7 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
             return _echo(req)
         try:  # runs on the event loop: the work is CPU + a short SQLite commit
             return servicer.execute(servicer.prepare_select(req))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             await ctx.abort(*status_of(exc))
 
     async def main() -> None:
@@ -137,9 +145,23 @@ def h2load_run(port: int, body: bytes, n: int, concurrency: int, tmp: Path) -> d
     framed.write_bytes(b"\0" + len(body).to_bytes(4, "big") + body)  # gRPC length-prefixed message
     log = tmp / "h2load.log"
     log.unlink(missing_ok=True)  # h2load appends
-    cmd = ["h2load", "-n", str(n), "-c", str(concurrency), "-m", "1", "-d", str(framed),
-           "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}",
-           f"http://127.0.0.1:{port}{METHOD}"]
+    cmd = [
+        "h2load",
+        "-n",
+        str(n),
+        "-c",
+        str(concurrency),
+        "-m",
+        "1",
+        "-d",
+        str(framed),
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        f"--log-file={log}",
+        f"http://127.0.0.1:{port}{METHOD}",
+    ]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     wall = time.perf_counter() - t0
@@ -148,8 +170,13 @@ def h2load_run(port: int, body: bytes, n: int, concurrency: int, tmp: Path) -> d
         raise RuntimeError(f"h2load did not complete {n} requests cleanly:\n{out}")
     first, last = rows[:, 0].min(), (rows[:, 0] + rows[:, 2]).max()  # µs since epoch
     lat = rows[:, 2] / 1e3
-    return {"qps": n / ((last - first) / 1e6), "p50_ms": float(np.percentile(lat, 50)),
-            "p99_ms": float(np.percentile(lat, 99)), "requests": n, "wall_s": wall}
+    return {
+        "qps": n / ((last - first) / 1e6),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "requests": n,
+        "wall_s": wall,
+    }
 
 
 def h2load_body(mechanism: str, user_id: str, seed: int) -> bytes:
@@ -197,12 +224,28 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
                 r = asyncio.run(load(srv.port, bodies, conc, channels=channels))
                 server_us = (srv.cpu_seconds() - server0) / n * 1e6
                 client_us = (time.process_time() - client0) / n * 1e6
-            return {"server": kind, "workers": srv.workers, "client": client, "mechanism": mech, "concurrency": conc,
-                    "encoding": encoding, **r, "server_cpu_us": server_us, "client_cpu_us": client_us,
-                    "cores_used": r["qps"] * (server_us + client_us) / 1e6}
+            return {
+                "server": kind,
+                "workers": srv.workers,
+                "client": client,
+                "mechanism": mech,
+                "concurrency": conc,
+                "encoding": encoding,
+                **r,
+                "server_cpu_us": server_us,
+                "client_cpu_us": client_us,
+                "cores_used": r["qps"] * (server_us + client_us) / 1e6,
+            }
 
-        def measure(kind: str, mechanisms: list[str], workers: int = 1, concurrencies=(1, 32),
-                    encoding: str = "columns", channels: int = 4, only: tuple[str, ...] | None = None) -> None:
+        def measure(
+            kind: str,
+            mechanisms: list[str],
+            workers: int = 1,
+            concurrencies=(1, 32),
+            encoding: str = "columns",
+            channels: int = 4,
+            only: tuple[str, ...] | None = None,
+        ) -> None:
             srv = BenchServer(kind, art, tmp, workers)
             try:
                 for client in only or clients:
@@ -233,9 +276,14 @@ def run(quick: bool, clients: tuple[str, ...]) -> dict:
 
 def summary(runs: list[dict], client: str) -> dict:
     """The ratios the targets are stated in, all from this run and this client."""
+
     def rows(server: str, mech: str = "rnm", conc: int = 32, workers: int = 1, encoding: str = "columns") -> list[dict]:
-        return [r for r in runs if (r["server"], r["mechanism"], r["concurrency"], r["workers"], r["encoding"],
-                                    r["client"]) == (server, mech, conc, workers, encoding, client)]
+        return [
+            r
+            for r in runs
+            if (r["server"], r["mechanism"], r["concurrency"], r["workers"], r["encoding"], r["client"])
+            == (server, mech, conc, workers, encoding, client)
+        ]
 
     def row(*args: object, **kw: object) -> dict:
         return rows(*args, **kw)[0]  # type: ignore[arg-type]
@@ -248,12 +296,13 @@ def summary(runs: list[dict], client: str) -> dict:
         "qps_ratio_to_echo_c32": {m: row("sync", m)["qps"] / echo32 for m in ("rnm", "mgem", "auto")},
         "echo_drift_c32": rows("echo")[-1]["qps"] / echo32,
         "workers2_over_workers1": sum(r["qps"] for r in two) / sum(r["qps"] for r in one),
-        "workers_pairs_qps": [(a["qps"], b["qps"]) for a, b in zip(one, two)],
+        "workers_pairs_qps": [(a["qps"], b["qps"]) for a, b in zip(one, two, strict=False)],
         # The machine has few cores: a run that keeps them all busy cannot go faster.
-        "workers_pairs_cores_used": [(a["cores_used"], b["cores_used"]) for a, b in zip(one, two)],
+        "workers_pairs_cores_used": [(a["cores_used"], b["cores_used"]) for a, b in zip(one, two, strict=False)],
         "sync_over_aio_c32": {m: row("sync", m)["qps"] / row("aio", m)["qps"] for m in ("rnm", "mgem")},
         "aio_echo_over_echo_c32": row("aio-echo")["qps"] / echo32,
     }
+
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-echo":
@@ -265,16 +314,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
     ap.add_argument("--json", type=Path, help="also write the results here")
-    ap.add_argument("--batch", action="store_true",
-                    help="only SelectBatch (100 rnm items/batch) vs single Select, python client")
+    ap.add_argument(
+        "--batch", action="store_true", help="only SelectBatch (100 rnm items/batch) vs single Select, python client"
+    )
     ap.add_argument("--workers", type=int, default=1, help="server worker processes for --batch (default 1)")
-    ap.add_argument("--ledger", default="sqlite",
-                    help="--batch: ledger stores to measure, comma-separated: sqlite and/or postgresql "
-                         "(a throwaway cluster on loopback; default sqlite)")
-    ap.add_argument("--passes", type=int, default=2,
-                    help="--batch: passes over the plan (default 2); the stores take turns row by row")
-    ap.add_argument("--clients", default="h2load,python",
-                    help="load generators, comma-separated (default: h2load,python)")
+    ap.add_argument(
+        "--ledger",
+        default="sqlite",
+        help="--batch: ledger stores to measure, comma-separated: sqlite and/or postgresql "
+        "(a throwaway cluster on loopback; default sqlite)",
+    )
+    ap.add_argument(
+        "--passes",
+        type=int,
+        default=2,
+        help="--batch: passes over the plan (default 2); the stores take turns row by row",
+    )
+    ap.add_argument(
+        "--clients", default="h2load,python", help="load generators, comma-separated (default: h2load,python)"
+    )
     args = ap.parse_args()
     if args.batch:
         from scripts.bench.service_batch import run_batch
@@ -292,8 +350,9 @@ def main() -> int:
     if not clients or set(clients) - {"h2load", "python"}:
         ap.error(f"--clients must name h2load and/or python, got {args.clients!r}")
     if "h2load" in clients and shutil.which("h2load") is None:
-        print("h2load not found (apt-get install nghttp2-client): measuring with the python client only",
-              file=sys.stderr)
+        print(
+            "h2load not found (apt-get install nghttp2-client): measuring with the python client only", file=sys.stderr
+        )
         clients = tuple(c for c in clients if c != "h2load") or ("python",)
     res = run(args.quick, clients)
     if args.json:

@@ -26,8 +26,17 @@ import os
 from contextlib import ExitStack
 from pathlib import Path
 
-from scripts.bench.harness import (BATCH_METHOD, METHOD, Server, batch_bodies, bench_artifact, db_cpu_seconds, load,
-                                   select_bodies, start_server)
+from scripts.bench.harness import (
+    BATCH_METHOD,
+    METHOD,
+    Server,
+    batch_bodies,
+    bench_artifact,
+    db_cpu_seconds,
+    load,
+    select_bodies,
+    start_server,
+)
 
 
 def charged_total(ledger: str) -> int:
@@ -43,12 +52,18 @@ def charged_total(ledger: str) -> int:
         return int(conn.execute("SELECT count(*) FROM requests").fetchone()[0])
 
 
-PLAN = (("Select", "ids", 8), ("Select", "ids", 32), ("Select", "rows", 8), ("Select", "rows", 32),
-        ("SelectBatch", "rows", 4), ("SelectBatch", "rows", 8), ("SelectBatch", "ids", 8))
+PLAN = (
+    ("Select", "ids", 8),
+    ("Select", "ids", 32),
+    ("Select", "rows", 8),
+    ("Select", "rows", 32),
+    ("SelectBatch", "rows", 4),
+    ("SelectBatch", "rows", 8),
+    ("SelectBatch", "ids", 8),
+)
 
 
-def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str, kind: str, encoding: str,
-            conc: int) -> dict:
+def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str, kind: str, encoding: str, conc: int) -> dict:
     """One row of the plan against one server."""
     n_single, n_batches = (600, 30) if quick else (3000, 150)
     if kind == "Select":
@@ -62,10 +77,18 @@ def measure(srv: Server, quick: bool, size: int, rep: int, ledger: str, kind: st
     warm = min(conc, 8) if kind == "Select" else 0  # Select's warm-up calls are fresh charges too
     if got != len(bodies) * per + warm:
         raise RuntimeError(f"{ledger} {kind}/{encoding}: the ledger charged {got} of {len(bodies) * per + warm}")
-    row = {"ledger": ledger, "rpc": kind, "encoding": encoding, "concurrency": conc,
-           "selections_per_s": r["qps"] * per, "rpcs_per_s": r["qps"], "p50_ms": r["p50_ms"],
-           "p99_ms": r["p99_ms"], "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6,
-           "db_cpu_us_per_selection": db_cpu / (len(bodies) * per) * 1e6}
+    row = {
+        "ledger": ledger,
+        "rpc": kind,
+        "encoding": encoding,
+        "concurrency": conc,
+        "selections_per_s": r["qps"] * per,
+        "rpcs_per_s": r["qps"],
+        "p50_ms": r["p50_ms"],
+        "p99_ms": r["p99_ms"],
+        "server_cpu_us_per_selection": cpu / (len(bodies) * per) * 1e6,
+        "db_cpu_us_per_selection": db_cpu / (len(bodies) * per) * 1e6,
+    }
     print(json.dumps(row), flush=True)
     return row
 
@@ -83,14 +106,21 @@ def paired(runs: list[dict], rpc: str) -> list[float]:
     return [v["postgresql"] / v["sqlite"] for k, v in rows.items() if k[1] == rpc and len(v) == 2]
 
 
-def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",), size: int = 100,
-              passes: int = 2) -> dict:
+def run_batch(
+    quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",), size: int = 100, passes: int = 2
+) -> dict:
     """SelectBatch (``size`` rnm items of n = 500 per batch) vs single Select, same server, same run."""
     import statistics
     import tempfile
 
-    results: dict = {"n_candidates": 500, "batch_size": size, "workers": workers, "cpus": os.cpu_count(),
-                     "loadavg_before": os.getloadavg(), "runs": []}
+    results: dict = {
+        "n_candidates": 500,
+        "batch_size": size,
+        "workers": workers,
+        "cpus": os.cpu_count(),
+        "loadavg_before": os.getloadavg(),
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory(prefix="bench-batch-") as td, ExitStack() as stack:
         tmp = Path(td)
         art = bench_artifact(tmp / "art")
@@ -107,15 +137,20 @@ def run_batch(quick: bool, workers: int, ledgers: tuple[str, ...] = ("sqlite",),
     for ledger in ledgers:
         single = best(results["runs"], ledger, "Select", "ids")
         batch = best(results["runs"], ledger, "SelectBatch", "rows")
-        summary[ledger] = {"best_Select_ids": single, "best_Select_rows": best(results["runs"], ledger, "Select", "rows"),
-                           "best_SelectBatch_rows": batch,
-                           "best_SelectBatch_ids": best(results["runs"], ledger, "SelectBatch", "ids"),
-                           "batch_rows_over_single_ids": batch / single}
+        summary[ledger] = {
+            "best_Select_ids": single,
+            "best_Select_rows": best(results["runs"], ledger, "Select", "rows"),
+            "best_SelectBatch_rows": batch,
+            "best_SelectBatch_ids": best(results["runs"], ledger, "SelectBatch", "ids"),
+            "batch_rows_over_single_ids": batch / single,
+        }
     if {"sqlite", "postgresql"} <= set(ledgers):
         pg, lite = summary["postgresql"], summary["sqlite"]
-        summary["pg_over_sqlite"] = {"SelectBatch_rows": pg["best_SelectBatch_rows"] / lite["best_SelectBatch_rows"],
-                                     "Select_ids": pg["best_Select_ids"] / lite["best_Select_ids"],
-                                     "Select_rows": pg["best_Select_rows"] / lite["best_Select_rows"]}
+        summary["pg_over_sqlite"] = {
+            "SelectBatch_rows": pg["best_SelectBatch_rows"] / lite["best_SelectBatch_rows"],
+            "Select_ids": pg["best_Select_ids"] / lite["best_Select_ids"],
+            "Select_rows": pg["best_Select_rows"] / lite["best_Select_rows"],
+        }
         for rpc in ("Select", "SelectBatch"):
             ratios = paired(results["runs"], rpc)
             summary["pg_over_sqlite"][f"{rpc}_paired_median"] = statistics.median(ratios)

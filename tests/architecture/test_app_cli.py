@@ -31,15 +31,21 @@ def test_engine_default_workers() -> None:
 
 
 def _recsvc(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "recsvc.app.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_an_unusable_path_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     proc = _recsvc("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", str(blocker / "sub"))
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, err
     assert "Traceback" not in err and err.startswith("recsvc prep: error:") and len(err.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
@@ -62,8 +68,9 @@ def test_no_sigterm_can_land_in_polars_loading_numpys_c_api(tmp_path: Path) -> N
         sys.settrace(tracer)
         sys.exit(cli.main(["prep", "--dataset", "synthetic", "--preset", "tiny", "--out", sys.argv[1]]))
     """)
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "art")], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "art")], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0 and "panicked" not in proc.stderr, proc.stderr[-2000:]
     assert (tmp_path / "art" / "manifest.json").is_file()
 

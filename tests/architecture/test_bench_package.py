@@ -50,9 +50,13 @@ def _imports(module: str, tree: ast.Module) -> set[str]:
 def _is_benchmark(tree: ast.Module) -> bool:
     """A module with an ``if __name__ == "__main__":`` block is a benchmark; the rest are its parts."""
     for node in tree.body:
-        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
-                and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators)):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in node.test.comparators)
+        ):
             return True
     return False
 
@@ -64,29 +68,42 @@ BENCHMARKS = sorted(name for name, tree in MODULES.items() if _is_benchmark(tree
 def test_scripts_are_a_package_with_one_harness():
     assert (SCRIPTS / "__init__.py").is_file() and (BENCH / "__init__.py").is_file()
     assert f"{PACKAGE}.harness" in MODULES
-    assert not list(SCRIPTS.glob("bench_*.py")) and not list(SCRIPTS.glob("profile_*.py")), \
+    assert not list(SCRIPTS.glob("bench_*.py")) and not list(SCRIPTS.glob("profile_*.py")), (
         "benchmarks live in scripts/bench/ and run as modules"
+    )
     # the service benchmark and the ones built on its harness, at least
-    assert {f"{PACKAGE}.{m}" for m in ("service", "pg_share", "refusals", "rs_flood", "profile_batch")} <= set(BENCHMARKS)
+    assert {f"{PACKAGE}.{m}" for m in ("service", "pg_share", "refusals", "rs_flood", "profile_batch")} <= set(
+        BENCHMARKS
+    )
 
 
 def test_no_module_under_scripts_edits_sys_path():
     offenders = []
     for path in sorted(SCRIPTS.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            touches = ((isinstance(node, ast.Attribute) and node.attr == "path"
-                        and isinstance(node.value, ast.Name) and node.value.id == "sys")
-                       or (isinstance(node, ast.ImportFrom) and node.module == "sys"
-                           and any(a.name == "path" for a in node.names))
-                       or (isinstance(node, ast.Attribute) and node.attr == "addsitedir"))
+            touches = (
+                (
+                    isinstance(node, ast.Attribute)
+                    and node.attr == "path"
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "sys"
+                )
+                or (
+                    isinstance(node, ast.ImportFrom)
+                    and node.module == "sys"
+                    and any(a.name == "path" for a in node.names)
+                )
+                or (isinstance(node, ast.Attribute) and node.attr == "addsitedir")
+            )
             if touches:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offenders == []
 
 
 def test_bench_modules_import_each_other_without_a_cycle():
-    graph = {name: sorted(i for i in _imports(name, tree) if i in MODULES and i != name)
-             for name, tree in MODULES.items()}
+    graph = {
+        name: sorted(i for i in _imports(name, tree) if i in MODULES and i != name) for name, tree in MODULES.items()
+    }
     # Iterative depth-first search: a grey node reached again closes a cycle.
     colour: dict[str, str] = {}
     cycles = []
@@ -104,7 +121,7 @@ def test_bench_modules_import_each_other_without_a_cycle():
                 stack.pop()
                 path.pop()
             elif colour.get(child) == "grey":
-                cycles.append(path[path.index(child):] + [child])
+                cycles.append([*path[path.index(child) :], child])
             elif child not in colour:
                 colour[child] = "grey"
                 stack.append((child, iter(graph[child])))
@@ -123,8 +140,10 @@ def test_every_part_that_is_not_a_benchmark_is_used_by_one():
 
 def test_only_the_harness_starts_the_throwaway_postgresql():
     """The benchmarks reach the project's PostgreSQL cluster helper through the harness alone."""
-    helpers = {name: sorted(i for i in _imports(name, tree) if i.endswith(".pg_cluster") or ".ledger.testing" in i)
-               for name, tree in MODULES.items()}
+    helpers = {
+        name: sorted(i for i in _imports(name, tree) if i.endswith(".pg_cluster") or ".ledger.testing" in i)
+        for name, tree in MODULES.items()
+    }
     assert {name for name, found in helpers.items() if found} <= {f"{PACKAGE}.harness"}
 
 
@@ -159,8 +178,9 @@ def test_every_project_name_a_benchmark_imports_exists():
 
 @pytest.mark.parametrize("module", BENCHMARKS)
 def test_benchmark_runs_as_a_module_and_answers_help(module):
-    proc = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage:") and "--help" in proc.stdout
 
@@ -168,8 +188,12 @@ def test_benchmark_runs_as_a_module_and_answers_help(module):
 def test_no_text_names_a_benchmark_by_a_script_path():
     """Commands and references name benchmarks as modules, the way they run."""
     stale = re.compile(r"scripts/(bench_[a-z_]+|profile_batch)\.py")
-    tracked = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.sh", "*.toml", "*.cfg", "*.txt"], cwd=REPO,
-                             capture_output=True, text=True)
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", "*.md", "*.sh", "*.toml", "*.cfg", "*.txt"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if tracked.returncode != 0:
         pytest.skip("not a git checkout")
     offenders = []
@@ -178,6 +202,9 @@ def test_no_text_names_a_benchmark_by_a_script_path():
             continue
         path = REPO / rel
         if path.is_file():
-            offenders += [f"{rel}:{n}" for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
-                          if stale.search(line)]
+            offenders += [
+                f"{rel}:{n}"
+                for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+                if stale.search(line)
+            ]
     assert offenders == []

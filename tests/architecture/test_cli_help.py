@@ -22,10 +22,13 @@ def _commands(parser: argparse.ArgumentParser, name: str = "recsvc") -> Iterator
 def _help_of(text: str, action: argparse.Action) -> str:
     """The lines ``--help`` shows for ``action``: its invocation line and the indented lines below it."""
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines)
-                 if line.strip().split("  ")[0].split(", ")[-1].split(" ")[0] in action.option_strings)
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.strip().split("  ")[0].split(", ")[-1].split(" ")[0] in action.option_strings
+    )
     block = [lines[start]]
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.startswith("   "):  # the next option (two spaces, then '-') or section
             break
         block.append(line)
@@ -36,8 +39,14 @@ COMMANDS = dict(_commands(build_parser()))
 
 
 def test_every_subcommand_is_walked() -> None:
-    assert {"recsvc serve", "recsvc select", "recsvc ledger init", "recsvc ledger export", "recsvc prep",
-            "recsvc eval-two-candidates"} <= set(COMMANDS)
+    assert {
+        "recsvc serve",
+        "recsvc select",
+        "recsvc ledger init",
+        "recsvc ledger export",
+        "recsvc prep",
+        "recsvc eval-two-candidates",
+    } <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

@@ -91,15 +91,39 @@ def broken(page: Path) -> list[str]:
     return problems
 
 
-TREE = """README.md CHANGELOG.md SECURITY.md docs/index.md docs/getting-started.md docs/conventions.md
-docs/concepts/privacy-model.md docs/concepts/mechanisms.md docs/concepts/privacy-proofs.md docs/concepts/auto.md
-docs/concepts/ledger.md docs/guides/offline-pipeline.md docs/guides/serving.md docs/guides/replicas-postgresql.md
-docs/guides/ledger-operations.md docs/guides/evaluation.md docs/reference/specification.md docs/reference/cli.md
-docs/reference/grpc-api.md docs/reference/status-codes.md docs/reference/artifact-format.md
-docs/reference/ledger-format.md docs/research/paper-reproduction.md docs/research/bandit-study.md
-docs/research/two-candidates.md docs/performance.md docs/decisions/0001-exact-epsilon-units.md
-docs/decisions/0002-group-commit.md docs/decisions/0003-optimistic-postgres-charges.md
-docs/decisions/0004-wire-prescan.md docs/archive/benchmarks-notebook.md""".split()
+TREE = [
+    "README.md",
+    "CHANGELOG.md",
+    "SECURITY.md",
+    "docs/index.md",
+    "docs/getting-started.md",
+    "docs/conventions.md",
+    "docs/concepts/privacy-model.md",
+    "docs/concepts/mechanisms.md",
+    "docs/concepts/privacy-proofs.md",
+    "docs/concepts/auto.md",
+    "docs/concepts/ledger.md",
+    "docs/guides/offline-pipeline.md",
+    "docs/guides/serving.md",
+    "docs/guides/replicas-postgresql.md",
+    "docs/guides/ledger-operations.md",
+    "docs/guides/evaluation.md",
+    "docs/reference/specification.md",
+    "docs/reference/cli.md",
+    "docs/reference/grpc-api.md",
+    "docs/reference/status-codes.md",
+    "docs/reference/artifact-format.md",
+    "docs/reference/ledger-format.md",
+    "docs/research/paper-reproduction.md",
+    "docs/research/bandit-study.md",
+    "docs/research/two-candidates.md",
+    "docs/performance.md",
+    "docs/decisions/0001-exact-epsilon-units.md",
+    "docs/decisions/0002-group-commit.md",
+    "docs/decisions/0003-optimistic-postgres-charges.md",
+    "docs/decisions/0004-wire-prescan.md",
+    "docs/archive/benchmarks-notebook.md",
+]
 
 
 def test_every_page_of_the_docs_tree_exists() -> None:
@@ -111,8 +135,14 @@ def test_every_page_of_the_docs_tree_exists() -> None:
 def test_the_specification_keeps_its_six_numbered_sections() -> None:
     """Code cites `docs/reference/specification.md §N`, so the numbers must not move."""
     found = anchors(ROOT / "docs" / "reference" / "specification.md")
-    assert {"1-the-problem", "2-mechanisms", "3-randomness", "4-offline-pipeline", "5-grpc-service",
-            "6-evaluation"} <= found
+    assert {
+        "1-the-problem",
+        "2-mechanisms",
+        "3-randomness",
+        "4-offline-pipeline",
+        "5-grpc-service",
+        "6-evaluation",
+    } <= found
 
 
 def test_the_readme_stays_an_overview() -> None:
@@ -169,12 +199,18 @@ def test_the_link_checker_finds_what_is_broken(tmp_path: Path) -> None:
         "[gone](c.md) [bad anchor](b.md#nope) ![img](missing.png) [local](#absent)\n"
         "`[code](ignored.md)`\n```\n[fenced](ignored.md)\n```\n## Local\n"
     )
-    assert broken(page) == ["c.md: no such file", "b.md#nope: no heading or anchor #nope there",
-                            "missing.png: no such file", "#absent: no heading or anchor #absent there"]
+    assert broken(page) == [
+        "c.md: no such file",
+        "b.md#nope: no heading or anchor #nope there",
+        "missing.png: no such file",
+        "#absent: no heading or anchor #absent there",
+    ]
 
 
 def test_slugs_follow_github() -> None:
-    assert slug("`auto`: the best mechanism for each ε, from public data") == \
-        "auto-the-best-mechanism-for-each-ε-from-public-data"
+    assert (
+        slug("`auto`: the best mechanism for each ε, from public data")
+        == "auto-the-best-mechanism-for-each-ε-from-public-data"
+    )
     assert slug("2. Mechanisms (names are the public API)") == "2-mechanisms-names-are-the-public-api"
     assert slug("Status codes — and what is spent") == "status-codes--and-what-is-spent"

@@ -59,8 +59,12 @@ EXACT_ONLY = {"recsvc"}  # the bare package, not every recsvc.* module
 
 # Distribution name → the top-level module it provides.
 IMPORT_NAME = {
-    "grpcio": "grpc", "grpcio-health-checking": "grpc_health", "grpcio-reflection": "grpc_reflection",
-    "protobuf": "google", "prometheus-client": "prometheus_client", "scikit-sparse": "sksparse",
+    "grpcio": "grpc",
+    "grpcio-health-checking": "grpc_health",
+    "grpcio-reflection": "grpc_reflection",
+    "protobuf": "google",
+    "prometheus-client": "prometheus_client",
+    "scikit-sparse": "sksparse",
     "psycopg-pool": "psycopg_pool",
 }
 CORE_THIRD_PARTY = {"numpy", "scipy", "numba", "randomgen"}
@@ -134,7 +138,8 @@ def _targets(node: ast.AST, module: str, file: Path, modules: dict[str, Path]) -
 def _dynamic(node: ast.Call) -> bool:
     f = node.func
     return (isinstance(f, ast.Name) and f.id in ("__import__", "import_module")) or (
-        isinstance(f, ast.Attribute) and f.attr == "import_module")
+        isinstance(f, ast.Attribute) and f.attr == "import_module"
+    )
 
 
 def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, bool]]:
@@ -164,8 +169,10 @@ def scan(root: Path) -> Tree:
                 if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
                     names = [arg.value]
                 else:
-                    problems.append(f"{rel}:{node.lineno} {module}: dynamic import of a computed name "
-                                    "(import the module by name instead)")
+                    problems.append(
+                        f"{rel}:{node.lineno} {module}: dynamic import of a computed name "
+                        "(import the module by name instead)"
+                    )
             for name in names:
                 target = _resolve(name, files) or name.split(".")[0]
                 if target != module and target != "__future__":
@@ -218,10 +225,14 @@ def ledger_violations(tree: Tree) -> list[str]:
         if _within(i.target, "recsvc.service") or _within(i.target, "recsvc.v1"):
             what = "the service" if _within(i.target, "recsvc.service") else "the protobuf stubs"
             out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the ledger imports {what}")
-        elif (_within(i.target, "recsvc.ledger.postgres") and not i.lazy
-              and not any(_within(i.importer, p) for p in ("recsvc.ledger.postgres", "recsvc.ledger.testing"))):
-            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: the PostgreSQL store, imported outside "
-                       "a function")
+        elif (
+            _within(i.target, "recsvc.ledger.postgres")
+            and not i.lazy
+            and not any(_within(i.importer, p) for p in ("recsvc.ledger.postgres", "recsvc.ledger.testing"))
+        ):
+            out.append(
+                f"{i.path}:{i.line} {i.importer} → {i.target}: the PostgreSQL store, imported outside a function"
+            )
     return out
 
 
@@ -235,10 +246,14 @@ def layer_violations(tree: Tree) -> list[str]:
         if src is None or dst is None:
             continue
         if dst[0] > src[0]:
-            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: upward (L{src[0]} {src[1]} imports L{dst[0]} {dst[1]})")
+            out.append(
+                f"{i.path}:{i.line} {i.importer} → {i.target}: upward (L{src[0]} {src[1]} imports L{dst[0]} {dst[1]})"
+            )
         elif dst[0] == src[0] == 2 and dst[1] != src[1]:
-            out.append(f"{i.path}:{i.line} {i.importer} → {i.target}: part {src[1]} imports part {dst[1]} "
-                       "(only recsvc.app wires parts together)")
+            out.append(
+                f"{i.path}:{i.line} {i.importer} → {i.target}: part {src[1]} imports part {dst[1]} "
+                "(only recsvc.app wires parts together)"
+            )
     return out
 
 
@@ -309,8 +324,13 @@ def cycle_violations(tree: Tree) -> list[str]:
     out = []
     for scc in cycles(tree):
         members = set(scc)
-        inside = sorted({(i.path, i.line, i.importer, i.target) for i in tree.edges()
-                         if i.importer in members and i.target in members})
+        inside = sorted(
+            {
+                (i.path, i.line, i.importer, i.target)
+                for i in tree.edges()
+                if i.importer in members and i.target in members
+            }
+        )
         lines = [f"  {path}:{line} {src} → {dst}" for path, line, src, dst in inside]
         out.append(f"import cycle between {', '.join(scc)}:\n" + "\n".join(lines))
     return out
@@ -318,8 +338,13 @@ def cycle_violations(tree: Tree) -> list[str]:
 
 def violations(root: Path) -> list[str]:
     tree = scan(root)
-    return [*tree.problems, *layer_violations(tree), *ledger_violations(tree), *third_party_violations(tree, root),
-            *cycle_violations(tree)]
+    return [
+        *tree.problems,
+        *layer_violations(tree),
+        *ledger_violations(tree),
+        *third_party_violations(tree, root),
+        *cycle_violations(tree),
+    ]
 
 
 def _report(found: list[str]) -> str:
@@ -344,8 +369,14 @@ def test_the_scan_sees_the_project():
     assert ("recsvc.app.cli", "recsvc.service.cli") in edges
     assert ("recsvc.service.client", "recsvc.v1.selection_pb2") in edges  # `from recsvc.v1 import selection_pb2`
     assert any(i.importer == "recsvc.service.cli" and i.lazy for i in tree.edges())  # function-level ones count
-    assert {layer_of(m) for m in tree.modules} >= {(0, "core"), (1, "shared"), (2, "service"), (2, "data_prep"),
-                                                 (2, "eval"), (3, "app")}
+    assert {layer_of(m) for m in tree.modules} >= {
+        (0, "core"),
+        (1, "shared"),
+        (2, "service"),
+        (2, "data_prep"),
+        (2, "eval"),
+        (3, "app"),
+    }
 
 
 _TOY_PYPROJECT = """

@@ -42,16 +42,26 @@ print(json.dumps({"named": named, "requests": requests, "loaded": sorted({m.spli
 
 
 def test_the_service_loads_nothing_a_serving_host_does_not_install():
-    out = subprocess.run([sys.executable, "-c", _PROBE, ",".join(NOT_FOR_SERVING), str(REPO)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, ",".join(NOT_FOR_SERVING), str(REPO)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
-    assert {"recsvc.service.server", "recsvc.service.servicer", "recsvc.service.cli",
-            "recsvc.v1.selection_pb2_grpc"} <= set(seen["named"])
+    assert {
+        "recsvc.service.server",
+        "recsvc.service.servicer",
+        "recsvc.service.cli",
+        "recsvc.v1.selection_pb2_grpc",
+    } <= set(seen["named"])
     assert {"grpc", "numpy", "recsvc"} <= set(seen["loaded"])  # the probe did import the service
     assert sorted(set(NOT_FOR_SERVING) & set(seen["loaded"])) == []
-    from_project = [r for r in seen["requests"] if Path(r[1]).resolve().is_relative_to(REPO)
-                    and ".venv" not in Path(r[1]).parts]
+    from_project = [
+        r for r in seen["requests"] if Path(r[1]).resolve().is_relative_to(REPO) and ".venv" not in Path(r[1]).parts
+    ]
     assert from_project == [], from_project
 
 
@@ -70,9 +80,16 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_command_without_its_extra_says_which_extra_to_install(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _HIDE_AND_RUN, "eval-synthetic", "--scenario", "1", "--out", str(tmp_path / "r")],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _HIDE_AND_RUN, "eval-synthetic", "--scenario", "1", "--out", str(tmp_path / "r")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
-    assert out.stderr.strip() == "recsvc eval-synthetic: error: pyarrow is not installed; this command needs " \
-                                 "pip install 'recsvc[eval]'"
+    assert (
+        out.stderr.strip() == "recsvc eval-synthetic: error: pyarrow is not installed; this command needs "
+        "pip install 'recsvc[eval]'"
+    )
     assert not (tmp_path / "r").exists()

@@ -20,8 +20,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 AREAS = ("mechanisms", "ledger", "service", "prep", "eval", "architecture")
@@ -43,16 +41,26 @@ def _stub_tests_package(root: Path) -> dict[str, str]:
     """An environment whose first sys.path entry holds a ``tests`` package that cannot be imported."""
     (root / "tests").mkdir(parents=True)
     (root / "tests" / "__init__.py").write_text('raise ImportError("the stub tests package was imported")\n')
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
 
 
 def test_the_suite_collects_and_runs_with_a_foreign_tests_package_first_on_sys_path(tmp_path):
     env = _stub_tests_package(tmp_path / "stub")
-    collect = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=300)
+    collect = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert collect.returncode == 0 and not re.search(r"\d+ errors?", collect.stdout), collect.stdout + collect.stderr
-    proc = subprocess.run([sys.executable, "-m", "pytest", *SAMPLE], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *SAMPLE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     passed = re.search(r"(\d+) passed", out)
@@ -79,15 +87,21 @@ def test_no_module_imports_tests_conftest_or_another_test_module():
                 names = [node.module]
             else:
                 continue
-            offenders += [f"{path.relative_to(TESTS)}:{node.lineno} {n}" for n in names
-                          if n == "tests" or n.startswith(("tests.", "test_")) or n == "conftest"]
+            offenders += [
+                f"{path.relative_to(TESTS)}:{node.lineno} {n}"
+                for n in names
+                if n == "tests" or n.startswith(("tests.", "test_")) or n == "conftest"
+            ]
     assert offenders == []
 
 
 def test_area_folders_hold_only_test_modules_and_their_conftest():
     """No helper modules: shared code is a fixture or lives in a package's ``testing`` module."""
-    helpers = [p.relative_to(TESTS).as_posix() for p in _python_files()
-               if p.parent != TESTS and p.name != "conftest.py" and not p.name.startswith("test_")]
+    helpers = [
+        p.relative_to(TESTS).as_posix()
+        for p in _python_files()
+        if p.parent != TESTS and p.name != "conftest.py" and not p.name.startswith("test_")
+    ]
     assert helpers == []
     assert not list(TESTS.rglob("__init__.py"))
 

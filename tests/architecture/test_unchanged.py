@@ -58,8 +58,22 @@ def runs(tmp_path_factory) -> tuple[Path, Path]:
     work = tmp_path_factory.mktemp("unchanged")
     run = lambda *a: subprocess.run([RECSVC, *a], cwd=work, check=True, capture_output=True)  # noqa: E731
     run("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", "a")
-    run("eval", "--artifacts", "a", "--out", "r", "--trials", "5", "--epsilons", "0.1", "1",
-        "--seed", "3", "--workers", "1")
+    run(
+        "eval",
+        "--artifacts",
+        "a",
+        "--out",
+        "r",
+        "--trials",
+        "5",
+        "--epsilons",
+        "0.1",
+        "1",
+        "--seed",
+        "3",
+        "--workers",
+        "1",
+    )
     return work / "a", work / "r"
 
 

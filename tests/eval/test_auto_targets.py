@@ -25,7 +25,9 @@ from recsvc.policy import EVALUATION_EPSILONS, PolicySpec, PolicyTable, populati
 TARGET = 1.05
 
 
-def _regret(matrix: CandidateMatrix, resolve, trials: int, seed: int, gamma: float) -> list[tuple[float, str, str, float]]:
+def _regret(
+    matrix: CandidateMatrix, resolve, trials: int, seed: int, gamma: float
+) -> list[tuple[float, str, str, float]]:
     """(ε, auto's choice, the oracle, auto's expected MSE ÷ the oracle's) on ``matrix``'s users,
     with random stopping's γ as the table used (the data's paper γ)."""
     spec = PolicySpec(epsilons=EVALUATION_EPSILONS, ks=(1,), trials=trials, seed=seed, params={"gamma": gamma})
@@ -62,8 +64,16 @@ def test_ml100k_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(ml100k: 
 @pytest.mark.parametrize("name, rows", [("1", 1), ("2", 1), ("4", 100), ("5", 100)])
 def test_scenario_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(name: str, rows: int) -> None:
     source = ScenarioSource(name, 100, rows, 0, None)
-    cfg = with_data_defaults(EvalConfig(scenario=name, users=rows, mechanisms=("auto",), epsilons=EVALUATION_EPSILONS,
-                                        seed=0), source)  # γ = 0.05, the paper's on synthetic data, as eval runs it
+    cfg = with_data_defaults(
+        EvalConfig(scenario=name, users=rows, mechanisms=("auto",), epsilons=EVALUATION_EPSILONS, seed=0), source
+    )  # γ = 0.05, the paper's on synthetic data, as eval runs it
     auto = plan(cfg, cfg.mechanisms, source)  # the table of an independent draw (seed 1)
-    _check(_regret(scenario_matrix(source.sc), auto.resolved.__getitem__, trials=max(100, 20_000 // rows), seed=0,
-                   gamma=cfg.params["gamma"]))
+    _check(
+        _regret(
+            scenario_matrix(source.sc),
+            auto.resolved.__getitem__,
+            trials=max(100, 20_000 // rows),
+            seed=0,
+            gamma=cfg.params["gamma"],
+        )
+    )

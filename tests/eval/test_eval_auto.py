@@ -15,12 +15,18 @@ from eval.run import run
 from eval.testing import make_artifact
 from recsvc.app.cli import main
 from recsvc.artifact import ArtifactWriter, load_artifact
-
 from recsvc.service.testing import add_policy
 
 # k = 1: rnm at ε ≤ √(0.1·1) ≈ 0.316, krr above; k = 5 (ignored by the eval) says gem.
-TABLE = [(0.1, 1, "rnm", 0.2, 1), (0.1, 1, "krr", 0.3, 2), (1.0, 1, "krr", 0.1, 1), (1.0, 1, "rnm", 0.2, 2),
-         (10.0, 1, "krr", 0.01, 1), (10.0, 1, "rnm", 0.05, 2), (1.0, 5, "gem", 0.1, 1)]
+TABLE = [
+    (0.1, 1, "rnm", 0.2, 1),
+    (0.1, 1, "krr", 0.3, 2),
+    (1.0, 1, "krr", 0.1, 1),
+    (1.0, 1, "rnm", 0.2, 2),
+    (10.0, 1, "krr", 0.01, 1),
+    (10.0, 1, "rnm", 0.05, 2),
+    (1.0, 5, "gem", 0.1, 1),
+]
 EPS = (0.1, 0.5, 5.0)
 RESOLVED = {0.1: "rnm", 0.5: "krr", 5.0: "krr"}
 
@@ -31,8 +37,9 @@ def art(tmp_path_factory) -> Path:
 
 
 def _cfg(art: Path, **kw) -> EvalConfig:
-    return EvalConfig(**{"artifacts": art, "epsilons": EPS, "trials": 8, "seed": 2, "workers": 1,
-                         "progress": False, **kw})
+    return EvalConfig(
+        **{"artifacts": art, "epsilons": EPS, "trials": 8, "seed": 2, "workers": 1, "progress": False, **kw}
+    )
 
 
 def test_auto_is_a_row_resolved_per_epsilon_and_scored_against_the_oracle(art: Path, tmp_path: Path) -> None:
@@ -86,8 +93,17 @@ def test_no_table_no_auto_row_and_naming_auto_is_a_clear_error(tmp_path: Path, s
 
 
 def test_scenario_auto_comes_from_an_independent_draw_of_its_population(tmp_path: Path) -> None:
-    res = run(EvalConfig(scenario="2", mechanisms=("rnm", "gem", "mgem", "auto"), epsilons=(0.5, 2.0),
-                         trials=200, exact=True, workers=1, progress=False))
+    res = run(
+        EvalConfig(
+            scenario="2",
+            mechanisms=("rnm", "gem", "mgem", "auto"),
+            epsilons=(0.5, 2.0),
+            trials=200,
+            exact=True,
+            workers=1,
+            progress=False,
+        )
+    )
     # bimodal, negative correlation (high score ↔ small Δ): GEM is the scenario's best (paper Figure 2)
     assert res.auto["auto_mechanism"].to_list() == ["gem", "gem"]
     assert res.auto["regret_ratio"].to_list() == [1.0, 1.0]

@@ -63,7 +63,9 @@ def test_before_the_shift_ucb_earns_at_least_as_much_as_every_private_policy(sma
 def test_mgem_earns_more_than_gem_over_the_run(small) -> None:
     total = {p: _per_seed(small, p, "reward_before") + _per_seed(small, p, "reward_after") for p in ("gem", "mgem")}
     assert (total["mgem"] - total["gem"] > 0.2 * SMALL.horizon).all()
-    row = small.comparisons.filter((pl.col("policy") == "mgem") & (pl.col("quantity") == "reward_total")).row(0, named=True)
+    row = small.comparisons.filter((pl.col("policy") == "mgem") & (pl.col("quantity") == "reward_total")).row(
+        0, named=True
+    )
     assert row["baseline"] == "gem" and row["wins"] == 2 and row["mean_difference"] > 0.2 * SMALL.horizon
 
 
@@ -110,7 +112,10 @@ def test_switch_delay_definition() -> None:
 
 def test_runs_are_reproducible_per_seed_and_independent_of_the_other_policies() -> None:
     cfg = BanditConfig(seeds=1, horizon=1_500, shift=1_000)
-    a, b = run_unit((3, "rs"), cfg), run_unit((3, "rs"), BanditConfig(seeds=1, horizon=1_500, shift=1_000, policies=("rs",)))
+    a, b = (
+        run_unit((3, "rs"), cfg),
+        run_unit((3, "rs"), BanditConfig(seeds=1, horizon=1_500, shift=1_000, policies=("rs",))),
+    )
     np.testing.assert_array_equal(a.cumulative, b.cumulative)
     np.testing.assert_array_equal(a.quantiles, b.quantiles)
     c = run_unit((4, "rs"), cfg)
@@ -128,9 +133,19 @@ def test_results_directory(tmp_path: Path) -> None:
     result = run(BanditConfig(out=out, seeds=2, horizon=600, shift=400, workers=1, progress=False))
     assert result.out == out
     names = {p.name for p in out.iterdir()}
-    assert {"bandit.parquet", "means.parquet", "quantiles.parquet", "summary.csv", "comparisons.csv",
-            "ucb_readings.csv", "report.md", "fig14a_cumulative_reward.png", "fig14b_estimated_means.png",
-            "fig14c_quantiles_arm0.png", "fig14d_quantiles_arm1.png"} == names
+    assert {
+        "bandit.parquet",
+        "means.parquet",
+        "quantiles.parquet",
+        "summary.csv",
+        "comparisons.csv",
+        "ucb_readings.csv",
+        "report.md",
+        "fig14a_cumulative_reward.png",
+        "fig14b_estimated_means.png",
+        "fig14c_quantiles_arm0.png",
+        "fig14d_quantiles_arm1.png",
+    } == names
     df = pl.read_parquet(out / "bandit.parquet")
     assert df.columns == ["policy", "seed", "t", "cumulative_reward"]
     assert set(df["policy"]) == {"ucb", "thompson", "krr", "rnm", "rs", "gem", "mgem"}
@@ -151,8 +166,9 @@ def test_results_directory(tmp_path: Path) -> None:
     assert "Which UCB did the paper run?" in report and "mean [95% CI]" in report
 
 
-def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(tmp_path: Path, capsys, snapshot,
-                                                                      one_line_error) -> None:
+def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(
+    tmp_path: Path, capsys, snapshot, one_line_error
+) -> None:
     out = tmp_path / "b"
     args = ["eval-bandit", "--out", str(out), "--seeds", "1", "--horizon", "300", "--shift", "200", "--workers", "1"]
     assert main(args) == 0
@@ -161,17 +177,20 @@ def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(tmp_path: P
     assert main(args) == 2
     one_line_error(r"--out .* already exists; pass --force")
     assert snapshot(out) == before
-    assert main(args + ["--force"]) == 0
+    assert main([*args, "--force"]) == 0
 
 
-@pytest.mark.parametrize(("flags", "match"), [
-    (["--horizon", "500", "--shift", "500"], r"--shift must be < --horizon .*shift=500 and horizon=500"),
-    (["--horizon", "500", "--shift", "900"], r"--shift must be < --horizon"),
-    (["--shift", "0"], r"--shift must be an integer ≥ 1"),
-    (["--seeds", "0"], r"--seeds must be an integer ≥ 1"),
-    (["--horizon", "2", "--shift", "1"], r"--horizon must be an integer ≥ 3"),
-    (["--workers", "0"], r"--workers must be an integer ≥ 1"),
-])
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--horizon", "500", "--shift", "500"], r"--shift must be < --horizon .*shift=500 and horizon=500"),
+        (["--horizon", "500", "--shift", "900"], r"--shift must be < --horizon"),
+        (["--shift", "0"], r"--shift must be an integer ≥ 1"),
+        (["--seeds", "0"], r"--seeds must be an integer ≥ 1"),
+        (["--horizon", "2", "--shift", "1"], r"--horizon must be an integer ≥ 3"),
+        (["--workers", "0"], r"--workers must be an integer ≥ 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_leaves_no_directory(tmp_path: Path, flags, match, one_line_error) -> None:
     out = tmp_path / "new" / "b"
     assert main(["eval-bandit", "--out", str(out), *flags]) == 2

@@ -33,8 +33,8 @@ def test_node_noise_scales_and_per_item_budget_make_the_counter_eps_dp() -> None
     assert counter.node_scale(("log", 5), EPS) == 2.0
     assert counter.node_scale(("bin", 7, 3, 0), EPS) == 14.0
     assert counter.node_scale(("bin", 7, 3, 0), 0.5, value_range=2.0) == 56.0
-    loss = {i: 0.0 for i in range(1, horizon + 1)}
-    touched = {i: 0 for i in loss}
+    loss = dict.fromkeys(range(1, horizon + 1), 0.0)
+    touched = dict.fromkeys(loss, 0)
     for node in nodes:
         for i in counter.node_items(node):
             if i <= horizon:
@@ -170,8 +170,7 @@ def test_quantile_pair_is_accurate_on_a_window_of_200() -> None:
     estimates centre on the true p10 = 0.072 and p90 = 0.328, but the wide empty interval above
     the largest reward (≈ 0.6 wide, 20 ranks off) still wins about one draw in ten for p90."""
     rng = np.random.default_rng(2)
-    est = np.array([quantiles.quantile_pair(np.clip(rng.normal(0.2, 0.1, 200), 0, 1), 1.0, rng)
-                    for _ in range(400)])
+    est = np.array([quantiles.quantile_pair(np.clip(rng.normal(0.2, 0.1, 200), 0, 1), 1.0, rng) for _ in range(400)])
     err = np.abs(est - [0.072, 0.328])
     assert np.median(err[:, 0]) < 0.02 and np.median(err[:, 1]) < 0.025
     assert 0.7 <= np.mean((err < 0.06).all(axis=1)) < 0.95

@@ -12,13 +12,17 @@ from eval.testing import make_artifact
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import ArtifactError, Manifest
 
-
 QUICK = dict(mechanisms=("rnm", "rs"), epsilons=(1.0,), trials=3, progress=False, workers=1)
 
 
 def test_each_dataset_records_the_papers_gamma():
     assert {name: info.gamma for name, info in INFO.items()} == {
-        "ml-100k": 0.008, "ml-20m": 0.008, "netflix": 0.0008, "amazon-book": 0.008, "synthetic": 0.05}
+        "ml-100k": 0.008,
+        "ml-20m": 0.008,
+        "netflix": 0.0008,
+        "amazon-book": 0.008,
+        "synthetic": 0.05,
+    }
 
 
 def test_eval_uses_the_datas_gamma_unless_given(tmp_path):
@@ -38,8 +42,27 @@ def test_cli_gamma_flag_overrides_the_manifest(tmp_path):
     art = make_artifact(tmp_path / "nf", users=3, manifest={"default_gamma": 0.0008})
     for extra, gamma in (([], 0.0008), (["--gamma", "0.3"], 0.3)):
         out = tmp_path / f"r{gamma}"
-        assert recsvc_main(["eval", "--artifacts", str(art), "--out", str(out), "--mechanisms", "rs",
-                            "--epsilons", "1", "--trials", "2", "--workers", "1", *extra]) == 0
+        assert (
+            recsvc_main(
+                [
+                    "eval",
+                    "--artifacts",
+                    str(art),
+                    "--out",
+                    str(out),
+                    "--mechanisms",
+                    "rs",
+                    "--epsilons",
+                    "1",
+                    "--trials",
+                    "2",
+                    "--workers",
+                    "1",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         assert json.loads((out / "summary.json").read_text())["config"]["params"]["gamma"] == gamma
 
 
@@ -48,5 +71,5 @@ def test_manifest_default_gamma_is_optional_and_typed():
     assert Manifest.from_dict(base).default_gamma is None
     m = Manifest.from_dict({**base, "default_gamma": 0.0008})
     assert m.default_gamma == 0.0008 and m.to_dict() == {**base, "default_gamma": 0.0008}
-    with pytest.raises(ArtifactError, match="field 'default_gamma' is a JSON str.*expected a number"):
+    with pytest.raises(ArtifactError, match=r"field 'default_gamma' is a JSON str.*expected a number"):
         Manifest.from_dict({**base, "default_gamma": "0.05"})

@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 
@@ -103,7 +105,7 @@ def test_polarised_scenarios():
 def test_sweep_scenario_rows_are_independent_instances_whose_correlation_follows_t():
     for seed in (0, 1):
         sweeps = [scenario("sweep", level=t, seed=seed) for t in SWEEP_LEVELS]
-        for t, s in zip(SWEEP_LEVELS, sweeps):
+        for t, s in zip(SWEEP_LEVELS, sweeps, strict=False):
             assert s.repeats == 100 and s.level == t and f"t = {t:g}" in s.description
             assert s.sensitivities.shape == s.draws.shape == s.lo.shape == (100, 100)
             # Per instance: Δ = (t x + z)/5 shifted so that its minimum is 0 (floored at 1e-6);
@@ -118,7 +120,7 @@ def test_sweep_scenario_rows_are_independent_instances_whose_correlation_follows
                 slope = np.polyfit(s.draws.ravel(), s.sensitivities.ravel(), 1)[0]
                 assert abs(slope - t / 5) < 0.05 * abs(t) / 5 + 0.01, (t, slope)
         rho = [float(np.median(s.correlation())) for s in sweeps]
-        assert all(a < b for a, b in zip(rho, rho[1:])), rho  # strictly increasing with t
+        assert all(a < b for a, b in itertools.pairwise(rho)), rho  # strictly increasing with t
         assert rho[0] < -0.95 and rho[-1] > 0.95 and abs(rho[3]) < 0.05, rho
     # Same seed, same instances; the level changes Δ but not the scores (x is drawn first).
     a, b = scenario("sweep", level=0.3, seed=5, repeats=3), scenario("sweep", level=0.3, seed=5, repeats=3)
@@ -128,7 +130,7 @@ def test_sweep_scenario_rows_are_independent_instances_whose_correlation_follows
 
 
 def test_bad_scenario_input():
-    with pytest.raises(ValueError, match="unknown scenario '9'.*1, 2, 3"):
+    with pytest.raises(ValueError, match=r"unknown scenario '9'.*1, 2, 3"):
         scenario("9")
     with pytest.raises(ValueError, match="n ≥ 2"):
         scenario("4", n=1)
@@ -146,7 +148,7 @@ def test_running_mean_is_the_same_bits_for_any_chunking():
         acc = metrics.RunningMean((3, 4))
         start = 0
         for size in sizes:
-            acc.add(x[start:start + size])
+            acc.add(x[start : start + size])
             start += size
         acc.flush()
         results.append(acc.ci())

@@ -14,7 +14,6 @@ from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact
 from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
 
-
 EPS = (0.5, 8.0)
 
 
@@ -40,20 +39,28 @@ def _users(art) -> tuple[list[np.ndarray], np.ndarray]:
 def _expect(q: np.ndarray, probs: dict, k: int) -> tuple[float, float]:
     gap = (q.max() - q) ** 2
     thr = np.sort(q)[::-1][k - 1]
-    return (sum(p * gap[s[0]] for s, p in probs.items()),
-            sum(p * np.mean(q[list(s)] >= thr) for s, p in probs.items()))
+    return (sum(p * gap[s[0]] for s, p in probs.items()), sum(p * np.mean(q[list(s)] >= thr) for s, p in probs.items()))
 
 
 def _run(art, **kw) -> pl.DataFrame:
-    cfg = dict(artifacts=art, mechanisms=("rnm", "mgem"), epsilons=EPS, trials=5, seed=1, workers=1,
-               slate_k=(1, 2), two_stage_m=3)
+    cfg = dict(
+        artifacts=art,
+        mechanisms=("rnm", "mgem"),
+        epsilons=EPS,
+        trials=5,
+        seed=1,
+        workers=1,
+        slate_k=(1, 2),
+        two_stage_m=3,
+    )
     cfg.update(kw)
     return run(EvalConfig(**cfg)).pipelines
 
 
 def _cell(t: pl.DataFrame, pipe: str, mech: str, eps: float, k: int) -> dict:
-    rows = t.filter((pl.col("pipeline") == pipe) & (pl.col("mechanism") == mech) & (pl.col("epsilon") == eps)
-                    & (pl.col("k") == k)).to_dicts()
+    rows = t.filter(
+        (pl.col("pipeline") == pipe) & (pl.col("mechanism") == mech) & (pl.col("epsilon") == eps) & (pl.col("k") == k)
+    ).to_dicts()
     assert len(rows) == 1
     return rows[0]
 
@@ -68,7 +75,9 @@ def test_full_and_two_stage_exact_match_the_mechanisms_probabilities(art):
                 full = [_expect(q, slate_probabilities(mech, q, d, eps, k), k) for q in qs]
                 if k == 1:  # the one-item case is `probabilities` over the whole catalog
                     p1 = [probabilities(mech, q, d, eps) for q in qs]
-                    assert np.allclose([f[0] for f in full], [p @ (q.max() - q) ** 2 for p, q in zip(p1, qs)])
+                    assert np.allclose(
+                        [f[0] for f in full], [p @ (q.max() - q) ** 2 for p, q in zip(p1, qs, strict=False)]
+                    )
                 two = [_expect(q, two_stage_probabilities(mech, q, d, eps, 3, 0.2, k), k) for q in qs]
                 for pipe, want in (("full", full), ("two-stage:0.2", two)):
                     row = _cell(t, pipe, mech, eps, k)
@@ -98,17 +107,38 @@ def test_monte_carlo_agrees_with_exact_and_ignores_chunking(art):
     assert same.equals(mc)  # per-user streams and fixed-block means: chunking changes nothing
 
 
-@pytest.mark.parametrize("extra, match", [
-    (["--pipelines", "top100"], r"--pipelines: unknown pipeline 'top100'; expected top500, full or two-stage:F"),
-    (["--pipelines", "two-stage:1.5"], r"--pipelines: two-stage fraction must be a number in the open interval \(0, 1\)"),
-    (["--pipelines", "two-stage:0"], r"two-stage fraction must be .* got '0'"),
-    (["--pipelines", "full", "--slate-k", "0"], r"--slate-k: every slate size must be an integer k ≥ 1, got 0"),
-    (["--pipelines", "full", "--two-stage-m", "2", "--slate-k", "5"], r"--two-stage-m must be an integer ≥ the largest"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--pipelines", "top100"], r"--pipelines: unknown pipeline 'top100'; expected top500, full or two-stage:F"),
+        (
+            ["--pipelines", "two-stage:1.5"],
+            r"--pipelines: two-stage fraction must be a number in the open interval \(0, 1\)",
+        ),
+        (["--pipelines", "two-stage:0"], r"two-stage fraction must be .* got '0'"),
+        (["--pipelines", "full", "--slate-k", "0"], r"--slate-k: every slate size must be an integer k ≥ 1, got 0"),
+        (
+            ["--pipelines", "full", "--two-stage-m", "2", "--slate-k", "5"],
+            r"--two-stage-m must be an integer ≥ the largest",
+        ),
+    ],
+)
 def test_bad_pipeline_options_are_refused_and_write_nothing(extra, match, art, tmp_path, snapshot, one_line_error):
     before = snapshot(tmp_path)
-    argv = ["eval", "--artifacts", str(art), "--out", str(tmp_path / "r"), "--trials", "2", "--epsilons", "1",
-            "--workers", "1", *extra]
+    argv = [
+        "eval",
+        "--artifacts",
+        str(art),
+        "--out",
+        str(tmp_path / "r"),
+        "--trials",
+        "2",
+        "--epsilons",
+        "1",
+        "--workers",
+        "1",
+        *extra,
+    ]
     assert recsvc_main(argv) == 2
     one_line_error(match)
     assert snapshot(tmp_path) == before and not (tmp_path / "r").exists()
@@ -116,24 +146,67 @@ def test_bad_pipeline_options_are_refused_and_write_nothing(extra, match, art, t
 
 def test_artifact_without_test_inputs_is_refused_before_any_output(tmp_path, one_line_error):
     old = make_artifact(tmp_path / "old", users=3, n=5)
-    argv = ["eval", "--artifacts", str(old), "--out", str(tmp_path / "r"), "--trials", "2", "--epsilons", "1",
-            "--workers", "1", "--pipelines", "full"]
+    argv = [
+        "eval",
+        "--artifacts",
+        str(old),
+        "--out",
+        str(tmp_path / "r"),
+        "--trials",
+        "2",
+        "--epsilons",
+        "1",
+        "--workers",
+        "1",
+        "--pipelines",
+        "full",
+    ]
     assert recsvc_main(argv) == 2
     one_line_error(r"has no test_inputs.parquet .* rebuild it with `recsvc prep`")
     assert not (tmp_path / "r").exists()
 
 
 def test_pipeline_outputs_are_written_only_when_asked(art, tmp_path):
-    base = ["eval", "--artifacts", str(art), "--trials", "2", "--epsilons", "1", "--workers", "1",
-            "--mechanisms", "rnm"]
+    base = [
+        "eval",
+        "--artifacts",
+        str(art),
+        "--trials",
+        "2",
+        "--epsilons",
+        "1",
+        "--workers",
+        "1",
+        "--mechanisms",
+        "rnm",
+    ]
     assert recsvc_main([*base, "--out", str(tmp_path / "plain")]) == 0
-    assert recsvc_main([*base, "--out", str(tmp_path / "p"), "--pipelines", "top500", "full",
-                        "--slate-k", "1", "2", "--two-stage-m", "3"]) == 0
+    assert (
+        recsvc_main(
+            [
+                *base,
+                "--out",
+                str(tmp_path / "p"),
+                "--pipelines",
+                "top500",
+                "full",
+                "--slate-k",
+                "1",
+                "2",
+                "--two-stage-m",
+                "3",
+            ]
+        )
+        == 0
+    )
     plain = {p.name for p in (tmp_path / "plain").iterdir()}
     piped = {p.name for p in (tmp_path / "p").iterdir()}
     assert piped - plain == {"pipelines.csv", "pipelines.parquet", "pipelines_first_mse.png", "pipelines_recall.png"}
     assert not any("pipeline" in n for n in plain)
     report = (tmp_path / "p" / "report.md").read_text()
     assert "## Candidate pipelines and slates" in report and "top500 (not DP)" in report
-    assert (tmp_path / "p" / "report.md").read_text().startswith((tmp_path / "plain" / "report.md").read_text()
-                                                                 .split("## Candidate")[0][:200])
+    assert (
+        (tmp_path / "p" / "report.md")
+        .read_text()
+        .startswith((tmp_path / "plain" / "report.md").read_text().split("## Candidate")[0][:200])
+    )

@@ -9,7 +9,6 @@ from eval.proportion import PROPORTIONS, run_proportion
 from eval.scenarios import scenario
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
-
 from recsvc.mechanisms.testing import random_stopping_probabilities_quad
 
 MECHS = ("rnm", "krr", "random", "gem", "mgem", "rs", "rnmh")
@@ -18,8 +17,17 @@ MECHS = ("rnm", "krr", "random", "gem", "mgem", "rs", "rnmh")
 @pytest.fixture(scope="module")
 def fig18(tmp_path_factory):
     out = tmp_path_factory.mktemp("p") / "fig18"
-    cfg = EvalConfig(scenario="proportion", mechanisms=MECHS, epsilons=(2.0,), exact=True, trials=2000,
-                     params={"gamma": 0.05}, progress=False, workers=1, out=out)
+    cfg = EvalConfig(
+        scenario="proportion",
+        mechanisms=MECHS,
+        epsilons=(2.0,),
+        exact=True,
+        trials=2000,
+        params={"gamma": 0.05},
+        progress=False,
+        workers=1,
+        out=out,
+    )
     return run_proportion(cfg)
 
 

@@ -16,7 +16,6 @@ from recsvc.artifact import load_artifact
 from recsvc.checks import ParamError
 from recsvc.staging import OutputError
 
-
 QUICK = ["--users", "3", "--trials", "2", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--workers", "1"]
 
 
@@ -46,7 +45,7 @@ def test_existing_out_needs_force(cmd, art, tmp_path, one_line_error):
     assert recsvc_main(argv) == 2
     one_line_error(r"--out .*res already exists; pass --force to replace it")
     assert (out / "keep.txt").read_text() == "earlier results" and len(list(tmp_path.glob(".res*"))) == 0
-    assert recsvc_main(argv + ["--force"]) == 0
+    assert recsvc_main([*argv, "--force"]) == 0
     assert not (out / "keep.txt").exists() and (out / "report.md").stat().st_size > 0
     assert pl.read_parquet(out / "users.parquet").height == 3 and not list(tmp_path.glob(".res*"))
 
@@ -61,15 +60,18 @@ def test_out_that_is_a_file_is_refused(force, art, tmp_path, one_line_error):
     assert out.read_text() == "not a directory" and not list(tmp_path.glob(".res*"))
 
 
-@pytest.mark.parametrize("extra,match", [
-    (["--workers", "-2"], r"--workers must be an integer ≥ 1, got -2"),
-    (["--workers", "0"], r"--workers must be an integer ≥ 1, got 0"),
-    (["--chunk-size", "0"], r"--chunk-size must be an integer ≥ 1, got 0"),
-    (["--ratio-epsilon", "-1"], r"--ratio-epsilon must be a finite number > 0, got -1"),
-    (["--ratio-epsilon", "0"], r"--ratio-epsilon must be a finite number > 0, got 0"),
-    (["--ratio-epsilon", "nan"], r"--ratio-epsilon must be a finite number > 0, got nan"),
-    (["--engine", "dask", "--workers", "0"], r"--workers must be an integer ≥ 1"),
-])
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--workers", "-2"], r"--workers must be an integer ≥ 1, got -2"),
+        (["--workers", "0"], r"--workers must be an integer ≥ 1, got 0"),
+        (["--chunk-size", "0"], r"--chunk-size must be an integer ≥ 1, got 0"),
+        (["--ratio-epsilon", "-1"], r"--ratio-epsilon must be a finite number > 0, got -1"),
+        (["--ratio-epsilon", "0"], r"--ratio-epsilon must be a finite number > 0, got 0"),
+        (["--ratio-epsilon", "nan"], r"--ratio-epsilon must be a finite number > 0, got nan"),
+        (["--engine", "dask", "--workers", "0"], r"--workers must be an integer ≥ 1"),
+    ],
+)
 def test_refused_run_leaves_no_temp_dir(extra, match, art, tmp_path, one_line_error):
     out = tmp_path / "results"
     # QUICK's --workers 1 comes first; a later --workers overrides it (argparse keeps the last).
@@ -89,16 +91,27 @@ def test_out_appearing_during_the_run_is_not_replaced(art, tmp_path, monkeypatch
 
     monkeypatch.setattr(outputs, "write_outputs", racing_write)
     with pytest.raises(ValueError, match="appeared while writing; not replacing it"):
-        run(EvalConfig(artifacts=art, out=out, users=2, trials=1, epsilons=(1.0,), mechanisms=("rnm",),
-                       workers=1, progress=False))
+        run(
+            EvalConfig(
+                artifacts=art,
+                out=out,
+                users=2,
+                trials=1,
+                epsilons=(1.0,),
+                mechanisms=("rnm",),
+                workers=1,
+                progress=False,
+            )
+        )
     assert [p.name for p in out.iterdir()] == ["theirs.txt"] and not list(tmp_path.glob(".res.tmp-*"))
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_failed_run_leaves_no_parents_or_temp_dir_and_a_good_run_publishes(error, art, tmp_path, monkeypatch):
     out = tmp_path / "a" / "b" / "c"  # a/ does not exist yet
-    cfg = EvalConfig(artifacts=art, out=out, users=3, trials=2, epsilons=(1.0,), mechanisms=("rnm", "gem"),
-                     workers=1, progress=False)
+    cfg = EvalConfig(
+        artifacts=art, out=out, users=3, trials=2, epsilons=(1.0,), mechanisms=("rnm", "gem"), workers=1, progress=False
+    )
     finish = aggregate.finish
 
     def failing_finish(*a, **k):  # fails after every chunk's rows were streamed into the temp dir
@@ -129,8 +142,9 @@ def test_level_only_with_the_sweep_scenario(tmp_path, one_line_error):
     assert not out.exists()
     assert recsvc_main(argv) == 0  # without --level the other scenarios still work
     # sweep: default level 0.8, an explicit level changes the data (and the default out name).
-    kw = dict(scenario="sweep", n=10, users=30, trials=2, epsilons=(1.0,), mechanisms=("rnm",), workers=1,
-              progress=False)
+    kw = dict(
+        scenario="sweep", n=10, users=30, trials=2, epsilons=(1.0,), mechanisms=("rnm",), workers=1, progress=False
+    )
     default, low = run(EvalConfig(**kw)), run(EvalConfig(**kw, level=-0.8))
     assert default.dataset == "scenario-sweep-t0.8" and low.dataset == "scenario-sweep-t-0.8"
     assert default.correlation["spearman"]["mean"] > 0 > low.correlation["spearman"]["mean"]
@@ -143,14 +157,16 @@ def test_auto_chunk_size_gives_each_worker_several_chunks_and_same_per_user_resu
     assert chunk_size(cfg, 100_000) == 256
     assert chunk_size(EvalConfig(scenario="4", workers=1), 100) == 25
     assert chunk_size(EvalConfig(scenario="4", workers=2, chunk_size=256), 100) == 256  # explicit wins
-    kw = dict(scenario="4", n=12, users=100, trials=3, epsilons=(0.5,), mechanisms=("rnm", "mgem"), workers=1,
-              progress=False)
+    kw = dict(
+        scenario="4", n=12, users=100, trials=3, epsilons=(0.5,), mechanisms=("rnm", "mgem"), workers=1, progress=False
+    )
     auto = run(EvalConfig(**kw, out=tmp_path / "auto"))
     one = run(EvalConfig(**kw, chunk_size=256, out=tmp_path / "one"))
     assert auto.config.chunk_size == 25 and one.config.chunk_size == 256  # recorded in summary.json
     for name in ("selections", "users"):
         assert pl.read_parquet(tmp_path / "auto" / f"{name}.parquet").equals(
-            pl.read_parquet(tmp_path / "one" / f"{name}.parquet")), name
+            pl.read_parquet(tmp_path / "one" / f"{name}.parquet")
+        ), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,12 +177,15 @@ def _no_stage_1(*_a, **_k):
     raise AssertionError("stage 1 ran before the arguments were checked")
 
 
-@pytest.mark.parametrize("extra,match", [
-    (["--trials", "0"], r"--trials must be an integer ≥ 1, got 0"),
-    (["--users", "0"], r"--users must be an integer ≥ 1, got 0"),
-    (["--results", "{art}"], r"--results .* is the --artifacts directory"),
-    (["--results", "{art}/x", "--force"], r"--results .* is inside the --artifacts directory"),
-])
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--trials", "0"], r"--trials must be an integer ≥ 1, got 0"),
+        (["--users", "0"], r"--users must be an integer ≥ 1, got 0"),
+        (["--results", "{art}"], r"--results .* is the --artifacts directory"),
+        (["--results", "{art}/x", "--force"], r"--results .* is inside the --artifacts directory"),
+    ],
+)
 def test_demo_checks_arguments_before_stage_1(extra, match, tmp_path, monkeypatch, capsys, one_line_error):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "_prep", _no_stage_1)
@@ -193,16 +212,22 @@ def test_demo_replaces_its_own_results_but_not_a_named_directory(art, tmp_path, 
     assert (named / "report.md").is_file()
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"scenario": None}, r"^give exactly one data source: artifacts DIR or scenario NAME$"),
-    ({"level": 3.0}, r"^level applies only to scenario sweep, got it with scenario 1; drop level or use scenario sweep$"),
-    ({"trials": 0}, r"^trials must be an integer ≥ 1, got 0$"),
-    ({"users": 0}, r"^users must be an integer ≥ 1, got 0$"),
-    ({"chunk_size": 0}, r"^chunk_size must be an integer ≥ 1, got 0$"),
-    ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
-    ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
-    ({"ratio_epsilon": float("nan")}, r"^ratio_epsilon must be a finite number > 0, got nan$"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"scenario": None}, r"^give exactly one data source: artifacts DIR or scenario NAME$"),
+        (
+            {"level": 3.0},
+            r"^level applies only to scenario sweep, got it with scenario 1; drop level or use scenario sweep$",
+        ),
+        ({"trials": 0}, r"^trials must be an integer ≥ 1, got 0$"),
+        ({"users": 0}, r"^users must be an integer ≥ 1, got 0$"),
+        ({"chunk_size": 0}, r"^chunk_size must be an integer ≥ 1, got 0$"),
+        ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
+        ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
+        ({"ratio_epsilon": float("nan")}, r"^ratio_epsilon must be a finite number > 0, got nan$"),
+    ],
+)
 def test_library_errors_name_the_parameters(fields, message):
     """EvalConfig words its errors with its field names; `recsvc eval` shows them as flags (above)."""
     with pytest.raises(ParamError, match=message):

@@ -17,11 +17,23 @@ from eval.scenarios import SWEEP_LEVELS
 from eval.sweep import run_sweep
 from recsvc.app.cli import main as recsvc_main
 
-
 MECHS = ["rnm", "gem", "mgem", "rs"]
 EPS = [0.5, 2.0]
-FLAGS = ["--n", "30", "--exact", "--epsilons", *map(str, EPS), "--mechanisms", *MECHS, "--trials", "5",
-         "--workers", "1", "--seed", "3"]
+FLAGS = [
+    "--n",
+    "30",
+    "--exact",
+    "--epsilons",
+    *map(str, EPS),
+    "--mechanisms",
+    *MECHS,
+    "--trials",
+    "5",
+    "--workers",
+    "1",
+    "--seed",
+    "3",
+]
 QUICK = ["--n", "10", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--trials", "2", "--workers", "1"]
 DIRS = ["t-5", "t-0.8", "t-0.3", "t0", "t0.3", "t0.8", "t5"]
 
@@ -38,7 +50,9 @@ def sweep(tmp_path_factory):
 def test_writes_every_level_and_the_sweep_table(sweep):
     out, _ = sweep
     assert [level_dirname(t) for t in SWEEP_LEVELS] == DIRS
-    assert sorted(p.name for p in out.iterdir()) == sorted(["report.md", "sweep.csv", "sweep.parquet", "sweep.png", *DIRS])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["report.md", "sweep.csv", "sweep.parquet", "sweep.png", *DIRS]
+    )
     assert not list(out.parent.glob(".sw*"))  # no temp sibling left
     for d in DIRS:
         assert (out / d / "report.md").stat().st_size > 0 and pl.read_csv(out / d / "mse.csv").height == 8
@@ -52,15 +66,16 @@ def test_writes_every_level_and_the_sweep_table(sweep):
     assert set(table.filter(pl.col("mechanism") == "rs")["method"]) == {"monte-carlo"}
     assert set(table.filter(pl.col("mechanism") != "rs")["method"]) == {"exact"}
     # The ratio is each level's own mse ÷ its rnm mse at the same ε.
-    for t, d in zip(SWEEP_LEVELS, DIRS):
+    for t, d in zip(SWEEP_LEVELS, DIRS, strict=False):
         mse = pl.read_csv(out / d / "mse.csv")
         for eps in EPS:
-            at = lambda df, m, col: df.filter((pl.col("mechanism") == m) & (pl.col("epsilon") == eps))[col][0]  # noqa: E731
+            at = lambda df, m, col, eps=eps: df.filter((pl.col("mechanism") == m) & (pl.col("epsilon") == eps))[col][0]  # noqa: E731  # a one-line lookup, local to this loop
             row = table.filter((pl.col("level") == t) & (pl.col("epsilon") == eps))
             for m in MECHS:
                 assert at(row, m, "mse") == at(mse, m, "mse_mean")
-                assert at(row, m, "mse_rel_rnm") == pytest.approx(at(mse, m, "mse_mean") / at(mse, "rnm", "mse_mean"),
-                                                                  rel=1e-15)
+                assert at(row, m, "mse_rel_rnm") == pytest.approx(
+                    at(mse, m, "mse_mean") / at(mse, "rnm", "mse_mean"), rel=1e-15
+                )
 
 
 def test_spearman_rises_over_the_levels_and_the_paper_finding_holds(sweep):
@@ -69,7 +84,8 @@ def test_spearman_rises_over_the_levels_and_the_paper_finding_holds(sweep):
     rho = table.group_by("level", maintain_order=True).agg(pl.col("spearman").first())
     r = rho["spearman"].to_numpy()
     assert np.all(np.diff(r) > 0) and r[0] < -0.9 and r[-1] > 0.9, r
-    for t, d, s in zip(SWEEP_LEVELS, DIRS, r):  # the median of the per-instance ρ each level's run measured
+    # the median of the per-instance ρ each level's run measured
+    for d, s in zip(DIRS, r, strict=True):
         users = pl.read_parquet(out / d / "users.parquet")
         assert users.height == 100 and float(np.median(users["spearman"].to_numpy())) == pytest.approx(s, abs=1e-12)
     rel = {(row["level"], row["mechanism"], row["epsilon"]): row["mse_rel_rnm"] for row in table.iter_rows(named=True)}
@@ -82,7 +98,7 @@ def test_report_figure_and_terminal_summary(sweep):
     out, text = sweep
     report = (out / "report.md").read_text()
     assert "![sweep](sweep.png)" in report and "ε=0.5 | ε=2" in report
-    for t, d in zip(SWEEP_LEVELS, DIRS):
+    for t, d in zip(SWEEP_LEVELS, DIRS, strict=False):
         assert f"[t = {t:g}]({d}/report.md)" in report
     assert re.search(r"\| \[5\]\(t5/report\.md\) \| 0\.9\d\d \| mgem 0\.\d+ \| mgem 0\.\d+ \|", report), report
     # With many ε the table shows five, spread over the grid, always with the summary's ε = 1.
@@ -121,14 +137,17 @@ def test_existing_out_needs_force(tmp_path, one_line_error):
     assert [p.name for p in tmp_path.iterdir()] == ["sw"]
 
 
-@pytest.mark.parametrize("extra,match", [
-    (["--scenario", "4", "--level", "all"], r"--level applies only to --scenario sweep, got it with --scenario 4"),
-    (["--scenario", "sweep", "--level", "abc"], r"--level must be a number or 'all', got 'abc'"),
-    (["--scenario", "sweep", "--level", "all", "--trials", "0"], r"--trials must be an integer ≥ 1, got 0"),
-    (["--scenario", "sweep", "--level", "all", "--n", "1"], r"scenario needs an integer n ≥ 2 candidates, got 1"),
-    # --repeats is an alias of --users: the error names the flag that the help lists first
-    (["--scenario", "sweep", "--level", "all", "--repeats", "0"], r"--users must be an integer ≥ 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        (["--scenario", "4", "--level", "all"], r"--level applies only to --scenario sweep, got it with --scenario 4"),
+        (["--scenario", "sweep", "--level", "abc"], r"--level must be a number or 'all', got 'abc'"),
+        (["--scenario", "sweep", "--level", "all", "--trials", "0"], r"--trials must be an integer ≥ 1, got 0"),
+        (["--scenario", "sweep", "--level", "all", "--n", "1"], r"scenario needs an integer n ≥ 2 candidates, got 1"),
+        # --repeats is an alias of --users: the error names the flag that the help lists first
+        (["--scenario", "sweep", "--level", "all", "--repeats", "0"], r"--users must be an integer ≥ 1, got 0"),
+    ],
+)
 def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, monkeypatch, one_line_error):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runner, "evaluate", lambda *a, **k: pytest.fail("a level ran before the flags were checked"))
@@ -155,8 +174,17 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
         return real(cfg, *args)
 
     monkeypatch.setattr(runner, "evaluate", failing)
-    cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm", "gem"), trials=2, workers=1,
-                     progress=False, out=out, force=existing)
+    cfg = EvalConfig(
+        scenario="sweep",
+        n=10,
+        epsilons=(1.0,),
+        mechanisms=("rnm", "gem"),
+        trials=2,
+        workers=1,
+        progress=False,
+        out=out,
+        force=existing,
+    )
     with pytest.raises(error, match="boom"):
         run_sweep(cfg)
     assert calls == list(SWEEP_LEVELS[:3])
@@ -170,22 +198,33 @@ def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(outputs, "write_sweep_outputs", boom)
-    cfg = EvalConfig(scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm",), trials=2, workers=1,
-                     progress=False, out=out)
+    cfg = EvalConfig(
+        scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm",), trials=2, workers=1, progress=False, out=out
+    )
     with pytest.raises(RuntimeError, match="boom"):
         run_sweep(cfg, levels=(-0.8, 0.8))  # both levels were written into the temp dir first
     assert list(tmp_path.iterdir()) == []
     monkeypatch.undo()
     result = run_sweep(cfg, levels=(-0.8, 0.8))
     assert result.out == out and sorted(p.name for p in out.iterdir()) == sorted(
-        ["report.md", "sweep.csv", "sweep.parquet", "sweep.png", "t-0.8", "t0.8"])
+        ["report.md", "sweep.csv", "sweep.parquet", "sweep.png", "t-0.8", "t0.8"]
+    )
     assert result.levels[1].result.out == out / "t0.8" and sorted(p.name for p in out.parent.iterdir()) == ["sw"]
 
 
 def test_plots_survive_an_all_zero_mse(tmp_path):
     # t = −5, n = 10: GEM picks the top item in every trial, so there is nothing to draw on log axes.
-    cfg = EvalConfig(scenario="sweep", n=10, users=1, epsilons=(1.0,), mechanisms=("gem",), trials=2, workers=1,
-                     progress=False, out=tmp_path / "sw")
+    cfg = EvalConfig(
+        scenario="sweep",
+        n=10,
+        users=1,
+        epsilons=(1.0,),
+        mechanisms=("gem",),
+        trials=2,
+        workers=1,
+        progress=False,
+        out=tmp_path / "sw",
+    )
     res = run_sweep(cfg, levels=(-5.0,))
     assert res.table["mse"].to_list() == [0.0] and np.isnan(res.table["mse_rel_rnm"].to_numpy()).all()  # no rnm
     for png in ("t-5/mse_vs_epsilon.png", "sweep.png"):

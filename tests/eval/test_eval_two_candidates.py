@@ -14,12 +14,12 @@ from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
 from recsvc.mechanisms import select_batch
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower, rnmh_two_candidates_lower
-
 from recsvc.mechanisms.testing import noisy_max_probabilities_quad, random_stopping_probabilities_quad
 
 # Δ on both sides of each other, ε and gap spanning Figures 16–17, γ from Fig. 15's ends and Fig. 3's 0.01.
-SMALL = TwoCandidateConfig(deltas=(0.2, 0.5, 1.0, 1.8), epsilons=(0.1, 1.0, 3.0), gaps=(0.1, 1.0, 5.0),
-                           gammas=(0.5, 0.01))
+SMALL = TwoCandidateConfig(
+    deltas=(0.2, 0.5, 1.0, 1.8), epsilons=(0.1, 1.0, 3.0), gaps=(0.1, 1.0, 5.0), gammas=(0.5, 0.01)
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +61,12 @@ def test_vectorised_rs_equals_pointwise_and_broadcasts():
     g, d1, d2, eps = np.meshgrid([0.1, 5.0], [0.2, 1.8], [0.5, 1.0], [0.1, 3.0], indexing="ij")
     together = random_stopping_two_candidates_lower(g, d1, d2, eps, 0.01)
     assert together.shape == g.shape
-    alone = np.array([random_stopping_two_candidates_lower(*x, 0.01) for x in zip(g.ravel(), d1.ravel(), d2.ravel(),
-                                                                                   eps.ravel())])
+    alone = np.array(
+        [
+            random_stopping_two_candidates_lower(*x, 0.01)
+            for x in zip(g.ravel(), d1.ravel(), d2.ravel(), eps.ravel(), strict=False)
+        ]
+    )
     np.testing.assert_allclose(together.ravel(), alone, rtol=1e-10)
 
 
@@ -74,8 +78,9 @@ def test_rnmh_sign_pattern_is_exactly_the_papers(table):
     off = d1 != d2
     assert np.array_equal(hg[off] > 0, d1[off] < d2[off])
     assert np.all(np.abs(hg[~off]) < 1e-15)  # equal up to rounding: RNM from quadrature, RNMH closed form
-    row = t.filter((pl.col("delta1") == 0.5) & (pl.col("delta2") == 1.0) & (pl.col("epsilon") == 0.1)
-                   & (pl.col("gap") == 1.0)).row(0, named=True)
+    row = t.filter(
+        (pl.col("delta1") == 0.5) & (pl.col("delta2") == 1.0) & (pl.col("epsilon") == 0.1) & (pl.col("gap") == 1.0)
+    ).row(0, named=True)
     # RNM: ½e^{−εg/2Δmax}; RNMH: Δ1/(Δ1+Δ2)·e^{−εg/2Δ1} (the paper's two formulas)
     assert row["hg"] == pytest.approx(0.5 * math.exp(-0.05) - math.exp(-0.1) / 3, rel=1e-12)
 
@@ -87,14 +92,24 @@ def test_rs_follows_the_rnmh_pattern_only_where_the_paper_draws_it(table):
     rs = _rows(table, "rnm", "rs")
     d1, d2, hg = (rs[c].to_numpy() for c in ("delta1", "delta2", "hg"))
     assert (hg[d1 >= d2] < 0).all()
-    fig3 = _rows(table, "rnm", "rs", 0.01).filter((pl.col("epsilon") == 0.1) & (pl.col("gap") == 1.0)
-                                                   & (pl.col("delta1") != pl.col("delta2")))
+    fig3 = _rows(table, "rnm", "rs", 0.01).filter(
+        (pl.col("epsilon") == 0.1) & (pl.col("gap") == 1.0) & (pl.col("delta1") != pl.col("delta2"))
+    )
     assert np.array_equal(fig3["hg"].to_numpy() > 0, (fig3["delta1"] < fig3["delta2"]).to_numpy())
-    share = lambda g, e, gap: (_rows(table, "rnm", "rs", g).filter(  # noqa: E731
-        (pl.col("epsilon") == e) & (pl.col("gap") == gap) & (pl.col("delta1") < pl.col("delta2")))["hg"] > 0).mean()
+
+    def share(g, e, gap):
+        return (
+            _rows(table, "rnm", "rs", g).filter(
+                (pl.col("epsilon") == e) & (pl.col("gap") == gap) & (pl.col("delta1") < pl.col("delta2"))
+            )["hg"]
+            > 0
+        ).mean()
+
     assert share(0.01, 0.1, 1.0) == 1.0 and share(0.01, 3.0, 5.0) == 0.0 and share(0.5, 1.0, 1.0) == 0.0
-    top = {g: _rows(table, "rnm", "rs", g).filter((pl.col("epsilon") == 0.1) & (pl.col("gap") == 1.0))["hg"].abs().max()
-           for g in (0.5, 0.01)}
+    top = {
+        g: _rows(table, "rnm", "rs", g).filter((pl.col("epsilon") == 0.1) & (pl.col("gap") == 1.0))["hg"].abs().max()
+        for g in (0.5, 0.01)
+    }
     assert top[0.01] > 2.5 * top[0.5]  # Fig. 15: a small γ draws each candidate often, a stronger effect
 
 
@@ -116,15 +131,31 @@ def test_findings_hold_on_the_exact_table_and_catch_a_flipped_sign(table):
     cfg = validate(SMALL)
     found = findings(table, cfg)
     assert len(found) == 10 and all(f.holds for f in found), [f for f in found if not f.holds]
-    flipped = table.with_columns(hg=pl.when((pl.col("mechanism") == "rnmh") & (pl.col("delta1") == 0.2)
-                                            & (pl.col("delta2") == 1.0)).then(-pl.col("hg")).otherwise(pl.col("hg")))
-    assert [f.holds for f in findings(flipped, cfg)][0] is False
+    flipped = table.with_columns(
+        hg=pl.when((pl.col("mechanism") == "rnmh") & (pl.col("delta1") == 0.2) & (pl.col("delta2") == 1.0))
+        .then(-pl.col("hg"))
+        .otherwise(pl.col("hg"))
+    )
+    assert next(f.holds for f in findings(flipped, cfg)) is False
 
 
 def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error):
     out = tmp_path / "tc"
-    argv = ["eval-two-candidates", "--out", str(out), "--deltas", "0.5", "1", "1.5", "--epsilons", "0.1",
-            "--gaps", "1", "--gammas", "0.01"]
+    argv = [
+        "eval-two-candidates",
+        "--out",
+        str(out),
+        "--deltas",
+        "0.5",
+        "1",
+        "1.5",
+        "--epsilons",
+        "0.1",
+        "--gaps",
+        "1",
+        "--gammas",
+        "0.01",
+    ]
     assert recsvc_main(argv) == 0
     assert "of the paper's statements hold" in capsys.readouterr().out
     names = {p.name for p in out.iterdir()}
@@ -136,16 +167,19 @@ def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error):
     assert not list(tmp_path.glob(".tc*"))
     assert recsvc_main(argv) == 2  # exists: refused without --force
     one_line_error(r"--out .* already exists; pass --force")
-    assert recsvc_main(argv + ["--force"]) == 0
+    assert recsvc_main([*argv, "--force"]) == 0
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--epsilons", "0"], r"--epsilons must hold finite numbers > 0 \(ε\), got 0.0"),
-    (["--deltas", "1", "nan"], r"--deltas must hold finite numbers > 0"),
-    (["--gaps", "1", "1"], r"--gaps must be distinct"),
-    (["--gammas", "1.5"], r"--gammas must lie in \[1e-06, 1\)"),
-    (["--beta", "0"], r"--beta must be in the open interval \(0, 1\)"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--epsilons", "0"], r"--epsilons must hold finite numbers > 0 \(ε\), got 0.0"),
+        (["--deltas", "1", "nan"], r"--deltas must hold finite numbers > 0"),
+        (["--gaps", "1", "1"], r"--gaps must be distinct"),
+        (["--gammas", "1.5"], r"--gammas must lie in \[1e-06, 1\)"),
+        (["--beta", "0"], r"--beta must be in the open interval \(0, 1\)"),
+    ],
+)
 def test_bad_input_is_refused_before_any_output(args, match, tmp_path, one_line_error):
     out = tmp_path / "new" / "tc"
     assert recsvc_main(["eval-two-candidates", "--out", str(out), *args]) == 2

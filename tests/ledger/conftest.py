@@ -23,4 +23,3 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
         yield s
     finally:
         s.close_all()
-

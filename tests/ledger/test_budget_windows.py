@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-from recsvc.service.testing import REPO, candidates
 
 from recsvc.checks import ParamError
 from recsvc.ledger import BatchItem, BudgetExceeded, Charge, RequestConflict
@@ -24,6 +23,7 @@ from recsvc.ledger.window import BudgetWindow
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
+from recsvc.service.testing import REPO, candidates
 from recsvc.v1 import selection_pb2 as pb
 
 # Verbatim the version-1 SQLite schema (the file format without renewable budgets).
@@ -48,8 +48,9 @@ KEY = bytes(range(32))
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize(("text", "days"), [("lifetime", 0), ("1d", 1), ("7d", 7), ("30d", 30), ("36500d", 36500)])
@@ -61,8 +62,11 @@ def test_window_values(text: str, days: int) -> None:
 
 @pytest.mark.parametrize("bad", ["", "7", "12h", "0d", "36501d", "-1d", "1w", "Lifetime", "1.5d", "7 d"])
 def test_a_bad_window_is_a_clear_error(bad: str) -> None:
-    with pytest.raises(ParamError, match=r"budget_window .* is not a budget window; expected 'lifetime' or a number "
-                                         r"of days such as 1d, 7d or 30d \(1d to 36500d; hours are not accepted\)"):
+    with pytest.raises(
+        ParamError,
+        match=r"budget_window .* is not a budget window; expected 'lifetime' or a number "
+        r"of days such as 1d, 7d or 30d \(1d to 36500d; hours are not accepted\)",
+    ):
         BudgetWindow.parse(bad)
 
 
@@ -76,8 +80,11 @@ def test_the_flag_is_checked_before_anything_is_created(tmp_path: Path) -> None:
     ok = _recsvc("ledger", "init", "--ledger", str(led), "--budget", "2", "--budget-window", "7d")
     assert ok.returncode == 0 and "budget ε=2 per user per 7d window (UTC)" in ok.stdout, ok.stderr
     clash = _recsvc("ledger", "init", "--ledger", str(led), "--budget", "2")
-    assert clash.returncode == 2 and ("--budget-window lifetime differs from the budget window 7d that the ledger "
-                                      f"{led} was created with") in clash.stderr, clash.stderr
+    assert (
+        clash.returncode == 2
+        and (f"--budget-window lifetime differs from the budget window 7d that the ledger {led} was created with")
+        in clash.stderr
+    ), clash.stderr
     help_text = _recsvc("serve", "--help").stdout
     assert "NOT over all time" in " ".join(help_text.split()) and "T·ε" in help_text
 
@@ -87,13 +94,17 @@ def _write_v1(path: Path) -> None:
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.executescript(V1_SCHEMA)
-    rows = [("alice", "a1", "rnm", 300_000_000_000), ("alice", "a2", "gem", 200_000_000_000),
-            ("bob", "b1", "pf", 1_000_000_000_000)]
+    rows = [
+        ("alice", "a1", "rnm", 300_000_000_000),
+        ("alice", "a2", "gem", 200_000_000_000),
+        ("bob", "b1", "pf", 1_000_000_000_000),
+    ]
     for user, rid, mech, units in rows:
         resp = pb.SelectResponse(item_id="it1", mechanism=mech, epsilon_spent=units / 1e12, request_id=rid)
-        con.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)",
-                    (user, rid, hmac.digest(KEY, f"d-{rid}".encode(), "sha256"), units, resp.SerializeToString(),
-                     1.7e9))
+        con.execute(
+            "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)",
+            (user, rid, hmac.digest(KEY, f"d-{rid}".encode(), "sha256"), units, resp.SerializeToString(), 1.7e9),
+        )
     con.executemany("INSERT INTO budgets VALUES (?, ?, ?)", [("alice", 500_000_000_000, 2), ("bob", 10**12, 1)])
     con.close()
     key = path.with_name(path.name + ".key")
@@ -116,9 +127,14 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     conn = led._conn()
     assert conn.execute("PRAGMA user_version").fetchone() == (3,)
     assert conn.execute("SELECT user_id, request_id, mechanism FROM requests ORDER BY 1, 2").fetchall() == [
-        ("alice", "a1", "rnm"), ("alice", "a2", "gem"), ("bob", "b1", "pf")]
+        ("alice", "a1", "rnm"),
+        ("alice", "a2", "gem"),
+        ("bob", "b1", "pf"),
+    ]
     assert conn.execute("SELECT user_id, spent_units, requests, window_start FROM budgets ORDER BY 1").fetchall() == [
-        ("alice", 500_000_000_000, 2, 0), ("bob", 10**12, 1, 0)]
+        ("alice", 500_000_000_000, 2, 0),
+        ("bob", 10**12, 1, 0),
+    ]
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchone() == ("lifetime",)
     alice = led.user("alice")
     assert (alice.spent_units, alice.requests, alice.window_start, alice.window_end) == (500_000_000_000, 2, 0, 0)
@@ -142,25 +158,37 @@ def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
     draws: list[list[int]] = []
 
     def run(items: list[BatchItem]) -> list[Charge | Exception]:
-        return led.draw_and_charge_batch(items, lambda todo: draws.append(todo) or [f"s{i}" for i in todo],
-                                     lambda i, s, rem: f"{s}|{rem:.1f}".encode())
+        return led.draw_and_charge_batch(
+            items,
+            lambda todo: draws.append(todo) or [f"s{i}" for i in todo],
+            lambda i, s, rem: f"{s}|{rem:.1f}".encode(),
+        )
 
     first = run([BatchItem("u", f"r{i}", f"d{i}".encode(), 0.4, "rnm") for i in range(3)])
     assert [o.response if isinstance(o, Charge) else type(o) for o in first] == [b"s0|0.6", b"s1|0.2", BudgetExceeded]
     clock.now = 19_724 * DAY  # 00:00 UTC: the next window
-    items = [BatchItem("u", "r0", b"d0", 0.4, "rnm"),  # charged yesterday: replayed, not drawn, not charged
-             BatchItem("u", "r1", b"other", 0.4, "rnm"),  # conflict, whatever the window
-             *(BatchItem("u", f"n{i}", f"e{i}".encode(), 0.4, "pf") for i in range(3))]
+    items = [
+        BatchItem("u", "r0", b"d0", 0.4, "rnm"),  # charged yesterday: replayed, not drawn, not charged
+        BatchItem("u", "r1", b"other", 0.4, "rnm"),  # conflict, whatever the window
+        *(BatchItem("u", f"n{i}", f"e{i}".encode(), 0.4, "pf") for i in range(3)),
+    ]
     second = run(items)
     assert second[0] == Charge(b"s0|0.6", replayed=True) and isinstance(second[1], RequestConflict)
     assert [o.response for o in second[2:4]] == [b"s2|0.6", b"s3|0.2"] and isinstance(second[4], BudgetExceeded)
     assert draws == [[0, 1], [2, 3]]
     u = led.user("u")
     assert (u.spent_units, u.requests, u.window_start) == (800_000_000_000, 2, 19_724 * DAY)
-    stored = led._conn().execute("SELECT request_id, mechanism, epsilon_units, created FROM requests ORDER BY created, "
-                                 "request_id").fetchall()
-    assert stored == [("r0", "rnm", 4 * 10**11, 19_723 * DAY + 100.0), ("r1", "rnm", 4 * 10**11, 19_723 * DAY + 100.0),
-                      ("n0", "pf", 4 * 10**11, 19_724 * DAY), ("n1", "pf", 4 * 10**11, 19_724 * DAY)]
+    stored = (
+        led._conn()
+        .execute("SELECT request_id, mechanism, epsilon_units, created FROM requests ORDER BY created, request_id")
+        .fetchall()
+    )
+    assert stored == [
+        ("r0", "rnm", 4 * 10**11, 19_723 * DAY + 100.0),
+        ("r1", "rnm", 4 * 10**11, 19_723 * DAY + 100.0),
+        ("n0", "pf", 4 * 10**11, 19_724 * DAY),
+        ("n1", "pf", 4 * 10**11, 19_724 * DAY),
+    ]
 
 
 def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path) -> None:

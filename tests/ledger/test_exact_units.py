@@ -20,27 +20,39 @@ from recsvc.ledger.units import (
 )
 
 
-@pytest.mark.parametrize(("epsilon", "units"), [
-    (0.1, 100_000_000_000),  # the decimal the client wrote: 0.1 exactly, not the double's 0.1000…0555
-    (0.02, 20_000_000_000),
-    (1e-12, 1),  # the unit itself
-    (1.5e-12, 2),  # rounded UP
-    (1.0000000000001, 1_000_000_000_001),  # 13 decimals: rounded up to 12
-    (0.30000000000000004, 300_000_000_001),  # 0.1 + 0.2 in floats: its extra digits round up
-])
+@pytest.mark.parametrize(
+    ("epsilon", "units"),
+    [
+        (0.1, 100_000_000_000),  # the decimal the client wrote: 0.1 exactly, not the double's 0.1000…0555
+        (0.02, 20_000_000_000),
+        (1e-12, 1),  # the unit itself
+        (1.5e-12, 2),  # rounded UP
+        (1.0000000000001, 1_000_000_000_001),  # 13 decimals: rounded up to 12
+        (0.30000000000000004, 300_000_000_001),  # 0.1 + 0.2 in floats: its extra digits round up
+    ],
+)
 def test_charges_are_rounded_up_to_the_unit(epsilon: float, units: int) -> None:
     assert charge_units(epsilon) == units
 
 
-@pytest.mark.parametrize(("epsilon", "message"), [
-    (4e-16, "below the ledger's unit 1e-12"),
-    (9.99e-13, "below the ledger's unit 1e-12"),
-    (5e-324, "below the ledger's unit 1e-12"),
-    (1e7, r"too large for the ledger to count; expected epsilon <= 9223372\.036854775807"),
-    (1e300, "too large"),
-    (9_223_372.036854775807, "too large"),  # the double's shortest decimal 9223372.036854776 exceeds 2**63 - 1 units
-    (0.0, "positive finite"), (-1.0, "positive finite"), (float("nan"), "positive finite"), (float("inf"), "positive finite"),
-])
+@pytest.mark.parametrize(
+    ("epsilon", "message"),
+    [
+        (4e-16, "below the ledger's unit 1e-12"),
+        (9.99e-13, "below the ledger's unit 1e-12"),
+        (5e-324, "below the ledger's unit 1e-12"),
+        (1e7, r"too large for the ledger to count; expected epsilon <= 9223372\.036854775807"),
+        (1e300, "too large"),
+        (
+            9_223_372.036854775807,
+            "too large",
+        ),  # the double's shortest decimal 9223372.036854776 exceeds 2**63 - 1 units
+        (0.0, "positive finite"),
+        (-1.0, "positive finite"),
+        (float("nan"), "positive finite"),
+        (float("inf"), "positive finite"),
+    ],
+)
 def test_uncountable_charges_are_refused(epsilon: float, message: str) -> None:
     with pytest.raises(InvalidCharge, match=message):
         charge_units(epsilon)
@@ -94,6 +106,7 @@ def test_the_draw_runs_outside_the_write_lock_and_refusals_never_draw(tmp_path: 
         def run() -> str:
             held.append(led._write_lock.locked() or led._writer_conn().in_transaction)
             return tag
+
         return run
 
     assert led.draw_and_charge("u", "r1", b"d1", 0.75, draw("a"), _build).response == b"a|0.250"
@@ -141,8 +154,10 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
         return f"sample-{len(draws)}"
 
     out: list[object] = []
-    threads = [threading.Thread(target=lambda: out.append(led.draw_and_charge("u", "dup", b"d", 0.5, slow_draw, _build)))
-               for _ in range(12)]
+    threads = [
+        threading.Thread(target=lambda: out.append(led.draw_and_charge("u", "dup", b"d", 0.5, slow_draw, _build)))
+        for _ in range(12)
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 10

@@ -13,20 +13,26 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
-from recsvc.service.testing import candidates, free_port, server_process
 
 from recsvc.app.cli import main as recsvc_main
 from recsvc.ledger import fingerprint as fingerprint_key
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
+from recsvc.service.testing import candidates, free_port, server_process
 from recsvc.v1 import selection_pb2 as pb
 
 
 def _request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> pb.SelectRequest:
     cands = candidates(seed=seed)
-    return pb.SelectRequest(user_id=user, request_id=rid, mechanism="rnm", epsilon=epsilon,
-                            item_ids=[i for i, _ in cands], scores=[s for _, s in cands])
+    return pb.SelectRequest(
+        user_id=user,
+        request_id=rid,
+        mechanism="rnm",
+        epsilon=epsilon,
+        item_ids=[i for i, _ in cands],
+        scores=[s for _, s in cands],
+    )
 
 
 def _digest(req: pb.SelectRequest) -> bytes:
@@ -60,15 +66,33 @@ def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_pat
         columns = {c[1] for t in ("budgets", "requests") for c in con.execute(f"PRAGMA table_info({t})")}
     # An attacker with the ledger file guesses the whole request, or any part of it, exactly.
     raw = req.SerializeToString(deterministic=True)
-    guesses = [b"select\0" + raw, raw, req.user_id.encode(), req.request_id.encode(), "".join(req.item_ids).encode(),
-               "\0".join(req.item_ids).encode(), np.array(req.scores).tobytes(), np.array(req.scores, np.float32).tobytes()]
+    guesses = [
+        b"select\0" + raw,
+        raw,
+        req.user_id.encode(),
+        req.request_id.encode(),
+        "".join(req.item_ids).encode(),
+        "\0".join(req.item_ids).encode(),
+        np.array(req.scores).tobytes(),
+        np.array(req.scores, np.float32).tobytes(),
+    ]
     for g in guesses:
         assert stored not in (hashlib.sha256(g).digest(), hashlib.sha256(hashlib.sha256(g).digest()).digest())
     assert stored == hmac.digest(key, _digest(req), "sha256")  # with the key, it matches
     files = b"".join(f.read_bytes() for f in tmp_path.glob("l.db*") if f.name != "l.db.key")
     assert _digest(req) not in files and key not in files and key.hex().encode() not in files
-    assert columns == {"user_id", "spent_units", "requests", "window_start", "request_id", "fingerprint",
-                       "epsilon_units", "response", "created", "mechanism"}  # no key column: the key is never stored
+    assert columns == {
+        "user_id",
+        "spent_units",
+        "requests",
+        "window_start",
+        "request_id",
+        "fingerprint",
+        "epsilon_units",
+        "response",
+        "created",
+        "mechanism",
+    }  # no key column: the key is never stored
 
 
 def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: Path, tmp_path: Path) -> None:
@@ -99,8 +123,9 @@ def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: P
         h.stop(1)
 
 
-def test_a_missing_or_unsafe_key_is_refused_before_anything_changes(artifact: Path, tmp_path: Path,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_missing_or_unsafe_key_is_refused_before_anything_changes(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ledger = tmp_path / "l.db"
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger))
     try:
@@ -110,6 +135,7 @@ def test_a_missing_or_unsafe_key_is_refused_before_anything_changes(artifact: Pa
     key_file = tmp_path / "l.db.key"
     key_file.rename(tmp_path / "moved.key")
     argv = ["serve", "--artifacts", str(artifact), "--port", "0", "--ledger", str(ledger)]
+
     def rows() -> list[tuple]:
         with sqlite3.connect(ledger) as con:
             return con.execute("SELECT * FROM requests").fetchall() + con.execute("SELECT * FROM budgets").fetchall()

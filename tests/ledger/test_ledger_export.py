@@ -12,7 +12,6 @@ from pathlib import Path
 import psycopg
 import pyarrow.parquet as pq
 import pytest
-from recsvc.service.testing import REPO, candidates, free_port, item_ids
 
 from recsvc.checks import ParamError
 from recsvc.ledger import BudgetExceeded
@@ -24,21 +23,28 @@ from recsvc.ledger.testing import Clock, Stores, resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
+from recsvc.service.testing import REPO, candidates, free_port, item_ids
 
 T0 = 1_700_000_000.123456  # 2023-11-14T22:13:20.123456Z
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def _charge_some(stores: Stores) -> list[tuple[str, str, str, float, datetime]]:
     """Five charges at known times (and a replay and a refusal that add no row); the rows expected."""
     clock = Clock(T0)
     led = stores.open(budget=1.0, clock=clock)
-    plan = [("alice", "r1", "rnm", 0.1), ("alice", "r2", "gem", 0.25), ("bob", "b1", "pf", 1e-12),
-            ("bob", "b2", "combined_gem", 0.999999999999), ("carol", "c1", "", 0.3)]
+    plan = [
+        ("alice", "r1", "rnm", 0.1),
+        ("alice", "r2", "gem", 0.25),
+        ("bob", "b1", "pf", 1e-12),
+        ("bob", "b2", "combined_gem", 0.999999999999),
+        ("carol", "c1", "", 0.3),
+    ]
     for i, (user, rid, mech, eps) in enumerate(plan):
         clock.now = T0 + 3600 * i
         led.charge(user, rid, f"d-{rid}".encode(), eps, resp(rid), mechanism=mech)
@@ -71,8 +77,12 @@ def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Pa
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
             c.select("u", candidates(), mechanism="gem", epsilon=0.5, request_id="s1")
-            c.select_batch([c.select_request("u", candidates(), mechanism=m, epsilon=0.25, request_id=f"b-{m}")
-                            for m in ("rnm", "pf")])
+            c.select_batch(
+                [
+                    c.select_request("u", candidates(), mechanism=m, epsilon=0.25, request_id=f"b-{m}")
+                    for m in ("rnm", "pf")
+                ]
+            )
             rec = c.recommend("u", item_ids()[:2], mechanism="auto", epsilon=1.0, request_id="rec")
     finally:
         h.stop(1)
@@ -81,7 +91,11 @@ def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Pa
     assert proc.returncode == 0 and f"wrote 4 charge(s) of {tmp_path / 'l.db'} to {out}" in proc.stdout, proc.stderr
     rows = pq.read_table(out).to_pylist()
     assert [(r["request_id"], r["mechanism"], r["epsilon"]) for r in rows] == [
-        ("b-pf", "pf", 0.25), ("b-rnm", "rnm", 0.25), ("rec", rec.mechanism, 1.0), ("s1", "gem", 0.5)]
+        ("b-pf", "pf", 0.25),
+        ("b-rnm", "rnm", 0.25),
+        ("rec", rec.mechanism, 1.0),
+        ("s1", "gem", 0.5),
+    ]
     assert rec.mechanism in {"rnm", "gem", "mgem", "combined_gem", "pf", "em", "rnm_laplace"}
 
 
@@ -95,7 +109,8 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     led.charge("u", "r2", b"e", 0.25, resp("b"), mechanism="pf")
     again = _recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out))
     assert again.returncode == 2 and again.stderr.strip() == (
-        f"recsvc ledger: error: --out {out} already exists; nothing was written (pass --force to replace it)")
+        f"recsvc ledger: error: --out {out} already exists; nothing was written (pass --force to replace it)"
+    )
     assert out.read_bytes() == before and pq.read_table(out).num_rows == 1
     forced = _recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out), "--force")
     assert forced.returncode == 0, forced.stderr
@@ -112,8 +127,14 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     with pytest.raises(ParamError, match="is a directory"):
         export(s.target, tmp_path)
     port = free_port()
-    down = _recsvc("ledger", "export", "--ledger", f"postgresql://a:pw9secret@127.0.0.1:{port}/db",
-                   "--out", str(tmp_path / "pg.parquet"))
+    down = _recsvc(
+        "ledger",
+        "export",
+        "--ledger",
+        f"postgresql://a:pw9secret@127.0.0.1:{port}/db",
+        "--out",
+        str(tmp_path / "pg.parquet"),
+    )
     assert down.returncode == 2 and f"127.0.0.1:{port}/db" in down.stderr and "pw9secret" not in down.stderr
     assert not any(p.suffix in (".parquet", ".tmp") for p in tmp_path.iterdir() if p.name != "c.parquet")
 
@@ -136,15 +157,19 @@ def test_a_failure_mid_way_leaves_no_file(stores: Stores, tmp_path: Path, monkey
     @contextmanager
     def failing(target, chunk):
         with real(target, chunk) as (total, chunks):
+
             def rows():
                 yield next(chunks)
                 if pg:
                     with psycopg.connect(str(stores.target), autocommit=True) as conn:
-                        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                     "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                        conn.execute(
+                            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        )
                 else:
                     raise OSError("disk went away")
                 yield from chunks
+
             yield total, rows()
 
     monkeypatch.setattr(module, "read_charges", failing)

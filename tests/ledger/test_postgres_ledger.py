@@ -11,13 +11,13 @@ from typing import Any, cast
 
 import psycopg
 import pytest
-from recsvc.service.testing import REPO, free_port
 
 from recsvc.checks import ParamError
 from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
 from recsvc.ledger.testing import Stores
 from recsvc.ledger.units import charge_units
+from recsvc.service.testing import REPO, free_port
 from recsvc.v1 import selection_pb2 as pb
 
 
@@ -27,8 +27,9 @@ def _open(s: Stores, **settings: Any) -> PostgresLedger:
 
 
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> None:
@@ -86,8 +87,9 @@ def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp
     with pytest.raises(ParamError) as err:
         PostgresLedger("postgresql://alice:s3cr3tpw@127.0.0.1:notaport/db?bogus=1", 1.0, key, create=True)
     assert "s3cr3tpw" not in str(err.value)
-    proc = _recsvc("ledger", "init", "--ledger", f"postgresql://alice:s3cr3tpw@127.0.0.1:{port}/db",
-                   "--fingerprint-key", str(key))
+    proc = _recsvc(
+        "ledger", "init", "--ledger", f"postgresql://alice:s3cr3tpw@127.0.0.1:{port}/db", "--fingerprint-key", str(key)
+    )
     assert proc.returncode == 2 and f"127.0.0.1:{port}" in proc.stderr and "s3cr3tpw" not in proc.stderr, proc.stderr
 
 
@@ -116,14 +118,18 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
     key.chmod(0o600)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE recsvc_meta (name text PRIMARY KEY, value text NOT NULL)")
-        conn.execute("INSERT INTO recsvc_meta VALUES ('schema_version', '1'), ('budget_units', %s), ('key_check', %s)",
-                     (str(10**12), key_check(bytes.fromhex("ef" * 32))))
+        conn.execute(
+            "INSERT INTO recsvc_meta VALUES ('schema_version', '1'), ('budget_units', %s), ('key_check', %s)",
+            (str(10**12), key_check(bytes.fromhex("ef" * 32))),
+        )
         for sql in MIGRATIONS[1]:
             conn.execute(sql)
         for i, mech in enumerate(["rnm", "gem", "combined_gem"] * 200):  # 600 rows: more than one page of 512
             resp = pb.SelectResponse(item_id="x", mechanism=mech, epsilon_spent=0.001, request_id=f"r{i:03d}")
-            conn.execute("INSERT INTO recsvc_requests VALUES (%s, %s, %s, %s, %s)",
-                         (f"u{i % 7}", f"r{i:03d}", b"fp", 10**9, resp.SerializeToString()))
+            conn.execute(
+                "INSERT INTO recsvc_requests VALUES (%s, %s, %s, %s, %s)",
+                (f"u{i % 7}", f"r{i:03d}", b"fp", 10**9, resp.SerializeToString()),
+            )
         conn.execute("INSERT INTO recsvc_requests VALUES ('odd', 'r', 'fp', 1, '\\xff00')")  # not a SelectResponse
         conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
     with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 2; run `recsvc ledger migrate"):
@@ -134,7 +140,8 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
         counts = dict(conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall())
         assert counts == {"rnm": 200, "gem": 200, "combined_gem": 200, "": 1}
         assert conn.execute("SELECT spent_units, requests, window_start FROM recsvc_budgets").fetchall() == [
-            (86 * 10**9, 86, 0)]
+            (86 * 10**9, 86, 0)
+        ]
         assert conn.execute("SELECT value FROM recsvc_meta WHERE name='budget_window'").fetchone() == ("lifetime",)
     with pytest.raises(ParamError, match="budget_window 1d differs from the budget window lifetime"):
         PostgresLedger(url, 1.0, key, window="1d")
@@ -172,8 +179,10 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
     threads[0].start()
     deadline = time.monotonic() + 10
     with psycopg.connect(s.target, autocommit=True) as watch:  # until the leader waits for the row lock
-        while time.monotonic() < deadline and not watch.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]:
+        while (
+            time.monotonic() < deadline
+            and not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]
+        ):
             time.sleep(0.005)
     assert led._group_commit.queued() == 0  # the leader took its own charge
     for rid, eps in [("r2", 0.3), ("r3", 0.2), ("r4", 0.2), ("r5", 0.1)]:
@@ -200,6 +209,7 @@ def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) 
     led = _open(s, budget=1.0)
     sql = "SELECT pid FROM pg_stat_activity WHERE application_name = 'recsvc-probe' AND datname = current_database()"
     with psycopg.connect(s.target, autocommit=True) as watch:
+
         def probes(want: int) -> list[tuple]:  # a backend leaves pg_stat_activity a moment after it ends
             deadline = time.monotonic() + 10
             while len(rows := watch.execute(sql).fetchall()) != want and time.monotonic() < deadline:

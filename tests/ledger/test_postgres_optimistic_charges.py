@@ -28,15 +28,16 @@ from recsvc.ledger.units import charge_units
 from recsvc.service.server import ledger_observer
 
 
-def _replicas(pg_cluster: Cluster, tmp_path: Path, budget: float = 1.0,
-              observer: LedgerObserver | None = None) -> tuple[Stores, PostgresLedger, PostgresLedger]:
+def _replicas(
+    pg_cluster: Cluster, tmp_path: Path, budget: float = 1.0, observer: LedgerObserver | None = None
+) -> tuple[Stores, PostgresLedger, PostgresLedger]:
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     return s, _open(s, budget=budget, observer=observer), _open(s, budget=budget)
+
 
 def _open(s: Stores, **settings: Any) -> PostgresLedger:
     """A replica of the PostgreSQL ledger ``s`` names."""
     return cast(PostgresLedger, s.open(**settings))
-
 
 
 def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
@@ -83,8 +84,7 @@ def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: 
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["existing-account", "first-charge"])
-def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluster, tmp_path: Path,
-                                                                        fresh: bool) -> None:
+def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluster, tmp_path: Path, fresh: bool) -> None:
     s, a, b = _replicas(pg_cluster, tmp_path, observer=ledger_observer())  # the service's metrics
     if not fresh:
         a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
@@ -120,8 +120,9 @@ def test_a_charge_that_no_longer_fits_is_refused_and_stores_nothing(pg_cluster, 
 
 
 @pytest.mark.parametrize("other_commits", [True, False], ids=["other-commits", "other-rolls-back"])
-def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster, tmp_path: Path,
-                                                                      other_commits: bool) -> None:
+def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(
+    pg_cluster, tmp_path: Path, other_commits: bool
+) -> None:
     """Another replica's transaction holds the user's row (it moved the account, uncommitted)
     while the optimistic statement runs: the statement waits for the lock, then checks the row's
     NEWEST version. If the other transaction commits, the account moved and the locking
@@ -131,13 +132,18 @@ def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(pg_cluster
     p = Pending("u", "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem: f"r1|{rem:.2f}".encode())
     assert a._precheck(p) is None
     other = psycopg.connect(s.target)
-    other.execute("UPDATE recsvc_budgets SET spent_units = spent_units + %s, requests = requests + 1 "
-                  "WHERE user_id = 'u'", (charge_units(0.3),))
+    other.execute(
+        "UPDATE recsvc_budgets SET spent_units = spent_units + %s, requests = requests + 1 WHERE user_id = 'u'",
+        (charge_units(0.3),),
+    )
     worker = threading.Thread(target=a._commit_group, args=(lambda: [p],))
     worker.start()
     with psycopg.connect(s.target, autocommit=True) as watch:
-        _until(lambda: watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-               .fetchone()[0] > 0)
+        _until(
+            lambda: (
+                watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0] > 0
+            )
+        )
     assert worker.is_alive()  # waiting for the row lock
     other.commit() if other_commits else other.rollback()
     other.close()
@@ -172,8 +178,10 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
     s, a, b = _replicas(pg_cluster, tmp_path)
     for u in ("x", "y"):
         a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
-    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem, u=u: f"{u}|{rem:.2f}".encode())
-             for u in ("x", "y", "z")]
+    queue = [
+        Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem, u=u: f"{u}|{rem:.2f}".encode())
+        for u in ("x", "y", "z")
+    ]
     for p in queue:
         assert a._precheck(p) is None and p.seen is not False
     b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
@@ -185,12 +193,13 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
     s.close_all()
 
 
-def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_user(pg_cluster,
-                                                                                     tmp_path: Path) -> None:
+def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_user(pg_cluster, tmp_path: Path) -> None:
     """SelectBatch: the snapshot's accounts are what the one statement checks, per user."""
     s, a, b = _replicas(pg_cluster, tmp_path)
     a.charge("y", "r0", b"d0", 0.1, lambda rem: b"r0")
-    items = [BatchItem(u, q, b"d" + q.encode(), 0.3, "rnm") for u, q in (("x", "1"), ("y", "1"), ("x", "2"), ("y", "2"))]
+    items = [
+        BatchItem(u, q, b"d" + q.encode(), 0.3, "rnm") for u, q in (("x", "1"), ("y", "1"), ("x", "2"), ("y", "2"))
+    ]
 
     def draw(todo: list[int]) -> list[int]:
         b.charge("y", "other", b"d", 0.3, lambda rem: b"other")  # another replica, after the snapshot
@@ -199,8 +208,10 @@ def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_u
     got = a.draw_and_charge_batch(items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
     assert [c.response for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
     assert a.moved == 2  # y's two items
-    assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [(charge_units(0.6), 2),
-                                                                         (charge_units(1.0), 4)]
+    assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [
+        (charge_units(0.6), 2),
+        (charge_units(1.0), 4),
+    ]
     s.close_all()
 
 
@@ -219,6 +230,7 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
         def draw() -> int:
             draws.append(rid)
             return 0
+
         try:
             out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
         except Exception as exc:
@@ -243,8 +255,9 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     s.close_all()
 
 
-def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(pg_cluster, tmp_path: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Shared rounds that fail (here with a server-side error): the first leader's, then the one
     its successor makes for the two pre-checks that queued meanwhile. Every charge fails with the
     error, the one that waited for another's read included; none draws, nothing is spent."""
@@ -307,10 +320,30 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
         conn.execute("ANALYZE")
     statements = {
         ledger_pg.PRECHECKS: ["text[]", "text[]"],
-        ledger_pg.CHARGE_UNCHANGED: ["text[]", *["bigint[]"] * 6, "timestamptz", "text[]", "text[]", "bytea[]",
-                                      "bigint[]", "bytea[]", "text[]"],
-        ledger_pg.WRITE: ["timestamptz", "text[]", "text[]", "bytea[]", "bigint[]", "bytea[]", "text[]", "text[]",
-                           "bigint[]", "bigint[]", "bigint[]"],
+        ledger_pg.CHARGE_UNCHANGED: [
+            "text[]",
+            *["bigint[]"] * 6,
+            "timestamptz",
+            "text[]",
+            "text[]",
+            "bytea[]",
+            "bigint[]",
+            "bytea[]",
+            "text[]",
+        ],
+        ledger_pg.WRITE: [
+            "timestamptz",
+            "text[]",
+            "text[]",
+            "bytea[]",
+            "bigint[]",
+            "bytea[]",
+            "text[]",
+            "text[]",
+            "bigint[]",
+            "bigint[]",
+            "bigint[]",
+        ],
     }
     with a._pool.connection() as conn:
         for sql, types in statements.items():
@@ -321,7 +354,8 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
 
 @pytest.mark.parametrize("rolled_back", [False, True], ids=["one-statement", "statement-rolled-back"])
 def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
-        pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rolled_back: bool) -> None:
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rolled_back: bool
+) -> None:
     """A drawn charge of x and three pre-checks queue while the round before waits for the pool's
     only connection: the next round decides them in ONE statement. The pre-checks read its
     snapshot, as before its own write: x's second request sees x's account unmoved, draws, and is
@@ -334,8 +368,15 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, _answer("w"))
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
-        monkeypatch.setattr(ledger_pg, "CHARGE_AND_PRECHECK", ledger_pg.CHARGE_AND_PRECHECK.replace(
-            "WITH ", "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ", 1))
+        monkeypatch.setattr(
+            ledger_pg,
+            "CHARGE_AND_PRECHECK",
+            ledger_pg.CHARGE_AND_PRECHECK.replace(
+                "WITH ",
+                "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ",
+                1,
+            ),
+        )
     rounds = _rounds(a, monkeypatch)
     draws: list[str] = []
     out: dict[str, Any] = {}
@@ -347,6 +388,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
             if wait:
                 go.wait(10)
             return 0
+
         try:
             out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, _answer(rid))
         except Exception as exc:
@@ -361,8 +403,10 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     go.set()
     _until(lambda: a._group_commit.queued() >= 1)  # x1's charge
-    more = [threading.Thread(target=charge, args=args)
-            for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]]
+    more = [
+        threading.Thread(target=charge, args=args)
+        for args in [("v", "stored", 0.5), ("w", "r1", 0.2), ("x", "x2", 0.4)]
+    ]
     _queue_in_order(a, more, queued=1)
     threads += more
     assert a._group_commit.queued() == 4
@@ -377,12 +421,16 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     assert sorted(draws) == ["x1", "x2"]  # the replays and the refusal drew nothing
     assert a.moved == (2 if rolled_back else 1)  # x2 (and x1, when the statement was rolled back)
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "vwx"] == [
-        (charge_units(0.5), 1), (charge_units(0.9), 1), (charge_units(0.7), 2)]
+        (charge_units(0.5), 1),
+        (charge_units(0.9), 1),
+        (charge_units(0.7), 2),
+    ]
     s.close_all()
 
 
-def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_numbers(pg_cluster,
-                                                                                       tmp_path: Path) -> None:
+def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_numbers(
+    pg_cluster, tmp_path: Path
+) -> None:
     """psycopg would send an int as int2, int4 or int8 by its size, and prepares a statement once
     per parameter types: the charges of a new user (no account read), of one who spends little and
     of one who spends much would be three statements. Every int is sent as int8 and "no account"
@@ -392,7 +440,7 @@ def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_
     a = _open(s, budget=1.0, pool_size=1)
     a.draw_and_charge("first", "r", b"d", 1e-6, lambda: 0, _answer("r"))
     with a._pool.connection() as conn:
-        texts = [t for t, in conn.execute("SELECT statement FROM pg_prepared_statements")]
+        texts = [t for (t,) in conn.execute("SELECT statement FROM pg_prepared_statements")]
     assert sum(t.endswith("SELECT user_id FROM charged") for t in texts) == 1, texts
     assert sum(t.startswith("SELECT q.fingerprint") for t in texts) == 1, texts
     for k in range(7):
@@ -400,14 +448,15 @@ def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_
         a.draw_and_charge("much", f"r{k}", b"d", 0.1, lambda: 0, _answer("r"))
     assert a.user("little").spent_units < 2**15 * 1000 and a.user("much").spent_units > 2**31
     with a._pool.connection() as conn:
-        texts = [t for t, in conn.execute("SELECT statement FROM pg_prepared_statements")]
+        texts = [t for (t,) in conn.execute("SELECT statement FROM pg_prepared_statements")]
     assert sum(t.endswith("SELECT user_id FROM charged") for t in texts) == 1, texts
     assert sum(t.startswith("SELECT q.fingerprint") for t in texts) == 1, texts
     s.close_all()
 
 
-def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_item_whose_values_fail_the_shared_statement_fails_alone(
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Validation refuses an id PostgreSQL's text cannot hold (a NUL). Should one reach the ledger,
     the statement of the round it shares with other users' charges and pre-checks fails as a whole,
     storing nothing; each item is then done again alone, so only that one fails: the others are
@@ -426,13 +475,18 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
             out[rid] = exc
 
     held = a._pool.getconn()  # the first round waits for it while the others queue behind it
-    threads = [threading.Thread(target=run, args=("first", lambda: a.draw_and_charge(
-        "f", "first", b"d", 0.1, lambda: 0, _answer("first"))))]
+    threads = [
+        threading.Thread(
+            target=run, args=("first", lambda: a.draw_and_charge("f", "first", b"d", 0.1, lambda: 0, _answer("first")))
+        )
+    ]
     threads[0].start()
     _until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
-    queued = [("charged", lambda: a.charge("c", "charged", b"d", 0.25, lambda rem: f"charged|{rem:.2f}".encode())),
-              ("nul", lambda: a.draw_and_charge("bad\x00user", "nul", b"d", 0.2, lambda: 0, _answer("nul"))),
-              ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored")))]
+    queued = [
+        ("charged", lambda: a.charge("c", "charged", b"d", 0.25, lambda rem: f"charged|{rem:.2f}".encode())),
+        ("nul", lambda: a.draw_and_charge("bad\x00user", "nul", b"d", 0.2, lambda: 0, _answer("nul"))),
+        ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, _answer("stored"))),
+    ]
     threads += [threading.Thread(target=run, args=(rid, call)) for rid, call in queued]
     _queue_in_order(a, threads[1:])
     assert a._group_commit.queued() == 3
@@ -448,5 +502,8 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(pg_cluster, 
     assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
     assert out["first"].response == b"first|0.90" and not out["first"].replayed
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "cfv"] == [
-        (charge_units(0.25), 1), (charge_units(0.1), 1), (charge_units(0.5), 1)]
+        (charge_units(0.25), 1),
+        (charge_units(0.1), 1),
+        (charge_units(0.5), 1),
+    ]
     s.close_all()

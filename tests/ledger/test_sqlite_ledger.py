@@ -128,7 +128,13 @@ def test_group_commit_batches_queued_charges_in_arrival_order(tmp_path: Path) ->
 
     with led._write_lock:  # hold the writers back until all five have queued
         threads = []
-        for name, rid, eps in [("a", "r1", 0.5), ("b", "r1", 0.5), ("c", "r2", 0.4), ("d", "r3", 0.2), ("e", "r4", 0.1)]:
+        for name, rid, eps in [
+            ("a", "r1", 0.5),
+            ("b", "r1", 0.5),
+            ("c", "r2", 0.4),
+            ("d", "r3", 0.2),
+            ("e", "r4", 0.1),
+        ]:
             threads.append(threading.Thread(target=charge, args=(name, rid, eps)))
             threads[-1].start()
             deadline = time.monotonic() + 10
@@ -191,7 +197,8 @@ def test_one_writer_connection_and_the_table_layout(tmp_path: Path) -> None:
     sql = dict(writer.execute("SELECT name, sql FROM sqlite_master WHERE type='table'").fetchall())
     assert "WITHOUT ROWID" in sql["budgets"] and "WITHOUT ROWID" not in sql["requests"]  # requests: appended
     assert writer.execute("SELECT request_id FROM requests ORDER BY rowid").fetchall() == [  # in commit order
-        (r,) for (r,) in writer.execute("SELECT request_id FROM requests ORDER BY created, rowid")]
+        (r,) for (r,) in writer.execute("SELECT request_id FROM requests ORDER BY created, rowid")
+    ]
     assert led.totals() == {"u0": pytest.approx(7.0), "u1": pytest.approx(6.5), "u2": pytest.approx(6.5)}
 
 
@@ -212,8 +219,13 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
         except Exception as exc:
             out[name] = exc
 
-    jobs = [("a", "u", "r1", _resp("a")), ("b", "u", "r2", boom), ("c", "u", "r3", _resp("c")),
-            ("d", "v", "r1", _resp("d")), ("e", "v", "r2", _resp("e"))]
+    jobs = [
+        ("a", "u", "r1", _resp("a")),
+        ("b", "u", "r2", boom),
+        ("c", "u", "r3", _resp("c")),
+        ("d", "v", "r1", _resp("d")),
+        ("e", "v", "r2", _resp("e")),
+    ]
     with led._write_lock:  # hold the writers back until all five have queued
         threads = []
         for job in jobs:

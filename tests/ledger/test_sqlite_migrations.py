@@ -12,12 +12,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from recsvc.service.testing import candidates
 
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
+from recsvc.service.testing import candidates
 from recsvc.v1 import selection_pb2 as pb
 
 # Verbatim the version-0 schema (float totals and unsalted fingerprints).
@@ -41,8 +41,14 @@ CREATE TABLE IF NOT EXISTS requests (
 
 def _request(user: str, rid: str, epsilon: float, seed: int) -> pb.SelectRequest:
     cands = candidates(seed=seed)
-    return pb.SelectRequest(user_id=user, request_id=rid, mechanism="rnm", epsilon=epsilon,
-                            item_ids=[i for i, _ in cands], scores=[s for _, s in cands])
+    return pb.SelectRequest(
+        user_id=user,
+        request_id=rid,
+        mechanism="rnm",
+        epsilon=epsilon,
+        item_ids=[i for i, _ in cands],
+        scores=[s for _, s in cands],
+    )
 
 
 def _old_fingerprint(req: pb.SelectRequest) -> bytes:
@@ -61,10 +67,17 @@ def write_v0_ledger(path: Path, rowid_tables: bool = False) -> dict[str, object]
 
     def charge(req: pb.SelectRequest) -> None:
         after = spent.get(req.user_id, 0.0) + req.epsilon  # float sums, as the old ledger kept them
-        resp = pb.SelectResponse(item_id=req.item_ids[0], mechanism="rnm", epsilon_spent=req.epsilon,
-                                 budget_remaining=10.0 - after, request_id=req.request_id)
-        con.execute("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)", (req.user_id, req.request_id,
-                    _old_fingerprint(req), req.epsilon, resp.SerializeToString(), 1.7e9))
+        resp = pb.SelectResponse(
+            item_id=req.item_ids[0],
+            mechanism="rnm",
+            epsilon_spent=req.epsilon,
+            budget_remaining=10.0 - after,
+            request_id=req.request_id,
+        )
+        con.execute(
+            "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?)",
+            (req.user_id, req.request_id, _old_fingerprint(req), req.epsilon, resp.SerializeToString(), 1.7e9),
+        )
         spent[req.user_id], count[req.user_id] = after, count.get(req.user_id, 0) + 1
         reqs[f"{req.user_id}/{req.request_id}"] = req
 
@@ -80,12 +93,15 @@ def write_v0_ledger(path: Path, rowid_tables: bool = False) -> dict[str, object]
 
 
 def _files(path: Path) -> bytes:
-    return b"".join(f.read_bytes() for f in path.parent.glob(path.name + "*") if f.is_file() and not f.name.endswith(".key"))
+    return b"".join(
+        f.read_bytes() for f in path.parent.glob(path.name + "*") if f.is_file() and not f.name.endswith(".key")
+    )
 
 
 @pytest.mark.parametrize("rowid_tables", [False, True])
-def test_v0_file_is_migrated_conservatively_and_keyed(tmp_path: Path, rowid_tables: bool,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_v0_file_is_migrated_conservatively_and_keyed(
+    tmp_path: Path, rowid_tables: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Debian builds SQLite with secure_delete on by default; other builds do not: start from off,
     # so the test shows that the migration itself zeroes what it deletes.
     connect = SQLiteLedger._connect
@@ -190,12 +206,26 @@ def _write_v2(path: Path) -> list[tuple]:
     rows = []
     for i, (user, rid) in enumerate([("zed", "z1"), ("alice", "a2"), ("bob", "b1"), ("alice", "a1")]):
         resp = pb.SelectResponse(item_id=f"it{i}", mechanism="rnm", epsilon_spent=0.1, request_id=rid)
-        rows.append((user, rid, hmac.digest(V2_KEY, f"d-{rid}".encode(), "sha256"), 100_000_000_000,
-                     resp.SerializeToString(), 1.7e9 + i, "rnm"))
+        rows.append(
+            (
+                user,
+                rid,
+                hmac.digest(V2_KEY, f"d-{rid}".encode(), "sha256"),
+                100_000_000_000,
+                resp.SerializeToString(),
+                1.7e9 + i,
+                "rnm",
+            )
+        )
     con.executemany("INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-    con.executemany("INSERT INTO budgets VALUES (?, ?, ?, ?)",
-                    [("alice", 200_000_000_000, 2, 1_699_833_600), ("bob", 10**11, 1, 1_699_833_600),
-                     ("zed", 10**11, 1, 1_699_833_600)])
+    con.executemany(
+        "INSERT INTO budgets VALUES (?, ?, ?, ?)",
+        [
+            ("alice", 200_000_000_000, 2, 1_699_833_600),
+            ("bob", 10**11, 1, 1_699_833_600),
+            ("zed", 10**11, 1, 1_699_833_600),
+        ],
+    )
     con.close()
     key = path.with_name(path.name + ".key")
     key.write_text(V2_KEY.hex() + "\n")
@@ -224,12 +254,18 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
     conn = led._conn()
     assert conn.execute("PRAGMA user_version").fetchone() == (3,)
     assert "WITHOUT ROWID" not in _requests_sql(path)
-    assert conn.execute("SELECT name, \"unique\" FROM pragma_index_list('requests')").fetchall() == [("requests_key", 1)]
+    assert conn.execute("SELECT name, \"unique\" FROM pragma_index_list('requests')").fetchall() == [
+        ("requests_key", 1)
+    ]
     # Every row unchanged, now in commit (created) order; the key index answers in key order.
     cols = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
     assert [tuple(r) for r in conn.execute(f"SELECT {cols} FROM requests ORDER BY rowid")] == rows
     assert [r[:2] for r in conn.execute("SELECT user_id, request_id FROM requests ORDER BY user_id, request_id")] == [
-        ("alice", "a1"), ("alice", "a2"), ("bob", "b1"), ("zed", "z1")]
+        ("alice", "a1"),
+        ("alice", "a2"),
+        ("bob", "b1"),
+        ("zed", "z1"),
+    ]
     assert conn.execute("SELECT value FROM settings").fetchall() == [("7d",)]
     alice = led.user("alice")
     assert (alice.spent_units, alice.requests, alice.window_start) == (200_000_000_000, 2, 1_699_833_600)

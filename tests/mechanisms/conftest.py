@@ -46,10 +46,20 @@ def tempered_em(name: str, scale: float = 1.0, privacy_map=pure) -> Mechanism:
         u = u - u.max()
         return u - np.log(np.exp(u).sum())
 
-    privacy = Privacy(privacy_map, Neighbouring.BOUNDED, Audit(AuditKind.EXACT, ({}, {"alpha": 1.0}), reach=0.4),
-                      "docs/concepts/privacy-proofs.md#em")
-    return Mechanism(name, f"exponential mechanism at {scale:g}·αε: P(a) ∝ exp({scale:g} α ε q_a / 2Δmax)",
-                     sample, log_probabilities, param_specs(ALPHA), privacy=privacy)
+    privacy = Privacy(
+        privacy_map,
+        Neighbouring.BOUNDED,
+        Audit(AuditKind.EXACT, ({}, {"alpha": 1.0}), reach=0.4),
+        "docs/concepts/privacy-proofs.md#em",
+    )
+    return Mechanism(
+        name,
+        f"exponential mechanism at {scale:g}·αε: P(a) ∝ exp({scale:g} α ε q_a / 2Δmax)",
+        sample,
+        log_probabilities,
+        param_specs(ALPHA),
+        privacy=privacy,
+    )
 
 
 @pytest.fixture

@@ -21,7 +21,9 @@ def test_check_regular_file(tmp_path):
     f = tmp_path / "tokens"
     f.write_text("x\n")
     check_regular_file("token file", f, "a token file")  # a regular file passes
-    with pytest.raises(ValueError, match=r"^token file .*/d is a directory or not a regular file; expected a token file$"):
+    with pytest.raises(
+        ValueError, match=r"^token file .*/d is a directory or not a regular file; expected a token file$"
+    ):
         (tmp_path / "d").mkdir()
         check_regular_file("token file", tmp_path / "d", "a token file")
     fifo = tmp_path / "fifo"

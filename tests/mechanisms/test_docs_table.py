@@ -5,8 +5,7 @@ docs/concepts/privacy-proofs.md. A stale page fails here."""
 import re
 from pathlib import Path
 
-from recsvc.mechanisms import MECHANISMS, registered
-from recsvc.mechanisms import docs
+from recsvc.mechanisms import MECHANISMS, docs, registered
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / docs.PAGE
@@ -41,10 +40,14 @@ def test_the_table_shows_each_declaration():
     table = docs.markdown_table()
     assert len(table.splitlines()) == 2 + len(MECHANISMS)
     assert table.splitlines()[0].startswith("| name | privacy map | neighbours | audit | proof |")
-    assert ("| `rnmh` | **∞ (NOT DP)** | \\|q_a − q′_a\\| ≤ Δ_a | none (nothing to prove) "
-            "| [proof](privacy-proofs.md#rnmh) | no | – |") in table
-    assert ("| `gem` | ε | \\|q_a − q′_a\\| ≤ Δ_a | exact, at defaults and beta = 0.2; the loss reaches ≥ 40% of ε "
-            "| [proof](privacy-proofs.md#gem) | yes | `beta` = 0.05 in (0, 1): ") in table
+    assert (
+        "| `rnmh` | **∞ (NOT DP)** | \\|q_a − q′_a\\| ≤ Δ_a | none (nothing to prove) "
+        "| [proof](privacy-proofs.md#rnmh) | no | – |"
+    ) in table
+    assert (
+        "| `gem` | ε | \\|q_a − q′_a\\| ≤ Δ_a | exact, at defaults and beta = 0.2; the loss reaches ≥ 40% of ε "
+        "| [proof](privacy-proofs.md#gem) | yes | `beta` = 0.05 in (0, 1): "
+    ) in table
     assert ("| `combined_gem` | corr_budget_fraction·ε + (1 − corr_budget_fraction)·ε = ε |") in table
     assert "| `rs` | ε | \\|q_a − q′_a\\| ≤ Δ_a | statistical, at gamma = 0.05; 100,000 draws per input |" in table
     assert "| `krr` | ε | any scores |" in table

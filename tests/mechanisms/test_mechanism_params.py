@@ -46,9 +46,18 @@ Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
 
 DEFAULTS = {
-    "rnm": {}, "rnm_laplace": {}, "em": {}, "pf": {}, "krr": {}, "random": {}, "rnmh": {},
-    "rs": {"gamma": 0.008}, "rs_improved": {"gamma": 0.008},
-    "gem": {"beta": 0.05}, "mgem": {"beta": 0.05}, "combined_gem": {"beta": 0.05, "corr_budget_fraction": 0.6},
+    "rnm": {},
+    "rnm_laplace": {},
+    "em": {},
+    "pf": {},
+    "krr": {},
+    "random": {},
+    "rnmh": {},
+    "rs": {"gamma": 0.008},
+    "rs_improved": {"gamma": 0.008},
+    "gem": {"beta": 0.05},
+    "mgem": {"beta": 0.05},
+    "combined_gem": {"beta": 0.05, "corr_budget_fraction": 0.6},
 }
 
 
@@ -63,7 +72,10 @@ def test_each_mechanism_declares_its_parameters_and_defaults():
     }
     assert MECHANISMS["gem"].params["beta"] is MECHANISMS["combined_gem"].params["beta"] is PARAMS["beta"]
     assert all(s.doc and "\n" not in s.doc for s in PARAMS.values())
-    assert dict(params_of("combined_gem")) == {"beta": PARAMS["beta"], "corr_budget_fraction": PARAMS["corr_budget_fraction"]}
+    assert dict(params_of("combined_gem")) == {
+        "beta": PARAMS["beta"],
+        "corr_budget_fraction": PARAMS["corr_budget_fraction"],
+    }
     assert takers("beta") == ("gem", "mgem", "combined_gem") and takers("gamma") == ("rs", "rs_improved")
     with pytest.raises(MechanismInputError, match="unknown mechanism 'nope'"):
         params_of("nope")
@@ -79,8 +91,12 @@ REFUSED = [
     ("beta", True, r"beta must be a real number in \(0, 1\), got True$"),
     ("gamma", 1.5, rf"gamma must be in {OPEN_UNIT}, got 1\.5$"),
     ("gamma", -0.0, rf"gamma must be in {OPEN_UNIT}, got -0\.0$"),
-    ("gamma", 9.99e-7, r"gamma must be at least 1e-06 \(random stopping makes about 1/gamma draws per "
-                       r"selection\), got 9\.99e-07$"),
+    (
+        "gamma",
+        9.99e-7,
+        r"gamma must be at least 1e-06 \(random stopping makes about 1/gamma draws per "
+        r"selection\), got 9\.99e-07$",
+    ),
     ("corr_budget_fraction", 1.0, rf"corr_budget_fraction must be in {OPEN_UNIT}, got 1\.0$"),
     ("corr_budget_fraction", -0.25, rf"corr_budget_fraction must be in {OPEN_UNIT}, got -0\.25$"),
 ]
@@ -109,13 +125,18 @@ def test_the_accepted_ranges_are_todays():
 def test_a_known_parameter_is_checked_and_ignored_by_a_mechanism_that_does_not_take_it():
     a = select_batch("rnm", Q[None], D, 1.0, 20, 3, beta=0.3, gamma=0.5, corr_budget_fraction=0.1)
     np.testing.assert_array_equal(a, select_batch("rnm", Q[None], D, 1.0, 20, 3))
-    np.testing.assert_array_equal(probabilities("combined_gem", Q, D, 1.0, gamma=0.5), probabilities("combined_gem", Q, D, 1.0))
+    np.testing.assert_array_equal(
+        probabilities("combined_gem", Q, D, 1.0, gamma=0.5), probabilities("combined_gem", Q, D, 1.0)
+    )
     assert not np.allclose(probabilities("gem", Q, D, 1.0, beta=0.5), probabilities("gem", Q, D, 1.0))
 
 
 def test_a_name_no_mechanism_declares_is_refused():
-    with pytest.raises(MechanismInputError, match=r"unknown mechanism parameter\(s\) alpha, delta; "
-                                                  r"expected only gamma, beta, corr_budget_fraction$"):
+    with pytest.raises(
+        MechanismInputError,
+        match=r"unknown mechanism parameter\(s\) alpha, delta; "
+        r"expected only gamma, beta, corr_budget_fraction$",
+    ):
         select("rnm", Q, D, 1.0, delta=0.1, alpha=0.5)
 
 
@@ -154,8 +175,15 @@ def test_the_listing_shows_each_mechanisms_parameters(capsys):
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows["rnm"]["params"] == {}
     assert rows["rs"]["params"]["gamma"] == {
-        "name": "gamma", "default": 0.008, "low": 0.0, "high": 1.0, "doc": PARAMS["gamma"].doc,
-        "low_inclusive": False, "high_inclusive": False, "floor": 1e-6, "floor_reason": PARAMS["gamma"].floor_reason,
+        "name": "gamma",
+        "default": 0.008,
+        "low": 0.0,
+        "high": 1.0,
+        "doc": PARAMS["gamma"].doc,
+        "low_inclusive": False,
+        "high_inclusive": False,
+        "floor": 1e-6,
+        "floor_reason": PARAMS["gamma"].floor_reason,
         "accepted": "[1e-06, 1)",
     }
     assert list(rows["combined_gem"]["params"]) == ["beta", "corr_budget_fraction"]
@@ -170,30 +198,58 @@ def test_the_registry_is_read_only_and_registration_is_checked():
         unregister("rnm")
     other_beta = ParamSpec("beta", 0.1, 0.0, 1.0, "another β")
     with pytest.raises(ValueError, match="'beta' differs from the spec declared by gem, mgem, combined_gem"):
-        register(Mechanism("gem2", "gem with another β", MECHANISMS["gem"].sample, MECHANISMS["gem"].log_probabilities_fn,
-                           params=param_specs(other_beta), privacy=MECHANISMS["gem"].privacy))
+        register(
+            Mechanism(
+                "gem2",
+                "gem with another β",
+                MECHANISMS["gem"].sample,
+                MECHANISMS["gem"].log_probabilities_fn,
+                params=param_specs(other_beta),
+                privacy=MECHANISMS["gem"].privacy,
+            )
+        )
     with pytest.raises(ValueError, match="argument of select"):
-        register(Mechanism("seeded", "x", MECHANISMS["rnm"].sample, MECHANISMS["rnm"].log_probabilities_fn,
-                           params=param_specs(ParamSpec("seed", 1, 0, 2, "x")), privacy=MECHANISMS["rnm"].privacy))
+        register(
+            Mechanism(
+                "seeded",
+                "x",
+                MECHANISMS["rnm"].sample,
+                MECHANISMS["rnm"].log_probabilities_fn,
+                params=param_specs(ParamSpec("seed", 1, 0, 2, "x")),
+                privacy=MECHANISMS["rnm"].privacy,
+            )
+        )
     with pytest.raises(TypeError, match="privacy"):  # no mechanism without a privacy declaration
         Mechanism("undeclared", "x", MECHANISMS["rnm"].sample)  # type: ignore[call-arg]  # the point: it is required
     with pytest.raises(ValueError, match="an exact audit needs log_probabilities_fn"):
         Mechanism("unprovable", "x", MECHANISMS["rnm"].sample, privacy=MECHANISMS["rnm"].privacy)
     with pytest.raises(ValueError, match=r"its audit sets \['beta'\], which it does not take"):
-        Mechanism("rnm2", "x", MECHANISMS["rnm"].sample, MECHANISMS["rnm"].log_probabilities_fn,
-                  privacy=MECHANISMS["gem"].privacy)
+        Mechanism(
+            "rnm2",
+            "x",
+            MECHANISMS["rnm"].sample,
+            MECHANISMS["rnm"].log_probabilities_fn,
+            privacy=MECHANISMS["gem"].privacy,
+        )
     with pytest.raises(ValueError, match="default"):
         ParamSpec("x", 1.0, 0.0, 1.0, "a default outside its range")
-    assert "gem2" not in MECHANISMS and "seeded" not in MECHANISMS and list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]
+    assert (
+        "gem2" not in MECHANISMS
+        and "seeded" not in MECHANISMS
+        and list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]
+    )
 
 
 # --- a toy mechanism (conftest's tempered_em), registered by each test that uses it -------------
 
+
 def test_toy_parameters_are_validated_before_any_draw(toy):
     assert dict(params_of("tempered_em")) == {"alpha": toy.params["alpha"]} and takers("alpha") == ("tempered_em",)
-    for bad, message in ((0.0, r"alpha must be in the interval \(0, 1\], got 0\.0$"),
-                         (1.5, r"alpha must be in the interval \(0, 1\], got 1\.5$"),
-                         ("x", r"alpha must be a real number in \(0, 1\], got 'x'$")):
+    for bad, message in (
+        (0.0, r"alpha must be in the interval \(0, 1\], got 0\.0$"),
+        (1.5, r"alpha must be in the interval \(0, 1\], got 1\.5$"),
+        ("x", r"alpha must be a real number in \(0, 1\], got 'x'$"),
+    ):
         for name in ("tempered_em", "rnm"):  # refused by the toy and by a mechanism that ignores it
             rng = np.random.default_rng(1)
             state = rng.bit_generator.state
@@ -201,7 +257,9 @@ def test_toy_parameters_are_validated_before_any_draw(toy):
                 select(name, Q, D, 1.0, rng=rng, alpha=bad)
             assert rng.bit_generator.state == state
     assert select("tempered_em", Q, D, 1.0, rng=np.random.default_rng(1), alpha=1.0) in range(5)
-    np.testing.assert_array_equal(select_batch("rnm", Q[None], D, 1.0, 9, 2, alpha=0.3), select_batch("rnm", Q[None], D, 1.0, 9, 2))
+    np.testing.assert_array_equal(
+        select_batch("rnm", Q[None], D, 1.0, 9, 2, alpha=0.3), select_batch("rnm", Q[None], D, 1.0, 9, 2)
+    )
 
 
 def test_toy_parameter_leaves_with_the_toy(make_toy):
@@ -256,6 +314,7 @@ def test_toy_passes_the_statistical_privacy_audit(toy):
 
 # --- the toy is evaluable and servable: nothing but this module knows about it -------------------
 
+
 def _toy_scenario_1_mse(alpha: float, epsilon: float) -> float:
     """Scenario 1 (n = 20): ten candidates score 1 (Δ 1.8), ten −1 (Δ 1). The toy picks a −1 with
     probability 1 / (1 + e^{2u}), u = αε / (2 · 1.8), and then misses the best by 2."""
@@ -266,8 +325,26 @@ def test_toy_is_evaluable_with_its_parameter_from_the_command_line(toy, tmp_path
     import polars as pl
 
     out = tmp_path / "r"
-    argv = ["eval-synthetic", "--scenario", "1", "--n", "20", "--mechanisms", "rnm", "tempered_em",
-            "--epsilons", "0.5", "2", "--alpha", "0.25", "--exact", "--workers", "1", "--out", str(out)]
+    argv = [
+        "eval-synthetic",
+        "--scenario",
+        "1",
+        "--n",
+        "20",
+        "--mechanisms",
+        "rnm",
+        "tempered_em",
+        "--epsilons",
+        "0.5",
+        "2",
+        "--alpha",
+        "0.25",
+        "--exact",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    ]
     assert recsvc_main(argv) == 0, capsys.readouterr().err
     rows = {(r["mechanism"], r["epsilon"]): r for r in pl.read_csv(out / "mse.csv").iter_rows(named=True)}
     for eps, expected in ((0.5, 1.930583), (2.0, 1.723995)):
@@ -290,25 +367,28 @@ def test_toy_is_run_by_default_and_its_parameter_is_checked_by_eval(toy, tmp_pat
     assert "tempered_em" in validate(EvalConfig(scenario="1"))  # a private mechanism: in the default set
     out = tmp_path / "r"
     assert recsvc_main(["eval-synthetic", "--scenario", "1", "--alpha", "1.5", "--out", str(out)]) == 2
-    assert capsys.readouterr().err.strip() == ("recsvc eval-synthetic: error: --alpha must be in the interval "
-                                               "(0, 1], got 1.5")
+    assert capsys.readouterr().err.strip() == (
+        "recsvc eval-synthetic: error: --alpha must be in the interval (0, 1], got 1.5"
+    )
     assert not out.exists()
 
 
 def test_eval_refuses_the_toy_parameter_once_the_toy_is_gone():
     from eval.config import EvalConfig, validate
 
-    with pytest.raises(MechanismInputError, match=r"unknown mechanism parameter\(s\) alpha; "
-                                                  r"expected only gamma, beta, corr_budget_fraction$"):
+    with pytest.raises(
+        MechanismInputError,
+        match=r"unknown mechanism parameter\(s\) alpha; "
+        r"expected only gamma, beta, corr_budget_fraction$",
+    ):
         validate(EvalConfig(scenario="1", params={"alpha": 0.5}))
 
 
 def test_toy_is_servable_through_grpc_and_charges_the_ledger(toy, artifact, tmp_path, capsys):
-    from recsvc.service.testing import candidates
-
     from recsvc.service.client import Client
     from recsvc.service.config import ServerConfig
     from recsvc.service.server import start
+    from recsvc.service.testing import candidates
 
     handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0))
     try:
@@ -323,14 +403,27 @@ def test_toy_is_servable_through_grpc_and_charges_the_ledger(toy, artifact, tmp_
             again = c.select("toy-user", cands, mechanism="tempered_em", epsilon=0.5, request_id="t1")
             assert (again.item_id, again.replayed) == (r.item_id, True)  # a retry: the stored answer
             # The proto has no field for α: the client refuses to drop it silently, nothing is sent.
-            with pytest.raises(ValueError, match=r"'alpha' cannot be sent: SelectRequest has fields only for "
-                                                 r"gamma, beta, corr_budget_fraction$"):
+            with pytest.raises(
+                ValueError,
+                match=r"'alpha' cannot be sent: SelectRequest has fields only for "
+                r"gamma, beta, corr_budget_fraction$",
+            ):
                 c.select("toy-user", cands, mechanism="tempered_em", epsilon=0.5, alpha=0.3)
         assert handle.ledger.user("toy-user").spent == pytest.approx(0.5)
         assert handle.ledger.user("toy-user").requests == 1
         # ... and through `recsvc select`.
-        argv = ["select", "--target", target, "--user", "toy-cli", "--mechanism", "tempered_em", "--epsilon", "0.25",
-                *[a for i, s in cands for a in ("--candidate", f"{i}:{s}")]]
+        argv = [
+            "select",
+            "--target",
+            target,
+            "--user",
+            "toy-cli",
+            "--mechanism",
+            "tempered_em",
+            "--epsilon",
+            "0.25",
+            *[a for i, s in cands for a in ("--candidate", f"{i}:{s}")],
+        ]
         assert recsvc_main(argv) == 0
         answer = json.loads(capsys.readouterr().out)
         assert answer["mechanism"] == "tempered_em" and answer["epsilon_spent"] == 0.25
@@ -360,8 +453,10 @@ def test_the_servers_toy_draws_follow_its_distribution(toy, artifact, tmp_path):
     handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db"))
     try:
         with Client(f"127.0.0.1:{handle.port}", retries=0) as c:
-            reqs = [c.select_request(f"toy-{t}", list(zip(ids, raw)), mechanism="tempered_em", epsilon=6.0)
-                    for t in range(600)]
+            reqs = [
+                c.select_request(f"toy-{t}", list(zip(ids, raw, strict=False)), mechanism="tempered_em", epsilon=6.0)
+                for t in range(600)
+            ]
             results = c.select_batch(reqs[:300]) + c.select_batch(reqs[300:])
     finally:
         handle.stop(grace=1)

@@ -61,8 +61,11 @@ def test_stage_epsilons_are_the_samplers_floats(eps):
 def test_a_step_or_part_that_rounds_to_zero_is_refused_with_its_name():
     with pytest.raises(MechanismInputError, match=r"^epsilon/k = 5e-324/2 rounds to 0; expected a larger epsilon$"):
         slate_split(2).stage_epsilons(5e-324)
-    with pytest.raises(MechanismInputError, match=r"^epsilon=5e-324 is too small to split \(candidate_fraction=0\.5\): "
-                                                  r"a part rounds to 0; expected a larger epsilon$"):
+    with pytest.raises(
+        MechanismInputError,
+        match=r"^epsilon=5e-324 is too small to split \(candidate_fraction=0\.5\): "
+        r"a part rounds to 0; expected a larger epsilon$",
+    ):
         two_stage_split(0.5, 3, 2).stage_epsilons(5e-324)
     with pytest.raises(MechanismInputError, match=r"^candidate_fraction·epsilon/num_candidates = 1e-323/5 rounds to 0"):
         two_stage_split(0.5, 5, 1, m_label="num_candidates").stage_epsilons(2e-323)
@@ -92,13 +95,16 @@ def test_a_slate_is_charged_the_sum_of_its_steps(eps):
 @pytest.mark.parametrize("eps", EPSILONS)
 def test_two_stage_is_charged_the_sum_of_both_stages(eps):
     for (name, cand), f, (m, k) in itertools.product(
-            [("rnm", "rnm"), ("gem", "combined_gem"), ("combined_gem", "em"), ("krr", "rs")],
-            (0.1, 0.5, 0.77), [(1, 1), (20, 3), (500, 10)]):
+        [("rnm", "rnm"), ("gem", "combined_gem"), ("combined_gem", "em"), ("krr", "rs")],
+        (0.1, 0.5, 0.77),
+        [(1, 1), (20, 3), (500, 10)],
+    ):
         maps = {n: _combined(0.25) if n == "combined_gem" else (lambda e: e) for n in (name, cand)}
         e1 = Fraction(eps) * Fraction(f)
         expected = _sum_of_stages([(m, e1 / m, maps[cand]), (k, (Fraction(eps) - e1) / k, maps[name])])
-        got = charged_epsilon(name, eps, k, m=m, candidate_fraction=f, candidate_mechanism=cand,
-                              corr_budget_fraction=0.25)
+        got = charged_epsilon(
+            name, eps, k, m=m, candidate_fraction=f, candidate_mechanism=cand, corr_budget_fraction=0.25
+        )
         assert got == float(expected) == eps
 
 
@@ -132,11 +138,15 @@ def test_a_mechanism_with_its_own_map_is_charged_by_it(make_toy):
 
 
 def test_the_privacy_declaration_is_checked():
-    with pytest.raises(ValueError, match="proof must link a section of docs/concepts/privacy-proofs.md"):
+    with pytest.raises(ValueError, match=r"proof must link a section of docs/concepts/privacy-proofs.md"):
         Privacy(lambda e: e, MECHANISMS["rnm"].privacy.neighbouring, MECHANISMS["rnm"].privacy.audit, "README.md")
     with pytest.raises(ValueError, match="kind 'none' is for a mechanism with an infinite map"):
-        Privacy(lambda e: e, MECHANISMS["rnm"].privacy.neighbouring, MECHANISMS["rnmh"].privacy.audit,
-                "docs/concepts/privacy-proofs.md#rnm")
+        Privacy(
+            lambda e: e,
+            MECHANISMS["rnm"].privacy.neighbouring,
+            MECHANISMS["rnmh"].privacy.audit,
+            "docs/concepts/privacy-proofs.md#rnm",
+        )
 
 
 # --- the service charges the composed map --------------------------------------------------------
@@ -151,8 +161,9 @@ def test_the_service_charges_a_registered_mechanisms_own_map(make_toy, artifact,
     from recsvc.service.server import start
 
     with registered(make_toy("doubler", scale=2.0, privacy_map=lambda e: 2 * e)):
-        handle = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0,
-                                    min_candidates=4))
+        handle = start(
+            ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0, min_candidates=4)
+        )
         try:
             cands = [(f"it{i}", 0.1 * i) for i in range(8)]
             with Client(f"127.0.0.1:{handle.port}", retries=0) as c:
@@ -160,8 +171,15 @@ def test_the_service_charges_a_registered_mechanisms_own_map(make_toy, artifact,
                 assert (r.epsilon_spent, len(r.item_ids), r.budget_remaining) == (1.0, 2, 9.0)
                 [b] = c.select_batch([c.select_request("u-batch", cands, mechanism="doubler", epsilon=0.25)])
                 assert b.response.epsilon_spent == 0.5
-                rec = c.recommend("u-two", ["it1", "it2"], mechanism="doubler", epsilon=1.0, k=2,
-                                  num_candidates=4, candidate_fraction=0.25)
+                rec = c.recommend(
+                    "u-two",
+                    ["it1", "it2"],
+                    mechanism="doubler",
+                    epsilon=1.0,
+                    k=2,
+                    num_candidates=4,
+                    candidate_fraction=0.25,
+                )
                 assert rec.epsilon_spent == 0.25 + 2 * 0.75
                 plain = c.select("u-rnm", cands, mechanism="rnm", epsilon=0.3, k=3)
                 assert plain.epsilon_spent == 0.3  # a private built-in: exactly the request
@@ -194,7 +212,8 @@ def test_charging_is_cheap_once_seen():
     import timeit
 
     charged_epsilon("combined_gem", 0.5, 3, m=20, candidate_fraction=0.3)
-    per_call = timeit.timeit(lambda: charged_epsilon("combined_gem", 0.5, 3, m=20, candidate_fraction=0.3),
-                             number=2000) / 2000
+    per_call = (
+        timeit.timeit(lambda: charged_epsilon("combined_gem", 0.5, 3, m=20, candidate_fraction=0.3), number=2000) / 2000
+    )
     assert per_call < 50e-6
     assert np.isfinite(per_call)

@@ -122,7 +122,7 @@ def test_select_batch_bad_input(kwargs, message):
 
 
 def test_select_rejects_non_generator_rng():
-    with pytest.raises(ValueError, match="numpy.random.Generator"):
+    with pytest.raises(ValueError, match=r"numpy.random.Generator"):
         select("rnm", Q, D, 1.0, rng=np.random.RandomState(0))
 
 
@@ -130,7 +130,9 @@ def test_none_params_mean_defaults():
     a = select("gem", Q, D, 1.0, rng=np.random.default_rng(5), beta=None, gamma=None)
     b = select("gem", Q, D, 1.0, rng=np.random.default_rng(5))
     assert a == b
-    np.testing.assert_array_equal(probabilities("gem", Q, D, 1.0, beta=None), probabilities("gem", Q, D, 1.0, beta=0.05))
+    np.testing.assert_array_equal(
+        probabilities("gem", Q, D, 1.0, beta=None), probabilities("gem", Q, D, 1.0, beta=0.05)
+    )
 
 
 @pytest.mark.parametrize("name", list(MECHANISMS))

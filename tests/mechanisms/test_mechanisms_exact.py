@@ -8,7 +8,6 @@ import pytest
 from scipy.stats import binomtest
 
 from recsvc.mechanisms import MECHANISMS, log_probabilities, probabilities, select, select_batch
-
 from recsvc.mechanisms.gem import gem_t, q_prime, q_prime_naive, report_correlation_bit
 from recsvc.mechanisms.testing import REFERENCE, chisquare_pvalue, noisy_max_probabilities_quad
 
@@ -131,7 +130,7 @@ def test_rnm_laplace_quadrature_converged(monkeypatch):
     monkeypatch.setattr(exact, "_LAP_VAR", 3.0)
     monkeypatch.setattr(exact, "_LAP_CUT", 60.0)
     monkeypatch.setattr(exact, "_LAP_FAR", 30.0)
-    for ((q, d), eps), b in zip(cases, base):
+    for ((q, d), eps), b in zip(cases, base, strict=False):
         fine = log_probabilities("rnm_laplace", q, d, eps)
         # |log P| reaches ~1e4 at ε = 1e4: compare relative to it (1e-12 relative in P elsewhere)
         np.testing.assert_allclose(b, fine, rtol=1e-14, atol=1e-12 * max(1.0, np.abs(fine).max()))

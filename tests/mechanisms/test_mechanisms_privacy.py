@@ -85,7 +85,7 @@ def test_statistically_audited_mechanisms_are_within_epsilon_by_quadrature(name,
 def test_statistical_audit_has_power_on_rnmh():
     """The same audit DOES flag rnmh on the §IV-A counterexample (loss certified > 5ε), whose
     declaration has nothing to prove (its map is infinite)."""
-    pair = list(paper_pairs())[0]
+    pair = next(iter(paper_pairs()))
     assert statistical_audit("rnmh", [pair], 1.0, 200) > 5.0
     assert audit("rnmh", 1.0).passed and MECHANISMS["rnmh"].privacy.audit.kind is AuditKind.NONE
 
@@ -93,7 +93,7 @@ def test_statistical_audit_has_power_on_rnmh():
 def test_counterexample_section_iv_a_rnmh():
     """§IV-A: Δ_1 ≈ 0, q_1 = 0; q_2 = ½ vs −½ (Δ_2 = 1). P(1) ≈ 0 on D, 1 − e^{−ε/4} on D′."""
     eps = 1.0
-    q, q2, d = list(paper_pairs())[0]
+    q, q2, d = next(iter(paper_pairs()))
     d = np.array([0.05, 1.0])  # a resolvable Δ_1; the closed form → ∞ as Δ_1 → 0
     p = noisy_max_probabilities_quad(q, 2 * d / eps, "exponential")
     p2 = noisy_max_probabilities_quad(q2, 2 * d / eps, "exponential")

@@ -5,7 +5,7 @@ is not overstated (the slate's privacy loss exceeds ε/k)."""
 
 import itertools
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -22,7 +22,6 @@ from recsvc.mechanisms import (
     slate_log_probabilities,
     slate_probabilities,
 )
-
 from recsvc.mechanisms.testing import (
     REFERENCE,
     TOL,
@@ -102,8 +101,15 @@ def test_bad_input_is_a_clear_error_and_draws_nothing(name, change, match):
     rng = np.random.default_rng(3)
     before = rng.bit_generator.state
     with pytest.raises(MechanismInputError, match=match):
-        select_slate(args["name"], args["scores"], args["sensitivities"], args["epsilon"], args["k"],
-                     np.random.RandomState(0) if change.get("rng_type") else rng, **args["params"])
+        select_slate(
+            args["name"],
+            args["scores"],
+            args["sensitivities"],
+            args["epsilon"],
+            args["k"],
+            np.random.RandomState(0) if change.get("rng_type") else rng,
+            **args["params"],
+        )
     assert rng.bit_generator.state == before
 
 
@@ -185,7 +191,7 @@ def _audit_inputs():
     return cases
 
 
-@lru_cache(maxsize=None)
+@cache
 def _slate_audit(name, k, epsilon):
     """max over inputs, neighbours and ordered slates of |log P(s|q) − log P(s|q')|."""
     worst = 0.0
@@ -263,7 +269,7 @@ def test_statistical_slate_audit(name):
     assert certified <= charged_epsilon(name, eps, k) == eps
     exact = [_reference_slate_log_probabilities(name, q, d, eps, k, **params) for q in inputs]
     assert 0.05 < max(max_log_ratio(exact[0], e) for e in exact[1:]) <= eps + 1e-6
-    for c, e in zip(counts, exact):
+    for c, e in zip(counts, exact, strict=False):
         probs = np.exp(list(e.values()))
         assert probs.sum() == pytest.approx(1.0, abs=1e-8)
         assert chisquare_pvalue(c, probs) > ALPHA

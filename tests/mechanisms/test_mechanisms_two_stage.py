@@ -20,7 +20,6 @@ from recsvc.mechanisms import (
     two_stage_log_probabilities,
     two_stage_probabilities,
 )
-
 from recsvc.mechanisms.testing import TOL, audited, chisquare_pvalue, max_log_ratio, neighbour_vertices
 
 ALPHA = 1e-3
@@ -87,7 +86,9 @@ def test_two_stage_returns_distinct_catalog_indices(name):
     rng = np.random.default_rng(2)
     for _ in range(10):
         s = select_two_stage(name, Q, D, 1.0, 3, 0.5, 2, rng, name, allow_non_private=True)
-        assert s.dtype == np.int64 and s.shape == (2,) and len(set(s.tolist())) == 2 and set(s.tolist()) <= set(range(5))
+        assert (
+            s.dtype == np.int64 and s.shape == (2,) and len(set(s.tolist())) == 2 and set(s.tolist()) <= set(range(5))
+        )
     assert len(select_two_stage("rnm", Q, D, 1.0, 2, 0.5)) == 1  # default k = 1, CSPRNG
 
 
@@ -104,7 +105,10 @@ BAD = [
     (dict(candidate_fraction=True), r"candidate_fraction must be a real number in \(0, 1\)"),
     (dict(candidate_fraction="0.5"), r"candidate_fraction must be a real number"),
     (dict(m=0), r"m = 0 is out of range; expected an integer with 1 ≤ m ≤ 5"),
-    (dict(m=6), r"m = 6 is out of range; expected an integer with 1 ≤ m ≤ 5 \(the number of candidates in the catalog\)"),
+    (
+        dict(m=6),
+        r"m = 6 is out of range; expected an integer with 1 ≤ m ≤ 5 \(the number of candidates in the catalog\)",
+    ),
     (dict(m=2.0), r"m must be an integer"),
     (dict(k=4), r"k = 4 is out of range; expected an integer with 1 ≤ k ≤ 3 \(m, the number of private candidates\)"),
     (dict(k=0), r"k = 0 is out of range"),
@@ -119,13 +123,25 @@ BAD = [
 
 @pytest.mark.parametrize("change,match", BAD)
 def test_bad_input_is_a_clear_error_and_draws_nothing(change, match):
-    a = dict(name="gem", cand="rnm", scores=Q, sensitivities=D, epsilon=1.0, m=3, candidate_fraction=0.5, k=2, params={})
+    a = dict(
+        name="gem", cand="rnm", scores=Q, sensitivities=D, epsilon=1.0, m=3, candidate_fraction=0.5, k=2, params={}
+    )
     a |= change
     rng = np.random.default_rng(4)
     before = rng.bit_generator.state
     with pytest.raises(MechanismInputError, match=match):
-        select_two_stage(a["name"], a["scores"], a["sensitivities"], a["epsilon"], a["m"], a["candidate_fraction"],
-                         a["k"], rng, a["cand"], **a["params"])
+        select_two_stage(
+            a["name"],
+            a["scores"],
+            a["sensitivities"],
+            a["epsilon"],
+            a["m"],
+            a["candidate_fraction"],
+            a["k"],
+            rng,
+            a["cand"],
+            **a["params"],
+        )
     assert rng.bit_generator.state == before
 
 

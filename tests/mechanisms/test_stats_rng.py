@@ -11,7 +11,7 @@ def test_spearman_matches_scipy_with_ties_rowwise():
     x = rng.integers(0, 5, size=(4, 30)).astype(float)
     y = x + rng.normal(size=(4, 30))
     got = spearman(x, y)
-    want = [spearmanr(a, b).statistic for a, b in zip(x, y)]
+    want = [spearmanr(a, b).statistic for a, b in zip(x, y, strict=False)]
     np.testing.assert_allclose(got, want, rtol=1e-12)
     assert spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
 
@@ -58,8 +58,13 @@ def test_radix_argsort_is_numpys_stable_argsort():
 
     rng = np.random.default_rng(4)
     extremes = np.array([3.0, -1.0, 0.0, -1e300, 1e300, 1e-310, -1e-310, 2.0, -5e-324, 5e-324])
-    for x in (rng.normal(size=5000), rng.normal(size=5000).round(1) + 0.0, np.tile(extremes, 300),
-              rng.uniform(1.0, 1.0 + 1e-12, 4000), np.full(RADIX_MIN_N, 7.5)):
+    for x in (
+        rng.normal(size=5000),
+        rng.normal(size=5000).round(1) + 0.0,
+        np.tile(extremes, 300),
+        rng.uniform(1.0, 1.0 + 1e-12, 4000),
+        np.full(RADIX_MIN_N, 7.5),
+    ):
         np.testing.assert_array_equal(_argsort_radix(x), np.argsort(x, kind="stable"))
         np.testing.assert_array_equal(argsort_fast(x), np.argsort(x, kind="stable"))
     z = np.array([0.0, -0.0] * RADIX_MIN_N)  # −0.0 == 0.0: only their relative order may differ

@@ -32,7 +32,9 @@ def test_ml100k_udata_and_inter(tmp_path: Path, table: pl.DataFrame) -> None:
     write_inter(tmp_path / "b", table)
     for d in ("a", "b"):
         got = load("ml-100k", tmp_path / d)
-        assert triples(got.df) == {(u, i, float(int(r))) for u, i, r in table.select("user", "item", "rating").iter_rows()}
+        assert triples(got.df) == {
+            (u, i, float(int(r))) for u, i, r in table.select("user", "item", "rating").iter_rows()
+        }
 
 
 def test_netflix_four_files(tmp_path: Path, table: pl.DataFrame) -> None:
@@ -47,7 +49,13 @@ def test_amazon_book_marks_targets(tmp_path: Path) -> None:
     write_amazon(tmp_path, {0: [1, 2, 3], 1: [2, 4], 7: [5]}, {0: [4], 1: [1, 3], 7: []})
     df = load("amazon-book", tmp_path).df
     assert set(df.filter(~pl.col("target")).select("user", "item").iter_rows()) == {
-        ("0", "1"), ("0", "2"), ("0", "3"), ("1", "2"), ("1", "4"), ("7", "5")}
+        ("0", "1"),
+        ("0", "2"),
+        ("0", "3"),
+        ("1", "2"),
+        ("1", "4"),
+        ("7", "5"),
+    }
     assert set(df.filter(pl.col("target")).select("user", "item").iter_rows()) == {("0", "4"), ("1", "1"), ("1", "3")}
     assert df["rating"].null_count() == df.height  # implicit data
 
@@ -127,8 +135,10 @@ def test_netflix_prize_training_set_with_messy_whitespace(tmp_path: Path, table:
     d = tmp_path / "training_set"
     d.mkdir()
     for movie in sorted(table["item"].unique().to_list(), key=int):
-        rows = [f"{u},{int(r)},{np.datetime64(ts, 's').astype('datetime64[D]')}"
-                for u, _, r, ts in table.filter(pl.col("item") == movie).iter_rows()]
+        rows = [
+            f"{u},{int(r)},{np.datetime64(ts, 's').astype('datetime64[D]')}"
+            for u, _, r, ts in table.filter(pl.col("item") == movie).iter_rows()
+        ]
         (d / f"mv_{int(movie):07d}.txt").write_bytes(("\r\n".join([f"{movie}:  ", *rows, "   ", ""])).encode())
     got = load("netflix", tmp_path)
     assert got.df.height == table.height
@@ -138,7 +148,7 @@ def test_netflix_prize_training_set_with_messy_whitespace(tmp_path: Path, table:
 def test_whitespace_only_lines_are_blank_in_every_format(tmp_path: Path, table: pl.DataFrame) -> None:
     path = write_ml20m(tmp_path / "ml", table)
     lines = path.read_text().splitlines()
-    path.write_text("\n".join(lines[:3] + ["   ", "\t"] + lines[3:]) + "\n")
+    path.write_text("\n".join([*lines[:3], "   ", "\t", *lines[3:]]) + "\n")
     assert triples(load("ml-20m", tmp_path / "ml").df) == triples(table)
     write_amazon(tmp_path / "ab", {0: [1, 2], 1: [3]}, {0: [3], 1: [1]})
     train = tmp_path / "ab" / "train.txt"

@@ -8,7 +8,7 @@ import pytest
 import scipy.sparse as sp
 
 from data_prep.candidates import ScoringContext, score_population, score_top_k
-from data_prep.metrics import accuracy, bars_recall_at, ndcg_at, recall_at, hit_matrix
+from data_prep.metrics import accuracy, bars_recall_at, hit_matrix, ndcg_at, recall_at
 from data_prep.sensitivities import BlockStore, item_ranges, percentiles_along_rows, population_spearman
 from recsvc.engines import LocalEngine, chunk_ranges
 from recsvc.model import Model, TopK, top_k
@@ -19,7 +19,9 @@ INPUTS = sp.csr_matrix(np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0
 
 
 def _model() -> Model:
-    return Model(sp.identity(4, format="csr", dtype=np.float32), sp.csr_matrix(M, dtype=np.float32), np.array(list("abcd")))
+    return Model(
+        sp.identity(4, format="csr", dtype=np.float32), sp.csr_matrix(M, dtype=np.float32), np.array(list("abcd"))
+    )
 
 
 def _ranges(tmp_path, chunk: int, q=(1.0, 99.0)):
@@ -28,7 +30,9 @@ def _ranges(tmp_path, chunk: int, q=(1.0, 99.0)):
     store = BlockStore.create(tmp_path / "s.f64", 4, 4)
     store.block = 3  # force two item blocks, one of them ragged
     tops = []
-    for rows, (scores, top) in zip(chunks, LocalEngine(1, progress=False).map(score_population, chunks, ctx)):
+    for rows, (scores, top) in zip(
+        chunks, LocalEngine(1, progress=False).map(score_population, chunks, ctx), strict=False
+    ):
         store.write_rows(rows.start, scores)
         tops.append(top)
     return item_ranges(store, q), TopK.concat(tops)
@@ -82,7 +86,7 @@ def test_top_k_ranks_unseen_with_ties_by_lower_column() -> None:
 
 
 def test_score_top_k_masks_seen_items() -> None:
-    t = score_top_k(range(0, 4), ScoringContext(_model(), INPUTS, k=2))
+    t = score_top_k(range(4), ScoringContext(_model(), INPUTS, k=2))
     # user 0 (has a): scores b=1, c=2, d=0 → c, b.  user 3: all zero → a, b by column.
     assert t.index.tolist() == [[2, 1], [2, 0], [0, 1], [0, 1]]
     assert t.score.tolist() == [[2.0, 1.0], [4.0, 0.0], [3.0, 0.0], [0.0, 0.0]]
@@ -176,8 +180,9 @@ def test_bars_recall_divides_by_all_targets_and_ndcg20_by_the_capped_ideal() -> 
     20/30, nDCG@20 = 1; a user with 2 targets hit at ranks 1 and 3: BARS = 2/2, nDCG@20 as DCG/IDCG."""
     n_items = 60
     top = np.vstack([np.arange(20), np.r_[[40, 0, 41], np.arange(1, 18)]])
-    targets = sp.csr_matrix((np.ones(32), (np.r_[np.zeros(30, int), [1, 1]], np.r_[np.arange(30), [40, 41]])),
-                            shape=(2, n_items))
+    targets = sp.csr_matrix(
+        (np.ones(32), (np.r_[np.zeros(30, int), [1, 1]], np.r_[np.arange(30), [40, 41]])), shape=(2, n_items)
+    )
     hits = hit_matrix(top, targets)
     n_t = np.array([30, 2])
     np.testing.assert_allclose(recall_at(hits, n_t, 20), [1.0, 1.0])

@@ -17,17 +17,44 @@ from data_prep.testing import ratings_table, write_amazon, write_ml20m
 from recsvc.app.cli import main
 from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
 
-
 # A small `auto` policy table keeps these runs fast; test_policy_artifact.py covers the default one.
-TINY = ["prep", "--dataset", "synthetic", "--preset", "tiny", "--workers", "1", "--chunk-users", "16",
-        "--policy-users", "20", "--policy-trials", "5"]
-FILES = ("items.parquet", "candidates.parquet", "model/W1.npz", "model/W2.npz", "model/items.parquet",
-         "population.parquet", "policy.parquet")
+TINY = [
+    "prep",
+    "--dataset",
+    "synthetic",
+    "--preset",
+    "tiny",
+    "--workers",
+    "1",
+    "--chunk-users",
+    "16",
+    "--policy-users",
+    "20",
+    "--policy-trials",
+    "5",
+]
+FILES = (
+    "items.parquet",
+    "candidates.parquet",
+    "model/W1.npz",
+    "model/W2.npz",
+    "model/items.parquet",
+    "population.parquet",
+    "policy.parquet",
+)
 
 
 def _tiny(out: Path, **kw) -> PrepConfig:
-    base = dict(dataset="synthetic", preset="tiny", out=out, workers=1, chunk_users=16, progress=False,
-                policy_users=20, policy_trials=5)
+    base = dict(
+        dataset="synthetic",
+        preset="tiny",
+        out=out,
+        workers=1,
+        chunk_users=16,
+        progress=False,
+        policy_users=20,
+        policy_trials=5,
+    )
     return PrepConfig(**{**base, **kw})
 
 
@@ -168,12 +195,20 @@ def test_crash_after_the_scratch_dir_removes_the_parents_it_made(tmp_path: Path,
 @pytest.mark.parametrize(
     "setup, args, message",
     [
-        ("none", ["--dataset", "ml-20m"], r"ratings\.csv not found; expected a CSV with header userId,movieId,rating,timestamp"),
+        (
+            "none",
+            ["--dataset", "ml-20m"],
+            r"ratings\.csv not found; expected a CSV with header userId,movieId,rating,timestamp",
+        ),
         ("malformed", ["--dataset", "ml-20m"], r"ratings\.csv, line 4: malformed line"),
         ("low", ["--dataset", "ml-20m"], r"no interactions left after filtering \(rating ≥ 4"),
         ("ok", ["--dataset", "ml-20m"], r"users after filtering, fewer than the split needs \(10000 test"),
         ("ok", ["--dataset", "ml-20m", "--percentiles", "99", "1"], r"percentiles must satisfy 0 ≤ lo < hi ≤ 100"),
-        ("ok", ["--dataset", "ml-20m", "--l2", "-1", "--test-users", "5", "--val-users", "5"], r"l2 must be a positive number"),
+        (
+            "ok",
+            ["--dataset", "ml-20m", "--l2", "-1", "--test-users", "5", "--val-users", "5"],
+            r"l2 must be a positive number",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, setup, args, message, prep_error_line) -> None:
@@ -198,8 +233,19 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, setup, a
 def test_ml20m_fixture_end_to_end(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_ml20m(data, ratings_table(users=80, items=40, per_user=(10, 30), seed=5), kaggle=True)
-    out = run(PrepConfig(dataset="ml-20m", data_dir=data, out=tmp_path / "a", test_users=10, val_users=10,
-                         l2=(10.0,), density=(0.2,), workers=1, progress=False))
+    out = run(
+        PrepConfig(
+            dataset="ml-20m",
+            data_dir=data,
+            out=tmp_path / "a",
+            test_users=10,
+            val_users=10,
+            l2=(10.0,),
+            density=(0.2,),
+            workers=1,
+            progress=False,
+        )
+    )
     m = load_artifact(out).manifest
     assert m.split.test_users == 10 and m.split.validation_users == 10
     assert m.sansa.l2 == 10.0 and m.sansa.factorizer == "cholmod"
@@ -222,8 +268,16 @@ def test_real_ml100k_end_to_end(ml100k: Path) -> None:
     from eval.run import run as evaluate
 
     assert m.population_spearman.median > 0.3
-    res = evaluate(EvalConfig(artifacts=out, mechanisms=("rnm", "gem", "mgem"), epsilons=(0.1, 1.0, 4.0),
-                              exact=True, progress=False, workers=1))
+    res = evaluate(
+        EvalConfig(
+            artifacts=out,
+            mechanisms=("rnm", "gem", "mgem"),
+            epsilons=(0.1, 1.0, 4.0),
+            exact=True,
+            progress=False,
+            workers=1,
+        )
+    )
     t = {(r["mechanism"], r["epsilon"]): r for r in res.mse.iter_rows(named=True)}
     for eps in (0.1, 1.0, 4.0):
         mgem, rnm, gem = (t[(k, eps)] for k in ("mgem", "rnm", "gem"))
@@ -237,8 +291,19 @@ def test_amazon_book_fixture_end_to_end(tmp_path: Path, capsys) -> None:
     test = {u: sorted(set(rng.choice(30, size=3, replace=False).tolist()) - set(train[u])) for u in range(0, 40, 2)}
     test = {u: items for u, items in test.items() if items}
     write_amazon(tmp_path / "data", train, test)
-    out = run(PrepConfig(dataset="amazon-book", data_dir=tmp_path / "data", out=tmp_path / "a", l2=(5.0,),
-                         density=(0.2,), factorizer="cholmod", population_users=25, workers=1, progress=False))
+    out = run(
+        PrepConfig(
+            dataset="amazon-book",
+            data_dir=tmp_path / "data",
+            out=tmp_path / "a",
+            l2=(5.0,),
+            density=(0.2,),
+            factorizer="cholmod",
+            population_users=25,
+            workers=1,
+            progress=False,
+        )
+    )
     art = load_artifact(out)
     m = art.manifest
     assert m.sensitivity_population == "sample" and m.sensitivity_population_users == 25
@@ -272,8 +337,8 @@ def _peak_sensitivity_bytes(users: int, tmp_path: Path) -> tuple[int, dict]:
     from data_prep.pipeline import PrepConfig, _sensitivities, _Timer
     from data_prep.sensitivities import population_spearman
     from data_prep.split import UserGroup
-    from recsvc.model import Model
     from recsvc.engines import LocalEngine
+    from recsvc.model import Model
 
     items = 600
     rng = np.random.default_rng(0)

@@ -15,21 +15,23 @@ from data_prep.testing import write_amazon
 
 def _implicit(users: int = 60, seed: int = 1) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
-    rows = [(f"{u}", f"{i}") for u in range(users) for i in rng.choice(40, size=int(rng.integers(5, 26)), replace=False)]
+    rows = [
+        (f"{u}", f"{i}") for u in range(users) for i in rng.choice(40, size=int(rng.integers(5, 26)), replace=False)
+    ]
     return pl.DataFrame(rows, schema=["user", "item"], orient="row")
 
 
 def _pairs(m, user_ids, item_ids) -> set[tuple[str, str]]:
     coo = m.tocoo()
-    return {(user_ids[r], item_ids[c]) for r, c in zip(coo.row, coo.col)}
+    return {(user_ids[r], item_ids[c]) for r, c in zip(coo.row, coo.col, strict=False)}
 
 
 def test_filter_keeps_ratings_4_plus_and_users_with_5() -> None:
     df = pl.DataFrame(
         {
             "user": ["a"] * 6 + ["b"] * 6 + ["c"] * 5,
-            "item": ["1", "2", "3", "4", "5", "5"] + ["1", "2", "3", "4", "5", "6"] + ["1", "2", "3", "4", "5"],
-            "rating": [4.0, 5, 4.5, 4, 5, 5] + [5.0, 5, 5, 5, 3.5, 1] + [4.0, 4, 4, 4, 4],
+            "item": ["1", "2", "3", "4", "5", "5", "1", "2", "3", "4", "5", "6", "1", "2", "3", "4", "5"],
+            "rating": [4.0, 5, 4.5, 4, 5, 5, 5.0, 5, 5, 5, 3.5, 1, 4.0, 4, 4, 4, 4],
         }
     )
     out = filter_implicit(df, explicit=True, source="t")
@@ -57,7 +59,10 @@ def test_strong_split_rules() -> None:
         for r, u in enumerate(group.user_ids):
             n = len(truth[u])
             assert n_tg[r] == int(np.floor(0.2 * n)) and n_in[r] == n - n_tg[r]
-        got_in, got_tg = _pairs(group.inputs, group.user_ids, s.item_ids), _pairs(group.targets, group.user_ids, s.item_ids)
+        got_in, got_tg = (
+            _pairs(group.inputs, group.user_ids, s.item_ids),
+            _pairs(group.targets, group.user_ids, s.item_ids),
+        )
         assert not got_in & got_tg
         assert got_in | got_tg == {(u, i) for u in group.user_ids for i in truth[u]}
     assert _pairs(s.train, s.train_user_ids, s.item_ids) == {(u, i) for u in s.train_user_ids for i in truth[u]}
@@ -75,7 +80,9 @@ def test_strong_split_is_deterministic_and_order_free() -> None:
 
 
 def test_too_few_users() -> None:
-    with pytest.raises(DataError, match=r"60 users after filtering, fewer than the split needs \(50 test \+ 10 validation"):
+    with pytest.raises(
+        DataError, match=r"60 users after filtering, fewer than the split needs \(50 test \+ 10 validation"
+    ):
         strong_split(_implicit(), 50, 10, 42, "t")
 
 
@@ -86,7 +93,13 @@ def test_weak_split_amazon(tmp_path: Path) -> None:
     assert s.validation is None
     assert list(s.train_user_ids) == ["0", "1", "2", "3"] and s.train.nnz == 8
     assert list(s.test.user_ids) == ["0", "1"]  # users with targets
-    assert _pairs(s.test.inputs, s.test.user_ids, s.item_ids) == {("0", "1"), ("0", "2"), ("0", "3"), ("1", "2"), ("1", "4")}
+    assert _pairs(s.test.inputs, s.test.user_ids, s.item_ids) == {
+        ("0", "1"),
+        ("0", "2"),
+        ("0", "3"),
+        ("1", "2"),
+        ("1", "4"),
+    }
     assert _pairs(s.test.targets, s.test.user_ids, s.item_ids) == {("0", "4"), ("1", "1"), ("1", "3")}
     pop = sample_population(s, 3, seed=42)
     assert len(pop.user_ids) == 3 and set(pop.user_ids) <= {"0", "1", "2", "3"}

@@ -47,16 +47,33 @@ SYN = ["--dataset", "synthetic", "--preset", "tiny"]
         ([*SYN, "--l2", "-1"], r"l2 must be a positive number, got -1.0 \(--l2\)"),
         ([*SYN, "--density", "2"], r"density must be in \(0, 1\], got 2.0 \(--density\)"),
         ([*SYN, "--val-users", "-1"], r"--val-users must be an integer ≥ 0, got -1"),
-        (["--dataset", "ml-100k", "--preset", "tiny"], r"--preset only applies to --dataset synthetic, got --dataset ml-100k"),
+        (
+            ["--dataset", "ml-100k", "--preset", "tiny"],
+            r"--preset only applies to --dataset synthetic, got --dataset ml-100k",
+        ),
         (["--users", "10", "--items", "30"], r"--users, --items only apply to --dataset synthetic"),
         (["--population-users", "50"], r"--population-users only applies to --dataset amazon-book"),
-        ([*SYN, "--population-users", "50"], r"--population-users only applies to --dataset amazon-book .*got --dataset synthetic"),
+        (
+            [*SYN, "--population-users", "50"],
+            r"--population-users only applies to --dataset amazon-book .*got --dataset synthetic",
+        ),
         (["--dataset", "amazon-book", "--test-users", "5"], r"--test-users does not apply to --dataset amazon-book"),
-        (["--dataset", "amazon-book", "--sensitivity-population", "test"],
-         r"--sensitivity-population does not apply to --dataset amazon-book"),
-        ([*SYN, "--engine", "local", "--scheduler", "tcp://127.0.0.1:8786"], r"--scheduler needs --engine dask .*got --engine local"),
-        ([*SYN, "--scheduler", "notaurl"], r"--scheduler 'notaurl' is not a Dask scheduler address .*expected e\.g\. tcp://HOST:8786"),
-        ([*SYN, "--scheduler", "foo://h:1"], r"--scheduler 'foo://h:1' is not a Dask scheduler address \(unknown protocol 'foo'\)"),
+        (
+            ["--dataset", "amazon-book", "--sensitivity-population", "test"],
+            r"--sensitivity-population does not apply to --dataset amazon-book",
+        ),
+        (
+            [*SYN, "--engine", "local", "--scheduler", "tcp://127.0.0.1:8786"],
+            r"--scheduler needs --engine dask .*got --engine local",
+        ),
+        (
+            [*SYN, "--scheduler", "notaurl"],
+            r"--scheduler 'notaurl' is not a Dask scheduler address .*expected e\.g\. tcp://HOST:8786",
+        ),
+        (
+            [*SYN, "--scheduler", "foo://h:1"],
+            r"--scheduler 'foo://h:1' is not a Dask scheduler address \(unknown protocol 'foo'\)",
+        ),
     ],
 )
 def test_bad_flag_fails_before_any_work_or_directory(tmp_path: Path, no_work, args, message, prep_error_line) -> None:
@@ -81,10 +98,16 @@ def test_unusable_out_is_one_line_and_creates_nothing(tmp_path: Path, where, pre
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     out, message = {
-        "under-a-file": (blocker / "sub" / "deeper", r"cannot create --out .*a-file/sub/deeper: .*a-file is not a directory"),
+        "under-a-file": (
+            blocker / "sub" / "deeper",
+            r"cannot create --out .*a-file/sub/deeper: .*a-file is not a directory",
+        ),
         "file-itself": (blocker, r"cannot create --out .*a-file: it exists and is not a directory"),
         # sysfs refuses new entries even to root, unlike a chmod-ed directory.
-        "not-permitted": (Path("/sys/recsvc-prep-test/o"), r"cannot create --out /sys/recsvc-prep-test/o: Operation not permitted \(/sys"),
+        "not-permitted": (
+            Path("/sys/recsvc-prep-test/o"),
+            r"cannot create --out /sys/recsvc-prep-test/o: Operation not permitted \(/sys",
+        ),
     }[where]
     assert main(["prep", *SYN, "--workers", "1", "--out", str(out)]) == 2
     assert re.search(message, prep_error_line())
@@ -100,7 +123,11 @@ def test_failed_run_removes_the_parents_it_created(tmp_path: Path, monkeypatch) 
 
     monkeypatch.setattr(pipeline, "_load_and_split", bad_data)
     with pytest.raises(DataError, match="simulated"):
-        run(PrepConfig(dataset="synthetic", preset="tiny", out=tmp_path / "kept" / "new" / "o", workers=1, progress=False))
+        run(
+            PrepConfig(
+                dataset="synthetic", preset="tiny", out=tmp_path / "kept" / "new" / "o", workers=1, progress=False
+            )
+        )
     assert [p.name for p in tmp_path.iterdir()] == ["kept"] and list((tmp_path / "kept").iterdir()) == []
 
 
@@ -132,8 +159,10 @@ def test_unreachable_scheduler_fails_before_loading(tmp_path: Path, monkeypatch,
     assert list(tmp_path.iterdir()) == []
     calls.clear()
     assert main(["prep", *SYN, "--scheduler", "tcp://127.0.0.1:1", "--out", str(tmp_path / "a" / "o")]) == 2
-    assert re.search(r"cannot connect to --scheduler tcp://127\.0\.0\.1:1: Timed out .*; expected a running Dask scheduler$",
-                     prep_error_line())
+    assert re.search(
+        r"cannot connect to --scheduler tcp://127\.0\.0\.1:1: Timed out .*; expected a running Dask scheduler$",
+        prep_error_line(),
+    )
     assert calls == ["dask tcp://127.0.0.1:1", "map", "close"]
     assert list(tmp_path.iterdir()) == []
 
@@ -158,16 +187,23 @@ def test_defaults_resolve_when_flags_are_not_given() -> None:
     PrepConfig(dataset="amazon-book", population_users=5).validate()  # where it applies, it is accepted
 
 
-@pytest.mark.parametrize("out_rel, message", [
-    (".", r"--out \. is the current directory; expected a separate output directory"),
-    ("sub/..", r"--out sub/\.\. is the current directory"),
-    ("sub/../..", r"--out sub/\.\./\.\. contains the (current|--data-dir) directory"),
-    ("data", r"--out data is the --data-dir directory .*data; expected a separate output directory \(--data-dir is never replaced"),
-    ("data/art", r"--out data/art is inside the --data-dir directory"),
-    ("work", r"--out work contains the --data-dir directory"),
-])
-def test_out_never_replaces_the_working_directory_or_the_input_data(tmp_path: Path, monkeypatch, no_work,
-                                                                    out_rel, message, prep_error_line) -> None:
+@pytest.mark.parametrize(
+    "out_rel, message",
+    [
+        (".", r"--out \. is the current directory; expected a separate output directory"),
+        ("sub/..", r"--out sub/\.\. is the current directory"),
+        ("sub/../..", r"--out sub/\.\./\.\. contains the (current|--data-dir) directory"),
+        (
+            "data",
+            r"--out data is the --data-dir directory .*data; expected a separate output directory \(--data-dir is never replaced",
+        ),
+        ("data/art", r"--out data/art is inside the --data-dir directory"),
+        ("work", r"--out work contains the --data-dir directory"),
+    ],
+)
+def test_out_never_replaces_the_working_directory_or_the_input_data(
+    tmp_path: Path, monkeypatch, no_work, out_rel, message, prep_error_line
+) -> None:
     """--force replaces --out whole: it must never be the cwd, contain it, or overlap --data-dir."""
     cwd = tmp_path / "work" / "cwd"
     data = tmp_path / "work" / "data"
@@ -183,26 +219,43 @@ def test_out_never_replaces_the_working_directory_or_the_input_data(tmp_path: Pa
     elif out_rel == "work":
         out_rel, message = "../../work", message.replace("work", r"\.\./\.\./work", 1)
     before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert main(["prep", "--dataset", "ml-20m", "--data-dir", str(data), "--workers", "1", "--out", out_rel,
-                 "--force"]) == 2
+    assert (
+        main(["prep", "--dataset", "ml-20m", "--data-dir", str(data), "--workers", "1", "--out", out_rel, "--force"])
+        == 2
+    )
     assert re.search(message, prep_error_line())
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
     assert (cwd / "keep.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"dataset": "nope"}, r"^unknown dataset 'nope'; expected one of "),
-    ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
-    ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
-    ({"percentiles": (50.0, 50.0)}, r"^percentiles must satisfy 0 ≤ lo < hi ≤ 100, got 50\.0 50\.0$"),
-    ({"l2": (-1.0,)}, r"^l2 must be a positive number, got -1\.0 \(l2\)$"),
-    ({"dataset": "ml-100k", "preset": "tiny"}, r"^preset only applies to dataset synthetic, got dataset ml-100k$"),
-    ({"dataset": "ml-100k", "preset": None, "users": 10, "items": 30}, r"^users, items only apply to dataset synthetic"),
-    ({"dataset": "amazon-book", "preset": None, "test_users": 5}, r"^test_users does not apply to dataset amazon-book "),
-    ({"engine": "local", "scheduler": "tcp://127.0.0.1:8786"}, r"^scheduler needs engine dask \(or no engine\), got engine local$"),
-    ({"scheduler": "notaurl"}, r"^scheduler 'notaurl' is not a Dask scheduler address "),
-    ({"users": 3000}, r"^synthetic sizes users 3000 interactions 12000 are unusable; expected interactions ≥ 5 × users = 15000$"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"dataset": "nope"}, r"^unknown dataset 'nope'; expected one of "),
+        ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
+        ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
+        ({"percentiles": (50.0, 50.0)}, r"^percentiles must satisfy 0 ≤ lo < hi ≤ 100, got 50\.0 50\.0$"),
+        ({"l2": (-1.0,)}, r"^l2 must be a positive number, got -1\.0 \(l2\)$"),
+        ({"dataset": "ml-100k", "preset": "tiny"}, r"^preset only applies to dataset synthetic, got dataset ml-100k$"),
+        (
+            {"dataset": "ml-100k", "preset": None, "users": 10, "items": 30},
+            r"^users, items only apply to dataset synthetic",
+        ),
+        (
+            {"dataset": "amazon-book", "preset": None, "test_users": 5},
+            r"^test_users does not apply to dataset amazon-book ",
+        ),
+        (
+            {"engine": "local", "scheduler": "tcp://127.0.0.1:8786"},
+            r"^scheduler needs engine dask \(or no engine\), got engine local$",
+        ),
+        ({"scheduler": "notaurl"}, r"^scheduler 'notaurl' is not a Dask scheduler address "),
+        (
+            {"users": 3000},
+            r"^synthetic sizes users 3000 interactions 12000 are unusable; expected interactions ≥ 5 × users = 15000$",
+        ),
+    ],
+)
 def test_library_errors_name_the_parameters(fields: dict, message: str) -> None:
     """PrepConfig words its errors with its field names; `recsvc prep` shows them as flags (above)."""
     cfg = PrepConfig(**{"dataset": "synthetic", "preset": "tiny", **fields})
@@ -210,11 +263,14 @@ def test_library_errors_name_the_parameters(fields: dict, message: str) -> None:
         cfg.validate()
 
 
-@pytest.mark.parametrize("dataset, message", [
-    ("amazon-book", r"amazon-book needs DATA_DIR: a directory containing LightGCN train\.txt and test\.txt$"),
-    ("netflix", r"netflix needs DATA_DIR: a directory containing combined_data_1\.txt, "),
-    ("ml-20m", r"ml-20m needs DATA_DIR: a directory containing ratings\.csv"),
-])
+@pytest.mark.parametrize(
+    "dataset, message",
+    [
+        ("amazon-book", r"amazon-book needs DATA_DIR: a directory containing LightGCN train\.txt and test\.txt$"),
+        ("netflix", r"netflix needs DATA_DIR: a directory containing combined_data_1\.txt, "),
+        ("ml-20m", r"ml-20m needs DATA_DIR: a directory containing ratings\.csv"),
+    ],
+)
 def test_a_dataset_without_its_data_dir_names_it(dataset: str, message: str, tmp_path: Path, prep_error_line) -> None:
     from data_prep.datasets import load
 
@@ -225,14 +281,19 @@ def test_a_dataset_without_its_data_dir_names_it(dataset: str, message: str, tmp
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"factorizer": "nope"}, r"^unknown factorizer 'nope'; expected one of "),
-    ({"engine": "nope"}, r"^unknown engine 'nope'; expected one of local, dask$"),
-    ({"sensitivity_population": "nope"}, r"^unknown sensitivity_population 'nope'; expected one of "),
-    ({"density": ()}, r"^density needs at least one value$"),
-    ({"dataset": "ml-20m", "preset": None, "data_dir": Path("/nonexistent-recsvc")},
-     r"^data_dir /nonexistent-recsvc does not exist; expected a directory with the dataset's files$"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"factorizer": "nope"}, r"^unknown factorizer 'nope'; expected one of "),
+        ({"engine": "nope"}, r"^unknown engine 'nope'; expected one of local, dask$"),
+        ({"sensitivity_population": "nope"}, r"^unknown sensitivity_population 'nope'; expected one of "),
+        ({"density": ()}, r"^density needs at least one value$"),
+        (
+            {"dataset": "ml-20m", "preset": None, "data_dir": Path("/nonexistent-recsvc")},
+            r"^data_dir /nonexistent-recsvc does not exist; expected a directory with the dataset's files$",
+        ),
+    ],
+)
 def test_more_library_errors_name_the_parameters(fields: dict, message: str) -> None:
     with pytest.raises(ParamError, match=message):
         PrepConfig(**{"dataset": "synthetic", "preset": "tiny", **fields}).validate()
@@ -242,11 +303,15 @@ def test_a_grid_without_validation_users_names_the_parameters(tmp_path: Path, pr
     """A check that needs the split: the library names the fields, `recsvc prep` the flags."""
     argv = ["prep", *SYN, "--workers", "1", "--out", str(tmp_path / "o"), "--val-users", "0", "--l2", "1", "2"]
     assert main(argv) == 2
-    assert re.search(r"choosing l2/density needs validation users; give one --l2 and one --density value$",
-                     prep_error_line())
+    assert re.search(
+        r"choosing l2/density needs validation users; give one --l2 and one --density value$", prep_error_line()
+    )
     assert list(tmp_path.iterdir()) == []
-    cfg = PrepConfig(dataset="synthetic", preset="tiny", workers=1, out=tmp_path / "o", progress=False, val_users=0,
-                     l2=(1.0, 2.0))
-    with pytest.raises(ParamError, match=r"^choosing l2/density needs validation users; give one l2 and one density value$"):
+    cfg = PrepConfig(
+        dataset="synthetic", preset="tiny", workers=1, out=tmp_path / "o", progress=False, val_users=0, l2=(1.0, 2.0)
+    )
+    with pytest.raises(
+        ParamError, match=r"^choosing l2/density needs validation users; give one l2 and one density value$"
+    ):
         run(cfg)
     assert list(tmp_path.iterdir()) == []

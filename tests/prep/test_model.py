@@ -48,7 +48,7 @@ def test_score_unseen_masks_each_users_own_items() -> None:
 def test_score_one_equals_the_sparse_product_for_one_user(dtype) -> None:
     rng = np.random.default_rng(5)
     n = 300
-    w1 = (sp.random(n, n, density=0.05, random_state=1, format="csr") - sp.random(n, n, density=0.02, random_state=2))
+    w1 = sp.random(n, n, density=0.05, random_state=1, format="csr") - sp.random(n, n, density=0.02, random_state=2)
     w2 = sp.random(n, n, density=0.05, random_state=3, format="csr")
     model = Model(sp.csr_matrix(w1, dtype=dtype), sp.csr_matrix(w2, dtype=dtype), np.array([str(i) for i in range(n)]))
     for size in (0, 1, 40, n):
@@ -67,15 +67,16 @@ def artifact(tmp_path):
     hi = np.full(6, 3.0)
     with ArtifactWriter(tmp_path / "art") as w:
         w.write_items(pl.DataFrame({"item_id": IDS[::-1], "lo": lo, "hi": hi, "sensitivity": hi - lo}))
-        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]})
-                           .cast({"rank": pl.Int32}))
+        w.write_candidates(
+            pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]}).cast({"rank": pl.Int32})
+        )
         w.write_model(_model())
         return load_artifact(w.commit({"dataset": "ties"}))
 
 
 def test_pipeline_ranks_tied_scores_by_the_lower_column(artifact) -> None:
     for k, want in ((2, ["b", "d"]), (3, ["b", "d", "f"]), (4, ["b", "d", "f", "c"]), (10, ["b", "d", "f", "c", "e"])):
-        top = score_top_k(range(0, 1), ScoringContext(artifact.model, sp.csr_matrix(np.eye(6)[:1]), k))
+        top = score_top_k(range(1), ScoringContext(artifact.model, sp.csr_matrix(np.eye(6)[:1]), k))
         assert [IDS[c] for c in top.index[0, : top.count[0]]] == want, k
         assert top.score[0, : top.count[0]].tolist() == [2.0, 2.0, 2.0, 1.0, 1.0][: len(want)]
 
@@ -84,7 +85,7 @@ def test_recommender_scores_the_whole_catalog_in_catalog_order_seen_items_includ
     rec = Recommender(artifact, Catalog(artifact))
     catalog = artifact.items["item_id"].to_list()
     assert catalog == IDS[::-1] and rec.col_of_row is not None  # rows differ from model columns
-    want = [dict(zip(IDS, W2_ROW_A))[i] for i in catalog]  # "a" is seen and keeps its score 5
+    want = [dict(zip(IDS, W2_ROW_A, strict=False))[i] for i in catalog]  # "a" is seen and keeps its score 5
     assert rec.scores(["a"]).tolist() == want == [2.0, 1.0, 2.0, 1.0, 2.0, 5.0]
     assert rec.scores(["a", "a"]).tolist() == want  # a repeated history item counts once
     assert rec.scores([]).tolist() == [0.0] * 6 and rec.scores(IDS).shape == (6,)  # nothing left "unseen": fine
@@ -95,10 +96,14 @@ def test_recommender_scores_the_whole_catalog_in_catalog_order_seen_items_includ
 def test_a_catalog_item_without_a_model_column_scores_a_constant_zero(tmp_path) -> None:
     ids = ["z", *IDS]  # "z" has a clip range but no model column
     with ArtifactWriter(tmp_path / "art") as w:
-        w.write_items(pl.DataFrame({"item_id": ids, "lo": np.full(7, -1.0), "hi": np.full(7, 3.0),
-                                    "sensitivity": np.full(7, 4.0)}))
-        w.write_candidates(pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]})
-                           .cast({"rank": pl.Int32}))
+        w.write_items(
+            pl.DataFrame(
+                {"item_id": ids, "lo": np.full(7, -1.0), "hi": np.full(7, 3.0), "sensitivity": np.full(7, 4.0)}
+            )
+        )
+        w.write_candidates(
+            pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]}).cast({"rank": pl.Int32})
+        )
         w.write_model(_model())
         art = load_artifact(w.commit({"dataset": "extra"}))
     rec = Recommender(art, Catalog(art))

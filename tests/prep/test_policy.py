@@ -152,9 +152,18 @@ def test_nearest_is_log_scale_with_ties_to_the_lower_point():
 
 
 def _frame(rows) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema={"epsilon": pl.Float64, "k": pl.Int32, "mechanism": pl.String,
-                                      "expected_mse": pl.Float64, "rank": pl.Int32, "method": pl.String},
-                        orient="row")
+    return pl.DataFrame(
+        rows,
+        schema={
+            "epsilon": pl.Float64,
+            "k": pl.Int32,
+            "mechanism": pl.String,
+            "expected_mse": pl.Float64,
+            "rank": pl.Int32,
+            "method": pl.String,
+        },
+        orient="row",
+    )
 
 
 def test_policy_table_resolves_each_k_on_its_own_grid(table):
@@ -164,19 +173,33 @@ def test_policy_table_resolves_each_k_on_its_own_grid(table):
     assert t.resolve(0.3, 1) == best[(1, 0.1)]  # √(0.1·1) ≈ 0.316 > 0.3
     assert t.resolve(50.0, 2) == best[(3, 10.0)]  # k = 2 is nearer 3 than 1 in log scale
     assert t.grid_point(0.3163, 1) == (1, 1.0) and t.grid_point(3.1622, 1) == (1, 1.0)
-    hand = PolicyTable.from_frame(_frame([(1.0, 1, "rnm", 0.2, 2, "exact"), (1.0, 1, "krr", 0.1, 1, "exact"),
-                                          (8.0, 1, "krr", 0.3, 2, "exact"), (8.0, 1, "mgem", 0.01, 1, "exact")]))
+    hand = PolicyTable.from_frame(
+        _frame(
+            [
+                (1.0, 1, "rnm", 0.2, 2, "exact"),
+                (1.0, 1, "krr", 0.1, 1, "exact"),
+                (8.0, 1, "krr", 0.3, 2, "exact"),
+                (8.0, 1, "mgem", 0.01, 1, "exact"),
+            ]
+        )
+    )
     assert [hand.resolve(e) for e in (0.01, 1.0, 2.8, 2.9, 100.0)] == ["krr", "krr", "krr", "mgem", "mgem"]
 
 
-@pytest.mark.parametrize("rows, message", [
-    ([], r"the grid is empty; expected at least one"),
-    ([(1.0, 1, "magic", 0.1, 1, "exact")], r"unknown mechanism\(s\) 'magic' \(made by another version\?\); expected some of rnm"),
-    ([(1.0, 1, "rnmh", 0.1, 1, "exact")], r"rnmh is not differentially private"),
-    ([(1.0, 1, "rnm", 0.1, 1, "exact"), (1.0, 1, "gem", 0.2, 1, "exact")], r"ranks must be 1..m within each"),
-    ([(1.0, 1, "rnm", float("nan"), 1, "exact")], r"expected_mse must be finite and ≥ 0"),
-    ([(0.0, 1, "rnm", 0.1, 1, "exact")], r"epsilon must be finite and > 0 and k ≥ 1"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([], r"the grid is empty; expected at least one"),
+        (
+            [(1.0, 1, "magic", 0.1, 1, "exact")],
+            r"unknown mechanism\(s\) 'magic' \(made by another version\?\); expected some of rnm",
+        ),
+        ([(1.0, 1, "rnmh", 0.1, 1, "exact")], r"rnmh is not differentially private"),
+        ([(1.0, 1, "rnm", 0.1, 1, "exact"), (1.0, 1, "gem", 0.2, 1, "exact")], r"ranks must be 1..m within each"),
+        ([(1.0, 1, "rnm", float("nan"), 1, "exact")], r"expected_mse must be finite and ≥ 0"),
+        ([(0.0, 1, "rnm", 0.1, 1, "exact")], r"epsilon must be finite and > 0 and k ≥ 1"),
+    ],
+)
 def test_a_bad_table_is_refused_with_a_clear_error(rows, message):
     with pytest.raises(ArtifactError, match=r"^art/policy.parquet: .*" + message):
         PolicyTable.from_frame(_frame(rows), "art/policy.parquet")
@@ -185,7 +208,11 @@ def test_a_bad_table_is_refused_with_a_clear_error(rows, message):
 def test_spec_checks_name_the_bad_parameter():
     from recsvc.checks import ParamError
 
-    for spec, message in ((PolicySpec(trials=0), "trials"), (PolicySpec(ks=(0,)), "ks"),
-                          (PolicySpec(mechanisms=("rnmh",)), "mechanisms"), (PolicySpec(epsilons=()), "epsilons")):
+    for spec, message in (
+        (PolicySpec(trials=0), "trials"),
+        (PolicySpec(ks=(0,)), "ks"),
+        (PolicySpec(mechanisms=("rnmh",)), "mechanisms"),
+        (PolicySpec(epsilons=()), "epsilons"),
+    ):
         with pytest.raises(ParamError, match=message):
             spec.check()

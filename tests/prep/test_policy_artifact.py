@@ -39,7 +39,13 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     info = m.policy
     assert info.epsilons == POLICY_EPSILONS and info.ks == SLATE_SIZES and info.mechanisms == policy_mechanisms()
     # rs/rs_improved with the γ the paper used on synthetic data (the manifest's default_gamma)
-    assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (60, 50, 42, {"gamma": 0.05}, UTILITY)
+    assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (
+        60,
+        50,
+        42,
+        {"gamma": 0.05},
+        UTILITY,
+    )
     assert m.default_gamma == 0.05 and info.candidates == int(art.population_matrix().count.max()) <= 150
     assert m.timings_s["policy"] > 0
     pop = art.population_matrix()  # the 60 validation users: the sensitivity population
@@ -62,8 +68,9 @@ def test_recsvc_policy_rebuilds_the_same_bytes_atomically(tiny: Path, tmp_path: 
     out = capsys.readouterr().out
     assert "`auto` policy table: 21 ε × k ∈ [1, 5, 10] on 60 population users" in out and "k=1: " in out
     assert snapshot(copy).keys() == before.keys()
-    assert {k: v for k, v in snapshot(copy).items() if k != "manifest.json"} == \
-           {k: v for k, v in before.items() if k != "manifest.json"}
+    assert {k: v for k, v in snapshot(copy).items() if k != "manifest.json"} == {
+        k: v for k, v in before.items() if k != "manifest.json"
+    }
     assert _manifest(copy) == _manifest(tiny)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging directory left behind
     # Other settings give another table, recorded in the manifest; the other files are untouched.
@@ -74,8 +81,9 @@ def test_recsvc_policy_rebuilds_the_same_bytes_atomically(tiny: Path, tmp_path: 
     assert all((copy / f).read_bytes() == before[f] for f in ("candidates.parquet", "model/W1.npz", POPULATION))
 
 
-def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(tiny: Path, tmp_path: Path, snapshot,
-                                                                 one_line_error) -> None:
+def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(
+    tiny: Path, tmp_path: Path, snapshot, one_line_error
+) -> None:
     missing = tmp_path / "nope"
     assert main(["policy", "--artifacts", str(missing)]) == 2
     one_line_error(rf"recsvc policy: error: artifact directory {missing} does not exist")
@@ -84,8 +92,10 @@ def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(tiny: Path, tmp
     old = make_artifact(tmp_path / "old")  # written without population.parquet (older artifact)
     before = snapshot(old)
     assert main(["policy", "--artifacts", str(old)]) == 2
-    one_line_error(r"has no population.parquet \(written before the `auto` policy table existed\); "
-                           r"rebuild the artifact with `recsvc prep`")
+    one_line_error(
+        r"has no population.parquet \(written before the `auto` policy table existed\); "
+        r"rebuild the artifact with `recsvc prep`"
+    )
     assert snapshot(old) == before
 
     copy = tmp_path / "copy"
@@ -102,8 +112,9 @@ def test_recsvc_policy_bad_input_is_one_line_and_changes_nothing(tiny: Path, tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy", "old"]
 
 
-def test_a_crash_while_rebuilding_leaves_the_artifact_as_it_was(tiny: Path, tmp_path: Path, monkeypatch,
-                                                                snapshot) -> None:
+def test_a_crash_while_rebuilding_leaves_the_artifact_as_it_was(
+    tiny: Path, tmp_path: Path, monkeypatch, snapshot
+) -> None:
     copy = tmp_path / "copy"
     os.system(f"cp -a {tiny} {copy}")
     before = snapshot(copy)

@@ -33,7 +33,6 @@ def test_replace_dir_fallback_restores_the_old_directory_on_failure(tmp_path, mo
     import errno
     import os
 
-
     def no_exchange(a, b):
         raise OSError(errno.ENOSYS, "no renameat2")
 
@@ -76,16 +75,14 @@ def test_staged_dir_publishes_into_new_parents(tmp_path):
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_staged_dir_failure_removes_temp_and_the_parents_it_made_only(tmp_path, error):
     (tmp_path / "keep").mkdir()
-    with pytest.raises(error):
-        with StagedDir(tmp_path / "keep" / "new" / "deeper" / "c") as s:
-            (s.tmp / "half.txt").write_text("half")
-            (tmp_path / "keep" / "new" / "theirs.txt").write_text("x")  # someone else writes into a new parent
-            raise error("crash mid-write")
+    with pytest.raises(error), StagedDir(tmp_path / "keep" / "new" / "deeper" / "c") as s:
+        (s.tmp / "half.txt").write_text("half")
+        (tmp_path / "keep" / "new" / "theirs.txt").write_text("x")  # someone else writes into a new parent
+        raise error("crash mid-write")
     # deeper/ (empty) went; new/ holds another file, so it stays; keep/ existed before.
     assert _tree(tmp_path) == ["keep", "keep/new", "keep/new/theirs.txt"]
-    with pytest.raises(error):
-        with StagedDir(tmp_path / "x" / "y" / "c"):
-            raise error("crash")
+    with pytest.raises(error), StagedDir(tmp_path / "x" / "y" / "c"):
+        raise error("crash")
     assert _tree(tmp_path) == ["keep", "keep/new", "keep/new/theirs.txt"]
 
 
@@ -108,8 +105,10 @@ def test_staged_dir_checks_create_nothing(tmp_path):
         StagedDir(existing, param="results")
     # The parameters stay names until a command line renders them as its flags.
     assert raised.value.params == ("results", "force")
-    assert re.fullmatch(r"--results .*res already exists; pass --force to replace it",
-                        raised.value.render({"results": "--results", "force": "--force"}))
+    assert re.fullmatch(
+        r"--results .*res already exists; pass --force to replace it",
+        raised.value.render({"results": "--results", "force": "--force"}),
+    )
     assert _tree(tmp_path) == ["a-file", "res", "res/keep.txt"] and blocker.read_text() == "x"
     check_out(existing, force=True)  # an existing directory is fine with --force
     check_out(tmp_path / "new" / "deep", force=False)
@@ -138,7 +137,6 @@ def test_staged_dir_force_replaces_and_a_racing_out_is_kept(tmp_path):
 def test_staged_dir_os_error_on_enter_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     import errno
 
-
     def denied(prefix, dir):
         raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc")
 
@@ -151,9 +149,8 @@ def test_staged_dir_os_error_on_enter_is_one_clear_error_and_leaves_nothing(tmp_
     monkeypatch.undo()
     # A parent that became a file after the checks: the mkdir's error, nothing made.
     (tmp_path / "a").write_text("x")
-    with pytest.raises(OutputError, match=r"cannot create out .*a/b/c: Not a directory \(.*a/b\)"):
-        with stage:
-            pass
+    with pytest.raises(OutputError, match=r"cannot create out .*a/b/c: Not a directory \(.*a/b\)"), stage:
+        pass
     assert _tree(tmp_path) == ["a"]
 
 
@@ -178,7 +175,10 @@ def test_publish_never_replaces_a_directory_that_appeared_at_the_last_moment(tmp
     with StagedDir(tmp_path / "res2", force=True) as stage:
         (stage.tmp / "mine.txt").write_text("new")
         stage.publish()
-    assert (tmp_path / "res2" / "mine.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["res", "res2"]
+    assert (tmp_path / "res2" / "mine.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "res",
+        "res2",
+    ]
 
 
 def test_a_parent_made_meanwhile_by_another_run_is_used_and_kept(tmp_path, monkeypatch):
@@ -191,9 +191,8 @@ def test_a_parent_made_meanwhile_by_another_run_is_used_and_kept(tmp_path, monke
         return real_mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", racing_mkdir)
-    with pytest.raises(RuntimeError):
-        with StagedDir(out):
-            raise RuntimeError("fails after the parents exist")
+    with pytest.raises(RuntimeError), StagedDir(out):
+        raise RuntimeError("fails after the parents exist")
     monkeypatch.undo()
     assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()  # ours removed, theirs kept
 
@@ -208,11 +207,14 @@ def test_overlap_with_a_protected_input_names_both_parameters(tmp_path, monkeypa
         check_out(out, force=True, protect={"data_dir": data})
     exc = raised.value
     assert isinstance(exc, ParamError) and isinstance(exc, ValueError)
-    assert str(exc) == (f"out {out} {relation} the data_dir directory {data}; expected a separate output "
-                        "directory (data_dir is never replaced, not even with force)")
+    assert str(exc) == (
+        f"out {out} {relation} the data_dir directory {data}; expected a separate output "
+        "directory (data_dir is never replaced, not even with force)"
+    )
     assert exc.render({"out": "--out", "data_dir": "--data-dir", "force": "--force"}) == (
         f"--out {out} {relation} the --data-dir directory {data}; expected a separate output "
-        "directory (--data-dir is never replaced, not even with --force)")
+        "directory (--data-dir is never replaced, not even with --force)"
+    )
 
 
 def test_the_current_directory_is_never_an_output(tmp_path, monkeypatch):

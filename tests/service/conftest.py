@@ -24,8 +24,9 @@ def _options(request: pytest.FixtureRequest) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(artifact: Path, tmp_path_factory: pytest.TempPathFactory,
-           request: pytest.FixtureRequest) -> Iterator[ServerHandle]:
+def server(
+    artifact: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerHandle]:
     with served(artifact, tmp_path_factory.mktemp("led") / "l.db", **_options(request)) as h:
         yield h
 

@@ -15,7 +15,6 @@ import recsvc.service.selection as selection_module
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
-
 from recsvc.service.testing import candidates
 
 SERVER_OPTIONS = {"budget": 10.0}  # each test's own server (conftest.py: fresh_server)
@@ -38,8 +37,9 @@ def test_tiny_charges_are_refused_or_counted_never_lost(fresh_client: Client, fr
     assert fresh_server.ledger.user("u").spent_units == 8 * 10**12 + 400
 
 
-def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(fresh_client: Client, fresh_server: ServerHandle,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(
+    fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     draws: list[int] = []
     real = selection_module.select_slate
 
@@ -68,8 +68,9 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(fresh_client
     assert (u.requests, u.spent_units) == (1, 500_000_000_000)
 
 
-def test_a_long_draw_holds_no_lock_that_other_users_wait_for(fresh_client: Client, fresh_server: ServerHandle,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
+    fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A request whose draw never ends (think γ = 1e-6) must not delay another user's request:
     the other request is answered while the first one is still drawing."""
     in_draw, finish = threading.Event(), threading.Event()
@@ -85,7 +86,9 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(fresh_client: Clien
 
     monkeypatch.setattr(selection_module, "select_slate", select)
     slow: list[object] = []
-    t = threading.Thread(target=lambda: slow.append(fresh_client.select("flooder", candidates(), mechanism="rs", epsilon=0.5)))
+    t = threading.Thread(
+        target=lambda: slow.append(fresh_client.select("flooder", candidates(), mechanism="rs", epsilon=0.5))
+    )
     t.start()
     try:
         assert in_draw.wait(10)
@@ -99,15 +102,22 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(fresh_client: Clien
     assert locked == [False] and len(slow) == 1 and fresh_server.ledger.user("flooder").requests == 1
 
 
-def test_heavy_draws_run_in_the_lowest_priority_pool(fresh_client: Client, fresh_server: ServerHandle,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_heavy_draws_run_in_the_lowest_priority_pool(
+    fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a nice-19 pool thread;
     rs at the default γ (≈ 125 draws) and rnm are drawn inline by the request's own thread."""
     seen: list[tuple[str, str, int]] = []
     real = selection_module.select_slate
 
     def select(name, *a, **k):  # type: ignore[no-untyped-def]
-        seen.append((name, threading.current_thread().name.split("_")[0], os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        seen.append(
+            (
+                name,
+                threading.current_thread().name.split("_")[0],
+                os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
+            )
+        )
         return real(name, *a, **k)
 
     monkeypatch.setattr(selection_module, "select_slate", select)
@@ -117,16 +127,24 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(fresh_client: Client, fresh
     pool, inline = seen[0], seen[1:]
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this (main) thread's nice value, which the rpc threads share
     assert pool[:2] == ("rs", "recsvc-heavy-draw") and pool[2] == 19
-    assert [s[:2] for s in inline] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(s[2] == base for s in inline)
+    assert [s[:2] for s in inline] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(
+        s[2] == base for s in inline
+    )
     assert fresh_server.servicer.selector.heavy.pooled == 1 and fresh_server.ledger.user("h").requests == 3
 
 
-@pytest.mark.parametrize(("over", "message"), [
-    ({"budget": 1e7}, r"^budget must lie in \[1e-12, 9223372\.036854775807\] \(the ledger counts ε in units of 1e-12\), got 10000000\.0$"),
-    ({"budget": 1e-13}, r"^budget must lie in \[1e-12, "),
-    ({"heavy_draws": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 0 and 1$"),
-    ({"heavy_draw_threads": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 50000 and 0$"),
-])
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        (
+            {"budget": 1e7},
+            r"^budget must lie in \[1e-12, 9223372\.036854775807\] \(the ledger counts ε in units of 1e-12\), got 10000000\.0$",
+        ),
+        ({"budget": 1e-13}, r"^budget must lie in \[1e-12, "),
+        ({"heavy_draws": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 0 and 1$"),
+        ({"heavy_draw_threads": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 50000 and 0$"),
+    ],
+)
 def test_budget_and_heavy_draw_knobs_are_checked(tmp_path: Path, over: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ServerConfig.of(artifacts=tmp_path, **over).check()

@@ -16,21 +16,37 @@ from recsvc.service.client import Client
 from recsvc.service.config import Limits, Policy, ServerConfig
 from recsvc.service.selection import Selector
 from recsvc.service.server import start
-
 from recsvc.service.testing import N_ITEMS, add_policy, candidates, item_ids, make_artifact
 
 # k = 1: rnm at ε 0.1, gem at 1, krr at 10; k = 5: mgem at 0.1 and 10, em at 1. rho_median says
 # mgem: the sign rule would pick mgem everywhere.
 TABLE = [
-    (0.1, 1, "rnm", 0.20, 1), (0.1, 1, "krr", 0.30, 2), (1.0, 1, "gem", 0.10, 1), (1.0, 1, "krr", 0.20, 2),
-    (10.0, 1, "krr", 0.01, 1), (10.0, 1, "rnm", 0.05, 2),
-    (0.1, 5, "mgem", 0.25, 1), (1.0, 5, "em", 0.15, 1), (10.0, 5, "mgem", 0.05, 1),
+    (0.1, 1, "rnm", 0.20, 1),
+    (0.1, 1, "krr", 0.30, 2),
+    (1.0, 1, "gem", 0.10, 1),
+    (1.0, 1, "krr", 0.20, 2),
+    (10.0, 1, "krr", 0.01, 1),
+    (10.0, 1, "rnm", 0.05, 2),
+    (0.1, 5, "mgem", 0.25, 1),
+    (1.0, 5, "em", 0.15, 1),
+    (10.0, 5, "mgem", 0.05, 1),
 ]
 # (ε, k) → the grid point's winner: nearest k in log k, then nearest ε in log ε, ties to the lower point.
 EXPECTED = [
-    (0.001, 1, "rnm"), (0.1, 1, "rnm"), (0.3162, 1, "rnm"), (0.3163, 1, "gem"), (1.0, 1, "gem"),
-    (3.1622, 1, "gem"), (3.1623, 1, "krr"), (10.0, 1, "krr"), (1e6, 1, "krr"),
-    (2.0, 2, "gem"), (2.0, 3, "em"), (0.2, 5, "mgem"), (0.4, 7, "em"), (50.0, 40, "mgem"),
+    (0.001, 1, "rnm"),
+    (0.1, 1, "rnm"),
+    (0.3162, 1, "rnm"),
+    (0.3163, 1, "gem"),
+    (1.0, 1, "gem"),
+    (3.1622, 1, "gem"),
+    (3.1623, 1, "krr"),
+    (10.0, 1, "krr"),
+    (1e6, 1, "krr"),
+    (2.0, 2, "gem"),
+    (2.0, 3, "em"),
+    (0.2, 5, "mgem"),
+    (0.4, 7, "em"),
+    (50.0, 40, "mgem"),
 ]
 
 
@@ -67,7 +83,7 @@ def test_the_resolution_never_reads_the_scores(selector: Selector) -> None:
     for eps, k, want in EXPECTED:
         if k != 1:
             continue
-        got = {_select(selector, eps, v[: n]).mechanism for v in vectors for n in (2, 17, N_ITEMS)}
+        got = {_select(selector, eps, v[:n]).mechanism for v in vectors for n in (2, 17, N_ITEMS)}
         assert got == {want}, eps
 
 
@@ -87,12 +103,16 @@ def test_grpc_response_and_list_mechanisms_say_what_auto_resolved_to(table_artif
         h.stop(1)
 
 
-@pytest.mark.parametrize("rows, message", [
-    ([(1.0, 1, "magic", 0.1, 1)], r"policy.parquet: unknown mechanism\(s\) 'magic' \(made by another version\?\)"),
-    ([], r"policy.parquet: .*the grid is empty"),
-])
-def test_a_table_this_version_cannot_use_refuses_the_start(rows, message, tmp_path: Path, capsys,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ([(1.0, 1, "magic", 0.1, 1)], r"policy.parquet: unknown mechanism\(s\) 'magic' \(made by another version\?\)"),
+        ([], r"policy.parquet: .*the grid is empty"),
+    ],
+)
+def test_a_table_this_version_cannot_use_refuses_the_start(
+    rows, message, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     art = add_policy(make_artifact(tmp_path / "a"), rows, checked=False)
     with pytest.raises(ArtifactError, match=message):
         Selector(load_artifact(art), Policy())
@@ -115,16 +135,26 @@ def test_no_table_keeps_the_sign_rule_with_a_warning(tmp_path: Path, caplog: pyt
     assert s.auto_table is None and s.auto_choice == "gem"
 
 
-INFO = {"epsilons": [0.1, 1.0, 10.0], "ks": [1, 5], "mechanisms": ["rnm", "krr", "gem", "mgem", "em"], "users": 9,
-        "candidates": 12, "trials": 5, "seed": 0, "params": {"gamma": 0.05}, "utility": "test"}
+INFO = {
+    "epsilons": [0.1, 1.0, 10.0],
+    "ks": [1, 5],
+    "mechanisms": ["rnm", "krr", "gem", "mgem", "em"],
+    "users": 9,
+    "candidates": 12,
+    "trials": 5,
+    "seed": 0,
+    "params": {"gamma": 0.05},
+    "utility": "test",
+}
 
 
 def test_larger_candidate_sets_than_the_tables_use_the_sign_rule_and_params_follow_the_table(tmp_path: Path) -> None:
     """The table holds for candidate sets up to its population's (12 here): a Select with more
     candidates, or Recommend over the 40-item catalog, resolves by the sign rule (mgem: ρ̄ = 0.5).
     Where the table applies, its mechanism parameters fill the ones the request leaves unset."""
-    art = add_policy(make_artifact(tmp_path / "a", rho_median=0.5),
-                     [(1.0, 1, "rs", 0.1, 1), (1.0, 1, "gem", 0.2, 2)], info=INFO)
+    art = add_policy(
+        make_artifact(tmp_path / "a", rho_median=0.5), [(1.0, 1, "rs", 0.1, 1), (1.0, 1, "gem", 0.2, 2)], info=INFO
+    )
     s = Selector(load_artifact(art), Policy(limits=Limits(min_candidates=5)))
     ids = item_ids()
     small = s.prepare_select("u", "r", "auto", 1.0, {"gamma": None}, ids[:12], np.linspace(0, 1, 12), lambda: b"")

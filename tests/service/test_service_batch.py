@@ -14,11 +14,10 @@ from scipy import stats
 from recsvc.mechanisms import MechanismInputError, probabilities, select, select_rows
 from recsvc.service import batch as batch_module
 from recsvc.service.client import Client
-from recsvc.service.server import ServerHandle
 from recsvc.service.selection import draw
-from recsvc.v1 import selection_pb2 as pb
-
+from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates, client_of, served
+from recsvc.v1 import selection_pb2 as pb
 
 BUDGET = 3.0
 SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
@@ -38,7 +37,7 @@ def test_select_rows_equals_one_select_per_row_with_the_same_generator(name: str
     a, b = _gen(), _gen()
     got = select_rows(name, q, d, n, eps, a)
     starts = np.concatenate(([0], np.cumsum(n)[:-1]))
-    want = [select(name, q[s:s + k], d[s:s + k], e, b) for s, k, e in zip(starts, n, eps)]
+    want = [select(name, q[s : s + k], d[s : s + k], e, b) for s, k, e in zip(starts, n, eps, strict=False)]
     assert got.tolist() == want
     assert a.random() == b.random()  # the generator moved exactly as far
 
@@ -56,8 +55,10 @@ def test_select_rows_checks_everything_before_drawing() -> None:
 
 def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server: ServerHandle) -> None:
     """With one fixed generator, the batch path's answers are exactly the per-item path's."""
-    reqs = [client.select_request(f"eq-{i}", candidates(12, seed=i), mechanism="rnm", epsilon=0.3 * (i + 1))
-            for i in range(6)]
+    reqs = [
+        client.select_request(f"eq-{i}", candidates(12, seed=i), mechanism="rnm", epsilon=0.3 * (i + 1))
+        for i in range(6)
+    ]
     reqs += [client.select_request("eq-k", candidates(12, seed=9), mechanism="rnm", epsilon=1.0, k=3)]
     prepared = [server.servicer.prepare_select(r) for r in reqs]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(3))
@@ -67,28 +68,34 @@ def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server:
     assert len(batch[-1]) == 3
 
 
-def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_copy(client: Client,
-                                                                                   server: ServerHandle) -> None:
+def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_copy(
+    client: Client, server: ServerHandle
+) -> None:
     """prepare_selects clips a batch as ONE array: the draw reads it in place, with the same answers."""
-    reqs = [client.select_request(f"view-{i}", candidates(9 + i, seed=i), mechanism="rnm", epsilon=0.5 + i)
-            for i in range(5)]
+    reqs = [
+        client.select_request(f"view-{i}", candidates(9 + i, seed=i), mechanism="rnm", epsilon=0.5 + i)
+        for i in range(5)
+    ]
     prepared = server.servicer.prepare_selects(reqs)
     for column in ("scores", "sensitivities"):
         whole = batch_module.joined(prepared, column)
         assert whole.base is getattr(prepared[0], column).base and whole.size == sum(p.scores.size for p in prepared)
         assert whole.tolist() == np.concatenate([getattr(p, column) for p in prepared]).tolist()
     tail = batch_module.joined(prepared[1:], "scores")  # a replayed first item: still in place
-    assert tail.base is prepared[0].scores.base and tail.tolist() == np.concatenate([p.scores for p in prepared[1:]]).tolist()
+    assert (
+        tail.base is prepared[0].scores.base
+        and tail.tolist() == np.concatenate([p.scores for p in prepared[1:]]).tolist()
+    )
     for apart in ([prepared[0], prepared[2]], [prepared[1], prepared[0]]):  # not adjacent, not in order: a copy
         got = batch_module.joined(apart, "scores")
         assert got.base is None and got.tolist() == apart[0].scores.tolist() + apart[1].scores.tolist()
     whole = np.arange(40.0)
     inner = whole[5:]  # adjacent slices of a view: read in place at their addresses in the base
-    moved = [dataclasses.replace(p, scores=inner[s:s + 2]) for p, s in zip(prepared[:2], (0, 2))]
+    moved = [dataclasses.replace(p, scores=inner[s : s + 2]) for p, s in zip(prepared[:2], (0, 2), strict=False)]
     got = batch_module.joined(moved, "scores")
     assert got.base is whole and got.tolist() == [5.0, 6.0, 7.0, 8.0]
     # Each starts where the one before would end if it were contiguous, but they are strided: a copy.
-    strided = [dataclasses.replace(p, scores=whole[s:s + 4:2]) for p, s in zip(prepared[:2], (0, 2))]
+    strided = [dataclasses.replace(p, scores=whole[s : s + 4 : 2]) for p, s in zip(prepared[:2], (0, 2), strict=False)]
     got = batch_module.joined(strided, "scores")
     assert got.base is None and got.tolist() == [0.0, 2.0, 2.0, 4.0]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
@@ -105,8 +112,9 @@ def test_batch_answers_have_the_single_select_distribution(client: Client, serve
     p = probabilities("rnm", q, server.servicer.selector.catalog.sensitivity[rows], 0.02)
     counts = dict.fromkeys((i for i, _ in cands), 0)
     for b in range(40):
-        res = client.select_batch([client.select_request(f"chi-{b}-{i}", cands, mechanism="rnm", epsilon=0.02)
-                                   for i in range(50)])
+        res = client.select_batch(
+            [client.select_request(f"chi-{b}-{i}", cands, mechanism="rnm", epsilon=0.02) for i in range(50)]
+        )
         for r in res:
             counts[r.response.item_id] += 1
     observed = np.array([counts[i] for i, _ in cands])
@@ -120,32 +128,44 @@ def _batch_commits(server: ServerHandle, client: Client, reqs: list[pb.SelectReq
     return res, server.ledger.commits - before
 
 
-def test_mixed_batch_outcomes_charges_and_retry(client: Client, server: ServerHandle,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mixed_batch_outcomes_charges_and_retry(
+    client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     draws: list[str] = []
     real_rows, real_draw = batch_module.select_rows, batch_module.draw
-    monkeypatch.setattr(batch_module, "select_rows", lambda name, *a, **k: draws.extend([name] * len(a[2]))
-                        or real_rows(name, *a, **k))
+    monkeypatch.setattr(
+        batch_module, "select_rows", lambda name, *a, **k: draws.extend([name] * len(a[2])) or real_rows(name, *a, **k)
+    )
     monkeypatch.setattr(batch_module, "draw", lambda p, *a: draws.append(p.mechanism) or real_draw(p, *a))
     cands = candidates(10)
     earlier = client.select("mix-a", cands, mechanism="rnm", epsilon=0.5, request_id="old")
     sel = client.select_request
     reqs = [
-        sel("mix-a", cands, mechanism="rnm", epsilon=0.5, request_id="old"),     # 0 replay of a Select
-        sel("mix-a", cands, mechanism="rnm", epsilon=0.7, request_id="old"),     # 1 conflict
+        sel("mix-a", cands, mechanism="rnm", epsilon=0.5, request_id="old"),  # 0 replay of a Select
+        sel("mix-a", cands, mechanism="rnm", epsilon=0.7, request_id="old"),  # 1 conflict
         sel("mix-a", [("it1", float("nan"))], mechanism="rnm", request_id="b"),  # 2 invalid
-        sel("mix-a", cands, mechanism="pf", epsilon=0.25, request_id="c"),       # 3 charged
-        sel("mix-a", cands, mechanism="em", epsilon=1.0, request_id="d", k=2),   # 4 charged, a slate
+        sel("mix-a", cands, mechanism="pf", epsilon=0.25, request_id="c"),  # 3 charged
+        sel("mix-a", cands, mechanism="em", epsilon=1.0, request_id="d", k=2),  # 4 charged, a slate
         sel("mix-b", cands, mechanism="gem", epsilon=0.5, request_id="e", beta=0.1),  # 5 charged
-        sel("mix-a", cands, mechanism="rnm", epsilon=1.5, request_id="f"),       # 6 over budget: 0.5+0.25+1 spent
-        sel("mix-a", cands, mechanism="rnm", epsilon=1e-13, request_id="g"),     # 7 ε below the ledger's unit
+        sel("mix-a", cands, mechanism="rnm", epsilon=1.5, request_id="f"),  # 6 over budget: 0.5+0.25+1 spent
+        sel("mix-a", cands, mechanism="rnm", epsilon=1e-13, request_id="g"),  # 7 ε below the ledger's unit
         sel("mix-a", cands, mechanism="rnm_laplace", epsilon=1.25, request_id="h"),  # 8 fits exactly: charged
-        sel("mix-a", cands, mechanism="rnm", epsilon=0.001, request_id="i"),     # 9 nothing left
+        sel("mix-a", cands, mechanism="rnm", epsilon=0.001, request_id="i"),  # 9 nothing left
     ]
     res, commits = _batch_commits(server, client, reqs)
     kinds = [r.response.request_id if r.WhichOneof("outcome") == "response" else r.error.code_name for r in res]
-    assert kinds == ["old", "ALREADY_EXISTS", "INVALID_ARGUMENT", "c", "d", "e", "RESOURCE_EXHAUSTED",
-                     "INVALID_ARGUMENT", "h", "RESOURCE_EXHAUSTED"]
+    assert kinds == [
+        "old",
+        "ALREADY_EXISTS",
+        "INVALID_ARGUMENT",
+        "c",
+        "d",
+        "e",
+        "RESOURCE_EXHAUSTED",
+        "INVALID_ARGUMENT",
+        "h",
+        "RESOURCE_EXHAUSTED",
+    ]
     assert commits == 1  # one transaction for the whole batch
     assert res[0].response.replayed and res[0].response.item_id == earlier.item_id
     assert len(res[4].response.item_ids) == 2 and res[5].response.mechanism == "gem"
@@ -163,11 +183,14 @@ def test_mixed_batch_outcomes_charges_and_retry(client: Client, server: ServerHa
     assert server.ledger.user("mix-a").spent_units == 3 * 10**12
 
 
-def test_budget_exhaustion_mid_batch_charges_exactly_the_items_that_fit_in_order(client: Client,
-                                                                                 server: ServerHandle) -> None:
+def test_budget_exhaustion_mid_batch_charges_exactly_the_items_that_fit_in_order(
+    client: Client, server: ServerHandle
+) -> None:
     eps = [1.0, 1.0, 0.75, 0.5, 0.25, 0.25]  # budget 3: 1, 1, 0.75 fit (2.75); 0.5 does not; 0.25 does
-    reqs = [client.select_request("mid", candidates(8), mechanism="rnm", epsilon=e, request_id=f"m{i}")
-            for i, e in enumerate(eps)]
+    reqs = [
+        client.select_request("mid", candidates(8), mechanism="rnm", epsilon=e, request_id=f"m{i}")
+        for i, e in enumerate(eps)
+    ]
     res, commits = _batch_commits(server, client, reqs)
     assert [r.WhichOneof("outcome") for r in res] == ["response"] * 3 + ["error", "response", "error"]
     assert res[3].error.code_name == res[5].error.code_name == "RESOURCE_EXHAUSTED"
@@ -186,7 +209,9 @@ def test_duplicate_request_ids_within_a_batch_replay_the_first(client: Client, s
     assert server.ledger.user("dup").spent_units == 5 * 10**11
 
 
-def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster, artifact: Path, tmp_path: Path) -> None:
+def test_select_batch_on_the_postgresql_store_charges_each_item_once(
+    pg_cluster, artifact: Path, tmp_path: Path
+) -> None:
     """On the PostgreSQL store too, a SelectBatch is one commit with per-item outcomes: good items
     charged, bad ones refused alone. An id with a NUL character, which PostgreSQL's text cannot
     hold, is refused at validation, so it never reaches (and fails) the batch's statement."""
@@ -197,9 +222,13 @@ def test_select_batch_on_the_postgresql_store_charges_each_item_once(pg_cluster,
     (tmp_path / "k").chmod(0o600)
     with served(artifact, url, fingerprint_key=tmp_path / "k", budget=5.0) as h:
         with client_of(h) as c:
-            reqs = [c.select_request("pg-batch", candidates(), mechanism="rnm", epsilon=1.0, request_id=f"r{i}")
-                    for i in range(3)]
-            reqs.append(c.select_request("pg-batch", candidates(), mechanism="no-such-mechanism", epsilon=1.0, request_id="bad"))
+            reqs = [
+                c.select_request("pg-batch", candidates(), mechanism="rnm", epsilon=1.0, request_id=f"r{i}")
+                for i in range(3)
+            ]
+            reqs.append(
+                c.select_request("pg-batch", candidates(), mechanism="no-such-mechanism", epsilon=1.0, request_id="bad")
+            )
             reqs.append(c.select_request("pg\x00batch", candidates(), mechanism="rnm", epsilon=1.0, request_id="nul"))
             results, commits = _batch_commits(h, c, reqs)
             again = c.select_batch(reqs[:3])

@@ -16,9 +16,8 @@ from recsvc.mechanisms import probabilities
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.v1 import selection_pb2 as pb
-
 from recsvc.service.testing import candidates, make_artifact, rpc_error
+from recsvc.v1 import selection_pb2 as pb
 
 BUDGET = 10.0
 SERVER_OPTIONS = {"budget": BUDGET, "max_candidates": 25}  # the module's server (conftest.py)
@@ -29,7 +28,9 @@ def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkey
 
     draws: list[str] = []
     real_slate = selection_module.select_slate
-    monkeypatch.setattr(selection_module, "select_slate", lambda name, *a, **k: draws.append(name) or real_slate(name, *a, **k))
+    monkeypatch.setattr(
+        selection_module, "select_slate", lambda name, *a, **k: draws.append(name) or real_slate(name, *a, **k)
+    )
     cands = candidates()
     r = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
     assert r.mechanism == "rnm" and r.epsilon_spent == 0.5 and r.budget_remaining == pytest.approx(BUDGET - 0.5)
@@ -47,8 +48,10 @@ def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkey
         assert code is grpc.StatusCode.ALREADY_EXISTS and "different parameters" in msg
     assert draws == ["rnm"]  # ... and neither does a conflicting reuse of the request_id
     changed = [(i, s + 0.1) for i, s in cands]
-    assert rpc_error(client.select, "replay-user", changed, mechanism="rnm", epsilon=0.5,
-                 request_id="req-1")[0] is grpc.StatusCode.ALREADY_EXISTS
+    assert (
+        rpc_error(client.select, "replay-user", changed, mechanism="rnm", epsilon=0.5, request_id="req-1")[0]
+        is grpc.StatusCode.ALREADY_EXISTS
+    )
     # request_ids are scoped per user.
     other = client.select("replay-user-2", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
     assert not other.replayed
@@ -106,7 +109,10 @@ BAD = {
     # mechanism sees it (GEM's t overflow or combined_gem's split can no longer be reached).
     "epsilon below the unit, gem": (dict(mechanism="mgem", epsilon=1e-308), "below the ledger's unit 1e-12"),
     "epsilon below the unit, combined": (dict(mechanism="combined_gem", epsilon=5e-324), "below the ledger's unit"),
-    "epsilon beyond 63 bits": (dict(epsilon=1e7), "too large for the ledger to count; expected epsilon <= 9223372.036854775807"),
+    "epsilon beyond 63 bits": (
+        dict(epsilon=1e7),
+        "too large for the ledger to count; expected epsilon <= 9223372.036854775807",
+    ),
     "c 0": (dict(mechanism="combined_gem", corr_budget_fraction=0.0), "corr_budget_fraction must be in"),
     "c nan": (dict(mechanism="combined_gem", corr_budget_fraction=math.nan), "corr_budget_fraction must be in"),
     "n = 0": (dict(candidates=[]), "no candidates (n = 0)"),
@@ -124,8 +130,9 @@ BAD = {
 
 @pytest.mark.parametrize("encoding", ["candidates", "columns"])
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_is_invalid_argument_and_spends_nothing(case: str, encoding: str, client: Client,
-                                                          server: ServerHandle) -> None:
+def test_bad_input_is_invalid_argument_and_spends_nothing(
+    case: str, encoding: str, client: Client, server: ServerHandle
+) -> None:
     over, expected = BAD[case]
     before = server.ledger.totals()
     code, msg = rpc_error(client.stub.Select, _good(encoding, **over), timeout=10)
@@ -140,9 +147,11 @@ def test_bad_input_is_invalid_argument_and_spends_nothing(case: str, encoding: s
 
 def test_a_nul_in_an_id_is_invalid_argument_for_every_rpc_that_takes_one(client: Client, server: ServerHandle) -> None:
     before = server.ledger.totals()
-    for call in (lambda: client.budget("nul\x00user"),
-                 lambda: client.recommend("nul\x00user", ["it0", "it5"], mechanism="rnm", epsilon=0.5),
-                 lambda: client.recommend("nul-user", ["it0"], mechanism="rnm", epsilon=0.5, request_id="\x00")):
+    for call in (
+        lambda: client.budget("nul\x00user"),
+        lambda: client.recommend("nul\x00user", ["it0", "it5"], mechanism="rnm", epsilon=0.5),
+        lambda: client.recommend("nul-user", ["it0"], mechanism="rnm", epsilon=0.5, request_id="\x00"),
+    ):
         code, msg = rpc_error(call)
         assert code is grpc.StatusCode.INVALID_ARGUMENT and "contains a NUL character (U+0000) at position" in msg
     assert server.ledger.totals() == before
@@ -171,7 +180,8 @@ def test_over_budget_is_resource_exhausted_and_spends_nothing(client: Client, se
 
 
 def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_command_line(
-        client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     """Each parameter travels in its optional proto field (None: not sent, the mechanism's default)."""
     import json
 
@@ -180,14 +190,37 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
 
     seen: list[tuple[str, dict]] = []
     real_slate = selection_module.select_slate  # every served draw (k = 1 included) goes through it
-    monkeypatch.setattr(selection_module, "select_slate",
-                        lambda name, *a, **k: seen.append((name, k)) or real_slate(name, *a, **k))
+    monkeypatch.setattr(
+        selection_module, "select_slate", lambda name, *a, **k: seen.append((name, k)) or real_slate(name, *a, **k)
+    )
     given = lambda kw: {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}  # noqa: E731
-    client.select("param-user", candidates(), mechanism="combined_gem", epsilon=0.5, beta=0.2,
-                  corr_budget_fraction=0.3, gamma=None)
+    client.select(
+        "param-user",
+        candidates(),
+        mechanism="combined_gem",
+        epsilon=0.5,
+        beta=0.2,
+        corr_budget_fraction=0.3,
+        gamma=None,
+    )
     client.recommend("param-user", ["it0", "it5"], mechanism="rs", epsilon=0.5, num_candidates=5, gamma=0.25)
-    argv = ["select", "--target", f"127.0.0.1:{server.port}", "--user", "param-user", "--candidate", "it1:0.5",
-            "--candidate", "it2:0.7", "--mechanism", "gem", "--epsilon", "0.5", "--beta", "0.125"]
+    argv = [
+        "select",
+        "--target",
+        f"127.0.0.1:{server.port}",
+        "--user",
+        "param-user",
+        "--candidate",
+        "it1:0.5",
+        "--candidate",
+        "it2:0.7",
+        "--mechanism",
+        "gem",
+        "--epsilon",
+        "0.5",
+        "--beta",
+        "0.125",
+    ]
     assert recsvc_main(argv) == 0 and json.loads(capsys.readouterr().out)["mechanism"] == "gem"
     assert [(name, given(kw)) for name, kw in seen] == [
         ("combined_gem", {"beta": 0.2, "gamma": None, "corr_budget_fraction": 0.3}),
@@ -197,8 +230,11 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
     assert recsvc_main([*argv[:-2], "--beta", "1"]) == 2  # checked by the server, before the ledger
     assert "INVALID_ARGUMENT: beta must be in the open interval (0, 1), got 1.0" in capsys.readouterr().err
     assert server.ledger.user("param-user").spent == pytest.approx(1.5) and len(seen) == 3
-    with pytest.raises(ValueError, match=r"'delta' cannot be sent: RecommendRequest has fields only for "
-                                         r"gamma, beta, corr_budget_fraction$"):
+    with pytest.raises(
+        ValueError,
+        match=r"'delta' cannot be sent: RecommendRequest has fields only for "
+        r"gamma, beta, corr_budget_fraction$",
+    ):
         client.recommend("param-user", ["it0"], mechanism="rs", epsilon=0.5, delta=0.1)
 
 
@@ -216,7 +252,10 @@ def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> 
     eps = 3.0
     expected = probabilities("em", q, sens, eps)
     trials = 1500
-    reqs = [client.select_request(f"clip-{t}", list(zip(ids, raw)), mechanism="em", epsilon=eps) for t in range(trials)]
+    reqs = [
+        client.select_request(f"clip-{t}", list(zip(ids, raw, strict=False)), mechanism="em", epsilon=eps)
+        for t in range(trials)
+    ]
     results = client.select_batch(reqs[:750]) + client.select_batch(reqs[750:])
     assert all(r.WhichOneof("outcome") == "response" for r in results)
     counts = np.bincount([ids.index(r.response.item_id) for r in results], minlength=len(ids))
@@ -225,8 +264,9 @@ def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> 
     assert unclipped[0] > 0.999 and counts[0] < 0.9 * trials
 
 
-@pytest.mark.parametrize(("rho", "threshold", "want"), [(0.5, 0.1, "mgem"), (-0.5, 0.1, "gem"), (0.05, 0.1, "rnm"),
-                                                         (0.5, 0.6, "rnm")])
+@pytest.mark.parametrize(
+    ("rho", "threshold", "want"), [(0.5, 0.1, "mgem"), (-0.5, 0.1, "gem"), (0.05, 0.1, "rnm"), (0.5, 0.6, "rnm")]
+)
 def test_auto_resolves_from_public_population_spearman(rho: float, threshold: float, want: str, tmp_path: Path) -> None:
     art = make_artifact(tmp_path / "a", rho_median=rho)
     h = start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", auto_threshold=threshold))
@@ -243,7 +283,7 @@ def test_auto_resolves_from_public_population_spearman(rho: float, threshold: fl
 
 def test_default_mechanism_and_missing_population_statistics(tmp_path: Path) -> None:
     art = make_artifact(tmp_path / "a", rho_median=None)
-    with pytest.raises(ValueError, match="population_spearman.median"):
+    with pytest.raises(ValueError, match=r"population_spearman.median"):
         start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db"))
     with pytest.raises(ValueError, match="unknown mechanism 'nope'"):
         start(ServerConfig.of(artifacts=art, port=0, ledger=tmp_path / "l.db", default_mechanism="nope"))
@@ -266,7 +306,9 @@ def test_select_batch_reports_per_item_status(client: Client, server: ServerHand
     ]
     res = client.select_batch(reqs)
     assert [r.WhichOneof("outcome") for r in res] == ["response", "error", "error", "response"]
-    assert res[1].error.code_name == "INVALID_ARGUMENT" and res[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert (
+        res[1].error.code_name == "INVALID_ARGUMENT" and res[1].error.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    )
     assert res[2].error.code_name == "RESOURCE_EXHAUSTED"
     assert (res[0].response.mechanism, res[3].response.mechanism) == ("gem", "combined_gem")
     assert client.budget("batch-a").spent == pytest.approx(1.0) and client.budget("batch-b").spent == pytest.approx(2.0)
@@ -295,7 +337,12 @@ def test_list_mechanisms_health_and_reflection(client: Client, server: ServerHan
     assert by_name["rnmh"] == (False, False) and by_name["mgem"] == (True, True) and len(by_name) == 12
     assert (info.default_mechanism, info.auto_resolves_to, info.population_spearman_median) == ("auto", "mgem", 0.5)
     assert (info.budget, info.max_candidates, info.max_slate, info.min_candidates, info.catalog_size) == (
-        BUDGET, 25, 100, 500, 40)
+        BUDGET,
+        25,
+        100,
+        500,
+        40,
+    )
     assert client.health() == "SERVING" and client.health("recsvc.v1.PrivateSelection") == "SERVING"
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
@@ -315,11 +362,12 @@ def test_stop_reports_not_serving(artifact: Path, tmp_path: Path) -> None:
 
 
 def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_found_on_reuse(
-        server: ServerHandle) -> None:
+    server: ServerHandle,
+) -> None:
     import hashlib
 
-    from recsvc.service.errors import InvalidRequest
     from recsvc.service.codec import fingerprint as _fingerprint
+    from recsvc.service.errors import InvalidRequest
 
     # Hashed in pieces (below hashlib's GIL-release size); must stay the plain SHA-256, or
     # retries of requests stored by an older server would be refused as conflicts.
@@ -339,12 +387,14 @@ def test_fingerprint_is_the_sha256_of_the_canonical_request_and_duplicates_are_f
     assert s.prepare_select(_good("columns", request_id="again")).scores.size == len(candidates(10))
 
 
-def test_every_path_samples_clipped_scores_with_the_chacha_csprng(client: Client, artifact: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_path_samples_clipped_scores_with_the_chacha_csprng(
+    client: Client, artifact: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Select, SelectBatch and Recommend hand the mechanism scores clipped to [lo, hi] and a
     ChaCha20 generator (never a non-cryptographic one)."""
-    import recsvc.service.selection as selection_module
     from randomgen import ChaCha
+
+    import recsvc.service.selection as selection_module
 
     seen: list[tuple[np.ndarray, np.ndarray, object]] = []
     real_slate = selection_module.select_slate
@@ -361,8 +411,10 @@ def test_every_path_samples_clipped_scores_with_the_chacha_csprng(client: Client
     ids = ["it3", "it7", "it11"]
     raw = np.array([1e3, -5.0, 0.5 * (lo[row["it11"]] + hi[row["it11"]])])
     rows = np.array([row[i] for i in ids])
-    client.select("spy-user", list(zip(ids, raw)), mechanism="rnm", epsilon=0.5)
-    client.select_batch([client.select_request("spy-user", list(zip(ids, raw)), mechanism="gem", epsilon=0.5)])
+    client.select("spy-user", list(zip(ids, raw, strict=False)), mechanism="rnm", epsilon=0.5)
+    client.select_batch(
+        [client.select_request("spy-user", list(zip(ids, raw, strict=False)), mechanism="gem", epsilon=0.5)]
+    )
     for q, d, _ in seen:
         assert np.array_equal(q, np.clip(raw, lo[rows], hi[rows])) and np.array_equal(d, sens[rows])
     # Recommend: the server's own SANSA scores of the whole catalog (seen items included),

@@ -26,6 +26,11 @@ def test_each_refusal_declares_the_status_the_service_answers_with(exc: Exceptio
 
 def test_every_ledger_error_declares_a_status() -> None:
     classes = [LedgerError, *LedgerError.__subclasses__(), InvalidCharge]
-    assert {c.__name__ for c in classes} >= {"LedgerError", "BudgetExceeded", "RequestConflict", "LedgerUnavailable",
-                                            "InvalidCharge"}
+    assert {c.__name__ for c in classes} >= {
+        "LedgerError",
+        "BudgetExceeded",
+        "RequestConflict",
+        "LedgerUnavailable",
+        "InvalidCharge",
+    }
     assert all(c.__dict__.get("status") in grpc.StatusCode.__members__ for c in classes)

@@ -66,8 +66,11 @@ def _network(hosts: list[Host]) -> Iterator[None]:
             _ip("link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.ns)
             _ip("addr", "add", f"{h.db_side}/30", "dev", h.veth)
             _ip("link", "set", h.veth, "up")
-            for cmd in (["addr", "add", f"{h.address}/30", "dev", "eth0"], ["link", "set", "eth0", "up"],
-                        ["link", "set", "lo", "up"]):
+            for cmd in (
+                ["addr", "add", f"{h.address}/30", "dev", "eth0"],
+                ["link", "set", "eth0", "up"],
+                ["link", "set", "lo", "up"],
+            ):
                 _ip("-n", h.ns, *cmd)
         yield
     finally:
@@ -90,26 +93,69 @@ def fleet(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     hosts = _hosts()
     with ExitStack() as stack:
         stack.enter_context(_network(hosts))
-        cluster = start_cluster(listen=",".join(["127.0.0.1", *(h.db_side for h in hosts)]),
-                                trust=(f"10.{_NET}.0.0/16",))
+        cluster = start_cluster(
+            listen=",".join(["127.0.0.1", *(h.db_side for h in hosts)]), trust=(f"10.{_NET}.0.0/16",)
+        )
         stack.callback(remove_cluster, cluster)
         db = cluster.new_database().rsplit("/", 1)[1]
         key = d / "shared.key"
-        init = subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", cluster.url(db),
-                               "--budget", "5", "--fingerprint-key", str(key)],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+        init = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "recsvc.app.cli",
+                "ledger",
+                "init",
+                "--ledger",
+                cluster.url(db),
+                "--budget",
+                "5",
+                "--fingerprint-key",
+                str(key),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert init.returncode == 0, init.stderr
         targets = []
         for i, h in enumerate(hosts):
             port = free_port()
             url = f"postgresql://postgres@{h.db_side}:{cluster.port}/{db}"  # the database over this host's link
-            log = open(d / f"host{i}.log", "w")
-            stack.callback(log.close)
+            log = stack.enter_context(open(d / f"host{i}.log", "w"))
             proc = subprocess.Popen(
-                ["ip", "netns", "exec", h.ns, sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts",
-                 str(artifact), "--ledger", url, "--budget", "5", "--fingerprint-key", str(key), "--host", h.address,
-                 "--port", str(port), "--ledger-pool", "4", "--drain-delay", "0"],
-                cwd=REPO, stdout=subprocess.DEVNULL, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    h.ns,
+                    sys.executable,
+                    "-m",
+                    "recsvc.app.cli",
+                    "serve",
+                    "--artifacts",
+                    str(artifact),
+                    "--ledger",
+                    url,
+                    "--budget",
+                    "5",
+                    "--fingerprint-key",
+                    str(key),
+                    "--host",
+                    h.address,
+                    "--port",
+                    str(port),
+                    "--ledger-pool",
+                    "4",
+                    "--drain-delay",
+                    "0",
+                ],
+                cwd=REPO,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
             stack.callback(_stop, proc)
             targets.append(f"{h.address}:{port}")
         for t in targets:
@@ -151,8 +197,9 @@ def _select(target: str, user: str, rid: str, epsilon: float) -> str:
 def _spent(url: str, user: str) -> tuple[int, int, int]:
     """(stored requests, their summed units, the budget row's units) straight from the database."""
     with psycopg.connect(url) as conn:
-        n, units = conn.execute("SELECT count(*), coalesce(sum(epsilon_units), 0) FROM recsvc_requests "
-                                "WHERE user_id=%s", (user,)).fetchone()
+        n, units = conn.execute(
+            "SELECT count(*), coalesce(sum(epsilon_units), 0) FROM recsvc_requests WHERE user_id=%s", (user,)
+        ).fetchone()
         row = conn.execute("SELECT spent_units FROM recsvc_budgets WHERE user_id=%s", (user,)).fetchone()
     return int(n), int(units), 0 if row is None else int(row[0])
 
@@ -172,14 +219,25 @@ def test_a_partitioned_host_refuses_and_spends_nothing_while_the_other_serves(fl
     try:
         assert _select(other, "part", "p-other", 0.1) == "OK"
         inside = subprocess.run(
-            ["ip", "netns", "exec", cut.ns, sys.executable, "-c",
-             "import grpc, sys, time; from recsvc.service.client import Client\nt0 = time.monotonic()\n"
-             f"c = Client('{fleet.targets[0]}', retries=0, timeout=20)\n"
-             f"try:\n    c.select('part', [('{ids[0]}', 0.5), ('{ids[1]}', 0.4)], mechanism='rnm', epsilon=0.1, "
-             "request_id='p-cut')\n"
-             "    print('OK')\nexcept grpc.RpcError as e:\n    print(e.code().name)\nprint(f'{time.monotonic() - t0:.1f}s', file=sys.stderr)\n"
-             "import time; time.sleep(2.5); print(c.health())"],  # the probe runs every second
-            cwd=REPO, capture_output=True, text=True, timeout=60)
+            [
+                "ip",
+                "netns",
+                "exec",
+                cut.ns,
+                sys.executable,
+                "-c",
+                "import grpc, sys, time; from recsvc.service.client import Client\nt0 = time.monotonic()\n"
+                f"c = Client('{fleet.targets[0]}', retries=0, timeout=20)\n"
+                f"try:\n    c.select('part', [('{ids[0]}', 0.5), ('{ids[1]}', 0.4)], mechanism='rnm', epsilon=0.1, "
+                "request_id='p-cut')\n"
+                "    print('OK')\nexcept grpc.RpcError as e:\n    print(e.code().name)\nprint(f'{time.monotonic() - t0:.1f}s', file=sys.stderr)\n"
+                "import time; time.sleep(2.5); print(c.health())",
+            ],  # the probe runs every second
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert inside.stdout.split() == ["UNAVAILABLE", "NOT_SERVING"], inside.stderr
     finally:
         _ip("link", "set", cut.veth, "up")

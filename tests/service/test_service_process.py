@@ -17,18 +17,19 @@ import grpc
 import psutil
 import pytest
 
-from recsvc.service.client import Client
 from recsvc.ledger.sqlite import SQLiteLedger
-
+from recsvc.service.client import Client
 from recsvc.service.testing import REPO, candidates, free_port, server_process
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path: Path) -> None:
-    with server_process(artifact, tmp_path / "l.db", "--budget", "1000", "--drain-delay", "1.0",
-                        "--grace", "20") as srv:
+    with server_process(
+        artifact, tmp_path / "l.db", "--budget", "1000", "--drain-delay", "1.0", "--grace", "20"
+    ) as srv:
         c = Client(srv.target, retries=0, timeout=60)
-        reqs = [c.select_request(f"u{i % 7}", candidates(30, seed=i), mechanism="mgem", epsilon=0.5)
-                for i in range(1000)]
+        reqs = [
+            c.select_request(f"u{i % 7}", candidates(30, seed=i), mechanism="mgem", epsilon=0.5) for i in range(1000)
+        ]
         outcome: dict[str, object] = {}
 
         def run_batch() -> None:
@@ -102,8 +103,9 @@ def test_kill_9_never_undercounts(artifact: Path, tmp_path: Path) -> None:
 def test_two_workers_share_port_and_ledger_exactly(artifact: Path, tmp_path: Path) -> None:
     """200 parallel requests for one user against a budget that allows 50: exactly 50 succeed."""
     port, metrics_port = free_port(), free_port()
-    with server_process(artifact, tmp_path / "l.db", "--budget", "5", "--workers", "2",
-                        "--metrics-port", str(metrics_port), port=port) as srv:
+    with server_process(
+        artifact, tmp_path / "l.db", "--budget", "5", "--workers", "2", "--metrics-port", str(metrics_port), port=port
+    ) as srv:
         workers = psutil.Process(srv.proc.pid).children()
         assert len(workers) == 2
         clients = [Client(srv.target, retries=0, timeout=30) for _ in range(16)]  # 16 connections
@@ -121,10 +123,16 @@ def test_two_workers_share_port_and_ledger_exactly(artifact: Path, tmp_path: Pat
         assert clients[0].budget("hot-user").spent == pytest.approx(5.0)
         # The parent serves the workers' aggregated metrics (Prometheus multiprocess mode).
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        counts = {status: sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                              if line.startswith("recsvc_requests_total{") and 'method="Select"' in line
-                              and f'status="{status}"' in line)
-                  for status in ("OK", "RESOURCE_EXHAUSTED")}
+        counts = {
+            status: sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("recsvc_requests_total{")
+                and 'method="Select"' in line
+                and f'status="{status}"' in line
+            )
+            for status in ("OK", "RESOURCE_EXHAUSTED")
+        }
         assert counts == {"OK": 50, "RESOURCE_EXHAUSTED": 150}
         for c in clients:
             c.close()
@@ -134,31 +142,81 @@ def test_two_workers_share_port_and_ledger_exactly(artifact: Path, tmp_path: Pat
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> None:
     csv_path = tmp_path / "cands.csv"
     csv_path.write_text("item_id,score\nit1,0.5918273645\nit2,0.2\nit3,0.9\n")
     with server_process(artifact, tmp_path / "l.db", "--budget", "2") as srv:
-        out = _cli("-v", "select", "--target", srv.target, "--user", "cli-user", "--candidates", str(csv_path),
-                   "--mechanism", "mgem", "--epsilon", "0.5", "--request-id", "cli-1")
+        out = _cli(
+            "-v",
+            "select",
+            "--target",
+            srv.target,
+            "--user",
+            "cli-user",
+            "--candidates",
+            str(csv_path),
+            "--mechanism",
+            "mgem",
+            "--epsilon",
+            "0.5",
+            "--request-id",
+            "cli-1",
+        )
         assert out.returncode == 0, out.stderr
         ans = json.loads(out.stdout)
         assert ans["item_id"] in {"it1", "it2", "it3"} and ans["mechanism"] == "mgem" and ans["request_id"] == "cli-1"
         assert ans["budget_remaining"] == pytest.approx(1.5)
-        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidates", str(csv_path),
-                   "--mechanism", "rnm", "--epsilon", "0.5", "--k", "2")
+        out = _cli(
+            "select",
+            "--target",
+            srv.target,
+            "--user",
+            "cli-user",
+            "--candidates",
+            str(csv_path),
+            "--mechanism",
+            "rnm",
+            "--epsilon",
+            "0.5",
+            "--k",
+            "2",
+        )
         assert out.returncode == 0, out.stderr
         ans = json.loads(out.stdout)  # a slate: 2 distinct items, item_id first, ε charged once
         assert len(set(ans["item_ids"])) == 2 and set(ans["item_ids"]) <= {"it1", "it2", "it3"}
         assert ans["item_id"] == ans["item_ids"][0] and ans["budget_remaining"] == pytest.approx(1.0)
-        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidates", str(csv_path),
-                   "--epsilon", "0.5", "--k", "4")
+        out = _cli(
+            "select",
+            "--target",
+            srv.target,
+            "--user",
+            "cli-user",
+            "--candidates",
+            str(csv_path),
+            "--epsilon",
+            "0.5",
+            "--k",
+            "4",
+        )
         assert out.returncode == 2 and "INVALID_ARGUMENT: k=4 is more than the 3 candidates" in out.stderr
-        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4",
-                   "--candidate", "it5:nan", "--epsilon", "0.5")
+        out = _cli(
+            "select",
+            "--target",
+            srv.target,
+            "--user",
+            "cli-user",
+            "--candidate",
+            "it4:0.4",
+            "--candidate",
+            "it5:nan",
+            "--epsilon",
+            "0.5",
+        )
         assert out.returncode == 2 and "INVALID_ARGUMENT" in out.stderr and len(out.stderr.strip().splitlines()) == 1
         out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4", "--epsilon", "5")
         assert out.returncode == 2 and "RESOURCE_EXHAUSTED" in out.stderr

@@ -13,9 +13,18 @@ STUBS = ("selection_pb2.py", "selection_pb2_grpc.py", "selection_pb2.pyi")
 
 def test_committed_stubs_match_the_proto(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-Iproto", f"--python_out={tmp_path}",
-         f"--grpc_python_out={tmp_path}", f"--pyi_out={tmp_path}", "proto/recsvc/v1/selection.proto"],
-        cwd=REPO, check=True,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-Iproto",
+            f"--python_out={tmp_path}",
+            f"--grpc_python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            "proto/recsvc/v1/selection.proto",
+        ],
+        cwd=REPO,
+        check=True,
     )
     for name in STUBS:
         fresh = (tmp_path / "recsvc" / "v1" / name).read_bytes()
@@ -37,7 +46,20 @@ def test_spec_names_are_in_the_service() -> None:
     assert pb.DESCRIPTOR.package == "recsvc.v1"
     assert {m.name for m in svc.methods} == {"Select", "SelectBatch", "Recommend", "GetBudget", "ListMechanisms"}
     assert [f.name for f in pb.SelectRequest.DESCRIPTOR.fields][:8] == [
-        "user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction"]
+        "user_id",
+        "candidates",
+        "mechanism",
+        "epsilon",
+        "request_id",
+        "beta",
+        "gamma",
+        "corr_budget_fraction",
+    ]
     assert [f.name for f in pb.SelectResponse.DESCRIPTOR.fields][:5] == [
-        "item_id", "mechanism", "epsilon_spent", "budget_remaining", "request_id"]
+        "item_id",
+        "mechanism",
+        "epsilon_spent",
+        "budget_remaining",
+        "request_id",
+    ]
     assert [f.name for f in pb.Candidate.DESCRIPTOR.fields] == ["item_id", "score"]

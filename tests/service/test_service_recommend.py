@@ -22,12 +22,11 @@ import recsvc.service.selection as selection_module
 from recsvc.artifact import load_artifact
 from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
 from recsvc.service.client import Client
+from recsvc.service.codec import fingerprint as _fingerprint
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.service.codec import fingerprint as _fingerprint
-from recsvc.v1 import selection_pb2 as pb
-
 from recsvc.service.testing import N_ITEMS, candidates, make_artifact, rpc_error
+from recsvc.v1 import selection_pb2 as pb
 
 HISTORY = ["it0", "it5", "it9"]
 FLOOR = 5  # the test servers' --min-candidates
@@ -59,8 +58,9 @@ def _catalog_scores(artifact: Path, history: list[str]) -> tuple[list[str], np.n
     """(catalog ids, clipped full-catalog SANSA scores of the history, Δ), computed independently."""
     art = load_artifact(artifact)
     model, items = art.model, art.items
-    x = sp.csr_matrix((np.ones(len(history)), ([0] * len(history), [model.index[h] for h in history])),
-                      shape=(1, len(model.item_ids)))
+    x = sp.csr_matrix(
+        (np.ones(len(history)), ([0] * len(history), [model.index[h] for h in history])), shape=(1, len(model.item_ids))
+    )
     ids = items["item_id"].to_list()
     raw = model.score(x)[0][[model.index[i] for i in ids]]
     return ids, np.clip(raw, items["lo"].to_numpy(), items["hi"].to_numpy()), items["sensitivity"].to_numpy()
@@ -80,7 +80,8 @@ def _chi2_pvalue(counts: Counter, exact: dict, min_expected: float = 5.0) -> flo
 
 
 def test_num_candidates_1_at_small_epsilon_is_near_uniform_over_the_whole_catalog(
-        client: Client, artifact: Path, seeded: None) -> None:
+    client: Client, artifact: Path, seeded: None
+) -> None:
     """A count alone never shrinks the candidates (num_candidates=1 would otherwise reveal the
     private argmax): at ε = 0.01 the answer is near-uniform over all 40 items."""
     ids, q, d = _catalog_scores(artifact, HISTORY)
@@ -88,15 +89,17 @@ def test_num_candidates_1_at_small_epsilon_is_near_uniform_over_the_whole_catalo
     exact = probabilities("rnm", q, d, 0.01)
     assert 0.5 * np.abs(exact - 1 / N_ITEMS).sum() < 0.01  # exact TV from uniform
     calls = 1000
-    answers = Counter(client.recommend("uniform-user", HISTORY, mechanism="rnm", epsilon=0.01,
-                                       num_candidates=1).item_id for _ in range(calls))
+    answers = Counter(
+        client.recommend("uniform-user", HISTORY, mechanism="rnm", epsilon=0.01, num_candidates=1).item_id
+        for _ in range(calls)
+    )
     freq = np.array([answers[i] for i in ids]) / calls
     tv = 0.5 * np.abs(freq - 1 / N_ITEMS).sum()
     # Sampling noise alone gives TV ≈ 0.08 at 1,000 calls; always the argmax would be 0.975.
     assert tv < 0.15, tv
     assert answers[argmax] / calls < 0.06 and len(answers) == N_ITEMS  # every item came up
     assert sum(answers[h] for h in HISTORY) > 0  # seen items are candidates too
-    assert _chi2_pvalue(answers, dict(zip(ids, exact))) > 1e-3
+    assert _chi2_pvalue(answers, dict(zip(ids, exact, strict=False))) > 1e-3
     assert client.budget("uniform-user").spent == pytest.approx(calls * 0.01)
 
 
@@ -107,41 +110,48 @@ def test_answers_follow_the_exact_full_catalog_distribution(tiny: tuple[Path, Cl
     exact = probabilities("mgem", q, d, 4.0)
     assert exact.max() > 0.3  # far from uniform: the test can tell the scores apart
     calls = 600
-    answers = Counter(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0).item_id
-                      for _ in range(calls))
-    assert _chi2_pvalue(answers, dict(zip(ids, exact))) > 1e-3
+    answers = Counter(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0).item_id for _ in range(calls))
+    assert _chi2_pvalue(answers, dict(zip(ids, exact, strict=False))) > 1e-3
     assert answers["it1"] + answers["it4"] > 0  # history items are returned too
     # Slates over the catalog: ordered pairs follow the exact peeling distribution.
     exact2 = {tuple(ids[i] for i in s): p for s, p in slate_probabilities("mgem", q, d, 4.0, 2).items()}
-    slates = Counter(tuple(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0, k=2).item_ids)
-                     for _ in range(calls))
+    slates = Counter(
+        tuple(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0, k=2).item_ids) for _ in range(calls)
+    )
     assert _chi2_pvalue(slates, exact2) > 1e-3
 
 
 def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
-        tiny: tuple[Path, Client], seeded: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny: tuple[Path, Client], seeded: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     art, c = tiny
     history = ["it2"]
     ids, q, d = _catalog_scores(art, history)
-    exact = {tuple(ids[i] for i in s): p
-             for s, p in two_stage_probabilities("rnm", q, d, 3.0, 3, 0.4, k=2, candidate_mechanism="rnm").items()}
+    exact = {
+        tuple(ids[i] for i in s): p
+        for s, p in two_stage_probabilities("rnm", q, d, 3.0, 3, 0.4, k=2, candidate_mechanism="rnm").items()
+    }
     calls = 600
-    got = [c.recommend("two-user", history, mechanism="rnm", epsilon=3.0, num_candidates=3, candidate_fraction=0.4,
-                       k=2) for _ in range(calls)]
+    got = [
+        c.recommend("two-user", history, mechanism="rnm", epsilon=3.0, num_candidates=3, candidate_fraction=0.4, k=2)
+        for _ in range(calls)
+    ]
     assert {r.epsilon_spent for r in got} == {3.0}
     assert c.budget("two-user").spent == pytest.approx(calls * 3.0)  # ε in total, not per stage
     assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > 1e-3
     # m = 0 means the floor (here 2), and every stage parameter reaches select_two_stage.
     seen: list[tuple] = []
     real = selection_module.select_two_stage
-    monkeypatch.setattr(selection_module, "select_two_stage",
-                        lambda *a, **kw: seen.append(a[4:7] + a[8:9]) or real(*a, **kw))
+    monkeypatch.setattr(
+        selection_module, "select_two_stage", lambda *a, **kw: seen.append(a[4:7] + a[8:9]) or real(*a, **kw)
+    )
     r = c.recommend("two-user", history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
     assert seen == [(2, 0.25, 1, "rnm")] and len(r.item_ids) == 1  # (m, fraction, k, candidate mechanism)
 
 
 def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
-        client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
+    client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
     draws: list[str] = []
     for fn in ("select_slate", "select_two_stage"):
         real = getattr(selection_module, fn)
@@ -151,12 +161,18 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
         (dict(candidate_fraction=0.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),
         (dict(candidate_fraction=1.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),
         (dict(candidate_fraction=float("nan"), num_candidates=10), "candidate_fraction must be in the open interval"),
-        (dict(candidate_fraction=0.5, num_candidates=FLOOR - 1),
-         f"num_candidates={FLOOR - 1} is below this server's floor of {FLOOR} private candidates (--min-candidates)"),
-        (dict(candidate_fraction=0.5, num_candidates=N_ITEMS + 1),
-         f"num_candidates={N_ITEMS + 1} is more than the catalog's {N_ITEMS} items"),
-        (dict(candidate_fraction=0.5, num_candidates=FLOOR, k=FLOOR + 1),
-         f"k={FLOOR + 1} is more than the {FLOOR} private candidates (num_candidates)"),
+        (
+            dict(candidate_fraction=0.5, num_candidates=FLOOR - 1),
+            f"num_candidates={FLOOR - 1} is below this server's floor of {FLOOR} private candidates (--min-candidates)",
+        ),
+        (
+            dict(candidate_fraction=0.5, num_candidates=N_ITEMS + 1),
+            f"num_candidates={N_ITEMS + 1} is more than the catalog's {N_ITEMS} items",
+        ),
+        (
+            dict(candidate_fraction=0.5, num_candidates=FLOOR, k=FLOOR + 1),
+            f"k={FLOOR + 1} is more than the {FLOOR} private candidates (num_candidates)",
+        ),
         (dict(k=9), "k=9 is too large; this server returns at most 8 items per answer (--max-slate)"),
         (dict(candidate_fraction=0.5, num_candidates=2 * FLOOR, k=9), "k=9 is too large"),
     ]
@@ -180,13 +196,18 @@ def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, ser
     assert len(r.item_ids) == len(set(r.item_ids)) == 5 and set(r.item_ids) <= dict(cands).keys()
     assert r.item_id == r.item_ids[0] and r.epsilon_spent == 0.8 and not r.replayed
     again = client.select("slate-user", cands, mechanism="mgem", epsilon=0.8, k=5, request_id="s-1")
-    assert (list(again.item_ids), again.replayed, again.budget_remaining) == (list(r.item_ids), True, r.budget_remaining)
+    assert (list(again.item_ids), again.replayed, again.budget_remaining) == (
+        list(r.item_ids),
+        True,
+        r.budget_remaining,
+    )
     code, _ = rpc_error(client.select, "slate-user", cands, mechanism="mgem", epsilon=0.8, k=4, request_id="s-1")
     assert code is grpc.StatusCode.ALREADY_EXISTS  # k is part of the request: another k is another request
     rec = client.recommend("slate-user", HISTORY, mechanism="rnm", epsilon=0.5, k=8, request_id="s-2")
     assert len(set(rec.item_ids)) == 8 and rec.item_id == rec.item_ids[0]
-    assert list(client.recommend("slate-user", HISTORY, mechanism="rnm", epsilon=0.5, k=8,
-                                 request_id="s-2").item_ids) == list(rec.item_ids)
+    assert list(
+        client.recommend("slate-user", HISTORY, mechanism="rnm", epsilon=0.5, k=8, request_id="s-2").item_ids
+    ) == list(rec.item_ids)
     [b] = client.select_batch([client.select_request("slate-user", cands, mechanism="rnm", epsilon=0.2, k=3)])
     assert len(set(b.response.item_ids)) == 3
     assert client.budget("slate-user").spent == pytest.approx(0.8 + 0.5 + 0.2)  # one ε per slate
@@ -195,8 +216,9 @@ def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, ser
 
 def test_an_answer_stored_with_item_id_alone_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
     req = client.select_request("old-user", candidates(10), mechanism="rnm", epsilon=0.5, request_id="old-1")
-    old = pb.SelectResponse(item_id="it7", mechanism="rnm", epsilon_spent=0.5, budget_remaining=1e6 - 0.5,
-                            request_id="old-1").SerializeToString()  # item_id set, item_ids empty
+    old = pb.SelectResponse(
+        item_id="it7", mechanism="rnm", epsilon_spent=0.5, budget_remaining=1e6 - 0.5, request_id="old-1"
+    ).SerializeToString()  # item_id set, item_ids empty
     server.ledger.charge("old-user", "old-1", _fingerprint(b"select\0", req), 0.5, lambda _: old)
     r = client.stub.Select(req)
     assert (r.item_id, list(r.item_ids), r.replayed) == ("it7", ["it7"], True)

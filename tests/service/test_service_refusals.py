@@ -13,14 +13,12 @@ import grpc
 import pytest
 
 from recsvc.service import codec
-from recsvc.service.config import Limits
-from recsvc.service.codec import length_delimited as _field
 from recsvc.service.client import Client
-from recsvc.service.config import ServerConfig
+from recsvc.service.codec import length_delimited as _field
+from recsvc.service.config import Limits, ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.v1 import selection_pb2 as pb
-
 from recsvc.service.testing import candidates
+from recsvc.v1 import selection_pb2 as pb
 
 SERVICE = "/recsvc.v1.PrivateSelection/"
 ID = lambda b: b  # noqa: E731 - identity (de)serializer: the bytes go on the wire as they are
@@ -28,8 +26,9 @@ ID = lambda b: b  # noqa: E731 - identity (de)serializer: the bytes go on the wi
 
 def _head(**over) -> bytes:
     """A valid SelectRequest without candidates (user, mechanism, ε, request id)."""
-    return pb.SelectRequest(**{"user_id": "victim", "mechanism": "rnm", "epsilon": 0.5, "request_id": "r1",
-                               **over}).SerializeToString()
+    return pb.SelectRequest(
+        **{"user_id": "victim", "mechanism": "rnm", "epsilon": 0.5, "request_id": "r1", **over}
+    ).SerializeToString()
 
 
 def _candidates_3m() -> bytes:
@@ -39,25 +38,54 @@ def _candidates_3m() -> bytes:
 
 # case → (method, the message's bytes (built when the case runs), what the refusal must say)
 OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
-    "3M candidates": ("Select", _candidates_3m,
-                      "more than 10000 candidates in one SelectRequest; this server accepts at most 10000"),
-    "3M item_ids": ("Select", lambda: _head() + _field(9, b"x") * 3_000_000,
-                    "more than 10000 item_ids in one SelectRequest"),
-    "1.5M packed scores": ("Select", lambda: _head() + _field(10, b"\0" * 8 * 1_500_000),  # one run, 12 MB
-                           "more than 10000 scores in one SelectRequest"),
-    "3M packed item rows": ("Select", lambda: _head() + _field(12, b"\x01" * 3_000_000),  # one run, 3 MB
-                            "more than 10000 item_rows in one SelectRequest"),
-    "3M unknown fields": ("Select", lambda: _head() + b"\xf8\x01\x00" * 3_000_000,  # field 31 = 0
-                          "more than 40064 fields in one SelectRequest"),
-    "user_id sent 3M times": ("Select", lambda: _field(1, b"v") * 3_000_000,
-                              "more than 40064 fields in one SelectRequest"),
-    "5M history entries": ("Recommend", lambda: pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5)
-                           .SerializeToString() + _field(2, b"x") * 5_000_000,
-                           "more than 10000 history entries in one RecommendRequest"),
-    "1001 requests in a batch": ("SelectBatch", lambda: _field(1, _head()) * 1001,
-                                 "more than 1000 requests in one SelectBatchRequest"),
-    "a batch item of 3M candidates": ("SelectBatch", lambda: _field(1, _head()) + _field(1, _candidates_3m()),
-                                      "requests[1]: more than 10000 candidates in one SelectRequest"),
+    "3M candidates": (
+        "Select",
+        _candidates_3m,
+        "more than 10000 candidates in one SelectRequest; this server accepts at most 10000",
+    ),
+    "3M item_ids": (
+        "Select",
+        lambda: _head() + _field(9, b"x") * 3_000_000,
+        "more than 10000 item_ids in one SelectRequest",
+    ),
+    "1.5M packed scores": (
+        "Select",
+        lambda: _head() + _field(10, b"\0" * 8 * 1_500_000),  # one run, 12 MB
+        "more than 10000 scores in one SelectRequest",
+    ),
+    "3M packed item rows": (
+        "Select",
+        lambda: _head() + _field(12, b"\x01" * 3_000_000),  # one run, 3 MB
+        "more than 10000 item_rows in one SelectRequest",
+    ),
+    "3M unknown fields": (
+        "Select",
+        lambda: _head() + b"\xf8\x01\x00" * 3_000_000,  # field 31 = 0
+        "more than 40064 fields in one SelectRequest",
+    ),
+    "user_id sent 3M times": (
+        "Select",
+        lambda: _field(1, b"v") * 3_000_000,
+        "more than 40064 fields in one SelectRequest",
+    ),
+    "5M history entries": (
+        "Recommend",
+        lambda: (
+            pb.RecommendRequest(user_id="victim", mechanism="rnm", epsilon=0.5).SerializeToString()
+            + _field(2, b"x") * 5_000_000
+        ),
+        "more than 10000 history entries in one RecommendRequest",
+    ),
+    "1001 requests in a batch": (
+        "SelectBatch",
+        lambda: _field(1, _head()) * 1001,
+        "more than 1000 requests in one SelectBatchRequest",
+    ),
+    "a batch item of 3M candidates": (
+        "SelectBatch",
+        lambda: _field(1, _head()) + _field(1, _candidates_3m()),
+        "requests[1]: more than 10000 candidates in one SelectRequest",
+    ),
 }
 
 
@@ -67,10 +95,12 @@ def channel(server: ServerHandle) -> Iterator[grpc.Channel]:
         yield ch
 
 
-def _raw(channel: grpc.Channel, method: str, payload: bytes,
-         metadata: tuple[tuple[str, str], ...] = ()) -> tuple[grpc.StatusCode, str]:
-    call = channel.unary_unary(method if method.startswith("/") else SERVICE + method,
-                               request_serializer=ID, response_deserializer=ID)
+def _raw(
+    channel: grpc.Channel, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...] = ()
+) -> tuple[grpc.StatusCode, str]:
+    call = channel.unary_unary(
+        method if method.startswith("/") else SERVICE + method, request_serializer=ID, response_deserializer=ID
+    )
     try:
         call(payload, timeout=60, metadata=metadata)
     except grpc.RpcError as exc:
@@ -87,8 +117,9 @@ def no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("case", OVERSIZED)
-def test_oversized_requests_are_refused_before_parsing(case: str, channel: grpc.Channel, server: ServerHandle,
-                                                       monkeypatch: pytest.MonkeyPatch, no_errors_logged: None) -> None:
+def test_oversized_requests_are_refused_before_parsing(
+    case: str, channel: grpc.Channel, server: ServerHandle, monkeypatch: pytest.MonkeyPatch, no_errors_logged: None
+) -> None:
     method, build, message = OVERSIZED[case]
     payload = build()
     parsed: list[str] = []
@@ -139,16 +170,26 @@ def test_the_pre_scan_refuses_without_parsing() -> None:
 
 
 def test_history_and_batch_limits_are_configurable(artifact: Path, tmp_path: Path) -> None:
-    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", max_history=3, max_batch=2,
-                           max_message_bytes=64 * 1024))
+    h = start(
+        ServerConfig.of(
+            artifacts=artifact,
+            port=0,
+            ledger=tmp_path / "l.db",
+            max_history=3,
+            max_batch=2,
+            max_message_bytes=64 * 1024,
+        )
+    )
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
             assert c.recommend("u", ["it1", "it2", "it3"], mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
             with pytest.raises(grpc.RpcError) as info:
                 c.recommend("u", ["it1", "it2", "it3", "it4"], mechanism="rnm", epsilon=0.5)
             assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-            assert "more than 3 history entries in one RecommendRequest; this server accepts at most 3" \
+            assert (
+                "more than 3 history entries in one RecommendRequest; this server accepts at most 3"
                 in info.value.details()
+            )
             reqs = [c.select_request("u", candidates(), mechanism="rnm", epsilon=0.5) for _ in range(3)]
             with pytest.raises(grpc.RpcError) as info:
                 c.select_batch(reqs)
@@ -174,11 +215,12 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("method", ["Select", "SelectBatch", "Recommend", "GetBudget", "ListMechanisms",
-                                    "/grpc.health.v1.Health/Check"])
-def test_malformed_bytes_are_invalid_argument_without_a_traceback(method: str, channel: grpc.Channel,
-                                                                  server: ServerHandle,
-                                                                  no_errors_logged: None) -> None:
+@pytest.mark.parametrize(
+    "method", ["Select", "SelectBatch", "Recommend", "GetBudget", "ListMechanisms", "/grpc.health.v1.Health/Check"]
+)
+def test_malformed_bytes_are_invalid_argument_without_a_traceback(
+    method: str, channel: grpc.Channel, server: ServerHandle, no_errors_logged: None
+) -> None:
     before = server.ledger.totals()
     for name, payload in MALFORMED.items():
         if method == "ListMechanisms" and name in ("bad UTF-8 in user_id", "field number 0"):
@@ -198,11 +240,20 @@ def test_authentication_runs_before_decoding(artifact: Path, tmp_path: Path, no_
             for payload in (MALFORMED["truncated varint"], _candidates_3m()):
                 for auth in ((), (("authorization", "Bearer wrong"),)):
                     assert _raw(ch, "Select", payload, auth)[0] is grpc.StatusCode.UNAUTHENTICATED
-                assert _raw(ch, "Select", payload, (("authorization", "Bearer good-token"),))[0] \
+                assert (
+                    _raw(ch, "Select", payload, (("authorization", "Bearer good-token"),))[0]
                     is grpc.StatusCode.INVALID_ARGUMENT
+                )
             # The scope check needs the user_id, so it follows decoding; a foreign one spends nothing.
-            assert _raw(ch, "Select", _head(user_id="other") + _field(9, b"it1") + _field(10, b"\0" * 8),
-                        (("authorization", "Bearer good-token"),))[0] is grpc.StatusCode.PERMISSION_DENIED
+            assert (
+                _raw(
+                    ch,
+                    "Select",
+                    _head(user_id="other") + _field(9, b"it1") + _field(10, b"\0" * 8),
+                    (("authorization", "Bearer good-token"),),
+                )[0]
+                is grpc.StatusCode.PERMISSION_DENIED
+            )
         assert h.ledger.totals() == {}
     finally:
         h.stop(1)
@@ -210,8 +261,11 @@ def test_authentication_runs_before_decoding(artifact: Path, tmp_path: Path, no_
 
 def test_malformed_bytes_on_a_streaming_method(channel: grpc.Channel, no_errors_logged: None) -> None:
     """Server reflection is stream-stream: each message is decoded by the gate the same safe way."""
-    call = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                                 request_serializer=ID, response_deserializer=ID)
+    call = channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        request_serializer=ID,
+        response_deserializer=ID,
+    )
     with pytest.raises(grpc.RpcError) as info:
         list(call(iter([MALFORMED["length past the end"]]), timeout=30))
     assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "not a valid" in info.value.details()

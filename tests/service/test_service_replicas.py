@@ -20,8 +20,8 @@ import grpc
 import psycopg
 import pytest
 
-from recsvc.service.client import Client
 from recsvc.ledger.units import charge_units
+from recsvc.service.client import Client
 from recsvc.service.testing import REPO, ServerProcess, candidates, server_process
 
 CANDS = candidates(10)
@@ -38,14 +38,45 @@ class Fleet:
 def fleet(pg_cluster, artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     d = tmp_path_factory.mktemp("replicas")
     url, key = pg_cluster.new_database(), d / "shared.key"
-    init = subprocess.run([sys.executable, "-m", "recsvc.app.cli", "ledger", "init", "--ledger", url, "--budget", "5",
-                           "--fingerprint-key", str(key)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    init = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "recsvc.app.cli",
+            "ledger",
+            "init",
+            "--ledger",
+            url,
+            "--budget",
+            "5",
+            "--fingerprint-key",
+            str(key),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert init.returncode == 0, init.stderr
     with ExitStack() as stack:
-        replicas = [stack.enter_context(server_process(artifact, url, "--budget", "5", "--fingerprint-key", str(key),
-                                                       "--ledger-pool", "4", "--threads", "16",
-                                                       log_path=d / f"replica{i}.log"))
-                    for i in range(3)]
+        replicas = [
+            stack.enter_context(
+                server_process(
+                    artifact,
+                    url,
+                    "--budget",
+                    "5",
+                    "--fingerprint-key",
+                    str(key),
+                    "--ledger-pool",
+                    "4",
+                    "--threads",
+                    "16",
+                    log_path=d / f"replica{i}.log",
+                )
+            )
+            for i in range(3)
+        ]
         yield Fleet(url, replicas, key)
 
 
@@ -72,10 +103,13 @@ def _health_becomes(target: str, status: str, within_s: float = 15.0) -> bool:
 def _ledger_rows(url: str, user: str) -> tuple[dict[str, bytes], int, int]:
     """(request_id → stored response, spent units, request count) straight from the database."""
     with psycopg.connect(url) as conn:
-        stored = {r: bytes(b) for r, b in conn.execute(
-            "SELECT request_id, response FROM recsvc_requests WHERE user_id=%s", (user,))}
-        units = conn.execute("SELECT coalesce(sum(epsilon_units), 0) FROM recsvc_requests WHERE user_id=%s",
-                             (user,)).fetchone()[0]
+        stored = {
+            r: bytes(b)
+            for r, b in conn.execute("SELECT request_id, response FROM recsvc_requests WHERE user_id=%s", (user,))
+        }
+        units = conn.execute(
+            "SELECT coalesce(sum(epsilon_units), 0) FROM recsvc_requests WHERE user_id=%s", (user,)
+        ).fetchone()[0]
         row = conn.execute("SELECT spent_units, requests FROM recsvc_budgets WHERE user_id=%s", (user,)).fetchone()
     spent, n = (0, 0) if row is None else (int(row[0]), int(row[1]))
     assert (spent, n) == (int(units), len(stored))  # consistent: the budget row is the sum of the charges

@@ -17,7 +17,6 @@ from recsvc.service.auth import Scope, load_client_scopes, load_tokens
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig, is_loopback
 from recsvc.service.server import ServerHandle, start
-
 from recsvc.service.testing import candidates, rpc_error, served
 
 TOKENS = """# token      scope
@@ -40,8 +39,9 @@ def token_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_user_token_cannot_read_spend_or_invent_other_users(artifact: Path, tmp_path: Path, token_file: Path,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_a_user_token_cannot_read_spend_or_invent_other_users(
+    artifact: Path, tmp_path: Path, token_file: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO), _server(artifact, tmp_path, token_file=token_file, budget=2.0) as h:
         target = f"127.0.0.1:{h.port}"
         with Client(target, token="backend-tok", retries=0) as backend:
@@ -55,16 +55,22 @@ def test_a_user_token_cannot_read_spend_or_invent_other_users(artifact: Path, tm
                 code, msg = rpc_error(alice.select, "bob", candidates(), mechanism="rnm", epsilon=1.5)
                 assert code is grpc.StatusCode.PERMISSION_DENIED and "token@5 (user:alice)" in msg
             for invented in ("alice2", "Alice", "alice ", "", "bob"):
-                assert rpc_error(alice.select, invented, candidates(), mechanism="rnm", epsilon=0.1)[0] \
+                assert (
+                    rpc_error(alice.select, invented, candidates(), mechanism="rnm", epsilon=0.1)[0]
                     is grpc.StatusCode.PERMISSION_DENIED
-                assert rpc_error(alice.recommend, invented, ["it1"], mechanism="rnm", epsilon=0.1)[0] \
+                )
+                assert (
+                    rpc_error(alice.recommend, invented, ["it1"], mechanism="rnm", epsilon=0.1)[0]
                     is grpc.StatusCode.PERMISSION_DENIED
+                )
             assert h.ledger.totals() == before  # nothing spent, nobody new in the ledger
             assert h.ledger.user("bob").requests == 1
             # Its own user: every per-user RPC works; a batch refuses the foreign items alone.
             assert alice.select("alice", candidates(), mechanism="rnm", epsilon=0.25).epsilon_spent == 0.25
             assert alice.recommend("alice", ["it1", "it2"], mechanism="rnm", epsilon=0.25).epsilon_spent == 0.25
-            reqs = [alice.select_request(u, candidates(), mechanism="rnm", epsilon=0.25) for u in ("alice", "bob", "eve")]
+            reqs = [
+                alice.select_request(u, candidates(), mechanism="rnm", epsilon=0.25) for u in ("alice", "bob", "eve")
+            ]
             res = alice.select_batch(reqs)
             assert res[0].response.epsilon_spent == 0.25
             assert [r.error.code_name for r in res[1:]] == ["PERMISSION_DENIED"] * 2
@@ -101,8 +107,10 @@ def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Pa
                     if allowed:
                         assert c.select(user, candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
                     else:
-                        assert rpc_error(c.select, user, candidates(), mechanism="rnm", epsilon=0.5)[0] \
+                        assert (
+                            rpc_error(c.select, user, candidates(), mechanism="rnm", epsilon=0.5)[0]
                             is grpc.StatusCode.PERMISSION_DENIED
+                        )
                         assert rpc_error(c.budget, user)[0] is grpc.StatusCode.PERMISSION_DENIED
                 if listing:
                     assert c.mechanisms().max_candidates > 0
@@ -114,11 +122,17 @@ def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Pa
     with _server(artifact, tmp_path, client_scopes=scopes, token_file=token_file, **tls) as h:
         with Client(f"localhost:{h.port}", token="backend-tok", **client_tls) as c:
             assert c.select("carol", candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
-            assert rpc_error(c.select, "dave", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.PERMISSION_DENIED
+            assert (
+                rpc_error(c.select, "dave", candidates(), mechanism="rnm", epsilon=0.5)[0]
+                is grpc.StatusCode.PERMISSION_DENIED
+            )
         with Client(f"localhost:{h.port}", **client_tls) as c:  # the certificate alone is not enough
-            assert rpc_error(c.select, "carol", candidates(), mechanism="rnm", epsilon=0.5)[0] is grpc.StatusCode.UNAUTHENTICATED
+            assert (
+                rpc_error(c.select, "carol", candidates(), mechanism="rnm", epsilon=0.5)[0]
+                is grpc.StatusCode.UNAUTHENTICATED
+            )
         assert h.ledger.totals() == {"carol": pytest.approx(0.5)}
-    with pytest.raises(ValueError, match="^client_scopes needs client_ca"):
+    with pytest.raises(ValueError, match=r"^client_scopes needs client_ca"):
         start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "x.db", client_scopes=scopes))
     assert not (tmp_path / "x.db").exists()
 
@@ -136,7 +150,9 @@ def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Pa
             time.sleep(1.1)  # one token back for each
             alice.select("alice", candidates(), mechanism="rnm", epsilon=0.1)
             # A batch pays for each item: 6 items leave the bucket 5 in debt (5 s at 1/s).
-            res = b.select_batch([b.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(6)])
+            res = b.select_batch(
+                [b.select_request(f"u{i}", candidates(), mechanism="rnm", epsilon=0.1) for i in range(6)]
+            )
             assert all(r.HasField("response") for r in res)
             assert rpc_error(b.budget, "u0")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert h.ledger.user("alice").requests == 2 and h.ledger.user("bob").requests == 1
@@ -146,23 +162,49 @@ def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Pa
                 c.budget("x")
 
 
-def test_plaintext_tokens_are_refused_off_loopback(artifact: Path, certs: dict[str, Path], tmp_path: Path,
-                                                   token_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_plaintext_tokens_are_refused_off_loopback(
+    artifact: Path, certs: dict[str, Path], tmp_path: Path, token_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ledger = tmp_path / "p.db"
     for host in ("0.0.0.0", "::", "10.1.2.3", "example.org"):
-        with pytest.raises(ValueError, match=f"^token_file without TLS on host {host} would send bearer tokens in "
-                                             "plaintext .*or allow_plaintext_tokens when a trusted proxy"):
+        with pytest.raises(
+            ValueError,
+            match=f"^token_file without TLS on host {host} would send bearer tokens in "
+            "plaintext .*or allow_plaintext_tokens when a trusted proxy",
+        ):
             start(ServerConfig.of(artifacts=artifact, host=host, port=0, ledger=ledger, token_file=token_file))
-    argv = ["serve", "--artifacts", str(artifact), "--ledger", str(ledger), "--host", "0.0.0.0", "--port", "0",
-            "--token-file", str(token_file)]
+    argv = [
+        "serve",
+        "--artifacts",
+        str(artifact),
+        "--ledger",
+        str(ledger),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "0",
+        "--token-file",
+        str(token_file),
+    ]
     assert recsvc_main(argv) == 2
     assert "--token-file without TLS on --host 0.0.0.0" in capsys.readouterr().err
     assert not ledger.exists()
     # Loopback, TLS, or the explicit flag: the server starts.
-    assert [is_loopback(h) for h in ("::1", "[::1]", "127.9.9.9", "localhost", "::", "0.0.0.0", "localhost.ex")] == \
-        [True, True, True, True, False, False, False]
-    for over in ({"host": "127.0.0.2"}, {"host": "localhost"}, {"host": "0.0.0.0", "allow_plaintext_tokens": True},
-                 {"host": "0.0.0.0", "tls_cert": certs["server.pem"], "tls_key": certs["server.key"]}):
+    assert [is_loopback(h) for h in ("::1", "[::1]", "127.9.9.9", "localhost", "::", "0.0.0.0", "localhost.ex")] == [
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+    ]
+    for over in (
+        {"host": "127.0.0.2"},
+        {"host": "localhost"},
+        {"host": "0.0.0.0", "allow_plaintext_tokens": True},
+        {"host": "0.0.0.0", "tls_cert": certs["server.pem"], "tls_key": certs["server.key"]},
+    ):
         with _server(artifact, tmp_path, token_file=token_file, **over) as h:
             assert h.port > 0
 
@@ -171,8 +213,12 @@ def test_token_and_scope_files_are_parsed_strictly(tmp_path: Path) -> None:
     path = tmp_path / "t"
     path.write_text(TOKENS)
     got = [(t, p.name, str(p.scope)) for t, p in load_tokens(path)]
-    assert got == [("root-tok", "token@2", "admin"), ("backend-tok", "token@3", "service"),
-                   ("legacy-tok", "token@4", "service"), ("alice-tok", "token@5", "user:alice")]
+    assert got == [
+        ("root-tok", "token@2", "admin"),
+        ("backend-tok", "token@3", "service"),
+        ("legacy-tok", "token@4", "service"),
+        ("alice-tok", "token@5", "user:alice"),
+    ]
     bad = {
         "tok root\n": r"line 1: scope 'root' is not a scope; expected 'admin', 'service' or 'user:<user_id>'",
         "tok user:\n": r"line 1: scope 'user:' is not a scope",
@@ -188,20 +234,28 @@ def test_token_and_scope_files_are_parsed_strictly(tmp_path: Path) -> None:
     rules = load_client_scopes(path)
     assert [(r.kind, r.value, r.principal.scope) for r in rules] == [
         ("subject", "CN=John Smith,O=Example", Scope("user", "john")),
-        ("san", "spiffe://ex.org/ns/prod/sa/api", Scope("service"))]
-    for text, message in {"CN=x admin\n": "expected lines '<identity> <scope>'", "san:x\n": "expected lines",
-                          "san:a admin\nsan:a service\n": "line 2 repeats the identity of line 1",
-                          "san:a owner\n": "scope 'owner' is not a scope"}.items():
+        ("san", "spiffe://ex.org/ns/prod/sa/api", Scope("service")),
+    ]
+    for text, message in {
+        "CN=x admin\n": "expected lines '<identity> <scope>'",
+        "san:x\n": "expected lines",
+        "san:a admin\nsan:a service\n": "line 2 repeats the identity of line 1",
+        "san:a owner\n": "scope 'owner' is not a scope",
+    }.items():
         path.write_text(text)
         with pytest.raises(ValueError, match=message):
             load_client_scopes(path)
 
 
-def test_allow_non_private_warns_at_start_and_labels_rnmh(artifact: Path, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_allow_non_private_warns_at_start_and_labels_rnmh(
+    artifact: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.INFO), _server(artifact, tmp_path) as h:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
-            assert rpc_error(c.select, "u", candidates(), mechanism="rnmh", epsilon=0.5)[0] is grpc.StatusCode.INVALID_ARGUMENT
+            assert (
+                rpc_error(c.select, "u", candidates(), mechanism="rnmh", epsilon=0.5)[0]
+                is grpc.StatusCode.INVALID_ARGUMENT
+            )
     # (the toy artifact has no `auto` policy table: that start-up warning is not this test's)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "policy.parquet" not in r.getMessage()]
     caplog.clear()
@@ -210,7 +264,10 @@ def test_allow_non_private_warns_at_start_and_labels_rnmh(artifact: Path, tmp_pa
             r = c.select("u", candidates(), mechanism="rnmh", epsilon=0.5)
             [res] = c.select_batch([c.select_request("u", candidates(), mechanism="rnmh", epsilon=0.5)])
             info = {m.name: (m.private, m.allowed) for m in c.mechanisms().mechanisms}
-    warnings = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and "policy.parquet" not in r.getMessage()]
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "policy.parquet" not in r.getMessage()
+    ]
     assert len(warnings) == 1 and "NOT differentially private" in warnings[0] and "--allow-non-private" in warnings[0]
     assert (r.mechanism, res.response.mechanism, info["rnmh"]) == ("rnmh", "rnmh", (False, True))

@@ -14,7 +14,6 @@ import pytest
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-
 from recsvc.service.testing import candidates, rpc_error
 
 
@@ -30,7 +29,9 @@ def test_bearer_token(artifact: Path, tmp_path: Path) -> None:
     try:
         for token in (None, "wrong", "s3cret-one-but-longer", "s3cret"):
             with Client(target, token=token, retries=0) as c:
-                assert _code(c.select, "u", candidates(), mechanism="rnm", epsilon=1.0) is grpc.StatusCode.UNAUTHENTICATED
+                assert (
+                    _code(c.select, "u", candidates(), mechanism="rnm", epsilon=1.0) is grpc.StatusCode.UNAUTHENTICATED
+                )
                 assert _code(c.budget, "u") is grpc.StatusCode.UNAUTHENTICATED
                 assert _code(c.mechanisms) is grpc.StatusCode.UNAUTHENTICATED
                 assert c.health() == "SERVING"  # health stays open for load balancers
@@ -52,8 +53,15 @@ def test_bearer_token(artifact: Path, tmp_path: Path) -> None:
 
 
 def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) -> None:
-    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "tls.db",
-                           tls_cert=certs["server.pem"], tls_key=certs["server.key"]))
+    h = start(
+        ServerConfig.of(
+            artifacts=artifact,
+            port=0,
+            ledger=tmp_path / "tls.db",
+            tls_cert=certs["server.pem"],
+            tls_key=certs["server.key"],
+        )
+    )
     try:
         target = f"localhost:{h.port}"
         with Client(target, tls_ca=certs["ca.pem"]) as c:
@@ -65,28 +73,42 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
     finally:
         h.stop(1)
 
-    h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "mtls.db", tls_cert=certs["server.pem"],
-                           tls_key=certs["server.key"], client_ca=certs["ca.pem"]))
+    h = start(
+        ServerConfig.of(
+            artifacts=artifact,
+            port=0,
+            ledger=tmp_path / "mtls.db",
+            tls_cert=certs["server.pem"],
+            tls_key=certs["server.key"],
+            client_ca=certs["ca.pem"],
+        )
+    )
     try:
         target = f"localhost:{h.port}"
         with Client(target, tls_ca=certs["ca.pem"], tls_cert=certs["client.pem"], tls_key=certs["client.key"]) as c:
             assert c.select("u", candidates(), mechanism="rnm", epsilon=1.0).item_id
         with Client(target, tls_ca=certs["ca.pem"], retries=0, timeout=3) as c:  # no client certificate
             assert _code(c.budget, "u") is grpc.StatusCode.UNAVAILABLE
-        with Client(target, tls_ca=certs["ca.pem"], tls_cert=certs["rogue.pem"], tls_key=certs["rogue.key"],
-                    retries=0, timeout=3) as c:  # a certificate from another CA
+        with Client(
+            target,
+            tls_ca=certs["ca.pem"],
+            tls_cert=certs["rogue.pem"],
+            tls_key=certs["rogue.key"],
+            retries=0,
+            timeout=3,
+        ) as c:  # a certificate from another CA
             assert _code(c.budget, "u") is grpc.StatusCode.UNAVAILABLE
         assert h.ledger.totals() == {"u": pytest.approx(1.0)}
     finally:
         h.stop(1)
-    with pytest.raises(ValueError, match="^TLS needs both tls_cert and tls_key$"):  # CLI: test_service_startup
+    with pytest.raises(ValueError, match=r"^TLS needs both tls_cert and tls_key$"):  # CLI: test_service_startup
         start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "x.db", tls_cert=certs["server.pem"]))
 
 
 def _sample(text: str, name: str, **labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
+        if line.startswith((name + "{", name + " ")):
             got = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0]))
             if all(got.get(k) == v for k, v in labels.items()):
                 total += float(line.rsplit(" ", 1)[1])
@@ -131,9 +153,9 @@ def test_logs_never_contain_scores(artifact: Path, tmp_path: Path, caplog: pytes
                     c.select("log-user", scores, mechanism=mech, epsilon=0.1)
                 c.recommend("log-user", ["it1", "it2"], mechanism="rnm", epsilon=0.1)
                 c.select_batch([c.select_request("log-user", scores, mechanism="pf", epsilon=0.1)])
-                bad = scores + [("it30", float("nan"))]
+                bad = [*scores, ("it30", float("nan"))]
                 _code(c.select, "log-user", bad, mechanism="rnm", epsilon=0.1)
-                _code(c.select, "log-user", scores + [("ghost", 0.4418273645)], mechanism="rnm", epsilon=0.1)
+                _code(c.select, "log-user", [*scores, ("ghost", 0.4418273645)], mechanism="rnm", epsilon=0.1)
                 _code(c.select, "log-user", scores, mechanism="rnm", epsilon=50.0)
         finally:
             h.stop(1)
@@ -144,9 +166,9 @@ def test_logs_never_contain_scores(artifact: Path, tmp_path: Path, caplog: pytes
         assert digits not in text
 
 
-def test_internal_errors_are_logged_without_their_message(artifact: Path, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_internal_errors_are_logged_without_their_message(
+    artifact: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An unexpected exception may quote the values it was given (numpy's messages do): the log
     keeps its type and stack, never its message, and the client gets INTERNAL with nothing spent."""
     import recsvc.service.batch as batch_module
@@ -188,8 +210,9 @@ def test_prepared_requests_keep_user_data_out_of_repr(artifact: Path, tmp_path: 
     ledger = SQLiteLedger(tmp_path / "l.db", 3.0)
     try:
         servicer = SelectionServicer(load_artifact(artifact), ledger, Policy())
-        req = pb.SelectRequest(user_id="u", mechanism="rnm", epsilon=0.5, item_ids=["it1", "it2"],
-                               scores=[0.5918273645, 0.25])
+        req = pb.SelectRequest(
+            user_id="u", mechanism="rnm", epsilon=0.5, item_ids=["it1", "it2"], scores=[0.5918273645, 0.25]
+        )
         p = servicer.prepare_select(req)
     finally:
         ledger.close()

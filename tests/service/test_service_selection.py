@@ -31,7 +31,9 @@ def _prepare(selector: Selector, cands, mechanism: str = "", request_id: str = "
 def test_selection_needs_no_grpc_and_clips_before_selecting(selector: Selector) -> None:
     # In a fresh interpreter, the selection layer imports without grpc or protobuf.
     code = "import sys, recsvc.service.selection; print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+    )
     cands = candidates(20)
     p = _prepare(selector, [(i, s * 100) for i, s in cands])  # far above every item's hi
     rows = selector.catalog.rows(p.item_ids)
@@ -43,11 +45,13 @@ def test_selection_needs_no_grpc_and_clips_before_selecting(selector: Selector) 
 def test_refusals_happen_before_the_fingerprint_and_the_ledger(selector: Selector) -> None:
     called: list[bool] = []
     with pytest.raises(InvalidRequest, match="26 candidates is too many; this server accepts at most 25"):
-        selector.prepare_select("u1", "r", "rnm", 1.0, {}, [str(i) for i in range(26)], np.zeros(26),
-                                lambda: called.append(True) or b"")
+        selector.prepare_select(
+            "u1", "r", "rnm", 1.0, {}, [str(i) for i in range(26)], np.zeros(26), lambda: called.append(True) or b""
+        )
     with pytest.raises(ValueError, match="beta must be in the open interval"):
-        selector.prepare_select("u1", "r", "gem", 1.0, {"beta": 2.0}, ["a"], np.zeros(1),
-                                lambda: called.append(True) or b"")
+        selector.prepare_select(
+            "u1", "r", "gem", 1.0, {"beta": 2.0}, ["a"], np.zeros(1), lambda: called.append(True) or b""
+        )
     assert called == []
 
 

@@ -8,6 +8,7 @@ SO_REUSEPORT port). Each test runs its own interpreter: a regression hangs that 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import select
 import signal
@@ -20,7 +21,6 @@ from pathlib import Path
 import psutil
 
 from recsvc.service.shutdown import DrainWatchdog, StopSignal
-
 from recsvc.service.testing import REPO, free_port
 
 # A stop signal that "arrives" at the k-th trace event (every line, call and return) of the
@@ -58,8 +58,9 @@ EVERY_POINT = textwrap.dedent("""
 
 
 def _run_child(script: str, timeout: float) -> tuple[int | None, str]:
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
         return proc.returncode, out
@@ -165,8 +166,13 @@ def _serve_stuck(artifact: Path, tmp_path: Path, mode: str) -> tuple[int, str, l
     """Starts the stuck server, SIGTERMs the parent; (exit code, stderr, workers, seconds to exit)."""
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-c", STUCK_SERVER, str(artifact), str(tmp_path / "l.db"),
-                                 str(free_port()), mode], cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", STUCK_SERVER, str(artifact), str(tmp_path / "l.db"), str(free_port()), mode],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     workers: list[psutil.Process] = []
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
@@ -179,10 +185,8 @@ def _serve_stuck(artifact: Path, tmp_path: Path, mode: str) -> tuple[int, str, l
         return code, log_path.read_text(), workers, time.monotonic() - t0
     finally:
         for p in [proc, *workers]:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                 p.kill()
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass
         proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
 
@@ -190,8 +194,11 @@ def _serve_stuck(artifact: Path, tmp_path: Path, mode: str) -> tuple[int, str, l
 def test_a_worker_whose_drain_hangs_still_exits(artifact: Path, tmp_path: Path) -> None:
     code, log, workers, took = _serve_stuck(artifact, tmp_path, "watchdog")
     assert code == 1, log  # the parent reports the workers' failed drains
-    lines = re.findall(r"recsvc serve: pid (\d+): the drain did not finish within 0\.7s of the stop signal; "
-                       r"exiting with 1 \(thread stacks follow\)", log)
+    lines = re.findall(
+        r"recsvc serve: pid (\d+): the drain did not finish within 0\.7s of the stop signal; "
+        r"exiting with 1 \(thread stacks follow\)",
+        log,
+    )
     assert sorted(map(int, lines)) == sorted(w.pid for w in workers), log
     assert log.count("in stuck_drain") == 2, log  # each worker's stack shows where its drain hung
     assert "killing them" not in log  # the workers ended themselves; the parent had no need to

@@ -3,6 +3,7 @@ no ledger file created, an existing ledger untouched, no orphaned worker left be
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -16,14 +17,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from recsvc.checks import ParamError
 from recsvc.app.cli import main as recsvc_main
+from recsvc.checks import ParamError
+from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service import cli as service_cli
 from recsvc.service.client import Client
-from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-
 from recsvc.service.testing import REPO, candidates, free_port, server_process
 
 
@@ -50,50 +50,123 @@ def _ledger_files(d: Path) -> list[str]:
 # (case, ServerConfig overrides, message the error must contain, the same from `recsvc serve` if it
 # names parameters: the library names ServerConfig's parameters, the command line its flags)
 BAD_SERVE = [
-    ("busy port", {"port": "BUSY"}, r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free port",
-     r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port"),
-    ("bad host", {"host": "999.1.1.1"}, r"cannot listen on 999\.1\.1\.1:0: .*expected a free port \(0\.\.65535\) and a host ",
-     r"cannot listen on 999\.1\.1\.1:0: .*expected a free --port \(0\.\.65535\) and a --host "),
-    ("garbage cert", {"tls_cert": "garbage.pem", "tls_key": "server.key"}, r"^tls_cert/tls_key .*not a valid PEM",
-     r"--tls-cert/--tls-key .*not a valid PEM"),
-    ("mismatched key", {"tls_cert": "server.pem", "tls_key": "rogue.key"}, r"not a valid PEM .*KEY_VALUES_MISMATCH", None),
-    ("swapped cert/key", {"tls_cert": "server.key", "tls_key": "server.pem"}, r"expected the certificate in the first", None),
-    ("garbage client CA", {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "garbage.pem"},
-     r"^client_ca .* is not a valid PEM certificate", r"--client-ca .* is not a valid PEM certificate"),
-    ("metrics port -1", {"metrics_port": -1}, r"^metrics_port must be in 0\.\.65535, got -1",
-     r"--metrics-port must be in 0\.\.65535, got -1"),
-    ("metrics port == port", {"port": 47123, "metrics_port": 47123}, r"^metrics_port must differ from port",
-     r"--metrics-port must differ from --port"),
-    ("metrics port busy", {"metrics_port": "BUSY"}, r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\); "
-     r"expected metrics_port .*\(not port\) and metrics_host ",
-     r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\); expected --metrics-port .*\(not --port\) "
-     r"and --metrics-host "),
+    (
+        "busy port",
+        {"port": "BUSY"},
+        r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free port",
+        r"cannot listen on 127\.0\.0\.1:\d+: Address already in use; expected a free --port",
+    ),
+    (
+        "bad host",
+        {"host": "999.1.1.1"},
+        r"cannot listen on 999\.1\.1\.1:0: .*expected a free port \(0\.\.65535\) and a host ",
+        r"cannot listen on 999\.1\.1\.1:0: .*expected a free --port \(0\.\.65535\) and a --host ",
+    ),
+    (
+        "garbage cert",
+        {"tls_cert": "garbage.pem", "tls_key": "server.key"},
+        r"^tls_cert/tls_key .*not a valid PEM",
+        r"--tls-cert/--tls-key .*not a valid PEM",
+    ),
+    (
+        "mismatched key",
+        {"tls_cert": "server.pem", "tls_key": "rogue.key"},
+        r"not a valid PEM .*KEY_VALUES_MISMATCH",
+        None,
+    ),
+    (
+        "swapped cert/key",
+        {"tls_cert": "server.key", "tls_key": "server.pem"},
+        r"expected the certificate in the first",
+        None,
+    ),
+    (
+        "garbage client CA",
+        {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "garbage.pem"},
+        r"^client_ca .* is not a valid PEM certificate",
+        r"--client-ca .* is not a valid PEM certificate",
+    ),
+    (
+        "metrics port -1",
+        {"metrics_port": -1},
+        r"^metrics_port must be in 0\.\.65535, got -1",
+        r"--metrics-port must be in 0\.\.65535, got -1",
+    ),
+    (
+        "metrics port == port",
+        {"port": 47123, "metrics_port": 47123},
+        r"^metrics_port must differ from port",
+        r"--metrics-port must differ from --port",
+    ),
+    (
+        "metrics port busy",
+        {"metrics_port": "BUSY"},
+        r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\); "
+        r"expected metrics_port .*\(not port\) and metrics_host ",
+        r"cannot serve metrics on 127\.0\.0\.1:\d+ \(Address already in use\); expected --metrics-port .*\(not --port\) "
+        r"and --metrics-host ",
+    ),
     ("unknown default mechanism", {"default_mechanism": "foo"}, r"unknown mechanism 'foo'; expected one of", None),
     ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private", None),
     ("max batch -1", {"max_batch": -1}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
     ("max batch 0", {"max_batch": 0}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
     ("max slate 0", {"max_slate": 0}, r"^max_slate must be >= 1", r"--max-slate must be >= 1"),
     ("min candidates 0", {"min_candidates": 0}, r"^min_candidates must be >= 1", r"--min-candidates must be >= 1"),
-    ("artifacts is a file", {"artifacts": "FILE"}, r"^artifacts .* is a file; expected an artifact directory",
-     r"--artifacts .* is a file; expected an artifact directory"),
-    ("workers > 1 on port 0", {"workers": 2}, r"^workers > 1 needs an explicit port \(not 0\)",
-     r"--workers > 1 needs an explicit --port \(not 0\)"),
-    ("cert without key", {"tls_cert": "server.pem"}, r"^TLS needs both tls_cert and tls_key$",
-     r"TLS needs both --tls-cert and --tls-key$"),
-    ("client CA without TLS", {"client_ca": "ca.pem"}, r"^client_ca needs tls_cert and tls_key \(mTLS runs over TLS\)$",
-     r"--client-ca needs --tls-cert and --tls-key \(mTLS runs over TLS\)$"),
-    ("budget nan", {"budget": float("nan")}, r"^budget must be a finite ε > 0, got nan", r"--budget must be a finite ε > 0, got nan"),
-    ("rate limit -1", {"rate_limit": -1.0}, r"^rate_limit must be a finite number of requests/s >= 0 \(0: no limit\)",
-     r"--rate-limit must be a finite number of requests/s >= 0"),
+    (
+        "artifacts is a file",
+        {"artifacts": "FILE"},
+        r"^artifacts .* is a file; expected an artifact directory",
+        r"--artifacts .* is a file; expected an artifact directory",
+    ),
+    (
+        "workers > 1 on port 0",
+        {"workers": 2},
+        r"^workers > 1 needs an explicit port \(not 0\)",
+        r"--workers > 1 needs an explicit --port \(not 0\)",
+    ),
+    (
+        "cert without key",
+        {"tls_cert": "server.pem"},
+        r"^TLS needs both tls_cert and tls_key$",
+        r"TLS needs both --tls-cert and --tls-key$",
+    ),
+    (
+        "client CA without TLS",
+        {"client_ca": "ca.pem"},
+        r"^client_ca needs tls_cert and tls_key \(mTLS runs over TLS\)$",
+        r"--client-ca needs --tls-cert and --tls-key \(mTLS runs over TLS\)$",
+    ),
+    (
+        "budget nan",
+        {"budget": float("nan")},
+        r"^budget must be a finite ε > 0, got nan",
+        r"--budget must be a finite ε > 0, got nan",
+    ),
+    (
+        "rate limit -1",
+        {"rate_limit": -1.0},
+        r"^rate_limit must be a finite number of requests/s >= 0 \(0: no limit\)",
+        r"--rate-limit must be a finite number of requests/s >= 0",
+    ),
     ("max history 0", {"max_history": 0}, r"^max_history must be >= 1, got 0", r"--max-history must be >= 1, got 0"),
-    ("max message bytes 10", {"max_message_bytes": 10}, r"^max_message_bytes must be in 1024\.\.2147483647 bytes",
-     r"--max-message-bytes must be in 1024\.\.2147483647 bytes"),
-    ("client scopes without mTLS", {"client_scopes": "ca.pem"}, r"^client_scopes needs client_ca \(certificate scopes",
-     r"--client-scopes needs --client-ca \(certificate scopes"),
-    ("bad client scopes file", {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "ca.pem",
-                                "client_scopes": "garbage.pem"},
-     r"client scopes file .*garbage\.pem line 1: expected lines '<identity> <scope>'",
-     r"client scopes file .*garbage\.pem line 1: expected lines '<identity> <scope>'"),
+    (
+        "max message bytes 10",
+        {"max_message_bytes": 10},
+        r"^max_message_bytes must be in 1024\.\.2147483647 bytes",
+        r"--max-message-bytes must be in 1024\.\.2147483647 bytes",
+    ),
+    (
+        "client scopes without mTLS",
+        {"client_scopes": "ca.pem"},
+        r"^client_scopes needs client_ca \(certificate scopes",
+        r"--client-scopes needs --client-ca \(certificate scopes",
+    ),
+    (
+        "bad client scopes file",
+        {"tls_cert": "server.pem", "tls_key": "server.key", "client_ca": "ca.pem", "client_scopes": "garbage.pem"},
+        r"client scopes file .*garbage\.pem line 1: expected lines '<identity> <scope>'",
+        r"client scopes file .*garbage\.pem line 1: expected lines '<identity> <scope>'",
+    ),
 ]
 
 
@@ -112,8 +185,14 @@ def _serve_values(overrides: dict, artifact: Path, certs: dict[str, Path], busy_
 
 @pytest.mark.parametrize("case,overrides,message,cli_message", BAD_SERVE, ids=[c[0] for c in BAD_SERVE])
 def test_bad_serve_config_is_a_clear_error_and_creates_no_ledger(
-    case: str, overrides: dict, message: str, cli_message: str | None, artifact: Path, certs: dict[str, Path],
-    busy_port: int, tmp_path: Path
+    case: str,
+    overrides: dict,
+    message: str,
+    cli_message: str | None,
+    artifact: Path,
+    certs: dict[str, Path],
+    busy_port: int,
+    tmp_path: Path,
 ) -> None:
     values = _serve_values(overrides, artifact, certs, busy_port)
     config = ServerConfig.of(**{"artifacts": artifact, "port": 0, "ledger": tmp_path / "l.db", **values})
@@ -134,11 +213,19 @@ def keep_signal_handlers() -> Iterator[None]:
 CLI_SERVE = [c for c in BAD_SERVE if c[3] is not None]
 
 
-@pytest.mark.parametrize("case,overrides,cli_message", [(c, o, m) for c, o, _, m in CLI_SERVE],
-                         ids=[c[0] for c in CLI_SERVE])
+@pytest.mark.parametrize(
+    "case,overrides,cli_message", [(c, o, m) for c, o, _, m in CLI_SERVE], ids=[c[0] for c in CLI_SERVE]
+)
 def test_bad_serve_flags_are_one_line_naming_the_flag(
-    case: str, overrides: dict, cli_message: str, artifact: Path, certs: dict[str, Path], busy_port: int,
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], keep_signal_handlers: None
+    case: str,
+    overrides: dict,
+    cli_message: str,
+    artifact: Path,
+    certs: dict[str, Path],
+    busy_port: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    keep_signal_handlers: None,
 ) -> None:
     values = {"port": 0, **_serve_values(overrides, artifact, certs, busy_port)}
     argv = ["serve", "--artifacts", str(values.pop("artifacts", artifact)), "--ledger", str(tmp_path / "l.db")]
@@ -152,9 +239,9 @@ def test_bad_serve_flags_are_one_line_naming_the_flag(
 
 @pytest.mark.parametrize("via", ["library", "cli"])
 @pytest.mark.parametrize("kind", ["directory", "not sqlite", "other sqlite db", "unopenable", "no directory"])
-def test_bad_ledger_path_names_ledger_and_changes_nothing(kind: str, via: str, artifact: Path, tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str],
-                                                          keep_signal_handlers: None) -> None:
+def test_bad_ledger_path_names_ledger_and_changes_nothing(
+    kind: str, via: str, artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], keep_signal_handlers: None
+) -> None:
     """The library names the parameter (``ledger``), `recsvc serve` the flag (``--ledger``)."""
     path = tmp_path / "l.db"
     if kind == "directory":
@@ -182,7 +269,9 @@ def test_bad_ledger_path_names_ledger_and_changes_nothing(kind: str, via: str, a
     else:
         assert recsvc_main(["serve", "--artifacts", str(artifact), "--port", "0", "--ledger", str(path)]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and re.search("^recsvc serve: error: .*" + message.replace("LEDGER", "--ledger"), err), err
+        assert err.count("\n") == 1 and re.search(
+            "^recsvc serve: error: .*" + message.replace("LEDGER", "--ledger"), err
+        ), err
     assert sorted(os.listdir(tmp_path)) == before
     if snapshot is not None:
         assert path.read_bytes() == snapshot
@@ -214,21 +303,35 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("new.db")]
 
 
-@pytest.mark.parametrize("extra,message", [
-    (["--tls-key", "client.key"], r"needs both --tls-cert and --tls-key \(got only --tls-key\)"),
-    (["--tls-cert", "client.pem"], r"needs both --tls-cert and --tls-key \(got only --tls-cert\)"),
-    (["--timeout", "-1"], r"--timeout must be a finite number of seconds > 0, got -1"),
-    (["--timeout", "nan"], r"--timeout must be a finite number of seconds > 0, got nan"),
-    (["--target", "127.0.0.1:99999"], r"--target '127\.0\.0\.1:99999': expected HOST:PORT with a port in 1\.\.65535"),
-    (["--target", "localhost"], r"expected HOST:PORT"),
-    (["--tls-ca", "garbage.pem"], r"--tls-ca .* is not a valid PEM certificate"),
-    (["--tls-ca", "DIR"], r"CA file .* is a directory or not a regular file; expected a PEM file"),
-    (["--token-file", "DIR"], r"token file .* is a directory or not a regular file; expected lines '<token> <scope>'"),
-])
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--tls-key", "client.key"], r"needs both --tls-cert and --tls-key \(got only --tls-key\)"),
+        (["--tls-cert", "client.pem"], r"needs both --tls-cert and --tls-key \(got only --tls-cert\)"),
+        (["--timeout", "-1"], r"--timeout must be a finite number of seconds > 0, got -1"),
+        (["--timeout", "nan"], r"--timeout must be a finite number of seconds > 0, got nan"),
+        (
+            ["--target", "127.0.0.1:99999"],
+            r"--target '127\.0\.0\.1:99999': expected HOST:PORT with a port in 1\.\.65535",
+        ),
+        (["--target", "localhost"], r"expected HOST:PORT"),
+        (["--tls-ca", "garbage.pem"], r"--tls-ca .* is not a valid PEM certificate"),
+        (["--tls-ca", "DIR"], r"CA file .* is a directory or not a regular file; expected a PEM file"),
+        (
+            ["--token-file", "DIR"],
+            r"token file .* is a directory or not a regular file; expected lines '<token> <scope>'",
+        ),
+    ],
+)
 @pytest.mark.parametrize("command", ["select", "budget"])
-def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[str], message: str,
-                                                      certs: dict[str, Path], tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_client_flags_are_refused_before_any_call(
+    command: str,
+    extra: list[str],
+    message: str,
+    certs: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     extra = [str(tmp_path) if a == "DIR" else str(certs[a]) if a in certs else a for a in extra]
     argv = [command, "--target", "127.0.0.1:1", "--user", "u", *extra]
     if command == "select":
@@ -238,14 +341,20 @@ def test_bad_client_flags_are_refused_before_any_call(command: str, extra: list[
     assert err.count("\n") == 1 and err.startswith(f"recsvc {command}: error: ") and re.search(message, err), err
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"tls_key": "client.key"}, r"^a client certificate needs both tls_cert and tls_key \(got only tls_key\)"),
-    ({"tls_cert": "client.pem"}, r"^a client certificate needs both tls_cert and tls_key \(got only tls_cert\)"),
-    ({"timeout": -1}, r"^timeout must be a finite number of seconds > 0, got -1$"),
-    ({"timeout": float("nan")}, r"^timeout must be a finite number of seconds > 0, got nan$"),
-    ({"tls_ca": "garbage.pem"}, r"^tls_ca .*garbage\.pem is not a valid PEM certificate"),
-    ({"tls_cert": "garbage.pem", "tls_key": "client.key"}, r"^tls_cert/tls_key .*garbage\.pem / .*client\.key: not a valid PEM"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"tls_key": "client.key"}, r"^a client certificate needs both tls_cert and tls_key \(got only tls_key\)"),
+        ({"tls_cert": "client.pem"}, r"^a client certificate needs both tls_cert and tls_key \(got only tls_cert\)"),
+        ({"timeout": -1}, r"^timeout must be a finite number of seconds > 0, got -1$"),
+        ({"timeout": float("nan")}, r"^timeout must be a finite number of seconds > 0, got nan$"),
+        ({"tls_ca": "garbage.pem"}, r"^tls_ca .*garbage\.pem is not a valid PEM certificate"),
+        (
+            {"tls_cert": "garbage.pem", "tls_key": "client.key"},
+            r"^tls_cert/tls_key .*garbage\.pem / .*client\.key: not a valid PEM",
+        ),
+    ],
+)
 def test_client_errors_name_its_parameters(kwargs: dict, message: str, certs: dict[str, Path]) -> None:
     kwargs = {k: certs[v] if isinstance(v, str) else v for k, v in kwargs.items()}
     with pytest.raises(ParamError, match=message):
@@ -270,15 +379,25 @@ def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) 
     workers: list[psutil.Process] = []
     try:
         # The log holds how each worker drained, or the watchdog's stacks.
-        with server_process(artifact, tmp_path / "l.db", "--workers", "2", "--drain-delay", "0", "--grace", "1",
-                            port=free_port(), log_path=tmp_path / "serve.log") as srv:
+        with server_process(
+            artifact,
+            tmp_path / "l.db",
+            "--workers",
+            "2",
+            "--drain-delay",
+            "0",
+            "--grace",
+            "1",
+            port=free_port(),
+            log_path=tmp_path / "serve.log",
+        ) as srv:
             workers = psutil.Process(srv.proc.pid).children()
             assert len(workers) == 2
             srv.proc.send_signal(signal.SIGKILL)
             srv.proc.wait(10)
             # Each worker drains (grace 1 s) on its parent-death SIGTERM; a full suite run on 2 busy
             # cores once took longer than 8 s, so allow 20 s: the point is that they exit at all.
-            gone, alive = psutil.wait_procs(workers, timeout=20)
+            _gone, alive = psutil.wait_procs(workers, timeout=20)
             log = srv.log()
             assert alive == [], f"workers outlived their parent: {[p.pid for p in alive]}; their log:\n{log}"
             # ... and that they drained cleanly: not ended by their drain watchdog (11 s here), which
@@ -288,15 +407,27 @@ def test_workers_exit_when_the_parent_is_killed(artifact: Path, tmp_path: Path) 
                 assert s.connect_ex(("127.0.0.1", srv.port)) != 0
     finally:
         for p in [*workers, *psutil.Process().children(recursive=True)]:  # orphans are no longer our children
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
 
 
 def test_worker_startup_error_is_one_clear_line_and_creates_no_ledger(artifact: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifact), "--ledger",
-           str(tmp_path / "l.db"), "--port", str(free_port()), "--workers", "2", "--default-mechanism", "foo"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "recsvc.app.cli",
+        "serve",
+        "--artifacts",
+        str(artifact),
+        "--ledger",
+        str(tmp_path / "l.db"),
+        "--port",
+        str(free_port()),
+        "--workers",
+        "2",
+        "--default-mechanism",
+        "foo",
+    ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "unknown mechanism 'foo'; expected one of" in r.stderr.strip().splitlines()[-1]
@@ -339,8 +470,7 @@ def test_an_ipv6_host_is_bracketed_and_serves(artifact: Path, tmp_path: Path, ca
             assert c.select("u", candidates(), mechanism="rnm", epsilon=0.25).epsilon_spent == pytest.approx(0.25)
     finally:
         h.stop(1)
-    with pytest.raises(ValueError, match=r"cannot listen on \[::1\]:\d+: "):
-        with socket.socket(socket.AF_INET6) as s:
-            s.bind(("::1", 0))
-            s.listen()
-            start(ServerConfig.of(artifacts=artifact, port=s.getsockname()[1], ledger=tmp_path / "l2.db", host="::1"))
+    with pytest.raises(ValueError, match=r"cannot listen on \[::1\]:\d+: "), socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        s.listen()
+        start(ServerConfig.of(artifacts=artifact, port=s.getsockname()[1], ledger=tmp_path / "l2.db", host="::1"))

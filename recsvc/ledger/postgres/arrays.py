@@ -88,8 +88,11 @@ def _passthrough(oid: int) -> type[adapt.Dumper]:
     return Dumper
 
 
-_DUMPERS = {Int8Array: _passthrough(_INT8_ARRAY), TextArray: _passthrough(_TEXT_ARRAY),
-            ByteaArray: _passthrough(_BYTEA_ARRAY)}
+_DUMPERS = {
+    Int8Array: _passthrough(_INT8_ARRAY),
+    TextArray: _passthrough(_TEXT_ARRAY),
+    ByteaArray: _passthrough(_BYTEA_ARRAY),
+}
 
 
 def register(conn: psycopg.Connection) -> None:

@@ -17,8 +17,14 @@ def link_timeouts(timeout_s: float) -> dict[str, Any]:
     (a request then gets UNAVAILABLE) instead of a query that waits for TCP's own retransmission
     limit (many minutes): unacknowledged data, and idle connections probed by keepalives."""
     ms = max(1000, round(timeout_s * 1000))
-    return {"connect_timeout": max(1, round(timeout_s)), "tcp_user_timeout": ms, "keepalives": 1,
-            "keepalives_idle": max(1, round(timeout_s)), "keepalives_interval": 1, "keepalives_count": 3}
+    return {
+        "connect_timeout": max(1, round(timeout_s)),
+        "tcp_user_timeout": ms,
+        "keepalives": 1,
+        "keepalives_idle": max(1, round(timeout_s)),
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+    }
 
 
 def configure(conn: psycopg.Connection) -> None:

@@ -67,14 +67,16 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 def _recover(conn: Any, mechanism_of: MechanismOf | None) -> None:
     """Version 2: the mechanism of every request stored before, from its stored response."""
+
     def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
         sql = "SELECT user_id, request_id, response FROM recsvc_requests WHERE mechanism=''"
         rows: list[tuple[str, str, bytes]]
         if after is None:
             rows = conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
         else:
-            rows = conn.execute(sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512",
-                                after).fetchall()
+            rows = conn.execute(
+                sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512", after
+            ).fetchall()
         return rows
 
     def update(rows: list[tuple[str, str, str]]) -> None:
@@ -97,7 +99,9 @@ def describe(url: str) -> str:
         info = pg_conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:  # the message would quote the URL, password included
         raise ParamError("{ledger} is not a valid PostgreSQL URL; expected " + URL_EXPECTED) from None
-    return f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+    return (
+        f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+    )
 
 
 def scrub(text: str, url: str) -> str:
@@ -110,9 +114,12 @@ def connect(url: str, where: str, connect_timeout: int) -> psycopg.Connection:
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
     except psycopg.Error as exc:
-        raise ParamError("{ledger}: cannot connect to the PostgreSQL ledger at {where} ({reason}); expected "
-                         "a reachable server and a database the user may use, e.g. " + URL_EXPECTED,
-                         where=where, reason=scrub(str(exc).strip().splitlines()[0], url)) from None
+        raise ParamError(
+            "{ledger}: cannot connect to the PostgreSQL ledger at {where} ({reason}); expected "
+            "a reachable server and a database the user may use, e.g. " + URL_EXPECTED,
+            where=where,
+            reason=scrub(str(exc).strip().splitlines()[0], url),
+        ) from None
 
 
 EXPECTED = "a database prepared by `recsvc ledger init --ledger URL --budget B --fingerprint-key FILE`"
@@ -131,8 +138,13 @@ def _settings(conn: Any) -> dict[str, str] | None:
 
 def _check_version(found: int, where: str) -> None:
     if found > VERSION:
-        raise ParamError("{ledger} {where} has ledger schema version {v}, newer than this recsvc reads ({mine}); "
-                         "expected a ledger written by this or an older version", where=where, v=found, mine=VERSION)
+        raise ParamError(
+            "{ledger} {where} has ledger schema version {v}, newer than this recsvc reads ({mine}); "
+            "expected a ledger written by this or an older version",
+            where=where,
+            v=found,
+            mine=VERSION,
+        )
 
 
 def migrate(conn: Any, where: str, mechanism_of: MechanismOf | None = None) -> tuple[int, int]:
@@ -154,15 +166,19 @@ def migrate(conn: Any, where: str, mechanism_of: MechanismOf | None = None) -> t
     return before, max(before, VERSION)
 
 
-def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow,
-         mechanism_of: MechanismOf | None = None) -> bool:
+def init(
+    conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow, mechanism_of: MechanismOf | None = None
+) -> bool:
     """Creates the ledger with these settings (True), or checks an existing one against them (False)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         if _settings(conn) is None:
             conn.execute("CREATE TABLE recsvc_meta (name text PRIMARY KEY, value text NOT NULL)")
-            conn.execute("INSERT INTO recsvc_meta VALUES ('schema_version', '0'), ('budget_units', %s), "
-                         "('key_check', %s), ('budget_window', %s)", (str(budget_units), key_check(key), window.name))
+            conn.execute(
+                "INSERT INTO recsvc_meta VALUES ('schema_version', '0'), ('budget_units', %s), "
+                "('key_check', %s), ('budget_window', %s)",
+                (str(budget_units), key_check(key), window.name),
+            )
             created = True
         else:
             created = False
@@ -179,8 +195,13 @@ def check_readable(conn: Any, where: str) -> None:
     found = int(settings["schema_version"])
     _check_version(found, where)
     if found < VERSION:
-        raise ParamError("{ledger} {where} has ledger schema version {v}, older than this recsvc's {mine}; "
-                         "run `recsvc ledger migrate --ledger URL` first", where=where, v=found, mine=VERSION)
+        raise ParamError(
+            "{ledger} {where} has ledger schema version {v}, older than this recsvc's {mine}; "
+            "run `recsvc ledger migrate --ledger URL` first",
+            where=where,
+            v=found,
+            mine=VERSION,
+        )
 
 
 def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> None:
@@ -190,16 +211,27 @@ def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWi
     assert settings is not None
     stored = int(settings["budget_units"])
     if stored != budget_units:
-        raise ParamError("{budget} {got} differs from the budget ε={stored} that the ledger {where} was initialised "
-                         "with; every replica must use the same budget (expected {budget} {stored})",
-                         got=format_units(budget_units), stored=format_units(stored), where=where)
+        raise ParamError(
+            "{budget} {got} differs from the budget ε={stored} that the ledger {where} was initialised "
+            "with; every replica must use the same budget (expected {budget} {stored})",
+            got=format_units(budget_units),
+            stored=format_units(stored),
+            where=where,
+        )
     if settings["budget_window"] != window.name:
-        raise ParamError("{budget_window} {got} differs from the budget window {stored} that the ledger {where} was "
-                         "initialised with; every replica must use the same window (expected {budget_window} {stored})",
-                         got=window.name, stored=settings["budget_window"], where=where)
+        raise ParamError(
+            "{budget_window} {got} differs from the budget window {stored} that the ledger {where} was "
+            "initialised with; every replica must use the same window (expected {budget_window} {stored})",
+            got=window.name,
+            stored=settings["budget_window"],
+            where=where,
+        )
     if settings["key_check"] != key_check(key):
-        raise ParamError("{fingerprint_key} is not the key the ledger {where} was initialised with; every replica "
-                         "must use the same key file (a new key would turn every retry into a conflict)", where=where)
+        raise ParamError(
+            "{fingerprint_key} is not the key the ledger {where} was initialised with; every replica "
+            "must use the same key file (a new key would turn every retry into a conflict)",
+            where=where,
+        )
 
 
 def migrate_url(url: str, mechanism_of: MechanismOf | None = None) -> tuple[str, int, int]:
@@ -227,7 +259,9 @@ def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[Char
             total = int(count[0])
             with conn.cursor(name="recsvc_export") as cur:
                 cur.itersize = chunk
-                cur.execute("SELECT user_id, request_id, mechanism, epsilon_units, "
-                            "(extract(epoch FROM created) * 1000000)::bigint FROM recsvc_requests "
-                            "ORDER BY user_id, request_id")
+                cur.execute(
+                    "SELECT user_id, request_id, mechanism, epsilon_units, "
+                    "(extract(epoch FROM created) * 1000000)::bigint FROM recsvc_requests "
+                    "ORDER BY user_id, request_id"
+                )
                 yield total, iter(lambda: cur.fetchmany(chunk), [])

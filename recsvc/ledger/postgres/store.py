@@ -98,26 +98,32 @@ def seen_account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
 
 
 def _stored(n_keys: int) -> str:
-    return ("SELECT user_id, request_id, fingerprint, response FROM recsvc_requests WHERE (user_id, request_id) IN "
-            f"({_values(n_keys, 2)})")
+    return (
+        "SELECT user_id, request_id, fingerprint, response FROM recsvc_requests WHERE (user_id, request_id) IN "
+        f"({_values(n_keys, 2)})"
+    )
 
 
 @lru_cache(maxsize=512)
 def lock_and_read(n_users: int, n_keys: int) -> str:
     """Parameters: the users (sorted) twice, then the (user_id, request_id) keys."""
-    return ("BEGIN; "
-            f"INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES {_values(n_users, 0, '(%s, 0, 0)')} "
-            "ON CONFLICT DO NOTHING; "
-            "SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
-            f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys))
+    return (
+        "BEGIN; "
+        f"INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES {_values(n_users, 0, '(%s, 0, 0)')} "
+        "ON CONFLICT DO NOTHING; "
+        "SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
+        f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys)
+    )
 
 
 # Arrays are bound as binary (%b), built by :func:`columns`. The pre-checks' read: one row per
 # (user_id, request_id), in order (NULLs where nothing is stored).
-_PRECHECK_ROWS = ("q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
-                  "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
-                  "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
-                  "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r")
+_PRECHECK_ROWS = (
+    "q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
+    "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
+    "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
+    "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r"
+)
 PRECHECKS = "SELECT " + _PRECHECK_ROWS + " ORDER BY k.i"
 
 # The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: update the
@@ -137,13 +143,15 @@ _CHARGE_CTES = (
     "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
     "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
     "created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
-    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) ")
+    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) "
+)
 CHARGE_UNCHANGED = _CHARGE_CTES + "SELECT user_id FROM charged"
 # The same, and the pre-checks' read (:data:`PRECHECKS`, parameters after the charge's) on the
 # statement's snapshot: rows (NULL, a user charged, NULLs…) and (i, NULL, the i-th read's row).
 CHARGE_AND_PRECHECK = (
     _CHARGE_CTES + "SELECT NULL::bigint, user_id, NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint, NULL::bigint "
-    "FROM charged UNION ALL SELECT k.i, NULL, " + _PRECHECK_ROWS)
+    "FROM charged UNION ALL SELECT k.i, NULL, " + _PRECHECK_ROWS
+)
 
 # One statement (a constant text, so psycopg prepares it once per connection): store the answers
 # and set the users' new accounts (absolute values: the transaction holds their row locks).
@@ -152,7 +160,8 @@ WRITE = (
     "mechanism, created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
     "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m)) "
     "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
-    "FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u")
+    "FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u"
+)
 
 
 class PostgresLedger(Ledger):
@@ -165,10 +174,19 @@ class PostgresLedger(Ledger):
     (:mod:`recsvc.ledger.migrations`).
     """
 
-    def __init__(self, url: str, budget: float, key_file: str | os.PathLike[str], pool_size: int = 8,
-                 timeout_s: float = 5.0, create: bool = False, window: BudgetWindow | str = LIFETIME_WINDOW,
-                 clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None,
-                 mechanism_of: MechanismOf | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        budget: float,
+        key_file: str | os.PathLike[str],
+        pool_size: int = 8,
+        timeout_s: float = 5.0,
+        create: bool = False,
+        window: BudgetWindow | str = LIFETIME_WINDOW,
+        clock: Callable[[], float] = time.time,
+        observer: LedgerObserver | None = None,
+        mechanism_of: MechanismOf | None = None,
+    ) -> None:
         super().__init__(budget, window, clock, observer)
         if pool_size < 1:
             raise ParamError("{ledger_pool} must be >= 1, got {got}", got=pool_size)
@@ -197,18 +215,28 @@ class PostgresLedger(Ledger):
         # reconnect_timeout: a slot that failed to reconnect for timeout_s is given up, and the next
         # request grows the pool again with an immediate attempt, so service resumes as soon as the
         # server is back instead of after a long exponential backoff.
-        self._pool = ConnectionPool(url, min_size=pool_size, max_size=pool_size, timeout=timeout_s, open=False,
-                                    reconnect_timeout=timeout_s,
-                                    # prepared on their first execution, not after psycopg's default 5, each
-                                    # planned until then: every statement here repeats on every connection.
-                                    kwargs={"autocommit": True, "prepare_threshold": 0, **link_timeouts(timeout_s)},
-                                    connection_class=Connection, configure=configure, name="recsvc-ledger")
+        self._pool = ConnectionPool(
+            url,
+            min_size=pool_size,
+            max_size=pool_size,
+            timeout=timeout_s,
+            open=False,
+            reconnect_timeout=timeout_s,
+            # prepared on their first execution, not after psycopg's default 5, each
+            # planned until then: every statement here repeats on every connection.
+            kwargs={"autocommit": True, "prepare_threshold": 0, **link_timeouts(timeout_s)},
+            connection_class=Connection,
+            configure=configure,
+            name="recsvc-ledger",
+        )
         self._pool.open(wait=True, timeout=timeout_s * 2)
 
     def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
         reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.url)
-        return LedgerUnavailable(f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); nothing was "
-                                 "charged unless the answer was stored, so retry with the same request_id")
+        return LedgerUnavailable(
+            f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); nothing was "
+            "charged unless the answer was stored, so retry with the same request_id"
+        )
 
     def close(self) -> None:
         self._pool.close()
@@ -227,8 +255,9 @@ class PostgresLedger(Ledger):
                 reused, t0 = self._probe is not None and not self._probe.closed, time.monotonic()
                 try:
                     if not reused:
-                        self._probe = psycopg.connect(self.url, autocommit=True, application_name="recsvc-probe",
-                                                      **link_timeouts(2.0))
+                        self._probe = psycopg.connect(
+                            self.url, autocommit=True, application_name="recsvc-probe", **link_timeouts(2.0)
+                        )
                     self._probe.execute("SELECT 1")  # type: ignore[union-attr]
                     return True
                 except psycopg.Error:
@@ -262,8 +291,10 @@ class PostgresLedger(Ledger):
         return self._retrying(lambda conn: conn.run(sql, args).fetchall())
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
-        rows = self._read("SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
-                          (user_id, request_id))
+        rows = self._read(
+            "SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
+            (user_id, request_id),
+        )
         return None if not rows else (bytes(rows[0][0]), bytes(rows[0][1]))
 
     def _account(self, user_id: str) -> tuple[int, int, int] | None:
@@ -330,8 +361,9 @@ class PostgresLedger(Ledger):
             if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
                 p.result = Charge(p.result.response, replayed=False)
 
-    def _charge_unchanged(self, conn: Connection, batch: list[Pending],
-                          probes: list[_Probe]) -> tuple[list[Pending], list[tuple[Any, ...]] | None]:
+    def _charge_unchanged(
+        self, conn: Connection, batch: list[Pending], probes: list[_Probe]
+    ) -> tuple[list[Pending], list[tuple[Any, ...]] | None]:
         """Optimistic concurrency for the charges whose pre-check read their user's account
         (``seen``): decided on those accounts, then ONE autocommit statement (its own
         transaction, durable when it returns) that locks, in user_id order, the accounts still
@@ -355,8 +387,12 @@ class PostgresLedger(Ledger):
         # −1, never a stored value, for "no row read": an all-NULL array would be sent with another
         # type than a bigint one, and psycopg would prepare the statement a second time for it.
         before = [seen[u] or (-1, -1, -1) for u, *_ in accounts]
-        args = (*columns(accounts, ACCOUNT), *columns(before, SEEN),
-                datetime.fromtimestamp(now, UTC), *columns(writes.requests, REQUEST))
+        args = (
+            *columns(accounts, ACCOUNT),
+            *columns(before, SEEN),
+            datetime.fromtimestamp(now, UTC),
+            *columns(writes.requests, REQUEST),
+        )
         rows: list[tuple[Any, ...]] | None = []
         try:
             if probes:
@@ -364,7 +400,7 @@ class PostgresLedger(Ledger):
                 charged = {u for i, u, *_ in out if i is None}
                 rows = [r[2:] for r in sorted((r for r in out if r[0] is not None), key=lambda r: r[0])]
             else:
-                charged = {u for u, in conn.run(CHARGE_UNCHANGED, args)}
+                charged = {u for (u,) in conn.run(CHARGE_UNCHANGED, args)}
         except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
             charged, rows = set(), None  # nothing stored (one statement); the locking transaction decides them all
         if charged:
@@ -395,8 +431,14 @@ class PostgresLedger(Ledger):
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
-                conn.run(WRITE, (datetime.fromtimestamp(now, UTC), *columns(writes.requests, REQUEST),
-                                     *columns(writes.users, ACCOUNT)))
+                conn.run(
+                    WRITE,
+                    (
+                        datetime.fromtimestamp(now, UTC),
+                        *columns(writes.requests, REQUEST),
+                        *columns(writes.users, ACCOUNT),
+                    ),
+                )
             conn.run("COMMIT")
         except BaseException:
             roll_back(conn)

@@ -73,13 +73,19 @@ _TABLES = (
     _REQUESTS_KEY,
     _SETTINGS,
 )
-_V2 = ("ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
-       "ALTER TABLE requests ADD COLUMN mechanism TEXT NOT NULL DEFAULT ''",
-       _SETTINGS)
+_V2 = (
+    "ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE requests ADD COLUMN mechanism TEXT NOT NULL DEFAULT ''",
+    _SETTINGS,
+)
 _COLUMNS = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
-_V3 = ("ALTER TABLE requests RENAME TO requests_v2", _REQUESTS, _REQUESTS_KEY,
-       f"INSERT INTO requests ({_COLUMNS}) SELECT {_COLUMNS} FROM requests_v2 ORDER BY created, user_id, request_id",
-       "DROP TABLE requests_v2")
+_V3 = (
+    "ALTER TABLE requests RENAME TO requests_v2",
+    _REQUESTS,
+    _REQUESTS_KEY,
+    f"INSERT INTO requests ({_COLUMNS}) SELECT {_COLUMNS} FROM requests_v2 ORDER BY created, user_id, request_id",
+    "DROP TABLE requests_v2",
+)
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 WRITTEN = "an SQLite ledger written by `recsvc serve`"
@@ -96,17 +102,28 @@ def check_path(path: str | os.PathLike[str]) -> None:
             with open(p, "rb") as f:
                 head = f.read(len(_SQLITE_MAGIC))
         except OSError as exc:
-            raise ParamError("{ledger} {path} cannot be read ({reason}); expected {expected}",
-                             path=str(p), reason=exc.strerror, expected=EXPECTED) from None
+            raise ParamError(
+                "{ledger} {path} cannot be read ({reason}); expected {expected}",
+                path=str(p),
+                reason=exc.strerror,
+                expected=EXPECTED,
+            ) from None
         if head and head != _SQLITE_MAGIC:
-            raise ParamError("{ledger} {path} is not an SQLite database; expected {expected}", path=str(p), expected=EXPECTED)
+            raise ParamError(
+                "{ledger} {path} is not an SQLite database; expected {expected}", path=str(p), expected=EXPECTED
+            )
         return
     if not p.parent.is_dir():
-        raise MissingFileError("ledger directory {dir} does not exist; create it first ({ledger} {path})",
-                               dir=str(p.parent), path=str(p))
+        raise MissingFileError(
+            "ledger directory {dir} does not exist; create it first ({ledger} {path})", dir=str(p.parent), path=str(p)
+        )
     if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ParamError("{ledger} {path}: the directory {dir} is not writable; expected {expected}",
-                         path=str(p), dir=str(p.parent), expected=EXPECTED)
+        raise ParamError(
+            "{ledger} {path}: the directory {dir} is not writable; expected {expected}",
+            path=str(p),
+            dir=str(p.parent),
+            expected=EXPECTED,
+        )
 
 
 def check_foreign(path: Path) -> None:
@@ -119,8 +136,12 @@ def check_foreign(path: Path) -> None:
     finally:
         ro.close()
     if tables and "budgets" not in tables:
-        raise ParamError("{ledger} {path} is an SQLite database of something else (tables: {tables}); "
-                         "expected {expected}", path=str(path), tables=", ".join(sorted(tables)[:5]), expected=EXPECTED)
+        raise ParamError(
+            "{ledger} {path} is an SQLite database of something else (tables: {tables}); expected {expected}",
+            path=str(path),
+            tables=", ".join(sorted(tables)[:5]),
+            expected=EXPECTED,
+        )
 
 
 def remove_files(path: str | os.PathLike[str]) -> None:
@@ -170,8 +191,9 @@ def _recover(conn: sqlite3.Connection, mechanism_of: MechanismOf | None) -> None
         sql = "SELECT user_id, request_id, response FROM requests WHERE mechanism=''"
         if after is None:
             return conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
-        return conn.execute(sql + " AND (user_id, request_id) > (?, ?) ORDER BY user_id, request_id LIMIT 512",
-                            after).fetchall()
+        return conn.execute(
+            sql + " AND (user_id, request_id) > (?, ?) ORDER BY user_id, request_id LIMIT 512", after
+        ).fetchall()
 
     def update(rows: list[tuple[str, str, str]]) -> None:
         conn.executemany("UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows)
@@ -186,10 +208,14 @@ def check_window(conn: sqlite3.Connection, path: Path, window: BudgetWindow) -> 
     if row is None:
         conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (window.name,))
     elif row[0] != window.name:
-        raise ParamError("{budget_window} {got} differs from the budget window {stored} that the ledger {path} was "
-                         "created with; every process on one ledger must use the same window, and a ledger's window "
-                         "is fixed when it is created (expected {budget_window} {stored}, or a new ledger)",
-                         got=window.name, stored=row[0], path=str(path))
+        raise ParamError(
+            "{budget_window} {got} differs from the budget window {stored} that the ledger {path} was "
+            "created with; every process on one ledger must use the same window, and a ledger's window "
+            "is fixed when it is created (expected {budget_window} {stored}, or a new ledger)",
+            got=window.name,
+            stored=row[0],
+            path=str(path),
+        )
 
 
 def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> None:
@@ -208,20 +234,33 @@ def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> Non
             spent[user] = spent.get(user, 0) + units
             counts[user] = counts.get(user, 0) + 1
             out.append((user, rid, keyed(bytes(fp)), units, bytes(resp), float(created)))
-        conn.executemany("INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created) "
-                         "VALUES (?, ?, ?, ?, ?, ?)", out)
-    totals = {u: (float_units_up(float(s)), int(n)) for u, s, n in conn.execute("SELECT user_id, spent, requests FROM budgets_v0")}
+        conn.executemany(
+            "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            out,
+        )
+    totals = {
+        u: (float_units_up(float(s)), int(n))
+        for u, s, n in conn.execute("SELECT user_id, spent, requests FROM budgets_v0")
+    }
     for user in spent.keys() - totals.keys():  # a request without a budget row: count it anyway
         totals[user] = (0, counts[user])
-    conn.executemany("INSERT INTO budgets(user_id, spent_units, requests) VALUES (?, ?, ?)",
-                     [(u, max(s, spent.get(u, 0)), n) for u, (s, n) in totals.items()])
+    conn.executemany(
+        "INSERT INTO budgets(user_id, spent_units, requests) VALUES (?, ?, ?)",
+        [(u, max(s, spent.get(u, 0)), n) for u, (s, n) in totals.items()],
+    )
     conn.execute("DROP TABLE budgets_v0")
     conn.execute("DROP TABLE requests_v0")
 
 
-def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: BudgetWindow,
-              retry: Callable[[Callable[[], object]], None],
-              mechanism_of: MechanismOf | None = None) -> tuple[bytes, bool]:
+def open_file(
+    conn: sqlite3.Connection,
+    path: Path,
+    key_file: Path,
+    window: BudgetWindow,
+    retry: Callable[[Callable[[], object]], None],
+    mechanism_of: MechanismOf | None = None,
+) -> tuple[bytes, bool]:
     """Creates, checks or migrates the ledger in one write transaction (processes opening it at
     once take turns), checks its budget window, and loads or creates the fingerprint key:
     (key, created). A refusal rolls everything back: the file is left as it was. ``mechanism_of``
@@ -231,12 +270,21 @@ def open_file(conn: sqlite3.Connection, path: Path, key_file: Path, window: Budg
     try:
         found = version(conn)
         if found is not None and found > VERSION:
-            raise ParamError("{ledger} {path} has format version {v}, newer than this recsvc reads ({mine}); "
-                             "expected a ledger written by this or an older version", path=str(path), v=found, mine=VERSION)
+            raise ParamError(
+                "{ledger} {path} has format version {v}, newer than this recsvc reads ({mine}); "
+                "expected a ledger written by this or an older version",
+                path=str(path),
+                v=found,
+                mine=VERSION,
+            )
         if found is not None and found >= 1 and not key_file.exists() and has_requests(conn):
-            raise ParamError("{fingerprint_key} {key} is missing, but the ledger {path} stores requests fingerprinted "
-                             "with it; expected the key file the ledger was written with (a new key would turn every "
-                             "retry of a stored request into a conflict)", key=str(key_file), path=str(path))
+            raise ParamError(
+                "{fingerprint_key} {key} is missing, but the ledger {path} stores requests fingerprinted "
+                "with it; expected the key file the ledger was written with (a new key would turn every "
+                "retry of a stored request into a conflict)",
+                key=str(key_file),
+                path=str(path),
+            )
         key, created = fingerprint.load_or_create(key_file)
         if found is None:
             create(conn)
@@ -278,13 +326,19 @@ def read_charges(path: Path, chunk: int) -> Iterator[tuple[int, Iterator[list[Ch
         if found is None:
             raise ParamError("{ledger} {path} holds no recsvc ledger; expected " + WRITTEN, path=str(p))
         if found != VERSION:
-            raise ParamError("{ledger} {path} has format version {v}; expected a ledger of version {mine}: open it once "
-                             "with this recsvc (`recsvc ledger init --ledger {path}`, or `recsvc serve`) to migrate it",
-                             path=str(p), v=found, mine=VERSION)
+            raise ParamError(
+                "{ledger} {path} has format version {v}; expected a ledger of version {mine}: open it once "
+                "with this recsvc (`recsvc ledger init --ledger {path}`, or `recsvc serve`) to migrate it",
+                path=str(p),
+                v=found,
+                mine=VERSION,
+            )
         conn.execute("BEGIN")  # one snapshot for the count and the rows
         total = int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
-        rows = conn.execute("SELECT user_id, request_id, mechanism, epsilon_units, CAST(round(created * 1000000) AS "
-                            "INTEGER) FROM requests ORDER BY user_id, request_id")
+        rows = conn.execute(
+            "SELECT user_id, request_id, mechanism, epsilon_units, CAST(round(created * 1000000) AS "
+            "INTEGER) FROM requests ORDER BY user_id, request_id"
+        )
         yield total, iter(lambda: rows.fetchmany(chunk), [])
     finally:
         conn.close()

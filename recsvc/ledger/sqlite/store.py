@@ -74,10 +74,17 @@ class SQLiteLedger(Ledger):
     charges stored it (:mod:`recsvc.ledger.migrations`).
     """
 
-    def __init__(self, path: str | os.PathLike[str], budget: float, key_file: str | os.PathLike[str] | None = None,
-                 busy_timeout_s: float = 60.0, window: BudgetWindow | str = LIFETIME_WINDOW,
-                 clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None,
-                 mechanism_of: MechanismOf | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        budget: float,
+        key_file: str | os.PathLike[str] | None = None,
+        busy_timeout_s: float = 60.0,
+        window: BudgetWindow | str = LIFETIME_WINDOW,
+        clock: Callable[[], float] = time.time,
+        observer: LedgerObserver | None = None,
+        mechanism_of: MechanismOf | None = None,
+    ) -> None:
         super().__init__(budget, window, clock, observer)
         self.path = Path(path)
         self.where = str(self.path)
@@ -97,12 +104,17 @@ class SQLiteLedger(Ledger):
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         try:
             schema.check_foreign(self.path)
-            self._key, self.key_created = schema.open_file(self._conn(), self.path, self.key_file, self.window,
-                                                           _retry_locked, mechanism_of)
+            self._key, self.key_created = schema.open_file(
+                self._conn(), self.path, self.key_file, self.window, _retry_locked, mechanism_of
+            )
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()
-            raise ParamError("{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
-                             path=str(self.path), reason=str(exc), expected=EXPECTED) from None
+            raise ParamError(
+                "{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
+                path=str(self.path),
+                reason=str(exc),
+                expected=EXPECTED,
+            ) from None
         except BaseException:
             self.close()
             raise
@@ -112,8 +124,9 @@ class SQLiteLedger(Ledger):
     def _connect(self, shared: bool = False) -> sqlite3.Connection:
         # isolation_level=None: we issue BEGIN/COMMIT ourselves. A connection is never carried
         # across fork; the writer's (shared=True) is used by one thread at a time, under the lock.
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=self._busy_ms / 1000,
-                               check_same_thread=not shared)
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, timeout=self._busy_ms / 1000, check_same_thread=not shared
+        )
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
         conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every COMMIT
@@ -169,10 +182,14 @@ class SQLiteLedger(Ledger):
     # -- reads (no lock) -----------------------------------------------------------------
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
-        row = self._conn().execute(
-            "SELECT fingerprint, response FROM requests WHERE user_id=? AND request_id=?",
-            (user_id, request_id),
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "SELECT fingerprint, response FROM requests WHERE user_id=? AND request_id=?",
+                (user_id, request_id),
+            )
+            .fetchone()
+        )
         return None if row is None else (bytes(row[0]), bytes(row[1]))
 
     def _account(self, user_id: str) -> tuple[int, int, int] | None:
@@ -183,11 +200,17 @@ class SQLiteLedger(Ledger):
 
     def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
         """One statement on a read snapshot."""
-        row = self._conn().execute(
-            "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
-            " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
-            " (SELECT spent_units FROM budgets WHERE user_id=?1),"
-            " (SELECT window_start FROM budgets WHERE user_id=?1)", (p.user_id, p.request_id)).fetchone()
+        row = (
+            self._conn()
+            .execute(
+                "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
+                " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
+                " (SELECT spent_units FROM budgets WHERE user_id=?1),"
+                " (SELECT window_start FROM budgets WHERE user_id=?1)",
+                (p.user_id, p.request_id),
+            )
+            .fetchone()
+        )
         return cast("tuple[Any, Any, Any, Any]", row)
 
     # -- the writes ----------------------------------------------------------------------
@@ -246,7 +269,7 @@ class SQLiteLedger(Ledger):
         """Stores the users' accounts and the charged requests; False if a request was already
         stored (that row is not written: the caller rolls back)."""
         for i in range(0, len(writes.users), CHUNK):
-            part = writes.users[i:i + CHUNK]
+            part = writes.users[i : i + CHUNK]
             conn.execute(
                 "INSERT INTO budgets(user_id, spent_units, requests, window_start) VALUES "
                 + ",".join(["(?, ?, ?, ?)"] * len(part))
@@ -256,7 +279,7 @@ class SQLiteLedger(Ledger):
             )
         inserted = 0
         for i in range(0, len(writes.requests), CHUNK):
-            chunk = writes.requests[i:i + CHUNK]
+            chunk = writes.requests[i : i + CHUNK]
             inserted += conn.execute(
                 "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, created) "
                 "VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk)) + " ON CONFLICT DO NOTHING",
@@ -273,10 +296,11 @@ class SQLiteLedger(Ledger):
         """(fingerprint, response) of the keys already in the ledger (exact primary-key probes)."""
         out: Stored = {}
         for i in range(0, len(keys), CHUNK):
-            part = keys[i:i + CHUNK]
+            part = keys[i : i + CHUNK]
             sql = " UNION ALL ".join(
                 ["SELECT user_id, request_id, fingerprint, response FROM requests WHERE user_id=? AND request_id=?"]
-                * len(part))
+                * len(part)
+            )
             for u, r, fp, resp in conn.execute(sql, [v for k in part for v in k]):
                 out[(u, r)] = (bytes(fp), bytes(resp))
         return out
@@ -286,9 +310,10 @@ class SQLiteLedger(Ledger):
         """(spent_units, window_start, requests) of each user's row, as stored."""
         out: Accounts = {}
         for i in range(0, len(users), CHUNK):
-            part = users[i:i + CHUNK]
-            sql = ("SELECT user_id, spent_units, window_start, requests FROM budgets WHERE user_id IN "
-                   f"({','.join(['?'] * len(part))})")
+            part = users[i : i + CHUNK]
+            sql = (
+                "SELECT user_id, spent_units, window_start, requests FROM budgets WHERE user_id IN "
+                f"({','.join(['?'] * len(part))})"
+            )
             out.update((u, (int(s), int(ws), int(n))) for u, s, ws, n in conn.execute(sql, part))
         return out
-

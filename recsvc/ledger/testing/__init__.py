@@ -24,10 +24,24 @@ class Stores:
     key_file: Path
     opened: list[Ledger] = field(default_factory=list)
 
-    def open(self, budget: float = 1.0, pool_size: int = 8, window: str = "lifetime",
-             clock: Callable[[], float] = time.time, observer: LedgerObserver | None = None) -> Ledger:
-        store = open_ledger(self.target, budget, self.key_file, pool_size=pool_size, create=True, window=window,
-                            clock=clock, observer=observer)
+    def open(
+        self,
+        budget: float = 1.0,
+        pool_size: int = 8,
+        window: str = "lifetime",
+        clock: Callable[[], float] = time.time,
+        observer: LedgerObserver | None = None,
+    ) -> Ledger:
+        store = open_ledger(
+            self.target,
+            budget,
+            self.key_file,
+            pool_size=pool_size,
+            create=True,
+            window=window,
+            clock=clock,
+            observer=observer,
+        )
         self.opened.append(store)
         return store
 

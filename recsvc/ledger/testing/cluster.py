@@ -44,8 +44,9 @@ class Cluster:
     def spawn(self, program: str, *args: str) -> subprocess.Popen[str]:
         """One of the cluster's programs (e.g. ``pgbench``) in the background, as ``postgres`` when
         root; its output, stdout and stderr together, is the Popen's ``stdout``."""
-        return subprocess.Popen(_as_postgres((str(self.bin / program), *args)), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            _as_postgres((str(self.bin / program), *args)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
 
     def postmaster_pid(self) -> int:
         return int((self.data / "db" / "postmaster.pid").read_text().split()[0])
@@ -54,10 +55,23 @@ class Cluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
 
     def start(self) -> None:
-        opts = (f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses={self.listen} -c synchronous_commit=on "
-                f"-c max_connections=200 -c shared_buffers={self.shared_buffers}")
-        self._run(str(self.bin / "pg_ctl"), "start", "-w", "-t", "30", "-D", str(self.data / "db"),
-                  "-l", str(self.data / "log"), "-o", opts)
+        opts = (
+            f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses={self.listen} -c synchronous_commit=on "
+            f"-c max_connections=200 -c shared_buffers={self.shared_buffers}"
+        )
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "start",
+            "-w",
+            "-t",
+            "30",
+            "-D",
+            str(self.data / "db"),
+            "-l",
+            str(self.data / "log"),
+            "-o",
+            opts,
+        )
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bin / "pg_ctl"), "stop", "-w", "-D", str(self.data / "db"), "-m", mode, check=False)
@@ -90,8 +104,19 @@ def start_cluster(listen: str = "127.0.0.1", trust: tuple[str, ...] = (), shared
         shutil.chown(data, "postgres", "postgres")
         shutil.chown(data / "sock", "postgres", "postgres")
     cluster = Cluster(binaries, data, free_port(), listen, shared_buffers)
-    cluster._run(str(binaries / "initdb"), "-D", str(data / "db"), "-U", "postgres", "-A", "trust", "--no-sync",
-                 "-E", "UTF8", "--locale=C")
+    cluster._run(
+        str(binaries / "initdb"),
+        "-D",
+        str(data / "db"),
+        "-U",
+        "postgres",
+        "-A",
+        "trust",
+        "--no-sync",
+        "-E",
+        "UTF8",
+        "--locale=C",
+    )
     for cidr in trust:
         cluster.trust(cidr)
     cluster.start()

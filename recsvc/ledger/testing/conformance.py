@@ -174,8 +174,9 @@ class AbstractLedgerTest(abc.ABC):
             assert release.wait(20)
             return 1
 
-        slow = threading.Thread(target=led.draw_and_charge,
-                                args=("u", "slow", b"s", 1.0, slow_draw, lambda s, rem: b"slow"))
+        slow = threading.Thread(
+            target=led.draw_and_charge, args=("u", "slow", b"s", 1.0, slow_draw, lambda s, rem: b"slow")
+        )
         slow.start()
         try:
             assert drawing.wait(10)
@@ -216,7 +217,12 @@ class AbstractLedgerTest(abc.ABC):
         clock.now = (day + 1) * DAY  # exactly 00:00:00 UTC: the next window has started
         u = led.user("u")
         assert (u.spent_units, u.requests, u.remaining, u.window_start, u.window_end) == (
-            0, 0, 1.0, (day + 1) * DAY, (day + 2) * DAY)
+            0,
+            0,
+            1.0,
+            (day + 1) * DAY,
+            (day + 2) * DAY,
+        )
         assert led.charge("u", "r3", b"d3", 0.7, resp("c")).response == b"c|0.300000"  # the refused request, now fits
         with pytest.raises(BudgetExceeded, match=r"only 0\.3 of 1 remains"):
             led.charge("u", "r4", b"d4", 0.4, resp("d"))
@@ -271,23 +277,32 @@ class AbstractLedgerTest(abc.ABC):
         led.charge("v", "old", b"dv", 0.5, resp("v"))
         commits = led.commits
         draws: list[list[int]] = []
-        items = [BatchItem("u", "a", b"da", 0.4, "rnm"),
-                 BatchItem("u", "b", b"db", 0.5, "rnm"),
-                 BatchItem("u", "c", b"dc", 0.3, "rnm"),  # does not fit after a and b
-                 BatchItem("u", "d", b"dd", 0.1, "rnm"),  # a later, smaller item that still fits
-                 BatchItem("u", "a", b"da", 0.4, "rnm"),  # repeats item 0: its answer, never a second charge
-                 BatchItem("v", "old", b"dv", 0.5, "pf"),  # stored before the batch: replayed
-                 BatchItem("v", "old2", b"dv", 0.5, "pf"),
-                 BatchItem("v", "old", b"zz", 0.5, "pf"),  # stored with another fingerprint: conflict
-                 BatchItem("w", "x", b"dx", 2.0, "pf")]  # beyond the whole budget
+        items = [
+            BatchItem("u", "a", b"da", 0.4, "rnm"),
+            BatchItem("u", "b", b"db", 0.5, "rnm"),
+            BatchItem("u", "c", b"dc", 0.3, "rnm"),  # does not fit after a and b
+            BatchItem("u", "d", b"dd", 0.1, "rnm"),  # a later, smaller item that still fits
+            BatchItem("u", "a", b"da", 0.4, "rnm"),  # repeats item 0: its answer, never a second charge
+            BatchItem("v", "old", b"dv", 0.5, "pf"),  # stored before the batch: replayed
+            BatchItem("v", "old2", b"dv", 0.5, "pf"),
+            BatchItem("v", "old", b"zz", 0.5, "pf"),  # stored with another fingerprint: conflict
+            BatchItem("w", "x", b"dx", 2.0, "pf"),
+        ]  # beyond the whole budget
         got = [_outcome(o) for o in _batch(led, items, draws)]
-        assert got == [(b"s0|0.6", False), (b"s1|0.1", False), "BudgetExceeded", (b"s3|0.0", False),
-                       (b"s0|0.6", True), (b"v|0.500000", True), (b"s6|0.0", False), "RequestConflict",
-                       "BudgetExceeded"]
+        assert got == [
+            (b"s0|0.6", False),
+            (b"s1|0.1", False),
+            "BudgetExceeded",
+            (b"s3|0.0", False),
+            (b"s0|0.6", True),
+            (b"v|0.500000", True),
+            (b"s6|0.0", False),
+            "RequestConflict",
+            "BudgetExceeded",
+        ]
         assert draws == [[0, 1, 3, 6]]  # replays, conflicts and refusals draw nothing
         assert led.commits == commits + 1  # one transaction for the whole batch
-        assert [(led.user(u).spent_units, led.user(u).requests) for u in "uvw"] == [
-            (10**12, 3), (10**12, 2), (0, 0)]
+        assert [(led.user(u).spent_units, led.user(u).requests) for u in "uvw"] == [(10**12, 3), (10**12, 2), (0, 0)]
         assert led.lookup("u", "c") is None and _response(led, "u", "d") == b"s3|0.0"
 
     def test_a_batch_of_only_uncountable_items_refuses_each_and_reads_nothing_stored(self, stores: Stores) -> None:
