@@ -87,36 +87,41 @@ def log_internal_error(what: str, exc: BaseException) -> None:
     log.error("%s failed with an internal error: %s (message withheld)\n%s", what, type(exc).__name__, stack)
 
 
-# (status code, raised as, when). Spent: nothing is spent on any refusal; a SelectBatch answers
+# (status code, raised as, when): the source of the table in docs/reference/status-codes.md
+# (`python -m recsvc.app.docs` writes it). Nothing is spent on any refusal; a SelectBatch answers
 # each item's refusal as that item's Error (code, code_name, message) and the call itself is OK.
 STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     ("OK", "", "the answer; a replayed request_id returns the stored answer with replayed=true"),
     (
         "INVALID_ARGUMENT",
         "InvalidRequest, Refused, ValueError",
-        "a malformed or out-of-limit request (checked before parsing where possible), a bad parameter",
+        "a malformed or out-of-limit request (checked on the raw bytes before parsing where possible), "
+        "a bad parameter (details below)",
     ),
     (
         "FAILED_PRECONDITION",
         "Unavailable",
-        "well-formed, but this server cannot serve it (another catalog_version, no model for Recommend)",
+        "well-formed, but this server cannot serve it: Recommend on an artifact without a model, or "
+        "item_rows for another catalog_version",
     ),
-    ("UNAUTHENTICATED", "Unauthenticated", "missing or invalid bearer token or client certificate"),
-    ("PERMISSION_DENIED", "PermissionDenied", "the principal's scope does not cover the method or the user_id"),
+    ("UNAUTHENTICATED", "Unauthenticated", "a missing or wrong bearer token (with --token-file) or client certificate"),
+    ("PERMISSION_DENIED", "PermissionDenied", "the principal's scope does not cover the RPC or the user_id"),
     (
         "RESOURCE_EXHAUSTED",
         "BudgetExceeded, RateLimited",
-        "the user's privacy budget is used up, the principal's rate limit is exceeded, or the message is "
-        "larger than the server's max_message_bytes (refused unread by gRPC)",
+        "the user's remaining budget is below ε, the principal's --rate-limit is used up, or the message is "
+        "larger than --max-message-bytes (refused unread by gRPC)",
     ),
-    ("ALREADY_EXISTS", "RequestConflict", "the request_id was used before with different parameters"),
-    ("UNAVAILABLE", "LedgerUnavailable", "the ledger's database does not answer; retry with the same request_id"),
-    ("INTERNAL", "any other exception", "an unexpected failure; the message is withheld and the stack logged"),
+    (
+        "ALREADY_EXISTS",
+        "RequestConflict",
+        "a request_id reused with other parameters (or answered under another fingerprint key)",
+    ),
+    (
+        "UNAVAILABLE",
+        "LedgerUnavailable",
+        "the PostgreSQL ledger does not answer, or no pool connection within 5 s; retry with the same request_id",
+    ),
+    ("UNIMPLEMENTED", "(by gRPC)", "an RPC the server does not serve, e.g. grpc.reflection.v1"),
+    ("INTERNAL", "any other exception", "a bug: the message is withheld and the stack logged"),
 )
-
-
-def status_table_markdown() -> str:
-    """:data:`STATUS_TABLE` as a Markdown table (for docs/reference/status-codes.md)."""
-    rows = ["| Status | Raised as | When |", "|---|---|---|"]
-    rows += [f"| `{code}` | {raised or '-'} | {when} |" for code, raised, when in STATUS_TABLE]
-    return "\n".join(rows) + "\n"

@@ -266,7 +266,7 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
     stop = StopSignal.install()
     handle = start(config)
     # What startup loaded (modules, the catalog, gRPC) lives as long as the process: out of the
-    # collector's generations, so its periodic full collections no longer walk it on every request path.
+    # collector's generations, so its periodic full collections do not walk it on every request path.
     gc.freeze()
     watchdog = DrainWatchdog(stop, drain_limit(config.drain.grace, config.drain.delay))
     try:

@@ -1,6 +1,6 @@
 """What a PostgreSQL on the same 2 cores costs single Select, with and without recsvc's client side.
 
-Issue #13 asks single Select with the PostgreSQL ledger to reach 0.8x single Select with SQLite,
+The target for single Select with the PostgreSQL ledger is 0.8x single Select with SQLite,
 both on this machine. This benchmark separates the two things the PostgreSQL ledger adds: the
 database's own work (parse-free prepared statements, locks, WAL flushes, backends waking on the
 shared cores) and recsvc's side of it (psycopg, the rounds' queue). Each turn measures, one right

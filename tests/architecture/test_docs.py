@@ -15,7 +15,7 @@ from recsvc.app import docs as cli_docs
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([*ROOT.glob("*.md"), *(ROOT / "docs").rglob("*.md")])
 # Generated page → the function that renders it; each page names its command and says "do not edit".
-GENERATED = {cli_docs.PAGE: cli_docs.render}
+GENERATED = {cli_docs.PAGE: cli_docs.render}  # whole pages; the status page's table: below
 
 FENCE = re.compile(r"^(```|~~~)")
 LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -163,7 +163,16 @@ def test_generated_page_is_fresh(page: Path) -> None:
     assert text == GENERATED[page](), f"{page.relative_to(ROOT)} is stale: run `{cli_docs.COMMAND}`"
 
 
-def test_the_cli_page_generator_checks_staleness_in_one_command() -> None:
+def test_the_status_table_is_generated_from_the_service_errors() -> None:
+    page = cli_docs.STATUS_PAGE
+    text = page.read_text(encoding="utf-8")
+    assert text == cli_docs.render_status(text), f"{page.relative_to(ROOT)} is stale: run `{cli_docs.COMMAND}`"
+    table = text.split(cli_docs.STATUS_BEGIN)[1].split(cli_docs.STATUS_END)[0]
+    assert "| `RESOURCE_EXHAUSTED` | 8 | BudgetExceeded, RateLimited |" in table
+    assert len(table.strip().splitlines()) == 2 + len(cli_docs.STATUS_TABLE)
+
+
+def test_the_generators_check_staleness_in_one_command() -> None:
     assert cli_docs.main(["--check"]) == 0
 
 

@@ -33,8 +33,6 @@ def test_every_service_error_names_a_status_code_of_the_table() -> None:
     assert all(code in grpc.StatusCode.__members__ for code in table)
     for cls in _service_errors():
         assert cls.status in grpc.StatusCode.__members__ and cls.status in table, cls
-    markdown = errors.status_table_markdown().splitlines()
-    assert len(markdown) == 2 + len(errors.STATUS_TABLE) and markdown[3].startswith("| `INVALID_ARGUMENT` |")
 
 
 @pytest.mark.parametrize(
