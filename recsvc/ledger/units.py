@@ -26,6 +26,8 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
 from fractions import Fraction
 from typing import ClassVar
 
+from recsvc.checks import check_epsilon
+
 UNITS_PER_EPSILON = 10**12
 UNIT_EXPONENT = -12  # one unit is 1e-12 ε
 MAX_UNITS = 2**63 - 1  # SQLite's INTEGER
@@ -60,9 +62,10 @@ def charge_units(epsilon: float) -> int:
 
 
 def _charge_units(epsilon: float) -> int:
+    check_epsilon(epsilon, error=InvalidCharge)
     d = _decimal(epsilon)
-    if d is None or d <= 0:
-        raise InvalidCharge(f"epsilon must be a positive finite number, got {epsilon!r}")
+    if d is None:  # a real number the ledger does not read exactly (numpy float32, Fraction, …)
+        raise InvalidCharge(f"epsilon must be a Python int or float, got {type(epsilon).__name__} {epsilon!r}")
     units = int(d.scaleb(-UNIT_EXPONENT).to_integral_value(rounding=ROUND_CEILING))
     if d.scaleb(-UNIT_EXPONENT) < 1:
         raise InvalidCharge(
