@@ -34,9 +34,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from recsvc.ledger.testing.cluster import Cluster
 from scripts.bench.harness import (
     METHOD,
+    Cluster,
     bench_artifact,
     db_cpu_seconds,
     load,
