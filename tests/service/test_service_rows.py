@@ -104,9 +104,8 @@ def test_rows_answers_have_the_exact_single_select_distribution(
 
 def test_rows_get_the_same_refusals_as_ids(client: Client, rows: ItemRows) -> None:
     cands = candidates(6)
-    bad: list[
-        tuple[list[tuple[str, float]], dict[str, Any]]
-    ] = [  # (candidates, request fields): each refused by the same check in both encodings
+    # (candidates, request fields): each refused by the same check in both encodings
+    bad: list[tuple[list[tuple[str, float]], dict[str, Any]]] = [
         ([("it1", float("nan")), ("it2", 0.5)], {}),
         (cands, {"epsilon": -1.0}),
         (cands, {"k": 7}),
