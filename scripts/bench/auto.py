@@ -129,7 +129,7 @@ def slate_check(
                         s = select_slate(m, q, d, eps, k, rng)
                         vals.append(float(np.mean((best - q[s]) ** 2)))
                 mse[m] = float(np.mean(vals))
-            choice, top = table.resolve(eps, k), min(mse, key=mse.get)
+            choice, top = table.resolve(eps, k), min(mse, key=mse.__getitem__)
             rows.append(
                 {
                     "k": k,
@@ -185,6 +185,7 @@ def main() -> None:
         cfg = with_data_defaults(
             EvalConfig(scenario=name, mechanisms=(AUTO,), epsilons=EVALUATION_EPSILONS, seed=0, progress=False), source
         )  # γ 0.05 on synthetic data, as eval runs it
+        assert cfg.mechanisms is not None  # (AUTO,), as given
         auto = plan(cfg, cfg.mechanisms, source)
         rho = float(np.median(source.sc.correlation()))  # the sign rule reads the population's median ρ
         trials = max(args.trials, 20_000 // source.total)

@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from eval.config import DEFAULT_EPSILONS, DEFAULT_TRIALS, EvalConfig
+from eval.results import EvalResult
 from eval.run import run
 from eval.sources import ArtifactSource
 from eval.work import evaluate_chunk, make_context
@@ -87,7 +88,7 @@ def noise_floor(art_path: Path, users: int, mechanisms: list[str], trials: int) 
     return time.perf_counter() - t
 
 
-def timed(cfg: EvalConfig) -> tuple[float, object]:
+def timed(cfg: EvalConfig) -> tuple[float, EvalResult]:
     t = time.perf_counter()
     res = run(cfg)
     return time.perf_counter() - t, res

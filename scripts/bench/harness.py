@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from recsvc.ledger.testing.cluster import free_port
+from recsvc.ledger.testing.cluster import Cluster, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 METHOD = "/recsvc.v1.PrivateSelection/Select"
@@ -153,7 +153,8 @@ def batch_bodies(batches: int, size: int, seed: int, encoding: str = "ids") -> l
 def launch(cmd: list[str], what: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A server process, returned once it printed that it is listening."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()  # type: ignore[union-attr]
+    assert proc.stdout is not None  # stdout=PIPE
+    line = proc.stdout.readline()
     if not re.search(r"listening on", line):
         raise RuntimeError(f"{what} did not start: {line!r}")
     return proc
@@ -241,7 +242,7 @@ class Server:
         stop(self.proc)
 
 
-def throwaway_cluster(stack: ExitStack, **options: Any) -> Any:
+def throwaway_cluster(stack: ExitStack, **options: Any) -> Cluster:
     """A fresh PostgreSQL cluster on loopback (the project's test cluster), removed when ``stack``
     closes; ``options`` go to its ``start_cluster`` (e.g. ``shared_buffers``)."""
     from recsvc.ledger.testing.cluster import remove_cluster, start_cluster

@@ -16,9 +16,11 @@ The machine may be shared: compare the ratios within one run, not absolute times
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +65,14 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
     return (time.perf_counter() - t) / repeat
 
 
+def _scale_calls(name: str, g: np.random.Generator) -> list[tuple[str, Callable[[np.ndarray, np.ndarray], object]]]:
+    """The calls bench_catalog_scale times for ``name``: (label, call on scores and sensitivities)."""
+    return [
+        ("select", lambda q, d: select(name, q, d, 1.0, rng=g)),
+        (f"select_slate k={SLATE_K}", lambda q, d: select_slate(name, q, d, 1.0, SLATE_K, rng=g)),
+    ]
+
+
 def _best_median(fn: Callable[[], object], calls: int, rounds: int) -> tuple[float, float]:
     times = [_time(fn, calls) for _ in range(rounds)]
     return min(times), statistics.median(times)
@@ -79,16 +89,12 @@ def bench_catalog_scale(rounds: int) -> None:
         f"{'mechanism':<13} {'call':<15} {'n=500 best':>11} {'median':>8} {'n=20720 best':>13} {'median':>8} {'ratio':>6}"
     )
     for name in SCALE_MECHANISMS:
-        calls: list[tuple[str, Callable[[np.ndarray, np.ndarray], object]]] = [
-            ("select", lambda q, d, name=name: select(name, q, d, 1.0, rng=g)),
-            (f"select_slate k={SLATE_K}", lambda q, d, name=name: select_slate(name, q, d, 1.0, SLATE_K, rng=g)),
-        ]
-        for label, fn in calls:
+        for label, fn in _scale_calls(name, g):
             res = {}
             for n, (q, d) in data.items():
                 fn(q, d)  # warm-up (numba JIT)
                 repeat = max(2, (4000 if n == N else 100) // (SLATE_K if "slate" in label else 1))
-                res[n] = _best_median(lambda fn=fn, q=q, d=d: fn(q, d), repeat, rounds)
+                res[n] = _best_median(functools.partial(fn, q, d), repeat, rounds)
             (b0, m0), (b1, m1) = res[N], res[N_CATALOG]
             print(
                 f"{name:<13} {label:<15} {b0 * 1e6:>11.1f} {m0 * 1e6:>8.1f} {b1 * 1e6:>13.1f} {m1 * 1e6:>8.1f} "
@@ -127,12 +133,12 @@ def main() -> None:
     print(f"{'mechanism':<13} {'best µs':>8} {'median µs':>10} {'batch s':>9} {'floor s':>9} {'ratio':>6}")
     g = csprng()
     for name in MECHANISMS:
-        kw = dict(allow_non_private=True, gamma=GAMMA)
+        kw: dict[str, Any] = dict(allow_non_private=True, gamma=GAMMA)
         select(name, q, d, 1.0, rng=g, **kw)  # warm-up (numba JIT)
         # Best and median of the rounds: the best is the cost of the code, the median adds the
         # shared machine's noise (timeit's advice).
         rounds = [
-            _time(lambda name=name, kw=kw: select(name, q, d, 1.0, rng=g, **kw), args.calls) for _ in range(args.rounds)
+            _time(functools.partial(select, name, q, d, 1.0, rng=g, **kw), args.calls) for _ in range(args.rounds)
         ]
         best, lat = min(rounds), statistics.median(rounds)
         t0 = time.perf_counter()

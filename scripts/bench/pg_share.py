@@ -36,6 +36,7 @@ from pathlib import Path
 
 from scripts.bench.harness import (
     METHOD,
+    Cluster,
     bench_artifact,
     db_cpu_seconds,
     load,
@@ -61,10 +62,11 @@ def commits(url: str) -> int:
 
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").fetchone()
+    assert row is not None  # the current database's own row
     return int(row[0])
 
 
-def load_cluster(stack: ExitStack):  # -> (Cluster, url, script path)
+def load_cluster(stack: ExitStack) -> tuple[Cluster, str, Path]:  # (cluster, url, script path)
     """The second cluster, busy only while a ``sqlite + db`` row runs."""
     import psycopg
 
@@ -172,7 +174,8 @@ def main() -> int:
                 try:
                     time.sleep(1.0)  # connected and at its rate
                     if bench.poll() is not None:
-                        raise RuntimeError(f"pgbench ended: {bench.stdout.read()[-500:]}")  # type: ignore[union-attr]
+                        assert bench.stdout is not None  # spawn's stdout=PIPE
+                        raise RuntimeError(f"pgbench ended: {bench.stdout.read()[-500:]}")
                     rows.append(
                         row(
                             f"sqlite + db {rate}/s",
@@ -185,14 +188,14 @@ def main() -> int:
                 finally:
                     stop(bench)
             rows.append(row("postgresql", pg.port, turn, lambda: db_cpu_seconds(pg), pg.ledger_target))
-    result = {"rows": rows, "summary": summary(rows)}
-    for name, s in result["summary"].items():
+    sums = summary(rows)
+    for name, s in sums.items():
         print(
             f"{name:18s} over sqlite: median {s['median']:.2f} (turns {s['over_sqlite']}), "
             f"database {s['db_cores_median']:.2f} cores"
         )
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps({"rows": rows, "summary": sums}, indent=2))
     return 0
 
 

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -69,7 +70,7 @@ def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
     }
 
 
-def summarise(name: str, out: Path, measured: dict[str, float]) -> dict[str, object]:
+def summarise(name: str, out: Path, measured: dict[str, float]) -> dict[str, Any]:
     m = read_manifest(out)
     assert m.timings_s is not None and m.split is not None and m.sansa is not None and m.population_spearman is not None
     assert m.sensitivity_population_users is not None

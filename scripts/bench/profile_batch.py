@@ -57,7 +57,7 @@ def main() -> int:
         def serve(bodies: list[bytes]) -> None:
             CALLER.set(caller)
             for body in bodies:
-                out = servicer.SelectBatch(decode(body), None)  # type: ignore[arg-type]
+                out = servicer.SelectBatch(decode(body), None)
                 assert isinstance(out, codec.Framed)  # the serialized SelectBatchResponse
 
         def round_(bodies: list[bytes]) -> float:

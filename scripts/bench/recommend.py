@@ -22,6 +22,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,9 +52,10 @@ def start_server(artifacts: Path, ledger: Path) -> tuple[subprocess.Popen, int]:
         "1e6",
     ]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None  # stdout=PIPE
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
+        line = proc.stdout.readline()
         m = re.search(r"listening on [^\s]+:(\d+)", line)
         if m:
             return proc, int(m.group(1))
@@ -84,7 +86,9 @@ def steps(artifacts: Path, hist: list[list[str]], calls: int = 200) -> None:
     cat = Catalog(art)
     rec = Recommender(art, cat)
     g = csprng()
-    score_t, clip_t, sel_t = [], [], {"rnm": [], "mgem": []}
+    score_t: list[float] = []
+    clip_t: list[float] = []
+    sel_t: dict[str, list[float]] = {"rnm": [], "mgem": []}
     for i in range(calls):
         t0 = time.perf_counter()
         raw = rec.scores(hist[i % len(hist)])
@@ -133,7 +137,7 @@ def main() -> None:
         proc, port = start_server(args.artifacts, Path(tmp) / "ledger.db")
         try:
             with Client(f"127.0.0.1:{port}", retries=0) as c:
-                rows = [
+                rows: list[tuple[str, dict[str, Any], int]] = [
                     ("default (auto, 1 item)", {"epsilon": 1.0}, args.requests),
                     ("rnm, 1 item", {"epsilon": 1.0, "mechanism": "rnm"}, args.requests),
                     ("auto, k=10 slate", {"epsilon": 1.0, "k": 10}, args.requests // 2),

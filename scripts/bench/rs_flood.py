@@ -25,11 +25,17 @@ import sys
 import tempfile
 import time
 import uuid
+from multiprocessing.sharedctypes import Synchronized
+from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scripts.bench.harness import METHOD, Server, bench_artifact, payloads
+
+if TYPE_CHECKING:
+    from recsvc.v1 import selection_pb2 as pb
 
 
 def smallest_gamma() -> float:
@@ -50,12 +56,12 @@ def _body(mechanism: str, user: str, seed: int, gamma: float | None = None) -> b
     return req.SerializeToString()
 
 
-def _fresh(template: object) -> bytes:
-    template.request_id = uuid.uuid4().hex  # type: ignore[attr-defined]
-    return template.SerializeToString()  # type: ignore[attr-defined]
+def _fresh(template: pb.SelectRequest) -> bytes:
+    template.request_id = uuid.uuid4().hex
+    return template.SerializeToString()
 
 
-def flood(port: int, clients: int, gamma: float, stop: mp.Event, counter: mp.Value) -> None:
+def flood(port: int, clients: int, gamma: float, stop: Event, counter: Synchronized[int]) -> None:
     """``clients`` concurrent rs callers, each on its own connection, until ``stop`` is set."""
     import asyncio
 

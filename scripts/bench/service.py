@@ -45,10 +45,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from scripts.bench.harness import METHOD, N_CANDIDATES, Server, bench_artifact, children_cpu, load, payloads
+
+if TYPE_CHECKING:
+    from recsvc.v1 import selection_pb2 as pb
 
 MODULE = "scripts.bench.service"  # run again, as a subprocess, to serve the echo and aio servers
 
@@ -56,7 +60,7 @@ MODULE = "scripts.bench.service"  # run again, as a subprocess, to serve the ech
 # ----------------------------------------------------------------------------- servers
 
 
-def _echo(req: object) -> object:
+def _echo(req: pb.SelectRequest) -> pb.SelectResponse:
     from recsvc.v1 import selection_pb2 as pb
 
     first = req.item_ids[0] if len(req.item_ids) else req.candidates[0].item_id
@@ -108,13 +112,14 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
 
     servicer = None if echo else SelectionServicer(load_artifact(artifacts), SQLiteLedger(ledger, 1e6), Policy())
 
-    async def select(req: object, ctx: grpc.aio.ServicerContext) -> object:
+    async def select(req: pb.SelectRequest, ctx: grpc.aio.ServicerContext) -> pb.SelectResponse:
         if servicer is None:
             return _echo(req)
         try:  # runs on the event loop: the work is CPU + a short SQLite commit
             return servicer.execute(servicer.prepare_select(req))
         except Exception as exc:
             await ctx.abort(*status_of(exc))
+            raise  # not reached: abort raises (grpc is untyped here, so the checker cannot know)
 
     async def main() -> None:
         server = grpc.aio.server(handlers=[_select_handler(select)], options=[("grpc.so_reuseport", 0)])
@@ -285,8 +290,8 @@ def summary(runs: list[dict], client: str) -> dict:
             == (server, mech, conc, workers, encoding, client)
         ]
 
-    def row(*args: object, **kw: object) -> dict:
-        return rows(*args, **kw)[0]  # type: ignore[arg-type]
+    def row(server: str, mech: str = "rnm", conc: int = 32, workers: int = 1, encoding: str = "columns") -> dict:
+        return rows(server, mech, conc, workers, encoding)[0]
 
     echo32 = row("echo")["qps"]
     one, two = rows("sync", workers=1)[-2:], rows("sync", workers=2)

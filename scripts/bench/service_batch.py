@@ -45,7 +45,9 @@ def charged_total(ledger: str) -> int:
         import psycopg
 
         with psycopg.connect(ledger) as conn:
-            return int(conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()[0])
+            row = conn.execute("SELECT count(*) FROM recsvc_requests").fetchone()
+            assert row is not None  # an aggregate always returns its row
+            return int(row[0])
     import sqlite3
 
     with sqlite3.connect(f"file:{ledger}?mode=ro", uri=True) as conn:

@@ -100,7 +100,7 @@ def test_no_module_under_scripts_edits_sys_path():
     assert offenders == []
 
 
-def test_bench_modules_import_each_other_without_a_cycle():
+def test_bench_modules_import_each_other_without_a_cycle() -> None:
     graph = {
         name: sorted(i for i in _imports(name, tree) if i in MODULES and i != name) for name, tree in MODULES.items()
     }

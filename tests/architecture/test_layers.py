@@ -176,6 +176,7 @@ def scan(root: Path) -> Tree:
             for name in names:
                 target = _resolve(name, files) or name.split(".")[0]
                 if target != module and target != "__future__":
+                    assert isinstance(node, (ast.stmt, ast.expr))  # an import or a call: it has a line
                     imports.append(Import(module, target, rel, node.lineno, lazy))
     return Tree(files, imports, problems)
 

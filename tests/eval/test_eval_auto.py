@@ -55,7 +55,7 @@ def test_auto_is_a_row_resolved_per_epsilon_and_scored_against_the_oracle(art: P
     assert regret["auto_mechanism"].to_list() == [RESOLVED[e] for e in EPS]
     for r in regret.iter_rows(named=True):
         fixed = {m: v for (m, e), v in mse.items() if e == r["epsilon"] and m != "auto"}
-        oracle = min(fixed, key=fixed.get)
+        oracle = min(fixed, key=fixed.__getitem__)
         assert (r["oracle_mechanism"], r["oracle_mse"]) == (oracle, fixed[oracle])
         assert r["regret_ratio"] == pytest.approx(mse[("auto", r["epsilon"])] / fixed[oracle], rel=1e-12)
         assert r["regret_ratio"] >= 1.0

@@ -54,7 +54,9 @@ def _run(art, **kw) -> pl.DataFrame:
         two_stage_m=3,
     )
     cfg.update(kw)
-    return run(EvalConfig(**cfg)).pipelines
+    out = run(EvalConfig(**cfg)).pipelines
+    assert out is not None
+    return out
 
 
 def _cell(t: pl.DataFrame, pipe: str, mech: str, eps: float, k: int) -> dict:

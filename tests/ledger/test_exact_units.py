@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recsvc.ledger import BudgetExceeded, InvalidCharge, RequestConflict
+from recsvc.ledger import BudgetExceeded, Charge, InvalidCharge, RequestConflict
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.ledger.units import (
     MAX_UNITS,
@@ -86,7 +86,8 @@ def test_budget_comparison_is_exact(tmp_path: Path) -> None:
     led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     for i in range(10):  # 10 × 0.1 = 1 exactly (as floats the sum is 0.9999999999999999)
         led.charge("u", f"r{i}", b"d", 0.1, lambda rem: f"{rem!r}".encode())
-    assert led.lookup("u", "r9")[1] == b"0.0" and led.user("u").spent_units == 10**12
+    stored = led.lookup("u", "r9")
+    assert stored is not None and stored[1] == b"0.0" and led.user("u").spent_units == 10**12
     with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.000000000001 but only 0 of 1 remains"):
         led.charge("u", "one-more-unit", b"d", 1e-12, lambda rem: b"x")
 
@@ -153,7 +154,7 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
         release.wait(10)  # every duplicate is in flight while the first one draws
         return f"sample-{len(draws)}"
 
-    out: list[object] = []
+    out: list[Charge] = []
     threads = [
         threading.Thread(target=lambda: out.append(led.draw_and_charge("u", "dup", b"d", 0.5, slow_draw, _build)))
         for _ in range(12)

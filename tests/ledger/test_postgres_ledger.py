@@ -26,6 +26,13 @@ def _open(s: Stores, **settings: Any) -> PostgresLedger:
     return cast(PostgresLedger, s.open(**settings))
 
 
+def _lock_waiters(conn: psycopg.Connection[Any]) -> int:
+    """How many server backends wait for a lock."""
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
+    assert row is not None
+    return row[0]
+
+
 def _recsvc(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
@@ -44,7 +51,7 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
         PostgresLedger(url, 1.0, tmp_path / "other")
     led = PostgresLedger(url, 1.0, tmp_path / "k")  # the same settings: accepted
     with led._pool.connection() as conn:
-        assert conn.execute("SHOW synchronous_commit").fetchone()[0] == "on"
+        assert conn.execute("SHOW synchronous_commit").fetchone() == ("on",)
     led.close()
 
 
@@ -137,7 +144,9 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
     mig = _recsvc("ledger", "migrate", "--ledger", url)
     assert mig.returncode == 0 and "schema version 1 -> 2" in mig.stdout, mig.stderr
     with psycopg.connect(url, autocommit=True) as conn:
-        counts = dict(conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall())
+        counts: dict[str, int] = dict(
+            conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall()
+        )
         assert counts == {"rnm": 200, "gem": 200, "combined_gem": 200, "": 1}
         assert conn.execute("SELECT spent_units, requests, window_start FROM recsvc_budgets").fetchall() == [
             (86 * 10**9, 86, 0)
@@ -168,21 +177,18 @@ def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_
 
     def charge(rid: str, eps: float) -> None:
         try:
-            out[rid] = led.charge("u", rid, rid.encode(), eps, lambda rem, rid=rid: f"{rid}|{rem:.1f}".encode())
+            out[rid] = led.charge("u", rid, rid.encode(), eps, lambda rem: f"{rid}|{rem:.1f}".encode())
         except Exception as exc:
             out[rid] = exc
 
-    other = psycopg.connect(s.target)  # "another replica", mid-transaction on the user's row
+    other = psycopg.connect(str(s.target))  # "another replica", mid-transaction on the user's row
     other.execute("SELECT * FROM recsvc_budgets WHERE user_id='u' FOR UPDATE")
     commits = led.commits
     threads = [threading.Thread(target=charge, args=("r1", 0.3))]
     threads[0].start()
     deadline = time.monotonic() + 10
-    with psycopg.connect(s.target, autocommit=True) as watch:  # until the leader waits for the row lock
-        while (
-            time.monotonic() < deadline
-            and not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]
-        ):
+    with psycopg.connect(str(s.target), autocommit=True) as watch:  # until the leader waits for the row lock
+        while time.monotonic() < deadline and not _lock_waiters(watch):
             time.sleep(0.005)
     assert led._group_commit.queued() == 0  # the leader took its own charge
     for rid, eps in [("r2", 0.3), ("r3", 0.2), ("r4", 0.2), ("r5", 0.1)]:
@@ -208,7 +214,7 @@ def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     led = _open(s, budget=1.0)
     sql = "SELECT pid FROM pg_stat_activity WHERE application_name = 'recsvc-probe' AND datname = current_database()"
-    with psycopg.connect(s.target, autocommit=True) as watch:
+    with psycopg.connect(str(s.target), autocommit=True) as watch:
 
         def probes(want: int) -> list[tuple]:  # a backend leaves pg_stat_activity a moment after it ends
             deadline = time.monotonic() + 10

@@ -18,8 +18,9 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from recsvc.ledger import BatchItem, BudgetExceeded, LedgerObserver
+from recsvc.ledger import BatchItem, BudgetExceeded, Charge, LedgerObserver
 from recsvc.ledger.charging import Pending
+from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres import store as ledger_pg
 from recsvc.ledger.testing import Stores
@@ -48,12 +49,24 @@ def _until(done: Callable[[], bool], seconds: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-def _queue_in_order(a, threads: list[threading.Thread], queued: int = 0) -> None:
+def _queued(a: PostgresLedger, n: int) -> Callable[[], bool]:
+    """Whether ``n`` items have queued for ``a``'s next round."""
+    return lambda: a._group_commit.queued() >= n
+
+
+def _lock_waiters(conn: psycopg.Connection[Any]) -> int:
+    """How many server backends wait for a lock."""
+    row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def _queue_in_order(a: PostgresLedger, threads: list[threading.Thread], queued: int = 0) -> None:
     """Starts ``threads`` one by one, each once the one before has queued for ``a``'s next round
     (which holds ``queued`` items before them), so they queue, and lead, in that order."""
     for n, thread in enumerate(threads, start=queued + 1):
         thread.start()
-        _until(lambda n=n: a._group_commit.queued() >= n)
+        _until(_queued(a, n))
 
 
 def _rounds(a, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
@@ -71,6 +84,11 @@ def _rounds(a, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
 def _answer(tag: str):
     return lambda _sample, remaining: f"{tag}|{remaining:.2f}".encode()
+
+
+def _built(tag: str) -> Callable[[float], bytes]:
+    """A pending charge's response builder: ``tag`` and the budget left."""
+    return lambda remaining: f"{tag}|{remaining:.2f}".encode()
 
 
 def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: Path) -> None:
@@ -131,19 +149,15 @@ def test_the_statement_that_waits_for_a_row_lock_rechecks_the_account(
     a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
     p = Pending("u", "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem: f"r1|{rem:.2f}".encode())
     assert a._precheck(p) is None
-    other = psycopg.connect(s.target)
+    other = psycopg.connect(str(s.target))
     other.execute(
         "UPDATE recsvc_budgets SET spent_units = spent_units + %s, requests = requests + 1 WHERE user_id = 'u'",
         (charge_units(0.3),),
     )
     worker = threading.Thread(target=a._commit_group, args=(lambda: [p],))
     worker.start()
-    with psycopg.connect(s.target, autocommit=True) as watch:
-        _until(
-            lambda: (
-                watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0] > 0
-            )
-        )
+    with psycopg.connect(str(s.target), autocommit=True) as watch:
+        _until(lambda: _lock_waiters(watch) > 0)
     assert worker.is_alive()  # waiting for the row lock
     other.commit() if other_commits else other.rollback()
     other.close()
@@ -178,15 +192,13 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
     s, a, b = _replicas(pg_cluster, tmp_path)
     for u in ("x", "y"):
         a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
-    queue = [
-        Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem, u=u: f"{u}|{rem:.2f}".encode())
-        for u in ("x", "y", "z")
-    ]
+    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), _built(u)) for u in ("x", "y", "z")]
     for p in queue:
         assert a._precheck(p) is None and p.seen is not False
     b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
     commits = a.commits
-    a._commit_group(lambda: queue)
+    taken: list[Queued] = list(queue)  # _commit_group takes list[Queued]; list is invariant
+    a._commit_group(lambda: taken)
     assert [p.result.response for p in queue] == [b"x|0.40", b"y|0.20", b"z|0.50"]
     assert (a.commits - commits, a.moved) == (2, 1)  # one optimistic statement, one locking transaction
     assert [a.user(u).spent_units for u in ("x", "y", "z")] == [charge_units(e) for e in (0.6, 0.8, 0.5)]
@@ -206,7 +218,7 @@ def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_u
         return todo
 
     got = a.draw_and_charge_batch(items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
-    assert [c.response for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
+    assert [c.response if isinstance(c, Charge) else type(c) for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
     assert a.moved == 2  # y's two items
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [
         (charge_units(0.6), 2),
@@ -274,8 +286,12 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(
     out: dict[str, Any] = {}
 
     def charge(user: str) -> None:
+        def draw() -> int:
+            draws.append(user)
+            return 0
+
         try:
-            out[user] = a.draw_and_charge(user, "r1", b"d1", 0.5, lambda: draws.append(user) or 0, _answer(user))
+            out[user] = a.draw_and_charge(user, "r1", b"d1", 0.5, draw, _answer(user))
         except Exception as exc:
             out[user] = exc
 
@@ -316,7 +332,7 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
     s, a, _ = _replicas(pg_cluster, tmp_path)
     for i in range(300):
         a.charge(f"u{i}", "r", b"d", 0.001, lambda rem: b"x")
-    with psycopg.connect(s.target, autocommit=True) as conn:
+    with psycopg.connect(str(s.target), autocommit=True) as conn:
         conn.execute("ANALYZE")
     statements = {
         ledger_pg.PRECHECKS: ["text[]", "text[]"],

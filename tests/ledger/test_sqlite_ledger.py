@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,8 +175,12 @@ def test_build_runs_only_for_fresh_charges_that_fit(tmp_path: Path) -> None:
     led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     calls: list[str] = []
 
-    def build(tag: str):
-        return lambda remaining: calls.append(tag) or f"{tag}|{remaining:.6f}".encode()
+    def build(tag: str) -> Callable[[float], bytes]:
+        def respond(remaining: float) -> bytes:
+            calls.append(tag)
+            return f"{tag}|{remaining:.6f}".encode()
+
+        return respond
 
     assert led.charge("u", "r", b"fp", 0.75, build("a")).response == b"a|0.250000"
     assert led.charge("u", "r", b"fp", 0.75, build("replay")).replayed  # stored answer, no build
@@ -241,8 +246,8 @@ def test_group_commit_refuses_a_failing_answer_alone_and_counts_each_spend(tmp_p
     assert isinstance(out["b"], RuntimeError) and led.lookup("u", "r2") is None  # nothing spent for b
     assert out["a"].response == b"a|0.700000" and out["c"].response == b"c|0.500000"  # b's 0.2 not taken
     assert out["e"].response == b"e|0.600000"
-    assert (led.user("u").spent, led.user("u").requests) == (pytest.approx(0.5), 3)
-    assert (led.user("v").spent, led.user("v").requests) == (pytest.approx(0.4), 2)
+    assert led.user("u").spent == pytest.approx(0.5) and led.user("u").requests == 3
+    assert led.user("v").spent == pytest.approx(0.4) and led.user("v").requests == 2
 
 
 def test_a_request_stored_by_another_process_after_its_precheck_is_decided_against_it(tmp_path: Path) -> None:
@@ -269,4 +274,5 @@ def test_a_request_stored_by_another_process_after_its_precheck_is_decided_again
     assert commit(("a", b"zz", 0.05), ("m", b"dm", 0.05)) == ["RequestConflict", (b"m|0.050000", False)]
     assert (led.user("u").spent_units, led.user("u").requests) == (950_000_000_000, 4)
     assert [r for (r,) in led._conn().execute("SELECT request_id FROM requests ORDER BY rowid")] == ["a", "s", "n", "m"]
-    assert led.lookup("u", "a")[1] == b"A|0.800000" and led.commits == 3
+    stored = led.lookup("u", "a")
+    assert stored is not None and stored[1] == b"A|0.800000" and led.commits == 3

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
+from typing import TypedDict
 
 import grpc
 import pytest
@@ -56,7 +57,14 @@ def _old_fingerprint(req: pb.SelectRequest) -> bytes:
     return hashlib.sha256(b"select\0" + req.SerializeToString(deterministic=True)).digest()
 
 
-def write_v0_ledger(path: Path, rowid_tables: bool = False) -> dict[str, object]:
+class V0Ledger(TypedDict):
+    """What write_v0_ledger stored: the charged requests and their unsalted fingerprints."""
+
+    requests: dict[str, pb.SelectRequest]  # "user_id/request_id" → the request
+    digests: list[bytes]
+
+
+def write_v0_ledger(path: Path, rowid_tables: bool = False) -> V0Ledger:
     """A ledger as the old code left it, including the float total that swallowed 200 tiny charges."""
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
@@ -114,7 +122,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(
     monkeypatch.setattr(SQLiteLedger, "_connect", insecure)
     path = tmp_path / "old.db"
     old = write_v0_ledger(path, rowid_tables)
-    digests: list[bytes] = old["digests"]  # type: ignore[assignment]
+    digests = old["digests"]
     assert all(d in _files(path) for d in digests[:3])  # the unsalted hashes are in the old file
     led = SQLiteLedger(path, budget=10.0, mechanism_of=stored_mechanism)
     key = bytes.fromhex((tmp_path / "old.db.key").read_text())
@@ -130,7 +138,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
     assert conn.execute("SELECT SUM(epsilon_units) FROM requests").fetchone() == (8 * 10**12 + 200 + 300_000_000_003,)
     stored = {(u, r): bytes(f) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests")}
-    req = old["requests"]["alice/a0"]  # type: ignore[index]
+    req = old["requests"]["alice/a0"]
     assert stored[("alice", "a0")] == hmac.digest(key, _old_fingerprint(req), "sha256")
     led.close()
     # No unsalted fingerprint is left anywhere in the ledger's files (old pages zeroed, WAL emptied).
@@ -145,7 +153,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(
 def test_a_migrated_ledger_serves_retries_of_old_requests_over_grpc(artifact: Path, tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = write_v0_ledger(path)
-    reqs: dict[str, pb.SelectRequest] = old["requests"]  # type: ignore[assignment]
+    reqs = old["requests"]
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=path, budget=10.0))
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:

@@ -189,7 +189,7 @@ def test_the_listing_shows_each_mechanisms_parameters(capsys):
     assert list(rows["combined_gem"]["params"]) == ["beta", "corr_budget_fraction"]
 
 
-def test_the_registry_is_read_only_and_registration_is_checked():
+def test_the_registry_is_read_only_and_registration_is_checked() -> None:
     with pytest.raises(TypeError):
         MECHANISMS["x"] = MECHANISMS["rnm"]  # type: ignore[index]  # the point: it is read-only
     with pytest.raises(ValueError, match="already registered"):

@@ -117,12 +117,12 @@ def test_population_spearman(tmp_path) -> None:
     # Every user has 3 unseen items; ρ per user computed by hand from clipped scores vs Δ.
     from recsvc.stats import spearman
 
-    expect = []
+    expect: list[float] = []
     for b in range(4):
         n = int(tops.count[b])
         idx = tops.index[b, :n]
         q = np.clip(tops.score[b, :n], r.lo[idx], r.hi[idx])
-        expect.append(spearman(q, r.sensitivity[idx]))
+        expect.append(float(spearman(q, r.sensitivity[idx])))  # 1-D inputs: one ρ
     assert stats["users"] == 4
     assert stats["median"] == pytest.approx(float(np.median(expect)))
     assert stats["frac_positive"] == pytest.approx(float(np.mean(np.array(expect) > 0)))
@@ -168,7 +168,7 @@ def test_sansa_fit_reports_every_stage_and_restores_the_sansa_logger(capsys, cap
             self.postfix = s
 
     bar = Bar()
-    handler = _FitProgress(bar)  # type: ignore[arg-type]
+    handler = _FitProgress(bar)
     for r in records:
         handler.emit(r)
     assert bar.n == fit_stages(params)

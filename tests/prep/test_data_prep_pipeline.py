@@ -87,6 +87,8 @@ def test_manifest_of_a_built_artifact_round_trips_to_the_same_bytes(tiny_artifac
 def test_cli_end_to_end(tiny_artifact: Path, capsys) -> None:
     art = load_artifact(tiny_artifact)
     m = art.manifest
+    assert m.split is not None and m.accuracy is not None and m.population_spearman is not None
+    assert m.versions is not None
     assert m.dataset == "synthetic" and m.seed == 42
     assert m.split.test_users == 60 and m.split.validation_users == 60
     assert m.sensitivity_population == "validation" and m.percentiles == (1.0, 99.0)
@@ -247,6 +249,7 @@ def test_ml20m_fixture_end_to_end(tmp_path: Path) -> None:
         )
     )
     m = load_artifact(out).manifest
+    assert m.split is not None and m.sansa is not None
     assert m.split.test_users == 10 and m.split.validation_users == 10
     assert m.sansa.l2 == 10.0 and m.sansa.factorizer == "cholmod"
     assert m.sansa.umr_scans == 5  # glami/sansa's ML-20M reproduction setting
@@ -257,6 +260,8 @@ def test_real_ml100k_end_to_end(ml100k: Path) -> None:
     out = ml100k
     art = load_artifact(out)
     m = art.manifest
+    assert m.split is not None and m.sansa is not None and m.accuracy is not None
+    assert m.population_spearman is not None
     assert m.dataset == "ml-100k" and m.split.test_users == 100 and m.split.validation_users == 100
     assert m.split.items > 1000 and m.split.train_users > 700
     assert m.sansa.selected_on == "validation ndcg@100" and len(m.sansa.grid) == 6
@@ -306,6 +311,7 @@ def test_amazon_book_fixture_end_to_end(tmp_path: Path, capsys) -> None:
     )
     art = load_artifact(out)
     m = art.manifest
+    assert m.split is not None and m.sansa is not None and m.accuracy is not None
     assert m.sensitivity_population == "sample" and m.sensitivity_population_users == 25
     assert m.sansa.umr_scans == 3  # glami/sansa's Amazon-book reproduction setting
     assert m.split.test_users == len(test) and m.split.train_users == 40

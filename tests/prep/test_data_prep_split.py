@@ -47,6 +47,7 @@ def test_strong_split_rules() -> None:
     df = _implicit()
     s = strong_split(df, test_users=10, val_users=8, seed=42, source="t")
     test, val = s.test, s.validation
+    assert val is not None  # a strong split has a validation group
     assert len(test.user_ids) == 10 and len(val.user_ids) == 8 and s.train.shape[0] == 42
     all_users = set(df["user"].to_list())
     groups = [set(test.user_ids), set(val.user_ids), set(s.train_user_ids)]
@@ -54,6 +55,7 @@ def test_strong_split_rules() -> None:
     assert list(test.user_ids) == sorted(test.user_ids)
     truth = {u: set(g["item"].to_list()) for (u,), g in df.group_by("user")}
     for group in (test, val):
+        assert group.targets is not None
         n_in = np.diff(group.inputs.indptr)
         n_tg = np.diff(group.targets.indptr)
         for r, u in enumerate(group.user_ids):
@@ -75,6 +77,8 @@ def test_strong_split_is_deterministic_and_order_free() -> None:
     b = strong_split(df.sample(fraction=1.0, shuffle=True, seed=3), 10, 8, 42, "t")
     c = strong_split(df, 10, 8, 7, "t")
     assert list(a.test.user_ids) == list(b.test.user_ids)
+    assert a.test.targets is not None and b.test.targets is not None
+    assert a.validation is not None and b.validation is not None
     assert (a.test.targets != b.test.targets).nnz == 0 and (a.validation.inputs != b.validation.inputs).nnz == 0
     assert list(a.test.user_ids) != list(c.test.user_ids)
 

@@ -37,6 +37,7 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     m = art.manifest
     assert {POLICY, POPULATION} <= set(m.files)
     info = m.policy
+    assert info is not None and m.timings_s is not None
     assert info.epsilons == POLICY_EPSILONS and info.ks == SLATE_SIZES and info.mechanisms == policy_mechanisms()
     # rs/rs_improved with the γ the paper used on synthetic data (the manifest's default_gamma)
     assert (info.users, info.trials, info.seed, dict(info.params), info.utility) == (
@@ -52,6 +53,7 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     assert len(pop.user_ids) == 60 and not set(pop.user_ids) & set(art.user_ids)
     assert (pop.count == pop.count.max()).sum() > 0 and pop.count.max() <= 150
     table = art.policy
+    assert table is not None
     assert table.height == len(POLICY_EPSILONS) * len(SLATE_SIZES) * len(policy_mechanisms())
     t = PolicyTable.from_frame(table)
     assert t.resolve(1.0) in policy_mechanisms()
@@ -75,8 +77,9 @@ def test_recsvc_policy_rebuilds_the_same_bytes_atomically(tiny: Path, tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no staging directory left behind
     # Other settings give another table, recorded in the manifest; the other files are untouched.
     assert main(["policy", "--artifacts", str(copy), "--trials", "7", "--users", "20", "--workers", "1"]) == 0
-    art = load_artifact(copy)
-    assert (art.manifest.policy.trials, art.manifest.policy.users) == (7, 20)
+    info = load_artifact(copy).manifest.policy
+    assert info is not None
+    assert (info.trials, info.users) == (7, 20)
     assert (copy / POLICY).read_bytes() != before[POLICY]
     assert all((copy / f).read_bytes() == before[f] for f in ("candidates.parquet", "model/W1.npz", POPULATION))
 

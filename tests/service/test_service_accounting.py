@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -16,6 +17,7 @@ from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates
+from recsvc.v1 import selection_pb2 as pb
 
 SERVER_OPTIONS = {"budget": 10.0}  # each test's own server (conftest.py: fresh_server)
 
@@ -43,14 +45,14 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(
     draws: list[int] = []
     real = selection_module.select_slate
 
-    def slow_select(*a, **k):  # type: ignore[no-untyped-def]
+    def slow_select(*a: Any, **k: Any) -> Any:
         draws.append(1)
         time.sleep(0.2)  # every duplicate arrives while the first one is still drawing
         return real(*a, **k)
 
     monkeypatch.setattr(selection_module, "select_slate", slow_select)
     cands = candidates()
-    out: list[object] = []
+    out: list[pb.SelectResponse] = []
 
     def one() -> None:
         with Client(f"127.0.0.1:{fresh_server.port}", retries=0) as c:  # each its own connection
@@ -77,7 +79,7 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
     locked: list[bool] = []
     real = selection_module.select_slate
 
-    def select(name, *a, **k):  # type: ignore[no-untyped-def]
+    def select(name: str, *a: Any, **k: Any) -> Any:
         if name == "rs":
             locked.append(fresh_server.ledger._write_lock.locked())
             in_draw.set()
@@ -110,7 +112,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
     seen: list[tuple[str, str, int]] = []
     real = selection_module.select_slate
 
-    def select(name, *a, **k):  # type: ignore[no-untyped-def]
+    def select(name: str, *a: Any, **k: Any) -> Any:
         seen.append(
             (
                 name,

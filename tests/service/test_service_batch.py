@@ -4,7 +4,9 @@ batch, per-item outcomes and exact charges (through a real gRPC channel)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from scipy import stats
 from recsvc.mechanisms import MechanismInputError, probabilities, select, select_rows
 from recsvc.service import batch as batch_module
 from recsvc.service.client import Client
-from recsvc.service.selection import draw
+from recsvc.service.selection import Prepared, draw
 from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates, client_of, served
 from recsvc.v1 import selection_pb2 as pb
@@ -25,6 +27,15 @@ SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
 
 def _gen(key: int = 7) -> np.random.Generator:
     return np.random.Generator(ChaCha(key=key, rounds=20))
+
+
+def _slates(draws: Sequence[np.ndarray | Exception]) -> list[list[int]]:
+    """Each item's drawn slate as a list; every draw must have succeeded."""
+    out = []
+    for x in draws:
+        assert isinstance(x, np.ndarray), x
+        out.append(x.tolist())
+    return out
 
 
 @pytest.mark.parametrize("name", ["rnm", "rnm_laplace", "pf", "em", "gem"])
@@ -64,8 +75,9 @@ def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server:
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(3))
     g = _gen(3)
     single = [draw(p, g, False) for p in prepared]  # the vectorised group first, then the slate: same order
-    assert [b.tolist() for b in batch] == [s.tolist() for s in single]
-    assert len(batch[-1]) == 3
+    slates = _slates(batch)
+    assert slates == [s.tolist() for s in single]
+    assert len(slates[-1]) == 3
 
 
 def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_copy(
@@ -100,7 +112,7 @@ def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_c
     assert got.base is None and got.tolist() == [0.0, 2.0, 2.0, 4.0]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
     g = _gen(5)
-    assert [b.tolist() for b in batch] == [draw(p, g, False).tolist() for p in prepared]
+    assert _slates(batch) == [draw(p, g, False).tolist() for p in prepared]
 
 
 def test_batch_answers_have_the_single_select_distribution(client: Client, server: ServerHandle) -> None:
@@ -133,10 +145,17 @@ def test_mixed_batch_outcomes_charges_and_retry(
 ) -> None:
     draws: list[str] = []
     real_rows, real_draw = batch_module.select_rows, batch_module.draw
-    monkeypatch.setattr(
-        batch_module, "select_rows", lambda name, *a, **k: draws.extend([name] * len(a[2])) or real_rows(name, *a, **k)
-    )
-    monkeypatch.setattr(batch_module, "draw", lambda p, *a: draws.append(p.mechanism) or real_draw(p, *a))
+
+    def counting_rows(name: str, *a: Any, **k: Any) -> np.ndarray:
+        draws.extend([name] * len(a[2]))  # a[2]: the row lengths, one per item
+        return real_rows(name, *a, **k)
+
+    def counting_draw(p: Prepared, *a: Any) -> np.ndarray:
+        draws.append(p.mechanism)
+        return real_draw(p, *a)
+
+    monkeypatch.setattr(batch_module, "select_rows", counting_rows)
+    monkeypatch.setattr(batch_module, "draw", counting_draw)
     cands = candidates(10)
     earlier = client.select("mix-a", cands, mechanism="rnm", epsilon=0.5, request_id="old")
     sel = client.select_request

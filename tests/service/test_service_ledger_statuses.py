@@ -18,14 +18,16 @@ REFUSALS = [
 
 
 @pytest.mark.parametrize(("exc", "status"), REFUSALS, ids=lambda v: type(v).__name__ if isinstance(v, Exception) else v)
-def test_each_refusal_declares_the_status_the_service_answers_with(exc: Exception, status: str) -> None:
+def test_each_refusal_declares_the_status_the_service_answers_with(
+    exc: LedgerError | InvalidCharge, status: str
+) -> None:
     assert type(exc).status == status
     assert status in grpc.StatusCode.__members__
     assert status_of(exc) == (grpc.StatusCode[status], str(exc))
 
 
 def test_every_ledger_error_declares_a_status() -> None:
-    classes = [LedgerError, *LedgerError.__subclasses__(), InvalidCharge]
+    classes: list[type[LedgerError] | type[InvalidCharge]] = [LedgerError, *LedgerError.__subclasses__(), InvalidCharge]
     assert {c.__name__ for c in classes} >= {
         "LedgerError",
         "BudgetExceeded",

@@ -197,10 +197,12 @@ def _select(target: str, user: str, rid: str, epsilon: float) -> str:
 def _spent(url: str, user: str) -> tuple[int, int, int]:
     """(stored requests, their summed units, the budget row's units) straight from the database."""
     with psycopg.connect(url) as conn:
-        n, units = conn.execute(
+        total = conn.execute(
             "SELECT count(*), coalesce(sum(epsilon_units), 0) FROM recsvc_requests WHERE user_id=%s", (user,)
         ).fetchone()
         row = conn.execute("SELECT spent_units FROM recsvc_budgets WHERE user_id=%s", (user,)).fetchone()
+    assert total is not None  # an aggregate always returns its row
+    n, units = total
     return int(n), int(units), 0 if row is None else int(row[0])
 
 

@@ -12,6 +12,7 @@ import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypedDict
 
 import grpc
 import psutil
@@ -20,6 +21,15 @@ import pytest
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
 from recsvc.service.testing import REPO, candidates, free_port, server_process
+from recsvc.v1 import selection_pb2 as pb
+
+
+class _BatchOutcome(TypedDict, total=False):
+    """What the in-flight SelectBatch call left: its results or its status, and when it ended."""
+
+    results: list[pb.SelectResult]
+    error: grpc.StatusCode
+    done: float
 
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path: Path) -> None:
@@ -30,7 +40,7 @@ def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path:
         reqs = [
             c.select_request(f"u{i % 7}", candidates(30, seed=i), mechanism="mgem", epsilon=0.5) for i in range(1000)
         ]
-        outcome: dict[str, object] = {}
+        outcome: _BatchOutcome = {}
 
         def run_batch() -> None:
             try:
@@ -77,8 +87,8 @@ def _hammer(target: str, user: str, stop: threading.Event, sent: list[float], go
 def test_kill_9_never_undercounts(artifact: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "l.db"
     users = [f"crash-{k}" for k in range(4)]
-    sent = {u: [] for u in users}
-    got = {u: [] for u in users}
+    sent: dict[str, list[float]] = {u: [] for u in users}
+    got: dict[str, list[float]] = {u: [] for u in users}
     port = free_port()
     with server_process(artifact, ledger, "--budget", "1000", port=port) as srv:
         stop = threading.Event()

@@ -9,8 +9,9 @@ exact distribution of the full-catalog computation.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -142,9 +143,12 @@ def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
     # m = 0 means the floor (here 2), and every stage parameter reaches select_two_stage.
     seen: list[tuple] = []
     real = selection_module.select_two_stage
-    monkeypatch.setattr(
-        selection_module, "select_two_stage", lambda *a, **kw: seen.append(a[4:7] + a[8:9]) or real(*a, **kw)
-    )
+
+    def spied(*a: Any, **kw: Any) -> Any:
+        seen.append(a[4:7] + a[8:9])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(selection_module, "select_two_stage", spied)
     r = c.recommend("two-user", history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
     assert seen == [(2, 0.25, 1, "rnm")] and len(r.item_ids) == 1  # (m, fraction, k, candidate mechanism)
 
@@ -153,11 +157,18 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
     client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     draws: list[str] = []
+
+    def counted(real: Callable[..., Any]) -> Callable[..., Any]:
+        def draw(*a: Any, **kw: Any) -> Any:
+            draws.append(a[0])
+            return real(*a, **kw)
+
+        return draw
+
     for fn in ("select_slate", "select_two_stage"):
-        real = getattr(selection_module, fn)
-        monkeypatch.setattr(selection_module, fn, lambda *a, _r=real, **kw: draws.append(a[0]) or _r(*a, **kw))
-    rec = {"mechanism": "rnm", "epsilon": 1.0}
-    cases = [
+        monkeypatch.setattr(selection_module, fn, counted(getattr(selection_module, fn)))
+    rec: dict[str, Any] = {"mechanism": "rnm", "epsilon": 1.0}
+    cases: list[tuple[dict[str, Any], str]] = [
         (dict(candidate_fraction=0.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),
         (dict(candidate_fraction=1.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),
         (dict(candidate_fraction=float("nan"), num_candidates=10), "candidate_fraction must be in the open interval"),

@@ -123,9 +123,16 @@ def test_oversized_requests_are_refused_before_parsing(
     method, build, message = OVERSIZED[case]
     payload = build()
     parsed: list[str] = []
+
+    def counted(real: Callable[[bytes], object]) -> Callable[[bytes], object]:
+        def from_string(data: bytes) -> object:
+            parsed.append("parsed")
+            return real(data)
+
+        return from_string
+
     for message_type in (pb.SelectRequest, pb.RecommendRequest, pb.SelectBatchRequest):
-        real = message_type.FromString
-        monkeypatch.setattr(message_type, "FromString", lambda data, real=real: parsed.append("parsed") or real(data))
+        monkeypatch.setattr(message_type, "FromString", counted(message_type.FromString))
     before = server.ledger.totals()
     code, details = _raw(channel, method, payload)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and message in details, (code, details)
@@ -139,7 +146,7 @@ def test_the_pre_scan_refuses_without_parsing() -> None:
     """The parser is never called for an oversized request; at the limit it is, once."""
     calls: list[int] = []
 
-    def spy(message_type: type) -> type:
+    def spy(message_type: type[pb.SelectRequest] | type[pb.SelectBatchRequest]) -> type:
         class Spy:
             @staticmethod
             def FromString(data: bytes) -> object:

@@ -23,6 +23,7 @@ import pytest
 from recsvc.ledger.units import charge_units
 from recsvc.service.client import Client
 from recsvc.service.testing import REPO, ServerProcess, candidates, server_process
+from recsvc.v1 import selection_pb2 as pb
 
 CANDS = candidates(10)
 
@@ -80,7 +81,7 @@ def fleet(pg_cluster, artifact: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield Fleet(url, replicas, key)
 
 
-def _select(target: str, user: str, rid: str, epsilon: float) -> tuple[str, object]:
+def _select(target: str, user: str, rid: str, epsilon: float) -> tuple[str, pb.SelectResponse | None]:
     """(status name, response or None) of one Select, without client retries."""
     with Client(target, retries=0, timeout=30) as c:
         try:
@@ -107,20 +108,22 @@ def _ledger_rows(url: str, user: str) -> tuple[dict[str, bytes], int, int]:
             r: bytes(b)
             for r, b in conn.execute("SELECT request_id, response FROM recsvc_requests WHERE user_id=%s", (user,))
         }
-        units = conn.execute(
+        total = conn.execute(
             "SELECT coalesce(sum(epsilon_units), 0) FROM recsvc_requests WHERE user_id=%s", (user,)
-        ).fetchone()[0]
+        ).fetchone()
         row = conn.execute("SELECT spent_units, requests FROM recsvc_budgets WHERE user_id=%s", (user,)).fetchone()
+    assert total is not None  # an aggregate always returns its row
+    units = total[0]
     spent, n = (0, 0) if row is None else (int(row[0]), int(row[1]))
     assert (spent, n) == (int(units), len(stored))  # consistent: the budget row is the sum of the charges
     return stored, spent, n
 
 
-def _assert_received_are_charged(url: str, user: str, received: dict[str, object]) -> None:
+def _assert_received_are_charged(url: str, user: str, received: dict[str, pb.SelectResponse]) -> None:
     stored, _, _ = _ledger_rows(url, user)
     for rid, resp in received.items():
         assert rid in stored, rid
-        assert resp.SerializeToString() == stored[rid]  # the very answer the client got  # type: ignore[attr-defined]
+        assert resp.SerializeToString() == stored[rid]  # the very answer the client got
 
 
 def test_200_requests_over_3_replicas_against_a_budget_for_50(fleet: Fleet) -> None:
@@ -139,7 +142,7 @@ def test_200_requests_over_3_replicas_against_a_budget_for_50(fleet: Fleet) -> N
 
 def test_kill_9_of_a_replica_mid_burst(fleet: Fleet) -> None:
     victim, survivor = fleet.replicas[2], fleet.replicas[0]
-    received: dict[str, object] = {}
+    received: dict[str, pb.SelectResponse] = {}
     lock = threading.Lock()
     done = threading.Event()
 
@@ -147,6 +150,7 @@ def test_kill_9_of_a_replica_mid_burst(fleet: Fleet) -> None:
         target = victim.target if i % 2 else survivor.target
         code, resp = _select(target, "kill", f"k{i}", 0.01)
         if code == "OK":
+            assert resp is not None
             with lock:
                 received[f"k{i}"] = resp
                 if len(received) >= 30:
@@ -168,7 +172,7 @@ def test_kill_9_of_a_replica_mid_burst(fleet: Fleet) -> None:
 
 def test_database_crash_and_restart_mid_burst(fleet: Fleet, pg_cluster) -> None:
     targets = [r.target for r in fleet.replicas[:2]]
-    received: dict[str, object] = {}
+    received: dict[str, pb.SelectResponse] = {}
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -179,6 +183,7 @@ def test_database_crash_and_restart_mid_burst(fleet: Fleet, pg_cluster) -> None:
             code, resp = _select(targets[worker % 2], "crash", rid, 0.001)
             codes.append(code)
             if code == "OK":
+                assert resp is not None
                 with lock:
                     received[rid] = resp
             i += 1

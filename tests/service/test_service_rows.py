@@ -3,7 +3,9 @@ item ids, through a real gRPC channel; a request for another catalog is refused 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -27,6 +29,15 @@ SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
 @pytest.fixture(scope="module")
 def rows(client: Client, artifact: Path) -> ItemRows:
     return client.item_rows(pl.read_parquet(artifact / "items.parquet")["item_id"].to_list())
+
+
+def _slates(draws: Sequence[np.ndarray | Exception]) -> list[list[int]]:
+    """Each item's drawn slate as a list; every draw must have succeeded."""
+    out = []
+    for x in draws:
+        assert isinstance(x, np.ndarray), x
+        out.append(x.tolist())
+    return out
 
 
 def _outcome(r) -> str:
@@ -65,9 +76,9 @@ def test_rows_and_ids_prepare_the_same_request_and_draw_the_same_answers(
         assert (p.mechanism, p.epsilon, p.k) == (q.mechanism, q.epsilon, q.k)
         assert p.fingerprint != q.fingerprint  # the digest covers the encoding: rows + catalog version
     gen = lambda: np.random.Generator(ChaCha(key=11, rounds=20))  # noqa: E731
-    assert [x.tolist() for x in batch_module.draw_many(servicer.selector, a, gen())] == [
-        x.tolist() for x in batch_module.draw_many(servicer.selector, b, gen())
-    ]
+    assert _slates(batch_module.draw_many(servicer.selector, a, gen())) == _slates(
+        batch_module.draw_many(servicer.selector, b, gen())
+    )
 
 
 def test_rows_answers_have_the_exact_single_select_distribution(
@@ -93,7 +104,8 @@ def test_rows_answers_have_the_exact_single_select_distribution(
 
 def test_rows_get_the_same_refusals_as_ids(client: Client, rows: ItemRows) -> None:
     cands = candidates(6)
-    bad = [  # (candidates, request fields): each refused by the same check in both encodings
+    # (candidates, request fields): each refused by the same check in both encodings
+    bad: list[tuple[list[tuple[str, float]], dict[str, Any]]] = [
         ([("it1", float("nan")), ("it2", 0.5)], {}),
         (cands, {"epsilon": -1.0}),
         (cands, {"k": 7}),
@@ -147,14 +159,14 @@ def test_wrong_catalog_and_malformed_rows_are_refused_and_spend_nothing(client: 
         with pytest.raises(grpc.RpcError) as err:
             client.stub.Select(req)
         assert err.value.code().name == code and all(w in err.value.details() for w in words)
-    for req, words in (
+    for req, message in (
         (out_of_range, "item_rows[1] = 1000000 is out of range"),
         (both, "both item_rows and item_ids are set"),
         (short_scores, "item_rows has 4 entries but scores has 3"),
     ):
         with pytest.raises(grpc.RpcError) as err:
             client.stub.Select(req)
-        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and words in err.value.details()
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and message in err.value.details()
     res = client.select_batch([other, good, missing])
     assert [r.WhichOneof("outcome") for r in res] == ["error", "response", "error"]
     assert res[0].error.code_name == "FAILED_PRECONDITION"

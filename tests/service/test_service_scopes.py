@@ -8,6 +8,7 @@ import logging
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -92,7 +93,9 @@ def test_a_user_token_cannot_read_spend_or_invent_other_users(
 
 def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Path, token_file: Path) -> None:
     tls = dict(tls_cert=certs["server.pem"], tls_key=certs["server.key"], client_ca=certs["ca.pem"])
-    client_tls = dict(tls_ca=certs["ca.pem"], tls_cert=certs["client.pem"], tls_key=certs["client.key"], retries=0)
+    client_tls: dict[str, Any] = dict(
+        tls_ca=certs["ca.pem"], tls_cert=certs["client.pem"], tls_key=certs["client.key"], retries=0
+    )
     scopes = tmp_path / "scopes"
     cases = {  # scopes file → (may act for carol, may act for dave, may call ListMechanisms)
         "subject:CN=recsvc-test-client user:carol\nsan:localhost admin\n": (True, False, True),  # first match wins

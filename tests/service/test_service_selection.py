@@ -44,14 +44,15 @@ def test_selection_needs_no_grpc_and_clips_before_selecting(selector: Selector) 
 
 def test_refusals_happen_before_the_fingerprint_and_the_ledger(selector: Selector) -> None:
     called: list[bool] = []
+
+    def fingerprint() -> bytes:
+        called.append(True)
+        return b""
+
     with pytest.raises(InvalidRequest, match="26 candidates is too many; this server accepts at most 25"):
-        selector.prepare_select(
-            "u1", "r", "rnm", 1.0, {}, [str(i) for i in range(26)], np.zeros(26), lambda: called.append(True) or b""
-        )
+        selector.prepare_select("u1", "r", "rnm", 1.0, {}, [str(i) for i in range(26)], np.zeros(26), fingerprint)
     with pytest.raises(ValueError, match="beta must be in the open interval"):
-        selector.prepare_select(
-            "u1", "r", "gem", 1.0, {"beta": 2.0}, ["a"], np.zeros(1), lambda: called.append(True) or b""
-        )
+        selector.prepare_select("u1", "r", "gem", 1.0, {"beta": 2.0}, ["a"], np.zeros(1), fingerprint)
     assert called == []
 
 
@@ -60,8 +61,17 @@ def test_execute_charges_once_and_a_retry_replays_the_stored_answer(selector: Se
     try:
         encoded: list[Selected] = []
         p = _prepare(selector, candidates(20), mechanism="rnm")
-        first = selector.execute(ledger, p, lambda s: encoded.append(s) or s.item_id.encode())
-        again = selector.execute(ledger, p, lambda s: encoded.append(s) or b"never")
+
+        def encode(s: Selected) -> bytes:
+            encoded.append(s)
+            return s.item_id.encode()
+
+        def never(s: Selected) -> bytes:
+            encoded.append(s)
+            return b"never"
+
+        first = selector.execute(ledger, p, encode)
+        again = selector.execute(ledger, p, never)
         assert (first.replayed, again.replayed) == (False, True)
         assert again.response == first.response == encoded[0].item_id.encode()
         assert len(encoded) == 1  # the retry drew no sample

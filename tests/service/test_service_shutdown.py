@@ -98,17 +98,19 @@ def test_a_burst_of_real_sigterms_never_hangs_the_wait_loop() -> None:
     import random
 
     proc = subprocess.Popen([sys.executable, "-c", SIGNALLED], cwd=REPO, stdout=subprocess.PIPE)
+    out = proc.stdout
+    assert out is not None  # stdout=PIPE
     try:
-        readable, _, _ = select.select([proc.stdout], [], [], 60.0)
-        assert readable and proc.stdout.read(1) == b"r", "the child did not start"  # type: ignore[union-attr]
+        readable, _, _ = select.select([out], [], [], 60.0)
+        assert readable and out.read(1) == b"r", "the child did not start"
         rng = random.Random(0)
         noticed = 0
         end = time.monotonic() + 2.5
         while time.monotonic() < end:
             proc.send_signal(signal.SIGTERM)
-            readable, _, _ = select.select([proc.stdout], [], [], 2.0)
+            readable, _, _ = select.select([out], [], [], 2.0)
             assert readable, f"the child's wait loop hung on stop signal {noticed + 1}"
-            got = proc.stdout.read(1)  # type: ignore[union-attr]
+            got = out.read(1)
             assert got == b".", f"the child died after {noticed} stops ({proc.poll()})"
             noticed += 1
             time.sleep(rng.uniform(0, 0.001))
@@ -116,7 +118,7 @@ def test_a_burst_of_real_sigterms_never_hangs_the_wait_loop() -> None:
     finally:
         proc.kill()
         proc.wait(10)
-        proc.stdout.close()  # type: ignore[union-attr]
+        out.close()
 
 
 def test_a_disarmed_watchdog_gives_the_wakeup_fd_back() -> None:
@@ -173,9 +175,11 @@ def _serve_stuck(artifact: Path, tmp_path: Path, mode: str) -> tuple[int, str, l
             stderr=err,
             text=True,
         )
+    out = proc.stdout
+    assert out is not None  # stdout=PIPE
     workers: list[psutil.Process] = []
     try:
-        line = proc.stdout.readline()  # type: ignore[union-attr]
+        line = out.readline()
         assert "listening on" in line, log_path.read_text()
         workers = psutil.Process(proc.pid).children()
         assert len(workers) == 2
@@ -188,7 +192,7 @@ def _serve_stuck(artifact: Path, tmp_path: Path, mode: str) -> tuple[int, str, l
             with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
                 p.kill()
         proc.wait(10)
-        proc.stdout.close()  # type: ignore[union-attr]
+        out.close()
 
 
 def test_a_worker_whose_drain_hangs_still_exits(artifact: Path, tmp_path: Path) -> None:
