@@ -7,8 +7,6 @@ from __future__ import annotations
 import hmac
 import json
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from recsvc.ledger.window import BudgetWindow
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
-from recsvc.service.testing import REPO, candidates
+from recsvc.service.testing import candidates, run_recsvc
 from recsvc.v1 import selection_pb2 as pb
 
 # Verbatim the version-1 SQLite schema (the file format without renewable budgets).
@@ -47,12 +45,6 @@ PRAGMA user_version = 1;
 KEY = bytes(range(32))
 
 
-def _recsvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
-
-
 @pytest.mark.parametrize(("text", "days"), [("lifetime", 0), ("1d", 1), ("7d", 7), ("30d", 30), ("36500d", 36500)])
 def test_window_values(text: str, days: int) -> None:
     w = BudgetWindow.parse(text)
@@ -72,20 +64,22 @@ def test_a_bad_window_is_a_clear_error(bad: str) -> None:
 
 def test_the_flag_is_checked_before_anything_is_created(tmp_path: Path) -> None:
     led = tmp_path / "l.db"
-    out = _recsvc("ledger", "init", "--ledger", str(led), "--budget-window", "12h")
+    out = run_recsvc("ledger", "init", "--ledger", str(led), "--budget-window", "12h")
     assert out.returncode == 2 and "--budget-window '12h' is not a budget window" in out.stderr, out.stderr
-    out = _recsvc("serve", "--artifacts", str(tmp_path), "--ledger", str(led), "--port", "0", "--budget-window", "0d")
+    out = run_recsvc(
+        "serve", "--artifacts", str(tmp_path), "--ledger", str(led), "--port", "0", "--budget-window", "0d"
+    )
     assert out.returncode == 2 and "--budget-window '0d' is not a budget window" in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # no ledger, no key
-    ok = _recsvc("ledger", "init", "--ledger", str(led), "--budget", "2", "--budget-window", "7d")
+    ok = run_recsvc("ledger", "init", "--ledger", str(led), "--budget", "2", "--budget-window", "7d")
     assert ok.returncode == 0 and "budget ε=2 per user per 7d window (UTC)" in ok.stdout, ok.stderr
-    clash = _recsvc("ledger", "init", "--ledger", str(led), "--budget", "2")
+    clash = run_recsvc("ledger", "init", "--ledger", str(led), "--budget", "2")
     assert (
         clash.returncode == 2
         and (f"--budget-window lifetime differs from the budget window 7d that the ledger {led} was created with")
         in clash.stderr
     ), clash.stderr
-    help_text = _recsvc("serve", "--help").stdout
+    help_text = run_recsvc("serve", "--help").stdout
     assert "NOT over all time" in " ".join(help_text.split()) and "T·ε" in help_text
 
 
@@ -208,7 +202,7 @@ def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path)
             starts = {int(t // (7 * DAY)) * 7 * DAY for t in (before, after)}
             assert b.window_start_unix in starts and b.window_end_unix == b.window_start_unix + 7 * DAY
             assert (b.spent, b.remaining, b.requests) == (0.5, 1.5, 1)
-        out = _recsvc("budget", "--target", f"127.0.0.1:{h.port}", "--user", "w")
+        out = run_recsvc("budget", "--target", f"127.0.0.1:{h.port}", "--user", "w")
         shown = json.loads(out.stdout)
         assert shown["window_start_unix"] == b.window_start_unix and shown["window_end_unix"] == b.window_end_unix
         assert shown["window_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.window_start_unix))
@@ -219,7 +213,7 @@ def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path)
         h.stop(1)
     life = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "life.db"))
     try:
-        shown = json.loads(_recsvc("budget", "--target", f"127.0.0.1:{life.port}", "--user", "w").stdout)
+        shown = json.loads(run_recsvc("budget", "--target", f"127.0.0.1:{life.port}", "--user", "w").stdout)
         assert (shown["window_start"], shown["window_end"], shown["window_start_unix"]) == (None, None, 0)
     finally:
         life.stop(1)

@@ -19,7 +19,7 @@ from recsvc.ledger import fingerprint as fingerprint_key
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from recsvc.service.testing import candidates, free_port, server_process
+from recsvc.service.testing import candidates, free_port, rpc_error, server_process
 from recsvc.v1 import selection_pb2 as pb
 
 
@@ -42,12 +42,6 @@ def _digest(req: pb.SelectRequest) -> bytes:
 def _select(target: str, req: pb.SelectRequest) -> pb.SelectResponse:
     with Client(target, retries=0) as c:
         return c.stub.Select(req, timeout=10)
-
-
-def _code(target: str, req: pb.SelectRequest) -> tuple[grpc.StatusCode, str]:
-    with pytest.raises(grpc.RpcError) as info:
-        _select(target, req)
-    return info.value.code(), info.value.details()
 
 
 def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_path: Path) -> None:
@@ -115,7 +109,7 @@ def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: P
     try:
         # Documented behaviour: under a different key an old request_id is a conflict (never a
         # fresh sample, never a second charge); new request_ids work as usual.
-        code, message = _code(f"127.0.0.1:{h.port}", req)
+        code, message = rpc_error(_select, f"127.0.0.1:{h.port}", req)
         assert code is grpc.StatusCode.ALREADY_EXISTS and "already used" in message
         assert not _select(f"127.0.0.1:{h.port}", _request("u", "r2")).replayed
         assert (h.ledger.user("u").requests, h.ledger.user("u").spent_units) == (2, 10**12)

@@ -3,8 +3,6 @@ without --force, nothing written on a failure."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,15 +21,9 @@ from recsvc.ledger.testing import Clock, Stores, resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from recsvc.service.testing import REPO, candidates, free_port, item_ids
+from recsvc.service.testing import candidates, free_port, item_ids, run_recsvc
 
 T0 = 1_700_000_000.123456  # 2023-11-14T22:13:20.123456Z
-
-
-def _recsvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
 
 
 def _charge_some(stores: Stores) -> list[tuple[str, str, str, float, datetime]]:
@@ -87,7 +79,7 @@ def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Pa
     finally:
         h.stop(1)
     out = tmp_path / "c.parquet"
-    proc = _recsvc("ledger", "export", "--ledger", str(tmp_path / "l.db"), "--out", str(out))
+    proc = run_recsvc("ledger", "export", "--ledger", str(tmp_path / "l.db"), "--out", str(out))
     assert proc.returncode == 0 and f"wrote 4 charge(s) of {tmp_path / 'l.db'} to {out}" in proc.stdout, proc.stderr
     rows = pq.read_table(out).to_pylist()
     assert [(r["request_id"], r["mechanism"], r["epsilon"]) for r in rows] == [
@@ -104,19 +96,21 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     led = s.open(budget=1.0)
     led.charge("u", "r1", b"d", 0.5, resp("a"), mechanism="rnm")
     out = tmp_path / "c.parquet"
-    assert _recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out)).returncode == 0
+    assert run_recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out)).returncode == 0
     before = out.read_bytes()
     led.charge("u", "r2", b"e", 0.25, resp("b"), mechanism="pf")
-    again = _recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out))
+    again = run_recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out))
     assert again.returncode == 2 and again.stderr.strip() == (
         f"recsvc ledger: error: --out {out} already exists; nothing was written (pass --force to replace it)"
     )
     assert out.read_bytes() == before and pq.read_table(out).num_rows == 1
-    forced = _recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out), "--force")
+    forced = run_recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out), "--force")
     assert forced.returncode == 0, forced.stderr
     assert pq.read_table(out).column("epsilon").to_pylist() == [0.5, 0.25]
     s.close_all()
-    missing = _recsvc("ledger", "export", "--ledger", str(tmp_path / "nope.db"), "--out", str(tmp_path / "n.parquet"))
+    missing = run_recsvc(
+        "ledger", "export", "--ledger", str(tmp_path / "nope.db"), "--out", str(tmp_path / "n.parquet")
+    )
     assert missing.returncode == 2 and f"--ledger {tmp_path / 'nope.db'} does not exist" in missing.stderr
     assert not (tmp_path / "nope.db").exists() and not (tmp_path / "n.parquet").exists()
     (tmp_path / "empty.db").write_bytes(b"")
@@ -127,7 +121,7 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     with pytest.raises(ParamError, match="is a directory"):
         export(s.target, tmp_path)
     port = free_port()
-    down = _recsvc(
+    down = run_recsvc(
         "ledger",
         "export",
         "--ledger",
@@ -141,7 +135,7 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
 
 def test_a_postgresql_database_without_a_ledger_is_a_clear_error(pg_cluster, tmp_path: Path) -> None:
     url = pg_cluster.new_database()
-    proc = _recsvc("ledger", "export", "--ledger", url, "--out", str(tmp_path / "c.parquet"))
+    proc = run_recsvc("ledger", "export", "--ledger", url, "--out", str(tmp_path / "c.parquet"))
     assert proc.returncode == 2 and "holds no recsvc ledger yet" in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []
 

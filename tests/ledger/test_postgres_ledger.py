@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -17,7 +15,7 @@ from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
 from recsvc.ledger.testing import Stores
 from recsvc.ledger.units import charge_units
-from recsvc.service.testing import REPO, free_port
+from recsvc.service.testing import free_port, run_recsvc
 from recsvc.v1 import selection_pb2 as pb
 
 
@@ -31,12 +29,6 @@ def _lock_waiters(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
     assert row is not None
     return row[0]
-
-
-def _recsvc(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recsvc.app.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
 
 
 def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> None:
@@ -79,7 +71,7 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
         conn.execute("UPDATE recsvc_meta SET value='3' WHERE name='schema_version'")
     with pytest.raises(ParamError, match="schema version 3, newer than this recsvc reads"):
         PostgresLedger(url, 1.0, key)
-    proc = _recsvc("ledger", "migrate", "--ledger", url)
+    proc = run_recsvc("ledger", "migrate", "--ledger", url)
     assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
 
 
@@ -94,7 +86,7 @@ def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp
     with pytest.raises(ParamError) as err:
         PostgresLedger("postgresql://alice:s3cr3tpw@127.0.0.1:notaport/db?bogus=1", 1.0, key, create=True)
     assert "s3cr3tpw" not in str(err.value)
-    proc = _recsvc(
+    proc = run_recsvc(
         "ledger", "init", "--ledger", f"postgresql://alice:s3cr3tpw@127.0.0.1:{port}/db", "--fingerprint-key", str(key)
     )
     assert proc.returncode == 2 and f"127.0.0.1:{port}" in proc.stderr and "s3cr3tpw" not in proc.stderr, proc.stderr
@@ -103,16 +95,16 @@ def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp
 def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path) -> None:
     url = pg_cluster.new_database()
     key = tmp_path / "replica.key"
-    first = _recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
+    first = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
     assert first.returncode == 0 and "is ready (budget ε=3" in first.stdout, first.stderr
     assert key.stat().st_mode & 0o777 == 0o600
-    again = _recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
+    again = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
     assert again.returncode == 0, again.stderr  # idempotent
-    clash = _recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
+    clash = run_recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
     assert clash.returncode == 2 and "every replica must use the same budget" in clash.stderr
-    mig = _recsvc("ledger", "migrate", "--ledger", url)
+    mig = run_recsvc("ledger", "migrate", "--ledger", url)
     assert mig.returncode == 0 and "schema version 2 -> 2" in mig.stdout, mig.stderr
-    nokey = _recsvc("ledger", "init", "--ledger", url, "--budget", "3")
+    nokey = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3")
     assert nokey.returncode == 2 and "needs --fingerprint-key" in nokey.stderr, nokey.stderr
 
 
@@ -141,7 +133,7 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
         conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
     with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 2; run `recsvc ledger migrate"):
         PostgresLedger(url, 1.0, key)
-    mig = _recsvc("ledger", "migrate", "--ledger", url)
+    mig = run_recsvc("ledger", "migrate", "--ledger", url)
     assert mig.returncode == 0 and "schema version 1 -> 2" in mig.stdout, mig.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         counts: dict[str, int] = dict(
@@ -157,7 +149,7 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
     led = PostgresLedger(url, 1.0, key)
     assert (led.user("u0").spent_units, led.user("u0").requests, led.user("u0").window_end) == (86 * 10**9, 86, 0)
     led.close()
-    again = _recsvc("ledger", "migrate", "--ledger", url)
+    again = run_recsvc("ledger", "migrate", "--ledger", url)
     assert again.returncode == 0 and "schema version 2 -> 2" in again.stdout, again.stderr
 
 
