@@ -15,11 +15,11 @@ import polars as pl
 def ratings_table(users: int = 30, items: int = 25, per_user: tuple[int, int] = (3, 15), seed: int = 0) -> pl.DataFrame:
     """Random explicit ratings: columns user, item (ints as str), rating (1..5), ts (int)."""
     rng = np.random.default_rng(seed)
-    rows = []
+    rows: list[tuple[str, str, float, int]] = []
     for u in range(1, users + 1):
         n = int(rng.integers(per_user[0], per_user[1] + 1))
         for i in rng.choice(np.arange(1, items + 1), size=n, replace=False):
-            rows.append((str(u), str(int(i)), float(rng.integers(1, 6)), int(rng.integers(8e8, 9e8))))
+            rows.append((str(u), str(int(i)), float(rng.integers(1, 6)), int(rng.integers(800_000_000, 900_000_000))))
     return pl.DataFrame(rows, schema=["user", "item", "rating", "ts"], orient="row")
 
 

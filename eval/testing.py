@@ -32,7 +32,7 @@ def make_artifact(
     sens = rng.uniform(0.1, 1.0, items)
     hi = lo + sens
     item_ids = [f"i{k}" for k in range(items)]
-    rows = {"user_id": [], "rank": [], "item_id": [], "score": []}
+    rows: dict[str, list[str | int | float]] = {"user_id": [], "rank": [], "item_id": [], "score": []}
     for u in range(users):
         count = n - 3 * (u >= users - short_users)
         picked = rng.choice(items, count, replace=False)
@@ -63,7 +63,7 @@ def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int =
     inputs = {f"u{u}": rng.choice(items, 2, replace=False) for u in range(users)}
     lo = np.zeros(items)
     hi = rng.uniform(1.5, 4.0, items)  # some scores above hi → clipped
-    rows = {"user_id": [], "rank": [], "item_id": [], "score": []}
+    rows: dict[str, list[str | int | float]] = {"user_id": [], "rank": [], "item_id": [], "score": []}
     for u, cols in inputs.items():
         s = model.score_one(cols)
         s[cols] = -np.inf

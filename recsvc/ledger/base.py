@@ -233,7 +233,7 @@ class Ledger(abc.ABC):
     def draw_and_charge_batch(
         self,
         items: Sequence[BatchItem],
-        draw: Callable[[list[int]], list[S]],
+        draw: Callable[[list[int]], Sequence[S | Exception]],
         build_response: Callable[[int, S, float], bytes],
     ) -> list[Charge | Exception]:
         """SelectBatch's protocol (module docstring): one outcome per item, in order, a

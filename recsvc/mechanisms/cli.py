@@ -7,7 +7,7 @@ import dataclasses
 import json
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "mechanisms",
         help="list the selection mechanisms and their privacy guarantees",

@@ -24,9 +24,11 @@ over a population at many ε), :func:`exponential_noisy_max_expectation` integra
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import cast
 
 import numba
 import numpy as np
+import numpy.typing as npt
 from scipy.special import logsumexp
 
 
@@ -37,7 +39,7 @@ def _gauss_legendre_01(m: int) -> tuple[np.ndarray, np.ndarray]:
     return (x + 1.0) / 2.0, np.log(w / 2.0)
 
 
-def exponential_noisy_max_log_probabilities(log_w: np.ndarray) -> np.ndarray:
+def exponential_noisy_max_log_probabilities(log_w: np.ndarray) -> npt.NDArray[np.float64]:
     """log P(argmax(q + Z) = a) for Z_a i.i.d. Exponential(mean λ).
 
     ``log_w`` = (q − max q) / λ (all ≤ 0; the Laplace right tail passes log_w − log 2). Exact up to
@@ -51,7 +53,7 @@ def exponential_noisy_max_log_probabilities(log_w: np.ndarray) -> np.ndarray:
     total = terms.sum(axis=0)
     # log ∫ Π_{b≠a} = logsumexp_j(log ω_j + Σ_b − term_a): the subtraction is exact in log space.
     log_integral = logsumexp(log_weights[None, :] + total[None, :] - terms, axis=1)
-    return log_w + log_integral
+    return cast("npt.NDArray[np.float64]", log_w + log_integral)  # scipy is untyped: logsumexp is Any
 
 
 # --- Laplace noise (rnm_laplace) -----------------------------------------------------------
@@ -251,11 +253,11 @@ def exponential_noisy_max_expectation(log_w: np.ndarray, values: np.ndarray) -> 
 # validate): gap > 0, sensitivities > 0, ε > 0, γ in (0, 1).
 
 
-def rnmh_two_candidates_lower(gap: object, d_low: object, d_high: object, epsilon: object) -> np.ndarray:
+def rnmh_two_candidates_lower(gap: object, d_low: object, d_high: object, epsilon: object) -> npt.NDArray[np.float64]:
     """rnmh (Z_a ~ Exponential(mean 2Δ_a/ε)) picks the lower candidate iff Z_1 − Z_2 > gap, which has
     probability Δ_1/(Δ_1 + Δ_2) · exp(−ε·gap/(2Δ_1)) (paper §V-A; closed form)."""
     g, d1, d2, eps = np.broadcast_arrays(*(np.asarray(a, dtype=np.float64) for a in (gap, d_low, d_high, epsilon)))
-    return d1 / (d1 + d2) * np.exp(-eps * g / (2.0 * d1))
+    return cast("npt.NDArray[np.float64]", d1 / (d1 + d2) * np.exp(-eps * g / (2.0 * d1)))  # numpy ufuncs: Any
 
 
 def random_stopping_two_candidates_lower(
@@ -266,7 +268,7 @@ def random_stopping_two_candidates_lower(
     gamma: object,
     kind: str = "rs",
     low_share: float = 0.5,
-) -> np.ndarray:
+) -> npt.NDArray[np.float64]:
     """rs (K ~ Geometric(γ), Laplace(3Δ_a/ε)) or rs_improved (K ~ Logarithmic(1−γ), Laplace(2Δ_a/ε)).
 
     Also for two GROUPS of tied candidates: a share w = ``low_share`` of them score 0 with Δ_low,
@@ -295,13 +297,14 @@ def random_stopping_two_candidates_lower(
     scale = np.log(1.0 / gam)
     w_low = float(low_share)
 
-    def weight(v: np.ndarray, x: np.ndarray) -> np.ndarray:  # w·W(G(v)) with F_1(v) = x
+    def weight(v: np.ndarray, x: np.ndarray | float) -> npt.NDArray[np.float64]:  # w·W(G(v)) with F_1(v) = x
         z = (v - g) / b2
         f2 = np.where(z < 0, 0.5 * np.exp(np.minimum(z, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(z, 0.0)))
         y = 1.0 - (1.0 - gam) * (w_low * x + (1.0 - w_low) * f2)
-        return w_low * (gam / (y * y) if kind == "rs" else (1.0 - gam) / (scale * y))
+        w = w_low * (gam / (y * y) if kind == "rs" else (1.0 - gam) / (scale * y))
+        return cast("npt.NDArray[np.float64]", w)  # numpy types ufunc results (np.exp above) as Any
 
-    def integrand(s: float) -> np.ndarray:
+    def integrand(s: float) -> npt.NDArray[np.float64]:
         # pieces [0, ½], [½, F_1(gap)], [F_1(gap), 1] in x, each mapped from s ∈ [0, 1]
         with np.errstate(divide="ignore"):  # s = 0 or 1 at the outer ends: v = ∓inf, F_2 = 0 or 1
             x0 = 0.5 * s  # x = ½s, v = b_1 ln(2x)
@@ -310,9 +313,9 @@ def random_stopping_two_candidates_lower(
             mid = (0.5 - tail) * weight(-b1 * np.log(2.0 * r), 1.0 - r)
             r = tail * (1.0 - s)  # 1 − x = r from `tail` down to 0
             right = tail * weight(-b1 * np.log(2.0 * r), 1.0 - r)
-        return left + mid + right
+        return cast("npt.NDArray[np.float64]", left + mid + right)  # `tail` comes from np.exp: Any
 
     val, _ = integrate.quad_vec(
         integrand, 0.0, 1.0, epsabs=1e-13 * w_low * float(gam.min()), epsrel=1e-11, norm="max", limit=100_000
     )
-    return np.asarray(val).reshape(arrays[0].shape)
+    return np.asarray(val, dtype=np.float64).reshape(arrays[0].shape)

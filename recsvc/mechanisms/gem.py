@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import cast
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms.exact import exponential_noisy_max_expectation, exponential_noisy_max_log_probabilities
 from recsvc.mechanisms.noisy_max import exponential_noisy_max
@@ -135,10 +137,11 @@ def q_prime(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
     return _q_prime_hull(s, d, cand[argsort_fast(-d[cand])])
 
 
-def q_prime_naive(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
+def q_prime_naive(q: np.ndarray, d: np.ndarray, t: float) -> npt.NDArray[np.float64]:
     """The O(n²)-memory definition of q': what the tests and scripts.bench.mechanisms hold q_prime to."""
     s = q - t * d
-    return ((s[:, None] - s[None, :]) / (d[:, None] + d[None, :])).min(axis=1)
+    q_p = ((s[:, None] - s[None, :]) / (d[:, None] + d[None, :])).min(axis=1)
+    return cast("npt.NDArray[np.float64]", q_p)  # numpy types a reduction along an axis as Any
 
 
 def gem_t(n: int, epsilon: float, beta: float) -> float:
@@ -165,10 +168,11 @@ def _checked_t(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> flo
     return t
 
 
-def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, t: float) -> np.ndarray:
+def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, t: float) -> npt.NDArray[np.float64]:
     """rnm's utilities on q' for an already checked, signed t (+t: gem, −t: mgem)."""
     qp = q_prime(q, d, t)
-    return (qp - qp.max()) * (epsilon / 2.0)  # rnm with Δmax = 1: noise mean 2/ε
+    # rnm with Δmax = 1: noise mean 2/ε (numpy types qp.max() as Any, and so the difference)
+    return cast("npt.NDArray[np.float64]", (qp - qp.max()) * (epsilon / 2.0))
 
 
 def gem_sample(

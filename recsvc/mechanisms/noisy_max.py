@@ -10,7 +10,10 @@ if they occur, the lowest candidate index wins — a fixed rule that does not lo
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms.exact import (
     exponential_noisy_max_expectation,
@@ -20,31 +23,38 @@ from recsvc.mechanisms.exact import (
 from recsvc.mechanisms.params import ParamValues
 
 
-def sample_categorical(log_p: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
+def sample_categorical(log_p: np.ndarray, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
     """``size`` draws from the distribution exp(log_p) by inverse CDF (one uniform per draw).
 
     Zero-probability candidates are never returned (their CDF step is empty).
     """
     cdf = np.cumsum(np.exp(log_p - log_p.max()))
     u = rng.random(size) * cdf[-1]
-    return np.minimum(np.searchsorted(cdf, u, side="right"), log_p.shape[0] - 1)
+    # numpy types ufunc calls as Any; searchsorted's intp indices keep their dtype through the minimum.
+    return cast("npt.NDArray[np.intp]", np.minimum(np.searchsorted(cdf, u, side="right"), log_p.shape[0] - 1))
 
 
-def exponential_noisy_max(u: np.ndarray, rng: np.random.Generator, size: int) -> np.ndarray:
+def exponential_noisy_max(u: np.ndarray, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
     """argmax(u + E) with E_a i.i.d. standard Exponential; u = (q − max q)/λ is scale-free."""
     z = rng.standard_exponential((size, u.shape[0]))
     z += u
-    return z.argmax(axis=1)
+    return _argmax_rows(z)
 
 
-def _rnm_u(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.ndarray:
-    # Normalising by the noise mean keeps every value ≤ 0 and finite for any ε.
-    return (q - q.max()) * (epsilon / (2.0 * d.max()))
+def _argmax_rows(z: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
+    """argmax of each row (the lowest index wins a tie); numpy types argmax along an axis as Any."""
+    return cast("npt.NDArray[np.intp]", z.argmax(axis=1))
+
+
+def _rnm_u(q: np.ndarray, d: np.ndarray, epsilon: float) -> npt.NDArray[np.float64]:
+    # Normalising by the noise mean keeps every value ≤ 0 and finite for any ε. q and d are validated
+    # float64 arrays; numpy types their reductions (q.max()) as Any, and so the result.
+    return cast("npt.NDArray[np.float64]", (q - q.max()) * (epsilon / (2.0 * d.max())))
 
 
 def rnm_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.intp]:
     """Report noisy max, Z_a ~ Exponential(mean 2Δmax/ε).
 
     Privacy: ε-DP (pure) for neighbouring inputs with |q_a − q'_a| ≤ Δ_a ≤ Δmax for every a
@@ -53,7 +63,7 @@ def rnm_sample(
     return exponential_noisy_max(_rnm_u(q, d, epsilon), rng, size)
 
 
-def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
+def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:
     return exponential_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
 
 
@@ -63,7 +73,7 @@ def rnm_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues
 
 def rnm_laplace_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.intp]:
     """Report noisy max, Z_a ~ Laplace(scale 2Δmax/ε).
 
     Privacy: ε-DP (pure) for arbitrary (not necessarily monotone) changes |q_a − q'_a| ≤ Δ_a ≤ Δmax
@@ -71,16 +81,18 @@ def rnm_laplace_sample(
     """
     z = rng.laplace(0.0, 1.0, (size, q.shape[0]))
     z += _rnm_u(q, d, epsilon)
-    return z.argmax(axis=1)
+    return _argmax_rows(z)
 
 
-def rnm_laplace_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
+def rnm_laplace_log_probabilities(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues
+) -> npt.NDArray[np.float64]:
     return laplace_noisy_max_log_probabilities(_rnm_u(q, d, epsilon))
 
 
 def rnmh_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.intp]:
     """Report noisy max with heterogeneous noise Z_a ~ Exponential(mean 2Δ_a/ε).
 
     Privacy: **NOT differentially private** for any ε (paper §IV-A: with Δ_1 → 0 one outcome
@@ -89,17 +101,17 @@ def rnmh_sample(
     z = rng.standard_exponential((size, q.shape[0]))
     z *= 2.0 * d / epsilon
     z += q
-    return z.argmax(axis=1)
+    return _argmax_rows(z)
 
 
-def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> np.ndarray:
+def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> npt.NDArray[np.float64]:
     x = (q - q.max()) * (epsilon / (2.0 * d.max()))  # ≤ 0: exp never overflows
-    return x - np.log(np.exp(x).sum())
+    return cast("npt.NDArray[np.float64]", x - np.log(np.exp(x).sum()))  # numpy types these float64 ops as Any
 
 
 def em_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.intp]:
     """Exponential mechanism, P(a) ∝ exp(ε q_a / (2Δmax)) (computed in log space).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (McSherry & Talwar 2007).
@@ -107,7 +119,7 @@ def em_sample(
     return sample_categorical(_em_log_probabilities(q, d, epsilon), rng, size)
 
 
-def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
+def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:
     return _em_log_probabilities(q, d, epsilon)
 
 
@@ -117,7 +129,7 @@ def em_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues,
 
 def pf_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.intp]:
     """Permute-and-flip: visit candidates in uniformly random order, return the first r whose
     coin with P(heads) = p_r = exp(ε (q_r − q*) / (2Δmax)) lands heads (the argmax always does).
 
@@ -130,4 +142,4 @@ def pf_sample(
     """
     n = q.shape[0]
     log_p = (q - q.max()) * (epsilon / (2.0 * d.max()))
-    return (rng.random((size, n)) * np.exp(-log_p)).argmin(axis=1)
+    return cast("npt.NDArray[np.intp]", (rng.random((size, n)) * np.exp(-log_p)).argmin(axis=1))  # numpy: Any

@@ -9,7 +9,10 @@ Ties between recorded noisy values have probability ~0; the earliest draw wins.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 
@@ -28,7 +31,7 @@ GAMMA = ParamSpec(
 
 def _best_of_draws(
     q: np.ndarray, d: np.ndarray, noise_factor: float, counts: np.ndarray, rng: np.random.Generator
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """For each trial t, draw counts[t] (candidate, noisy score) pairs and return the best candidate."""
     n = q.shape[0]
     total = int(counts.sum())
@@ -37,7 +40,7 @@ def _best_of_draws(
     v *= noise_factor * d[a]
     v += q[a]
     if counts.shape[0] == 1:
-        return a[v.argmax()][None]
+        return cast("npt.NDArray[np.int64]", a[v.argmax()][None])  # numpy types a scalar index as Any
     starts = np.zeros(counts.shape[0], dtype=np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
     seg_max = np.maximum.reduceat(v, starts)
@@ -47,7 +50,7 @@ def _best_of_draws(
 
 def rs_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """Liu–Talwar random stopping: after each draw stop with probability γ (K ~ Geometric(γ)).
 
     Noise Laplace(3Δ_a/ε) per draw. Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, any γ ∈ (0,1):
@@ -60,7 +63,7 @@ def rs_sample(
 
 def rs_improved_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """Papernot–Steinke random stopping with η = 0: K ~ Logarithmic, P(K=k) = (1−γ)^k/(k ln(1/γ)).
 
     Noise Laplace(2Δ_a/ε) per draw. Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, any γ ∈ (0,1):

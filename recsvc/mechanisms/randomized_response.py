@@ -6,8 +6,10 @@ Scores are ALREADY CLIPPED (the caller owns the per-item [lo, hi]); inputs are v
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms.params import ParamValues
 
@@ -31,7 +33,7 @@ def krr_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: Param
 
 def krr_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
+) -> npt.NDArray[np.intp]:
     """k-ary randomised response on the argmax of q.
 
     Privacy: ε-DP (pure) for ANY change of the scores: every output probability lies in
@@ -54,11 +56,12 @@ def krr_sample(
     # Reuse u for the uniform choice inside the group: given the group, u is uniform on it.
     v = np.where(pick_top, u / p_top, (u - p_top) / (1.0 - p_top))
     others = np.flatnonzero(~is_top)
-    return np.where(
+    picked = np.where(
         pick_top,
         top[np.minimum((v * k).astype(np.int64), k - 1)],
         others[np.minimum((v * (n - k)).astype(np.int64), n - k - 1)],
     )
+    return cast("npt.NDArray[np.intp]", picked)  # numpy types np.where as Any; both branches are intp indices
 
 
 def random_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:

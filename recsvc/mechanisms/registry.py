@@ -13,8 +13,10 @@ from collections.abc import Callable, Iterator, KeysView, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms import gem, noisy_max, random_stopping, randomized_response
 from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
@@ -425,7 +427,10 @@ def expectation(
     return float(np.exp(mech.log_probabilities_fn(q, d, eps, p)) @ v)
 
 
-def probabilities(name: str, scores: object, sensitivities: object, epsilon: float, **params: object) -> np.ndarray:
+def probabilities(
+    name: str, scores: object, sensitivities: object, epsilon: float, **params: object
+) -> npt.NDArray[np.float64]:
     """Exact P(output = a), shape (n,) (sums to 1 up to ~1e-12). ``NotImplementedError`` for
     ``rs``, ``rs_improved`` and ``rnmh``."""
-    return np.exp(log_probabilities(name, scores, sensitivities, epsilon, **params))
+    log_p = log_probabilities(name, scores, sensitivities, epsilon, **params)
+    return cast("npt.NDArray[np.float64]", np.exp(log_p))  # numpy types ufunc calls as Any

@@ -20,8 +20,10 @@ the generator, whose outputs are independent across rows.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms.registry import check_params, get_mechanism
 from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
@@ -90,11 +92,14 @@ def select_rows(
     return _arg_per_row(z, n, starts, row, pick == "max")
 
 
-def _arg_per_row(z: np.ndarray, n: np.ndarray, starts: np.ndarray, row: np.ndarray, largest: bool) -> np.ndarray:
+def _arg_per_row(
+    z: np.ndarray, n: np.ndarray, starts: np.ndarray, row: np.ndarray, largest: bool
+) -> npt.NDArray[np.int64]:
     """argmax (or argmin) of each row of the ragged z; the lowest index wins a tie, as in the per-row call."""
     if (n == n[0]).all():  # the common case: every row has the same size
         m = z.reshape(n.size, int(n[0]))
     else:
         m = np.full((n.size, int(n.max())), -np.inf if largest else np.inf)
         m[row, np.arange(z.shape[0]) - starts[row]] = z
-    return (m.argmax(axis=1) if largest else m.argmin(axis=1)).astype(np.int64)
+    picked = cast("npt.NDArray[np.intp]", m.argmax(axis=1) if largest else m.argmin(axis=1))  # numpy: Any
+    return picked.astype(np.int64)

@@ -26,6 +26,7 @@ import math
 import numbers
 
 import numpy as np
+import numpy.typing as npt
 
 from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
 from recsvc.mechanisms.registry import check_params, get_mechanism, log_probabilities
@@ -62,7 +63,7 @@ def peel(
     rng: np.random.Generator,
     allow_non_private: bool,
     params: dict[str, object],
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """k selections without replacement at ``eps_step`` each, on validated q, Δ (see module doc).
     The name and parameters are checked here, before the first draw; each step is then one
     ``select`` draw without repeating the O(n) input checks."""

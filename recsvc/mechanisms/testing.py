@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from scipy import integrate
 from scipy.stats import beta as beta_dist
 from scipy.stats import chi2
@@ -28,8 +31,12 @@ ALPHA = 1e-3  # overall false-positive rate of the statistical audit (Bonferroni
 N_AUDIT = 100_000  # draws per input of a statistical audit, unless its declaration says otherwise
 TOL = 1e-9  # numerical tolerance of an exact audit on log-probabilities
 
+Pair = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]
+"""Neighbouring inputs (q, q', Δ) with |q_a − q'_a| ≤ Δ_a."""
+Outcome = TypeVar("Outcome", bound=Hashable)
 
-def vertex_pairs(n, seed):
+
+def vertex_pairs(n: int, seed: int) -> Iterator[Pair]:
     """(q, q', Δ): q' = q + δ with δ_a ∈ {−Δ_a, 0, +Δ_a} (every vertex of the neighbour box)."""
     rng = np.random.default_rng(seed)
     d = SENS[:n]
@@ -39,7 +46,7 @@ def vertex_pairs(n, seed):
             yield q, q + np.array(signs) * d, d
 
 
-def paper_pairs():
+def paper_pairs() -> Iterator[Pair]:
     """Adversarial neighbours from the paper (§IV-A, Appendix A and B), k = 2 … 6."""
     yield np.array([0.0, 0.5]), np.array([0.0, -0.5]), np.array([TINY, 1.0])  # §IV-A
     for k in (3, 6):
@@ -48,12 +55,12 @@ def paper_pairs():
         yield np.ones(k), np.r_[1.0, np.zeros(k - 1)], d  # Appendix B
 
 
-def box_vertex_pairs():
+def box_vertex_pairs() -> list[Pair]:
     """The exact audit's neighbours: every box vertex at n = 2, 3, 4 (two seeds) and the paper's pairs."""
     return [p for n in (2, 3, 4) for seed in (0, 1) for p in vertex_pairs(n, seed)] + list(paper_pairs())
 
 
-def max_loss(name, pairs, eps, **params):
+def max_loss(name: str, pairs: Iterable[Pair], eps: float, **params: object) -> float:
     """max over pairs and outcomes of |log P(o|q) − log P(o|q')| from exact probabilities."""
     worst = 0.0
     for q, q2, d in pairs:
@@ -63,19 +70,24 @@ def max_loss(name, pairs, eps, **params):
     return worst
 
 
-def statistical_audit(name, pairs, eps, seed, draws=N_AUDIT, **params):
+def statistical_audit(
+    name: str, pairs: Sequence[Pair], eps: float, seed: int, draws: int = N_AUDIT, **params: object
+) -> float:
     """The largest certified lower bound on the privacy loss over ``pairs`` (``draws`` samples
     each; "> ε" proves a violation at overall false-positive rate ≤ ALPHA)."""
     a = ALPHA / len(pairs)
     worst = -np.inf
     for i, (q, q2, d) in enumerate(pairs):
-        x = select_batch(name, np.stack([q, q2]), d, eps, draws, seed + i, allow_non_private=True, **params)
+        # user_offset given (its default) so that the type checker does not match **params against it
+        x = select_batch(
+            name, np.stack([q, q2]), d, eps, draws, seed + i, user_offset=0, allow_non_private=True, **params
+        )
         cx, cy = (np.bincount(r, minlength=q.shape[0]) for r in x)
         worst = max(worst, certified_log_ratio(cx, cy, draws, a))
     return worst
 
 
-def statistical_pairs():
+def statistical_pairs() -> list[Pair]:
     """The statistical audit's neighbours: the corners of the box around 0 for Δ = (0.1, 2) and
     the paper's §IV-A pair (Δ_1 ≈ 0), where heterogeneous noise breaks privacy."""
     d = np.array([0.1, 2.0])
@@ -141,7 +153,7 @@ def neighbour_vertices(q: np.ndarray, d: np.ndarray, count: int | None = None, s
     return [q + s * d for s in signs]
 
 
-def max_log_ratio(log_p: dict, log_p2: dict) -> float:
+def max_log_ratio(log_p: Mapping[Outcome, float], log_p2: Mapping[Outcome, float]) -> float:
     """max over outcomes of |log P(o) − log P'(o)| (both dicts over the same outcomes; two
     zero probabilities count as equal, one zero against a positive one as ∞)."""
     worst = 0.0
@@ -179,7 +191,7 @@ class AuditResult:
         return self.loss >= self.reach * self.bound if self.reach else True
 
 
-def audit(name: str, epsilon: float, pairs=None, seed: int = 100) -> AuditResult:
+def audit(name: str, epsilon: float, pairs: Sequence[Pair] | None = None, seed: int = 100) -> AuditResult:
     """Audit mechanism ``name`` at ``epsilon`` the way its declaration says, at every declared
     parameter setting: exact (every box vertex at n ≤ 4 and the paper's pairs, unless ``pairs``
     are given) or statistical (:func:`statistical_pairs` unless given; ``seed`` fixes the draws)."""
@@ -276,7 +288,7 @@ def random_stopping_probabilities_quad(
     sc = (3.0 if kind == "rs" else 2.0) * np.asarray(sensitivities, dtype=np.float64) / epsilon
     if kind not in ("rs", "rs_improved"):
         raise ValueError(f"kind must be 'rs' or 'rs_improved', got {kind!r}")
-    n = q.shape[0]
+    n: int = q.shape[0]
 
     def mix_cdf(v: float) -> float:
         z = (v - q) / sc
@@ -287,7 +299,7 @@ def random_stopping_probabilities_quad(
         x = (1.0 - gamma) * mix_cdf(v)
         if kind == "rs":
             return gamma / (1.0 - x) ** 2
-        return (1.0 - gamma) / (np.log(1.0 / gamma) * (1.0 - x))
+        return (1.0 - gamma) / (float(np.log(1.0 / gamma)) * (1.0 - x))
 
     out = np.empty(n)
     for a in range(n):

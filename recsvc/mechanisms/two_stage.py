@@ -20,6 +20,7 @@ import math
 import numbers
 
 import numpy as np
+import numpy.typing as npt
 from scipy.special import logsumexp
 
 from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
@@ -106,7 +107,7 @@ def select_two_stage(
     *,
     allow_non_private: bool = False,
     **params: object,
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """A k-item slate (int64 catalog indices, in selection order) from a private top-m.
 
     Stage 1: ``select_slate(candidate_mechanism, q, Δ, ε₁, m)`` with ε₁ = candidate_fraction·ε.

@@ -16,6 +16,7 @@ other mechanisms, heavy random-stopping draws) is drawn item by item as Select d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -81,11 +82,11 @@ def draw_many(
         if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
             try:
                 out[i] = selector.heavy.run(
-                    lambda p=p: draw(p, rng, allow), p.k * expected_draws(p.mechanism, p.scores.size, p.params)
+                    partial(draw, p, rng, allow), p.k * expected_draws(p.mechanism, p.scores.size, p.params)
                 )
             except Exception as exc:
                 out[i] = exc
-    return out  # type: ignore[return-value]
+    return out  # type: ignore[return-value]  # the loop above replaced every None
 
 
 def execute_batch(
@@ -94,7 +95,7 @@ def execute_batch(
     """Charges every prepared item in one ledger transaction (either store); one outcome per item, in order."""
     items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
 
-    def draws(todo: list[int]) -> list[np.ndarray]:  # no lock held
+    def draws(todo: list[int]) -> list[np.ndarray | Exception]:  # no lock held
         return draw_many(selector, [prepared[i] for i in todo], thread_csprng())
 
     def build(i: int, picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only

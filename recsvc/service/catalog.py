@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from itertools import repeat
+from typing import overload
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class Catalog:
 
     def rows(self, item_ids: Iterable[str], count: int | None = None) -> np.ndarray:
         """The rows of ``count`` ids in one pass (straight from protobuf fields: no list); −1 for an unknown id."""
-        count = len(item_ids) if count is None else count  # type: ignore[arg-type]
+        count = len(item_ids) if count is None else count  # type: ignore[arg-type]  # without count, item_ids is Sized
         return np.fromiter(map(self.index.get, item_ids, repeat(-1, count)), np.int64, count)
 
     def unknown_id(self, item_ids: Sequence[str], rows: np.ndarray) -> InvalidRequest:
@@ -94,7 +95,11 @@ class RowIds(Sequence[str]):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self.catalog_ids[r] for r in self.rows[i].tolist()]
         return self.catalog_ids[int(self.rows[i])]

@@ -66,11 +66,13 @@ class ItemRows:
         return {"item_rows": rows, "scores": [float(s) for _, s in pairs], "catalog_version": self.version}
 
 
-def param_fields(message: Any, params: Mapping[str, float | None]) -> dict[str, float | None]:
+def param_fields(message: Any, params: Mapping[str, float | None]) -> dict[str, Any]:
     """Mechanism parameters (``beta=0.1``; None: the mechanism's default, not sent) as keyword
     fields of ``message`` (e.g. ``pb.SelectRequest``): every registered parameter the message has
     an optional field for. The server checks the values; a value the message cannot carry is
-    refused here rather than silently dropped."""
+    refused here rather than silently dropped. The values are floats, typed Any: the keys are
+    ``message``'s fields, checked at run time, and a ``dict[str, float]`` splatted into the typed
+    constructor would be matched against every field, string and repeated ones included."""
     fields = message.DESCRIPTOR.fields_by_name
     sendable = [name for name in PARAM_NAMES if name in fields]
     refused = [name for name, value in params.items() if value is not None and name not in sendable]
@@ -96,7 +98,10 @@ class Client:
     ) -> None:
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise ParamError("{timeout} must be a finite number of seconds > 0, got {value}", value=repr(timeout))
-        options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+        options: list[tuple[str, int | str]] = [
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20),
+        ]
         if server_name:
             options.append(("grpc.ssl_target_name_override", server_name))
         # Any TLS file means TLS: a lone --tls-key must be refused (by channel_credentials), never

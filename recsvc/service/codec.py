@@ -188,7 +188,7 @@ def decoder(message_type: Callable[..., M], shape: Shape, limits: Limits) -> Cal
     def decode(data: bytes) -> M:
         check(data, shape, limits)
         try:
-            return message_type.FromString(data)  # type: ignore[attr-defined]
+            return message_type.FromString(data)  # type: ignore[attr-defined]  # a generated message class; Callable hides FromString
         except DecodeError:
             raise _malformed(shape) from None
 

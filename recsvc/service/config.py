@@ -15,13 +15,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from recsvc.checks import ParamError
 from recsvc.ledger import is_postgres
 from recsvc.ledger.fingerprint import default_path as default_key_path
 from recsvc.ledger.units import MAX_EPSILON, budget_units
 from recsvc.ledger.window import LIFETIME, BudgetWindow
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 AUTO = "auto"
 
@@ -129,7 +132,7 @@ class Policy:
     selection: Selection = field(default_factory=Selection)
 
 
-GROUPS: dict[str, type] = {
+GROUPS: dict[str, type[DataclassInstance]] = {
     "listen": Listen,
     "auth": Auth,
     "ledger": LedgerSettings,

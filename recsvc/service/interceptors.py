@@ -34,7 +34,7 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
@@ -144,7 +144,11 @@ class Gate(grpc.ServerInterceptor):
         self._open = open_prefixes
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED
@@ -247,7 +251,11 @@ class Observer(grpc.ServerInterceptor):
         self._prefix = prefix
         self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    def intercept_service(self, continuation, handler_call_details):  # type: ignore[no-untyped-def]
+    def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = continuation(handler_call_details)
         method = handler_call_details.method
         if handler is None or not method.startswith(self._prefix) or handler.unary_unary is None:
@@ -303,7 +311,7 @@ def _count_answer(response: Any) -> str:
 def _count_items(outcomes: list[tuple[str, str, float, bool]]) -> None:
     """A batch's items (see :class:`recsvc.service.codec.Framed`), counted as SelectBatch.item calls."""
     counts: Counter[tuple[str, str]] = Counter()
-    spent: Counter[str] = Counter()
+    spent: defaultdict[str, float] = defaultdict(float)
     replays = 0
     for mechanism, status, epsilon, replay in outcomes:
         counts[mechanism, status] += 1

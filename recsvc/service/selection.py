@@ -410,7 +410,7 @@ class Selector:
             dup = int(rows[np.setdiff1d(np.arange(rows.size), first)[0]])
             return InvalidRequest(f"duplicate item_rows entry {dup} among the candidates; expected each item once")
         seen: set[str] = set()
-        dup_id = next(i for i in x.item_ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
+        dup_id = next(i for i in x.item_ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]  # add's None makes `or` false: records i, moves on
         return InvalidRequest(f"duplicate item_id {short(dup_id)} among the candidates; expected each item once")
 
     def prepare_many(self, inputs: Sequence[SelectInput], cols: Columns) -> list[Prepared | Exception]:
@@ -478,12 +478,12 @@ class Selector:
                 )
             except Exception as exc:
                 out[i] = exc
-        return out  # type: ignore[return-value]
+        return out  # type: ignore[return-value]  # the loop above replaced every None
 
     def _rows(self, inputs: Sequence[SelectInput], cols: Columns, by_id: list[bool]) -> np.ndarray:
         """Every candidate's catalog row: the id-encoded inputs' ids mapped in ONE pass (−1: unknown)."""
         id_inputs = [x.item_ids for x in inputs if x.item_ids is not None]
-        mapped = self.catalog.rows(chain.from_iterable(id_inputs), sum(map(len, id_inputs)))  # type: ignore[arg-type]
+        mapped = self.catalog.rows(chain.from_iterable(id_inputs), sum(map(len, id_inputs)))
         if all(by_id):
             return mapped
         rows = np.empty(cols.raw.size, np.int64)

@@ -63,7 +63,7 @@ def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_it
     hi = lo + rng.uniform(0.05, 1.0, n_items)
     w1 = sp.random(n_items, n_items, density=0.3, random_state=seed, format="csr") + sp.eye(n_items, format="csr")
     w2 = sp.random(n_items, n_items, density=0.3, random_state=seed + 1, format="csr")
-    cands = {"user_id": [], "rank": [], "item_id": [], "score": []}
+    cands: dict[str, list[str | int | float]] = {"user_id": [], "rank": [], "item_id": [], "score": []}
     per_user = min(10, n_items)
     for u in range(3):
         picked = rng.choice(n_items, per_user, replace=False)
@@ -278,7 +278,7 @@ def server_process(
         deadline = time.monotonic() + timeout
         line = ""
         while time.monotonic() < deadline:
-            line = proc.stdout.readline()  # type: ignore[union-attr]
+            line = proc.stdout.readline()  # type: ignore[union-attr]  # stdout=PIPE above: never None
             if not line:
                 break
             m = re.search(r"listening on [^\s]+:(\d+)", line)
