@@ -19,6 +19,7 @@ Scores are ALREADY CLIPPED by the caller; inputs are validated.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import cast
@@ -220,7 +221,11 @@ def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
 
 def correlation_split(p: Mapping[str, float]) -> Split:
     """Combined GEM's budget: ε_c = cε on the correlation bit, ε_g = ε − ε_c on the selection."""
-    c = p["corr_budget_fraction"]
+    return _correlation_split(p["corr_budget_fraction"])
+
+
+@functools.lru_cache(maxsize=256)  # each draw splits ε twice (bit, then selection): build the Split once
+def _correlation_split(c: float) -> Split:
     return Split(
         (Stage("corr_budget_fraction·epsilon"), Stage("(1 − corr_budget_fraction)·epsilon")),
         (c,),

@@ -22,6 +22,7 @@ step 1 has drawn, later steps cannot fail, and a bad call draws nothing.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 
@@ -49,6 +50,7 @@ def check_count(name: str, value: object, least: int, most: int, what: str) -> i
     return int(value)
 
 
+@functools.lru_cache(maxsize=256)  # a Split is immutable; every slate request of the same k shares one
 def slate_split(k: int, privacy_map: PrivacyMap = pure) -> Split:
     """A k-item slate's budget: k steps of ε/k each (``privacy_map``: the mechanism's)."""
     return Split((Stage("epsilon/k", k, privacy_map),))

@@ -20,6 +20,7 @@ then finds to be a replay, a conflict or over budget is discarded unreleased: it
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -76,7 +77,7 @@ class Prepared:
     stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
     rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
 
-    @property
+    @functools.cached_property  # read by the ledger item and by the answer; computed once
     def charge(self) -> float:
         """The ε the ledger charges: the selection's composed privacy map
         (:func:`recsvc.mechanisms.charged_epsilon`). Only a non-private mechanism, served under

@@ -289,3 +289,38 @@ def test_a_length_delimited_field_reads_back_through_the_scan_and_through_protob
     assert starts == [(1, 2, b"user"), (17, 2, b"x"), (3, 2, payload)]
     req = pb.SelectRequest.FromString(data)
     assert (req.user_id, req.mechanism) == ("user", payload.decode())
+
+
+class _Aborted(Exception):
+    """What ``context.abort`` raises in the stand-in context below."""
+
+
+class _AbortingContext:
+    def abort(self, code: grpc.StatusCode, message: str) -> None:
+        raise _Aborted(code, message)
+
+
+def test_a_refused_message_is_released_without_the_cycle_collector() -> None:
+    """The gate's refusal keeps no traceback: its frames hold the raw request, so a kept
+    traceback would pin every refused message (up to the size limit) until a collection."""
+    import gc
+    import sys
+
+    from recsvc.service.errors import Refused
+    from recsvc.service.interceptors import Gate
+
+    def refuse(raw: bytes) -> None:
+        raise Refused("the request is not a valid recsvc.v1.SelectRequest")
+
+    gate = Gate(authenticator=None)  # type: ignore[arg-type]  # _decode never authenticates
+    raw = bytes(1_000_000)
+    before = sys.getrefcount(raw)
+    gc.disable()
+    try:
+        with pytest.raises(_Aborted) as info:
+            gate._decode(refuse, raw, "/recsvc.v1.PrivateSelection/Select", _AbortingContext())  # a stand-in context
+        assert info.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT
+        del info
+        assert sys.getrefcount(raw) == before
+    finally:
+        gc.enable()
