@@ -25,7 +25,8 @@ from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
 from recsvc.service.draws import expected_draws
-from recsvc.service.selection import Prepared, Selected, Selector, draw
+from recsvc.service.requests import Prepared, Selected, draw
+from recsvc.service.selection import Selector
 
 
 def vectorisable(p: Prepared) -> bool:

@@ -40,12 +40,13 @@ from google.protobuf.message import DecodeError
 from recsvc.mechanisms import MECHANISMS, PARAM_NAMES
 from recsvc.service.config import Limits, Policy
 from recsvc.service.errors import InvalidRequest, Refused
-from recsvc.service.selection import SelectInput
+from recsvc.service.requests import SelectInput
 from recsvc.v1 import selection_pb2 as pb
 
 if TYPE_CHECKING:
     from recsvc.ledger import Charge
-    from recsvc.service.selection import Selected, Selector
+    from recsvc.service.requests import Selected
+    from recsvc.service.selection import Selector
 
 _HIGH = bytes(range(0x80, 0x100))  # continuation bytes of a varint
 EXTRA_FIELDS = 64  # room for a message's singular fields (user_id, epsilon, …), once each in practice

@@ -20,13 +20,11 @@ then finds to be a replay, a conflict or over budget is discarded unreleased: it
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -35,7 +33,7 @@ from recsvc.artifact import POLICY, Artifact, Manifest
 from recsvc.checks import ParamError, check_epsilon
 from recsvc.ledger import Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
-from recsvc.mechanisms import MECHANISMS, charged_epsilon, check_params, select_slate, select_two_stage
+from recsvc.mechanisms import MECHANISMS, check_params
 from recsvc.mechanisms.slate import slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable
@@ -44,133 +42,17 @@ from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
 from recsvc.service.errors import InvalidRequest, Unavailable
+from recsvc.service.requests import (
+    CandidateStage,
+    Columns,
+    Prepared,
+    Selected,
+    SelectInput,
+    check_id,
+    draw,
+)
 
 log = logging.getLogger("recsvc.service")
-
-MAX_ID_LEN = 256
-CANDIDATE_MECHANISM = "rnm"  # Recommend's private top-m (peeling); public, the same for every request
-
-
-@dataclass(frozen=True)
-class CandidateStage:
-    """Recommend's private top-m: ``candidate_fraction`` of ε picks m items of the catalog."""
-
-    m: int
-    candidate_fraction: float
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A fully validated request, ready to sample: nothing here has touched the ledger."""
-
-    user_id: str
-    request_id: str
-    fingerprint: bytes  # SHA-256 of the canonical request; the ledger stores only HMAC(key, it)
-    mechanism: str  # resolved (never "auto" or empty)
-    epsilon: float
-    params: Mapping[str, float | None]
-    # The user's data stays out of repr(), so no log line or traceback can print it.
-    scores: np.ndarray = field(repr=False)  # clipped to each item's [lo, hi]
-    sensitivities: np.ndarray = field(repr=False)
-    item_ids: Sequence[str] = field(repr=False)  # the candidates' ids (a list, a protobuf field, RowIds)
-    k: int = 1  # slate size, 1 <= k <= the candidates (n, or the stage's m)
-    stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
-    rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
-
-    @functools.cached_property  # read by the ledger item and by the answer; computed once
-    def charge(self) -> float:
-        """The ε the ledger charges: the selection's composed privacy map
-        (:func:`recsvc.mechanisms.charged_epsilon`). Only a non-private mechanism, served under
-        --allow-non-private for reference runs, has no finite one: it is charged its nominal ε."""
-        m, f = (None, None) if self.stage is None else (self.stage.m, self.stage.candidate_fraction)
-        c = charged_epsilon(
-            self.mechanism,
-            self.epsilon,
-            self.k,
-            m=m,
-            candidate_fraction=f,
-            candidate_mechanism=CANDIDATE_MECHANISM,
-            **self.params,
-        )
-        return c if math.isfinite(c) else self.epsilon
-
-    def answer(self, picked: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
-        """The slate's (item ids, catalog rows) from the drawn candidate indices."""
-        at = picked.tolist()
-        rows = at if self.rows is None else self.rows[picked].tolist()
-        return tuple(self.item_ids[i] for i in at), tuple(rows)
-
-
-@dataclass(frozen=True)
-class Selected:
-    """What a response carries once the ledger has charged the request."""
-
-    item_ids: tuple[str, ...]  # the slate, in selection order
-    mechanism: str
-    epsilon: float
-    budget_remaining: float
-    request_id: str
-    item_rows: tuple[int, ...] = ()  # the same slate as items.parquet rows
-
-    @property
-    def item_id(self) -> str:
-        return self.item_ids[0]
-
-
-@dataclass(frozen=True)
-class SelectInput:
-    """One Select request without the wire format; its candidates are in the :class:`Columns`."""
-
-    user_id: str
-    request_id: str
-    mechanism: str
-    epsilon: float
-    params: Mapping[str, float | None]
-    fingerprint: Callable[[], bytes]  # runs only for a valid request
-    k: int = 0
-    item_ids: Sequence[str] | None = None  # the id encoding; None: the compact one (rows in Columns.rows)
-    catalog_version: str = ""
-
-
-@dataclass(frozen=True)
-class Columns:
-    """The candidates of several Select requests, decoded at once: concatenated in input order."""
-
-    raw: np.ndarray = field(repr=False)  # float64, every input's raw scores
-    lengths: np.ndarray  # int64, candidates per input
-    rows: np.ndarray = field(repr=False)  # int64, the rows of the row-encoded inputs only
-
-    @staticmethod
-    def of(raw: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> Columns:
-        lengths = np.fromiter(map(len, raw), np.int64, len(raw))
-
-        def cat(a, t):
-            return np.concatenate(a).astype(t, copy=False) if a else np.empty(0, t)
-
-        return Columns(cat(raw, np.float64), lengths, cat(rows, np.int64))
-
-
-def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.ndarray:
-    """The slate's candidate indices (k of them, in selection order); the only random step.
-    ``prepare_*`` already checked everything these calls check, so they fail only on what
-    depends on the scores' values (e.g. GEM's overflow bound), and then before any draw."""
-    if p.stage is None:
-        return select_slate(
-            p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, rng, allow_non_private=allow_non_private, **p.params
-        )
-    return select_two_stage(
-        p.mechanism,
-        p.scores,
-        p.sensitivities,
-        p.epsilon,
-        p.stage.m,
-        p.stage.candidate_fraction,
-        p.k,
-        rng,
-        CANDIDATE_MECHANISM,
-        allow_non_private=allow_non_private,
-        **p.params,
-    )
 
 
 def resolve_auto(
@@ -198,17 +80,6 @@ def resolve_auto(
 def population_median(manifest: Manifest) -> float | None:
     stats = manifest.population_spearman
     return None if stats is None else float(stats.median)
-
-
-def check_id(name: str, value: str, required: bool) -> None:
-    if required and not value:
-        raise InvalidRequest(f"{name} is empty; expected a non-empty string")
-    if len(value) > MAX_ID_LEN:
-        raise InvalidRequest(f"{name} is {len(value)} characters long; expected at most {MAX_ID_LEN}")
-    if "\x00" in value:  # PostgreSQL's text cannot hold it: the ledger statement of a whole round would fail
-        raise InvalidRequest(
-            f"{name} contains a NUL character (U+0000) at position {value.index(chr(0))}; expected text without NUL"
-        )
 
 
 class Selector:

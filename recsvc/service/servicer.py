@@ -23,7 +23,8 @@ from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import RateLimiter, current_caller, status_of
-from recsvc.service.selection import Columns, Prepared, Selector, check_id
+from recsvc.service.requests import Columns, Prepared, check_id
+from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
 

@@ -260,7 +260,8 @@ def layer_violations(tree: Tree) -> list[str]:
 
 def third_party_violations(tree: Tree, root: Path) -> list[str]:
     rules = third_party_rules(root)
-    stdlib = set(sys.stdlib_module_names)
+    # _typeshed is the type checker's view of the standard library: importable only under TYPE_CHECKING.
+    stdlib = set(sys.stdlib_module_names) | {"_typeshed"}
     out = []
     for i in tree.imports:
         if i.target in tree.modules or i.target.split(".")[0] in ROOTS or i.target in stdlib:

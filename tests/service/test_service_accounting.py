@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
-import recsvc.service.selection as selection_module
+import recsvc.service.requests as requests_module
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
@@ -43,14 +43,14 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(
     fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     draws: list[int] = []
-    real = selection_module.select_slate
+    real = requests_module.select_slate
 
     def slow_select(*a: Any, **k: Any) -> Any:
         draws.append(1)
         time.sleep(0.2)  # every duplicate arrives while the first one is still drawing
         return real(*a, **k)
 
-    monkeypatch.setattr(selection_module, "select_slate", slow_select)
+    monkeypatch.setattr(requests_module, "select_slate", slow_select)
     cands = candidates()
     out: list[pb.SelectResponse] = []
 
@@ -77,7 +77,7 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
     the other request is answered while the first one is still drawing."""
     in_draw, finish = threading.Event(), threading.Event()
     locked: list[bool] = []
-    real = selection_module.select_slate
+    real = requests_module.select_slate
 
     def select(name: str, *a: Any, **k: Any) -> Any:
         if name == "rs":
@@ -86,7 +86,7 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
             finish.wait(30)
         return real(name, *a, **k)
 
-    monkeypatch.setattr(selection_module, "select_slate", select)
+    monkeypatch.setattr(requests_module, "select_slate", select)
     slow: list[object] = []
     t = threading.Thread(
         target=lambda: slow.append(fresh_client.select("flooder", candidates(), mechanism="rs", epsilon=0.5))
@@ -110,7 +110,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
     """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a nice-19 pool thread;
     rs at the default γ (≈ 125 draws) and rnm are drawn inline by the request's own thread."""
     seen: list[tuple[str, str, int]] = []
-    real = selection_module.select_slate
+    real = requests_module.select_slate
 
     def select(name: str, *a: Any, **k: Any) -> Any:
         seen.append(
@@ -122,7 +122,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
         )
         return real(name, *a, **k)
 
-    monkeypatch.setattr(selection_module, "select_slate", select)
+    monkeypatch.setattr(requests_module, "select_slate", select)
     fresh_client.select("h", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-5)
     fresh_client.select("h", candidates(), mechanism="rs", epsilon=0.5)
     fresh_client.select("h", candidates(), mechanism="rnm", epsilon=0.5)

@@ -16,7 +16,7 @@ from scipy import stats
 from recsvc.mechanisms import MechanismInputError, probabilities, select, select_rows
 from recsvc.service import batch as batch_module
 from recsvc.service.client import Client
-from recsvc.service.selection import Prepared, draw
+from recsvc.service.requests import Prepared, draw
 from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates, client_of, served
 from recsvc.v1 import selection_pb2 as pb

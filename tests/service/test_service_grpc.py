@@ -25,16 +25,16 @@ SERVER_OPTIONS = {"budget": BUDGET, "max_candidates": 25}  # the module's server
 
 
 def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
-    import recsvc.service.selection as selection_module
+    import recsvc.service.requests as requests_module
 
     draws: list[str] = []
-    real_slate = selection_module.select_slate
+    real_slate = requests_module.select_slate
 
     def counted(name: str, *a: Any, **k: Any) -> Any:
         draws.append(name)
         return real_slate(name, *a, **k)
 
-    monkeypatch.setattr(selection_module, "select_slate", counted)
+    monkeypatch.setattr(requests_module, "select_slate", counted)
     cands = candidates()
     r = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
     assert r.mechanism == "rnm" and r.epsilon_spent == 0.5 and r.budget_remaining == pytest.approx(BUDGET - 0.5)
@@ -190,17 +190,17 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
     """Each parameter travels in its optional proto field (None: not sent, the mechanism's default)."""
     import json
 
-    import recsvc.service.selection as selection_module
+    import recsvc.service.requests as requests_module
     from recsvc.app.cli import main as recsvc_main
 
     seen: list[tuple[str, dict]] = []
-    real_slate = selection_module.select_slate  # every served draw (k = 1 included) goes through it
+    real_slate = requests_module.select_slate  # every served draw (k = 1 included) goes through it
 
     def spied(name: str, *a: Any, **k: Any) -> Any:
         seen.append((name, k))
         return real_slate(name, *a, **k)
 
-    monkeypatch.setattr(selection_module, "select_slate", spied)
+    monkeypatch.setattr(requests_module, "select_slate", spied)
     given = lambda kw: {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}  # noqa: E731
     client.select(
         "param-user",
@@ -402,16 +402,16 @@ def test_every_path_samples_clipped_scores_with_the_chacha_csprng(
     ChaCha20 generator (never a non-cryptographic one)."""
     from randomgen import ChaCha
 
-    import recsvc.service.selection as selection_module
+    import recsvc.service.requests as requests_module
 
     seen: list[tuple[np.ndarray, np.ndarray, object]] = []
-    real_slate = selection_module.select_slate
+    real_slate = requests_module.select_slate
 
     def spy(name, scores, sens, eps, k, rng, **kw):
         seen.append((np.array(scores), np.array(sens), rng))
         return real_slate(name, scores, sens, eps, k, rng, **kw)
 
-    monkeypatch.setattr(selection_module, "select_slate", spy)
+    monkeypatch.setattr(requests_module, "select_slate", spy)
     art = load_artifact(artifact)
     items = art.items
     row = {i: k for k, i in enumerate(items["item_id"].to_list())}

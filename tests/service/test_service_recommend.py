@@ -19,6 +19,7 @@ import pytest
 import scipy.sparse as sp
 from scipy import stats
 
+import recsvc.service.requests as requests_module
 import recsvc.service.selection as selection_module
 from recsvc.artifact import load_artifact
 from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
@@ -142,13 +143,13 @@ def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
     assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > 1e-3
     # m = 0 means the floor (here 2), and every stage parameter reaches select_two_stage.
     seen: list[tuple] = []
-    real = selection_module.select_two_stage
+    real = requests_module.select_two_stage
 
     def spied(*a: Any, **kw: Any) -> Any:
         seen.append(a[4:7] + a[8:9])
         return real(*a, **kw)
 
-    monkeypatch.setattr(selection_module, "select_two_stage", spied)
+    monkeypatch.setattr(requests_module, "select_two_stage", spied)
     r = c.recommend("two-user", history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
     assert seen == [(2, 0.25, 1, "rnm")] and len(r.item_ids) == 1  # (m, fraction, k, candidate mechanism)
 
@@ -166,7 +167,7 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
         return draw
 
     for fn in ("select_slate", "select_two_stage"):
-        monkeypatch.setattr(selection_module, fn, counted(getattr(selection_module, fn)))
+        monkeypatch.setattr(requests_module, fn, counted(getattr(requests_module, fn)))
     rec: dict[str, Any] = {"mechanism": "rnm", "epsilon": 1.0}
     cases: list[tuple[dict[str, Any], str]] = [
         (dict(candidate_fraction=0.0, num_candidates=10), "candidate_fraction must be in the open interval (0, 1)"),

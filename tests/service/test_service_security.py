@@ -172,12 +172,12 @@ def test_internal_errors_are_logged_without_their_message(
     """An unexpected exception may quote the values it was given (numpy's messages do): the log
     keeps its type and stack, never its message, and the client gets INTERNAL with nothing spent."""
     import recsvc.service.batch as batch_module
-    import recsvc.service.selection as selection_module
+    import recsvc.service.requests as requests_module
 
     def failing_select(name, scores, *args, **kwargs):
         raise RuntimeError(f"cannot select from {np.asarray(scores).tolist()}")
 
-    monkeypatch.setattr(selection_module, "select_slate", failing_select)
+    monkeypatch.setattr(requests_module, "select_slate", failing_select)
     monkeypatch.setattr(batch_module, "select_rows", failing_select)  # SelectBatch's vectorised draw
     scores = [("it1", 0.5918273645), ("it2", 0.25)]
     with caplog.at_level(logging.DEBUG):

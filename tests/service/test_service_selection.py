@@ -12,7 +12,8 @@ import pytest
 from recsvc.artifact import load_artifact
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.config import PARAMS, Limits, Policy, ServerConfig
-from recsvc.service.selection import InvalidRequest, Selected, Selector
+from recsvc.service.requests import Selected
+from recsvc.service.selection import InvalidRequest, Selector
 from recsvc.service.testing import candidates, make_artifact
 
 
