@@ -56,7 +56,10 @@ def _json_sha(obj: object) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[Path, Path]:
     work = tmp_path_factory.mktemp("unchanged")
-    run = lambda *a: subprocess.run([RECSVC, *a], cwd=work, check=True, capture_output=True)  # noqa: E731
+
+    def run(*a: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([RECSVC, *a], cwd=work, check=True, capture_output=True)
+
     run("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", "a")
     run(
         "eval",

@@ -11,8 +11,11 @@ from eval.appendix_j import RULES, hit_rates, markdown, predict
 
 def test_rules_on_hand_computed_instances():
     q = np.array([1.0, 1.0, -1.0, -1.0])
+
     # eq. 19: Δ* > (q* − q−)/(4 ln(n/β)/ε); here 2ε/(4 ln 80) = ε/8.76
-    reach = lambda eps: 2.0 * eps / (4.0 * math.log(4 / 0.05))  # noqa: E731
+    def reach(eps: float) -> float:
+        return 2.0 * eps / (4.0 * math.log(4 / 0.05))
+
     p = predict(q, [1.8, 1.8, 1.0, 1.0], 4.0)  # scenario-1 shape: best Δ 1.8 > reach(4) = 0.46
     assert p.gem_worse_than_random and p.mgem_worse_than_random and p.gem_worse_than_rnm
     eps = 1.5 / reach(1.0)  # reach = 1.5: above Δ− = 1.0, below Δ* = 1.8

@@ -252,7 +252,10 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
 
     path = tmp_path / "v2.db"
     rows = _write_v2(path)
-    clock = lambda: 1.7e9 + 100  # noqa: E731 - inside the file's 7d window
+
+    def clock() -> float:
+        return 1.7e9 + 100  # inside the file's 7d window
+
     with pytest.raises(ValueError, match="budget_window lifetime differs from the budget window 7d"):
         SQLiteLedger(path, 1.0, clock=clock)  # refused: the rebuild is rolled back with everything else
     assert "WITHOUT ROWID" in _requests_sql(path)

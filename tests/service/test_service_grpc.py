@@ -201,7 +201,10 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
         return real_slate(name, *a, **k)
 
     monkeypatch.setattr(requests_module, "select_slate", spied)
-    given = lambda kw: {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}  # noqa: E731
+
+    def given(kw: dict[str, object]) -> dict[str, object]:
+        return {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}
+
     client.select(
         "param-user",
         candidates(),

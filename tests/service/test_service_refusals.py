@@ -21,7 +21,10 @@ from recsvc.service.testing import candidates
 from recsvc.v1 import selection_pb2 as pb
 
 SERVICE = "/recsvc.v1.PrivateSelection/"
-ID = lambda b: b  # noqa: E731 - identity (de)serializer: the bytes go on the wire as they are
+
+
+def _identity(b: bytes) -> bytes:  # the (de)serializer of raw bytes: they go on the wire as they are
+    return b
 
 
 def _head(**over) -> bytes:
@@ -99,7 +102,9 @@ def _raw(
     channel: grpc.Channel, method: str, payload: bytes, metadata: tuple[tuple[str, str], ...] = ()
 ) -> tuple[grpc.StatusCode, str]:
     call = channel.unary_unary(
-        method if method.startswith("/") else SERVICE + method, request_serializer=ID, response_deserializer=ID
+        method if method.startswith("/") else SERVICE + method,
+        request_serializer=_identity,
+        response_deserializer=_identity,
     )
     try:
         call(payload, timeout=60, metadata=metadata)
@@ -270,8 +275,8 @@ def test_malformed_bytes_on_a_streaming_method(channel: grpc.Channel, no_errors_
     """Server reflection is stream-stream: each message is decoded by the gate the same safe way."""
     call = channel.stream_stream(
         "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-        request_serializer=ID,
-        response_deserializer=ID,
+        request_serializer=_identity,
+        response_deserializer=_identity,
     )
     with pytest.raises(grpc.RpcError) as info:
         list(call(iter([MALFORMED["length past the end"]]), timeout=30))

@@ -75,7 +75,10 @@ def test_rows_and_ids_prepare_the_same_request_and_draw_the_same_answers(
         assert np.array_equal(p.rows, q.rows) and list(q.item_ids) == list(p.item_ids)
         assert (p.mechanism, p.epsilon, p.k) == (q.mechanism, q.epsilon, q.k)
         assert p.fingerprint != q.fingerprint  # the digest covers the encoding: rows + catalog version
-    gen = lambda: np.random.Generator(ChaCha(key=11, rounds=20))  # noqa: E731
+
+    def gen() -> np.random.Generator:
+        return np.random.Generator(ChaCha(key=11, rounds=20))
+
     assert _slates(batch_module.draw_many(servicer.selector, a, gen())) == _slates(
         batch_module.draw_many(servicer.selector, b, gen())
     )

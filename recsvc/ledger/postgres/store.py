@@ -258,7 +258,7 @@ class PostgresLedger(Ledger):
                         self._probe = psycopg.connect(
                             self.url, autocommit=True, application_name="recsvc-probe", **link_timeouts(2.0)
                         )
-                    self._probe.execute("SELECT 1")  # type: ignore[union-attr]
+                    self._probe.execute("SELECT 1")  # type: ignore[union-attr]  # set just above when not reused
                     return True
                 except psycopg.Error:
                     if self._probe is not None:
