@@ -103,6 +103,7 @@ TREE = [
     "docs/concepts/privacy-proofs.md",
     "docs/concepts/auto.md",
     "docs/concepts/ledger.md",
+    "docs/concepts/multi-selection.md",
     "docs/guides/offline-pipeline.md",
     "docs/guides/serving.md",
     "docs/guides/replicas-postgresql.md",

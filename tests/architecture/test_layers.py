@@ -1,6 +1,7 @@
 """The layering rules, checked on the source (AST, no import-linter).
 
-    L0 core    recsvc (the bare package), recsvc.mechanisms*, recsvc.rng, recsvc.stats, recsvc.checks
+    L0 core    recsvc (the bare package), recsvc.mechanisms*, recsvc.multiselection*, recsvc.rng,
+               recsvc.stats, recsvc.checks
     L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines, recsvc.policy,
                recsvc.ledger* (the privacy-budget ledger)
     L2 parts   service (recsvc.service*, recsvc.v1*), data_prep*, eval*
@@ -36,6 +37,7 @@ GENERATED = "recsvc.v1."  # protoc output: part of the service, its own imports 
 LAYERS: dict[str, tuple[int, str]] = {
     "recsvc": (0, "core"),
     "recsvc.mechanisms": (0, "core"),
+    "recsvc.multiselection": (0, "core"),  # the 1-D multi-selection theory: device noise, server response
     "recsvc.rng": (0, "core"),
     "recsvc.stats": (0, "core"),
     "recsvc.checks": (0, "core"),

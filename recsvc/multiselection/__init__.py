@@ -1,0 +1,48 @@
+"""Multi-selection in one dimension (docs/concepts/multi-selection.md): the device adds Laplace
+noise of scale 1/ε to its private value (ε-geographic DP, :mod:`.geographic`), the server answers
+the noisy signal with k points, and the device keeps the nearest (:mod:`.response`). Pure numpy
+and scipy: the theory the service and the evaluation build on."""
+
+from __future__ import annotations
+
+from recsvc.multiselection.geographic import (
+    Floats,
+    geographic_excess,
+    interval_log_ratio,
+    laplace_scale,
+    privacy_loss,
+    sample_signal,
+    signal_cdf,
+    signal_log_density,
+)
+from recsvc.multiselection.response import (
+    Disutility,
+    Response,
+    check_disutility,
+    expected_error,
+    identity_error,
+    identity_expected_error,
+    identity_offsets,
+    monte_carlo_error,
+    optimal_response,
+)
+
+__all__ = [
+    "Disutility",
+    "Floats",
+    "Response",
+    "check_disutility",
+    "expected_error",
+    "geographic_excess",
+    "identity_error",
+    "identity_expected_error",
+    "identity_offsets",
+    "interval_log_ratio",
+    "laplace_scale",
+    "monte_carlo_error",
+    "optimal_response",
+    "privacy_loss",
+    "sample_signal",
+    "signal_cdf",
+    "signal_log_density",
+]
