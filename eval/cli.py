@@ -1,4 +1,5 @@
-"""``recsvc eval``, ``eval-synthetic``, ``eval-bandit`` and ``eval-two-candidates`` (see recsvc/app/cli.py for the registration contract)."""
+"""``recsvc eval``, ``eval-synthetic``, ``eval-bandit``, ``eval-two-candidates`` and ``eval-multiselect``
+(see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(s)
     s.set_defaults(func=_run_synthetic)
     _register_two_candidates(sub)
+    _register_multiselect(sub)
 
 
 def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
@@ -200,6 +202,43 @@ def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--workers", type=int, default=None, help="worker processes (default: min(2, cores))")
     b.add_argument("--force", action="store_true", help="replace an existing --out directory")
     b.set_defaults(func=_run_bandit)
+
+
+def _register_multiselect(sub: argparse._SubParsersAction) -> None:
+    from eval.multiselect_theory import DEFAULT_EPSILONS, DEFAULT_KS, DEFAULT_MC_DRAWS
+
+    m = sub.add_parser(
+        "eval-multiselect",
+        help="multi-selection: the device adds the noise, the server returns k results (--theory)",
+        description="--theory: the 1-D theory of docs/concepts/multi-selection.md. theory.csv has, per "
+        "(k, ε), the exact error of the server's optimal k offsets for a Laplace signal, a seeded "
+        "Monte Carlo estimate and the offsets; offsets.png and scaled_error.png plot them.",
+    )
+    m.add_argument(
+        "--theory",
+        action="store_true",
+        help="the 1-D theory (the only part built so far; the dataset evaluation is not)",
+    )
+    m.add_argument(
+        "--out", type=Path, default=Path("results/multiselect"), help="results directory (default: results/multiselect)"
+    )
+    m.add_argument("--ks", nargs="+", type=int, default=DEFAULT_KS, metavar="K", help="numbers of results k")
+    m.add_argument("--epsilons", nargs="+", type=float, default=DEFAULT_EPSILONS, metavar="EPS", help="ε values")
+    m.add_argument("--mc-draws", type=int, default=DEFAULT_MC_DRAWS, help="Monte Carlo draws per (k, ε)")
+    m.add_argument("--seed", type=int, default=0, help="seed; row i draws from SeedSequence(seed, spawn_key=(i,))")
+    m.add_argument("--force", action="store_true", help="replace an existing --out directory")
+    m.set_defaults(func=_run_multiselect)
+
+
+def _run_multiselect(args: argparse.Namespace) -> int:
+    from eval.multiselect_theory import TheoryConfig, run_theory, summary
+    from recsvc.checks import ParamError
+
+    if not args.theory:
+        raise ParamError("only {theory} is built so far (the dataset evaluation is not); pass {theory}")
+    cfg = TheoryConfig(args.out, tuple(args.ks), tuple(args.epsilons), args.mc_draws, args.seed, args.force)
+    print(summary(run_theory(cfg)))
+    return 0
 
 
 def _config(args: argparse.Namespace, **source):

@@ -28,7 +28,7 @@ from recsvc.service.cli import register as register_service
 # Order here is the order in `recsvc --help`.
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_prep,  # prep
-    register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates
+    register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect
     register_service,  # serve, select, budget
     register_mechanisms,  # mechanisms
     register_demo,  # demo
@@ -40,6 +40,7 @@ EXTRA = {
     "eval-synthetic": "eval",
     "eval-bandit": "eval",
     "eval-two-candidates": "eval",
+    "eval-multiselect": "eval",
     "serve": "serve",
     "select": "serve",
     "budget": "serve",

@@ -1,0 +1,68 @@
+"""The two plots of `recsvc eval-multiselect --theory`: the optimal offsets on the noise density
+in the setting of the source paper's Figure 2, and ε·k·error against k."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from eval.plots import pyplot
+from recsvc.multiselection import identity_offsets, signal_log_density
+
+OFFSETS_PNG = "offsets.png"
+SCALED_ERROR_PNG = "scaled_error.png"
+FIGURE_K = 5  # the source paper's Figure 2
+FIGURE_EPSILONS = (0.3, 0.5, 1.0)
+_MARKERS = "osD^v<>p"
+
+
+def offsets_figure(path: Path) -> None:
+    """Laplace densities ρ(t) for each ε, with the k = 5 optimal offsets as dots on them. Drawn
+    for the paper's setting whatever the table's grid, so the figure is comparable."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4), dpi=110)
+    reach = 1.3 * float(identity_offsets(min(FIGURE_EPSILONS), FIGURE_K)[-1])
+    t = np.linspace(-reach, reach, 801)
+    for i, eps in enumerate(FIGURE_EPSILONS):
+        (line,) = ax.plot(t, np.exp(signal_log_density(t, 0.0, eps)), lw=1.2, label=f"ε = {eps:g}")
+        a = identity_offsets(eps, FIGURE_K)
+        ax.plot(a, np.exp(signal_log_density(a, 0.0, eps)), _MARKERS[i], color=line.get_color(), ms=6)
+    ax.set_xlabel("t (noise value; the dots are the offsets a₁ … a₅)")
+    ax.set_ylabel("noise density ρ(t)")
+    ax.set_title(f"Optimal server response, k = {FIGURE_K}, h(t) = t (Laplace noise of scale 1/ε)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def scaled_error_figure(table: pl.DataFrame, path: Path) -> None:
+    """ε·k·f(ε, k) against k, exact (lines) and Monte Carlo (open markers), one series per ε, with
+    the limit 2: the O(1/(εk)) rate. The exact curves coincide, since f scales as 1/ε."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4), dpi=110)
+    for i, (eps,) in enumerate(table.select("epsilon").unique(maintain_order=True).sort("epsilon").iter_rows()):
+        t = table.filter(pl.col("epsilon") == eps).sort("k")
+        k = t["k"].to_numpy()
+        (line,) = ax.plot(k, eps * k * t["error"].to_numpy(), lw=1.0, label=f"ε = {eps:g}")
+        ax.plot(k, eps * k * t["mc_error"].to_numpy(), _MARKERS[i % len(_MARKERS)], mfc="none", color=line.get_color())
+    ax.axhline(2.0, color="k", ls="--", lw=0.8, label="limit 2")
+    ax.set_xscale("log")
+    ks = sorted(set(table["k"].to_list()))
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
+    ax.set_xlabel("k (results returned)")
+    ax.set_ylabel("ε · k · error")
+    ax.set_title("Error of the optimal k results, scaled by εk (lines exact, markers Monte Carlo)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_all(table: pl.DataFrame, directory: Path) -> tuple[str, ...]:
+    offsets_figure(directory / OFFSETS_PNG)
+    scaled_error_figure(table, directory / SCALED_ERROR_PNG)
+    return OFFSETS_PNG, SCALED_ERROR_PNG
