@@ -7,7 +7,8 @@ non-decreasing h. The server's best offsets minimise
 
     f_h(ε, k) = min over a_1 < … < a_k of E[min_i h(|X − a_i|)],
 
-and, X being symmetric, the optimal set is symmetric about 0, so s + a_i names the same points.
+and, X being symmetric, the mirror of an optimal set is optimal too; the optima here are symmetric
+about 0, so s + a_i names the same points.
 Because h is non-decreasing, each a_i serves its Voronoi cell (between the midpoints to its
 neighbours), and E[min_i h(|X − a_i|)] is a sum of one integral per cell.
 
@@ -79,7 +80,7 @@ def _offsets(offsets: npt.ArrayLike) -> Floats:
 
 
 def identity_offsets(epsilon: float, k: int) -> Floats:
-    """The unique optimal offsets for h(t) = t, ascending: P[X > a] = r²/(2N) at the r-th
+    """The optimal offsets for h(t) = t, ascending: P[X > a] = r²/(2N) at the r-th
     outermost positive offset, N = ⌊(k+1)/2⌋·⌈(k+1)/2⌉ (k = 3, ε = 1: [−log 4, 0, log 4])."""
     eps, k = _epsilon(epsilon), _k(k)
     n = k // 2
