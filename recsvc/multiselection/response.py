@@ -256,6 +256,8 @@ def monte_carlo_error(
     error: an estimate of :func:`expected_error` that shares no code with it."""
     eps, n = _epsilon(epsilon), check_int("n", n, 2)
     a = _offsets(offsets)
+    if h is not None:
+        check_disutility(h, eps)  # the nearest point minimises h(distance) only for a non-decreasing h
     total = total_sq = 0.0
     for start in range(0, n, _MC_CHUNK):
         x = rng.laplace(0.0, 1.0 / eps, size=min(_MC_CHUNK, n - start))

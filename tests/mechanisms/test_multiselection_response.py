@@ -203,6 +203,8 @@ def test_a_disutility_that_is_not_non_decreasing_is_refused(h, message):
         check_disutility(h, 1.0)
     with pytest.raises(ParamError, match=message):
         optimal_response(1.0, 2, h)
+    with pytest.raises(ParamError, match=message):
+        monte_carlo_error([0.0, 1.0], 1.0, 100, np.random.default_rng(0), h)
 
 
 def test_bad_offsets_are_a_param_error():
