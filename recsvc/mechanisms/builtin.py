@@ -157,7 +157,8 @@ BUILTIN = (
     ),
     Mechanism(
         "gumbel",
-        "one-shot top-k: the k largest of q + G, G ~ Gumbel(scale 2kΔmax/ε) drawn once = peeling em at ε/k",
+        "one-shot top-k: the k largest of q + G, G ~ Gumbel(scale 2kΔmax/ε) drawn once "
+        "(= peeling em at ε/k with the whole set's Δmax)",
         topk.gumbel_sample,
         noisy_max.em_log_probabilities,
         expectation_fn=noisy_max.em_expectation,

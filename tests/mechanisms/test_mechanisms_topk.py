@@ -329,3 +329,28 @@ def test_a_loss_weight_outside_its_range_is_refused_before_any_draw(value):
         ):
             call()
     assert rng.bit_generator.state == before
+
+
+def test_the_service_charges_a_one_shot_slate_its_map_once(artifact, tmp_path):
+    """Through the gRPC service: a k-slate of a one-shot mechanism declaring ε ↦ ε + 1 is charged
+    ε + 1 (not k·(ε/k + 1)); clm's slate is charged exactly the request."""
+    from recsvc.service.client import Client
+    from recsvc.service.config import ServerConfig
+    from recsvc.service.server import start
+
+    mech, calls = _spy("affine", lambda e: e + 1)
+    with registered(mech):
+        handle = start(
+            ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0, min_candidates=4)
+        )
+        try:
+            cands = [(f"it{i}", 0.1 * i) for i in range(8)]
+            with Client(f"127.0.0.1:{handle.port}", retries=0) as c:
+                r = c.select("u-affine", cands, mechanism="affine", epsilon=0.5, k=3)
+                assert (r.epsilon_spent, len(set(r.item_ids)), r.budget_remaining) == (1.5, 3, 8.5)
+                assert [call[0] for call in calls] == ["top_k"]
+                r = c.select("u-clm", cands, mechanism="clm", epsilon=0.7, k=4)
+                assert (r.epsilon_spent, len(set(r.item_ids))) == (0.7, 4)
+            assert handle.ledger.user("u-affine").spent == 1.5 and handle.ledger.user("u-clm").spent == 0.7
+        finally:
+            handle.stop(grace=1)
