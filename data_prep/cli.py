@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     q = sub.add_parser(
         "policy",
         help="rebuild the `auto` policy table (policy.parquet) of an existing artifact",
-        description="Expected MSE of every private mechanism for each ε of the policy grid and k ∈ {1, 5, 10} "
+        description="Expected MSE of every private mechanism of the registry's default set for each ε of the policy grid and k ∈ {1, 5, 10} "
         "on the artifact's public population (population.parquet), ranked; the artifact is replaced atomically.",
     )
     q.add_argument("--artifacts", required=True, type=Path, help="artifact directory, e.g. artifacts/ml-100k")

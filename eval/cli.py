@@ -15,7 +15,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--mechanisms",
         nargs="+",
         metavar="NAME",
-        help=f"mechanisms to compare (default: every private one; {not_dp} only if named)",
+        help=f"mechanisms to compare (default: the registry's default set, every private single-item one; {not_dp} only if named)",
     )
     p.add_argument(
         "--epsilons",

@@ -32,7 +32,7 @@ class EvalConfig:
     n: int = 100  # scenario candidates
     level: float | None = None  # sweep scenario's t (None = 0.8); only for scenario "sweep"
     users: int | None = None  # first N users (artifact) / rows (scenario); None = all / default
-    mechanisms: tuple[str, ...] | None = None  # None = every private mechanism
+    mechanisms: tuple[str, ...] | None = None  # None = the registry's default set (default_mechanisms)
     epsilons: tuple[float, ...] = DEFAULT_EPSILONS
     trials: int = DEFAULT_TRIALS
     seed: int = 0
@@ -95,7 +95,7 @@ def _check_out(cfg: EvalConfig) -> None:
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
     """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
     :func:`eval.run.run` calls it first; the demo calls it before building anything."""
-    from recsvc.mechanisms import MECHANISMS, check_params
+    from recsvc.mechanisms import MECHANISMS, check_params, default_mechanisms
 
     if (cfg.artifacts is None) == (cfg.scenario is None):
         raise ParamError("give exactly one data source: {artifacts} DIR or {scenario} NAME")
@@ -124,7 +124,7 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
     if not isinstance(cfg.params, Mapping):
         raise ValueError(f"params must be a mapping of parameter name to value, got {type(cfg.params).__name__}")
     check_params(cfg.params)  # each against its spec; a name no mechanism declares is refused
-    names = tuple(cfg.mechanisms) if cfg.mechanisms else tuple(m for m, o in MECHANISMS.items() if o.private)
+    names = tuple(cfg.mechanisms) if cfg.mechanisms else default_mechanisms()
     unknown = [m for m in names if m not in MECHANISMS and m != AUTO]
     if unknown:
         raise ValueError(f"unknown mechanism(s) {unknown}; expected some of {', '.join(MECHANISMS)}, or {AUTO}")

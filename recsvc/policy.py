@@ -69,10 +69,11 @@ POLICY_EPSILONS: tuple[float, ...] = policy_epsilons()
 
 
 def policy_mechanisms() -> tuple[str, ...]:
-    """Every private mechanism, in registry order: what `auto` may choose from."""
-    from recsvc.mechanisms import MECHANISMS
+    """The registry's default set of private mechanisms, in registry order: what `auto` may
+    choose from (``recsvc.mechanisms.default_mechanisms``)."""
+    from recsvc.mechanisms import default_mechanisms
 
-    return tuple(n for n, m in MECHANISMS.items() if m.private)
+    return default_mechanisms()
 
 
 def method_of(mechanism: str) -> str:

@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
         help="end to end on ml-100k: prep, evaluate, serve, select privately",
-        description="Builds artifacts/ml-100k (if missing), evaluates every private mechanism, starts the "
+        description="Builds artifacts/ml-100k (if missing), evaluates the default private mechanisms, starts the "
         "gRPC service on loopback and makes private selections for real test users.",
     )
     p.add_argument("--artifacts", type=Path, default=Path("artifacts/ml-100k"), help="artifact directory")
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     acc = load_artifact(args.artifacts).manifest.accuracy or {}
     print("SANSA accuracy on the test users: " + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
 
-    _step("2/3 evaluation: every private mechanism across ε")
+    _step("2/3 evaluation: the default private mechanisms across ε")
     result = evaluate(cfg)
 
     _step("3/3 gRPC service: private selections for real test users")

@@ -17,15 +17,16 @@ audit and proof; docs/concepts/mechanisms.md lists them).
 
 from recsvc.mechanisms.accounting import charged_epsilon, selection_split
 from recsvc.mechanisms.flags import add_param_arguments, flag, params_from_namespace
+from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
 from recsvc.mechanisms.privacy import Audit, AuditKind, Neighbouring, Privacy, Split, Stage, not_private, pure
 from recsvc.mechanisms.registry import (
     MECHANISMS,
     PARAM_NAMES,
     PARAMS,
-    Mechanism,
     NonPrivateMechanismError,
     check_params,
+    default_mechanisms,
     expectation,
     get_mechanism,
     log_probabilities,
@@ -62,6 +63,7 @@ __all__ = [
     "add_param_arguments",
     "charged_epsilon",
     "check_params",
+    "default_mechanisms",
     "expectation",
     "flag",
     "get_mechanism",

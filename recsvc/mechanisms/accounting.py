@@ -1,8 +1,9 @@
 """The ε a selection consumes: its budget split composed with each mechanism's declared map.
 
 This is what the service charges. A slate (:func:`recsvc.mechanisms.select_slate`) is k steps
-of ε/k; a two-stage selection (:func:`recsvc.mechanisms.select_two_stage`) is m steps of the
-candidate mechanism at ε₁/m, then k steps at (ε − ε₁)/k; a mechanism that declares its own
+of ε/k, or for a one-shot mechanism one step at ε (its map at ε, once); a two-stage selection
+(:func:`recsvc.mechanisms.select_two_stage`) is m steps of the candidate mechanism at ε₁/m, then
+k steps at (ε − ε₁)/k, each stage one step at its whole share when its mechanism is one-shot; a mechanism that declares its own
 split (combined GEM's correlation bit) is composed inside each step. Every step consumes its
 mechanism's ``privacy_map`` of the step's ε, and the steps add up (basic adaptive composition).
 For every private built-in mechanism the charge is exactly the requested ε; it is infinite for
@@ -14,8 +15,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.privacy import PrivacyMap, Split
-from recsvc.mechanisms.registry import Mechanism, check_params, get_mechanism
+from recsvc.mechanisms.registry import check_params, get_mechanism
 from recsvc.mechanisms.slate import slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
 
@@ -35,8 +37,16 @@ def _split(
 ) -> Split:
     step = _step_map(mech, params)
     if cand is None or candidate_fraction is None:
-        return slate_split(k, step)
-    return two_stage_split(candidate_fraction, 1 if m is None else m, k, _step_map(cand, params), step)
+        return slate_split(k, step, mech.one_shot)
+    return two_stage_split(
+        candidate_fraction,
+        1 if m is None else m,
+        k,
+        _step_map(cand, params),
+        step,
+        candidate_one_shot=cand.one_shot,
+        one_shot=mech.one_shot,
+    )
 
 
 def selection_split(

@@ -13,8 +13,9 @@ import posixpath
 import sys
 from pathlib import Path
 
+from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.privacy import AuditKind, Neighbouring, Privacy, pure
-from recsvc.mechanisms.registry import MECHANISMS, Mechanism
+from recsvc.mechanisms.registry import MECHANISMS
 
 PAGE = Path("docs/concepts/mechanisms.md")  # relative to the repository root
 BEGIN = "<!-- BEGIN mechanism-table -->"
@@ -54,8 +55,8 @@ def markdown_table(page: Path = PAGE) -> str:
     """One row per registered mechanism; proof links are relative to ``page``."""
     lines = [
         "| name | privacy map | neighbours | audit | proof | exact probabilities | parameters (default, range) "
-        "| description |",
-        "|---|---|---|---|---|---|---|---|",
+        "| description | slates |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m in MECHANISMS.values():
         decl = m.privacy
@@ -65,7 +66,8 @@ def markdown_table(page: Path = PAGE) -> str:
         link = posixpath.relpath(path, page.parent.as_posix()) + f"#{anchor}"
         lines.append(
             f"| `{m.name}` | {privacy} | {NEIGHBOURS[decl.neighbouring]} | {_cell(audit_text(decl))} "
-            f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} |"
+            f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} "
+            f"| {'one pass at ε' if m.one_shot else 'peeling: k steps at ε/k'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -1,7 +1,8 @@
 """The registry of selection mechanisms and the public API (docs/reference/specification.md §2).
 
-Each entry declares its privacy (:class:`recsvc.mechanisms.privacy.Privacy`: map, neighbouring
-relation, audit, proof); docs/concepts/mechanisms.md is generated from the entries.
+Each entry (:class:`recsvc.mechanisms.mechanism.Mechanism`; the built-in ones are in ``builtin.py``)
+declares its privacy (:class:`recsvc.mechanisms.privacy.Privacy`: map, neighbouring relation,
+audit, proof); docs/concepts/mechanisms.md is generated from the entries.
 Every entry point validates ALL input (``validation.py``) before drawing any randomness, so bad
 input never selects anything and never moves the caller's generator. Scores must ALREADY be
 clipped to each item's [lo, hi] (callers own the ranges; clipping is what makes Δ a bound).
@@ -9,28 +10,17 @@ clipped to each item's [lo, hi] (callers own the ranges; clipping is what makes 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, KeysView, Mapping
+from collections.abc import Iterator, KeysView, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import cast
 
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms import gem, noisy_max, random_stopping, randomized_response
-from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
-from recsvc.mechanisms.privacy import (
-    PROOFS,
-    Audit,
-    AuditKind,
-    Neighbouring,
-    Privacy,
-    PrivacyMap,
-    Split,
-    not_private,
-    pure,
-)
+from recsvc.mechanisms.builtin import BUILTIN
+from recsvc.mechanisms.mechanism import Mechanism
+from recsvc.mechanisms.params import ParamSpec, ParamValues
 from recsvc.mechanisms.validation import (
     MechanismInputError,
     check_batch,
@@ -42,12 +32,6 @@ from recsvc.mechanisms.validation import (
     check_user_offset,
 )
 from recsvc.rng import user_stream
-
-# sample(q, Δ, ε, own params, rng, size) -> (size,) int64 indices; log_p(q, Δ, ε, own params) -> (n,)
-SampleFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
-LogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues], np.ndarray]
-# expectation(q, Δ, ε, own params, values ≥ 0) -> E[values[output]], exactly and cheaply
-ExpectationFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.ndarray], float]
 
 # The keyword arguments of select/select_batch: a parameter named like one could never be passed.
 _RESERVED = frozenset(
@@ -73,171 +57,6 @@ class NonPrivateMechanismError(MechanismInputError):
     """A non-DP mechanism (``rnmh``) was requested where privacy is required."""
 
 
-@dataclass(frozen=True)
-class Mechanism:
-    """One selection mechanism. ``privacy`` declares what it promises and how that is proven
-    (``private`` is False only for ``rnmh``, whose map is infinite); it is ``exact`` when it
-    has ``log_probabilities_fn``; ``params`` maps each parameter it takes to its spec;
-    ``expectation_fn`` (exact mechanisms only) is a cheap exact E[values[output]], declared where
-    one exists: the `auto` policy table needs millions of expected errors (rnm_laplace has none,
-    its exact probabilities cost ~40 ms at n = 500)."""
-
-    name: str
-    description: str  # one line
-    sample: SampleFn = field(repr=False, compare=False)
-    log_probabilities_fn: LogProbFn | None = field(default=None, repr=False, compare=False)
-    params: Mapping[str, ParamSpec] = field(default_factory=param_specs, compare=False)
-    expectation_fn: ExpectationFn | None = field(default=None, repr=False, compare=False)
-    privacy: Privacy = field(kw_only=True)
-
-    def __post_init__(self) -> None:
-        if not self.name or not self.description or "\n" in self.description:
-            raise ValueError(f"mechanism {self.name!r} needs a name and a one-line description")
-        if self.expectation_fn is not None and self.log_probabilities_fn is None:
-            raise ValueError(f"mechanism {self.name!r}: an expectation_fn needs log_probabilities_fn (exact)")
-        if any(k != spec.name for k, spec in self.params.items()):
-            raise ValueError(f"mechanism {self.name!r}: params must map each spec's own name to it")
-        object.__setattr__(self, "params", param_specs(*self.params.values()))  # a read-only copy
-        if not isinstance(self.privacy, Privacy):
-            raise ValueError(f"mechanism {self.name!r} needs a Privacy declaration, got {self.privacy!r}")
-        if self.privacy.audit.kind is AuditKind.EXACT and not self.exact:
-            raise ValueError(f"mechanism {self.name!r}: an exact audit needs log_probabilities_fn")
-        for setting in self.privacy.audit.settings:
-            if not set(setting) <= set(self.params):
-                raise ValueError(
-                    f"mechanism {self.name!r}: its audit sets {sorted(set(setting) - set(self.params))}, "
-                    "which it does not take"
-                )
-
-    @property
-    def exact(self) -> bool:
-        return self.log_probabilities_fn is not None
-
-    @property
-    def private(self) -> bool:
-        return self.privacy.private
-
-
-def _declared(
-    name: str,
-    neighbouring: Neighbouring,
-    audit: Audit,
-    privacy_map: PrivacyMap = pure,
-    split: Callable[[Mapping[str, float]], Split] | None = None,
-) -> Privacy:
-    """A built-in mechanism's declaration; its proof is the section named after it."""
-    return Privacy(privacy_map, neighbouring, audit, f"{PROOFS}#{name}", split)
-
-
-_BOUNDED, _ANY = Neighbouring.BOUNDED, Neighbouring.ANY
-_EXACT = Audit(AuditKind.EXACT)
-_TIGHT = Audit(AuditKind.EXACT, reach=0.4)  # the box vertices attain ≥ 40 % of ε (the audit is not vacuous)
-_GEM = Audit(AuditKind.EXACT, ({}, {"beta": 0.2}), reach=0.4)
-_STOPPING = Audit(AuditKind.STATISTICAL, ({"gamma": 0.05},))  # about 1/γ draws per sample: 20
-
-_BUILTIN = (
-    Mechanism(
-        "rnm",
-        "report noisy max: argmax(q + Z), Z ~ Exponential(mean 2Δmax/ε)",
-        noisy_max.rnm_sample,
-        noisy_max.rnm_log_probabilities,
-        expectation_fn=noisy_max.rnm_expectation,
-        privacy=_declared("rnm", _BOUNDED, _TIGHT),
-    ),
-    Mechanism(
-        "rnm_laplace",
-        "report noisy max: argmax(q + Z), Z ~ Laplace(2Δmax/ε)",
-        noisy_max.rnm_laplace_sample,
-        noisy_max.rnm_laplace_log_probabilities,
-        privacy=_declared("rnm_laplace", _BOUNDED, _TIGHT),
-    ),
-    Mechanism(
-        "em",
-        "exponential mechanism: P(a) ∝ exp(ε q_a / 2Δmax)",
-        noisy_max.em_sample,
-        noisy_max.em_log_probabilities,
-        expectation_fn=noisy_max.em_expectation,
-        privacy=_declared("em", _BOUNDED, _TIGHT),
-    ),
-    Mechanism(
-        "pf",
-        "permute-and-flip (same distribution as rnm)",
-        noisy_max.pf_sample,
-        noisy_max.rnm_log_probabilities,
-        expectation_fn=noisy_max.rnm_expectation,
-        privacy=_declared("pf", _BOUNDED, _TIGHT),
-    ),
-    Mechanism(
-        "krr",
-        "k-ary randomised response on the argmax: argmax w.p. e^ε/(e^ε+n−1), others 1/(e^ε+n−1); "
-        "tied maxima share uniformly",
-        randomized_response.krr_sample,
-        randomized_response.krr_log_probabilities,
-        expectation_fn=randomized_response.krr_expectation,
-        privacy=_declared("krr", _ANY, _TIGHT),
-    ),
-    Mechanism(
-        "random",
-        "uniform over the candidates (baseline, 0-DP)",
-        randomized_response.random_sample,
-        randomized_response.random_log_probabilities,
-        expectation_fn=randomized_response.random_expectation,
-        privacy=_declared("random", _ANY, _EXACT),
-    ),
-    Mechanism(
-        "rnmh",
-        "report noisy max with Z_a ~ Exponential(mean 2Δ_a/ε) (paper §IV-A; reference only)",
-        noisy_max.rnmh_sample,
-        privacy=_declared("rnmh", _BOUNDED, Audit(AuditKind.NONE), not_private),
-    ),
-    Mechanism(
-        "rs",
-        "Liu–Talwar random stopping: uniform draws, Laplace(3Δ_a/ε), stop w.p. γ",
-        random_stopping.rs_sample,
-        params=param_specs(random_stopping.GAMMA),
-        privacy=_declared("rs", _BOUNDED, _STOPPING),
-    ),
-    Mechanism(
-        "rs_improved",
-        "Papernot–Steinke stopping (η=0): K ~ Logarithmic(1−γ) draws, Laplace(2Δ_a/ε)",
-        random_stopping.rs_improved_sample,
-        params=param_specs(random_stopping.GAMMA),
-        privacy=_declared("rs_improved", _BOUNDED, _STOPPING),
-    ),
-    Mechanism(
-        "gem",
-        "generalised exponential mechanism: t = 2 ln(n/β)/ε, s = q − tΔ, "
-        "q'_a = min_a' (s_a−s_a')/(Δ_a+Δ_a'), rnm on q' with Δ = 1",
-        gem.gem_sample,
-        gem.gem_log_probabilities,
-        param_specs(gem.BETA),
-        expectation_fn=gem.gem_expectation,
-        privacy=_declared("gem", _BOUNDED, _GEM),
-    ),
-    Mechanism(
-        "mgem",
-        "modified GEM: as gem with t = −2 ln(n/β)/ε",
-        gem.mgem_sample,
-        gem.mgem_log_probabilities,
-        param_specs(gem.BETA),
-        expectation_fn=gem.mgem_expectation,
-        privacy=_declared("mgem", _BOUNDED, _GEM),
-    ),
-    Mechanism(
-        "combined_gem",
-        "RR (ε_c = cε) on [spearman(q, Δ) ≥ 0], then mgem (1) / gem (0) with ε − ε_c",
-        gem.combined_gem_sample,
-        gem.combined_gem_log_probabilities,
-        param_specs(gem.BETA, gem.CORR_BUDGET_FRACTION),
-        expectation_fn=gem.combined_gem_expectation,
-        privacy=_declared(
-            "combined_gem",
-            _BOUNDED,
-            Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25}), reach=0.4),
-            split=gem.correlation_split,
-        ),
-    ),
-)
 _REGISTRY: dict[str, Mechanism] = {}
 _PARAMS: dict[str, ParamSpec] = {}  # every declared parameter, in order of first declaration
 
@@ -268,7 +87,7 @@ def register(mech: Mechanism) -> Mechanism:
 
 def unregister(name: str) -> None:
     """Remove a mechanism added by :func:`register` (the built-in ones stay)."""
-    if any(m.name == name for m in _BUILTIN):
+    if any(m.name == name for m in BUILTIN):
         raise ValueError(f"mechanism {name!r} is built in and cannot be removed")
     if name not in _REGISTRY:
         raise ValueError(f"mechanism {name!r} is not registered")
@@ -293,13 +112,19 @@ def _sync_params() -> None:
             _PARAMS.setdefault(pname, spec)
 
 
-for _mech in _BUILTIN:
+for _mech in BUILTIN:
     register(_mech)
 
 
 def takers(param: str) -> tuple[str, ...]:
     """The mechanisms that take parameter ``param``, in registry order."""
     return tuple(n for n, m in MECHANISMS.items() if param in m.params)
+
+
+def default_mechanisms() -> tuple[str, ...]:
+    """The private mechanisms in the default set (``Mechanism.default``), in registry order: what
+    the evaluation harness runs and `auto`'s policy table ranks when no mechanisms are named."""
+    return tuple(n for n, m in MECHANISMS.items() if m.private and m.default)
 
 
 def get_mechanism(name: object, allow_non_private: bool = False) -> Mechanism:

@@ -1,7 +1,9 @@
-"""k-item slates by peeling, and their exact probabilities.
+"""k-item slates, by peeling or in one pass, and their exact probabilities.
 
-A slate is k distinct candidates in selection order: k successive selections without
-replacement, each by one registered mechanism with ε/k on the candidates not chosen yet.
+A slate is k distinct candidates in selection order. A one-shot mechanism (``top_k`` declared:
+oneshot, gumbel, clm) draws the whole slate in one run at ε, and its declared map says what that
+run consumes. Every other mechanism peels: k successive selections without replacement, each
+with ε/k on the candidates not chosen yet. The rest of this note is about peeling.
 
 Privacy (basic adaptive composition): for a fixed set of remaining candidates, step i is an
 (ε/k)-DP selection over their scores (the mechanism's own guarantee for |q_a − q'_a| ≤ Δ_a;
@@ -51,9 +53,39 @@ def check_count(name: str, value: object, least: int, most: int, what: str) -> i
 
 
 @functools.lru_cache(maxsize=256)  # a Split is immutable; every slate request of the same k shares one
-def slate_split(k: int, privacy_map: PrivacyMap = pure) -> Split:
-    """A k-item slate's budget: k steps of ε/k each (``privacy_map``: the mechanism's)."""
-    return Split((Stage("epsilon/k", k, privacy_map),))
+def slate_split(k: int, privacy_map: PrivacyMap = pure, one_shot: bool = False) -> Split:
+    """A k-item slate's budget (``privacy_map``: the mechanism's): k steps of ε/k each, or for a
+    one-shot mechanism one stage of one step at ε, so the charge is map(ε), not k·map(ε/k)."""
+    return Split((one_shot_stage("epsilon", privacy_map) if one_shot else Stage("epsilon/k", k, privacy_map),))
+
+
+def one_shot_stage(label: str, privacy_map: PrivacyMap = pure) -> Stage:
+    """A stage run by ONE call of a one-shot mechanism, however many items it returns: one step
+    at the stage's whole ε, consuming privacy_map(ε) once."""
+    return Stage(label, 1, privacy_map)
+
+
+def is_one_shot(name: str) -> bool:
+    return get_mechanism(name, allow_non_private=True).one_shot
+
+
+def run_slate(
+    name: str,
+    q: np.ndarray,
+    d: np.ndarray,
+    eps_step: float,
+    k: int,
+    rng: np.random.Generator,
+    allow_non_private: bool,
+    params: dict[str, object],
+) -> npt.NDArray[np.int64]:
+    """k items on validated q, Δ: one run of a one-shot mechanism at ``eps_step`` (its stage's
+    single step: the whole budget), else :func:`peel` at ``eps_step`` per step."""
+    mech = get_mechanism(name, allow_non_private)
+    if mech.top_k is None:
+        return peel(name, q, d, eps_step, k, rng, allow_non_private, params)
+    values = check_params(params, mech)
+    return np.asarray(mech.top_k(q, d, eps_step, values, rng, k), dtype=np.int64)
 
 
 def peel(
@@ -93,32 +125,46 @@ def select_slate(
     allow_non_private: bool = False,
     **params: object,
 ) -> np.ndarray:
-    """k distinct candidate indices (int64, in selection order) chosen by peeling with ``name``.
+    """k distinct candidate indices (int64, in selection order) chosen with ``name``.
 
-    Step i runs ``select(name, ·, ε/k)`` on the candidates not chosen yet (their ALREADY CLIPPED
-    scores and Δ). With k = 1 this is exactly ``select`` (same draws from the same ``rng``).
+    A one-shot mechanism runs its own one-pass sampler once at ε (never peeled). Any other
+    peels: step i runs ``select(name, ·, ε/k)`` on the candidates not chosen yet (their ALREADY
+    CLIPPED scores and Δ). With k = 1 either is exactly ``select`` (same draws from the same ``rng``).
 
-    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a, by basic composition of k (ε/k)-DP selections;
-    each step is (ε/k)-DP given the previous outputs, which are released together with it.
-    Charge ε for the whole slate. ``rnmh`` (NOT DP) is refused unless ``allow_non_private``.
+    Privacy: one-shot, the mechanism's declared map at ε; peeling, ε-DP (pure) for
+    |q_a − q'_a| ≤ Δ_a by basic composition of k (ε/k)-DP selections, each (ε/k)-DP given the
+    previous outputs, which are released together with it. Either way the charge is
+    :func:`recsvc.mechanisms.charged_epsilon` (ε for every private built-in). ``rnmh`` (NOT DP)
+    is refused unless ``allow_non_private``.
 
     All input (``name``, ε, scores, Δ, ``k`` with 1 ≤ k ≤ n, ``params``, ``rng``) is checked
     before any draw: bad input never moves ``rng``.
     """
-    get_mechanism(name, allow_non_private)
+    mech = get_mechanism(name, allow_non_private)
     eps = check_epsilon(epsilon)
     q, d = check_scores_sensitivities(scores, sensitivities)
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
-    (eps_step,) = slate_split(kk).stage_epsilons(eps)
+    (eps_step,) = slate_split(kk, one_shot=mech.one_shot).stage_epsilons(eps)
+    if mech.one_shot:
+        check_params(params, mech)
     gen = check_rng(rng)
-    return peel(name, q, d, eps_step, kk, gen, allow_non_private, params)
+    return run_slate(name, q, d, eps_step, kk, gen, allow_non_private, params)
 
 
 def chain_log_probabilities(
     name: str, q: np.ndarray, d: np.ndarray, eps_step: float, k: int, params: dict[str, object]
 ) -> dict[Slate, float]:
-    """log P(slate) for every ordered k-tuple: the product of each step's exact probability
-    over the candidates still remaining (in their original order, as :func:`peel` keeps them)."""
+    """log P(slate) for every ordered k-tuple, as :func:`run_slate` draws it: a one-shot
+    mechanism's own exact slate law at ``eps_step``, else the product of each peeling step's
+    exact probability over the candidates still remaining (in their original order, as
+    :func:`peel` keeps them)."""
+    mech = get_mechanism(name, allow_non_private=True)
+    if mech.one_shot:
+        if mech.slate_log_probabilities_fn is None:
+            raise NotImplementedError(
+                f"mechanism {name!r} has no exact slate probabilities; estimate slates with select_slate"
+            )
+        return mech.slate_log_probabilities_fn(q, d, eps_step, check_params(params, mech), k)
     out: dict[Slate, float] = {}
     steps: dict[Slate, np.ndarray] = {}  # one exact call per remaining SET (prefixes share them)
 
@@ -156,14 +202,14 @@ def slate_log_probabilities(
     name: str, scores: object, sensitivities: object, epsilon: float, k: int, **params: object
 ) -> dict[Slate, float]:
     """Exact log P(select_slate returns this ordered k-tuple), for every ordered k-tuple of
-    distinct indices. ``NotImplementedError`` for mechanisms without exact probabilities
-    (rs, rs_improved, rnmh). For small n: n!/(n−k)! outcomes."""
+    distinct indices (−inf where impossible). ``NotImplementedError`` for mechanisms without
+    exact probabilities (rs, rs_improved, rnmh). For small n: n!/(n−k)! outcomes."""
     require_exact(name)
     eps = check_epsilon(epsilon)
     q, d = check_scores_sensitivities(scores, sensitivities)
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
     check_outcomes(math.perm(q.shape[0], kk), "the slate")
-    (eps_step,) = slate_split(kk).stage_epsilons(eps)
+    (eps_step,) = slate_split(kk, one_shot=is_one_shot(name)).stage_epsilons(eps)
     return chain_log_probabilities(name, q, d, eps_step, kk, params)
 
 

@@ -323,3 +323,94 @@ REFERENCE = {
     "rs": lambda q, d, eps, gamma, **p: random_stopping_probabilities_quad(q, d, eps, gamma, "rs"),
     "rs_improved": lambda q, d, eps, gamma, **p: random_stopping_probabilities_quad(q, d, eps, gamma, "rs_improved"),
 }
+
+
+# --- one-shot top-k references -------------------------------------------------------------------
+# Written from the definitions, sharing no code with recsvc.mechanisms.topk / clm.
+
+
+def noisy_top_k_probabilities_quad(
+    u: np.ndarray, noise: str = "exponential", k: int = 2
+) -> dict[tuple[int, ...], float]:
+    """P(the k largest of u + N, in order, are s) for every ordered k-tuple s, N_a i.i.d. standard
+    ``"exponential"`` or ``"gumbel"``, by adaptive quadrature (k ≤ 2: one 1-D integral each):
+
+        P(s) = ∫ f_{s_k}(y) Π_{b ∉ s} F_b(y) · P(X_{s_1} > y) dy       (k = 2; k = 1 without the last factor)
+    """
+    u = np.asarray(u, dtype=np.float64)
+    if noise not in ("exponential", "gumbel") or k not in (1, 2):
+        raise ValueError("noise must be 'exponential' or 'gumbel' and k 1 or 2")
+    n = u.shape[0]
+
+    def cdf(y: float, b: int) -> float:
+        z = y - u[b]
+        if noise == "exponential":
+            return float(-np.expm1(-z)) if z > 0 else 0.0
+        return float(np.exp(-np.exp(-z)))
+
+    def pdf(y: float, b: int) -> float:
+        z = y - u[b]
+        if noise == "exponential":
+            return float(np.exp(-z)) if z > 0 else 0.0
+        return float(np.exp(-z - np.exp(-z)))
+
+    out = {}
+    for s in itertools.permutations(range(n), k):
+        last, others = s[-1], [b for b in range(n) if b not in s]
+
+        def integrand(y: float, last: int = last, others: list[int] = others, s: tuple[int, ...] = s) -> float:
+            v = pdf(y, last) * math.prod(cdf(y, b) for b in others)
+            return v * (1.0 - cdf(y, s[0])) if k == 2 else v
+
+        lo = float(u[last]) if noise == "exponential" else float(u.min()) - 40.0
+        edges = np.unique(np.r_[lo, u[u > lo], float(u.max()) + 60.0])
+        out[s] = sum(
+            integrate.quad(integrand, e0, e1, epsabs=0.0, epsrel=1e-11, limit=200)[0]
+            for e0, e1 in itertools.pairwise(edges)
+        )
+    return out
+
+
+def clm_loss(x: np.ndarray, subset: Sequence[int], gamma: float) -> float:
+    """clm's loss of a subset from its definition: (1 − γ)·max(a, b) − γ·a with a the worst
+    chosen and b the best left out (−∞ when nothing is left out)."""
+    inside = np.zeros(x.shape[0], dtype=bool)
+    inside[list(subset)] = True
+    a = float(x[inside].min())
+    b = float(x[~inside].max()) if (~inside).any() else -math.inf
+    return (1.0 - gamma) * max(a, b) - gamma * a
+
+
+def linf_distance_to_top_k(x: np.ndarray, subset: Sequence[int]) -> float:
+    """min ‖x − v‖∞ over the v whose top k (ties allowed) is ``subset``, by brute force: the cost
+    of a threshold c, max(max_{i∈y}(c − x_i)⁺, max_{j∉y}(x_j − c)⁺), is convex and piecewise
+    linear with kinks at the x_i and crossings at midpoints, so its minimum is at one of them."""
+    inside = np.zeros(x.shape[0], dtype=bool)
+    inside[list(subset)] = True
+    points = np.r_[x, (x[:, None] + x[None, :]).ravel() / 2]
+    up = np.maximum(points[:, None] - x[None, inside], 0.0).max(axis=1)
+    down = np.maximum(x[None, ~inside] - points[:, None], 0.0).max(axis=1) if (~inside).any() else 0.0 * up
+    return float(np.maximum(up, down).min())
+
+
+def clm_direct_log_probabilities(
+    q: np.ndarray, d: np.ndarray, epsilon: float, k: int, gamma: float
+) -> dict[tuple[int, ...], float]:
+    """log P(clm returns the set s) for every sorted k-subset s: report noisy max with
+    Exponential(1) noise over ALL C(n, k) subsets on −(ε/2)·loss, its law by adaptive quadrature."""
+    x = np.asarray(q, dtype=np.float64) / float(np.max(d))
+    subsets = list(itertools.combinations(range(x.shape[0]), k))
+    util = np.array([-0.5 * epsilon * clm_loss(x, s, gamma) for s in subsets])
+    p = noisy_max_probabilities_quad(util, np.ones(len(subsets)), "exponential")
+    return {s: float(np.log(v)) for s, v in zip(subsets, p, strict=True)}
+
+
+def clm_direct_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, k: int, gamma: float, rng: np.random.Generator, size: int
+) -> list[tuple[int, ...]]:
+    """``size`` sets drawn by the definition: the argmax over all k-subsets of −(ε/2)·loss + E."""
+    x = np.asarray(q, dtype=np.float64) / float(np.max(d))
+    subsets = list(itertools.combinations(range(x.shape[0]), k))
+    util = np.array([-0.5 * epsilon * clm_loss(x, s, gamma) for s in subsets])
+    best = (util[None, :] + rng.standard_exponential((size, len(subsets)))).argmax(axis=1)
+    return [subsets[int(i)] for i in best]

@@ -1,10 +1,11 @@
 """Two-stage selection over a full catalog: a private top-m candidate stage, then a slate
 among those m.
 
-Stage 1 spends ε₁ = candidate_fraction · ε on a private top-m: a peeling slate of m items with
-``candidate_mechanism`` (ε₁/m per step). Stage 2 spends ε₂ = ε − ε₁ on a k-item slate with
-``name`` among the m candidates (ε₂/k per step), in ascending catalog order, so stage 2 sees
-only the candidate SET. Only the stage-2 slate is returned.
+Stage 1 spends ε₁ = candidate_fraction · ε on a private top-m: a slate of m items with
+``candidate_mechanism`` (peeling at ε₁/m per step, or one run at ε₁ of a one-shot mechanism).
+Stage 2 spends ε₂ = ε − ε₁ on a k-item slate with ``name`` among the m candidates (likewise
+ε₂/k per step or one run at ε₂), in ascending catalog order, so stage 2 sees only the candidate
+SET. Only the stage-2 slate is returned.
 
 Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a over the whole catalog. Stage 1 is ε₁-DP (a peeling
 slate), stage 2 is ε₂-DP for any fixed candidate set, and the set is stage 1's output, so by
@@ -30,8 +31,10 @@ from recsvc.mechanisms.slate import (
     chain_log_probabilities,
     check_count,
     check_outcomes,
-    peel,
+    is_one_shot,
+    one_shot_stage,
     require_exact,
+    run_slate,
 )
 from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
 
@@ -57,16 +60,26 @@ def two_stage_split(
     privacy_map: PrivacyMap = pure,
     *,
     m_label: str = "m",
+    candidate_one_shot: bool = False,
+    one_shot: bool = False,
 ) -> Split:
     """The two stages' budget: m steps of ε₁/m (ε₁ = candidate_fraction·ε) with the candidate
     mechanism (``candidate_map``), then k steps of (ε − ε₁)/k with the selecting one
-    (``privacy_map``). ``m_label`` names m in refusals (the service calls it num_candidates)."""
+    (``privacy_map``); a one-shot mechanism's stage is one step at its whole share instead.
+    ``m_label`` names m in refusals (the service calls it num_candidates)."""
     f = check_fraction(candidate_fraction)
+    first = (
+        one_shot_stage("candidate_fraction·epsilon", candidate_map)
+        if candidate_one_shot
+        else Stage(f"candidate_fraction·epsilon/{m_label}", m, candidate_map)
+    )
+    second = (
+        one_shot_stage("(1 − candidate_fraction)·epsilon", privacy_map)
+        if one_shot
+        else Stage("(1 − candidate_fraction)·epsilon/k", k, privacy_map)
+    )
     return Split(
-        (
-            Stage(f"candidate_fraction·epsilon/{m_label}", m, candidate_map),
-            Stage("(1 − candidate_fraction)·epsilon/k", k, privacy_map),
-        ),
+        (first, second),
         (f,),
         "candidate_fraction",
     )
@@ -90,7 +103,10 @@ def _checked(
     q, d = check_scores_sensitivities(scores, sensitivities)
     mm = check_count("m", m, 1, q.shape[0], "the number of candidates in the catalog")
     kk = check_count("k", k, 1, mm, "m, the number of private candidates")
-    eps1_step, eps2_step = two_stage_split(candidate_fraction, mm, kk).stage_epsilons(eps)
+    split = two_stage_split(
+        candidate_fraction, mm, kk, candidate_one_shot=is_one_shot(candidate_mechanism), one_shot=is_one_shot(name)
+    )
+    eps1_step, eps2_step = split.stage_epsilons(eps)
     return q, d, mm, kk, eps1_step, eps2_step
 
 
@@ -110,7 +126,8 @@ def select_two_stage(
 ) -> npt.NDArray[np.int64]:
     """A k-item slate (int64 catalog indices, in selection order) from a private top-m.
 
-    Stage 1: ``select_slate(candidate_mechanism, q, Δ, ε₁, m)`` with ε₁ = candidate_fraction·ε.
+    Stage 1: ``select_slate(candidate_mechanism, q, Δ, ε₁, m)`` with ε₁ = candidate_fraction·ε
+    (a one-shot mechanism runs once at ε₁, as in ``select_slate``).
     Stage 2: ``select_slate(name, q[C], Δ[C], ε − ε₁, k)`` on the candidates C in catalog order.
     ``params`` go to both stages (each mechanism uses the ones it takes).
 
@@ -129,8 +146,8 @@ def select_two_stage(
     gen = check_rng(rng)
     throwaway = np.random.Generator(np.random.PCG64(0))
     select(name, q, d, eps2_step, throwaway, allow_non_private=allow_non_private, **params)  # checks only
-    candidates = np.sort(peel(candidate_mechanism, q, d, eps1_step, mm, gen, allow_non_private, params))
-    picked = peel(name, q[candidates], d[candidates], eps2_step, kk, gen, allow_non_private, params)
+    candidates = np.sort(run_slate(candidate_mechanism, q, d, eps1_step, mm, gen, allow_non_private, params))
+    picked = run_slate(name, q[candidates], d[candidates], eps2_step, kk, gen, allow_non_private, params)
     return candidates[picked]
 
 

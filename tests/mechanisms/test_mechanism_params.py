@@ -58,17 +58,21 @@ DEFAULTS = {
     "gem": {"beta": 0.05},
     "mgem": {"beta": 0.05},
     "combined_gem": {"beta": 0.05, "corr_budget_fraction": 0.6},
+    "oneshot": {},
+    "gumbel": {},
+    "clm": {"loss_weight": 0.5},
 }
 
 
 def test_each_mechanism_declares_its_parameters_and_defaults():
     assert {n: {k: s.default for k, s in m.params.items()} for n, m in MECHANISMS.items()} == DEFAULTS
-    assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]  # order of first declaration
+    assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction", "loss_weight"]  # order of first declaration
     bounds = {k: (s.low, s.high, s.low_inclusive, s.high_inclusive, s.floor, s.accepted) for k, s in PARAMS.items()}
     assert bounds == {
         "beta": (0.0, 1.0, False, False, None, "(0, 1)"),
         "gamma": (0.0, 1.0, False, False, 1e-6, "[1e-06, 1)"),
         "corr_budget_fraction": (0.0, 1.0, False, False, None, "(0, 1)"),
+        "loss_weight": (0.0, 1.0, True, True, None, "[0, 1]"),
     }
     assert MECHANISMS["gem"].params["beta"] is MECHANISMS["combined_gem"].params["beta"] is PARAMS["beta"]
     assert all(s.doc and "\n" not in s.doc for s in PARAMS.values())
@@ -135,7 +139,7 @@ def test_a_name_no_mechanism_declares_is_refused():
     with pytest.raises(
         MechanismInputError,
         match=r"unknown mechanism parameter\(s\) alpha, delta; "
-        r"expected only gamma, beta, corr_budget_fraction$",
+        r"expected only gamma, beta, corr_budget_fraction, loss_weight$",
     ):
         select("rnm", Q, D, 1.0, delta=0.1, alpha=0.5)
 
@@ -151,7 +155,7 @@ def test_flags_are_derived_from_the_specs():
     parser = argparse.ArgumentParser()
     add_param_arguments(parser)
     args = parser.parse_args(["--beta", "0.1", "--corr-budget-fraction", "0.3"])
-    assert params_from_namespace(args) == {"gamma": None, "beta": 0.1, "corr_budget_fraction": 0.3}
+    assert params_from_namespace(args) == {"gamma": None, "beta": 0.1, "corr_budget_fraction": 0.3, "loss_weight": None}
     helps = {a.dest: a.help for a in parser._actions}
     assert helps["beta"] == f"{PARAMS['beta'].doc}; taken by gem, mgem, combined_gem (default 0.05, in (0, 1))"
     assert helps["gamma"].endswith("; taken by rs, rs_improved (default 0.008, in [1e-06, 1))")
@@ -236,7 +240,7 @@ def test_the_registry_is_read_only_and_registration_is_checked() -> None:
     assert (
         "gem2" not in MECHANISMS
         and "seeded" not in MECHANISMS
-        and list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction"]
+        and list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction", "loss_weight"]
     )
 
 
@@ -264,7 +268,7 @@ def test_toy_parameters_are_validated_before_any_draw(toy):
 
 def test_toy_parameter_leaves_with_the_toy(make_toy):
     with registered(make_toy("tempered_em")):
-        assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction", "alpha"]
+        assert list(PARAM_NAMES) == ["gamma", "beta", "corr_budget_fraction", "loss_weight", "alpha"]
     with pytest.raises(MechanismInputError, match="unknown mechanism parameter"):
         select("rnm", Q, D, 1.0, alpha=0.5)
 
@@ -357,7 +361,13 @@ def test_toy_is_evaluable_with_its_parameter_from_the_command_line(toy, tmp_path
     report = (out / "report.md").read_text(encoding="utf-8")
     assert "β=0.05, γ=0.05, alpha=0.25" in report and "| tempered_em (exact) |" in report  # γ: the scenario's
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-    assert summary["config"]["params"] == {"gamma": 0.05, "beta": 0.05, "corr_budget_fraction": 0.6, "alpha": 0.25}
+    assert summary["config"]["params"] == {
+        "gamma": 0.05,
+        "beta": 0.05,
+        "corr_budget_fraction": 0.6,
+        "loss_weight": 0.5,
+        "alpha": 0.25,
+    }
     assert summary["mechanisms"] == ["rnm", "tempered_em"]
 
 
@@ -379,7 +389,7 @@ def test_eval_refuses_the_toy_parameter_once_the_toy_is_gone():
     with pytest.raises(
         MechanismInputError,
         match=r"unknown mechanism parameter\(s\) alpha; "
-        r"expected only gamma, beta, corr_budget_fraction$",
+        r"expected only gamma, beta, corr_budget_fraction, loss_weight$",
     ):
         validate(EvalConfig(scenario="1", params={"alpha": 0.5}))
 

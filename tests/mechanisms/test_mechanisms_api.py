@@ -18,7 +18,8 @@ from recsvc.mechanisms import (
 from recsvc.rng import user_stream
 
 NAMES = ["rnm", "rnm_laplace", "em", "pf", "krr", "random", "rnmh", "rs", "rs_improved", "gem", "mgem", "combined_gem"]
-EXACT = {"rnm", "rnm_laplace", "em", "pf", "krr", "random", "gem", "mgem", "combined_gem"}
+NAMES += ["oneshot", "gumbel", "clm"]  # one-shot top-k
+EXACT = {"rnm", "rnm_laplace", "em", "pf", "krr", "random", "gem", "mgem", "combined_gem", "oneshot", "gumbel", "clm"}
 
 Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])

@@ -345,7 +345,8 @@ def test_select_batch_too_large_is_refused_whole(artifact: Path, tmp_path: Path)
 def test_list_mechanisms_health_and_reflection(client: Client, server: ServerHandle) -> None:
     info = client.mechanisms()
     by_name = {m.name: (m.private, m.allowed) for m in info.mechanisms}
-    assert by_name["rnmh"] == (False, False) and by_name["mgem"] == (True, True) and len(by_name) == 12
+    assert by_name["rnmh"] == (False, False) and by_name["mgem"] == (True, True) and by_name["clm"] == (True, True)
+    assert len(by_name) == 15  # every registered mechanism, the one-shot top-k ones included
     assert (info.default_mechanism, info.auto_resolves_to, info.population_spearman_median) == ("auto", "mgem", 0.5)
     assert (info.budget, info.max_candidates, info.max_slate, info.min_candidates, info.catalog_size) == (
         BUDGET,

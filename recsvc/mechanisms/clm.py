@@ -1,0 +1,179 @@
+"""The canonical Lipschitz mechanism for top-k (``clm``; Shekelyan & Loukides 2022).
+
+It picks a k-SUBSET y by report-noisy-max over all C(n, k) subsets: the value of y is
+−(ε/2)·loss(y) + E_y with E_y ~ Exponential(1) i.i.d. In units x = q/Δmax, with
+a(y) = min_{i∈y} x_i (the worst chosen) and b(y) = max_{j∉y} x_j (the best left out),
+
+    loss(y) = (1 − γ)·max(a, b) − γ·a,        γ = ``loss_weight`` ∈ [0, 1]
+
+At γ = ½ this is the canonical loss, the L∞ distance from x to the scores whose top k is y:
+½·max(0, b − a). Both max(a, b) and a move by at most 1 when every x_i does, so the loss does
+too, for every γ; the factor ε/2 (not ε) is the one for losses that may move in either
+direction. Privacy proof: docs/concepts/privacy-proofs.md#clm.
+
+The loss depends on y only through which sorted positions hold a and b, so the subsets fall
+into k(n − k) + 1 utility classes (sorted order j_1, …, j_n, largest first; 1-based):
+
+* the top class: {j_1, …, j_k}, a = x_[k] and (by the formula) max(a, b) = a;
+* class (h, t), 0 ≤ h ≤ k − 1 < k < t ≤ n: the head j_1..j_h, NOT j_{h+1} (so b = x_[h+1]),
+  the tail j_t (a = x_[t]) and a body of k − h − 1 items from j_{h+2}..j_{t−1}:
+  C(t − h − 2, k − h − 1) subsets.
+
+(Seed 004's restatement draws the body from j_{h+1}..j_{t−1}, C(t − h − 1, k − h − 1) subsets: that
+counts sets containing j_{h+1}, which belong to a class of larger h, twice.) The best noise of
+m i.i.d. Exponential(1) values is −log(1 − U^{1/m}), so one uniform per class draws the winning
+class exactly, and a uniform subset of it is the answer. The answer is a SET: the slate lists it
+in a uniformly random order, which carries no information about the scores.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import gammaln, logsumexp
+
+from recsvc.mechanisms.exact import _gauss_legendre_01
+from recsvc.mechanisms.params import ParamSpec, ParamValues
+
+LOSS_WEIGHT = ParamSpec(
+    "loss_weight",
+    0.5,
+    0.0,
+    1.0,
+    "clm's loss weight γ on the worst chosen score (1 − γ on the best one left out; ½: the canonical loss)",
+    low_inclusive=True,
+    high_inclusive=True,
+)
+
+Slate = tuple[int, ...]
+
+
+def classes(x_sorted: np.ndarray, k: int, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The utility classes of sorted scores (largest first): (h, t, log size), 1-based t, and
+    each class's loss; the top class comes first as (k − 1, k)."""
+    n = x_sorted.shape[0]
+    hh, tt = np.meshgrid(np.arange(k), np.arange(k + 1, n + 1), indexing="ij")
+    h = np.r_[k - 1, hh.ravel()]
+    t = np.r_[k, tt.ravel()]
+    body = k - h - 1
+    pool = np.maximum(t - h - 2, 0)  # the top class (−1) has no body: its size is set below
+    log_size = gammaln(pool + 1.0) - gammaln(body + 1.0) - gammaln(pool - body + 1.0)
+    log_size[0] = 0.0
+    a = x_sorted[t - 1]
+    best_out = x_sorted[h]  # x_[h+1]; for the top class x_[k] = a
+    loss = (1.0 - gamma) * np.maximum(a, best_out) - gamma * a
+    return np.c_[h, t], cast("np.ndarray", log_size), cast("np.ndarray", loss)
+
+
+def _setup(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
+) -> tuple[npt.NDArray[np.intp], np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted order, classes (h, t), log sizes, utilities −(ε/2)·loss)."""
+    order = np.argsort(-q, kind="stable")
+    x = q[order] / d.max()
+    ht, log_size, loss = classes(x, k, float(p["loss_weight"]))
+    return order, ht, log_size, -0.5 * epsilon * loss
+
+
+def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """A uniform member of class (h, t): head, a uniform body, tail (the top class: the top k)."""
+    if t == k:
+        return order[:k].astype(np.int64)
+    body = rng.choice(order[h + 1 : t - 1], size=k - h - 1, replace=False) if k - h - 1 else order[:0]
+    return np.concatenate([order[:h], body, order[t - 1 : t]]).astype(np.int64)
+
+
+def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[np.intp]:
+    """The winning class per row of uniforms u (rows, classes): the best of m_c Exponential(1)
+    values is −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
+    with np.errstate(divide="ignore"):
+        v = np.exp(np.log(-np.log(u)) - log_size)
+        noise = -np.log(-np.expm1(-v))
+    return cast("npt.NDArray[np.intp]", (util + noise).argmax(axis=-1))  # numpy: Any
+
+
+def clm_top_k(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, k: int
+) -> npt.NDArray[np.int64]:
+    """A k-subset by the canonical Lipschitz mechanism, in uniformly random order.
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax: report noisy max with Exponential(1)
+    noise over the subsets, on utilities −(ε/2)·loss whose loss moves by at most 1
+    (McKenna & Sheldon 2020, Theorem 1, with sensitivity 1 and scale 2/ε).
+    """
+    order, ht, log_size, util = _setup(q, d, epsilon, p, k)
+    count: int = util.shape[0]
+    c = int(_best(util, log_size, rng.random((count,))))
+    chosen = _members(order, int(ht[c, 0]), int(ht[c, 1]), k, rng)
+    return chosen[rng.permutation(k)] if k > 1 else chosen
+
+
+def clm_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> npt.NDArray[np.int64]:
+    """One item (k = 1), ``size`` times: the class draw of :func:`clm_top_k` (the same stream).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (see :func:`clm_top_k`).
+    """
+    order, ht, log_size, util = _setup(q, d, epsilon, p, 1)
+    c = _best(util, log_size, rng.random((size, util.shape[0])))
+    picked = order[ht[c, 1] - 1]  # k = 1: class (0, t) is the single item j_t
+    return cast("npt.NDArray[np.int64]", picked.astype(np.int64))  # numpy types fancy indexing as Any
+
+
+def class_log_probabilities(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
+) -> tuple[npt.NDArray[np.intp], np.ndarray, np.ndarray]:
+    """(order, classes, log P(class)). With w_c = e^{util_c − max util} and m_c subsets each,
+
+        P(c) = m_c w_c ∫_0^1 (1 − w_c s)^{m_c − 1} Π_{c' ≠ c} (1 − w_{c'} s)^{m_{c'}} ds,
+
+    a polynomial of degree C(n, k) − 1 that Gauss–Legendre integrates exactly (small n)."""
+    order, ht, log_size, util = _setup(q, d, epsilon, p, k)
+    m = np.exp(log_size)
+    total = float(m.sum())
+    s, log_weights = _gauss_legendre_01(round(total) // 2 + 2)
+    log_w = util - util.max()
+    terms = np.log1p(-np.multiply.outer(np.exp(log_w), s))  # (classes, nodes)
+    all_terms = (m[:, None] * terms).sum(axis=0)
+    log_int = logsumexp(log_weights[None, :] + all_terms[None, :] - terms, axis=1)
+    return order, ht, cast("np.ndarray", log_size + log_w + log_int)
+
+
+def clm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:
+    order, ht, log_p = class_log_probabilities(q, d, epsilon, p, 1)
+    out = np.empty(q.shape[0])
+    out[order[ht[:, 1] - 1]] = log_p  # k = 1: class (0, t) is the single item j_t
+    return out
+
+
+def clm_slate_log_probabilities(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
+) -> dict[Slate, float]:
+    """log P(slate) for every ordered k-tuple: P(its set's class) / (class size · k!)."""
+    import itertools
+
+    order, ht, log_p = class_log_probabilities(q, d, epsilon, p, k)
+    n = q.shape[0]
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(1, n + 1)
+    index = {(int(h), int(t)): i for i, (h, t) in enumerate(ht)}
+    _, _, log_size, _ = _setup(q, d, epsilon, p, k)
+    out: dict[Slate, float] = {}
+    per_order = math.lgamma(k + 1)
+    for s in itertools.permutations(range(n), k):
+        c = index[class_of(sorted(int(rank[a]) for a in s), k)]
+        out[s] = float(log_p[c] - log_size[c] - per_order)
+    return out
+
+
+def class_of(ranks: list[int], k: int) -> tuple[int, int]:
+    """(h, t) of the subset holding these sorted 1-based ranks: h = the length of its prefix of
+    the sorted order (at most k − 1), t = its worst rank (k for the top k)."""
+    h = 0
+    while h < k - 1 and ranks[h] == h + 1:
+        h += 1
+    return h, ranks[-1]

@@ -1,0 +1,194 @@
+"""One-shot top-k with noise on the items: ``oneshot`` (exponential noise) and ``gumbel``.
+
+Each draws ONE noise value per candidate and returns the k largest noisy scores, in decreasing
+order: one pass, O(n) draws and O(n + k log k) work, however large k is. Their scales are
+chosen for the whole slate (k items at ε), so a k-item slate is charged ε once
+(docs/concepts/privacy-proofs.md#oneshot, #gumbel):
+
+* ``oneshot``: Z_a ~ Exponential(mean 2kΔmax/ε). At k = 1 this is ``rnm`` exactly.
+* ``gumbel``: Z_a ~ Gumbel(scale 2kΔmax/ε). Its ordered top k is distributed as k successive
+  exponential-mechanism draws at ε/k, all with the full set's Δmax (Plackett–Luce); at k = 1
+  it is ``em`` exactly.
+
+At k = 1 their exact probabilities and expectations are ``rnm``'s and ``em``'s (the registry
+shares those functions). Inputs are validated ALREADY CLIPPED scores q (n,) and sensitivities Δ (n,); 1 ≤ k ≤ n is the
+caller's check. Ties between noisy values have probability ~0; if one occurs, the lower index
+ranks first (a fixed rule that does not look at the data).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import cast
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import logsumexp
+
+from recsvc.mechanisms.params import ParamValues
+
+Slate = tuple[int, ...]
+
+
+def _units(q: np.ndarray, d: np.ndarray, epsilon: float, k: int) -> npt.NDArray[np.float64]:
+    """(q − max q) / scale with scale = 2kΔmax/ε: every value ≤ 0 and finite for any ε."""
+    return cast("npt.NDArray[np.float64]", (q - q.max()) * (epsilon / (2.0 * k * d.max())))  # numpy: Any
+
+
+def top_k_order(z: np.ndarray, k: int) -> npt.NDArray[np.int64]:
+    """The indices of the k largest values of z, largest first (the lower index first on a tie)."""
+    n = z.shape[0]
+    if k == 1:
+        return np.array([int(z.argmax())], dtype=np.int64)
+    if k < n:
+        # Move the k largest to the front (stable on the negated values: lower index first).
+        idx = np.argpartition(-z, k - 1)[:k]
+        idx.sort()
+    else:
+        idx = np.arange(n)
+    return idx[np.argsort(-z[idx], kind="stable")].astype(np.int64)
+
+
+def _rows_argmax(z: np.ndarray) -> npt.NDArray[np.intp]:
+    return cast("npt.NDArray[np.intp]", z.argmax(axis=1))  # numpy types argmax along an axis as Any
+
+
+# --- oneshot ---------------------------------------------------------------------------------------
+
+
+def oneshot_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> npt.NDArray[np.intp]:
+    """One item: argmax(q + Z), Z_a ~ Exponential(mean 2Δmax/ε) (``rnm``; the slate with k = 1).
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax; see :func:`oneshot_top_k`.
+    """
+    z = rng.standard_exponential((size, q.shape[0]))
+    z += _units(q, d, epsilon, 1)
+    return _rows_argmax(z)
+
+
+def oneshot_top_k(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, k: int
+) -> npt.NDArray[np.int64]:
+    """The top k of q + Z, Z_a ~ Exponential(mean 2kΔmax/ε) drawn once, largest first.
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax. Randomness alignment: for an output
+    o, raise each chosen item's noise by Δmax + q_a − q'_a ∈ [0, 2Δmax] and keep the others';
+    on q' the chosen items keep their order and each stays above every other item (which rose by
+    at most Δmax), the map is a translation, and the density falls by at most e^{−2kΔmax/scale}
+    = e^{−ε}. This is the bound of OpenDP's make_noisy_top_k (k · range distance / scale).
+    """
+    n: int = q.shape[0]
+    z = rng.standard_exponential((n,))  # the same stream as oneshot_sample at k = 1
+    z += _units(q, d, epsilon, k)
+    return top_k_order(z, k)
+
+
+def oneshot_slate_log_probabilities(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
+) -> dict[Slate, float]:
+    """log P(ordered top k = s) for every ordered k-tuple s (small n: exact enumeration).
+
+    In noise units X_b = u_b + E_b with E_b ~ Exponential(1). Going UP from −∞, item b appears
+    at u_b and then dies (at X_b) at rate 1. Between consecutive distinct values t_j < t_{j+1}
+    of u, every living item survives with probability e^{−(t_{j+1} − t_j)} independently, and
+    the items dying in the same segment die in a uniformly random order (their residual lives
+    are i.i.d. by memorylessness); above max u everyone dies, in uniform order. So the ranking
+    sorts items by death segment (the last first), ties in uniform order: a sum of products of
+    positive terms, with no cancellation and no quadrature.
+    """
+    u = _units(q, d, epsilon, k)
+    n = u.shape[0]
+    t = np.unique(u)
+    r = t.shape[0]
+    start = np.searchsorted(t, u)  # the segment in which each item appears
+    seg = np.arange(r)
+    with np.errstate(over="ignore"):
+        alive = np.where(seg[None, :] >= start[:, None], np.exp(-(t[None, :] - u[:, None])), 1.0)  # P(D_b ≥ j)
+    widths = np.diff(t)
+    dies = alive.copy()  # P(D_b = j): alive at j's start, then dies within it (the last segment: surely)
+    dies[:, :-1] *= np.where(seg[None, :-1] >= start[:, None], -np.expm1(-widths)[None, :], 0.0)
+    dies[seg[None, :] < start[:, None]] = 0.0
+    below = np.where(seg[None, :] > start[:, None], -np.expm1(-(t[None, :] - u[:, None])), 0.0)  # P(D_b < j)
+    out: dict[Slate, float] = {}
+    for s in itertools.permutations(range(n), k):
+        out[s] = _log_ranked(s, dies, below, n)
+    return out
+
+
+def _log_ranked(s: Slate, dies: np.ndarray, below: np.ndarray, n: int) -> float:
+    """log P(s are the top k, in order) from each item's death-segment law (see above)."""
+    r = dies.shape[1]
+    # state: (segment of the last placed item, how many placed items share it) -> probability,
+    # with 1/g! already applied to every closed group of g items in one segment
+    states: dict[tuple[int, int], float] = {(j, 1): float(dies[s[0], j]) for j in range(r) if dies[s[0], j] > 0}
+    for a in s[1:]:
+        nxt: dict[tuple[int, int], float] = {}
+        for (j, g), pr in states.items():
+            if dies[a, j] > 0:
+                nxt[(j, g + 1)] = nxt.get((j, g + 1), 0.0) + pr * float(dies[a, j])
+            for j2 in range(j):
+                if dies[a, j2] > 0:
+                    nxt[(j2, 1)] = nxt.get((j2, 1), 0.0) + pr * float(dies[a, j2]) / math.factorial(g)
+        states = nxt
+    others = [b for b in range(n) if b not in s]
+    total = 0.0
+    for (j, g), pr in states.items():
+        # the others: none dies after segment j; x of them die in it and rank below the g
+        poly = np.array([1.0])
+        for b in others:
+            poly = np.convolve(poly, np.array([below[b, j], dies[b, j]]))
+        tail = sum(float(c) / math.perm(g + x, g) for x, c in enumerate(poly))
+        total += pr * tail
+    return math.log(total) if total > 0 else -math.inf
+
+
+# --- gumbel ----------------------------------------------------------------------------------------
+
+
+def gumbel_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+) -> npt.NDArray[np.intp]:
+    """One item: argmax(q + G), G_a ~ Gumbel(scale 2Δmax/ε): the exponential mechanism ``em``.
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax; see :func:`gumbel_top_k`.
+    """
+    z = rng.gumbel(0.0, 1.0, (size, q.shape[0]))
+    z += _units(q, d, epsilon, 1)
+    return _rows_argmax(z)
+
+
+def gumbel_top_k(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, k: int
+) -> npt.NDArray[np.int64]:
+    """The top k of q + G, G_a ~ Gumbel(scale 2kΔmax/ε) drawn once, largest first.
+
+    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax. The ordered top k has the law of k
+    exponential-mechanism draws without replacement, each P(a) ∝ exp((ε/k) q_a / 2Δmax) over
+    the items left (Gumbel-max with the max-stability of the Gumbel law; Durfee & Rogers 2019),
+    Δmax being the whole set's (public, and a bound for every subset). Each draw is
+    (ε/k)-DP given the earlier ones, so the slate is ε-DP by basic composition.
+    """
+    n: int = q.shape[0]
+    z = rng.gumbel(0.0, 1.0, (n,))  # the same stream as gumbel_sample at k = 1
+    z += _units(q, d, epsilon, k)
+    return top_k_order(z, k)
+
+
+def gumbel_slate_log_probabilities(
+    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
+) -> dict[Slate, float]:
+    """log P(ordered top k = s): Plackett–Luce, Σ_i (x_{s_i} − log Σ_{b not in s_1..s_{i−1}} e^{x_b})."""
+    x = _units(q, d, epsilon, k)
+    n = x.shape[0]
+    out: dict[Slate, float] = {}
+    for s in itertools.permutations(range(n), k):
+        left = np.ones(n, dtype=bool)
+        lp = 0.0
+        for a in s:
+            lp += float(x[a] - logsumexp(x[left]))
+            left[a] = False
+        out[s] = lp
+    return out
