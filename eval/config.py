@@ -71,12 +71,13 @@ def mechanism_params(cfg: EvalConfig, mechanism: str) -> dict[str, float]:
 
 
 def param_values(cfg: EvalConfig) -> dict[str, float]:
-    """Every declared parameter's value in this run: the given one (or the data's, once
-    eval.run.with_data_defaults filled it in), else its spec's default. For the report and the
-    summary's echo of the config."""
-    from recsvc.mechanisms import PARAMS
+    """The value of every parameter the default mechanism set or a named mechanism declares: the
+    given one (or the data's, once eval.run.with_data_defaults filled it in), else its spec's
+    default. For the report and the summary's echo of the config."""
+    from recsvc.mechanisms import PARAMS, default_mechanisms, params_of
 
-    return {k: s.default if (v := cfg.params.get(k)) is None else s.check(v) for k, s in PARAMS.items()}
+    used = {p for name in {*default_mechanisms(), *(cfg.mechanisms or ())} for p in params_of(name)}
+    return {k: s.default if (v := cfg.params.get(k)) is None else s.check(v) for k, s in PARAMS.items() if k in used}
 
 
 def protected(cfg: EvalConfig) -> dict[str, Path]:

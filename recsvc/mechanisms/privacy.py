@@ -18,6 +18,7 @@ composition (:meth:`Split.consumed`), which is what the service charges.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -168,6 +169,9 @@ class Split:
 
     def stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
         """The ε of one step of each stage (what the sampler runs at); refused when one rounds to 0."""
+        return _stage_epsilons(self, epsilon)
+
+    def _stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
         out = []
         for stage, budget in zip(self.stages, self.budgets(epsilon), strict=False):
             step = budget / stage.steps
@@ -198,3 +202,10 @@ class Split:
                 return math.inf
             total += stage.steps * Fraction(used)
         return total if exact else float(total)  # type: ignore[return-value]  # Fraction in, Fraction out
+
+
+# A sampler asks for its split's step ε on every draw (combined GEM twice); requests repeat a few ε.
+# A refusal raises and is never cached.
+@functools.lru_cache(maxsize=4096)
+def _stage_epsilons(split: Split, epsilon: float) -> tuple[float, ...]:
+    return split._stage_epsilons(epsilon)

@@ -198,9 +198,9 @@ class Gate(grpc.ServerInterceptor):
         try:
             return decode(raw)
         except Refused as exc:
-            # Without its traceback: the frames hold the raw request, which would otherwise stay
-            # alive until the cycle collector runs (a refused 15 MB message held 15 MB more).
-            refusal = exc.with_traceback(None)
+            # A fresh refusal with no traceback or chained exception: their frames hold the raw
+            # request, which would otherwise stay alive until the cycle collector runs.
+            refusal = Refused(str(exc))
         except Exception:
             refusal = Refused(_INVALID)
         log.debug("INVALID_ARGUMENT %s: the request was refused before parsing or did not parse", _short(method))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -96,6 +97,7 @@ def serve_echo(port: int) -> None:
     server = grpc.server(futures.ThreadPoolExecutor(16), handlers=[handler], options=[("grpc.so_reuseport", 0)])
     server.add_insecure_port(f"127.0.0.1:{port}")
     server.start()
+    gc.freeze()  # as `recsvc serve` does: no full collection over the startup objects mid-run
     print(f"listening on 127.0.0.1:{port}", flush=True)
     server.wait_for_termination()
 
@@ -125,6 +127,7 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
         server = grpc.aio.server(handlers=[_select_handler(select)], options=[("grpc.so_reuseport", 0)])
         server.add_insecure_port(f"127.0.0.1:{port}")
         await server.start()
+        gc.freeze()  # as `recsvc serve` does: no full collection over the startup objects mid-run
         print(f"listening on 127.0.0.1:{port}", flush=True)
         await server.wait_for_termination()
 

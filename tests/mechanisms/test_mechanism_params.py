@@ -365,9 +365,8 @@ def test_toy_is_evaluable_with_its_parameter_from_the_command_line(toy, tmp_path
         "gamma": 0.05,
         "beta": 0.05,
         "corr_budget_fraction": 0.6,
-        "loss_weight": 0.5,
         "alpha": 0.25,
-    }
+    }  # the parameters of the default set and of the named mechanisms; not clm's loss_weight
     assert summary["mechanisms"] == ["rnm", "tempered_em"]
 
 

@@ -305,17 +305,29 @@ class _AbortingContext:
         raise _Aborted(code, message)
 
 
-def test_a_refused_message_is_released_without_the_cycle_collector() -> None:
-    """The gate's refusal keeps no traceback: its frames hold the raw request, so a kept
-    traceback would pin every refused message (up to the size limit) until a collection."""
+def _refuse(raw: bytes) -> None:
+    from recsvc.service.errors import Refused
+
+    raise Refused("the request is over the limit")
+
+
+def _refuse_a_parse_error(raw: bytes) -> None:
+    from recsvc.service.errors import Refused
+
+    try:
+        raise ValueError("protobuf could not parse it")
+    except ValueError:
+        raise Refused("the request is not a valid recsvc.v1.SelectRequest") from None  # still its __context__
+
+
+@pytest.mark.parametrize("refuse", [_refuse, _refuse_a_parse_error], ids=["pre-scan", "parse-error"])
+def test_a_refused_message_is_released_without_the_cycle_collector(refuse: Callable[[bytes], None]) -> None:
+    """The gate's refusal keeps no traceback and no chained exception: their frames hold the raw
+    request, so either would pin every refused message (up to the size limit) until a collection."""
     import gc
     import sys
 
-    from recsvc.service.errors import Refused
     from recsvc.service.interceptors import Gate
-
-    def refuse(raw: bytes) -> None:
-        raise Refused("the request is not a valid recsvc.v1.SelectRequest")
 
     gate = Gate(authenticator=None)  # type: ignore[arg-type]  # _decode never authenticates
     raw = bytes(1_000_000)
