@@ -155,6 +155,12 @@ def _opendp_timer(peer: OpenDP, n: int, k: int, call: str, epsilon: float) -> Ti
     return run
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it: the output is pasted into the docs."""
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(path)
+
+
 def _label(side: str, call: str) -> str:
     if side == "recsvc":
         return f'select_slate("{call}")'
@@ -205,7 +211,7 @@ def main() -> None:
     load1 = os.getloadavg()
 
     print(
-        f"OpenDP {version} (venv {args.peer_venv}) against recsvc, ε = {args.epsilon}, Δ ~ U(0.05, 2) (OpenDP: Δmax, "
+        f"OpenDP {version} (venv {_shown(args.peer_venv)}) against recsvc, ε = {args.epsilon}, Δ ~ U(0.05, 2) (OpenDP: Δmax, "
         f"monotonic=False), scores N(0, 1) float64, seed 0; {args.rounds} interleaved rounds of ≈ {args.seconds} s "
         f"per entry; load average {load0[0]:.2f} before, {load1[0]:.2f} after"
     )
