@@ -7,7 +7,8 @@ privacy: pure ε-DP for scores that move by at most Δmax either way between nei
 
 OpenDP runs in its own virtualenv (``.cache/peers/opendp``, created on first use with pip), never the
 project's: a worker process of that venv (scripts/bench/peers/opendp_topk.py, run by path) waits on
-its stdin while recsvc is timed, and the two sides take turns in every round. Ratios are OpenDP's
+its stdin while recsvc is timed, and the two sides take turns in every round. If the venv cannot be
+created (no network, no pip), the benchmark says so in one line and exits with status 2. Ratios are OpenDP's
 time ÷ recsvc's, paired per round (median) and best against best.
 
 Usage: .venv/bin/python -m scripts.bench.topk [--rounds 9] [--seconds 0.2]
