@@ -28,6 +28,7 @@ in a uniformly random order, which carries no information about the scores.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import cast
 
@@ -51,31 +52,62 @@ LOSS_WEIGHT = ParamSpec(
 Slate = tuple[int, ...]
 
 
-def classes(x_sorted: np.ndarray, k: int, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The utility classes of sorted scores (largest first): (h, t, log size), 1-based t, and
-    each class's loss; the top class comes first as (k − 1, k)."""
-    n = x_sorted.shape[0]
+@functools.lru_cache(maxsize=32)
+def _class_shape(n: int, k: int) -> tuple[npt.NDArray[np.intp], np.ndarray]:
+    """(h, t) and the log size of every class, top class first, as read-only arrays: they depend on
+    n and k only, and the log-gamma terms are most of the cost of a draw at large n."""
     hh, tt = np.meshgrid(np.arange(k), np.arange(k + 1, n + 1), indexing="ij")
-    h = np.r_[k - 1, hh.ravel()]
-    t = np.r_[k, tt.ravel()]
+    h = np.r_[k - 1, hh.ravel()].astype(np.intp)
+    t = np.r_[k, tt.ravel()].astype(np.intp)
     body = k - h - 1
     pool = np.maximum(t - h - 2, 0)  # the top class (−1) has no body: its size is set below
     log_size = gammaln(pool + 1.0) - gammaln(body + 1.0) - gammaln(pool - body + 1.0)
     log_size[0] = 0.0
-    a = x_sorted[t - 1]
-    best_out = x_sorted[h]  # x_[h+1]; for the top class x_[k] = a
-    loss = (1.0 - gamma) * np.maximum(a, best_out) - gamma * a
-    return np.c_[h, t], cast("np.ndarray", log_size), cast("np.ndarray", loss)
+    ht = np.c_[h, t]
+    for arr in (ht, log_size):
+        arr.flags.writeable = False
+    return ht, cast("np.ndarray", log_size)
+
+
+def _class_loss(x_sorted: np.ndarray, k: int, gamma: float) -> np.ndarray:
+    """Each class's loss, in :func:`_class_shape`'s order. Outside the top class t > k > h, so
+    x_[t] ≤ x_[h+1] and max(a, b) = b: the loss (1 − γ)·x_[h+1] − γ·x_[t] is a sum of a term in h
+    and a term in t, one outer sum (no gather over the 2·C-long index arrays)."""
+    n = x_sorted.shape[0]
+    a = x_sorted[k - 1]  # the top class: a = b = x_[k]
+    loss = np.empty(1 + k * (n - k))
+    loss[0] = (1.0 - gamma) * a - gamma * a
+    np.add.outer((1.0 - gamma) * x_sorted[:k], -gamma * x_sorted[k:n], out=loss[1:].reshape(k, n - k))
+    return loss
+
+
+def classes(x_sorted: np.ndarray, k: int, gamma: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The utility classes of sorted scores (largest first): (h, t, log size), 1-based t, and
+    each class's loss; the top class comes first as (k − 1, k)."""
+    ht, log_size = _class_shape(x_sorted.shape[0], k)
+    return ht, log_size, _class_loss(x_sorted, k, gamma)
+
+
+def _sorted_order(q: np.ndarray) -> npt.NDArray[np.intp]:
+    """The stable descending order of q. Distinct scores have one descending order, which the
+    (several times faster) unstable sort finds too; ties or NaN need the stable sort, so that a
+    seed gives the same slate on every machine."""
+    neg = -q
+    order = np.argsort(neg)
+    ranked = neg[order]
+    if bool((ranked[1:] > ranked[:-1]).all()):
+        return order
+    return np.argsort(neg, kind="stable")
 
 
 def _setup(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
 ) -> tuple[npt.NDArray[np.intp], np.ndarray, np.ndarray, np.ndarray]:
     """(sorted order, classes (h, t), log sizes, utilities −(ε/2)·loss)."""
-    order = np.argsort(-q, kind="stable")
+    order = _sorted_order(q)
     x = q[order] / d.max()
     ht, log_size, loss = classes(x, k, float(p["loss_weight"]))
-    return order, ht, log_size, -0.5 * epsilon * loss
+    return order, ht, log_size, np.multiply(loss, -0.5 * epsilon, out=loss)
 
 
 def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
@@ -89,10 +121,18 @@ def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator
 def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[np.intp]:
     """The winning class per row of uniforms u (rows, classes): the best of m_c Exponential(1)
     values is −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
-    with np.errstate(divide="ignore"):
-        v = np.exp(np.log(-np.log(u)) - log_size)
-        noise = -np.log(-np.expm1(-v))
-    return cast("npt.NDArray[np.intp]", (util + noise).argmax(axis=-1))  # numpy: Any
+    with np.errstate(divide="ignore"):  # in place: the draw is a handful of passes over every class
+        w = np.log(u)
+        np.negative(w, out=w)
+        np.log(w, out=w)
+        np.subtract(w, log_size, out=w)
+        np.exp(w, out=w)  # v
+        np.negative(w, out=w)
+        np.expm1(w, out=w)
+        np.negative(w, out=w)
+        np.log(w, out=w)  # −noise
+        np.subtract(util, w, out=w)
+    return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
 
 
 def clm_top_k(

@@ -32,7 +32,7 @@ from recsvc.mechanisms import (
     slate_probabilities,
     two_stage_probabilities,
 )
-from recsvc.mechanisms.clm import classes
+from recsvc.mechanisms.clm import _sorted_order, classes
 from recsvc.mechanisms.testing import (
     chisquare_pvalue,
     clm_direct_log_probabilities,
@@ -213,6 +213,26 @@ def test_clm_utility_classes_partition_every_k_subset(n):
         if 2 <= k < n - 1:  # seed 004's count C(t − h − 1, k − h − 1) over-counts
             seed = 1 + sum(math.comb(t - h - 1, k - h - 1) for h, t in listed[1:])
             assert seed > math.comb(n, k)
+
+
+def test_clm_sorted_order_is_the_stable_descending_order():
+    """The fast sort is kept only when the scores are distinct; ties, signed zeros and NaN take
+    the stable sort, so a seed picks the same slate everywhere."""
+    rng = np.random.default_rng(3)
+    cases = [rng.normal(size=200), np.round(rng.normal(size=200), 1), np.array([0.0, -0.0, 1.0, 0.0])]
+    cases += [np.array([1.0, np.nan, 2.0, np.nan]), np.array([5.0]), np.empty(0)]
+    for q in cases:
+        assert _sorted_order(q).tolist() == np.argsort(-q, kind="stable").tolist()
+
+
+def test_clm_class_sizes_are_cached_read_only():
+    x = np.sort(np.random.default_rng(1).normal(size=9))[::-1]
+    ht, log_size, _ = classes(x, 3, 0.5)
+    again, log_again, _ = classes(x + 1.0, 3, 0.5)
+    assert again is ht and log_again is log_size  # they depend on (n, k) only
+    for arr in (ht, log_size):
+        with pytest.raises(ValueError):
+            arr[0] = 0
 
 
 def test_clm_loss_at_one_half_is_the_linf_distance_to_having_that_top_k():
