@@ -51,6 +51,8 @@ LOSS_WEIGHT = ParamSpec(
 
 Slate = tuple[int, ...]
 
+_LOG_V_EXACT = -700.0  # below this log v, −log(1 − e^{−v}) is −log v in double precision
+
 
 @functools.lru_cache(maxsize=32)
 def _class_shape(n: int, k: int) -> tuple[npt.NDArray[np.intp], np.ndarray]:
@@ -121,16 +123,25 @@ def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator
 def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[np.intp]:
     """The winning class per row of uniforms u (rows, classes): the best of m_c Exponential(1)
     values is −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
+    # log(−log U) ≥ log(−log(1 − 2⁻⁵³)) > −37: below this largest log size no log v nears −700
+    tiny_possible = log_size.shape[0] > 0 and float(log_size.max()) > _LOG_V_EXACT - 40.0
     with np.errstate(divide="ignore"):  # in place: the draw is a handful of passes over every class
         w = np.log(u)
         np.negative(w, out=w)
         np.log(w, out=w)
-        np.subtract(w, log_size, out=w)
+        np.subtract(w, log_size, out=w)  # log v
+        if tiny_possible:
+            # e^{log v} would underflow and make the noise +inf; there 1 − e^{−v} = v to double
+            # precision (the next term, v/2, is below 1e-304), so the noise is −log v itself
+            tiny = w < _LOG_V_EXACT
+            log_v = w[tiny]
         np.exp(w, out=w)  # v
         np.negative(w, out=w)
         np.expm1(w, out=w)
         np.negative(w, out=w)
         np.log(w, out=w)  # −noise
+        if tiny_possible:
+            w[tiny] = log_v
         np.subtract(util, w, out=w)
     return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
 

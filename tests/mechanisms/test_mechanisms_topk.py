@@ -32,7 +32,7 @@ from recsvc.mechanisms import (
     slate_probabilities,
     two_stage_probabilities,
 )
-from recsvc.mechanisms.clm import _sorted_order, classes
+from recsvc.mechanisms.clm import _best, _sorted_order, classes
 from recsvc.mechanisms.testing import (
     chisquare_pvalue,
     clm_direct_log_probabilities,
@@ -233,6 +233,18 @@ def test_clm_class_sizes_are_cached_read_only():
     for arr in (ht, log_size):
         with pytest.raises(ValueError):
             arr[0] = 0
+
+
+def test_clm_class_draw_survives_classes_of_more_than_e_to_the_700_subsets():
+    """Two classes of equal utility with e^750 and e^760 subsets: the larger wins with probability
+    1/(1 + e^−10). Each class's best noise is about its log size; e^{−log size} underflows, which
+    must not make it +inf (the first class would then always win)."""
+    rng = np.random.default_rng(8)
+    log_size = np.array([750.0, 760.0])
+    wins = [int(_best(np.zeros(2), log_size, rng.random(2))) for _ in range(50)]
+    assert sum(wins) >= 49
+    rows = _best(np.zeros(2), log_size, rng.random((50, 2)))  # clm_sample's shape: (draws, classes)
+    assert int(rows.sum()) >= 49
 
 
 def test_clm_loss_at_one_half_is_the_linf_distance_to_having_that_top_k():
