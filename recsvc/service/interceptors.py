@@ -132,6 +132,26 @@ def _short(method: str) -> str:
     return method.rsplit("/", 1)[-1]
 
 
+class _Wrapped:
+    """Each method's wrapped handler, made once: gRPC looks a handler up on every call, and the
+    registered handlers never change, so a wrapper is rebuilt only if its handler is replaced."""
+
+    def __init__(self) -> None:
+        self._by_method: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def get(
+        self,
+        method: str,
+        handler: grpc.RpcMethodHandler,
+        wrap: Callable[[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler],
+    ) -> grpc.RpcMethodHandler:
+        """``method``'s wrapper, ``wrap(method, handler)`` on first use."""
+        cached = self._by_method.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._by_method[method] = (handler, wrap(method, handler))
+        return cached[1]
+
+
 class Gate(grpc.ServerInterceptor):
     def __init__(
         self,
@@ -142,7 +162,7 @@ class Gate(grpc.ServerInterceptor):
         self.authenticator = authenticator
         self.limiter = limiter
         self._open = open_prefixes
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped = _Wrapped()
 
     def intercept_service(
         self,
@@ -153,10 +173,7 @@ class Gate(grpc.ServerInterceptor):
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED
         method = handler_call_details.method
-        cached = self._wrapped.get(method)
-        if cached is None or cached[0] is not handler:  # handlers are registered once: wrap each once
-            cached = self._wrapped[method] = (handler, self._wrap(method, handler))
-        return cached[1]
+        return self._wrapped.get(method, handler, self._wrap)
 
     def _refuse(self, context: grpc.ServicerContext, method: str, refusal: ServiceError) -> None:
         code, message = status_of(refusal)
@@ -251,7 +268,7 @@ class Observer(grpc.ServerInterceptor):
 
     def __init__(self, prefix: str = f"/{SERVICE_NAME}/") -> None:
         self._prefix = prefix
-        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+        self._wrapped = _Wrapped()
 
     def intercept_service(
         self,
@@ -262,13 +279,11 @@ class Observer(grpc.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or not method.startswith(self._prefix) or handler.unary_unary is None:
             return handler
-        cached = self._wrapped.get(method)
-        if cached is None or cached[0] is not handler:  # wrap each handler once: the gate caches by identity
-            cached = self._wrapped[method] = (handler, self._wrap(_short(method), handler))
-        return cached[1]
+        return self._wrapped.get(method, handler, self._wrap)
 
     @staticmethod
-    def _wrap(name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _wrap(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        name = _short(method)
         behaviour = handler.unary_unary
         latency = metrics.latency(name)
 
