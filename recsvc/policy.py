@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from recsvc.artifact import POLICY, ArtifactError, CandidateMatrix, validate_policy
+from recsvc.artifact import POLICY, POLICY_SCHEMA, ArtifactError, CandidateMatrix, validate_policy
 from recsvc.checks import ParamError, check_int
 
 AUTO = "auto"  # the name requests and the evaluation use for the policy's choice
@@ -229,14 +229,7 @@ def table_frame(spec: PolicySpec, inner: np.ndarray, mse: np.ndarray) -> pl.Data
             ]
     return pl.DataFrame(
         rows,
-        schema={
-            "epsilon": pl.Float64,
-            "k": pl.Int32,
-            "mechanism": pl.String,
-            "expected_mse": pl.Float64,
-            "rank": pl.Int32,
-            "method": pl.String,
-        },
+        schema=POLICY_SCHEMA,
         orient="row",
     )
 

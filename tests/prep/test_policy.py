@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from recsvc.artifact import ArtifactError, CandidateMatrix
+from recsvc.artifact import POLICY_SCHEMA, ArtifactError, CandidateMatrix
 from recsvc.mechanisms import (
     MECHANISMS,
     MechanismInputError,
@@ -162,14 +162,7 @@ def test_nearest_is_log_scale_with_ties_to_the_lower_point():
 def _frame(rows) -> pl.DataFrame:
     return pl.DataFrame(
         rows,
-        schema={
-            "epsilon": pl.Float64,
-            "k": pl.Int32,
-            "mechanism": pl.String,
-            "expected_mse": pl.Float64,
-            "rank": pl.Int32,
-            "method": pl.String,
-        },
+        schema=POLICY_SCHEMA,
         orient="row",
     )
 
