@@ -150,6 +150,25 @@ def batch_bodies(batches: int, size: int, seed: int, encoding: str = "ids") -> l
 # ----------------------------------------------------------------------------- processes and CPU
 
 
+def serve_command(artifacts: Path, ledger: Path | str, port: int, *extra: str) -> list[str]:
+    """`recsvc serve` on ``port`` with a budget no benchmark exhausts, then ``extra`` flags."""
+    return [
+        sys.executable,
+        "-m",
+        "recsvc.app.cli",
+        "serve",
+        "--artifacts",
+        str(artifacts),
+        "--ledger",
+        str(ledger),
+        "--port",
+        str(port),
+        "--budget",
+        "1e6",
+        *extra,
+    ]
+
+
 def launch(cmd: list[str], what: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A server process, returned once it printed that it is listening."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -214,25 +233,9 @@ class Server:
     def command(self, artifacts: Path, extra: tuple[str, ...]) -> list[str]:
         if self.kind != "sync":
             raise ValueError(f"{type(self).__name__} serves only kind 'sync', not {self.kind!r}")
-        return [
-            sys.executable,
-            "-m",
-            "recsvc.app.cli",
-            "serve",
-            "--artifacts",
-            str(artifacts),
-            "--ledger",
-            self.ledger_target,
-            "--port",
-            str(self.port),
-            "--budget",
-            "1e6",
-            "--workers",
-            str(self.workers),
-            "--drain-delay",
-            "0",
-            *extra,
-        ]
+        return serve_command(
+            artifacts, self.ledger_target, self.port, "--workers", str(self.workers), "--drain-delay", "0", *extra
+        )
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the server process and its worker processes so far."""

@@ -15,9 +15,6 @@ Usage: .venv/bin/python -m scripts.bench.recommend [--artifacts artifacts/synthe
 from __future__ import annotations
 
 import argparse
-import re
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -26,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
+from scripts.bench.harness import REPO, free_port, launch, serve_command
+
 MEAN_HISTORY = 74
 
 
@@ -34,35 +32,6 @@ def histories(item_ids: list[str], count: int, seed: int = 0) -> list[list[str]]
     rng = np.random.default_rng(seed)
     lengths = np.clip(rng.lognormal(np.log(MEAN_HISTORY) - 0.5, 1.0, count).astype(int), 5, 2000)
     return [[item_ids[i] for i in rng.choice(len(item_ids), n, replace=False)] for n in lengths]
-
-
-def start_server(artifacts: Path, ledger: Path) -> tuple[subprocess.Popen, int]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "recsvc.app.cli",
-        "serve",
-        "--artifacts",
-        str(artifacts),
-        "--ledger",
-        str(ledger),
-        "--port",
-        "0",
-        "--budget",
-        "1e6",
-    ]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None  # stdout=PIPE
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        m = re.search(r"listening on [^\s]+:(\d+)", line)
-        if m:
-            return proc, int(m.group(1))
-        if not line:
-            break
-    proc.kill()
-    raise RuntimeError("the server did not start")
 
 
 def measure(client, hist: list[list[str]], requests: int, **kwargs) -> np.ndarray:
@@ -134,7 +103,8 @@ def main() -> None:
     )
     steps(args.artifacts, hist)
     with tempfile.TemporaryDirectory() as tmp:
-        proc, port = start_server(args.artifacts, Path(tmp) / "ledger.db")
+        port = free_port()
+        proc = launch(serve_command(args.artifacts, Path(tmp) / "ledger.db", port), "server")
         try:
             with Client(f"127.0.0.1:{port}", retries=0) as c:
                 rows: list[tuple[str, dict[str, Any], int]] = [

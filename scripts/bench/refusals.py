@@ -38,7 +38,7 @@ import grpc
 import psutil
 
 from recsvc.service.codec import length_delimited as _field
-from scripts.bench.harness import REPO, bench_artifact, free_port, launch, stop
+from scripts.bench.harness import REPO, bench_artifact, free_port, launch, serve_command, stop
 
 MB = 1e6
 
@@ -132,23 +132,7 @@ class Server:
         env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         if src is not None:
             env["PYTHONPATH"] = str(src)
-        cmd = [
-            sys.executable,
-            "-m",
-            "recsvc.app.cli",
-            "serve",
-            "--artifacts",
-            str(artifacts),
-            "--ledger",
-            str(ledger),
-            "--port",
-            str(self.port),
-            "--budget",
-            "1e6",
-            "--drain-delay",
-            "0",
-            *extra,
-        ]
+        cmd = serve_command(artifacts, ledger, self.port, "--drain-delay", "0", *extra)
         if floor:  # this module from the checkout: the floor server needs only grpc
             cmd, src = [sys.executable, "-m", "scripts.bench.refusals", "--serve-floor", str(self.port)], None
         self.proc = launch(cmd, "server", cwd=src or REPO, env=env)
