@@ -39,6 +39,7 @@ __all__ = [
     "make_certs",
     "rpc_error",
     "run_recsvc",
+    "select_request",
     "served",
     "server_process",
 ]
@@ -88,19 +89,12 @@ def add_policy(
     expected MSE, rank), hashed in its manifest, and ``info`` as the manifest's policy section.
     ``checked=False`` writes the file as given, bypassing the writer's checks (to test that the
     server refuses a bad table)."""
-    from recsvc.artifact import POLICY, load_artifact
+    from recsvc.artifact import POLICY, POLICY_SCHEMA, load_artifact
 
     frame = pl.DataFrame(
         [(*r, "exact") for r in rows],
         orient="row",
-        schema={
-            "epsilon": pl.Float64,
-            "k": pl.Int32,
-            "mechanism": pl.String,
-            "expected_mse": pl.Float64,
-            "rank": pl.Int32,
-            "method": pl.String,
-        },
+        schema=POLICY_SCHEMA,
     )
     old = load_artifact(art)
     content = {k: v for k, v in old.manifest.to_dict().items() if k not in ("files", "format_version")}
@@ -119,6 +113,21 @@ def candidates(n: int = 20, seed: int = 1) -> list[tuple[str, float]]:
     rng = np.random.default_rng(seed)
     picked = rng.choice(N_ITEMS, n, replace=False)
     return [(f"it{k}", float(s)) for k, s in zip(picked, rng.uniform(0, 1, n), strict=False)]
+
+
+def select_request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> Any:
+    """A SelectRequest (``rnm``) over :func:`candidates` ``(seed=seed)`` in the id encoding."""
+    from recsvc.v1 import selection_pb2 as pb
+
+    cands = candidates(seed=seed)
+    return pb.SelectRequest(
+        user_id=user,
+        request_id=rid,
+        mechanism="rnm",
+        epsilon=epsilon,
+        item_ids=[i for i, _ in cands],
+        scores=[s for _, s in cands],
+    )
 
 
 def make_certs(d: Path) -> dict[str, Path]:

@@ -19,20 +19,8 @@ from recsvc.ledger import fingerprint as fingerprint_key
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from recsvc.service.testing import candidates, free_port, rpc_error, server_process
+from recsvc.service.testing import free_port, rpc_error, select_request, server_process
 from recsvc.v1 import selection_pb2 as pb
-
-
-def _request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> pb.SelectRequest:
-    cands = candidates(seed=seed)
-    return pb.SelectRequest(
-        user_id=user,
-        request_id=rid,
-        mechanism="rnm",
-        epsilon=epsilon,
-        item_ids=[i for i, _ in cands],
-        scores=[s for _, s in cands],
-    )
 
 
 def _digest(req: pb.SelectRequest) -> bytes:
@@ -47,7 +35,7 @@ def _select(target: str, req: pb.SelectRequest) -> pb.SelectResponse:
 def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "l.db"
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger))
-    req = _request("guessable-user", "rid-1")
+    req = select_request("guessable-user", "rid-1")
     try:
         _select(f"127.0.0.1:{h.port}", req)
     finally:
@@ -91,7 +79,7 @@ def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_pat
 
 def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "l.db"
-    req = _request("u", "r1")
+    req = select_request("u", "r1")
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger, budget=5.0))
     try:
         first = _select(f"127.0.0.1:{h.port}", req)
@@ -111,7 +99,7 @@ def test_restart_with_the_same_key_replays_and_another_key_conflicts(artifact: P
         # fresh sample, never a second charge); new request_ids work as usual.
         code, message = rpc_error(_select, f"127.0.0.1:{h.port}", req)
         assert code is grpc.StatusCode.ALREADY_EXISTS and "already used" in message
-        assert not _select(f"127.0.0.1:{h.port}", _request("u", "r2")).replayed
+        assert not _select(f"127.0.0.1:{h.port}", select_request("u", "r2")).replayed
         assert (h.ledger.user("u").requests, h.ledger.user("u").spent_units) == (2, 10**12)
     finally:
         h.stop(1)
@@ -123,7 +111,7 @@ def test_a_missing_or_unsafe_key_is_refused_before_anything_changes(
     ledger = tmp_path / "l.db"
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=ledger))
     try:
-        _select(f"127.0.0.1:{h.port}", _request("u", "r1"))
+        _select(f"127.0.0.1:{h.port}", select_request("u", "r1"))
     finally:
         h.stop(1)
     key_file = tmp_path / "l.db.key"
@@ -154,7 +142,7 @@ def test_a_missing_or_unsafe_key_is_refused_before_anything_changes(
 def test_all_workers_key_with_the_one_secret_made_before_forking(artifact: Path, tmp_path: Path) -> None:
     ledger = tmp_path / "l.db"
     with server_process(artifact, ledger, "--workers", "2", port=free_port()) as srv:
-        req = _request("w", "shared-1")
+        req = select_request("w", "shared-1")
         first = _select(srv.target, req)
         # Each Client is a new connection; SO_REUSEPORT spreads them over both workers. Under two
         # different keys about half of these retries would be ALREADY_EXISTS.
@@ -163,7 +151,7 @@ def test_all_workers_key_with_the_one_secret_made_before_forking(artifact: Path,
             assert again.replayed and again.item_id == first.item_id
         # Concurrent duplicates of a NEW request over 16 connections (both workers): whichever
         # worker commits first, every caller gets that one stored answer and it is charged once.
-        burst = _request("w", "burst-1", seed=2)
+        burst = select_request("w", "burst-1", seed=2)
         with ThreadPoolExecutor(16) as pool:
             out = list(pool.map(lambda _: _select(srv.target, burst), range(16)))
         assert len({r.item_id for r in out}) == 1 and sorted(r.replayed for r in out) == [False] + [True] * 15

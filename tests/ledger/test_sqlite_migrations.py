@@ -18,7 +18,7 @@ from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
-from recsvc.service.testing import candidates
+from recsvc.service.testing import select_request
 from recsvc.v1 import selection_pb2 as pb
 
 # Verbatim the version-0 schema (float totals and unsalted fingerprints).
@@ -38,18 +38,6 @@ CREATE TABLE IF NOT EXISTS requests (
     PRIMARY KEY (user_id, request_id)
 ) WITHOUT ROWID;
 """
-
-
-def _request(user: str, rid: str, epsilon: float, seed: int) -> pb.SelectRequest:
-    cands = candidates(seed=seed)
-    return pb.SelectRequest(
-        user_id=user,
-        request_id=rid,
-        mechanism="rnm",
-        epsilon=epsilon,
-        item_ids=[i for i, _ in cands],
-        scores=[s for _, s in cands],
-    )
 
 
 def _old_fingerprint(req: pb.SelectRequest) -> bytes:
@@ -89,11 +77,11 @@ def write_v0_ledger(path: Path, rowid_tables: bool = False) -> V0Ledger:
         spent[req.user_id], count[req.user_id] = after, count.get(req.user_id, 0) + 1
         reqs[f"{req.user_id}/{req.request_id}"] = req
 
-    charge(_request("tiny", "big", 8.0, seed=1))
+    charge(select_request("tiny", "big", 8.0, seed=1))
     for i in range(200):
-        charge(_request("tiny", f"t{i}", 4e-16, seed=2))
+        charge(select_request("tiny", f"t{i}", 4e-16, seed=2))
     for i in range(3):
-        charge(_request("alice", f"a{i}", 0.1, seed=3 + i))
+        charge(select_request("alice", f"a{i}", 0.1, seed=3 + i))
     con.executemany("INSERT INTO budgets VALUES (?, ?, ?)", [(u, s, count[u]) for u, s in spent.items()])
     con.close()
     assert spent == {"tiny": 8.0, "alice": 0.30000000000000004}  # the finding: 200 × 4e-16 vanished

@@ -21,7 +21,7 @@ import pytest
 
 from recsvc.ledger.testing.cluster import Cluster, pg_bin, remove_cluster, start_cluster
 from recsvc.service.client import Client
-from recsvc.service.testing import REPO, candidates, free_port
+from recsvc.service.testing import REPO, candidates, free_port, run_recsvc
 
 HOSTS = 2
 _TAG = os.getpid() % 10_000
@@ -99,25 +99,7 @@ def fleet(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         stack.callback(remove_cluster, cluster)
         db = cluster.new_database().rsplit("/", 1)[1]
         key = d / "shared.key"
-        init = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "recsvc.app.cli",
-                "ledger",
-                "init",
-                "--ledger",
-                cluster.url(db),
-                "--budget",
-                "5",
-                "--fingerprint-key",
-                str(key),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        init = run_recsvc("ledger", "init", "--ledger", cluster.url(db), "--budget", "5", "--fingerprint-key", str(key))
         assert init.returncode == 0, init.stderr
         targets = []
         for i, h in enumerate(hosts):

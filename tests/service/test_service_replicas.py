@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ import pytest
 
 from recsvc.ledger.units import charge_units
 from recsvc.service.client import Client
-from recsvc.service.testing import REPO, ServerProcess, candidates, server_process
+from recsvc.service.testing import ServerProcess, candidates, run_recsvc, server_process
 from recsvc.v1 import selection_pb2 as pb
 
 CANDS = candidates(10)
@@ -39,25 +37,7 @@ class Fleet:
 def fleet(pg_cluster, artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     d = tmp_path_factory.mktemp("replicas")
     url, key = pg_cluster.new_database(), d / "shared.key"
-    init = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "recsvc.app.cli",
-            "ledger",
-            "init",
-            "--ledger",
-            url,
-            "--budget",
-            "5",
-            "--fingerprint-key",
-            str(key),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    init = run_recsvc("ledger", "init", "--ledger", url, "--budget", "5", "--fingerprint-key", str(key))
     assert init.returncode == 0, init.stderr
     with ExitStack() as stack:
         replicas = [
