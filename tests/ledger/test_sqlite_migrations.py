@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS requests (
 
 
 def _old_fingerprint(req: pb.SelectRequest) -> bytes:
-    """What the old servicer stored: SHA-256 of b"select\\0" + the deterministic serialization."""
+    """What a version-0 ledger stored as the fingerprint: SHA-256 of b"select\\0" + the deterministic serialization."""
     return hashlib.sha256(b"select\0" + req.SerializeToString(deterministic=True)).digest()
 
 
@@ -53,7 +53,7 @@ class V0Ledger(TypedDict):
 
 
 def write_v0_ledger(path: Path, rowid_tables: bool = False) -> V0Ledger:
-    """A ledger as the old code left it, including the float total that swallowed 200 tiny charges."""
+    """A version-0 ledger file, including the float total that swallowed 200 tiny charges."""
     con = sqlite3.connect(path, isolation_level=None)
     con.execute("PRAGMA journal_mode=WAL")
     con.executescript(V0_SCHEMA.replace(") WITHOUT ROWID;", ");") if rowid_tables else V0_SCHEMA)
@@ -62,7 +62,7 @@ def write_v0_ledger(path: Path, rowid_tables: bool = False) -> V0Ledger:
     reqs: dict[str, pb.SelectRequest] = {}
 
     def charge(req: pb.SelectRequest) -> None:
-        after = spent.get(req.user_id, 0.0) + req.epsilon  # float sums, as the old ledger kept them
+        after = spent.get(req.user_id, 0.0) + req.epsilon  # float sums, as a version-0 ledger kept them
         resp = pb.SelectResponse(
             item_id=req.item_ids[0],
             mechanism="rnm",
