@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19recsvc/v1/selection.proto\x12\trecsvc.v1\"+\n\tCandidate\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\"\xd1\x02\n\rSelectRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12(\n\ncandidates\x18\x02 \x03(\x0b\x32\x14.recsvc.v1.Candidate\x12\x11\n\tmechanism\x18\x03 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\x04\x62\x65ta\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05gamma\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12!\n\x14\x63orr_budget_fraction\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x08item_ids\x18\t \x03(\t\x12\x0e\n\x06scores\x18\n \x03(\x01\x12\t\n\x01k\x18\x0b \x01(\r\x12\x11\n\titem_rows\x18\x0c \x03(\r\x12\x17\n\x0f\x63\x61talog_version\x18\r \x01(\tB\x07\n\x05_betaB\x08\n\x06_gammaB\x17\n\x15_corr_budget_fraction\"\xb0\x01\n\x0eSelectResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\tmechanism\x18\x02 \x01(\t\x12\x15\n\repsilon_spent\x18\x03 \x01(\x01\x12\x18\n\x10\x62udget_remaining\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08replayed\x18\x06 \x01(\x08\x12\x10\n\x08item_ids\x18\x07 \x03(\t\x12\x11\n\titem_rows\x18\x08 \x03(\r\"@\n\x12SelectBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.recsvc.v1.SelectRequest\"9\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x11\n\tcode_name\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"k\n\x0cSelectResult\x12-\n\x08response\x18\x01 \x01(\x0b\x32\x19.recsvc.v1.SelectResponseH\x00\x12!\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x10.recsvc.v1.ErrorH\x00\x42\t\n\x07outcome\"?\n\x13SelectBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.recsvc.v1.SelectResult\"\xbd\x02\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x03(\t\x12\x11\n\tmechanism\x18\x03 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\x04\x62\x65ta\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05gamma\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12!\n\x14\x63orr_budget_fraction\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\x0enum_candidates\x18\t \x01(\r\x12\t\n\x01k\x18\n \x01(\r\x12\x1f\n\x12\x63\x61ndidate_fraction\x18\x0b \x01(\x01H\x03\x88\x01\x01\x42\x07\n\x05_betaB\x08\n\x06_gammaB\x17\n\x15_corr_budget_fractionB\x15\n\x13_candidate_fraction\"#\n\x10GetBudgetRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"\x9c\x01\n\x11GetBudgetResponse\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62udget\x18\x02 \x01(\x01\x12\r\n\x05spent\x18\x03 \x01(\x01\x12\x11\n\tremaining\x18\x04 \x01(\x01\x12\x10\n\x08requests\x18\x05 \x01(\x04\x12\x19\n\x11window_start_unix\x18\x06 \x01(\x03\x12\x17\n\x0fwindow_end_unix\x18\x07 \x01(\x03\"\x17\n\x15ListMechanismsRequest\"?\n\rMechanismInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07private\x18\x02 \x01(\x08\x12\x0f\n\x07\x61llowed\x18\x03 \x01(\x08\"V\n\x0f\x41utoPolicyEntry\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\t\n\x01k\x18\x02 \x01(\r\x12\x11\n\tmechanism\x18\x03 \x01(\t\x12\x14\n\x0c\x65xpected_mse\x18\x04 \x01(\x01\"\xea\x02\n\x16ListMechanismsResponse\x12,\n\nmechanisms\x18\x01 \x03(\x0b\x32\x18.recsvc.v1.MechanismInfo\x12\x19\n\x11\x64\x65\x66\x61ult_mechanism\x18\x02 \x01(\t\x12\x18\n\x10\x61uto_resolves_to\x18\x03 \x01(\t\x12\x16\n\x0e\x61uto_threshold\x18\x04 \x01(\x01\x12\"\n\x1apopulation_spearman_median\x18\x05 \x01(\x01\x12\x0e\n\x06\x62udget\x18\x06 \x01(\x01\x12\x16\n\x0emax_candidates\x18\x07 \x01(\r\x12\x11\n\tmax_slate\x18\x08 \x01(\r\x12\x16\n\x0emin_candidates\x18\t \x01(\r\x12\x14\n\x0c\x63\x61talog_size\x18\n \x01(\r\x12/\n\x0b\x61uto_policy\x18\x0b \x03(\x0b\x32\x1a.recsvc.v1.AutoPolicyEntry\x12\x17\n\x0f\x63\x61talog_version\x18\x0c \x01(\t2\x83\x03\n\x10PrivateSelection\x12=\n\x06Select\x12\x18.recsvc.v1.SelectRequest\x1a\x19.recsvc.v1.SelectResponse\x12L\n\x0bSelectBatch\x12\x1d.recsvc.v1.SelectBatchRequest\x1a\x1e.recsvc.v1.SelectBatchResponse\x12\x43\n\tRecommend\x12\x1b.recsvc.v1.RecommendRequest\x1a\x19.recsvc.v1.SelectResponse\x12\x46\n\tGetBudget\x12\x1b.recsvc.v1.GetBudgetRequest\x1a\x1c.recsvc.v1.GetBudgetResponse\x12U\n\x0eListMechanisms\x12 .recsvc.v1.ListMechanismsRequest\x1a!.recsvc.v1.ListMechanismsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19recsvc/v1/selection.proto\x12\trecsvc.v1\"+\n\tCandidate\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\"\xfb\x02\n\rSelectRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12(\n\ncandidates\x18\x02 \x03(\x0b\x32\x14.recsvc.v1.Candidate\x12\x11\n\tmechanism\x18\x03 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\x04\x62\x65ta\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05gamma\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12!\n\x14\x63orr_budget_fraction\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x08item_ids\x18\t \x03(\t\x12\x0e\n\x06scores\x18\n \x03(\x01\x12\t\n\x01k\x18\x0b \x01(\r\x12\x11\n\titem_rows\x18\x0c \x03(\r\x12\x17\n\x0f\x63\x61talog_version\x18\r \x01(\t\x12\x18\n\x0bloss_weight\x18\x0e \x01(\x01H\x03\x88\x01\x01\x42\x07\n\x05_betaB\x08\n\x06_gammaB\x17\n\x15_corr_budget_fractionB\x0e\n\x0c_loss_weight\"\xb0\x01\n\x0eSelectResponse\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x11\n\tmechanism\x18\x02 \x01(\t\x12\x15\n\repsilon_spent\x18\x03 \x01(\x01\x12\x18\n\x10\x62udget_remaining\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x10\n\x08replayed\x18\x06 \x01(\x08\x12\x10\n\x08item_ids\x18\x07 \x03(\t\x12\x11\n\titem_rows\x18\x08 \x03(\r\"@\n\x12SelectBatchRequest\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.recsvc.v1.SelectRequest\"9\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x11\n\tcode_name\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"k\n\x0cSelectResult\x12-\n\x08response\x18\x01 \x01(\x0b\x32\x19.recsvc.v1.SelectResponseH\x00\x12!\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x10.recsvc.v1.ErrorH\x00\x42\t\n\x07outcome\"?\n\x13SelectBatchResponse\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.recsvc.v1.SelectResult\"\x84\x03\n\x10RecommendRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0f\n\x07history\x18\x02 \x03(\t\x12\x11\n\tmechanism\x18\x03 \x01(\t\x12\x0f\n\x07\x65psilon\x18\x04 \x01(\x01\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12\x11\n\x04\x62\x65ta\x18\x06 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05gamma\x18\x07 \x01(\x01H\x01\x88\x01\x01\x12!\n\x14\x63orr_budget_fraction\x18\x08 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\x0enum_candidates\x18\t \x01(\r\x12\t\n\x01k\x18\n \x01(\r\x12\x1f\n\x12\x63\x61ndidate_fraction\x18\x0b \x01(\x01H\x03\x88\x01\x01\x12\x1b\n\x13\x63\x61ndidate_mechanism\x18\x0c \x01(\t\x12\x18\n\x0bloss_weight\x18\r \x01(\x01H\x04\x88\x01\x01\x42\x07\n\x05_betaB\x08\n\x06_gammaB\x17\n\x15_corr_budget_fractionB\x15\n\x13_candidate_fractionB\x0e\n\x0c_loss_weight\"#\n\x10GetBudgetRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"\x9c\x01\n\x11GetBudgetResponse\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x0e\n\x06\x62udget\x18\x02 \x01(\x01\x12\r\n\x05spent\x18\x03 \x01(\x01\x12\x11\n\tremaining\x18\x04 \x01(\x01\x12\x10\n\x08requests\x18\x05 \x01(\x04\x12\x19\n\x11window_start_unix\x18\x06 \x01(\x03\x12\x17\n\x0fwindow_end_unix\x18\x07 \x01(\x03\"\x17\n\x15ListMechanismsRequest\"?\n\rMechanismInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07private\x18\x02 \x01(\x08\x12\x0f\n\x07\x61llowed\x18\x03 \x01(\x08\"V\n\x0f\x41utoPolicyEntry\x12\x0f\n\x07\x65psilon\x18\x01 \x01(\x01\x12\t\n\x01k\x18\x02 \x01(\r\x12\x11\n\tmechanism\x18\x03 \x01(\t\x12\x14\n\x0c\x65xpected_mse\x18\x04 \x01(\x01\"\xf6\x03\n\x16ListMechanismsResponse\x12,\n\nmechanisms\x18\x01 \x03(\x0b\x32\x18.recsvc.v1.MechanismInfo\x12\x19\n\x11\x64\x65\x66\x61ult_mechanism\x18\x02 \x01(\t\x12\x18\n\x10\x61uto_resolves_to\x18\x03 \x01(\t\x12\x16\n\x0e\x61uto_threshold\x18\x04 \x01(\x01\x12\"\n\x1apopulation_spearman_median\x18\x05 \x01(\x01\x12\x0e\n\x06\x62udget\x18\x06 \x01(\x01\x12\x16\n\x0emax_candidates\x18\x07 \x01(\r\x12\x11\n\tmax_slate\x18\x08 \x01(\r\x12\x16\n\x0emin_candidates\x18\t \x01(\r\x12\x14\n\x0c\x63\x61talog_size\x18\n \x01(\r\x12/\n\x0b\x61uto_policy\x18\x0b \x03(\x0b\x32\x1a.recsvc.v1.AutoPolicyEntry\x12\x17\n\x0f\x63\x61talog_version\x18\x0c \x01(\t\x12#\n\x1b\x64\x65\x66\x61ult_candidate_mechanism\x18\r \x01(\t\x12\x19\n\x11\x65mbedding_version\x18\x0e \x01(\t\x12\x15\n\rembedding_dim\x18\x0f \x01(\r\x12\x18\n\x10\x65mbedding_radius\x18\x10 \x01(\x01\x12\x19\n\x11max_multiselect_k\x18\x11 \x01(\r\"\x80\x01\n\x12MultiSelectRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\x0e\n\x06signal\x18\x03 \x03(\x01\x12\x19\n\x11\x65mbedding_version\x18\x04 \x01(\t\x12\t\n\x01k\x18\x05 \x01(\r\x12\x0f\n\x07\x65psilon\x18\x06 \x01(\x01\"\x8f\x01\n\x13MultiSelectResponse\x12\x10\n\x08item_ids\x18\x01 \x03(\t\x12\x15\n\repsilon_spent\x18\x02 \x01(\x01\x12\x18\n\x10\x62udget_remaining\x18\x03 \x01(\x01\x12\x10\n\x08replayed\x18\x04 \x01(\x08\x12\x0f\n\x07\x63harged\x18\x05 \x01(\x08\x12\x12\n\nrequest_id\x18\x06 \x01(\t2\xd1\x03\n\x10PrivateSelection\x12=\n\x06Select\x12\x18.recsvc.v1.SelectRequest\x1a\x19.recsvc.v1.SelectResponse\x12L\n\x0bSelectBatch\x12\x1d.recsvc.v1.SelectBatchRequest\x1a\x1e.recsvc.v1.SelectBatchResponse\x12\x43\n\tRecommend\x12\x1b.recsvc.v1.RecommendRequest\x1a\x19.recsvc.v1.SelectResponse\x12\x46\n\tGetBudget\x12\x1b.recsvc.v1.GetBudgetRequest\x1a\x1c.recsvc.v1.GetBudgetResponse\x12U\n\x0eListMechanisms\x12 .recsvc.v1.ListMechanismsRequest\x1a!.recsvc.v1.ListMechanismsResponse\x12L\n\x0bMultiSelect\x12\x1d.recsvc.v1.MultiSelectRequest\x1a\x1e.recsvc.v1.MultiSelectResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,31 +34,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANDIDATE']._serialized_start=40
   _globals['_CANDIDATE']._serialized_end=83
   _globals['_SELECTREQUEST']._serialized_start=86
-  _globals['_SELECTREQUEST']._serialized_end=423
-  _globals['_SELECTRESPONSE']._serialized_start=426
-  _globals['_SELECTRESPONSE']._serialized_end=602
-  _globals['_SELECTBATCHREQUEST']._serialized_start=604
-  _globals['_SELECTBATCHREQUEST']._serialized_end=668
-  _globals['_ERROR']._serialized_start=670
-  _globals['_ERROR']._serialized_end=727
-  _globals['_SELECTRESULT']._serialized_start=729
-  _globals['_SELECTRESULT']._serialized_end=836
-  _globals['_SELECTBATCHRESPONSE']._serialized_start=838
-  _globals['_SELECTBATCHRESPONSE']._serialized_end=901
-  _globals['_RECOMMENDREQUEST']._serialized_start=904
-  _globals['_RECOMMENDREQUEST']._serialized_end=1221
-  _globals['_GETBUDGETREQUEST']._serialized_start=1223
-  _globals['_GETBUDGETREQUEST']._serialized_end=1258
-  _globals['_GETBUDGETRESPONSE']._serialized_start=1261
-  _globals['_GETBUDGETRESPONSE']._serialized_end=1417
-  _globals['_LISTMECHANISMSREQUEST']._serialized_start=1419
-  _globals['_LISTMECHANISMSREQUEST']._serialized_end=1442
-  _globals['_MECHANISMINFO']._serialized_start=1444
-  _globals['_MECHANISMINFO']._serialized_end=1507
-  _globals['_AUTOPOLICYENTRY']._serialized_start=1509
-  _globals['_AUTOPOLICYENTRY']._serialized_end=1595
-  _globals['_LISTMECHANISMSRESPONSE']._serialized_start=1598
-  _globals['_LISTMECHANISMSRESPONSE']._serialized_end=1960
-  _globals['_PRIVATESELECTION']._serialized_start=1963
-  _globals['_PRIVATESELECTION']._serialized_end=2350
+  _globals['_SELECTREQUEST']._serialized_end=465
+  _globals['_SELECTRESPONSE']._serialized_start=468
+  _globals['_SELECTRESPONSE']._serialized_end=644
+  _globals['_SELECTBATCHREQUEST']._serialized_start=646
+  _globals['_SELECTBATCHREQUEST']._serialized_end=710
+  _globals['_ERROR']._serialized_start=712
+  _globals['_ERROR']._serialized_end=769
+  _globals['_SELECTRESULT']._serialized_start=771
+  _globals['_SELECTRESULT']._serialized_end=878
+  _globals['_SELECTBATCHRESPONSE']._serialized_start=880
+  _globals['_SELECTBATCHRESPONSE']._serialized_end=943
+  _globals['_RECOMMENDREQUEST']._serialized_start=946
+  _globals['_RECOMMENDREQUEST']._serialized_end=1334
+  _globals['_GETBUDGETREQUEST']._serialized_start=1336
+  _globals['_GETBUDGETREQUEST']._serialized_end=1371
+  _globals['_GETBUDGETRESPONSE']._serialized_start=1374
+  _globals['_GETBUDGETRESPONSE']._serialized_end=1530
+  _globals['_LISTMECHANISMSREQUEST']._serialized_start=1532
+  _globals['_LISTMECHANISMSREQUEST']._serialized_end=1555
+  _globals['_MECHANISMINFO']._serialized_start=1557
+  _globals['_MECHANISMINFO']._serialized_end=1620
+  _globals['_AUTOPOLICYENTRY']._serialized_start=1622
+  _globals['_AUTOPOLICYENTRY']._serialized_end=1708
+  _globals['_LISTMECHANISMSRESPONSE']._serialized_start=1711
+  _globals['_LISTMECHANISMSRESPONSE']._serialized_end=2213
+  _globals['_MULTISELECTREQUEST']._serialized_start=2216
+  _globals['_MULTISELECTREQUEST']._serialized_end=2344
+  _globals['_MULTISELECTRESPONSE']._serialized_start=2347
+  _globals['_MULTISELECTRESPONSE']._serialized_end=2490
+  _globals['_PRIVATESELECTION']._serialized_start=2493
+  _globals['_PRIVATESELECTION']._serialized_end=2958
 # @@protoc_insertion_point(module_scope)

@@ -15,7 +15,7 @@ class Candidate(_message.Message):
     def __init__(self, item_id: _Optional[str] = ..., score: _Optional[float] = ...) -> None: ...
 
 class SelectRequest(_message.Message):
-    __slots__ = ("user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "item_ids", "scores", "k", "item_rows", "catalog_version")
+    __slots__ = ("user_id", "candidates", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "item_ids", "scores", "k", "item_rows", "catalog_version", "loss_weight")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class SelectRequest(_message.Message):
     K_FIELD_NUMBER: _ClassVar[int]
     ITEM_ROWS_FIELD_NUMBER: _ClassVar[int]
     CATALOG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LOSS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     candidates: _containers.RepeatedCompositeFieldContainer[Candidate]
     mechanism: str
@@ -42,7 +43,8 @@ class SelectRequest(_message.Message):
     k: int
     item_rows: _containers.RepeatedScalarFieldContainer[int]
     catalog_version: str
-    def __init__(self, user_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., item_ids: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ..., k: _Optional[int] = ..., item_rows: _Optional[_Iterable[int]] = ..., catalog_version: _Optional[str] = ...) -> None: ...
+    loss_weight: float
+    def __init__(self, user_id: _Optional[str] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., item_ids: _Optional[_Iterable[str]] = ..., scores: _Optional[_Iterable[float]] = ..., k: _Optional[int] = ..., item_rows: _Optional[_Iterable[int]] = ..., catalog_version: _Optional[str] = ..., loss_weight: _Optional[float] = ...) -> None: ...
 
 class SelectResponse(_message.Message):
     __slots__ = ("item_id", "mechanism", "epsilon_spent", "budget_remaining", "request_id", "replayed", "item_ids", "item_rows")
@@ -95,7 +97,7 @@ class SelectBatchResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[SelectResult, _Mapping]]] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("user_id", "history", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "num_candidates", "k", "candidate_fraction")
+    __slots__ = ("user_id", "history", "mechanism", "epsilon", "request_id", "beta", "gamma", "corr_budget_fraction", "num_candidates", "k", "candidate_fraction", "candidate_mechanism", "loss_weight")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     MECHANISM_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +109,8 @@ class RecommendRequest(_message.Message):
     NUM_CANDIDATES_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    LOSS_WEIGHT_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     history: _containers.RepeatedScalarFieldContainer[str]
     mechanism: str
@@ -118,7 +122,9 @@ class RecommendRequest(_message.Message):
     num_candidates: int
     k: int
     candidate_fraction: float
-    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[str]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., num_candidates: _Optional[int] = ..., k: _Optional[int] = ..., candidate_fraction: _Optional[float] = ...) -> None: ...
+    candidate_mechanism: str
+    loss_weight: float
+    def __init__(self, user_id: _Optional[str] = ..., history: _Optional[_Iterable[str]] = ..., mechanism: _Optional[str] = ..., epsilon: _Optional[float] = ..., request_id: _Optional[str] = ..., beta: _Optional[float] = ..., gamma: _Optional[float] = ..., corr_budget_fraction: _Optional[float] = ..., num_candidates: _Optional[int] = ..., k: _Optional[int] = ..., candidate_fraction: _Optional[float] = ..., candidate_mechanism: _Optional[str] = ..., loss_weight: _Optional[float] = ...) -> None: ...
 
 class GetBudgetRequest(_message.Message):
     __slots__ = ("user_id",)
@@ -171,7 +177,7 @@ class AutoPolicyEntry(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., k: _Optional[int] = ..., mechanism: _Optional[str] = ..., expected_mse: _Optional[float] = ...) -> None: ...
 
 class ListMechanismsResponse(_message.Message):
-    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size", "auto_policy", "catalog_version")
+    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size", "auto_policy", "catalog_version", "default_candidate_mechanism", "embedding_version", "embedding_dim", "embedding_radius", "max_multiselect_k")
     MECHANISMS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MECHANISM_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESOLVES_TO_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +190,11 @@ class ListMechanismsResponse(_message.Message):
     CATALOG_SIZE_FIELD_NUMBER: _ClassVar[int]
     AUTO_POLICY_FIELD_NUMBER: _ClassVar[int]
     CATALOG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_CANDIDATE_MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_DIM_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_RADIUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MULTISELECT_K_FIELD_NUMBER: _ClassVar[int]
     mechanisms: _containers.RepeatedCompositeFieldContainer[MechanismInfo]
     default_mechanism: str
     auto_resolves_to: str
@@ -196,4 +207,41 @@ class ListMechanismsResponse(_message.Message):
     catalog_size: int
     auto_policy: _containers.RepeatedCompositeFieldContainer[AutoPolicyEntry]
     catalog_version: str
-    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ..., catalog_version: _Optional[str] = ...) -> None: ...
+    default_candidate_mechanism: str
+    embedding_version: str
+    embedding_dim: int
+    embedding_radius: float
+    max_multiselect_k: int
+    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ..., catalog_version: _Optional[str] = ..., default_candidate_mechanism: _Optional[str] = ..., embedding_version: _Optional[str] = ..., embedding_dim: _Optional[int] = ..., embedding_radius: _Optional[float] = ..., max_multiselect_k: _Optional[int] = ...) -> None: ...
+
+class MultiSelectRequest(_message.Message):
+    __slots__ = ("user_id", "request_id", "signal", "embedding_version", "k", "epsilon")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    request_id: str
+    signal: _containers.RepeatedScalarFieldContainer[float]
+    embedding_version: str
+    k: int
+    epsilon: float
+    def __init__(self, user_id: _Optional[str] = ..., request_id: _Optional[str] = ..., signal: _Optional[_Iterable[float]] = ..., embedding_version: _Optional[str] = ..., k: _Optional[int] = ..., epsilon: _Optional[float] = ...) -> None: ...
+
+class MultiSelectResponse(_message.Message):
+    __slots__ = ("item_ids", "epsilon_spent", "budget_remaining", "replayed", "charged", "request_id")
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_REMAINING_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    CHARGED_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    item_ids: _containers.RepeatedScalarFieldContainer[str]
+    epsilon_spent: float
+    budget_remaining: float
+    replayed: bool
+    charged: bool
+    request_id: str
+    def __init__(self, item_ids: _Optional[_Iterable[str]] = ..., epsilon_spent: _Optional[float] = ..., budget_remaining: _Optional[float] = ..., replayed: _Optional[bool] = ..., charged: _Optional[bool] = ..., request_id: _Optional[str] = ...) -> None: ...

@@ -72,6 +72,11 @@ class PrivateSelectionStub:
                 request_serializer=recsvc_dot_v1_dot_selection__pb2.ListMechanismsRequest.SerializeToString,
                 response_deserializer=recsvc_dot_v1_dot_selection__pb2.ListMechanismsResponse.FromString,
                 _registered_method=True)
+        self.MultiSelect = channel.unary_unary(
+                '/recsvc.v1.PrivateSelection/MultiSelect',
+                request_serializer=recsvc_dot_v1_dot_selection__pb2.MultiSelectRequest.SerializeToString,
+                response_deserializer=recsvc_dot_v1_dot_selection__pb2.MultiSelectResponse.FromString,
+                _registered_method=True)
 
 
 class PrivateSelectionServicer:
@@ -136,6 +141,15 @@ class PrivateSelectionServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MultiSelect(self, request, context):
+        """Multi-selection (docs/concepts/multi-selection.md): the device sends only a noisy embedding
+        of its history (local ε-DP), the server answers k items, and the device keeps the best of
+        them with its true data. The declared ε is charged to user_id (if set) on the same ledger.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrivateSelectionServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -163,6 +177,11 @@ def add_PrivateSelectionServicer_to_server(servicer, server):
                     servicer.ListMechanisms,
                     request_deserializer=recsvc_dot_v1_dot_selection__pb2.ListMechanismsRequest.FromString,
                     response_serializer=recsvc_dot_v1_dot_selection__pb2.ListMechanismsResponse.SerializeToString,
+            ),
+            'MultiSelect': grpc.unary_unary_rpc_method_handler(
+                    servicer.MultiSelect,
+                    request_deserializer=recsvc_dot_v1_dot_selection__pb2.MultiSelectRequest.FromString,
+                    response_serializer=recsvc_dot_v1_dot_selection__pb2.MultiSelectResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -313,6 +332,33 @@ class PrivateSelection:
             '/recsvc.v1.PrivateSelection/ListMechanisms',
             recsvc_dot_v1_dot_selection__pb2.ListMechanismsRequest.SerializeToString,
             recsvc_dot_v1_dot_selection__pb2.ListMechanismsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MultiSelect(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/recsvc.v1.PrivateSelection/MultiSelect',
+            recsvc_dot_v1_dot_selection__pb2.MultiSelectRequest.SerializeToString,
+            recsvc_dot_v1_dot_selection__pb2.MultiSelectResponse.FromString,
             options,
             channel_credentials,
             insecure,
