@@ -5,6 +5,7 @@ and scipy: the theory the service and the evaluation build on."""
 
 from __future__ import annotations
 
+from recsvc.multiselection.embedding import check_radius, clip_l1, device_signal, embed, noise_scale
 from recsvc.multiselection.geographic import (
     Floats,
     geographic_excess,
@@ -32,6 +33,10 @@ __all__ = [
     "Floats",
     "Response",
     "check_disutility",
+    "check_radius",
+    "clip_l1",
+    "device_signal",
+    "embed",
     "expected_error",
     "geographic_excess",
     "identity_error",
@@ -40,6 +45,7 @@ __all__ = [
     "interval_log_ratio",
     "laplace_scale",
     "monte_carlo_error",
+    "noise_scale",
     "optimal_response",
     "privacy_loss",
     "sample_signal",

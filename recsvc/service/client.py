@@ -195,7 +195,7 @@ class Client:
         among every item, seen ones included (drop them yourself: free post-processing). With
         ``candidate_fraction``, a private top-``num_candidates`` stage spends that share of ε
         first; ε is charged once in total. ``params`` as for :meth:`select`."""
-        extra = {} if candidate_fraction is None else {"candidate_fraction": candidate_fraction}
+        extra: dict[str, Any] = {} if candidate_fraction is None else {"candidate_fraction": candidate_fraction}
         req = pb.RecommendRequest(
             user_id=user_id,
             history=[str(h) for h in history],

@@ -1,0 +1,60 @@
+"""The d-dimensional device side of multi-selection (docs/reference/client-bundle.md): the public
+embedding of a history, its L1 clip, and the Laplace noise that makes the signal local ε-DP.
+
+A history h (distinct item rows of the public embedding E, n × d) embeds as
+
+    e(h) = Σ_{i ∈ h} E[i] / √|h|        (the zero vector for an empty history)
+
+and is clipped by scaling onto the L1 ball of the public radius R. Any two clipped embeddings are
+within L1 distance 2R, so adding i.i.d. Laplace(2R/ε) noise per coordinate makes the signal
+ε-DP between ANY two histories (local DP): the density ratio is at most
+exp(ε·‖e − e'‖₁ / 2R) ≤ e^ε, which is also the geographic form, ε/2R per unit of L1 distance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from recsvc.checks import ParamError, check_epsilon
+
+Floats = npt.NDArray[np.float64]
+
+
+def check_radius(radius: object) -> float:
+    """R as a positive finite float; ParamError otherwise."""
+    if isinstance(radius, bool) or not isinstance(radius, (int, float, np.floating, np.integer)):
+        raise ParamError(f"radius must be a positive finite number; got {type(radius).__name__}")
+    r = float(radius)
+    if not np.isfinite(r) or r <= 0:
+        raise ParamError(f"radius must be a positive finite number; got {r!r}")
+    return r
+
+
+def embed(rows: npt.ArrayLike, factors: Floats) -> Floats:
+    """e(h) for the distinct item rows ``rows`` of ``factors`` (n × d), unclipped."""
+    r = np.unique(np.asarray(rows, dtype=np.int64))
+    if r.size == 0:
+        return np.zeros(factors.shape[1], dtype=np.float64)
+    return np.asarray(factors[r].sum(axis=0) / np.sqrt(r.size), dtype=np.float64)
+
+
+def clip_l1(embedding: npt.ArrayLike, radius: float) -> Floats:
+    """``embedding`` scaled onto the L1 ball of radius R (unchanged inside it). Works row-wise on
+    a 2-D array of embeddings."""
+    e = np.asarray(embedding, dtype=np.float64)
+    r = check_radius(radius)
+    norm = np.abs(e).sum(axis=-1, keepdims=True)
+    return np.asarray(e * np.minimum(1.0, r / np.maximum(norm, np.finfo(np.float64).tiny)), dtype=np.float64)
+
+
+def noise_scale(epsilon: float, radius: float) -> float:
+    """The Laplace scale 2R/ε that makes the clipped embedding local ε-DP."""
+    return 2.0 * check_radius(radius) / check_epsilon(epsilon, error=ParamError)
+
+
+def device_signal(embedding: npt.ArrayLike, epsilon: float, radius: float, rng: np.random.Generator) -> Floats:
+    """clip_l1(embedding, R) + Laplace(0, 2R/ε) i.i.d. per coordinate. The device draws it; pass a
+    CSPRNG (:func:`recsvc.rng.csprng`) whenever the signal leaves the device."""
+    clipped = clip_l1(embedding, radius)
+    return np.asarray(clipped + rng.laplace(0.0, noise_scale(epsilon, radius), size=clipped.shape), dtype=np.float64)
