@@ -93,6 +93,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--workers", type=int, help="≥ 1 (default: min(2, CPUs))")
     q.set_defaults(func=run_policy)
 
+    b = sub.add_parser(
+        "serving-bundle",
+        help="copy the public files `recsvc serve` needs out of an artifact, leaving every per-user file",
+        description="Write the serving bundle of an artifact: items.parquet (per-item ranges and Δ), the "
+        "model, the `auto` policy table and the multi-selection client bundle, with a manifest of their own. "
+        "The test users' candidates and histories and the population's scores stay behind: serve a host "
+        "from the bundle so it never holds them.",
+    )
+    b.add_argument("--artifacts", type=Path, required=True, help="the full artifact directory `recsvc prep` wrote")
+    b.add_argument("--out", type=Path, required=True, help="the bundle directory to create")
+    b.add_argument("--force", action="store_true", help="replace an existing bundle directory")
+    b.set_defaults(func=run_serving_bundle)
+
 
 def run_prep(args: argparse.Namespace) -> int:
     from data_prep.pipeline import PrepConfig, run
@@ -134,6 +147,15 @@ def run_policy(args: argparse.Namespace) -> int:
     out = rebuild(args.artifacts, users=args.users, trials=args.trials, seed=args.seed, workers=args.workers)
     print_policy(out)
     print(f"artifact: {out}")
+    return 0
+
+
+def run_serving_bundle(args: argparse.Namespace) -> int:
+    from recsvc.artifact import load_artifact, write_serving_bundle
+
+    out = write_serving_bundle(args.artifacts, args.out, force=args.force)
+    files = sorted(load_artifact(out, verify=False).manifest.files)
+    print(f"serving bundle: {out} ({len(files)} files: {', '.join(files)})")
     return 0
 
 

@@ -27,7 +27,7 @@ from recsvc.service.cli import register as register_service
 
 # Order here is the order in `recsvc --help`.
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
-    register_prep,  # prep
+    register_prep,  # prep, policy, serving-bundle
     register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect
     register_service,  # serve, select, budget
     register_mechanisms,  # mechanisms
@@ -36,6 +36,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
 # The install extra each command needs beyond the base install (pyproject.toml; docs/getting-started.md).
 EXTRA = {
     "prep": "prep",
+    "serving-bundle": "serve",
     "eval": "eval",
     "eval-synthetic": "eval",
     "eval-bandit": "eval",

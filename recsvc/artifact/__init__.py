@@ -6,6 +6,7 @@ verifies the checksums before anything is trusted) and :mod:`~recsvc.artifact.wr
 (:class:`ArtifactWriter`: a crash never leaves a half-written artifact).
 """
 
+from recsvc.artifact.bundle import write_serving_bundle
 from recsvc.artifact.format import (
     CANDIDATES,
     CANDIDATES_SCHEMA,
@@ -18,6 +19,7 @@ from recsvc.artifact.format import (
     POLICY,
     POLICY_SCHEMA,
     POPULATION,
+    SERVING_KIND,
     TEST_INPUTS,
     ArtifactError,
     json_default,
@@ -42,6 +44,7 @@ __all__ = [
     "POLICY",
     "POLICY_SCHEMA",
     "POPULATION",
+    "SERVING_KIND",
     "TEST_INPUTS",
     "Artifact",
     "ArtifactError",
@@ -61,4 +64,5 @@ __all__ = [
     "validate_candidates",
     "validate_items",
     "validate_policy",
+    "write_serving_bundle",
 ]

@@ -13,6 +13,10 @@ Layout of ``artifacts/<dataset>/``::
     policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
     test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
                          fold-in input items, so eval can score them over the full catalog
+
+A **serving bundle** (manifest ``kind`` = ``"serving"``, written by :mod:`recsvc.artifact.bundle`)
+holds only what ``recsvc serve`` reads, none of it per user: ``items.parquet``, ``model/``,
+``policy.parquet`` and the multi-selection ``client/`` bundle when they exist.
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ MODEL_W1 = "W1.npz"
 MODEL_W2 = "W2.npz"
 MODEL_ITEMS = "items.parquet"
 TEST_INPUTS = "test_inputs.parquet"
+CLIENT_DIR = "client"
 FORMAT_VERSION = 1
+SERVING_KIND = "serving"  # manifest kind of a serving bundle; a full artifact has no kind
 MIN_SENSITIVITY = 1e-6
 
 ITEMS_SCHEMA = {"item_id": pl.String, "lo": pl.Float64, "hi": pl.Float64, "sensitivity": pl.Float64}
@@ -52,6 +58,13 @@ TEST_INPUTS_SCHEMA = {"user_id": pl.String, "item_id": pl.String}
 
 class ArtifactError(ValueError):
     """An artifact directory is missing, incomplete or corrupt, or its content is invalid."""
+
+
+def is_serving_file(rel: str) -> bool:
+    """Whether the artifact file ``rel`` (relative, POSIX) belongs in the serving bundle: the
+    public files ``recsvc serve`` reads. Everything else is per-user evaluation data."""
+    top = rel.split("/", 1)[0]
+    return rel in (ITEMS, POLICY) or top in (MODEL_DIR, CLIENT_DIR)
 
 
 def sha256_file(path: Path) -> str:

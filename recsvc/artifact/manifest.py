@@ -229,6 +229,7 @@ class Manifest(_Record):
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
     policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: the artifact has no policy.parquet
+    kind: str | None = _optional(_STR)  # "serving" for a serving bundle; None for a full artifact
     extra: Mapping[str, Any] = _extra()  # engine, synthetic, … : recorded, read by no consumer
 
     @classmethod

@@ -23,6 +23,7 @@ from recsvc.artifact.format import (
     MODEL_W2,
     POLICY,
     POPULATION,
+    SERVING_KIND,
     TEST_INPUTS,
     ArtifactError,
     sha256_file,
@@ -128,8 +129,20 @@ class Artifact:
     def item_index(self) -> dict[str, int]:
         return {item: i for i, item in enumerate(self.items["item_id"].to_list())}
 
+    @property
+    def is_serving_bundle(self) -> bool:
+        return self.manifest.kind == SERVING_KIND
+
+    def _require_full(self, what: str) -> None:
+        if self.is_serving_bundle:
+            raise ArtifactError(
+                f"{self.path} is a serving bundle: it holds no {what} (per-user evaluation data); "
+                "expected the full artifact that `recsvc prep` wrote"
+            )
+
     @cached_property
     def candidates(self) -> pl.DataFrame:
+        self._require_full(f"{CANDIDATES} (the test users' candidates)")
         return validate_candidates(pl.read_parquet(self.path / CANDIDATES))
 
     @property
@@ -147,6 +160,7 @@ class Artifact:
     @cached_property
     def _test_inputs(self) -> dict[str, np.ndarray]:
         """user_id → the model columns of that test user's fold-in input items."""
+        self._require_full(f"{TEST_INPUTS} (the test users' histories)")
         if not self.has_test_inputs:
             raise ArtifactError(
                 f"{self.path} has no {TEST_INPUTS} (built before it was written); "
@@ -201,6 +215,7 @@ class Artifact:
     def population_matrix(self) -> CandidateMatrix:
         """The (sampled) sensitivity population's top candidates, raw (public data: the policy
         table's input). ArtifactError for an artifact written without them."""
+        self._require_full(f"{POPULATION} (the population's scores)")
         if not self.has_population:
             raise ArtifactError(
                 f"{self.path} has no {POPULATION} (written before the `auto` policy table "
@@ -242,7 +257,7 @@ def load_artifact(path: str | os.PathLike[str], verify: bool = True) -> Artifact
     if not path.is_dir():
         raise ArtifactError(f"artifact directory {path} does not exist; build it with `recsvc prep`")
     manifest = read_manifest(path)
-    for rel in (ITEMS, CANDIDATES):
+    for rel in (ITEMS,) if manifest.kind == SERVING_KIND else (ITEMS, CANDIDATES):
         if rel not in manifest.files:
             raise ArtifactError(f"{path / MANIFEST} does not list {rel}")
     if verify:

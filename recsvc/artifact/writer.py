@@ -23,6 +23,7 @@ from recsvc.artifact.format import (
     MODEL_W2,
     POLICY,
     POPULATION,
+    SERVING_KIND,
     TEST_INPUTS,
     ArtifactError,
     json_default,
@@ -89,7 +90,7 @@ class ArtifactWriter(StagedDir):
         """Writes ``manifest.json`` (``content`` + format version + every file's sha256), checked
         as a :class:`Manifest`, then publishes the directory."""
         tmp = self.tmp
-        for required in (ITEMS, CANDIDATES):
+        for required in (ITEMS,) if content.get("kind") == SERVING_KIND else (ITEMS, CANDIDATES):
             if not (tmp / required).is_file():
                 raise ArtifactError(f"cannot commit artifact: {required} was not written")
         files = {p.relative_to(tmp).as_posix(): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
