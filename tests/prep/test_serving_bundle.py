@@ -80,9 +80,9 @@ def test_bundle_holds_only_public_files_and_no_per_user_row(artifacts: tuple[Pat
             assert frame.height <= max(n_items, len(art.policy) if art.policy is not None else 0), rel
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert not {"accuracy", "accuracy_users", "candidates_per_user"} & set(manifest)
-    with pytest.raises(ArtifactError, match="serving bundle: it holds no candidates.parquet"):
+    with pytest.raises(ArtifactError, match=r"serving bundle: it holds no candidates\.parquet"):
         _ = art.candidates
-    with pytest.raises(ArtifactError, match="holds no population.parquet"):
+    with pytest.raises(ArtifactError, match=r"holds no population\.parquet"):
         art.population_matrix()
 
 
