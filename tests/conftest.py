@@ -10,7 +10,11 @@ Nothing imports ``tests.…``: an installed distribution that ships a top-level 
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -76,3 +80,67 @@ def pg_cluster() -> Iterator[Cluster]:
         yield cluster
     finally:
         remove_cluster(cluster)
+
+
+@pytest.fixture(scope="session")
+def dask_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Dask cluster: a `dask scheduler` process and two `dask worker` processes (one thread
+    each), as an operator would start them on separate machines. Yields the scheduler's address;
+    every process is stopped afterwards."""
+    d = tmp_path_factory.mktemp("dask")
+    bin_dir = Path(sys.executable).parent
+    info = d / "scheduler.json"
+    common = ["--no-dashboard"]
+    procs = [
+        subprocess.Popen(
+            [
+                str(bin_dir / "dask"),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--scheduler-file",
+                str(info),
+                *common,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
+    try:
+        deadline = time.monotonic() + 60
+        while not info.is_file() or not info.read_text().strip():
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise RuntimeError("the dask scheduler did not start within 60 s")
+            time.sleep(0.1)
+        address = json.loads(info.read_text())["address"]
+        for i in range(2):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        str(bin_dir / "dask"),
+                        "worker",
+                        address,
+                        "--nthreads",
+                        "1",
+                        "--name",
+                        f"w{i}",
+                        "--local-directory",
+                        str(d / f"w{i}"),
+                        "--no-nanny",
+                        *common,
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        from distributed import Client
+
+        with Client(address, timeout="30s") as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for p in procs:  # throwaway processes: no graceful retirement to wait for
+            p.kill()
+            p.wait()
