@@ -58,7 +58,7 @@ def _grid(param: str, values: Sequence[object], known: Sequence[str] | None = No
 
 def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
     """Every check before any work (nothing is created). Returns the grids as sorted tuples and
-    the mechanism's parameters as given (None: its default)."""
+    the mechanism's own parameters, given or defaulted (what the run uses)."""
     datasets = _grid("datasets", cfg.datasets, DATASETS)
     settings = _grid("settings", cfg.settings, SETTINGS)
     if not datasets and not settings:
@@ -88,7 +88,7 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
         raise ParamError("{lasso_alpha} must be a positive finite number, got {value}", value=repr(alpha))
     try:
-        check_params(dict(cfg.params), get_mechanism(cfg.mechanism))
+        params = check_params(dict(cfg.params), get_mechanism(cfg.mechanism))
     except ValueError as exc:
         raise ParamError("{mechanism}: {problem}", problem=str(exc)) from None
     seed = check_int("seed", cfg.seed, 0)
@@ -103,6 +103,6 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
         trials=trials,
         repetitions=repetitions,
         lasso_alpha=float(alpha),
-        params=MappingProxyType(dict(cfg.params)),
+        params=MappingProxyType(dict(params)),
         seed=seed,
     )

@@ -4,6 +4,7 @@ classes of Shekelyan & Loukides on the order statistics of the scores, and their
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import numpy.typing as npt
@@ -65,5 +66,7 @@ def better(a: np.ndarray, b: np.ndarray, level: float = 0.05) -> int:
         return 0
     if np.ptp(a) == 0 and np.ptp(b) == 0:
         return 1 if ma > mb else -1
-    p = float(ttest_ind(a, b, equal_var=False).pvalue)
+    with warnings.catch_warnings():  # nearly constant samples: scipy warns, the p-value still stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(ttest_ind(a, b, equal_var=False).pvalue)
     return (1 if ma > mb else -1) if p < level else 0
