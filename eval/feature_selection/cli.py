@@ -52,9 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the neighbouring relation: DP-SIS's Δ is 1 (add-remove a row) or 2 (replace one)",
     )
     p.add_argument("--lasso-alpha", type=float, default=0.1, help="the Lasso's λ (scikit-learn's alpha)")
-    p.add_argument(
-        "--mechanism", default="clm", help="the private top-k mechanism of both methods (a registry name)"
-    )
+    p.add_argument("--mechanism", default="clm", help="the private top-k mechanism of both methods (a registry name)")
     add_param_arguments(p, names=("loss_weight",))
     p.add_argument("--seed", type=int, default=0, help="seed of every dataset's and trial's stream")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory")

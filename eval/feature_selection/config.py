@@ -71,7 +71,7 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
         d = DATASET_FEATURES[name]
         if max(ks) > d:
             raise ParamError(
-                f"{{ks}} = {{k}} is out of range for dataset {{dataset}}; expected 1 ≤ k ≤ {{d}} (its features)",
+                "{ks} = {k} is out of range for dataset {dataset}; expected 1 ≤ k ≤ {d} (its features)",
                 k=max(ks),
                 dataset=name,
                 d=d,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -96,7 +97,7 @@ def lasso_reference(x: np.ndarray, y: np.ndarray, k: int, alpha: float) -> npt.N
 
 def top_k(scores: np.ndarray, k: int, rng: np.random.Generator) -> npt.NDArray[np.intp]:
     """The non-private top k (ties broken uniformly at random), sorted by index."""
-    order = np.lexsort((rng.random(scores.shape[0]), -scores))
+    order = np.lexsort(np.stack([rng.random(scores.shape[0]), -scores]))
     return np.sort(order[:k])
 
 
@@ -115,5 +116,5 @@ def private_top_k(
     Sorted by index: the set is the answer (clm's order is uniform and carries nothing)."""
     q = np.clip(scores, 0.0, upper)
     delta = np.full(q.shape[0], sensitivity)
-    given = {name: v for name, v in (params or {}).items() if v is not None}
+    given: dict[str, Any] = {name: v for name, v in (params or {}).items() if v is not None}
     return np.sort(select_slate(mechanism, q, delta, epsilon, k, rng, **given))

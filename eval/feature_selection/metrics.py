@@ -58,15 +58,14 @@ def rate_interval(hits: np.ndarray) -> tuple[float, float, float]:
     return x / n, float(ci.low), float(ci.high)
 
 
-def better(a: np.ndarray, b: np.ndarray, level: float = 0.05) -> int:
-    """+1 if the mean of ``a`` is significantly above ``b``'s (Welch's t-test, two-sided, at
-    ``level``), −1 if below, 0 if neither. Two constant samples differ iff their values do."""
+def compare(a: np.ndarray, b: np.ndarray, level: float = 0.05) -> tuple[int, float]:
+    """(+1 if the mean of ``a`` is significantly above ``b``'s, −1 if below, 0 if neither; the
+    p-value) by Welch's two-sided t-test at ``level``. Two constant samples differ (p = 0) iff
+    their values do."""
     ma, mb = float(np.mean(a)), float(np.mean(b))
-    if ma == mb:
-        return 0
     if np.ptp(a) == 0 and np.ptp(b) == 0:
-        return 1 if ma > mb else -1
+        return (0, 1.0) if ma == mb else (1 if ma > mb else -1, 0.0)
     with warnings.catch_warnings():  # nearly constant samples: scipy warns, the p-value still stands
         warnings.simplefilter("ignore", RuntimeWarning)
         p = float(ttest_ind(a, b, equal_var=False).pvalue)
-    return (1 if ma > mb else -1) if p < level else 0
+    return ((1 if ma > mb else -1) if p < level else 0), p

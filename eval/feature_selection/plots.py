@@ -60,9 +60,7 @@ def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
                 ax.plot(eps, t["accuracy"], "o-", color=_COLOURS[method], label=_LABELS[method], ms=4)
                 ax.fill_between(eps, t["ci_low"], t["ci_high"], color=_COLOURS[method], alpha=0.2, lw=0)
             for method in ("sis", "two-stage"):
-                row = nonprivate.filter(
-                    (pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method)
-                )
+                row = nonprivate.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method))
                 label = f"{_LABELS[method]}, not private"
                 ax.axhline(float(row["accuracy"][0]), color=_COLOURS[method], ls="--", lw=1, label=label)
             ax.set_xscale("log")

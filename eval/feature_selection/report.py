@@ -12,7 +12,13 @@ from eval.feature_selection.config import FeatureSelectionConfig
 from eval.feature_selection.methods import COUNT_SENSITIVITY, SIS_SENSITIVITY
 from eval.feature_selection.study import DatasetRun
 
-COMPARISON_SCHEMA = {"dataset": pl.String, "k": pl.Int64, "epsilon": pl.Float64, "verdict": pl.String}
+COMPARISON_SCHEMA = {
+    "dataset": pl.String,
+    "k": pl.Int64,
+    "epsilon": pl.Float64,
+    "verdict": pl.String,
+    "p_value": pl.Float64,
+}
 
 
 @dataclass(frozen=True)
@@ -38,19 +44,15 @@ class FeatureSelectionResult:
 
 
 def comparisons(cfg: FeatureSelectionConfig, runs: list[DatasetRun]) -> pl.DataFrame:
-    """Per (dataset, k, ε): which method is significantly more accurate (Welch, 5%), or "tie"."""
+    """Per (dataset, k, ε): which method is significantly more accurate (Welch, 5% per cell, no
+    correction for the number of cells), or "tie", with the p-value."""
     words = {1: "dp-sis", -1: "two-stage", 0: "tie"}
-    rows = [
-        {
-            "dataset": r.name,
-            "k": k,
-            "epsilon": eps,
-            "verdict": words[metrics.better(r.private["dp-sis"][i, e], r.private["two-stage"][i, e])],
-        }
-        for r in runs
-        for i, k in enumerate(cfg.ks)
-        for e, eps in enumerate(cfg.epsilons)
-    ]
+    rows = []
+    for r in runs:
+        for i, k in enumerate(cfg.ks):
+            for e, eps in enumerate(cfg.epsilons):
+                sign, p = metrics.compare(r.private["dp-sis"][i, e], r.private["two-stage"][i, e])
+                rows.append({"dataset": r.name, "k": k, "epsilon": eps, "verdict": words[sign], "p_value": p})
     return pl.DataFrame(rows, schema=COMPARISON_SCHEMA)
 
 
@@ -63,7 +65,8 @@ def findings(cfg: FeatureSelectionConfig, table: pl.DataFrame) -> list[Finding]:
     losses = table.filter(pl.col("verdict") == "two-stage")
 
     def cells(t: pl.DataFrame) -> str:
-        return "; ".join(f"{d} k={k} ε={e:g}" for d, k, e in t.select("dataset", "k", "epsilon").iter_rows()) or "none"
+        cols = t.select("dataset", "k", "epsilon", "p_value").iter_rows()
+        return "; ".join(f"{d} k={k} ε={e:g} (p = {p:.2g})" for d, k, e, p in cols) or "none"
 
     ties = at_top.filter(pl.col("verdict") != "dp-sis")
     return [
@@ -78,6 +81,16 @@ def findings(cfg: FeatureSelectionConfig, table: pl.DataFrame) -> list[Finding]:
             f"two-stage significantly better in {losses.height} of {table.height} cells: {cells(losses)}",
         ),
     ]
+
+
+def figure1_summary(table: pl.DataFrame) -> list[tuple[str, str, float, int]]:
+    """Per (setting, method): the mean count of features 1–5 (w1's) and the largest of any other."""
+    out = []
+    for setting, method in table.select("setting", "method").unique(maintain_order=True).iter_rows():
+        t = table.filter((pl.col("setting") == setting) & (pl.col("method") == method)).sort("feature")
+        counts = t["count"].to_numpy()
+        out.append((str(setting), str(method), float(counts[:5].mean()), int(counts[5:].max())))
+    return out
 
 
 def _pct(v: float) -> str:
@@ -124,9 +137,7 @@ def markdown(result: FeatureSelectionResult) -> str:
             "| setting | method | mean count of features 1–5 | largest count of any other |",
             "|---|---|---|---|",
         ]
-        for (setting, method), t in result.figure1.group_by("setting", "method", maintain_order=True):
-            inside = t.filter(pl.col("feature") <= 5)["count"].mean()
-            outside = t.filter(pl.col("feature") > 5)["count"].max()
+        for setting, method, inside, outside in figure1_summary(result.figure1):
             out.append(f"| {setting} | {method} | {inside:.0f} | {outside} |")
         out += ["", f"![Figure 1]({plots.FIGURE1_PNG})", ""]
     if result.accuracy is not None and result.nonprivate is not None:
@@ -146,9 +157,9 @@ def markdown(result: FeatureSelectionResult) -> str:
 def summary(result: FeatureSelectionResult) -> str:
     lines = [f"feature selection: {result.seconds:.1f} s"]
     if result.figure1 is not None:
-        for (setting, method), t in result.figure1.group_by("setting", "method", maintain_order=True):
-            inside = t.filter(pl.col("feature") <= 5)["count"].mean()
-            lines.append(f"  figure 1 {setting} {method}: features 1-5 chosen {inside:.0f} of {result.config.repetitions}")
+        for setting, method, inside, _ in figure1_summary(result.figure1):
+            reps = result.config.repetitions
+            lines.append(f"  figure 1 {setting} {method}: features 1-5 chosen {inside:.0f} of {reps} times on average")
     held = sum(f.holds for f in result.findings)
     if result.findings:
         lines.append(f"{held} of {len(result.findings)} of the seed's claims hold")
