@@ -59,17 +59,17 @@ def blocks(n_rows: int, rng: np.random.Generator | None = None) -> list[npt.NDAr
     return list(np.array_split(order, block_count(n_rows)))
 
 
-def lasso_support(x: np.ndarray, y: np.ndarray, alpha: float) -> npt.NDArray[np.bool_]:
-    """Which coefficients of scikit-learn's Lasso(alpha) on (x, y) are non-zero."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import Lasso
+def lasso_coef(x: np.ndarray, y: np.ndarray, alpha: float) -> npt.NDArray[np.float64]:
+    """The Lasso's coefficients, min (1/2N)·‖y − b − Xw‖² + alpha·‖w‖₁ (scikit-learn's scale, with
+    an intercept b), solved exactly by LARS (scikit-learn's LassoLars): the same solution as its
+    coordinate-descent ``Lasso`` run to convergence (tests/eval checks the supports agree), several
+    times faster on a block of fewer rows than features, and with no tolerance to tune."""
+    from sklearn.linear_model import LassoLars
 
     with warnings.catch_warnings():
-        # a block has fewer rows than features; the support of a not fully converged fit is what
-        # the baseline counts either way
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model = Lasso(alpha=alpha, max_iter=2000).fit(x, y)
-    return np.asarray(model.coef_ != 0.0)
+        # LARS warns when a block's rows are nearly collinear; its answer is still the solution
+        warnings.simplefilter("ignore")
+        return np.asarray(LassoLars(alpha=alpha).fit(x, y).coef_, dtype=np.float64)
 
 
 def support_counts(
@@ -78,19 +78,14 @@ def support_counts(
     """Two-stage's scores: for each feature, in how many blocks' Lasso supports it is."""
     counts = np.zeros(x.shape[1])
     for rows in parts:
-        counts += lasso_support(x[rows], y[rows], alpha)
+        counts += lasso_coef(x[rows], y[rows], alpha) != 0.0
     return counts
 
 
 def lasso_reference(x: np.ndarray, y: np.ndarray, k: int, alpha: float) -> npt.NDArray[np.intp]:
     """The non-private reference set: the features of the k largest |coefficients| of the Lasso
     on all rows, only among the non-zero ones (fewer than k if the fit keeps fewer)."""
-    from sklearn.exceptions import ConvergenceWarning
-    from sklearn.linear_model import Lasso
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        coef = np.abs(Lasso(alpha=alpha, max_iter=10_000).fit(x, y).coef_)
+    coef = np.abs(lasso_coef(x, y, alpha))
     order = np.argsort(-coef, kind="stable")[:k]
     return np.sort(order[coef[order] > 0.0])
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
 from eval.feature_selection import data, methods, metrics
 from eval.feature_selection.config import FeatureSelectionConfig
-from recsvc.engines import progress_bar
+from recsvc.engines import progress_bar as _bar
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
 
 FIGURE1_K = data.FIGURE1_INFORMATIVE
 FIGURE1_METHODS = ("sis", "two-stage")
@@ -44,6 +48,11 @@ RATES_SCHEMA = {
     "ci_low": pl.Float64,
     "ci_high": pl.Float64,
 }
+
+
+def progress_bar(desc: str, unit: str, total: int, progress: bool | None) -> tqdm:
+    """The shared progress bar; ``progress`` None lets tqdm decide (off when not a TTY)."""
+    return _bar(desc, unit, total, None if progress is None else not progress)
 
 
 def stream(seed: int, *key: int) -> np.random.Generator:

@@ -166,3 +166,15 @@ def test_classes_and_accuracy_on_hand_made_selections() -> None:
     assert metrics.compare(np.array([1.0, 0.9, 1.0, 0.95]), np.array([0.2, 0.3, 0.25, 0.2]))[0] == 1
     assert metrics.compare(np.full(5, 0.5), np.full(5, 0.5)) == (0, 1.0)
     assert metrics.compare(np.array([0.5, 0.6, 0.4]), np.array([0.6, 0.4, 0.5]))[0] == 0
+
+
+def test_the_lars_lasso_has_the_supports_of_coordinate_descent_run_to_convergence() -> None:
+    from sklearn.linear_model import Lasso
+
+    ds = data.fan_lv(np.random.default_rng(6), shape=(40, 300), nonzero=5)
+    xs, ys = data.standardised(ds.x, ds.y)
+    for rows in [*methods.blocks(40, np.random.default_rng(7)), np.arange(40)]:
+        tight = Lasso(alpha=0.1, tol=1e-12, max_iter=200_000).fit(xs[rows], ys[rows]).coef_
+        lars = methods.lasso_coef(xs[rows], ys[rows], 0.1)
+        assert np.flatnonzero(lars).tolist() == np.flatnonzero(tight).tolist()
+        assert np.abs(lars - tight).max() < 1e-6
