@@ -1,9 +1,10 @@
 """The study's computations: Figure 1's selection counts and the accuracy study's tables.
 
 Randomness: every dataset, repetition and trial draws from its own seeded stream
-(``SeedSequence(seed, spawn_key=(part, …))``), so a cell's numbers do not depend on which other
-datasets or settings the run includes. Within a trial the selections are drawn in a fixed order
-(method, k, ε).
+(``SeedSequence(seed, spawn_key=(part, …))``), keyed by the dataset's or setting's place in
+:data:`eval.feature_selection.data.DATASETS` / ``SETTINGS``, so its numbers do not depend on which
+others the run includes. Within a trial the selections are drawn in a fixed order (k, then ε, then
+DP-SIS before two-stage), so they do depend on the k and ε grids.
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ def figure1_table(cfg: FeatureSelectionConfig) -> pl.DataFrame:
     d = data.FIGURE1_SHAPE[1]
     rows: list[dict[str, object]] = []
     with progress_bar("figure 1", "dataset", len(cfg.settings) * cfg.repetitions, cfg.progress) as bar:
-        for s, setting in enumerate(cfg.settings):
+        for setting in cfg.settings:
             counts = {m: np.zeros(d, dtype=np.int64) for m in FIGURE1_METHODS}
             for rep in range(cfg.repetitions):
-                rng = stream(cfg.seed, _FIGURE1, s, rep)
+                rng = stream(cfg.seed, _FIGURE1, data.SETTINGS.index(setting), rep)
                 chosen = figure1_selections(data.figure1(setting, rng), cfg.lasso_alpha, rng)
                 for m in FIGURE1_METHODS:
                     counts[m][chosen[m]] += 1
@@ -106,9 +107,8 @@ class DatasetRun:
     references: dict[int, np.ndarray]  # k → the Lasso reference set
 
 
-def run_dataset(
-    cfg: FeatureSelectionConfig, index: int, name: str, tick: Callable[[], object] = lambda: None
-) -> DatasetRun:
+def run_dataset(cfg: FeatureSelectionConfig, name: str, tick: Callable[[], object] = lambda: None) -> DatasetRun:
+    index = data.DATASETS.index(name)
     ds = data.load(name, stream(cfg.seed, _DATASET, index))
     x, y = data.max_abs(ds.x, ds.y)
     xs, ys = data.standardised(ds.x, ds.y)
@@ -143,8 +143,8 @@ def accuracy_tables(cfg: FeatureSelectionConfig) -> tuple[list[DatasetRun], pl.D
     """(the runs, accuracy.csv's table, nonprivate.csv's, rates.csv's)."""
     runs: list[DatasetRun] = []
     with progress_bar("accuracy", "trial", len(cfg.datasets) * cfg.trials, cfg.progress) as bar:
-        for index, name in enumerate(cfg.datasets):
-            runs.append(run_dataset(cfg, index, name, bar.update))
+        for name in cfg.datasets:
+            runs.append(run_dataset(cfg, name, bar.update))
     acc, nonpriv, rates = [], [], []
     for r in runs:
         for i, k in enumerate(cfg.ks):

@@ -135,3 +135,13 @@ def test_a_failing_run_leaves_nothing(tmp_path, monkeypatch) -> None:
     with pytest.raises(RuntimeError, match="plot failed"):
         run(FeatureSelectionConfig(out=out, datasets=(), repetitions=2, progress=False))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_datasets_numbers_do_not_depend_on_the_others_in_the_run(results: Path) -> None:
+    """The module's run had both settings; W1/W2 alone gives the same counts."""
+    alone = run(FeatureSelectionConfig(out=None, datasets=(), settings=("W1/W2",), repetitions=30, progress=False))
+    assert alone.figure1 is not None
+    both = pl.read_csv(results / "figure1.csv").filter(pl.col("setting") == "W1/W2")
+    assert (
+        alone.figure1.sort("method", "feature")["count"].to_list() == both.sort("method", "feature")["count"].to_list()
+    )
