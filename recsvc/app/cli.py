@@ -20,6 +20,7 @@ from typing import Any
 
 from data_prep.cli import register as register_prep
 from eval.cli import register as register_eval
+from eval.feature_selection.cli import register as register_feature_selection
 from recsvc.app.demo import register as register_demo
 from recsvc.checks import ParamError
 from recsvc.mechanisms.cli import register as register_mechanisms
@@ -29,6 +30,7 @@ from recsvc.service.cli import register as register_service
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_prep,  # prep, policy, serving-bundle
     register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect
+    register_feature_selection,  # eval-feature-selection
     register_service,  # serve, select, budget
     register_mechanisms,  # mechanisms
     register_demo,  # demo
@@ -42,6 +44,7 @@ EXTRA = {
     "eval-bandit": "eval",
     "eval-two-candidates": "eval",
     "eval-multiselect": "eval",
+    "eval-feature-selection": "eval",
     "serve": "serve",
     "select": "serve",
     "budget": "serve",

@@ -67,6 +67,7 @@ IMPORT_NAME = {
     "protobuf": "google",
     "prometheus-client": "prometheus_client",
     "scikit-sparse": "sksparse",
+    "scikit-learn": "sklearn",
     "psycopg-pool": "psycopg_pool",
 }
 CORE_THIRD_PARTY = {"numpy", "scipy", "numba", "randomgen"}

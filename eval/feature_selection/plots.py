@@ -1,0 +1,100 @@
+"""The study's PNGs: Figure 1's per-feature selection counts, accuracy against ε per dataset and
+k (with the non-private methods as dashed lines), and DP-SIS's TOP / GREAT / GOOD rates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from eval.plots import pyplot
+
+FIGURE1_PNG = "figure1.png"
+ACCURACY_PNG = "accuracy.png"
+RATES_PNG = "rates.png"
+_COLOURS = {"sis": "C0", "dp-sis": "C0", "two-stage": "C1"}
+_LABELS = {"sis": "SIS", "dp-sis": "DP-SIS", "two-stage": "two-stage"}
+
+
+def figure1(table: pl.DataFrame, repetitions: int, path: Path) -> None:
+    """One panel per setting: how often each feature was chosen, SIS above the axis and two-stage
+    below it, so the two bar series never hide each other."""
+    plt = pyplot()
+    settings = table["setting"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.2 * len(settings), 3.6), dpi=90, squeeze=False)
+    for ax, setting in zip(axes[0], settings, strict=True):
+        for method, sign in (("sis", 1), ("two-stage", -1)):
+            t = table.filter((pl.col("setting") == setting) & (pl.col("method") == method)).sort("feature")
+            ax.bar(t["feature"], sign * t["count"].to_numpy(), width=1.0, color=_COLOURS[method], label=_LABELS[method])
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_ylim(-repetitions * 1.05, repetitions * 1.05)
+        ticks = np.linspace(-repetitions, repetitions, 5)
+        ax.set_yticks(ticks, [f"{abs(v):g}" for v in ticks])
+        ax.set_xlabel("feature")
+        ax.set_ylabel("times chosen (two-stage below the axis)")
+        ax.set_title(f"{setting}: top 5 of {repetitions:,} datasets", fontsize=9)
+        ax.legend(fontsize=8, loc="center right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _panels(n_rows: int, n_cols: int):
+    plt = pyplot()
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.2 * n_rows), dpi=90, squeeze=False)
+    return plt, fig, axes
+
+
+def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
+    datasets = table["dataset"].unique(maintain_order=True).to_list()
+    ks = sorted(table["k"].unique().to_list())
+    plt, fig, axes = _panels(len(datasets), len(ks))
+    for r, name in enumerate(datasets):
+        for c, k in enumerate(ks):
+            ax = axes[r][c]
+            for method in ("dp-sis", "two-stage"):
+                t = table.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method))
+                t = t.sort("epsilon")
+                eps = t["epsilon"].to_numpy()
+                ax.plot(eps, t["accuracy"], "o-", color=_COLOURS[method], label=_LABELS[method], ms=4)
+                ax.fill_between(eps, t["ci_low"], t["ci_high"], color=_COLOURS[method], alpha=0.2, lw=0)
+            for method in ("sis", "two-stage"):
+                row = nonprivate.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method))
+                label = f"{_LABELS[method]}, not private"
+                ax.axhline(float(row["accuracy"][0]), color=_COLOURS[method], ls="--", lw=1, label=label)
+            ax.set_xscale("log")
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel("ε")
+            ax.set_ylabel("accuracy vs the Lasso's top k")
+            ax.set_title(f"{name}, k = {k}", fontsize=9)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def rates(table: pl.DataFrame, path: Path) -> None:
+    datasets = table["dataset"].unique(maintain_order=True).to_list()
+    ks = sorted(table["k"].unique().to_list())
+    plt, fig, axes = _panels(len(datasets), len(ks))
+    for r, name in enumerate(datasets):
+        for c, k in enumerate(ks):
+            ax = axes[r][c]
+            for i, cls in enumerate(("TOP", "GREAT", "GOOD")):
+                t = table.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("class") == cls))
+                t = t.sort("epsilon")
+                eps = t["epsilon"].to_numpy()
+                ax.plot(eps, t["rate"], "osD"[i] + "-", color=f"C{i + 2}", label=cls, ms=4)
+                ax.fill_between(eps, t["ci_low"], t["ci_high"], color=f"C{i + 2}", alpha=0.15, lw=0)
+            ax.set_xscale("log")
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel("ε")
+            ax.set_ylabel("share of DP-SIS's selections")
+            ax.set_title(f"DP-SIS on {name}, k = {k}", fontsize=9)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
