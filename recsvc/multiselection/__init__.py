@@ -5,6 +5,7 @@ and scipy: the theory the service and the evaluation build on."""
 
 from __future__ import annotations
 
+from recsvc.multiselection.device import laplace_from_bits, laplace_noise, local_choice, uniform_from_bits
 from recsvc.multiselection.embedding import check_radius, clip_l1, device_signal, embed, noise_scale
 from recsvc.multiselection.geographic import (
     Floats,
@@ -43,7 +44,10 @@ __all__ = [
     "identity_expected_error",
     "identity_offsets",
     "interval_log_ratio",
+    "laplace_from_bits",
+    "laplace_noise",
     "laplace_scale",
+    "local_choice",
     "monte_carlo_error",
     "noise_scale",
     "optimal_response",
@@ -51,4 +55,5 @@ __all__ = [
     "sample_signal",
     "signal_cdf",
     "signal_log_density",
+    "uniform_from_bits",
 ]

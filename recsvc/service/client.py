@@ -24,12 +24,16 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 
-from recsvc.checks import ParamError
+from recsvc.checks import ParamError, check_epsilon, check_int
+from recsvc.device import Device
 from recsvc.mechanisms import PARAM_NAMES
+from recsvc.rng import thread_csprng
 from recsvc.service.auth import channel_credentials
 from recsvc.service.catalog import catalog_version
 from recsvc.v1 import selection_pb2 as pb
@@ -43,6 +47,20 @@ def _columns(cands: Candidates) -> dict[str, list]:
     """The columnar encoding (item_ids + scores): same meaning as `candidates`, cheaper to decode."""
     pairs = list(cands.items() if isinstance(cands, Mapping) else cands)
     return {"item_ids": [str(i) for i, _ in pairs], "scores": [float(s) for _, s in pairs]}
+
+
+@dataclass(frozen=True)
+class MultiSelection:
+    """A multi-selection's outcome on the device: ``item_id`` is the device's own choice among the
+    server's ``item_ids`` (the server never learns which); the rest is the server's answer."""
+
+    item_id: str
+    item_ids: list[str]
+    epsilon_spent: float
+    budget_remaining: float
+    charged: bool
+    replayed: bool
+    request_id: str
 
 
 class ItemRows:
@@ -208,6 +226,58 @@ class Client:
             **extra,
         )
         return self._call(self.stub.Recommend, req)
+
+    def multiselect_request(
+        self,
+        user_id: str,
+        history: Iterable[str],
+        epsilon: float,
+        k: int,
+        device: Device,
+        request_id: str | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> pb.MultiSelectRequest:
+        """The MultiSelectRequest the device sends: the noisy embedding of ``history`` and nothing
+        else derived from it. ``rng``: this thread's CSPRNG unless given (a test's seeded one)."""
+        eps = check_epsilon(epsilon, error=ParamError)
+        k = check_int("k", k, 1)
+        signal = device.signal(history, eps, thread_csprng() if rng is None else rng)
+        return pb.MultiSelectRequest(
+            user_id=user_id,
+            request_id=request_id or uuid.uuid4().hex,
+            signal=signal.tolist(),
+            embedding_version=device.version,
+            k=k,
+            epsilon=eps,
+        )
+
+    def multiselect(
+        self,
+        user_id: str,
+        history: Iterable[str],
+        epsilon: float,
+        k: int,
+        device: Device,
+        request_id: str | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> MultiSelection:
+        """Multi-selection (docs/concepts/multi-selection.md): sends ``history``'s ε-local-DP signal,
+        receives k items, and keeps the best by the true scores on this side. ``device``: the
+        client bundle (:meth:`recsvc.device.Device.load`). ε is charged to ``user_id`` (empty: not
+        charged). A retry (UNAVAILABLE, DEADLINE_EXCEEDED) resends the same signal, never a fresh one."""
+        hist = [str(h) for h in history]
+        req = self.multiselect_request(user_id, hist, epsilon, k, device, request_id, rng)
+        resp = self._call(self.stub.MultiSelect, req)
+        items = list(resp.item_ids)
+        return MultiSelection(
+            item_id=items[device.choose(hist, items)],
+            item_ids=items,
+            epsilon_spent=resp.epsilon_spent,
+            budget_remaining=resp.budget_remaining,
+            charged=resp.charged,
+            replayed=resp.replayed,
+            request_id=resp.request_id or req.request_id,
+        )
 
     def budget(self, user_id: str) -> pb.GetBudgetResponse:
         return self._call(self.stub.GetBudget, pb.GetBudgetRequest(user_id=user_id))

@@ -1,0 +1,80 @@
+"""The multi-selection device in Python (docs/reference/client-bundle.md): a history's clipped
+embedding, its noisy signal, and the local re-rank of the server's k items with the true SANSA
+scores. Everything here runs on the user's side; nothing of it is sent but the signal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from recsvc.checks import ParamError
+from recsvc.model import Model
+from recsvc.multiselection import check_radius, clip_l1, device_signal, embed, local_choice
+
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, eq=False)  # array fields: == would be ambiguous
+class Device:
+    """The public parts a device needs: the embedding factors E (n × d, rows in the model's item
+    order), the L1 radius R, the embedding version the server expects, and the scoring model."""
+
+    model: Model
+    factors: Floats
+    radius: float
+    version: str
+
+    def __post_init__(self) -> None:
+        n = len(self.model.item_ids)
+        if self.factors.ndim != 2 or self.factors.shape[0] != n:
+            raise ParamError(
+                "the embedding factors must have one row per item ({n} x d); got shape {shape}",
+                n=n,
+                shape=str(self.factors.shape),
+            )
+        check_radius(self.radius)
+
+    @property
+    def dim(self) -> int:
+        return int(self.factors.shape[1])
+
+    def rows(self, history: Iterable[str]) -> npt.NDArray[np.int64]:
+        """The distinct rows of the history's items, ascending; ids not in the bundle are skipped."""
+        index = self.model.index
+        found = {index[i] for i in map(str, history) if i in index}
+        return np.array(sorted(found), dtype=np.int64)
+
+    def embedding(self, history: Iterable[str]) -> Floats:
+        """The history's embedding, clipped to the L1 ball of radius R."""
+        return clip_l1(embed(self.rows(history), self.factors), self.radius)
+
+    def signal(self, history: Iterable[str], epsilon: float, rng: np.random.Generator) -> Floats:
+        """What the device sends: the clipped embedding plus Laplace(2R/ε) per coordinate. Pass a
+        CSPRNG (:func:`recsvc.rng.csprng`)."""
+        return device_signal(embed(self.rows(history), self.factors), epsilon, self.radius, rng)
+
+    def scores(self, history: Iterable[str], item_ids: Sequence[str]) -> Floats:
+        """The true SANSA scores of ``item_ids`` for the history (x W1 W2), −∞ for history items."""
+        index = self.model.index
+        unknown = [i for i in item_ids if i not in index]
+        if unknown:
+            raise ParamError(
+                "the server returned {count} item id(s) not in the client bundle, e.g. {example}; "
+                "expected the bundle of the artifact the server serves",
+                count=len(unknown),
+                example=repr(unknown[0]),
+            )
+        rows = self.rows(history)
+        items = np.array([index[i] for i in item_ids], dtype=np.int64)
+        s = self.model.score_items(rows, items)
+        s[np.isin(items, rows)] = -np.inf
+        return np.asarray(s, dtype=np.float64)
+
+    def choose(self, history: Iterable[str], item_ids: Sequence[str]) -> int:
+        """The index in ``item_ids`` of the item the device keeps (the best true score, ties to
+        the earlier item)."""
+        return local_choice(self.scores(list(history), item_ids))
