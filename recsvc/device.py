@@ -5,12 +5,14 @@ scores. Everything here runs on the user's side; nothing of it is sent but the s
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from recsvc.artifact import ClientBundle, read_client_bundle
 from recsvc.checks import ParamError
 from recsvc.model import Model
 from recsvc.multiselection import check_radius, clip_l1, device_signal, embed, local_choice
@@ -37,6 +39,16 @@ class Device:
                 shape=str(self.factors.shape),
             )
         check_radius(self.radius)
+
+    @classmethod
+    def of(cls, bundle: ClientBundle) -> Device:
+        return cls(bundle.model, bundle.embedding, bundle.radius, bundle.version)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Device:
+        """The device of the client bundle in ``directory`` (an artifact's ``client/``), every file
+        checked (:func:`recsvc.artifact.read_client_bundle`)."""
+        return cls.of(read_client_bundle(directory))
 
     @property
     def dim(self) -> int:
