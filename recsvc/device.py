@@ -8,14 +8,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.artifact import ClientBundle, read_client_bundle
 from recsvc.checks import ParamError
 from recsvc.model import Model
 from recsvc.multiselection import check_radius, clip_l1, device_signal, embed, local_choice
+
+if TYPE_CHECKING:
+    from recsvc.artifact import ClientBundle
 
 Floats = npt.NDArray[np.float64]
 
@@ -48,6 +51,8 @@ class Device:
     def load(cls, directory: str | os.PathLike[str]) -> Device:
         """The device of the client bundle in ``directory`` (an artifact's ``client/``), every file
         checked (:func:`recsvc.artifact.read_client_bundle`)."""
+        from recsvc.artifact import read_client_bundle
+
         return cls.of(read_client_bundle(directory))
 
     @property

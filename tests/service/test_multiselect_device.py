@@ -148,7 +148,13 @@ def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, c
         "k",
         "epsilon",
     }
-    assert (req.user_id, req.request_id, req.embedding_version, req.k, req.epsilon) == ("alice", "rq-1", "v-test", 4, 0.5)
+    assert (req.user_id, req.request_id, req.embedding_version, req.k, req.epsilon) == (
+        "alice",
+        "rq-1",
+        "v-test",
+        4,
+        0.5,
+    )
     assert len(req.signal) == D and np.all(np.isfinite(req.signal))
     assert not np.allclose(req.signal, device.embedding(HISTORY))  # noise was added
     for item in HISTORY:
