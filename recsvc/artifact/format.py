@@ -13,6 +13,9 @@ Layout of ``artifacts/<dataset>/``::
     policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
     test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
                          fold-in input items, so eval can score them over the full catalog
+    client/              multi-selection's client bundle (docs/reference/client-bundle.md)  -- optional
+    multiselect/         embeddings.npy, top_index.npy, top_score.npy: the server's population
+                         sample for MultiSelect (recsvc.artifact.bundle)  -- optional, with client/
 """
 
 from __future__ import annotations
