@@ -90,7 +90,7 @@ def python_rows(device: Device, rounds: int, calls: int, seed: int = 1) -> dict[
 
 def js_rows(device: Device, rounds: int, calls: int) -> dict[str, list[float]]:
     """The JavaScript device's medians per round, on the same bundle (written to a temporary dir)."""
-    from recsvc.artifact import write_client_bundle
+    from recsvc.artifact.bundle import write_client_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
         bundle = Path(tmp) / "client"

@@ -6,6 +6,7 @@ what a server operator could see is exactly what it asserts on."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -13,24 +14,21 @@ import grpc
 import numpy as np
 import pytest
 
-from recsvc.artifact import load_artifact
 from recsvc.checks import ParamError
 from recsvc.device import Device
 from recsvc.multiselection import noise_scale
 from recsvc.service.client import Client
 from recsvc.v1 import selection_pb2 as pb
 
-D, RADIUS = 6, 1.5
+D, RADIUS = 6, 1.5  # the conftest bundle's d and R
 HISTORY = ["it3", "it17", "it29", "it17", "not-an-item"]  # a duplicate and an unknown id
 # MultiSelectRequest's field numbers: user_id, request_id, signal, embedding_version, k, epsilon.
 ALLOWED_FIELDS = {1, 2, 3, 4, 5, 6}
 
 
 @pytest.fixture(scope="module")
-def device(artifact) -> Device:
-    model = load_artifact(artifact).model
-    factors = np.random.default_rng(4).normal(size=(len(model.item_ids), D))
-    return Device(model, factors, RADIUS, "v-test")
+def device(bundle) -> Device:
+    return Device.load(bundle)
 
 
 def _wire_fields(raw: bytes) -> list[int]:
@@ -132,7 +130,7 @@ def test_the_device_keeps_the_best_true_score_and_never_a_history_item(device) -
         device.scores(HISTORY, ["it1", "ghost"])
 
 
-def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, capture) -> None:
+def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, bundle, capture) -> None:
     with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
         r = c.multiselect("alice", HISTORY, epsilon=0.5, k=4, device=device, request_id="rq-1")
     assert len(capture.received) == 2  # refused once, retried
@@ -148,12 +146,11 @@ def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, c
         "k",
         "epsilon",
     }
-    assert (req.user_id, req.request_id, req.embedding_version, req.k, req.epsilon) == (
-        "alice",
-        "rq-1",
-        "v-test",
-        4,
-        0.5,
+    assert (req.user_id, req.request_id, req.k, req.epsilon) == ("alice", "rq-1", 4, 0.5)
+    assert (
+        req.embedding_version
+        == device.version
+        == json.loads((bundle / "manifest.json").read_text())["embedding_version"]
     )
     assert len(req.signal) == D and np.all(np.isfinite(req.signal))
     assert not np.allclose(req.signal, device.embedding(HISTORY))  # noise was added

@@ -18,7 +18,7 @@ from scipy import stats
 
 from recsvc.device import Device
 from recsvc.multiselection import laplace_noise
-from recsvc.service.testing import REPO, item_ids, make_artifact
+from recsvc.service.testing import REPO, item_ids
 
 JS = REPO / "clients" / "js"
 DRAWS = 4000
@@ -38,11 +38,6 @@ def test_the_javascript_device_passes_its_tests_against_a_live_server() -> None:
     assert run.returncode == 0, tail
     passed = re.search(r"^# pass (\d+)$", run.stdout, re.M)
     assert passed and int(passed.group(1)) >= 9 and re.search(r"^# fail 0$", run.stdout, re.M), tail
-
-
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("art") / "toy") / "client"
 
 
 def test_the_javascript_and_python_devices_agree(bundle: Path) -> None:

@@ -79,6 +79,12 @@ export function loadBundle(dir) {
     throw bad(dir, `embedding.npy has shape (${emb.shape.join(', ')}) and item_ids.json ${n} ids; expected (${manifest.num_items}, ${d})`);
   }
   if (!(Number.isFinite(manifest.radius) && manifest.radius > 0)) throw bad(dir, `radius ${manifest.radius}; expected a positive number`);
+  // The version is sha256 of E's float64 little-endian bytes, then R as one float64 little-endian.
+  const radius = new Float64Array([manifest.radius]);
+  const version = createHash('sha256').update(new Uint8Array(emb.data.buffer)).update(new Uint8Array(radius.buffer)).digest('hex');
+  if (version !== manifest.embedding_version) {
+    throw bad(dir, `embedding.npy and radius hash to ${version}, not the manifest's embedding_version; expected the bundle as \`recsvc prep\` wrote it`);
+  }
   const w1 = csr(dir, manifest, 'w1', n);
   const w2 = csr(dir, manifest, 'w2', null);
   const index = new Map(itemIds.map((id, row) => [id, row]));

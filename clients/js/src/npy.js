@@ -45,6 +45,6 @@ export function parseNpy(bytes, name = 'array') {
     fail(name, `${b.length - offset} data bytes for shape (${dims.join(', ')}) of ${descr[1]}`);
   }
   // Copy: the typed array needs its own aligned buffer.
-  const data = dtype.read(b.slice(offset).buffer);
+  const data = dtype.read(new Uint8Array(b.subarray(offset)).buffer);
   return { dtype: descr[1], shape: dims, data };
 }
