@@ -7,6 +7,7 @@ what a server operator could see is exactly what it asserts on."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -18,6 +19,7 @@ from recsvc.checks import ParamError
 from recsvc.device import Device
 from recsvc.multiselection import noise_scale
 from recsvc.service.client import Client
+from recsvc.service.testing import run_recsvc
 from recsvc.v1 import selection_pb2 as pb
 
 D, RADIUS = 6, 1.5  # the conftest bundle's d and R
@@ -188,3 +190,47 @@ def test_the_noise_comes_from_the_csprng_unless_a_generator_is_given(device) -> 
     finally:
         c.close()
     assert list(a.signal) == list(b.signal) != list(fresh.signal)
+
+
+def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundle, capture) -> None:
+    hist = ["it3", "it17", "it29"]
+    run = run_recsvc(
+        "multiselect",
+        "--target",
+        f"127.0.0.1:{capture.port}",
+        "--bundle",
+        str(bundle),
+        "--user",
+        "carol",
+        "--history",
+        *hist,
+        "--epsilon",
+        "2",
+        "--k",
+        "3",
+        "--request-id",
+        "cli-1",
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    items = ["it3", "it8", "it5"]
+    assert out["item_ids"] == items and out["item_id"] == items[device.choose(hist, items)]
+    assert (out["epsilon_spent"], out["charged"], out["request_id"]) == (2.0, True, "cli-1")
+    req = pb.MultiSelectRequest.FromString(capture.received[-1])
+    assert (req.user_id, req.k, req.epsilon, len(req.signal)) == ("carol", 3, 2.0, D)
+    assert all(h.encode() not in capture.received[-1] for h in hist)
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--epsilon", "0"], "--epsilon must be a positive"),
+        (["--epsilon", "1", "--k", "0"], "--k must be >= 1"),
+        (["--epsilon", "1", "--bundle", "/nonexistent/client"], "is not a client bundle"),
+    ],
+)
+def test_the_command_line_device_refuses_bad_flags_before_sending(bundle, capture, flags, match) -> None:
+    given = ["--bundle", str(bundle), *flags] if "--bundle" not in flags else flags
+    run = run_recsvc("multiselect", "--target", f"127.0.0.1:{capture.port}", "--history", "it3", *given)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and re.search(match, run.stderr), run.stderr
+    assert capture.received == []

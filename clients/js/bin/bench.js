@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Times the device steps for scripts/bench/device.py --js:
-// `node bin/bench.js BUNDLE_DIR ROUNDS CALLS HISTORY K`; prints {row: [median seconds per round]}.
+// `node bin/bench.js BUNDLE_DIR ROUNDS CALLS HISTORY K`; prints {medians: {row: [median seconds
+// per round]}, p99: {row: seconds over every call}}.
 
 import { laplaceNoise, loadBundle, localChoice, scores, signal } from '../src/device.js';
 
@@ -19,6 +20,7 @@ const steps = {
 const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; };
 for (const fn of Object.values(steps)) for (let i = 0; i < calls; i++) fn(i); // warm up the JIT
 const out = Object.fromEntries(Object.keys(steps).map((name) => [name, []]));
+const every = Object.fromEntries(Object.keys(steps).map((name) => [name, []]));
 for (let r = 0; r < rounds; r++) {
   for (const [name, fn] of Object.entries(steps)) {
     const times = [];
@@ -28,6 +30,8 @@ for (let r = 0; r < rounds; r++) {
       times.push(Number(process.hrtime.bigint() - t) / 1e9);
     }
     out[name].push(median(times));
+    every[name].push(...times);
   }
 }
-process.stdout.write(JSON.stringify(out));
+const p99 = Object.fromEntries(Object.entries(every).map(([name, t]) => [name, [...t].sort((a, b) => a - b)[Math.floor(0.99 * (t.length - 1))]]));
+process.stdout.write(JSON.stringify({ medians: out, p99 }));
