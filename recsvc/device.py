@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,7 +54,7 @@ class Device:
         checked (:func:`recsvc.artifact.read_client_bundle`)."""
         from recsvc.artifact import read_client_bundle
 
-        return cls.of(read_client_bundle(directory))
+        return cls.of(read_client_bundle(Path(directory)))
 
     @property
     def dim(self) -> int:

@@ -69,7 +69,8 @@ class Capture:
     the first ``fail`` calls are refused with UNAVAILABLE (a client retries them)."""
 
     def __init__(self, items: list[str], fail: int = 0) -> None:
-        self.items, self.fail, self.received = items, fail, []  # type: list[bytes]
+        self.items, self.fail = items, fail
+        self.received: list[bytes] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(2))
         handler = grpc.unary_unary_rpc_method_handler(self._handle)  # no deserializer: raw bytes
         self.server.add_generic_rpc_handlers(
