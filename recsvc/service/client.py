@@ -132,6 +132,7 @@ class Client:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout = timeout
         self.retries = retries
+        self.devices: dict[str, Device] = {}  # client bundles by directory, loaded on first use
 
     def __enter__(self) -> Client:
         return self
@@ -257,14 +258,20 @@ class Client:
         history: Iterable[str],
         epsilon: float,
         k: int,
-        device: Device,
+        device: Device | str | os.PathLike[str],
         request_id: str | None = None,
         rng: np.random.Generator | None = None,
     ) -> MultiSelection:
         """Multi-selection (docs/concepts/multi-selection.md): sends ``history``'s ε-local-DP signal,
-        receives k items, and keeps the best by the true scores on this side. ``device``: the
-        client bundle (:meth:`recsvc.device.Device.load`). ε is charged to ``user_id`` (empty: not
-        charged). A retry (UNAVAILABLE, DEADLINE_EXCEEDED) resends the same signal, never a fresh one."""
+        receives k items, and keeps the best by the true scores on this side. ``device``: a
+        :class:`~recsvc.device.Device` or the client bundle's directory (loaded and checked once per
+        client). ε is charged to ``user_id`` (empty: not charged). A retry (UNAVAILABLE,
+        DEADLINE_EXCEEDED) resends the same signal, never a fresh one."""
+        if not isinstance(device, Device):
+            key = os.fspath(device)
+            if key not in self.devices:
+                self.devices[key] = Device.load(key)
+            device = self.devices[key]
         hist = [str(h) for h in history]
         req = self.multiselect_request(user_id, hist, epsilon, k, device, request_id, rng)
         resp = self._call(self.stub.MultiSelect, req)

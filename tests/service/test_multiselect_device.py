@@ -164,10 +164,11 @@ def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, b
     assert (r.epsilon_spent, r.charged, r.request_id) == (0.5, True, "rq-1")
 
 
-def test_two_requests_draw_independent_signals(device, capture) -> None:
+def test_two_requests_draw_independent_signals(device, bundle, capture) -> None:
     with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
         c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device)
-        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device)
+        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=str(bundle))  # a directory: loaded once
+        assert list(c.devices) == [str(bundle)]
     first, second = (pb.MultiSelectRequest.FromString(b) for b in capture.received[1:])
     assert list(first.signal) != list(second.signal) and first.request_id != second.request_id
 
