@@ -76,6 +76,14 @@ def choose_radius(embeddings: np.ndarray) -> float:
     return float(np.median(norms))
 
 
+def sample_rows(total: int, users: int, seed: int) -> np.ndarray:
+    """The population sample's training rows: ``users`` of ``total`` (seeded; all if fewer), ascending."""
+    if total <= users:
+        return np.arange(total)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SAMPLE_STREAM,)))
+    return np.sort(rng.choice(total, users, replace=False))
+
+
 @dataclass(frozen=True)
 class PopulationSample:
     """The server's public population (``multiselect/`` in the artifact)."""
@@ -99,9 +107,7 @@ def population_sample(
     """≤ ``users`` training users (seeded; all if fewer), their clipped embeddings and their
     ``top`` best unseen items by SANSA score (scored ``chunk`` users at a time)."""
     x = sp.csr_matrix(train)
-    total = x.shape[0]
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SAMPLE_STREAM,)))
-    rows = np.arange(total) if total <= users else np.sort(rng.choice(total, users, replace=False))
+    rows = sample_rows(x.shape[0], users, seed)
     index = np.empty((rows.size, min(top, x.shape[1])), np.int32)
     score = np.empty(index.shape)
     for start in range(0, rows.size, chunk):
