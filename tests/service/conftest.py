@@ -51,7 +51,9 @@ def fresh_client(fresh_server: ServerHandle) -> Iterator[Client]:
 
 @pytest.fixture(scope="module")
 def bundle(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A client bundle of the toy artifact's model (a seeded 6-d embedding, R = 1.5), for the device."""
+    """A client bundle of the toy artifact's model for the device tests: a seeded 6-d embedding with
+    factors large enough that most histories are clipped (R = 1.5), which the small factors of
+    ``make_artifact(bundle=True)`` rarely are."""
     import numpy as np
 
     from recsvc.artifact import load_artifact

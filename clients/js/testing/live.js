@@ -25,7 +25,7 @@ function env() {
 export function toyArtifact() {
   const dir = mkdtempSync(join(tmpdir(), 'recsvc-js-'));
   const artifact = join(dir, 'toy');
-  const made = spawnSync(python(), ['-c', 'import sys; from recsvc.service.testing import make_artifact; make_artifact(__import__("pathlib").Path(sys.argv[1]))', artifact],
+  const made = spawnSync(python(), ['-c', 'import sys; from recsvc.service.testing import make_artifact; make_artifact(__import__("pathlib").Path(sys.argv[1]), bundle=True)', artifact],
     { cwd: REPO, env: env(), encoding: 'utf8' });
   if (made.status !== 0) throw new Error(`make_artifact failed: ${made.stderr}`);
   return { dir, artifact, bundle: join(artifact, 'client') };
