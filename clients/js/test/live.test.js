@@ -2,6 +2,8 @@
 // client bundle, stopped after): the MultiSelect call, the accounting it reports and the re-rank.
 
 import assert from 'node:assert/strict';
+import { cpSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { multiselect, connect } from '../src/client.js';
@@ -59,4 +61,17 @@ test('bad input is refused with INVALID_ARGUMENT', async () => {
     multiselect(client, bundle, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 0 }),
     (err) => err.code === 3,
   );
+});
+
+test('a tampered bundle is refused, naming the file', () => {
+  const copy = join(toy.dir, 'tampered');
+  cpSync(toy.bundle, copy, { recursive: true });
+  const npy = readFileSync(join(copy, 'embedding.npy'));
+  npy[npy.length - 1] ^= 1;
+  writeFileSync(join(copy, 'embedding.npy'), npy);
+  assert.throws(() => loadBundle(copy), /embedding\.npy has sha256 [0-9a-f]+ but manifest\.json says/);
+  const manifest = JSON.parse(readFileSync(join(toy.bundle, 'manifest.json'), 'utf8'));
+  cpSync(join(toy.bundle, 'embedding.npy'), join(copy, 'embedding.npy'));
+  writeFileSync(join(copy, 'manifest.json'), JSON.stringify({ ...manifest, radius: manifest.radius * 2 }));
+  assert.throws(() => loadBundle(copy), /not the manifest's embedding_version/);
 });
