@@ -74,6 +74,7 @@ def test_a_retry_returns_the_stored_items_computes_nothing_and_spends_nothing(
     first = _call(client, **req)
     calls: list[int] = []
     real = multiselect_module.respond
+
     def counted(*a: Any, **k: Any) -> Any:
         calls.append(1)
         return real(*a, **k)
