@@ -6,6 +6,8 @@ scores. Everything here runs on the user's side; nothing of it is sent but the s
 from __future__ import annotations
 
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,3 +98,47 @@ class Device:
         """The index in ``item_ids`` of the item the device keeps (the best true score, ties to
         the earlier item)."""
         return local_choice(self.scores(list(history), item_ids))
+
+
+class SignalMemory:
+    """The signals a device sent, by (user_id, request_id), so that a repeated request resends the
+    SAME signal: a fresh draw under a request_id the server has seen would give it a second,
+    independent look at the history while it charges ε once (it refuses the mismatch, but only
+    after seeing it). A request_id reused with another history, ε, k or embedding is refused here,
+    before anything is drawn. Holds the last ``size`` requests; thread-safe."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._sent: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Floats]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def signal(
+        self,
+        device: Device,
+        user_id: str,
+        request_id: str,
+        history: Sequence[str],
+        epsilon: float,
+        k: int,
+        rng: np.random.Generator,
+    ) -> Floats:
+        """The signal of this request: the one sent before under (user_id, request_id), else a
+        fresh :meth:`Device.signal`, remembered."""
+        inputs = (device.version, tuple(device.rows(history).tolist()), float(epsilon), int(k))
+        key = (user_id, request_id)
+        with self._lock:
+            sent = self._sent.get(key)
+            if sent is not None:
+                if sent[0] != inputs:
+                    raise ParamError(
+                        "{request_id} {value} was already sent by this device with another history, "
+                        "epsilon, k or embedding; a new request needs a new request_id",
+                        value=repr(request_id),
+                    )
+                self._sent.move_to_end(key)
+                return sent[1]
+            signal = device.signal(history, epsilon, rng)
+            self._sent[key] = (inputs, signal)
+            if len(self._sent) > self.size:
+                self._sent.popitem(last=False)
+            return signal

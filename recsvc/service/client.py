@@ -31,7 +31,7 @@ import grpc
 import numpy as np
 
 from recsvc.checks import ParamError, check_epsilon, check_int
-from recsvc.device import Device
+from recsvc.device import Device, SignalMemory
 from recsvc.mechanisms import PARAM_NAMES
 from recsvc.rng import thread_csprng
 from recsvc.service.auth import channel_credentials
@@ -133,6 +133,7 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self.devices: dict[str, Device] = {}  # client bundles by directory, loaded on first use
+        self.signals = SignalMemory()  # a repeated multiselect request_id resends its signal
 
     def __enter__(self) -> Client:
         return self
@@ -239,13 +240,16 @@ class Client:
         rng: np.random.Generator | None = None,
     ) -> pb.MultiSelectRequest:
         """The MultiSelectRequest the device sends: the noisy embedding of ``history`` and nothing
-        else derived from it. ``rng``: this thread's CSPRNG unless given (a test's seeded one)."""
+        else derived from it; for a request_id this client sent before, the same signal
+        (:class:`~recsvc.device.SignalMemory`). ``rng``: this thread's CSPRNG unless given."""
         eps = check_epsilon(epsilon, error=ParamError)
         k = check_int("k", k, 1)
-        signal = device.signal(history, eps, thread_csprng() if rng is None else rng)
+        rid = request_id or uuid.uuid4().hex
+        hist = [str(h) for h in history]
+        signal = self.signals.signal(device, user_id, rid, hist, eps, k, thread_csprng() if rng is None else rng)
         return pb.MultiSelectRequest(
             user_id=user_id,
-            request_id=request_id or uuid.uuid4().hex,
+            request_id=rid,
             signal=signal.tolist(),
             embedding_version=device.version,
             k=k,
@@ -266,7 +270,8 @@ class Client:
         receives k items, and keeps the best by the true scores on this side. ``device``: a
         :class:`~recsvc.device.Device` or the client bundle's directory (loaded and checked once per
         client). ε is charged to ``user_id`` (empty: not charged). A retry (UNAVAILABLE,
-        DEADLINE_EXCEEDED) resends the same signal, never a fresh one."""
+        DEADLINE_EXCEEDED), or a repeated call with the same ``request_id``, resends the same signal,
+        never a fresh one: the server replays its answer and spends nothing."""
         if not isinstance(device, Device):
             key = os.fspath(device)
             if key not in self.devices:

@@ -1,5 +1,9 @@
 """`recsvc multiselect`: the multi-selection device on the command line (see recsvc/app/cli.py for
-the registration contract). The history never leaves this process: only its noisy embedding does."""
+the registration contract). The history never leaves this process: only its noisy embedding does.
+
+There is no --request-id: each run draws a fresh signal, and a second run under a request_id the
+server has seen would show it a second, independent signal of the history (which it refuses, but
+only after seeing it). Within a run, gRPC retries resend the same bytes."""
 
 from __future__ import annotations
 
@@ -35,7 +39,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--history", nargs="*", default=[], metavar="ITEM_ID", help="the private history's item ids")
     m.add_argument("--epsilon", type=float, required=True, help="the local ε of the device's noise (declared, charged)")
     m.add_argument("--k", type=int, default=DEFAULT_K, help="items the server returns (at most its max_multiselect_k)")
-    m.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
     m.set_defaults(func=run_multiselect)
 
 
@@ -50,9 +53,7 @@ def run_multiselect(args: argparse.Namespace) -> int:
     device = Device.load(args.bundle)
     with _client(args) as client:
         try:
-            r = client.multiselect(
-                args.user, args.history, args.epsilon, args.k, device=device, request_id=args.request_id
-            )
+            r = client.multiselect(args.user, args.history, args.epsilon, args.k, device=device)
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
     json.dump(

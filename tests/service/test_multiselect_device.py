@@ -7,7 +7,6 @@ what a server operator could see is exactly what it asserts on."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -15,11 +14,11 @@ import grpc
 import numpy as np
 import pytest
 
+from recsvc.app.cli import main
 from recsvc.checks import ParamError
 from recsvc.device import Device
 from recsvc.multiselection import noise_scale
 from recsvc.service.client import Client
-from recsvc.service.testing import run_recsvc
 from recsvc.v1 import selection_pb2 as pb
 
 D, RADIUS = 6, 1.5  # the conftest bundle's d and R
@@ -164,6 +163,21 @@ def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, b
     assert (r.epsilon_spent, r.charged, r.request_id) == (0.5, True, "rq-1")
 
 
+def test_a_repeated_request_id_resends_its_signal_and_other_inputs_under_it_are_refused(device, capture) -> None:
+    with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
+        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device, request_id="same")
+        c.multiselect("alice", HISTORY[::-1], epsilon=0.5, k=2, device=device, request_id="same")  # same rows
+        assert len(capture.received) == 3 and capture.received[1] == capture.received[2]
+        for other in ({"history": HISTORY[:1]}, {"epsilon": 0.6}, {"k": 3}):
+            args = {"history": HISTORY, "epsilon": 0.5, "k": 2, **other}
+            with pytest.raises(ParamError, match="'same' was already sent by this device"):
+                c.multiselect(
+                    "alice", args["history"], epsilon=args["epsilon"], k=args["k"], device=device, request_id="same"
+                )
+        c.multiselect("bob", HISTORY, epsilon=0.5, k=2, device=device, request_id="same")  # request ids are per user
+    assert len(capture.received) == 4 and capture.received[3] != capture.received[2]
+
+
 def test_two_requests_draw_independent_signals(device, bundle, capture) -> None:
     with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
         c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device)
@@ -194,32 +208,17 @@ def test_the_noise_comes_from_the_csprng_unless_a_generator_is_given(device) -> 
     assert list(a.signal) == list(b.signal) != list(fresh.signal)
 
 
-def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundle, capture) -> None:
+def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundle, capture, capsys) -> None:
     hist = ["it3", "it17", "it29"]
-    run = run_recsvc(
-        "multiselect",
-        "--target",
-        f"127.0.0.1:{capture.port}",
-        "--bundle",
-        str(bundle),
-        "--user",
-        "carol",
-        "--history",
-        *hist,
-        "--epsilon",
-        "2",
-        "--k",
-        "3",
-        "--request-id",
-        "cli-1",
-    )
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout)
+    target = ["--target", f"127.0.0.1:{capture.port}", "--bundle", str(bundle)]
+    code = main(["multiselect", *target, "--user", "carol", "--history", *hist, "--epsilon", "2", "--k", "3"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
     items = ["it3", "it8", "it5"]
     assert out["item_ids"] == items and out["item_id"] == items[device.choose(hist, items)]
-    assert (out["epsilon_spent"], out["charged"], out["request_id"]) == (2.0, True, "cli-1")
+    assert (out["epsilon_spent"], out["charged"]) == (2.0, True)
     req = pb.MultiSelectRequest.FromString(capture.received[-1])
-    assert (req.user_id, req.k, req.epsilon, len(req.signal)) == ("carol", 3, 2.0, D)
+    assert (req.user_id, req.request_id, req.k, req.epsilon, len(req.signal)) == ("carol", out["request_id"], 3, 2.0, D)
     assert all(h.encode() not in capture.received[-1] for h in hist)
 
 
@@ -231,8 +230,10 @@ def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundl
         (["--epsilon", "1", "--bundle", "/nonexistent/client"], "is not a client bundle"),
     ],
 )
-def test_the_command_line_device_refuses_bad_flags_before_sending(bundle, capture, flags, match) -> None:
-    given = ["--bundle", str(bundle), *flags] if "--bundle" not in flags else flags
-    run = run_recsvc("multiselect", "--target", f"127.0.0.1:{capture.port}", "--history", "it3", *given)
-    assert run.returncode == 2 and run.stderr.count("\n") == 1 and re.search(match, run.stderr), run.stderr
+def test_the_command_line_device_refuses_bad_flags_before_sending(
+    bundle, capture, one_line_error, flags, match
+) -> None:
+    given = flags if "--bundle" in flags else ["--bundle", str(bundle), *flags]
+    assert main(["multiselect", "--target", f"127.0.0.1:{capture.port}", "--history", "it3", *given]) == 2
+    one_line_error(match)
     assert capture.received == []
