@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
-import { localChoice, scores, signal } from './device.js';
+import { historyRows, localChoice, scores, signal } from './device.js';
 
 export const PROTO = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'proto', 'recsvc', 'v1', 'selection.proto');
 
@@ -27,6 +27,31 @@ export function connect(target, credentials = grpc.credentials.createInsecure())
   return new Client(target, credentials);
 }
 
+// The signals sent through each client, by user id and request id: a repeated request resends
+// the SAME signal. A fresh draw under a request id the server has seen would give it a second,
+// independent look at the history (it refuses the mismatch, but only after seeing it). A request
+// id reused with another history, epsilon, k or embedding is refused before anything is drawn.
+const SENT = new WeakMap();
+const MEMORY = 4096; // requests remembered per client, oldest forgotten first
+
+function rememberedSignal(client, bundle, userId, requestId, history, epsilon, k, randomWords) {
+  if (!SENT.has(client)) SENT.set(client, new Map());
+  const sent = SENT.get(client);
+  const key = JSON.stringify([userId, requestId]);
+  const inputs = JSON.stringify([bundle.version, Array.from(historyRows(bundle, history)), epsilon, k]);
+  const before = sent.get(key);
+  if (before !== undefined) {
+    if (before.inputs !== inputs) {
+      throw new Error(`request_id ${JSON.stringify(requestId)} was already sent by this device with another history, epsilon, k or embedding; a new request needs a new request_id`);
+    }
+    return before.signal;
+  }
+  const s = Array.from(signal(bundle, history, epsilon, randomWords));
+  sent.set(key, { inputs, signal: s });
+  if (sent.size > MEMORY) sent.delete(sent.keys().next().value);
+  return s;
+}
+
 function call(client, method, request, metadata, deadlineMs) {
   return new Promise((resolve, reject) => {
     client[method](request, metadata, { deadline: Date.now() + deadlineMs }, (err, answer) => (err ? reject(err) : resolve(answer)));
@@ -34,6 +59,7 @@ function call(client, method, request, metadata, deadlineMs) {
 }
 
 // Multi-selection: sends the signal of `history`, receives k items and keeps the best locally.
+// Repeating a call with the same requestId (a retry) resends the same signal and replays the answer.
 // Resolves to { itemId, itemIds, epsilonSpent, budgetRemaining, charged, replayed, requestId };
 // the server never learns itemId. A refusal rejects with a grpc error (err.code, err.details).
 export async function multiselect(client, bundle, { userId = '', history, epsilon, k, requestId = randomUUID(), token = null, deadlineMs = 30000, randomWords }) {
@@ -43,7 +69,7 @@ export async function multiselect(client, bundle, { userId = '', history, epsilo
   const request = {
     user_id: userId,
     request_id: requestId,
-    signal: Array.from(signal(bundle, hist, epsilon, randomWords)),
+    signal: rememberedSignal(client, bundle, userId, requestId, hist, epsilon, k, randomWords),
     embedding_version: bundle.version,
     k,
     epsilon,

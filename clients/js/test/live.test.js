@@ -43,6 +43,10 @@ test('MultiSelect returns k distinct items, charges the declared epsilon and the
   assert.deepEqual(again.itemIds, r.itemIds); // a retry replays the stored answer
   assert.equal(again.replayed, true);
   assert.ok(Math.abs(again.budgetRemaining - 4.5) < 1e-9); // and spends nothing
+  await assert.rejects(
+    multiselect(client, bundle, { userId: 'js-alice', history: ['it3'], epsilon: 0.5, k: 5, requestId: 'js-1' }),
+    /'?"js-1"'? was already sent by this device/,
+  );
 });
 
 test('without a user id nothing is charged', async () => {
