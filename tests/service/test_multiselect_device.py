@@ -168,12 +168,9 @@ def test_a_repeated_request_id_resends_its_signal_and_other_inputs_under_it_are_
         c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device, request_id="same")
         c.multiselect("alice", HISTORY[::-1], epsilon=0.5, k=2, device=device, request_id="same")  # same rows
         assert len(capture.received) == 3 and capture.received[1] == capture.received[2]
-        for other in ({"history": HISTORY[:1]}, {"epsilon": 0.6}, {"k": 3}):
-            args = {"history": HISTORY, "epsilon": 0.5, "k": 2, **other}
+        for hist, eps, k in ((HISTORY[:1], 0.5, 2), (HISTORY, 0.6, 2), (HISTORY, 0.5, 3)):
             with pytest.raises(ParamError, match="'same' was already sent by this device"):
-                c.multiselect(
-                    "alice", args["history"], epsilon=args["epsilon"], k=args["k"], device=device, request_id="same"
-                )
+                c.multiselect("alice", hist, epsilon=eps, k=k, device=device, request_id="same")
         c.multiselect("bob", HISTORY, epsilon=0.5, k=2, device=device, request_id="same")  # request ids are per user
     assert len(capture.received) == 4 and capture.received[3] != capture.received[2]
 
