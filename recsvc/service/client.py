@@ -12,6 +12,12 @@ of ids, tied to the server's catalog version; :meth:`Client.item_rows` checks th
     rows = c.item_rows(pl.read_parquet("artifacts/ml-100k/items.parquet")["item_id"].to_list())
     r = c.select("user-1", {"50": 0.9, "172": 0.4}, epsilon=0.5, rows=rows)
 
+Multi-selection sends only a noisy embedding of the history and re-ranks the k answers locally
+(docs/guides/multi-selection-devices.md):
+
+    r = c.multiselect("user-1", ["50", "172"], epsilon=1.0, k=10, device="artifacts/ml-100k/client")
+    print(r.item_id, r.item_ids)  # the device's own choice, and the server's k items
+
 Every call carries a request_id (a fresh uuid4 unless you pass one). A call that fails with
 UNAVAILABLE or DEADLINE_EXCEEDED is retried with the SAME request_id, which the server
 answers from its ledger if it had already charged it: retries never spend twice.

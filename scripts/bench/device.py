@@ -10,9 +10,10 @@ histories of 74 items, the ml20m-shape mean), per call:
 
 Rows take turns within every round (interleaved), so the ratios to the floor are paired. With
 ``--js`` the JavaScript device (clients/js) times the same steps on the same bundle, written to a
-temporary directory, in one Node process.
+temporary directory, in one Node process. ``--bundle DIR`` times a real client bundle instead
+(e.g. ``artifacts/synthetic-ml20m-shape/client``).
 
-Usage: .venv/bin/python -m scripts.bench.device [--rounds 7] [--calls 300] [--js]
+Usage: .venv/bin/python -m scripts.bench.device [--rounds 7] [--calls 300] [--js] [--bundle DIR]
 The machine may be shared: compare the ratios within one run, not absolute times across runs.
 """
 
@@ -73,11 +74,12 @@ Rows = tuple[dict[str, list[float]], dict[str, float]]  # per-round medians, p99
 def python_rows(device: Device, rounds: int, calls: int, seed: int = 1) -> Rows:
     rng = np.random.default_rng(seed)
     ids = device.model.item_ids.tolist()
-    histories = [[ids[j] for j in rng.choice(N_ITEMS, HISTORY, replace=False)] for _ in range(calls)]
-    answers = [[ids[j] for j in rng.choice(N_ITEMS, K, replace=False)] for _ in range(calls)]
+    n = len(ids)
+    histories = [[ids[j] for j in rng.choice(n, HISTORY, replace=False)] for _ in range(calls)]
+    answers = [[ids[j] for j in rng.choice(n, K, replace=False)] for _ in range(calls)]
     noise_rng = csprng()
     steps: dict[str, Callable[[int], object]] = {
-        "noise": lambda i: laplace_noise(DIM, noise_rng),
+        "noise": lambda i: laplace_noise(device.dim, noise_rng),
         "signal": lambda i: device.signal(histories[i], EPSILON, noise_rng),
         "rerank": lambda i: device.choose(histories[i], answers[i]),
         "device": lambda i: (device.signal(histories[i], EPSILON, noise_rng), device.choose(histories[i], answers[i])),
@@ -94,15 +96,17 @@ def python_rows(device: Device, rounds: int, calls: int, seed: int = 1) -> Rows:
     return times, {name: float(np.percentile(t, 99)) for name, t in every.items()}
 
 
-def js_rows(device: Device, rounds: int, calls: int) -> Rows:
-    """The JavaScript device's medians per round, on the same bundle (written to a temporary dir)."""
+def js_rows(device: Device, rounds: int, calls: int, bundle: Path | None) -> Rows:
+    """The JavaScript device's medians per round, on the same bundle (``bundle``, or the device's
+    written to a temporary directory)."""
     from recsvc.artifact.bundle import write_client_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
-        bundle = Path(tmp) / "client"
-        write_client_bundle(bundle, device.model.item_ids, device.factors, device.radius, device.model)
+        if bundle is None:
+            bundle = Path(tmp) / "client"
+            write_client_bundle(bundle, device.model.item_ids, device.factors, device.radius, device.model)
         run = subprocess.run(
-            ["node", "bin/bench.js", str(bundle), str(rounds), str(calls), str(HISTORY), str(K)],
+            ["node", "bin/bench.js", str(bundle.resolve()), str(rounds), str(calls), str(HISTORY), str(K)],
             cwd=REPO / "clients" / "js",
             capture_output=True,
             text=True,
@@ -131,15 +135,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (default %(default)s)")
     ap.add_argument("--calls", type=int, default=300, help="calls per row and round (default %(default)s)")
     ap.add_argument("--js", action="store_true", help="also time the JavaScript device (needs node)")
+    ap.add_argument("--bundle", type=Path, help="a client bundle directory (default: a synthetic one)")
     args = ap.parse_args()
-    device = synthetic_device()
+    device = synthetic_device() if args.bundle is None else Device.load(args.bundle)
     print(
-        f"n = {N_ITEMS:,}, d = {DIM}, k = {K}, history = {HISTORY}, W1/W2 nonzeros "
+        f"n = {len(device.model.item_ids):,}, d = {device.dim}, k = {K}, history = {HISTORY}, W1/W2 nonzeros "
         f"{device.model.w1.nnz:,}/{device.model.w2.nnz:,}"
     )
     report("Python device", python_rows(device, args.rounds, args.calls))
     if args.js:
-        report("JavaScript device", js_rows(device, args.rounds, args.calls))
+        report("JavaScript device", js_rows(device, args.rounds, args.calls, args.bundle))
 
 
 if __name__ == "__main__":
