@@ -42,12 +42,65 @@ class Model:
             np.asarray(cols, np.int64), w1.indptr, w1.indices, w1.data, w2.indptr, w2.indices, w2.data, w2.shape[1]
         )
 
+    @cached_property
+    def w2_columns(self) -> sp.csc_matrix:
+        """W2 by columns: one item's score reads only that item's column."""
+        return sp.csc_matrix(self.w2)
+
+    def score_items(self, cols: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """:meth:`score_one` of the user with input columns ``cols`` at ``items`` only, up to
+        summation order: a device re-ranking k items reads k columns of W2 instead of all of it."""
+        w1, w2 = self.w1, self.w2_columns
+        return _score_items(
+            np.asarray(cols, np.int64),
+            np.asarray(items, np.int64),
+            w1.indptr,
+            w1.indices,
+            w1.data,
+            w2.indptr,
+            w2.indices,
+            w2.data,
+            w1.shape[1],
+        )
+
     def score_unseen(self, x: sp.csr_matrix) -> np.ndarray:
         """Dense scores with each user's input items (the nonzeros of its row of ``x``) at −inf."""
         scores = self.score(x)
         rows = np.repeat(np.arange(x.shape[0]), np.diff(x.indptr))
         scores[rows, x.indices] = -np.inf
         return scores
+
+
+@numba.njit(cache=True, nogil=True)
+def _hidden(
+    cols: np.ndarray, p1: np.ndarray, i1: np.ndarray, d1: np.ndarray, r: int
+) -> np.ndarray:  # pragma: no cover - numba
+    u = np.zeros(r)  # x @ W1: the sum of the input items' rows of W1
+    for c in cols:
+        for k in range(p1[c], p1[c + 1]):
+            u[i1[k]] += d1[k]
+    return u
+
+
+@numba.njit(cache=True, nogil=True)
+def _score_items(
+    cols: np.ndarray,
+    items: np.ndarray,
+    p1: np.ndarray,
+    i1: np.ndarray,
+    d1: np.ndarray,
+    p2c: np.ndarray,
+    i2c: np.ndarray,
+    d2c: np.ndarray,
+    r: int,
+) -> np.ndarray:  # pragma: no cover - numba
+    u = _hidden(cols, p1, i1, d1, r)
+    y = np.zeros(items.shape[0])
+    for j in range(items.shape[0]):  # (x W1) · column of W2
+        c = items[j]
+        for k in range(p2c[c], p2c[c + 1]):
+            y[j] += u[i2c[k]] * d2c[k]
+    return y
 
 
 @numba.njit(cache=True, nogil=True)
@@ -61,10 +114,7 @@ def _score_one(
     d2: np.ndarray,
     n: int,
 ) -> np.ndarray:  # pragma: no cover - numba
-    u = np.zeros(p1.shape[0] - 1)  # x @ W1: the sum of the input items' rows of W1
-    for c in cols:
-        for k in range(p1[c], p1[c + 1]):
-            u[i1[k]] += d1[k]
+    u = _hidden(cols, p1, i1, d1, p2.shape[0] - 1)
     y = np.zeros(n)  # u @ W2: scatter each nonzero u_i times row i of W2
     for i in range(u.shape[0]):
         ui = u[i]

@@ -56,3 +56,20 @@ fi
 
 # Keep the committed gRPC stubs in sync with the proto (cheap; no-op when unchanged).
 if [ -f scripts/gen_proto.sh ]; then bash scripts/gen_proto.sh; fi
+
+# Node.js for the JavaScript reference device (clients/js): its tests run in the suite.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "[setup] installing nodejs npm"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nodejs npm >/dev/null
+fi
+
+# Its pinned packages: `npm ci` again only when package-lock.json changes.
+js_want=$(sha256sum clients/js/package-lock.json | cut -d' ' -f1)
+js_stamp=clients/js/node_modules/.recsvc-installed
+if [ ! -f "$js_stamp" ] || [ "$(cat "$js_stamp")" != "$js_want" ]; then
+    echo "[setup] installing the JavaScript device's packages (npm ci in clients/js)"
+    (cd clients/js && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    echo "$js_want" > "$js_stamp"
+fi

@@ -25,6 +25,7 @@ from recsvc.app.demo import register as register_demo
 from recsvc.checks import ParamError
 from recsvc.mechanisms.cli import register as register_mechanisms
 from recsvc.service.cli import register as register_service
+from recsvc.service.device_cli import register as register_multiselect
 
 # Order here is the order in `recsvc --help`.
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -32,6 +33,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect
     register_feature_selection,  # eval-feature-selection
     register_service,  # serve, select, budget
+    register_multiselect,  # multiselect
     register_mechanisms,  # mechanisms
     register_demo,  # demo
 )
@@ -48,6 +50,7 @@ EXTRA = {
     "serve": "serve",
     "select": "serve",
     "budget": "serve",
+    "multiselect": "serve",
     "ledger": "serve",
     "demo": "all",
 }
@@ -194,7 +197,7 @@ class _Terminated(BaseException):
 _MAIN_PID: int | None = None
 # Commands that run no data pipeline (client calls, the ledger's tools, the mechanism list, and
 # `serve`, which installs its own handler): they skip :func:`_bridge_numpy_to_polars`.
-_NO_PIPELINE = {"select", "budget", "ledger", "mechanisms", "serve"}
+_NO_PIPELINE = {"select", "multiselect", "budget", "ledger", "mechanisms", "serve"}
 
 
 def _bridge_numpy_to_polars() -> None:

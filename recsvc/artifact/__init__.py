@@ -6,16 +6,18 @@ verifies the checksums before anything is trusted) and :mod:`~recsvc.artifact.wr
 (:class:`ArtifactWriter`: a crash never leaves a half-written artifact).
 """
 
-from recsvc.artifact.bundle import write_serving_bundle
+from recsvc.artifact.bundle import ClientBundle, read_client_bundle
 from recsvc.artifact.format import (
     CANDIDATES,
     CANDIDATES_SCHEMA,
+    CLIENT_DIR,
     FORMAT_VERSION,
     ITEMS,
     ITEMS_SCHEMA,
     MANIFEST,
     MIN_SENSITIVITY,
     MODEL_DIR,
+    MULTISELECT_DIR,
     POLICY,
     POLICY_SCHEMA,
     POPULATION,
@@ -28,19 +30,22 @@ from recsvc.artifact.format import (
     validate_items,
     validate_policy,
 )
-from recsvc.artifact.manifest import Manifest, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
+from recsvc.artifact.manifest import Manifest, MultiSelectInfo, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
 from recsvc.artifact.reader import Artifact, CandidateMatrix, load_artifact, load_model, read_manifest
+from recsvc.artifact.serving import write_serving_bundle
 from recsvc.artifact.writer import ArtifactWriter, save_model
 
 __all__ = [
     "CANDIDATES",
     "CANDIDATES_SCHEMA",
+    "CLIENT_DIR",
     "FORMAT_VERSION",
     "ITEMS",
     "ITEMS_SCHEMA",
     "MANIFEST",
     "MIN_SENSITIVITY",
     "MODEL_DIR",
+    "MULTISELECT_DIR",
     "POLICY",
     "POLICY_SCHEMA",
     "POPULATION",
@@ -50,7 +55,9 @@ __all__ = [
     "ArtifactError",
     "ArtifactWriter",
     "CandidateMatrix",
+    "ClientBundle",
     "Manifest",
+    "MultiSelectInfo",
     "PolicyInfo",
     "SansaInfo",
     "SpearmanStats",
@@ -58,6 +65,7 @@ __all__ = [
     "json_default",
     "load_artifact",
     "load_model",
+    "read_client_bundle",
     "read_manifest",
     "save_model",
     "sha256_file",

@@ -13,10 +13,13 @@ Layout of ``artifacts/<dataset>/``::
     policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
     test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
                          fold-in input items, so eval can score them over the full catalog
+    client/              multi-selection's client bundle (docs/reference/client-bundle.md)  -- optional
+    multiselect/         embeddings.npy, top_index.npy, top_score.npy: the server's population
+                         sample for MultiSelect (recsvc.artifact.bundle)  -- optional, with client/
 
-A **serving bundle** (manifest ``kind`` = ``"serving"``, written by :mod:`recsvc.artifact.bundle`)
+A **serving bundle** (manifest ``kind`` = ``"serving"``, written by :mod:`recsvc.artifact.serving`)
 holds only what ``recsvc serve`` reads, none of it per user: ``items.parquet``, ``model/``,
-``policy.parquet`` and the multi-selection ``client/`` bundle when they exist.
+``policy.parquet``, and multi-selection's ``client/`` and ``multiselect/`` when they exist.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ MODEL_W1 = "W1.npz"
 MODEL_W2 = "W2.npz"
 MODEL_ITEMS = "items.parquet"
 TEST_INPUTS = "test_inputs.parquet"
-CLIENT_DIR = "client"
+CLIENT_DIR = "client"  # multi-selection's client bundle (recsvc.artifact.bundle)
+MULTISELECT_DIR = "multiselect"  # multi-selection's population for the server (recsvc.artifact.bundle)
 FORMAT_VERSION = 1
 SERVING_KIND = "serving"  # manifest kind of a serving bundle; a full artifact has no kind
 MIN_SENSITIVITY = 1e-6
@@ -64,7 +68,7 @@ def is_serving_file(rel: str) -> bool:
     """Whether the artifact file ``rel`` (relative, POSIX) belongs in the serving bundle: the
     public files ``recsvc serve`` reads. Everything else is per-user evaluation data."""
     top = rel.split("/", 1)[0]
-    return rel in (ITEMS, POLICY) or top in (MODEL_DIR, CLIENT_DIR)
+    return rel in (ITEMS, POLICY) or top in (MODEL_DIR, CLIENT_DIR, MULTISELECT_DIR)
 
 
 def sha256_file(path: Path) -> str:

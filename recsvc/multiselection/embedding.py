@@ -13,10 +13,13 @@ exp(ε·‖e − e'‖₁ / 2R) ≤ e^ε, which is also the geographic form, ε/
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import numpy.typing as npt
 
 from recsvc.checks import ParamError, check_epsilon
+from recsvc.multiselection.device import laplace_noise
 
 Floats = npt.NDArray[np.float64]
 
@@ -54,7 +57,17 @@ def noise_scale(epsilon: float, radius: float) -> float:
 
 
 def device_signal(embedding: npt.ArrayLike, epsilon: float, radius: float, rng: np.random.Generator) -> Floats:
-    """clip_l1(embedding, R) + Laplace(0, 2R/ε) i.i.d. per coordinate. The device draws it; pass a
-    CSPRNG (:func:`recsvc.rng.csprng`) whenever the signal leaves the device."""
+    """clip_l1(embedding, R) + Laplace(0, 2R/ε) i.i.d. per coordinate, drawn from 53-bit words as the
+    bundle spec fixes (:func:`recsvc.multiselection.device.laplace_noise`). The device draws it;
+    pass a CSPRNG (:func:`recsvc.rng.csprng`) whenever the signal leaves the device."""
     clipped = clip_l1(embedding, radius)
-    return np.asarray(clipped + rng.laplace(0.0, noise_scale(epsilon, radius), size=clipped.shape), dtype=np.float64)
+    return np.asarray(clipped + noise_scale(epsilon, radius) * laplace_noise(clipped.shape, rng), dtype=np.float64)
+
+
+def embedding_version(factors: npt.ArrayLike, radius: float) -> str:
+    """The embedding's public version: sha256 (hex) of E's float64 little-endian bytes in C order
+    followed by R as one float64 little-endian. A signal is only meaningful for the (E, R) it was
+    made with, so the server refuses any other version."""
+    e = np.ascontiguousarray(np.asarray(factors, dtype="<f8"))
+    r = np.asarray([check_radius(radius)], dtype="<f8")
+    return hashlib.sha256(e.tobytes() + r.tobytes()).hexdigest()

@@ -12,6 +12,12 @@ of ids, tied to the server's catalog version; :meth:`Client.item_rows` checks th
     rows = c.item_rows(pl.read_parquet("artifacts/ml-100k/items.parquet")["item_id"].to_list())
     r = c.select("user-1", {"50": 0.9, "172": 0.4}, epsilon=0.5, rows=rows)
 
+Multi-selection sends only a noisy embedding of the history and re-ranks the k answers locally
+(docs/guides/multi-selection-devices.md):
+
+    r = c.multiselect("user-1", ["50", "172"], epsilon=1.0, k=10, device="artifacts/ml-100k/client")
+    print(r.item_id, r.item_ids)  # the device's own choice, and the server's k items
+
 Every call carries a request_id (a fresh uuid4 unless you pass one). A call that fails with
 UNAVAILABLE or DEADLINE_EXCEEDED is retried with the SAME request_id, which the server
 answers from its ledger if it had already charged it: retries never spend twice.
@@ -24,12 +30,16 @@ import os
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 
-from recsvc.checks import ParamError
+from recsvc.checks import ParamError, check_epsilon, check_int
+from recsvc.device import Device, SignalMemory
 from recsvc.mechanisms import PARAM_NAMES
+from recsvc.rng import thread_csprng
 from recsvc.service.auth import channel_credentials
 from recsvc.service.catalog import catalog_version
 from recsvc.v1 import selection_pb2 as pb
@@ -43,6 +53,20 @@ def _columns(cands: Candidates) -> dict[str, list]:
     """The columnar encoding (item_ids + scores): same meaning as `candidates`, cheaper to decode."""
     pairs = list(cands.items() if isinstance(cands, Mapping) else cands)
     return {"item_ids": [str(i) for i, _ in pairs], "scores": [float(s) for _, s in pairs]}
+
+
+@dataclass(frozen=True)
+class MultiSelection:
+    """A multi-selection's outcome on the device: ``item_id`` is the device's own choice among the
+    server's ``item_ids`` (the server never learns which); the rest is the server's answer."""
+
+    item_id: str
+    item_ids: list[str]
+    epsilon_spent: float
+    budget_remaining: float
+    charged: bool
+    replayed: bool
+    request_id: str
 
 
 class ItemRows:
@@ -114,6 +138,8 @@ class Client:
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.timeout = timeout
         self.retries = retries
+        self.devices: dict[str, Device] = {}  # client bundles by directory, loaded on first use
+        self.signals = SignalMemory()  # a repeated multiselect request_id resends its signal
 
     def __enter__(self) -> Client:
         return self
@@ -208,6 +234,68 @@ class Client:
             **extra,
         )
         return self._call(self.stub.Recommend, req)
+
+    def multiselect_request(
+        self,
+        user_id: str,
+        history: Iterable[str],
+        epsilon: float,
+        k: int,
+        device: Device,
+        request_id: str | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> pb.MultiSelectRequest:
+        """The MultiSelectRequest the device sends: the noisy embedding of ``history`` and nothing
+        else derived from it; for a request_id this client sent before, the same signal
+        (:class:`~recsvc.device.SignalMemory`). ``rng``: this thread's CSPRNG unless given."""
+        eps = check_epsilon(epsilon, error=ParamError)
+        k = check_int("k", k, 1)
+        rid = request_id or uuid.uuid4().hex
+        hist = [str(h) for h in history]
+        signal = self.signals.signal(device, user_id, rid, hist, eps, k, thread_csprng() if rng is None else rng)
+        return pb.MultiSelectRequest(
+            user_id=user_id,
+            request_id=rid,
+            signal=signal.tolist(),
+            embedding_version=device.version,
+            k=k,
+            epsilon=eps,
+        )
+
+    def multiselect(
+        self,
+        user_id: str,
+        history: Iterable[str],
+        epsilon: float,
+        k: int,
+        device: Device | str | os.PathLike[str],
+        request_id: str | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> MultiSelection:
+        """Multi-selection (docs/concepts/multi-selection.md): sends ``history``'s ε-local-DP signal,
+        receives k items, and keeps the best by the true scores on this side. ``device``: a
+        :class:`~recsvc.device.Device` or the client bundle's directory (loaded and checked once per
+        client). ε is charged to ``user_id`` (empty: not charged). A retry (UNAVAILABLE,
+        DEADLINE_EXCEEDED), or a repeated call with the same ``request_id``, resends the same signal,
+        never a fresh one: the server replays its answer and spends nothing."""
+        if not isinstance(device, Device):
+            key = os.fspath(device)
+            if key not in self.devices:
+                self.devices[key] = Device.load(key)
+            device = self.devices[key]
+        hist = [str(h) for h in history]
+        req = self.multiselect_request(user_id, hist, epsilon, k, device, request_id, rng)
+        resp = self._call(self.stub.MultiSelect, req)
+        items = list(resp.item_ids)
+        return MultiSelection(
+            item_id=items[device.choose(hist, items)],
+            item_ids=items,
+            epsilon_spent=resp.epsilon_spent,
+            budget_remaining=resp.budget_remaining,
+            charged=resp.charged,
+            replayed=resp.replayed,
+            request_id=resp.request_id or req.request_id,
+        )
 
     def budget(self, user_id: str) -> pb.GetBudgetResponse:
         return self._call(self.stub.GetBudget, pb.GetBudgetRequest(user_id=user_id))

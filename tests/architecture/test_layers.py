@@ -2,7 +2,7 @@
 
     L0 core    recsvc (the bare package), recsvc.mechanisms*, recsvc.multiselection*, recsvc.rng,
                recsvc.stats, recsvc.checks
-    L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines, recsvc.policy,
+    L1 shared  recsvc.artifact*, recsvc.model*, recsvc.staging, recsvc.engines, recsvc.policy, recsvc.device,
                recsvc.ledger* (the privacy-budget ledger)
     L2 parts   service (recsvc.service*, recsvc.v1*), data_prep*, eval*
     L3 app     recsvc.app*
@@ -46,6 +46,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.staging": (1, "shared"),
     "recsvc.engines": (1, "shared"),
     "recsvc.policy": (1, "shared"),
+    "recsvc.device": (1, "shared"),  # the multi-selection device: embedding, noise, local re-rank
     "recsvc.ledger": (1, "ledger"),
     "recsvc.ledger.postgres": (1, "ledger.postgres"),  # the only part of the ledger that loads psycopg eagerly
     "recsvc.ledger.testing": (1, "ledger.testing"),  # conformance suite (pytest) and throwaway PostgreSQL

@@ -61,6 +61,28 @@ def test_score_one_equals_the_sparse_product_for_one_user(dtype) -> None:
     assert (model.score_one(np.array([], np.int64)) == 0).all()
 
 
+@pytest.mark.parametrize("rank", [300, 120, 450])
+def test_score_items_equals_score_one_at_those_items(rank) -> None:
+    """SANSA's factors are n x r and r x n; the hidden width r need not be n."""
+    rng = np.random.default_rng(6)
+    n = 300
+    w1 = sp.random(n, rank, density=0.05, random_state=4, format="csr") - sp.random(
+        n, rank, density=0.02, random_state=5
+    )
+    w2 = sp.random(rank, n, density=0.05, random_state=6, format="csr")
+    model = Model(sp.csr_matrix(w1), sp.csr_matrix(w2), np.array([str(i) for i in range(n)]))
+    for size in (0, 1, 40, n):
+        cols = np.sort(rng.choice(n, size, replace=False))
+        items = rng.choice(n, 10, replace=False)
+        x = sp.csr_matrix((np.ones(size), (np.zeros(size, np.int64), cols)), shape=(1, n))
+        want = model.score(x)[0]
+        np.testing.assert_allclose(model.score_one(cols), want, rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max()))
+        got = model.score_items(cols, items)
+        assert got.dtype == np.float64 and got.shape == (10,)
+        np.testing.assert_allclose(got, want[items], rtol=1e-12, atol=1e-12 * (1 + np.abs(want).max()))
+    assert model.score_items(np.array([0, 1]), np.array([], np.int64)).shape == (0,)
+
+
 @pytest.fixture()
 def artifact(tmp_path):
     lo = np.zeros(6)

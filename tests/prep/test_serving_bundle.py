@@ -62,6 +62,10 @@ def _bundle_files(bundle: Path) -> dict[str, bytes]:
 def test_bundle_holds_only_public_files_and_no_per_user_row(artifacts: tuple[Path, Path], tmp_path: Path) -> None:
     bundle = write_serving_bundle(artifacts[0], tmp_path / "b")
     files = set(_bundle_files(bundle))
+    client = {f"client/{n}" for n in ("manifest.json", "item_ids.json", "embedding.npy")} | {
+        f"client/w{w}_{part}.npy" for w in (1, 2) for part in ("indptr", "indices", "data")
+    }
+    multiselect = {f"multiselect/{n}.npy" for n in ("embeddings", "top_index", "top_score")}
     assert files == {
         "manifest.json",
         "items.parquet",
@@ -69,6 +73,8 @@ def test_bundle_holds_only_public_files_and_no_per_user_row(artifacts: tuple[Pat
         "model/W1.npz",
         "model/W2.npz",
         "model/items.parquet",
+        *client,
+        *multiselect,
     }
     art = load_artifact(bundle)
     assert art.is_serving_bundle and art.manifest.kind == "serving"
@@ -115,7 +121,7 @@ def test_cli_writes_the_bundle_and_refuses_bad_input_writing_nothing(
     out = tmp_path / "bundle"
     done = run_recsvc("serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(out))
     assert done.returncode == 0, done.stderr
-    assert f"serving bundle: {out} (5 files: items.parquet, model/W1.npz" in done.stdout
+    assert f"serving bundle: {out} (17 files: client/embedding.npy" in done.stdout
     again = run_recsvc("serving-bundle", "--artifacts", str(out), "--out", str(tmp_path / "x"))
     assert again.returncode == 2 and "already a serving bundle; expected a full artifact" in again.stderr
     assert not (tmp_path / "x").exists()

@@ -47,3 +47,20 @@ def fresh_server(artifact: Path, tmp_path: Path, request: pytest.FixtureRequest)
 def fresh_client(fresh_server: ServerHandle) -> Iterator[Client]:
     with client_of(fresh_server) as c:
         yield c
+
+
+@pytest.fixture(scope="module")
+def bundle(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A client bundle of the toy artifact's model for the device tests: a seeded 6-d embedding with
+    factors large enough that most histories are clipped (R = 1.5), which the small factors of
+    ``make_artifact(bundle=True)`` rarely are."""
+    import numpy as np
+
+    from recsvc.artifact import load_artifact
+    from recsvc.artifact.bundle import write_client_bundle
+
+    model = load_artifact(artifact).model
+    out = tmp_path_factory.mktemp("bundle") / "client"
+    factors = np.random.default_rng(4).normal(size=(len(model.item_ids), 6))
+    write_client_bundle(out, model.item_ids, factors, 1.5, model)
+    return out

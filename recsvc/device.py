@@ -1,0 +1,144 @@
+"""The multi-selection device in Python (docs/reference/client-bundle.md): a history's clipped
+embedding, its noisy signal, and the local re-rank of the server's k items with the true SANSA
+scores. Everything here runs on the user's side; nothing of it is sent but the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from recsvc.checks import ParamError
+from recsvc.model import Model
+from recsvc.multiselection import check_radius, clip_l1, device_signal, embed, local_choice
+
+if TYPE_CHECKING:
+    from recsvc.artifact import ClientBundle
+
+Floats = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, eq=False)  # array fields: == would be ambiguous
+class Device:
+    """The public parts a device needs: the embedding factors E (n × d, rows in the model's item
+    order), the L1 radius R, the embedding version the server expects, and the scoring model."""
+
+    model: Model
+    factors: Floats
+    radius: float
+    version: str
+
+    def __post_init__(self) -> None:
+        n = len(self.model.item_ids)
+        if self.factors.ndim != 2 or self.factors.shape[0] != n:
+            raise ParamError(
+                "the embedding factors must have one row per item ({n} x d); got shape {shape}",
+                n=n,
+                shape=str(self.factors.shape),
+            )
+        check_radius(self.radius)
+
+    @classmethod
+    def of(cls, bundle: ClientBundle) -> Device:
+        return cls(bundle.model, bundle.embedding, bundle.radius, bundle.version)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> Device:
+        """The device of the client bundle in ``directory`` (an artifact's ``client/``), every file
+        checked (:func:`recsvc.artifact.read_client_bundle`)."""
+        from recsvc.artifact import read_client_bundle
+
+        return cls.of(read_client_bundle(Path(directory)))
+
+    @property
+    def dim(self) -> int:
+        return int(self.factors.shape[1])
+
+    def rows(self, history: Iterable[str]) -> npt.NDArray[np.int64]:
+        """The distinct rows of the history's items, ascending; ids not in the bundle are skipped."""
+        index = self.model.index
+        found = {index[i] for i in map(str, history) if i in index}
+        return np.array(sorted(found), dtype=np.int64)
+
+    def embedding(self, history: Iterable[str]) -> Floats:
+        """The history's embedding, clipped to the L1 ball of radius R."""
+        return clip_l1(embed(self.rows(history), self.factors), self.radius)
+
+    def signal(self, history: Iterable[str], epsilon: float, rng: np.random.Generator) -> Floats:
+        """What the device sends: the clipped embedding plus Laplace(2R/ε) per coordinate. Pass a
+        CSPRNG (:func:`recsvc.rng.csprng`)."""
+        return device_signal(embed(self.rows(history), self.factors), epsilon, self.radius, rng)
+
+    def scores(self, history: Iterable[str], item_ids: Sequence[str]) -> Floats:
+        """The true SANSA scores of ``item_ids`` for the history (x W1 W2), −∞ for history items."""
+        index = self.model.index
+        unknown = [i for i in item_ids if i not in index]
+        if unknown:
+            raise ParamError(
+                "the server returned {count} item id(s) not in the client bundle, e.g. {example}; "
+                "expected the bundle of the artifact the server serves",
+                count=len(unknown),
+                example=repr(unknown[0]),
+            )
+        rows = self.rows(history)
+        items = np.array([index[i] for i in item_ids], dtype=np.int64)
+        s = self.model.score_items(rows, items)
+        s[np.isin(items, rows)] = -np.inf
+        return np.asarray(s, dtype=np.float64)
+
+    def choose(self, history: Iterable[str], item_ids: Sequence[str]) -> int:
+        """The index in ``item_ids`` of the item the device keeps (the best true score, ties to
+        the earlier item)."""
+        return local_choice(self.scores(list(history), item_ids))
+
+
+class SignalMemory:
+    """The signals a device sent, by (user_id, request_id), so that a repeated request resends the
+    SAME signal: a fresh draw under a request_id the server has seen would give it a second,
+    independent look at the history while it charges ε once (it refuses the mismatch, but only
+    after seeing it). A request_id reused with another history, ε, k or embedding is refused here,
+    before anything is drawn. Holds the last ``size`` requests; thread-safe."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._sent: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Floats]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def signal(
+        self,
+        device: Device,
+        user_id: str,
+        request_id: str,
+        history: Sequence[str],
+        epsilon: float,
+        k: int,
+        rng: np.random.Generator,
+    ) -> Floats:
+        """The signal of this request: the one sent before under (user_id, request_id), else a
+        fresh :meth:`Device.signal`, remembered."""
+        inputs = (device.version, tuple(device.rows(history).tolist()), float(epsilon), int(k))
+        key = (user_id, request_id)
+        with self._lock:
+            sent = self._sent.get(key)
+            if sent is not None:
+                if sent[0] != inputs:
+                    raise ParamError(
+                        "{request_id} {value} was already sent by this device with another history, "
+                        "epsilon, k or embedding; a new request needs a new request_id",
+                        value=repr(request_id),
+                    )
+                self._sent.move_to_end(key)
+                return sent[1]
+            signal = device.signal(history, epsilon, rng)
+            self._sent[key] = (inputs, signal)
+            if len(self._sent) > self.size:
+                self._sent.popitem(last=False)
+            return signal
