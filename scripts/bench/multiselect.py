@@ -61,7 +61,7 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, t
             pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]}).cast({"rank": pl.Int32})
         )
         version = w.write_client_bundle(ids, factors, RADIUS, Model(w1=w1, w2=w2, item_ids=ids))
-        w.write_multiselect_population(emb, top_index, top_score)
+        w.write_multiselect_population(emb, top_index, top_score, n_items)
         return w.commit(
             {
                 "dataset": "bench-multiselect",
