@@ -66,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=50,
         help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 50)",
     )
-    ms = p.add_argument_group("multi-selection (client/ bundle and multiselect/ population sample)")
+    ms = p.add_argument_group("multi-selection (client/ bundle and multiselect/ population prototypes)")
     ms.add_argument(
         "--embedding-dim",
         type=int,
@@ -76,14 +76,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     ms.add_argument(
         "--multiselect-users",
         type=int,
-        default=1000,
-        help="training users in the server's population sample (seeded; default 1000)",
+        default=5000,
+        help="training users sampled for the server's population (seeded; default 5000)",
+    )
+    ms.add_argument(
+        "--multiselect-group",
+        type=int,
+        default=5,
+        help="least training users per population prototype, ≥ 2: no row of multiselect/ is one user's "
+        "(default 5)",
     )
     ms.add_argument(
         "--multiselect-top",
         type=int,
         default=100,
-        help="top items by SANSA score kept per population user (default 100)",
+        help="top items by mean SANSA score kept per population prototype (default 100)",
     )
     p.set_defaults(func=run_prep)
 
@@ -155,6 +162,7 @@ def run_prep(args: argparse.Namespace) -> int:
         policy_trials=args.policy_trials,
         embedding_dim=args.embedding_dim,
         multiselect_users=args.multiselect_users,
+        multiselect_group=args.multiselect_group,
         multiselect_top=args.multiselect_top,
         verbose=getattr(args, "verbose", False),
     )

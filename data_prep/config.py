@@ -21,7 +21,8 @@ SELECTION_METRIC = "ndcg@100"
 DEFAULT_PRESET = "small"
 DEFAULT_POPULATION_USERS = 10_000
 DEFAULT_EMBEDDING_DIM = 32
-DEFAULT_MULTISELECT_USERS = 1000
+DEFAULT_MULTISELECT_USERS = 5000
+DEFAULT_MULTISELECT_GROUP = 5
 DEFAULT_MULTISELECT_TOP = 100
 
 
@@ -51,9 +52,11 @@ class PrepConfig:
     policy_users: int = DEFAULT_POLICY_USERS  # population users the `auto` policy table averages (seeded sample)
     policy_trials: int = DEFAULT_POLICY_TRIALS  # its Monte Carlo selections per user (rs, rs_improved, rnm_laplace)
     # Multi-selection (client/ and multiselect/): the public embedding's d (None: 32, or less on a
-    # dataset too small for it), the population sample's users and items kept per user.
+    # dataset too small for it), the training users sampled for the server's population, the least
+    # users per prototype (no row of multiselect/ is one user's), and the items kept per prototype.
     embedding_dim: int | None = None
     multiselect_users: int = DEFAULT_MULTISELECT_USERS
+    multiselect_group: int = DEFAULT_MULTISELECT_GROUP
     multiselect_top: int = DEFAULT_MULTISELECT_TOP
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
@@ -126,6 +129,7 @@ class PrepConfig:
         check_int("policy_users", self.policy_users, 1)
         check_int("policy_trials", self.policy_trials, 1)
         check_int("multiselect_users", self.multiselect_users, 1)
+        check_int("multiselect_group", self.multiselect_group, 2)
         check_int("multiselect_top", self.multiselect_top, 1)
         for param, value, least in (
             ("workers", self.workers, 1),

@@ -12,8 +12,12 @@ e(h) = Σ_{i∈h} E[i]/√|h| = x̂ V, the projection of its normalised row onto
 half of them are clipped by at most a scaling, and the noise 2R/ε is not set by the few users
 with the largest norms.
 
-**The population sample.** A seeded sample of training users: their clipped embeddings and their
-top-L unseen items by SANSA score, which the server weights by a signal's likelihood.
+**The population.** The server weights a public population by a signal's likelihood. It holds no
+user's own row: a seeded sample of training users is cut into groups of at least ``group`` users
+with near embeddings (MDAV microaggregation, :func:`mdav_groups`), and each group becomes one
+prototype: the mean of its members' clipped embeddings (inside the L1 ball, which is convex) and
+the top-L items of its members' mean unseen SANSA scores. A member values an item it has seen like
+its worst unseen item, since its device never picks it.
 """
 
 from __future__ import annotations
@@ -84,35 +88,87 @@ def sample_rows(total: int, users: int, seed: int) -> np.ndarray:
     return np.sort(rng.choice(total, users, replace=False))
 
 
+def mdav_groups(z: np.ndarray, group: int) -> np.ndarray:
+    """MDAV microaggregation of the rows of ``z`` (L1 distance): a group label per row, every group
+    of ``group`` to 2·``group`` − 1 rows (one group if there are fewer than 2·``group``). Each step
+    takes the row farthest from the remaining rows' mean and the row farthest from it, and groups
+    each with its ``group`` − 1 nearest; ties go to the lower row, so the labels are reproducible."""
+    labels = np.full(z.shape[0], -1, np.int64)
+    remaining = np.arange(z.shape[0])
+    nxt = 0
+
+    def take(anchor: np.ndarray) -> None:
+        nonlocal remaining, nxt
+        d = np.abs(z[remaining] - anchor).sum(axis=1)
+        members = remaining[np.argsort(d, kind="stable")[:group]]
+        labels[members] = nxt
+        nxt += 1
+        remaining = np.setdiff1d(remaining, members, assume_unique=True)
+
+    def farthest(anchor: np.ndarray) -> np.ndarray:
+        d = np.abs(z[remaining] - anchor).sum(axis=1)
+        return np.asarray(z[remaining[int(np.argmax(d))]])
+
+    while remaining.size >= 3 * group:
+        r = farthest(z[remaining].mean(axis=0))
+        s_ = farthest(r)
+        take(r)
+        take(s_)
+    if remaining.size >= 2 * group:
+        take(farthest(z[remaining].mean(axis=0)))
+    labels[remaining] = nxt
+    return labels
+
+
 @dataclass(frozen=True)
-class PopulationSample:
-    """The server's public population (``multiselect/`` in the artifact)."""
+class Prototypes:
+    """The server's public population (``multiselect/`` in the artifact): one row per group of
+    training users, never one per user."""
 
-    user_rows: np.ndarray  # rows of the training matrix sampled, ascending
-    embeddings: np.ndarray  # (P, d) clipped to R
+    user_rows: np.ndarray  # the sampled training rows that were grouped, ascending
+    labels: np.ndarray  # each sampled row's group
+    embeddings: np.ndarray  # (P, d): each group's mean clipped embedding
     top_index: np.ndarray  # (P, L) int32, −1 padding
-    top_score: np.ndarray  # (P, L) raw SANSA scores of unseen items, −inf padding
+    top_score: np.ndarray  # (P, L) the group's mean unseen SANSA scores, −inf padding
 
 
-def population_sample(
+def population_prototypes(
     train: sp.spmatrix,
     embeddings: np.ndarray,
     radius: float,
     model: Model,
     users: int,
+    group: int,
     top: int,
     seed: int,
-    chunk: int = 256,
-) -> PopulationSample:
-    """≤ ``users`` training users with an unseen item (seeded; all if fewer), their clipped
-    embeddings and their ``top`` best unseen items by SANSA score (scored ``chunk`` users at a time)."""
+) -> Prototypes:
+    """≤ ``users`` sampled training users (seeded; those with an unseen item) aggregated into
+    prototypes of ≥ ``group`` members each, with their ``top`` best items by mean unseen score."""
     x = sp.csr_matrix(train)
-    eligible = np.flatnonzero(np.diff(x.indptr) < x.shape[1])  # a user who has seen every item has none to offer
+    x.data[:] = 1.0
+    has_unseen = np.diff(x.indptr) < x.shape[1]
+    eligible = np.flatnonzero(has_unseen)
+    if eligible.size < group:
+        raise ParamError(
+            "{multiselect_group} {group} is more than the {n} training users with an unseen item; "
+            "expected a group size they can fill",
+            group=group,
+            n=int(eligible.size),
+        )
     rows = eligible[sample_rows(eligible.size, users, seed)]
-    index = np.empty((rows.size, min(top, x.shape[1])), np.int32)
-    score = np.empty(index.shape)
-    for start in range(0, rows.size, chunk):
-        part = rows[start : start + chunk]
-        t = top_k(model.score_unseen(x[part]), top)
-        index[start : start + part.size], score[start : start + part.size] = t.index, t.score
-    return PopulationSample(rows, clip_l1(embeddings[rows], radius), index, score)
+    clipped = clip_l1(embeddings[rows], radius)
+    labels = mdav_groups(clipped, group)
+    count = int(labels.max()) + 1
+    keep = min(top, x.shape[1])
+    index = np.empty((count, keep), np.int32)
+    score = np.empty((count, keep))
+    means = np.empty((count, clipped.shape[1]))
+    for g in range(count):
+        members = np.flatnonzero(labels == g)
+        means[g] = clipped[members].mean(axis=0)
+        scores = model.score_unseen(x[rows[members]])
+        worst = np.where(np.isfinite(scores), scores, np.inf).min(axis=1, keepdims=True)
+        value = np.where(np.isfinite(scores), scores, worst).mean(axis=0, keepdims=True)
+        t = top_k(value, keep)
+        index[g], score[g] = t.index[0], t.score[0]
+    return Prototypes(rows, labels, means, index, score)

@@ -32,10 +32,10 @@ from data_prep.config import (
 from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate
 from data_prep.embedding import (
     RADIUS_RULE,
-    PopulationSample,
+    Prototypes,
     choose_radius,
     fit_embedding,
-    population_sample,
+    population_prototypes,
     user_embeddings,
 )
 from data_prep.metrics import accuracy
@@ -230,7 +230,7 @@ def _sensitivities(
 class _MultiSelect:
     factors: np.ndarray
     radius: float
-    sample: PopulationSample
+    sample: Prototypes
 
 
 def _multiselect(cfg: PrepConfig, split: Split, model: Model) -> _MultiSelect:
@@ -239,8 +239,8 @@ def _multiselect(cfg: PrepConfig, split: Split, model: Model) -> _MultiSelect:
     factors = fit_embedding(split.train, cfg.embedding_dim_for(users, items), cfg.seed)
     train_emb = user_embeddings(split.train, factors)
     radius = choose_radius(train_emb)
-    sample = population_sample(
-        split.train, train_emb, radius, model, cfg.multiselect_users, cfg.multiselect_top, cfg.seed
+    sample = population_prototypes(
+        split.train, train_emb, radius, model, cfg.multiselect_users, cfg.multiselect_group, cfg.multiselect_top, cfg.seed
     )
     return _MultiSelect(factors, radius, sample)
 
@@ -282,7 +282,7 @@ def _build(
                 f"on {split.train.shape[0]} training users",
             ):
                 model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
-        with timer.step("multiselect", "multi-selection: embedding (truncated SVD) and population sample"):
+        with timer.step("multiselect", "multi-selection: embedding (truncated SVD) and population prototypes"):
             ms = _multiselect(cfg, split, model)
         with timer.step("test_candidates"):
             top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
@@ -344,6 +344,8 @@ def _build(
                 "radius": ms.radius,
                 "radius_rule": RADIUS_RULE,
                 "users": int(ms.sample.user_rows.size),
+                "group": cfg.multiselect_group,
+                "prototypes": int(ms.sample.top_index.shape[0]),
                 "top": int(ms.sample.top_index.shape[1]),
             },
             "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},

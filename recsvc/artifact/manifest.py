@@ -214,8 +214,10 @@ class MultiSelectInfo(_Record):
     dim: int = _required(_INT)
     radius: float = _required(_NUMBER)
     radius_rule: str = _required(_STR)  # how R was chosen from the training users
-    users: int = _required(_INT)  # population sample size P
-    top: int = _required(_INT)  # items kept per population user (L)
+    users: int = _required(_INT)  # training users sampled and aggregated into the population
+    group: int = _required(_INT)  # least users per prototype
+    prototypes: int = _required(_INT)  # the population's rows P, each the mean of ≥ group users
+    top: int = _required(_INT)  # items kept per prototype (L)
     extra: Mapping[str, Any] = _extra()
 
 

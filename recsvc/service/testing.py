@@ -124,6 +124,8 @@ def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]
         "radius": BUNDLE_RADIUS,
         "radius_rule": "fixed (test artifact)",
         "users": BUNDLE_USERS,
+        "group": 1,  # random histories, no real user's
+        "prototypes": BUNDLE_USERS,
         "top": BUNDLE_TOP,
     }
 

@@ -73,6 +73,8 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, t
                     "radius": RADIUS,
                     "radius_rule": "fixed (benchmark)",
                     "users": USERS,
+                    "group": 1,  # random histories, no real user's
+                    "prototypes": USERS,
                     "top": top,
                 },
             }

