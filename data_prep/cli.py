@@ -83,8 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--multiselect-group",
         type=int,
         default=5,
-        help="least training users per population prototype, ≥ 2: no row of multiselect/ is one user's "
-        "(default 5)",
+        help="least training users per population prototype, ≥ 2: no row of multiselect/ is one user's (default 5)",
     )
     ms.add_argument(
         "--multiselect-top",

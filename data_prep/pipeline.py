@@ -240,7 +240,14 @@ def _multiselect(cfg: PrepConfig, split: Split, model: Model) -> _MultiSelect:
     train_emb = user_embeddings(split.train, factors)
     radius = choose_radius(train_emb)
     sample = population_prototypes(
-        split.train, train_emb, radius, model, cfg.multiselect_users, cfg.multiselect_group, cfg.multiselect_top, cfg.seed
+        split.train,
+        train_emb,
+        radius,
+        model,
+        cfg.multiselect_users,
+        cfg.multiselect_group,
+        cfg.multiselect_top,
+        cfg.seed,
     )
     return _MultiSelect(factors, radius, sample)
 

@@ -4,9 +4,7 @@ tampered file by name."""
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +24,11 @@ from data_prep.embedding import (
 from data_prep.pipeline import PrepConfig, _load_and_split
 from data_prep.testing import ratings_table, write_ml20m
 from recsvc.app.cli import main
-from recsvc.artifact import ArtifactError, load_artifact, read_client_bundle
+from recsvc.artifact import ArtifactError, load_artifact
 from recsvc.checks import ParamError
 from recsvc.model import top_k
 from recsvc.multiselection import clip_l1, embed, embedding_version
-from recsvc.service.testing import BUNDLE_DIM, BUNDLE_RADIUS, make_artifact, make_model
+from recsvc.service.testing import make_model
 
 
 def _binary(users: int, items: int, density: float, seed: int) -> sp.csr_matrix:
