@@ -279,6 +279,7 @@ def recommend_input(req: pb.RecommendRequest) -> dict[str, Any]:
         fingerprint=lambda: fingerprint(b"recommend\0", req),
         k=req.k,
         candidate_fraction=fraction,
+        candidate_mechanism=req.candidate_mechanism,
     )
 
 
@@ -336,6 +337,7 @@ def mechanisms_response(selector: Selector, policy: Policy, budget: float) -> pb
         min_candidates=policy.limits.min_candidates,
         catalog_size=len(selector.catalog.item_ids) if selector.recommender is not None else 0,
         catalog_version=selector.catalog.version,
+        default_candidate_mechanism=policy.selection.default_candidate_mechanism,
     )
 
 
