@@ -123,6 +123,13 @@ def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator
 def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[np.intp]:
     """The winning class per row of uniforms u (rows, classes): the best of m_c Exponential(1)
     values is −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
+    w = _negative_noise(log_size, u)
+    np.subtract(util, w, out=w)
+    return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
+
+
+def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """−(the best of m_c Exponential(1) values) per uniform of u (rows, classes); see :func:`_best`."""
     # log(−log U) ≥ log(−log(1 − 2⁻⁵³)) > −37: below this largest log size no log v nears −700
     tiny_possible = log_size.shape[0] > 0 and float(log_size.max()) > _LOG_V_EXACT - 40.0
     with np.errstate(divide="ignore"):  # in place: the draw is a handful of passes over every class
@@ -142,8 +149,7 @@ def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[
         np.log(w, out=w)  # −noise
         if tiny_possible:
             w[tiny] = log_v
-        np.subtract(util, w, out=w)
-    return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
+    return w
 
 
 def clm_top_k(
@@ -228,3 +234,33 @@ def class_of(ranks: list[int], k: int) -> tuple[int, int]:
     while h < k - 1 and ranks[h] == h + 1:
         h += 1
     return h, ranks[-1]
+
+
+def first_item_means(
+    q: np.ndarray,
+    d: np.ndarray,
+    epsilons: tuple[float, ...],
+    p: ParamValues,
+    k: int,
+    values: np.ndarray,
+    rng: np.random.Generator,
+    trials: int,
+) -> npt.NDArray[np.float64]:
+    """Monte Carlo E[values[first item of clm_top_k]] at each ε, from ``trials`` class draws of
+    :func:`clm_top_k` whose noise is shared by every ε (common random numbers: the noise does not
+    depend on ε). The slate lists its set in uniform order, so the first item is a uniform member
+    of the drawn class's uniform set: its expected value is averaged exactly over the class (the
+    head, the body pool's mean times its k − h − 1 draws, the tail), not drawn."""
+    order = _sorted_order(q)
+    ht, log_size, loss = classes(q[order] / d.max(), k, float(p["loss_weight"]))
+    neg = _negative_noise(log_size, rng.random((trials, loss.shape[0])))
+    v = values[order]
+    prefix = np.r_[0.0, np.cumsum(v)]  # prefix[i]: the first i ranks' sum
+    h, t = ht[:, 0], ht[:, 1]
+    pool = np.maximum(t - h - 2, 1)  # the body's pool (ranks h + 2 … t − 1); empty only with no body
+    body = (k - h - 1) / pool * (prefix[t - 1] - prefix[np.minimum(h + 1, t - 1)])
+    mean = np.where(t == k, prefix[k], prefix[h] + body + v[t - 1]) / k  # each class's mean value
+    out = np.empty(len(epsilons))
+    for i, eps in enumerate(epsilons):
+        out[i] = mean[(loss * (-0.5 * eps) - neg).argmax(axis=-1)].mean()
+    return out
