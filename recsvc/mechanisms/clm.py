@@ -169,7 +169,7 @@ def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
         np.log(w, out=w)  # −noise
         if tiny_possible:
             w[tiny] = log_v
-    return w
+    return cast("np.ndarray", w)  # numpy: Any
 
 
 def clm_top_k(
@@ -189,14 +189,15 @@ def clm_top_k(
     else:  # the same law from the few classes that can win (clm_draw.py)
         xs = np.sort(q)[::-1]  # the values alone: several times cheaper than their order
         distinct = bool((xs[1:] < xs[:-1]).all())
-        order = None if distinct else _sorted_order(q)  # ties: ranks need the stable order
-        x = (xs if order is None else q[order]) / d.max()
+        ranked = None if distinct else _sorted_order(q)  # ties: ranks need the stable order
+        x = (xs if ranked is None else q[ranked]) / d.max()
         gamma = float(p["loss_weight"])
         top = -0.5 * epsilon * (1.0 - 2.0 * gamma) * float(x[k - 1])  # the top class: a = b = x_[k]
         h, t = winning_class(classes_of(x, k, gamma, epsilon), top, rng)
-        if order is None:
+        if ranked is None:
             chosen = _members_by_value(q, xs, h, t, k, rng)
             return chosen[rng.permutation(k)] if k > 1 else chosen
+        order = ranked
     chosen = _members(order, h, t, k, rng)
     return chosen[rng.permutation(k)] if k > 1 else chosen
 

@@ -51,19 +51,11 @@ class Prepared:
         """The ε the ledger charges: the selection's composed privacy map
         (:func:`recsvc.mechanisms.charged_epsilon`). Only a non-private mechanism, served under
         --allow-non-private for reference runs, has no finite one: it is charged its nominal ε."""
-        s = self.stage
-        if s is None:
-            c = charged_epsilon(self.mechanism, self.epsilon, self.k, **self.params)
-        else:
-            c = charged_epsilon(
-                self.mechanism,
-                self.epsilon,
-                self.k,
-                m=s.m,
-                candidate_fraction=s.candidate_fraction,
-                candidate_mechanism=s.mechanism,
-                **self.params,
-            )
+        s = self.stage  # without a stage, charged_epsilon ignores the candidate mechanism
+        m, f, cand = (None, None, "") if s is None else (s.m, s.candidate_fraction, s.mechanism)
+        c = charged_epsilon(
+            self.mechanism, self.epsilon, self.k, m=m, candidate_fraction=f, candidate_mechanism=cand, **self.params
+        )
         return c if math.isfinite(c) else self.epsilon
 
     def answer(self, picked: np.ndarray) -> tuple[tuple[str, ...], tuple[int, ...]]:
