@@ -28,8 +28,7 @@ ARTIFACT_FILES = {
     "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
 }
 # The manifest's files map lists every data file (test_inputs.parquet, policy.parquet and
-# population.parquet included), and the manifest holds the policy section. Re-recorded when the
-# policy table gained the one-shot mechanisms' rows at k > 1 (and the section slate_mechanisms).
+# population.parquet included), and the manifest holds the policy section.
 MANIFEST_WITHOUT_TIMINGS = "abc5e288ce068b5461b422bb775493f57f977020a6d3a74947073b993b4e023c"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
