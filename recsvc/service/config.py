@@ -112,7 +112,7 @@ class Selection:
     default_mechanism: str = AUTO  # used when a request names no mechanism
     # Recommend's private top-m when a two-stage request names none: a one-shot top-k mechanism
     # (docs/guides/serving.md#two-stage-recommend says why this one)
-    default_candidate_mechanism: str = "gumbel"
+    default_candidate_mechanism: str = "clm"
     auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
     # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
