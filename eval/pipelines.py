@@ -15,7 +15,8 @@ service's Recommend selects over, scored from the artifact's ``test_inputs.parqu
   mechanism MECH instead (a one-shot ``oneshot``, ``gumbel`` or ``clm``: one run at F·ε, as the
   service's Recommend does); its label keeps the suffix.
 
-Metrics for each slate size k (the slate is k peeled selections with ε/k each):
+Metrics for each slate size k (k peeled selections with ε/k each, or one run at ε of a one-shot
+mechanism):
 - ``first_mse``: E[(max_a q_a − q_first)²], the paper's MSE for the slate's first item;
 - ``recall``: E[|{a in slate : q_a ≥ q_(k)}|] / k, with q_(k) the k-th largest full-catalog
   clipped score: the share of the slate that is in the user's true top-k (ties at q_(k) count
