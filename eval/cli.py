@@ -77,8 +77,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=(),
         metavar="PIPE",
         help="also evaluate candidate pipelines over each test user's FULL-catalog scores: top500 (the "
-        "paper's non-private pre-filter, NOT end-to-end DP), full, two-stage:F (private top-m with "
-        "F·ε, F in (0, 1)); writes pipelines.csv, two plots and a report section",
+        "paper's non-private pre-filter, NOT end-to-end DP), full, two-stage:F[:MECH] (private top-m with "
+        "F·ε, F in (0, 1), by rnm peeling or one run of MECH: oneshot, gumbel, clm); writes pipelines.csv, "
+        "a winner table, plots and a report section",
     )
     p.add_argument(
         "--slate-k",

@@ -15,8 +15,11 @@ if TYPE_CHECKING:
     from eval.results import EvalResult
 
 TABLE = "pipelines"  # pipelines.csv / pipelines.parquet
+WINNERS = "pipelines_winners.csv"
 MSE_PNG = "pipelines_first_mse.png"
 RECALL_PNG = "pipelines_recall.png"
+MECH_MSE_PNG = "slates_first_mse.png"  # the mechanisms side by side, one panel per (pipeline, k)
+MECH_RECALL_PNG = "slates_recall.png"
 
 
 class PipelineReducer:
@@ -88,26 +91,46 @@ class PipelineReducer:
         )
 
 
-def _figure(t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool) -> None:
+def winners(t: pl.DataFrame) -> pl.DataFrame:
+    """Per (pipeline, k, ε): the mechanism with the highest recall and the one with the lowest
+    first-item MSE (ties: the first in the run's order), with their values."""
+    keys = ["pipeline", "k", "epsilon"]
+    best_recall = t.sort([*keys, "recall"], descending=[False, False, False, True], maintain_order=True)
+    best_mse = t.sort([*keys, "first_mse"], maintain_order=True)
+    recall = (
+        best_recall.group_by(keys, maintain_order=True)
+        .first()
+        .select(*keys, pl.col("mechanism").alias("best_recall"), pl.col("recall"))
+    )
+    mse = (
+        best_mse.group_by(keys, maintain_order=True)
+        .first()
+        .select(*keys, pl.col("mechanism").alias("best_first_mse"), pl.col("first_mse"))
+    )
+    return recall.join(mse, on=keys).sort(keys, maintain_order=True)
+
+
+def _figure(
+    t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool, panel: str = "mechanism", line: str = "pipeline"
+) -> None:
+    """One panel per (``panel`` value, k), one line per ``line`` value, across ε."""
     from eval.plots import pyplot
 
     plt = pyplot()
-    mechs = t["mechanism"].unique(maintain_order=True).to_list()
+    rows = t[panel].unique(maintain_order=True).to_list()
     ks = t["k"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(len(mechs), len(ks), figsize=(4.2 * len(ks), 3.2 * len(mechs)), squeeze=False)
-    for r, mech in enumerate(mechs):
+    fig, axes = plt.subplots(len(rows), len(ks), figsize=(4.2 * len(ks), 3.2 * len(rows)), squeeze=False)
+    for r, name in enumerate(rows):
         for c, k in enumerate(ks):
             ax = axes[r][c]
-            for pipe in t["pipeline"].unique(maintain_order=True).to_list():
-                s = t.filter((pl.col("mechanism") == mech) & (pl.col("k") == k) & (pl.col("pipeline") == pipe)).sort(
-                    "epsilon"
-                )
+            for value in t[line].unique(maintain_order=True).to_list():
+                s = t.filter((pl.col(panel) == name) & (pl.col("k") == k) & (pl.col(line) == value)).sort("epsilon")
                 dp = bool(s["end_to_end_dp"][0])
                 ax.errorbar(
                     s["epsilon"],
                     s[column],
                     yerr=[s[column] - s[column + "_ci_low"], s[column + "_ci_high"] - s[column]],
-                    label=pipe + ("" if dp else " (not end-to-end DP)"),
+                    label=value + ("" if dp else " (not end-to-end DP)"),
                     linestyle="-" if dp else "--",
                     marker="o",
                     markersize=3,
@@ -116,7 +139,7 @@ def _figure(t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool) 
             ax.set_xscale("log")
             if log_y:
                 ax.set_yscale("symlog", linthresh=1e-4)
-            ax.set_title(f"{mech}, k = {k}", fontsize=9)
+            ax.set_title(f"{name}, k = {k}", fontsize=9)
             ax.set_xlabel("ε")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
@@ -139,10 +162,12 @@ def markdown(result: EvalResult) -> str:
         "## Candidate pipelines and slates",
         "",
         f"Full-catalog clipped scores of each test user (from `test_inputs.parquet`, seen items included, as "
-        f"Recommend scores them). m = {cfg.two_stage_m}; two-stage's candidate stage is rnm peeling with F·ε. "
+        f"Recommend scores them). m = {cfg.two_stage_m}; two-stage's candidate stage spends F·ε: rnm peeling, "
+        "or one run of the mechanism after `two-stage:F:`. "
         "`first_mse` = mean (max q − q_first)² of the slate's first item; `recall` = share of the slate in the "
-        "true top-k of the full catalog (ties at the k-th score count). Each slate is k peeled selections "
-        "with ε/k each. **top500 is NOT end-to-end DP** (a non-private pre-filter on the history's scores).",
+        "true top-k of the full catalog (ties at the k-th score count). A one-shot mechanism (oneshot, gumbel, "
+        "clm) draws each slate in one run at ε (clm lists its set in random order); the others peel k "
+        "selections with ε/k each. **top500 is NOT end-to-end DP** (a non-private pre-filter on the history's scores).",
         "",
         "| pipeline | mechanism | ε | k | first-item MSE [95% CI] | recall@k [95% CI] | method |",
         "|---|---|---|---|---|---|---|",
@@ -153,7 +178,24 @@ def markdown(result: EvalResult) -> str:
             f"| {label} | {row['mechanism']} | {row['epsilon']:g} | {row['k']} | {_cell(row, 'first_mse')} | "
             f"{_cell(row, 'recall')} | {row['method']} |"
         )
-    lines += ["", f"Plots: `{MSE_PNG}`, `{RECALL_PNG}`.", ""]
+    lines += [
+        "",
+        f"Winners (`{WINNERS}`): per pipeline, k and ε, the mechanism with the highest recall and the one "
+        "with the lowest first-item MSE (point estimates; check the intervals above before calling a tie).",
+        "",
+        "| pipeline | k | ε | best recall | recall | best first-item MSE | first-item MSE |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in winners(t).iter_rows(named=True):
+        lines.append(
+            f"| {row['pipeline']} | {row['k']} | {row['epsilon']:g} | {row['best_recall']} | {row['recall']:.4g} | "
+            f"{row['best_first_mse']} | {row['first_mse']:.4g} |"
+        )
+    lines += [
+        "",
+        f"Plots: `{MSE_PNG}`, `{RECALL_PNG}` (per mechanism), `{MECH_MSE_PNG}`, `{MECH_RECALL_PNG}` (per pipeline).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -165,4 +207,8 @@ def write(result: EvalResult, tmp: Path) -> str:
     t.write_parquet(tmp / f"{TABLE}.parquet")
     _figure(t, "first_mse", "first-item MSE", tmp / MSE_PNG, log_y=True)
     _figure(t, "recall", "recall of true top-k", tmp / RECALL_PNG, log_y=False)
+    winners(t).write_csv(tmp / WINNERS)
+    by_pipe = {"panel": "pipeline", "line": "mechanism"}
+    _figure(t, "first_mse", "first-item MSE", tmp / MECH_MSE_PNG, log_y=True, **by_pipe)
+    _figure(t, "recall", "recall of true top-k", tmp / MECH_RECALL_PNG, log_y=False, **by_pipe)
     return markdown(result)

@@ -11,9 +11,12 @@ service's Recommend selects over, scored from the artifact's ``test_inputs.parqu
   ``recsvc eval`` keeps the paper's top-500 of the unseen items.
 - ``full``: the slate over the whole catalog with ε (ε-DP end to end).
 - ``two-stage:F``: a private top-m (rnm peeling with F·ε, as ``select_two_stage``), then the
-  slate among those m with (1 − F)·ε (ε-DP end to end).
+  slate among those m with (1 − F)·ε (ε-DP end to end). ``two-stage:F:MECH`` draws the top-m with
+  mechanism MECH instead (a one-shot ``oneshot``, ``gumbel`` or ``clm``: one run at F·ε, as the
+  service's Recommend does); its label keeps the suffix.
 
-Metrics for each slate size k (the slate is k peeled selections with ε/k each):
+Metrics for each slate size k (k peeled selections with ε/k each, or one run at ε of a one-shot
+mechanism):
 - ``first_mse``: E[(max_a q_a − q_first)²], the paper's MSE for the slate's first item;
 - ``recall``: E[|{a in slate : q_a ≥ q_(k)}|] / k, with q_(k) the k-th largest full-catalog
   clipped score: the share of the slate that is in the user's true top-k (ties at q_(k) count
@@ -48,10 +51,14 @@ EXACT_LIMIT = 200_000  # enumerated outcomes (= recsvc.mechanisms.slate.MAX_EXAC
 class Pipeline:
     kind: str  # "top500", "full", "two-stage"
     fraction: float | None = None  # two-stage's share of ε for the candidate stage; None for the others
+    candidate: str = CANDIDATE_MECHANISM  # two-stage's private top-m mechanism
 
     @property
     def label(self) -> str:
-        return self.kind if self.fraction is None else f"two-stage:{self.fraction:g}"
+        if self.fraction is None:
+            return self.kind
+        suffix = "" if self.candidate == CANDIDATE_MECHANISM else f":{self.candidate}"
+        return f"two-stage:{self.fraction:g}{suffix}"
 
     @property
     def end_to_end_dp(self) -> bool:
@@ -59,12 +66,23 @@ class Pipeline:
 
 
 def parse_pipeline(text: str) -> Pipeline:
-    """``top500``, ``full`` or ``two-stage:F`` with F in (0, 1); ParamError otherwise."""
+    """``top500``, ``full`` or ``two-stage:F[:MECH]`` with F in (0, 1) and MECH a private mechanism;
+    ParamError otherwise."""
+    from recsvc.mechanisms import MECHANISMS
+
     t = str(text).strip().lower()
     if t in ("top500", "full"):
         return Pipeline(t)
     if t.startswith("two-stage:"):
-        raw = t.split(":", 1)[1]
+        raw, _, cand = t.split(":", 1)[1].partition(":")
+        cand = cand or CANDIDATE_MECHANISM
+        if cand not in MECHANISMS or not MECHANISMS[cand].private:
+            private = ", ".join(n for n, m in MECHANISMS.items() if m.private)
+            raise ParamError(
+                "{pipelines}: unknown candidate mechanism {value} in two-stage:F:MECH; expected one of {names}",
+                value=repr(cand),
+                names=private,
+            )
         try:
             f = float(raw)
         except ValueError:
@@ -75,9 +93,10 @@ def parse_pipeline(text: str) -> Pipeline:
                 "(the share of ε spent on the private candidate stage), got {value}",
                 value=repr(raw),
             )
-        return Pipeline("two-stage", f)
+        return Pipeline("two-stage", f, cand)
     raise ParamError(
-        "{pipelines}: unknown pipeline {value}; expected top500, full or two-stage:F with F in (0, 1)", value=repr(text)
+        "{pipelines}: unknown pipeline {value}; expected top500, full or two-stage:F[:MECH] with F in (0, 1)",
+        value=repr(text),
     )
 
 
@@ -152,7 +171,7 @@ def _exact_stats(
         n = len(q)
         if math.perm(n, m) + math.comb(n, m) * math.perm(m, k) > EXACT_LIMIT:
             return None
-        probs = two_stage_probabilities(name, q, d, eps, m, pipe.fraction, k, CANDIDATE_MECHANISM, **params)
+        probs = two_stage_probabilities(name, q, d, eps, m, pipe.fraction, k, pipe.candidate, **params)
         idx = None
     elif k == 1:
         p = probabilities(name, q[cand], d[cand], eps, **params)
@@ -215,7 +234,7 @@ def evaluate_user(
             stage1 = None
             for mi, name in enumerate(mechanisms):
                 for ki, k in enumerate(ctx.slate_k):
-                    if ctx.exact and MECHANISMS[name].exact and MECHANISMS[CANDIDATE_MECHANISM].exact:
+                    if ctx.exact and MECHANISMS[name].exact and MECHANISMS[pipe.candidate].exact:
                         got = _exact_stats(name, pipe, q, d, eps, k, m, params.get(name, {}), gap, thr[k], cand)
                         if got is not None:
                             (mse[pi, mi, ei, ki], rec[pi, mi, ei, ki]), exact[pi, mi, ei, ki] = got, True
@@ -229,7 +248,7 @@ def evaluate_user(
                     if stage1 is None:  # one private top-m per trial, shared by every mechanism and k
                         r1 = _stream(seed, b, TAG, pi, ei)
                         stage1 = [
-                            np.sort(select_slate(CANDIDATE_MECHANISM, q, d, eps1, m, r1))
+                            np.sort(select_slate(pipe.candidate, q, d, eps1, m, r1, **params.get(pipe.candidate, {})))
                             for _ in range(ctx.two_stage_trials)
                         ]
                     sl = np.concatenate(

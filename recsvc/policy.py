@@ -14,6 +14,12 @@ averaged over the population's users, and the mechanism's rank at that (ε, k) (
   The first item carries the largest share of a slate's value and every later step is the same
   mechanism at ε/k on all but a few candidates, so the ranking carries over (checked on ml-100k
   against the mean slate MSE: python -m scripts.bench.auto --slates).
+- At k > 1 the one-shot top-k mechanisms (:func:`slate_policy_mechanisms`: oneshot, gumbel, clm)
+  compete too, LISTED FIRST so that they win ties: a slate is one pass instead of k. oneshot's and
+  gumbel's first item is their k = 1 draw at ε/k (the noise is scaled for the whole slate), the
+  same law as peeling rnm's and em's first item, so their value is that exact expectation; clm
+  lists a set in uniform order, so its value is the mean over its set, by Monte Carlo (``trials``
+  class draws per user shared by every ε, :func:`recsvc.mechanisms.clm.first_item_means`).
 - Lookup (:meth:`PolicyTable.resolve`): the table's k nearest to the request's k in log k, then
   the grid ε nearest to the request's ε in log ε; ties go to the lower grid point. Beyond the
   grid's ends the end point applies. The service uses the table only for candidate sets no larger
@@ -76,6 +82,19 @@ def policy_mechanisms() -> tuple[str, ...]:
     return default_mechanisms()
 
 
+def slate_policy_mechanisms() -> tuple[str, ...]:
+    """The registry's private one-shot top-k mechanisms, in registry order: what `auto` also
+    ranks for slates (k > 1)."""
+    from recsvc.mechanisms import MECHANISMS
+
+    return tuple(n for n, m in MECHANISMS.items() if m.one_shot and m.private)
+
+
+# One-shot mechanisms whose first item is exactly their k = 1 draw at ε/k (independent noise on
+# the items, scaled for the slate): their slate value is that exact expectation.
+_FIRST_ITEM_AT_EPS_OVER_K = frozenset({"oneshot", "gumbel"})
+
+
 def method_of(mechanism: str) -> str:
     """``exact`` where the mechanism declares a cheap exact expectation, else ``monte-carlo``."""
     from recsvc.mechanisms import MECHANISMS
@@ -94,6 +113,15 @@ class PolicySpec:
     seed: int = DEFAULT_SEED
     users: int = DEFAULT_USERS  # at most this many population users (seeded sample)
     params: Mapping[str, float] = field(default_factory=dict)  # mechanism parameters; {} = defaults
+    slate_mechanisms: tuple[str, ...] = field(default_factory=slate_policy_mechanisms)  # k > 1 only
+
+    @property
+    def slate_ks(self) -> tuple[int, ...]:
+        return tuple(k for k in self.ks if k > 1)
+
+    def mechanisms_at(self, k: int) -> tuple[str, ...]:
+        """The mechanisms ranked at slate size k, in tie-breaking order."""
+        return (*self.slate_mechanisms, *self.mechanisms) if k > 1 else self.mechanisms
 
     def check(self) -> PolicySpec:
         from recsvc.mechanisms import MECHANISMS, check_params
@@ -105,6 +133,16 @@ class PolicySpec:
         unknown = [m for m in self.mechanisms if m not in MECHANISMS or not MECHANISMS[m].private]
         if not self.mechanisms or unknown:
             raise ParamError("{mechanisms} must be private mechanisms, got {got}", got=unknown or "none")
+        bad = [
+            m
+            for m in self.slate_mechanisms
+            if m not in MECHANISMS or not (MECHANISMS[m].private and MECHANISMS[m].one_shot)
+        ]
+        if bad or set(self.slate_mechanisms) & set(self.mechanisms):
+            raise ParamError(
+                "{slate_mechanisms} must be private one-shot top-k mechanisms not in {mechanisms}, got {got}",
+                got=bad or sorted(set(self.slate_mechanisms) & set(self.mechanisms)),
+            )
         check_int("trials", self.trials, 1)
         check_int("seed", self.seed, 0)
         check_int("users", self.users, 1)
@@ -122,6 +160,7 @@ class PolicySpec:
             "epsilons": list(self.epsilons),
             "ks": list(self.ks),
             "mechanisms": list(self.mechanisms),
+            "slate_mechanisms": list(self.slate_mechanisms),
             "users": int(users),
             "candidates": int(candidates),
             "trials": int(self.trials),
@@ -147,6 +186,9 @@ class _Context:
     trials: int
     seed: int
     params: Mapping[str, float]
+    slate_mechanisms: tuple[str, ...] = ()
+    slate_ks: tuple[int, ...] = ()
+    epsilons: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,6 +221,44 @@ def _user_mse(q: np.ndarray, d: np.ndarray, user: int, ctx: _Context) -> np.ndar
     return out
 
 
+def _user_slate_mse(q: np.ndarray, d: np.ndarray, user: int, ctx: _Context) -> np.ndarray:
+    """(S, K, E) expected MSE of the first item of each one-shot mechanism's k-slate at ε, one user
+    (see the module doc); Monte Carlo from the user's stream ``SeedSequence(seed, spawn_key=(user, 1))``."""
+    from recsvc.mechanisms import check_params, get_mechanism
+    from recsvc.mechanisms.clm import first_item_means
+    from recsvc.mechanisms.validation import check_scores_sensitivities
+
+    q, d = check_scores_sensitivities(q, d)
+    gap2 = (q.max() - q) ** 2
+    out = np.empty((len(ctx.slate_mechanisms), len(ctx.slate_ks), len(ctx.epsilons)))
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(ctx.seed, spawn_key=(user, 1))))
+    for si, name in enumerate(ctx.slate_mechanisms):
+        mech = get_mechanism(name)
+        p = check_params({k: v for k, v in ctx.params.items() if k in mech.params}, mech)
+        for ki, k in enumerate(ctx.slate_ks):
+            kk = min(k, q.shape[0])
+            if name == "clm":  # every ε from the same class noise
+                out[si, ki] = first_item_means(q, d, ctx.epsilons, p, kk, gap2, rng, ctx.trials)
+                continue
+            for ei, eps in enumerate(ctx.epsilons):
+                if name in _FIRST_ITEM_AT_EPS_OVER_K and mech.expectation_fn is not None:
+                    out[si, ki, ei] = mech.expectation_fn(q, d, eps / kk, p, gap2)
+                else:  # another registered one-shot mechanism: its slates' first items
+                    assert mech.top_k is not None
+                    out[si, ki, ei] = np.mean([gap2[mech.top_k(q, d, eps, p, rng, kk)[0]] for _ in range(ctx.trials)])
+    return out
+
+
+def chunk_slate_mse(chunk: _Chunk, ctx: _Context) -> np.ndarray:
+    """Engine work unit: (B, S, K, E) per-user slate values. Pure: depends on (chunk, ctx) only."""
+    out = np.empty((chunk.count.shape[0], len(ctx.slate_mechanisms), len(ctx.slate_ks), len(ctx.epsilons)))
+    for b in range(chunk.count.shape[0]):
+        c = int(chunk.count[b])
+        q, d = chunk.scores[b, :c], np.ascontiguousarray(chunk.sensitivities[b, :c])
+        out[b] = _user_slate_mse(q, d, chunk.start + b, ctx)
+    return out
+
+
 def chunk_mse(chunk: _Chunk, ctx: _Context) -> np.ndarray:
     """Engine work unit: (B, M, E') per-user expected MSE. Pure: depends on (chunk, ctx) only."""
     out = np.empty((chunk.count.shape[0], len(ctx.mechanisms), ctx.inner.shape[0]))
@@ -188,11 +268,10 @@ def chunk_mse(chunk: _Chunk, ctx: _Context) -> np.ndarray:
     return out
 
 
-def population_mse(
-    matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None, desc: str = "policy table"
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """(inner ε (E',), mean expected MSE (M, E'), users) over the population's users with ≥ 1
-    candidate. The mean is over per-user values in user order: the same bits for any engine."""
+def _per_user(
+    matrix: CandidateMatrix, spec: PolicySpec, work, engine, progress: bool | None, desc: str
+) -> tuple[_Context, np.ndarray]:
+    """(context, per-user values of ``work`` in user order) over the users with ≥ 1 candidate."""
     from recsvc.engines import LocalEngine, chunk_ranges
 
     spec.check()
@@ -200,33 +279,61 @@ def population_mse(
     if keep.size == 0:
         raise ValueError("the policy population has no users with candidates; expected ≥ 1")
     q, d, count = matrix.clipped()[keep], matrix.sensitivity[keep], matrix.count[keep]
-    ctx = _Context(spec.mechanisms, spec.inner_epsilons(), spec.trials, spec.seed, dict(spec.params))
+    ctx = _Context(
+        spec.mechanisms,
+        spec.inner_epsilons(),
+        spec.trials,
+        spec.seed,
+        dict(spec.params),
+        spec.slate_mechanisms,
+        spec.slate_ks,
+        tuple(spec.epsilons),
+    )
     chunks = [
         _Chunk(r.start, q[r.start : r.stop], d[r.start : r.stop], count[r.start : r.stop])
         for r in chunk_ranges(keep.size, CHUNK_USERS)
     ]
     engine = engine or LocalEngine(1, progress=progress)
-    per_user = np.concatenate(
-        list(engine.map(chunk_mse, chunks, ctx, desc=desc, unit="user", sizes=[c.count.shape[0] for c in chunks]))
-    )
-    return ctx.inner, per_user.mean(axis=0), int(keep.size)
+    sizes = [c.count.shape[0] for c in chunks]
+    return ctx, np.concatenate(list(engine.map(work, chunks, ctx, desc=desc, unit="user", sizes=sizes)))
 
 
-def table_frame(spec: PolicySpec, inner: np.ndarray, mse: np.ndarray) -> pl.DataFrame:
+def population_mse(
+    matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None, desc: str = "policy table"
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """(inner ε (E',), mean expected MSE (M, E'), users) over the population's users with ≥ 1
+    candidate. The mean is over per-user values in user order: the same bits for any engine."""
+    ctx, per_user = _per_user(matrix, spec, chunk_mse, engine, progress, desc)
+    return ctx.inner, per_user.mean(axis=0), per_user.shape[0]
+
+
+def population_slate_mse(
+    matrix: CandidateMatrix, spec: PolicySpec, engine=None, progress: bool | None = None, desc: str = "policy slates"
+) -> np.ndarray:
+    """(S, K, E) population mean of each one-shot mechanism's first-item MSE, for the spec's
+    slate mechanisms, k > 1 and grid ε (empty without either)."""
+    if not spec.slate_mechanisms or not spec.slate_ks:
+        return np.empty((len(spec.slate_mechanisms), len(spec.slate_ks), len(spec.epsilons)))
+    return _per_user(matrix, spec, chunk_slate_mse, engine, progress, desc)[1].mean(axis=0)
+
+
+def table_frame(spec: PolicySpec, inner: np.ndarray, mse: np.ndarray, slate: np.ndarray | None = None) -> pl.DataFrame:
     """``policy.parquet``: one row per (ε, k, mechanism), ranked per (ε, k) by expected MSE
-    (ties: registry order). For k > 1 the value is the k = 1 value at ε/k (first-item utility)."""
+    (ties: the order of :meth:`PolicySpec.mechanisms_at`). For k > 1 a peeling mechanism's value
+    is its k = 1 value at ε/k, a one-shot mechanism's its ``slate`` value (first-item utility)."""
     rows: list[tuple[float, int, str, float, int, str]] = []
     for k in spec.ks:
-        for eps in spec.epsilons:
+        names = spec.mechanisms_at(k)
+        for ei, eps in enumerate(spec.epsilons):
             col = int(np.searchsorted(inner, eps / k))  # inner holds exactly these ε/k
             values = mse[:, col]
+            if k > 1 and spec.slate_mechanisms:
+                assert slate is not None, "k > 1 with slate mechanisms needs their values"
+                values = np.r_[slate[:, spec.slate_ks.index(k), ei], values]
             order = np.argsort(values, kind="stable")
             rank = np.empty(len(order), dtype=np.int64)
             rank[order] = np.arange(1, len(order) + 1)
-            rows += [
-                (float(eps), int(k), m, float(values[i]), int(rank[i]), method_of(m))
-                for i, m in enumerate(spec.mechanisms)
-            ]
+            rows += [(float(eps), int(k), m, float(values[i]), int(rank[i]), method_of(m)) for i, m in enumerate(names)]
     return pl.DataFrame(
         rows,
         schema=POLICY_SCHEMA,
@@ -239,7 +346,8 @@ def build_table(
 ) -> tuple[pl.DataFrame, int]:
     """The policy table of a population (clipped scores, Δ, counts) and the users it averaged."""
     inner, mse, users = population_mse(matrix, spec, engine, progress)
-    return table_frame(spec, inner, mse), users
+    slate = population_slate_mse(matrix, spec, engine, progress)
+    return table_frame(spec, inner, mse, slate), users
 
 
 def nearest(grid: Sequence[float], value: float) -> float:

@@ -22,8 +22,10 @@ into k(n − k) + 1 utility classes (sorted order j_1, …, j_n, largest first; 
 (Seed 004's restatement draws the body from j_{h+1}..j_{t−1}, C(t − h − 1, k − h − 1) subsets: that
 counts sets containing j_{h+1}, which belong to a class of larger h, twice.) The best noise of
 m i.i.d. Exponential(1) values is −log(1 − U^{1/m}), so one uniform per class draws the winning
-class exactly, and a uniform subset of it is the answer. The answer is a SET: the slate lists it
-in a uniformly random order, which carries no information about the scores.
+class exactly, and a uniform subset of it is the answer. With many classes (a top-500 of 20,720
+items has 10⁷) the same winner is drawn from Poisson processes that touch only the classes that
+can win (clm_draw.py). The answer is a SET: the slate lists it in a uniformly random order, which
+carries no information about the scores.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import gammaln, logsumexp
 
+from recsvc.mechanisms.clm_draw import classes_of, winning_class
 from recsvc.mechanisms.exact import _gauss_legendre_01
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 
@@ -50,6 +53,10 @@ LOSS_WEIGHT = ParamSpec(
 )
 
 Slate = tuple[int, ...]
+
+# Above this many classes clm_top_k draws the winner from the classes that can win (clm_draw.py:
+# a few hundred µs whatever the size) instead of drawing every class's noise (~10 ns per class).
+EXHAUSTIVE_MAX = 20_000
 
 _LOG_V_EXACT = -700.0  # below this log v, −log(1 − e^{−v}) is −log v in double precision
 
@@ -120,9 +127,29 @@ def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator
     return np.concatenate([order[:h], body, order[t - 1 : t]]).astype(np.int64)
 
 
+def _members_by_value(
+    q: np.ndarray, xs: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """:func:`_members` for DISTINCT scores from their descending values xs alone: a rank is a
+    value, so the head is q ≥ x_[h], the tail q = x_[t] and the body pool x_[t] < q < x_[h+1]."""
+    if t == k:
+        return np.flatnonzero(q >= xs[k - 1]).astype(np.int64)
+    head = np.flatnonzero(q >= xs[h - 1]) if h else np.empty(0, np.intp)
+    pool = np.flatnonzero((q < xs[h]) & (q > xs[t - 1]))
+    body = rng.choice(pool, size=k - h - 1, replace=False) if k - h - 1 else pool[:0]
+    return np.concatenate([head, body, np.flatnonzero(q == xs[t - 1])]).astype(np.int64)
+
+
 def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[np.intp]:
     """The winning class per row of uniforms u (rows, classes): the best of m_c Exponential(1)
     values is −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
+    w = _negative_noise(log_size, u)
+    np.subtract(util, w, out=w)
+    return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
+
+
+def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """−(the best of m_c Exponential(1) values) per uniform of u (rows, classes); see :func:`_best`."""
     # log(−log U) ≥ log(−log(1 − 2⁻⁵³)) > −37: below this largest log size no log v nears −700
     tiny_possible = log_size.shape[0] > 0 and float(log_size.max()) > _LOG_V_EXACT - 40.0
     with np.errstate(divide="ignore"):  # in place: the draw is a handful of passes over every class
@@ -142,8 +169,7 @@ def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[
         np.log(w, out=w)  # −noise
         if tiny_possible:
             w[tiny] = log_v
-        np.subtract(util, w, out=w)
-    return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
+    return cast("np.ndarray", w)  # numpy: Any
 
 
 def clm_top_k(
@@ -155,10 +181,24 @@ def clm_top_k(
     noise over the subsets, on utilities −(ε/2)·loss whose loss moves by at most 1
     (McKenna & Sheldon 2020, Theorem 1, with sensitivity 1 and scale 2/ε).
     """
-    order, ht, log_size, util = _setup(q, d, epsilon, p, k)
-    count: int = util.shape[0]
-    c = int(_best(util, log_size, rng.random((count,))))
-    chosen = _members(order, int(ht[c, 0]), int(ht[c, 1]), k, rng)
+    n = q.shape[0]
+    if k * (n - k) + 1 <= EXHAUSTIVE_MAX:  # a pass over every class: fastest for few classes
+        order, ht, log_size, util = _setup(q, d, epsilon, p, k)
+        c = int(_best(util, log_size, rng.random((util.shape[0],))))
+        h, t = int(ht[c, 0]), int(ht[c, 1])
+    else:  # the same law from the few classes that can win (clm_draw.py)
+        xs = np.sort(q)[::-1]  # the values alone: several times cheaper than their order
+        distinct = bool((xs[1:] < xs[:-1]).all())
+        ranked = None if distinct else _sorted_order(q)  # ties: ranks need the stable order
+        x = (xs if ranked is None else q[ranked]) / d.max()
+        gamma = float(p["loss_weight"])
+        top = -0.5 * epsilon * (1.0 - 2.0 * gamma) * float(x[k - 1])  # the top class: a = b = x_[k]
+        h, t = winning_class(classes_of(x, k, gamma, epsilon), top, rng)
+        if ranked is None:
+            chosen = _members_by_value(q, xs, h, t, k, rng)
+            return chosen[rng.permutation(k)] if k > 1 else chosen
+        order = ranked
+    chosen = _members(order, h, t, k, rng)
     return chosen[rng.permutation(k)] if k > 1 else chosen
 
 
@@ -228,3 +268,33 @@ def class_of(ranks: list[int], k: int) -> tuple[int, int]:
     while h < k - 1 and ranks[h] == h + 1:
         h += 1
     return h, ranks[-1]
+
+
+def first_item_means(
+    q: np.ndarray,
+    d: np.ndarray,
+    epsilons: tuple[float, ...],
+    p: ParamValues,
+    k: int,
+    values: np.ndarray,
+    rng: np.random.Generator,
+    trials: int,
+) -> npt.NDArray[np.float64]:
+    """Monte Carlo E[values[first item of clm_top_k]] at each ε, from ``trials`` class draws of
+    :func:`clm_top_k` whose noise is shared by every ε (common random numbers: the noise does not
+    depend on ε). The slate lists its set in uniform order, so the first item is a uniform member
+    of the drawn class's uniform set: its expected value is averaged exactly over the class (the
+    head, the body pool's mean times its k − h − 1 draws, the tail), not drawn."""
+    order = _sorted_order(q)
+    ht, log_size, loss = classes(q[order] / d.max(), k, float(p["loss_weight"]))
+    neg = _negative_noise(log_size, rng.random((trials, loss.shape[0])))
+    v = values[order]
+    prefix = np.r_[0.0, np.cumsum(v)]  # prefix[i]: the first i ranks' sum
+    h, t = ht[:, 0], ht[:, 1]
+    pool = np.maximum(t - h - 2, 1)  # the body's pool (ranks h + 2 … t − 1); empty only with no body
+    body = (k - h - 1) / pool * (prefix[t - 1] - prefix[np.minimum(h + 1, t - 1)])
+    mean = np.where(t == k, prefix[k], prefix[h] + body + v[t - 1]) / k  # each class's mean value
+    out = np.empty(len(epsilons))
+    for i, eps in enumerate(epsilons):
+        out[i] = mean[(loss * (-0.5 * eps) - neg).argmax(axis=-1)].mean()
+    return out

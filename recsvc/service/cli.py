@@ -12,7 +12,7 @@ from typing import Any
 from recsvc.checks import check_epsilon, check_regular_file
 from recsvc.ledger import is_postgres
 from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
-from recsvc.service.config import PARAMS, ServerConfig, default
+from recsvc.service.config import CANDIDATE_MECHANISMS, PARAMS, ServerConfig, default
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 WINDOW_HELP = (
@@ -58,6 +58,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
     p.add_argument(
         "--default-mechanism", default=default("default_mechanism"), help="used when a request names no mechanism"
+    )
+    p.add_argument(
+        "--default-candidate-mechanism",
+        default=default("default_candidate_mechanism"),
+        help=f"the one-shot top-k mechanism ({', '.join(CANDIDATE_MECHANISMS)}) of a two-stage Recommend's "
+        "private top-m when the request names none (default %(default)s)",
     )
     p.add_argument(
         "--auto-threshold",

@@ -215,12 +215,15 @@ class Client:
         num_candidates: int = 0,
         k: int = 0,
         candidate_fraction: float | None = None,
+        candidate_mechanism: str = "",
         **params: float | None,
     ) -> pb.SelectResponse:
         """Server-side SANSA over the full catalog, then a private selection (or ``k``-item slate)
         among every item, seen ones included (drop them yourself: free post-processing). With
-        ``candidate_fraction``, a private top-``num_candidates`` stage spends that share of ε
-        first; ε is charged once in total. ``params`` as for :meth:`select`."""
+        ``candidate_fraction``, a private top-``num_candidates`` stage by ``candidate_mechanism``
+        (oneshot, gumbel or clm; empty: the server's default) spends that share of ε first; ε is
+        charged once in total. ``params`` as for :meth:`select` (``loss_weight``: clm's, in either
+        stage)."""
         extra: dict[str, Any] = {} if candidate_fraction is None else {"candidate_fraction": candidate_fraction}
         req = pb.RecommendRequest(
             user_id=user_id,
@@ -230,6 +233,7 @@ class Client:
             request_id=request_id or uuid.uuid4().hex,
             num_candidates=num_candidates,
             k=k,
+            candidate_mechanism=candidate_mechanism,
             **param_fields(pb.RecommendRequest, params),
             **extra,
         )

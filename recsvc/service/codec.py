@@ -281,6 +281,7 @@ def recommend_input(req: pb.RecommendRequest) -> dict[str, Any]:
         fingerprint=lambda: fingerprint(b"recommend\0", req),
         k=req.k,
         candidate_fraction=fraction,
+        candidate_mechanism=req.candidate_mechanism,
     )
 
 
@@ -379,6 +380,7 @@ def mechanisms_response(
         embedding_dim=multi.dim if multi is not None else 0,
         embedding_radius=multi.radius if multi is not None else 0.0,
         max_multiselect_k=multi.max_k if multi is not None else 0,
+        default_candidate_mechanism=policy.selection.default_candidate_mechanism,
     )
 
 

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 AUTO = "auto"
+# What a two-stage Recommend's candidate stage may run: the registry's one-shot top-k mechanisms
+# (named here, not imported: this module stays stdlib-only; a test checks the two agree).
+CANDIDATE_MECHANISMS: tuple[str, ...] = ("oneshot", "gumbel", "clm")
 
 
 def _named(default: Any, flag: str) -> Any:
@@ -108,6 +111,9 @@ class Selection:
     """How a mechanism is chosen and drawn."""
 
     default_mechanism: str = AUTO  # used when a request names no mechanism
+    # Recommend's private top-m when a two-stage request names none: a one-shot top-k mechanism
+    # (docs/guides/serving.md#two-stage-recommend says why this one)
+    default_candidate_mechanism: str = "clm"
     auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
     # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
@@ -266,6 +272,12 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         lambda c: c.artifacts,
     ),
     _at_least("auto_threshold", 0),
+    Constraint(
+        lambda c: c.selection.default_candidate_mechanism in CANDIDATE_MECHANISMS,
+        "{default_candidate_mechanism} must be one of {names} (a one-shot top-k mechanism), got {got}",
+        lambda c: repr(c.selection.default_candidate_mechanism),
+        {"names": ", ".join(CANDIDATE_MECHANISMS)},
+    ),
     Constraint(lambda c: c.drain.grace >= 0 and c.drain.delay >= 0, "{grace} and {drain_delay} must be >= 0"),
     Constraint(
         lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"

@@ -16,15 +16,16 @@ from recsvc.mechanisms import charged_epsilon, select_slate, select_two_stage
 from recsvc.service.errors import InvalidRequest
 
 MAX_ID_LEN = 256
-CANDIDATE_MECHANISM = "rnm"  # Recommend's private top-m (peeling); public, the same for every request
 
 
 @dataclass(frozen=True)
 class CandidateStage:
-    """Recommend's private top-m: ``candidate_fraction`` of ε picks m items of the catalog."""
+    """Recommend's private top-m: ``candidate_fraction`` of ε picks m items of the catalog with
+    one run of the one-shot top-k ``mechanism`` (public: the request's or the server's default)."""
 
     m: int
     candidate_fraction: float
+    mechanism: str
 
 
 @dataclass(frozen=True)
@@ -50,15 +51,10 @@ class Prepared:
         """The ε the ledger charges: the selection's composed privacy map
         (:func:`recsvc.mechanisms.charged_epsilon`). Only a non-private mechanism, served under
         --allow-non-private for reference runs, has no finite one: it is charged its nominal ε."""
-        m, f = (None, None) if self.stage is None else (self.stage.m, self.stage.candidate_fraction)
+        s = self.stage  # without a stage, charged_epsilon ignores the candidate mechanism
+        m, f, cand = (None, None, "") if s is None else (s.m, s.candidate_fraction, s.mechanism)
         c = charged_epsilon(
-            self.mechanism,
-            self.epsilon,
-            self.k,
-            m=m,
-            candidate_fraction=f,
-            candidate_mechanism=CANDIDATE_MECHANISM,
-            **self.params,
+            self.mechanism, self.epsilon, self.k, m=m, candidate_fraction=f, candidate_mechanism=cand, **self.params
         )
         return c if math.isfinite(c) else self.epsilon
 
@@ -135,7 +131,7 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
         p.stage.candidate_fraction,
         p.k,
         rng,
-        CANDIDATE_MECHANISM,
+        p.stage.mechanism,
         allow_non_private=allow_non_private,
         **p.params,
     )

@@ -39,7 +39,7 @@ from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, Recommender, RowIds, short
-from recsvc.service.config import AUTO, Policy
+from recsvc.service.config import AUTO, CANDIDATE_MECHANISMS, Policy
 from recsvc.service.draws import HeavyDraws, expected_draws
 from recsvc.service.errors import InvalidRequest, Unavailable
 from recsvc.service.requests import (
@@ -75,6 +75,22 @@ def resolve_auto(
     if rho_median < -threshold:
         return "gem"
     return "rnm"
+
+
+def check_loss_weight(
+    params: Mapping[str, float | None], mechanism: str, candidate_mechanism: str | None = None
+) -> None:
+    """``loss_weight`` is clm's alone: refused unless the selection or its candidate stage runs clm
+    (its range, [0, 1], is the mechanisms' own check)."""
+    if params.get("loss_weight") is None or "clm" in (mechanism, candidate_mechanism):
+        return
+    runs = repr(mechanism) + (
+        "" if candidate_mechanism is None else f" with candidate_mechanism {candidate_mechanism!r}"
+    )
+    raise InvalidRequest(
+        f"loss_weight is a parameter of clm only, and this request runs {runs}; "
+        "expected mechanism or candidate_mechanism 'clm', or no loss_weight"
+    )
 
 
 def population_median(manifest: Manifest) -> float | None:
@@ -222,11 +238,24 @@ class Selector:
         return kk
 
     def candidate_stage(
-        self, num_candidates: int, candidate_fraction: float | None, epsilon: float
+        self, num_candidates: int, candidate_fraction: float | None, epsilon: float, mechanism: str = ""
     ) -> CandidateStage | None:
-        """Recommend's private top-m, or None (the full catalog). m defaults to the public floor."""
+        """Recommend's private top-m, or None (the full catalog). m defaults to the public floor,
+        the one-shot mechanism that draws it to the server's default."""
         if candidate_fraction is None:
+            if mechanism:
+                raise InvalidRequest(
+                    f"candidate_mechanism {short(mechanism)} needs candidate_fraction (a two-stage Recommend); "
+                    "expected candidate_fraction in (0, 1), or no candidate_mechanism"
+                )
             return None  # a count alone never shrinks the candidate set
+        name = mechanism or self.policy.selection.default_candidate_mechanism
+        if name not in CANDIDATE_MECHANISMS:
+            raise InvalidRequest(
+                f"candidate_mechanism {short(name)} cannot draw the candidate stage; expected one of "
+                f"{', '.join(CANDIDATE_MECHANISMS)} (a one-shot top-k mechanism), or empty for the server's "
+                f"default ({self.policy.selection.default_candidate_mechanism})"
+            )
         two_stage_split(candidate_fraction).budgets(epsilon)
         n = len(self.catalog.item_ids)
         floor = min(self.policy.limits.min_candidates, n)
@@ -240,8 +269,10 @@ class Selector:
             raise InvalidRequest(
                 f"num_candidates={m} is more than the catalog's {n} items; expected {floor} <= num_candidates <= {n}"
             )
-        two_stage_split(candidate_fraction, m, m_label="num_candidates").stage_epsilons(epsilon)
-        return CandidateStage(m, float(candidate_fraction))
+        two_stage_split(candidate_fraction, m, m_label="num_candidates", candidate_one_shot=True).stage_epsilons(
+            epsilon
+        )
+        return CandidateStage(m, float(candidate_fraction), name)
 
     def prepare_select(
         self,
@@ -334,6 +365,7 @@ class Selector:
             x, (s, e) = inputs[i], span[i]
             try:
                 name, params = self.resolve(name, x.epsilon, kk, e - s, x.params)
+                check_loss_weight(params, name)
                 ids = x.item_ids if x.item_ids is not None else RowIds(self.catalog.item_ids, rows[s:e])
                 out[i] = Prepared(
                     x.user_id,
@@ -376,13 +408,15 @@ class Selector:
         *,
         k: int = 0,
         candidate_fraction: float | None = None,
+        candidate_mechanism: str = "",
     ) -> Prepared:
         """Scores the history server-side over the full catalog (see :class:`Recommender`); with
-        ``candidate_fraction``, a private top-``num_candidates`` stage comes first (same ε)."""
+        ``candidate_fraction``, a private top-``num_candidates`` stage by ``candidate_mechanism``
+        (empty: the server's default) comes first (same ε)."""
         name, eps = self._common(user_id, request_id, mechanism, epsilon, params)
         if self.recommender is None:
             raise Unavailable("this server's artifact has no SANSA model, so Recommend is unavailable; use Select")
-        stage = self.candidate_stage(num_candidates, candidate_fraction, eps)
+        stage = self.candidate_stage(num_candidates, candidate_fraction, eps, candidate_mechanism)
         if stage is None:
             kk = self.slate_size(k, len(self.catalog.item_ids), eps, "items of the catalog")
             name, params = self.resolve(name, eps, kk, len(self.catalog.item_ids), params)
@@ -390,6 +424,7 @@ class Selector:
             eps2 = two_stage_split(stage.candidate_fraction).budgets(eps)[1]  # what the selection among the m spends
             kk = self.slate_size(k, stage.m, eps2, "private candidates (num_candidates)")
             name, params = self.resolve(name, eps2, kk, stage.m, params)
+        check_loss_weight(params, name, None if stage is None else stage.mechanism)
         q = np.clip(self.recommender.scores(history), self.catalog.lo, self.catalog.hi)  # Δ is a bound only clipped
         return Prepared(
             user_id,

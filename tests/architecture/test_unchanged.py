@@ -29,8 +29,8 @@ ARTIFACT_FILES = {
 }
 # The manifest's files map lists every data file (test_inputs.parquet, policy.parquet,
 # population.parquet, client/ and multiselect/ included), and the manifest holds the policy and
-# multiselect sections.
-MANIFEST_WITHOUT_TIMINGS = "d19b7abbf110c52a62ca025adfcd678ccb1452b29e5b59c163ddaaeda0ec8ca8"
+# multiselect sections (its slate_mechanisms too).
+MANIFEST_WITHOUT_TIMINGS = "ab352af37b5e84b6fef6e84ef59ec8dd70039976f67ddd87b19041208f05b4bf"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",

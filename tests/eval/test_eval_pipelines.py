@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 
 from eval.config import EvalConfig
+from eval.pipeline_report import winners
 from eval.run import run
 from eval.testing import make_artifact, make_catalog_artifact
 from recsvc.app.cli import main as recsvc_main
@@ -95,6 +96,30 @@ def test_full_and_two_stage_exact_match_the_mechanisms_probabilities(art):
     assert t.filter(pl.col("pipeline") != "top500")["end_to_end_dp"].all()
 
 
+def test_one_shot_slates_and_candidate_stages_match_their_exact_laws_and_the_winner_table(art):
+    mechs, eps = ("oneshot", "clm", "em"), 2.0
+    t = _run(art, mechanisms=mechs, pipelines=("full", "two-stage:0.4:clm"), exact=True, epsilons=(eps,))
+    assert set(t["method"]) == {"exact"} and t.height == 2 * 3 * 2
+    qs, d = _users(art)
+    for mech in mechs:
+        for k in (1, 2):
+            full = [_expect(q, slate_probabilities(mech, q, d, eps, k), k) for q in qs]
+            two = [_expect(q, two_stage_probabilities(mech, q, d, eps, 3, 0.4, k, "clm"), k) for q in qs]
+            for pipe, want in (("full", full), ("two-stage:0.4:clm", two)):
+                row = _cell(t, pipe, mech, eps, k)
+                assert row["first_mse"] == pytest.approx(np.mean([w[0] for w in want]), rel=1e-9, abs=1e-15)
+                assert row["recall"] == pytest.approx(np.mean([w[1] for w in want]), rel=1e-9, abs=1e-15)
+    won = winners(t)
+    assert won.height == 2 * 2
+    for row in won.iter_rows(named=True):
+        at = t.filter(
+            (pl.col("pipeline") == row["pipeline"]) & (pl.col("k") == row["k"]) & (pl.col("epsilon") == row["epsilon"])
+        )
+        assert row["recall"] == at["recall"].max() and row["first_mse"] == at["first_mse"].min()
+        assert _cell(t, row["pipeline"], row["best_recall"], eps, row["k"])["recall"] == row["recall"]
+        assert _cell(t, row["pipeline"], row["best_first_mse"], eps, row["k"])["first_mse"] == row["first_mse"]
+
+
 def test_monte_carlo_agrees_with_exact_and_ignores_chunking(art):
     pipes = ("full", "two-stage:0.5")
     exact = _run(art, pipelines=pipes, exact=True, epsilons=(2.0,))
@@ -118,6 +143,10 @@ def test_monte_carlo_agrees_with_exact_and_ignores_chunking(art):
             r"--pipelines: two-stage fraction must be a number in the open interval \(0, 1\)",
         ),
         (["--pipelines", "two-stage:0"], r"two-stage fraction must be .* got '0'"),
+        (
+            ["--pipelines", "two-stage:0.5:nope"],
+            r"--pipelines: unknown candidate mechanism 'nope' in two-stage:F:MECH; expected one of .*clm",
+        ),
         (["--pipelines", "full", "--slate-k", "0"], r"--slate-k: every slate size must be an integer k ≥ 1, got 0"),
         (
             ["--pipelines", "full", "--two-stage-m", "2", "--slate-k", "5"],
@@ -203,7 +232,15 @@ def test_pipeline_outputs_are_written_only_when_asked(art, tmp_path):
     )
     plain = {p.name for p in (tmp_path / "plain").iterdir()}
     piped = {p.name for p in (tmp_path / "p").iterdir()}
-    assert piped - plain == {"pipelines.csv", "pipelines.parquet", "pipelines_first_mse.png", "pipelines_recall.png"}
+    assert piped - plain == {
+        "pipelines.csv",
+        "pipelines.parquet",
+        "pipelines_winners.csv",
+        "pipelines_first_mse.png",
+        "pipelines_recall.png",
+        "slates_first_mse.png",
+        "slates_recall.png",
+    }
     assert not any("pipeline" in n for n in plain)
     report = (tmp_path / "p" / "report.md").read_text()
     assert "## Candidate pipelines and slates" in report and "top500 (not DP)" in report

@@ -415,7 +415,7 @@ def test_toy_is_servable_through_grpc_and_charges_the_ledger(toy, artifact, tmp_
             with pytest.raises(
                 ValueError,
                 match=r"'alpha' cannot be sent: SelectRequest has fields only for "
-                r"gamma, beta, corr_budget_fraction$",
+                r"gamma, beta, corr_budget_fraction, loss_weight$",
             ):
                 c.select("toy-user", cands, mechanism="tempered_em", epsilon=0.5, alpha=0.3)
         assert handle.ledger.user("toy-user").spent == pytest.approx(0.5)

@@ -13,12 +13,15 @@ from recsvc.artifact import POLICY_SCHEMA, ArtifactError, CandidateMatrix
 from recsvc.mechanisms import (
     MECHANISMS,
     MechanismInputError,
+    check_params,
     default_mechanisms,
     expectation,
     probabilities,
     select_batch,
     select_slate,
+    slate_probabilities,
 )
+from recsvc.mechanisms.clm import first_item_means
 from recsvc.policy import (
     EVALUATION_EPSILONS,
     POLICY_EPSILONS,
@@ -107,16 +110,39 @@ def _independent_mse(pop: CandidateMatrix, name: str, eps: float) -> float:
 
 def test_table_values_are_population_means_of_each_mechanisms_expected_mse(table):
     pop = _population()
-    assert table.height == len(SPEC.epsilons) * len(SPEC.ks) * len(SPEC.mechanisms)
-    assert set(table["mechanism"]) == set(default_mechanisms())  # the registry's default set
+    one_shot = ("oneshot", "gumbel", "clm")
+    assert SPEC.slate_mechanisms == one_shot and SPEC.mechanisms_at(3) == (*one_shot, *SPEC.mechanisms)
+    assert table.height == len(SPEC.epsilons) * (2 * len(SPEC.mechanisms) + len(one_shot))
+    assert set(table.filter(pl.col("k") == 1)["mechanism"]) == set(default_mechanisms())  # the registry's default set
+    assert set(table.filter(pl.col("k") == 3)["mechanism"]) == {*default_mechanisms(), *one_shot}
     for row in table.filter(pl.col("k") == 1).iter_rows(named=True):
         want = _independent_mse(pop, row["mechanism"], row["epsilon"])
         assert row["expected_mse"] == pytest.approx(want, rel=1e-9), row
         assert row["method"] == method_of(row["mechanism"])
-    # k = 3 ranks the slate's first item, selected with ε/3: the k = 1 value at ε/3.
+    # k = 3 ranks the slate's first item: peeling selects it with ε/3 (the k = 1 value at ε/3), and
+    # so do oneshot and gumbel (rnm's and em's law at ε/3, exactly); clm's is a uniform member of its set.
+    same_first = {"oneshot": "rnm", "gumbel": "em"}
+    clm_first = []
     for row in table.filter(pl.col("k") == 3).iter_rows(named=True):
-        want = _independent_mse(pop, row["mechanism"], row["epsilon"] / 3)
+        if row["mechanism"] == "clm":
+            clm_first.append(row)
+            continue
+        want = _independent_mse(pop, same_first.get(row["mechanism"], row["mechanism"]), row["epsilon"] / 3)
         assert row["expected_mse"] == pytest.approx(want, rel=1e-9), row
+    assert {r["method"] for r in clm_first} == {"monte-carlo"} and len(clm_first) == len(SPEC.epsilons)
+    q_all, p = pop.clipped(), check_params({}, MECHANISMS["clm"])
+    want = []  # each user's own class draws (stream (user, 1)), shared by the grid's ε
+    for b in range(len(pop.count)):
+        q, d = q_all[b, : pop.count[b]], pop.sensitivity[b, : pop.count[b]]
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(SPEC.seed, spawn_key=(b, 1))))
+        want.append(first_item_means(q, d, SPEC.epsilons, p, 3, (q.max() - q) ** 2, rng, SPEC.trials))
+    got = [r["expected_mse"] for r in sorted(clm_first, key=lambda r: r["epsilon"])]
+    assert got == pytest.approx(np.mean(want, axis=0), rel=1e-12)
+    # ties go to the one-shot mechanism: the same first item, one pass instead of three
+    ranks = {(r["epsilon"], r["mechanism"]): r["rank"] for r in table.filter(pl.col("k") == 3).iter_rows(named=True)}
+    assert all(
+        ranks[(e, "oneshot")] < ranks[(e, "rnm")] and ranks[(e, "gumbel")] < ranks[(e, "em")] for e in SPEC.epsilons
+    )
     # ranks order the expected MSE within each (ε, k)
     for (_, _), g in table.group_by("epsilon", "k"):
         g = g.sort("rank")
@@ -137,6 +163,22 @@ def test_slate_first_item_matches_select_slate():
     mc = gap2[firsts]
     exact = expectation("mgem", q, d, 1.0, gap2)
     assert abs(mc.mean() - exact) < 4 * mc.std() / math.sqrt(mc.size)
+
+
+@pytest.mark.parametrize("k, gamma", [(2, 0.5), (3, 0.0), (3, 1.0)])
+def test_clm_first_item_mean_matches_its_exact_slate_law(k, gamma):
+    rng = np.random.default_rng(4)
+    q, d = rng.uniform(0, 1, 7), rng.uniform(0.2, 1.0, 7)
+    gap2 = (q.max() - q) ** 2
+    exact = sum(p * gap2[s[0]] for s, p in slate_probabilities("clm", q, d, 1.5, k, loss_weight=gamma).items())
+    p = check_params({"loss_weight": gamma}, MECHANISMS["clm"])
+    trials = 40_000
+    draws = [first_item_means(q, d, (1.5, 0.5), p, k, gap2, np.random.default_rng(s), trials) for s in range(5)]
+    exact_low = sum(pr * gap2[s[0]] for s, pr in slate_probabilities("clm", q, d, 0.5, k, loss_weight=gamma).items())
+    # each is a mean of class means in [0, max gap²]: its standard error is below max gap² / (2·√trials)
+    tol = 4 * gap2.max() / (2 * math.sqrt(5 * trials))
+    assert abs(np.mean([x[0] for x in draws]) - exact) < tol and abs(np.mean([x[1] for x in draws]) - exact_low) < tol
+    assert np.std([x[0] for x in draws]) > 0  # really drawn
 
 
 def test_population_mean_does_not_depend_on_the_engine():
@@ -214,6 +256,8 @@ def test_spec_checks_name_the_bad_parameter():
         (PolicySpec(ks=(0,)), "ks"),
         (PolicySpec(mechanisms=("rnmh",)), "mechanisms"),
         (PolicySpec(epsilons=()), "epsilons"),
+        (PolicySpec(slate_mechanisms=("rnm",)), "slate_mechanisms must be private one-shot top-k mechanisms"),
+        (PolicySpec(mechanisms=("rnm", "clm")), "slate_mechanisms .* not in mechanisms, got \\['clm'\\]"),
     ):
         with pytest.raises(ParamError, match=message):
             spec.check()

@@ -17,7 +17,14 @@ from data_prep.pipeline import PrepConfig, run
 from eval.testing import make_artifact
 from recsvc.app.cli import main
 from recsvc.artifact import POLICY, POPULATION, load_artifact
-from recsvc.policy import POLICY_EPSILONS, SLATE_SIZES, UTILITY, PolicyTable, policy_mechanisms
+from recsvc.policy import (
+    POLICY_EPSILONS,
+    SLATE_SIZES,
+    UTILITY,
+    PolicyTable,
+    policy_mechanisms,
+    slate_policy_mechanisms,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,9 @@ def test_prep_writes_a_hashed_policy_table_of_the_population(tiny: Path) -> None
     assert (pop.count == pop.count.max()).sum() > 0 and pop.count.max() <= 150
     table = art.policy
     assert table is not None
-    assert table.height == len(POLICY_EPSILONS) * len(SLATE_SIZES) * len(policy_mechanisms())
+    slates = sum(k > 1 for k in SLATE_SIZES) * len(slate_policy_mechanisms())  # one-shot mechanisms at k > 1
+    assert table.height == len(POLICY_EPSILONS) * (len(SLATE_SIZES) * len(policy_mechanisms()) + slates)
+    assert info.extra["slate_mechanisms"] == list(slate_policy_mechanisms()) == ["oneshot", "gumbel", "clm"]
     t = PolicyTable.from_frame(table)
     assert t.resolve(1.0) in policy_mechanisms()
     # synthetic scores correlate positively with Δ (median ρ > 0): mGEM beats GEM everywhere

@@ -244,7 +244,7 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
     with pytest.raises(
         ValueError,
         match=r"'delta' cannot be sent: RecommendRequest has fields only for "
-        r"gamma, beta, corr_budget_fraction$",
+        r"gamma, beta, corr_budget_fraction, loss_weight$",
     ):
         client.recommend("param-user", ["it0"], mechanism="rs", epsilon=0.5, delta=0.1)
 

@@ -22,10 +22,17 @@ from scipy import stats
 import recsvc.service.requests as requests_module
 import recsvc.service.selection as selection_module
 from recsvc.artifact import load_artifact
-from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
+from recsvc.mechanisms import (
+    MECHANISMS,
+    charged_epsilon,
+    probabilities,
+    selection_split,
+    slate_probabilities,
+    two_stage_probabilities,
+)
 from recsvc.service.client import Client
 from recsvc.service.codec import fingerprint as _fingerprint
-from recsvc.service.config import ServerConfig
+from recsvc.service.config import CANDIDATE_MECHANISMS, ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.service.testing import N_ITEMS, candidates, make_artifact, rpc_error
 from recsvc.v1 import selection_pb2 as pb
@@ -123,25 +130,42 @@ def test_answers_follow_the_exact_full_catalog_distribution(tiny: tuple[Path, Cl
     assert _chi2_pvalue(slates, exact2) > 1e-3
 
 
+@pytest.mark.parametrize("cand", CANDIDATE_MECHANISMS)
 def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
-    tiny: tuple[Path, Client], seeded: None, monkeypatch: pytest.MonkeyPatch
+    tiny: tuple[Path, Client], seeded: None, monkeypatch: pytest.MonkeyPatch, cand: str
 ) -> None:
     art, c = tiny
     history = ["it2"]
     ids, q, d = _catalog_scores(art, history)
     exact = {
         tuple(ids[i] for i in s): p
-        for s, p in two_stage_probabilities("rnm", q, d, 3.0, 3, 0.4, k=2, candidate_mechanism="rnm").items()
+        for s, p in two_stage_probabilities("rnm", q, d, 3.0, 3, 0.4, k=2, candidate_mechanism=cand).items()
     }
-    calls = 600
+    calls = 400
+    user = f"two-user-{cand}"
     got = [
-        c.recommend("two-user", history, mechanism="rnm", epsilon=3.0, num_candidates=3, candidate_fraction=0.4, k=2)
+        c.recommend(
+            user,
+            history,
+            mechanism="rnm",
+            epsilon=3.0,
+            num_candidates=3,
+            candidate_fraction=0.4,
+            k=2,
+            candidate_mechanism=cand,
+        )
         for _ in range(calls)
     ]
     assert {r.epsilon_spent for r in got} == {3.0}
-    assert c.budget("two-user").spent == pytest.approx(calls * 3.0)  # ε in total, not per stage
+    spent = charged_epsilon("rnm", 3.0, 2, m=3, candidate_fraction=0.4, candidate_mechanism=cand)
+    stages = selection_split("rnm", 2, m=3, candidate_fraction=0.4, candidate_mechanism=cand).stage_epsilons(3.0)
+    assert spent == pytest.approx(0.4 * 3.0 + 0.6 * 3.0 / 2 * 2) and stages == pytest.approx(
+        (1.2, 0.9)
+    )  # one run, then 2 × ε₂/2
+    assert c.budget(user).spent == pytest.approx(calls * spent)  # ε in total, not per stage
     assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > 1e-3
-    # m = 0 means the floor (here 2), and every stage parameter reaches select_two_stage.
+    # m = 0 means the floor (here 2), no candidate_mechanism the server's default, and every stage
+    # parameter reaches select_two_stage.
     seen: list[tuple] = []
     real = requests_module.select_two_stage
 
@@ -150,8 +174,10 @@ def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
         return real(*a, **kw)
 
     monkeypatch.setattr(requests_module, "select_two_stage", spied)
-    r = c.recommend("two-user", history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
-    assert seen == [(2, 0.25, 1, "rnm")] and len(r.item_ids) == 1  # (m, fraction, k, candidate mechanism)
+    r = c.recommend(user, history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
+    default = c.mechanisms().default_candidate_mechanism
+    assert default == ServerConfig.of(art).selection.default_candidate_mechanism in CANDIDATE_MECHANISMS
+    assert seen == [(2, 0.25, 1, default)] and len(r.item_ids) == 1  # (m, fraction, k, candidate mechanism)
 
 
 def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
@@ -187,15 +213,52 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
         ),
         (dict(k=9), "k=9 is too large; this server returns at most 8 items per answer (--max-slate)"),
         (dict(candidate_fraction=0.5, num_candidates=2 * FLOOR, k=9), "k=9 is too large"),
+        (
+            dict(candidate_fraction=0.5, candidate_mechanism="rnm"),
+            "candidate_mechanism 'rnm' cannot draw the candidate stage; expected one of oneshot, gumbel, clm",
+        ),
+        (dict(candidate_fraction=0.5, candidate_mechanism="nope"), "candidate_mechanism 'nope' cannot draw"),
+        (dict(candidate_mechanism="clm"), "candidate_mechanism 'clm' needs candidate_fraction (a two-stage Recommend)"),
+        (
+            dict(loss_weight=0.3),
+            "loss_weight is a parameter of clm only, and this request runs 'rnm'; expected mechanism or "
+            "candidate_mechanism 'clm', or no loss_weight",
+        ),
+        (
+            dict(candidate_fraction=0.5, candidate_mechanism="gumbel", loss_weight=0.3),
+            "loss_weight is a parameter of clm only, and this request runs 'rnm' with candidate_mechanism 'gumbel'",
+        ),
+        (
+            dict(candidate_fraction=0.5, candidate_mechanism="clm", loss_weight=1.5),
+            "loss_weight must be in the closed interval [0, 1]",
+        ),
+        (dict(mechanism="clm", loss_weight=-0.1), "loss_weight must be in the closed interval [0, 1]"),
+        (
+            dict(mechanism="oneshot", k=7, candidate_fraction=0.5, num_candidates=FLOOR),
+            "k=7 is more than the 5 private",
+        ),
     ]
     for kwargs, message in cases:
-        code, msg = rpc_error(client.recommend, "refused-user", HISTORY, **rec, **kwargs)
+        code, msg = rpc_error(client.recommend, "refused-user", HISTORY, **{**rec, **kwargs})
         assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg, (kwargs, msg)
     code, msg = rpc_error(client.recommend, "refused-user", ["it1", "ghost"], **rec, k=2)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown item_id 'ghost' in history (position 1)" in msg
     for k, message in ((6, "k=6 is more than the 5 candidates; expected 1 <= k <= 5"), (9, "k=9 is too large")):
         code, msg = rpc_error(client.select, "refused-user", candidates(5), mechanism="rnm", epsilon=1.0, k=k)
         assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg
+    for kwargs, message in (
+        (dict(mechanism="clm", k=6), "k=6 is more than the 5 candidates; expected 1 <= k <= 5"),
+        (
+            dict(mechanism="gumbel", loss_weight=0.5),
+            "loss_weight is a parameter of clm only, and this request runs 'gumbel'",
+        ),
+        (dict(mechanism="clm", loss_weight=2.0, k=2), "loss_weight must be in the closed interval [0, 1]"),
+        (dict(mechanism="clm", loss_weight=float("nan")), "loss_weight must be"),
+    ):
+        code, msg = rpc_error(client.select, "refused-user", candidates(5), epsilon=1.0, **kwargs)
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg, (kwargs, msg)
+    [res] = client.select_batch([client.select_request("refused-user", candidates(5), epsilon=1.0, loss_weight=0.5)])
+    assert res.error.code_name == "INVALID_ARGUMENT" and "loss_weight is a parameter of clm only" in res.error.message
     [res] = client.select_batch([client.select_request("refused-user", candidates(5), epsilon=1.0, k=6)])
     assert res.error.code_name == "INVALID_ARGUMENT" and "k=6 is more than the 5 candidates" in res.error.message
     assert draws == [] and server.ledger.user("refused-user").requests == 0
@@ -234,3 +297,34 @@ def test_an_answer_stored_with_item_id_alone_replays_as_a_slate_of_one(client: C
     server.ledger.charge("old-user", "old-1", _fingerprint(b"select\0", req), 0.5, lambda _: old)
     r = client.stub.Select(req)
     assert (r.item_id, list(r.item_ids), r.replayed) == ("it7", ["it7"], True)
+
+
+def test_the_candidate_mechanisms_are_the_registrys_one_shot_ones() -> None:
+    assert set(CANDIDATE_MECHANISMS) == {n for n, m in MECHANISMS.items() if m.one_shot}
+
+
+def test_the_servers_default_candidate_mechanism_is_reported_and_runs_with_its_loss_weight(
+    tiny: tuple[Path, Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    art, _ = tiny
+    seen: list[tuple] = []
+    real = requests_module.select_two_stage
+
+    def spied(*a: Any, **kw: Any) -> Any:
+        seen.append((a[8], kw.get("loss_weight")))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(requests_module, "select_two_stage", spied)
+    h = _server(art, tmp_path / "l.db", min_candidates=2, default_candidate_mechanism="clm")
+    try:
+        with Client(f"127.0.0.1:{h.port}", retries=0) as c:
+            assert c.mechanisms().default_candidate_mechanism == "clm"
+            r = c.recommend("lw-user", ["it2"], mechanism="rnm", epsilon=2.0, candidate_fraction=0.5, loss_weight=0.2)
+            assert r.epsilon_spent == 2.0 and c.budget("lw-user").spent == 2.0
+            s = c.select(
+                "lw-user", [(f"it{i}", i / 6) for i in range(6)], mechanism="clm", epsilon=1.0, k=3, loss_weight=0.0
+            )
+            assert len(set(s.item_ids)) == 3 and s.epsilon_spent == 1.0
+    finally:
+        h.stop(grace=1)
+    assert seen == [("clm", 0.2)]

@@ -148,6 +148,12 @@ BAD_SERVE = [
         r"^rate_limit must be a finite number of requests/s >= 0 \(0: no limit\)",
         r"--rate-limit must be a finite number of requests/s >= 0",
     ),
+    (
+        "default candidate mechanism rnm",
+        {"default_candidate_mechanism": "rnm"},
+        r"^default_candidate_mechanism must be one of oneshot, gumbel, clm \(a one-shot top-k mechanism\), got 'rnm'",
+        r"--default-candidate-mechanism must be one of oneshot, gumbel, clm",
+    ),
     ("max history 0", {"max_history": 0}, r"^max_history must be >= 1, got 0", r"--max-history must be >= 1, got 0"),
     (
         "max message bytes 10",
