@@ -24,8 +24,7 @@ from recsvc.ledger import BatchItem, Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
-from recsvc.service.draws import expected_draws
-from recsvc.service.requests import Prepared, Selected, draw
+from recsvc.service.requests import Prepared, Selected, draw, expected_work
 from recsvc.service.selection import Selector
 
 
@@ -82,9 +81,7 @@ def draw_many(
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
             try:
-                out[i] = selector.heavy.run(
-                    partial(draw, p, rng, allow), p.k * expected_draws(p.mechanism, p.scores.size, p.params)
-                )
+                out[i] = selector.heavy.run(partial(draw, p, rng, allow), expected_work(p))
             except Exception as exc:
                 out[i] = exc
     return out  # type: ignore[return-value]  # the loop above replaced every None

@@ -1,34 +1,44 @@
-"""Heavy draws yield the CPU: random stopping at a tiny γ must not slow other users down.
+"""Heavy work never holds a request thread, and never slows other users down.
 
 Random stopping makes ≈ 1/γ base draws per selection; at the `gamma` ParamSpec floor (1e-6,
 the bound on any single draw's expected cost) that is ≈ 10⁶ draws, tens of milliseconds of CPU
-and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t). Such draws already run outside the
-ledger's lock (:meth:`recsvc.ledger.Ledger.draw_and_charge`); on top of that, a sample
-expected to need more than ``heavy_draws`` draws runs in a small pool of ``heavy_draw_threads``
-threads at the lowest CPU priority (nice 19, per thread on Linux). Every other request's thread
-then wins the CPU against them, the pool bounds how many such draws (and their memory) run at
-once, and the idle CPU still goes to them. Both numbers are :class:`recsvc.service.config.Policy`
-knobs (``serve --heavy-draws``, ``--heavy-draw-threads``).
+and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t); a two-stage Recommend's private top-m
+peels m times over the catalog. :func:`recsvc.service.requests.expected_work` counts every stage.
+
+A call whose work is expected to need more than ``heavy_draws`` draws is **deferred**: its
+request thread returns a :class:`Deferred` at once, and the gate hands it to :class:`HeavyCalls`,
+a bounded queue (``heavy_queue`` calls in all, ``heavy_per_principal`` per principal; beyond
+either, RESOURCE_EXHAUSTED before anything is drawn or spent). A heavy call's thread runs the
+usual draw-then-charge path; its draw goes to :class:`HeavyDraws`, ``heavy_draw_threads`` threads
+at the lowest CPU priority (nice 19, per thread on Linux), so every other request's thread wins
+the CPU against them while the charge itself runs at normal priority. The knobs are
+:class:`recsvc.service.config.Selection` fields (``serve --heavy-draws``, ``--heavy-draw-threads``,
+``--heavy-queue``, ``--heavy-per-principal``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
 import os
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from recsvc.mechanisms import MECHANISMS
+from recsvc.service.errors import Overloaded
 
 T = TypeVar("T")
 
 
 def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -> float:
-    """Random draws a sample is expected to need: one per candidate, or ≈ 1/γ for random stopping
-    (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
+    """Random draws one selection among ``n`` is expected to need: one per candidate, or ≈ 1/γ for
+    random stopping (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
     spec = MECHANISMS[mechanism].params.get("gamma")
     if spec is None:
         return float(n)
@@ -37,8 +47,8 @@ def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -
 
 
 def _lowest_priority() -> None:
-    """Initializer of the pool's threads: nice 19 for the calling thread only (on Linux a priority
-    is per thread); elsewhere the pool still bounds how many heavy draws run at once."""
+    """Initializer of the draw pool's threads: nice 19 for the calling thread only (on Linux a
+    priority is per thread); elsewhere the pool still bounds how many heavy draws run at once."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
@@ -53,11 +63,74 @@ class HeavyDraws:
         self._lock = threading.Lock()
         self.pooled = 0  # draws run by the pool (tests, metrics)
 
+    def heavy(self, expected: float) -> bool:
+        return expected > self.heavy_draws
+
     def run(self, draw: Callable[[], T], expected: float) -> T:
-        if expected <= self.heavy_draws:
+        if not self.heavy(expected):
             return draw()
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, "recsvc-heavy-draw", initializer=_lowest_priority)
             self.pooled += 1
-        return self._pool.submit(draw).result()  # waits without the GIL
+        return self._pool.submit(draw).result()  # a heavy call's thread waits here, never a request thread
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Deferred(Generic[T]):
+    """A call's remaining work, too heavy for a request thread: the gate queues it in
+    :class:`HeavyCalls` and answers with what ``work()`` returns."""
+
+    work: Callable[[], T]
+
+
+class HeavyCalls:
+    """The bounded queue of deferred calls (module docstring). Admission and release run on the
+    event loop's thread only, so the counts need no lock."""
+
+    def __init__(self, queue: int, per_principal: int) -> None:
+        self.queue, self.per_principal = queue, per_principal
+        self._pool = ThreadPoolExecutor(queue, "recsvc-heavy-call")  # one thread per admitted call
+        self._held: Counter[str] = Counter()
+        self.held = 0
+
+    async def run(self, key: str, deferred: Deferred[T]) -> T:
+        """``deferred.work()`` in a heavy call's thread, with this task's context (the caller);
+        Overloaded, before anything runs, when the queue or ``key``'s share of it is full."""
+        if self.held >= self.queue:
+            raise Overloaded(f"{self.queue} heavy calls are already queued on this worker (--heavy-queue); retry later")
+        if self._held[key] >= self.per_principal:
+            raise Overloaded(
+                f"this principal already has {self.per_principal} heavy calls queued (--heavy-per-principal); "
+                "retry when one is answered"
+            )
+        loop = asyncio.get_running_loop()
+        self.held += 1
+        self._held[key] += 1
+        future = submit(self._pool, deferred.work)
+        # Released when the work ends, not when the caller stops waiting: the slot bounds threads and memory.
+        future.add_done_callback(lambda _f: _call_soon(loop, self._release, key))
+        return await asyncio.wrap_future(future)
+
+    def _release(self, key: str) -> None:
+        self.held -= 1
+        self._held[key] -= 1
+        if not self._held[key]:
+            del self._held[key]
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def submit(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
+    """``fn()`` in ``pool`` with the calling task's context (its caller), as a concurrent future."""
+    return pool.submit(contextvars.copy_context().run, fn)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped, nothing left to count
+        loop.call_soon_threadsafe(fn, arg)

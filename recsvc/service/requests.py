@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recsvc.mechanisms import charged_epsilon, select_slate, select_two_stage
+from recsvc.mechanisms.slate import is_one_shot
+from recsvc.service.draws import expected_draws
 from recsvc.service.errors import InvalidRequest
 
 MAX_ID_LEN = 256
@@ -139,6 +141,21 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
         allow_non_private=allow_non_private,
         **p.params,
     )
+
+
+def expected_work(p: Prepared) -> float:
+    """Random draws :func:`draw` is expected to make for ``p``, every stage counted: a one-shot
+    mechanism runs once, a peeled slate k times; a two-stage Recommend first peels its private
+    top-m (m runs over the whole catalog)."""
+    if p.stage is None:
+        return _slate_work(p.mechanism, p.scores.size, p.k, p.params)
+    return _slate_work(CANDIDATE_MECHANISM, p.scores.size, p.stage.m, {}) + _slate_work(
+        p.mechanism, p.stage.m, p.k, p.params
+    )
+
+
+def _slate_work(mechanism: str, n: int, k: int, params: Mapping[str, float | None]) -> float:
+    return (1 if is_one_shot(mechanism) else k) * expected_draws(mechanism, n, params)
 
 
 def check_id(name: str, value: str, required: bool) -> None:

@@ -40,7 +40,7 @@ from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, Policy
-from recsvc.service.draws import HeavyDraws, expected_draws
+from recsvc.service.draws import HeavyDraws
 from recsvc.service.errors import InvalidRequest, Unavailable
 from recsvc.service.requests import (
     CandidateStage,
@@ -50,6 +50,7 @@ from recsvc.service.requests import (
     SelectInput,
     check_id,
     draw,
+    expected_work,
 )
 
 log = logging.getLogger("recsvc.service")
@@ -236,6 +237,12 @@ class Selector:
                 f"num_candidates={m} is below this server's floor of {floor} private candidates (--min-candidates); "
                 f"expected {floor} <= num_candidates <= {n} (the catalog size), or 0 for {floor}"
             )
+        cap = self.policy.limits.max_num_candidates
+        if m > cap:  # the candidate stage costs ≈ m × n draws: the operator bounds it
+            raise InvalidRequest(
+                f"num_candidates={m} is more than this server's cap of {cap} (--max-num-candidates); "
+                f"expected {floor} <= num_candidates <= {min(cap, n)}"
+            )
         if m > n:
             raise InvalidRequest(
                 f"num_candidates={m} is more than the catalog's {n} items; expected {floor} <= num_candidates <= {n}"
@@ -416,7 +423,7 @@ class Selector:
             return draw(p, thread_csprng(), self.policy.selection.allow_non_private)
 
         def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU
-            return self.heavy.run(sample, p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+            return self.heavy.run(sample, expected_work(p))
 
         def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
             ids, rows = p.answer(picked)

@@ -13,6 +13,7 @@ In-process API (used by the demo and tests)::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -27,7 +28,8 @@ import time
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import grpc
 
@@ -38,21 +40,55 @@ from recsvc.service.config import ServerConfig, host_port
 from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
 
 log = logging.getLogger("recsvc.service")
+T = TypeVar("T")
 PROBE_INTERVAL_S = 1.0  # how often a replica checks that its PostgreSQL ledger answers (health)
 KILL_AFTER_S = 5.0  # the parent's SIGKILL comes this long after a worker's own drain watchdog was due
+
+
+class EventLoop:
+    """The server's asyncio loop, in a thread of its own, so the in-process API stays synchronous."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="recsvc-loop", daemon=True)
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Runs ``coro`` on the loop and returns its result (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class Health:
+    """The health servicer's statuses, set from any thread (the servicer itself lives on the loop)."""
+
+    def __init__(self, loop: EventLoop, servicer: Any) -> None:
+        self._loop, self.servicer = loop, servicer
+
+    def set(self, name: str, status: int) -> None:
+        self._loop.call(self.servicer.set(name, status))
+
+    def enter_graceful_shutdown(self) -> None:
+        self._loop.call(self.servicer.enter_graceful_shutdown())
 
 
 @dataclass
 class ServerHandle:
     """A running in-process server. ``stop`` drains it (health NOT_SERVING, then grace)."""
 
-    server: grpc.Server
+    server: Any  # grpc.aio.Server, driven through ``loop``
     port: int
-    health: Any
+    health: Health
     ledger: Any
     servicer: Any
     metrics_port: int | None = None
     metrics_server: Any = None
+    loop: EventLoop | None = None
+    pools: tuple[Any, ...] = ()  # the request threads and the heavy queue, shut down after the server
     _stopped: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
 
@@ -62,17 +98,23 @@ class ServerHandle:
         self._stopped.set()
         if self._watcher is not None:
             self._watcher.join()
+        assert self.loop is not None
         self.health.enter_graceful_shutdown()  # every service → NOT_SERVING
         if drain_delay > 0:
             time.sleep(drain_delay)  # let load balancers see NOT_SERVING before the port closes
-        self.server.stop(grace).wait()  # refuses new calls; in-flight calls get `grace` seconds
+        self.loop.call(self.server.stop(grace))  # refuses new calls; in-flight calls get `grace` seconds
+        for pool in self.pools:  # work a cancelled call left running ends before the ledger closes
+            pool.shutdown()
+        self.servicer.selector.heavy.shutdown()
+        self.loop.close()
         self.ledger.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        while not self._stopped.wait(1.0):
+            pass
 
 
 def start(config: ServerConfig) -> ServerHandle:
@@ -83,15 +125,13 @@ def start(config: ServerConfig) -> ServerHandle:
     created is removed again if the start fails, so a failed start changes nothing.
     """
     config.check()
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
+    from grpc_health.v1 import health_pb2
 
     from recsvc.artifact import load_artifact
     from recsvc.ledger import fingerprint
     from recsvc.ledger import sqlite as ledger_mod
-    from recsvc.service import auth, interceptors, metrics
-    from recsvc.service.servicer import SelectionServicer, register
-    from recsvc.v1 import selection_pb2
+    from recsvc.service import auth
+    from recsvc.service.servicer import SelectionServicer
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
@@ -101,34 +141,21 @@ def start(config: ServerConfig) -> ServerHandle:
         ledger_mod.check_path(config.ledger.location)
         fingerprint.check(config.ledger.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
-    servicer.limiter = interceptors.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.listen.threads, thread_name_prefix="recsvc-rpc"),
-        # Every call: authenticate, rate-limit and scope-check, then decode; then the method, its
-        # refusals mapped to status codes and its metrics recorded (see interceptors.py).
-        interceptors=[interceptors.Gate(authenticator, servicer.limiter), interceptors.Observer()],
-        options=[
-            # Off for a single worker, so a second server on a busy port fails loudly.
-            ("grpc.so_reuseport", 1 if config.listen.reuse_port else 0),
-            ("grpc.max_receive_message_length", config.limits.max_message_bytes),
-            ("grpc.max_send_message_length", config.limits.max_message_bytes),
-        ],
-    )
-    register(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (
-        selection_pb2.DESCRIPTOR.services_by_name["PrivateSelection"].full_name,
-        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-        reflection.SERVICE_NAME,
-    )
-    reflection.enable_server_reflection(names, server)
-    port = _bind(server, config, creds)
+    loop = EventLoop()
+    try:
+        server, health_servicer, pools = loop.call(_build(config, servicer, authenticator))
+        port = loop.call(_bind(server, config, creds))
+    except BaseException:
+        loop.close()
+        raise
+    health_status = Health(loop, health_servicer)
     metrics_server = None
     ledger = None
     created = not pg and not Path(config.ledger.location).exists()
     try:
         if config.listen.metrics_port is not None:
+            from recsvc.service import metrics
+
             metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
         settings = config.ledger
         ledger = open_ledger(
@@ -141,11 +168,14 @@ def start(config: ServerConfig) -> ServerHandle:
             mechanism_of=stored_mechanism,
         )
         servicer.ledger = ledger
-        server.start()
+        loop.call(server.start())
         for name in ("", SERVICE_NAME):
-            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            health_status.set(name, health_pb2.HealthCheckResponse.SERVING)
     except BaseException:
-        server.stop(None)
+        loop.call(server.stop(None))
+        for pool in pools:
+            pool.shutdown()
+        loop.close()
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
@@ -175,13 +205,45 @@ def start(config: ServerConfig) -> ServerHandle:
         getattr(ledger, "where", config.ledger.location),
         config.ledger.key_path,
     )
-    handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+    handle = ServerHandle(
+        server, port, health_status, ledger, servicer, metrics_port, metrics_server, loop=loop, pools=pools
+    )
     if pg:
         handle._watcher = threading.Thread(
             target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe", daemon=True
         )
         handle._watcher.start()
     return handle
+
+
+async def _build(config: ServerConfig, servicer: Any, authenticator: Authenticator) -> tuple[Any, Any, tuple[Any, ...]]:
+    """The aio server (made on the loop it runs on), with the gate, the services and reflection;
+    its health servicer; the pools to shut down after it."""
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection
+
+    from recsvc.service import admission, interceptors
+    from recsvc.service.draws import HeavyCalls
+    from recsvc.service.servicer import register
+    from recsvc.v1 import selection_pb2
+
+    servicer.limiter = admission.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
+    requests = futures.ThreadPoolExecutor(max_workers=config.listen.threads, thread_name_prefix="recsvc-rpc")
+    heavy = HeavyCalls(config.selection.heavy_queue, config.selection.heavy_per_principal)
+    gate = interceptors.Gate(
+        authenticator, servicer.limiter, admission.Admission(config.admission), requests, heavy
+    )
+    server = grpc.aio.server(interceptors=[gate], options=admission.channel_options(config))
+    register(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (
+        selection_pb2.DESCRIPTOR.services_by_name["PrivateSelection"].full_name,
+        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        reflection.SERVICE_NAME,
+    )
+    reflection.enable_server_reflection(names, server)
+    return server, health_servicer, (requests, heavy)
 
 
 def ledger_observer() -> LedgerObserver:
@@ -236,7 +298,7 @@ def _authenticator(config: ServerConfig) -> Authenticator:
     )
 
 
-def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
+async def _bind(server: Any, config: ServerConfig, creds: Any) -> int:
     """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
     address = host_port(config.listen.host, config.listen.port)
     expected = "expected a free {port} (0..65535) and a {host} that is an address of this machine (e.g. 127.0.0.1)"
