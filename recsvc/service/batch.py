@@ -16,7 +16,6 @@ other mechanisms, heavy random-stopping draws) is drawn item by item as Select d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import partial
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from recsvc.ledger import BatchItem, Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
-from recsvc.service.requests import Prepared, Selected, draw, expected_work
+from recsvc.service.requests import Prepared, Selected
 from recsvc.service.selection import Selector
 
 
@@ -79,9 +78,9 @@ def draw_many(
             out[i] = np.array([j], np.int64)
     allow = selector.policy.selection.allow_non_private
     for i, p in enumerate(prepared):
-        if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
+        if out[i] is None:  # as Select draws it; a heavy draw is made by a draw process
             try:
-                out[i] = selector.heavy.run(partial(draw, p, rng, allow), expected_work(p))
+                out[i] = selector.heavy.draw(p, rng, allow)
             except Exception as exc:
                 out[i] = exc
     return out  # type: ignore[return-value]  # the loop above replaced every None

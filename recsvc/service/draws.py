@@ -9,9 +9,10 @@ A call whose work is expected to need more than ``heavy_draws`` draws is **defer
 request thread returns a :class:`Deferred` at once, and the gate hands it to :class:`HeavyCalls`,
 a bounded queue (``heavy_queue`` calls in all, ``heavy_per_principal`` per principal; beyond
 either, RESOURCE_EXHAUSTED before anything is drawn or spent). A heavy call's thread runs the
-usual draw-then-charge path; its draw goes to :class:`HeavyDraws`, ``heavy_draw_threads`` threads
-at the lowest CPU priority (nice 19, per thread on Linux), so every other request's thread wins
-the CPU against them while the charge itself runs at normal priority. The knobs are
+usual draw-then-charge path at normal priority; its draw alone goes to :class:`HeavyDraws`,
+``heavy_draw_threads`` processes at the lowest CPU priority (nice 19). Processes, not threads:
+a draw thread holds the GIL between numpy's calls, so at nice 19 on a busy host it would stall
+every other thread of the server (docs/decisions/0005-asynchronous-server.md). The knobs are
 :class:`recsvc.service.config.Selection` fields (``serve --heavy-draws``, ``--heavy-draw-threads``,
 ``--heavy-queue``, ``--heavy-per-principal``).
 """
@@ -21,17 +22,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
+import multiprocessing
 import os
-import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import numpy as np
 
 from recsvc.mechanisms import MECHANISMS
 from recsvc.service.errors import Overloaded
+
+if TYPE_CHECKING:
+    from recsvc.service.requests import Prepared
 
 T = TypeVar("T")
 
@@ -47,33 +54,49 @@ def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -
 
 
 def _lowest_priority() -> None:
-    """Initializer of the draw pool's threads: nice 19 for the calling thread only (on Linux a
-    priority is per thread); elsewhere the pool still bounds how many heavy draws run at once."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    """Initializer of the draw processes: nice 19 (the whole process: it shares no GIL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(19)
+
+
+def _draw_in_pool(p: Prepared, allow_non_private: bool) -> np.ndarray:
+    """A draw process's job: the sample, from the process's own CSPRNG (keyed in that process)."""
+    from recsvc.rng import thread_csprng
+    from recsvc.service.requests import draw
+
+    return draw(p, thread_csprng(), allow_non_private)
 
 
 class HeavyDraws:
-    """Runs a draw inline, or, if it is expected to be heavy, in the low-priority pool."""
+    """Draws a sample inline, or, if it is expected to be heavy, in the low-priority processes."""
 
-    def __init__(self, heavy_draws: int, threads: int) -> None:
-        self.heavy_draws, self.threads = heavy_draws, threads
-        self._pool: ThreadPoolExecutor | None = None  # made on first use, in the serving process
+    def __init__(self, heavy_draws: int, processes: int) -> None:
+        self.heavy_draws, self.processes = heavy_draws, processes
+        self._pool: ProcessPoolExecutor | None = None  # made on first use, in the serving process
         self._lock = threading.Lock()
-        self.pooled = 0  # draws run by the pool (tests, metrics)
+        self.pooled = 0  # draws made by the pool (tests, metrics)
 
     def heavy(self, expected: float) -> bool:
         return expected > self.heavy_draws
 
-    def run(self, draw: Callable[[], T], expected: float) -> T:
-        if not self.heavy(expected):
-            return draw()
+    def draw(self, p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.ndarray:
+        """``p``'s sample: from ``rng`` in this thread, or by a draw process when ``p`` is heavy
+        (only what the draw needs crosses: no ids, no fingerprint)."""
+        from recsvc.service.requests import draw, expected_work
+
+        if not self.heavy(expected_work(p)):
+            return draw(p, rng, allow_non_private)
+        bare = dataclasses.replace(
+            p, user_id="", request_id="", fingerprint=b"", item_ids=(), rows=None, params=dict(p.params)
+        )
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, "recsvc-heavy-draw", initializer=_lowest_priority)
+                # spawn: a forked child would inherit this process's gRPC threads and CSPRNG state
+                self._pool = ProcessPoolExecutor(
+                    self.processes, multiprocessing.get_context("spawn"), initializer=_lowest_priority
+                )
             self.pooled += 1
-        return self._pool.submit(draw).result()  # a heavy call's thread waits here, never a request thread
+        return self._pool.submit(_draw_in_pool, bare, allow_non_private).result()  # a heavy call's thread waits
 
     def shutdown(self) -> None:
         if self._pool is not None:

@@ -50,7 +50,6 @@ from recsvc.service.requests import (
     SelectInput,
     check_id,
     draw,
-    expected_work,
 )
 
 log = logging.getLogger("recsvc.service")
@@ -419,16 +418,13 @@ class Selector:
         (below 1e-12) is refused before the ledger is touched."""
         charged = to_epsilon(charge_units(p.charge))  # what the ledger spends (rounded up to its unit)
 
-        def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
-            return draw(p, thread_csprng(), self.policy.selection.allow_non_private)
-
-        def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU
-            return self.heavy.run(sample, expected_work(p))
+        def sample() -> np.ndarray:  # no lock held; this thread's CSPRNG, or a heavy draw's process
+            return self.heavy.draw(p, thread_csprng(), self.policy.selection.allow_non_private)
 
         def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
             ids, rows = p.answer(picked)
             return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id, rows))
 
         return ledger.draw_and_charge(
-            p.user_id, p.request_id, p.fingerprint, p.charge, heavy_or_inline, build, mechanism=p.mechanism
+            p.user_id, p.request_id, p.fingerprint, p.charge, sample, build, mechanism=p.mechanism
         )

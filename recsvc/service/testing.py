@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ from recsvc.model import Model
 __all__ = [
     "N_ITEMS",
     "REPO",
+    "RawStreams",
     "ServerProcess",
     "add_policy",
     "candidates",
@@ -37,6 +40,8 @@ __all__ = [
     "item_ids",
     "make_artifact",
     "make_certs",
+    "grpc_frame",
+    "heavy_attack",
     "rpc_error",
     "run_recsvc",
     "select_request",
@@ -304,3 +309,108 @@ def server_process(
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
+
+
+class RawStreams:
+    """gRPC calls as raw HTTP/2 frames on one TCP connection (the ``h2`` package, a dev
+    dependency): for what a gRPC client never sends, e.g. headers with no body, or a body that
+    trickles in. :meth:`statuses` reads the server's answers: ``grpc-status`` per stream."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        import h2.config
+        import h2.connection
+
+        self.sock = socket.create_connection((host, port))
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.status: dict[int, str] = {}  # stream id → grpc-status ("RST" for a reset stream)
+        self._flush()
+
+    def _flush(self) -> None:
+        self.sock.sendall(self.conn.data_to_send())
+
+    def open(self, method: str, metadata: tuple[tuple[str, str], ...] = ()) -> int:
+        """Sends a call's HEADERS only (no message yet); returns its stream id."""
+        sid = self.conn.get_next_available_stream_id()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", method),
+            (":authority", "localhost"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            *metadata,
+        ]
+        self.conn.send_headers(sid, headers)
+        self._flush()
+        return sid
+
+    def send(self, sid: int, data: bytes, end: bool = False) -> None:
+        """Sends ``data`` (part of a length-prefixed message, see :func:`grpc_frame`) on stream ``sid``."""
+        self.conn.send_data(sid, data, end_stream=end)
+        self._flush()
+
+    def statuses(self, wait: float) -> dict[int, str]:
+        """Reads for ``wait`` seconds; every stream's grpc-status (or "RST") seen so far."""
+        import h2.events
+
+        deadline = time.monotonic() + wait
+        while (left := deadline - time.monotonic()) > 0:
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except (TimeoutError, socket.timeout):
+                break
+            if not data:
+                break
+            for ev in self.conn.receive_data(data):
+                if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    code = dict(ev.headers).get("grpc-status")
+                    if code is not None:
+                        self.status[ev.stream_id] = code
+                elif isinstance(ev, h2.events.StreamReset):
+                    self.status.setdefault(ev.stream_id, "RST")
+                elif isinstance(ev, h2.events.DataReceived):
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            self._flush()
+        return dict(self.status)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def grpc_frame(message: bytes) -> bytes:
+    """A gRPC length-prefixed message: uncompressed flag, 4-byte big-endian length, the bytes."""
+    return struct.pack(">BI", 0, len(message)) + message
+
+
+def heavy_attack(target: str, tokens: list[str], seconds: float, backoff: float, k: int, results: Any) -> None:
+    """Run in a process of its own (spawn): one thread per token sends `rs` at the γ floor with
+    ``k`` and ε = 1e-3 for user ``<token>`` (a `user:<token>` credential), back to back, for
+    ``seconds``, pausing ``backoff`` seconds after a refusal; puts ``{token: {status name:
+    count}}`` on ``results``."""
+    import threading
+    from collections import Counter
+
+    from recsvc.service.client import Client
+
+    os.nice(19)  # the attackers' own CPU (their clients) would be on other hosts: only the server's is measured
+    stop = time.monotonic() + seconds
+    out: dict[str, Counter[str]] = {t: Counter() for t in tokens}
+
+    def attack(token: str) -> None:
+        with Client(target, token=token, retries=0, timeout=60) as c:
+            while time.monotonic() < stop:
+                try:
+                    c.select(token, candidates(), mechanism="rs", epsilon=1e-3, k=k, gamma=1e-6)
+                    out[token]["OK"] += 1
+                except grpc.RpcError as exc:
+                    out[token][exc.code().name] += 1
+                    time.sleep(backoff)
+
+    threads = [threading.Thread(target=attack, args=(t,)) for t in tokens]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    results.put({t: dict(c) for t, c in out.items()})
