@@ -16,6 +16,7 @@ other mechanisms, heavy random-stopping draws) is drawn item by item as Select d
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from recsvc.ledger import BatchItem, Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
-from recsvc.service.requests import Prepared, Selected
+from recsvc.service.requests import Prepared, Selected, draw
 from recsvc.service.selection import Selector
 
 
@@ -80,7 +81,7 @@ def draw_many(
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw is made by a draw process
             try:
-                out[i] = selector.heavy.draw(p, rng, allow)
+                out[i] = selector.heavy.draw(p, allow, partial(draw, p, rng, allow))
             except Exception as exc:
                 out[i] = exc
     return out  # type: ignore[return-value]  # the loop above replaced every None

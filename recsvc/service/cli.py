@@ -32,7 +32,11 @@ ADMISSION_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--max-concurrent-rpcs", int, "authenticated calls in flight per worker; more: RESOURCE_EXHAUSTED"),
     ("--max-streams-per-connection", int, "HTTP/2 streams one connection may open at once"),
     ("--max-inflight-bytes", int, "request bytes of the calls in flight per worker; more: RESOURCE_EXHAUSTED"),
-    ("--receive-timeout", float, "seconds from a call's headers to its whole request message; later: DEADLINE_EXCEEDED"),
+    (
+        "--receive-timeout",
+        float,
+        "seconds from a call's headers to its whole request message; later: DEADLINE_EXCEEDED",
+    ),
     ("--idle-timeout", float, "seconds a connection without calls stays open"),
     ("--keepalive-time", float, "seconds between the server's pings on a quiet connection"),
     ("--keepalive-timeout", float, "seconds a ping may go unanswered before the connection is closed"),
@@ -146,7 +150,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)",
     )
     for flag, kind, text in ADMISSION_FLAGS:
-        p.add_argument(flag, type=kind, default=default(flag[2:].replace("-", "_")), help=text + " (default %(default)s)")
+        p.add_argument(
+            flag, type=kind, default=default(flag[2:].replace("-", "_")), help=text + " (default %(default)s)"
+        )
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")

@@ -79,13 +79,13 @@ class HeavyDraws:
     def heavy(self, expected: float) -> bool:
         return expected > self.heavy_draws
 
-    def draw(self, p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.ndarray:
-        """``p``'s sample: from ``rng`` in this thread, or by a draw process when ``p`` is heavy
-        (only what the draw needs crosses: no ids, no fingerprint)."""
-        from recsvc.service.requests import draw, expected_work
+    def draw(self, p: Prepared, allow_non_private: bool, inline: Callable[[], np.ndarray]) -> np.ndarray:
+        """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
+        process from its own CSPRNG (only what the draw needs crosses: no ids, no fingerprint)."""
+        from recsvc.service.requests import expected_work
 
         if not self.heavy(expected_work(p)):
-            return draw(p, rng, allow_non_private)
+            return inline()
         bare = dataclasses.replace(
             p, user_id="", request_id="", fingerprint=b"", item_ids=(), rows=None, params=dict(p.params)
         )

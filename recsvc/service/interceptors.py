@@ -210,7 +210,7 @@ class Gate(grpc.aio.ServerInterceptor):
         timeout = self.admission.receive_timeout
         try:
             raw = await asyncio.wait_for(context.read(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.debug("DEADLINE_EXCEEDED %s: no request message within %gs", _short(method), timeout)
             self._refuse(
                 _REFUSING,
@@ -263,7 +263,9 @@ class Gate(grpc.aio.ServerInterceptor):
                     if not slots.take():
                         log.debug("RESOURCE_EXHAUSTED %s: %d %s in flight", _short(method), slots.limit, what)
                         self._refuse(
-                            _REFUSING, method, Overloaded(f"this worker already serves {slots.limit} {what}; retry later")
+                            _REFUSING,
+                            method,
+                            Overloaded(f"this worker already serves {slots.limit} {what}; retry later"),
                         )
                     taken = True
                 CALLER.set(caller)  # this call's own task: request threads get a copy
@@ -275,7 +277,9 @@ class Gate(grpc.aio.ServerInterceptor):
                     self._refuse(
                         _REFUSING,
                         method,
-                        Overloaded(f"requests of more than {limit} bytes in all are in flight (--max-inflight-bytes); retry later"),
+                        Overloaded(
+                            f"requests of more than {limit} bytes in all are in flight (--max-inflight-bytes); retry later"
+                        ),
                     )
                 held = len(raw)
                 if observed:

@@ -419,7 +419,8 @@ class Selector:
         charged = to_epsilon(charge_units(p.charge))  # what the ledger spends (rounded up to its unit)
 
         def sample() -> np.ndarray:  # no lock held; this thread's CSPRNG, or a heavy draw's process
-            return self.heavy.draw(p, thread_csprng(), self.policy.selection.allow_non_private)
+            allow = self.policy.selection.allow_non_private
+            return self.heavy.draw(p, allow, lambda: draw(p, thread_csprng(), allow))
 
         def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
             ids, rows = p.answer(picked)

@@ -25,10 +25,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Coroutine
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -230,9 +230,7 @@ async def _build(config: ServerConfig, servicer: Any, authenticator: Authenticat
     servicer.limiter = admission.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
     requests = futures.ThreadPoolExecutor(max_workers=config.listen.threads, thread_name_prefix="recsvc-rpc")
     heavy = HeavyCalls(config.selection.heavy_queue, config.selection.heavy_per_principal)
-    gate = interceptors.Gate(
-        authenticator, servicer.limiter, admission.Admission(config.admission), requests, heavy
-    )
+    gate = interceptors.Gate(authenticator, servicer.limiter, admission.Admission(config.admission), requests, heavy)
     server = grpc.aio.server(interceptors=[gate], options=admission.channel_options(config))
     register(servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -24,10 +24,10 @@ import grpc
 from recsvc.artifact import Artifact
 from recsvc.ledger import Ledger
 from recsvc.service import codec
+from recsvc.service.admission import RateLimiter
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
-from recsvc.service.admission import RateLimiter
 from recsvc.service.draws import Deferred
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import current_caller, status_of

@@ -37,11 +37,11 @@ __all__ = [
     "candidates",
     "client_of",
     "free_port",
+    "grpc_frame",
+    "heavy_attack",
     "item_ids",
     "make_artifact",
     "make_certs",
-    "grpc_frame",
-    "heavy_attack",
     "rpc_error",
     "run_recsvc",
     "select_request",
@@ -359,13 +359,14 @@ class RawStreams:
             self.sock.settimeout(left)
             try:
                 data = self.sock.recv(65536)
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 break
             if not data:
                 break
             for ev in self.conn.receive_data(data):
                 if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                    code = dict(ev.headers).get("grpc-status")
+                    headers: dict[Any, Any] = dict(ev.headers or ())  # str pairs: header_encoding above
+                    code = headers.get("grpc-status")
                     if code is not None:
                         self.status[ev.stream_id] = code
                 elif isinstance(ev, h2.events.StreamReset):
