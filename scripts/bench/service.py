@@ -111,6 +111,7 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
     from recsvc.service.config import Policy
     from recsvc.service.interceptors import status_of
     from recsvc.service.servicer import SelectionServicer
+    from recsvc.v1 import selection_pb2 as pb
 
     servicer = None if echo else SelectionServicer(load_artifact(artifacts), SQLiteLedger(ledger, 1e6), Policy())
 
