@@ -385,9 +385,11 @@ def grpc_frame(message: bytes) -> bytes:
     return struct.pack(">BI", 0, len(message)) + message
 
 
-def heavy_attack(target: str, tokens: list[str], seconds: float, backoff: float, k: int, results: Any) -> None:
+def heavy_attack(
+    target: str, tokens: list[str], seconds: float, backoff: float, k: int, cands: list[tuple[str, float]], results: Any
+) -> None:
     """Run in a process of its own (spawn): one thread per token sends `rs` at the γ floor with
-    ``k`` and ε = 1e-3 for user ``<token>`` (a `user:<token>` credential), back to back, for
+    ``k`` and ε = 1e-3 over ``cands`` for user ``<token>`` (a `user:<token>` credential), back to back, for
     ``seconds``, pausing ``backoff`` seconds after a refusal; puts ``{token: {status name:
     count}}`` on ``results``."""
     import threading
@@ -403,7 +405,7 @@ def heavy_attack(target: str, tokens: list[str], seconds: float, backoff: float,
         with Client(target, token=token, retries=0, timeout=60) as c:
             while time.monotonic() < stop:
                 try:
-                    c.select(token, candidates(), mechanism="rs", epsilon=1e-3, k=k, gamma=1e-6)
+                    c.select(token, cands, mechanism="rs", epsilon=1e-3, k=k, gamma=1e-6)
                     out[token]["OK"] += 1
                 except grpc.RpcError as exc:
                     out[token][exc.code().name] += 1

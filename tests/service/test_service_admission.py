@@ -209,7 +209,9 @@ def test_heavy_attackers_never_delay_an_innocent_caller(attacked: ServerProcess)
     tokens = [f"atk{i}" for i in range(ATTACKERS)]
     with Client(attacked.target, token="innocent", retries=0, timeout=5) as innocent:
         _latencies(innocent, 10)
-        attackers = ctx.Process(target=heavy_attack, args=(attacked.target, tokens, 2.5, 0.02, 5, results))
+        attackers = ctx.Process(
+            target=heavy_attack, args=(attacked.target, tokens, 2.5, 0.02, 5, candidates(), results)
+        )
         attackers.start()
         time.sleep(1.5)  # the spawned process imports, connects and fills the queue
         latencies = _latencies(innocent, 100)
