@@ -27,30 +27,17 @@ import multiprocessing
 import os
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import numpy as np
 
-from recsvc.mechanisms import MECHANISMS
 from recsvc.service.errors import Overloaded
-
-if TYPE_CHECKING:
-    from recsvc.service.requests import Prepared
+from recsvc.service.requests import Prepared, draw, expected_work
 
 T = TypeVar("T")
-
-
-def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -> float:
-    """Random draws one selection among ``n`` is expected to need: one per candidate, or ≈ 1/γ for
-    random stopping (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
-    spec = MECHANISMS[mechanism].params.get("gamma")
-    if spec is None:
-        return float(n)
-    gamma = params.get("gamma")
-    return max(float(n), 1.0 / (spec.default if gamma is None else gamma))
 
 
 def _lowest_priority() -> None:
@@ -62,7 +49,6 @@ def _lowest_priority() -> None:
 def _draw_in_pool(p: Prepared, allow_non_private: bool) -> np.ndarray:
     """A draw process's job: the sample, from the process's own CSPRNG (keyed in that process)."""
     from recsvc.rng import thread_csprng
-    from recsvc.service.requests import draw
 
     return draw(p, thread_csprng(), allow_non_private)
 
@@ -82,8 +68,6 @@ class HeavyDraws:
     def draw(self, p: Prepared, allow_non_private: bool, inline: Callable[[], np.ndarray]) -> np.ndarray:
         """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
         process from its own CSPRNG (only what the draw needs crosses: no ids, no fingerprint)."""
-        from recsvc.service.requests import expected_work
-
         if not self.heavy(expected_work(p)):
             return inline()
         bare = dataclasses.replace(

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recsvc.mechanisms import charged_epsilon, select_slate, select_two_stage
+from recsvc.mechanisms import MECHANISMS, charged_epsilon, select_slate, select_two_stage
 from recsvc.mechanisms.slate import is_one_shot
-from recsvc.service.draws import expected_draws
 from recsvc.service.errors import InvalidRequest
 
 MAX_ID_LEN = 256
@@ -141,6 +140,16 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
         allow_non_private=allow_non_private,
         **p.params,
     )
+
+
+def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -> float:
+    """Random draws one selection among ``n`` is expected to need: one per candidate, or ≈ 1/γ for
+    random stopping (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
+    spec = MECHANISMS[mechanism].params.get("gamma")
+    if spec is None:
+        return float(n)
+    gamma = params.get("gamma")
+    return max(float(n), 1.0 / (spec.default if gamma is None else gamma))
 
 
 def expected_work(p: Prepared) -> float:

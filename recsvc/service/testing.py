@@ -312,26 +312,23 @@ def server_process(
 
 
 class RawStreams:
-    """gRPC calls as raw HTTP/2 frames on one TCP connection (the ``h2`` package, a dev
-    dependency): for what a gRPC client never sends, e.g. headers with no body, or a body that
-    trickles in. :meth:`statuses` reads the server's answers: ``grpc-status`` per stream."""
+    """gRPC calls as raw HTTP/2 frames on one TCP connection (stdlib only): for what a gRPC client
+    never sends, e.g. a message that trickles in a few bytes at a time. Headers are sent as HPACK
+    literals; the server's answers are not decoded, only which streams it has ended
+    (:meth:`closed`: a frame with END_STREAM, or RST_STREAM)."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
     def __init__(self, port: int, host: str = "127.0.0.1") -> None:
-        import h2.config
-        import h2.connection
-
         self.sock = socket.create_connection((host, port))
-        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-        self.conn.initiate_connection()
-        self.status: dict[int, str] = {}  # stream id → grpc-status ("RST" for a reset stream)
-        self._flush()
-
-    def _flush(self) -> None:
-        self.sock.sendall(self.conn.data_to_send())
+        self.sock.sendall(self.PREFACE + _frame(4, 0, 0, b""))  # our SETTINGS: the defaults
+        self._next = 1
+        self._ended: set[int] = set()
+        self._buffer = b""
 
     def open(self, method: str, metadata: tuple[tuple[str, str], ...] = ()) -> int:
         """Sends a call's HEADERS only (no message yet); returns its stream id."""
-        sid = self.conn.get_next_available_stream_id()
+        sid, self._next = self._next, self._next + 2
         headers = [
             (":method", "POST"),
             (":scheme", "http"),
@@ -341,19 +338,16 @@ class RawStreams:
             ("te", "trailers"),
             *metadata,
         ]
-        self.conn.send_headers(sid, headers)
-        self._flush()
+        block = b"".join(b"\x00" + _hpack_string(k) + _hpack_string(v) for k, v in headers)
+        self.sock.sendall(_frame(1, 0x4, sid, block))  # HEADERS, END_HEADERS
         return sid
 
     def send(self, sid: int, data: bytes, end: bool = False) -> None:
         """Sends ``data`` (part of a length-prefixed message, see :func:`grpc_frame`) on stream ``sid``."""
-        self.conn.send_data(sid, data, end_stream=end)
-        self._flush()
+        self.sock.sendall(_frame(0, 0x1 if end else 0, sid, data))
 
-    def statuses(self, wait: float) -> dict[int, str]:
-        """Reads for ``wait`` seconds; every stream's grpc-status (or "RST") seen so far."""
-        import h2.events
-
+    def closed(self, wait: float) -> set[int]:
+        """Reads for ``wait`` seconds (answering SETTINGS and PING); the streams the server ended."""
         deadline = time.monotonic() + wait
         while (left := deadline - time.monotonic()) > 0:
             self.sock.settimeout(left)
@@ -363,21 +357,44 @@ class RawStreams:
                 break
             if not data:
                 break
-            for ev in self.conn.receive_data(data):
-                if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
-                    headers: dict[Any, Any] = dict(ev.headers or ())  # str pairs: header_encoding above
-                    code = headers.get("grpc-status")
-                    if code is not None:
-                        self.status[ev.stream_id] = code
-                elif isinstance(ev, h2.events.StreamReset):
-                    self.status.setdefault(ev.stream_id, "RST")
-                elif isinstance(ev, h2.events.DataReceived):
-                    self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-            self._flush()
-        return dict(self.status)
+            self._buffer += data
+            while len(self._buffer) >= 9:
+                length = int.from_bytes(self._buffer[:3], "big")
+                if len(self._buffer) < 9 + length:
+                    break
+                kind, flags = self._buffer[3], self._buffer[4]
+                sid = int.from_bytes(self._buffer[5:9], "big") & 0x7FFFFFFF
+                payload, self._buffer = self._buffer[9 : 9 + length], self._buffer[9 + length :]
+                if kind == 4 and not flags & 0x1:  # SETTINGS: acknowledge
+                    self.sock.sendall(_frame(4, 0x1, 0, b""))
+                elif kind == 6 and not flags & 0x1:  # PING: answer
+                    self.sock.sendall(_frame(6, 0x1, 0, payload))
+                elif kind == 3 or (kind in (0, 1) and flags & 0x1):  # RST_STREAM, or END_STREAM
+                    self._ended.add(sid)
+        return set(self._ended)
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def _hpack_string(text: str) -> bytes:
+    """An HPACK string literal, not Huffman-coded: its length (a 7-bit-prefix integer), then the bytes."""
+    raw = text.encode()
+    n, out = len(raw), bytearray()
+    if n < 127:
+        out.append(n)
+    else:
+        out.append(127)
+        n -= 127
+        while n >= 128:
+            out.append(n % 128 + 128)
+            n //= 128
+        out.append(n)
+    return bytes(out) + raw
 
 
 def grpc_frame(message: bytes) -> bytes:

@@ -220,16 +220,23 @@ def big_batches(port: int, pid: int) -> dict[str, float]:
     }
 
 
-def run(repo: Path, art: Path, tmp: Path) -> dict[str, dict[str, float]]:
+PARTS = ("speed", "idle_streams", "heavy", "big_batches")
+
+
+def run(repo: Path, art: Path, tmp: Path, parts: tuple[str, ...] = PARTS) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
-    with served(repo, art, tmp, tokens=False) as (port, _proc):
-        out["speed"] = speed(port)
-    with served(repo, art, tmp) as (port, proc):
-        out["idle_streams"] = idle_streams(port, proc.pid)
-    with served(repo, art, tmp) as (port, _proc):
-        out["heavy"] = heavy(port)
-    with served(repo, art, tmp, "--max-batch", "1600") as (port, proc):
-        out["big_batches"] = big_batches(port, proc.pid)
+    if "speed" in parts:
+        with served(repo, art, tmp, tokens=False) as (port, _proc):
+            out["speed"] = speed(port)
+    if "idle_streams" in parts:
+        with served(repo, art, tmp) as (port, proc):
+            out["idle_streams"] = idle_streams(port, proc.pid)
+    if "heavy" in parts:
+        with served(repo, art, tmp) as (port, _proc):
+            out["heavy"] = heavy(port)
+    if "big_batches" in parts:
+        with served(repo, art, tmp, "--max-batch", "1600") as (port, proc):
+            out["big_batches"] = big_batches(port, proc.pid)
     return out
 
 
@@ -237,6 +244,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=("old", "new"), help="measure one server only")
     ap.add_argument("--json", type=Path, help="write the results here too")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
+    ap.add_argument("--rounds", type=int, default=1, help="old and new alternated this many times")
     args = ap.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as t:
@@ -245,9 +254,11 @@ def main() -> None:
         kinds = {"new": REPO} if args.only == "new" else {}
         if args.only != "new":
             kinds = {"old": old_checkout(tmp), **({"new": REPO} if args.only is None else {})}
-        for kind, repo in kinds.items():
-            results[kind] = run(repo, art, tmp)
-            print(kind, json.dumps(results[kind], indent=1), flush=True)
+        for r in range(args.rounds):
+            for kind, repo in kinds.items():
+                name = kind if args.rounds == 1 else f"{kind}-{r}"
+                results[name] = run(repo, art, tmp, tuple(args.parts))
+                print(name, json.dumps(results[name], indent=1), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
