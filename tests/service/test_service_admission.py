@@ -110,9 +110,11 @@ def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: Se
         for sid in slow_ids:  # a valid credential, then 3 bytes of the message: never the rest
             slow.send(sid, body[:3])
         t0 = time.monotonic()
-        latencies = _latencies(innocent, 150)
+        latencies = _latencies(innocent, 50)
+        early = slow.closed(max(0.05, t0 + 0.7 - time.monotonic()))  # before the receive timeout (1 s)...
+        early_read = time.monotonic() - t0
+        latencies += _latencies(innocent, 100)
         rss1 = server.memory_info().rss
-        early = slow.closed(0.0) if time.monotonic() - t0 < 0.9 else None
         ended = [r.closed(0.3) for r in raw]
         late = slow.closed(max(0.1, t0 + 1.6 - time.monotonic()))  # the receive timeout (1 s) has passed
         watched = [_first(w) for w in watches]
@@ -125,7 +127,7 @@ def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: Se
     assert p99 < 0.050, f"innocent p99 {p99 * 1e3:.1f} ms under attack"
     assert rss1 - rss0 < 200 << 20
     assert all(ids <= e for ids, e in zip(header_only, ended, strict=True))  # every one answered
-    assert early is None or not early & slow_ids  # no slow body was cut off before its timeout...
+    assert early_read > 0.95 or not early & slow_ids  # ...no slow body was cut off (unless this host lagged)
     assert slow_ids <= late  # ...and every one after it
     # Watch: 4 (--max-health-watches) are served; the rest are refused, not queued.
     served = [HealthCheckResponse.FromString(w).status for w in watched if isinstance(w, bytes)]
