@@ -33,7 +33,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -223,6 +223,26 @@ def big_batches(port: int, pid: int) -> dict[str, float]:
 PARTS = ("speed", "idle_streams", "heavy", "big_batches")
 
 
+def side_by_side(kinds: dict[str, Path], art: Path, tmp: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Both servers up at once (no tokens), measured in alternation ``rounds`` times: Select p50
+    at concurrency 1, QPS at concurrency 16 and SelectBatch items/s, so the host's load drifts
+    over both alike."""
+    out: dict[str, dict[str, list[float]]] = {
+        k: {"p50_ms_c1": [], "qps_c16": [], "batch_items_per_s": []} for k in kinds
+    }
+    with ExitStack() as stack:
+        ports = {k: stack.enter_context(served(repo, art, tmp, tokens=False))[0] for k, repo in kinds.items()}
+        for r in range(rounds):
+            for k, port in ports.items():
+                out[k]["p50_ms_c1"].append(
+                    asyncio.run(load(port, select_bodies(300, r, "ids"), 1, channels=1))["p50_ms"]
+                )
+                out[k]["qps_c16"].append(asyncio.run(load(port, select_bodies(1500, 100 + r, "ids"), 16))["qps"])
+                batches = asyncio.run(load(port, batch_bodies(20, 100, 200 + r), 4, method=BATCH_METHOD))
+                out[k]["batch_items_per_s"].append(batches["qps"] * 100)
+    return out
+
+
 def run(repo: Path, art: Path, tmp: Path, parts: tuple[str, ...] = PARTS) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     if "speed" in parts:
@@ -246,6 +266,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     ap.add_argument("--rounds", type=int, default=1, help="old and new alternated this many times")
+    ap.add_argument("--side-by-side", type=int, metavar="ROUNDS", help="only the speed, both servers up at once")
     args = ap.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as t:
@@ -254,6 +275,13 @@ def main() -> None:
         kinds = {"new": REPO} if args.only == "new" else {}
         if args.only != "new":
             kinds = {"old": old_checkout(tmp), **({"new": REPO} if args.only is None else {})}
+        if args.side_by_side:
+            both = side_by_side(kinds, art, tmp, args.side_by_side)
+            for k, measures in both.items():
+                medians = {m: round(float(np.median(v)), 3) for m, v in measures.items()}
+                print(k, "medians", medians, "runs", {m: [round(x, 3) for x in v] for m, v in measures.items()})
+            results["side_by_side"] = both
+            kinds = {}
         for r in range(args.rounds):
             for kind, repo in kinds.items():
                 name = kind if args.rounds == 1 else f"{kind}-{r}"
