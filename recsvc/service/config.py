@@ -2,7 +2,7 @@
 and the selection :class:`Policy` all read them from here. Stdlib only, so `recsvc --help`
 stays instant.
 
-:class:`ServerConfig` groups the knobs by what they configure (listen, auth, ledger, limits,
+:class:`ServerConfig` groups the knobs by what they configure (listen, admission, auth, ledger, limits,
 selection, drain). Each knob has one flat parameter name, the `serve` flag's (``max_batch`` is
 ``--max-batch``), which messages name and :meth:`ServerConfig.of` accepts. The constraints on
 them are declared once, in :data:`CONSTRAINTS`, and checked once, by :func:`validate`.
