@@ -24,7 +24,6 @@ from recsvc.ledger import BatchItem, Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
-from recsvc.service.draws import expected_draws
 from recsvc.service.requests import Prepared, Selected, draw
 from recsvc.service.selection import Selector
 
@@ -80,11 +79,9 @@ def draw_many(
             out[i] = np.array([j], np.int64)
     allow = selector.policy.selection.allow_non_private
     for i, p in enumerate(prepared):
-        if out[i] is None:  # as Select draws it; a heavy draw runs in the pool (while this thread waits)
+        if out[i] is None:  # as Select draws it; a heavy draw is made by a draw process
             try:
-                out[i] = selector.heavy.run(
-                    partial(draw, p, rng, allow), p.k * expected_draws(p.mechanism, p.scores.size, p.params)
-                )
+                out[i] = selector.heavy.draw(p, allow, partial(draw, p, rng, allow))
             except Exception as exc:
                 out[i] = exc
     return out  # type: ignore[return-value]  # the loop above replaced every None

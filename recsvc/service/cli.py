@@ -24,6 +24,27 @@ WINDOW_HELP = (
 )
 
 
+# The bounds on what calls in flight may hold (SECURITY.md, "Admission"): flag, type, help.
+ADMISSION_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--max-num-candidates", int, "largest num_candidates of a two-stage Recommend (its private top-m)"),
+    ("--heavy-queue", int, "heavy calls (above --heavy-draws) queued at once per worker; more: RESOURCE_EXHAUSTED"),
+    ("--heavy-per-principal", int, "heavy calls one principal may have queued; more: RESOURCE_EXHAUSTED"),
+    ("--max-concurrent-rpcs", int, "authenticated calls in flight per worker; more: RESOURCE_EXHAUSTED"),
+    ("--max-streams-per-connection", int, "HTTP/2 streams one connection may open at once"),
+    ("--max-inflight-bytes", int, "request bytes of the calls in flight per worker; more: RESOURCE_EXHAUSTED"),
+    (
+        "--receive-timeout",
+        float,
+        "seconds from a call's headers to its whole request message; later: DEADLINE_EXCEEDED",
+    ),
+    ("--idle-timeout", float, "seconds a connection without calls stays open"),
+    ("--keepalive-time", float, "seconds between the server's pings on a quiet connection"),
+    ("--keepalive-timeout", float, "seconds a ping may go unanswered before the connection is closed"),
+    ("--min-ping-interval", float, "least seconds between a client's pings (faster ones end the connection)"),
+    ("--max-health-watches", int, "Health/Watch streams open at once per worker (Check is unbounded)"),
+)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
@@ -121,7 +142,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=default("workers"),
         help="processes sharing the port (SO_REUSEPORT) and the ledger",
     )
-    p.add_argument("--threads", type=int, default=default("threads"), help="gRPC thread pool size per worker")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=default("threads"),
+        help="request threads per worker: they decode, check and charge calls (default %(default)s)",
+    )
     p.add_argument(
         "--heavy-draws",
         type=int,
@@ -135,6 +161,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=default("heavy_draw_threads"),
         help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)",
     )
+    for flag, kind, text in ADMISSION_FLAGS:
+        p.add_argument(
+            flag, type=kind, default=default(flag[2:].replace("-", "_")), help=text + " (default %(default)s)"
+        )
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
     p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
     p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")

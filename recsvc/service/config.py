@@ -2,7 +2,7 @@
 and the selection :class:`Policy` all read them from here. Stdlib only, so `recsvc --help`
 stays instant.
 
-:class:`ServerConfig` groups the knobs by what they configure (listen, auth, ledger, limits,
+:class:`ServerConfig` groups the knobs by what they configure (listen, admission, auth, ledger, limits,
 selection, drain). Each knob has one flat parameter name, the `serve` flag's (``max_batch`` is
 ``--max-batch``), which messages name and :meth:`ServerConfig.of` accepts. The constraints on
 them are declared once, in :data:`CONSTRAINTS`, and checked once, by :func:`validate`.
@@ -48,6 +48,23 @@ class Listen:
     reuse_port: bool = False
     metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
     metrics_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What the calls of one worker may hold at once, so that no client can pin the server
+    (SECURITY.md): authenticated RPCs in flight, HTTP/2 streams per connection, request bytes
+    being served, health watchers, and how long a connection or a request's body may idle."""
+
+    max_concurrent_rpcs: int = 128  # authenticated calls in flight; more → RESOURCE_EXHAUSTED
+    max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 suggests >= 100)
+    max_inflight_bytes: int = 64 * 1024 * 1024  # request bytes of the calls in flight; more → RESOURCE_EXHAUSTED
+    receive_timeout: float = 10.0  # seconds from a call's headers to its whole request message
+    idle_timeout: float = 300.0  # seconds a connection without calls stays open
+    keepalive_time: float = 60.0  # seconds between the server's pings on a quiet connection
+    keepalive_timeout: float = 20.0  # seconds a ping may go unanswered before the connection closes
+    min_ping_interval: float = 10.0  # least seconds between a client's pings (faster: GOAWAY)
+    max_health_watches: int = 16  # concurrent Health/Watch streams (Check is unlimited)
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,8 @@ class Limits:
     # Recommend's public floor: a two-stage request's private top-m has m >= this (or the whole
     # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
     min_candidates: int = 500
+    # Recommend's largest num_candidates (the private top-m's m): its candidate stage costs ≈ m × catalog draws.
+    max_num_candidates: int = 5000
     # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
     # 16 MiB holds a full SelectBatch of 1,000 requests × 500 candidates (≈ 8.5 MB) twice over.
     max_message_bytes: int = 16 * 1024 * 1024
@@ -121,6 +140,10 @@ class Selection:
     # outside the ledger's lock, so floods of such requests cannot slow other users down.
     heavy_draws: int = 50_000
     heavy_draw_threads: int = 1
+    # Heavy calls wait for that pool in a bounded queue, never in a request thread: beyond
+    # heavy_queue calls in all, or heavy_per_principal of one principal, → RESOURCE_EXHAUSTED.
+    heavy_queue: int = 16
+    heavy_per_principal: int = 4
 
 
 @dataclass(frozen=True)
@@ -141,6 +164,7 @@ class Policy:
 
 GROUPS: dict[str, type[DataclassInstance]] = {
     "listen": Listen,
+    "admission": Admission,
     "auth": Auth,
     "ledger": LedgerSettings,
     "limits": Limits,
@@ -157,6 +181,7 @@ PARAMS: dict[str, tuple[str, str]] = {
 class ServerConfig:
     artifacts: Path
     listen: Listen = field(default_factory=Listen)
+    admission: Admission = field(default_factory=Admission)
     auth: Auth = field(default_factory=Auth)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     limits: Limits = field(default_factory=Limits)
@@ -283,6 +308,31 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"
     ),
     _at_least("max_history", 1),
+    _at_least("max_num_candidates", 1),
+    Constraint(
+        lambda c: c.limits.min_candidates <= c.limits.max_num_candidates,
+        "{min_candidates} must be <= {max_num_candidates}, got {got}",
+        lambda c: f"{c.limits.min_candidates} > {c.limits.max_num_candidates}",
+    ),
+    _at_least("heavy_queue", 1),
+    _at_least("heavy_per_principal", 1),
+    _at_least("max_concurrent_rpcs", 1),
+    _at_least("max_streams_per_connection", 1),
+    _at_least("max_health_watches", 0),
+    Constraint(
+        lambda c: all(
+            math.isfinite(c.get(n)) and c.get(n) > 0
+            for n in ("receive_timeout", "idle_timeout", "keepalive_time", "keepalive_timeout", "min_ping_interval")
+        ),
+        "{receive_timeout}, {idle_timeout}, {keepalive_time}, {keepalive_timeout} and {min_ping_interval} "
+        "must be finite numbers of seconds > 0",
+    ),
+    Constraint(
+        lambda c: c.admission.max_inflight_bytes >= c.limits.max_message_bytes,
+        "{max_inflight_bytes} must be >= {max_message_bytes} ({got}), or no message of the largest size "
+        "could ever be served",
+        lambda c: c.limits.max_message_bytes,
+    ),
     Constraint(
         lambda c: 1024 <= c.limits.max_message_bytes <= 2**31 - 1,
         "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}",

@@ -1,63 +1,143 @@
-"""Heavy draws yield the CPU: random stopping at a tiny γ must not slow other users down.
+"""Heavy work never holds a request thread, and never slows other users down.
 
 Random stopping makes ≈ 1/γ base draws per selection; at the `gamma` ParamSpec floor (1e-6,
 the bound on any single draw's expected cost) that is ≈ 10⁶ draws, tens of milliseconds of CPU
-and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t). Such draws already run outside the
-ledger's lock (:meth:`recsvc.ledger.Ledger.draw_and_charge`); on top of that, a sample
-expected to need more than ``heavy_draws`` draws runs in a small pool of ``heavy_draw_threads``
-threads at the lowest CPU priority (nice 19, per thread on Linux). Every other request's thread
-then wins the CPU against them, the pool bounds how many such draws (and their memory) run at
-once, and the idle CPU still goes to them. Both numbers are :class:`recsvc.service.config.Policy`
-knobs (``serve --heavy-draws``, ``--heavy-draw-threads``).
+and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t); a two-stage Recommend's private top-m
+peels m times over the catalog. :func:`recsvc.service.requests.expected_work` counts every stage.
+
+A call whose work is expected to need more than ``heavy_draws`` draws is **deferred**: its
+request thread returns a :class:`Deferred` at once, and the gate hands it to :class:`HeavyCalls`,
+a bounded queue (``heavy_queue`` calls in all, ``heavy_per_principal`` per principal; beyond
+either, RESOURCE_EXHAUSTED before anything is drawn or spent). A heavy call's thread runs the
+usual draw-then-charge path at normal priority; its draw alone goes to :class:`HeavyDraws`,
+``heavy_draw_threads`` processes at the lowest CPU priority (nice 19). Processes, not threads:
+a draw thread holds the GIL between numpy's calls, so at nice 19 on a busy host it would stall
+every other thread of the server (docs/decisions/0005-asynchronous-server.md). The knobs are
+:class:`recsvc.service.config.Selection` fields (``serve --heavy-draws``, ``--heavy-draw-threads``,
+``--heavy-queue``, ``--heavy-per-principal``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import contextvars
+import dataclasses
+import multiprocessing
 import os
-import sys
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-from recsvc.mechanisms import MECHANISMS
+import numpy as np
+
+from recsvc.service.errors import Overloaded
+from recsvc.service.requests import Prepared, draw, expected_work
 
 T = TypeVar("T")
 
 
-def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -> float:
-    """Random draws a sample is expected to need: one per candidate, or ≈ 1/γ for random stopping
-    (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
-    spec = MECHANISMS[mechanism].params.get("gamma")
-    if spec is None:
-        return float(n)
-    gamma = params.get("gamma")
-    return max(float(n), 1.0 / (spec.default if gamma is None else gamma))
-
-
 def _lowest_priority() -> None:
-    """Initializer of the pool's threads: nice 19 for the calling thread only (on Linux a priority
-    is per thread); elsewhere the pool still bounds how many heavy draws run at once."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    """Initializer of the draw processes: nice 19 (the whole process: it shares no GIL)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(19)
+
+
+def _draw_in_pool(p: Prepared, allow_non_private: bool) -> np.ndarray:
+    """A draw process's job: the sample, from the process's own CSPRNG (keyed in that process)."""
+    from recsvc.rng import thread_csprng
+
+    return draw(p, thread_csprng(), allow_non_private)
 
 
 class HeavyDraws:
-    """Runs a draw inline, or, if it is expected to be heavy, in the low-priority pool."""
+    """Draws a sample inline, or, if it is expected to be heavy, in the low-priority processes."""
 
-    def __init__(self, heavy_draws: int, threads: int) -> None:
-        self.heavy_draws, self.threads = heavy_draws, threads
-        self._pool: ThreadPoolExecutor | None = None  # made on first use, in the serving process
+    def __init__(self, heavy_draws: int, processes: int) -> None:
+        self.heavy_draws, self.processes = heavy_draws, processes
+        self._pool: ProcessPoolExecutor | None = None  # made on first use, in the serving process
         self._lock = threading.Lock()
-        self.pooled = 0  # draws run by the pool (tests, metrics)
+        self.pooled = 0  # draws made by the pool (tests, metrics)
 
-    def run(self, draw: Callable[[], T], expected: float) -> T:
-        if expected <= self.heavy_draws:
-            return draw()
+    def heavy(self, expected: float) -> bool:
+        return expected > self.heavy_draws
+
+    def draw(self, p: Prepared, allow_non_private: bool, inline: Callable[[], np.ndarray]) -> np.ndarray:
+        """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
+        process from its own CSPRNG (only what the draw needs crosses: no ids, no fingerprint)."""
+        if not self.heavy(expected_work(p)):
+            return inline()
+        bare = dataclasses.replace(
+            p, user_id="", request_id="", fingerprint=b"", item_ids=(), rows=None, params=dict(p.params)
+        )
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads, "recsvc-heavy-draw", initializer=_lowest_priority)
+                # spawn: a forked child would inherit this process's gRPC threads and CSPRNG state
+                self._pool = ProcessPoolExecutor(
+                    self.processes, multiprocessing.get_context("spawn"), initializer=_lowest_priority
+                )
             self.pooled += 1
-        return self._pool.submit(draw).result()  # waits without the GIL
+        return self._pool.submit(_draw_in_pool, bare, allow_non_private).result()  # a heavy call's thread waits
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@dataclass(frozen=True)
+class Deferred(Generic[T]):
+    """A call's remaining work, too heavy for a request thread: the gate queues it in
+    :class:`HeavyCalls` and answers with what ``work()`` returns."""
+
+    work: Callable[[], T]
+
+
+class HeavyCalls:
+    """The bounded queue of deferred calls (module docstring). Admission and release run on the
+    event loop's thread only, so the counts need no lock."""
+
+    def __init__(self, queue: int, per_principal: int) -> None:
+        self.queue, self.per_principal = queue, per_principal
+        self._pool = ThreadPoolExecutor(queue, "recsvc-heavy-call")  # one thread per admitted call
+        self._held: Counter[str] = Counter()
+        self.held = 0
+
+    async def run(self, key: str, deferred: Deferred[T]) -> T:
+        """``deferred.work()`` in a heavy call's thread, with this task's context (the caller);
+        Overloaded, before anything runs, when the queue or ``key``'s share of it is full."""
+        if self.held >= self.queue:
+            raise Overloaded(f"{self.queue} heavy calls are already queued on this worker (--heavy-queue); retry later")
+        if self._held[key] >= self.per_principal:
+            raise Overloaded(
+                f"this principal already has {self.per_principal} heavy calls queued (--heavy-per-principal); "
+                "retry when one is answered"
+            )
+        loop = asyncio.get_running_loop()
+        self.held += 1
+        self._held[key] += 1
+        future = submit(self._pool, deferred.work)
+        # Released when the work ends, not when the caller stops waiting: the slot bounds threads and memory.
+        future.add_done_callback(lambda _f: _call_soon(loop, self._release, key))
+        return await asyncio.wrap_future(future)
+
+    def _release(self, key: str) -> None:
+        self.held -= 1
+        self._held[key] -= 1
+        if not self._held[key]:
+            del self._held[key]
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def submit(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
+    """``fn()`` in ``pool`` with the calling task's context (its caller), as a concurrent future."""
+    return pool.submit(contextvars.copy_context().run, fn)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped, nothing left to count
+        loop.call_soon_threadsafe(fn, arg)

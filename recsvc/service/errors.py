@@ -64,6 +64,19 @@ class RateLimited(ServiceError):
     status: ClassVar[str] = "RESOURCE_EXHAUSTED"
 
 
+class Overloaded(ServiceError):
+    """A bound on what calls in flight may hold is reached (RPCs, request bytes, heavy draws,
+    health watchers); nothing was read past the headers or spent, and retrying later succeeds."""
+
+    status: ClassVar[str] = "RESOURCE_EXHAUSTED"
+
+
+class ReceiveTimeout(ServiceError):
+    """The request's message did not arrive within --receive-timeout of its headers."""
+
+    status: ClassVar[str] = "DEADLINE_EXCEEDED"
+
+
 # Builtins cannot declare ``status``: a ValueError is the core's check of an input the service
 # checked already, with a message of its own. Keyed by class; :func:`status_name` consults it
 # after the class's own attribute.
@@ -108,9 +121,16 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     ("PERMISSION_DENIED", "PermissionDenied", "the principal's scope does not cover the RPC or the user_id"),
     (
         "RESOURCE_EXHAUSTED",
-        "BudgetExceeded, RateLimited",
-        "the user's remaining budget is below ε, the principal's --rate-limit is used up, or the message is "
-        "larger than --max-message-bytes (refused unread by gRPC)",
+        "BudgetExceeded, RateLimited, Overloaded",
+        "the user's remaining budget is below ε, the principal's --rate-limit is used up, the message is "
+        "larger than --max-message-bytes (refused unread by gRPC), or a bound on the calls in flight is "
+        "reached (--max-concurrent-rpcs, --max-inflight-bytes, --heavy-queue, --heavy-per-principal, "
+        "--max-health-watches); retry later",
+    ),
+    (
+        "DEADLINE_EXCEEDED",
+        "ReceiveTimeout",
+        "the request's message did not arrive within --receive-timeout seconds of its headers",
     ),
     (
         "ALREADY_EXISTS",

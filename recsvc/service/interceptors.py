@@ -1,53 +1,63 @@
-"""The server's interceptors: the gate (authentication, rate limit, scopes, decoding) and the
-per-call observer (status mapping, metrics, the debug log line).
+"""The server's gate: every call's admission (authentication, rate limit, scope, the bounds of
+:mod:`recsvc.service.admission`), the reading and decoding of its message, and the observation
+of its outcome (status code, metrics, the debug log line).
 
-Installed as ``interceptors=[Gate(...), Observer()]``: the gate runs first, the observer then
-wraps the servicer's method.
+Installed as ``grpc.aio.server(interceptors=[Gate(...)])``. The gate re-registers every handler
+as a request-streaming one with no deserializer, so gRPC hands it the call before any of the
+message is read. The wrapped call then runs, in this order, each step cheaper than the next:
 
-**The gate.** Every call is authenticated, rate-limited and scope-checked on its raw bytes, and
-only then decoded (SECURITY.md). :class:`Gate` re-registers every handler with no request
-deserializer, so gRPC hands the behaviour the raw message, in a worker thread (never the
-poller). The wrapped behaviour then runs, in this order, each step cheaper than the next:
-
-1. authenticate (bearer token and/or client certificate) → UNAUTHENTICATED;
+1. authenticate on the metadata (bearer token and/or client certificate) → UNAUTHENTICATED;
 2. the principal's rate limit → RESOURCE_EXHAUSTED;
 3. the method against the principal's scope → PERMISSION_DENIED (logged with the principal);
-4. decode with the handler's own deserializer (for PrivateSelection: the bounded pre-scan of
-   :mod:`recsvc.service.codec`, then the parser) → INVALID_ARGUMENT, never a traceback;
-5. the original behaviour, with the caller in :data:`CALLER` for the per-user checks.
+4. a slot of ``--max-concurrent-rpcs`` → RESOURCE_EXHAUSTED;
+5. read the message, within ``--receive-timeout`` → DEADLINE_EXCEEDED;
+6. its bytes from ``--max-inflight-bytes`` → RESOURCE_EXHAUSTED;
+7. in a request thread (never the event loop): decode with the handler's own deserializer (for
+   PrivateSelection: the bounded pre-scan of :mod:`recsvc.service.codec`, then the parser) →
+   INVALID_ARGUMENT, never a traceback; then the servicer's method, with the caller in
+   :data:`CALLER` for the per-user checks;
+8. a :class:`recsvc.service.draws.Deferred` answer (heavy work) waits in the bounded heavy
+   queue, on the loop, holding no thread → RESOURCE_EXHAUSTED when the queue is full.
 
-Health checks skip steps 1–3 (load balancers need no credentials) but are decoded the same
-safe way. Nothing here reads a request's content, so nothing here can log one.
+Steps 1–7 spend nothing. Health checks skip steps 1–4 (load balancers need no credentials);
+Health/Watch takes a slot of ``--max-health-watches`` instead. Nothing here reads a request's
+content, so nothing here can log one.
 
-**The observer.** :class:`Observer` wraps each PrivateSelection method: an exception the method
-raises becomes its status code (:func:`status_of`: one lookup), and every
-call is counted (``recsvc_requests`` by method, mechanism used and status; ``recsvc_request_seconds``),
-with the ε an answer charged (``recsvc_epsilon_spent``) or its replay (``recsvc_replays``).
-A SelectBatch answer carries its items' outcomes (:class:`recsvc.service.codec.Framed`), which
-are counted the same way under the method ``SelectBatch.item``. Labels never carry user ids,
-item ids or scores.
+**Observation.** For each PrivateSelection method an exception the method raises becomes its
+status code (:func:`status_of`: one lookup), and every call is counted (``recsvc_requests`` by
+method, mechanism used and status; ``recsvc_request_seconds``), with the ε an answer charged
+(``recsvc_epsilon_spent``) or its replay (``recsvc_replays``). A SelectBatch answer carries its
+items' outcomes (:class:`recsvc.service.codec.Framed`), which are counted the same way under the
+method ``SelectBatch.item``. Labels never carry user ids, item ids or scores.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
-import math
-import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any
 
 import grpc
 
 from recsvc.service import metrics
+from recsvc.service.admission import Admission, RateLimiter
 from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller
 from recsvc.service.codec import Framed
+from recsvc.service.config import Admission as AdmissionSettings
+from recsvc.service.draws import Deferred, HeavyCalls, submit
 from recsvc.service.errors import (
     INTERNAL_MESSAGE,
+    InvalidRequest,
+    Overloaded,
     PermissionDenied,
     RateLimited,
+    ReceiveTimeout,
     Refused,
     ServiceError,
     Unauthenticated,
@@ -56,11 +66,14 @@ from recsvc.service.errors import (
 )
 from recsvc.v1 import selection_pb2 as pb
 
+__all__ = ["CALLER", "Abort", "Gate", "RateLimiter", "current_caller", "status_of"]
+
 log = logging.getLogger("recsvc.service")
 
-# The authenticated caller of the RPC running in this thread (set by the gate around the behaviour).
+# The authenticated caller of the RPC (set by the gate around the method; request threads get a copy).
 CALLER: ContextVar[Caller | None] = ContextVar("recsvc_caller", default=None)
 _CODES = grpc.StatusCode.__members__
+WATCH = "/grpc.health.v1.Health/Watch"
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
@@ -79,51 +92,26 @@ def current_caller() -> Caller:
     return caller
 
 
-class RateLimiter:
-    """A token bucket per key: ``rate`` requests/s, bursts of up to max(1, rate). A call is
-    admitted while the bucket holds a whole token; :meth:`debit` may take it below zero (a
-    SelectBatch pays for its items after they are counted), and later calls wait until it refills."""
+class Abort(Exception):
+    """A refusal already counted: the gate ends the call with this status on the event loop."""
 
-    MAX_KEYS = 100_000  # beyond this, full buckets (idle keys) are forgotten
-
-    def __init__(self, rate: float) -> None:
-        if not (math.isfinite(rate) and rate > 0):
-            raise ValueError(f"rate limit must be a finite number of requests/s > 0, got {rate!r}")
-        self.rate, self.burst = rate, max(1.0, rate)
-        self._buckets: dict[str, tuple[float, float]] = {}  # key → (tokens, monotonic time)
-        self._lock = threading.Lock()
-
-    def _level(self, key: str, now: float) -> float:
-        tokens, then = self._buckets.get(key, (self.burst, now))
-        return min(self.burst, tokens + (now - then) * self.rate)
-
-    def admit(self, key: str) -> bool:
-        now = time.monotonic()
-        with self._lock:
-            tokens = self._level(key, now)
-            if tokens < 1.0:
-                self._buckets[key] = (tokens, now)
-                return False
-            self._buckets[key] = (tokens - 1.0, now)
-            if len(self._buckets) > self.MAX_KEYS:
-                self._forget_full(now)
-            return True
-
-    def debit(self, key: str, n: float) -> None:
-        now = time.monotonic()
-        with self._lock:
-            self._buckets[key] = (self._level(key, now) - n, now)
-
-    def _forget_full(self, now: float) -> None:
-        for key in [k for k in self._buckets if self._level(k, now) >= self.burst]:
-            del self._buckets[key]
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(code, message)
+        self.code, self.message = code, message
 
 
-_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
-    (False, False): grpc.unary_unary_rpc_method_handler,
-    (False, True): grpc.unary_stream_rpc_method_handler,
-    (True, False): grpc.stream_unary_rpc_method_handler,
-    (True, True): grpc.stream_stream_rpc_method_handler,
+class _Refusing:
+    """The context the gate's own steps refuse through: ``abort`` raises :class:`Abort`."""
+
+    @staticmethod
+    def abort(code: grpc.StatusCode, message: str) -> None:
+        raise Abort(code, message)
+
+
+_REFUSING = _Refusing()
+_KINDS: dict[bool, Callable[..., grpc.RpcMethodHandler]] = {
+    False: grpc.stream_unary_rpc_method_handler,
+    True: grpc.stream_stream_rpc_method_handler,
 }
 _INVALID = "the request is not a valid protobuf message for this method; expected a serialized request message"
 
@@ -152,41 +140,52 @@ class _Wrapped:
         return cached[1]
 
 
-class Gate(grpc.ServerInterceptor):
+class Gate(grpc.aio.ServerInterceptor):
+    """See the module docstring. ``pool`` runs the synchronous methods (the request threads);
+    ``heavy`` queues their deferred work."""
+
     def __init__(
         self,
         authenticator: Authenticator,
         limiter: RateLimiter | None = None,
+        admission: Admission | None = None,
+        pool: ThreadPoolExecutor | None = None,
+        heavy: HeavyCalls | None = None,
         open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES,
+        observed_prefix: str = f"/{SERVICE_NAME}/",
     ) -> None:
         self.authenticator = authenticator
         self.limiter = limiter
+        self.admission = admission or Admission(AdmissionSettings())
+        self.pool = pool
+        self.heavy = heavy
         self._open = open_prefixes
+        self._observed = observed_prefix
         self._wrapped = _Wrapped()
 
-    def intercept_service(
+    async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED
-        method = handler_call_details.method
-        return self._wrapped.get(method, handler, self._wrap)
+        return self._wrapped.get(handler_call_details.method, handler, self._wrap)
 
-    def _refuse(self, context: grpc.ServicerContext, method: str, refusal: ServiceError) -> None:
+    def _refuse(self, context: Any, method: str, refusal: ServiceError) -> None:
+        """Counts the refusal and ends the call: ``context.abort`` raises (:class:`Abort` for the gate's own)."""
         code, message = status_of(refusal)
         metrics.requests(_short(method), "", code.name).inc()
         context.abort(code, message)
 
-    def admit(self, method: str, context: grpc.ServicerContext) -> Caller:
-        """Steps 1–3: the caller, or the call is aborted (context.abort raises)."""
+    def admit(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
+        """Steps 1–3 on the metadata: the caller, or :class:`Abort`."""
         caller = self.authenticator.authenticate(context)
         if caller is None:
             log.debug("UNAUTHENTICATED %s", _short(method))
             self._refuse(
-                context,
+                _REFUSING,
                 method,
                 Unauthenticated(
                     "missing or invalid credentials; expected metadata 'authorization: Bearer <token>' "
@@ -197,19 +196,37 @@ class Gate(grpc.ServerInterceptor):
         if self.limiter is not None and not self.limiter.admit(caller.key):
             log.debug("RESOURCE_EXHAUSTED %s: rate limit of %s", _short(method), caller)
             self._refuse(
-                context,
+                _REFUSING,
                 method,
                 RateLimited(f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later"),
             )
         if not caller.allows_method(method):
             log.warning("PERMISSION_DENIED %s for principal %s", _short(method), caller)
-            self._refuse(context, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
+            self._refuse(_REFUSING, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
         return caller
 
-    def _decode(
-        self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str, context: grpc.ServicerContext
-    ) -> Any:
-        """Step 4: a bad message is INVALID_ARGUMENT with our message, never a logged traceback."""
+    async def _receive(self, context: grpc.aio.ServicerContext, method: str) -> bytes:
+        """Step 5: the one request message, or :class:`Abort` when it is late or missing."""
+        timeout = self.admission.receive_timeout
+        try:
+            async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
+                raw = await context.read()
+        except TimeoutError:
+            log.debug("DEADLINE_EXCEEDED %s: no request message within %gs", _short(method), timeout)
+            self._refuse(
+                _REFUSING,
+                method,
+                ReceiveTimeout(
+                    f"the request message did not arrive within {timeout:g}s of the call's headers "
+                    "(--receive-timeout); expected the whole message promptly"
+                ),
+            )
+        if raw is grpc.aio.EOF:
+            self._refuse(_REFUSING, method, InvalidRequest("the call carried no request message; expected one"))
+        return raw  # bytes: the handler has no deserializer
+
+    def _decode(self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str, context: Any) -> Any:
+        """Step 7's decoding: a bad message is INVALID_ARGUMENT with our message, never a logged traceback."""
         if decode is None:
             return raw
         try:
@@ -226,6 +243,7 @@ class Gate(grpc.ServerInterceptor):
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         checked = not method.startswith(self._open)
+        observed = method.startswith(self._observed) and handler.unary_unary is not None
         decode = handler.request_deserializer
         streaming = handler.request_streaming
         behaviour = {
@@ -234,82 +252,108 @@ class Gate(grpc.ServerInterceptor):
             (True, False): handler.stream_unary,
             (True, True): handler.stream_stream,
         }[(streaming, handler.response_streaming)]
+        slots = self.admission.watches if method == WATCH else self.admission.rpcs if checked else None
+        what = "health watchers (--max-health-watches)" if method == WATCH else "calls (--max-concurrent-rpcs)"
 
-        def gated(request: Any, context: grpc.ServicerContext) -> Any:
-            caller = self.admit(method, context) if checked else None
-            if streaming:
-                request = self._decoded(request, decode, method, context)
-            else:
-                request = self._decode(decode, request, method, context)
-            token = CALLER.set(caller)
+        async def gated(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
+            held = 0
+            taken = False
             try:
-                return behaviour(request, context)
+                caller = self.admit(method, context) if checked else None
+                if slots is not None:
+                    if not slots.take():
+                        log.debug("RESOURCE_EXHAUSTED %s: %d %s in flight", _short(method), slots.limit, what)
+                        self._refuse(
+                            _REFUSING,
+                            method,
+                            Overloaded(f"this worker already serves {slots.limit} {what}; retry later"),
+                        )
+                    taken = True
+                CALLER.set(caller)  # this call's own task: request threads get a copy
+                if streaming:
+                    return await _respond(context, behaviour(self._decoded(requests, decode, method), context))
+                raw = await self._receive(context, method)
+                if not self.admission.bytes.take(len(raw)):
+                    limit = self.admission.bytes.limit
+                    self._refuse(
+                        _REFUSING,
+                        method,
+                        Overloaded(
+                            f"requests of more than {limit} bytes in all are in flight (--max-inflight-bytes); retry later"
+                        ),
+                    )
+                held = len(raw)
+                if observed:
+                    return await self._observe(method, behaviour, decode, raw, context, caller)
+                return await _respond(context, behaviour(self._decode(decode, raw, method, _REFUSING), context))
+            except Abort as abort:
+                await context.abort(abort.code, abort.message)
             finally:
-                CALLER.reset(token)
+                if taken and slots is not None:
+                    slots.give()
+                self.admission.bytes.give(held)
 
-        return _KINDS[(streaming, handler.response_streaming)](
+        return _KINDS[handler.response_streaming](
             gated, request_deserializer=None, response_serializer=handler.response_serializer
         )
 
-    def _decoded(
+    async def _observe(
         self,
-        requests: Iterator[bytes],
-        decode: Callable[[bytes], Any] | None,
         method: str,
-        context: grpc.ServicerContext,
-    ) -> Iterator[Any]:
-        for raw in requests:
-            yield self._decode(decode, raw, method, context)
-
-
-class Observer(grpc.ServerInterceptor):
-    """Maps each PrivateSelection method's exceptions to status codes and records its metrics
-    (see the module docstring); other services (health, reflection) pass through untouched."""
-
-    def __init__(self, prefix: str = f"/{SERVICE_NAME}/") -> None:
-        self._prefix = prefix
-        self._wrapped = _Wrapped()
-
-    def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler | None:
-        handler = continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or not method.startswith(self._prefix) or handler.unary_unary is None:
-            return handler
-        return self._wrapped.get(method, handler, self._wrap)
-
-    @staticmethod
-    def _wrap(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        behaviour: Callable[[Any, Any], Any],
+        decode: Callable[[bytes], Any] | None,
+        raw: bytes,
+        context: grpc.aio.ServicerContext,
+        caller: Caller | None,
+    ) -> Any:
+        """Step 7 in a request thread, then step 8; the outcome mapped to its status and counted."""
         name = _short(method)
-        behaviour = handler.unary_unary
-        latency = metrics.latency(name)
+        t0 = time.perf_counter()
+        code, mechanism, counted = grpc.StatusCode.OK, "", True
 
-        def observed(request: Any, context: grpc.ServicerContext) -> Any:
-            t0 = time.perf_counter()
-            code, mechanism = grpc.StatusCode.OK, ""
-            try:
-                response = behaviour(request, context)
-                mechanism = _count_answer(response)
-                return response
-            except Exception as exc:
-                code, message = status_of(exc)
-                if code is grpc.StatusCode.INTERNAL:
-                    log_internal_error(name, exc)
-                context.abort(code, message)
-                raise AssertionError("unreachable") from None  # context.abort raises
-            finally:
+        def call() -> Any:
+            return behaviour(self._decode(decode, raw, method, _REFUSING), context)
+
+        try:
+            assert self.pool is not None, "the gate needs the request threads to run a method"
+            response = await asyncio.wrap_future(submit(self.pool, call))
+            if isinstance(response, Deferred):
+                assert self.heavy is not None, "the gate needs the heavy queue to run deferred work"
+                response = await self.heavy.run(caller.key if caller else "", response)
+            mechanism = _count_answer(response)
+            return response
+        except Abort:
+            counted = False  # refused while decoding, and counted then
+            raise
+        except Exception as exc:
+            code, message = status_of(exc)
+            if code is grpc.StatusCode.INTERNAL:
+                log_internal_error(name, exc)
+            raise Abort(code, message) from None
+        finally:
+            if counted:
                 elapsed = time.perf_counter() - t0
                 metrics.requests(name, mechanism, code.name).inc()
-                latency.observe(elapsed)
+                metrics.latency(name).observe(elapsed)
                 if log.isEnabledFor(logging.DEBUG):  # no formatting work unless asked for
                     log.debug("%s %s mechanism=%s %.2fms", name, code.name, mechanism or "-", elapsed * 1e3)
 
-        return grpc.unary_unary_rpc_method_handler(
-            observed, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
-        )
+    async def _decoded(
+        self, requests: AsyncIterator[bytes], decode: Callable[[bytes], Any] | None, method: str
+    ) -> AsyncIterator[Any]:
+        async for raw in requests:
+            yield self._decode(decode, raw, method, _REFUSING)
+
+
+async def _respond(context: grpc.aio.ServicerContext, result: Any) -> Any:
+    """What an asynchronous behaviour returns, or its streamed answers written to ``context``."""
+    if inspect.isawaitable(result):
+        return await result
+    if hasattr(result, "__aiter__"):
+        async for response in result:
+            await context.write(response)
+        return None
+    return result
 
 
 def _count_answer(response: Any) -> str:

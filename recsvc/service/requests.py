@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from recsvc.mechanisms import charged_epsilon, select_slate, select_two_stage
+from recsvc.mechanisms import MECHANISMS, charged_epsilon, select_slate, select_two_stage
+from recsvc.mechanisms.slate import is_one_shot
 from recsvc.service.errors import InvalidRequest
 
 MAX_ID_LEN = 256
@@ -135,6 +136,31 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
         allow_non_private=allow_non_private,
         **p.params,
     )
+
+
+def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -> float:
+    """Random draws one selection among ``n`` is expected to need: one per candidate, or ≈ 1/γ for
+    random stopping (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
+    spec = MECHANISMS[mechanism].params.get("gamma")
+    if spec is None:
+        return float(n)
+    gamma = params.get("gamma")
+    return max(float(n), 1.0 / (spec.default if gamma is None else gamma))
+
+
+def expected_work(p: Prepared) -> float:
+    """Random draws :func:`draw` is expected to make for ``p``, every stage counted: a one-shot
+    mechanism runs once, a peeled slate k times; a two-stage Recommend first draws its
+    private top-m (one run of its one-shot mechanism over the whole catalog)."""
+    if p.stage is None:
+        return _slate_work(p.mechanism, p.scores.size, p.k, p.params)
+    return _slate_work(p.stage.mechanism, p.scores.size, p.stage.m, {}) + _slate_work(
+        p.mechanism, p.stage.m, p.k, p.params
+    )
+
+
+def _slate_work(mechanism: str, n: int, k: int, params: Mapping[str, float | None]) -> float:
+    return (1 if is_one_shot(mechanism) else k) * expected_draws(mechanism, n, params)
 
 
 def check_id(name: str, value: str, required: bool) -> None:

@@ -40,7 +40,7 @@ from recsvc.policy import PolicyTable
 from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, CANDIDATE_MECHANISMS, Policy
-from recsvc.service.draws import HeavyDraws, expected_draws
+from recsvc.service.draws import HeavyDraws
 from recsvc.service.errors import InvalidRequest, Unavailable
 from recsvc.service.requests import (
     CandidateStage,
@@ -265,6 +265,12 @@ class Selector:
                 f"num_candidates={m} is below this server's floor of {floor} private candidates (--min-candidates); "
                 f"expected {floor} <= num_candidates <= {n} (the catalog size), or 0 for {floor}"
             )
+        cap = self.policy.limits.max_num_candidates
+        if m > cap:  # the candidate stage costs ≈ m × n draws: the operator bounds it
+            raise InvalidRequest(
+                f"num_candidates={m} is more than this server's cap of {cap} (--max-num-candidates); "
+                f"expected {floor} <= num_candidates <= {min(cap, n)}"
+            )
         if m > n:
             raise InvalidRequest(
                 f"num_candidates={m} is more than the catalog's {n} items; expected {floor} <= num_candidates <= {n}"
@@ -447,16 +453,14 @@ class Selector:
         (below 1e-12) is refused before the ledger is touched."""
         charged = to_epsilon(charge_units(p.charge))  # what the ledger spends (rounded up to its unit)
 
-        def sample() -> np.ndarray:  # no lock held; the drawing thread's own CSPRNG
-            return draw(p, thread_csprng(), self.policy.selection.allow_non_private)
-
-        def heavy_or_inline() -> np.ndarray:  # a heavy draw (random stopping at a tiny γ) yields the CPU
-            return self.heavy.run(sample, p.k * expected_draws(p.mechanism, p.scores.size, p.params))
+        def sample() -> np.ndarray:  # no lock held; this thread's CSPRNG, or a heavy draw's process
+            allow = self.policy.selection.allow_non_private
+            return self.heavy.draw(p, allow, lambda: draw(p, thread_csprng(), allow))
 
         def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
             ids, rows = p.answer(picked)
             return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id, rows))
 
         return ledger.draw_and_charge(
-            p.user_id, p.request_id, p.fingerprint, p.charge, heavy_or_inline, build, mechanism=p.mechanism
+            p.user_id, p.request_id, p.fingerprint, p.charge, sample, build, mechanism=p.mechanism
         )

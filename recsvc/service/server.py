@@ -19,20 +19,16 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import threading
 import time
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from recsvc.checks import ParamError
 from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
+from recsvc.service.aioserver import EventLoop, Health, bind, build, check_port_free
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
 from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
@@ -46,13 +42,15 @@ KILL_AFTER_S = 5.0  # the parent's SIGKILL comes this long after a worker's own 
 class ServerHandle:
     """A running in-process server. ``stop`` drains it (health NOT_SERVING, then grace)."""
 
-    server: grpc.Server
+    server: Any  # grpc.aio.Server, driven through ``loop``
     port: int
-    health: Any
+    health: Health
     ledger: Any
     servicer: Any
     metrics_port: int | None = None
     metrics_server: Any = None
+    loop: EventLoop | None = None
+    pools: tuple[Any, ...] = ()  # the request threads and the heavy queue, shut down after the server
     _stopped: threading.Event = field(default_factory=threading.Event)
     _watcher: threading.Thread | None = None
 
@@ -62,17 +60,23 @@ class ServerHandle:
         self._stopped.set()
         if self._watcher is not None:
             self._watcher.join()
+        assert self.loop is not None
         self.health.enter_graceful_shutdown()  # every service → NOT_SERVING
         if drain_delay > 0:
             time.sleep(drain_delay)  # let load balancers see NOT_SERVING before the port closes
-        self.server.stop(grace).wait()  # refuses new calls; in-flight calls get `grace` seconds
+        self.loop.call(self.server.stop(grace))  # refuses new calls; in-flight calls get `grace` seconds
+        for pool in self.pools:  # work a cancelled call left running ends before the ledger closes
+            pool.shutdown()
+        self.servicer.selector.heavy.shutdown()
+        self.loop.close()
         self.ledger.close()
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
 
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        while not self._stopped.wait(1.0):
+            pass
 
 
 def start(config: ServerConfig) -> ServerHandle:
@@ -83,15 +87,13 @@ def start(config: ServerConfig) -> ServerHandle:
     created is removed again if the start fails, so a failed start changes nothing.
     """
     config.check()
-    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-    from grpc_reflection.v1alpha import reflection
+    from grpc_health.v1 import health_pb2
 
     from recsvc.artifact import load_artifact
     from recsvc.ledger import fingerprint
     from recsvc.ledger import sqlite as ledger_mod
-    from recsvc.service import auth, interceptors, metrics
-    from recsvc.service.servicer import SelectionServicer, register
-    from recsvc.v1 import selection_pb2
+    from recsvc.service import auth
+    from recsvc.service.servicer import SelectionServicer
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
@@ -101,34 +103,21 @@ def start(config: ServerConfig) -> ServerHandle:
         ledger_mod.check_path(config.ledger.location)
         fingerprint.check(config.ledger.key_path)
     servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
-    servicer.limiter = interceptors.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=config.listen.threads, thread_name_prefix="recsvc-rpc"),
-        # Every call: authenticate, rate-limit and scope-check, then decode; then the method, its
-        # refusals mapped to status codes and its metrics recorded (see interceptors.py).
-        interceptors=[interceptors.Gate(authenticator, servicer.limiter), interceptors.Observer()],
-        options=[
-            # Off for a single worker, so a second server on a busy port fails loudly.
-            ("grpc.so_reuseport", 1 if config.listen.reuse_port else 0),
-            ("grpc.max_receive_message_length", config.limits.max_message_bytes),
-            ("grpc.max_send_message_length", config.limits.max_message_bytes),
-        ],
-    )
-    register(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    names = (
-        selection_pb2.DESCRIPTOR.services_by_name["PrivateSelection"].full_name,
-        health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-        reflection.SERVICE_NAME,
-    )
-    reflection.enable_server_reflection(names, server)
-    port = _bind(server, config, creds)
+    loop = EventLoop()
+    try:
+        server, health_servicer, pools = loop.call(build(config, servicer, authenticator))
+        port = loop.call(bind(server, config, creds))
+    except BaseException:
+        loop.close()
+        raise
+    health_status = Health(loop, health_servicer)
     metrics_server = None
     ledger = None
     created = not pg and not Path(config.ledger.location).exists()
     try:
         if config.listen.metrics_port is not None:
+            from recsvc.service import metrics
+
             metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
         settings = config.ledger
         ledger = open_ledger(
@@ -141,11 +130,14 @@ def start(config: ServerConfig) -> ServerHandle:
             mechanism_of=stored_mechanism,
         )
         servicer.ledger = ledger
-        server.start()
+        loop.call(server.start())
         for name in ("", SERVICE_NAME):
-            health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            health_status.set(name, health_pb2.HealthCheckResponse.SERVING)
     except BaseException:
-        server.stop(None)
+        loop.call(server.stop(None))
+        for pool in pools:
+            pool.shutdown()
+        loop.close()
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
@@ -175,7 +167,9 @@ def start(config: ServerConfig) -> ServerHandle:
         getattr(ledger, "where", config.ledger.location),
         config.ledger.key_path,
     )
-    handle = ServerHandle(server, port, health_servicer, ledger, servicer, metrics_port, metrics_server)
+    handle = ServerHandle(
+        server, port, health_status, ledger, servicer, metrics_port, metrics_server, loop=loop, pools=pools
+    )
     if pg:
         handle._watcher = threading.Thread(
             target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe", daemon=True
@@ -234,27 +228,6 @@ def _authenticator(config: ServerConfig) -> Authenticator:
     return Authenticator.from_files(
         config.auth.token_file, config.auth.client_scopes, mtls=config.auth.client_ca is not None
     )
-
-
-def _bind(server: grpc.Server, config: ServerConfig, creds: Any) -> int:
-    """Adds the listening port; a failure becomes a ValueError that names host:port and the likely cause."""
-    address = host_port(config.listen.host, config.listen.port)
-    expected = "expected a free {port} (0..65535) and a {host} that is an address of this machine (e.g. 127.0.0.1)"
-    if not config.listen.reuse_port:  # a plain socket names the cause (gRPC only says "Failed to bind")
-        try:
-            _check_port_free(config.listen.host, config.listen.port)
-        except ValueError as exc:
-            raise ParamError("{reason}; " + expected, reason=str(exc)) from None
-    try:
-        port = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
-    except RuntimeError:  # grpc's "Failed to bind to address ...; set GRPC_VERBOSITY=debug"
-        port = 0
-    if port == 0:
-        raise ParamError(
-            "cannot listen on {address}: the port is in use or the host is not an address of this machine; " + expected,
-            address=address,
-        )
-    return port
 
 
 def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
@@ -326,9 +299,9 @@ def _fork_workers(config: ServerConfig) -> int:
 
     auth.check_server_files(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
     _authenticator(config)
-    _check_port_free(config.listen.host, config.listen.port)
+    check_port_free(config.listen.host, config.listen.port)
     if config.listen.metrics_port:
-        _check_port_free(config.listen.metrics_host, config.listen.metrics_port)
+        check_port_free(config.listen.metrics_host, config.listen.metrics_port)
     pg = is_postgres(config.ledger.location)
     if not pg:
         ledger_mod.check_path(config.ledger.location)
@@ -471,13 +444,3 @@ def _terminate(pids: list[int], sig: int = signal.SIGTERM) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-
-
-def _check_port_free(host: str, port: int) -> None:
-    # SO_REUSEPORT would otherwise let our workers silently join someone else's server.
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        try:
-            s.bind((host, port))
-        except (OSError, OverflowError) as exc:  # gaierror (bad host) is an OSError
-            reason = getattr(exc, "strerror", None) or str(exc)
-            raise ValueError(f"cannot listen on {host_port(host, port)}: {reason}") from None

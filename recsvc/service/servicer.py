@@ -1,35 +1,44 @@
 """The PrivateSelection servicer. Each RPC reads: authorize → decode → selector → encode.
 
-The rest of a call lives around it: the gate authenticates and decodes the raw bytes, the
-observer maps a raised refusal to its status code and records the metrics
-(:mod:`recsvc.service.interceptors`); the wire format is :mod:`recsvc.service.codec`; every
-selection rule (checks, clipping, ``auto``, the ledger transaction) is the proto-free
-:mod:`recsvc.service.selection`.
+**How an RPC method is written** (one way for every method): a plain synchronous method
+``Name(self, request, context)`` that returns the response message. The gate
+(:mod:`recsvc.service.interceptors`) has already authenticated the caller, read the message and
+decoded it, and runs the method in a request thread, never on the event loop; a raised refusal
+(:mod:`recsvc.service.errors`) becomes its status code and the metrics are recorded there. Work
+whose cost grows with a request parameter (random stopping's 1/γ, a candidate stage's m) is
+returned as a :class:`recsvc.service.draws.Deferred` instead, made by :meth:`execute` (or
+:meth:`defer`): the request thread is free at once and the gate answers when the bounded heavy
+queue has run it. The method is registered in :func:`register` with its decoder. The wire format
+is :mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the ledger
+transaction) is the proto-free :mod:`recsvc.service.selection`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
 from recsvc.artifact import Artifact
 from recsvc.ledger import Ledger
 from recsvc.service import codec
+from recsvc.service.admission import RateLimiter
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
+from recsvc.service.draws import Deferred
 from recsvc.service.errors import PermissionDenied, log_internal_error
-from recsvc.service.interceptors import RateLimiter, current_caller, status_of
+from recsvc.service.interceptors import current_caller, status_of
 from recsvc.service.multiselect import MultiSelector
-from recsvc.service.requests import Columns, Prepared, check_id
+from recsvc.service.requests import Columns, Prepared, check_id, expected_work
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
 
 log = logging.getLogger("recsvc.service")
+T = TypeVar("T")
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
@@ -60,19 +69,15 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     # -- RPCs --------------------------------------------------------------------------------
 
-    def Select(self, request: pb.SelectRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
+    def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
         self.authorize("Select", request.user_id)
-        prepared = self.prepare_select(request)
-        charge = self.selector.execute(self.ledger, prepared, codec.encode)
-        return codec.answer(charge)
+        return self.execute(self.prepare_select(request))
 
-    def Recommend(self, request: pb.RecommendRequest, context: grpc.ServicerContext) -> pb.SelectResponse:
+    def Recommend(self, request: pb.RecommendRequest, context: Any) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
         self.authorize("Recommend", request.user_id)
-        prepared = self.prepare_recommend(request)
-        charge = self.selector.execute(self.ledger, prepared, codec.encode)
-        return codec.answer(charge)
+        return self.execute(self.prepare_recommend(request))
 
-    def SelectBatch(self, request: pb.SelectBatchRequest, context: grpc.ServicerContext) -> codec.Framed:
+    def SelectBatch(self, request: pb.SelectBatchRequest, context: Any) -> codec.Framed | Deferred[codec.Framed]:
         """The serialized SelectBatchResponse (:func:`recsvc.service.codec.batch_response`): each
         item is authorized, decoded and checked alone (a refusal is that item's Error and spends
         nothing); the rest are drawn vectorised and charged in ONE ledger transaction."""
@@ -87,19 +92,23 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 outcomes[i] = p
             else:
                 prepared[i] = p
-        if prepared:
-            charged = execute_batch(self.selector, self.ledger, list(prepared.values()), codec.encode)
-            for (i, p), charge in zip(prepared.items(), charged, strict=False):
-                outcomes[i] = (p, charge)
-        return self._encode_batch(outcomes)
 
-    def MultiSelect(self, request: pb.MultiSelectRequest, context: grpc.ServicerContext) -> pb.MultiSelectResponse:
+        def finish() -> codec.Framed:
+            if prepared:
+                charged = execute_batch(self.selector, self.ledger, list(prepared.values()), codec.encode)
+                for (i, p), charge in zip(prepared.items(), charged, strict=False):
+                    outcomes[i] = (p, charge)
+            return self._encode_batch(outcomes)
+
+        return self.defer(finish, sum(expected_work(p) for p in prepared.values()))
+
+    def MultiSelect(self, request: pb.MultiSelectRequest, context: Any) -> pb.MultiSelectResponse:
         self.authorize("MultiSelect", request.user_id)
         prepared = self.multi.prepare(**codec.multiselect_input(request))
         answer = self.multi.execute(self.ledger, prepared, codec.encode_multiselect, codec.decode_multiselect)
         return codec.multiselect_message(answer)
 
-    def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
+    def GetBudget(self, request: pb.GetBudgetRequest, context: Any) -> pb.GetBudgetResponse:
         self.authorize("GetBudget", request.user_id)
         check_id("user_id", request.user_id, required=True)
         u = self.ledger.user(request.user_id)
@@ -113,9 +122,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             window_end_unix=u.window_end,
         )
 
-    def ListMechanisms(
-        self, request: pb.ListMechanismsRequest, context: grpc.ServicerContext
-    ) -> pb.ListMechanismsResponse:
+    def ListMechanisms(self, request: pb.ListMechanismsRequest, context: Any) -> pb.ListMechanismsResponse:
         return codec.mechanisms_response(self.selector, self.policy, self.ledger.budget, self.multi)
 
     # -- the steps ---------------------------------------------------------------------------
@@ -160,9 +167,15 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
         return self.selector.prepare_recommend(**codec.recommend_input(req))
 
-    def execute(self, p: Prepared) -> pb.SelectResponse:
-        """Draws and charges ``p``; the answer (a stored one, marked, for a replay)."""
-        return codec.answer(self.selector.execute(self.ledger, p, codec.encode))
+    def execute(self, p: Prepared) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
+        """Draws and charges ``p``; the answer (a stored one, marked, for a replay), or the same
+        work deferred to the heavy queue when it is expected to be heavy."""
+        return self.defer(lambda: codec.answer(self.selector.execute(self.ledger, p, codec.encode)), expected_work(p))
+
+    def defer(self, work: Callable[[], T], draws: float) -> T | Deferred[T]:
+        """``work()`` now, in this request thread, or (``draws`` above --heavy-draws) a
+        :class:`Deferred` for the gate's heavy queue, before anything is drawn or spent."""
+        return Deferred(work) if self.selector.heavy.heavy(draws) else work()
 
     @staticmethod
     def _authorize_items(caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:
@@ -205,7 +218,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         return codec.Framed(codec.batch_response(results), counted)
 
 
-def register(servicer: SelectionServicer, server: grpc.Server) -> None:
+def register(servicer: SelectionServicer, server: Any) -> None:
     """Adds the service to ``server`` with request decoders that enforce the size limits on the
     raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication."""
     limits = servicer.policy.limits

@@ -169,7 +169,7 @@ def test_the_status_table_is_generated_from_the_service_errors() -> None:
     text = page.read_text(encoding="utf-8")
     assert text == cli_docs.render_status(text), f"{page.relative_to(ROOT)} is stale: run `{cli_docs.COMMAND}`"
     table = text.split(cli_docs.STATUS_BEGIN)[1].split(cli_docs.STATUS_END)[0]
-    assert "| `RESOURCE_EXHAUSTED` | 8 | BudgetExceeded, RateLimited |" in table
+    assert "| `RESOURCE_EXHAUSTED` | 8 | BudgetExceeded, RateLimited, Overloaded |" in table
     assert len(table.strip().splitlines()) == 2 + len(cli_docs.STATUS_TABLE)
 
 

@@ -299,7 +299,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
     def broken(*_a: object) -> None:
         raise RuntimeError("health service broke")
 
-    monkeypatch.setattr(health.HealthServicer, "set", broken)
+    monkeypatch.setattr(health.aio.HealthServicer, "set", broken)  # the server's (asyncio) health servicer
     with pytest.raises(RuntimeError, match="health service broke"):
         start(ServerConfig.of(artifacts=artifact, port=0, ledger=path))
     assert SQLiteLedger(path, budget=10.0).totals() == {"u": pytest.approx(1.5)}

@@ -1,0 +1,117 @@
+"""What one worker's calls in flight may hold, counted by the gate (SECURITY.md, "Admission").
+
+The server is asynchronous (``grpc.aio``): a call that has sent its headers but not its message
+costs a coroutine, never a thread, so idle, header-only and slow-body streams pin nothing. On
+top of that every resource a call can hold is bounded, and a call beyond a bound is refused
+with RESOURCE_EXHAUSTED before its message is read or decoded:
+
+- **HTTP/2** (gRPC's own limits, :func:`channel_options`): streams per connection, how long an
+  idle connection stays open, keepalive pings both ways and the message size;
+- **authenticated calls in flight** (:attr:`Admission.rpcs`), taken after authentication so
+  anonymous traffic never holds one;
+- **request bytes in flight** (:attr:`Admission.bytes`), taken when a message has arrived and
+  before it is decoded (decoding multiplies its size), released when the call ends;
+- **health watchers** (:attr:`Admission.watches`): Watch streams live as long as the client
+  wants, so they are few; Check is answered without a bound;
+- **the receive deadline**: a call's message must arrive within ``receive_timeout`` of its headers.
+
+The counters are touched only on the event loop's thread, so they need no lock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from recsvc.service.config import Admission as Settings
+from recsvc.service.config import ServerConfig
+
+
+class Slots:
+    """``limit`` units, taken and given back (event-loop thread only)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int = 1) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int = 1) -> None:
+        self.held -= n
+
+
+class Admission:
+    """The gate's counters for one server (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.rpcs = Slots(settings.max_concurrent_rpcs)
+        self.bytes = Slots(settings.max_inflight_bytes)
+        self.watches = Slots(settings.max_health_watches)
+        self.receive_timeout = settings.receive_timeout
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC's server arguments for the HTTP/2 limits of ``config`` (module docstring)."""
+    a = config.admission
+    return [
+        # Off for a single worker, so a second server on a busy port fails loudly.
+        ("grpc.so_reuseport", 1 if config.listen.reuse_port else 0),
+        ("grpc.max_receive_message_length", config.limits.max_message_bytes),
+        ("grpc.max_send_message_length", config.limits.max_message_bytes),
+        ("grpc.max_concurrent_streams", a.max_streams_per_connection),
+        ("grpc.max_connection_idle_ms", _ms(a.idle_timeout)),
+        ("grpc.keepalive_time_ms", _ms(a.keepalive_time)),
+        ("grpc.keepalive_timeout_ms", _ms(a.keepalive_timeout)),
+        ("grpc.keepalive_permit_without_calls", 1),  # a client's pings on an idle connection are allowed...
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(a.min_ping_interval)),  # ...but not faster than this
+        ("grpc.http2.max_ping_strikes", 2),  # then GOAWAY
+    ]
+
+
+class RateLimiter:
+    """A token bucket per key: ``rate`` requests/s, bursts of up to max(1, rate). A call is
+    admitted while the bucket holds a whole token; :meth:`debit` may take it below zero (a
+    SelectBatch pays for its items after they are counted), and later calls wait until it refills."""
+
+    MAX_KEYS = 100_000  # beyond this, full buckets (idle keys) are forgotten
+
+    def __init__(self, rate: float) -> None:
+        if not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"rate limit must be a finite number of requests/s > 0, got {rate!r}")
+        self.rate, self.burst = rate, max(1.0, rate)
+        self._buckets: dict[str, tuple[float, float]] = {}  # key → (tokens, monotonic time)
+        self._lock = threading.Lock()  # the gate admits on the loop, a SelectBatch debits in its thread
+
+    def _level(self, key: str, now: float) -> float:
+        tokens, then = self._buckets.get(key, (self.burst, now))
+        return min(self.burst, tokens + (now - then) * self.rate)
+
+    def admit(self, key: str) -> bool:
+        now = time.monotonic()
+        with self._lock:
+            tokens = self._level(key, now)
+            if tokens < 1.0:
+                self._buckets[key] = (tokens, now)
+                return False
+            self._buckets[key] = (tokens - 1.0, now)
+            if len(self._buckets) > self.MAX_KEYS:
+                self._forget_full(now)
+            return True
+
+    def debit(self, key: str, n: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._buckets[key] = (self._level(key, now) - n, now)
+
+    def _forget_full(self, now: float) -> None:
+        for key in [k for k in self._buckets if self._level(k, now) >= self.burst]:
+            del self._buckets[key]
