@@ -168,12 +168,12 @@ def _first(stream: Any) -> bytes | tuple[grpc.StatusCode, str]:
 
 @pytest.fixture(scope="module")
 def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server with 3 RPC slots, --heavy-draws 405 and two-stage Recommends of 2 <= m <= 10."""
+    """A server with 3 RPC slots, --heavy-draws 49 and two-stage Recommends of 2 <= m <= 10."""
     flags = (
         "--max-concurrent-rpcs",
         "3",
         "--heavy-draws",
-        "405",
+        "49",
         "--min-candidates",
         "2",
         "--max-num-candidates",
@@ -202,10 +202,10 @@ def test_calls_beyond_the_concurrency_bound_are_refused_and_spend_nothing(bounde
 
 
 def test_the_candidate_stage_is_counted_and_capped(bounded: ServerProcess) -> None:
-    """A two-stage Recommend's private top-m peels m times over the catalog (40 items): with m = 9
-    its work is 9·40 + 9 = 369 draws, drawn inline; with m = 10, 10·40 + 10 = 410 > --heavy-draws
-    405, so it is deferred and drawn by a draw process (which the server spawns on its first heavy
-    draw). m = 11 is over --max-num-candidates: INVALID_ARGUMENT, nothing spent."""
+    """A two-stage Recommend's private top-m is one run of a one-shot mechanism over the catalog
+    (40 draws), then rnm over the m: with m = 9 its work is 40 + 9 = 49 draws, drawn inline; with
+    m = 10, 40 + 10 = 50 > --heavy-draws 49, so it is deferred and drawn by a draw process (which
+    the server spawns on its first heavy draw). m = 11 is over --max-num-candidates: INVALID_ARGUMENT, nothing spent."""
     server = psutil.Process(bounded.proc.pid)
 
     def drawers() -> int:
