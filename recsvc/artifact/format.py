@@ -13,6 +13,8 @@ Layout of ``artifacts/<dataset>/``::
     policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
     test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
                          fold-in input items, so eval can score them over the full catalog
+    test_targets.parquet user_id (str), item_id (str)                 -- optional: the test users'
+                         held-out target items (eval's hit rate)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ MODEL_W1 = "W1.npz"
 MODEL_W2 = "W2.npz"
 MODEL_ITEMS = "items.parquet"
 TEST_INPUTS = "test_inputs.parquet"
+TEST_TARGETS = "test_targets.parquet"
 FORMAT_VERSION = 1
 MIN_SENSITIVITY = 1e-6
 
@@ -118,10 +121,11 @@ def validate_policy(policy: pl.DataFrame) -> pl.DataFrame:
     return policy
 
 
-def validate_test_inputs(inputs: pl.DataFrame) -> pl.DataFrame:
-    inputs = _check_schema(inputs, TEST_INPUTS_SCHEMA, TEST_INPUTS)
+def validate_test_inputs(inputs: pl.DataFrame, what: str = TEST_INPUTS) -> pl.DataFrame:
+    """``test_inputs.parquet`` or ``test_targets.parquet`` (``what``): (user_id, item_id), non-null."""
+    inputs = _check_schema(inputs, TEST_INPUTS_SCHEMA, what)
     if inputs["user_id"].null_count() or inputs["item_id"].null_count():
-        raise ArtifactError(f"{TEST_INPUTS}: user_id and item_id must be non-null")
+        raise ArtifactError(f"{what}: user_id and item_id must be non-null")
     return inputs
 
 

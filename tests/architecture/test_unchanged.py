@@ -26,10 +26,11 @@ ARTIFACT_FILES = {
     "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
     "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
+    "test_targets.parquet": "c05caaf9802845ac48cd6ef7c4b6b445a12a9f186c10204ee364c4a7724cf32a",
 }
-# The manifest's files map lists every data file (test_inputs.parquet, policy.parquet and
+# The manifest's files map lists every data file (test_inputs.parquet, test_targets.parquet, policy.parquet and
 # population.parquet included), and the manifest holds the policy section.
-MANIFEST_WITHOUT_TIMINGS = "3abf7d53d75e9e9ab7e3a9fb590cbbfb0c55cdd6f77ca6477b025746334383c9"
+MANIFEST_WITHOUT_TIMINGS = "0d94a47154d80fd36995dc9ddaf5d33ce01667bc65d58195b5fab40d291ca3a0"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
