@@ -1,0 +1,111 @@
+"""`recsvc eval-multiselect --artifacts`: the run's configuration, its checks, and each test user's
+data (docs/guides/evaluation.md, "Multi-selection on datasets").
+
+Every measure is taken against one reference per user: v, the user's RAW full-catalog SANSA
+scores with the items of their own history worth 0 (showing an item the user already has gains
+nothing). Its clipped form clip(v, lo, hi) is the reference of the paper's MSE.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from eval.multiselect_theory import check_grids
+from recsvc.checks import ParamError, check_int
+from recsvc.staging import check_out
+
+DEFAULT_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
+DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+DEFAULT_TRIALS = 10
+DEFAULT_CHUNK = 16  # users per work unit: each holds a few (users × catalog) float arrays
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """One `eval-multiselect` run over one or more artifacts' test users."""
+
+    artifacts: tuple[Path, ...]
+    out: Path | None = None
+    users: int | None = None  # the first N test users of each artifact (artifact order); None = all
+    ks: Sequence[int] = DEFAULT_KS
+    epsilons: Sequence[float] = DEFAULT_EPSILONS
+    trials: int = DEFAULT_TRIALS  # device signals (and Monte Carlo selections) per user and ε
+    seed: int = 0
+    workers: int | None = None
+    chunk_size: int = DEFAULT_CHUNK
+    progress: bool | None = None
+    force: bool = False
+
+
+def validate(cfg: DatasetConfig) -> DatasetConfig:
+    """Every check that needs no data; nothing is created. The grids come back sorted."""
+    from recsvc.engines import resolve_workers
+
+    if not cfg.artifacts:
+        raise ParamError("{artifacts}: give at least one artifact directory")
+    if len({Path(a).resolve() for a in cfg.artifacts}) != len(cfg.artifacts):
+        raise ParamError("{artifacts} must be distinct, got {value}", value=" ".join(map(str, cfg.artifacts)))
+    ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
+    if cfg.users is not None:
+        check_int("users", cfg.users, 1)
+    check_int("trials", cfg.trials, 1)
+    check_int("seed", cfg.seed, 0)
+    check_int("chunk_size", cfg.chunk_size, 1)
+    resolve_workers(cfg.workers)
+    if cfg.out is not None:
+        for a in cfg.artifacts:
+            check_out(cfg.out, cfg.force, protect={"artifacts": Path(a)})
+    return DatasetConfig(
+        tuple(Path(a) for a in cfg.artifacts),
+        cfg.out,
+        cfg.users,
+        ks,
+        epsilons,
+        cfg.trials,
+        cfg.seed,
+        cfg.workers,
+        cfg.chunk_size,
+        cfg.progress,
+        cfg.force,
+    )
+
+
+@dataclass(frozen=True)
+class UserChunk:
+    """Test users [start, start + B) of one artifact, everything the measures need."""
+
+    start: int
+    user_ids: np.ndarray  # (B,) str
+    raw: np.ndarray  # (B, n) raw full-catalog scores, items.parquet order, seen items included
+    seen: np.ndarray  # (B, n) bool: the user's fold-in history
+    target: np.ndarray  # (B, n) bool: the user's held-out targets
+    embedding: np.ndarray  # (B, d) the history's embedding, clipped to the L1 ball of radius R
+    cand_rows: np.ndarray  # (B, m) the top-500 candidates' items.parquet rows, −1 = padding
+    cand_scores: np.ndarray  # (B, m) their clipped scores, padding −inf
+    cand_sens: np.ndarray  # (B, m) their Δ, padding 1
+    cand_count: np.ndarray  # (B,)
+
+    @property
+    def value(self) -> np.ndarray:
+        """v: what showing each item is worth to the user (seen items 0)."""
+        return np.where(self.seen, 0.0, self.raw)
+
+    @property
+    def device_scores(self) -> np.ndarray:
+        """What the device re-ranks with: the true scores, seen items −inf."""
+        return np.where(self.seen, -np.inf, self.raw)
+
+
+def check_catalog(name: str, items: int, ks: Sequence[int]) -> None:
+    """k distinct items need a catalog of at least k; ParamError before anything is written."""
+    if max(ks) > items:
+        raise ParamError(
+            "{ks}: k = {k} is more than the {items} items of {name}; expected k ≤ {items}",
+            k=max(ks),
+            items=items,
+            name=name,
+        )
