@@ -66,6 +66,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=50,
         help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace (default 50)",
     )
+    ms = p.add_argument_group("multi-selection (client/ bundle and multiselect/ population sample)")
+    ms.add_argument(
+        "--embedding-dim",
+        type=int,
+        default=None,
+        help="d of the public embedding, < min(training users, items) (default 32, or min − 1 on a smaller dataset)",
+    )
+    ms.add_argument(
+        "--multiselect-users",
+        type=int,
+        default=1000,
+        help="training users in the server's population sample (seeded; default 1000)",
+    )
+    ms.add_argument(
+        "--multiselect-top",
+        type=int,
+        default=100,
+        help="top items by SANSA score kept per population user (default 100)",
+    )
     p.set_defaults(func=run_prep)
 
     q = sub.add_parser(
@@ -121,6 +140,9 @@ def run_prep(args: argparse.Namespace) -> int:
         chunk_users=args.chunk_users,
         policy_users=args.policy_users,
         policy_trials=args.policy_trials,
+        embedding_dim=args.embedding_dim,
+        multiselect_users=args.multiselect_users,
+        multiselect_top=args.multiselect_top,
         verbose=getattr(args, "verbose", False),
     )
     out = run(cfg)

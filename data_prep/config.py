@@ -20,6 +20,9 @@ ENGINES = ("local", "dask")
 SELECTION_METRIC = "ndcg@100"
 DEFAULT_PRESET = "small"
 DEFAULT_POPULATION_USERS = 10_000
+DEFAULT_EMBEDDING_DIM = 32
+DEFAULT_MULTISELECT_USERS = 1000
+DEFAULT_MULTISELECT_TOP = 100
 
 
 @dataclass
@@ -47,6 +50,11 @@ class PrepConfig:
     chunk_users: int = 1000
     policy_users: int = DEFAULT_POLICY_USERS  # population users the `auto` policy table averages (seeded sample)
     policy_trials: int = DEFAULT_POLICY_TRIALS  # its Monte Carlo selections per user (rs, rs_improved, rnm_laplace)
+    # Multi-selection (client/ and multiselect/): the public embedding's d (None: 32, or less on a
+    # dataset too small for it), the population sample's users and items kept per user.
+    embedding_dim: int | None = None
+    multiselect_users: int = DEFAULT_MULTISELECT_USERS
+    multiselect_top: int = DEFAULT_MULTISELECT_TOP
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
 
@@ -58,6 +66,13 @@ class PrepConfig:
         custom = any(v is not None for v in (self.users, self.items, self.interactions))
         preset = self.preset_name()
         return Path("artifacts") / (f"synthetic-{preset}-custom" if custom else f"synthetic-{preset}")
+
+    def embedding_dim_for(self, users: int, items: int) -> int:
+        """The embedding's d on a training matrix of ``users`` × ``items``: as given (refused by
+        :func:`data_prep.embedding.fit_embedding` if too large), else the default within min − 1."""
+        if self.embedding_dim is not None:
+            return self.embedding_dim
+        return max(1, min(DEFAULT_EMBEDDING_DIM, min(users, items) - 1))
 
     def preset_name(self) -> str:
         return DEFAULT_PRESET if self.preset is None else self.preset
@@ -110,8 +125,11 @@ class PrepConfig:
         check_int("chunk_users", self.chunk_users, 1)
         check_int("policy_users", self.policy_users, 1)
         check_int("policy_trials", self.policy_trials, 1)
+        check_int("multiselect_users", self.multiselect_users, 1)
+        check_int("multiselect_top", self.multiselect_top, 1)
         for param, value, least in (
             ("workers", self.workers, 1),
+            ("embedding_dim", self.embedding_dim, 1),
             ("population_users", self.population_users, 1),
             ("test_users", self.test_users, 1),
             ("val_users", self.val_users, 0),

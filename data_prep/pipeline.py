@@ -30,6 +30,14 @@ from data_prep.config import (
     PrepConfig,
 )
 from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate
+from data_prep.embedding import (
+    RADIUS_RULE,
+    PopulationSample,
+    choose_radius,
+    fit_embedding,
+    population_sample,
+    user_embeddings,
+)
 from data_prep.metrics import accuracy
 from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, population_spearman
 from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
@@ -218,6 +226,25 @@ def _sensitivities(
     return ranges, TopK(top_index, top_score)
 
 
+@dataclass(frozen=True)
+class _MultiSelect:
+    factors: np.ndarray
+    radius: float
+    sample: PopulationSample
+
+
+def _multiselect(cfg: PrepConfig, split: Split, model: Model) -> _MultiSelect:
+    """The public embedding, its radius and the server's population sample, from training users only."""
+    users, items = split.train.shape
+    factors = fit_embedding(split.train, cfg.embedding_dim_for(users, items), cfg.seed)
+    train_emb = user_embeddings(split.train, factors)
+    radius = choose_radius(train_emb)
+    sample = population_sample(
+        split.train, train_emb, radius, model, cfg.multiselect_users, cfg.multiselect_top, cfg.seed
+    )
+    return _MultiSelect(factors, radius, sample)
+
+
 def run(cfg: PrepConfig) -> Path:
     """Builds the artifact directory and returns its path. Bad input raises ValueError
     (DataError / ArtifactError / OutputError) before any directory is created; a failed run
@@ -255,6 +282,8 @@ def _build(
                 f"on {split.train.shape[0]} training users",
             ):
                 model = fit(split.train, split.item_ids, params, cfg.verbose, cfg.progress)
+        with timer.step("multiselect", "multi-selection: embedding (truncated SVD) and population sample"):
+            ms = _multiselect(cfg, split, model)
         with timer.step("test_candidates"):
             top = _top(engine, model, split.test, N_CANDIDATES, cfg.chunk_users, "test candidates")
         acc = accuracy(top.index, split.test.targets)
@@ -286,6 +315,8 @@ def _build(
         writer.write_test_inputs(_inputs_frame(split.test.user_ids, split.test.inputs, split.item_ids))
         if split.test.targets is not None:
             writer.write_test_targets(_inputs_frame(split.test.user_ids, split.test.targets, split.item_ids))
+        embedding_version = writer.write_client_bundle(split.item_ids, ms.factors, ms.radius, model)
+        writer.write_multiselect_population(ms.sample.embeddings, ms.sample.top_index, ms.sample.top_score)
         acc_users = acc.pop("users")
         manifest = {
             "dataset": cfg.dataset,
@@ -307,6 +338,14 @@ def _build(
             "candidates_per_user": N_CANDIDATES,
             "policy": spec.describe(policy_users, int(pop_matrix.count.max())),
             "default_gamma": info.gamma,
+            "multiselect": {
+                "embedding_version": embedding_version,
+                "dim": int(ms.factors.shape[1]),
+                "radius": ms.radius,
+                "radius_rule": RADIUS_RULE,
+                "users": int(ms.sample.user_rows.size),
+                "top": int(ms.sample.top_index.shape[1]),
+            },
             "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},
             "versions": _versions(),
             **extra,

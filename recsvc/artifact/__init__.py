@@ -6,6 +6,7 @@ verifies the checksums before anything is trusted) and :mod:`~recsvc.artifact.wr
 (:class:`ArtifactWriter`: a crash never leaves a half-written artifact).
 """
 
+from recsvc.artifact.bundle import CLIENT_DIR, MULTISELECT_DIR, ClientBundle, read_client_bundle
 from recsvc.artifact.format import (
     CANDIDATES,
     CANDIDATES_SCHEMA,
@@ -27,19 +28,21 @@ from recsvc.artifact.format import (
     validate_items,
     validate_policy,
 )
-from recsvc.artifact.manifest import Manifest, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
+from recsvc.artifact.manifest import Manifest, MultiSelectInfo, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
 from recsvc.artifact.reader import Artifact, CandidateMatrix, load_artifact, load_model, read_manifest
 from recsvc.artifact.writer import ArtifactWriter, save_model
 
 __all__ = [
     "CANDIDATES",
     "CANDIDATES_SCHEMA",
+    "CLIENT_DIR",
     "FORMAT_VERSION",
     "ITEMS",
     "ITEMS_SCHEMA",
     "MANIFEST",
     "MIN_SENSITIVITY",
     "MODEL_DIR",
+    "MULTISELECT_DIR",
     "POLICY",
     "POLICY_SCHEMA",
     "POPULATION",
@@ -49,7 +52,9 @@ __all__ = [
     "ArtifactError",
     "ArtifactWriter",
     "CandidateMatrix",
+    "ClientBundle",
     "Manifest",
+    "MultiSelectInfo",
     "PolicyInfo",
     "SansaInfo",
     "SpearmanStats",
@@ -57,6 +62,7 @@ __all__ = [
     "json_default",
     "load_artifact",
     "load_model",
+    "read_client_bundle",
     "read_manifest",
     "save_model",
     "sha256_file",

@@ -15,6 +15,9 @@ Layout of ``artifacts/<dataset>/``::
                          fold-in input items, so eval can score them over the full catalog
     test_targets.parquet user_id (str), item_id (str)                 -- optional: the test users'
                          held-out target items (eval's hit rate)
+    client/              multi-selection's client bundle (docs/reference/client-bundle.md)  -- optional
+    multiselect/         embeddings.npy, top_index.npy, top_score.npy: the server's population
+                         sample for MultiSelect (recsvc.artifact.bundle)  -- optional, with client/
 """
 
 from __future__ import annotations

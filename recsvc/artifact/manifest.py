@@ -206,6 +206,20 @@ class PolicyInfo(_Record):
 
 
 @dataclass(frozen=True)
+class MultiSelectInfo(_Record):
+    """Multi-selection's public embedding (``client/``) and the server's population sample
+    (``multiselect/``): docs/reference/client-bundle.md."""
+
+    embedding_version: str = _required(_STR)
+    dim: int = _required(_INT)
+    radius: float = _required(_NUMBER)
+    radius_rule: str = _required(_STR)  # how R was chosen from the training users
+    users: int = _required(_INT)  # population sample size P
+    top: int = _required(_INT)  # items kept per population user (L)
+    extra: Mapping[str, Any] = _extra()
+
+
+@dataclass(frozen=True)
 class Manifest(_Record):
     """``manifest.json``. Only ``format_version``, ``dataset`` and ``files`` are required: tests
     and benchmarks write artifacts with little else; the pipeline writes every field."""
@@ -229,6 +243,7 @@ class Manifest(_Record):
     versions: Mapping[str, str] | None = _optional(_STR_MAP)  # package → version
     timings_s: Mapping[str, float] | None = _optional(_NUMBER_MAP)  # pipeline step → seconds
     policy: PolicyInfo | None = _optional(_section(PolicyInfo))  # None: the artifact has no policy.parquet
+    multiselect: MultiSelectInfo | None = _optional(_section(MultiSelectInfo))  # None: no client bundle
     extra: Mapping[str, Any] = _extra()  # engine, synthetic, … : recorded, read by no consumer
 
     @classmethod

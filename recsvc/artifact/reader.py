@@ -13,6 +13,14 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
+from recsvc.artifact.bundle import (
+    BUNDLE_MANIFEST,
+    CLIENT_DIR,
+    MULTISELECT_DIR,
+    ClientBundle,
+    read_client_bundle,
+    read_population_sample,
+)
 from recsvc.artifact.format import (
     CANDIDATES,
     ITEMS,
@@ -34,6 +42,7 @@ from recsvc.artifact.format import (
 )
 from recsvc.artifact.manifest import Manifest
 from recsvc.model import Model
+from recsvc.multiselection import Population
 
 
 def load_model(directory: Path) -> Model:
@@ -249,6 +258,52 @@ class Artifact:
             return validate_policy(pl.read_parquet(self.path / POLICY))
         except ArtifactError as exc:
             raise ArtifactError(f"{self.path}: {exc}") from None
+
+    @property
+    def has_client_bundle(self) -> bool:
+        return f"{CLIENT_DIR}/{BUNDLE_MANIFEST}" in self.manifest.files and self.manifest.multiselect is not None
+
+    def _multiselect_missing(self) -> ArtifactError:
+        return ArtifactError(
+            f"{self.path} has no client bundle ({CLIENT_DIR}/) or multi-selection population ({MULTISELECT_DIR}/); "
+            "rebuild it with `recsvc prep`"
+        )
+
+    @cached_property
+    def client_bundle(self) -> ClientBundle:
+        """``client/`` checked (docs/reference/client-bundle.md), with the manifest's multiselect
+        section and items.parquet's item order; ArtifactError if absent or inconsistent."""
+        info = self.manifest.multiselect
+        if not self.has_client_bundle or info is None:
+            raise self._multiselect_missing()
+        bundle = read_client_bundle(self.path / CLIENT_DIR)
+        if (bundle.version, bundle.dim, bundle.radius) != (info.embedding_version, info.dim, float(info.radius)):
+            raise ArtifactError(
+                f"{self.path / CLIENT_DIR / BUNDLE_MANIFEST}: version, dim or radius differ from "
+                f"{self.path / MANIFEST}'s multiselect section; expected the same embedding"
+            )
+        if bundle.item_ids.tolist() != self.items["item_id"].to_list():
+            raise ArtifactError(
+                f"{self.path / CLIENT_DIR}: item_ids.json differs from {ITEMS}'s item order; expected the same items"
+            )
+        return bundle
+
+    @cached_property
+    def multiselect_population(self) -> Population:
+        """The server's population sample (``multiselect/``) over the bundle's items, every
+        embedding within the bundle's L1 radius."""
+        bundle = self.client_bundle
+        pop = read_population_sample(self.path / MULTISELECT_DIR, len(bundle.item_ids))
+        if pop.dim != bundle.dim:
+            raise ArtifactError(
+                f"{self.path / MULTISELECT_DIR}: embeddings of dimension {pop.dim}; expected {bundle.dim}"
+            )
+        if np.abs(pop.embeddings).sum(axis=1).max() > bundle.radius * (1 + 1e-9):
+            raise ArtifactError(
+                f"{self.path / MULTISELECT_DIR}: an embedding lies outside the L1 radius {bundle.radius}; "
+                "expected clipped embeddings"
+            )
+        return pop
 
 
 def read_manifest(path: Path) -> Manifest:

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 import scipy.sparse as sp
 
+from recsvc.artifact.bundle import CLIENT_DIR, MULTISELECT_DIR, write_client_bundle, write_population_sample
 from recsvc.artifact.format import (
     CANDIDATES,
     FORMAT_VERSION,
@@ -77,6 +78,14 @@ class ArtifactWriter(StagedDir):
 
     def write_policy(self, policy: pl.DataFrame) -> None:
         validate_policy(policy).write_parquet(self.tmp / POLICY, statistics=False)
+
+    def write_client_bundle(self, item_ids: Any, embedding: Any, radius: float, model: Model) -> str:
+        """``client/`` (docs/reference/client-bundle.md); returns the embedding version."""
+        return write_client_bundle(self.tmp / CLIENT_DIR, item_ids, embedding, radius, model)
+
+    def write_multiselect_population(self, embeddings: Any, top_index: Any, top_score: Any) -> None:
+        """``multiselect/``: the server's public population sample (clipped embeddings, top-L)."""
+        write_population_sample(self.tmp / MULTISELECT_DIR, embeddings, top_index, top_score)
 
     def keep(self, source: Path, files: Iterable[str]) -> None:
         """Carries ``files`` (paths relative to the artifact ``source``) over unchanged: hard links

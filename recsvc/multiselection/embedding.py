@@ -13,6 +13,8 @@ exp(ε·‖e − e'‖₁ / 2R) ≤ e^ε, which is also the geographic form, ε/
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import numpy.typing as npt
 
@@ -58,3 +60,12 @@ def device_signal(embedding: npt.ArrayLike, epsilon: float, radius: float, rng: 
     CSPRNG (:func:`recsvc.rng.csprng`) whenever the signal leaves the device."""
     clipped = clip_l1(embedding, radius)
     return np.asarray(clipped + rng.laplace(0.0, noise_scale(epsilon, radius), size=clipped.shape), dtype=np.float64)
+
+
+def embedding_version(factors: npt.ArrayLike, radius: float) -> str:
+    """The embedding's public version: sha256 (hex) of E's float64 little-endian bytes in C order
+    followed by R as one float64 little-endian. A signal is only meaningful for the (E, R) it was
+    made with, so the server refuses any other version."""
+    e = np.ascontiguousarray(np.asarray(factors, dtype="<f8"))
+    r = np.asarray([check_radius(radius)], dtype="<f8")
+    return hashlib.sha256(e.tobytes() + r.tobytes()).hexdigest()

@@ -27,9 +27,12 @@ from recsvc.ledger.testing.cluster import free_port
 from recsvc.model import Model
 
 __all__ = [
+    "BUNDLE_DIM",
+    "BUNDLE_RADIUS",
     "N_ITEMS",
     "REPO",
     "ServerProcess",
+    "add_bundle",
     "add_policy",
     "candidates",
     "client_of",
@@ -37,6 +40,7 @@ __all__ = [
     "item_ids",
     "make_artifact",
     "make_certs",
+    "make_model",
     "rpc_error",
     "run_recsvc",
     "select_request",
@@ -56,14 +60,23 @@ def item_ids(n: int = N_ITEMS) -> list[str]:
     return [f"it{k}" for k in range(n)]
 
 
-def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_items: int = N_ITEMS) -> Path:
-    """A few dozen items with clip ranges, a random sparse SANSA-shaped model and 3 users' candidates."""
+def make_model(n_items: int = N_ITEMS, seed: int = 0) -> Model:
+    """A random sparse SANSA-shaped model over :func:`item_ids` ``(n_items)``."""
+    w1 = sp.random(n_items, n_items, density=0.3, random_state=seed, format="csr") + sp.eye(n_items, format="csr")
+    w2 = sp.random(n_items, n_items, density=0.3, random_state=seed + 1, format="csr")
+    return Model(w1=sp.csr_matrix(w1), w2=sp.csr_matrix(w2), item_ids=np.array(item_ids(n_items)))
+
+
+def make_artifact(
+    out: Path, rho_median: float | None = 0.5, seed: int = 0, n_items: int = N_ITEMS, bundle: bool = False
+) -> Path:
+    """A few dozen items with clip ranges, a random sparse SANSA-shaped model and 3 users' candidates;
+    with ``bundle``, multi-selection's client bundle and population sample too (:func:`add_bundle`)."""
     rng = np.random.default_rng(seed)
     ids = item_ids(n_items)
     lo = rng.uniform(0.0, 0.1, n_items)
     hi = lo + rng.uniform(0.05, 1.0, n_items)
-    w1 = sp.random(n_items, n_items, density=0.3, random_state=seed, format="csr") + sp.eye(n_items, format="csr")
-    w2 = sp.random(n_items, n_items, density=0.3, random_state=seed + 1, format="csr")
+    model = make_model(n_items, seed)
     cands: dict[str, list[str | int | float]] = {"user_id": [], "rank": [], "item_id": [], "score": []}
     per_user = min(10, n_items)
     for u in range(3):
@@ -78,8 +91,41 @@ def make_artifact(out: Path, rho_median: float | None = 0.5, seed: int = 0, n_it
     with ArtifactWriter(out) as w:
         w.write_items(pl.DataFrame({"item_id": ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
         w.write_candidates(pl.DataFrame(cands).cast({"rank": pl.Int32}))
-        w.write_model(Model(w1=sp.csr_matrix(w1), w2=sp.csr_matrix(w2), item_ids=np.array(ids)))
+        w.write_model(model)
+        if bundle:
+            manifest["multiselect"] = add_bundle(w, model, seed)
         return w.commit(manifest)
+
+
+BUNDLE_DIM, BUNDLE_RADIUS, BUNDLE_USERS, BUNDLE_TOP = 4, 1.0, 60, 10
+
+
+def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]:
+    """Writes a client bundle (a random embedding of d = BUNDLE_DIM, R = BUNDLE_RADIUS) and a
+    population sample of BUNDLE_USERS random histories (clipped embeddings, top BUNDLE_TOP unseen
+    items by the model's scores) into the artifact being written; returns its manifest section."""
+    from recsvc.model import top_k
+    from recsvc.multiselection import clip_l1, embed
+
+    rng = np.random.default_rng(seed + 7)
+    n = len(model.item_ids)
+    factors = rng.normal(size=(n, BUNDLE_DIM)) / np.sqrt(n)
+    histories = [rng.choice(n, int(rng.integers(1, 8)), replace=False) for _ in range(BUNDLE_USERS)]
+    emb = clip_l1(np.stack([embed(h, factors) for h in histories]), BUNDLE_RADIUS)
+    scores = np.stack([model.score_one(np.sort(h)) for h in histories])
+    for u, h in enumerate(histories):
+        scores[u, h] = -np.inf
+    top = top_k(scores, BUNDLE_TOP)
+    version = w.write_client_bundle(model.item_ids, factors, BUNDLE_RADIUS, model)
+    w.write_multiselect_population(emb, top.index, top.score)
+    return {
+        "embedding_version": version,
+        "dim": BUNDLE_DIM,
+        "radius": BUNDLE_RADIUS,
+        "radius_rule": "fixed (test artifact)",
+        "users": BUNDLE_USERS,
+        "top": BUNDLE_TOP,
+    }
 
 
 def add_policy(

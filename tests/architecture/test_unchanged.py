@@ -28,9 +28,10 @@ ARTIFACT_FILES = {
     "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
     "test_targets.parquet": "c05caaf9802845ac48cd6ef7c4b6b445a12a9f186c10204ee364c4a7724cf32a",
 }
-# The manifest's files map lists every data file (test_inputs.parquet, test_targets.parquet, policy.parquet and
-# population.parquet included), and the manifest holds the policy section.
-MANIFEST_WITHOUT_TIMINGS = "0d94a47154d80fd36995dc9ddaf5d33ce01667bc65d58195b5fab40d291ca3a0"
+# The manifest's files map lists every data file (test_inputs.parquet, test_targets.parquet, policy.parquet,
+# population.parquet, client/ and multiselect/ included), and the manifest holds the policy and
+# multiselect sections.
+MANIFEST_WITHOUT_TIMINGS = "fd8eb02ea3a0f742a553f4d9930ae9a02a89dc026c0495f8686048790e548a4c"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
