@@ -109,3 +109,46 @@ def check_catalog(name: str, items: int, ks: Sequence[int]) -> None:
             items=items,
             name=name,
         )
+
+
+class DatasetSource:
+    """One artifact's first ``users`` test users, with everything eval-multiselect reads from it
+    checked on opening (before anything is written)."""
+
+    def __init__(self, path: Path, users: int | None, ks: Sequence[int]) -> None:
+        from recsvc.artifact import load_artifact
+
+        self.artifact = art = load_artifact(path)  # every sha256 verified first
+        total = len(art.user_ids)
+        if total == 0:
+            raise ValueError(f"{path}: the artifact has no test users; expected ≥ 1")
+        if not art.has_test_targets:
+            raise ValueError(
+                f"{path} has no test_targets.parquet (built before it was written); rebuild it with `recsvc prep` "
+                "to count hits on the test users' held-out targets"
+            )
+        self.bundle = art.client_bundle  # ArtifactError when the artifact has no client bundle
+        self.population = art.multiselect_population.warm()
+        self.total = total if users is None else min(users, total)
+        self.name = art.manifest.dataset
+        check_catalog(self.name, art.items.height, ks)
+        art.catalog_scores(art.user_ids[:1])  # the model and test_inputs.parquet load, or fail now
+        art.test_items(art.user_ids[:1])
+        items = art.items
+        self.lo, self.hi, self.sens = (items[c].to_numpy().astype(np.float64) for c in ("lo", "hi", "sensitivity"))
+
+    def chunk(self, r: range) -> UserChunk:
+        from recsvc.multiselection import clip_l1, embed
+
+        art = self.artifact
+        m = art.candidate_matrix(users=len(r), start=r.start)
+        raw = art.catalog_scores(m.user_ids)
+        inputs, targets = art.test_items(m.user_ids)
+        seen = np.zeros(raw.shape, dtype=bool)
+        target = np.zeros(raw.shape, dtype=bool)
+        for b, (i, t) in enumerate(zip(inputs, targets, strict=True)):
+            seen[b, i] = True
+            target[b, t] = True
+        factors, radius = self.bundle.embedding, self.bundle.radius
+        emb = np.stack([clip_l1(embed(i, factors), radius) for i in inputs])
+        return UserChunk(r.start, m.user_ids, raw, seen, target, emb, m.item_index, m.clipped(), m.sensitivity, m.count)
