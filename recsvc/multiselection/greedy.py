@@ -18,9 +18,9 @@ g_{p,j} = s_{p,j} − f_p ≥ 0 on the top L (0 elsewhere),
 
 F_L equals F for every user whose top L meets S and overestimates only the users it misses, by
 at most f_p − max_S s_{p,j}. With L = n it IS F, and :func:`greedy` then picks exactly what
-:func:`dense_greedy` picks. Greedy on F_L keeps a marginal gain per item and, after each pick,
-updates it only for the users who have the picked item in their top L: O(P·L) to start, then
-O(L × those users) per step, instead of O(P·n) per step.
+:func:`dense_greedy` picks. Greedy on F_L computes every item's gain once (O(P·L)), then runs
+lazily (:class:`_Lazy`): a pick recomputes only the gains of the few items that could beat it,
+each over the users who hold that item in their top L, instead of O(P·n) per pick.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from recsvc.multiselection.embedding import Floats
 from recsvc.multiselection.posterior import Ints, Population, posterior_weights
 
 #: a marginal gain this small (relative to the best single item's) counts as none: the picks left
-#: then follow the items' expected scores, not the rounding left in the incremental sums.
+#: then follow the items' expected scores, not rounding.
 _TIE = 1e-12
 
 
@@ -54,34 +54,96 @@ def greedy(population: Population, weights: Floats, k: int) -> Ints:
     if w.shape != (population.size,):
         raise ParamError(f"weights has shape {w.shape}; expected ({population.size},)")
     gain, slot = population.gain, population.slot
-    ptr, users_of, gain_of = population.by_item
-    live = np.flatnonzero(w > 0)  # users with no weight change nothing
-    marginal = np.bincount(slot[live].ravel(), weights=(w[live, None] * gain[live]).ravel(), minlength=n + 1)[:n]
-    alone = marginal.copy()  # each item's expected gain on its own: the order once nothing gains
+    if (w > 0).all():  # the usual case: no copy of the population's rows
+        sl, wg = slot.ravel(), (w[:, None] * gain).ravel()
+    else:  # users with no weight change nothing
+        live = np.flatnonzero(w > 0)
+        sl, wg = slot[live].ravel(), (w[live, None] * gain[live]).ravel()
+    alone = np.asarray(np.bincount(sl, weights=wg, minlength=n + 1)[:n], dtype=np.float64)
     tol = _TIE * max(float(alone.max()), np.finfo(np.float64).tiny)
-    best = np.zeros(population.size)  # each user's best gain over the items picked so far
+    lazy = _Lazy(population, w, alone, k)
     picked = np.empty(k, np.int64)
     for step in range(k):
-        j = int(np.argmax(marginal))
-        if marginal[j] <= tol:
+        j, value = lazy.best()
+        if value <= tol:  # nothing adds anything: the items' expected scores decide
             j = int(np.argmax(alone))
         picked[step] = j
-        marginal[j] = alone[j] = -np.inf
-        lo, hi = ptr[j], ptr[j + 1]
-        if lo == hi:
-            continue
-        users, g = users_of[lo:hi], gain_of[lo:hi]
-        up = (g > best[users]) & (w[users] > 0)
-        users, g = users[up], g[up]
-        if users.size == 0:
-            continue
-        old, new = best[users], g
-        rows = gain[users]
-        # Each of these users' items loses the part of its gain that j now covers.
-        lost = w[users, None] * (np.maximum(rows - old[:, None], 0.0) - np.maximum(rows - new[:, None], 0.0))
-        marginal -= np.bincount(slot[users].ravel(), weights=lost.ravel(), minlength=n + 1)[:n]
-        best[users] = new
+        alone[j] = -np.inf
+        lazy.take(j)
     return picked
+
+
+class _Lazy:
+    """Lazy greedy (Minoux), vectorised: by submodularity an item's marginal gain only falls as
+    items are picked, so a gain computed at an earlier step is an upper bound. Each step marks
+    every bound stale, recomputes exactly the ``BATCH`` largest stale bounds at once (each over
+    the users holding that item in their top L, from the inverse lists) until the largest bound
+    is exact: that item is the best. Only the ``size`` items with the largest gains alone are
+    tracked; should every tracked bound fall below the best untracked item's gain alone, all
+    gains are recomputed and the tracked set refilled, so the answer is always the exact greedy's."""
+
+    BATCH = 16
+
+    def __init__(self, population: Population, w: Floats, alone: Floats, k: int) -> None:
+        self.pop, self.w = population, w
+        self.best_gain = np.zeros(population.size)  # each user's best gain over the items picked
+        self.picked = np.zeros(population.num_items, bool)
+        self.size = min(population.num_items, 64 + 16 * k)
+        self._fill(alone)
+
+    def _fill(self, gains: Floats) -> None:
+        b = np.where(self.picked, -np.inf, gains)
+        n = b.size
+        top = np.argpartition(-b, self.size - 1)[: self.size] if self.size < n else np.arange(n)
+        rest = np.ones(n, bool)
+        rest[top] = False
+        self.rest_bound = float(b[rest].max()) if rest.any() else -np.inf
+        self.items = np.sort(top)  # ascending rows: a stable sort by bound breaks ties to the lower row
+        self.bound = b[self.items]
+        self.exact_now = np.zeros(self.items.size, bool)
+
+    def _exact(self, sel: Ints) -> Floats:
+        """The exact marginal gains of the tracked items at positions ``sel``."""
+        ptr, users_of, gain_of = self.pop.by_item
+        rows = self.items[sel]
+        starts, lens = ptr[rows], ptr[rows + 1] - ptr[rows]
+        total = int(lens.sum())
+        ends = np.cumsum(lens)
+        pos = np.arange(total) + np.repeat(starts - (ends - lens), lens)
+        users = users_of[pos]
+        vals = self.w[users] * np.maximum(gain_of[pos] - self.best_gain[users], 0.0)
+        sums = np.add.reduceat(vals, ends - lens) if total else np.zeros(rows.size)
+        return np.where(lens > 0, sums, 0.0)
+
+    def best(self) -> tuple[int, float]:
+        """The unpicked item with the largest marginal gain now, and that gain."""
+        while True:
+            order = np.argsort(-self.bound, kind="stable")
+            first = int(order[0])
+            if self.bound[first] < self.rest_bound:  # rare: an untracked item may be best
+                self._fill(self._all_gains())
+                continue
+            if self.exact_now[first]:
+                return int(self.items[first]), float(self.bound[first])
+            stale = order[~self.exact_now[order]][: self.BATCH]
+            self.bound[stale] = self._exact(stale)
+            self.exact_now[stale] = True
+
+    def take(self, j: int) -> None:
+        self.picked[j] = True
+        ptr, users_of, gain_of = self.pop.by_item
+        users, g = users_of[ptr[j] : ptr[j + 1]], gain_of[ptr[j] : ptr[j + 1]]
+        self.best_gain[users] = np.maximum(self.best_gain[users], g)
+        self.bound[self.items == j] = -np.inf
+        self.exact_now[:] = False  # every gain may have fallen: each bound is now only a bound
+
+    def _all_gains(self) -> Floats:
+        pop = self.pop
+        lost = np.maximum(pop.gain - self.best_gain[:, None], 0.0) * self.w[:, None]
+        return np.asarray(
+            np.bincount(pop.slot.ravel(), weights=lost.ravel(), minlength=pop.num_items + 1)[: pop.num_items],
+            dtype=np.float64,
+        )
 
 
 def dense_greedy(scores: Floats, weights: Floats, k: int) -> Ints:

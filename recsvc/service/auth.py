@@ -22,7 +22,9 @@ SERVICE_NAME = "recsvc.v1.PrivateSelection"
 # Health checks stay open so that load balancers and orchestrators need no credentials.
 OPEN_METHOD_PREFIXES = ("/grpc.health.v1.Health/",)
 # RPCs that act for the user_id(s) in the request: a `user:<id>` scope may call them for <id> only.
-PER_USER_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Select", "SelectBatch", "Recommend", "GetBudget"))
+PER_USER_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{m}" for m in ("Select", "SelectBatch", "Recommend", "GetBudget", "MultiSelect")
+)
 # RPCs that reveal only public server configuration: every principal may call them.
 PUBLIC_METHOD_PREFIXES = (f"/{SERVICE_NAME}/ListMechanisms", "/grpc.reflection.")
 

@@ -96,6 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="largest k (items per answer) on Select and Recommend (default %(default)s)",
     )
     p.add_argument(
+        "--max-multiselect-k",
+        type=int,
+        default=default("max_multiselect_k"),
+        help="largest k (items per answer) on MultiSelect (default %(default)s)",
+    )
+    p.add_argument(
         "--min-candidates",
         type=int,
         default=default("min_candidates"),

@@ -40,11 +40,13 @@ from google.protobuf.message import DecodeError
 from recsvc.mechanisms import MECHANISMS, PARAM_NAMES
 from recsvc.service.config import Limits, Policy
 from recsvc.service.errors import InvalidRequest, Refused
+from recsvc.service.multiselect import MultiAnswer
 from recsvc.service.requests import SelectInput
 from recsvc.v1 import selection_pb2 as pb
 
 if TYPE_CHECKING:
     from recsvc.ledger import Charge
+    from recsvc.service.multiselect import MultiSelector
     from recsvc.service.requests import Selected
     from recsvc.service.selection import Selector
 
@@ -282,6 +284,40 @@ def recommend_input(req: pb.RecommendRequest) -> dict[str, Any]:
     )
 
 
+def multiselect_input(req: pb.MultiSelectRequest) -> dict[str, Any]:
+    """A MultiSelect request as the arguments of :meth:`recsvc.service.multiselect.MultiSelector.prepare`."""
+    return dict(
+        user_id=req.user_id,
+        request_id=req.request_id,
+        signal=np.array(req.signal, dtype=np.float64),
+        embedding_version=req.embedding_version,
+        k=req.k,
+        epsilon=req.epsilon,
+        fingerprint=lambda: fingerprint(b"multiselect\0", req),
+    )
+
+
+def multiselect_message(a: MultiAnswer) -> pb.MultiSelectResponse:
+    return pb.MultiSelectResponse(
+        item_ids=a.item_ids,
+        epsilon_spent=a.epsilon_spent,
+        budget_remaining=a.budget_remaining,
+        replayed=a.replayed,
+        charged=a.charged,
+        request_id=a.request_id,
+    )
+
+
+def encode_multiselect(a: MultiAnswer) -> bytes:
+    """A serialized MultiSelectResponse: the answer the ledger stores and a replay returns."""
+    return multiselect_message(a).SerializeToString()
+
+
+def decode_multiselect(stored: bytes) -> MultiAnswer:
+    r = pb.MultiSelectResponse.FromString(stored)
+    return MultiAnswer(list(r.item_ids), r.epsilon_spent, r.budget_remaining, r.replayed, r.charged, r.request_id)
+
+
 def encode(s: Selected) -> bytes:
     """A serialized SelectResponse: the answer the ledger stores and a replay returns."""
     return pb.SelectResponse(
@@ -309,8 +345,11 @@ def answer(charge: Charge) -> pb.SelectResponse:
     return replayed(charge.response) if charge.replayed else pb.SelectResponse.FromString(charge.response)
 
 
-def mechanisms_response(selector: Selector, policy: Policy, budget: float) -> pb.ListMechanismsResponse:
-    """The server's public configuration: mechanisms, the ``auto`` table and the limits."""
+def mechanisms_response(
+    selector: Selector, policy: Policy, budget: float, multi: MultiSelector | None = None
+) -> pb.ListMechanismsResponse:
+    """The server's public configuration: mechanisms, the ``auto`` table, the limits and the
+    multi-selection embedding (empty version: MultiSelect is unavailable)."""
     infos = [
         pb.MechanismInfo(
             name=name, private=bool(m.private), allowed=bool(m.private) or policy.selection.allow_non_private
@@ -336,6 +375,10 @@ def mechanisms_response(selector: Selector, policy: Policy, budget: float) -> pb
         min_candidates=policy.limits.min_candidates,
         catalog_size=len(selector.catalog.item_ids) if selector.recommender is not None else 0,
         catalog_version=selector.catalog.version,
+        embedding_version=multi.version if multi is not None else "",
+        embedding_dim=multi.dim if multi is not None else 0,
+        embedding_radius=multi.radius if multi is not None else 0.0,
+        max_multiselect_k=multi.max_k if multi is not None else 0,
     )
 
 

@@ -95,6 +95,7 @@ class Limits:
     max_batch: int = 1000  # most requests per SelectBatch call
     max_history: int = 10_000  # most history entries per Recommend request
     max_slate: int = 100  # largest k (items per answer) on Select and Recommend
+    max_multiselect_k: int = 50  # largest k (items per answer) on MultiSelect
     # Recommend's public floor: a two-stage request's private top-m has m >= this (or the whole
     # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
     min_candidates: int = 500
@@ -251,6 +252,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     ),
     _at_least("max_candidates", 1),
     _at_least("max_slate", 1, " (items per answer)"),
+    _at_least("max_multiselect_k", 1, " (items per MultiSelect answer)"),
     _at_least("min_candidates", 1),
     _at_least("max_batch", 1, " (requests per SelectBatch)"),
     _port("metrics_port"),

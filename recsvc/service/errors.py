@@ -101,8 +101,8 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     (
         "FAILED_PRECONDITION",
         "Unavailable",
-        "well-formed, but this server cannot serve it: Recommend on an artifact without a model, or "
-        "item_rows for another catalog_version",
+        "well-formed, but this server cannot serve it: Recommend on an artifact without a model, "
+        "MultiSelect on one without a client bundle, or item_rows for another catalog_version",
     ),
     ("UNAUTHENTICATED", "Unauthenticated", "a missing or wrong bearer token (with --token-file) or client certificate"),
     ("PERMISSION_DENIED", "PermissionDenied", "the principal's scope does not cover the RPC or the user_id"),

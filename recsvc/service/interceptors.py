@@ -320,6 +320,12 @@ def _count_answer(response: Any) -> str:
         else:
             metrics.epsilon_spent(response.mechanism).inc(response.epsilon_spent)
         return response.mechanism
+    if isinstance(response, pb.MultiSelectResponse):
+        if response.replayed:
+            metrics.REPLAYS.inc()
+        elif response.charged:
+            metrics.epsilon_spent("multiselect").inc(response.epsilon_spent)
+        return "multiselect"
     if isinstance(response, Framed):
         _count_items(response.outcomes)
     return ""

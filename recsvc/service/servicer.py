@@ -23,6 +23,7 @@ from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import RateLimiter, current_caller, status_of
+from recsvc.service.multiselect import MultiSelector
 from recsvc.service.requests import Columns, Prepared, check_id
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
@@ -34,6 +35,7 @@ log = logging.getLogger("recsvc.service")
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
         self.selector = Selector(artifact, policy)
+        self.multi = MultiSelector(artifact, policy)
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
@@ -91,6 +93,12 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 outcomes[i] = (p, charge)
         return self._encode_batch(outcomes)
 
+    def MultiSelect(self, request: pb.MultiSelectRequest, context: grpc.ServicerContext) -> pb.MultiSelectResponse:
+        self.authorize("MultiSelect", request.user_id)
+        prepared = self.multi.prepare(**codec.multiselect_input(request))
+        answer = self.multi.execute(self.ledger, prepared, codec.encode_multiselect, codec.decode_multiselect)
+        return codec.multiselect_message(answer)
+
     def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
         self.authorize("GetBudget", request.user_id)
         check_id("user_id", request.user_id, required=True)
@@ -108,7 +116,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def ListMechanisms(
         self, request: pb.ListMechanismsRequest, context: grpc.ServicerContext
     ) -> pb.ListMechanismsResponse:
-        return codec.mechanisms_response(self.selector, self.policy, self.ledger.budget)
+        return codec.mechanisms_response(self.selector, self.policy, self.ledger.budget, self.multi)
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -215,6 +223,8 @@ def register(servicer: SelectionServicer, server: grpc.Server) -> None:
         ),
         "GetBudget": (servicer.GetBudget, pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
         "ListMechanisms": (servicer.ListMechanisms, pb.ListMechanismsRequest.FromString, pb.ListMechanismsResponse),
+        # A signal is d packed doubles; gRPC's message-size limit bounds it before parsing.
+        "MultiSelect": (servicer.MultiSelect, pb.MultiSelectRequest.FromString, pb.MultiSelectResponse),
     }
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(

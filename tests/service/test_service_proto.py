@@ -44,7 +44,14 @@ def test_spec_names_are_in_the_service() -> None:
 
     svc = pb.DESCRIPTOR.services_by_name["PrivateSelection"]
     assert pb.DESCRIPTOR.package == "recsvc.v1"
-    assert {m.name for m in svc.methods} == {"Select", "SelectBatch", "Recommend", "GetBudget", "ListMechanisms"}
+    assert {m.name for m in svc.methods} == {
+        "Select",
+        "SelectBatch",
+        "Recommend",
+        "GetBudget",
+        "ListMechanisms",
+        "MultiSelect",
+    }
     assert [f.name for f in pb.SelectRequest.DESCRIPTOR.fields][:8] == [
         "user_id",
         "candidates",

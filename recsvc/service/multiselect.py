@@ -1,0 +1,146 @@
+"""MultiSelect without the wire format: prepare → execute (docs/concepts/multi-selection.md).
+
+The device sends a noisy embedding of its history, already local ε-DP; the server's k items are a
+deterministic function of that signal and public data (:func:`recsvc.multiselection.respond`), so
+answering spends nothing beyond the device's ε. The server cannot check the noise, so it charges
+the ε the device DECLARES to ``user_id`` on the same ledger as Select, under the same protocol
+(:meth:`recsvc.ledger.Ledger.draw_and_charge`): the "draw" is the response, computed outside the
+write transaction, and a retry with the same request_id returns the stored items and spends
+nothing. Without user_id nothing is charged, nothing is stored, and the answer says so.
+
+Every check runs before the ledger is touched, so a refused request spends nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from recsvc.artifact import Artifact
+from recsvc.checks import check_epsilon
+from recsvc.ledger import Ledger
+from recsvc.ledger.units import charge_units, to_epsilon
+from recsvc.multiselection import respond
+from recsvc.service.catalog import short
+from recsvc.service.config import Policy
+from recsvc.service.errors import InvalidRequest, Unavailable
+from recsvc.service.requests import check_id
+
+log = logging.getLogger("recsvc.service")
+
+MECHANISM = "multiselect"  # the ledger's mechanism column for these charges (recsvc ledger export)
+
+
+@dataclass(frozen=True)
+class MultiPrepared:
+    """A checked MultiSelect request; the signal stays out of repr() (no log line prints it)."""
+
+    user_id: str  # "" : not charged
+    request_id: str
+    fingerprint: bytes
+    epsilon: float
+    k: int
+    signal: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
+class MultiAnswer:
+    """What the response carries."""
+
+    item_ids: list[str]
+    epsilon_spent: float
+    budget_remaining: float
+    replayed: bool
+    charged: bool
+    request_id: str
+
+
+class MultiSelector:
+    """The artifact's client bundle and population sample, and the MultiSelect rules."""
+
+    def __init__(self, artifact: Artifact, policy: Policy) -> None:
+        self.policy = policy
+        self.available = artifact.has_client_bundle
+        self.version, self.dim, self.radius = "", 0, 0.0
+        if not self.available:
+            log.info("%s has no client bundle: MultiSelect is unavailable (rebuild with `recsvc prep`)", artifact.path)
+            return
+        bundle = artifact.client_bundle  # checked now: a bad bundle refuses the start
+        self.population = artifact.multiselect_population.warm()
+        self.item_ids = bundle.item_ids
+        self.version, self.dim, self.radius = bundle.version, bundle.dim, bundle.radius
+
+    @property
+    def max_k(self) -> int:
+        """The largest k a request may ask: the server's limit, within the catalog."""
+        return min(self.policy.limits.max_multiselect_k, len(self.item_ids)) if self.available else 0
+
+    def prepare(
+        self,
+        user_id: str,
+        request_id: str,
+        signal: np.ndarray,
+        embedding_version: str,
+        k: int,
+        epsilon: float,
+        fingerprint: Callable[[], bytes],
+    ) -> MultiPrepared:
+        """Every check, in order, touching no ledger; InvalidRequest (or Unavailable) names what is wrong."""
+        if not self.available:
+            raise Unavailable(
+                "this server's artifact has no client bundle (client/), so MultiSelect is unavailable; "
+                "rebuild the artifact with `recsvc prep`"
+            )
+        check_id("user_id", user_id, required=False)
+        check_id("request_id", request_id, required=False)
+        check_epsilon(epsilon, error=InvalidRequest)
+        if not 1 <= k <= self.max_k:
+            raise InvalidRequest(
+                f"k={k} is out of range; expected 1 <= k <= {self.max_k} (max_multiselect_k, within the catalog)"
+            )
+        if embedding_version != self.version:
+            raise InvalidRequest(
+                f"embedding_version {short(embedding_version)} is not this server's; expected {self.version!r} "
+                "(ListMechanisms.embedding_version): re-download the client bundle"
+            )
+        if signal.shape != (self.dim,):
+            raise InvalidRequest(
+                f"signal has {signal.size} values; expected exactly {self.dim} (embedding_dim, one per coordinate)"
+            )
+        bad = np.flatnonzero(~np.isfinite(signal))
+        if bad.size:
+            raise InvalidRequest(
+                f"{bad.size} signal value(s) are NaN or infinite (first: coordinate {int(bad[0])}); expected finite values"
+            )
+        return MultiPrepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), float(epsilon), int(k), signal)
+
+    def items(self, p: MultiPrepared) -> list[str]:
+        """The k items for ``p``'s signal, best expected first."""
+        rows = respond(self.population, p.signal, p.epsilon, self.radius, p.k)
+        return [str(i) for i in self.item_ids[rows].tolist()]
+
+    def execute(
+        self,
+        ledger: Ledger,
+        p: MultiPrepared,
+        encode: Callable[[MultiAnswer], bytes],
+        decode: Callable[[bytes], MultiAnswer],
+    ) -> MultiAnswer:
+        """Answers ``p``: uncharged without a user_id; otherwise charged and stored in one ledger
+        transaction (a replay returns the stored items, marked, and computes nothing)."""
+        if not p.user_id:
+            return MultiAnswer(self.items(p), 0.0, 0.0, False, False, p.request_id)
+        charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
+
+        def build(items: list[str], remaining: float) -> bytes:  # inside the transaction: encoding only
+            return encode(MultiAnswer(items, charged, remaining, False, True, p.request_id))
+
+        charge = ledger.draw_and_charge(
+            p.user_id, p.request_id, p.fingerprint, p.epsilon, lambda: self.items(p), build, mechanism=MECHANISM
+        )
+        answer = decode(charge.response)
+        return replace(answer, replayed=True) if charge.replayed else answer

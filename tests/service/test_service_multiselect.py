@@ -1,0 +1,181 @@
+"""MultiSelect through a real server: the k items are the core's response to the signal, the
+declared ε is charged on the same ledger as Select (replays spend nothing, no user_id charges
+nothing), bad input is refused with nothing spent, an artifact without a bundle refuses the RPC,
+and scopes apply as for Select."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pyarrow.parquet as papq
+import pytest
+
+import recsvc.service.multiselect as multiselect_module
+from recsvc.artifact import load_artifact
+from recsvc.ledger.export import export
+from recsvc.multiselection import respond
+from recsvc.service.client import Client
+from recsvc.service.testing import BUNDLE_DIM, BUNDLE_RADIUS, candidates, client_of, make_artifact, rpc_error, served
+from recsvc.v1 import selection_pb2 as pb
+
+SERVER_OPTIONS = {"budget": 3.0, "max_multiselect_k": 5}
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy artifact with a client bundle and population sample."""
+    return make_artifact(tmp_path_factory.mktemp("art") / "toy", bundle=True)
+
+
+@pytest.fixture(scope="module")
+def version(artifact: Path) -> str:
+    return load_artifact(artifact).client_bundle.version
+
+
+def _signal(seed: int = 0) -> list[float]:
+    return np.random.default_rng(seed).laplace(0.0, 0.5, BUNDLE_DIM).tolist()
+
+
+def _call(c: Client, **fields: Any) -> pb.MultiSelectResponse:
+    return c.stub.MultiSelect(pb.MultiSelectRequest(**fields), metadata=c.metadata, timeout=10)
+
+
+def test_list_mechanisms_reports_the_embedding_and_the_largest_k(client: Client, version: str) -> None:
+    info = client.mechanisms()
+    assert info.embedding_version == version and len(version) == 64
+    assert (info.embedding_dim, info.embedding_radius, info.max_multiselect_k) == (BUNDLE_DIM, BUNDLE_RADIUS, 5)
+
+
+def test_the_answer_is_the_core_response_and_the_declared_epsilon_is_charged(
+    client: Client, artifact: Path, version: str
+) -> None:
+    art = load_artifact(artifact)
+    s = _signal(1)
+    r = _call(client, user_id="ann", request_id="r1", signal=s, embedding_version=version, k=4, epsilon=0.75)
+    rows = respond(art.multiselect_population, np.array(s), 0.75, BUNDLE_RADIUS, 4)
+    assert list(r.item_ids) == art.client_bundle.item_ids[rows].tolist() and len(set(r.item_ids)) == 4
+    assert (r.charged, r.replayed, r.epsilon_spent, r.budget_remaining, r.request_id) == (True, False, 0.75, 2.25, "r1")
+    b = client.budget("ann")
+    assert (b.spent, b.requests) == (0.75, 1)
+    # The same budget covers Select: 2.25 left, so ε = 2.5 is refused and 2.0 fits.
+    code, _ = rpc_error(client.select, "ann", candidates(), mechanism="rnm", epsilon=2.5)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert client.select("ann", candidates(), mechanism="rnm", epsilon=2.0).budget_remaining == pytest.approx(0.25)
+
+
+def test_a_retry_returns_the_stored_items_computes_nothing_and_spends_nothing(
+    client: Client, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    req = dict(user_id="bea", request_id="same", signal=_signal(2), embedding_version=version, k=3, epsilon=1.0)
+    first = _call(client, **req)
+    calls: list[int] = []
+    real = multiselect_module.respond
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(multiselect_module, "respond", counted)
+    again = _call(client, **req)
+    assert calls == [] and again.replayed and again.charged
+    assert (list(again.item_ids), again.epsilon_spent, again.budget_remaining) == (
+        list(first.item_ids),
+        first.epsilon_spent,
+        first.budget_remaining,
+    )
+    assert (client.budget("bea").spent, client.budget("bea").requests) == (1.0, 1)
+    # The same request_id with another signal is a conflict, not a second answer.
+    code, _ = rpc_error(_call, client, **{**req, "signal": _signal(3)})
+    assert code is grpc.StatusCode.ALREADY_EXISTS
+    assert client.budget("bea").spent == 1.0
+
+
+def test_without_a_user_id_nothing_is_charged_and_the_answer_says_so(client: Client, version: str) -> None:
+    r = _call(client, signal=_signal(4), embedding_version=version, k=5, epsilon=2.0)
+    assert (r.charged, r.replayed, r.epsilon_spent, r.budget_remaining) == (False, False, 0.0, 0.0)
+    assert len(set(r.item_ids)) == 5 and r.request_id
+
+
+def test_over_budget_is_refused_with_nothing_spent(client: Client, version: str) -> None:
+    req = dict(user_id="cat", signal=_signal(5), embedding_version=version, k=2)
+    code, _ = rpc_error(_call, client, **req, request_id="big", epsilon=3.5)
+    assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert client.budget("cat").spent == 0.0
+    assert _call(client, **req, request_id="fits", epsilon=3.0).budget_remaining == 0.0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"signal": [0.1] * (BUNDLE_DIM - 1)}, rf"signal has {BUNDLE_DIM - 1} values; expected exactly {BUNDLE_DIM}"),
+        ({"signal": [0.1] * (BUNDLE_DIM + 1)}, rf"signal has {BUNDLE_DIM + 1} values; expected exactly {BUNDLE_DIM}"),
+        ({"signal": []}, rf"signal has 0 values; expected exactly {BUNDLE_DIM}"),
+        ({"signal": [0.1, float("nan"), 0.2, 0.3]}, r"1 signal value\(s\) are NaN or infinite \(first: coordinate 1\)"),
+        ({"signal": [0.1, 0.2, 0.3, float("-inf")]}, r"NaN or infinite \(first: coordinate 3\)"),
+        ({"k": 0}, r"k=0 is out of range; expected 1 <= k <= 5"),
+        ({"k": 6}, r"k=6 is out of range; expected 1 <= k <= 5"),
+        ({"embedding_version": "v0"}, r"embedding_version 'v0' is not this server's; expected '[0-9a-f]{64}'"),
+        ({"embedding_version": ""}, r"embedding_version '' is not this server's"),
+        ({"epsilon": 0.0}, r"epsilon must be a positive finite number, got 0\.0"),
+        ({"epsilon": -1.0}, r"epsilon must be a positive finite number"),
+        ({"epsilon": float("inf")}, r"epsilon must be a positive finite number, got inf"),
+        ({"request_id": "x" * 300}, r"request_id is 300 characters long; expected at most 256"),
+    ],
+)
+def test_bad_input_is_invalid_argument_and_spends_nothing(
+    client: Client, version: str, change: dict, message: str
+) -> None:
+    req = {"user_id": "dan", "request_id": "bad", "signal": _signal(6), "embedding_version": version, "k": 2}
+    req["epsilon"] = 0.5
+    code, msg = rpc_error(_call, client, **{**req, **change})
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and re.search(message, msg), msg
+    b = client.budget("dan")
+    assert (b.spent, b.requests) == (0.0, 0)
+
+
+def test_the_audit_export_shows_the_charges(fresh_client: Client, version: str, tmp_path: Path) -> None:
+    _call(fresh_client, user_id="eve", request_id="m1", signal=_signal(7), embedding_version=version, k=2, epsilon=0.5)
+    _call(fresh_client, user_id="eve", request_id="m1", signal=_signal(7), embedding_version=version, k=2, epsilon=0.5)
+    fresh_client.select("eve", candidates(), mechanism="rnm", epsilon=0.25, request_id="s1")
+    _call(fresh_client, signal=_signal(8), embedding_version=version, k=2, epsilon=0.5)  # uncharged: no row
+    out = tmp_path / "charges.parquet"
+    assert export(tmp_path / "l.db", out, progress=False) == 2
+    rows = papq.read_table(out).select(["user_id", "request_id", "mechanism", "epsilon"]).to_pylist()
+    assert rows == [
+        {"user_id": "eve", "request_id": "m1", "mechanism": "multiselect", "epsilon": 0.5},
+        {"user_id": "eve", "request_id": "s1", "mechanism": "rnm", "epsilon": 0.25},
+    ]
+
+
+def test_an_artifact_without_a_bundle_refuses_multiselect_with_failed_precondition(tmp_path: Path) -> None:
+    plain = make_artifact(tmp_path / "plain")
+    with served(plain, tmp_path / "l.db") as h, client_of(h) as c:
+        info = c.mechanisms()
+        assert (info.embedding_version, info.embedding_dim, info.max_multiselect_k) == ("", 0, 0)
+        code, msg = rpc_error(_call, c, user_id="u", signal=_signal(), embedding_version="x", k=1, epsilon=1.0)
+        assert code is grpc.StatusCode.FAILED_PRECONDITION and "MultiSelect is unavailable" in msg
+        assert c.budget("u").spent == 0.0
+
+
+def test_scopes_apply_as_for_select(artifact: Path, tmp_path: Path, version: str) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("backend-tok service\nalice-tok user:alice\n")
+    tokens.chmod(0o600)
+    req = dict(request_id="r", signal=_signal(9), embedding_version=version, k=2, epsilon=0.5)
+    with served(artifact, tmp_path / "l.db", token_file=tokens) as h:
+        target = f"127.0.0.1:{h.port}"
+        with Client(target, retries=0) as anon:
+            assert rpc_error(_call, anon, user_id="alice", **req)[0] is grpc.StatusCode.UNAUTHENTICATED
+        with Client(target, token="alice-tok", retries=0) as alice:
+            assert _call(alice, user_id="alice", **req).charged
+            assert rpc_error(_call, alice, user_id="bob", **req)[0] is grpc.StatusCode.PERMISSION_DENIED
+            # A user-scoped principal cannot get uncharged answers: it must name its own user_id.
+            assert rpc_error(_call, alice, **req)[0] is grpc.StatusCode.PERMISSION_DENIED
+        with Client(target, token="backend-tok", retries=0) as backend:
+            assert _call(backend, user_id="bob", **req).charged
+            assert not _call(backend, **req).charged
+            assert backend.budget("alice").spent == 0.5
