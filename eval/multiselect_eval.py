@@ -21,8 +21,9 @@ the raw full-catalog scores with seen items worth 0 (:mod:`eval.multiselect_data
 - ``hit_rate``: whether the chosen item is one of the user's held-out targets;
 - ``mse``: the paper's (max q − q_chosen)² on q = clip(v, lo, hi) (:func:`eval.metrics.selected_stats`).
 
-Two reference rows: each response without noise (ε = ∞: what the embedding alone allows) and the
-non-private best item. User b's draws come from ``SeedSequence(seed, spawn_key=(b, TAG, mode, ε
+Three reference rows: each response without noise (ε = ∞: what the embedding alone allows), the
+greedy response to no signal at all (ε = 0: uniform weights, the same k items for everyone) and
+the non-private best item. User b's draws come from ``SeedSequence(seed, spawn_key=(b, TAG, mode, ε
 index))`` (:func:`eval.pipelines.stream`): independent of chunking, workers and the other modes.
 """
 
@@ -61,9 +62,10 @@ class Row:
 
 
 def rows(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[Row, ...]:
-    """The result rows in output order: each response per k over ε then without noise, the
-    central modes at k = 1 per ε, the non-private best."""
-    out = [Row(m, k, e) for m in (GREEDY, BASELINE) for k in ks for e in (*epsilons, math.inf)]
+    """The result rows in output order: each response per k over ε then without noise (the
+    greedy also without signal, ε = 0), the central modes at k = 1 per ε, the non-private best."""
+    out = [Row(GREEDY, k, e) for k in ks for e in (0.0, *epsilons, math.inf)]
+    out += [Row(BASELINE, k, e) for k in ks for e in (*epsilons, math.inf)]
     out += [Row(m, 1, e) for m in (RECOMMEND, SELECT) for e in epsilons]
     return (*out, Row(NONPRIVATE, 1, math.inf))
 
@@ -148,6 +150,12 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
     out: dict[Row, np.ndarray] = {}
     e = chunk.embedding[b]
     grids = [(ei, eps) for ei, eps in enumerate(ctx.epsilons)] + [(len(ctx.epsilons), math.inf)]
+    from recsvc.multiselection import greedy
+
+    pop = src.population
+    blind = greedy(pop, np.full(pop.size, 1.0 / pop.size), kmax)[None, :]  # no signal: the population's best k
+    for k in ctx.ks:
+        out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, blind[:, :k]), v, q, target)
     for ei, eps in grids:
         if math.isinf(eps):  # no noise: the clipped embedding itself
             signals = e[None, :]

@@ -86,7 +86,7 @@ def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) ->
     fig, axes = plt.subplots(len(datasets), 2, figsize=(10.5, 3.3 * len(datasets)), dpi=80, squeeze=False, sharey="row")
     cmap = plt.get_cmap("viridis")
     for row, name in enumerate(datasets):
-        t = table.filter((pl.col("dataset") == name) & pl.col("epsilon").is_finite())
+        t = table.filter((pl.col("dataset") == name) & pl.col("epsilon").is_finite() & (pl.col("epsilon") > 0))
         ks = sorted(set(t.filter(pl.col("mode") == "multiselect")["k"].to_list()))
         best = table.filter((pl.col("dataset") == name) & (pl.col("mode") == "nonprivate"))[measure]
         for col, (mode, title) in enumerate(_PANELS):

@@ -120,7 +120,7 @@ def headline(table: pl.DataFrame, epsilon: float = 1.0) -> list[str]:
     lines = []
     for (name,) in table.select("dataset").unique(maintain_order=True).iter_rows():
         t = table.filter(pl.col("dataset") == name)
-        grid = sorted(set(t.filter(pl.col("epsilon").is_finite())["epsilon"].to_list()))
+        grid = sorted(set(t.filter(pl.col("epsilon").is_finite() & (pl.col("epsilon") > 0))["epsilon"].to_list()))
         eps = min(grid, key=lambda e: abs(math.log(e) - math.log(epsilon)))
         at = t.filter(pl.col("epsilon") == eps)
         parts = []
@@ -148,7 +148,8 @@ def report(result: DatasetResult) -> str:
         f"{cfg.trials} signals (and selections) per user and ε, seed {cfg.seed}; {result.seconds:.0f} s.",
         "",
         "Each cell is the mean over users ± the half-width of its normal 95% CI. Utility fraction and "
-        "hit rate in %. ε = inf is the response to the noise-free embedding (the embedding's ceiling).",
+        "hit rate in %. ε = inf is the response to the noise-free embedding (the embedding's ceiling); "
+        "ε = 0 is the greedy response to no signal (the same k items for every user).",
         "",
         *(f"- `{m}`: {t}" for m, t in TRUST.items()),
         "",

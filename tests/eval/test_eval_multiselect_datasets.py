@@ -52,8 +52,8 @@ def test_the_csv_holds_every_row_and_the_numbers_the_setting_forces(tiny: Path, 
     assert not list(tmp_path.glob(".res*"))
     t = pl.read_csv(out / "multiselect.csv", infer_schema_length=None)
     assert tuple(t.columns) == tuple(SCHEMA)
-    # two responses × 3 k × (2 ε + no noise), two central modes × 2 ε, the non-private best
-    assert t.height == 2 * 3 * 3 + 2 * 2 + 1 and set(t["users"]) == {30}
+    # two responses × 3 k × (2 ε + no noise) + the greedy without signal, two central modes × 2 ε, the best
+    assert t.height == 2 * 3 * 3 + 3 + 2 * 2 + 1 and set(t["users"]) == {30}
     best = _at(t, "nonprivate", 1, math.inf)
     assert best["utility_fraction"] == 1.0 and best["mse"] < 1e-6
     for mode in ("multiselect", "multiselect-baseline"):
@@ -65,7 +65,9 @@ def test_the_csv_holds_every_row_and_the_numbers_the_setting_forces(tiny: Path, 
         for k in (1, 20, ITEMS):  # noise of scale 2R/10⁶ changes no answer of these users
             huge, free = _at(t, mode, k, 1e6), _at(t, mode, k, math.inf)
             assert huge["utility_fraction"] == pytest.approx(free["utility_fraction"], abs=1e-12)
-    for eps in (1.0, 1e6):  # more results help: k = 20 beats k = 1 beyond both CIs
+    whole = _at(t, "multiselect", ITEMS, 0.0)  # no signal, but every item: still the best
+    assert whole["utility_fraction"] == pytest.approx(1.0, abs=1e-12)
+    for eps in (0.0, 1.0, 1e6):  # more results help: k = 20 beats k = 1 beyond both CIs
         one, twenty = _at(t, "multiselect", 1, eps), _at(t, "multiselect", 20, eps)
         assert (
             twenty["utility_fraction"] - twenty["utility_fraction_ci"]
