@@ -89,15 +89,13 @@ class UserChunk:
     cand_sens: np.ndarray  # (B, m) their Δ, padding 1
     cand_count: np.ndarray  # (B,)
 
-    @property
-    def value(self) -> np.ndarray:
-        """v: what showing each item is worth to the user (seen items 0)."""
-        return np.where(self.seen, 0.0, self.raw)
+    def value(self, b: int) -> np.ndarray:
+        """v of user b: what showing each item is worth to them (seen items 0)."""
+        return np.where(self.seen[b], 0.0, self.raw[b])
 
-    @property
-    def device_scores(self) -> np.ndarray:
-        """What the device re-ranks with: the true scores, seen items −inf."""
-        return np.where(self.seen, -np.inf, self.raw)
+    def device_scores(self, b: int) -> np.ndarray:
+        """What user b's device re-ranks with: the true scores, seen items −inf."""
+        return np.where(self.seen[b], -np.inf, self.raw[b])
 
 
 def check_catalog(name: str, items: int, ks: Sequence[int]) -> None:

@@ -52,6 +52,7 @@ TRUST = {
     NONPRIVATE: "no privacy (the best item)",
 }
 SELECT_CANDIDATES = 500
+NO_NOISE_EPSILON = 1e12  # the posterior of a noise-free signal: all weight on the nearest population users
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,15 @@ class Context:
     seed: int
     source: DatasetSource
     central: dict[tuple[str, float], tuple[str, dict[str, float]]]  # (mode, ε) → mechanism, params
+    blind: np.ndarray  # (1, max k): the greedy answer to no signal (uniform weights), the same for everyone
+
+
+def blind_answer(source: DatasetSource, k: int) -> np.ndarray:
+    """The greedy k items for uniform weights over the population: the answer that ignores the signal."""
+    from recsvc.multiselection import greedy
+
+    pop = source.population
+    return greedy(pop, np.full(pop.size, 1.0 / pop.size), k)[None, :]
 
 
 def auto_choices(source: DatasetSource, epsilons: Sequence[float]) -> dict[tuple[str, float], tuple[str, dict]]:
@@ -144,28 +154,24 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
     from recsvc.multiselection import device_signal
 
     src, g = ctx.source, chunk.start + b
-    v, dev, target = chunk.value[b], chunk.device_scores[b], chunk.target[b]
+    v, dev, target = chunk.value(b), chunk.device_scores(b), chunk.target[b]
     q = np.clip(v, src.lo, src.hi)
     kmax = max(ctx.ks)
     out: dict[Row, np.ndarray] = {}
     e = chunk.embedding[b]
     grids = [(ei, eps) for ei, eps in enumerate(ctx.epsilons)] + [(len(ctx.epsilons), math.inf)]
-    from recsvc.multiselection import greedy
-
-    pop = src.population
-    blind = greedy(pop, np.full(pop.size, 1.0 / pop.size), kmax)[None, :]  # no signal: the population's best k
     for k in ctx.ks:
-        out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, blind[:, :k]), v, q, target)
+        out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, ctx.blind[:, :k]), v, q, target)
     for ei, eps in grids:
         if math.isinf(eps):  # no noise: the clipped embedding itself
             signals = e[None, :]
-            greedy, base = _answers(ctx, signals, 1.0e12, kmax)  # the posterior at ε → ∞: its nearest users
+            picked, base = _answers(ctx, signals, NO_NOISE_EPSILON, kmax)
         else:
             signals = device_signal(
                 np.broadcast_to(e, (ctx.trials, e.size)), eps, src.bundle.radius, stream(ctx.seed, g, TAG, 0, ei)
             )
-            greedy, base = _answers(ctx, signals, eps, kmax)
-        for mode, ans in ((GREEDY, greedy), (BASELINE, base)):
+            picked, base = _answers(ctx, signals, eps, kmax)
+        for mode, ans in ((GREEDY, picked), (BASELINE, base)):
             for k in ctx.ks:
                 out[Row(mode, k, eps)] = measures(device_choice(dev, ans[:, :k]), v, q, target)
     full_q = np.clip(chunk.raw[b], src.lo, src.hi)  # what Recommend selects over: seen items keep their scores

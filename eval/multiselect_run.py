@@ -12,7 +12,7 @@ import polars as pl
 
 from eval.metrics import RunningMean
 from eval.multiselect_data import DatasetConfig, DatasetSource, validate
-from eval.multiselect_eval import MEASURES, TRUST, Context, auto_choices, evaluate_chunk, rows
+from eval.multiselect_eval import MEASURES, TRUST, Context, auto_choices, blind_answer, evaluate_chunk, rows
 from recsvc.staging import StagedDir
 
 CSV = "multiselect.csv"
@@ -50,7 +50,10 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     from eval.sources import LazyChunks
     from recsvc.engines import chunk_ranges, make_engine
 
-    ctx = Context(tuple(cfg.ks), tuple(cfg.epsilons), cfg.trials, cfg.seed, source, auto_choices(source, cfg.epsilons))
+    central = auto_choices(source, cfg.epsilons)
+    ctx = Context(
+        tuple(cfg.ks), tuple(cfg.epsilons), cfg.trials, cfg.seed, source, central, blind_answer(source, max(cfg.ks))
+    )
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))
     ranges = chunk_ranges(source.total, cfg.chunk_size)
