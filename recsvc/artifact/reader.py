@@ -271,8 +271,13 @@ class Artifact:
 
     @cached_property
     def client_bundle(self) -> ClientBundle:
+        """:meth:`read_client_bundle`, read once."""
+        return self.read_client_bundle()
+
+    def read_client_bundle(self) -> ClientBundle:
         """``client/`` checked (docs/reference/client-bundle.md), with the manifest's multiselect
-        section and items.parquet's item order; ArtifactError if absent or inconsistent."""
+        section and items.parquet's item order; ArtifactError if absent or inconsistent. Not
+        cached: a server keeps only what it serves from, not W1/W2, the model's second copy."""
         info = self.manifest.multiselect
         if not self.has_client_bundle or info is None:
             raise self._multiselect_missing()
@@ -290,17 +295,19 @@ class Artifact:
 
     @cached_property
     def multiselect_population(self) -> Population:
-        """The server's population sample (``multiselect/``) over the bundle's items, every
-        embedding within the bundle's L1 radius."""
-        bundle = self.client_bundle
-        pop = read_population_sample(self.path / MULTISELECT_DIR, len(bundle.item_ids))
-        if pop.dim != bundle.dim:
+        """The server's population sample (``multiselect/``) over items.parquet's items, of the
+        manifest's dimension, every embedding within its L1 radius."""
+        info = self.manifest.multiselect
+        if not self.has_client_bundle or info is None:
+            raise self._multiselect_missing()
+        pop = read_population_sample(self.path / MULTISELECT_DIR, self.items.height)
+        if pop.dim != info.dim:
             raise ArtifactError(
-                f"{self.path / MULTISELECT_DIR}: embeddings of dimension {pop.dim}; expected {bundle.dim}"
+                f"{self.path / MULTISELECT_DIR}: embeddings of dimension {pop.dim}; expected {info.dim}"
             )
-        if np.abs(pop.embeddings).sum(axis=1).max() > bundle.radius * (1 + 1e-9):
+        if np.abs(pop.embeddings).sum(axis=1).max() > float(info.radius) * (1 + 1e-9):
             raise ArtifactError(
-                f"{self.path / MULTISELECT_DIR}: an embedding lies outside the L1 radius {bundle.radius}; "
+                f"{self.path / MULTISELECT_DIR}: an embedding lies outside the L1 radius {info.radius}; "
                 "expected clipped embeddings"
             )
         return pop

@@ -112,8 +112,11 @@ class _Lazy:
         pos = np.arange(total) + np.repeat(starts - (ends - lens), lens)
         users = users_of[pos]
         vals = self.w[users] * np.maximum(gain_of[pos] - self.best_gain[users], 0.0)
-        sums = np.add.reduceat(vals, ends - lens) if total else np.zeros(rows.size)
-        return np.where(lens > 0, sums, 0.0)
+        sums = np.zeros(rows.size)
+        held = lens > 0  # reduceat needs strictly valid starts: items no user holds gain 0
+        if total:
+            sums[held] = np.add.reduceat(vals, (ends - lens)[held])
+        return sums
 
     def best(self) -> tuple[int, float]:
         """The unpicked item with the largest marginal gain now, and that gain."""

@@ -69,7 +69,7 @@ class MultiSelector:
         if not self.available:
             log.info("%s has no client bundle: MultiSelect is unavailable (rebuild with `recsvc prep`)", artifact.path)
             return
-        bundle = artifact.client_bundle  # checked now: a bad bundle refuses the start
+        bundle = artifact.read_client_bundle()  # checked now: a bad bundle refuses the start
         self.population = artifact.multiselect_population.warm()
         self.item_ids = bundle.item_ids
         self.version, self.dim, self.radius = bundle.version, bundle.dim, bundle.radius

@@ -7,7 +7,8 @@ ledger) and an echo server on the same sync gRPC stack that parses a MultiSelect
 answers k fixed items. Requests are sent one at a time over loopback, each with a fresh
 request_id and a fresh device signal (clipped embedding + Laplace(2R/ε)): charged to a user (a
 ledger commit each), uncharged (no user_id), and to the echo server. It also times the server's
-steps in-process (posterior weights, greedy, the E·s baseline).
+steps in-process (posterior weights, greedy, the E·s baseline), and each server's CPU time per
+request (user + system, from outside), which a loaded machine inflates far less than latency.
 
 Usage: .venv/bin/python -m scripts.bench.multiselect [--artifacts DIR] [--requests 2000] [--k 10]
        (target: charged p99 ≤ 10 ms at k = 10 on ml20m-shape)
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from scripts.bench.harness import REPO, free_port, launch, serve_command, stop
+from scripts.bench.harness import REPO, free_port, launch, serve_command, stop, tree_cpu_seconds
 
 MODULE = "scripts.bench.multiselect"
 ML20M_ITEMS, DIM, USERS, TOP, RADIUS = 20_720, 32, 1000, 100, 1.0
@@ -193,31 +194,36 @@ def main() -> int:
         )
         med = steps(artifacts, sig[:200], args.k, args.epsilon)
         print("in-process medians (ms): " + ", ".join(f"{n} {v:.3f}" for n, v in med.items()))
-        rows: list[tuple[str, np.ndarray]] = []
+        rows: list[tuple[str, np.ndarray, float]] = []  # label, latencies (s), server CPU (s) per request
+
+        def row(label: str, pid: int, port: int, charged: bool) -> None:
+            cpu0 = tree_cpu_seconds(pid)
+            lat = measure(port, sig, bundle.version, args.k, args.epsilon, charged)
+            rows.append((label, lat, (tree_cpu_seconds(pid) - cpu0) / len(sig)))
+
         port = free_port()
         proc = launch(serve_command(artifacts, Path(tmp) / "ledger.db", port), "server")
         try:
             measure(port, sig[:50], bundle.version, args.k, args.epsilon, True)  # warm-up
-            rows.append(("MultiSelect, charged", measure(port, sig, bundle.version, args.k, args.epsilon, True)))
-            rows.append(("MultiSelect, no user_id", measure(port, sig, bundle.version, args.k, args.epsilon, False)))
+            row("MultiSelect, charged", proc.pid, port, True)
+            row("MultiSelect, no user_id", proc.pid, port, False)
         finally:
             stop(proc)
         port = free_port()
         echo = launch([sys.executable, "-m", MODULE, "--serve-echo", str(port), str(args.k)], "echo server", REPO)
         try:
             measure(port, sig[:50], bundle.version, args.k, args.epsilon, False)
-            rows.append(
-                ("echo (parse, k fixed items)", measure(port, sig, bundle.version, args.k, args.epsilon, False))
-            )
+            row("echo (parse, k fixed items)", echo.pid, port, False)
         finally:
             stop(echo)
     echo_p99 = float(np.percentile(rows[-1][1], 99))
-    print(f"{'row':<30} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99/echo':>9}")
-    for label, lat in rows:
+    head = f"{'row':<30} {'requests':>8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99/echo':>9}"
+    print(head + f" {'server CPU ms/req':>18}")
+    for label, lat, cpu in rows:
         p99 = float(np.percentile(lat, 99))
         print(
             f"{label:<30} {len(lat):>8} {np.percentile(lat, 50) * 1e3:>8.2f} {p99 * 1e3:>8.2f} "
-            f"{lat.max() * 1e3:>8.2f} {p99 / echo_p99:>9.1f}"
+            f"{lat.max() * 1e3:>8.2f} {p99 / echo_p99:>9.1f} {cpu * 1e3:>18.2f}"
         )
     return 0
 

@@ -73,8 +73,12 @@ def test_the_posterior_refuses_a_signal_of_the_wrong_length():
 def test_greedy_with_every_item_kept_equals_the_exact_dense_greedy(seed):
     scores, w = _instance(p=30, n=25, seed=seed)
     pop = _population(scores, top=25)
-    for k in (1, 3, 7):
+    for k in (1, 3, 7, 25):
         np.testing.assert_array_equal(greedy(pop, w, k), dense_greedy(scores, w, k))
+    concentrated = np.where(np.arange(30) % 7 == seed % 7, w, 0.0)  # most users without weight
+    concentrated /= concentrated.sum()
+    for k in (2, 9, 25):
+        np.testing.assert_array_equal(greedy(pop, concentrated, k), dense_greedy(scores, concentrated, k))
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -134,6 +138,18 @@ def test_greedy_ignores_zero_weight_users_and_returns_distinct_items_even_past_e
     picked = greedy(pop, np.array([0.5, 0.5]), 4)
     assert picked.tolist() == [2, 0, 1, 3]  # then by expected score: item 1 (0.5), item 3 (0.5), lower row first
     np.testing.assert_array_equal(dense_greedy(scores, np.array([0.5, 0.5]), 4), [2, 0, 1, 3])
+
+
+def test_items_no_population_user_holds_are_evaluated_as_gaining_nothing():
+    """A batch of exact gains that ends with items in nobody's top L (a concentrated posterior
+    exhausts the held items first)."""
+    scores, _ = _instance(p=4, n=40, seed=11)
+    pop = _population(scores, top=2)
+    w = np.array([1.0, 0.0, 0.0, 0.0])
+    picked = greedy(pop, w, 12)
+    best = int(np.argmax(scores[0]))
+    # The only user's best item, then nothing gains (its 2nd item is its floor): lowest rows first.
+    assert picked.tolist() == [best, *[j for j in range(40) if j != best][:11]]
 
 
 def test_respond_is_a_deterministic_function_of_the_signal():

@@ -5,6 +5,7 @@ and scopes apply as for Select."""
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -179,3 +180,30 @@ def test_scopes_apply_as_for_select(artifact: Path, tmp_path: Path, version: str
             assert _call(backend, user_id="bob", **req).charged
             assert not _call(backend, **req).charged
             assert backend.budget("alice").spent == 0.5
+
+
+def test_no_log_line_carries_the_signal(client: Client, version: str, caplog: pytest.LogCaptureFixture) -> None:
+    s = [0.123456789, -0.987654321, 0.555555555, -0.444444444]
+    with caplog.at_level(logging.DEBUG):
+        _call(client, user_id="fay", request_id="log", signal=s, embedding_version=version, k=2, epsilon=0.5)
+        rpc_error(_call, client, user_id="fay", signal=[*s, 1.0], embedding_version=version, k=2, epsilon=0.5)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "MultiSelect" in text  # the observer's debug lines were captured
+    assert not any(f"{v:.6f}"[:7] in text for v in s)
+
+
+def test_prep_to_serve_on_ml100k(ml100k: Path, tmp_path: Path) -> None:
+    """A real artifact: a test user's device signal gets k distinct catalog items, the core's answer."""
+    from recsvc.multiselection import device_signal, embed
+
+    art = load_artifact(ml100k)
+    bundle = art.client_bundle
+    rows = [bundle.index[i] for i in ("50", "172", "181", "98") if i in bundle.index]
+    s = device_signal(embed(rows, bundle.embedding), 2.0, bundle.radius, np.random.default_rng(0))
+    with served(ml100k, tmp_path / "l.db") as h, client_of(h) as c:
+        info = c.mechanisms()
+        assert (info.embedding_dim, info.embedding_version, info.max_multiselect_k) == (32, bundle.version, 50)
+        r = _call(c, user_id="u", signal=s.tolist(), embedding_version=info.embedding_version, k=10, epsilon=2.0)
+    expected = respond(art.multiselect_population, s, 2.0, bundle.radius, 10)
+    assert list(r.item_ids) == bundle.item_ids[expected].tolist() and len(set(r.item_ids)) == 10
+    assert r.charged and r.epsilon_spent == 2.0
