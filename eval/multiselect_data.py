@@ -128,7 +128,8 @@ class DatasetSource:
         self.bundle = art.client_bundle  # ArtifactError when the artifact has no client bundle
         self.population = art.multiselect_population.warm()
         self.total = total if users is None else min(users, total)
-        self.name = art.manifest.dataset
+        preset = (art.manifest.extra.get("synthetic") or {}).get("preset")
+        self.name = f"{art.manifest.dataset}-{preset}" if preset else art.manifest.dataset  # synthetic-ml20m-shape
         check_catalog(self.name, art.items.height, ks)
         art.catalog_scores(art.user_ids[:1])  # the model and test_inputs.parquet load, or fail now
         art.test_items(art.user_ids[:1])

@@ -47,7 +47,7 @@ def test_the_csv_holds_every_row_and_the_numbers_the_setting_forces(tiny: Path, 
     out = tmp_path / "res"
     argv = ["eval-multiselect", "--artifacts", str(tiny), "--out", str(out), "--users", "30", "--trials", "4"]
     assert recsvc_main([*argv, "--ks", "20", "1", str(ITEMS), "--epsilons", "1e6", "1", "--workers", "1"]) == 0
-    assert "synthetic at ε = 1, utility fraction: greedy k=1" in capsys.readouterr().out
+    assert "synthetic-tiny at ε = 1, utility fraction: greedy k=1" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"multiselect.csv", "report.md", "utility_fraction.png", "hit_rate.png"}
     assert not list(tmp_path.glob(".res*"))
     t = pl.read_csv(out / "multiselect.csv", infer_schema_length=None)
@@ -107,7 +107,7 @@ def test_runs_are_reproducible_and_the_seed_matters(tiny: Path) -> None:
     ("args", "match"),
     [
         (["--ks", "0"], r"--ks must be an integer ≥ 1, got 0"),
-        (["--ks", str(ITEMS + 1)], rf"--ks: k = {ITEMS + 1} is more than the {ITEMS} items of synthetic"),
+        (["--ks", str(ITEMS + 1)], rf"--ks: k = {ITEMS + 1} is more than the {ITEMS} items of synthetic-tiny"),
         (["--epsilons", "0"], r"--epsilons must be a positive finite number"),
         (["--epsilons", "-1"], r"--epsilons must be a positive finite number"),
         (["--epsilons", "inf"], r"--epsilons must be a positive finite number"),
