@@ -138,6 +138,7 @@ def test_test_inputs_and_targets_are_the_splits_held_out_items(tiny_artifact: Pa
     split, _, _ = pipeline._load_and_split(_tiny(tiny_artifact), pipeline.datasets.INFO["synthetic"])
     inputs, targets = art.test_items(art.user_ids)
     row = {u: i for i, u in enumerate(split.test.user_ids.tolist())}
+    assert split.test.targets is not None
     x, t = split.test.inputs.tocsr(), split.test.targets.tocsr()
     for u, got_in, got_t in zip(art.user_ids.tolist(), inputs, targets, strict=True):
         b = row[u]
