@@ -104,10 +104,11 @@ def population_sample(
     seed: int,
     chunk: int = 256,
 ) -> PopulationSample:
-    """≤ ``users`` training users (seeded; all if fewer), their clipped embeddings and their
-    ``top`` best unseen items by SANSA score (scored ``chunk`` users at a time)."""
+    """≤ ``users`` training users with an unseen item (seeded; all if fewer), their clipped
+    embeddings and their ``top`` best unseen items by SANSA score (scored ``chunk`` users at a time)."""
     x = sp.csr_matrix(train)
-    rows = sample_rows(x.shape[0], users, seed)
+    eligible = np.flatnonzero(np.diff(x.indptr) < x.shape[1])  # a user who has seen every item has none to offer
+    rows = eligible[sample_rows(eligible.size, users, seed)]
     index = np.empty((rows.size, min(top, x.shape[1])), np.int32)
     score = np.empty(index.shape)
     for start in range(0, rows.size, chunk):

@@ -316,7 +316,9 @@ def _build(
         if split.test.targets is not None:
             writer.write_test_targets(_inputs_frame(split.test.user_ids, split.test.targets, split.item_ids))
         embedding_version = writer.write_client_bundle(split.item_ids, ms.factors, ms.radius, model)
-        writer.write_multiselect_population(ms.sample.embeddings, ms.sample.top_index, ms.sample.top_score)
+        writer.write_multiselect_population(
+            ms.sample.embeddings, ms.sample.top_index, ms.sample.top_score, len(split.item_ids)
+        )
         acc_users = acc.pop("users")
         manifest = {
             "dataset": cfg.dataset,

@@ -198,9 +198,16 @@ def read_client_bundle(directory: str | Path) -> ClientBundle:
 
 
 def write_population_sample(
-    directory: Path, embeddings: np.ndarray, top_index: np.ndarray, top_score: np.ndarray
+    directory: Path, embeddings: np.ndarray, top_index: np.ndarray, top_score: np.ndarray, num_items: int
 ) -> None:
-    """Writes ``directory`` (new) with the server's population sample (read by :func:`read_population_sample`)."""
+    """Writes ``directory`` (new) with the server's population sample over ``num_items`` items,
+    checked as :func:`read_population_sample` will check it (ArtifactError otherwise)."""
+    try:
+        Population(
+            np.asarray(embeddings, np.float64), np.asarray(top_index, np.int64), np.asarray(top_score), num_items
+        )
+    except ParamError as exc:
+        raise ArtifactError(f"{directory}: {exc}") from None
     directory.mkdir()
     _save(directory / POP_EMBEDDINGS, embeddings, np.dtype("<f8"))
     _save(directory / POP_TOP_INDEX, top_index, np.dtype("<i4"))

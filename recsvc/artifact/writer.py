@@ -83,9 +83,9 @@ class ArtifactWriter(StagedDir):
         """``client/`` (docs/reference/client-bundle.md); returns the embedding version."""
         return write_client_bundle(self.tmp / CLIENT_DIR, item_ids, embedding, radius, model)
 
-    def write_multiselect_population(self, embeddings: Any, top_index: Any, top_score: Any) -> None:
+    def write_multiselect_population(self, embeddings: Any, top_index: Any, top_score: Any, num_items: int) -> None:
         """``multiselect/``: the server's public population sample (clipped embeddings, top-L)."""
-        write_population_sample(self.tmp / MULTISELECT_DIR, embeddings, top_index, top_score)
+        write_population_sample(self.tmp / MULTISELECT_DIR, embeddings, top_index, top_score, num_items)
 
     def keep(self, source: Path, files: Iterable[str]) -> None:
         """Carries ``files`` (paths relative to the artifact ``source``) over unchanged: hard links

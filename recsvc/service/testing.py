@@ -117,7 +117,7 @@ def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]
         scores[u, h] = -np.inf
     top = top_k(scores, BUNDLE_TOP)
     version = w.write_client_bundle(model.item_ids, factors, BUNDLE_RADIUS, model)
-    w.write_multiselect_population(emb, top.index, top.score)
+    w.write_multiselect_population(emb, top.index, top.score, n)
     return {
         "embedding_version": version,
         "dim": BUNDLE_DIM,

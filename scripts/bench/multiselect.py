@@ -10,7 +10,7 @@ ledger commit each), uncharged (no user_id), and to the echo server. It also tim
 steps in-process (posterior weights, greedy, the E·s baseline), and each server's CPU time per
 request (user + system, from outside), which a loaded machine inflates far less than latency.
 
-Usage: .venv/bin/python -m scripts.bench.multiselect [--artifacts DIR] [--requests 2000] [--k 10]
+Usage: .venv/bin/python -m scripts.bench.multiselect [--artifacts DIR] [--requests 2000] [--k 10] [--top 100]
        (target: charged p99 ≤ 10 ms at k = 10 on ml20m-shape)
 """
 
@@ -33,7 +33,7 @@ MODULE = "scripts.bench.multiselect"
 ML20M_ITEMS, DIM, USERS, TOP, RADIUS = 20_720, 32, 1000, 100, 1.0
 
 
-def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0) -> Path:
+def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, top: int = TOP) -> Path:
     """An artifact with a client bundle (random orthonormal-ish E, R = 1, a sparse random W1/W2)
     and a population sample whose top lists favour popular items (Zipf over the catalog)."""
     import polars as pl
@@ -52,8 +52,8 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0) -
     w2 = sp.random(256, n_items, density=0.02, random_state=seed + 1, format="csr")
     popularity = 1.0 / np.arange(1, n_items + 1)
     popularity /= popularity.sum()
-    top_index = np.stack([rng.choice(n_items, TOP, replace=False, p=popularity) for _ in range(USERS)])
-    top_score = -np.sort(-rng.gamma(2.0, 0.05, (USERS, TOP)), axis=1)
+    top_index = np.stack([rng.choice(n_items, top, replace=False, p=popularity) for _ in range(USERS)])
+    top_score = -np.sort(-rng.gamma(2.0, 0.05, (USERS, top)), axis=1)
     emb = clip_l1(rng.laplace(0, 0.1, (USERS, DIM)), RADIUS)
     with ArtifactWriter(out) as w:
         w.write_items(pl.DataFrame({"item_id": ids, "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)}))
@@ -61,7 +61,7 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0) -
             pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]}).cast({"rank": pl.Int32})
         )
         version = w.write_client_bundle(ids, factors, RADIUS, Model(w1=w1, w2=w2, item_ids=ids))
-        w.write_multiselect_population(emb, top_index, top_score)
+        w.write_multiselect_population(emb, top_index, top_score, n_items)
         return w.commit(
             {
                 "dataset": "bench-multiselect",
@@ -73,7 +73,7 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0) -
                     "radius": RADIUS,
                     "radius_rule": "fixed (benchmark)",
                     "users": USERS,
-                    "top": TOP,
+                    "top": top,
                 },
             }
         )
@@ -178,12 +178,15 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=2000, help="requests per row (default 2000)")
     ap.add_argument("--k", type=int, default=10, help="items per answer (default 10)")
     ap.add_argument("--epsilon", type=float, default=1.0, help="the device's ε (default 1.0)")
+    ap.add_argument(
+        "--top", type=int, default=TOP, help="items per population user in the built artifact (default 100)"
+    )
     args = ap.parse_args()
 
     from recsvc.artifact import load_artifact
 
     with tempfile.TemporaryDirectory() as tmp:
-        artifacts = args.artifacts or multiselect_artifact(Path(tmp) / "art")
+        artifacts = args.artifacts or multiselect_artifact(Path(tmp) / "art", top=args.top)
         art = load_artifact(artifacts)
         bundle, pop = art.client_bundle, art.multiselect_population
         sig = signals(pop.embeddings, bundle.radius, args.epsilon, args.requests)

@@ -11,6 +11,7 @@ from recsvc.multiselection import clip_l1, device_signal, embed, embedding_versi
 
 D, N_ITEMS, R = 6, 50, 1.5
 FACTORS = np.random.default_rng(11).normal(size=(N_ITEMS, D))
+FACTORS[1] = -FACTORS[0]  # items 0 and 1 embed in opposite directions: histories at distance 2R
 
 
 def _log_density(s: np.ndarray, e: np.ndarray, b: float) -> np.ndarray:
@@ -19,10 +20,9 @@ def _log_density(s: np.ndarray, e: np.ndarray, b: float) -> np.ndarray:
 
 
 def _far_apart_histories() -> tuple[np.ndarray, np.ndarray]:
-    """Two clipped embeddings e and −e on the sphere ‖·‖₁ = R (a history under E and under −E): L1
+    """The histories {0} and {1}: their clipped embeddings are e and −e on the sphere ‖·‖₁ = R, L1
     distance 2R, the ball's diameter, where the bound is tight."""
-    e1 = embed([0, 1, 2, 3], FACTORS)
-    e2 = embed([0, 1, 2, 3], -FACTORS)  # the same history under −E embeds to exactly −e1
+    e1, e2 = embed([0], FACTORS), embed([1], FACTORS)
     assert np.abs(e1).sum() > R  # both are clipped onto the sphere
     return clip_l1(e1, R), clip_l1(e2, R)
 

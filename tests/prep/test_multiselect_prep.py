@@ -74,6 +74,25 @@ def test_the_population_sample_is_seeded_clipped_and_holds_each_users_top_unseen
     np.testing.assert_array_equal(population_sample(x, emb, 0.2, model, 100, 5, 1).user_rows, np.arange(50))
 
 
+def test_a_user_who_has_seen_every_item_is_not_sampled():
+    x = _binary(10, 8, 0.3, seed=4).tolil()
+    x[3, :] = 1.0  # user 3 has nothing unseen to offer the population
+    x = x.tocsr()
+    e = fit_embedding(x, 2, seed=0)
+    s = population_sample(x, user_embeddings(x, e), 1.0, make_model(8), users=100, top=3, seed=0)
+    assert s.user_rows.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_the_writer_refuses_an_inconsistent_population_and_writes_nothing(tmp_path):
+    from recsvc.artifact import ArtifactWriter
+
+    with ArtifactWriter(tmp_path / "art") as w:
+        with pytest.raises(ArtifactError, match="finite exactly where top_index is not padding"):
+            w.write_multiselect_population(np.zeros((2, 3)), np.array([[0, -1], [1, 2]]), np.ones((2, 2)), 5)
+        assert not (w.tmp / "multiselect").exists()
+    assert not (tmp_path / "art").exists()
+
+
 def test_the_radius_is_the_median_l1_norm_of_the_nonzero_training_embeddings():
     emb = np.array([[1.0, -1.0], [0.0, 0.0], [3.0, 0.0], [0.5, 0.0]])
     assert choose_radius(emb) == pytest.approx(2.0)
