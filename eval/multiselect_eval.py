@@ -38,6 +38,7 @@ import numpy as np
 from eval import metrics
 from eval.multiselect_data import DatasetSource, UserChunk
 from eval.pipelines import stream
+from recsvc.policy import PolicyTable
 
 TAG = 2**31 + 25  # second spawn-key word: these streams never meet eval's other streams
 GREEDY, BASELINE = "multiselect", "multiselect-baseline"
@@ -80,7 +81,7 @@ class Context:
     trials: int
     seed: int
     source: DatasetSource
-    central: dict[tuple[str, float], tuple[str, dict[str, float]]]  # (mode, ε) → mechanism, params
+    auto: AutoPolicy
     blind: np.ndarray  # (1, max k): the greedy answer to no signal (uniform weights), the same for everyone
 
 
@@ -92,28 +93,36 @@ def blind_answer(source: DatasetSource, k: int) -> np.ndarray:
     return greedy(pop, np.full(pop.size, 1.0 / pop.size), k)[None, :]
 
 
-def auto_choices(source: DatasetSource, epsilons: Sequence[float]) -> dict[tuple[str, float], tuple[str, dict]]:
-    """What `auto` runs for each central mode and ε, as the service resolves it: the artifact's
-    policy table where it covers the candidate count (with the parameters it assumed), else the
-    sign rule on the population Spearman (docs/concepts/auto.md)."""
-    from recsvc.policy import PolicyTable, population_median, resolve_auto
+@dataclass(frozen=True)
+class AutoPolicy:
+    """What `auto` runs for a selection's ε and candidate count, resolved as the service does
+    (docs/concepts/auto.md): the artifact's policy table where it covers the count, run with the
+    parameters the table assumed; else the sign rule on the population Spearman."""
 
-    art = source.artifact
-    m = art.manifest
-    table = None if art.policy is None else PolicyTable.from_frame(art.policy, f"{art.path}/policy.parquet")
-    covers = None if m.policy is None else m.policy.candidates
-    params = {} if m.policy is None else dict(m.policy.params or {})
-    out = {}
-    for mode, n in ((RECOMMEND, art.items.height), (SELECT, SELECT_CANDIDATES)):
-        applies = table is not None and (covers is None or n <= int(covers))
-        for eps in epsilons:
-            name = resolve_auto(population_median(m), table=table if applies else None, epsilon=eps)
-            if name is None:
-                raise ValueError(
-                    f"{art.path}: `auto` has neither a policy table nor a population Spearman to resolve by"
-                )
-            out[mode, float(eps)] = (name, params if applies else {})
-    return out
+    table: PolicyTable | None
+    covers: int | None  # the largest candidate count the table holds for; None = any
+    params: dict[str, float]
+    rho: float | None
+
+    @classmethod
+    def of(cls, source: DatasetSource) -> AutoPolicy:
+        from recsvc.policy import population_median
+
+        art = source.artifact
+        m = art.manifest
+        table = None if art.policy is None else PolicyTable.from_frame(art.policy, f"{art.path}/policy.parquet")
+        covers = None if m.policy is None or m.policy.candidates is None else int(m.policy.candidates)
+        params = {} if m.policy is None else {k: float(v) for k, v in (m.policy.params or {}).items()}
+        return cls(table, covers, params, population_median(m))
+
+    def choose(self, epsilon: float, candidates: int) -> tuple[str, dict[str, float]]:
+        from recsvc.policy import resolve_auto
+
+        applies = self.table is not None and (self.covers is None or candidates <= self.covers)
+        name = resolve_auto(self.rho, table=self.table if applies else None, epsilon=epsilon)
+        if name is None:
+            raise ValueError("`auto` is unavailable: the artifact has neither a policy table nor a population Spearman")
+        return name, (self.params if applies else {})
 
 
 def measures(chosen: np.ndarray, v: np.ndarray, q: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -141,10 +150,12 @@ def _answers(ctx: Context, signals: np.ndarray, eps: float, kmax: int) -> tuple[
     return greedy, base
 
 
-def _central(ctx: Context, mode: str, eps: float, q: np.ndarray, d: np.ndarray, rng: np.random.Generator):
+def _central(ctx: Context, eps: float, q: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``trials`` selections by what `auto` runs among these candidates (Monte Carlo: exact
+    probabilities over a 20,000-item catalog cost minutes per user)."""
     from recsvc.mechanisms.registry import check_params, get_mechanism
 
-    name, params = ctx.central[mode, eps]
+    name, params = ctx.auto.choose(eps, q.size)
     mech = get_mechanism(name)
     return np.asarray(mech.sample(q, d, eps, check_params(params, mech), rng, ctx.trials), dtype=np.int64)
 
@@ -178,11 +189,9 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
     c = int(chunk.cand_count[b])
     rows500 = chunk.cand_rows[b, :c]
     for ei, eps in enumerate(ctx.epsilons):
-        picked = _central(ctx, RECOMMEND, eps, full_q, src.sens, stream(ctx.seed, g, TAG, 1, ei))
+        picked = _central(ctx, eps, full_q, src.sens, stream(ctx.seed, g, TAG, 1, ei))
         out[Row(RECOMMEND, 1, eps)] = measures(picked, v, q, target)
-        sel = _central(
-            ctx, SELECT, eps, chunk.cand_scores[b, :c], chunk.cand_sens[b, :c], stream(ctx.seed, g, TAG, 2, ei)
-        )
+        sel = _central(ctx, eps, chunk.cand_scores[b, :c], chunk.cand_sens[b, :c], stream(ctx.seed, g, TAG, 2, ei))
         out[Row(SELECT, 1, eps)] = measures(rows500[sel], v, q, target)
     out[Row(NONPRIVATE, 1, math.inf)] = measures(np.array([int(np.argmax(v))]), v, q, target)
     return np.stack([out[r] for r in rows(ctx.ks, ctx.epsilons)])

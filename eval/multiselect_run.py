@@ -12,7 +12,16 @@ import polars as pl
 
 from eval.metrics import RunningMean
 from eval.multiselect_data import DatasetConfig, DatasetSource, validate
-from eval.multiselect_eval import MEASURES, TRUST, Context, auto_choices, blind_answer, evaluate_chunk, rows
+from eval.multiselect_eval import (
+    MEASURES,
+    SELECT_CANDIDATES,
+    TRUST,
+    AutoPolicy,
+    Context,
+    blind_answer,
+    evaluate_chunk,
+    rows,
+)
 from recsvc.staging import StagedDir
 
 CSV = "multiselect.csv"
@@ -40,9 +49,13 @@ class DatasetResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _mechanism(mode: str, eps: float, central: dict) -> str:
-    if (mode, eps) in central:
-        return central[mode, eps][0]
+def _mechanism(mode: str, eps: float, auto: AutoPolicy, catalog: int) -> str:
+    """The CSV's mechanism column. For Select, what `auto` runs among a full top 500 (a user with
+    fewer candidates could resolve otherwise; the run uses each user's own count)."""
+    if mode == "recommend-auto":
+        return auto.choose(eps, catalog)[0]
+    if mode == "select-top500-auto":
+        return auto.choose(eps, min(SELECT_CANDIDATES, catalog))[0]
     return {"multiselect": "greedy", "multiselect-baseline": "top-k for the signal"}.get(mode, "argmax")
 
 
@@ -50,9 +63,9 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     from eval.sources import LazyChunks
     from recsvc.engines import chunk_ranges, make_engine
 
-    central = auto_choices(source, cfg.epsilons)
+    auto = AutoPolicy.of(source)
     ctx = Context(
-        tuple(cfg.ks), tuple(cfg.epsilons), cfg.trials, cfg.seed, source, central, blind_answer(source, max(cfg.ks))
+        tuple(cfg.ks), tuple(cfg.epsilons), cfg.trials, cfg.seed, source, auto, blind_answer(source, max(cfg.ks))
     )
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))
@@ -77,7 +90,7 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
         row = {
             "dataset": source.name,
             "mode": r.mode,
-            "mechanism": _mechanism(r.mode, r.epsilon, ctx.central),
+            "mechanism": _mechanism(r.mode, r.epsilon, auto, source.artifact.items.height),
             "end_to_end_dp": r.mode not in ("select-top500-auto", "nonprivate"),
             "k": r.k,
             "epsilon": r.epsilon,
@@ -95,6 +108,8 @@ def run_datasets(cfg: DatasetConfig) -> DatasetResult:
 
     cfg = validate(cfg)
     sources = [DatasetSource(a, cfg.users, cfg.ks) for a in cfg.artifacts]
+    for s in sources:  # `auto` resolves, or the run stops here, before any output
+        AutoPolicy.of(s).choose(cfg.epsilons[0], s.artifact.items.height)
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         raise ValueError(f"--artifacts: two artifacts of the same dataset {names}; expected one per dataset")

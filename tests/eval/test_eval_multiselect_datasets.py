@@ -137,3 +137,22 @@ def test_an_artifact_without_targets_or_a_client_bundle_is_refused(targets, matc
     assert recsvc_main(["eval-multiselect", "--artifacts", str(art), "--out", str(tmp_path / "res")]) == 2
     one_line_error(match)
     assert not (tmp_path / "res").exists()
+
+
+def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
+    """The central modes run what the service's `auto` would: the policy table up to the count it
+    covers (with the table's γ), the sign rule beyond it (Recommend over all 150 items)."""
+    from eval.multiselect_data import DatasetSource
+    from eval.multiselect_eval import AutoPolicy
+    from recsvc.artifact import load_artifact
+    from recsvc.service.config import Policy
+    from recsvc.service.selection import Selector
+
+    auto = AutoPolicy.of(DatasetSource(tiny, 2, (1,)))
+    service = Selector(load_artifact(tiny), Policy())
+    assert auto.covers is not None and auto.covers < ITEMS and auto.params == {"gamma": 0.05}
+    for eps in (0.05, 0.5, 1.0, 4.0, 16.0):
+        for n in (20, auto.covers, auto.covers + 1, ITEMS):
+            name, params = service.resolve("auto", eps, 1, n, {})
+            assert auto.choose(eps, n) == (name, dict(params)), (eps, n)
+    assert auto.choose(16.0, ITEMS) == ("mgem", {})  # the sign rule: median Spearman 0.17 > 0.1
