@@ -60,7 +60,7 @@ NO_NOISE_EPSILON = 1e12  # the posterior of a noise-free signal: all weight on t
 class Row:
     mode: str
     k: int
-    epsilon: float  # math.inf: no noise
+    epsilon: float  # math.inf: no noise; 0.0 (greedy only): no signal
 
 
 def rows(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[Row, ...]:
