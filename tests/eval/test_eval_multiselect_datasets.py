@@ -6,6 +6,7 @@ hand, reproducibility, and bad input refused before anything is written."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -96,9 +97,9 @@ def test_the_device_keeps_its_best_unseen_item_and_the_measures_are_exact() -> N
 
 def test_runs_are_reproducible_and_the_seed_matters(tiny: Path) -> None:
     cfg = DatasetConfig((tiny,), users=5, ks=(1, 5), epsilons=(2.0,), trials=3, workers=1, chunk_size=2, progress=False)
-    first, again = run_datasets(cfg), run_datasets(DatasetConfig(**{**cfg.__dict__, "chunk_size": 5}))
+    first, again = run_datasets(cfg), run_datasets(replace(cfg, chunk_size=5))
     assert first.table.equals(again.table) and first.out is None  # chunking changes nothing
-    other = run_datasets(DatasetConfig(**{**cfg.__dict__, "seed": 1}))
+    other = run_datasets(replace(cfg, seed=1))
     noisy = pl.col("epsilon").is_finite()
     assert not first.table.filter(noisy)["utility_fraction"].equals(other.table.filter(noisy)["utility_fraction"])
 
