@@ -192,7 +192,7 @@ def _population_frame(user_ids: np.ndarray, top: TopK, item_ids: np.ndarray, spe
 
 
 def _inputs_frame(user_ids: np.ndarray, inputs: Any, item_ids: np.ndarray) -> pl.DataFrame:
-    """The test users' fold-in items, one row each (eval scores them over the full catalog)."""
+    """The test users' fold-in (or target) items, one row each (eval scores them over the full catalog)."""
     x = inputs.tocsr()
     return pl.DataFrame(
         {"user_id": np.repeat(user_ids.astype(str), np.diff(x.indptr)), "item_id": item_ids[x.indices].astype(str)}
@@ -320,6 +320,8 @@ def _build(
         writer.write_policy(policy)
         writer.write_model(model)
         writer.write_test_inputs(_inputs_frame(split.test.user_ids, split.test.inputs, split.item_ids))
+        if split.test.targets is not None:
+            writer.write_test_targets(_inputs_frame(split.test.user_ids, split.test.targets, split.item_ids))
         embedding_version = writer.write_client_bundle(split.item_ids, ms.factors, ms.radius, model)
         writer.write_multiselect_population(
             ms.sample.embeddings, ms.sample.top_index, ms.sample.top_score, len(split.item_ids)

@@ -206,39 +206,110 @@ def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_multiselect(sub: argparse._SubParsersAction) -> None:
-    from eval.multiselect_theory import DEFAULT_EPSILONS, DEFAULT_KS, DEFAULT_MC_DRAWS
+    from eval import multiselect_data as data
+    from eval import multiselect_theory as theory
+
+    def grid(values: tuple[float, ...]) -> str:
+        return " ".join(f"{v:g}" for v in values)
 
     m = sub.add_parser(
         "eval-multiselect",
-        help="multi-selection: the device adds the noise, the server returns k results (--theory)",
+        help="multi-selection: the device adds the noise, the server returns k results (--theory or --artifacts)",
         description="--theory: the 1-D theory of docs/concepts/multi-selection.md. theory.csv has, per "
         "(k, ε), the exact error of the server's optimal k offsets for a Laplace signal, a seeded "
-        "Monte Carlo estimate and the offsets; offsets.png and scaled_error.png plot them.",
+        "Monte Carlo estimate and the offsets; offsets.png and scaled_error.png plot them. "
+        "--artifacts: multi-selection on each artifact's test users (both server responses) side by "
+        "side with Recommend over the full catalog and Select over the top 500 (auto, central DP) at "
+        "the same ε: multiselect.csv (utility fraction, hit rate, MSE with 95%% CIs), plots, report.md.",
+    )
+    mode = m.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--theory", action="store_true", help="the 1-D theory")
+    mode.add_argument(
+        "--artifacts",
+        nargs="+",
+        type=Path,
+        metavar="DIR",
+        help="evaluate on these artifacts' test users (built by `recsvc prep`, with a client bundle)",
     )
     m.add_argument(
-        "--theory",
-        action="store_true",
-        help="the 1-D theory (the only part built so far; the dataset evaluation is not)",
+        "--out",
+        type=Path,
+        default=None,
+        help="results directory (default: results/multiselect with --theory, results/multiselect-datasets "
+        "with --artifacts)",
     )
     m.add_argument(
-        "--out", type=Path, default=Path("results/multiselect"), help="results directory (default: results/multiselect)"
+        "--ks",
+        nargs="+",
+        type=int,
+        default=None,
+        metavar="K",
+        help=f"numbers of results k (default: {grid(theory.DEFAULT_KS)} with --theory, "
+        f"{grid(data.DEFAULT_KS)} with --artifacts)",
     )
-    m.add_argument("--ks", nargs="+", type=int, default=DEFAULT_KS, metavar="K", help="numbers of results k")
-    m.add_argument("--epsilons", nargs="+", type=float, default=DEFAULT_EPSILONS, metavar="EPS", help="ε values")
-    m.add_argument("--mc-draws", type=int, default=DEFAULT_MC_DRAWS, help="Monte Carlo draws per (k, ε)")
-    m.add_argument("--seed", type=int, default=0, help="seed; row i draws from SeedSequence(seed, spawn_key=(i,))")
+    m.add_argument(
+        "--epsilons",
+        nargs="+",
+        type=float,
+        default=None,
+        metavar="EPS",
+        help=f"ε values (default: {grid(theory.DEFAULT_EPSILONS)} with --theory, "
+        f"{grid(data.DEFAULT_EPSILONS)} with --artifacts)",
+    )
+    m.add_argument(
+        "--mc-draws", type=int, default=theory.DEFAULT_MC_DRAWS, help="--theory: Monte Carlo draws per (k, ε)"
+    )
+    m.add_argument(
+        "--users",
+        type=int,
+        default=None,
+        help="--artifacts: only the first N test users of each artifact (default: all)",
+    )
+    m.add_argument(
+        "--trials",
+        type=int,
+        default=data.DEFAULT_TRIALS,
+        help="--artifacts: device signals (and central selections) per user and ε",
+    )
+    m.add_argument("--workers", type=int, default=None, help="--artifacts: worker processes (default: min(2, cores))")
+    m.add_argument("--chunk-size", type=int, default=data.DEFAULT_CHUNK, help="--artifacts: users per work unit")
+    m.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed; --theory: row i draws from SeedSequence(seed, spawn_key=(i,)); --artifacts: user b from "
+        "SeedSequence(seed, spawn_key=(b, …))",
+    )
     m.add_argument("--force", action="store_true", help="replace an existing --out directory")
     m.set_defaults(func=_run_multiselect)
 
 
 def _run_multiselect(args: argparse.Namespace) -> int:
-    from eval.multiselect_theory import TheoryConfig, run_theory, summary
-    from recsvc.checks import ParamError
+    from eval import multiselect_data as data
+    from eval import multiselect_theory as theory
 
-    if not args.theory:
-        raise ParamError("only {theory} is built so far (the dataset evaluation is not); pass {theory}")
-    cfg = TheoryConfig(args.out, tuple(args.ks), tuple(args.epsilons), args.mc_draws, args.seed, args.force)
-    print(summary(run_theory(cfg)))
+    if args.theory:
+        out = Path("results/multiselect") if args.out is None else args.out
+        ks = theory.DEFAULT_KS if args.ks is None else tuple(args.ks)
+        eps = theory.DEFAULT_EPSILONS if args.epsilons is None else tuple(args.epsilons)
+        cfg = theory.TheoryConfig(out, ks, eps, args.mc_draws, args.seed, args.force)
+        print(theory.summary(theory.run_theory(cfg)))
+        return 0
+    from eval.multiselect_run import run_datasets, summary
+
+    dcfg = data.DatasetConfig(
+        artifacts=tuple(args.artifacts),
+        out=Path("results/multiselect-datasets") if args.out is None else args.out,
+        users=args.users,
+        ks=data.DEFAULT_KS if args.ks is None else tuple(args.ks),
+        epsilons=data.DEFAULT_EPSILONS if args.epsilons is None else tuple(args.epsilons),
+        trials=args.trials,
+        seed=args.seed,
+        workers=args.workers,
+        chunk_size=args.chunk_size,
+        force=args.force,
+    )
+    print(summary(run_datasets(dcfg)))
     return 0
 
 

@@ -66,3 +66,77 @@ def write_all(table: pl.DataFrame, directory: Path) -> tuple[str, ...]:
     offsets_figure(directory / OFFSETS_PNG)
     scaled_error_figure(table, directory / SCALED_ERROR_PNG)
     return OFFSETS_PNG, SCALED_ERROR_PNG
+
+
+UTILITY_PNG = "utility_fraction.png"
+HIT_RATE_PNG = "hit_rate.png"
+_CENTRAL = {"recommend-auto": ("k", "s", "-"), "select-top500-auto": ("0.45", "^", "--")}
+_PANELS = (
+    ("multiselect", "multi-selection, posterior greedy"),
+    ("multiselect-baseline", "multi-selection, top k for the signal"),
+)
+
+
+def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) -> None:
+    """One row of panels per dataset, one panel per server response: the measure against ε with
+    one line per k, the central modes at k = 1 (black: Recommend over the catalog; grey dashed:
+    Select over the top 500, not end-to-end DP) and the non-private best item (dotted)."""
+    plt = pyplot()
+    datasets = table["dataset"].unique(maintain_order=True).to_list()
+    fig, axes = plt.subplots(len(datasets), 2, figsize=(10.5, 3.3 * len(datasets)), dpi=80, squeeze=False, sharey="row")
+    cmap = plt.get_cmap("viridis")
+    for row, name in enumerate(datasets):
+        t = table.filter((pl.col("dataset") == name) & pl.col("epsilon").is_finite() & (pl.col("epsilon") > 0))
+        ks = sorted(set(t.filter(pl.col("mode") == "multiselect")["k"].to_list()))
+        best = table.filter((pl.col("dataset") == name) & (pl.col("mode") == "nonprivate"))[measure]
+        for col, (mode, title) in enumerate(_PANELS):
+            ax = axes[row, col]
+            for i, k in enumerate(ks):
+                m = t.filter((pl.col("mode") == mode) & (pl.col("k") == k)).sort("epsilon")
+                color = cmap(i / max(1, len(ks) - 1) * 0.9)
+                ax.errorbar(
+                    m["epsilon"],
+                    m[measure],
+                    yerr=m[f"{measure}_ci"],
+                    color=color,
+                    marker="o",
+                    ms=3,
+                    lw=1.2,
+                    capsize=2,
+                    label=f"k = {k}",
+                )
+            for central, (color, marker, ls) in _CENTRAL.items():
+                m = t.filter(pl.col("mode") == central).sort("epsilon")
+                ax.errorbar(
+                    m["epsilon"],
+                    m[measure],
+                    yerr=m[f"{measure}_ci"],
+                    color=color,
+                    marker=marker,
+                    ms=4,
+                    ls=ls,
+                    lw=1.2,
+                    capsize=2,
+                    label=central,
+                )
+            if best.len():
+                ax.axhline(float(best[0]), color="k", ls=":", lw=0.8, label="non-private best")
+            ax.set_xscale("log")
+            eps = sorted(set(t["epsilon"].to_list()))
+            ax.set_xticks(eps, [f"{e:g}" for e in eps])
+            ax.minorticks_off()
+            ax.set_xlabel("ε")
+            ax.set_title(f"{name}: {title}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[row, 0].set_ylabel(label)
+    handles, labels = axes[0, 1].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.83, 1))
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_dataset_plots(table: pl.DataFrame, directory: Path) -> tuple[str, ...]:
+    measure_figure(table, "utility_fraction", "fraction of optimal utility", directory / UTILITY_PNG)
+    measure_figure(table, "hit_rate", "hit rate on held-out targets", directory / HIT_RATE_PNG)
+    return UTILITY_PNG, HIT_RATE_PNG

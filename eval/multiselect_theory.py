@@ -54,17 +54,24 @@ def _distinct(param: str, values: Sequence[object]) -> None:
         raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=" ".join(map(str, values)))
 
 
+def check_grids(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The k and ε grids of either `eval-multiselect` mode as sorted tuples: integers k ≥ 1 and
+    finite ε > 0, each distinct; a ParamError naming the flag otherwise."""
+    ks = tuple(check_int("ks", k, 1) for k in ks)
+    eps = tuple(check_epsilon(e, "{epsilons}", ParamError) for e in epsilons)
+    _distinct("ks", ks)
+    _distinct("epsilons", eps)
+    return tuple(sorted(ks)), tuple(sorted(eps))
+
+
 def validate(cfg: TheoryConfig) -> TheoryConfig:
     """Every check before any work (no output is created). Returns the grids as sorted tuples."""
-    ks = tuple(check_int("ks", k, 1) for k in cfg.ks)
-    epsilons = tuple(check_epsilon(e, "{epsilons}", ParamError) for e in cfg.epsilons)
-    _distinct("ks", ks)
-    _distinct("epsilons", epsilons)
+    ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
     draws = check_int("mc_draws", cfg.mc_draws, 2)
     seed = check_int("seed", cfg.seed, 0)
     if cfg.out is not None:
         check_out(cfg.out, cfg.force)
-    return TheoryConfig(cfg.out, tuple(sorted(ks)), tuple(sorted(epsilons)), draws, seed, cfg.force)
+    return TheoryConfig(cfg.out, ks, epsilons, draws, seed, cfg.force)
 
 
 def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:

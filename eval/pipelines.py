@@ -147,7 +147,7 @@ def _gap_and_threshold(q: np.ndarray, ks: tuple[int, ...]) -> tuple[np.ndarray, 
     return (desc[0] - q) ** 2, {k: float(desc[min(k, len(q)) - 1]) for k in ks}
 
 
-def _stream(seed: int, *key: int) -> np.random.Generator:
+def stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
@@ -239,14 +239,14 @@ def evaluate_user(
                         if got is not None:
                             (mse[pi, mi, ei, ki], rec[pi, mi, ei, ki]), exact[pi, mi, ei, ki] = got, True
                             continue
-                    rng = _stream(seed, b, TAG, pi, ei, mi, ki)
+                    rng = stream(seed, b, TAG, pi, ei, mi, ki)
                     if pipe.fraction is None:  # top500 or full: a single stage
                         sl = _mc_slates(name, q[cand], d[cand], eps, k, ctx.trials, rng, params.get(name, {}))
                         mse[pi, mi, ei, ki], rec[pi, mi, ei, ki] = _slate_metrics(cand[sl], q, gap, thr[k])
                         continue
                     eps1 = pipe.fraction * eps
                     if stage1 is None:  # one private top-m per trial, shared by every mechanism and k
-                        r1 = _stream(seed, b, TAG, pi, ei)
+                        r1 = stream(seed, b, TAG, pi, ei)
                         stage1 = [
                             np.sort(select_slate(pipe.candidate, q, d, eps1, m, r1, **params.get(pipe.candidate, {})))
                             for _ in range(ctx.two_stage_trials)

@@ -48,9 +48,10 @@ def make_artifact(
         return w.commit({"dataset": "toy", "seed": seed, **(manifest or {})})
 
 
-def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int = 0) -> Path:
+def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int = 0, targets: bool = False) -> Path:
     """A tiny artifact with a model and the test users' fold-in inputs (``test_inputs.parquet``),
-    so eval can score the users over the whole (tiny) catalog: the --pipelines tests."""
+    so eval can score the users over the whole (tiny) catalog: the --pipelines tests. With
+    ``targets``, each user's first unseen item is its held-out target (``test_targets.parquet``)."""
     import scipy.sparse as sp
 
     from recsvc.model import Model, top_k
@@ -81,4 +82,7 @@ def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int =
                 {"user_id": np.repeat(list(inputs), 2), "item_id": item_ids[np.concatenate(list(inputs.values()))]}
             )
         )
+        if targets:
+            first = [int(np.setdiff1d(np.arange(items), cols)[0]) for cols in inputs.values()]
+            w.write_test_targets(pl.DataFrame({"user_id": list(inputs), "item_id": item_ids[first]}))
         return w.commit({"dataset": "catalog-toy", "seed": seed})

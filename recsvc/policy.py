@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from recsvc.artifact import POLICY, POLICY_SCHEMA, ArtifactError, CandidateMatrix, validate_policy
+from recsvc.artifact import POLICY, POLICY_SCHEMA, ArtifactError, CandidateMatrix, Manifest, validate_policy
 from recsvc.checks import ParamError, check_int
 
 AUTO = "auto"  # the name requests and the evaluation use for the policy's choice
@@ -48,6 +48,7 @@ AUTO = "auto"  # the name requests and the evaluation use for the policy's choic
 EVALUATION_EPSILONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 POINTS_PER_DECADE = 4
 SLATE_SIZES: tuple[int, ...] = (1, 5, 10)
+AUTO_THRESHOLD = 0.1  # |median population Spearman| above which the sign rule picks gem/mgem
 DEFAULT_TRIALS = 50  # Monte Carlo selections per population user, mechanism and ε (5,000 over 100 users)
 DEFAULT_SEED = 0
 DEFAULT_USERS = 1000  # population users the table averages over (a seeded sample of larger populations)
@@ -426,3 +427,31 @@ class PolicyTable:
             (int(k), float(e), str(m), float(v))
             for k, e, m, v in top.select("k", "epsilon", "mechanism", "expected_mse").iter_rows()
         ]
+
+
+def resolve_auto(
+    rho_median: float | None,
+    threshold: float = AUTO_THRESHOLD,
+    table: PolicyTable | None = None,
+    epsilon: float | None = None,
+    k: int = 1,
+) -> str | None:
+    """`auto` (docs/concepts/auto.md), from public data only (it costs nothing and never sees a request's scores):
+    with a policy table, the mechanism with the lowest expected MSE on the public population at
+    the table's grid point of (ε, k) (:meth:`PolicyTable.resolve`); without one, the sign rule:
+    mgem if ρ̄ > t, gem if ρ̄ < −t, else rnm. None when neither is available."""
+    if table is not None and epsilon is not None:
+        return table.resolve(epsilon, k)
+    if rho_median is None or not math.isfinite(rho_median):
+        return None
+    if rho_median > threshold:
+        return "mgem"
+    if rho_median < -threshold:
+        return "gem"
+    return "rnm"
+
+
+def population_median(manifest: Manifest) -> float | None:
+    """The median population Spearman(q, Δ) the sign rule reads; None when not recorded."""
+    stats = manifest.population_spearman
+    return None if stats is None else float(stats.median)

@@ -13,6 +13,8 @@ Layout of ``artifacts/<dataset>/``::
     policy.parquet       epsilon, k, mechanism, expected_mse, rank, method  -- optional (`auto`)
     test_inputs.parquet  user_id (str), item_id (str)                 -- optional: the test users'
                          fold-in input items, so eval can score them over the full catalog
+    test_targets.parquet user_id (str), item_id (str)                 -- optional: the test users'
+                         held-out target items (eval's hit rate)
     client/              multi-selection's client bundle (docs/reference/client-bundle.md)  -- optional
     multiselect/         embeddings.npy, top_index.npy, top_score.npy: the server's population
                          sample for MultiSelect (recsvc.artifact.bundle)  -- optional, with client/
@@ -43,6 +45,7 @@ MODEL_ITEMS = "items.parquet"
 TEST_INPUTS = "test_inputs.parquet"
 CLIENT_DIR = "client"  # multi-selection's client bundle (recsvc.artifact.bundle)
 MULTISELECT_DIR = "multiselect"  # multi-selection's population for the server (recsvc.artifact.bundle)
+TEST_TARGETS = "test_targets.parquet"
 FORMAT_VERSION = 1
 SERVING_KIND = "serving"  # manifest kind of a serving bundle; a full artifact has no kind
 MIN_SENSITIVITY = 1e-6
@@ -135,10 +138,11 @@ def validate_policy(policy: pl.DataFrame) -> pl.DataFrame:
     return policy
 
 
-def validate_test_inputs(inputs: pl.DataFrame) -> pl.DataFrame:
-    inputs = _check_schema(inputs, TEST_INPUTS_SCHEMA, TEST_INPUTS)
+def validate_test_inputs(inputs: pl.DataFrame, what: str = TEST_INPUTS) -> pl.DataFrame:
+    """``test_inputs.parquet`` or ``test_targets.parquet`` (``what``): (user_id, item_id), non-null."""
+    inputs = _check_schema(inputs, TEST_INPUTS_SCHEMA, what)
     if inputs["user_id"].null_count() or inputs["item_id"].null_count():
-        raise ArtifactError(f"{TEST_INPUTS}: user_id and item_id must be non-null")
+        raise ArtifactError(f"{what}: user_id and item_id must be non-null")
     return inputs
 
 

@@ -33,6 +33,7 @@ from recsvc.artifact.format import (
     POPULATION,
     SERVING_KIND,
     TEST_INPUTS,
+    TEST_TARGETS,
     ArtifactError,
     sha256_file,
     validate_candidates,
@@ -166,21 +167,22 @@ class Artifact:
     def has_test_inputs(self) -> bool:
         return TEST_INPUTS in self.manifest.files
 
-    @cached_property
-    def _test_inputs(self) -> dict[str, np.ndarray]:
-        """user_id → the model columns of that test user's fold-in input items."""
-        self._require_full(f"{TEST_INPUTS} (the test users' histories)")
-        if not self.has_test_inputs:
+    def _require(self, name: str) -> None:
+        self._require_full(f"{name} (the test users' items)")
+        if name not in self.manifest.files:
             raise ArtifactError(
-                f"{self.path} has no {TEST_INPUTS} (built before it was written); "
-                "rebuild it with `recsvc prep` to score its test users over the full catalog"
+                f"{self.path} has no {name} (built before it was written); "
+                "rebuild it with `recsvc prep` to evaluate its test users over the full catalog"
             )
-        df = validate_test_inputs(pl.read_parquet(self.path / TEST_INPUTS))
-        index = self.model.index
+
+    def _user_items(self, name: str, index: dict[str, int], into: str) -> dict[str, np.ndarray]:
+        """user_id → the distinct ``index`` positions of that user's items in the file ``name``."""
+        self._require(name)
+        df = validate_test_inputs(pl.read_parquet(self.path / name), name)
         try:
             cols = np.fromiter((index[i] for i in df["item_id"].to_list()), np.int64, df.height)
         except KeyError as exc:
-            raise ArtifactError(f"{TEST_INPUTS}: item_id {exc.args[0]!r} is not in the model") from None
+            raise ArtifactError(f"{name}: item_id {exc.args[0]!r} is not in {into}") from None
         users = df["user_id"].to_numpy().astype(str)
         order = np.argsort(users, kind="stable")
         users, cols = users[order], cols[order]
@@ -188,6 +190,31 @@ class Artifact:
         return {
             str(u[0]): np.unique(c) for u, c in zip(np.split(users, cuts), np.split(cols, cuts), strict=True) if len(u)
         }
+
+    @cached_property
+    def _test_inputs(self) -> dict[str, np.ndarray]:
+        """user_id → the model columns of that test user's fold-in input items."""
+        self._require(TEST_INPUTS)  # before the model is loaded
+        return self._user_items(TEST_INPUTS, self.model.index, "the model")
+
+    @property
+    def has_test_targets(self) -> bool:
+        return TEST_TARGETS in self.manifest.files
+
+    @cached_property
+    def _test_item_rows(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        return (
+            self._user_items(TEST_INPUTS, self.item_index, ITEMS),
+            self._user_items(TEST_TARGETS, self.item_index, ITEMS),
+        )
+
+    def test_items(self, user_ids: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Each test user's fold-in inputs and held-out targets, as sorted items.parquet rows
+        (an empty array for a user without any)."""
+        inputs, targets = self._test_item_rows
+        none = np.zeros(0, np.int64)
+        ids = np.asarray(user_ids).astype(str).tolist()
+        return [inputs.get(u, none) for u in ids], [targets.get(u, none) for u in ids]
 
     def catalog_scores(self, user_ids: np.ndarray) -> np.ndarray:
         """RAW SANSA scores (users × every items.parquet row) of these test users from their stored

@@ -28,6 +28,7 @@ from recsvc.artifact.format import (
     POPULATION,
     SERVING_KIND,
     TEST_INPUTS,
+    TEST_TARGETS,
     ArtifactError,
     json_default,
     sha256_file,
@@ -66,6 +67,10 @@ class ArtifactWriter(StagedDir):
         """The test users' fold-in input items (user_id, item_id): eval's full-catalog pipelines
         score them with the model (optional; artifacts without it still load)."""
         validate_test_inputs(inputs).write_parquet(self.tmp / TEST_INPUTS, statistics=False)
+
+    def write_test_targets(self, targets: pl.DataFrame) -> None:
+        """The test users' held-out target items (user_id, item_id): eval's hit rate (optional)."""
+        validate_test_inputs(targets, TEST_TARGETS).write_parquet(self.tmp / TEST_TARGETS, statistics=False)
 
     def write_model(self, model: Model) -> None:
         save_model(model, self.tmp / MODEL_DIR)

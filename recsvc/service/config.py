@@ -22,6 +22,7 @@ from recsvc.ledger import is_postgres
 from recsvc.ledger.fingerprint import default_path as default_key_path
 from recsvc.ledger.units import MAX_EPSILON, budget_units
 from recsvc.ledger.window import LIFETIME, BudgetWindow
+from recsvc.policy import AUTO_THRESHOLD
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -133,7 +134,7 @@ class Selection:
     # Recommend's private top-m when a two-stage request names none: a one-shot top-k mechanism
     # (docs/guides/serving.md#two-stage-recommend says why this one)
     default_candidate_mechanism: str = "clm"
-    auto_threshold: float = 0.1  # |median population Spearman| above which auto picks gem/mgem
+    auto_threshold: float = AUTO_THRESHOLD  # |median population Spearman| above which auto picks gem/mgem
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
     # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
     # the γ floor) is drawn by a pool of heavy_draw_threads threads at the lowest CPU priority,

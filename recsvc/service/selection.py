@@ -21,7 +21,6 @@ then finds to be a replay, a conflict or over budget is discarded unreleased: it
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,14 +28,14 @@ from itertools import chain
 
 import numpy as np
 
-from recsvc.artifact import POLICY, Artifact, Manifest
+from recsvc.artifact import POLICY, Artifact
 from recsvc.checks import ParamError, check_epsilon
 from recsvc.ledger import Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms import MECHANISMS, check_params
 from recsvc.mechanisms.slate import slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
-from recsvc.policy import PolicyTable
+from recsvc.policy import PolicyTable, population_median, resolve_auto
 from recsvc.rng import thread_csprng
 from recsvc.service.catalog import Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, CANDIDATE_MECHANISMS, Policy
@@ -55,28 +54,6 @@ from recsvc.service.requests import (
 log = logging.getLogger("recsvc.service")
 
 
-def resolve_auto(
-    rho_median: float | None,
-    threshold: float,
-    table: PolicyTable | None = None,
-    epsilon: float | None = None,
-    k: int = 1,
-) -> str | None:
-    """`auto` (docs/concepts/auto.md), from public data only (it costs nothing and never sees a request's scores):
-    with a policy table, the mechanism with the lowest expected MSE on the public population at
-    the table's grid point of (ε, k) (:meth:`recsvc.policy.PolicyTable.resolve`); without one,
-    the sign rule: mgem if ρ̄ > t, gem if ρ̄ < −t, else rnm."""
-    if table is not None and epsilon is not None:
-        return table.resolve(epsilon, k)
-    if rho_median is None or not math.isfinite(rho_median):
-        return None
-    if rho_median > threshold:
-        return "mgem"
-    if rho_median < -threshold:
-        return "gem"
-    return "rnm"
-
-
 def check_loss_weight(
     params: Mapping[str, float | None], mechanism: str, candidate_mechanism: str | None = None
 ) -> None:
@@ -91,11 +68,6 @@ def check_loss_weight(
         f"loss_weight is a parameter of clm only, and this request runs {runs}; "
         "expected mechanism or candidate_mechanism 'clm', or no loss_weight"
     )
-
-
-def population_median(manifest: Manifest) -> float | None:
-    stats = manifest.population_spearman
-    return None if stats is None else float(stats.median)
 
 
 class Selector:

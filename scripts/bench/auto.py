@@ -27,15 +27,13 @@ from eval.run import with_data_defaults
 from eval.sources import ScenarioSource
 from recsvc.artifact import load_artifact
 from recsvc.engines import LocalEngine
-from recsvc.policy import AUTO, EVALUATION_EPSILONS, PolicySpec, PolicyTable, population_mse, sample_users
+from recsvc.policy import AUTO, EVALUATION_EPSILONS, PolicySpec, PolicyTable, population_mse, resolve_auto, sample_users
 
 TARGET = 1.05
 
 
-def sign_rule(rho: float | None, threshold: float = 0.1) -> str:
-    if rho is None:
-        return "-"
-    return "mgem" if rho > threshold else "gem" if rho < -threshold else "rnm"
+def sign_rule(rho: float | None) -> str:
+    return resolve_auto(rho) or "-"
 
 
 def report(name: str, matrix, resolve, rho: float | None, trials: int, workers: int, params: dict) -> dict:

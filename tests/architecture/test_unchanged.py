@@ -26,11 +26,12 @@ ARTIFACT_FILES = {
     "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
     "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
+    "test_targets.parquet": "c05caaf9802845ac48cd6ef7c4b6b445a12a9f186c10204ee364c4a7724cf32a",
 }
-# The manifest's files map lists every data file (test_inputs.parquet, policy.parquet,
+# The manifest's files map lists every data file (test_inputs.parquet, test_targets.parquet, policy.parquet,
 # population.parquet, client/ and multiselect/ included), and the manifest holds the policy and
-# multiselect sections (its slate_mechanisms too).
-MANIFEST_WITHOUT_TIMINGS = "ab352af37b5e84b6fef6e84ef59ec8dd70039976f67ddd87b19041208f05b4bf"
+# multiselect sections.
+MANIFEST_WITHOUT_TIMINGS = "1c5eb7a301ae169b68839a377cd51977f79cb12b83da43221456501cc6d92271"
 RESULT_FILES = {
     "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",

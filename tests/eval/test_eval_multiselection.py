@@ -46,7 +46,6 @@ def test_the_table_is_reproducible_and_the_monte_carlo_deviation_is_reported():
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        ([], r"only --theory is built so far"),
         (["--theory", "--ks", "0"], r"--ks must be an integer ≥ 1, got 0"),
         (["--theory", "--ks", "2", "2"], r"--ks must be distinct"),
         (["--theory", "--epsilons", "0"], r"--epsilons must be a positive finite number"),
@@ -59,6 +58,15 @@ def test_bad_flags_are_refused_before_any_output(args, match, tmp_path, one_line
     assert recsvc_main(["eval-multiselect", "--out", str(out), *args]) == 2
     one_line_error(match)
     assert not (tmp_path / "new").exists()
+
+
+def test_a_mode_is_required(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        recsvc_main(["eval-multiselect", "--out", str(tmp_path / "ms")])
+    assert exc.value.code == 2 and "one of the arguments --theory --artifacts is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        recsvc_main(["eval-multiselect", "--theory", "--artifacts", str(tmp_path)])
+    assert "not allowed with argument" in capsys.readouterr().err and not (tmp_path / "ms").exists()
 
 
 def test_an_existing_out_needs_force(tmp_path, one_line_error):

@@ -41,6 +41,8 @@ FILES = (
     "model/items.parquet",
     "population.parquet",
     "policy.parquet",
+    "test_inputs.parquet",
+    "test_targets.parquet",
 )
 
 
@@ -129,6 +131,22 @@ def test_candidates_are_model_scores(tiny_artifact: Path) -> None:
     # item_index is the row in items.parquet, which is the model's column order.
     assert list(art.items["item_id"]) == list(model.item_ids)
     np.testing.assert_array_equal(cm.scores[valid], dense[rows[valid], cm.item_index[valid]])
+
+
+def test_test_inputs_and_targets_are_the_splits_held_out_items(tiny_artifact: Path) -> None:
+    art = load_artifact(tiny_artifact)
+    split, _, _ = pipeline._load_and_split(_tiny(tiny_artifact), pipeline.datasets.INFO["synthetic"])
+    inputs, targets = art.test_items(art.user_ids)
+    row = {u: i for i, u in enumerate(split.test.user_ids.tolist())}
+    assert split.test.targets is not None
+    x, t = split.test.inputs.tocsr(), split.test.targets.tocsr()
+    for u, got_in, got_t in zip(art.user_ids.tolist(), inputs, targets, strict=True):
+        b = row[u]
+        np.testing.assert_array_equal(got_in, np.sort(x.indices[x.indptr[b] : x.indptr[b + 1]]))
+        np.testing.assert_array_equal(got_t, np.sort(t.indices[t.indptr[b] : t.indptr[b + 1]]))
+        assert len(got_t) >= 1 and not np.isin(got_t, got_in).any()
+    empty_in, empty_t = art.test_items(np.array(["no-such-user"]))
+    assert empty_in[0].size == 0 and empty_t[0].size == 0
 
 
 def test_rerun_is_byte_identical(tiny_artifact: Path, tmp_path: Path) -> None:

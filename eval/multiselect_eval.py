@@ -1,0 +1,202 @@
+"""`recsvc eval-multiselect --artifacts`: multi-selection against the central modes on real test
+users, without the gRPC service (the same core functions, vectorised per user).
+
+For each test user, each ε and each of ``trials`` repetitions:
+
+- **multi-selection** (local ε-DP): the device draws its signal from its clipped history embedding
+  (:func:`recsvc.multiselection.device_signal`); the server answers with k items, either the
+  posterior greedy (:func:`recsvc.multiselection.respond`) or the plain baseline, the top k for
+  the signal itself (:func:`recsvc.multiselection.baseline`); the device keeps the best of them
+  by its true scores (seen items never). Both responses are in pick order, so one answer of the
+  largest k gives every smaller k as its prefix, on the same signal.
+- **Recommend, full catalog, `auto`** (central ε-DP): one item selected over the clipped scores
+  of every catalog item, seen ones included, as the service does; `auto` resolves as there.
+- **Select over the top 500, `auto`**: one item among the user's top-500 unseen candidates. The
+  top 500 are chosen without noise from the history, so this is NOT end-to-end DP.
+
+Measures per user (averaged over the repetitions, then over users with a 95% CI), against v,
+the raw full-catalog scores with seen items worth 0 (:mod:`eval.multiselect_data`):
+
+- ``utility_fraction``: v[chosen] / max v, the fraction of the best achievable score;
+- ``hit_rate``: whether the chosen item is one of the user's held-out targets;
+- ``mse``: the paper's (max q − q_chosen)² on q = clip(v, lo, hi) (:func:`eval.metrics.selected_stats`).
+
+Three reference rows: each response without noise (ε = ∞: what the embedding alone allows), the
+greedy response to no signal at all (ε = 0: uniform weights, the same k items for everyone) and
+the non-private best item. User b's draws come from ``SeedSequence(seed, spawn_key=(b, TAG, mode, ε
+index))`` (:func:`eval.pipelines.stream`): independent of chunking, workers and the other modes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from eval import metrics
+from eval.multiselect_data import DatasetSource, UserChunk
+from eval.pipelines import stream
+from recsvc.policy import PolicyTable
+
+TAG = 2**31 + 25  # second spawn-key word: these streams never meet eval's other streams
+GREEDY, BASELINE = "multiselect", "multiselect-baseline"
+RECOMMEND, SELECT, NONPRIVATE = "recommend-auto", "select-top500-auto", "nonprivate"
+MODES = (GREEDY, BASELINE, RECOMMEND, SELECT, NONPRIVATE)
+MEASURES = ("utility_fraction", "hit_rate", "mse")
+TRUST = {
+    GREEDY: "local ε-DP (any two histories; the operator is not trusted)",
+    BASELINE: "local ε-DP (any two histories; the operator is not trusted)",
+    RECOMMEND: "central ε-DP (neighbouring histories; the operator is trusted)",
+    SELECT: "NOT end-to-end DP (the top 500 are chosen without noise)",
+    NONPRIVATE: "no privacy (the best item)",
+}
+SELECT_CANDIDATES = 500
+NO_NOISE_EPSILON = 1e12  # the posterior of a noise-free signal: all weight on the nearest population users
+
+
+@dataclass(frozen=True)
+class Row:
+    mode: str
+    k: int
+    epsilon: float  # math.inf: no noise; 0.0 (greedy only): no signal
+
+
+def rows(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[Row, ...]:
+    """The result rows in output order: each response per k over ε then without noise (the
+    greedy also without signal, ε = 0), the central modes at k = 1 per ε, the non-private best."""
+    out = [Row(GREEDY, k, e) for k in ks for e in (0.0, *epsilons, math.inf)]
+    out += [Row(BASELINE, k, e) for k in ks for e in (*epsilons, math.inf)]
+    out += [Row(m, 1, e) for m in (RECOMMEND, SELECT) for e in epsilons]
+    return (*out, Row(NONPRIVATE, 1, math.inf))
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every chunk of one artifact shares (sent to each worker once)."""
+
+    ks: tuple[int, ...]
+    epsilons: tuple[float, ...]
+    trials: int
+    seed: int
+    source: DatasetSource
+    auto: AutoPolicy
+    blind: np.ndarray  # (1, max k): the greedy answer to no signal (uniform weights), the same for everyone
+
+
+def blind_answer(source: DatasetSource, k: int) -> np.ndarray:
+    """The greedy k items for uniform weights over the population: the answer that ignores the signal."""
+    from recsvc.multiselection import greedy
+
+    pop = source.population
+    return greedy(pop, np.full(pop.size, 1.0 / pop.size), k)[None, :]
+
+
+@dataclass(frozen=True)
+class AutoPolicy:
+    """What `auto` runs for a selection's ε and candidate count, resolved as the service does
+    (docs/concepts/auto.md): the artifact's policy table where it covers the count, run with the
+    parameters the table assumed; else the sign rule on the population Spearman."""
+
+    table: PolicyTable | None
+    covers: int | None  # the largest candidate count the table holds for; None = any
+    params: dict[str, float]
+    rho: float | None
+
+    @classmethod
+    def of(cls, source: DatasetSource) -> AutoPolicy:
+        from recsvc.policy import population_median
+
+        art = source.artifact
+        m = art.manifest
+        table = None if art.policy is None else PolicyTable.from_frame(art.policy, f"{art.path}/policy.parquet")
+        covers = None if m.policy is None or m.policy.candidates is None else int(m.policy.candidates)
+        params = {} if m.policy is None else {k: float(v) for k, v in (m.policy.params or {}).items()}
+        return cls(table, covers, params, population_median(m))
+
+    def choose(self, epsilon: float, candidates: int) -> tuple[str, dict[str, float]]:
+        from recsvc.policy import resolve_auto
+
+        applies = self.table is not None and (self.covers is None or candidates <= self.covers)
+        name = resolve_auto(self.rho, table=self.table if applies else None, epsilon=epsilon)
+        if name is None:
+            raise ValueError("`auto` is unavailable: the artifact has neither a policy table nor a population Spearman")
+        return name, (self.params if applies else {})
+
+
+def measures(chosen: np.ndarray, v: np.ndarray, q: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """(utility fraction, hit rate, MSE) of the chosen item rows (T,), averaged over them."""
+    best = v.max()
+    frac = float(v[chosen].mean() / best) if best > 0 else math.nan
+    mse, _ = metrics.selected_stats(q[None, :], chosen[None, :])
+    return np.array([frac, float(target[chosen].mean()), float(mse[0])])
+
+
+def device_choice(device: np.ndarray, answers: np.ndarray) -> np.ndarray:
+    """The device's pick from each answer (T, k) of item rows: the highest true score, ties to
+    the earlier item, seen items (−inf) never unless all are seen (then the first)."""
+    return answers[np.arange(len(answers)), np.argmax(device[answers], axis=1)]
+
+
+def _answers(ctx: Context, signals: np.ndarray, eps: float, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Both server responses (T, kmax) to each signal (T, d)."""
+    from recsvc.multiselection import baseline, respond
+
+    src = ctx.source
+    pop, factors, radius = src.population, src.bundle.embedding, src.bundle.radius
+    greedy = np.stack([respond(pop, s, eps, radius, kmax) for s in signals])
+    base = np.stack([baseline(s, factors, kmax) for s in signals])
+    return greedy, base
+
+
+def _central(ctx: Context, eps: float, q: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """``trials`` selections by what `auto` runs among these candidates (Monte Carlo: exact
+    probabilities over a 20,000-item catalog cost minutes per user)."""
+    from recsvc.mechanisms.registry import check_params, get_mechanism
+
+    name, params = ctx.auto.choose(eps, q.size)
+    mech = get_mechanism(name)
+    return np.asarray(mech.sample(q, d, eps, check_params(params, mech), rng, ctx.trials), dtype=np.int64)
+
+
+def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
+    """(rows, measures) for user b of the chunk."""
+    from recsvc.multiselection import device_signal
+
+    src, g = ctx.source, chunk.start + b
+    v, dev, target = chunk.value(b), chunk.device_scores(b), chunk.target[b]
+    q = np.clip(v, src.lo, src.hi)
+    kmax = max(ctx.ks)
+    out: dict[Row, np.ndarray] = {}
+    e = chunk.embedding[b]
+    grids = [(ei, eps) for ei, eps in enumerate(ctx.epsilons)] + [(len(ctx.epsilons), math.inf)]
+    for k in ctx.ks:
+        out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, ctx.blind[:, :k]), v, q, target)
+    for ei, eps in grids:
+        if math.isinf(eps):  # no noise: the clipped embedding itself
+            signals = e[None, :]
+            picked, base = _answers(ctx, signals, NO_NOISE_EPSILON, kmax)
+        else:
+            signals = device_signal(
+                np.broadcast_to(e, (ctx.trials, e.size)), eps, src.bundle.radius, stream(ctx.seed, g, TAG, 0, ei)
+            )
+            picked, base = _answers(ctx, signals, eps, kmax)
+        for mode, ans in ((GREEDY, picked), (BASELINE, base)):
+            for k in ctx.ks:
+                out[Row(mode, k, eps)] = measures(device_choice(dev, ans[:, :k]), v, q, target)
+    full_q = np.clip(chunk.raw[b], src.lo, src.hi)  # what Recommend selects over: seen items keep their scores
+    c = int(chunk.cand_count[b])
+    rows500 = chunk.cand_rows[b, :c]
+    for ei, eps in enumerate(ctx.epsilons):
+        picked = _central(ctx, eps, full_q, src.sens, stream(ctx.seed, g, TAG, 1, ei))
+        out[Row(RECOMMEND, 1, eps)] = measures(picked, v, q, target)
+        sel = _central(ctx, eps, chunk.cand_scores[b, :c], chunk.cand_sens[b, :c], stream(ctx.seed, g, TAG, 2, ei))
+        out[Row(SELECT, 1, eps)] = measures(rows500[sel], v, q, target)
+    out[Row(NONPRIVATE, 1, math.inf)] = measures(np.array([int(np.argmax(v))]), v, q, target)
+    return np.stack([out[r] for r in rows(ctx.ks, ctx.epsilons)])
+
+
+def evaluate_chunk(chunk: UserChunk, ctx: Context) -> np.ndarray:
+    """(B, rows, measures) for one chunk of users; a pure function of (chunk, ctx)."""
+    return np.stack([evaluate_user(ctx, chunk, b) for b in range(len(chunk.user_ids))])
