@@ -4,6 +4,8 @@ Columns, exactly: ``user_id`` (string), ``request_id`` (string), ``mechanism`` (
 charge whose stored answer named none), ``epsilon`` (float64: the charged units ÷ 10¹², the
 nearest double of the exact charge) and ``time`` (timestamp[µs, UTC]: when the charge committed).
 Never the fingerprint, the response, scores or items. Rows come in (user_id, request_id) order.
+The file's metadata key ``recsvc.budget_changes`` holds the ledger's audited budget changes
+(:mod:`recsvc.ledger.budget`) as a JSON list of ``{time, old_budget, new_budget, changed_by}``.
 
 Each store provides ``read_charges(ledger, chunk)`` (:func:`recsvc.ledger.sqlite.schema.read_charges`,
 :func:`recsvc.ledger.postgres.schema.read_charges`): the number of charges and the rows in chunks, read
@@ -16,6 +18,7 @@ pyarrow is imported here only (the serving path never loads it).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -28,6 +31,7 @@ from recsvc.ledger.units import to_epsilon
 
 COLUMNS = ("user_id", "request_id", "mechanism", "epsilon", "time")
 CHUNK = 65_536  # rows per read and per row group
+METADATA_KEY = "recsvc.budget_changes"
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -61,6 +65,9 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
 
     out = Path(out)
     check_out(out, force)
+    from recsvc.ledger import budget_changes
+
+    changes = json.dumps([c.as_dict() for c in budget_changes(ledger)])
     schema = pa.schema(
         list(
             zip(
@@ -68,7 +75,8 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
                 (pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC")),
                 strict=True,
             )
-        )
+        ),
+        metadata={METADATA_KEY: changes},
     )
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     written = 0

@@ -1,4 +1,4 @@
-"""`recsvc serve`, `recsvc ledger init|migrate`, `recsvc select`, `recsvc budget` (see recsvc/app/cli.py for the registration contract)."""
+"""`recsvc serve`, `recsvc ledger init|set-budget|migrate|export`, `recsvc select`, `recsvc budget` (see recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -203,6 +203,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "SQLite default: <ledger>.key); copy it to every replica",
     )
     init.set_defaults(func=run_ledger_init)
+    sb = led_sub.add_parser(
+        "set-budget",
+        help="change the per-user budget the ledger is pinned to; the change is recorded in the ledger",
+        description="Re-pin the ledger to a new per-user ε budget and record the change (time, old and "
+        "new budget, who) in the ledger; `recsvc ledger export` includes the record. Running processes "
+        "keep their budget until restarted with the new --budget.",
+    )
+    sb.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
+    sb.add_argument("--budget", type=float, required=True, help="the new per-user ε budget")
+    sb.set_defaults(func=run_ledger_set_budget)
     mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
     mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
     mig.set_defaults(func=run_ledger_migrate)
@@ -274,6 +284,22 @@ def run_ledger_init(args: argparse.Namespace) -> int:
     print(
         f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
         f"fingerprint key {config.key_path})"
+    )
+    return 0
+
+
+def run_ledger_set_budget(args: argparse.Namespace) -> int:
+    from recsvc.ledger import set_budget
+    from recsvc.ledger.units import format_units
+
+    where, change = set_budget(args.ledger, args.budget)
+    if change is None:
+        print(f"recsvc ledger: {where} budget unchanged (ε={args.budget:g} per user)")
+        return 0
+    old, new = format_units(change.old_units), format_units(change.new_units)
+    print(
+        f"recsvc ledger: {where} budget ε={old} -> ε={new} per user, recorded (by {change.changed_by}); "
+        f"restart every process on it with --budget {new}"
     )
     return 0
 

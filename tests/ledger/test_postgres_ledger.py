@@ -68,8 +68,8 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
         PostgresLedger(url, 1.0, key)
     PostgresLedger(url, 1.0, key, create=True).close()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE recsvc_meta SET value='3' WHERE name='schema_version'")
-    with pytest.raises(ParamError, match="schema version 3, newer than this recsvc reads"):
+        conn.execute("UPDATE recsvc_meta SET value='4' WHERE name='schema_version'")
+    with pytest.raises(ParamError, match="schema version 4, newer than this recsvc reads"):
         PostgresLedger(url, 1.0, key)
     proc = run_recsvc("ledger", "migrate", "--ledger", url)
     assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
@@ -101,14 +101,14 @@ def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path) -> None:
     again = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
     assert again.returncode == 0, again.stderr  # idempotent
     clash = run_recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
-    assert clash.returncode == 2 and "every replica must use the same budget" in clash.stderr
+    assert clash.returncode == 2 and "every process on one ledger must use the same budget" in clash.stderr
     mig = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 2 -> 2" in mig.stdout, mig.stderr
+    assert mig.returncode == 0 and "schema version 3 -> 3" in mig.stdout, mig.stderr
     nokey = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3")
     assert nokey.returncode == 2 and "needs --fingerprint-key" in nokey.stderr, nokey.stderr
 
 
-def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) -> None:
+def test_a_version_1_database_migrates_to_the_current_version(pg_cluster, tmp_path: Path) -> None:
     """A database as version 1 left it (schema, settings, charges with SelectResponse answers) gets the
     window column, the lifetime window setting and each charge's mechanism from its stored answer."""
     url = pg_cluster.new_database()
@@ -131,10 +131,10 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
             )
         conn.execute("INSERT INTO recsvc_requests VALUES ('odd', 'r', 'fp', 1, '\\xff00')")  # not a SelectResponse
         conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
-    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 2; run `recsvc ledger migrate"):
+    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 3; run `recsvc ledger migrate"):
         PostgresLedger(url, 1.0, key)
     mig = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 1 -> 2" in mig.stdout, mig.stderr
+    assert mig.returncode == 0 and "schema version 1 -> 3" in mig.stdout, mig.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         counts: dict[str, int] = dict(
             conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall()
@@ -150,7 +150,7 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
     assert (led.user("u0").spent_units, led.user("u0").requests, led.user("u0").window_end) == (86 * 10**9, 86, 0)
     led.close()
     again = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert again.returncode == 0 and "schema version 2 -> 2" in again.stdout, again.stderr
+    assert again.returncode == 0 and "schema version 3 -> 3" in again.stdout, again.stderr
 
 
 def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_path: Path) -> None:

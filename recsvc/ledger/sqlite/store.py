@@ -105,7 +105,7 @@ class SQLiteLedger(Ledger):
         try:
             schema.check_foreign(self.path)
             self._key, self.key_created = schema.open_file(
-                self._conn(), self.path, self.key_file, self.window, _retry_locked, mechanism_of
+                self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked, mechanism_of
             )
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()

@@ -1,0 +1,48 @@
+"""The second review's hardening, through the real channels: the pinned budget of `recsvc serve`
+processes, file modes, typed SAN rules, user_id normalisation and the startup and outage messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from recsvc.app.cli import main
+from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.service.client import Client
+from recsvc.service.testing import candidates, run_recsvc, server_process
+
+
+def test_two_serves_on_one_sqlite_ledger_must_share_its_budget(
+    artifact: Path, tmp_path: Path, one_line_error: Callable[[str], str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ledger = tmp_path / "l.db"
+    serve = ["serve", "--artifacts", str(artifact), "--ledger", str(ledger), "--port", "0"]
+    with server_process(artifact, ledger, "--budget", "1") as first:
+        with Client(first.target) as c:
+            c.select("alice", candidates(), mechanism="rnm", epsilon=1.0)
+        second = run_recsvc(*serve, "--budget", "5")
+        assert second.returncode == 2, second.stderr
+        last = second.stderr.strip().splitlines()[-1]
+        assert "--budget 5 differs from the budget ε=1 that the ledger" in last and "set-budget" in last, last
+        assert "Traceback" not in second.stderr
+    # The one way to change it: an explicit command, recorded in the ledger and in its export.
+    assert main(["ledger", "set-budget", "--ledger", str(ledger), "--budget", "5"]) == 0
+    assert "budget ε=1 -> ε=5 per user, recorded" in capsys.readouterr().out
+    assert main([*serve, "--budget", "1"]) == 2
+    one_line_error(r"--budget 1 differs from the budget ε=5 that the ledger")
+    assert SQLiteLedger(ledger, 5.0).user("alice").remaining == 4.0
+    out = tmp_path / "charges.parquet"
+    assert main(["ledger", "export", "--ledger", str(ledger), "--out", str(out)]) == 0
+    history = json.loads(pq.read_schema(out).metadata[b"recsvc.budget_changes"])
+    assert [(h["old_budget"], h["new_budget"]) for h in history] == [("1", "5")]
+    assert pq.read_table(out).num_rows == 1
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
