@@ -13,6 +13,7 @@ on one snapshot (SQLite: chunked reads; PostgreSQL: a server-side cursor). Each 
 Parquet row group, so the whole ledger is never in memory. The file is written to a temporary name
 next to ``out`` and renamed only when complete: a failure leaves no file (and, with ``force``, the
 existing one untouched); without ``force`` an existing ``out`` is refused before anything is read.
+The file is created with mode 0600: it names users and what they were charged.
 pyarrow is imported here only (the serving path never loads it).
 """
 
@@ -81,6 +82,8 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     written = 0
     try:
+        tmp.unlink(missing_ok=True)  # a stale one from a killed run: its mode is not ours
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # personal data: owner only
         with (
             _source(ledger, chunk) as (total, chunks),
             pq.ParquetWriter(tmp, schema) as writer,

@@ -5,6 +5,7 @@ and scopes they map to (SECURITY.md). The gRPC-side gate that applies them is
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 import secrets
 import ssl
@@ -17,6 +18,8 @@ import grpc
 
 from recsvc.checks import ParamError, check_regular_file
 from recsvc.service.errors import PermissionDenied
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "recsvc.v1.PrivateSelection"
 # Health checks stay open so that load balancers and orchestrators need no credentials.
@@ -211,6 +214,8 @@ class Authenticator:
     def from_files(
         cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None, mtls: bool
     ) -> Authenticator:
+        for path in (token_file, client_scopes):
+            warn_if_open(path)
         return cls(
             None if token_file is None else load_tokens(token_file),
             None if client_scopes is None else load_client_scopes(client_scopes),
@@ -254,6 +259,13 @@ class Authenticator:
             host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
             return Caller((Principal("anonymous", Scope(ADMIN)),), f"anonymous@{host}")
         return Caller(tuple(principals), " + ".join(p.name for p in principals))
+
+
+def warn_if_open(path: str | os.PathLike[str] | None) -> None:
+    """Warns when a credentials file (token file, client scopes, TLS private key) is open to group
+    or other users: anyone who reads it holds a principal."""
+    if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
+        log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
 
 
 def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
@@ -313,6 +325,7 @@ def check_server_files(
     if cert is None or key is None:
         raise ParamError("TLS needs both {tls_cert} and {tls_key}")
     check_cert_and_key(cert, key, "{tls_cert}/{tls_key}")
+    warn_if_open(key)
     if client_ca is not None:
         check_ca(client_ca, "client_ca")
     return True

@@ -4,18 +4,21 @@ processes, file modes, typed SAN rules, user_id normalisation and the startup an
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pyarrow.parquet as pq
 import pytest
 
 from recsvc.app.cli import main
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
-from recsvc.service.testing import candidates, run_recsvc, server_process
+from recsvc.service.testing import candidates, run_recsvc, select_request, served, server_process
+from recsvc.v1 import selection_pb2_grpc
 
 
 def test_two_serves_on_one_sqlite_ledger_must_share_its_budget(
@@ -46,3 +49,40 @@ def test_two_serves_on_one_sqlite_ledger_must_share_its_budget(
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_the_ledger_its_sidecars_and_the_export_are_private_and_an_open_tls_key_is_warned_about(
+    artifact: Path, tmp_path: Path, certs: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    old_umask = os.umask(0o022)  # the usual umask: files would be created 0644
+    try:
+        _check_private_files(artifact, tmp_path, certs, caplog)
+    finally:
+        os.umask(old_umask)
+
+
+def _check_private_files(
+    artifact: Path, tmp_path: Path, certs: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    key = tmp_path / "server.key"
+    key.write_bytes(certs["server.key"].read_bytes())
+    key.chmod(0o644)
+    ledger = tmp_path / "l.db"
+    with (
+        caplog.at_level(logging.WARNING, logger="recsvc"),
+        served(artifact, ledger, tls_cert=certs["server.pem"], tls_key=key) as h,
+    ):
+        creds = grpc.ssl_channel_credentials(certs["ca.pem"].read_bytes())
+        with grpc.secure_channel(f"localhost:{h.port}", creds) as ch:
+            stub = selection_pb2_grpc.PrivateSelectionStub(ch)
+            stub.Select(select_request("u", "r1"), timeout=10)
+        files = {p.name: _mode(p) for p in tmp_path.iterdir() if p.name.startswith("l.db")}
+        assert {"l.db", "l.db-wal", "l.db-shm", "l.db.key"} <= files.keys()
+        assert set(files.values()) == {0o600}, files
+    assert f"{key} is open to group or other users; expected mode 0600" in caplog.text
+    out = tmp_path / "charges.parquet"
+    assert main(["ledger", "export", "--ledger", str(ledger), "--out", str(out)]) == 0
+    assert _mode(out) == 0o600
+    out.chmod(0o644)
+    assert main(["ledger", "export", "--ledger", str(ledger), "--out", str(out), "--force"]) == 0
+    assert _mode(out) == 0o600  # replaced by a private file

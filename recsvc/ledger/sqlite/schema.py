@@ -138,6 +138,22 @@ def check_path(path: str | os.PathLike[str]) -> None:
         )
 
 
+def create_private(path: Path) -> None:
+    """Creates a missing ledger file with mode 0600 before SQLite opens it: SQLite gives the
+    ``-wal`` and ``-shm`` files the mode of the database file, so none of them is readable by others."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:  # a special file system, a read-only mount, ...
+        raise ParamError(
+            "{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
+            path=str(path),
+            reason=exc.strerror or str(exc),
+            expected=EXPECTED,
+        ) from None
+
+
 def check_foreign(path: Path) -> None:
     """Refuses another application's SQLite file, read-only (before WAL mode would modify it)."""
     if not (path.is_file() and path.stat().st_size > 0):

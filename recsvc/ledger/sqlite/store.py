@@ -104,6 +104,7 @@ class SQLiteLedger(Ledger):
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         try:
             schema.check_foreign(self.path)
+            schema.create_private(self.path)
             self._key, self.key_created = schema.open_file(
                 self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked, mechanism_of
             )
