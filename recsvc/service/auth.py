@@ -5,6 +5,7 @@ and scopes they map to (SECURITY.md). The gRPC-side gate that applies them is
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -141,18 +142,46 @@ def read_token(path: str | os.PathLike[str]) -> str:
 
 CERT_FORMAT = (
     "lines '<identity> <scope>' with identity 'subject:<RFC 2253 subject, e.g. CN=backend,O=Example>' "
-    "or 'san:<subject alternative name, e.g. backend.internal or spiffe://…>', scope " + SCOPE_FORMAT
+    "or a subject alternative name of one type: 'dns:<DNS name>', 'uri:<URI, e.g. spiffe://…>', "
+    "'email:<address>' or 'ip:<address>'; scope " + SCOPE_FORMAT
 )
+# A rule's SAN type → the key under which gRPC's auth context lists the verified peer's SANs of that type.
+SAN_TYPES = {"dns": "peer_dns", "uri": "peer_uri", "email": "peer_email", "ip": "peer_ip"}
+# Certificate SANs by rule type: {"dns": ["backend.internal"], "uri": [...], ...}
+Sans = dict[str, list[str]]
+
+
+def _canonical(kind: str, value: str) -> str:
+    """The form rules and certificates are compared in: DNS names are case-insensitive, and one
+    IP address has several spellings (``::1``, ``0:0::1``)."""
+    if kind == "dns":
+        return value.lower()
+    if kind == "ip":
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            return value
+    return value
 
 
 @dataclass(frozen=True)
 class CertRule:
-    kind: str  # "subject" or "san"
+    kind: str  # "subject", or a SAN type: "dns", "uri", "email", "ip"
     value: str
     principal: Principal
 
-    def matches(self, subject: str, sans: Sequence[str]) -> bool:
-        return self.value == subject if self.kind == "subject" else self.value in sans
+    def matches(self, subject: str, sans: Sans) -> bool:
+        if self.kind == "subject":
+            return self.value == subject
+        return _canonical(self.kind, self.value) in {_canonical(self.kind, v) for v in sans.get(self.kind, ())}
+
+
+def _untyped(path: str | os.PathLike[str], n: int, value: str) -> ValueError:
+    return ValueError(
+        f"client scopes file {path} line {n}: 'san:{value}' names no SAN type, so a certificate whose URI or "
+        f"e-mail SAN is that string would match a rule meant for a DNS name; write the type instead: "
+        f"'dns:{value}', 'uri:{value}', 'email:{value}' or 'ip:{value}'"
+    )
 
 
 def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
@@ -163,8 +192,15 @@ def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
     for n, line in _lines(path, "client scopes file", "rule", CERT_FORMAT):
         parts = line.rsplit(None, 1)
         kind, sep, value = parts[0].partition(":")
-        if len(parts) != 2 or not sep or not value or kind not in ("subject", "san"):
+        if kind == "san" and sep and value and len(parts) == 2:
+            raise _untyped(path, n, value)
+        if len(parts) != 2 or not sep or not value or kind not in ("subject", *SAN_TYPES):
             raise ValueError(f"client scopes file {path} line {n}: expected {CERT_FORMAT}")
+        if kind == "ip" and not _is_ip(value):
+            raise ValueError(
+                f"client scopes file {path} line {n}: ip:{value} is not an IP address; expected {CERT_FORMAT}"
+            )
+        value = _canonical(kind, value)
         try:
             scope = Scope.parse(parts[1])
         except ValueError as exc:
@@ -177,6 +213,14 @@ def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
         seen[kind, value] = n
         rules.append(CertRule(kind, value, Principal(f"cert {kind}:{value}", scope)))
     return rules
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _first(auth_context: dict[str, list[bytes]], key: str) -> str | None:
@@ -238,7 +282,9 @@ class Authenticator:
             return None
         if self._rules is None:
             return Principal(f"cert subject:{subject}", Scope(SERVICE))
-        sans = [v.decode(errors="replace") for v in auth_context.get("x509_subject_alternative_name") or []]
+        sans = {
+            kind: [v.decode(errors="replace") for v in auth_context.get(key) or []] for kind, key in SAN_TYPES.items()
+        }
         rule = next((r for r in self._rules if r.matches(subject, sans)), None)
         return rule.principal if rule else Principal(f"cert subject:{subject}", None)
 

@@ -135,8 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--client-scopes",
         type=Path,
-        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or 'san:<name> <scope>' "
-        "mapping client certificates to scopes (see SECURITY.md)",
+        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or '<type>:<SAN> <scope>' (type "
+        "dns, uri, email or ip) mapping client certificates to scopes (see SECURITY.md)",
     )
     p.add_argument(
         "--allow-plaintext-tokens",

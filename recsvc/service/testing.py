@@ -204,6 +204,31 @@ def make_certs(d: Path) -> dict[str, Path]:
     }
 
 
+def make_client_cert(d: Path, name: str, san: str) -> tuple[Path, Path]:
+    """A client certificate ``<name>.pem`` and key, signed by :func:`make_certs`' CA in ``d``, with
+    CN=<name> and the OpenSSL ``subjectAltName`` value ``san`` (e.g. ``URI:spiffe://x,email:a@b``)."""
+    ext = d / f"{name}.ext"
+    ext.write_text(f"subjectAltName={san}\n")
+    for args in (
+        (
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+        ),
+        ("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"),
+    ):
+        extra = ("-out", f"{name}.pem", "-days", "2", "-extfile", ext.name) if args[0] == "x509" else ()
+        subprocess.run(["openssl", *args, *extra], cwd=d, check=True, capture_output=True)
+    return d / f"{name}.pem", d / f"{name}.key"
+
+
 def run_recsvc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """The `recsvc` command run to completion in the checkout (output captured as text)."""
     return subprocess.run(

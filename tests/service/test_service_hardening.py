@@ -17,7 +17,15 @@ import pytest
 from recsvc.app.cli import main
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
-from recsvc.service.testing import candidates, run_recsvc, select_request, served, server_process
+from recsvc.service.testing import (
+    candidates,
+    make_client_cert,
+    rpc_error,
+    run_recsvc,
+    select_request,
+    served,
+    server_process,
+)
 from recsvc.v1 import selection_pb2_grpc
 
 
@@ -86,3 +94,28 @@ def _check_private_files(
     out.chmod(0o644)
     assert main(["ledger", "export", "--ledger", str(ledger), "--out", str(out), "--force"]) == 0
     assert _mode(out) == 0o600  # replaced by a private file
+
+
+def test_san_rules_match_only_their_type(artifact: Path, tmp_path: Path, certs: dict[str, Path]) -> None:
+    """A URI or e-mail SAN equal to a DNS rule's name gets nothing from it; the rule's type matches."""
+    d = certs["ca.pem"].parent
+    spoof = make_client_cert(d, "spoof", "URI:ops-console.internal,email:ops-console.internal")
+    ops = make_client_cert(d, "ops", "DNS:Ops-Console.Internal")
+    scopes = tmp_path / "scopes"
+    scopes.write_text("dns:ops-console.internal admin\n")
+    tls = dict(tls_cert=certs["server.pem"], tls_key=certs["server.key"], client_ca=certs["ca.pem"])
+    with served(artifact, tmp_path / "l.db", client_scopes=scopes, **tls) as h:
+        for (cert, key), allowed in ((spoof, False), (ops, True)):
+            with Client(f"localhost:{h.port}", tls_ca=certs["ca.pem"], tls_cert=cert, tls_key=key, retries=0) as c:
+                if allowed:
+                    assert c.select("alice", candidates(), mechanism="rnm", epsilon=0.5).epsilon_spent == 0.5
+                else:
+                    code, _ = rpc_error(c.select, "alice", candidates(), mechanism="rnm", epsilon=0.5)
+                    assert code is grpc.StatusCode.PERMISSION_DENIED
+                    assert rpc_error(c.mechanisms)[0] is grpc.StatusCode.PERMISSION_DENIED
+        assert h.ledger.totals() == {"alice": 0.5}
+    scopes.write_text("san:ops-console.internal admin\n")  # the untyped form is refused at start
+    with pytest.raises(ValueError, match=r"'san:ops-console.internal' names no SAN type.*'dns:ops-console.internal'"):
+        with served(artifact, tmp_path / "l2.db", client_scopes=scopes, **tls):
+            pass
+    assert not (tmp_path / "l2.db").exists()
