@@ -22,7 +22,6 @@ answer stored without one is read by a callable the service passes (``mechanism_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,7 +62,7 @@ def open_ledger(
     pool_size: int = 8,
     create: bool = False,
     window: BudgetWindow | str = LIFETIME_WINDOW,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
     observer: LedgerObserver | None = None,
     mechanism_of: MechanismOf | None = None,
 ) -> Ledger:

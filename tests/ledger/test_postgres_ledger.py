@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from recsvc.checks import ParamError
+from recsvc.ledger import BudgetExceeded
 from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
 from recsvc.ledger.testing import Stores
@@ -226,3 +227,23 @@ def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) 
         led.close()
         assert probes(0) == []
     s.close_all()
+
+
+def test_a_replica_with_a_fast_clock_does_not_renew_early(
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Budget windows are decided by the database's clock: a replica whose own clock runs a day
+    fast charges in the database's current window, not in tomorrow's."""
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    honest = _open(s, budget=1.0, window="1d")
+    honest.charge("u", "r1", b"f1", 1.0, lambda rem: b"a")
+    window = honest.user("u").window_start
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86_400)  # this host's clock: a day fast
+    fast = _open(s, budget=1.0, window="1d")
+    with pytest.raises(BudgetExceeded):
+        fast.charge("u", "r2", b"f2", 0.5, lambda rem: b"b")
+    assert (fast.user("u").window_start, fast.user("u").spent_units) == (window, 10**12)
+    # The same replica on its local clock would have renewed: what the database's clock prevents.
+    local = _open(s, budget=1.0, window="1d", clock=time.time)
+    assert local.user("u").spent_units == 0 and local.user("u").window_start == window + 86_400

@@ -59,6 +59,7 @@ from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.postgres import schema
 from recsvc.ledger.postgres.arrays import BinaryArray, bytea_array, int8_array, text_array
+from recsvc.ledger.postgres.clock import DatabaseClock
 from recsvc.ledger.postgres.connection import Connection, configure, link_timeouts, result_sets, roll_back
 from recsvc.ledger.postgres.schema import connect, describe, scrub
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
@@ -169,7 +170,9 @@ class PostgresLedger(Ledger):
 
     ``create=True`` (``recsvc ledger init``) creates the schema and the key file if missing and
     stores the settings; otherwise the database must hold a ledger with this budget, budget
-    window and key. ``clock`` (Unix seconds) places each charge in its window (tests inject one).
+    window and key. ``clock`` (Unix seconds) places each charge in its window: by default the
+    database server's clock (:mod:`.clock`), so a replica whose clock is wrong never renews a
+    budget early; tests inject one.
     ``mechanism_of`` reads the mechanism of a stored answer, for the migration ``create`` applies
     (:mod:`recsvc.ledger.migrations`).
     """
@@ -183,7 +186,7 @@ class PostgresLedger(Ledger):
         timeout_s: float = 5.0,
         create: bool = False,
         window: BudgetWindow | str = LIFETIME_WINDOW,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
         mechanism_of: MechanismOf | None = None,
     ) -> None:
@@ -208,6 +211,8 @@ class PostgresLedger(Ledger):
                     schema.init(conn, self.where, self.budget_units, self._key, self.window, mechanism_of)
                 else:
                     schema.check(conn, self.where, self.budget_units, self._key, self.window)
+                if clock is None:  # budget windows by the database's clock, never this replica's
+                    self._clock = DatabaseClock(lambda: connect(url, self.where, connect_timeout), conn)
         except BaseException:
             if self.key_created:
                 self.key_file.unlink(missing_ok=True)

@@ -81,7 +81,7 @@ class SQLiteLedger(Ledger):
         key_file: str | os.PathLike[str] | None = None,
         busy_timeout_s: float = 60.0,
         window: BudgetWindow | str = LIFETIME_WINDOW,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
         mechanism_of: MechanismOf | None = None,
     ) -> None:
