@@ -118,7 +118,9 @@ class Ledger(abc.ABC):
         self.budget = to_epsilon(units)
         self.window = BudgetWindow.parse(window)
         self.observer = observer or LedgerObserver()
-        self._clock = clock if clock is not None else time.time  # a store may replace the default (PostgreSQL: the database's)
+        self._clock = (
+            clock if clock is not None else time.time
+        )  # a store may replace the default (PostgreSQL: the database's)
         self._key = b""  # the fingerprint key; each store loads or creates it
         self.key_created = False
         self.commits = 0
