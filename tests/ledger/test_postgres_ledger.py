@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -247,3 +249,29 @@ def test_a_replica_with_a_fast_clock_does_not_renew_early(
     # The same replica on its local clock would have renewed: what the database's clock prevents.
     local = _open(s, budget=1.0, window="1d", clock=time.time)
     assert local.user("u").spent_units == 0 and local.user("u").window_start == window + 86_400
+
+
+def test_a_passfile_logs_in_and_a_password_in_the_url_is_warned_about(
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    role, password = f"pw{os.getpid()}", "pw-S3cret-42"
+    pg_cluster.password_role(role, password)
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {role} OWNER {role}")
+    url = f"postgresql://{role}@127.0.0.1:{pg_cluster.port}/{role}"
+    key = tmp_path / "k"
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # never this user's own ~/.pgpass
+    with pytest.raises(ParamError, match=r"cannot connect .*password"):
+        PostgresLedger(url, 1.0, key, create=True)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"127.0.0.1:{pg_cluster.port}:{role}:{role}:{password}\n")
+    passfile.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(passfile))
+    with caplog.at_level(logging.WARNING):
+        PostgresLedger(url, 1.0, key, create=True).close()  # the password comes from the passfile
+        assert "holds a password" not in caplog.text
+        monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))
+        with_password = f"postgresql://{role}:{password}@127.0.0.1:{pg_cluster.port}/{role}"
+        PostgresLedger(with_password, 1.0, key).close()
+    warning = f"--ledger for 127.0.0.1:{pg_cluster.port}/{role} holds a password: any local user can read it"
+    assert warning in caplog.text and password not in caplog.text

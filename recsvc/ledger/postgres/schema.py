@@ -23,6 +23,8 @@ migrate`` (:func:`migrate_url`) and the audit export's read (:func:`read_charges
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,6 +40,7 @@ from recsvc.ledger.charging import ChargeRow
 from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
 from recsvc.ledger.window import BudgetWindow
 
+log = logging.getLogger(__name__)
 VERSION = 3
 _LOCK = 0x72656373  # pg_advisory_xact_lock key: init/migrate of several replicas take turns
 _KEY_CHECK = b"recsvc key check"
@@ -99,20 +102,36 @@ def _recover(conn: Any, mechanism_of: MechanismOf | None) -> None:
 
 # version → what runs after its statements, in the same transaction.
 STEPS: dict[int, Callable[[Any, MechanismOf | None], None]] = {2: _recover}
-URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
+URL_EXPECTED = (
+    "a libpq URL postgresql://USER@HOST:PORT/DATABASE (the password from a passfile, PGPASSFILE or "
+    "~/.pgpass, or PGPASSWORD; any part may also come from libpq's PG* environment variables)"
+)
+_warned: set[str] = set()
 
 
 def describe(url: str) -> str:
-    """``host:port/db`` of a libpq URL, never its password; a clear error for a malformed one."""
+    """``host:port/db`` of a libpq URL, never its password (the parts the URL leaves out as libpq
+    fills them in: the PG* environment variables, then its defaults); a clear error for a malformed
+    one. Warns, once per process, when the URL holds a password."""
     if not is_postgres(url):
         raise ParamError("{ledger} is not a PostgreSQL URL; expected " + URL_EXPECTED)
     try:
         info = pg_conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:  # the message would quote the URL, password included
         raise ParamError("{ledger} is not a valid PostgreSQL URL; expected " + URL_EXPECTED) from None
-    return (
-        f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+    where = (
+        f"{info.get('host') or os.environ.get('PGHOST') or 'localhost'}:"
+        f"{info.get('port') or os.environ.get('PGPORT') or 5432}/"
+        f"{info.get('dbname') or os.environ.get('PGDATABASE') or info.get('user') or os.environ.get('PGUSER') or ''}"
     )
+    if info.get("password") and where not in _warned:
+        _warned.add(where)
+        log.warning(
+            "--ledger for %s holds a password: any local user can read it in the process list "
+            "(/proc/PID/cmdline); put it in a passfile (PGPASSFILE, or ~/.pgpass, mode 0600) instead",
+            where,
+        )
+    return where
 
 
 def scrub(text: str, url: str) -> str:
