@@ -10,6 +10,7 @@ import logging
 import os
 import secrets
 import ssl
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,10 @@ class Scope:
         if kind in (ADMIN, SERVICE) and not sep:
             return Scope(kind)
         if kind == USER and sep and user_id:
+            if not unicodedata.is_normalized("NFC", user_id):  # requests with it are refused (check_user_id)
+                raise ValueError(
+                    f"scope {text[:80]!r} names a user_id that is not in Unicode NFC; expected its NFC form"
+                )
             return Scope(USER, user_id)
         raise ValueError(f"scope {text[:80]!r} is not a scope; expected {SCOPE_FORMAT}")
 
@@ -265,6 +270,19 @@ class Authenticator:
             None if client_scopes is None else load_client_scopes(client_scopes),
             mtls,
         )
+
+    def describe(self) -> str:
+        """How callers authenticate, for the startup log (never a token or a rule's identity)."""
+        parts = []
+        if self._tokens is not None:
+            parts.append(f"bearer tokens ({len(self._tokens)})")
+        if self._rules is not None:
+            parts.append(f"client certificates with {len(self._rules)} scope rule(s)")
+        elif self._mtls:
+            parts.append(
+                "client certificates (service scope)" if not parts else "client certificates (connection only)"
+            )
+        return "auth " + (" + ".join(parts) if parts else "OFF: every caller is anonymous with admin scope")
 
     def _token(self, metadata: Iterable[tuple[str, Any]] | None) -> Principal | None:
         assert self._tokens is not None

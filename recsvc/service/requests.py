@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -139,6 +140,18 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
         allow_non_private=allow_non_private,
         **p.params,
     )
+
+
+def check_user_id(value: str) -> None:
+    """A user_id names one budget, matched exactly: refused unless it is in Unicode NFC, so the NFC
+    and NFD spellings of one name can never be two users with two budgets. Refused, not normalised:
+    a ledger may already hold a non-NFC id, whose spend a normalised request would not see."""
+    check_id("user_id", value, required=True)
+    if not unicodedata.is_normalized("NFC", value):
+        raise InvalidRequest(
+            "user_id is not in Unicode normalization form NFC; expected its NFC form "
+            "(Python: unicodedata.normalize('NFC', user_id))"
+        )
 
 
 def check_id(name: str, value: str, required: bool) -> None:

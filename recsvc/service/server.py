@@ -163,11 +163,12 @@ def start(config: ServerConfig) -> ServerHandle:
             "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only"
         )
     log.info(
-        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
+        "serving %s on %s (%s, %s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
         "fingerprint key %s)",
         SERVICE_NAME,
         host_port(config.listen.host, port),
         "TLS" if creds else "plaintext",
+        authenticator.describe(),
         servicer.default_mechanism,
         servicer.selector.auto_description,
         config.ledger.budget,

@@ -23,7 +23,7 @@ from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import RateLimiter, current_caller, status_of
-from recsvc.service.requests import Columns, Prepared, check_id
+from recsvc.service.requests import Columns, Prepared, check_user_id
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -93,7 +93,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: grpc.ServicerContext) -> pb.GetBudgetResponse:
         self.authorize("GetBudget", request.user_id)
-        check_id("user_id", request.user_id, required=True)
+        check_user_id(request.user_id)
         u = self.ledger.user(request.user_id)
         return pb.GetBudgetResponse(
             user_id=u.user_id,

@@ -7,14 +7,17 @@ import json
 import logging
 import os
 import stat
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import psycopg
 import pyarrow.parquet as pq
 import pytest
 
 from recsvc.app.cli import main
+from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
 from recsvc.service.testing import (
@@ -119,3 +122,55 @@ def test_san_rules_match_only_their_type(artifact: Path, tmp_path: Path, certs: 
         with served(artifact, tmp_path / "l2.db", client_scopes=scopes, **tls):
             pass
     assert not (tmp_path / "l2.db").exists()
+
+
+def test_an_outage_tells_getbudget_nothing_about_request_ids(artifact: Path, tmp_path: Path, pg_cluster) -> None:
+    url, key = pg_cluster.new_database(), tmp_path / "k"
+    PostgresLedger(url, 10.0, key, create=True).close()
+    db = url.rsplit("/", 1)[1]
+    with served(artifact, url, fingerprint_key=key) as h, Client(f"127.0.0.1:{h.port}", retries=0) as c:
+        assert c.budget("u").remaining == 10.0
+        with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:  # the database stops answering
+            admin.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS false")
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (db,))
+        try:
+            code, budget_message = rpc_error(c.budget, "u")
+            assert code is grpc.StatusCode.UNAVAILABLE
+            assert "is unavailable" in budget_message and "request_id" not in budget_message
+            assert budget_message.endswith("nothing was read or changed; retry later"), budget_message
+            code, select_message = rpc_error(c.select, "u", candidates(), mechanism="rnm", epsilon=0.5, request_id="r")
+            assert code is grpc.StatusCode.UNAVAILABLE and "retry with the same request_id" in select_message
+        finally:
+            with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:
+                admin.execute(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")
+
+
+def test_user_ids_must_be_nfc_and_the_startup_log_says_whether_auth_is_on(
+    artifact: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nfc, nfd = unicodedata.normalize("NFC", "José"), unicodedata.normalize("NFD", "José")
+    assert nfc != nfd
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"svc-token service\nuser-token user:{nfc}\n")
+    tokens.chmod(0o600)
+    with caplog.at_level(logging.INFO, logger="recsvc"), served(artifact, tmp_path / "l.db", token_file=tokens) as h:
+        assert "auth bearer tokens (2)" in caplog.text
+        with Client(f"127.0.0.1:{h.port}", token="svc-token", retries=0) as c:
+            c.select(nfc, candidates(), mechanism="rnm", epsilon=1.0)
+            code, message = rpc_error(c.select, nfd, candidates(), mechanism="rnm", epsilon=1.0)
+            assert (
+                code is grpc.StatusCode.INVALID_ARGUMENT
+                and "user_id is not in Unicode normalization form NFC" in message
+            )
+            assert rpc_error(c.budget, nfd)[0] is grpc.StatusCode.INVALID_ARGUMENT
+            batch = c.select_batch([select_request(nfd, "b1"), select_request(nfc, "b2")])
+            assert [r.WhichOneof("outcome") for r in batch] == ["error", "response"]
+            assert batch[0].error.code_name == "INVALID_ARGUMENT" and "NFC" in batch[0].error.message
+        assert h.ledger.totals() == {nfc: 1.5}  # the NFD spelling got no budget of its own
+    tokens.write_text(f"user-token user:{nfd}\n")
+    with pytest.raises(ValueError, match="names a user_id that is not in Unicode NFC"):
+        with served(artifact, tmp_path / "l2.db", token_file=tokens):
+            pass
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="recsvc"), served(artifact, tmp_path / "l3.db"):
+        assert "auth OFF: every caller is anonymous with admin scope" in caplog.text
