@@ -137,7 +137,7 @@ def em_exact_sample(
     idx = np.minimum(np.searchsorted(cdf, (b + 0.5) * 2.0**-64 * total, side="right"), q.shape[0] - 1)
     above_prev = np.where(idx > 0, cdf[np.maximum(idx - 1, 0)] * (1.0 + rel) + ab, 0.0)
     below_cur = cdf[idx] * (1.0 - rel) - ab
-    out = idx.astype(np.intp)
+    out: npt.NDArray[np.intp] = idx.astype(np.intp)
     for i in np.flatnonzero(~((lo_t >= above_prev) & (hi_t < below_cur))):
         out[i] = _em_slow(q, d, epsilon, int(words[i]), rng)
     return out
@@ -157,7 +157,7 @@ def _em_one(
     b = float(word)
     lo_t = b * (1.0 - 2 * _U) * 2.0**-64 * total * (1.0 - rel) - ab
     hi_t = (b * (1.0 + 2 * _U) + 1.0) * 2.0**-64 * total * (1.0 + rel) + ab
-    a = min(int(cdf.searchsorted((b + 0.5) * 2.0**-64 * total, side="right")), q.shape[0] - 1)
+    a: int = min(int(cdf.searchsorted((b + 0.5) * 2.0**-64 * total, side="right")), int(q.shape[0]) - 1)
     above_prev = float(cdf[a - 1]) * (1.0 + rel) + ab if a > 0 else 0.0
     if lo_t >= above_prev and hi_t < float(cdf[a]) * (1.0 - rel) - ab:
         return a
