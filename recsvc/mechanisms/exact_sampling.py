@@ -90,20 +90,25 @@ def krr_exact_sample(q: np.ndarray, epsilon: float, rng: np.random.Generator, si
     sampled exactly: one of the n − k others with probability r, uniformly within the group."""
     n = q.shape[0]
     is_top = q == q.max()
-    top, others = np.flatnonzero(is_top), np.flatnonzero(~is_top)
-    k = top.shape[0]
+    k = int(is_top.sum())
     if k == n:
         return rng.integers(0, n, size)
+    eps = float(epsilon)
+    low, high = _krr_thresholds(eps, n, k)
     words = _words(rng, size)
-    low, high = _krr_thresholds(float(epsilon), n, k)
-    other = words < np.uint64(min(low, _WORD - 1)) if low > 0 else np.zeros(size, dtype=bool)
+    if size == 1:  # the service's case, in Python ints
+        word = int(words[0])
+        other_one = word < low or (word < high and _krr_is_other(eps, n, k, word, rng))
+        group = np.flatnonzero(~is_top if other_one else is_top)
+        return np.array([group[int(rng.integers(0, group.shape[0]))]], dtype=np.intp)
+    other = words < np.uint64(low) if low > 0 else np.zeros(size, dtype=bool)
     certain = other | (words >= np.uint64(high)) if high < _WORD else other.copy()
     for i in np.flatnonzero(~certain):
-        other[i] = _krr_is_other(float(epsilon), n, k, int(words[i]), rng)
+        other[i] = _krr_is_other(eps, n, k, int(words[i]), rng)
     out = np.empty(size, dtype=np.intp)
     n_other = int(other.sum())
-    out[other] = others[rng.integers(0, n - k, n_other)]
-    out[~other] = top[rng.integers(0, k, size - n_other)]
+    out[other] = np.flatnonzero(~is_top)[rng.integers(0, n - k, n_other)]
+    out[~other] = np.flatnonzero(is_top)[rng.integers(0, k, size - n_other)]
     return out
 
 
@@ -131,14 +136,16 @@ def em_exact_sample(
     words = _words(rng, size)
     if size == 1:  # the service's case: the same test in Python floats, without array temporaries
         return np.array([_em_one(q, d, epsilon, cdf, total, rel, ab, int(words[0]), rng)], dtype=np.intp)
-    b = words.astype(np.float64)  # within 1 ulp of the word: widened below
-    lo_t = b * (1.0 - 2 * _U) * 2.0**-64 * total * (1.0 - rel) - ab
-    hi_t = (b * (1.0 + 2 * _U) + 1.0) * 2.0**-64 * total * (1.0 + rel) + ab
-    idx = np.minimum(np.searchsorted(cdf, (b + 0.5) * 2.0**-64 * total, side="right"), q.shape[0] - 1)
-    above_prev = np.where(idx > 0, cdf[np.maximum(idx - 1, 0)] * (1.0 + rel) + ab, 0.0)
-    below_cur = cdf[idx] * (1.0 - rel) - ab
+    b = words.astype(np.float64)  # within 1 ulp of the word: widened by 2u below
+    step = 2.0**-64 * total
+    t = b * step
+    lo_t = t * ((1.0 - 2 * _U) * (1.0 - rel)) - ab
+    hi_t = t * ((1.0 + 2 * _U) * (1.0 + rel)) + (step * (1.0 + rel) + ab)
+    idx = np.minimum(np.searchsorted(cdf, t + 0.5 * step, side="right"), q.shape[0] - 1)
+    above = np.concatenate(([0.0], cdf[:-1] * (1.0 + rel) + ab))  # upper bound of S_{a−1}
+    below = cdf * (1.0 - rel) - ab  # lower bound of S_a
     out: npt.NDArray[np.intp] = idx.astype(np.intp)
-    for i in np.flatnonzero(~((lo_t >= above_prev) & (hi_t < below_cur))):
+    for i in np.flatnonzero(~((lo_t >= above[idx]) & (hi_t < below[idx]))):
         out[i] = _em_slow(q, d, epsilon, int(words[i]), rng)
     return out
 
