@@ -76,8 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     for eps in EPSILONS:
         for size, calls in ((1, args.calls), (1000, max(1, args.calls // 20))):
             cases = (
-                ("em", lambda s=size: em_float(q, d, eps, rng, s), lambda s=size: em_exact_sample(q, d, eps, rng, s)),
-                ("krr", lambda s=size: krr_float(q, eps, rng, s), lambda s=size: krr_exact_sample(q, eps, rng, s)),
+                (
+                    "em",
+                    lambda s=size, e=eps: em_float(q, d, e, rng, s),
+                    lambda s=size, e=eps: em_exact_sample(q, d, e, rng, s),
+                ),
+                (
+                    "krr",
+                    lambda s=size, e=eps: krr_float(q, e, rng, s),
+                    lambda s=size, e=eps: krr_exact_sample(q, e, rng, s),
+                ),
             )
             for name, old, new in cases:
                 a, b = per_call_us(old, calls, args.rounds), per_call_us(new, calls, args.rounds)
