@@ -46,10 +46,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from recsvc.ledger import fingerprint
+from recsvc.ledger.budget import checked_units
 from recsvc.ledger.charging import Charge, Pending, UserBudget, account, precheck, unset, verdict
 from recsvc.ledger.errors import LedgerError, RequestConflict
 from recsvc.ledger.group_commit import Flights, GroupCommit, Queued
-from recsvc.ledger.units import MAX_EPSILON, budget_units, charge_units, to_epsilon
+from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 S = TypeVar("S")
@@ -111,9 +112,7 @@ class Ledger(abc.ABC):
         clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
     ) -> None:
-        units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
-        if units is None:
-            raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
+        units = checked_units(budget)
         self.budget_units = units
         self.budget = to_epsilon(units)
         self.window = BudgetWindow.parse(window)

@@ -275,3 +275,21 @@ def test_a_passfile_logs_in_and_a_password_in_the_url_is_warned_about(
         PostgresLedger(with_password, 1.0, key).close()
     warning = f"--ledger for 127.0.0.1:{pg_cluster.port}/{role} holds a password: any local user can read it"
     assert warning in caplog.text and password not in caplog.text
+
+
+def test_the_database_clock_reads_again_in_the_background(pg_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from recsvc.ledger.postgres import clock as clock_mod
+    from recsvc.ledger.postgres.schema import connect
+
+    url = pg_cluster.new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        db_now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+        c = clock_mod.DatabaseClock(lambda: connect(url, "db", 5), conn)
+    assert abs(c() - db_now) < 5
+    monkeypatch.setattr(clock_mod, "RESYNC_S", 0.0)
+    old = c._base
+    c()  # stale: a reading starts in its own thread, and this call returns at once
+    deadline = time.monotonic() + 10
+    while c._base == old and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert c._base != old and abs(c() - time.time()) < 5  # the cluster runs on this host's clock
