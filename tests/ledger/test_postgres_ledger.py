@@ -283,7 +283,9 @@ def test_the_database_clock_reads_again_in_the_background(pg_cluster, monkeypatc
 
     url = pg_cluster.new_database()
     with psycopg.connect(url, autocommit=True) as conn:
-        db_now = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()[0]
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert row is not None
+        db_now = row[0]
         c = clock_mod.DatabaseClock(lambda: connect(url, "db", 5), conn)
     assert abs(c() - db_now) < 5
     monkeypatch.setattr(clock_mod, "RESYNC_S", 0.0)
