@@ -12,8 +12,8 @@ One interface, two backing stores, one conformance suite:
 * :mod:`recsvc.ledger.testing` — the conformance suite every store's tests subclass, and a
   throwaway PostgreSQL cluster.
 
-The rules live once each: charging (:mod:`.charging`), exact units (:mod:`.units`), budget windows
-(:mod:`.window`), keyed fingerprints (:mod:`.fingerprint`), the audit export (:mod:`.export`) and
+The rules live once each: charging (:mod:`.charging`), exact units (:mod:`.units`), the pinned
+budget and its audited changes (:mod:`.budget`), budget windows (:mod:`.window`), keyed fingerprints (:mod:`.fingerprint`), the audit export (:mod:`.export`) and
 what both stores' migrations share (:mod:`.migrations`). Refusals (:mod:`.errors`) carry the
 name of their gRPC status in ``status``. The ledger never imports the service or its protobuf
 stubs: metrics reach the service through a :class:`LedgerObserver`, and the mechanism of an
@@ -22,11 +22,11 @@ answer stored without one is read by a callable the service passes (``mechanism_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from recsvc.ledger.base import BatchItem, Ledger, LedgerObserver, is_postgres
+from recsvc.ledger.budget import BudgetChange, checked_units
 from recsvc.ledger.charging import Charge, UserBudget
 from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict
 from recsvc.ledger.migrations import MechanismOf
@@ -35,6 +35,7 @@ from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 __all__ = [
     "BatchItem",
+    "BudgetChange",
     "BudgetExceeded",
     "BudgetWindow",
     "Charge",
@@ -46,8 +47,10 @@ __all__ = [
     "MechanismOf",
     "RequestConflict",
     "UserBudget",
+    "budget_changes",
     "is_postgres",
     "open_ledger",
+    "set_budget",
 ]
 
 
@@ -59,7 +62,7 @@ def open_ledger(
     pool_size: int = 8,
     create: bool = False,
     window: BudgetWindow | str = LIFETIME_WINDOW,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], float] | None = None,
     observer: LedgerObserver | None = None,
     mechanism_of: MechanismOf | None = None,
 ) -> Ledger:
@@ -89,3 +92,26 @@ def open_ledger(
     return SQLiteLedger(
         ledger, budget, key_file=key_file, window=window, clock=clock, observer=observer, mechanism_of=mechanism_of
     )
+
+
+def set_budget(ledger: Path | str, budget: float) -> tuple[str, BudgetChange | None]:
+    """`recsvc ledger set-budget`: (where, the recorded change, or None if the budget was already ``budget``)."""
+    units = checked_units(budget)
+    if is_postgres(ledger):
+        from recsvc.ledger.postgres.schema import set_budget_url
+
+        return set_budget_url(str(ledger), units)
+    from recsvc.ledger.sqlite.schema import set_budget_file
+
+    return str(ledger), set_budget_file(Path(ledger), units)
+
+
+def budget_changes(ledger: Path | str) -> list[BudgetChange]:
+    """Every recorded budget change of a ledger, oldest first."""
+    if is_postgres(ledger):
+        from recsvc.ledger.postgres.schema import read_budget_changes_url
+
+        return read_budget_changes_url(str(ledger))
+    from recsvc.ledger.sqlite.schema import read_budget_changes_file
+
+    return read_budget_changes_file(Path(ledger))

@@ -46,10 +46,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from recsvc.ledger import fingerprint
+from recsvc.ledger.budget import checked_units
 from recsvc.ledger.charging import Charge, Pending, UserBudget, account, precheck, unset, verdict
 from recsvc.ledger.errors import LedgerError, RequestConflict
 from recsvc.ledger.group_commit import Flights, GroupCommit, Queued
-from recsvc.ledger.units import MAX_EPSILON, budget_units, charge_units, to_epsilon
+from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 S = TypeVar("S")
@@ -96,7 +97,8 @@ class Ledger(abc.ABC):
     """A privacy ledger: per-user ε under basic composition, exact, idempotent and durable.
 
     ``budget`` is ε per user per budget ``window`` (:mod:`recsvc.ledger.window`); ``clock``
-    (Unix seconds) places each charge in its window (tests inject one). ``where`` names the
+    (Unix seconds) places each charge in its window (tests inject one; by default this host's
+    clock, and the database's for PostgreSQL). ``where`` names the
     store in messages (never a password); ``commits`` counts this process's transactions and
     ``key_created`` says whether this open created the fingerprint key file.
     """
@@ -107,17 +109,17 @@ class Ledger(abc.ABC):
         self,
         budget: float,
         window: BudgetWindow | str = LIFETIME_WINDOW,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
     ) -> None:
-        units = budget_units(budget) if isinstance(budget, (int, float)) and budget > 0 else None
-        if units is None:
-            raise ValueError(f"ledger budget must be a finite number > 0, from 1e-12 to {MAX_EPSILON}, got {budget!r}")
+        units = checked_units(budget)
         self.budget_units = units
         self.budget = to_epsilon(units)
         self.window = BudgetWindow.parse(window)
         self.observer = observer or LedgerObserver()
-        self._clock = clock
+        self._clock = (
+            clock if clock is not None else time.time
+        )  # a store may replace the default (PostgreSQL: the database's)
         self._key = b""  # the fingerprint key; each store loads or creates it
         self.key_created = False
         self.commits = 0

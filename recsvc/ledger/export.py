@@ -4,6 +4,8 @@ Columns, exactly: ``user_id`` (string), ``request_id`` (string), ``mechanism`` (
 charge whose stored answer named none), ``epsilon`` (float64: the charged units ÷ 10¹², the
 nearest double of the exact charge) and ``time`` (timestamp[µs, UTC]: when the charge committed).
 Never the fingerprint, the response, scores or items. Rows come in (user_id, request_id) order.
+The file's metadata key ``recsvc.budget_changes`` holds the ledger's audited budget changes
+(:mod:`recsvc.ledger.budget`) as a JSON list of ``{time, old_budget, new_budget, changed_by}``.
 
 Each store provides ``read_charges(ledger, chunk)`` (:func:`recsvc.ledger.sqlite.schema.read_charges`,
 :func:`recsvc.ledger.postgres.schema.read_charges`): the number of charges and the rows in chunks, read
@@ -11,11 +13,13 @@ on one snapshot (SQLite: chunked reads; PostgreSQL: a server-side cursor). Each 
 Parquet row group, so the whole ledger is never in memory. The file is written to a temporary name
 next to ``out`` and renamed only when complete: a failure leaves no file (and, with ``force``, the
 existing one untouched); without ``force`` an existing ``out`` is refused before anything is read.
+The file is created with mode 0600: it names users and what they were charged.
 pyarrow is imported here only (the serving path never loads it).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -28,6 +32,7 @@ from recsvc.ledger.units import to_epsilon
 
 COLUMNS = ("user_id", "request_id", "mechanism", "epsilon", "time")
 CHUNK = 65_536  # rows per read and per row group
+METADATA_KEY = "recsvc.budget_changes"
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -61,6 +66,9 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
 
     out = Path(out)
     check_out(out, force)
+    from recsvc.ledger import budget_changes
+
+    changes = json.dumps([c.as_dict() for c in budget_changes(ledger)])
     schema = pa.schema(
         list(
             zip(
@@ -68,11 +76,14 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
                 (pa.string(), pa.string(), pa.string(), pa.float64(), pa.timestamp("us", tz="UTC")),
                 strict=True,
             )
-        )
+        ),
+        metadata={METADATA_KEY: changes},
     )
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     written = 0
     try:
+        tmp.unlink(missing_ok=True)  # a stale one from a killed run: its mode is not ours
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # personal data: owner only
         with (
             _source(ledger, chunk) as (total, chunks),
             pq.ParquetWriter(tmp, schema) as writer,

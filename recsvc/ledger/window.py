@@ -8,13 +8,16 @@ a window shorter than a day renews ε faster than any per-day privacy policy mea
 the over-time exposure by 24 or more.
 
 What it means for the guarantee: a user's data is protected at ε per window, NOT over all time.
-Over T windows the answers about one user compose to at most T·ε (basic composition).
+Over T windows the answers about one user compose to at most T·ε (basic composition). Windows are
+fixed, not sliding, so ε spent in the last second of a window and ε in the first second of the
+next are 2ε released within moments of each other around the boundary.
 
 A budget row stores ``(spent_units, window_start)``. The spend in the current window is
 ``spent_units`` if the row's window started at or after the current window's start, else 0
 (a charge then starts the row's new window). A row's window never moves backwards, so a replica
 whose clock lags another's still charges against the later window: clock skew between replicas
-can delay a renewal, never grant one early twice. Stdlib only (the service's configuration
+can delay a renewal, never grant one early twice. PostgreSQL replicas take the time from the
+database server (:mod:`recsvc.ledger.postgres.clock`), so a fast replica clock renews nothing early. Stdlib only (the service's configuration
 parses the flag with it).
 """
 

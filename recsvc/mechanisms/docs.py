@@ -54,9 +54,9 @@ def audit_text(decl: Privacy) -> str:
 def markdown_table(page: Path = PAGE) -> str:
     """One row per registered mechanism; proof links are relative to ``page``."""
     lines = [
-        "| name | privacy map | neighbours | audit | proof | exact probabilities | parameters (default, range) "
-        "| description | slates |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| name | privacy map | neighbours | audit | proof | exact probabilities | float64 level "
+        "| parameters (default, range) | description | slates |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m in MECHANISMS.values():
         decl = m.privacy
@@ -66,7 +66,8 @@ def markdown_table(page: Path = PAGE) -> str:
         link = posixpath.relpath(path, page.parent.as_posix()) + f"#{anchor}"
         lines.append(
             f"| `{m.name}` | {privacy} | {NEIGHBOURS[decl.neighbouring]} | {_cell(audit_text(decl))} "
-            f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {params or '–'} | {_cell(m.description)} "
+            f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {_cell(m.float_level)} | {params or '–'} "
+            f"| {_cell(m.description)} "
             f"| {'one pass at ε' if m.one_shot else 'peeling: k steps at ε/k'} |"
         )
     return "\n".join(lines) + "\n"

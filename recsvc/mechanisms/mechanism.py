@@ -22,6 +22,10 @@ TopKFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generat
 SlateLogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], dict[tuple[int, ...], float]]
 
 
+FLOAT_EXACT = "pure ε-DP, exact: sampled exactly at every ε (δ = 0)"
+FLOAT_UNMEASURED = "float64 sampling; δ(ε) not measured"
+
+
 @dataclass(frozen=True)
 class Mechanism:
     """One selection mechanism. ``privacy`` declares what it promises and how that is proven
@@ -48,6 +52,9 @@ class Mechanism:
     top_k: TopKFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     slate_log_probabilities_fn: SlateLogProbFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     default: bool = field(default=True, kw_only=True)
+    # What the float64 implementation delivers against the declared map: FLOAT_EXACT when the
+    # sampler follows the exact law at every ε (δ = 0), else the measured δ(ε) or that none was.
+    float_level: str = field(default=FLOAT_UNMEASURED, kw_only=True, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.description or "\n" in self.description:

@@ -20,6 +20,7 @@ from recsvc.mechanisms.exact import (
     exponential_noisy_max_log_probabilities,
     laplace_noisy_max_log_probabilities,
 )
+from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
 
@@ -112,11 +113,12 @@ def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> npt.N
 def em_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.intp]:
-    """Exponential mechanism, P(a) ∝ exp(ε q_a / (2Δmax)) (computed in log space).
+    """Exponential mechanism, P(a) ∝ exp(ε q_a / (2Δmax)), sampled exactly
+    (:mod:`recsvc.mechanisms.exact_sampling`: no float δ at any ε).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (McSherry & Talwar 2007).
     """
-    return sample_categorical(_em_log_probabilities(q, d, epsilon), rng, size)
+    return em_exact_sample(q, d, epsilon, rng, size)
 
 
 def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:
@@ -138,8 +140,17 @@ def pf_sample(
     coin into one uniform U_r: the "heads-key" K_r·[heads] (∞ on tails) has P(≤ t) = p_r·t on
     [0, 1], which is the law of U_r / p_r — so PF returns argmin_r U_r / p_r (the argmax has
     p = 1, so the minimum is always a heads). One uniform per candidate instead of two.
+
+    Computed in log space, argmax_r (log p_r − log U_r), with U_r drawn from (0, 1]
+    (:func:`pf_noise`): a gap of any size is finite there (e^{−log p} would overflow past ~709
+    noise scales), and no draw can be 0, which would win whatever its candidate's score.
     Privacy: ε-DP (pure), same output distribution as ``rnm`` (McKenna & Sheldon 2020).
     """
-    n = q.shape[0]
-    log_p = (q - q.max()) * (epsilon / (2.0 * d.max()))
-    return cast("npt.NDArray[np.intp]", (rng.random((size, n)) * np.exp(-log_p)).argmin(axis=1))  # numpy: Any
+    z = pf_noise(rng, (size, q.shape[0]))
+    z += (q - q.max()) * (epsilon / (2.0 * d.max()))
+    return _argmax_rows(z)
+
+
+def pf_noise(rng: np.random.Generator, shape: int | tuple[int, ...]) -> npt.NDArray[np.float64]:
+    """−log U for U uniform on (0, 1] (1 − ``rng.random()``): finite, ≥ 0, never from a 0 draw."""
+    return cast("npt.NDArray[np.float64]", -np.log1p(-rng.random(shape)))  # numpy types ufunc calls as Any

@@ -5,12 +5,10 @@ Scores are ALREADY CLIPPED (the caller owns the per-item [lo, hi]); inputs are v
 
 from __future__ import annotations
 
-import math
-from typing import cast
-
 import numpy as np
 import numpy.typing as npt
 
+from recsvc.mechanisms.exact_sampling import krr_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
 
@@ -39,29 +37,11 @@ def krr_sample(
     Privacy: ε-DP (pure) for ANY change of the scores: every output probability lies in
     [1/Z, e^ε/Z] with the same Z on every input. Ignores Δ.
 
-    Sampled directly (no n-long probability table): the output is one of the k tied maxima
-    with probability (k − 1 + e^ε)/(n − 1 + e^ε), uniform within the chosen group — the same
-    law as :func:`krr_log_probabilities`.
+    Sampled exactly (:mod:`recsvc.mechanisms.exact_sampling`): one of the k tied maxima with
+    probability (k − 1 + e^ε)/(n − 1 + e^ε), uniform within the chosen group — the law of
+    :func:`krr_log_probabilities` at every ε, with no float δ.
     """
-    n = q.shape[0]
-    is_top = q == q.max()
-    top = np.flatnonzero(is_top)
-    k = top.shape[0]
-    if k == n:
-        return rng.integers(0, n, size)
-    e = math.exp(-epsilon)  # written with e^{−ε} so that large ε cannot overflow
-    p_top = (1.0 + (k - 1) * e) / (1.0 + (n - 1) * e)
-    u = rng.random(size)
-    pick_top = u < p_top
-    # Reuse u for the uniform choice inside the group: given the group, u is uniform on it.
-    v = np.where(pick_top, u / p_top, (u - p_top) / (1.0 - p_top))
-    others = np.flatnonzero(~is_top)
-    picked = np.where(
-        pick_top,
-        top[np.minimum((v * k).astype(np.int64), k - 1)],
-        others[np.minimum((v * (n - k)).astype(np.int64), n - k - 1)],
-    )
-    return cast("npt.NDArray[np.intp]", picked)  # numpy types np.where as Any; both branches are intp indices
+    return krr_exact_sample(q, epsilon, rng, size)
 
 
 def random_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:

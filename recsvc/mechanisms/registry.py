@@ -25,8 +25,9 @@ from recsvc.mechanisms.validation import (
     MechanismInputError,
     check_batch,
     check_epsilon,
+    check_inputs,
     check_rng,
-    check_scores_sensitivities,
+    check_scale,
     check_seed,
     check_trials,
     check_user_offset,
@@ -179,8 +180,7 @@ def select(
     """
     mech = get_mechanism(name, allow_non_private)
     p = check_params(params, mech)
-    eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
     return int(mech.sample(q, d, eps, p, check_rng(rng), 1)[0])
 
 
@@ -209,6 +209,7 @@ def select_batch(
     s = check_seed(seed)
     off = check_user_offset(user_offset)
     q, d = check_batch(scores, sensitivities)
+    check_scale(eps, q, d)
     out = np.empty((q.shape[0], k), dtype=np.int64)
     for b in range(q.shape[0]):
         out[b] = mech.sample(q[b], d[b], eps, p, user_stream(s, off + b), k)
@@ -223,8 +224,7 @@ def log_probabilities(name: str, scores: object, sensitivities: object, epsilon:
             f"mechanism {name!r} has no exact selection probabilities; estimate them with select_batch"
         )
     p = check_params(params, mech)
-    eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
     return mech.log_probabilities_fn(q, d, eps, p)
 
 
@@ -240,8 +240,7 @@ def expectation(
             f"mechanism {name!r} has no exact selection probabilities; estimate expectations with select_batch"
         )
     p = check_params(params, mech)
-    eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
     v = np.asarray(values, dtype=np.float64)
     if v.shape != q.shape or not np.isfinite(v).all() or (v < 0).any():
         raise MechanismInputError(

@@ -25,15 +25,22 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
+from recsvc.mechanisms.noisy_max import pf_noise
 from recsvc.mechanisms.registry import check_params, get_mechanism
-from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
+from recsvc.mechanisms.validation import (
+    MechanismInputError,
+    check_epsilon,
+    check_rng,
+    check_scale,
+    check_scores_sensitivities,
+)
 
-# name → (draw N noise values, fill for padding, pick per row): argmax(u + noise) or argmin(noise · e^{-u})
+# name → (draw N noise values, pick per row): argmax(u + noise) for each of them
 _Noise = Callable[[np.random.Generator, int], np.ndarray]
 VECTORISED: dict[str, tuple[_Noise, str]] = {
     "rnm": (lambda rng, n: rng.standard_exponential(n), "max"),  # noisy_max.rnm_sample
     "rnm_laplace": (lambda rng, n: rng.laplace(0.0, 1.0, n), "max"),  # noisy_max.rnm_laplace_sample
-    "pf": (lambda rng, n: rng.random(n), "pf"),  # noisy_max.pf_sample
+    "pf": (lambda rng, n: pf_noise(rng, n), "max"),  # noisy_max.pf_sample
 }
 
 
@@ -69,6 +76,8 @@ def select_rows(
         raise MechanismInputError(f"epsilons has shape {eps.shape}; expected one ε per row, shape {n.shape}")
     for e in eps.tolist():  # the scalar check's message, for the first bad one
         check_epsilon(e)
+    if eps.size:
+        check_scale(float(eps.max()), q, d)
     gen = check_rng(rng)
     vec = VECTORISED.get(name)
     starts = np.concatenate(([0], np.cumsum(n)[:-1]))
@@ -85,10 +94,7 @@ def select_rows(
     # u = (q − max q)·ε/(2Δmax) per row, computed with the same operations as noisy_max._rnm_u.
     u = (q - np.maximum.reduceat(q, starts)[row]) * (eps / (2.0 * np.maximum.reduceat(d, starts)))[row]
     z = draw(gen, q.shape[0])
-    if pick == "max":
-        z += u
-    else:
-        z *= np.exp(-u)
+    z += u
     return _arg_per_row(z, n, starts, row, pick == "max")
 
 

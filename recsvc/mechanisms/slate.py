@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
 from recsvc.mechanisms.registry import check_params, get_mechanism, log_probabilities
-from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
+from recsvc.mechanisms.validation import MechanismInputError, check_inputs, check_rng
 
 # Exact enumeration is for audits on tiny inputs: refuse outcome spaces beyond this size.
 MAX_EXACT_OUTCOMES = 200_000
@@ -141,8 +141,7 @@ def select_slate(
     before any draw: bad input never moves ``rng``.
     """
     mech = get_mechanism(name, allow_non_private)
-    eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
     (eps_step,) = slate_split(kk, one_shot=mech.one_shot).stage_epsilons(eps)
     if mech.one_shot:
@@ -205,8 +204,7 @@ def slate_log_probabilities(
     distinct indices (−inf where impossible). ``NotImplementedError`` for mechanisms without
     exact probabilities (rs, rs_improved, rnmh). For small n: n!/(n−k)! outcomes."""
     require_exact(name)
-    eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
     check_outcomes(math.perm(q.shape[0], kk), "the slate")
     (eps_step,) = slate_split(kk, one_shot=is_one_shot(name)).stage_epsilons(eps)

@@ -14,7 +14,7 @@ import itertools
 import math
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -414,3 +414,48 @@ def clm_direct_sample(
     util = np.array([-0.5 * epsilon * clm_loss(x, s, gamma) for s in subsets])
     best = (util[None, :] + rng.standard_exponential((size, len(subsets)))).argmax(axis=1)
     return [subsets[int(i)] for i in best]
+
+
+class Words:
+    """A stand-in generator that hands the exact samplers (:mod:`recsvc.mechanisms.exact_sampling`)
+    chosen 64-bit words, in order, and exact uniform integers for the choice within a group."""
+
+    def __init__(self, words: Sequence[int], seed: int = 0, then: int | None = None) -> None:
+        self.words = list(words)
+        self.then = then  # the word given forever after ``words`` (None: asking for more fails)
+        self._rng = np.random.default_rng(seed)
+
+    def integers(self, low: int, high: int, size: int | None = None, dtype: Any = np.int64) -> Any:
+        if high == 2**64:
+            n = 1 if size is None else int(size)
+            out, self.words = self.words[:n], self.words[n:]
+            if len(out) < n and self.then is not None:
+                out += [self.then] * (n - len(out))
+            if len(out) < n:
+                raise AssertionError("the sampler asked for more words than the audit planned")
+            return np.array(out, dtype=np.uint64)
+        return self._rng.integers(low, high, size, dtype=dtype)
+
+
+def float_grid_law(log_p: np.ndarray) -> np.ndarray:
+    """The exact law of inverse-CDF sampling on float64 probabilities with a 53-bit uniform
+    (``searchsorted(cdf, u·total)``, u = k·2⁻⁵³): P(a) = #grid points mapped to a / 2⁵³, found by
+    bisection on k for each boundary (the map is monotone in k)."""
+    cdf = np.cumsum(np.exp(log_p - log_p.max()))
+    total = cdf[-1]
+    lo = np.zeros(cdf.shape[0], dtype=np.int64)  # first k whose u·total ≥ cdf[a] (the grid points below a's end)
+    hi = np.full(cdf.shape[0], 2**53, dtype=np.int64)
+    while (lo < hi).any():
+        mid = (lo + hi) // 2
+        below = (mid.astype(np.float64) * 2.0**-53) * total < cdf
+        lo, hi = np.where(below & (lo < hi), mid + 1, lo), np.where(~below & (lo < hi), mid, hi)
+    ends = np.minimum(lo, 2**53)
+    counts = np.diff(np.concatenate(([0], ends)))
+    counts[-1] += 2**53 - ends[-1]
+    return counts.astype(np.float64) * 2.0**-53
+
+
+def delta(p: np.ndarray, p2: np.ndarray, epsilon: float) -> float:
+    """The smallest δ with P(S) ≤ e^ε·P'(S) + δ for every set S of outputs, both directions."""
+    e = math.exp(epsilon)
+    return float(max(np.maximum(p - e * p2, 0.0).sum(), np.maximum(p2 - e * p, 0.0).sum()))

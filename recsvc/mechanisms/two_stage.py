@@ -36,7 +36,7 @@ from recsvc.mechanisms.slate import (
     require_exact,
     run_slate,
 )
-from recsvc.mechanisms.validation import MechanismInputError, check_epsilon, check_rng, check_scores_sensitivities
+from recsvc.mechanisms.validation import MechanismInputError, check_inputs, check_rng
 
 
 def check_fraction(candidate_fraction: object) -> float:
@@ -99,8 +99,7 @@ def _checked(
     """Validated (q, Δ, m, k, ε₁/m, ε₂/k) — every check that needs no mechanism parameters."""
     get_mechanism(name, allow_non_private)
     get_mechanism(candidate_mechanism, allow_non_private)
-    eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
     mm = check_count("m", m, 1, q.shape[0], "the number of candidates in the catalog")
     kk = check_count("k", k, 1, mm, "m, the number of private candidates")
     split = two_stage_split(

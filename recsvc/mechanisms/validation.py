@@ -53,12 +53,53 @@ def check_user_offset(offset: object) -> int:
     return int(offset)
 
 
+# The score range in noise scales, (max q − min q)·ε/(2Δmax), beyond which ε is refused: the
+# samplers and exact laws add and subtract a few such gaps, which stay finite below ~1.8e308.
+MAX_SCALED_RANGE = 1e306
+
+
 def _as_float_array(name: str, values: object) -> np.ndarray:
+    """``values`` as float64, refusing what is not real numbers, as the service does: strings
+    (numeric or not), complex numbers (numpy would drop the imaginary part) and other objects."""
     try:
-        arr = np.asarray(values, dtype=np.float64)
+        raw = np.asarray(values)
     except (TypeError, ValueError) as exc:
         raise MechanismInputError(f"{name} must be an array of real numbers: {exc}") from None
-    return arr
+    if raw.dtype.kind not in "biuf":
+        raise MechanismInputError(
+            f"{name} must be an array of real numbers (int or float); got {raw.dtype} values, "
+            f"e.g. {raw.ravel()[:1].tolist()!r}"
+        )
+    return raw.astype(np.float64, copy=False)
+
+
+def check_scale(epsilon: float, q: np.ndarray, d: np.ndarray) -> None:
+    """Refuses an ε whose noise scale is not a finite float for these scores: ε/(2Δmax) must be
+    finite, and the score range measured in it at most :data:`MAX_SCALED_RANGE` (without this,
+    ε/(2Δ) overflowed to inf, 0·inf made the probabilities NaN and the worst item was selected)."""
+    if q.size == 0:
+        return
+    dmax = float(d.max())
+    inv_scale = epsilon / (2.0 * dmax)
+    spread = float(q.max() - q.min())
+    if math.isfinite(inv_scale) and spread * inv_scale <= MAX_SCALED_RANGE:
+        return
+    most = MAX_SCALED_RANGE * 2.0 * dmax / spread if spread > 0 else 2.0 * dmax * np.finfo(np.float64).max
+    raise MechanismParamError(
+        "{epsilon}={got} is too large for these inputs: the score range in units of the noise scale, "
+        "(max q − min q)·ε/(2·max Δ), must be a finite float64 up to {cap:g}; expected {epsilon} ≤ {most:.6g}",
+        got=repr(epsilon),
+        cap=MAX_SCALED_RANGE,
+        most=most,
+    )
+
+
+def check_inputs(epsilon: object, scores: object, sensitivities: object) -> tuple[float, np.ndarray, np.ndarray]:
+    """ε, one user's scores q (n,) and sensitivities Δ (n,), each checked, and ε against them."""
+    eps = check_epsilon(epsilon)
+    q, d = check_scores_sensitivities(scores, sensitivities)
+    check_scale(eps, q, d)
+    return eps, q, d
 
 
 def _check_finite(name: str, arr: np.ndarray) -> None:

@@ -5,9 +5,12 @@ and scopes they map to (SECURITY.md). The gRPC-side gate that applies them is
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import logging
 import os
 import secrets
 import ssl
+import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +20,8 @@ import grpc
 
 from recsvc.checks import ParamError, check_regular_file
 from recsvc.service.errors import PermissionDenied
+
+log = logging.getLogger(__name__)
 
 SERVICE_NAME = "recsvc.v1.PrivateSelection"
 # Health checks stay open so that load balancers and orchestrators need no credentials.
@@ -46,6 +51,10 @@ class Scope:
         if kind in (ADMIN, SERVICE) and not sep:
             return Scope(kind)
         if kind == USER and sep and user_id:
+            if not unicodedata.is_normalized("NFC", user_id):  # requests with it are refused (check_user_id)
+                raise ValueError(
+                    f"scope {text[:80]!r} names a user_id that is not in Unicode NFC; expected its NFC form"
+                )
             return Scope(USER, user_id)
         raise ValueError(f"scope {text[:80]!r} is not a scope; expected {SCOPE_FORMAT}")
 
@@ -140,18 +149,46 @@ def read_token(path: str | os.PathLike[str]) -> str:
 
 CERT_FORMAT = (
     "lines '<identity> <scope>' with identity 'subject:<RFC 2253 subject, e.g. CN=backend,O=Example>' "
-    "or 'san:<subject alternative name, e.g. backend.internal or spiffe://…>', scope " + SCOPE_FORMAT
+    "or a subject alternative name of one type: 'dns:<DNS name>', 'uri:<URI, e.g. spiffe://…>', "
+    "'email:<address>' or 'ip:<address>'; scope " + SCOPE_FORMAT
 )
+# A rule's SAN type → the key under which gRPC's auth context lists the verified peer's SANs of that type.
+SAN_TYPES = {"dns": "peer_dns", "uri": "peer_uri", "email": "peer_email", "ip": "peer_ip"}
+# Certificate SANs by rule type: {"dns": ["backend.internal"], "uri": [...], ...}
+Sans = dict[str, list[str]]
+
+
+def _canonical(kind: str, value: str) -> str:
+    """The form rules and certificates are compared in: DNS names are case-insensitive, and one
+    IP address has several spellings (``::1``, ``0:0::1``)."""
+    if kind == "dns":
+        return value.lower()
+    if kind == "ip":
+        try:
+            return str(ipaddress.ip_address(value))
+        except ValueError:
+            return value
+    return value
 
 
 @dataclass(frozen=True)
 class CertRule:
-    kind: str  # "subject" or "san"
+    kind: str  # "subject", or a SAN type: "dns", "uri", "email", "ip"
     value: str
     principal: Principal
 
-    def matches(self, subject: str, sans: Sequence[str]) -> bool:
-        return self.value == subject if self.kind == "subject" else self.value in sans
+    def matches(self, subject: str, sans: Sans) -> bool:
+        if self.kind == "subject":
+            return self.value == subject
+        return _canonical(self.kind, self.value) in {_canonical(self.kind, v) for v in sans.get(self.kind, ())}
+
+
+def _untyped(path: str | os.PathLike[str], n: int, value: str) -> ValueError:
+    return ValueError(
+        f"client scopes file {path} line {n}: 'san:{value}' names no SAN type, so a certificate whose URI or "
+        f"e-mail SAN is that string would match a rule meant for a DNS name; write the type instead: "
+        f"'dns:{value}', 'uri:{value}', 'email:{value}' or 'ip:{value}'"
+    )
 
 
 def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
@@ -162,8 +199,15 @@ def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
     for n, line in _lines(path, "client scopes file", "rule", CERT_FORMAT):
         parts = line.rsplit(None, 1)
         kind, sep, value = parts[0].partition(":")
-        if len(parts) != 2 or not sep or not value or kind not in ("subject", "san"):
+        if kind == "san" and sep and value and len(parts) == 2:
+            raise _untyped(path, n, value)
+        if len(parts) != 2 or not sep or not value or kind not in ("subject", *SAN_TYPES):
             raise ValueError(f"client scopes file {path} line {n}: expected {CERT_FORMAT}")
+        if kind == "ip" and not _is_ip(value):
+            raise ValueError(
+                f"client scopes file {path} line {n}: ip:{value} is not an IP address; expected {CERT_FORMAT}"
+            )
+        value = _canonical(kind, value)
         try:
             scope = Scope.parse(parts[1])
         except ValueError as exc:
@@ -176,6 +220,14 @@ def load_client_scopes(path: str | os.PathLike[str]) -> list[CertRule]:
         seen[kind, value] = n
         rules.append(CertRule(kind, value, Principal(f"cert {kind}:{value}", scope)))
     return rules
+
+
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _first(auth_context: dict[str, list[bytes]], key: str) -> str | None:
@@ -213,11 +265,26 @@ class Authenticator:
     def from_files(
         cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None, mtls: bool
     ) -> Authenticator:
+        for path in (token_file, client_scopes):
+            warn_if_open(path)
         return cls(
             None if token_file is None else load_tokens(token_file),
             None if client_scopes is None else load_client_scopes(client_scopes),
             mtls,
         )
+
+    def describe(self) -> str:
+        """How callers authenticate, for the startup log (never a token or a rule's identity)."""
+        parts = []
+        if self._tokens is not None:
+            parts.append(f"bearer tokens ({len(self._tokens)})")
+        if self._rules is not None:
+            parts.append(f"client certificates with {len(self._rules)} scope rule(s)")
+        elif self._mtls:
+            parts.append(
+                "client certificates (service scope)" if not parts else "client certificates (connection only)"
+            )
+        return "auth " + (" + ".join(parts) if parts else "OFF: every caller is anonymous with admin scope")
 
     def _token(self, metadata: Iterable[tuple[str, Any]] | None) -> Principal | None:
         assert self._tokens is not None
@@ -235,7 +302,9 @@ class Authenticator:
             return None
         if self._rules is None:
             return Principal(f"cert subject:{subject}", Scope(SERVICE))
-        sans = [v.decode(errors="replace") for v in auth_context.get("x509_subject_alternative_name") or []]
+        sans = {
+            kind: [v.decode(errors="replace") for v in auth_context.get(key) or []] for kind, key in SAN_TYPES.items()
+        }
         rule = next((r for r in self._rules if r.matches(subject, sans)), None)
         return rule.principal if rule else Principal(f"cert subject:{subject}", None)
 
@@ -256,6 +325,13 @@ class Authenticator:
             host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
             return Caller((Principal("anonymous", Scope(ADMIN)),), f"anonymous@{host}")
         return Caller(tuple(principals), " + ".join(p.name for p in principals))
+
+
+def warn_if_open(path: str | os.PathLike[str] | None) -> None:
+    """Warns when a credentials file (token file, client scopes, TLS private key) is open to group
+    or other users: anyone who reads it holds a principal."""
+    if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
+        log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
 
 
 def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
@@ -315,6 +391,7 @@ def check_server_files(
     if cert is None or key is None:
         raise ParamError("TLS needs both {tls_cert} and {tls_key}")
     check_cert_and_key(cert, key, "{tls_cert}/{tls_key}")
+    warn_if_open(key)
     if client_ca is not None:
         check_ca(client_ca, "client_ca")
     return True

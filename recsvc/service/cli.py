@@ -1,4 +1,5 @@
-"""`recsvc serve`, `recsvc ledger init|migrate`, `recsvc select`, `recsvc budget` (see recsvc/app/cli.py for the registration contract)."""
+"""`recsvc serve`, `recsvc select`, `recsvc budget`, and `recsvc ledger` from :mod:`.ledger_cli` (see
+recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.checks import check_epsilon, check_regular_file
-from recsvc.ledger import is_postgres
 from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
 from recsvc.service.config import CANDIDATE_MECHANISMS, PARAMS, ServerConfig, default
+from recsvc.service.ledger_cli import WINDOW_HELP, ledger_arg, register_ledger
 
 DEFAULT_TARGET = "127.0.0.1:50051"
-WINDOW_HELP = (
-    "'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
-    "budget, --budget ε per user per N-day window aligned to the Unix epoch in UTC (1d starts at 00:00 "
-    "UTC; 7d on Thursdays). The guarantee is then ε per window, NOT over all time: over T windows a "
-    "user's data may be exposed up to T·ε. Hours are not accepted. Fixed when the ledger is created; "
-    "every replica must use the same window"
-)
 
 
 # The bounds on what calls in flight may hold (SECURITY.md, "Admission"): flag, type, help.
@@ -177,8 +171,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--client-scopes",
         type=Path,
-        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or 'san:<name> <scope>' "
-        "mapping client certificates to scopes (see SECURITY.md)",
+        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or '<type>:<SAN> <scope>' (type "
+        "dns, uri, email or ip) mapping client certificates to scopes (see SECURITY.md)",
     )
     p.add_argument(
         "--allow-plaintext-tokens",
@@ -226,38 +220,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.set_defaults(func=run_select)
 
-    led = sub.add_parser(
-        "ledger",
-        help="prepare, migrate or export a privacy ledger (PostgreSQL or SQLite)",
-        description="Create a ledger and store the settings every replica must share, "
-        "apply pending schema migrations, or export its charges for an audit.",
-    )
-    led_sub = led.add_subparsers(dest="ledger_command", required=True)
-    init = led_sub.add_parser("init", help="create the ledger (idempotent; refuses other settings)")
-    init.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
-    init.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
-    init.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
-    init.add_argument(
-        "--fingerprint-key",
-        type=Path,
-        metavar="FILE",
-        help="fingerprint key file, created with mode 0600 if missing (required for PostgreSQL; "
-        "SQLite default: <ledger>.key); copy it to every replica",
-    )
-    init.set_defaults(func=run_ledger_init)
-    mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
-    mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
-    mig.set_defaults(func=run_ledger_migrate)
-    exp = led_sub.add_parser(
-        "export",
-        help="write one Parquet row per charge (user_id, request_id, mechanism, epsilon, time) for an audit",
-        description="Stream every charge of a ledger into a Parquet file: user_id, request_id, "
-        "mechanism, epsilon, time (UTC). No fingerprints, scores, items or answers.",
-    )
-    exp.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
-    exp.add_argument("--out", type=Path, required=True, help="Parquet file to write, e.g. charges.parquet")
-    exp.add_argument("--force", action="store_true", help="replace --out if it exists")
-    exp.set_defaults(func=run_ledger_export)
+    register_ledger(sub)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
     _client_args(b)
@@ -280,76 +243,6 @@ def run_serve(args: argparse.Namespace) -> int:
     return serve(
         ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)})
     )
-
-
-def ledger_arg(text: str) -> Path | str:
-    """A PostgreSQL URL stays a string (Path would fold its '//'); anything else is a file path."""
-    return text if is_postgres(text) else Path(text)
-
-
-def _ledger_config(args: argparse.Namespace) -> ServerConfig:
-    return ServerConfig.of(
-        Path("."),
-        ledger=args.ledger,
-        budget=args.budget,
-        budget_window=args.budget_window,
-        fingerprint_key=args.fingerprint_key,
-    ).check()
-
-
-def run_ledger_init(args: argparse.Namespace) -> int:
-    from recsvc.ledger import open_ledger
-    from recsvc.service.server import stored_mechanism
-
-    config = _ledger_config(args).ledger
-    store = open_ledger(
-        config.location,
-        config.budget,
-        config.key_path,
-        pool_size=1,
-        create=True,
-        window=config.window,
-        mechanism_of=stored_mechanism,
-    )
-    store.close()
-    where = getattr(store, "where", str(config.location))
-    print(
-        f"recsvc ledger: {where} is ready (budget ε={config.budget:g} per user {config.window.per}, "
-        f"fingerprint key {config.key_path})"
-    )
-    return 0
-
-
-def run_ledger_migrate(args: argparse.Namespace) -> int:
-    from recsvc.ledger.postgres.schema import migrate_url
-    from recsvc.service.server import stored_mechanism
-
-    if not is_postgres(args.ledger):
-        raise ValueError(
-            f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
-            "expected a PostgreSQL URL postgresql://USER@HOST:PORT/DB"
-        )
-    where, before, after = migrate_url(args.ledger, stored_mechanism)
-    print(f"recsvc ledger: {where} schema version {before} -> {after}")
-    return 0
-
-
-def run_ledger_export(args: argparse.Namespace) -> int:
-    from recsvc.ledger.export import export
-
-    n = export(args.ledger, args.out, force=args.force)
-    where = describe_ledger(args.ledger)
-    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
-    return 0
-
-
-def describe_ledger(ledger: Path | str) -> str:
-    """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
-    if is_postgres(ledger):
-        from recsvc.ledger.postgres.schema import describe
-
-        return describe(str(ledger))
-    return str(ledger)
 
 
 def parse_candidate(text: str) -> tuple[str, float]:

@@ -140,7 +140,8 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     (
         "UNAVAILABLE",
         "LedgerUnavailable",
-        "the PostgreSQL ledger does not answer, or no pool connection within 5 s; retry with the same request_id",
+        "the PostgreSQL ledger does not answer, or no pool connection within 5 s; a Select, SelectBatch or "
+        "Recommend is retried with the same request_id, a GetBudget later",
     ),
     ("UNIMPLEMENTED", "(by gRPC)", "an RPC the server does not serve, e.g. grpc.reflection.v1"),
     ("INTERNAL", "any other exception", "a bug: the message is withheld and the stack logged"),

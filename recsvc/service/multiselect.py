@@ -28,7 +28,7 @@ from recsvc.multiselection import respond
 from recsvc.service.catalog import short
 from recsvc.service.config import Policy
 from recsvc.service.errors import InvalidRequest, Unavailable
-from recsvc.service.requests import check_id
+from recsvc.service.requests import check_id, check_user_id
 
 log = logging.getLogger("recsvc.service")
 
@@ -95,7 +95,8 @@ class MultiSelector:
                 "this server's artifact has no client bundle (client/), so MultiSelect is unavailable; "
                 "rebuild the artifact with `recsvc prep`"
             )
-        check_id("user_id", user_id, required=False)
+        if user_id:
+            check_user_id(user_id)
         check_id("request_id", request_id, required=False)
         check_epsilon(epsilon, error=InvalidRequest)
         if not 1 <= k <= self.max_k:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -161,6 +162,18 @@ def expected_work(p: Prepared) -> float:
 
 def _slate_work(mechanism: str, n: int, k: int, params: Mapping[str, float | None]) -> float:
     return (1 if is_one_shot(mechanism) else k) * expected_draws(mechanism, n, params)
+
+
+def check_user_id(value: str) -> None:
+    """A user_id names one budget, matched exactly: refused unless it is in Unicode NFC, so the NFC
+    and NFD spellings of one name can never be two users with two budgets. Refused, not normalised:
+    a ledger may already hold a non-NFC id, whose spend a normalised request would not see."""
+    check_id("user_id", value, required=True)
+    if not unicodedata.is_normalized("NFC", value):
+        raise InvalidRequest(
+            "user_id is not in Unicode normalization form NFC; expected its NFC form "
+            "(Python: unicodedata.normalize('NFC', user_id))"
+        )
 
 
 def check_id(name: str, value: str, required: bool) -> None:

@@ -48,6 +48,7 @@ from recsvc.service.requests import (
     Selected,
     SelectInput,
     check_id,
+    check_user_id,
     draw,
 )
 
@@ -159,7 +160,7 @@ class Selector:
     def _common(
         self, user_id: str, request_id: str, mechanism: str, epsilon: float, params: Mapping[str, float | None]
     ) -> tuple[str, float]:
-        check_id("user_id", user_id, required=True)
+        check_user_id(user_id)
         check_id("request_id", request_id, required=False)
         key = (mechanism, tuple(params.items()))
         name = self._valid.get(key)  # a (mechanism, params) pair already found valid: same checks, same answer

@@ -155,11 +155,12 @@ def start(config: ServerConfig) -> ServerHandle:
             "every rnmh answer is labelled mechanism=rnmh. Use it for reference experiments only"
         )
     log.info(
-        "serving %s on %s (%s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
+        "serving %s on %s (%s, %s, default mechanism %s, auto → %s, budget ε=%g per user %s, ledger %s, "
         "fingerprint key %s)",
         SERVICE_NAME,
         host_port(config.listen.host, port),
         "TLS" if creds else "plaintext",
+        authenticator.describe(),
         servicer.default_mechanism,
         servicer.selector.auto_description,
         config.ledger.budget,
@@ -221,10 +222,7 @@ def _watch_ledger(handle: ServerHandle) -> None:
 
 def _authenticator(config: ServerConfig) -> Authenticator:
     """The principals from the token file and the client-scopes file (parsed: a bad line is one
-    clear error); warns when a credentials file is open to other users."""
-    for path in (config.auth.token_file, config.auth.client_scopes):
-        if path is not None and Path(path).is_file() and Path(path).stat().st_mode & 0o077:
-            log.warning("%s is open to group or other users; expected mode 0600 (chmod 600 %s)", path, path)
+    clear error; a file open to other users is warned about)."""
     return Authenticator.from_files(
         config.auth.token_file, config.auth.client_scopes, mtls=config.auth.client_ca is not None
     )

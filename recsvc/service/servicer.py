@@ -32,7 +32,7 @@ from recsvc.service.draws import Deferred
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import current_caller, status_of
 from recsvc.service.multiselect import MultiSelector
-from recsvc.service.requests import Columns, Prepared, check_id, expected_work
+from recsvc.service.requests import Columns, Prepared, check_user_id, expected_work
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -110,7 +110,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: Any) -> pb.GetBudgetResponse:
         self.authorize("GetBudget", request.user_id)
-        check_id("user_id", request.user_id, required=True)
+        check_user_id(request.user_id)
         u = self.ledger.user(request.user_id)
         return pb.GetBudgetResponse(
             user_id=u.user_id,

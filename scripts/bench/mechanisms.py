@@ -43,8 +43,11 @@ def _floor_draw(name: str, rng: np.random.Generator, trials: int) -> None:
         rng.laplace(0.0, 1.0, (trials, N))
     elif name == "pf":
         rng.random((trials, N))  # one merged key-and-coin uniform per candidate
-    elif name in ("em", "krr"):
-        rng.random(trials)
+    elif name == "em":  # exact sampling: a 64-bit word per draw
+        rng.integers(0, 2**64, trials, dtype=np.uint64)
+    elif name == "krr":  # a 64-bit word and the item within its group
+        rng.integers(0, 2**64, trials, dtype=np.uint64)
+        rng.integers(0, N - 1, trials)
     elif name == "random":
         rng.integers(0, N, trials)
     elif name == "combined_gem":

@@ -37,13 +37,13 @@ RESULT_FILES = {
     "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
     "log_ratio_summary.csv": "85f6bf0fbf2476d3b67f8ca291d9fc13f83675d87e76a6c5b963c3f52110737b",
     "log_ratio_summary.parquet": "bae5c2776a9c1eca46ec199a52fe505d15dcbe3a08a3c4336182e733183356d7",
-    "mse.csv": "cf68a2d22381bcd40321e209d396ce3589431f695108abadd0d125ee890b5a2e",
-    "mse.parquet": "8e4254933eaf26dd3f571d9080319ff23c5c64e97b5e983fc4d3d79255854bf2",
-    "selections.parquet": "4ce5712b10a6c6ac7adbd3b7504c1f0a359877e7e3e776a7aaaad71f7764eeca",
+    "mse.csv": "cba6c0eab0ccfdbdd89a57a102350716ac1c223ec83f168f0c37358a3975c73a",
+    "mse.parquet": "05d12e4c364079a77867fa2a3cd3f9c4c545d7543eb7f49e02744b4e98091747",
+    "selections.parquet": "904ec41c2982d5f055f9828be892a8a5d03c1eb8c5e018ddeb9e319c726a89af",
     "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
 }
 # mse.*, selections.parquet, the report and the summary include the `auto` rows, section and entry.
-REPORT_WITHOUT_SECONDS = "723715e5b45f514e08c9165145d866fab3a7aadfcea6144aebed3b442e0c9196"
+REPORT_WITHOUT_SECONDS = "884bc826ffe887a6cea4c8625dccc63a117446f6bd0ef02cde2c54bc29cfcd6f"
 SUMMARY_WITHOUT_CONFIG = "2d23c5cd1b99d25622e0474eb4134e06e1786c2ef41c5e7b1f67a5aa578de7ad"
 
 

@@ -111,7 +111,7 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     _write_v1(path)
     with pytest.raises(ParamError, match="budget_window 7d differs from the budget window lifetime"):
         SQLiteLedger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
-    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 3: open it once"):
+    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 4: open it once"):
         export(path, tmp_path / "c.parquet")  # the audit export reads only the current format
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA user_version").fetchone() == (1,)
@@ -119,7 +119,7 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     con.close()
     led = SQLiteLedger(path, 1.0, mechanism_of=stored_mechanism)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (4,)
     assert conn.execute("SELECT user_id, request_id, mechanism FROM requests ORDER BY 1, 2").fetchall() == [
         ("alice", "a1", "rnm"),
         ("alice", "a2", "gem"),

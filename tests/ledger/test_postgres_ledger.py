@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -11,6 +13,7 @@ import psycopg
 import pytest
 
 from recsvc.checks import ParamError
+from recsvc.ledger import BudgetExceeded
 from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
 from recsvc.ledger.testing import Stores
@@ -68,8 +71,8 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
         PostgresLedger(url, 1.0, key)
     PostgresLedger(url, 1.0, key, create=True).close()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE recsvc_meta SET value='3' WHERE name='schema_version'")
-    with pytest.raises(ParamError, match="schema version 3, newer than this recsvc reads"):
+        conn.execute("UPDATE recsvc_meta SET value='4' WHERE name='schema_version'")
+    with pytest.raises(ParamError, match="schema version 4, newer than this recsvc reads"):
         PostgresLedger(url, 1.0, key)
     proc = run_recsvc("ledger", "migrate", "--ledger", url)
     assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
@@ -101,14 +104,14 @@ def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path) -> None:
     again = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
     assert again.returncode == 0, again.stderr  # idempotent
     clash = run_recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
-    assert clash.returncode == 2 and "every replica must use the same budget" in clash.stderr
+    assert clash.returncode == 2 and "every process on one ledger must use the same budget" in clash.stderr
     mig = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 2 -> 2" in mig.stdout, mig.stderr
+    assert mig.returncode == 0 and "schema version 3 -> 3" in mig.stdout, mig.stderr
     nokey = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3")
     assert nokey.returncode == 2 and "needs --fingerprint-key" in nokey.stderr, nokey.stderr
 
 
-def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) -> None:
+def test_a_version_1_database_migrates_to_the_current_version(pg_cluster, tmp_path: Path) -> None:
     """A database as version 1 left it (schema, settings, charges with SelectResponse answers) gets the
     window column, the lifetime window setting and each charge's mechanism from its stored answer."""
     url = pg_cluster.new_database()
@@ -131,10 +134,10 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
             )
         conn.execute("INSERT INTO recsvc_requests VALUES ('odd', 'r', 'fp', 1, '\\xff00')")  # not a SelectResponse
         conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
-    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 2; run `recsvc ledger migrate"):
+    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 3; run `recsvc ledger migrate"):
         PostgresLedger(url, 1.0, key)
     mig = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 1 -> 2" in mig.stdout, mig.stderr
+    assert mig.returncode == 0 and "schema version 1 -> 3" in mig.stdout, mig.stderr
     with psycopg.connect(url, autocommit=True) as conn:
         counts: dict[str, int] = dict(
             conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall()
@@ -150,7 +153,7 @@ def test_a_version_1_database_migrates_to_version_2(pg_cluster, tmp_path: Path) 
     assert (led.user("u0").spent_units, led.user("u0").requests, led.user("u0").window_end) == (86 * 10**9, 86, 0)
     led.close()
     again = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert again.returncode == 0 and "schema version 2 -> 2" in again.stdout, again.stderr
+    assert again.returncode == 0 and "schema version 3 -> 3" in again.stdout, again.stderr
 
 
 def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_path: Path) -> None:
@@ -226,3 +229,69 @@ def test_the_health_probe_keeps_one_connection_open(pg_cluster, tmp_path: Path) 
         led.close()
         assert probes(0) == []
     s.close_all()
+
+
+def test_a_replica_with_a_fast_clock_does_not_renew_early(
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Budget windows are decided by the database's clock: a replica whose own clock runs a day
+    fast charges in the database's current window, not in tomorrow's."""
+    s = Stores(pg_cluster.new_database(), tmp_path / "k")
+    honest = _open(s, budget=1.0, window="1d")
+    honest.charge("u", "r1", b"f1", 1.0, lambda rem: b"a")
+    window = honest.user("u").window_start
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 86_400)  # this host's clock: a day fast
+    fast = _open(s, budget=1.0, window="1d")
+    with pytest.raises(BudgetExceeded):
+        fast.charge("u", "r2", b"f2", 0.5, lambda rem: b"b")
+    assert (fast.user("u").window_start, fast.user("u").spent_units) == (window, 10**12)
+    # The same replica on its local clock would have renewed: what the database's clock prevents.
+    local = _open(s, budget=1.0, window="1d", clock=time.time)
+    assert local.user("u").spent_units == 0 and local.user("u").window_start == window + 86_400
+
+
+def test_a_passfile_logs_in_and_a_password_in_the_url_is_warned_about(
+    pg_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    role, password = f"pw{os.getpid()}", "pw-S3cret-42"
+    pg_cluster.password_role(role, password)
+    with psycopg.connect(pg_cluster.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {role} OWNER {role}")
+    url = f"postgresql://{role}@127.0.0.1:{pg_cluster.port}/{role}"
+    key = tmp_path / "k"
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))  # never this user's own ~/.pgpass
+    with pytest.raises(ParamError, match=r"cannot connect .*password"):
+        PostgresLedger(url, 1.0, key, create=True)
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"127.0.0.1:{pg_cluster.port}:{role}:{role}:{password}\n")
+    passfile.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(passfile))
+    with caplog.at_level(logging.WARNING):
+        PostgresLedger(url, 1.0, key, create=True).close()  # the password comes from the passfile
+        assert "holds a password" not in caplog.text
+        monkeypatch.setenv("PGPASSFILE", str(tmp_path / "none"))
+        with_password = f"postgresql://{role}:{password}@127.0.0.1:{pg_cluster.port}/{role}"
+        PostgresLedger(with_password, 1.0, key).close()
+    warning = f"--ledger for 127.0.0.1:{pg_cluster.port}/{role} holds a password: any local user can read it"
+    assert warning in caplog.text and password not in caplog.text
+
+
+def test_the_database_clock_reads_again_in_the_background(pg_cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    from recsvc.ledger.postgres import clock as clock_mod
+    from recsvc.ledger.postgres.schema import connect
+
+    url = pg_cluster.new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8").fetchone()
+        assert row is not None
+        db_now = row[0]
+        c = clock_mod.DatabaseClock(lambda: connect(url, "db", 5), conn)
+    assert abs(c() - db_now) < 5
+    monkeypatch.setattr(clock_mod, "RESYNC_S", 0.0)
+    old = c._base
+    c()  # stale: a reading starts in its own thread, and this call returns at once
+    deadline = time.monotonic() + 10
+    while c._base == old and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert c._base != old and abs(c() - time.time()) < 5  # the cluster runs on this host's clock

@@ -120,7 +120,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(
     assert (tiny.spent_units, tiny.requests) == (8 * 10**12 + 200, 201)
     assert (alice.spent_units, alice.requests) == (3 * 100_000_000_001, 3)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (3,)  # 0 → 3 in one go
+    assert conn.execute("PRAGMA user_version").fetchone() == (4,)  # 0 → 4 in one go
     # Version 2: every old charge's mechanism is read back from its stored response; the window is lifetime.
     assert conn.execute("SELECT mechanism, COUNT(*) FROM requests GROUP BY mechanism").fetchall() == [("rnm", 204)]
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
@@ -251,7 +251,7 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
         assert con.execute("PRAGMA user_version").fetchone() == (2,)
     led = SQLiteLedger(path, 1.0, window="7d", clock=clock)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (4,)
     assert "WITHOUT ROWID" not in _requests_sql(path)
     assert conn.execute("SELECT name, \"unique\" FROM pragma_index_list('requests')").fetchall() == [
         ("requests_key", 1)
@@ -265,7 +265,10 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
         ("bob", "b1"),
         ("zed", "z1"),
     ]
-    assert conn.execute("SELECT value FROM settings").fetchall() == [("7d",)]
+    assert conn.execute("SELECT name, value FROM settings ORDER BY name").fetchall() == [
+        ("budget_units", "1000000000000"),  # pinned to the budget of the first process that opened it
+        ("budget_window", "7d"),
+    ]
     alice = led.user("alice")
     assert (alice.spent_units, alice.requests, alice.window_start) == (200_000_000_000, 2, 1_699_833_600)
     replay = led.charge("alice", "a2", b"d-a2", 0.1, lambda r: b"NEW")  # an old request still replays

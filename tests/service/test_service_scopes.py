@@ -98,9 +98,9 @@ def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Pa
     )
     scopes = tmp_path / "scopes"
     cases = {  # scopes file → (may act for carol, may act for dave, may call ListMechanisms)
-        "subject:CN=recsvc-test-client user:carol\nsan:localhost admin\n": (True, False, True),  # first match wins
-        "# by SAN\nsan:127.0.0.1 service\n": (True, True, True),
-        "subject:CN=someone-else admin\nsan:other.example service\n": (False, False, False),  # no rule: no scope
+        "subject:CN=recsvc-test-client user:carol\ndns:localhost admin\n": (True, False, True),  # first match wins
+        "# by SAN\nip:127.0.0.1 service\n": (True, True, True),
+        "subject:CN=someone-else admin\ndns:other.example service\n": (False, False, False),  # no rule: no scope
     }
     for text, (carol, dave, listing) in cases.items():
         scopes.write_text(text)
@@ -233,17 +233,27 @@ def test_token_and_scope_files_are_parsed_strictly(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match=message) as info:
             load_tokens(path)
         assert "a service" not in str(info.value)  # a token is never quoted back
-    path.write_text("subject:CN=John Smith,O=Example user:john\nsan:spiffe://ex.org/ns/prod/sa/api service\n")
+    path.write_text(
+        "subject:CN=John Smith,O=Example user:john\nuri:spiffe://ex.org/ns/prod/sa/api service\n"
+        "dns:Ops.Internal admin\nip:0:0::1 admin\nemail:a@ex.org user:a\n"
+    )
     rules = load_client_scopes(path)
     assert [(r.kind, r.value, r.principal.scope) for r in rules] == [
         ("subject", "CN=John Smith,O=Example", Scope("user", "john")),
-        ("san", "spiffe://ex.org/ns/prod/sa/api", Scope("service")),
+        ("uri", "spiffe://ex.org/ns/prod/sa/api", Scope("service")),
+        ("dns", "ops.internal", Scope("admin")),  # DNS names are case-insensitive
+        ("ip", "::1", Scope("admin")),  # one spelling per address
+        ("email", "a@ex.org", Scope("user", "a")),
     ]
     for text, message in {
         "CN=x admin\n": "expected lines '<identity> <scope>'",
-        "san:x\n": "expected lines",
-        "san:a admin\nsan:a service\n": "line 2 repeats the identity of line 1",
-        "san:a owner\n": "scope 'owner' is not a scope",
+        "dns:x\n": "expected lines",
+        "dns:a admin\ndns:A service\n": "line 2 repeats the identity of line 1",
+        "ip:::1 admin\nip:0::1 service\n": "line 2 repeats the identity of line 1",
+        "dns:a owner\n": "scope 'owner' is not a scope",
+        "ip:localhost admin\n": "ip:localhost is not an IP address",
+        "san:ops.internal admin\n": "line 1: 'san:ops.internal' names no SAN type.*write the type instead: "
+        "'dns:ops.internal', 'uri:ops.internal', 'email:ops.internal' or 'ip:ops.internal'",
     }.items():
         path.write_text(text)
         with pytest.raises(ValueError, match=message):

@@ -13,6 +13,9 @@ Version 2 adds renewable budgets and the audit export (as the SQLite file's vers
 (recovered from each stored response by :data:`STEPS`, :mod:`recsvc.ledger.migrations`) and the
 ``budget_window`` setting, which is ``lifetime`` for a database created without it.
 
+Version 3 adds ``recsvc_budget_changes``, the record of every `recsvc ledger set-budget`
+(:mod:`recsvc.ledger.budget`); the budget itself was pinned in ``recsvc_meta`` from version 1 on.
+
 Also here, as the SQLite file's :mod:`recsvc.ledger.sqlite.schema`: connecting with errors that
 name host and port but never the password (:func:`describe`, :func:`connect`), ``recsvc ledger
 migrate`` (:func:`migrate_url`) and the audit export's read (:func:`read_charges`).
@@ -20,6 +23,8 @@ migrate`` (:func:`migrate_url`) and the audit export's read (:func:`read_charges
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -30,12 +35,13 @@ from psycopg import conninfo as pg_conninfo
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import is_postgres
+from recsvc.ledger.budget import BudgetChange, mismatch
 from recsvc.ledger.charging import ChargeRow
 from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
-from recsvc.ledger.units import format_units
 from recsvc.ledger.window import BudgetWindow
 
-VERSION = 2
+log = logging.getLogger(__name__)
+VERSION = 3
 _LOCK = 0x72656373  # pg_advisory_xact_lock key: init/migrate of several replicas take turns
 _KEY_CHECK = b"recsvc key check"
 
@@ -61,6 +67,14 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE recsvc_budgets ADD COLUMN window_start bigint NOT NULL DEFAULT 0",
         "ALTER TABLE recsvc_requests ADD COLUMN mechanism text NOT NULL DEFAULT ''",
         "INSERT INTO recsvc_meta VALUES ('budget_window', 'lifetime') ON CONFLICT DO NOTHING",
+    ),
+    3: (
+        """CREATE TABLE recsvc_budget_changes (
+            changed    timestamptz NOT NULL DEFAULT now(),
+            old_units  bigint NOT NULL,
+            new_units  bigint NOT NULL,
+            changed_by text NOT NULL DEFAULT current_user
+        )""",
     ),
 }
 
@@ -88,20 +102,36 @@ def _recover(conn: Any, mechanism_of: MechanismOf | None) -> None:
 
 # version → what runs after its statements, in the same transaction.
 STEPS: dict[int, Callable[[Any, MechanismOf | None], None]] = {2: _recover}
-URL_EXPECTED = "a libpq URL postgresql://USER[:PASSWORD]@HOST:PORT/DATABASE"
+URL_EXPECTED = (
+    "a libpq URL postgresql://USER@HOST:PORT/DATABASE (the password from a passfile, PGPASSFILE or "
+    "~/.pgpass, or PGPASSWORD; any part may also come from libpq's PG* environment variables)"
+)
+_warned: set[str] = set()
 
 
 def describe(url: str) -> str:
-    """``host:port/db`` of a libpq URL, never its password; a clear error for a malformed one."""
+    """``host:port/db`` of a libpq URL, never its password (the parts the URL leaves out as libpq
+    fills them in: the PG* environment variables, then its defaults); a clear error for a malformed
+    one. Warns, once per process, when the URL holds a password."""
     if not is_postgres(url):
         raise ParamError("{ledger} is not a PostgreSQL URL; expected " + URL_EXPECTED)
     try:
         info = pg_conninfo.conninfo_to_dict(url)
     except psycopg.ProgrammingError:  # the message would quote the URL, password included
         raise ParamError("{ledger} is not a valid PostgreSQL URL; expected " + URL_EXPECTED) from None
-    return (
-        f"{info.get('host') or 'localhost'}:{info.get('port') or 5432}/{info.get('dbname') or info.get('user') or ''}"
+    where = (
+        f"{info.get('host') or os.environ.get('PGHOST') or 'localhost'}:"
+        f"{info.get('port') or os.environ.get('PGPORT') or 5432}/"
+        f"{info.get('dbname') or os.environ.get('PGDATABASE') or info.get('user') or os.environ.get('PGUSER') or ''}"
     )
+    if info.get("password") and where not in _warned:
+        _warned.add(where)
+        log.warning(
+            "--ledger for %s holds a password: any local user can read it in the process list "
+            "(/proc/PID/cmdline); put it in a passfile (PGPASSFILE, or ~/.pgpass, mode 0600) instead",
+            where,
+        )
+    return where
 
 
 def scrub(text: str, url: str) -> str:
@@ -211,13 +241,7 @@ def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWi
     assert settings is not None
     stored = int(settings["budget_units"])
     if stored != budget_units:
-        raise ParamError(
-            "{budget} {got} differs from the budget ε={stored} that the ledger {where} was initialised "
-            "with; every replica must use the same budget (expected {budget} {stored})",
-            got=format_units(budget_units),
-            stored=format_units(stored),
-            where=where,
-        )
+        raise mismatch(budget_units, stored, where)
     if settings["budget_window"] != window.name:
         raise ParamError(
             "{budget_window} {got} differs from the budget window {stored} that the ledger {where} was "
@@ -265,3 +289,38 @@ def read_charges(url: str, chunk: int) -> Iterator[tuple[int, Iterator[list[Char
                     "ORDER BY user_id, request_id"
                 )
                 yield total, iter(lambda: cur.fetchmany(chunk), [])
+
+
+def set_budget_url(url: str, units: int) -> tuple[str, BudgetChange | None]:
+    """Re-pins the database to ``units`` and records the change, in one transaction under the
+    init/migrate lock: (where, the change, or None if unchanged)."""
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        check_readable(conn, where)
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+            row = conn.execute("SELECT value FROM recsvc_meta WHERE name='budget_units' FOR UPDATE").fetchone()
+            assert row is not None  # check_readable: an initialised ledger
+            old = int(row[0])
+            if old == units:
+                return where, None
+            conn.execute("UPDATE recsvc_meta SET value=%s WHERE name='budget_units'", (str(units),))
+            made = conn.execute(
+                "INSERT INTO recsvc_budget_changes(old_units, new_units) VALUES (%s, %s) "
+                "RETURNING extract(epoch FROM changed)::float8, changed_by",
+                (old, units),
+            ).fetchone()
+            assert made is not None  # RETURNING of one inserted row
+            t, by = made
+    return where, BudgetChange(float(t), old, units, str(by))
+
+
+def read_budget_changes_url(url: str) -> list[BudgetChange]:
+    where = describe(url)
+    with connect(url, where, 5) as conn:
+        check_readable(conn, where)
+        rows = conn.execute(
+            "SELECT extract(epoch FROM changed)::float8, old_units, new_units, changed_by "
+            "FROM recsvc_budget_changes ORDER BY changed"
+        ).fetchall()
+    return [BudgetChange(float(t), int(o), int(n), str(b)) for t, o, n, b in rows]

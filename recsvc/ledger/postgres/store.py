@@ -59,6 +59,7 @@ from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.postgres import schema
 from recsvc.ledger.postgres.arrays import BinaryArray, bytea_array, int8_array, text_array
+from recsvc.ledger.postgres.clock import DatabaseClock
 from recsvc.ledger.postgres.connection import Connection, configure, link_timeouts, result_sets, roll_back
 from recsvc.ledger.postgres.schema import connect, describe, scrub
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
@@ -164,12 +165,19 @@ WRITE = (
 )
 
 
+# What a caller refused with UNAVAILABLE should do: a charge may have been stored; a read changed nothing.
+_RETRY_CHARGE = "nothing was charged unless the answer was stored, so retry with the same request_id"
+_RETRY_READ = "nothing was read or changed; retry later"
+
+
 class PostgresLedger(Ledger):
     """The ledger in a PostgreSQL database (thread-safe, shared by several replicas).
 
     ``create=True`` (``recsvc ledger init``) creates the schema and the key file if missing and
     stores the settings; otherwise the database must hold a ledger with this budget, budget
-    window and key. ``clock`` (Unix seconds) places each charge in its window (tests inject one).
+    window and key. ``clock`` (Unix seconds) places each charge in its window: by default the
+    database server's clock (:mod:`.clock`), so a replica whose clock is wrong never renews a
+    budget early; tests inject one.
     ``mechanism_of`` reads the mechanism of a stored answer, for the migration ``create`` applies
     (:mod:`recsvc.ledger.migrations`).
     """
@@ -183,7 +191,7 @@ class PostgresLedger(Ledger):
         timeout_s: float = 5.0,
         create: bool = False,
         window: BudgetWindow | str = LIFETIME_WINDOW,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
         mechanism_of: MechanismOf | None = None,
     ) -> None:
@@ -208,6 +216,8 @@ class PostgresLedger(Ledger):
                     schema.init(conn, self.where, self.budget_units, self._key, self.window, mechanism_of)
                 else:
                     schema.check(conn, self.where, self.budget_units, self._key, self.window)
+                if clock is None:  # budget windows by the database's clock, never this replica's
+                    self._clock = DatabaseClock(lambda: connect(url, self.where, connect_timeout), conn)
         except BaseException:
             if self.key_created:
                 self.key_file.unlink(missing_ok=True)
@@ -231,12 +241,9 @@ class PostgresLedger(Ledger):
         )
         self._pool.open(wait=True, timeout=timeout_s * 2)
 
-    def _unavailable(self, exc: BaseException) -> LedgerUnavailable:
+    def _unavailable(self, exc: BaseException, then: str) -> LedgerUnavailable:
         reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.url)
-        return LedgerUnavailable(
-            f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); nothing was "
-            "charged unless the answer was stored, so retry with the same request_id"
-        )
+        return LedgerUnavailable(f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); {then}")
 
     def close(self) -> None:
         self._pool.close()
@@ -269,10 +276,11 @@ class PostgresLedger(Ledger):
 
     # -- reads ---------------------------------------------------------------------------
 
-    def _retrying(self, fn: Callable[[Connection], T]) -> T:
+    def _retrying(self, fn: Callable[[Connection], T], then: str = _RETRY_CHARGE) -> T:
         """``fn`` on a pooled connection; after a connection failure (the server restarted, the
-        pool still holds dead connections) once more on a checked one, then UNAVAILABLE. Safe for
-        charges too: the retry decides again on what is stored."""
+        pool still holds dead connections) once more on a checked one, then UNAVAILABLE, whose
+        message ends with ``then`` (what the caller should do). Safe for charges too: the retry
+        decides again on what is stored."""
         for attempt in range(2):
             try:
                 with self._pool.connection() as conn:
@@ -283,12 +291,14 @@ class PostgresLedger(Ledger):
                 # Unreachable now (down, or a partition): fail fast rather than also wait on the
                 # pool's other, equally dead connections.
                 if attempt == 1 or isinstance(exc, PoolTimeout) or not self.reachable():
-                    raise self._unavailable(exc) from None
+                    raise self._unavailable(exc, then) from None
                 self._pool.check()  # drop the connections that died with the server
         raise AssertionError("unreachable")
 
-    def _read(self, sql: str, args: tuple[Any, ...] | dict[str, Any]) -> list[tuple[Any, ...]]:
-        return self._retrying(lambda conn: conn.run(sql, args).fetchall())
+    def _read(
+        self, sql: str, args: tuple[Any, ...] | dict[str, Any], then: str = _RETRY_CHARGE
+    ) -> list[tuple[Any, ...]]:
+        return self._retrying(lambda conn: conn.run(sql, args).fetchall(), then)
 
     def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
         rows = self._read(
@@ -298,11 +308,13 @@ class PostgresLedger(Ledger):
         return None if not rows else (bytes(rows[0][0]), bytes(rows[0][1]))
 
     def _account(self, user_id: str) -> tuple[int, int, int] | None:
-        rows = self._read("SELECT spent_units, window_start, requests FROM recsvc_budgets WHERE user_id=%s", (user_id,))
+        rows = self._read(
+            "SELECT spent_units, window_start, requests FROM recsvc_budgets WHERE user_id=%s", (user_id,), _RETRY_READ
+        )
         return None if not rows else (int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))
 
     def _spends(self) -> Iterable[tuple[str, int, int]]:
-        return self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", ())
+        return self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", (), _RETRY_READ)
 
     def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
         """Rides in the next round of this process (:meth:`_commit_group`) with the charges and

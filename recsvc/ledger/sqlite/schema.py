@@ -28,24 +28,31 @@ rows that carry the whole stored answer; appended, it dirties the table's last p
 leaves of the much smaller index, which lookups, replays and the export read in key order. An
 older file (after the steps above) is rebuilt in the same one transaction: the rows are copied in
 ``created`` order, unchanged.
+
+Version 4 pins the budget (:mod:`recsvc.ledger.budget`): the ``settings`` row ``budget_units``, and a
+``budget_changes`` table recording every `recsvc ledger set-budget`. An older file is pinned, in the
+same one transaction, to the budget of the process that opens it first; from then on a process
+with another budget is refused.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from recsvc.checks import MissingFileError, ParamError, check_regular_file
 from recsvc.ledger import fingerprint
+from recsvc.ledger.budget import BudgetChange, mismatch, os_user
 from recsvc.ledger.charging import ChargeRow
 from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
 from recsvc.ledger.units import float_units_up
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 
-VERSION = 3
+VERSION = 4
 # Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
 CHUNK = 64
 
@@ -62,6 +69,10 @@ _REQUESTS = """CREATE TABLE IF NOT EXISTS requests (
 )"""
 _REQUESTS_KEY = "CREATE UNIQUE INDEX IF NOT EXISTS requests_key ON requests (user_id, request_id)"
 _SETTINGS = "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID"
+_BUDGET_CHANGES = (
+    "CREATE TABLE IF NOT EXISTS budget_changes (changed REAL NOT NULL, old_units INTEGER NOT NULL, "
+    "new_units INTEGER NOT NULL, changed_by TEXT NOT NULL)"
+)
 _TABLES = (
     """CREATE TABLE IF NOT EXISTS budgets (
     user_id      TEXT PRIMARY KEY,
@@ -72,6 +83,7 @@ _TABLES = (
     _REQUESTS,
     _REQUESTS_KEY,
     _SETTINGS,
+    _BUDGET_CHANGES,
 )
 _V2 = (
     "ALTER TABLE budgets ADD COLUMN window_start INTEGER NOT NULL DEFAULT 0",
@@ -124,6 +136,22 @@ def check_path(path: str | os.PathLike[str]) -> None:
             dir=str(p.parent),
             expected=EXPECTED,
         )
+
+
+def create_private(path: Path) -> None:
+    """Creates a missing ledger file with mode 0600 before SQLite opens it: SQLite gives the
+    ``-wal`` and ``-shm`` files the mode of the database file, so none of them is readable by others."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
+    except OSError as exc:  # a special file system, a read-only mount, ...
+        raise ParamError(
+            "{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
+            path=str(path),
+            reason=exc.strerror or str(exc),
+            expected=EXPECTED,
+        ) from None
 
 
 def check_foreign(path: Path) -> None:
@@ -183,7 +211,6 @@ def migrate_v2(conn: sqlite3.Connection) -> None:
     """Version 2 → 3 inside the caller's write transaction: ``requests`` rebuilt as a rowid table."""
     for sql in _V3:
         conn.execute(sql)
-    conn.execute(f"PRAGMA user_version = {VERSION}")
 
 
 def _recover(conn: sqlite3.Connection, mechanism_of: MechanismOf | None) -> None:
@@ -216,6 +243,15 @@ def check_window(conn: sqlite3.Connection, path: Path, window: BudgetWindow) -> 
             stored=row[0],
             path=str(path),
         )
+
+
+def check_budget(conn: sqlite3.Connection, path: Path, budget_units: int) -> None:
+    """Pins a new (or version ≤ 3) file to ``budget_units``; refuses any other budget after that."""
+    row = conn.execute("SELECT value FROM settings WHERE name='budget_units'").fetchone()
+    if row is None:
+        conn.execute("INSERT INTO settings VALUES ('budget_units', ?)", (str(budget_units),))
+    elif int(row[0]) != budget_units:
+        raise mismatch(budget_units, int(row[0]), str(path))
 
 
 def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> None:
@@ -258,11 +294,12 @@ def open_file(
     path: Path,
     key_file: Path,
     window: BudgetWindow,
+    budget_units: int,
     retry: Callable[[Callable[[], object]], None],
     mechanism_of: MechanismOf | None = None,
 ) -> tuple[bytes, bool]:
     """Creates, checks or migrates the ledger in one write transaction (processes opening it at
-    once take turns), checks its budget window, and loads or creates the fingerprint key:
+    once take turns), checks its budget window and budget, and loads or creates the fingerprint key:
     (key, created). A refusal rolls everything back: the file is left as it was. ``mechanism_of``
     reads the mechanism of a stored answer (:mod:`recsvc.ledger.migrations`)."""
     retry(lambda: conn.execute("BEGIN IMMEDIATE"))
@@ -294,10 +331,14 @@ def open_file(
             migrate_v1(conn)
         if found in (1, 2):
             migrate_v2(conn)
+        if found in (1, 2, 3):
+            conn.execute(_BUDGET_CHANGES)
+            conn.execute(f"PRAGMA user_version = {VERSION}")
         if found is not None and found < 2:  # written under lifetime budgets, without mechanisms
             conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (LIFETIME,))
             _recover(conn, mechanism_of)
         check_window(conn, path, window)
+        check_budget(conn, path, budget_units)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
@@ -315,24 +356,8 @@ def open_file(
 def read_charges(path: Path, chunk: int) -> Iterator[tuple[int, Iterator[list[ChargeRow]]]]:
     """``(number of charges, chunks of charge rows)`` of an SQLite ledger, read-only, on one
     snapshot, in (user_id, request_id) order, ``chunk`` rows at a time."""
-    p = Path(path)
-    if not p.exists():
-        raise MissingFileError("{ledger} {path} does not exist; expected " + WRITTEN, path=str(p))
-    check_path(p)
-    check_foreign(p)
-    conn = sqlite3.connect(p.resolve().as_uri() + "?mode=ro", uri=True, isolation_level=None)
+    conn = _current(Path(path), readonly=True)
     try:
-        found = version(conn)
-        if found is None:
-            raise ParamError("{ledger} {path} holds no recsvc ledger; expected " + WRITTEN, path=str(p))
-        if found != VERSION:
-            raise ParamError(
-                "{ledger} {path} has format version {v}; expected a ledger of version {mine}: open it once "
-                "with this recsvc (`recsvc ledger init --ledger {path}`, or `recsvc serve`) to migrate it",
-                path=str(p),
-                v=found,
-                mine=VERSION,
-            )
         conn.execute("BEGIN")  # one snapshot for the count and the rows
         total = int(conn.execute("SELECT COUNT(*) FROM requests").fetchone()[0])
         rows = conn.execute(
@@ -340,5 +365,58 @@ def read_charges(path: Path, chunk: int) -> Iterator[tuple[int, Iterator[list[Ch
             "INTEGER) FROM requests ORDER BY user_id, request_id"
         )
         yield total, iter(lambda: rows.fetchmany(chunk), [])
+    finally:
+        conn.close()
+
+
+def _current(path: Path, readonly: bool = False) -> sqlite3.Connection:
+    """A connection to an existing ledger file of the current version (else a clear error)."""
+    if not path.exists():
+        raise MissingFileError("{ledger} {path} does not exist; expected " + WRITTEN, path=str(path))
+    check_path(path)
+    check_foreign(path)
+    uri = path.resolve().as_uri() + ("?mode=ro" if readonly else "")
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=60)
+    found = version(conn)
+    if found is None or found != VERSION:
+        conn.close()
+        if found is None:
+            raise ParamError("{ledger} {path} holds no recsvc ledger; expected " + WRITTEN, path=str(path))
+        raise ParamError(
+            "{ledger} {path} has format version {v}; expected a ledger of version {mine}: open it once "
+            "with this recsvc (`recsvc ledger init --ledger {path}`, or `recsvc serve`) to migrate it",
+            path=str(path),
+            v=found,
+            mine=VERSION,
+        )
+    return conn
+
+
+def set_budget_file(path: Path, units: int) -> BudgetChange | None:
+    """Re-pins the file to ``units`` and records the change, in one write transaction; None if unchanged."""
+    conn = _current(path)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        old = int(conn.execute("SELECT value FROM settings WHERE name='budget_units'").fetchone()[0])
+        if old == units:
+            conn.execute("ROLLBACK")
+            return None
+        change = BudgetChange(time.time(), old, units, os_user())
+        conn.execute("UPDATE settings SET value=? WHERE name='budget_units'", (str(units),))
+        conn.execute(
+            "INSERT INTO budget_changes VALUES (?, ?, ?, ?)",
+            (change.time, change.old_units, change.new_units, change.changed_by),
+        )
+        conn.execute("COMMIT")
+        return change
+    finally:
+        conn.close()
+
+
+def read_budget_changes_file(path: Path) -> list[BudgetChange]:
+    conn = _current(path, readonly=True)
+    try:
+        rows = conn.execute("SELECT changed, old_units, new_units, changed_by FROM budget_changes ORDER BY rowid")
+        return [BudgetChange(float(t), int(o), int(n), str(b)) for t, o, n, b in rows]
     finally:
         conn.close()

@@ -81,7 +81,7 @@ class SQLiteLedger(Ledger):
         key_file: str | os.PathLike[str] | None = None,
         busy_timeout_s: float = 60.0,
         window: BudgetWindow | str = LIFETIME_WINDOW,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
         mechanism_of: MechanismOf | None = None,
     ) -> None:
@@ -104,8 +104,9 @@ class SQLiteLedger(Ledger):
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         try:
             schema.check_foreign(self.path)
+            schema.create_private(self.path)
             self._key, self.key_created = schema.open_file(
-                self._conn(), self.path, self.key_file, self.window, _retry_locked, mechanism_of
+                self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked, mechanism_of
             )
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()

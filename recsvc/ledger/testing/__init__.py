@@ -5,7 +5,6 @@ tests subclass (:mod:`.conformance`, needs pytest), a throwaway PostgreSQL clust
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +28,7 @@ class Stores:
         budget: float = 1.0,
         pool_size: int = 8,
         window: str = "lifetime",
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
     ) -> Ledger:
         store = open_ledger(

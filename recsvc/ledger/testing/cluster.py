@@ -81,6 +81,20 @@ class Cluster:
         with open(self.data / "db" / "pg_hba.conf", "a") as f:
             f.write(f"host all all {cidr} trust\n")
 
+    def password_role(self, role: str, password: str) -> None:
+        """A login role that must give ``password`` (scram-sha-256) however it connects; every
+        other role keeps trust. The rule goes first in pg_hba.conf (the first match wins)."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password))
+            )
+            hba = self.data / "db" / "pg_hba.conf"
+            hba.write_text(f"host all {role} all scram-sha-256\nlocal all {role} scram-sha-256\n" + hba.read_text())
+            conn.execute("SELECT pg_reload_conf()")
+
     def new_database(self) -> str:
         """A fresh, empty database; its URL."""
         import psycopg

@@ -26,7 +26,17 @@ from typing import Any
 import pytest
 
 from recsvc.checks import ParamError
-from recsvc.ledger import BatchItem, BudgetExceeded, Charge, InvalidCharge, Ledger, LedgerError, RequestConflict
+from recsvc.ledger import (
+    BatchItem,
+    BudgetExceeded,
+    Charge,
+    InvalidCharge,
+    Ledger,
+    LedgerError,
+    RequestConflict,
+    budget_changes,
+    set_budget,
+)
 from recsvc.ledger.testing import DAY, Clock, Stores, resp
 
 
@@ -271,6 +281,37 @@ class AbstractLedgerTest(abc.ABC):
             stores.open(budget=1.0)
         again = stores.open(budget=1.0, window="7d")  # the same window: accepted
         assert again.window.name == "7d"
+
+    def test_every_process_on_a_ledger_must_use_its_budget(self, stores: Stores) -> None:
+        stores.open(budget=1.0).close()
+        with pytest.raises(ParamError, match=r"budget 5 differs from the budget ε=1 that the ledger .* is pinned to"):
+            stores.open(budget=5.0)
+        with pytest.raises(ParamError, match=r"budget 0.5 differs .* run `recsvc ledger set-budget"):
+            stores.open(budget=0.5)  # smaller is refused too: the pin says what every process uses
+        assert stores.open(budget=1.0).budget_units == 10**12
+
+    def test_set_budget_is_the_one_way_to_change_it_and_is_recorded(self, stores: Stores) -> None:
+        led = stores.open(budget=1.0)
+        led.charge("u", "r", b"f", 1.0, resp("a"))
+        led.close()
+        stores.opened.remove(led)
+        _, change = set_budget(stores.target, 3.0)
+        assert change is not None and (change.old_units, change.new_units) == (10**12, 3 * 10**12)
+        assert change.changed_by and abs(change.time - time.time()) < 60
+        assert set_budget(stores.target, 3.0)[1] is None  # already 3: nothing recorded
+        with pytest.raises(ParamError, match=r"budget 1 differs from the budget ε=3"):
+            stores.open(budget=1.0)
+        again = stores.open(budget=3.0)
+        u = again.user("u")
+        assert (u.spent_units, u.budget_units) == (10**12, 3 * 10**12)  # the spend is kept
+        again.charge("u", "r2", b"g", 2.0, resp("b"))
+        with pytest.raises(BudgetExceeded):
+            again.charge("u", "r3", b"h", 1e-12, resp("c"))
+        history = budget_changes(stores.target)
+        assert [(c.old_units, c.new_units) for c in history] == [(10**12, 3 * 10**12)]
+        with pytest.raises(ParamError, match=r"budget must be a finite number > 0"):
+            set_budget(stores.target, float("inf"))
+        assert len(budget_changes(stores.target)) == 1
 
     def test_a_batch_is_one_transaction_decided_in_order(self, stores: Stores) -> None:
         led = stores.open(budget=1.0)
