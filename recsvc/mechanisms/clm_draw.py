@@ -28,6 +28,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 _LOG_TINY = -30.0  # below this log s, φ(s) = −log s to double precision (the next term is s/2)
@@ -60,14 +61,16 @@ def classes_of(x_sorted: np.ndarray, k: int, gamma: float, epsilon: float) -> Cl
     return Classes(-c * (1.0 - gamma) * x_sorted[:k], b, k, n)
 
 
-def phi(s: float) -> float:
+@numba.njit(cache=True, nogil=True)
+def phi(s: float) -> float:  # pragma: no cover - numba
     """φ(s) = −log(1 − e^{−s}) for s > 0 (its own inverse)."""
     if s < 0.7:
         return -math.log(-math.expm1(-s))
     return -math.log1p(-math.exp(-s))
 
 
-def _phi_of_log(log_s: float) -> float:
+@numba.njit(cache=True, nogil=True)
+def _phi_of_log(log_s: float) -> float:  # pragma: no cover - numba
     """φ(e^{log s}) without overflow or underflow."""
     if log_s < _LOG_TINY:
         return -log_s
@@ -76,118 +79,151 @@ def _phi_of_log(log_s: float) -> float:
     return phi(math.exp(log_s))
 
 
-def _log_phi(z: float) -> float:
+@numba.njit(cache=True, nogil=True)
+def _log_phi(z: float) -> float:  # pragma: no cover - numba
     """log φ(z) for z > 0."""
     if z > 30.0:  # φ(z) = e^{−z}(1 + e^{−z}/2 + …)
         return -z
     return math.log(phi(z))
 
 
-def _log_intensity_gap(v: float, u_hi: float, u: float) -> float:
+@numba.njit(cache=True, nogil=True)
+def _log_expm1(z: float) -> float:  # pragma: no cover - numba
+    return z + math.log(-math.expm1(-z)) if z > 0.7 else math.log(math.expm1(z))
+
+
+@numba.njit(cache=True, nogil=True)
+def _log_intensity_gap(v: float, u_hi: float, u: float) -> float:  # pragma: no cover - numba
     """log[(e^{v−u_hi} − 1)/(e^{v−u} − 1)] ≤ 0 for u ≤ u_hi < v: the intensity ratio's utility part."""
     return _log_expm1(v - u_hi) - _log_expm1(v - u)
 
 
-def _log_expm1(z: float) -> float:
-    return z + math.log(-math.expm1(-z)) if z > 0.7 else math.log(math.expm1(z))
+@numba.njit(cache=True, nogil=True)
+def _logaddexp(x: float, y: float) -> float:  # pragma: no cover - numba
+    if x == -math.inf:
+        return y
+    hi, lo = (x, y) if x > y else (y, x)
+    return hi + math.log1p(math.exp(lo - hi))
 
 
-@dataclass
-class _Rect:
-    h0: int
-    h1: int
-    t0: int
-    t1: int
-    u_hi: float  # the largest utility of a cell
-    log_m_hi: float  # the largest log size of a cell
-    log_mass: float  # log(cells · m̄): the dominating process's mass scale
-    log_gamma: float = -math.inf  # log Γ of the current point (the dominating mass above it)
-    v: float = math.inf  # the current point
-
-    @property
-    def cells(self) -> int:
-        return (self.h1 - self.h0 + 1) * (self.t1 - self.t0 + 1)
+@numba.njit(cache=True, nogil=True)
+def _log_size(k: int, h: int, t: int) -> float:  # pragma: no cover - numba
+    """log C(t − h − 2, k − h − 1): the size of class (h, t)."""
+    return math.lgamma(t - h - 1) - math.lgamma(k - h) - math.lgamma(t - k)
 
 
-def _rect(cl: Classes, h0: int, h1: int, t0: int, t1: int) -> _Rect:
-    log_m = cl.log_size(h0, t1)
-    cells = (h1 - h0 + 1) * (t1 - t0 + 1)
-    return _Rect(h0, h1, t0, t1, cl.util(h1, t0), log_m, math.log(cells) + log_m)
+# A rectangle of classes is a row of two arrays: its cell bounds h0, h1, t0, t1 (int) and its
+# floats: the largest utility of a cell, the largest log size, log(cells · largest size) (the
+# dominating process's mass scale), log Γ of its current point (the dominating mass above it) and
+# that point.
+_H0, _H1, _T0, _T1 = 0, 1, 2, 3
+_U_HI, _LOG_M_HI, _LOG_MASS, _LOG_GAMMA, _V = 0, 1, 2, 3, 4
 
 
-def _advance(r: _Rect, e: float) -> None:
-    """Move r to its next point below: Γ ← Γ + e."""
-    r.log_gamma = math.log(e) if r.log_gamma == -math.inf else float(np.logaddexp(r.log_gamma, math.log(e)))
-    r.v = r.u_hi + _phi_of_log(r.log_gamma - r.log_mass)
+@numba.njit(cache=True, nogil=True)
+def _new_rect(  # pragma: no cover - numba
+    a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: np.ndarray, h0: int, h1: int, t0: int, t1: int
+) -> None:
+    ints[0], ints[1], ints[2], ints[3] = h0, h1, t0, t1
+    log_m = _log_size(k, h0, t1)
+    floats[_U_HI] = a[h1] + b[t0]
+    floats[_LOG_M_HI] = log_m
+    floats[_LOG_MASS] = math.log((h1 - h0 + 1) * (t1 - t0 + 1)) + log_m
+    floats[_LOG_GAMMA] = -math.inf
+    floats[_V] = math.inf
 
 
-def _looseness(cl: Classes, r: _Rect) -> tuple[float, float]:
-    """How much the log intensity can vary across r's h range and across its t range."""
-    along_h = (r.log_m_hi - cl.log_size(r.h1, r.t1)) + (cl.a[r.h1] - cl.a[r.h0])
-    along_t = (r.log_m_hi - cl.log_size(r.h0, r.t0)) + (cl.b[r.t0] - cl.b[r.t1])
-    return float(along_h), float(along_t)
+@numba.njit(cache=True, nogil=True)
+def _advance(floats: np.ndarray, e: float) -> None:  # pragma: no cover - numba
+    """Move a rectangle to its next point below: Γ ← Γ + e."""
+    floats[_LOG_GAMMA] = _logaddexp(floats[_LOG_GAMMA], math.log(e))
+    floats[_V] = floats[_U_HI] + _phi_of_log(floats[_LOG_GAMMA] - floats[_LOG_MASS])
 
 
-def _split(cl: Classes, r: _Rect) -> tuple[_Rect, _Rect]:
-    along_h, along_t = _looseness(cl, r)
-    if r.t1 > r.t0 and (along_t >= along_h or r.h1 == r.h0):
-        mid = (r.t0 + r.t1) // 2
-        return _rect(cl, r.h0, r.h1, r.t0, mid), _rect(cl, r.h0, r.h1, mid + 1, r.t1)
-    mid = (r.h0 + r.h1) // 2
-    return _rect(cl, r.h0, mid, r.t0, r.t1), _rect(cl, mid + 1, r.h1, r.t0, r.t1)
+@numba.njit(cache=True, nogil=True)
+def _looseness(a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: np.ndarray) -> tuple[float, float]:  # pragma: no cover - numba
+    """How much the log intensity can vary across a rectangle's h range and across its t range."""
+    h0, h1, t0, t1 = ints[0], ints[1], ints[2], ints[3]
+    along_h = (floats[_LOG_M_HI] - _log_size(k, h1, t1)) + (a[h1] - a[h0])
+    along_t = (floats[_LOG_M_HI] - _log_size(k, h0, t0)) + (b[t0] - b[t1])
+    return along_h, along_t
+
+
+@numba.njit(cache=True, nogil=True)
+def _winning_class(  # pragma: no cover - numba
+    a: np.ndarray, b: np.ndarray, k: int, n: int, top_util: float, rng: np.random.Generator
+) -> tuple[int, int]:
+    """:func:`winning_class` on the arrays of :class:`Classes`. Row 0 is the top class (one class
+    of one subset), row 1 the whole rectangle; a row's heap key is (−v, row)."""
+    cap = 64
+    ints = np.empty((cap, 4), np.int64)
+    floats = np.empty((cap, 5))
+    ints[0, 0], ints[0, 1], ints[0, 2], ints[0, 3] = k - 1, k - 1, k, k
+    floats[0, _U_HI], floats[0, _LOG_M_HI], floats[0, _LOG_MASS] = top_util, 0.0, 0.0
+    floats[0, _LOG_GAMMA], floats[0, _V] = -math.inf, math.inf
+    _advance(floats[0], rng.standard_exponential())
+    heap = [(-floats[0, _V], 0)]
+    rows = 1
+    if n > k:
+        _new_rect(a, b, k, ints[1], floats[1], 0, k - 1, k + 1, n)
+        _advance(floats[1], rng.standard_exponential())
+        heapq.heappush(heap, (-floats[1, _V], 1))
+        rows = 2
+    while True:
+        r = heapq.heappop(heap)[1]
+        if r == 0:
+            return k - 1, k
+        h0, h1, t0, t1 = ints[r, 0], ints[r, 1], ints[r, 2], ints[r, 3]
+        cells = (h1 - h0 + 1) * (t1 - t0 + 1)
+        if cells == 1:
+            return h0, t0
+        v = floats[r, _V]
+        along_h, along_t = _looseness(a, b, k, ints[r], floats[r])
+        if along_h + along_t > _TIGHT:
+            # split: the point goes to the half holding its uniform cell, kept with the ratio of
+            # the half's intensity to r's; each half goes on below v from its own mass
+            if rows + 2 > cap:
+                cap *= 2
+                ints = np.concatenate((ints, np.empty_like(ints)))
+                floats = np.concatenate((floats, np.empty_like(floats)))
+            lo, hi = rows, rows + 1
+            rows += 2
+            if t1 > t0 and (along_t >= along_h or h1 == h0):
+                mid = (t0 + t1) // 2
+                _new_rect(a, b, k, ints[lo], floats[lo], h0, h1, t0, mid)
+                _new_rect(a, b, k, ints[hi], floats[hi], h0, h1, mid + 1, t1)
+            else:
+                mid = (h0 + h1) // 2
+                _new_rect(a, b, k, ints[lo], floats[lo], h0, mid, t0, t1)
+                _new_rect(a, b, k, ints[hi], floats[hi], mid + 1, h1, t0, t1)
+            cell = rng.integers(0, cells)
+            lo_cells = (ints[lo, 1] - ints[lo, 0] + 1) * (ints[lo, 3] - ints[lo, 2] + 1)
+            holder = lo if cell < lo_cells else hi
+            for half in (lo, hi):
+                f = floats[half]
+                f[_LOG_GAMMA] = f[_LOG_MASS] + _log_phi(v - f[_U_HI])  # its mass above v
+                keep = False
+                if half == holder:
+                    log_keep = f[_LOG_M_HI] - floats[r, _LOG_M_HI] + _log_intensity_gap(v, floats[r, _U_HI], f[_U_HI])
+                    keep = math.log(rng.random()) < log_keep
+                if keep:
+                    f[_V] = v
+                else:
+                    _advance(f, rng.standard_exponential())
+                heapq.heappush(heap, (-f[_V], half))
+            continue
+        # thin: a uniform cell keeps the point with the ratio of its intensity to the bound
+        cell = rng.integers(0, cells)
+        width = t1 - t0 + 1
+        h, t = h0 + cell // width, t0 + cell % width
+        log_keep = _log_size(k, h, t) - floats[r, _LOG_M_HI] + _log_intensity_gap(v, floats[r, _U_HI], a[h] + b[t])
+        if math.log(rng.random()) < log_keep:
+            return h, t
+        _advance(floats[r], rng.standard_exponential())
+        heapq.heappush(heap, (-floats[r, _V], r))
 
 
 def winning_class(cl: Classes, top_util: float, rng: np.random.Generator) -> tuple[int, int]:
     """(h, t) of the class with the largest u + N (the top class as (k − 1, k)), drawn exactly."""
-    k, n = cl.k, cl.n
-    top = _Rect(k - 1, k - 1, k, k, top_util, 0.0, 0.0)  # one class of one subset
-    _advance(top, float(rng.standard_exponential()))
-    heap: list[tuple[float, int, _Rect]] = [(-top.v, 0, top)]
-    if n > k:
-        whole = _rect(cl, 0, k - 1, k + 1, n)
-        _advance(whole, float(rng.standard_exponential()))
-        heap.append((-whole.v, 1, whole))
-        heapq.heapify(heap)
-    serial = 2
-    while True:
-        _, _, r = heapq.heappop(heap)
-        if r is top:
-            return k - 1, k
-        v = r.v
-        if r.cells == 1:
-            return r.h0, r.t0
-        if sum(_looseness(cl, r)) > _TIGHT:
-            # split: the point goes to the half holding its uniform cell, kept with the ratio of
-            # the half's intensity to r's; each half goes on below v from its own mass
-            halves = _split(cl, r)
-            cell = int(rng.integers(r.cells))
-            holder = halves[0] if cell < halves[0].cells else halves[1]
-            for half in halves:
-                half.log_gamma = half.log_mass + _log_phi(v - half.u_hi)  # its mass above v
-                keep = False
-                if half is holder:
-                    log_keep = half.log_m_hi - r.log_m_hi + _log_intensity_gap(v, r.u_hi, half.u_hi)
-                    keep = math.log(rng.random()) < log_keep
-                if keep:
-                    half.v = v
-                else:
-                    _advance_from(half, float(rng.standard_exponential()))
-                heapq.heappush(heap, (-half.v, serial, half))
-                serial += 1
-            continue
-        # thin: a uniform cell keeps the point with the ratio of its intensity to the bound
-        cell = int(rng.integers(r.cells))
-        width = r.t1 - r.t0 + 1
-        h, t = r.h0 + cell // width, r.t0 + cell % width
-        log_keep = cl.log_size(h, t) - r.log_m_hi + _log_intensity_gap(v, r.u_hi, cl.util(h, t))
-        if math.log(rng.random()) < log_keep:
-            return h, t
-        _advance_from(r, float(rng.standard_exponential()))
-        heapq.heappush(heap, (-r.v, serial, r))
-        serial += 1
-
-
-def _advance_from(r: _Rect, e: float) -> None:
-    """Move r from its current mass log Γ to its next point below: Γ ← Γ + e."""
-    r.log_gamma = float(np.logaddexp(r.log_gamma, math.log(e)))
-    r.v = r.u_hi + _phi_of_log(r.log_gamma - r.log_mass)
+    h, t = _winning_class(cl.a, cl.b, cl.k, cl.n, top_util, rng)
+    return int(h), int(t)
