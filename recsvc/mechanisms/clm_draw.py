@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numba
 import numpy as np
 
 _LOG_TINY = -30.0  # below this log s, φ(s) = −log s to double precision (the next term is s/2)
+_T = TypeVar("_T")
 _TIGHT = 1.0  # split a rectangle whose log intensity can vary by more than this across its cells
 
 
@@ -45,12 +48,6 @@ class Classes:
     k: int
     n: int
 
-    def log_size(self, h: int, t: int) -> float:
-        return math.lgamma(t - h - 1) - math.lgamma(self.k - h) - math.lgamma(t - self.k)
-
-    def util(self, h: int, t: int) -> float:
-        return float(self.a[h] + self.b[t])
-
 
 def classes_of(x_sorted: np.ndarray, k: int, gamma: float, epsilon: float) -> Classes:
     """The utilities −(ε/2)·loss of :func:`recsvc.mechanisms.clm.classes` as a[h] + b[t]."""
@@ -59,6 +56,42 @@ def classes_of(x_sorted: np.ndarray, k: int, gamma: float, epsilon: float) -> Cl
     b = np.full(n + 1, np.inf)  # b[t] for t ≤ k is never read
     b[k + 1 :] = c * gamma * x_sorted[k:]
     return Classes(-c * (1.0 - gamma) * x_sorted[:k], b, k, n)
+
+
+class OutOfRandomness(Exception):
+    """A kernel used up its block of raw draws (see :func:`_with_raw`)."""
+
+
+@numba.njit(cache=True, nogil=True)
+def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cover - numba
+    i = cur[0]
+    if i >= raw.shape[0]:
+        raise OutOfRandomness()
+    cur[0] = i + 1
+    return raw[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _uniform(raw: np.ndarray, cur: np.ndarray) -> float:  # pragma: no cover - numba
+    """Uniform on (0, 1] from the top 53 bits: 1 − numpy's ``random()``, whose law it has."""
+    return float((_next_raw(raw, cur) >> np.uint64(11)) + np.uint64(1)) * 2.0**-53
+
+
+@numba.njit(cache=True, nogil=True)
+def _exponential(raw: np.ndarray, cur: np.ndarray) -> float:  # pragma: no cover - numba
+    return -math.log(_uniform(raw, cur))
+
+
+@numba.njit(cache=True, nogil=True)
+def _below(m: int, raw: np.ndarray, cur: np.ndarray) -> int:  # pragma: no cover - numba
+    """Uniform on 0 … m − 1, exactly: a raw draw below 2⁶⁴ mod m is rejected, so the accepted
+    ones cover every residue equally often."""
+    mm = np.uint64(m)
+    least = (np.uint64(0) - mm) % mm  # 2⁶⁴ mod m
+    while True:
+        r = _next_raw(raw, cur)
+        if r >= least:
+            return int(r % mm)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -151,7 +184,7 @@ def _looseness(a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: n
 
 @numba.njit(cache=True, nogil=True)
 def _winning_class(  # pragma: no cover - numba
-    a: np.ndarray, b: np.ndarray, k: int, n: int, top_util: float, rng: np.random.Generator
+    a: np.ndarray, b: np.ndarray, k: int, n: int, top_util: float, raw: np.ndarray, cur: np.ndarray
 ) -> tuple[int, int]:
     """:func:`winning_class` on the arrays of :class:`Classes`. Row 0 is the top class (one class
     of one subset), row 1 the whole rectangle; a row's heap key is (−v, row)."""
@@ -161,12 +194,12 @@ def _winning_class(  # pragma: no cover - numba
     ints[0, 0], ints[0, 1], ints[0, 2], ints[0, 3] = k - 1, k - 1, k, k
     floats[0, _U_HI], floats[0, _LOG_M_HI], floats[0, _LOG_MASS] = top_util, 0.0, 0.0
     floats[0, _LOG_GAMMA], floats[0, _V] = -math.inf, math.inf
-    _advance(floats[0], rng.standard_exponential())
+    _advance(floats[0], _exponential(raw, cur))
     heap = [(-floats[0, _V], 0)]
     rows = 1
     if n > k:
         _new_rect(a, b, k, ints[1], floats[1], 0, k - 1, k + 1, n)
-        _advance(floats[1], rng.standard_exponential())
+        _advance(floats[1], _exponential(raw, cur))
         heapq.heappush(heap, (-floats[1, _V], 1))
         rows = 2
     while True:
@@ -196,7 +229,7 @@ def _winning_class(  # pragma: no cover - numba
                 mid = (h0 + h1) // 2
                 _new_rect(a, b, k, ints[lo], floats[lo], h0, mid, t0, t1)
                 _new_rect(a, b, k, ints[hi], floats[hi], mid + 1, h1, t0, t1)
-            cell = rng.integers(0, cells)
+            cell = _below(cells, raw, cur)
             lo_cells = (ints[lo, 1] - ints[lo, 0] + 1) * (ints[lo, 3] - ints[lo, 2] + 1)
             holder = lo if cell < lo_cells else hi
             for half in (lo, hi):
@@ -205,25 +238,105 @@ def _winning_class(  # pragma: no cover - numba
                 keep = False
                 if half == holder:
                     log_keep = f[_LOG_M_HI] - floats[r, _LOG_M_HI] + _log_intensity_gap(v, floats[r, _U_HI], f[_U_HI])
-                    keep = math.log(rng.random()) < log_keep
+                    keep = math.log(_uniform(raw, cur)) < log_keep
                 if keep:
                     f[_V] = v
                 else:
-                    _advance(f, rng.standard_exponential())
+                    _advance(f, _exponential(raw, cur))
                 heapq.heappush(heap, (-f[_V], half))
             continue
         # thin: a uniform cell keeps the point with the ratio of its intensity to the bound
-        cell = rng.integers(0, cells)
+        cell = _below(cells, raw, cur)
         width = t1 - t0 + 1
         h, t = h0 + cell // width, t0 + cell % width
         log_keep = _log_size(k, h, t) - floats[r, _LOG_M_HI] + _log_intensity_gap(v, floats[r, _U_HI], a[h] + b[t])
-        if math.log(rng.random()) < log_keep:
+        if math.log(_uniform(raw, cur)) < log_keep:
             return h, t
-        _advance(floats[r], rng.standard_exponential())
+        _advance(floats[r], _exponential(raw, cur))
         heapq.heappush(heap, (-floats[r, _V], r))
+
+
+@numba.njit(cache=True, nogil=True)
+def _class_kernel(  # pragma: no cover - numba
+    a: np.ndarray, b: np.ndarray, k: int, n: int, top_util: float, raw: np.ndarray
+) -> tuple[int, int]:
+    return _winning_class(a, b, k, n, top_util, raw, np.zeros(1, np.int64))
+
+
+@numba.njit(cache=True, nogil=True)
+def _slate_kernel(  # pragma: no cover - numba
+    q: np.ndarray, xs: np.ndarray, order: np.ndarray, a: np.ndarray, b: np.ndarray, top_util: float, raw: np.ndarray
+) -> np.ndarray:
+    """A uniform member of the winning class in uniformly random order: the head j_1..j_h, k − h − 1
+    of the pool j_{h+2}..j_{t−1} (a partial Fisher–Yates shuffle) and the tail j_t (the top class:
+    j_1..j_k). Ranks come from ``order`` (the stable descending order) or, when it is empty (the
+    scores are distinct), from the values: the head is q ≥ x_[h], the pool x_[t] < q < x_[h+1] and
+    the tail q = x_[t], one pass over q instead of an argsort."""
+    n, k = q.shape[0], a.shape[0]
+    cur = np.zeros(1, np.int64)
+    h, t = _winning_class(a, b, k, n, top_util, raw, cur)
+    out = np.empty(k, np.int64)
+    top = t == k
+    pool = np.empty(0 if top else t - h - 2, np.int64)
+    if order.shape[0]:
+        out[: k if top else h] = order[: k if top else h]
+        if not top:
+            pool[:] = order[h + 1 : t - 1]
+            out[k - 1] = order[t - 1]
+    else:
+        head_least = xs[k - 1] if top else (xs[h - 1] if h else math.inf)
+        hi, lo = xs[h], xs[t - 1]
+        i_head = i_pool = 0
+        for i in range(n):
+            v = q[i]
+            if v >= head_least:
+                out[i_head] = i
+                i_head += 1
+            elif top:
+                continue
+            elif lo < v < hi:
+                pool[i_pool] = i
+                i_pool += 1
+            elif v == lo:
+                out[k - 1] = i
+    if t != k:
+        body = k - h - 1
+        for j in range(body):  # pool[:body] becomes a uniform body
+            m = j + _below(pool.shape[0] - j, raw, cur)
+            pool[j], pool[m] = pool[m], pool[j]
+            out[h + j] = pool[j]
+    for j in range(k - 1, 0, -1):  # a uniform order of the set
+        m = _below(j + 1, raw, cur)
+        out[j], out[m] = out[m], out[j]
+    return out
+
+
+RAW_BLOCK = 64  # raw 64-bit draws given to a kernel: most draws at n = 500, k = 10 need fewer
+
+
+def _with_raw(rng: np.random.Generator, kernel: Callable[..., _T], *args: object) -> _T:
+    """kernel(*args, raw) on a block of ``rng``'s raw 64-bit draws. The kernel's output is a
+    function of the raw sequence; a kernel that runs out restarts on the same draws followed by
+    fresh ones, so the output has the law of one run on an unending sequence."""
+    bits = rng.bit_generator
+    raw = bits.random_raw(RAW_BLOCK)
+    while True:
+        try:
+            return kernel(*args, raw)
+        except OutOfRandomness:
+            raw = np.concatenate((raw, bits.random_raw(raw.shape[0])))
 
 
 def winning_class(cl: Classes, top_util: float, rng: np.random.Generator) -> tuple[int, int]:
     """(h, t) of the class with the largest u + N (the top class as (k − 1, k)), drawn exactly."""
-    h, t = _winning_class(cl.a, cl.b, cl.k, cl.n, top_util, rng)
+    h, t = _with_raw(rng, _class_kernel, cl.a, cl.b, cl.k, cl.n, top_util)
     return int(h), int(t)
+
+
+def draw_slate(
+    q: np.ndarray, xs: np.ndarray, order: np.ndarray, cl: Classes, top_util: float, rng: np.random.Generator
+) -> np.ndarray:
+    """clm's k-subset in uniformly random order: a uniform member of the winning class. ``xs``:
+    q's values sorted descending; ``order``: q's stable descending order, or empty if the scores
+    are distinct (the members are then found by value)."""
+    return _with_raw(rng, _slate_kernel, q, xs, order, cl.a, cl.b, top_util)
