@@ -68,7 +68,8 @@ def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cove
     if i >= raw.shape[0]:
         raise OutOfRandomness()
     cur[0] = i + 1
-    return raw[i]
+    r: np.uint64 = raw[i]
+    return r
 
 
 @numba.njit(cache=True, nogil=True)
@@ -174,7 +175,9 @@ def _advance(floats: np.ndarray, e: float) -> None:  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True)
-def _looseness(a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: np.ndarray) -> tuple[float, float]:  # pragma: no cover - numba
+def _looseness(  # pragma: no cover - numba
+    a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: np.ndarray
+) -> tuple[float, float]:
     """How much the log intensity can vary across a rectangle's h range and across its t range."""
     h0, h1, t0, t1 = ints[0], ints[1], ints[2], ints[3]
     along_h = (floats[_LOG_M_HI] - _log_size(k, h1, t1)) + (a[h1] - a[h0])
