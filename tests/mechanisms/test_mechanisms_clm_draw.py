@@ -11,8 +11,18 @@ import numpy as np
 import pytest
 
 from recsvc.mechanisms import MECHANISMS, check_params, select_slate
-from recsvc.mechanisms.clm import _negative_noise, class_log_probabilities, classes
-from recsvc.mechanisms.clm_draw import classes_of, phi, winning_class
+from recsvc.mechanisms.clm import _draw_setup, _negative_noise, class_log_probabilities, classes
+from recsvc.mechanisms.clm_draw import (
+    OutOfRandomness,
+    _below,
+    _exponential,
+    _slate_kernel,
+    _uniform,
+    _with_raw,
+    classes_of,
+    phi,
+    winning_class,
+)
 from recsvc.mechanisms.testing import chisquare_pvalue, clm_direct_log_probabilities, clm_direct_sample
 
 ALPHA = 1e-3
@@ -93,3 +103,33 @@ def test_the_poisson_draw_agrees_with_every_classs_noise_on_a_catalog_too_large_
     pooled = table.sum(axis=0) / table.sum()
     assert len(cells) > 3  # the summary really varies
     assert chisquare_pvalue(table[1], pooled) > ALPHA and chisquare_pvalue(table[0], pooled) > ALPHA
+
+
+def test_raw_draws_become_exact_uniforms_integers_and_exponentials():
+    raw = np.array([0, 2**64 - 1, 0, 1, 4, 2**64 - 1], dtype=np.uint64)
+    cur = np.zeros(1, np.int64)
+    assert _uniform(raw, cur) == 2.0**-53 and _uniform(raw, cur) == 1.0  # (0, 1]: log never meets 0
+    # 2⁶⁴ mod 3 = 1: raw 0 is rejected (else residue 0 would come up once more than 1 and 2)
+    assert _below(3, raw, cur) == 1 and int(cur[0]) == 4
+    assert _below(3, raw, cur) == 4 % 3
+    assert _exponential(raw, cur) == 0.0
+    with pytest.raises(OutOfRandomness):
+        _uniform(raw, cur)
+
+
+@pytest.mark.parametrize(
+    "q", [np.random.default_rng(4).normal(size=300), np.round(np.random.default_rng(4).normal(size=300))]
+)
+def test_a_kernel_that_runs_out_of_raw_draws_gives_what_one_long_block_gives(q: np.ndarray):
+    """Restarting on the same draws plus fresh ones is one run on the longer sequence: a block of
+    one draw, extended by doubling, gives exactly the slate of a block of 10,000 (distinct scores
+    and ties, which take the members from the order)."""
+    d = np.full(q.shape[0], 0.5)
+    p = check_params({}, MECHANISMS["clm"])
+    for k, eps in ((10, 1.0), (40, 8.0), (1, 3.0)):
+        xs, ranked, cl, top = _draw_setup(q, d, eps, p, k)
+        for seed in range(20):
+            short, long = np.random.default_rng(seed), np.random.default_rng(seed)
+            got = _with_raw(short, 1, _slate_kernel, q, xs, ranked, cl.a, cl.b, top)
+            want = _slate_kernel(q, xs, ranked, cl.a, cl.b, top, long.bit_generator.random_raw(10_000))
+            assert got.tolist() == want.tolist()
