@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import gammaln, logsumexp
 
-from recsvc.mechanisms.clm_draw import Classes, classes_of, draw_slate
+from recsvc.mechanisms.clm_draw import draw_slate, strictly_decreasing
 from recsvc.mechanisms.exact import _gauss_legendre_01
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 
@@ -55,6 +55,8 @@ LOSS_WEIGHT = ParamSpec(
 
 Slate = tuple[int, ...]
 
+_NO_ORDER = np.empty(0, np.intp)
+_NO_ORDER.flags.writeable = False
 _LOG_V_EXACT = -700.0  # below this log v, −log(1 − e^{−v}) is −log v in double precision
 
 
@@ -141,22 +143,14 @@ def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
     return cast("np.ndarray", w)  # numpy: Any
 
 
-def _draw_setup(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, k: int
-) -> tuple[np.ndarray, npt.NDArray[np.intp], Classes, float]:
-    """What :func:`recsvc.mechanisms.clm_draw.draw_slate` takes: the values sorted descending,
-    the stable descending order (empty when the scores are distinct: the values alone, several
-    times cheaper than their order, then find the members), the classes and the top class's
-    utility (a = b = x_[k])."""
+def _ranks(q: np.ndarray) -> tuple[np.ndarray, npt.NDArray[np.intp]]:
+    """q's values sorted descending, and its stable descending order: empty when the scores are
+    distinct (the values alone, several times cheaper than their order, then find the members)."""
     xs = np.sort(q)[::-1]
-    ranked = np.empty(0, np.intp)
-    if not bool((xs[1:] < xs[:-1]).all()):  # ties: ranks need the stable order
-        ranked = _sorted_order(q)
-        xs = q[ranked]
-    x = xs / d.max()
-    gamma = float(p["loss_weight"])
-    top = -0.5 * epsilon * (1.0 - 2.0 * gamma) * float(x[k - 1])
-    return xs, ranked, classes_of(x, k, gamma, epsilon), top
+    if strictly_decreasing(xs):
+        return xs, _NO_ORDER
+    order = _sorted_order(q)  # ties: ranks need the stable order
+    return q[order], order
 
 
 def clm_top_k(
@@ -168,8 +162,8 @@ def clm_top_k(
     noise over the subsets, on utilities −(ε/2)·loss whose loss moves by at most 1
     (McKenna & Sheldon 2020, Theorem 1, with sensitivity 1 and scale 2/ε).
     """
-    xs, ranked, cl, top = _draw_setup(q, d, epsilon, p, k)
-    return draw_slate(q, xs, ranked, cl, top, rng)
+    xs, order = _ranks(q)
+    return draw_slate(q, d, xs, order, k, epsilon, float(p["loss_weight"]), rng)
 
 
 def clm_sample(
@@ -179,10 +173,11 @@ def clm_sample(
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (see :func:`clm_top_k`).
     """
-    xs, ranked, cl, top = _draw_setup(q, d, epsilon, p, 1)
+    xs, order = _ranks(q)
+    gamma = float(p["loss_weight"])
     out = np.empty(size, np.int64)
     for i in range(size):
-        out[i] = draw_slate(q, xs, ranked, cl, top, rng)[0]
+        out[i] = draw_slate(q, d, xs, order, 1, epsilon, gamma, rng)[0]
     return out
 
 

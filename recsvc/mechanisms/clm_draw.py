@@ -32,6 +32,7 @@ from typing import TypeVar
 
 import numba
 import numpy as np
+import numpy.typing as npt
 
 _LOG_TINY = -30.0  # below this log s, φ(s) = −log s to double precision (the next term is s/2)
 _T = TypeVar("_T")
@@ -51,11 +52,29 @@ class Classes:
 
 def classes_of(x_sorted: np.ndarray, k: int, gamma: float, epsilon: float) -> Classes:
     """The utilities −(ε/2)·loss of :func:`recsvc.mechanisms.clm.classes` as a[h] + b[t]."""
+    a, b, _ = _class_utilities(x_sorted, k, gamma, epsilon)
+    return Classes(a, b, k, x_sorted.shape[0])
+
+
+@numba.njit(cache=True, nogil=True)
+def _class_utilities(  # pragma: no cover - numba
+    x_sorted: np.ndarray, k: int, gamma: float, epsilon: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """(a, b, the top class's utility): :class:`Classes`' arrays; the top class has a = b = x_[k]."""
     n = x_sorted.shape[0]
     c = 0.5 * epsilon
     b = np.full(n + 1, np.inf)  # b[t] for t ≤ k is never read
     b[k + 1 :] = c * gamma * x_sorted[k:]
-    return Classes(-c * (1.0 - gamma) * x_sorted[:k], b, k, n)
+    return -c * (1.0 - gamma) * x_sorted[:k], b, -c * (1.0 - 2.0 * gamma) * x_sorted[k - 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def strictly_decreasing(xs: np.ndarray) -> bool:  # pragma: no cover - numba
+    """Distinct values sorted descending (False on NaN)."""
+    for i in range(1, xs.shape[0]):  # noqa: SIM110  # a loop numba compiles, unlike all() of a generator
+        if not xs[i] < xs[i - 1]:
+            return False
+    return True
 
 
 class OutOfRandomness(Exception):
@@ -268,14 +287,23 @@ def _class_kernel(  # pragma: no cover - numba
 
 @numba.njit(cache=True, nogil=True)
 def _slate_kernel(  # pragma: no cover - numba
-    q: np.ndarray, xs: np.ndarray, order: np.ndarray, a: np.ndarray, b: np.ndarray, top_util: float, raw: np.ndarray
+    q: np.ndarray,
+    d: np.ndarray,
+    xs: np.ndarray,
+    order: np.ndarray,
+    k: int,
+    epsilon: float,
+    gamma: float,
+    raw: np.ndarray,
 ) -> np.ndarray:
-    """A uniform member of the winning class in uniformly random order: the head j_1..j_h, k − h − 1
+    """clm's k-subset of scores q with sensitivities d (``xs``: q sorted descending): the winning
+    class of x = xs / Δmax, then a uniform member in uniformly random order: the head j_1..j_h, k − h − 1
     of the pool j_{h+2}..j_{t−1} (a partial Fisher–Yates shuffle) and the tail j_t (the top class:
     j_1..j_k). Ranks come from ``order`` (the stable descending order) or, when it is empty (the
     scores are distinct), from the values: the head is q ≥ x_[h], the pool x_[t] < q < x_[h+1] and
     the tail q = x_[t], one pass over q instead of an argsort."""
-    n, k = q.shape[0], a.shape[0]
+    n = q.shape[0]
+    a, b, top_util = _class_utilities(xs / d.max(), k, gamma, epsilon)
     cur = np.zeros(1, np.int64)
     h, t = _winning_class(a, b, k, n, top_util, raw, cur)
     out = np.empty(k, np.int64)
@@ -340,9 +368,17 @@ def winning_class(cl: Classes, top_util: float, rng: np.random.Generator) -> tup
 
 
 def draw_slate(
-    q: np.ndarray, xs: np.ndarray, order: np.ndarray, cl: Classes, top_util: float, rng: np.random.Generator
-) -> np.ndarray:
+    q: np.ndarray,
+    d: np.ndarray,
+    xs: np.ndarray,
+    order: np.ndarray,
+    k: int,
+    epsilon: float,
+    gamma: float,
+    rng: np.random.Generator,
+) -> npt.NDArray[np.int64]:
     """clm's k-subset in uniformly random order: a uniform member of the winning class. ``xs``:
     q's values sorted descending; ``order``: q's stable descending order, or empty if the scores
     are distinct (the members are then found by value)."""
-    return _with_raw(rng, RAW_FOR_CLASS + RAW_PER_ITEM * cl.k, _slate_kernel, q, xs, order, cl.a, cl.b, top_util)
+    block = RAW_FOR_CLASS + RAW_PER_ITEM * k
+    return _with_raw(rng, block, _slate_kernel, q, d, xs, order, k, epsilon, gamma)

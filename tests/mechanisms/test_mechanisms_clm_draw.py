@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from recsvc.mechanisms import MECHANISMS, check_params, select_slate
-from recsvc.mechanisms.clm import _draw_setup, _negative_noise, class_log_probabilities, classes
+from recsvc.mechanisms.clm import _negative_noise, _ranks, class_log_probabilities, classes
 from recsvc.mechanisms.clm_draw import (
     OutOfRandomness,
     _below,
@@ -125,11 +125,11 @@ def test_a_kernel_that_runs_out_of_raw_draws_gives_what_one_long_block_gives(q: 
     one draw, extended by doubling, gives exactly the slate of a block of 10,000 (distinct scores
     and ties, which take the members from the order)."""
     d = np.full(q.shape[0], 0.5)
-    p = check_params({}, MECHANISMS["clm"])
+    xs, order = _ranks(q)
+    assert (order.shape[0] > 0) == (np.unique(q).shape[0] < q.shape[0])
     for k, eps in ((10, 1.0), (40, 8.0), (1, 3.0)):
-        xs, ranked, cl, top = _draw_setup(q, d, eps, p, k)
         for seed in range(20):
             short, long = np.random.default_rng(seed), np.random.default_rng(seed)
-            got = _with_raw(short, 1, _slate_kernel, q, xs, ranked, cl.a, cl.b, top)
-            want = _slate_kernel(q, xs, ranked, cl.a, cl.b, top, long.bit_generator.random_raw(10_000))
+            got = _with_raw(short, 1, _slate_kernel, q, d, xs, order, k, eps, 0.5)
+            want = _slate_kernel(q, d, xs, order, k, eps, 0.5, long.bit_generator.random_raw(10_000))
             assert got.tolist() == want.tolist()
