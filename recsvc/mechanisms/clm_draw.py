@@ -20,6 +20,11 @@ R's intensities, while each half continues below v from its own dominating mass.
 kept by a cell is the largest point of the union: the winner, with exactly the law of the
 exhaustive draw. Rectangles whose bounds are loose are split before thinning, so the work is a
 few hundred heap steps where the exhaustive draw takes millions of classes.
+
+One numba call draws the class, the members and their order (:func:`draw_slate`). It reads a block
+of the generator's raw 64-bit draws rather than the generator itself (numba's unboxing of a
+Generator costs more than a whole draw at n = 500, k = 10); a call that runs out of them restarts
+on the same draws followed by fresh ones (:func:`_with_raw`).
 """
 
 from __future__ import annotations
