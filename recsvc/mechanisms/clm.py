@@ -55,8 +55,7 @@ LOSS_WEIGHT = ParamSpec(
 
 Slate = tuple[int, ...]
 
-_NO_ORDER = np.empty(0, np.intp)
-_NO_ORDER.flags.writeable = False
+_NO_ORDER = np.empty(0, np.intp)  # writable, as argsort's: one compiled kernel for both
 _LOG_V_EXACT = -700.0  # below this log v, −log(1 − e^{−v}) is −log v in double precision
 
 
@@ -146,7 +145,7 @@ def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
 def _ranks(q: np.ndarray) -> tuple[np.ndarray, npt.NDArray[np.intp]]:
     """q's values sorted descending, and its stable descending order: empty when the scores are
     distinct (the values alone, several times cheaper than their order, then find the members)."""
-    xs = np.sort(q)[::-1]
+    xs = np.sort(q)[::-1].copy()  # contiguous, as q[order]: one compiled kernel for both
     if strictly_decreasing(xs):
         return xs, _NO_ORDER
     order = _sorted_order(q)  # ties: ranks need the stable order
