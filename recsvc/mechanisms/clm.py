@@ -20,12 +20,13 @@ into k(n − k) + 1 utility classes (sorted order j_1, …, j_n, largest first; 
   C(t − h − 2, k − h − 1) subsets.
 
 (Seed 004's restatement draws the body from j_{h+1}..j_{t−1}, C(t − h − 1, k − h − 1) subsets: that
-counts sets containing j_{h+1}, which belong to a class of larger h, twice.) The best noise of
-m i.i.d. Exponential(1) values is −log(1 − U^{1/m}), so one uniform per class draws the winning
-class exactly, and a uniform subset of it is the answer. With many classes (a top-500 of 20,720
-items has 10⁷) the same winner is drawn from Poisson processes that touch only the classes that
-can win (clm_draw.py). The answer is a SET: the slate lists it in a uniformly random order, which
-carries no information about the scores.
+counts sets containing j_{h+1}, which belong to a class of larger h, twice.) The winning class is
+drawn exactly from Poisson processes that touch only the classes that can win (clm_draw.py: a
+top-500 of 20,720 items has 10⁷ classes, a top-10 of 500 has 4,901, and a draw touches tens), and a
+uniform subset of it is the answer. (The best noise of m i.i.d. Exponential(1) values is
+−log(1 − U^{1/m}): :func:`first_item_means` draws every class's from one uniform, for many ε at
+once.) The answer is a SET: the slate lists it in a uniformly random order, which carries no
+information about the scores.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import gammaln, logsumexp
 
-from recsvc.mechanisms.clm_draw import classes_of, winning_class
+from recsvc.mechanisms.clm_draw import draw_slate, strictly_decreasing
 from recsvc.mechanisms.exact import _gauss_legendre_01
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 
@@ -54,10 +55,7 @@ LOSS_WEIGHT = ParamSpec(
 
 Slate = tuple[int, ...]
 
-# Above this many classes clm_top_k draws the winner from the classes that can win (clm_draw.py:
-# a few hundred µs whatever the size) instead of drawing every class's noise (~10 ns per class).
-EXHAUSTIVE_MAX = 20_000
-
+_NO_ORDER = np.empty(0, np.intp)  # writable, as argsort's: one compiled kernel for both
 _LOG_V_EXACT = -700.0  # below this log v, −log(1 − e^{−v}) is −log v in double precision
 
 
@@ -119,37 +117,9 @@ def _setup(
     return order, ht, log_size, np.multiply(loss, -0.5 * epsilon, out=loss)
 
 
-def _members(order: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
-    """A uniform member of class (h, t): head, a uniform body, tail (the top class: the top k)."""
-    if t == k:
-        return order[:k].astype(np.int64)
-    body = rng.choice(order[h + 1 : t - 1], size=k - h - 1, replace=False) if k - h - 1 else order[:0]
-    return np.concatenate([order[:h], body, order[t - 1 : t]]).astype(np.int64)
-
-
-def _members_by_value(
-    q: np.ndarray, xs: np.ndarray, h: int, t: int, k: int, rng: np.random.Generator
-) -> npt.NDArray[np.int64]:
-    """:func:`_members` for DISTINCT scores from their descending values xs alone: a rank is a
-    value, so the head is q ≥ x_[h], the tail q = x_[t] and the body pool x_[t] < q < x_[h+1]."""
-    if t == k:
-        return np.flatnonzero(q >= xs[k - 1]).astype(np.int64)
-    head = np.flatnonzero(q >= xs[h - 1]) if h else np.empty(0, np.intp)
-    pool = np.flatnonzero((q < xs[h]) & (q > xs[t - 1]))
-    body = rng.choice(pool, size=k - h - 1, replace=False) if k - h - 1 else pool[:0]
-    return np.concatenate([head, body, np.flatnonzero(q == xs[t - 1])]).astype(np.int64)
-
-
-def _best(util: np.ndarray, log_size: np.ndarray, u: np.ndarray) -> npt.NDArray[np.intp]:
-    """The winning class per row of uniforms u (rows, classes): the best of m_c Exponential(1)
-    values is −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
-    w = _negative_noise(log_size, u)
-    np.subtract(util, w, out=w)
-    return cast("npt.NDArray[np.intp]", w.argmax(axis=-1))  # numpy: Any
-
-
 def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """−(the best of m_c Exponential(1) values) per uniform of u (rows, classes); see :func:`_best`."""
+    """−(the best of m_c Exponential(1) values) per uniform U of u (rows, classes): that best is
+    −log(1 − U^{1/m_c}), with 1 − U^{1/m} computed as −expm1(log U / m)."""
     # log(−log U) ≥ log(−log(1 − 2⁻⁵³)) > −37: below this largest log size no log v nears −700
     tiny_possible = log_size.shape[0] > 0 and float(log_size.max()) > _LOG_V_EXACT - 40.0
     with np.errstate(divide="ignore"):  # in place: the draw is a handful of passes over every class
@@ -172,6 +142,16 @@ def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
     return cast("np.ndarray", w)  # numpy: Any
 
 
+def _ranks(q: np.ndarray) -> tuple[np.ndarray, npt.NDArray[np.intp]]:
+    """q's values sorted descending, and its stable descending order: empty when the scores are
+    distinct (the values alone, several times cheaper than their order, then find the members)."""
+    xs = np.sort(q)[::-1].copy()  # contiguous, as q[order]: one compiled kernel for both
+    if strictly_decreasing(xs):
+        return xs, _NO_ORDER
+    order = _sorted_order(q)  # ties: ranks need the stable order
+    return q[order], order
+
+
 def clm_top_k(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, k: int
 ) -> npt.NDArray[np.int64]:
@@ -181,38 +161,23 @@ def clm_top_k(
     noise over the subsets, on utilities −(ε/2)·loss whose loss moves by at most 1
     (McKenna & Sheldon 2020, Theorem 1, with sensitivity 1 and scale 2/ε).
     """
-    n = q.shape[0]
-    if k * (n - k) + 1 <= EXHAUSTIVE_MAX:  # a pass over every class: fastest for few classes
-        order, ht, log_size, util = _setup(q, d, epsilon, p, k)
-        c = int(_best(util, log_size, rng.random((util.shape[0],))))
-        h, t = int(ht[c, 0]), int(ht[c, 1])
-    else:  # the same law from the few classes that can win (clm_draw.py)
-        xs = np.sort(q)[::-1]  # the values alone: several times cheaper than their order
-        distinct = bool((xs[1:] < xs[:-1]).all())
-        ranked = None if distinct else _sorted_order(q)  # ties: ranks need the stable order
-        x = (xs if ranked is None else q[ranked]) / d.max()
-        gamma = float(p["loss_weight"])
-        top = -0.5 * epsilon * (1.0 - 2.0 * gamma) * float(x[k - 1])  # the top class: a = b = x_[k]
-        h, t = winning_class(classes_of(x, k, gamma, epsilon), top, rng)
-        if ranked is None:
-            chosen = _members_by_value(q, xs, h, t, k, rng)
-            return chosen[rng.permutation(k)] if k > 1 else chosen
-        order = ranked
-    chosen = _members(order, h, t, k, rng)
-    return chosen[rng.permutation(k)] if k > 1 else chosen
+    xs, order = _ranks(q)
+    return draw_slate(q, d, xs, order, k, epsilon, float(p["loss_weight"]), rng)
 
 
 def clm_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.int64]:
-    """One item (k = 1), ``size`` times: the class draw of :func:`clm_top_k` (the same stream).
+    """One item (k = 1), ``size`` times: :func:`clm_top_k`'s draw (the same stream).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (see :func:`clm_top_k`).
     """
-    order, ht, log_size, util = _setup(q, d, epsilon, p, 1)
-    c = _best(util, log_size, rng.random((size, util.shape[0])))
-    picked = order[ht[c, 1] - 1]  # k = 1: class (0, t) is the single item j_t
-    return cast("npt.NDArray[np.int64]", picked.astype(np.int64))  # numpy types fancy indexing as Any
+    xs, order = _ranks(q)
+    gamma = float(p["loss_weight"])
+    out = np.empty(size, np.int64)
+    for i in range(size):
+        out[i] = draw_slate(q, d, xs, order, 1, epsilon, gamma, rng)[0]
+    return out
 
 
 def class_log_probabilities(

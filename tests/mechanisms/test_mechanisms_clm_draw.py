@@ -10,10 +10,19 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import recsvc.mechanisms.clm as clm_module
 from recsvc.mechanisms import MECHANISMS, check_params, select_slate
-from recsvc.mechanisms.clm import class_log_probabilities
-from recsvc.mechanisms.clm_draw import classes_of, phi, winning_class
+from recsvc.mechanisms.clm import _negative_noise, _ranks, class_log_probabilities, classes
+from recsvc.mechanisms.clm_draw import (
+    OutOfRandomness,
+    _below,
+    _exponential,
+    _slate_kernel,
+    _uniform,
+    _with_raw,
+    classes_of,
+    phi,
+    winning_class,
+)
 from recsvc.mechanisms.testing import chisquare_pvalue, clm_direct_log_probabilities, clm_direct_sample
 
 ALPHA = 1e-3
@@ -45,8 +54,7 @@ def test_the_winning_class_follows_clms_exact_class_law(n, k, eps, gamma):
     assert chisquare_pvalue(counts, probs / probs.sum()) > ALPHA
 
 
-def test_clm_top_k_by_the_poisson_draw_matches_the_direct_definition(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(clm_module, "EXHAUSTIVE_MAX", 0)  # every call takes the Poisson draw
+def test_clm_top_k_by_the_poisson_draw_matches_the_direct_definition():
     q = np.array([0.3, 1.0, -0.5, 0.8, 0.1, 0.45])
     d = np.array([0.5, 2.0, 0.2, 1.0, 0.7, 0.4])
     rng = np.random.default_rng(8)
@@ -58,8 +66,7 @@ def test_clm_top_k_by_the_poisson_draw_matches_the_direct_definition(monkeypatch
     assert chisquare_pvalue(table[1], pooled) > ALPHA and chisquare_pvalue(table[0], pooled) > ALPHA
 
 
-def test_ties_follow_the_direct_definitions_exact_law_in_the_poisson_draw(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(clm_module, "EXHAUSTIVE_MAX", 0)
+def test_ties_follow_the_direct_definitions_exact_law_in_the_poisson_draw():
     q = np.array([0.5, 0.5, 0.2, 0.5, 0.1, 0.2])  # ties: ranks need the stable order
     d = np.full(6, 0.25)
     rng = np.random.default_rng(9)
@@ -69,26 +76,60 @@ def test_ties_follow_the_direct_definitions_exact_law_in_the_poisson_draw(monkey
     assert chisquare_pvalue(np.array([got[s] for s in subsets]), np.exp([law[s] for s in subsets])) > ALPHA
 
 
-def test_both_draws_agree_on_a_catalog_too_large_to_enumerate(monkeypatch: pytest.MonkeyPatch):
-    """n = 300, k = 40: 10,441 classes. Two-sample χ² on the winner's h and on deciles of its t."""
+def test_the_poisson_draw_agrees_with_every_classs_noise_on_a_catalog_too_large_to_enumerate():
+    """n = 300, k = 40: 10,441 classes. The slates against the exhaustive draw (each class's best
+    noise from one uniform, the winner their argmax): two-sample χ² on the winner's h and on deciles
+    of its t."""
     rng = np.random.default_rng(3)
     n, k, eps = 300, 40, 2.0
     q, d = rng.normal(size=n), rng.uniform(0.05, 1.0, n)
     rank = np.empty(n, np.int64)
     rank[np.argsort(-q, kind="stable")] = np.arange(1, n + 1)
 
-    def summary(chosen: np.ndarray) -> tuple[int, int]:
+    def summary(h: int, t: int) -> tuple[int, int]:
+        return min(h, 3), t * 10 // (n + 1)  # head length (3: three or more), worst rank's decile
+
+    def class_of_slate(chosen: np.ndarray) -> tuple[int, int]:
         r = np.sort(rank[chosen])
-        h = int(np.argmin(r == np.arange(1, k + 1))) if r[-1] > k else k
-        return min(h, 3), int(r[-1] * 10 // (n + 1))  # head length (3: three or more), worst rank's decile
+        return (int(np.argmin(r == np.arange(1, k + 1))) if r[-1] > k else k), int(r[-1])
 
     draws = 1500
-    monkeypatch.setattr(clm_module, "EXHAUSTIVE_MAX", 10**9)
-    exhaustive = Counter(summary(select_slate("clm", q, d, eps, k, rng)) for _ in range(draws))
-    monkeypatch.setattr(clm_module, "EXHAUSTIVE_MAX", 0)
-    poisson = Counter(summary(select_slate("clm", q, d, eps, k, rng)) for _ in range(draws))
+    ht, log_size, loss = classes(np.sort(q)[::-1] / d.max(), k, 0.5)
+    best = (loss * (-0.5 * eps) - _negative_noise(log_size, rng.random((draws, loss.shape[0])))).argmax(axis=1)
+    exhaustive = Counter(summary(k if c == 0 else int(ht[c, 0]), int(ht[c, 1])) for c in best)
+    poisson = Counter(summary(*class_of_slate(select_slate("clm", q, d, eps, k, rng))) for _ in range(draws))
     cells = sorted(set(exhaustive) | set(poisson))
     table = np.array([[exhaustive[c] for c in cells], [poisson[c] for c in cells]], dtype=float)
     pooled = table.sum(axis=0) / table.sum()
     assert len(cells) > 3  # the summary really varies
     assert chisquare_pvalue(table[1], pooled) > ALPHA and chisquare_pvalue(table[0], pooled) > ALPHA
+
+
+def test_raw_draws_become_exact_uniforms_integers_and_exponentials():
+    raw = np.array([0, 2**64 - 1, 0, 1, 4, 2**64 - 1], dtype=np.uint64)
+    cur = np.zeros(1, np.int64)
+    assert _uniform(raw, cur) == 2.0**-53 and _uniform(raw, cur) == 1.0  # (0, 1]: log never meets 0
+    # 2⁶⁴ mod 3 = 1: raw 0 is rejected (else residue 0 would come up once more than 1 and 2)
+    assert _below(3, raw, cur) == 1 and int(cur[0]) == 4
+    assert _below(3, raw, cur) == 4 % 3
+    assert _exponential(raw, cur) == 0.0
+    with pytest.raises(OutOfRandomness):
+        _uniform(raw, cur)
+
+
+@pytest.mark.parametrize(
+    "q", [np.random.default_rng(4).normal(size=300), np.round(np.random.default_rng(4).normal(size=300))]
+)
+def test_a_kernel_that_runs_out_of_raw_draws_gives_what_one_long_block_gives(q: np.ndarray):
+    """Restarting on the same draws plus fresh ones is one run on the longer sequence: a block of
+    one draw, extended by doubling, gives exactly the slate of a block of 10,000 (distinct scores
+    and ties, which take the members from the order)."""
+    d = np.full(q.shape[0], 0.5)
+    xs, order = _ranks(q)
+    assert (order.shape[0] > 0) == (np.unique(q).shape[0] < q.shape[0])
+    for k, eps in ((10, 1.0), (40, 8.0), (1, 3.0)):
+        for seed in range(20):
+            short, long = np.random.default_rng(seed), np.random.default_rng(seed)
+            got = _with_raw(short, 1, _slate_kernel, q, d, xs, order, k, eps, 0.5)
+            want = _slate_kernel(q, d, xs, order, k, eps, 0.5, long.bit_generator.random_raw(10_000))
+            assert got.tolist() == want.tolist()
