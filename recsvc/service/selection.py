@@ -27,12 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 
 import numpy as np
+import scipy.sparse as sp
 
 from recsvc.artifact import POLICY, Artifact
 from recsvc.checks import ParamError, check_epsilon
 from recsvc.ledger import Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
-from recsvc.mechanisms import MECHANISMS, check_params
+from recsvc.mechanisms import MECHANISMS, check_params, select_slate
 from recsvc.mechanisms.slate import slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable, population_median, resolve_auto
@@ -69,6 +70,18 @@ def check_loss_weight(
         f"loss_weight is a parameter of clm only, and this request runs {runs}; "
         "expected mechanism or candidate_mechanism 'clm', or no loss_weight"
     )
+
+
+def _compile_kernels() -> None:
+    """Compiles (or loads from numba's cache) the compiled kernels a request may run, so the first
+    request after a cold start does not wait seconds for them: clm's draw (Recommend's default
+    candidate stage) and one-user SANSA scoring."""
+    from recsvc.model import Model
+
+    rng = np.random.default_rng(0)
+    select_slate("clm", np.array([0.0, 0.5, 1.0]), np.ones(3), 1.0, 2, rng=rng)
+    eye = sp.identity(2, format="csr")
+    Model(w1=eye, w2=eye, item_ids=np.array(["a", "b"])).score_one(np.array([0]))
 
 
 class Selector:
@@ -112,6 +125,7 @@ class Selector:
         self.recommender: Recommender | None = None
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
+        _compile_kernels()
         self._local = threading.local()
         self._valid: dict[tuple, str] = {}
         self.heavy = HeavyDraws(policy.selection.heavy_draws, policy.selection.heavy_draw_threads)
