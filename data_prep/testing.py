@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from data_prep.split import TARGET_FRACTION, Split, canonical_order, to_csr, user_group
+
 
 def ratings_table(users: int = 30, items: int = 25, per_user: tuple[int, int] = (3, 15), seed: int = 0) -> pl.DataFrame:
     """Random explicit ratings: columns user, item (ints as str), rating (1..5), ts (int)."""
@@ -76,3 +78,33 @@ def write_amazon(directory: Path, train: dict[int, list[int]], test: dict[int, l
 
 def triples(df: pl.DataFrame) -> set[tuple[str, str, float]]:
     return {(u, i, float(r)) for u, i, r in df.select("user", "item", "rating").iter_rows()}
+
+
+def mark_targets_frame(df: pl.DataFrame, rng: np.random.Generator, fraction: float = TARGET_FRACTION) -> pl.DataFrame:
+    """Marks floor(fraction·n_u) random interactions of each user as targets (table form)."""
+    df = df.sort(["user", "item"])
+    return (
+        df.with_columns(pl.Series("_key", rng.random(df.height)))
+        .with_columns(
+            (pl.col("_key").rank("ordinal").over("user") <= (pl.len().over("user") * fraction).floor()).alias("target")
+        )
+        .drop("_key")
+    )
+
+
+def strong_split_frame(df: pl.DataFrame, test_users: int, val_users: int, seed: int) -> Split:
+    """The strong split computed on a table of string ids, as the pipeline did before it split one
+    int32 CSR matrix: the reference :func:`data_prep.split.strong_split` must equal exactly."""
+    users = canonical_order(df["user"])
+    item_ids = canonical_order(df["item"])
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(len(users))
+    test_u, val_u, train_u = (
+        users[perm[:test_users]],
+        users[perm[test_users : test_users + val_users]],
+        np.sort(users[perm[test_users + val_users :]]),
+    )
+    held = mark_targets_frame(df.filter(~pl.col("user").is_in(pl.Series(train_u).implode())), rng)
+    train = to_csr(df.filter(pl.col("user").is_in(pl.Series(train_u).implode())), train_u, item_ids)
+    validation = user_group(held, val_u, item_ids, True) if val_users else None
+    return Split(item_ids, train, train_u, user_group(held, test_u, item_ids, True), validation)
