@@ -39,6 +39,7 @@ from data_prep.split import (
     Split,
     UserGroup,
     filter_implicit,
+    implicit_matrix,
     sample_population,
     strong_split,
     weak_split,
@@ -120,8 +121,11 @@ def _rating_matrix(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[RatingM
         m = compact(x, ids[: x.shape[0]], ids[: x.shape[1]], MIN_USER_INTERACTIONS)  # all ratings are 5
         return m, src, extra, syn.test_users, syn.val_users
     raw = datasets.load(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
-    df = filter_implicit(raw.df, info.explicit, raw.source)
-    return from_frame(df, 0), raw.source, extra, info.test_users, info.val_users
+    if isinstance(raw, datasets.Ratings):
+        m = implicit_matrix(raw, info.explicit)
+    else:
+        m = from_frame(filter_implicit(raw.df, info.explicit, raw.source), 0)
+    return m, raw.source, extra, info.test_users, info.val_users
 
 
 def _load_and_split(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[Split, str, dict[str, Any]]:

@@ -18,8 +18,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from data_prep.datasets.base import DataError
-from data_prep.matrix import RatingMatrix, canonical_order, positions
+from data_prep.datasets.base import DataError, Ratings
+from data_prep.matrix import RatingMatrix, canonical_order, from_pairs, positions
 
 TARGET_FRACTION = 0.2
 MIN_USER_INTERACTIONS = 5
@@ -74,6 +74,16 @@ def filter_implicit(df: pl.DataFrame, explicit: bool, source: str) -> pl.DataFra
         )
         raise DataError(f"{source}: no interactions left after filtering ({rule}); expected a non-empty dataset")
     return df.select(keys)
+
+
+def implicit_matrix(raw: Ratings, explicit: bool) -> RatingMatrix:
+    """:func:`filter_implicit`'s rules on rating arrays, straight into the matrix (large data)."""
+    keep = raw.ratings >= MIN_RATING if explicit else np.ones(raw.ratings.size, dtype=bool)
+    m = from_pairs(raw.users[keep], raw.items[keep], MIN_USER_INTERACTIONS if explicit else 0)
+    if m.nnz == 0:
+        rule = f"rating ≥ {MIN_RATING:g} and users with ≥ {MIN_USER_INTERACTIONS} such interactions"
+        raise DataError(f"{raw.source}: no interactions left after filtering ({rule}); expected a non-empty dataset")
+    return m
 
 
 def to_csr(df: pl.DataFrame, user_ids: np.ndarray, item_ids: np.ndarray) -> sp.csr_matrix:
