@@ -134,7 +134,8 @@ class Parsed:
 
 
 def parse(path: Path, fmt: int, slow: SlowLine, first_line: int = 1, skip_bytes: int = 0) -> Parsed:
-    """All ratings of ``path`` (from byte ``skip_bytes``, which is line ``first_line``)."""
+    """All ratings of ``path`` (from byte ``skip_bytes``, which is line ``first_line``), read
+    ``BLOCK_BYTES`` at a time."""
     users: list[np.ndarray] = []
     items: list[np.ndarray] = []
     ratings: list[np.ndarray] = []
@@ -142,7 +143,7 @@ def parse(path: Path, fmt: int, slow: SlowLine, first_line: int = 1, skip_bytes:
     with open(path, "rb") as f:
         f.seek(skip_bytes)
         while True:
-            block = f.read(BLOCK_BYTES)
+            block = f.read(BLOCK_BYTES)  # looked up per call: tests shrink it
             data = carry + block
             if not data:
                 break

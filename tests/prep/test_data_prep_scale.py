@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 import pytest
 import scipy.sparse as sp
 
+from data_prep.datasets import DataError, Ratings, fastparse, movielens, netflix
 from data_prep.datasets.synthetic import BLOCK_USERS, Sampler, config_for, generate, generate_matrix
 from data_prep.matrix import compact, from_frame, from_pairs
-from data_prep.split import MIN_USER_INTERACTIONS, Split, UserGroup, filter_implicit, strong_split
-from data_prep.testing import strong_split_frame
+from data_prep.split import MIN_USER_INTERACTIONS, Split, UserGroup, filter_implicit, implicit_matrix, strong_split
+from data_prep.testing import ml20m_table, netflix_table, ratings_table, strong_split_frame, write_ml20m, write_netflix
 
 
 def _same_csr(a: sp.csr_matrix, b: sp.csr_matrix) -> None:
@@ -97,3 +100,70 @@ def test_synthetic_blocks_are_pure_and_match_the_table() -> None:
     assert 0 < len(ids) - len(got.user_ids) < 100  # a few users lost duplicates below 5 items
     assert got.user_ids.tolist() == want.user_ids.tolist() and got.item_ids.tolist() == want.item_ids.tolist()
     _same_csr(got.x, want.x)
+
+
+# Lines the scanner leaves to the line rules: blanks around fields, CRLF, signs, long decimals,
+# an empty date, whitespace-only lines.
+MESSY_NETFLIX = ["  77:\r", " 12 , 4 ,2005-01-01\r", "+13,5,2005-01-02", "", "   ", "14,4.25,", "15,3.5,2005-02-02"]
+MESSY_ML20M = [" 12 , 77 , 4.0 , 1\r", "+13,77,5,2005-01-02 10:00:00", "", "14,78,4.25,", "15,78,3.5,9"]
+
+
+def _append(path: Path, lines: list[str], at: int) -> None:
+    text = path.read_text().splitlines()
+    path.write_text("\n".join(text[:at] + lines + text[at:]) + "\n")
+
+
+def _same_ratings(got: Ratings, want: pl.DataFrame) -> None:
+    assert got.users.dtype == got.items.dtype == np.int32 and got.ratings.dtype == np.float32
+    assert got.df.to_dicts() == want.with_columns(pl.col("rating").cast(pl.Float32).cast(pl.Float64)).to_dicts()
+
+
+@pytest.mark.parametrize("block", [fastparse.BLOCK_BYTES, 41])
+def test_streaming_loaders_equal_the_whole_file_tables(
+    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Block by block (41 bytes: every line crosses a block edge) equals the whole-file table, row for row."""
+    monkeypatch.setattr(fastparse, "BLOCK_BYTES", block)
+    table = ratings_table(users=60, items=30)
+    nf = write_netflix(tmp_path / "nf", table)[1]
+    _append(nf, MESSY_NETFLIX, 7)
+    _same_ratings(netflix.parse_file(nf), netflix_table(nf))
+    ml = write_ml20m(tmp_path / "ml", table)
+    _append(ml, MESSY_ML20M, 9)
+    _append(ml, ["", "  "], 0)  # blank lines before the header
+    got = movielens.parse_ml20m(ml)
+    _same_ratings(got, ml20m_table(ml))
+    # The pipeline's filter on arrays equals filter_implicit on the table.
+    want = from_frame(filter_implicit(ml20m_table(ml), True, "t"), 0)
+    m = implicit_matrix(got, True)
+    assert m.user_ids.tolist() == want.user_ids.tolist() and m.item_ids.tolist() == want.item_ids.tolist()
+    _same_csr(m.x, want.x)
+
+
+@pytest.mark.parametrize("block", [fastparse.BLOCK_BYTES, 64])
+def test_truncated_or_malformed_big_files_name_file_and_line(
+    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fastparse, "BLOCK_BYTES", block)
+    table = ratings_table(users=40, items=20)
+    nf = write_netflix(tmp_path / "nf", table)[0]
+    text = nf.read_bytes()
+    n_lines = text.count(b"\n")
+    nf.write_bytes(text[: text.rindex(b",")])  # cut inside the last line: 'CustomerID,Rating'
+    last = nf.read_text().splitlines()[-1]
+    msg = rf"{nf.name}, line {n_lines}: malformed line '{last}'; expected 'CustomerID,Rating,Date'"
+    with pytest.raises(DataError, match=msg):
+        netflix.parse_file(nf)
+    with pytest.raises(DataError, match=msg):
+        netflix_table(nf)  # the same message as the whole-file table gives
+    ml = write_ml20m(tmp_path / "ml", table)
+    lines = ml.read_text().splitlines()
+    lines[70] = "5,6,four,7"
+    ml.write_text("\n".join(lines) + "\n")
+    with pytest.raises(
+        DataError, match=r"ratings\.csv, line 71: malformed line '5,6,four,7'.*rating 'four' is not valid"
+    ):
+        movielens.parse_ml20m(ml)
+    ml.write_bytes(b"userId,movieId,rating,timestamp\n1,2,\xff4.0,5\n")
+    with pytest.raises(DataError, match=r"ratings\.csv, line 2: not UTF-8 text"):
+        movielens.parse_ml20m(ml)
