@@ -53,6 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "refused with --engine local); connected before any work starts",
     )
     eng.add_argument("--chunk-users", type=int, default=1000)
+    eng.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="refuse, before writing anything, a run estimated to need more memory than SIZE "
+        "(e.g. 12GiB; default: no limit)",
+    )
     pol = p.add_argument_group("`auto` policy table (policy.parquet; see `recsvc policy`)")
     pol.add_argument(
         "--policy-users",
@@ -122,6 +128,7 @@ def run_prep(args: argparse.Namespace) -> int:
         policy_users=args.policy_users,
         policy_trials=args.policy_trials,
         verbose=getattr(args, "verbose", False),
+        memory_limit=args.memory_limit,
     )
     out = run(cfg)
     print_summary(out)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from data_prep import datasets
 from data_prep.datasets.synthetic import config_for
+from data_prep.memory import parse_size
 from data_prep.sensitivities import validate_percentiles
 from data_prep.train import FACTORIZERS
 from recsvc.checks import ParamError, check_int
@@ -49,6 +50,10 @@ class PrepConfig:
     policy_trials: int = DEFAULT_POLICY_TRIALS  # its Monte Carlo selections per user (rs, rs_improved, rnm_laplace)
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
+    memory_limit: str | None = None  # e.g. "12GiB": refuse up front a run estimated to need more
+
+    def memory_limit_bytes(self) -> int | None:
+        return None if self.memory_limit is None else parse_size(self.memory_limit)
 
     def output_dir(self) -> Path:
         if self.out is not None:
@@ -108,6 +113,7 @@ class PrepConfig:
                         f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v
                     )
         check_int("chunk_users", self.chunk_users, 1)
+        self.memory_limit_bytes()
         check_int("policy_users", self.policy_users, 1)
         check_int("policy_trials", self.policy_trials, 1)
         for param, value, least in (

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
-from data_prep import datasets
+from data_prep import datasets, memory
 from data_prep.candidates import N_CANDIDATES, ScoringContext, score_population, score_top_k
 from data_prep.config import (
     DEFAULT_POPULATION_USERS,
@@ -107,6 +107,16 @@ def _dataset_info(cfg: PrepConfig) -> datasets.DatasetInfo:
         return info
     like = datasets.INFO[paper]
     return replace(like, name=info.name, explicit=info.explicit, test_users=0, val_users=0)
+
+
+def _memory_estimate(cfg: PrepConfig, info: datasets.DatasetInfo) -> memory.Estimate:
+    factorizer = cfg.factorizer or info.factorizer
+    workers = cfg.workers or 2
+    if cfg.dataset == "synthetic":
+        syn = config_for(cfg.preset_name(), cfg.users, cfg.items, cfg.interactions)
+        return memory.estimate(syn.interactions, syn.items, factorizer, False, cfg.chunk_users, workers)
+    n = memory.file_interactions(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
+    return memory.estimate(n, memory.ITEMS[cfg.dataset], factorizer, True, cfg.chunk_users, workers)
 
 
 def _rating_matrix(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[RatingMatrix, str, dict[str, Any], int, int]:
@@ -257,6 +267,9 @@ def run(cfg: PrepConfig) -> Path:
     leaves no temp dir and removes the parent directories it made (see StagedDir)."""
     cfg.validate()
     info = _dataset_info(cfg)
+    limit = cfg.memory_limit_bytes()
+    if limit is not None:
+        memory.check(limit, _memory_estimate(cfg, info))
     out = cfg.output_dir()
     # Checks --out (a file, under a file, exists without --force, the cwd or the input data); creates nothing.
     writer = ArtifactWriter(out, cfg.force, protect={} if cfg.data_dir is None else {"data_dir": cfg.data_dir})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -9,11 +10,15 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 
+import data_prep.pipeline as pipeline
+from data_prep import memory
 from data_prep.datasets import DataError, Ratings, fastparse, movielens, netflix
 from data_prep.datasets.synthetic import BLOCK_USERS, Sampler, config_for, generate, generate_matrix
 from data_prep.matrix import compact, from_frame, from_pairs
+from data_prep.memory import parse_size
 from data_prep.split import MIN_USER_INTERACTIONS, Split, UserGroup, filter_implicit, implicit_matrix, strong_split
 from data_prep.testing import ml20m_table, netflix_table, ratings_table, strong_split_frame, write_ml20m, write_netflix
+from recsvc.app.cli import main
 
 
 def _same_csr(a: sp.csr_matrix, b: sp.csr_matrix) -> None:
@@ -167,3 +172,41 @@ def test_truncated_or_malformed_big_files_name_file_and_line(
     ml.write_bytes(b"userId,movieId,rating,timestamp\n1,2,\xff4.0,5\n")
     with pytest.raises(DataError, match=r"ratings\.csv, line 2: not UTF-8 text"):
         movielens.parse_ml20m(ml)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--dataset", "synthetic", "--preset", "netflix-shape", "--memory-limit", "8GiB"],
+            r"this run needs an estimated 9\.\d GiB, more than --memory-limit 8\.0 GiB; expected a larger "
+            r"--memory-limit.*100,000,000 interactions and 17,770 items",
+        ),
+        (
+            ["--dataset", "synthetic", "--preset", "tiny", "--memory-limit", "12 gigs"],
+            r"--memory-limit '12 gigs' is not a size",
+        ),
+    ],
+)
+def test_memory_limit_refuses_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prep_error_line, args: list[str], message: str
+) -> None:
+    def forbidden(*a, **k):
+        raise AssertionError("work started before the memory check")
+
+    monkeypatch.setattr(pipeline, "_connect", forbidden)
+    monkeypatch.setattr(pipeline, "_load_and_split", forbidden)
+    assert main(["prep", *args, "--out", str(tmp_path / "a" / "o")]) == 2
+    assert re.search(message, prep_error_line())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_memory_estimate_from_sizes_and_files(tmp_path: Path) -> None:
+    assert [parse_size(s) for s in ("12GiB", "12g", "1.5 MiB", "4096")] == [12 << 30, 12 << 30, 3 << 19, 4096]
+    small = memory.estimate(10**6, 17_770, "cholmod", False, 1000, 2)
+    big = memory.estimate(10**8, 17_770, "cholmod", False, 1000, 2)
+    assert small.peak < big.peak < 12 << 30  # the netflix-shape target fits its own estimate
+    assert memory.estimate(10**8, 17_770, "icf", False, 1000, 2).fit < big.fit
+    assert memory.estimate(10**8, 17_770, "cholmod", True, 1000, 2).load_split > big.load_split
+    (tmp_path / "ratings.csv").write_bytes(b"x" * 2800)
+    assert memory.file_interactions("ml-20m", tmp_path) == 100 and memory.file_interactions("netflix", tmp_path) == 0
