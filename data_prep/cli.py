@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--density", type=float, nargs="+", help="SANSA factor density; several → chosen on validation")
     p.add_argument("--factorizer", choices=("cholmod", "icf"), help="default: the dataset's paper setting")
     syn = p.add_argument_group("synthetic data (only with --dataset synthetic)")
-    syn.add_argument("--preset", help="ml20m-shape | small | tiny (default small)")
+    syn.add_argument("--preset", help="netflix-shape | ml20m-shape | small | tiny (default small)")
     syn.add_argument("--users", type=int, help="override the preset's user count (≥ 1)")
     syn.add_argument("--items", type=int, help="override the preset's item count (≥ 20)")
     syn.add_argument("--interactions", type=int, help="override the preset's interaction count (≥ 5 × users)")

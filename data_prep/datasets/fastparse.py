@@ -33,6 +33,14 @@ def _space(c: int) -> bool:
 
 
 @numba.njit(cache=True)
+def _newlines(buf: np.ndarray, a: int, b: int) -> int:
+    n = 0
+    for k in range(a, b):
+        n += buf[k] == 10
+    return n
+
+
+@numba.njit(cache=True)
 def _digits(buf: np.ndarray, a: int, b: int) -> int:
     """The non-negative integer written in buf[a:b], or -1 if it is not plain digits."""
     if b <= a or b - a > _MAX_DIGITS:
@@ -99,24 +107,29 @@ def _scan(
             continue
         if fmt == NETFLIX and movie < 0:
             return i, movie, n, 1
-        commas = np.empty(3, dtype=np.int64)
+        c0 = c1 = c2 = -1
         found = 0
         for k in range(a, b):
             if buf[k] == 44:
-                if found == 3:
+                if found == 0:
+                    c0 = k
+                elif found == 1:
+                    c1 = k
+                elif found == 2:
+                    c2 = k
+                else:
                     return i, movie, n, 1
-                commas[found] = k
                 found += 1
         want = 2 if fmt == NETFLIX else 3
         if found != want:
             return i, movie, n, 1
-        u = _digits(buf, a, commas[0])
+        u = _digits(buf, a, c0)
         if fmt == NETFLIX:
-            it, r = movie, _rating(buf, commas[0] + 1, commas[1])
-            tail_a = commas[1] + 1
+            it, r = movie, _rating(buf, c0 + 1, c1)
+            tail_a = c1 + 1
         else:
-            it, r = _digits(buf, commas[0] + 1, commas[1]), _rating(buf, commas[1] + 1, commas[2])
-            tail_a = commas[2] + 1
+            it, r = _digits(buf, c0 + 1, c1), _rating(buf, c1 + 1, c2)
+            tail_a = c2 + 1
         if u < 0 or it < 0 or r < 0 or tail_a >= b or _space(buf[tail_a]):
             return i, movie, n, 1
         users[n], items[n], ratings[n] = u, it, r
@@ -150,7 +163,8 @@ def parse(path: Path, fmt: int, slow: SlowLine, first_line: int = 1, skip_bytes:
             cut = data.rfind(b"\n") + 1 if block else len(data)
             carry, data = data[cut:], data[:cut]
             buf = np.frombuffer(data, dtype=np.uint8)
-            cap = int(np.count_nonzero(buf == 10)) + 1
+            lines = _newlines(buf, 0, buf.size)
+            cap = lines + 1
             out_u, out_i = np.empty(cap, np.int64), np.empty(cap, np.int64)
             out_r, n, pos = np.empty(cap, np.float64), 0, 0
             while pos < buf.size:
@@ -159,7 +173,7 @@ def parse(path: Path, fmt: int, slow: SlowLine, first_line: int = 1, skip_bytes:
                     break
                 eol = data.find(b"\n", stop)
                 eol = len(data) if eol < 0 else eol
-                at = line_no + data.count(b"\n", 0, stop)
+                at = line_no + _newlines(buf, 0, stop)
                 try:
                     text = data[stop:eol].decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -171,7 +185,7 @@ def parse(path: Path, fmt: int, slow: SlowLine, first_line: int = 1, skip_bytes:
                     out_u[n], out_i[n], out_r[n] = a, b, c
                     n += 1
                 pos = eol + 1
-            line_no += data.count(b"\n")
+            line_no += lines
             users.append(_narrow(out_u[:n]))
             items.append(_narrow(out_i[:n]))
             ratings.append(out_r[:n].astype(np.float32))
