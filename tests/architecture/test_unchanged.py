@@ -20,29 +20,29 @@ import pytest
 RECSVC = str(Path(sys.executable).with_name("recsvc"))
 
 ARTIFACT_FILES = {
-    "candidates.parquet": "7dc044a2175ee6343e29acf732c703fb8437a821899ad9a57bd32ce155faa9f6",
-    "items.parquet": "3f1d0244a83b6ea63c98380f9ac807fbda10ec412e390fd1216e85d110ec2323",
-    "model/W1.npz": "e485c1e31a3564332b1552c90dd563f9c7d8a87b4b8ab4f2a9469a45b29cba20",
-    "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
+    "candidates.parquet": "09f9ea6ee4d2f5353a65149b40466a01f6a9c5166e42d041b6389210f3928c2d",
+    "items.parquet": "d6bdbc69d64f93dedaa7a3114709f38b16ff24c62f263d07bda79c91ae8bc351",
+    "model/W1.npz": "90789c428536bf4ae002eebbb9ffd828211fa49329d23881625c28bfc7f359f8",
+    "model/W2.npz": "a483263024ff6de38adf31b7ab58e1a36cba799ab9eb2bff176e18ce33643c54",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
-    "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
+    "test_inputs.parquet": "db555f1def2f331f929c49ca9d11ebd85fd350912758433989df9295ce106661",
 }
 # The manifest's files map lists every data file (test_inputs.parquet, policy.parquet and
 # population.parquet included), and the manifest holds the policy section.
-MANIFEST_WITHOUT_TIMINGS = "3abf7d53d75e9e9ab7e3a9fb590cbbfb0c55cdd6f77ca6477b025746334383c9"
+MANIFEST_WITHOUT_TIMINGS = "88eb64cc094508a83165328a61e666831507712f3efcc933cc6ff0fda05b48fa"
 RESULT_FILES = {
-    "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
-    "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
-    "log_ratio_summary.csv": "85f6bf0fbf2476d3b67f8ca291d9fc13f83675d87e76a6c5b963c3f52110737b",
-    "log_ratio_summary.parquet": "bae5c2776a9c1eca46ec199a52fe505d15dcbe3a08a3c4336182e733183356d7",
-    "mse.csv": "cf68a2d22381bcd40321e209d396ce3589431f695108abadd0d125ee890b5a2e",
-    "mse.parquet": "8e4254933eaf26dd3f571d9080319ff23c5c64e97b5e983fc4d3d79255854bf2",
-    "selections.parquet": "4ce5712b10a6c6ac7adbd3b7504c1f0a359877e7e3e776a7aaaad71f7764eeca",
-    "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
+    "correlation_histogram.csv": "28ef6c107d7cbb3b69a43535d338024e3966129b1af058efa91c838ad9cd9ddc",
+    "log_ratio.parquet": "9bec8df1b5162d6a38af16bb4241800fe6a94ac982ba75164a1b57ee17e9a463",
+    "log_ratio_summary.csv": "ee8aa08da22a44c2b1891b40258997f96b007ce9c80831c9deed018e4ff4a44b",
+    "log_ratio_summary.parquet": "6fc70765c10bf9e0d89983427bbb2568868dbb17ffba79fe886191812968bee2",
+    "mse.csv": "8f97922f6daef89799f22a0d7cde17dfed075beac5de74651d86ea829f96527a",
+    "mse.parquet": "57e44c79cd13ececb4ba31f57b3b97a40d00c7b9db0bcf667bdfa825f85c3138",
+    "selections.parquet": "71bbae50b81be8f3b3f53d7ce4aaba3437994dc91858a09fe6fd2a604d8f5c50",
+    "users.parquet": "43359c71861d38f8d758900774445c287b05756ddd420dbb4f2d570038a580f8",
 }
 # mse.*, selections.parquet, the report and the summary include the `auto` rows, section and entry.
-REPORT_WITHOUT_SECONDS = "723715e5b45f514e08c9165145d866fab3a7aadfcea6144aebed3b442e0c9196"
-SUMMARY_WITHOUT_CONFIG = "2d23c5cd1b99d25622e0474eb4134e06e1786c2ef41c5e7b1f67a5aa578de7ad"
+REPORT_WITHOUT_SECONDS = "b35621ef9e362888d18b6358e7f6b5c9d25762b79c0b806ffae5dca86f8e9e9f"
+SUMMARY_WITHOUT_CONFIG = "3e6b2596a64edc02f38a1e9e7a0fa3a5448079a7bd7ab7c6f6969d13ffb19cca"
 
 
 def _sha(path: Path) -> str:
