@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -56,6 +57,7 @@ def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> d
     env_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(src)
     load0 = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         measured = run_measured(cmd, log)
     finally:
@@ -63,6 +65,10 @@ def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> d
             os.environ.pop("PYTHONPATH")
         else:
             os.environ["PYTHONPATH"] = env_path
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the whole tree (workers included): on a shared machine, the wall time's
+    # lower bound on a quiet one is about cpu_s / cores used.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     m = read_manifest(out)
     assert m.split is not None and m.timings_s is not None
     sp = m.split
@@ -77,6 +83,7 @@ def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> d
         "users": users,
         "interactions_kept": nnz,
         **measured,
+        "cpu_s": round(cpu, 1),
         "bytes_per_interaction": round(measured["peak_pss_gib"] * 2**30 / max(nnz, 1), 1),
         "steps_s": dict(m.timings_s),
         "load_at_start": round(load0, 1),
@@ -113,14 +120,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| code | interactions | users | wall s | peak PSS GiB | bytes / interaction | load_split s | fit s | load |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| code | interactions | users | wall s | CPU s | peak PSS GiB | bytes / interaction | load_split s | fit s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         s = r["steps_s"]
         who = "this" if r["src"] == str(ROOT) else "baseline"
         lines.append(
-            f"| {who} | {r['interactions_kept']:,} | {r['users']:,} | {r['wall_s']} | {r['peak_pss_gib']} | "
+            f"| {who} | {r['interactions_kept']:,} | {r['users']:,} | {r['wall_s']} | {r.get('cpu_s', '')} | "
+            f"{r['peak_pss_gib']} | "
             f"{r['bytes_per_interaction']} | {s.get('load_split', 0):.1f} | {s.get('fit', 0):.1f} | "
             f"{r['load_at_start']}–{r['load_at_end']} |"
         )
