@@ -3,15 +3,15 @@ loaders' scale benchmark (scripts/bench/loaders.py):
 
 * ``--format netflix``: Netflix Prize ``combined_data_1..4.txt`` (a ``MovieID:`` line, then
   ``CustomerID,Rating,Date`` lines), from the netflix-shape preset (480,189 customers with ids
-  spread over 1..2,649,429 as in the Prize, 17,770 movies, ~100 M ratings);
+  spread over 1..2,649,429 as in the Prize, 17,770 movies, 100,480,507 ratings as in the Prize);
 * ``--format ml20m``: GroupLens ``ratings.csv`` (``userId,movieId,rating,timestamp``), from the
-  ml20m-shape preset with ``--ratings`` interactions (20 M: the real file's size).
+  ml20m-shape preset (20,000,263 ratings: the real file's size).
 
 Ratings follow the Prize's overall shares of 1..5 stars (half stars for ML-20M), dates and
 timestamps are uniform over the datasets' years. Everything is seeded.
 
     .venv/bin/python -m scripts.bench.gen_ratings --format netflix --out data/netflix-synthetic
-    .venv/bin/python -m scripts.bench.gen_ratings --format ml20m --ratings 20000000 --out data/ml20m-synthetic
+    .venv/bin/python -m scripts.bench.gen_ratings --format ml20m --out data/ml20m-synthetic
 """
 
 from __future__ import annotations
@@ -34,14 +34,27 @@ NETFLIX_FIRST_DAY = dt.date(1999, 11, 11)
 NETFLIX_DAYS = 2_243  # … 2005-12-31
 
 
+OVERDRAW = 1.25  # the generator drops ~15% of its draws as duplicates; the surplus is trimmed
+
+
+def _exactly(x: sp.csr_matrix, n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """``x`` with a seeded random ``n`` of its entries kept (all if it has fewer)."""
+    if x.nnz <= n:
+        return x
+    keep = np.zeros(x.nnz, dtype=bool)
+    keep[rng.choice(x.nnz, size=n, replace=False)] = True
+    coo = x.tocoo()
+    return sp.csr_matrix((coo.data[keep], (coo.row[keep], coo.col[keep])), shape=x.shape)
+
+
 def _stars(rng: np.random.Generator, n: int) -> np.ndarray:
     return (rng.choice(5, size=n, p=STAR_SHARES) + 1).astype(np.int8)
 
 
-def write_netflix(out: Path, interactions: int | None, seed: int) -> list[Path]:
-    cfg = config_for("netflix-shape", None, None, interactions)
-    by_movie = sp.csc_matrix(generate_matrix(cfg, seed))  # users of each movie, in user order
+def write_netflix(out: Path, ratings: int, seed: int) -> list[Path]:
+    cfg = config_for("netflix-shape", None, None, int(ratings * OVERDRAW))
     rng = np.random.default_rng(seed)
+    by_movie = sp.csc_matrix(_exactly(generate_matrix(cfg, seed), ratings, rng))  # users of each movie
     customer = np.sort(rng.choice(NETFLIX_MAX_CUSTOMER, size=cfg.users, replace=False) + 1)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -83,9 +96,9 @@ def write_netflix(out: Path, interactions: int | None, seed: int) -> list[Path]:
 
 def write_ml20m(out: Path, interactions: int, seed: int) -> Path:
     users = min(136_677, interactions // 20)  # the real file's users at 20 M; fewer for small files
-    cfg = config_for("ml20m-shape", users, None, interactions)
-    x = generate_matrix(cfg, seed).tocoo()
+    cfg = config_for("ml20m-shape", users, None, int(interactions * OVERDRAW))
     rng = np.random.default_rng(seed)
+    x = _exactly(generate_matrix(cfg, seed), interactions, rng).tocoo()
     half_stars = (_stars(rng, x.nnz) * 2 - rng.integers(0, 2, x.nnz)).astype(np.float32) / 2
     out.mkdir(parents=True, exist_ok=True)
     path = out / "ratings.csv"
@@ -105,15 +118,17 @@ def main() -> int:
     ap.add_argument("--format", choices=("netflix", "ml20m"), required=True)
     ap.add_argument("--out", type=Path, required=True, help="directory to write the file(s) into")
     ap.add_argument(
-        "--ratings", type=int, help="interactions to generate (default: netflix-shape's 100 M; ml20m: 20 M)"
+        "--ratings",
+        type=int,
+        help="ratings to write (default: the real files' 100,480,507 for netflix, 20,000,263 for ml20m)",
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t0 = time.perf_counter()
     if args.format == "netflix":
-        paths = write_netflix(args.out, args.ratings, args.seed)
+        paths = write_netflix(args.out, args.ratings or 100_480_507, args.seed)
     else:
-        paths = [write_ml20m(args.out, args.ratings or 20_000_000, args.seed)]
+        paths = [write_ml20m(args.out, args.ratings or 20_000_263, args.seed)]
     size = sum(p.stat().st_size for p in paths) / 2**30
     print(f"wrote {', '.join(map(str, paths))} ({size:.2f} GiB) in {time.perf_counter() - t0:.0f} s")
     return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -44,7 +45,10 @@ def child(dataset: str, data_dir: Path) -> None:
 def measure(dataset: str, data_dir: Path, log: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "scripts.bench.loaders", "--child", dataset, str(data_dir)]
     load0 = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     measured = run_measured(cmd, log)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    measured["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
     result = next(json.loads(line[7:]) for line in log.read_text().splitlines() if line.startswith("RESULT "))
     size = sum(p.stat().st_size for p in data_dir.iterdir() if p.is_file())
     return {
@@ -75,12 +79,14 @@ def main() -> int:
             rows.append(measure(dataset, d, args.results.with_suffix(f".{dataset}.log")))
             print(json.dumps(rows[-1]), flush=True)
     args.results.write_text(json.dumps(rows, indent=1) + "\n")
-    print("| dataset | file GiB | ratings | parse s | matrix s | wall s | peak PSS GiB | bytes / rating | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| dataset | file GiB | ratings | parse s | matrix s | wall s | CPU s | peak PSS GiB | bytes / rating | load |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['dataset']} | {r['file_gib']} | {r['ratings']:,} | {r['parse_s']} | {r['matrix_s']} | "
-            f"{r['wall_s']} | {r['peak_pss_gib']} | {r['bytes_per_rating']} | {r['load']} |"
+            f"{r['wall_s']} | {r['cpu_s']} | {r['peak_pss_gib']} | {r['bytes_per_rating']} | {r['load']} |"
         )
     return 0
 
