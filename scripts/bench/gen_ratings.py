@@ -68,7 +68,7 @@ def write_netflix(out: Path, ratings: int, seed: int) -> list[Path]:
         # Each movie's header sits before its ratings: sort key = ratings before it + movie index.
         header_at = np.concatenate([[0], np.cumsum(per_movie)[:-1]]) + np.arange(hi - lo)
         rating_at = np.arange(n) + (movie_rows - lo) + 1
-        ratings = pl.DataFrame(
+        rated = pl.DataFrame(
             {
                 "at": rating_at,
                 "customer": customer[by_movie.indices[start:stop]],
@@ -86,11 +86,11 @@ def write_netflix(out: Path, ratings: int, seed: int) -> list[Path]:
             ).alias("line"),
         )
         headers = pl.DataFrame({"at": header_at, "line": [f"{m + 1}:" for m in range(lo, hi)]})
-        lines = pl.concat([headers, ratings]).sort("at").select("line")
+        lines = pl.concat([headers, rated]).sort("at").select("line")
         path = out / f"combined_data_{part + 1}.txt"
         lines.write_csv(path, include_header=False, quote_style="never")
         paths.append(path)
-        del ratings, lines
+        del rated, lines
     return paths
 
 

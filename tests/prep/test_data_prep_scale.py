@@ -49,11 +49,11 @@ def _messy_ratings(n: int, users: int, items: int, seed: int, ids: str) -> pl.Da
     rng = np.random.default_rng(seed)
     u = rng.integers(0, users, n) ** 2 % (users * 7)  # sparse, unordered ids (dense-table path and gaps)
     i = rng.zipf(1.3, n) % items + 3
-    fmt = {"int": str, "name": lambda v: f"u{v}"}[ids]
+    prefix = "" if ids == "int" else "u"
     return pl.DataFrame(
         {
-            "user": [fmt(v) for v in u.tolist()],
-            "item": [fmt(v) if ids == "int" else f"i{v}" for v in i.tolist()],
+            "user": [f"{prefix}{v}" for v in u.tolist()],
+            "item": [f"{v}" if ids == "int" else f"i{v}" for v in i.tolist()],
             "rating": rng.integers(1, 6, n).astype(np.float64),
         }
     )
