@@ -178,8 +178,8 @@ def test_truncated_or_malformed_big_files_name_file_and_line(
     "args, message",
     [
         (
-            ["--dataset", "synthetic", "--preset", "netflix-shape", "--memory-limit", "8GiB"],
-            r"this run needs an estimated 9\.\d GiB, more than --memory-limit 8\.0 GiB; expected a larger "
+            ["--dataset", "synthetic", "--preset", "netflix-shape", "--memory-limit", "6GiB"],
+            r"this run needs an estimated 8\.\d GiB, more than --memory-limit 6\.0 GiB; expected a larger "
             r"--memory-limit.*100,000,000 interactions and 17,770 items",
         ),
         (
