@@ -10,6 +10,12 @@ session, for a before/after ratio.
         [--baseline-src DIR] [--results results/bench_prep_scale.json]
 
 Writes the JSON rows, a Markdown table on stdout and a plot next to the JSON (.png).
+
+``--load-split PRESET [--baseline-src DIR]`` instead times only the load-and-split step (this code,
+and DIR's) alternately in fresh processes (CPU seconds, wall, peak RSS), so a before/after
+ratio survives a shared machine's load:
+
+    .venv/bin/python -m scripts.bench.prep_scale --load-split ml20m-shape --baseline-src /tmp/base --repeats 2
 """
 
 from __future__ import annotations
@@ -92,6 +98,36 @@ def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> d
     }
 
 
+LOAD_SPLIT_CHILD = """
+import json, resource, sys, time
+from data_prep import pipeline
+from data_prep.config import PrepConfig
+cfg = PrepConfig(dataset="synthetic", preset=sys.argv[1])
+t0, c0 = time.perf_counter(), time.process_time()
+split, _, _ = pipeline._load_and_split(cfg, pipeline.datasets.INFO["synthetic"])
+print(json.dumps({"wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1),
+    "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+    "train_interactions": int(split.train.nnz)}))
+"""
+
+
+def load_split(preset: str, baseline: Path | None, repeats: int) -> list[dict[str, Any]]:
+    """The load-and-split step alone, this code and ``baseline``'s alternately, each in a fresh process."""
+    import subprocess
+
+    rows = []
+    for _ in range(repeats):
+        for src in (ROOT, baseline) if baseline else (ROOT,):
+            env = {**os.environ, "PYTHONPATH": str(src)}
+            out = subprocess.run(
+                [sys.executable, "-c", LOAD_SPLIT_CHILD, preset], env=env, check=True, capture_output=True, text=True
+            )
+            row = {"code": "this" if src == ROOT else "baseline", "load": round(os.getloadavg()[0], 1)}
+            rows.append({**row, **json.loads(out.stdout.strip().splitlines()[-1])})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -143,8 +179,20 @@ def main() -> int:
     ap.add_argument("--baseline-src", type=Path, help="also run the sizes with the code in this directory")
     ap.add_argument("--results", type=Path, default=ROOT / "results" / "bench_prep_scale.json")
     ap.add_argument("--keep", type=Path, help="keep the largest artifact here (e.g. for eval and serve)")
+    ap.add_argument("--load-split", metavar="PRESET", help="time only load and split (and --baseline-src's)")
+    ap.add_argument("--repeats", type=int, default=2, help="with --load-split: alternating runs of each (default 2)")
     args = ap.parse_args()
     args.results.parent.mkdir(parents=True, exist_ok=True)
+    if args.load_split:
+        base = args.baseline_src.resolve() if args.baseline_src else None
+        rows = load_split(args.load_split, base, args.repeats)
+        args.results.write_text(json.dumps(rows, indent=1) + "\n")
+        print("| code | wall s | CPU s | peak RSS GiB | training interactions | load |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(
+                f"| {r['code']} | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_gib']} | {r['train_interactions']:,} | {r['load']} |"
+            )
+        return 0
     rows: list[dict[str, Any]] = []
     sources = [ROOT] + ([args.baseline_src.resolve()] if args.baseline_src else [])
     with tempfile.TemporaryDirectory(dir=args.results.parent) as tmp:
