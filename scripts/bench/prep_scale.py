@@ -185,10 +185,10 @@ def main() -> int:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     if args.load_split:
         base = args.baseline_src.resolve() if args.baseline_src else None
-        rows = load_split(args.load_split, base, args.repeats)
-        args.results.write_text(json.dumps(rows, indent=1) + "\n")
+        steps = load_split(args.load_split, base, args.repeats)
+        args.results.write_text(json.dumps(steps, indent=1) + "\n")
         print("| code | wall s | CPU s | peak RSS GiB | training interactions | load |\n|---|---|---|---|---|---|")
-        for r in rows:
+        for r in steps:
             print(
                 f"| {r['code']} | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_gib']} | {r['train_interactions']:,} | {r['load']} |"
             )
