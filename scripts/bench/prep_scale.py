@@ -58,7 +58,8 @@ def scaled(preset: str, interactions: int) -> list[str]:
 
 
 def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "recsvc.app.cli", "prep", "--dataset", "synthetic", *args]
+    # -P: the code comes from PYTHONPATH (src), not from the working directory
+    cmd = [sys.executable, "-P", "-m", "recsvc.app.cli", "prep", "--dataset", "synthetic", *args]
     cmd += ["--out", str(out), "--force", "--workers", str(workers)]
     env_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(src)
@@ -101,6 +102,7 @@ def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> d
 LOAD_SPLIT_CHILD = """
 import json, resource, sys, time
 from data_prep import pipeline
+assert pipeline.__file__.startswith(sys.argv[2]), pipeline.__file__
 from data_prep.config import PrepConfig
 cfg = PrepConfig(dataset="synthetic", preset=sys.argv[1])
 t0, c0 = time.perf_counter(), time.process_time()
@@ -120,7 +122,11 @@ def load_split(preset: str, baseline: Path | None, repeats: int) -> list[dict[st
         for src in (ROOT, baseline) if baseline else (ROOT,):
             env = {**os.environ, "PYTHONPATH": str(src)}
             out = subprocess.run(
-                [sys.executable, "-c", LOAD_SPLIT_CHILD, preset], env=env, check=True, capture_output=True, text=True
+                [sys.executable, "-P", "-c", LOAD_SPLIT_CHILD, preset, str(src)],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
             )
             row = {"code": "this" if src == ROOT else "baseline", "load": round(os.getloadavg()[0], 1)}
             rows.append({**row, **json.loads(out.stdout.strip().splitlines()[-1])})
