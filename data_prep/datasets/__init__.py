@@ -1,5 +1,5 @@
 """Dataset loaders (docs/reference/specification.md §4). Each returns raw :class:`Interactions` in the dataset's
-own ids.
+own ids; the large ones (netflix, ml-20m) return :class:`Ratings`, the same data as integer arrays.
 
 Every loader reads its dataset's ORIGINAL on-disk format; malformed input raises
 :class:`DataError` naming the file, the line and what was expected.
