@@ -23,9 +23,7 @@ from recsvc.checks import ParamError
 GIB = 1 << 30
 BASE_BYTES = int(0.8 * GIB)  # interpreter, numpy/scipy/polars/numba/sansa, the engine's workers
 SYNTHETIC_LOAD_PER_INTERACTION = 16.0  # generator blocks + the matrix + the split's copies (≈ 13 measured)
-FILE_LOAD_PER_INTERACTION = (
-    40.0  # parsed arrays (12 B), their concatenation, ids → rows, the key sort (Netflix: 41.6 measured)
-)
+FILE_LOAD_PER_INTERACTION = 40.0  # parsed arrays, their concatenation, the key sort (Netflix: 41.6)
 SPLIT_PER_INTERACTION = 8.0  # int32 index + float32 one, train and held-out matrices
 SANSA_PER_INTERACTION = 12.0  # SANSA's float64 copy of the training data with its indices
 CHOLMOD_PER_ITEM_PAIR = 20.0  # Gramian + factor + its CSC copy (5.9 GiB at 17,770 items, measured)
