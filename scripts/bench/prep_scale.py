@@ -87,6 +87,7 @@ def run_one(src: Path, args: list[str], out: Path, log: Path, workers: int) -> d
     return {
         "command": " ".join(["recsvc", "prep", "--dataset", "synthetic", *args, "--workers", str(workers)]),
         "src": str(src),
+        "baseline": src != ROOT,
         "users": users,
         "interactions_kept": nnz,
         **measured,
@@ -140,7 +141,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mine = [r for r in rows if r["src"] == str(ROOT)]
+    mine = sorted((r for r in rows if not r.get("baseline")), key=lambda r: r["interactions_kept"])
     x = [r["interactions_kept"] / 1e6 for r in mine]
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     for ax, key, label in (
@@ -153,6 +154,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("interactions kept (millions)")
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
+    axes[2].set_yscale("log")  # the fit's fixed cost dominates small runs
     axes[1].axhline(12, color="red", lw=0.8, ls="--", label="12 GiB target")
     axes[1].legend(fontsize=8)
     fig.suptitle("recsvc prep on netflix-shape synthetic data, scaled", fontsize=11)
@@ -167,7 +169,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         s = r["steps_s"]
-        who = "this" if r["src"] == str(ROOT) else "baseline"
+        who = "baseline" if r.get("baseline") else "this"
         lines.append(
             f"| {who} | {r['interactions_kept']:,} | {r['users']:,} | {r['wall_s']} | {r.get('cpu_s', '')} | "
             f"{r['peak_pss_gib']} | "
@@ -187,7 +189,14 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="keep the largest artifact here (e.g. for eval and serve)")
     ap.add_argument("--load-split", metavar="PRESET", help="time only load and split (and --baseline-src's)")
     ap.add_argument("--repeats", type=int, default=2, help="with --load-split: alternating runs of each (default 2)")
+    ap.add_argument("--merge", type=Path, nargs="+", help="only table and plot the rows of these result files")
     args = ap.parse_args()
+    if args.merge:  # sizes measured in separate runs (e.g. the 100 M one started early)
+        merged = [row for f in args.merge for row in json.loads(f.read_text())]
+        plot(merged, args.results.with_suffix(".png"))
+        args.results.write_text(json.dumps(merged, indent=1) + "\n")
+        print(table(sorted(merged, key=lambda r: r["interactions_kept"])))
+        return 0
     args.results.parent.mkdir(parents=True, exist_ok=True)
     if args.load_split:
         base = args.baseline_src.resolve() if args.baseline_src else None
