@@ -116,7 +116,8 @@ def _memory_estimate(cfg: PrepConfig, info: datasets.DatasetInfo) -> memory.Esti
         syn = config_for(cfg.preset_name(), cfg.users, cfg.items, cfg.interactions)
         return memory.estimate(syn.interactions, syn.items, factorizer, False, cfg.chunk_users, workers)
     n = memory.file_interactions(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
-    return memory.estimate(n, memory.ITEMS[cfg.dataset], factorizer, True, cfg.chunk_users, workers)
+    items = min(memory.ITEMS[cfg.dataset], max(n, 1))  # a small file cannot rate the whole catalogue
+    return memory.estimate(n, items, factorizer, True, cfg.chunk_users, workers)
 
 
 def _rating_matrix(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[RatingMatrix, str, dict[str, Any], int, int]:

@@ -19,6 +19,7 @@ from data_prep.memory import parse_size
 from data_prep.split import MIN_USER_INTERACTIONS, Split, UserGroup, filter_implicit, implicit_matrix, strong_split
 from data_prep.testing import ml20m_table, netflix_table, ratings_table, strong_split_frame, write_ml20m, write_netflix
 from recsvc.app.cli import main
+from recsvc.artifact import read_manifest
 
 
 def _same_csr(a: sp.csr_matrix, b: sp.csr_matrix) -> None:
@@ -210,3 +211,22 @@ def test_memory_estimate_from_sizes_and_files(tmp_path: Path) -> None:
     assert memory.estimate(10**8, 17_770, "cholmod", True, 1000, 2).load_split > big.load_split
     (tmp_path / "ratings.csv").write_bytes(b"x" * 2800)
     assert memory.file_interactions("ml-20m", tmp_path) == 100 and memory.file_interactions("netflix", tmp_path) == 0
+
+
+def test_netflix_prep_end_to_end_splits_as_the_tables_do(tmp_path: Path) -> None:
+    """`recsvc prep --dataset netflix` (streamed loader → int32 matrix → split) on fixture files
+    splits exactly as the whole-file tables → filter_implicit → table split do."""
+    files = write_netflix(tmp_path / "nf", ratings_table(users=200, items=40, per_user=(8, 30)))
+    out = tmp_path / "art"
+    args = ["--test-users", "20", "--val-users", "20", "--workers", "1", "--memory-limit", "4GiB"]
+    assert main(["prep", "--dataset", "netflix", "--data-dir", str(tmp_path / "nf"), "--out", str(out), *args]) == 0
+    table = filter_implicit(pl.concat([netflix_table(f) for f in files]), True, "t")
+    want = strong_split_frame(table, 20, 20, 42)
+    split = read_manifest(out).split
+    assert split is not None and split.to_dict() | {"kind": None, "target_fraction": None} == want.sizes() | {
+        "kind": None,
+        "target_fraction": None,
+    }
+    inputs = pl.read_parquet(out / "test_inputs.parquet")
+    assert sorted(inputs["user_id"].unique().to_list()) == sorted(want.test.user_ids.tolist())
+    assert inputs.height == want.test.inputs.nnz
