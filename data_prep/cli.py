@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--density", type=float, nargs="+", help="SANSA factor density; several → chosen on validation")
     p.add_argument("--factorizer", choices=("cholmod", "icf"), help="default: the dataset's paper setting")
     syn = p.add_argument_group("synthetic data (only with --dataset synthetic)")
-    syn.add_argument("--preset", help="ml20m-shape | small | tiny (default small)")
+    syn.add_argument("--preset", help="netflix-shape | ml20m-shape | small | tiny (default small)")
     syn.add_argument("--users", type=int, help="override the preset's user count (≥ 1)")
     syn.add_argument("--items", type=int, help="override the preset's item count (≥ 20)")
     syn.add_argument("--interactions", type=int, help="override the preset's interaction count (≥ 5 × users)")
@@ -53,6 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "refused with --engine local); connected before any work starts",
     )
     eng.add_argument("--chunk-users", type=int, default=1000)
+    eng.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="refuse, before writing anything, a run estimated to need more memory than SIZE "
+        "(e.g. 12GiB; default: no limit)",
+    )
     pol = p.add_argument_group("`auto` policy table (policy.parquet; see `recsvc policy`)")
     pol.add_argument(
         "--policy-users",
@@ -164,6 +170,7 @@ def run_prep(args: argparse.Namespace) -> int:
         multiselect_group=args.multiselect_group,
         multiselect_top=args.multiselect_top,
         verbose=getattr(args, "verbose", False),
+        memory_limit=args.memory_limit,
     )
     out = run(cfg)
     print_summary(out)

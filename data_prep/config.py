@@ -9,6 +9,7 @@ from pathlib import Path
 
 from data_prep import datasets
 from data_prep.datasets.synthetic import config_for
+from data_prep.memory import parse_size
 from data_prep.sensitivities import validate_percentiles
 from data_prep.train import FACTORIZERS
 from recsvc.checks import ParamError, check_int
@@ -60,6 +61,10 @@ class PrepConfig:
     multiselect_top: int = DEFAULT_MULTISELECT_TOP
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
+    memory_limit: str | None = None  # e.g. "12GiB": refuse up front a run estimated to need more
+
+    def memory_limit_bytes(self) -> int | None:
+        return None if self.memory_limit is None else parse_size(self.memory_limit)
 
     def output_dir(self) -> Path:
         if self.out is not None:
@@ -126,6 +131,7 @@ class PrepConfig:
                         f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v
                     )
         check_int("chunk_users", self.chunk_users, 1)
+        self.memory_limit_bytes()
         check_int("policy_users", self.policy_users, 1)
         check_int("policy_trials", self.policy_trials, 1)
         check_int("multiselect_users", self.multiselect_users, 1)

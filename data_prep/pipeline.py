@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,15 @@ import numpy as np
 import polars as pl
 from tqdm.auto import tqdm
 
-from data_prep import datasets
+from data_prep import datasets, memory
 from data_prep.candidates import N_CANDIDATES, ScoringContext, score_population, score_top_k
 from data_prep.config import (
     DEFAULT_POPULATION_USERS,
     SELECTION_METRIC,
     PrepConfig,
 )
-from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate
+from data_prep.datasets.synthetic import SyntheticConfig, config_for, generate_matrix
+from data_prep.datasets.synthetic import source as synthetic_source
 from data_prep.embedding import (
     RADIUS_RULE,
     Prototypes,
@@ -38,9 +39,19 @@ from data_prep.embedding import (
     population_prototypes,
     user_embeddings,
 )
+from data_prep.matrix import RatingMatrix, compact, from_frame
 from data_prep.metrics import accuracy
 from data_prep.sensitivities import BlockStore, ItemRanges, item_ranges, population_spearman
-from data_prep.split import Split, UserGroup, filter_implicit, sample_population, strong_split, weak_split
+from data_prep.split import (
+    MIN_USER_INTERACTIONS,
+    Split,
+    UserGroup,
+    filter_implicit,
+    implicit_matrix,
+    sample_population,
+    strong_split,
+    weak_split,
+)
 from data_prep.train import SansaParams, fit
 from recsvc.artifact import POPULATION, ArtifactWriter
 from recsvc.artifact.reader import UserRows
@@ -95,26 +106,59 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _load_and_split(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[Split, str, dict[str, Any]]:
+def _dataset_info(cfg: PrepConfig) -> datasets.DatasetInfo:
+    """The dataset's split and SANSA settings; a synthetic preset shaped like a paper dataset
+    takes that dataset's SANSA settings and γ."""
+    info = datasets.INFO[cfg.dataset]
+    paper = config_for(cfg.preset_name(), None, None, None).paper if cfg.dataset == "synthetic" else None
+    if paper is None:
+        return info
+    like = datasets.INFO[paper]
+    return replace(like, name=info.name, explicit=info.explicit, test_users=0, val_users=0)
+
+
+def _memory_estimate(cfg: PrepConfig, info: datasets.DatasetInfo) -> memory.Estimate:
+    factorizer = cfg.factorizer or info.factorizer
+    workers = cfg.workers or 2
+    if cfg.dataset == "synthetic":
+        syn = config_for(cfg.preset_name(), cfg.users, cfg.items, cfg.interactions)
+        return memory.estimate(syn.interactions, syn.items, factorizer, False, cfg.chunk_users, workers)
+    n = memory.file_interactions(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
+    items = min(memory.ITEMS[cfg.dataset], max(n, 1))  # a small file cannot rate the whole catalogue
+    return memory.estimate(n, items, factorizer, True, cfg.chunk_users, workers)
+
+
+def _rating_matrix(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[RatingMatrix, str, dict[str, Any], int, int]:
+    """All kept interactions as one int32 CSR matrix (filter_implicit's rules), and the hold-out sizes."""
     extra: dict[str, Any] = {}
     if cfg.dataset == "synthetic":
         syn: SyntheticConfig = config_for(cfg.preset_name(), cfg.users, cfg.items, cfg.interactions)
         extra["synthetic"] = {"preset": cfg.preset_name(), **asdict(syn)}
-        raw = generate(syn, cfg.seed)
-        n_test, n_val = syn.test_users, syn.val_users
+        x = generate_matrix(syn, cfg.seed)
+        src = synthetic_source(syn, cfg.seed)
+        ids = np.arange(max(x.shape))
+        m = compact(x, ids[: x.shape[0]], ids[: x.shape[1]], MIN_USER_INTERACTIONS)  # all ratings are 5
+        return m, src, extra, syn.test_users, syn.val_users
+    raw = datasets.load(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
+    if isinstance(raw, datasets.Ratings):
+        m = implicit_matrix(raw, info.explicit)
     else:
+        m = from_frame(filter_implicit(raw.df, info.explicit, raw.source), 0)
+    return m, raw.source, extra, info.test_users, info.val_users
+
+
+def _load_and_split(cfg: PrepConfig, info: datasets.DatasetInfo) -> tuple[Split, str, dict[str, Any]]:
+    if info.weak_generalisation:
         raw = datasets.load(cfg.dataset, None if cfg.data_dir is None else Path(cfg.data_dir))
-        n_test, n_val = info.test_users, info.val_users
+        split = weak_split(filter_implicit(raw.df, info.explicit, raw.source), raw.source)
+        kind = "weak generalisation (train.txt = training data and test input, test.txt = targets)"
+        return split, raw.source, {"split_kind": kind}
+    m, source, extra, n_test, n_val = _rating_matrix(cfg, info)
     n_test = cfg.test_users if cfg.test_users is not None else n_test
     n_val = cfg.val_users if cfg.val_users is not None else n_val
-    df = filter_implicit(raw.df, info.explicit, raw.source)
-    if info.weak_generalisation:
-        split = weak_split(df, raw.source)
-        extra["split_kind"] = "weak generalisation (train.txt = training data and test input, test.txt = targets)"
-    else:
-        split = strong_split(df, n_test, n_val, cfg.seed, raw.source)
-        extra["split_kind"] = "strong generalisation (disjoint users; held-out users 80% input / 20% targets)"
-    return split, raw.source, extra
+    split = strong_split(m, n_test, n_val, cfg.seed, source)
+    extra["split_kind"] = "strong generalisation (disjoint users; held-out users 80% input / 20% targets)"
+    return split, source, extra
 
 
 def _population(cfg: PrepConfig, split: Split) -> tuple[UserGroup, str]:
@@ -257,7 +301,10 @@ def run(cfg: PrepConfig) -> Path:
     (DataError / ArtifactError / OutputError) before any directory is created; a failed run
     leaves no temp dir and removes the parent directories it made (see StagedDir)."""
     cfg.validate()
-    info = datasets.INFO[cfg.dataset]
+    info = _dataset_info(cfg)
+    limit = cfg.memory_limit_bytes()
+    if limit is not None:
+        memory.check(limit, _memory_estimate(cfg, info))
     out = cfg.output_dir()
     # Checks --out (a file, under a file, exists without --force, the cwd or the input data); creates nothing.
     writer = ArtifactWriter(out, cfg.force, protect={} if cfg.data_dir is None else {"data_dir": cfg.data_dir})

@@ -18,7 +18,8 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 
-from data_prep.datasets.base import DataError
+from data_prep.datasets.base import DataError, Ratings
+from data_prep.matrix import RatingMatrix, canonical_order, from_pairs, positions
 
 TARGET_FRACTION = 0.2
 MIN_USER_INTERACTIONS = 5
@@ -75,31 +76,26 @@ def filter_implicit(df: pl.DataFrame, explicit: bool, source: str) -> pl.DataFra
     return df.select(keys)
 
 
-def canonical_order(ids: pl.Series) -> np.ndarray:
-    """Unique ids sorted numerically when all are integers, else lexicographically."""
-    uniq = ids.unique()
-    as_int = uniq.cast(pl.Int64, strict=False)
-    if as_int.null_count() == 0:
-        return uniq.gather(as_int.arg_sort()).to_numpy().astype(str)
-    return uniq.sort().to_numpy().astype(str)
-
-
-def _index(values: pl.Series, ids: np.ndarray) -> np.ndarray:
-    lookup = pl.DataFrame({"_id": ids, "_ix": np.arange(len(ids), dtype=np.int64)})
-    out = pl.DataFrame({"_id": values}).join(lookup, on="_id", how="left", maintain_order="left")["_ix"]
-    return out.to_numpy()
+def implicit_matrix(raw: Ratings, explicit: bool) -> RatingMatrix:
+    """:func:`filter_implicit`'s rules on rating arrays, straight into the matrix (large data)."""
+    keep = raw.ratings >= MIN_RATING if explicit else np.ones(raw.ratings.size, dtype=bool)
+    m = from_pairs(raw.users[keep], raw.items[keep], MIN_USER_INTERACTIONS if explicit else 0)
+    if m.nnz == 0:
+        rule = f"rating ≥ {MIN_RATING:g} and users with ≥ {MIN_USER_INTERACTIONS} such interactions"
+        raise DataError(f"{raw.source}: no interactions left after filtering ({rule}); expected a non-empty dataset")
+    return m
 
 
 def to_csr(df: pl.DataFrame, user_ids: np.ndarray, item_ids: np.ndarray) -> sp.csr_matrix:
-    rows = _index(df["user"], user_ids)
-    cols = _index(df["item"], item_ids)
+    rows = positions(df["user"], user_ids)
+    cols = positions(df["item"], item_ids)
     m = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(user_ids), len(item_ids)))
     m.sum_duplicates()
     m.sort_indices()
     return m
 
 
-def _group(df: pl.DataFrame, users: np.ndarray, item_ids: np.ndarray, with_targets: bool) -> UserGroup:
+def user_group(df: pl.DataFrame, users: np.ndarray, item_ids: np.ndarray, with_targets: bool) -> UserGroup:
     users = np.sort(users)
     sub = df.filter(pl.col("user").is_in(pl.Series(users).implode()))
     if not with_targets:
@@ -111,40 +107,72 @@ def _group(df: pl.DataFrame, users: np.ndarray, item_ids: np.ndarray, with_targe
     )
 
 
-def mark_targets(df: pl.DataFrame, rng: np.random.Generator, fraction: float = TARGET_FRACTION) -> pl.DataFrame:
-    """Marks floor(fraction·n_u) random interactions of each user as targets."""
-    df = df.sort(["user", "item"])
-    return (
-        df.with_columns(pl.Series("_key", rng.random(df.height)))
-        .with_columns(
-            (pl.col("_key").rank("ordinal").over("user") <= (pl.len().over("user") * fraction).floor()).alias("target")
-        )
-        .drop("_key")
-    )
+def _lex_sorted(rows: np.ndarray, lex_pos: np.ndarray) -> np.ndarray:
+    return rows[np.argsort(lex_pos[rows], kind="stable")]
 
 
-def strong_split(df: pl.DataFrame, test_users: int, val_users: int, seed: int, source: str) -> Split:
-    """Disjoint test / validation / train users; 80/20 fold-in/targets for held-out users."""
-    users = canonical_order(df["user"])
+def _positions_of(order: np.ndarray, n: int) -> np.ndarray:
+    pos = np.empty(n, dtype=np.int64)
+    pos[order] = np.arange(order.size)
+    return pos
+
+
+def _take_entries(x: sp.csr_matrix, mask: np.ndarray) -> sp.csr_matrix:
+    """The entries of ``x`` where ``mask`` holds, in their order (rows and shape unchanged)."""
+    rows = np.repeat(np.arange(x.shape[0]), np.diff(x.indptr))
+    counts = np.bincount(rows[mask], minlength=x.shape[0])
+    indptr = np.zeros(x.shape[0] + 1, dtype=x.indptr.dtype)
+    np.cumsum(counts, out=indptr[1:])
+    return sp.csr_matrix((x.data[mask], x.indices[mask], indptr), shape=x.shape)
+
+
+def mark_targets(
+    held: sp.csr_matrix, item_lex_pos: np.ndarray, rng: np.random.Generator, fraction: float = TARGET_FRACTION
+) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """Splits each row into (inputs, targets): floor(fraction·n_u) random entries are targets.
+
+    The random keys are drawn in (user id, item id) string order, rows being in user-id string
+    order already, so the result depends only on the data and the generator's state.
+    """
+    rows = np.repeat(np.arange(held.shape[0]), np.diff(held.indptr))
+    key = np.empty(held.nnz)
+    key[np.lexsort((item_lex_pos[held.indices], rows))] = rng.random(held.nnz)
+    by_key = np.lexsort((key, rows))
+    del key
+    rank = np.empty(held.nnz, dtype=np.int64)
+    rank[by_key] = np.arange(held.nnz) - held.indptr[rows[by_key]]
+    del by_key
+    per_user = np.floor(np.diff(held.indptr) * fraction).astype(np.int64)
+    target = rank < per_user[rows]
+    return _take_entries(held, ~target), _take_entries(held, target)
+
+
+def strong_split(m: RatingMatrix, test_users: int, val_users: int, seed: int, source: str) -> Split:
+    """Disjoint test / validation / train users; 80/20 fold-in/targets for held-out users.
+
+    Every group's rows are in user-id string order (numpy's sort of the ids)."""
+    n_users = len(m.user_ids)
     if test_users < 1 or val_users < 0:
         raise DataError(f"need ≥ 1 test user and ≥ 0 validation users, got {test_users} and {val_users}")
-    if len(users) <= test_users + val_users:
+    if n_users <= test_users + val_users:
         raise DataError(
-            f"{source}: {len(users)} users after filtering, fewer than the split needs "
+            f"{source}: {n_users} users after filtering, fewer than the split needs "
             f"({test_users} test + {val_users} validation + at least 1 training user)"
         )
-    item_ids = canonical_order(df["item"])
     rng = np.random.default_rng(seed)
-    perm = rng.permutation(len(users))
-    test_u, val_u, train_u = (
-        users[perm[:test_users]],
-        users[perm[test_users : test_users + val_users]],
-        np.sort(users[perm[test_users + val_users :]]),
-    )
-    held = mark_targets(df.filter(~pl.col("user").is_in(pl.Series(train_u).implode())), rng)
-    train = to_csr(df.filter(pl.col("user").is_in(pl.Series(train_u).implode())), train_u, item_ids)
-    validation = _group(held, val_u, item_ids, True) if val_users else None
-    return Split(item_ids, train, train_u, _group(held, test_u, item_ids, True), validation)
+    perm = rng.permutation(n_users)
+    user_lex = _positions_of(np.argsort(m.user_ids, kind="stable"), n_users)
+    held_n = test_users + val_users
+    test_r, val_r = _lex_sorted(perm[:test_users], user_lex), _lex_sorted(perm[test_users:held_n], user_lex)
+    train_r, held_r = _lex_sorted(perm[held_n:], user_lex), _lex_sorted(perm[:held_n], user_lex)
+    item_lex = _positions_of(np.argsort(m.item_ids, kind="stable"), len(m.item_ids))
+    inputs, targets = mark_targets(m.x[held_r], item_lex, rng)
+    at = _positions_of(held_r, n_users)  # a held-out user's row in inputs / targets
+
+    def group(rows: np.ndarray) -> UserGroup:
+        return UserGroup(m.user_ids[rows], inputs[at[rows]], targets[at[rows]])
+
+    return Split(m.item_ids, m.x[train_r], m.user_ids[train_r], group(test_r), group(val_r) if val_users else None)
 
 
 def weak_split(df: pl.DataFrame, source: str) -> Split:
@@ -157,7 +185,7 @@ def weak_split(df: pl.DataFrame, source: str) -> Split:
     if len(test_u) == 0:
         raise DataError(f"{source}: test.txt has no target interactions; expected 'user item item …' lines")
     train_u = canonical_order(train_df["user"])
-    return Split(item_ids, to_csr(train_df, train_u, item_ids), train_u, _group(df, test_u, item_ids, True), None)
+    return Split(item_ids, to_csr(train_df, train_u, item_ids), train_u, user_group(df, test_u, item_ids, True), None)
 
 
 def sample_population(split: Split, users: int, seed: int) -> UserGroup:

@@ -1,5 +1,5 @@
 """Dataset loaders (docs/reference/specification.md §4). Each returns raw :class:`Interactions` in the dataset's
-own ids.
+own ids; the large ones (netflix, ml-20m) return :class:`Ratings`, the same data as integer arrays.
 
 Every loader reads its dataset's ORIGINAL on-disk format; malformed input raises
 :class:`DataError` naming the file, the line and what was expected.
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep import DATASETS
-from data_prep.datasets.base import DataError, Interactions
+from data_prep.datasets.base import DataError, Interactions, Ratings
 
 
 @dataclass(frozen=True)
@@ -46,11 +46,12 @@ INFO: dict[str, DatasetInfo] = {
 }
 
 
-def load(name: str, data_dir: Path | None) -> Interactions:
-    """Loads a real dataset from ``data_dir`` (ml-100k: the embedded RecBole copy if None)."""
+def load(name: str, data_dir: Path | None) -> Interactions | Ratings:
+    """Loads a real dataset from ``data_dir`` (ml-100k: the embedded RecBole copy if None); the
+    large ones (netflix, ml-20m) as :class:`Ratings` arrays."""
     from data_prep.datasets import amazon_book, movielens, netflix
 
-    loaders: dict[str, Callable[[Path | None], Interactions]] = {
+    loaders: dict[str, Callable[[Path | None], Interactions | Ratings]] = {
         "ml-100k": movielens.load_ml100k,
         "ml-20m": movielens.load_ml20m,
         "netflix": netflix.load,
@@ -61,4 +62,4 @@ def load(name: str, data_dir: Path | None) -> Interactions:
     return loaders[name](data_dir)
 
 
-__all__ = ["DATASETS", "INFO", "DataError", "DatasetInfo", "Interactions", "load"]
+__all__ = ["DATASETS", "INFO", "DataError", "DatasetInfo", "Interactions", "Ratings", "load"]

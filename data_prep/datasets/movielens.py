@@ -11,14 +11,17 @@ from pathlib import Path
 
 import polars as pl
 
+from data_prep.datasets import fastparse
 from data_prep.datasets.base import (
     DataError,
     Interactions,
+    Ratings,
     cast_checked,
     fail_at,
     integer_ids,
     lines_from_source,
     read_lines,
+    require_file,
     split_fields,
 )
 from recsvc.checks import ParamError
@@ -48,15 +51,50 @@ def _header_body(lines: pl.DataFrame, path: Path | str, header: list[str], fmt: 
     return lines.filter(pl.col("line_no") > first["line_no"])
 
 
-def parse_ml20m(path: Path) -> Interactions:
-    lines = read_lines(path, ML20M_FORMAT)
-    body = _header_body(lines, path, ["userId", "movieId", "rating", "timestamp"], ML20M_FORMAT)
+def _header_line(path: Path, header: list[str], fmt: str) -> tuple[int, int]:
+    """Checks the first non-blank line is ``header``; returns (its line number, the byte after it)."""
+    offset = 0
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            offset += len(raw)
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{path} could not be read as text ({exc}); expected {fmt}") from None
+            if not text:
+                continue
+            got = [h.strip() for h in text.split("\t" if "\t" in text else ",")]
+            if got != header:
+                raise fail_at(path, line_no, text, f"the header {','.join(header)} ({fmt})")
+            return line_no, offset
+    raise DataError(f"{path} is empty; expected {fmt}")
+
+
+def _ml20m_line(path: Path) -> fastparse.SlowLine:
+    """The full rules for one line the scanner does not take (blanks around fields, signs, …)."""
     expected = "4 comma-separated fields userId,movieId,rating,timestamp"
-    df = split_fields(body, ",", ["user", "item", "rating", "timestamp"], path, expected)
-    return _rated(df, path, expected)
+
+    def parse_line(text: str, line_no: int, movie: int) -> tuple[int, int, int, float]:
+        line = text.strip()
+        if not line:
+            return 0, 0, 0, 0.0
+        row = pl.DataFrame({"line_no": [line_no], "line": [line]})
+        df = split_fields(row, ",", ["user", "item", "rating", "timestamp"], path, expected)
+        df = cast_checked(integer_ids(df, ["user", "item"], path, expected), "rating", pl.Float64, path, expected)
+        return 2, int(df["user"][0]), int(df["item"][0]), float(df["rating"][0])
+
+    return parse_line
 
 
-def load_ml20m(data_dir: Path | None) -> Interactions:
+def parse_ml20m(path: Path) -> Ratings:
+    """Streams ``ratings.csv`` (20 M lines) block by block into integer arrays."""
+    require_file(path, ML20M_FORMAT)
+    line_no, offset = _header_line(path, ["userId", "movieId", "rating", "timestamp"], ML20M_FORMAT)
+    got = fastparse.parse(path, fastparse.CSV4, _ml20m_line(path), first_line=line_no + 1, skip_bytes=offset)
+    return Ratings(got.users, got.items, got.ratings, str(path))
+
+
+def load_ml20m(data_dir: Path | None) -> Ratings:
     if data_dir is None:
         raise ParamError("ml-20m needs {data_dir}: a directory containing {files}", files=" or ".join(ML20M_FILES))
     for name in ML20M_FILES:

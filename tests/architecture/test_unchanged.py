@@ -20,31 +20,31 @@ import pytest
 RECSVC = str(Path(sys.executable).with_name("recsvc"))
 
 ARTIFACT_FILES = {
-    "candidates.parquet": "7dc044a2175ee6343e29acf732c703fb8437a821899ad9a57bd32ce155faa9f6",
-    "items.parquet": "3f1d0244a83b6ea63c98380f9ac807fbda10ec412e390fd1216e85d110ec2323",
-    "model/W1.npz": "e485c1e31a3564332b1552c90dd563f9c7d8a87b4b8ab4f2a9469a45b29cba20",
-    "model/W2.npz": "f76c106bce16460cb84d9fb60ae8ee7eb35fee817215d2a4713025042590af6b",
+    "candidates.parquet": "09f9ea6ee4d2f5353a65149b40466a01f6a9c5166e42d041b6389210f3928c2d",
+    "items.parquet": "d6bdbc69d64f93dedaa7a3114709f38b16ff24c62f263d07bda79c91ae8bc351",
+    "model/W1.npz": "90789c428536bf4ae002eebbb9ffd828211fa49329d23881625c28bfc7f359f8",
+    "model/W2.npz": "a483263024ff6de38adf31b7ab58e1a36cba799ab9eb2bff176e18ce33643c54",
     "model/items.parquet": "6314536692de7ac5a3f65a3784c61f7d18509cb818c93b1f6ea44f6ab578ba20",
-    "test_inputs.parquet": "f75ff828be6b89c702b7b6c1ccb04f4a5bd14d18eb673607fa4e8ea24628e0b7",
-    "test_targets.parquet": "c05caaf9802845ac48cd6ef7c4b6b445a12a9f186c10204ee364c4a7724cf32a",
+    "test_inputs.parquet": "db555f1def2f331f929c49ca9d11ebd85fd350912758433989df9295ce106661",
+    "test_targets.parquet": "54762796cd057d4bb7d9b309184bb395fc2f32c0a8f107fb8e670ce3d28d0cbb",
 }
 # The manifest's files map lists every data file (test_inputs.parquet, test_targets.parquet, policy.parquet,
 # population.parquet, client/ and multiselect/ included), and the manifest holds the policy and
 # multiselect sections.
-MANIFEST_WITHOUT_TIMINGS = "1c5eb7a301ae169b68839a377cd51977f79cb12b83da43221456501cc6d92271"
+MANIFEST_WITHOUT_TIMINGS = "9859476bf67d3f723d06ab53f5c05e5eacb9fd98b3be256ace7fd242977049f2"
 RESULT_FILES = {
-    "correlation_histogram.csv": "7a5bca009369c3edd77a57b534552d19f525275ec0101bc52ce3f59b21b650dc",
-    "log_ratio.parquet": "1c950c1ce576527249591e5d2eadc3d47e118878510f2414e8d61d42809fc00f",
-    "log_ratio_summary.csv": "85f6bf0fbf2476d3b67f8ca291d9fc13f83675d87e76a6c5b963c3f52110737b",
-    "log_ratio_summary.parquet": "bae5c2776a9c1eca46ec199a52fe505d15dcbe3a08a3c4336182e733183356d7",
-    "mse.csv": "cba6c0eab0ccfdbdd89a57a102350716ac1c223ec83f168f0c37358a3975c73a",
-    "mse.parquet": "05d12e4c364079a77867fa2a3cd3f9c4c545d7543eb7f49e02744b4e98091747",
-    "selections.parquet": "904ec41c2982d5f055f9828be892a8a5d03c1eb8c5e018ddeb9e319c726a89af",
-    "users.parquet": "816a779735429c02a82183cd4536bd6e4226b5620afe5bbc5fdb4fd47055e220",
+    "correlation_histogram.csv": "28ef6c107d7cbb3b69a43535d338024e3966129b1af058efa91c838ad9cd9ddc",
+    "log_ratio.parquet": "9bec8df1b5162d6a38af16bb4241800fe6a94ac982ba75164a1b57ee17e9a463",
+    "log_ratio_summary.csv": "ee8aa08da22a44c2b1891b40258997f96b007ce9c80831c9deed018e4ff4a44b",
+    "log_ratio_summary.parquet": "6fc70765c10bf9e0d89983427bbb2568868dbb17ffba79fe886191812968bee2",
+    "mse.csv": "2f6861970f9bf4763d7f973b2e818d8e45d45bc95bfe2b69538ad55797e7f867",
+    "mse.parquet": "491be41f30f214b65418a0b2a327c331ce07a38271bca7abceb4b743009201fc",
+    "selections.parquet": "834a8a2246194da5b5a594b6bbbc6d805e7cb7285465d535b58a3cad73051c6c",
+    "users.parquet": "43359c71861d38f8d758900774445c287b05756ddd420dbb4f2d570038a580f8",
 }
 # mse.*, selections.parquet, the report and the summary include the `auto` rows, section and entry.
-REPORT_WITHOUT_SECONDS = "884bc826ffe887a6cea4c8625dccc63a117446f6bd0ef02cde2c54bc29cfcd6f"
-SUMMARY_WITHOUT_CONFIG = "2d23c5cd1b99d25622e0474eb4134e06e1786c2ef41c5e7b1f67a5aa578de7ad"
+REPORT_WITHOUT_SECONDS = "0bb5fa62636e675db88951d923060fe8a2ea67f7b153bca76a48ec1a748be426"
+SUMMARY_WITHOUT_CONFIG = "3e6b2596a64edc02f38a1e9e7a0fa3a5448079a7bd7ab7c6f6969d13ffb19cca"
 
 
 def _sha(path: Path) -> str:

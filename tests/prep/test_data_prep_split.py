@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 
 from data_prep.datasets import DataError, load
+from data_prep.matrix import from_frame
 from data_prep.split import filter_implicit, sample_population, strong_split, weak_split
 from data_prep.testing import write_amazon
 
@@ -45,7 +46,7 @@ def test_filter_keeps_ratings_4_plus_and_users_with_5() -> None:
 
 def test_strong_split_rules() -> None:
     df = _implicit()
-    s = strong_split(df, test_users=10, val_users=8, seed=42, source="t")
+    s = strong_split(from_frame(df, 0), test_users=10, val_users=8, seed=42, source="t")
     test, val = s.test, s.validation
     assert val is not None  # a strong split has a validation group
     assert len(test.user_ids) == 10 and len(val.user_ids) == 8 and s.train.shape[0] == 42
@@ -73,9 +74,9 @@ def test_strong_split_rules() -> None:
 
 def test_strong_split_is_deterministic_and_order_free() -> None:
     df = _implicit()
-    a = strong_split(df, 10, 8, 42, "t")
-    b = strong_split(df.sample(fraction=1.0, shuffle=True, seed=3), 10, 8, 42, "t")
-    c = strong_split(df, 10, 8, 7, "t")
+    a = strong_split(from_frame(df, 0), 10, 8, 42, "t")
+    b = strong_split(from_frame(df.sample(fraction=1.0, shuffle=True, seed=3), 0), 10, 8, 42, "t")
+    c = strong_split(from_frame(df, 0), 10, 8, 7, "t")
     assert list(a.test.user_ids) == list(b.test.user_ids)
     assert a.test.targets is not None and b.test.targets is not None
     assert a.validation is not None and b.validation is not None
@@ -87,7 +88,7 @@ def test_too_few_users() -> None:
     with pytest.raises(
         DataError, match=r"60 users after filtering, fewer than the split needs \(50 test \+ 10 validation"
     ):
-        strong_split(_implicit(), 50, 10, 42, "t")
+        strong_split(from_frame(_implicit(), 0), 50, 10, 42, "t")
 
 
 def test_weak_split_amazon(tmp_path: Path) -> None:
