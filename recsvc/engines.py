@@ -139,7 +139,9 @@ class DaskEngine:
     def map(self, fn, chunks, context=None, *, desc="", unit="chunk", sizes=None):
         client = self._connect()
         sizes = list(sizes) if sizes is not None else [1] * len(chunks)
-        ctx = client.scatter(context, broadcast=True) if context is not None else None
+        # hash=False: a key of its own, so releasing another map's identical context cannot take
+        # this one's data with it (tasks then fail with "lost dependencies").
+        ctx = client.scatter(context, broadcast=True, hash=False) if context is not None else None
         disable = None if self.progress is None else not self.progress
         window = max(2 * len(client.scheduler_info().get("workers", {}) or [1]), 2)
         with progress_bar(desc, unit, sum(sizes), disable) as bar:
