@@ -57,12 +57,16 @@ WATCH = "/grpc.health.v1.Health/Watch"
 HEAVY_ATTACKERS = 40
 
 
-def old_checkout(tmp: Path) -> Path:
-    """The merge base with main, as files (no git metadata is written)."""
-    base = subprocess.run(["git", "merge-base", "HEAD", "main"], cwd=REPO, capture_output=True, text=True, check=True)
+def old_checkout(tmp: Path, ref: str | None = None) -> Path:
+    """``ref`` (default: the merge base with main) as files (no git metadata is written)."""
+    if ref is None:
+        base = subprocess.run(
+            ["git", "merge-base", "HEAD", "main"], cwd=REPO, capture_output=True, text=True, check=True
+        )
+        ref = base.stdout.strip()
     out = tmp / "old"
     out.mkdir()
-    archive = subprocess.run(["git", "archive", base.stdout.strip()], cwd=REPO, capture_output=True, check=True)
+    archive = subprocess.run(["git", "archive", ref], cwd=REPO, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
     return out
 
@@ -267,6 +271,7 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     ap.add_argument("--rounds", type=int, default=1, help="old and new alternated this many times")
     ap.add_argument("--side-by-side", type=int, metavar="ROUNDS", help="only the speed, both servers up at once")
+    ap.add_argument("--old", metavar="REF", help="the commit to compare against (default: the merge base with main)")
     args = ap.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as t:
@@ -274,7 +279,7 @@ def main() -> None:
         art = bench_artifact(tmp / "art")
         kinds = {"new": REPO} if args.only == "new" else {}
         if args.only != "new":
-            kinds = {"old": old_checkout(tmp), **({"new": REPO} if args.only is None else {})}
+            kinds = {"old": old_checkout(tmp, args.old), **({"new": REPO} if args.only is None else {})}
         if args.side_by_side:
             both = side_by_side(kinds, art, tmp, args.side_by_side)
             for k, measures in both.items():
