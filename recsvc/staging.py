@@ -25,6 +25,22 @@ from recsvc.checks import ParamError
 PathLike = str | os.PathLike[str]
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that cleanup runs (a BaseException, like Ctrl-C)."""
+
+
+_termination_requested = False
+
+
+def request_termination() -> None:
+    """Called by a SIGTERM handler before it raises :class:`Terminated`. That exception can be lost
+    when the signal lands inside a C callback that swallows exceptions (numba's compiler cache
+    notifies LLVM through one while it compiles); then no directory is published after it:
+    :meth:`StagedDir.publish` raises it again."""
+    global _termination_requested
+    _termination_requested = True
+
+
 class OutputError(ParamError):
     """An output directory cannot be created, or would replace one without ``force``."""
 
@@ -142,6 +158,8 @@ class StagedDir:
     def publish(self) -> Path:
         """Renames the finished temp dir to ``out``. An ``out`` that another process created
         meanwhile (the checks saw it absent) is replaced only with ``force``."""
+        if _termination_requested:
+            raise Terminated()
         try:
             replace_dir(self.tmp, self._path, replace=self.force)
         except FileExistsError:  # created after the checks (atomic: RENAME_NOREPLACE)

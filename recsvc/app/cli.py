@@ -26,6 +26,7 @@ from recsvc.checks import ParamError
 from recsvc.mechanisms.cli import register as register_mechanisms
 from recsvc.service.cli import register as register_service
 from recsvc.service.device_cli import register as register_multiselect
+from recsvc.staging import Terminated, request_termination
 
 # Order here is the order in `recsvc --help`.
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
@@ -185,13 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-    except _Terminated:
+    except Terminated:
         print(f"recsvc {args.command}: terminated", file=sys.stderr)
         return 143
-
-
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that cleanup runs (a BaseException, like Ctrl-C)."""
 
 
 _MAIN_PID: int | None = None
@@ -216,7 +213,8 @@ def _terminate(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    raise _Terminated()
+    request_termination()
+    raise Terminated()
 
 
 if __name__ == "__main__":

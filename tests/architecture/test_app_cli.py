@@ -75,6 +75,35 @@ def test_no_sigterm_can_land_in_polars_loading_numpys_c_api(tmp_path: Path) -> N
     assert (tmp_path / "art" / "manifest.json").is_file()
 
 
+def test_a_sigterm_swallowed_by_a_c_callback_still_stops_the_run_before_it_publishes(tmp_path: Path) -> None:
+    """A SIGTERM that lands inside a C callback (numba's compiler cache notifies LLVM through one
+    while it compiles, on a cold cache) has its exception swallowed there, and the run goes on. It
+    must still end as "terminated" (143), with nothing published and no temporary directory left:
+    here a ctypes callback receives the signal while prep writes its items."""
+    script = textwrap.dedent("""
+        import ctypes, os, signal, sys
+        from recsvc.app import cli
+
+        fired = []
+        callback = ctypes.CFUNCTYPE(None)(lambda: os.kill(os.getpid(), signal.SIGTERM))
+
+        def tracer(frame, event, arg):
+            if event == "call" and frame.f_code.co_name == "write_items" and not fired:
+                fired.append(1)
+                callback()  # the handler raises inside the callback; ctypes swallows it
+            return None
+
+        sys.settrace(tracer)
+        sys.exit(cli.main(["prep", "--dataset", "synthetic", "--preset", "tiny", "--out", sys.argv[1]]))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "art")], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert "Exception ignored on calling ctypes callback" in proc.stderr  # the exception was swallowed
+    assert proc.returncode == 143 and "recsvc prep: terminated" in proc.stderr, proc.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigterm_cleans_up_temporary_directories(tmp_path: Path) -> None:
     out = tmp_path / "art"
     proc = _recsvc("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", str(out))
