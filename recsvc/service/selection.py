@@ -20,6 +20,7 @@ then finds to be a replay, a conflict or over budget is discarded unreleased: it
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -72,10 +73,11 @@ def check_loss_weight(
     )
 
 
+@functools.cache
 def _compile_kernels() -> None:
     """Compiles (or loads from numba's cache) the compiled kernels a request may run, so the first
     request after a cold start does not wait seconds for them: clm's draw (Recommend's default
-    candidate stage) and one-user SANSA scoring."""
+    candidate stage) and one-user SANSA scoring. Once per process: every Selector shares them."""
     from recsvc.model import Model
 
     rng = np.random.default_rng(0)
