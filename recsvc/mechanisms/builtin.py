@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from recsvc.mechanisms import clm, gem, noisy_max, random_stopping, randomized_response, topk
+from recsvc.mechanisms import clm, gem, gem_peel, noisy_max, random_stopping, randomized_response, topk
 from recsvc.mechanisms.mechanism import FLOAT_EXACT, Mechanism
 from recsvc.mechanisms.params import param_specs
 from recsvc.mechanisms.privacy import (
@@ -126,6 +126,8 @@ BUILTIN = (
         param_specs(gem.BETA),
         expectation_fn=gem.gem_expectation,
         privacy=_declared("gem", _BOUNDED, _GEM),
+        peel_fn=gem_peel.gem_peel,
+        peel_work_fn=gem_peel.gem_peel_work,
         float_level=_REVIEWED,
     ),
     Mechanism(
@@ -136,6 +138,8 @@ BUILTIN = (
         param_specs(gem.BETA),
         expectation_fn=gem.mgem_expectation,
         privacy=_declared("mgem", _BOUNDED, _GEM),
+        peel_fn=gem_peel.mgem_peel,
+        peel_work_fn=gem_peel.mgem_peel_work,
     ),
     Mechanism(
         "combined_gem",

@@ -68,9 +68,15 @@ def markdown_table(page: Path = PAGE) -> str:
             f"| `{m.name}` | {privacy} | {NEIGHBOURS[decl.neighbouring]} | {_cell(audit_text(decl))} "
             f"| [proof]({link}) | {'yes' if m.exact else 'no'} | {_cell(m.float_level)} | {params or '–'} "
             f"| {_cell(m.description)} "
-            f"| {'one pass at ε' if m.one_shot else 'peeling: k steps at ε/k'} |"
+            f"| {_slate_cell(m)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _slate_cell(m: Mechanism) -> str:
+    if m.one_shot:
+        return "one pass at ε"
+    return "peeling: k steps at ε/k" + (" ([native sampler](privacy-proofs.md#slates))" if m.peel_fn else "")
 
 
 def with_table(text: str, page: Path = PAGE) -> str:

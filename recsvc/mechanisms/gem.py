@@ -33,7 +33,7 @@ from recsvc.mechanisms.noisy_max import exponential_noisy_max
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 from recsvc.mechanisms.privacy import Split, Stage
 from recsvc.mechanisms.validation import MechanismInputError
-from recsvc.stats import argsort_fast, spearman
+from recsvc.stats import argsort_float, spearman
 
 BETA = ParamSpec("beta", 0.05, 0.0, 1.0, "GEM failure probability β in t = 2 ln(n/β)/ε")
 CORR_BUDGET_FRACTION = ParamSpec(
@@ -75,10 +75,12 @@ def _hull_candidates(s: np.ndarray, d: np.ndarray) -> np.ndarray:  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True)
-def _q_prime_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
-    # ``order``: the points (x, y) = (−Δ, s) that may be hull vertices, sorted by x ascending
-    # (equal x: the highest wins below, whatever their order).
-    n = s.shape[0]
+def _upper_hull(
+    s: np.ndarray, d: np.ndarray, order: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """The upper hull of the points (x, y) = (−Δ, s) listed in ``order`` (those that may be hull
+    vertices, sorted by x ascending; equal x: the highest wins, whatever their order): its
+    vertices' x and y, and the slope of each edge j → j + 1."""
     c = order.shape[0]
     hx = np.empty(c)
     hy = np.empty(c)
@@ -99,13 +101,23 @@ def _q_prime_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray
         hx[h] = x
         hy[h] = y
         h += 1
-    edge = np.empty(max(h - 1, 0))  # slope of hull edge j → j + 1
+    edge = np.empty(max(h - 1, 0))
     for j in range(h - 1):
         edge[j] = (hy[j + 1] - hy[j]) / (hx[j + 1] - hx[j])
-    out = np.empty(n)
-    for a in range(n):
-        qa_x = d[a]
-        qa_y = s[a]
+    return hx[:h], hy[:h], edge
+
+
+@numba.njit(cache=True, nogil=True)
+def tangents(
+    hx: np.ndarray, hy: np.ndarray, edge: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
+    """min(0, the smallest slope from each Q = (x_a, y_a) to a vertex of the hull (hx, hy) with
+    edge slopes ``edge``): q'_a for Q_a = (Δ_a, s_a)."""
+    h = hx.shape[0]
+    out = np.empty(x.shape[0])
+    for a in range(x.shape[0]):
+        qa_x = x[a]
+        qa_y = y[a]
         # g(j) = slope from hull vertex j to Q_a is unimodal along the hull: binary search.
         # Q_a lies right of every vertex, so g(j + 1) < g(j) iff edge j is steeper than g(j):
         # edge[j]·(x_Q − x_j) > y_Q − y_j, one multiplication instead of two divisions.
@@ -127,6 +139,13 @@ def _q_prime_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def hull(s: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """The upper hull of the points (−Δ, s) (:func:`_upper_hull`'s vertices and edge slopes)."""
+    cand = _hull_candidates(s, d)
+    return _upper_hull(s, d, cand[argsort_float(-d[cand])])
+
+
 def q_prime(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
     """GEM normalised scores q'_a = min_{a'} ((q_a − tΔ_a) − (q_{a'} − tΔ_{a'}))/(Δ_a + Δ_{a'}).
 
@@ -134,8 +153,8 @@ def q_prime(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:
     """
     s = np.ascontiguousarray(q - t * d)
     d = np.ascontiguousarray(d, dtype=np.float64)
-    cand = _hull_candidates(s, d)
-    return _q_prime_hull(s, d, cand[argsort_fast(-d[cand])])
+    hx, hy, edge = hull(s, d)
+    return tangents(hx, hy, edge, d, s)
 
 
 def q_prime_naive(q: np.ndarray, d: np.ndarray, t: float) -> npt.NDArray[np.float64]:
@@ -154,7 +173,7 @@ def gem_t(n: int, epsilon: float, beta: float) -> float:
 _MAX_SCALED = 1e307
 
 
-def _checked_t(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> float:
+def checked_t(q: np.ndarray, d: np.ndarray, epsilon: float, beta: float) -> float:
     """GEM's t, with an O(n) guarantee that q' is finite for ±t (t·Δ overflows only for ε near
     the smallest doubles); runs before any randomness is drawn."""
     t = gem_t(q.shape[0], epsilon, beta)
@@ -183,15 +202,15 @@ def gem_sample(
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: q' has sensitivity 1 (Raskhodnikova & Smith 2015).
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])), rng, size)
+    return exponential_noisy_max(_gem_u(q, d, epsilon, checked_t(q, d, epsilon, p["beta"])), rng, size)
 
 
 def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
-    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])))
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, checked_t(q, d, epsilon, p["beta"])))
 
 
 def gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
-    return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, _checked_t(q, d, epsilon, p["beta"])), values)
+    return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, checked_t(q, d, epsilon, p["beta"])), values)
 
 
 def mgem_sample(
@@ -202,15 +221,15 @@ def mgem_sample(
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: the sensitivity-1 argument holds for any
     data-independent t.
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])), rng, size)
+    return exponential_noisy_max(_gem_u(q, d, epsilon, -checked_t(q, d, epsilon, p["beta"])), rng, size)
 
 
 def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
-    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])))
+    return exponential_noisy_max_log_probabilities(_gem_u(q, d, epsilon, -checked_t(q, d, epsilon, p["beta"])))
 
 
 def mgem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
-    return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, -_checked_t(q, d, epsilon, p["beta"])), values)
+    return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, -checked_t(q, d, epsilon, p["beta"])), values)
 
 
 def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
@@ -262,7 +281,7 @@ def combined_gem_sample(
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
     """
     _, eps_g = correlation_split(p).stage_epsilons(epsilon)
-    t = _checked_t(q, d, eps_g, p["beta"])  # both branches' input check, before the bit is drawn
+    t = checked_t(q, d, eps_g, p["beta"])  # both branches' input check, before the bit is drawn
     bits = report_correlation_bit(q, d, epsilon, p, rng, size)
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1

@@ -18,6 +18,11 @@ LogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues], np.ndarray]
 ExpectationFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.ndarray], float]
 # top_k(q, Δ, ε, own params, rng, k) -> (k,) int64 distinct indices: a whole k-item slate at ε, one pass
 TopKFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
+# peel(q, Δ, ε_step, own params, rng, k) -> (k,) int64 distinct indices: k peeled selections at
+# ε_step each, drawn natively (same law as k ``sample`` calls on the survivors, fewer draws)
+PeelFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
+# peel_work(q, Δ, ε_step, own params, k) -> the native peel's expected cost, in random draws' worth
+PeelWorkFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], float]
 # slate_log_p(q, Δ, ε, own params, k) -> log P(slate) for every ordered k-tuple (small n)
 SlateLogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], dict[tuple[int, ...], float]]
 
@@ -38,7 +43,9 @@ class Mechanism:
     ``top_k`` (one-shot mechanisms only) draws a whole k-item slate at ε in one pass, and
     ``privacy`` then states what that slate consumes: slates run it instead of peeling, and are
     charged ``privacy_map(ε)`` once. ``sample`` must be its k = 1 case, drawing the same stream;
-    ``slate_log_probabilities_fn`` gives its exact slate law where tractable. ``default``: whether
+    ``slate_log_probabilities_fn`` gives its exact slate law where tractable. ``peel_fn`` (peeled
+    mechanisms only) draws a peeled slate natively, with the law of k ``sample`` steps, and
+    ``peel_work_fn`` says what that costs (a service prices heavy work with it). ``default``: whether
     the mechanism is in the default set, the one the evaluation harness runs and `auto`'s policy
     table ranks when no mechanisms are named (:func:`default_mechanisms`)."""
 
@@ -51,6 +58,8 @@ class Mechanism:
     privacy: Privacy = field(kw_only=True)
     top_k: TopKFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     slate_log_probabilities_fn: SlateLogProbFn | None = field(default=None, repr=False, compare=False, kw_only=True)
+    peel_fn: PeelFn | None = field(default=None, repr=False, compare=False, kw_only=True)
+    peel_work_fn: PeelWorkFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     default: bool = field(default=True, kw_only=True)
     # What the float64 implementation delivers against the declared map: FLOAT_EXACT when the
     # sampler follows the exact law at every ε (δ = 0), else the measured δ(ε) or that none was.
@@ -63,6 +72,10 @@ class Mechanism:
             raise ValueError(f"mechanism {self.name!r}: an expectation_fn needs log_probabilities_fn (exact)")
         if self.slate_log_probabilities_fn is not None and (self.top_k is None or not self.exact):
             raise ValueError(f"mechanism {self.name!r}: exact slate probabilities need top_k and log_probabilities_fn")
+        if self.peel_fn is not None and self.top_k is not None:
+            raise ValueError(f"mechanism {self.name!r}: a one-shot mechanism is never peeled, so it takes no peel_fn")
+        if (self.peel_fn is None) != (self.peel_work_fn is None):
+            raise ValueError(f"mechanism {self.name!r}: a native peel_fn and its peel_work_fn come together")
         if any(k != spec.name for k, spec in self.params.items()):
             raise ValueError(f"mechanism {self.name!r}: params must map each spec's own name to it")
         object.__setattr__(self, "params", param_specs(*self.params.values()))  # a read-only copy

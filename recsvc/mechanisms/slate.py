@@ -100,9 +100,12 @@ def peel(
 ) -> npt.NDArray[np.int64]:
     """k selections without replacement at ``eps_step`` each, on validated q, Δ (see module doc).
     The name and parameters are checked here, before the first draw; each step is then one
-    ``select`` draw without repeating the O(n) input checks."""
+    ``select`` draw without repeating the O(n) input checks, or, for k ≥ 2, the mechanism's own
+    ``peel_fn`` draws all k steps with the same law."""
     mech = get_mechanism(name, allow_non_private)
     values = check_params(params, mech)
+    if mech.peel_fn is not None and k >= 2:
+        return np.asarray(mech.peel_fn(q, d, eps_step, values, rng, k), dtype=np.int64)
     remaining = np.arange(q.shape[0], dtype=np.int64)
     out = np.empty(k, dtype=np.int64)
     for i in range(k):
@@ -112,6 +115,17 @@ def peel(
             keep = np.arange(remaining.shape[0]) != j
             remaining, q, d = remaining[keep], q[keep], d[keep]
     return out
+
+
+def native_peel_work(
+    name: str, q: np.ndarray, d: np.ndarray, epsilon: float, k: int, params: dict[str, object]
+) -> float | None:
+    """A k-item slate's expected cost in random draws' worth when ``name`` peels it natively
+    (its ``peel_work_fn`` at ε/k, O(n)); None when it does not (one draw per candidate per step)."""
+    mech = get_mechanism(name, allow_non_private=True)
+    if mech.peel_work_fn is None or k < 2:
+        return None
+    return mech.peel_work_fn(q, d, epsilon / k, check_params(params, mech), k)
 
 
 def select_slate(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recsvc.mechanisms import MECHANISMS, charged_epsilon, select_slate, select_two_stage
-from recsvc.mechanisms.slate import is_one_shot
+from recsvc.mechanisms.slate import is_one_shot, native_peel_work
 from recsvc.service.errors import InvalidRequest
 
 MAX_ID_LEN = 256
@@ -151,10 +151,12 @@ def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -
 
 def expected_work(p: Prepared) -> float:
     """Random draws :func:`draw` is expected to make for ``p``, every stage counted: a one-shot
-    mechanism runs once, a peeled slate k times; a two-stage Recommend first draws its
-    private top-m (one run of its one-shot mechanism over the whole catalog)."""
+    mechanism runs once, a peeled slate k times (a native peel: its own estimate, O(n), from the
+    scores); a two-stage Recommend first draws its private top-m (one run of its one-shot
+    mechanism over the whole catalog)."""
     if p.stage is None:
-        return _slate_work(p.mechanism, p.scores.size, p.k, p.params)
+        native = native_peel_work(p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, dict(p.params))
+        return _slate_work(p.mechanism, p.scores.size, p.k, p.params) if native is None else native
     return _slate_work(p.stage.mechanism, p.scores.size, p.stage.m, {}) + _slate_work(
         p.mechanism, p.stage.m, p.k, p.params
     )

@@ -35,7 +35,7 @@ from recsvc.checks import ParamError, check_epsilon
 from recsvc.ledger import Charge, Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.mechanisms import MECHANISMS, check_params, select_slate
-from recsvc.mechanisms.slate import slate_split
+from recsvc.mechanisms.slate import native_peel_work, slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable, population_median, resolve_auto
 from recsvc.rng import thread_csprng
@@ -77,11 +77,15 @@ def check_loss_weight(
 def _compile_kernels() -> None:
     """Compiles (or loads from numba's cache) the compiled kernels a request may run, so the first
     request after a cold start does not wait seconds for them: clm's draw (Recommend's default
-    candidate stage) and one-user SANSA scoring. Once per process: every Selector shares them."""
+    candidate stage), gem's and mgem's native peels (`auto` slates) with their work estimate, and
+    one-user SANSA scoring. Once per process: every Selector shares them."""
     from recsvc.model import Model
 
     rng = np.random.default_rng(0)
-    select_slate("clm", np.array([0.0, 0.5, 1.0]), np.ones(3), 1.0, 2, rng=rng)
+    q, d = np.array([0.0, 0.5, 1.0]), np.ones(3)
+    for name in ("clm", "gem", "mgem"):
+        select_slate(name, q, d, 1.0, 2, rng=rng)
+        native_peel_work(name, q, d, 1.0, 2, {})
     eye = sp.identity(2, format="csr")
     Model(w1=eye, w2=eye, item_ids=np.array(["a", "b"])).score_one(np.array([0]))
 

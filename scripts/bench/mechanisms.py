@@ -8,8 +8,13 @@
    ``select_slate(k=10)`` at n = 20,720 (ml20m-shape) vs n = 500, in the same run, for rnm,
    mgem and combined_gem (target: ≤ 40× the n = 500 time), and one two-stage call
    (private top-500 at half of ε, then a 10-item slate) at n = 20,720.
+5. ``--peel``: gem and mgem 10-item slates at n = 20,720, the native peel (``select_slate``)
+   against the same law drawn step by step (``select`` on the survivors, each step with its m
+   exponential draws), alternated in one run, on a user's clipped scores from an artifact
+   (``--artifacts``, default artifacts/synthetic-ml20m-shape) or, without one, synthetic scores.
 
 Usage: .venv/bin/python -m scripts.bench.mechanisms [--users 10000] [--trials 50] [--only-scale]
+       .venv/bin/python -m scripts.bench.mechanisms --peel [--artifacts DIR]
 The machine may be shared: compare the ratios within one run, not absolute times across runs.
 """
 
@@ -19,6 +24,7 @@ import argparse
 import functools
 import statistics
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -112,6 +118,59 @@ def bench_catalog_scale(rounds: int) -> None:
     )
 
 
+def _stepwise_slate(
+    name: str, q: np.ndarray, d: np.ndarray, epsilon: float, k: int, g: np.random.Generator
+) -> list[int]:
+    """The peeled law drawn one ``select`` at a time (each step: m exponentials over q')."""
+    alive = np.arange(q.shape[0])
+    out = []
+    for _ in range(k):
+        j = int(select(name, q[alive], d[alive], epsilon / k, rng=g))
+        out.append(int(alive[j]))
+        alive = np.delete(alive, j)
+    return out
+
+
+def _catalog_user(artifacts: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    if not artifacts.is_dir():
+        rng = np.random.default_rng(0)
+        return rng.uniform(0, 0.003, N_CATALOG), rng.uniform(7e-5, 0.037, N_CATALOG), "synthetic scores"
+    from recsvc.artifact import load_artifact
+    from recsvc.service.selection import Catalog, Recommender
+
+    art = load_artifact(artifacts)
+    cat = Catalog(art)
+    ids = art.items["item_id"].to_list()
+    hist = [ids[i] for i in np.random.default_rng(0).choice(len(ids), 74, replace=False)]
+    q = np.clip(Recommender(art, cat).scores(hist), cat.lo, cat.hi)
+    return q, np.asarray(cat.sensitivity, dtype=np.float64), f"{artifacts}: a 74-item history's clipped scores"
+
+
+def bench_peel(artifacts: Path, rounds: int) -> None:
+    q, d, source = _catalog_user(artifacts)
+    g = csprng()
+    print(
+        f"\nnative peel vs step by step, n = {q.shape[0]}, k = {SLATE_K}, {source}; best / median of {rounds} rounds (ms)"
+    )
+    print(
+        f"{'mechanism':<9} {'ε':>6} {'native best':>12} {'median':>8} {'stepwise best':>14} {'median':>8} {'speed-up':>9}"
+    )
+    for name in ("mgem", "gem"):
+        for eps in (0.1, 1.0, 10.0):
+            native = functools.partial(select_slate, name, q, d, eps, SLATE_K, g)
+            stepwise = functools.partial(_stepwise_slate, name, q, d, eps, SLATE_K, g)
+            native(), stepwise()  # warm-up (numba JIT)
+            res: dict[str, list[float]] = {"native": [], "stepwise": []}
+            for _ in range(rounds):  # alternated, so both see the same load
+                res["native"].append(_time(native, 20))
+                res["stepwise"].append(_time(stepwise, 5))
+            (nb, nm), (sb, sm) = ((min(v), statistics.median(v)) for v in res.values())
+            print(
+                f"{name:<9} {eps:>6} {nb * 1e3:>12.2f} {nm * 1e3:>8.2f} {sb * 1e3:>14.2f} {sm * 1e3:>8.2f} {sm / nm:>8.1f}×",
+                flush=True,
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=10_000, help="users in the batch benchmark (default 10,000)")
@@ -119,7 +178,12 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=2000, help="select calls per latency round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only-scale", action="store_true", help="only the catalog-scale comparison (section 4)")
+    ap.add_argument("--peel", action="store_true", help="only gem's and mgem's native peel vs step by step (section 5)")
+    ap.add_argument("--artifacts", type=Path, default=Path("artifacts/synthetic-ml20m-shape"), help="for --peel")
     args = ap.parse_args()
+    if args.peel:
+        bench_peel(args.artifacts, args.rounds)
+        return
     if args.only_scale:
         bench_catalog_scale(args.rounds)
         return

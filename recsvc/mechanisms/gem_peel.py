@@ -1,0 +1,237 @@
+"""GEM and mGEM slates peeled natively: k steps in one numba kernel, each drawing only the few
+random numbers its winner needs.
+
+Each step is one ``gem``/``mgem`` selection at ε/k on the candidates not chosen yet (t from
+their count m, as :func:`recsvc.mechanisms.gem.gem_t`), so the slate's law and its privacy are
+those of :func:`recsvc.mechanisms.slate.peel`. What changes is how a step samples
+argmax_a(u_a + E_a), u_a = q'_a·ε/2 ≤ 0, E_a i.i.d. Exponential(1) (rnm on q' with Δmax = 1):
+
+**Exceedance sampling.** max u = 0, attained by the point T of largest s (q'_T = 0, every other
+term of its min is ≥ 0). So Y_a = u_a + E_a exceeds 0 for a = T almost surely, and for any a with
+probability e^{u_a}; given that, Y_a is again Exponential(1) (memoryless), independently across a.
+The argmax is therefore a uniform draw from S = {a : Y_a > 0}, and S is a set of independent
+Bernoulli(e^{u_a}) trials.
+
+**Few draws.** q'_a ≤ min(0, (s_a − s_T)/(Δ_a + Δ_T)) (the a' = T term), so p̄_a = e^{ū_a} bounds
+e^{u_a} at O(1) cost. The candidates fall into buckets b = ⌊−ū_a / ln 2⌋ (p̄_a ∈ (2^{−b−1}, 2^{−b}];
+the last bucket, b = 64, takes every p̄_a ≤ 2^{−64}); in bucket b, geometric skips with
+p = 2^{−b} visit exactly the positions of i.i.d. Bernoulli(2^{−b}) successes, and a visited a
+is kept with probability e^{u_a}/2^{−b} (its exact u_a from the upper hull, built on the
+step's first visit). That thinning makes a's inclusion Bernoulli(e^{u_a}), independently.
+The expected number of draws is O(Σ_a p̄_a + 65) per step instead of m exponentials: on
+ml20m-shape's catalog Σ_a p̄_a ≈ 2.4 for mGEM at every ε.
+
+The tests hold the slates to their exact peeled law (``slate_log_probabilities``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from recsvc.mechanisms import gem
+from recsvc.mechanisms.params import ParamValues
+
+_HEAVY = 8  # p̄ > 2^−8: a Bernoulli(p̄) trial each; below, only where a geometric skip lands
+_LAST = 64  # the last level takes every p̄ ≤ 2^−64
+_DENSE = 256  # more candidates above 2^−8 than this: draw densely
+_LN2 = math.log(2.0)
+# Exact q'_a of a step's first visited candidates by their O(m) definition; later ones from the
+# upper hull (O(m) filter and a sort, once per step), so a flat law never costs O(m²).
+_DIRECT_VISITS = 4
+
+
+@numba.njit(cache=True, nogil=True)
+def _skip(g: np.random.Generator, p: float) -> float:  # pragma: no cover - numba
+    """Failures before the first success of Bernoulli(p) trials (a float: it may be astronomic)."""
+    if p >= 1.0:
+        return 0.0
+    return math.floor(math.log(1.0 - g.random()) / math.log1p(-p))
+
+
+@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "nnan"})
+def _direct_q_prime(a: int, s: np.ndarray, d: np.ndarray) -> float:  # pragma: no cover - numba
+    # q'_a by its definition; a min is exact in any order, so the loop may be vectorised
+    qa = 0.0
+    for j in range(s.shape[0]):
+        qa = min(qa, (s[a] - s[j]) / (d[a] + d[j]))
+    return qa
+
+
+@numba.njit(cache=True, nogil=True)
+def _exact_u(
+    a: int, s: np.ndarray, d: np.ndarray, half_eps: float, hull: list[np.ndarray]
+) -> float:  # pragma: no cover - numba
+    """u_a = q'_a·ε/2: by the O(m) definition for a step's first few visits, then from the upper
+    hull (built once per step: an O(m) filter and a sort), so a flat law never costs O(m²).
+    ``hull`` is the step's cache: one placeholder per direct visit, then the hull's x, y and
+    edge slopes."""
+    if len(hull) < _DIRECT_VISITS:
+        hull.append(np.empty(0))
+        return _direct_q_prime(a, s, d) * half_eps
+    if len(hull) == _DIRECT_VISITS:
+        hx, hy, edge = gem.hull(s, d)
+        hull.append(hx)
+        hull.append(hy)
+        hull.append(edge)
+    n = len(hull)
+    return float(gem.tangents(hull[n - 3], hull[n - 2], hull[n - 1], d[a : a + 1], s[a : a + 1])[0]) * half_eps
+
+
+@numba.njit(cache=True, nogil=True)
+def _bound(a: int, s: np.ndarray, d: np.ndarray, top: int, half_eps: float) -> float:  # pragma: no cover - numba
+    """ū_a ≥ u_a: the a' = T term of q'_a's min, times ε/2."""
+    return min(0.0, float((s[a] - s[top]) / (d[a] + d[top]))) * half_eps
+
+
+@numba.njit(cache=True, nogil=True)
+def _level(ub: float) -> int:  # pragma: no cover - numba
+    """b with e^{ū} ∈ (2^−b−1, 2^−b], capped at _LAST; rounding never puts e^{ū} above 2^−b."""
+    if ub <= -_LAST * _LN2:
+        return _LAST
+    b = min(_LAST, int(-ub / _LN2))
+    return b - 1 if b > 0 and math.exp(ub) > 2.0 ** (-b) else b
+
+
+@numba.njit(cache=True, nogil=True)
+def _step(s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator) -> int:  # pragma: no cover - numba
+    """One draw of argmax(u + E) for u = q'(s, d)·ε/2 (module docstring): an index into s.
+    Whether it draws densely depends on s and Δ only, never on a draw, so the law is the same."""
+    m = s.shape[0]
+    top = 0
+    for i in range(1, m):
+        if s[i] > s[top]:
+            top = i
+    heavy = np.empty(m, np.int64)
+    n_heavy = 0
+    for a in range(m):
+        if a != top and _bound(a, s, d, top, half_eps) > -_HEAVY * _LN2:
+            heavy[n_heavy] = a
+            n_heavy += 1
+            if n_heavy > _DENSE:  # a flat law: m exponentials cost less than the trials
+                return _dense(s, d, half_eps, g)
+    kept = np.empty(n_heavy + 1, np.int64)
+    kept[0] = top  # u = 0: always kept
+    n_kept = 1
+    hull = [np.empty(0) for _ in range(0)]
+    for a in heavy[:n_heavy]:  # levels below _HEAVY: one Bernoulli(p̄_a) trial each
+        p_bar = math.exp(_bound(a, s, d, top, half_eps))
+        if g.random() < p_bar and g.random() < math.exp(_exact_u(a, s, d, half_eps, hull)) / p_bar:
+            kept[n_kept] = a
+            n_kept += 1
+    extra = [0 for _ in range(0)]
+    # level b ≥ _HEAVY: Bernoulli(2^−b) successes by geometric skips over every position; a
+    # landing counts only for a candidate of this level (the others have their own trials)
+    for b in range(_HEAVY, _LAST + 1):
+        p_b = 2.0 ** (-b)
+        pos = -1.0
+        while True:
+            pos += 1.0 + _skip(g, p_b)
+            if pos >= m:
+                break
+            a = int(pos)
+            if a == top:
+                continue
+            ub = _bound(a, s, d, top, half_eps)
+            if ub > -_HEAVY * _LN2 or _level(ub) != b:
+                continue
+            if g.random() < math.exp(_exact_u(a, s, d, half_eps, hull)) / p_b:
+                extra.append(a)
+    pick = g.integers(0, n_kept + len(extra))
+    return kept[pick] if pick < n_kept else extra[pick - n_kept]
+
+
+@numba.njit(cache=True, nogil=True)
+def _dense(s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator) -> int:  # pragma: no cover - numba
+    """The same draw as rnm on q' (gem.py's sampler): every q'_a from the hull, m exponentials."""
+    hx, hy, edge = gem.hull(s, d)
+    z = gem.tangents(hx, hy, edge, d, s) * half_eps + g.standard_exponential(s.shape[0])
+    return int(np.argmax(z))
+
+
+@numba.njit(cache=True, nogil=True)
+def _peel(
+    q: np.ndarray, d: np.ndarray, sign: float, eps_step: float, beta: float, k: int, g: np.random.Generator
+) -> np.ndarray:  # pragma: no cover - numba
+    n = q.shape[0]
+    alive = np.arange(n)  # the survivors, in their original order
+    qq = q.copy()
+    dd = d.copy()
+    s = np.empty(n)
+    out = np.empty(k, np.int64)
+    for i in range(k):
+        m = n - i
+        t = sign * 2.0 * math.log(m / beta) / eps_step
+        for j in range(m):
+            s[j] = qq[j] - t * dd[j]
+        w = _step(s[:m], dd[:m], eps_step / 2.0, g)
+        out[i] = alive[w]
+        for j in range(w, m - 1):  # drop the winner, keeping the order
+            alive[j] = alive[j + 1]
+            qq[j] = qq[j + 1]
+            dd[j] = dd[j + 1]
+    return out
+
+
+# A native step's two O(m) passes cost about a fifth of one ChaCha20 exponential draw per
+# candidate (45 µs at m = 20,720 against 280 µs for m draws: scripts/bench/mechanisms.py).
+PASS_COST = 0.2
+
+
+@numba.njit(cache=True, nogil=True)
+def _heavy_count(q: np.ndarray, d: np.ndarray, t: float, half_eps: float) -> int:  # pragma: no cover - numba
+    top = 0
+    for i in range(1, q.shape[0]):
+        if q[i] - t * d[i] > q[top] - t * d[top]:
+            top = i
+    s_top = q[top] - t * d[top]
+    count = 0
+    for a in range(q.shape[0]):
+        if a != top and min(0.0, (q[a] - t * d[a] - s_top) / (d[a] + d[top])) * half_eps > -_HEAVY * _LN2:
+            count += 1
+    return count
+
+
+def _work_family(sign: float, q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
+    n = q.shape[0]
+    t = sign * gem.gem_t(n, eps_step, p["beta"])
+    heavy = _heavy_count(np.ascontiguousarray(q, np.float64), np.ascontiguousarray(d, np.float64), t, eps_step / 2)
+    per_step = n * PASS_COST + (n if heavy > _DENSE else 2 * heavy + _LAST)
+    return float(k * per_step)
+
+
+def gem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
+    """:func:`gem_peel`'s expected work in random draws' worth, from its first step's law (O(n))."""
+    return _work_family(1.0, q, d, eps_step, p, k)
+
+
+def mgem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
+    """:func:`mgem_peel`'s expected work in random draws' worth, from its first step's law (O(n))."""
+    return _work_family(-1.0, q, d, eps_step, p, k)
+
+
+def _peel_family(
+    sign: float, q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, rng: np.random.Generator, k: int
+) -> npt.NDArray[np.int64]:
+    # The O(n) overflow check at the full n covers every later step: t shrinks with m (slate.py).
+    gem.checked_t(q, d, eps_step, p["beta"])
+    q = np.ascontiguousarray(q, dtype=np.float64)
+    d = np.ascontiguousarray(d, dtype=np.float64)
+    return np.asarray(_peel(q, d, sign, float(eps_step), float(p["beta"]), int(k), rng), dtype=np.int64)
+
+
+def gem_peel(
+    q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, rng: np.random.Generator, k: int
+) -> npt.NDArray[np.int64]:
+    """k peeled ``gem`` selections at ``eps_step`` each, on validated q, Δ (module docstring)."""
+    return _peel_family(1.0, q, d, eps_step, p, rng, k)
+
+
+def mgem_peel(
+    q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, rng: np.random.Generator, k: int
+) -> npt.NDArray[np.int64]:
+    """k peeled ``mgem`` selections at ``eps_step`` each, on validated q, Δ (module docstring)."""
+    return _peel_family(-1.0, q, d, eps_step, p, rng, k)
