@@ -4,8 +4,8 @@ Starts `recsvc serve` on an artifact in its own process (durable SQLite ledger i
 sends Recommend requests one at a time over loopback, each with a fresh request_id (every request
 is a new charge, none a replay). Histories are random catalog items, their lengths drawn around
 the ml20m-shape mean (≈ 74 interactions per user). Rows: the default (one item, `auto`), rnm,
-10-item slates (`auto`, which peels over the full catalog by the sign rule, and each one-shot
-mechanism), and the two-stage path (a private top-500 at half of ε drawn by each one-shot
+10-item slates (`auto`, which peels mgem natively over the full catalog on ml20m-shape, and
+each one-shot mechanism), and the two-stage path (a private top-500 at half of ε drawn by each one-shot
 mechanism, then `auto` among the 500). Also times the server's steps in-process (SANSA scoring,
 clipping, the selection) so a reader sees where the time goes.
 
@@ -113,7 +113,7 @@ def main() -> None:
                 rows: list[tuple[str, dict[str, Any], int]] = [
                     ("default (auto, 1 item)", {"epsilon": 1.0}, args.requests),
                     ("rnm, 1 item", {"epsilon": 1.0, "mechanism": "rnm"}, args.requests),
-                    ("auto, k=10 slate (peels)", {"epsilon": 1.0, "k": 10}, args.requests // 2),
+                    ("auto, k=10 slate (peeled)", {"epsilon": 1.0, "k": 10}, args.requests // 2),
                 ]
                 rows += [
                     (f"{m}, k=10 slate", {"epsilon": 1.0, "k": 10, "mechanism": m}, args.requests // 2)
