@@ -115,14 +115,15 @@ class UserRows:
         return _expand(*self.rows(users, start), self.items)
 
 
-
 def _open(path: Path, ndim: int, kind: str) -> np.ndarray:
     """``path`` memory-mapped read-only, checked to be an ``ndim``-dimensional array of dtype kind
     ``kind`` (no pickles: an .npy of objects is refused)."""
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{path} is not a readable .npy array ({exc}); expected the file `recsvc prep` wrote") from None
+        raise ArtifactError(
+            f"{path} is not a readable .npy array ({exc}); expected the file `recsvc prep` wrote"
+        ) from None
     if a.ndim != ndim or a.dtype.kind != kind:
         raise ArtifactError(
             f"{path}: dtype {a.dtype}, shape {a.shape}; expected {ndim} dimensions of dtype kind {kind!r}"

@@ -14,9 +14,13 @@ from recsvc.artifact.format import CANDIDATE_ARRAYS_DIR
 def _write(out):
     lo, hi = np.array([0.0, -1.0, 0.5]), np.array([1.0, 1.0, 0.5])
     items = pl.DataFrame({"item_id": ["a", "b", "c"], "lo": lo, "hi": hi, "sensitivity": np.maximum(hi - lo, 1e-6)})
-    cands = pl.DataFrame(
-        {"user_id": ["u2", "u2", "u1", "u1", "u1"], "rank": [0, 1, 0, 1, 2], "item_id": ["c", "a", "a", "b", "c"]}
-    ).with_columns(pl.Series("score", [0.7, -5.0, 2.0, 0.3, 0.1])).cast({"rank": pl.Int32})
+    cands = (
+        pl.DataFrame(
+            {"user_id": ["u2", "u2", "u1", "u1", "u1"], "rank": [0, 1, 0, 1, 2], "item_id": ["c", "a", "a", "b", "c"]}
+        )
+        .with_columns(pl.Series("score", [0.7, -5.0, 2.0, 0.3, 0.1]))
+        .cast({"rank": pl.Int32})
+    )
     with ArtifactWriter(out) as w:
         w.write_items(items)
         w.write_candidates(cands)
@@ -47,10 +51,18 @@ def test_corrupt_array_is_named_by_the_checksum(tmp_path):
         ("scores.npy", lambda p: p.write_bytes(p.read_bytes()[:-20]), r"scores.npy is not a readable .npy array"),
         ("item_index.npy", lambda p: p.write_bytes(b"not an array"), r"item_index.npy is not a readable .npy array"),
         ("scores.npy", lambda p: np.save(p, np.zeros((2, 3), np.float32)), r"expected int32 and float64"),
-        ("user_ids.npy", lambda p: np.save(p, np.array([1, 2])), r"user_ids.npy: dtype int64, shape \(2,\); expected 1 dimensions of dtype kind 'U'"),
+        (
+            "user_ids.npy",
+            lambda p: np.save(p, np.array([1, 2])),
+            r"user_ids.npy: dtype int64, shape \(2,\); expected 1 dimensions of dtype kind 'U'",
+        ),
         ("user_ids.npy", lambda p: np.save(p, np.array(["u1"])), r"disagree; expected \(U,\), \(U, n\)"),
-        ("item_index.npy", lambda p: np.save(p, np.int32([[0, -1, 2], [2, 0, -1]])), r"item_index.npy, users 0..1: .* gap"),
-        ("item_index.npy", lambda p: np.save(p, np.int32([[0, 1, 3], [2, 0, -1]])), r"outside −1..2"),
+        (
+            "item_index.npy",
+            lambda p: np.save(p, np.array([[0, -1, 2], [2, 0, -1]], np.int32)),
+            r"item_index.npy, users 0..1: .* gap",
+        ),
+        ("item_index.npy", lambda p: np.save(p, np.array([[0, 1, 3], [2, 0, -1]], np.int32)), r"outside −1..2"),
         ("scores.npy", lambda p: np.save(p, np.array([[2.0, 0.3, 0.1], [0.7, -5.0, 1.0]])), r"−inf padding"),
     ],
 )
@@ -65,6 +77,6 @@ def test_bad_array_is_a_clear_error_naming_the_file(tmp_path, name, damage, mess
 
 def test_candidates_before_items_is_refused_and_writes_nothing(tmp_path):
     cands = pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["a"], "score": [1.0]}).cast({"rank": pl.Int32})
-    with pytest.raises(ArtifactError, match="before items.parquet"), ArtifactWriter(tmp_path / "x") as w:
+    with pytest.raises(ArtifactError, match=r"before items\.parquet"), ArtifactWriter(tmp_path / "x") as w:
         w.write_candidates(cands)
     assert list(tmp_path.iterdir()) == []
