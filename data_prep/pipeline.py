@@ -54,7 +54,7 @@ from data_prep.split import (
 )
 from data_prep.train import SansaParams, fit
 from recsvc.artifact import POPULATION, ArtifactWriter
-from recsvc.artifact.reader import UserRows
+from recsvc.artifact.candidates import UserRows
 from recsvc.checks import ParamError
 from recsvc.engines import chunk_ranges, make_engine
 from recsvc.model import Model, TopK

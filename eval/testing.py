@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from recsvc.artifact import ArtifactWriter
+from recsvc.artifact import CANDIDATE_ARRAYS_DIR, ArtifactWriter, load_artifact
 
 
 def make_artifact(
@@ -86,3 +86,13 @@ def make_catalog_artifact(out: Path, users: int = 3, items: int = 6, seed: int =
             first = [int(np.setdiff1d(np.arange(items), cols)[0]) for cols in inputs.values()]
             w.write_test_targets(pl.DataFrame({"user_id": list(inputs), "item_id": item_ids[first]}))
         return w.commit({"dataset": "catalog-toy", "seed": seed})
+
+
+def without_candidate_arrays(src: Path, out: Path) -> Path:
+    """A copy of the artifact ``src`` at ``out`` without ``candidates/``, as artifacts written before
+    the memory-mapped arrays are: readers then cut candidates.parquet (files hard-linked)."""
+    art = load_artifact(src)
+    content = {k: v for k, v in art.manifest.to_dict().items() if k not in ("files", "format_version")}
+    with ArtifactWriter(out, protect={"artifacts": src}) as w:
+        w.keep(art.path, [f for f in art.manifest.files if f.split("/", 1)[0] != CANDIDATE_ARRAYS_DIR])
+        return w.commit(content)

@@ -7,7 +7,10 @@ verifies the checksums before anything is trusted) and :mod:`~recsvc.artifact.wr
 """
 
 from recsvc.artifact.bundle import ClientBundle, read_client_bundle
+from recsvc.artifact.candidates import CandidateMatrix
 from recsvc.artifact.format import (
+    CANDIDATE_ARRAY_FILES,
+    CANDIDATE_ARRAYS_DIR,
     CANDIDATES,
     CANDIDATES_SCHEMA,
     CLIENT_DIR,
@@ -32,13 +35,15 @@ from recsvc.artifact.format import (
     validate_policy,
 )
 from recsvc.artifact.manifest import Manifest, MultiSelectInfo, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
-from recsvc.artifact.reader import Artifact, CandidateMatrix, load_artifact, load_model, read_manifest
+from recsvc.artifact.reader import Artifact, load_artifact, load_model, read_manifest
 from recsvc.artifact.serving import write_serving_bundle
 from recsvc.artifact.writer import ArtifactWriter, save_model
 
 __all__ = [
     "CANDIDATES",
     "CANDIDATES_SCHEMA",
+    "CANDIDATE_ARRAYS_DIR",
+    "CANDIDATE_ARRAY_FILES",
     "CLIENT_DIR",
     "FORMAT_VERSION",
     "ITEMS",

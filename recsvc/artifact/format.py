@@ -7,6 +7,8 @@ Layout of ``artifacts/<dataset>/``::
                          population Spearman statistics, sha256 of every other file
     items.parquet        item_id (str), lo, hi, sensitivity           -- public per-item data
     candidates.parquet   user_id (str), rank, item_id (str), score    -- raw, unclipped
+    candidates/          user_ids.npy, item_index.npy, scores.npy: candidates.parquet as
+                         memory-mappable users × rank arrays (recsvc.artifact.candidates)  -- optional
     model/W1.npz, model/W2.npz, model/items.parquet (item_id in column order)
     population.parquet   as candidates.parquet, for the (sampled) sensitivity population: the
                          public data the `auto` policy table is computed from  -- optional
@@ -36,6 +38,13 @@ import polars as pl
 MANIFEST = "manifest.json"
 ITEMS = "items.parquet"
 CANDIDATES = "candidates.parquet"
+CANDIDATE_ARRAYS_DIR = "candidates"  # candidates.parquet as memory-mappable arrays (recsvc.artifact.candidates)
+CANDIDATE_USER_IDS = "user_ids.npy"
+CANDIDATE_ITEM_INDEX = "item_index.npy"
+CANDIDATE_SCORES = "scores.npy"
+CANDIDATE_ARRAY_FILES = tuple(
+    f"{CANDIDATE_ARRAYS_DIR}/{f}" for f in (CANDIDATE_USER_IDS, CANDIDATE_ITEM_INDEX, CANDIDATE_SCORES)
+)
 POPULATION = "population.parquet"
 POLICY = "policy.parquet"
 MODEL_DIR = "model"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -19,7 +19,10 @@ from recsvc.artifact.bundle import (
     read_client_bundle,
     read_population_sample,
 )
+from recsvc.artifact.candidates import CandidateMatrix, CandidateRows, MappedRows, UserRows
 from recsvc.artifact.format import (
+    CANDIDATE_ARRAY_FILES,
+    CANDIDATE_ARRAYS_DIR,
     CANDIDATES,
     CLIENT_DIR,
     ITEMS,
@@ -56,77 +59,6 @@ def load_model(directory: Path) -> Model:
             f"{directory}: model shapes W1 {w1.shape}, W2 {w2.shape} do not match {len(item_ids)} items"
         )
     return Model(w1=w1, w2=w2, item_ids=item_ids)
-
-
-@dataclass(frozen=True)
-class CandidateMatrix:
-    """Candidates as rectangular arrays (users × n), padded where a user has fewer than n.
-
-    ``count[b]`` is user b's real candidate count; padded slots have score −inf, Δ 1 and
-    item index −1. Scores here are RAW; :meth:`clipped` applies each item's clip range.
-    """
-
-    user_ids: np.ndarray  # (B,) str
-    item_index: np.ndarray  # (B, n) int64 row in items, −1 for padding
-    scores: np.ndarray  # (B, n) float64 raw
-    lo: np.ndarray  # (B, n)
-    hi: np.ndarray  # (B, n)
-    sensitivity: np.ndarray  # (B, n)
-    count: np.ndarray  # (B,) int
-
-    def clipped(self) -> np.ndarray:
-        return np.clip(self.scores, self.lo, self.hi)
-
-    def take(self, rows: np.ndarray) -> CandidateMatrix:
-        """Only the users ``rows`` (indices into this matrix)."""
-        return CandidateMatrix(*(getattr(self, f.name)[rows] for f in fields(self)))
-
-
-class UserRows:
-    """A candidates-schema table (``candidates.parquet`` or ``population.parquet``) cut into
-    per-user rectangular arrays over the artifact's items."""
-
-    def __init__(self, frame: pl.DataFrame, items: pl.DataFrame, item_index: dict[str, int], what: str) -> None:
-        self.sorted = frame.sort(["user_id", "rank"], maintain_order=True)
-        self.items, self.item_index, self.what = items, item_index, what
-        #: every user, in artifact order (the order of :meth:`matrix` rows)
-        self.user_ids = self.sorted["user_id"].unique(maintain_order=True).to_numpy().astype(str)
-        # Row offset of each user's first candidate in the sorted frame (+ the total at the end).
-        counts = self.sorted.group_by("user_id", maintain_order=True).len()["len"].to_numpy()
-        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-
-    def matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
-        """``users`` users from position ``start`` (all remaining if None); only that slice is
-        materialised, so callers can walk the users in bounded-memory chunks."""
-        total = len(self.user_ids)
-        if start < 0 or (users is not None and users < 0):
-            raise ValueError(f"candidate_matrix: start and users must be ≥ 0, got start={start}, users={users}")
-        stop = total if users is None else min(total, start + users)
-        start = min(start, total)
-        offs = self.offsets
-        cands = self.sorted.slice(int(offs[start]), int(offs[stop] - offs[start]))
-        user_ids = self.user_ids[start:stop]
-        row_of_user = {u: i for i, u in enumerate(user_ids.tolist())}
-        rows = np.fromiter((row_of_user[u] for u in cands["user_id"].to_list()), np.int64, cands.height)
-        counts = np.bincount(rows, minlength=len(user_ids))
-        n = int(counts.max()) if len(counts) else 0
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        cols = np.arange(cands.height) - starts[rows]
-        idx = np.full((len(user_ids), n), -1, dtype=np.int64)
-        try:
-            idx[rows, cols] = np.fromiter(
-                (self.item_index[i] for i in cands["item_id"].to_list()), np.int64, cands.height
-            )
-        except KeyError as exc:
-            raise ArtifactError(f"{self.what}: item_id {exc.args[0]!r} is not in {ITEMS}") from None
-        scores = np.full((len(user_ids), n), -np.inf)
-        scores[rows, cols] = cands["score"].to_numpy()
-        pad = idx < 0
-        take = np.where(pad, 0, idx)
-        lo = np.where(pad, -np.inf, self.items["lo"].to_numpy()[take])
-        hi = np.where(pad, -np.inf, self.items["hi"].to_numpy()[take])
-        sens = np.where(pad, 1.0, self.items["sensitivity"].to_numpy()[take])
-        return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
 
 
 @dataclass(frozen=True)
@@ -228,8 +160,17 @@ class Artifact:
             out[b] = np.where(col >= 0, dense[np.maximum(col, 0)], 0.0)
         return out
 
+    @property
+    def has_candidate_arrays(self) -> bool:
+        """Whether ``candidates/`` holds the memory-mappable arrays (artifacts written before them
+        have only candidates.parquet, and are read from it)."""
+        return all(f in self.manifest.files for f in CANDIDATE_ARRAY_FILES)
+
     @cached_property
-    def _candidate_rows(self) -> UserRows:
+    def _candidate_rows(self) -> CandidateRows:
+        if self.has_candidate_arrays:
+            self._require_full(f"{CANDIDATE_ARRAYS_DIR}/ (the test users' candidates)")
+            return MappedRows(self.path / CANDIDATE_ARRAYS_DIR, self.items)
         return UserRows(self.candidates, self.items, self.item_index, CANDIDATES)
 
     @property

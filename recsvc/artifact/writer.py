@@ -13,7 +13,9 @@ import polars as pl
 import scipy.sparse as sp
 
 from recsvc.artifact.bundle import write_client_bundle, write_population_sample
+from recsvc.artifact.candidates import UserRows, write_candidate_arrays
 from recsvc.artifact.format import (
+    CANDIDATE_ARRAYS_DIR,
     CANDIDATES,
     CLIENT_DIR,
     FORMAT_VERSION,
@@ -61,7 +63,16 @@ class ArtifactWriter(StagedDir):
         validate_items(items).write_parquet(self.tmp / ITEMS, statistics=False)
 
     def write_candidates(self, cands: pl.DataFrame) -> None:
-        validate_candidates(cands).write_parquet(self.tmp / CANDIDATES, statistics=False)
+        """``candidates.parquet`` and the same candidates as the memory-mappable arrays of
+        ``candidates/``, built by the reader's own cut of the table, so both read identically.
+        Needs :meth:`write_items` first: the arrays index items.parquet's rows."""
+        if not (self.tmp / ITEMS).is_file():
+            raise ArtifactError(f"cannot write {CANDIDATES} before {ITEMS}: the candidate arrays index its rows")
+        cands = validate_candidates(cands)
+        items = pl.read_parquet(self.tmp / ITEMS)
+        index = {item: i for i, item in enumerate(items["item_id"].to_list())}
+        write_candidate_arrays(self.tmp / CANDIDATE_ARRAYS_DIR, UserRows(cands, items, index, CANDIDATES))
+        cands.write_parquet(self.tmp / CANDIDATES, statistics=False)
 
     def write_test_inputs(self, inputs: pl.DataFrame) -> None:
         """The test users' fold-in input items (user_id, item_id): eval's full-catalog pipelines

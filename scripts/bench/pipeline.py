@@ -29,17 +29,18 @@ ROOT = Path(__file__).resolve().parents[2]
 RECSVC = [sys.executable, "-m", "recsvc.app.cli"]
 
 
-def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
-    """Runs ``cmd``; returns wall seconds and the peak memory of it and its descendants:
-    summed PSS (shared copy-on-write pages of forked workers counted once) and summed RSS."""
-    peak = peak_rss = 0
+def run_measured(cmd: list[str], log: Path, cwd: Path = ROOT) -> dict[str, float]:
+    """Runs ``cmd`` in ``cwd``; returns wall seconds and the peak memory of it and its descendants:
+    summed PSS (shared copy-on-write pages of forked workers counted once), summed RSS, and the
+    peak PSS of ``cmd``'s own process."""
+    peak = peak_rss = peak_root = 0
     done = threading.Event()
     with open(log, "w") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
 
         def sample() -> None:
-            nonlocal peak, peak_rss
+            nonlocal peak, peak_rss, peak_root
             root = psutil.Process(proc.pid)
             while not done.is_set():
                 pss = rss = 0
@@ -48,6 +49,8 @@ def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
                         try:
                             info = p.memory_full_info()
                             pss, rss = pss + info.pss, rss + info.rss
+                            if p.pid == proc.pid:
+                                peak_root = max(peak_root, info.pss)
                         except psutil.Error:
                             pass
                 except psutil.Error:
@@ -67,6 +70,7 @@ def run_measured(cmd: list[str], log: Path) -> dict[str, float]:
         "wall_s": round(wall, 1),
         "peak_pss_gib": round(peak / 2**30, 2),
         "peak_rss_sum_gib": round(peak_rss / 2**30, 2),
+        "peak_pss_main_gib": round(peak_root / 2**30, 2),
     }
 
 

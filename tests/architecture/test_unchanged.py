@@ -21,6 +21,9 @@ RECSVC = str(Path(sys.executable).with_name("recsvc"))
 
 ARTIFACT_FILES = {
     "candidates.parquet": "09f9ea6ee4d2f5353a65149b40466a01f6a9c5166e42d041b6389210f3928c2d",
+    "candidates/item_index.npy": "557e70881e6decdc4966bbe726ab96a93c8b2cfb28a9404c24b5fcb3b144ac01",
+    "candidates/scores.npy": "f08e7387774c205454475d135bcde7810425403ce5fd939800033f4d60bde820",
+    "candidates/user_ids.npy": "cbeacb449f617eb36863bbf98bff5e604c426380abc3488ab159104e935dd09c",
     "items.parquet": "d6bdbc69d64f93dedaa7a3114709f38b16ff24c62f263d07bda79c91ae8bc351",
     "model/W1.npz": "90789c428536bf4ae002eebbb9ffd828211fa49329d23881625c28bfc7f359f8",
     "model/W2.npz": "a483263024ff6de38adf31b7ab58e1a36cba799ab9eb2bff176e18ce33643c54",
@@ -29,9 +32,9 @@ ARTIFACT_FILES = {
     "test_targets.parquet": "54762796cd057d4bb7d9b309184bb395fc2f32c0a8f107fb8e670ce3d28d0cbb",
 }
 # The manifest's files map lists every data file (test_inputs.parquet, test_targets.parquet, policy.parquet,
-# population.parquet, client/ and multiselect/ included), and the manifest holds the policy and
+# population.parquet, candidates/, client/ and multiselect/ included), and the manifest holds the policy and
 # multiselect sections.
-MANIFEST_WITHOUT_TIMINGS = "9859476bf67d3f723d06ab53f5c05e5eacb9fd98b3be256ace7fd242977049f2"
+MANIFEST_WITHOUT_TIMINGS = "222f4aef37c2acd2f2c9595bd2c259f820b70e18aaf0e172c0e4628607883095"
 RESULT_FILES = {
     "correlation_histogram.csv": "28ef6c107d7cbb3b69a43535d338024e3966129b1af058efa91c838ad9cd9ddc",
     "log_ratio.parquet": "9bec8df1b5162d6a38af16bb4241800fe6a94ac982ba75164a1b57ee17e9a463",

@@ -43,6 +43,9 @@ def test_roundtrip_and_candidate_matrix(tmp_path):
     assert set(art.manifest.files) == {
         "items.parquet",
         "candidates.parquet",
+        "candidates/user_ids.npy",
+        "candidates/item_index.npy",
+        "candidates/scores.npy",
         "model/W1.npz",
         "model/W2.npz",
         "model/items.parquet",
