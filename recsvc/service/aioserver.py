@@ -8,7 +8,6 @@ import asyncio
 import socket
 import threading
 from collections.abc import Coroutine
-from concurrent import futures
 from typing import Any, TypeVar
 
 import grpc
@@ -60,10 +59,11 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
     from recsvc.service import admission, interceptors
     from recsvc.service.draws import HeavyCalls
     from recsvc.service.servicer import register
+    from recsvc.service.threads import Threads
     from recsvc.v1 import selection_pb2
 
     servicer.limiter = admission.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
-    requests = futures.ThreadPoolExecutor(max_workers=config.listen.threads, thread_name_prefix="recsvc-rpc")
+    requests = Threads(config.listen.threads, "recsvc-rpc")
     heavy = HeavyCalls(config.selection.heavy_queue, config.selection.heavy_per_principal)
     gate = interceptors.Gate(authenticator, servicer.limiter, admission.Admission(config.admission), requests, heavy)
     server = grpc.aio.server(interceptors=[gate], options=admission.channel_options(config))

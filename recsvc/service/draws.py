@@ -19,16 +19,14 @@ every other thread of the server (docs/decisions/0005-asynchronous-server.md). T
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import multiprocessing
 import os
 import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -36,6 +34,7 @@ import numpy as np
 
 from recsvc.service.errors import Overloaded
 from recsvc.service.requests import Prepared, draw, expected_work
+from recsvc.service.threads import Threads
 
 T = TypeVar("T")
 
@@ -101,7 +100,7 @@ class HeavyCalls:
 
     def __init__(self, queue: int, per_principal: int) -> None:
         self.queue, self.per_principal = queue, per_principal
-        self._pool = ThreadPoolExecutor(queue, "recsvc-heavy-call")  # one thread per admitted call
+        self._threads = Threads(queue, "recsvc-heavy-call")  # one thread per admitted call
         self._held: Counter[str] = Counter()
         self.held = 0
 
@@ -115,13 +114,10 @@ class HeavyCalls:
                 f"this principal already has {self.per_principal} heavy calls queued (--heavy-per-principal); "
                 "retry when one is answered"
             )
-        loop = asyncio.get_running_loop()
         self.held += 1
         self._held[key] += 1
-        future = submit(self._pool, deferred.work)
         # Released when the work ends, not when the caller stops waiting: the slot bounds threads and memory.
-        future.add_done_callback(lambda _f: _call_soon(loop, self._release, key))
-        return await asyncio.wrap_future(future)
+        return await self._threads.run(deferred.work, lambda: self._release(key))
 
     def _release(self, key: str) -> None:
         self.held -= 1
@@ -130,14 +126,4 @@ class HeavyCalls:
             del self._held[key]
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def submit(pool: ThreadPoolExecutor, fn: Callable[[], T]) -> Future[T]:
-    """``fn()`` in ``pool`` with the calling task's context (its caller), as a concurrent future."""
-    return pool.submit(contextvars.copy_context().run, fn)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[str], None], arg: str) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop is closed: the server stopped, nothing left to count
-        loop.call_soon_threadsafe(fn, arg)
+        self._threads.shutdown()

@@ -39,7 +39,6 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from typing import Any
 
@@ -50,7 +49,7 @@ from recsvc.service.admission import Admission, RateLimiter
 from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller
 from recsvc.service.codec import Framed
 from recsvc.service.config import Admission as AdmissionSettings
-from recsvc.service.draws import Deferred, HeavyCalls, submit
+from recsvc.service.draws import Deferred, HeavyCalls
 from recsvc.service.errors import (
     INTERNAL_MESSAGE,
     InvalidRequest,
@@ -64,6 +63,7 @@ from recsvc.service.errors import (
     log_internal_error,
     status_name,
 )
+from recsvc.service.threads import Threads
 from recsvc.v1 import selection_pb2 as pb
 
 __all__ = ["CALLER", "Abort", "Gate", "RateLimiter", "current_caller", "status_of"]
@@ -149,7 +149,7 @@ class Gate(grpc.aio.ServerInterceptor):
         authenticator: Authenticator,
         limiter: RateLimiter | None = None,
         admission: Admission | None = None,
-        pool: ThreadPoolExecutor | None = None,
+        pool: Threads | None = None,
         heavy: HeavyCalls | None = None,
         open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES,
         observed_prefix: str = f"/{SERVICE_NAME}/",
@@ -316,7 +316,7 @@ class Gate(grpc.aio.ServerInterceptor):
 
         try:
             assert self.pool is not None, "the gate needs the request threads to run a method"
-            response = await asyncio.wrap_future(submit(self.pool, call))
+            response = await self.pool.run(call)
             if isinstance(response, Deferred):
                 assert self.heavy is not None, "the gate needs the heavy queue to run deferred work"
                 response = await self.heavy.run(caller.key if caller else "", response)

@@ -16,7 +16,10 @@ synthetic artifact of :mod:`scripts.bench.harness`, its ledger on tmpfs when the
 - **bytes in flight**: 40 concurrent SelectBatch messages of ≈ 13 MiB (`--max-batch 1600`); the
   server's peak RSS and the statuses.
 
-Usage: ``.venv/bin/python -m scripts.bench.attack [--only new] [--json out.json]``.
+Usage: ``.venv/bin/python -m scripts.bench.attack [--only new] [--json out.json]``;
+``--side-by-side ROUNDS [--old REF]``: only the speed, old and new on fresh processes every round,
+their lone Selects interleaved (:func:`side_by_side`), with the median of the rounds' new/old
+ratios and the host's load average.
 """
 
 from __future__ import annotations
@@ -228,23 +231,54 @@ PARTS = ("speed", "idle_streams", "heavy", "big_batches")
 
 
 def side_by_side(kinds: dict[str, Path], art: Path, tmp: Path, rounds: int) -> dict[str, dict[str, list[float]]]:
-    """Both servers up at once (no tokens), measured in alternation ``rounds`` times: Select p50
-    at concurrency 1, QPS at concurrency 16 and SelectBatch items/s, so the host's load drifts
-    over both alike."""
+    """Both servers measured in one run, ``rounds`` times, each round on freshly started
+    processes (no tokens): a server process's own luck (its threads' placement on the cores,
+    memory layout) moved the lone-call p50 of two identical servers by up to 10 %, so one process
+    per kind for all rounds is not a comparison. In each round: Select p50 at concurrency 1 with
+    the requests interleaved (one to each server in turn, the order reversed every request, so
+    the host's load drifts over both alike); then QPS at concurrency 16 and SelectBatch items/s,
+    the first server alternating between rounds."""
     out: dict[str, dict[str, list[float]]] = {
         k: {"p50_ms_c1": [], "qps_c16": [], "batch_items_per_s": []} for k in kinds
     }
-    with ExitStack() as stack:
-        ports = {k: stack.enter_context(served(repo, art, tmp, tokens=False))[0] for k, repo in kinds.items()}
-        for r in range(rounds):
-            for k, port in ports.items():
-                out[k]["p50_ms_c1"].append(
-                    asyncio.run(load(port, select_bodies(300, r, "ids"), 1, channels=1))["p50_ms"]
-                )
+    for r in range(rounds):
+        with ExitStack() as stack:
+            ports = {k: stack.enter_context(served(repo, art, tmp, tokens=False))[0] for k, repo in kinds.items()}
+            lone = asyncio.run(interleaved(ports, select_bodies(LONE + LONE_WARMUP, r, "ids")))
+            for k in kinds:
+                out[k]["p50_ms_c1"].append(lone[k])
+            for k in list(ports) if r % 2 == 0 else list(ports)[::-1]:
+                port = ports[k]
                 out[k]["qps_c16"].append(asyncio.run(load(port, select_bodies(1500, 100 + r, "ids"), 16))["qps"])
                 batches = asyncio.run(load(port, batch_bodies(20, 100, 200 + r), 4, method=BATCH_METHOD))
                 out[k]["batch_items_per_s"].append(batches["qps"] * 100)
     return out
+
+
+LONE, LONE_WARMUP = 400, 30  # lone Selects per server and round, after this many unmeasured
+
+
+async def interleaved(ports: dict[str, int], bodies: list[bytes]) -> dict[str, float]:
+    """p50 (ms) of each server's lone Selects, sent one at a time to each server in turn over
+    one connection per server (every server gets the same bodies: their ledgers are apart)."""
+    import grpc
+
+    chans = {
+        k: grpc.aio.insecure_channel(f"127.0.0.1:{p}", options=[("grpc.use_local_subchannel_pool", 1)])
+        for k, p in ports.items()
+    }
+    calls = {k: c.unary_unary(SELECT) for k, c in chans.items()}
+    kinds = list(ports)
+    latencies: dict[str, list[float]] = {k: [] for k in kinds}
+    for i, body in enumerate(bodies):
+        for k in kinds if i % 2 == 0 else kinds[::-1]:
+            t = time.perf_counter()
+            await calls[k](body)
+            if i >= LONE_WARMUP:
+                latencies[k].append(time.perf_counter() - t)
+    for c in chans.values():
+        await c.close()
+    return {k: float(np.median(v) * 1e3) for k, v in latencies.items()}
 
 
 def run(repo: Path, art: Path, tmp: Path, parts: tuple[str, ...] = PARTS) -> dict[str, dict[str, float]]:
@@ -270,7 +304,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), help="what to measure")
     ap.add_argument("--rounds", type=int, default=1, help="old and new alternated this many times")
-    ap.add_argument("--side-by-side", type=int, metavar="ROUNDS", help="only the speed, both servers up at once")
+    ap.add_argument(
+        "--side-by-side",
+        type=int,
+        metavar="ROUNDS",
+        help="only the speed: old and new up at once, fresh processes every round, lone Selects interleaved",
+    )
     ap.add_argument("--old", metavar="REF", help="the commit to compare against (default: the merge base with main)")
     args = ap.parse_args()
     results: dict[str, dict] = {}
@@ -281,10 +320,16 @@ def main() -> None:
         if args.only != "new":
             kinds = {"old": old_checkout(tmp, args.old), **({"new": REPO} if args.only is None else {})}
         if args.side_by_side:
+            load_before = os.getloadavg()
             both = side_by_side(kinds, art, tmp, args.side_by_side)
             for k, measures in both.items():
                 medians = {m: round(float(np.median(v)), 3) for m, v in measures.items()}
                 print(k, "medians", medians, "runs", {m: [round(x, 3) for x in v] for m, v in measures.items()})
+            if len(both) == 2:
+                ratios = {m: round(float(np.median(np.divide(both["new"][m], both["old"][m]))), 3) for m in both["new"]}
+                print("new/old, median of the rounds' ratios", ratios)
+                both["ratio_new_over_old"] = {m: [v] for m, v in ratios.items()}
+            print("load average before", load_before, "after", os.getloadavg())
             results["side_by_side"] = both
             kinds = {}
         for r in range(args.rounds):
