@@ -75,36 +75,52 @@ def _hull_candidates(s: np.ndarray, d: np.ndarray) -> np.ndarray:  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True)
-def _upper_hull(
-    s: np.ndarray, d: np.ndarray, order: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
-    """The upper hull of the points (x, y) = (−Δ, s) listed in ``order`` (those that may be hull
-    vertices, sorted by x ascending; equal x: the highest wins, whatever their order): its
-    vertices' x and y, and the slope of each edge j → j + 1."""
+def _upper_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """The vertices (indices, by x ascending) of the upper hull of the points (x, y) = (−Δ, s)
+    listed in ``order`` (those that may be hull vertices, sorted by x ascending; equal x: the
+    highest wins, whatever their order)."""
     c = order.shape[0]
     hx = np.empty(c)
     hy = np.empty(c)
+    hv = np.empty(c, np.int64)
     h = 0
     i = 0
     while i < c:
-        x = -d[order[i]]
-        y = s[order[i]]
+        v = order[i]
+        x = -d[v]
         j = i + 1
         while j < c and -d[order[j]] == x:  # same x: keep the highest point only
-            if s[order[j]] > y:
-                y = s[order[j]]
+            if s[order[j]] > s[v]:
+                v = order[j]
             j += 1
         i = j
+        y = s[v]
         # Monotone chain, upper hull: drop the last vertex while it is not a strict right turn.
         while h >= 2 and (hx[h - 1] - hx[h - 2]) * (y - hy[h - 2]) - (hy[h - 1] - hy[h - 2]) * (x - hx[h - 2]) >= 0:
             h -= 1
         hx[h] = x
         hy[h] = y
+        hv[h] = v
         h += 1
+    return hv[:h]
+
+
+@numba.njit(cache=True, nogil=True)
+def hull_at(
+    s: np.ndarray, d: np.ndarray, vertices: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """The hull through ``vertices`` (by x ascending): their x = −Δ and y = s, and the slope of
+    each edge j → j + 1. A shear (y + c·x, as a change of t makes) keeps the same vertices."""
+    h = vertices.shape[0]
+    hx = np.empty(h)
+    hy = np.empty(h)
+    for j in range(h):
+        hx[j] = -d[vertices[j]]
+        hy[j] = s[vertices[j]]
     edge = np.empty(max(h - 1, 0))
     for j in range(h - 1):
         edge[j] = (hy[j + 1] - hy[j]) / (hx[j + 1] - hx[j])
-    return hx[:h], hy[:h], edge
+    return hx, hy, edge
 
 
 @numba.njit(cache=True, nogil=True)
@@ -140,10 +156,16 @@ def tangents(
 
 
 @numba.njit(cache=True, nogil=True)
-def hull(s: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
-    """The upper hull of the points (−Δ, s) (:func:`_upper_hull`'s vertices and edge slopes)."""
+def hull_vertices(s: np.ndarray, d: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+    """The upper hull's vertices of the points (−Δ, s), by x ascending."""
     cand = _hull_candidates(s, d)
     return _upper_hull(s, d, cand[argsort_float(-d[cand])])
+
+
+@numba.njit(cache=True, nogil=True)
+def hull(s: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """The upper hull of the points (−Δ, s): :func:`hull_at` its vertices."""
+    return hull_at(s, d, hull_vertices(s, d))
 
 
 def q_prime(q: np.ndarray, d: np.ndarray, t: float) -> np.ndarray:

@@ -13,13 +13,18 @@ The argmax is therefore a uniform draw from S = {a : Y_a > 0}, and S is a set of
 Bernoulli(e^{u_a}) trials.
 
 **Few draws.** q'_a ≤ min(0, (s_a − s_T)/(Δ_a + Δ_T)) (the a' = T term), so p̄_a = e^{ū_a} bounds
-e^{u_a} at O(1) cost. The candidates fall into buckets b = ⌊−ū_a / ln 2⌋ (p̄_a ∈ (2^{−b−1}, 2^{−b}];
-the last bucket, b = 64, takes every p̄_a ≤ 2^{−64}); in bucket b, geometric skips with
-p = 2^{−b} visit exactly the positions of i.i.d. Bernoulli(2^{−b}) successes, and a visited a
-is kept with probability e^{u_a}/2^{−b} (its exact u_a from the upper hull, built on the
-step's first visit). That thinning makes a's inclusion Bernoulli(e^{u_a}), independently.
-The expected number of draws is O(Σ_a p̄_a + 65) per step instead of m exponentials: on
-ml20m-shape's catalog Σ_a p̄_a ≈ 2.4 for mGEM at every ε.
+e^{u_a} at O(1) cost. A candidate with p̄_a > 2^−8 gets its own Bernoulli(p̄_a) trial; one of
+level b (p̄_a ∈ (2^−b−1, 2^−b], the last level b = 64 taking every p̄_a ≤ 2^−64) is tried only
+where geometric skips with p = 2^−b land, which visits exactly the successes of i.i.d.
+Bernoulli(2^−b) trials. A success is kept with probability e^{u_a}/p (its exact u_a from the
+upper hull), which makes a's inclusion Bernoulli(e^{u_a}), independently. A step costs two O(m)
+passes and O(Σ_a p̄_a + 57) draws instead of m exponentials: on ml20m-shape's catalog
+Σ_a p̄_a ≈ 2.4 for mGEM at every ε. More than 256 candidates above 2^−8 (a flat law) make the
+step draw densely instead (m exponentials over every q'); that choice depends on the scores only.
+
+**One hull per slate.** The upper hull of the points (−Δ, s = q − tΔ) has the same vertices for
+every t (a change of t is a shear), and removing a point that is not a vertex leaves it as it
+was, so the peel builds it once and again only after a vertex wins.
 
 The tests hold the slates to their exact peeled law (``slate_log_probabilities``).
 """
@@ -39,9 +44,6 @@ _HEAVY = 8  # p̄ > 2^−8: a Bernoulli(p̄) trial each; below, only where a geo
 _LAST = 64  # the last level takes every p̄ ≤ 2^−64
 _DENSE = 256  # more candidates above 2^−8 than this: draw densely
 _LN2 = math.log(2.0)
-# Exact q'_a of a step's first visited candidates by their O(m) definition; later ones from the
-# upper hull (O(m) filter and a sort, once per step), so a flat law never costs O(m²).
-_DIRECT_VISITS = 4
 
 
 @numba.njit(cache=True, nogil=True)
@@ -50,35 +52,6 @@ def _skip(g: np.random.Generator, p: float) -> float:  # pragma: no cover - numb
     if p >= 1.0:
         return 0.0
     return math.floor(math.log(1.0 - g.random()) / math.log1p(-p))
-
-
-@numba.njit(cache=True, nogil=True, fastmath={"reassoc", "nnan"})
-def _direct_q_prime(a: int, s: np.ndarray, d: np.ndarray) -> float:  # pragma: no cover - numba
-    # q'_a by its definition; a min is exact in any order, so the loop may be vectorised
-    qa = 0.0
-    for j in range(s.shape[0]):
-        qa = min(qa, (s[a] - s[j]) / (d[a] + d[j]))
-    return qa
-
-
-@numba.njit(cache=True, nogil=True)
-def _exact_u(
-    a: int, s: np.ndarray, d: np.ndarray, half_eps: float, hull: list[np.ndarray]
-) -> float:  # pragma: no cover - numba
-    """u_a = q'_a·ε/2: by the O(m) definition for a step's first few visits, then from the upper
-    hull (built once per step: an O(m) filter and a sort), so a flat law never costs O(m²).
-    ``hull`` is the step's cache: one placeholder per direct visit, then the hull's x, y and
-    edge slopes."""
-    if len(hull) < _DIRECT_VISITS:
-        hull.append(np.empty(0))
-        return _direct_q_prime(a, s, d) * half_eps
-    if len(hull) == _DIRECT_VISITS:
-        hx, hy, edge = gem.hull(s, d)
-        hull.append(hx)
-        hull.append(hy)
-        hull.append(edge)
-    n = len(hull)
-    return float(gem.tangents(hull[n - 3], hull[n - 2], hull[n - 1], d[a : a + 1], s[a : a + 1])[0]) * half_eps
 
 
 @numba.njit(cache=True, nogil=True)
@@ -97,9 +70,12 @@ def _level(ub: float) -> int:  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True)
-def _step(s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator) -> int:  # pragma: no cover - numba
-    """One draw of argmax(u + E) for u = q'(s, d)·ε/2 (module docstring): an index into s.
-    Whether it draws densely depends on s and Δ only, never on a draw, so the law is the same."""
+def _step(
+    s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator, vertices: np.ndarray, known: bool
+) -> tuple[int, np.ndarray, bool]:  # pragma: no cover - numba
+    """One draw of argmax(u + E) for u = q'(s, d)·ε/2 (module docstring): an index into s, and
+    the upper hull's vertices (``known``: ``vertices`` are this point set's; else built here if
+    a trial succeeds). Whether it draws densely depends on s and Δ only, never on a draw."""
     m = s.shape[0]
     top = 0
     for i in range(1, m):
@@ -112,17 +88,17 @@ def _step(s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator)
             heavy[n_heavy] = a
             n_heavy += 1
             if n_heavy > _DENSE:  # a flat law: m exponentials cost less than the trials
-                return _dense(s, d, half_eps, g)
-    kept = np.empty(n_heavy + 1, np.int64)
-    kept[0] = top  # u = 0: always kept
-    n_kept = 1
-    hull = [np.empty(0) for _ in range(0)]
+                return _dense(s, d, half_eps, g), vertices, known
+    # Successes of each candidate's Bernoulli(p) trial, with p and the uniform that thins them.
+    hits = [0 for _ in range(0)]
+    probs = [0.0 for _ in range(0)]
+    thins = [0.0 for _ in range(0)]
     for a in heavy[:n_heavy]:  # levels below _HEAVY: one Bernoulli(p̄_a) trial each
         p_bar = math.exp(_bound(a, s, d, top, half_eps))
-        if g.random() < p_bar and g.random() < math.exp(_exact_u(a, s, d, half_eps, hull)) / p_bar:
-            kept[n_kept] = a
-            n_kept += 1
-    extra = [0 for _ in range(0)]
+        if g.random() < p_bar:
+            hits.append(a)
+            probs.append(p_bar)
+            thins.append(g.random())
     # level b ≥ _HEAVY: Bernoulli(2^−b) successes by geometric skips over every position; a
     # landing counts only for a candidate of this level (the others have their own trials)
     for b in range(_HEAVY, _LAST + 1):
@@ -138,10 +114,20 @@ def _step(s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator)
             ub = _bound(a, s, d, top, half_eps)
             if ub > -_HEAVY * _LN2 or _level(ub) != b:
                 continue
-            if g.random() < math.exp(_exact_u(a, s, d, half_eps, hull)) / p_b:
-                extra.append(a)
-    pick = g.integers(0, n_kept + len(extra))
-    return kept[pick] if pick < n_kept else extra[pick - n_kept]
+            hits.append(a)
+            probs.append(p_b)
+            thins.append(g.random())
+    kept = [top]  # u = 0: always kept
+    if len(hits) > 0:
+        if not known:
+            vertices = gem.hull_vertices(s, d)
+            known = True
+        hx, hy, edge = gem.hull_at(s, d, vertices)
+        u = gem.tangents(hx, hy, edge, d[np.array(hits)], s[np.array(hits)]) * half_eps
+        for i in range(len(hits)):
+            if thins[i] < math.exp(u[i]) / probs[i]:  # thinning: kept w.p. e^{u_a}/p
+                kept.append(hits[i])
+    return kept[g.integers(0, len(kept))], vertices, known
 
 
 @numba.njit(cache=True, nogil=True)
@@ -162,17 +148,27 @@ def _peel(
     dd = d.copy()
     s = np.empty(n)
     out = np.empty(k, np.int64)
+    # The upper hull's vertices carry over between steps: a change of t shears every point alike,
+    # and dropping a point that is not a vertex leaves the hull as it was.
+    vertices = np.empty(0, np.int64)
+    known = False
     for i in range(k):
         m = n - i
         t = sign * 2.0 * math.log(m / beta) / eps_step
         for j in range(m):
             s[j] = qq[j] - t * dd[j]
-        w = _step(s[:m], dd[:m], eps_step / 2.0, g)
+        w, vertices, known = _step(s[:m], dd[:m], eps_step / 2.0, g, vertices, known)
         out[i] = alive[w]
         for j in range(w, m - 1):  # drop the winner, keeping the order
             alive[j] = alive[j + 1]
             qq[j] = qq[j + 1]
             dd[j] = dd[j + 1]
+        if known:
+            for j in range(vertices.shape[0]):
+                if vertices[j] == w:
+                    known = False
+                elif vertices[j] > w:
+                    vertices[j] -= 1
     return out
 
 
