@@ -211,17 +211,13 @@ class SQLiteLedger(Ledger):
 
     @staticmethod
     def _read_precheck(conn: sqlite3.Connection, p: Pending) -> tuple[Any, Any, Any, Any]:
-        row = (
-            conn
-            .execute(
-                "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
-                " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
-                " (SELECT spent_units FROM budgets WHERE user_id=?1),"
-                " (SELECT window_start FROM budgets WHERE user_id=?1)",
-                (p.user_id, p.request_id),
-            )
-            .fetchone()
-        )
+        row = conn.execute(
+            "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
+            " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
+            " (SELECT spent_units FROM budgets WHERE user_id=?1),"
+            " (SELECT window_start FROM budgets WHERE user_id=?1)",
+            (p.user_id, p.request_id),
+        ).fetchone()
         return cast("tuple[Any, Any, Any, Any]", row)
 
     # -- the writes ----------------------------------------------------------------------
