@@ -24,8 +24,8 @@ import argparse
 import functools
 import statistics
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
