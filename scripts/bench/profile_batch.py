@@ -1,4 +1,4 @@
-"""In-process CPU profile of the SelectBatch path: server CPU per batched selection.
+"""In-process CPU profile of the SelectBatch path (or lone Selects): server CPU per selection.
 
 Builds the payloads of ``python -m scripts.bench.service --batch`` (rows encoding, n = 500 rnm
 candidates, ``--size`` items per batch, every item a fresh charge) and runs them through the
@@ -8,8 +8,11 @@ durable SQLite ledger in a temporary directory, in this one thread. Reports CPU 
 ``--reps`` rounds, and with ``--profile`` a cProfile top-30 (cumulative and own time).
 
 ``--threads N`` serves the batches from N threads at once (the server's thread pool; GIL hand-offs
-count). Usage: ``.venv/bin/python -m scripts.bench.profile_batch [--batches 40] [--size 100] [--reps 3]
-[--threads 1] [--profile]``
+count). ``--lone`` sends the same selections as lone Selects instead (ids encoding, what
+``scripts.bench.attack``'s lone calls send): decoded, served by ``SelectionServicer.Select`` and
+the response serialized, one at a time: the request thread's work for one lone call.
+Usage: ``.venv/bin/python -m scripts.bench.profile_batch [--batches 40] [--size 100] [--reps 3]
+[--threads 1] [--lone] [--tmpfs] [--profile]``
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from scripts.bench.harness import batch_bodies, bench_artifact
+from scripts.bench.harness import batch_bodies, bench_artifact, select_bodies
 
 
 def main() -> int:
@@ -33,6 +36,8 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=100, help="requests per batch")
     ap.add_argument("--reps", type=int, default=3, help="rounds (the best is reported)")
     ap.add_argument("--threads", type=int, default=1, help="threads serving the batches concurrently")
+    ap.add_argument("--lone", action="store_true", help="lone Select calls instead of SelectBatch ones")
+    ap.add_argument("--tmpfs", action="store_true", help="the ledger on /dev/shm, as scripts.bench.attack's servers")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile top-30 of one round")
     args = ap.parse_args()
 
@@ -45,18 +50,25 @@ def main() -> int:
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
-    with tempfile.TemporaryDirectory(prefix="profile-batch-") as td:
+    shm = "/dev/shm" if args.tmpfs and Path("/dev/shm").is_dir() else None
+    with tempfile.TemporaryDirectory(prefix="profile-batch-", dir=shm) as td:
         tmp = Path(td)
         art = load_artifact(bench_artifact(tmp / "art"))
         ledger = SQLiteLedger(tmp / "ledger.db", 1e6)
         servicer = SelectionServicer(art, ledger, Policy())
         decode = codec.decoder(pb.SelectBatchRequest, codec.BATCH, servicer.policy.limits)
+        decode_one = codec.decoder(pb.SelectRequest, codec.SELECT, servicer.policy.limits)
         caller = Caller((Principal("profile", Scope(ADMIN)),), "profile")
         gc.freeze()  # as a served worker does after startup (recsvc/service/server.py)
 
         def serve(bodies: list[bytes]) -> None:
             CALLER.set(caller)
             for body in bodies:
+                if args.lone:
+                    one = servicer.Select(decode_one(body), None)
+                    assert isinstance(one, pb.SelectResponse)  # never deferred: rnm is light
+                    one.SerializeToString()  # what the gate's serializer does
+                    continue
                 out = servicer.SelectBatch(decode(body), None)
                 assert isinstance(out, codec.Framed)  # the serialized SelectBatchResponse
 
@@ -76,6 +88,8 @@ def main() -> int:
             return (time.process_time() - t0) / (args.batches * args.size)
 
         def bodies(seed: int) -> list[bytes]:  # built before the clock starts
+            if args.lone:
+                return select_bodies(args.batches * args.size, seed, "ids")
             return batch_bodies(args.batches, args.size, seed, "rows")
 
         round_(bodies(0))  # warm-up: caches, the ledger's first pages
@@ -84,9 +98,10 @@ def main() -> int:
         expected = (args.reps + 1) * args.batches * args.size
         if charged != expected:
             raise SystemExit(f"the ledger charged {charged} requests, expected {expected}")
+        what = f"{args.batches * args.size} lone Selects" if args.lone else f"{args.batches} batches x {args.size}"
         print(
-            f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {args.batches} batches "
-            f"x {args.size}, {args.threads} thread(s); {charged} charges)"
+            f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {what}, "
+            f"{args.threads} thread(s); {charged} charges)"
         )
         if args.profile:
             todo = bodies(1)

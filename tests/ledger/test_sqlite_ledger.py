@@ -276,3 +276,42 @@ def test_a_request_stored_by_another_process_after_its_precheck_is_decided_again
     assert [r for (r,) in led._conn().execute("SELECT request_id FROM requests ORDER BY rowid")] == ["a", "s", "n", "m"]
     stored = led.lookup("u", "a")
     assert stored is not None and stored[1] == b"A|0.800000" and led.commits == 3
+
+
+def test_the_precheck_reads_the_latest_commit_on_either_connection_and_never_waits_for_a_commit(
+    tmp_path: Path,
+) -> None:
+    """The pre-check reads on the writer's connection when no commit holds it, else on the
+    thread's own: either way it sees every commit (this process's and another's), and a replay or
+    a refusal is answered without drawing and without waiting for the commit in progress."""
+    import threading
+
+    led, other = SQLiteLedger(tmp_path / "l.db", budget=1.0), SQLiteLedger(tmp_path / "l.db", budget=1.0)
+    draws: list[str] = []
+
+    def draw_and_charge(rid: str, digest: bytes, eps: float) -> object:
+        try:
+            c = led.draw_and_charge(
+                "u", rid, digest, eps, lambda: draws.append(rid), lambda _s, r: f"{rid}|{r:.1f}".encode()
+            )
+            return (c.response, c.replayed)
+        except Exception as exc:
+            return type(exc).__name__
+
+    assert draw_and_charge("a", b"da", 0.5) == (b"a|0.5", False)  # the writer connection now exists
+    other.charge("u", "b", b"db", 0.3, _resp("B"))  # another process commits after it
+    assert draw_and_charge("b", b"db", 0.3) == (b"B|0.200000", True)  # seen on the warm writer connection
+    out: list[object] = []
+    with led._write_lock:  # a commit in progress: the pre-check must not wait for it
+        other.charge("u", "c", b"dc", 0.1, _resp("C"))
+        t = threading.Thread(
+            target=lambda: out.extend(
+                [draw_and_charge("c", b"dc", 0.1), draw_and_charge("a", b"zz", 0.5), draw_and_charge("d", b"dd", 0.2)]
+            )
+        )
+        t.start()
+        t.join(10)
+        assert not t.is_alive()
+    assert out == [(b"C|0.100000", True), "RequestConflict", "BudgetExceeded"]  # 0.9 spent: 0.2 does not fit
+    assert draws == ["a"]  # only the fresh charge drew
+    assert (led.user("u").spent_units, led.user("u").requests) == (900_000_000_000, 3)

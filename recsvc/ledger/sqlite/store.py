@@ -200,18 +200,24 @@ class SQLiteLedger(Ledger):
         return self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")
 
     def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
-        """One statement on a read snapshot."""
-        row = (
-            self._conn()
-            .execute(
-                "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
-                " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
-                " (SELECT spent_units FROM budgets WHERE user_id=?1),"
-                " (SELECT window_start FROM budgets WHERE user_id=?1)",
-                (p.user_id, p.request_id),
-            )
-            .fetchone()
-        )
+        """One statement on a read snapshot: the writer's connection when no commit holds it (its
+        page cache is warm; a reader's is dropped after every commit), else this thread's."""
+        if self._write_lock.acquire(blocking=False):
+            try:
+                return self._read_precheck(self._writer_conn(), p)
+            finally:
+                self._write_lock.release()
+        return self._read_precheck(self._conn(), p)
+
+    @staticmethod
+    def _read_precheck(conn: sqlite3.Connection, p: Pending) -> tuple[Any, Any, Any, Any]:
+        row = conn.execute(
+            "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
+            " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
+            " (SELECT spent_units FROM budgets WHERE user_id=?1),"
+            " (SELECT window_start FROM budgets WHERE user_id=?1)",
+            (p.user_id, p.request_id),
+        ).fetchone()
         return cast("tuple[Any, Any, Any, Any]", row)
 
     # -- the writes ----------------------------------------------------------------------
