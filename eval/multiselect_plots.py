@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval.plots import pyplot
+from eval.plots import pyplot, save_figure
 from recsvc.multiselection import identity_offsets, signal_log_density
 
 OFFSETS_PNG = "offsets.png"
@@ -33,9 +33,7 @@ def offsets_figure(path: Path) -> None:
     ax.set_ylabel("noise density ρ(t)")
     ax.set_title(f"Optimal server response, k = {FIGURE_K}, h(t) = t (Laplace noise of scale 1/ε)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def scaled_error_figure(table: pl.DataFrame, path: Path) -> None:
@@ -57,9 +55,7 @@ def scaled_error_figure(table: pl.DataFrame, path: Path) -> None:
     ax.set_ylabel("ε · k · error")
     ax.set_title("Error of the optimal k results, scaled by εk (lines exact, markers Monte Carlo)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_all(table: pl.DataFrame, directory: Path) -> tuple[str, ...]:

@@ -114,7 +114,7 @@ def _figure(
     t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool, panel: str = "mechanism", line: str = "pipeline"
 ) -> None:
     """One panel per (``panel`` value, k), one line per ``line`` value, across ε."""
-    from eval.plots import pyplot
+    from eval.plots import pyplot, save_figure
 
     plt = pyplot()
     rows = t[panel].unique(maintain_order=True).to_list()
@@ -144,9 +144,7 @@ def _figure(
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 def _cell(row: dict, column: str) -> str:

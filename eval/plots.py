@@ -29,6 +29,13 @@ def pyplot():
     return plt
 
 
+def save_figure(fig, path: Path, dpi: int | None = None) -> None:
+    """Lays out, writes and closes ``fig`` (closing frees it: pyplot keeps every open figure)."""
+    fig.tight_layout()
+    fig.savefig(path, **({} if dpi is None else {"dpi": dpi}))
+    pyplot().close(fig)
+
+
 def correlation_hist(result: EvalResult, path: Path) -> None:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
@@ -62,9 +69,7 @@ def correlation_hist(result: EvalResult, path: Path) -> None:
     ax.set_ylabel("users")
     ax.set_xlim(-1, 1)
     ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def log_ratio_scatter(result: EvalResult, path: Path) -> None:
@@ -88,9 +93,7 @@ def log_ratio_scatter(result: EvalResult, path: Path) -> None:
     )
     ax.set_xlabel("Spearman ρ(q, Δ)")
     ax.set_ylabel("log ratio  (> 0: mGEM better)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def mechanism_label(mech: str) -> str:
@@ -142,9 +145,7 @@ def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
     )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def write_all(result: EvalResult, out: Path) -> list[Path]:

@@ -21,7 +21,7 @@ import polars as pl
 from eval import outputs
 from eval import run as runner
 from eval.config import EvalConfig, param_values, validate
-from eval.plots import line_style, mechanism_label, pyplot
+from eval.plots import line_style, mechanism_label, pyplot, save_figure
 from eval.results import Finding
 from eval.sources import ScenarioSource
 
@@ -200,9 +200,7 @@ def figure(result: ProportionResult, path: Path) -> None:
         f"{'exact where available, else ' if cfg.exact else ''}{cfg.trials} trials",
         fontsize=10,
     )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def markdown(result: ProportionResult) -> str:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from eval.plots import pyplot
+from eval.plots import pyplot, save_figure
 
 if TYPE_CHECKING:
     from eval.two_candidates import TwoCandidateResult
@@ -62,9 +62,7 @@ def _figure(
     for ax in axes[:, 0]:
         ax.set_ylabel("Δ2 (higher score)", fontsize=7)
     fig.suptitle(title + "\nred: the second mechanism wins (hg > 0); blue: the first wins; dashed: Δ1 = Δ2", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _select(t: pl.DataFrame, base: str, mech: str, eps: float, gap: float, gamma: float | None) -> pl.DataFrame:

@@ -10,7 +10,7 @@ import polars as pl
 
 from eval.bandit.config import POLICIES, PRIVATE
 from eval.bandit.tables import NEVER_SWITCHING, ci
-from eval.plots import pyplot
+from eval.plots import pyplot, save_figure
 
 if TYPE_CHECKING:
     from eval.bandit.results import BanditResult
@@ -73,9 +73,7 @@ def cumulative(result: BanditResult, path: Path) -> None:
         f"(a) cumulative reward, mean and 95% CI over {cfg.seeds} seed(s); shift at t = {cfg.shift:,}", fontsize=10
     )
     ax.legend(fontsize=7, ncol=2, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def estimated_means(result: BanditResult, path: Path) -> None:
@@ -105,9 +103,7 @@ def estimated_means(result: BanditResult, path: Path) -> None:
         ax.set_xlabel("t")
     axes[0].set_ylabel("mean reward")
     axes[0].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
@@ -139,6 +135,4 @@ def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     if d.height:  # an arm pulled fewer than w times has no window yet
         ax.legend(fontsize=6, ncol=3, markerscale=2)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)

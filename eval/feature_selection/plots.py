@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval.plots import pyplot
+from eval.plots import pyplot, save_figure
 
 FIGURE1_PNG = "figure1.png"
 ACCURACY_PNG = "accuracy.png"
@@ -35,21 +35,17 @@ def figure1(table: pl.DataFrame, repetitions: int, path: Path) -> None:
         ax.set_ylabel("times chosen (two-stage below the axis)")
         ax.set_title(f"{setting}: top 5 of {repetitions:,} datasets", fontsize=9)
         ax.legend(fontsize=8, loc="center right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _panels(n_rows: int, n_cols: int):
-    plt = pyplot()
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.2 * n_rows), dpi=90, squeeze=False)
-    return plt, fig, axes
+    return pyplot().subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.2 * n_rows), dpi=90, squeeze=False)
 
 
 def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
     datasets = table["dataset"].unique(maintain_order=True).to_list()
     ks = sorted(table["k"].unique().to_list())
-    plt, fig, axes = _panels(len(datasets), len(ks))
+    fig, axes = _panels(len(datasets), len(ks))
     for r, name in enumerate(datasets):
         for c, k in enumerate(ks):
             ax = axes[r][c]
@@ -70,15 +66,13 @@ def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
             ax.set_title(f"{name}, k = {k}", fontsize=9)
             if r == 0 and c == 0:
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def rates(table: pl.DataFrame, path: Path) -> None:
     datasets = table["dataset"].unique(maintain_order=True).to_list()
     ks = sorted(table["k"].unique().to_list())
-    plt, fig, axes = _panels(len(datasets), len(ks))
+    fig, axes = _panels(len(datasets), len(ks))
     for r, name in enumerate(datasets):
         for c, k in enumerate(ks):
             ax = axes[r][c]
@@ -95,6 +89,4 @@ def rates(table: pl.DataFrame, path: Path) -> None:
             ax.set_title(f"DP-SIS on {name}, k = {k}", fontsize=9)
             if r == 0 and c == 0:
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
