@@ -7,7 +7,7 @@ and the work estimate."""
 import numpy as np
 import pytest
 
-from recsvc.mechanisms import MechanismInputError, select_slate, slate_probabilities
+from recsvc.mechanisms import select_slate, slate_probabilities
 from recsvc.mechanisms.exact import exponential_noisy_max_log_probabilities
 from recsvc.mechanisms.gem import q_prime
 from recsvc.mechanisms.gem_peel import _DENSE, _HEAVY, _LAST, PASS_COST, _step
@@ -96,21 +96,6 @@ def test_native_slates_follow_the_exact_peeled_law(name, eps):
     for _ in range(8_000):
         counts[index[tuple(select_slate(name, q, d, eps, 3, rng).tolist())]] += 1
     assert chisquare_pvalue(counts, np.array([p[s] for s in outcomes])) > ALPHA
-
-
-@pytest.mark.parametrize("name", ["gem", "mgem"])
-def test_a_refused_slate_draws_nothing_and_a_started_one_completes(name):
-    q = np.array([1e300, -1e300, 5.0, 0.0])
-    d = np.array([1e-3, 2.0, 1.0, 0.5])
-    for eps in 10.0 ** np.arange(-12, 4):
-        rng = np.random.default_rng(0)
-        before = rng.bit_generator.state
-        try:
-            slate = select_slate(name, q, d, eps, 4, rng)
-        except MechanismInputError as e:
-            assert "too small" in str(e) and rng.bit_generator.state == before
-        else:
-            assert sorted(slate.tolist()) == [0, 1, 2, 3]
 
 
 def test_catalog_scale_slates_are_distinct_and_favour_the_top():
