@@ -32,6 +32,7 @@ The tests hold the slates to their exact peeled law (``slate_log_probabilities``
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numba
 import numpy as np
@@ -70,6 +71,26 @@ def _level(ub: float) -> int:  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True)
+def _heavy(s: np.ndarray, d: np.ndarray, half_eps: float) -> tuple[int, np.ndarray]:  # pragma: no cover - numba
+    """The top point T (the first of the largest s) and the other candidates with p̄ > 2^−_HEAVY,
+    in index order; the count stops past _DENSE, where a step draws densely anyway."""
+    m = s.shape[0]
+    top = 0
+    for i in range(1, m):
+        if s[i] > s[top]:
+            top = i
+    heavy = np.empty(m, np.int64)
+    n = 0
+    for a in range(m):
+        if a != top and _bound(a, s, d, top, half_eps) > -_HEAVY * _LN2:
+            heavy[n] = a
+            n += 1
+            if n > _DENSE:
+                break
+    return top, heavy[:n]
+
+
+@numba.njit(cache=True, nogil=True)
 def _step(
     s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator, vertices: np.ndarray, known: bool
 ) -> tuple[int, np.ndarray, bool]:  # pragma: no cover - numba
@@ -77,23 +98,14 @@ def _step(
     the upper hull's vertices (``known``: ``vertices`` are this point set's; else built here if
     a trial succeeds). Whether it draws densely depends on s and Δ only, never on a draw."""
     m = s.shape[0]
-    top = 0
-    for i in range(1, m):
-        if s[i] > s[top]:
-            top = i
-    heavy = np.empty(m, np.int64)
-    n_heavy = 0
-    for a in range(m):
-        if a != top and _bound(a, s, d, top, half_eps) > -_HEAVY * _LN2:
-            heavy[n_heavy] = a
-            n_heavy += 1
-            if n_heavy > _DENSE:  # a flat law: m exponentials cost less than the trials
-                return _dense(s, d, half_eps, g), vertices, known
+    top, heavy = _heavy(s, d, half_eps)
+    if heavy.shape[0] > _DENSE:  # a flat law: m exponentials cost less than the trials
+        return _dense(s, d, half_eps, g), vertices, known
     # Successes of each candidate's Bernoulli(p) trial, with p and the uniform that thins them.
     hits = [0 for _ in range(0)]
     probs = [0.0 for _ in range(0)]
     thins = [0.0 for _ in range(0)]
-    for a in heavy[:n_heavy]:  # levels below _HEAVY: one Bernoulli(p̄_a) trial each
+    for a in heavy:  # levels below _HEAVY: one Bernoulli(p̄_a) trial each
         p_bar = math.exp(_bound(a, s, d, top, half_eps))
         if g.random() < p_bar:
             hits.append(a)
@@ -123,7 +135,8 @@ def _step(
             vertices = gem.hull_vertices(s, d)
             known = True
         hx, hy, edge = gem.hull_at(s, d, vertices)
-        u = gem.tangents(hx, hy, edge, d[np.array(hits)], s[np.array(hits)]) * half_eps
+        at = np.array(hits)
+        u = gem.tangents(hx, hy, edge, d[at], s[at]) * half_eps
         for i in range(len(hits)):
             if thins[i] < math.exp(u[i]) / probs[i]:  # thinning: kept w.p. e^{u_a}/p
                 kept.append(hits[i])
@@ -177,24 +190,11 @@ def _peel(
 PASS_COST = 0.2
 
 
-@numba.njit(cache=True, nogil=True)
-def _heavy_count(q: np.ndarray, d: np.ndarray, t: float, half_eps: float) -> int:  # pragma: no cover - numba
-    top = 0
-    for i in range(1, q.shape[0]):
-        if q[i] - t * d[i] > q[top] - t * d[top]:
-            top = i
-    s_top = q[top] - t * d[top]
-    count = 0
-    for a in range(q.shape[0]):
-        if a != top and min(0.0, (q[a] - t * d[a] - s_top) / (d[a] + d[top])) * half_eps > -_HEAVY * _LN2:
-            count += 1
-    return count
-
-
 def _work_family(sign: float, q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
     n = q.shape[0]
     t = sign * gem.gem_t(n, eps_step, p["beta"])
-    heavy = _heavy_count(np.ascontiguousarray(q, np.float64), np.ascontiguousarray(d, np.float64), t, eps_step / 2)
+    s = np.ascontiguousarray(q - t * d, dtype=np.float64)
+    heavy = _heavy(s, np.ascontiguousarray(d, dtype=np.float64), eps_step / 2)[1].shape[0]
     per_step = n * PASS_COST + (n if heavy > _DENSE else 2 * heavy + _LAST)
     return float(k * per_step)
 
@@ -216,7 +216,7 @@ def _peel_family(
     gem.checked_t(q, d, eps_step, p["beta"])
     q = np.ascontiguousarray(q, dtype=np.float64)
     d = np.ascontiguousarray(d, dtype=np.float64)
-    return np.asarray(_peel(q, d, sign, float(eps_step), float(p["beta"]), int(k), rng), dtype=np.int64)
+    return cast("npt.NDArray[np.int64]", _peel(q, d, sign, float(eps_step), float(p["beta"]), int(k), rng))
 
 
 def gem_peel(
