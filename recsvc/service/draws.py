@@ -3,7 +3,7 @@
 Random stopping makes ≈ 1/γ base draws per selection; at the `gamma` ParamSpec floor (1e-6,
 the bound on any single draw's expected cost) that is ≈ 10⁶ draws, tens of milliseconds of CPU
 and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t); a two-stage Recommend's private top-m
-peels m times over the catalog. :func:`recsvc.service.requests.expected_work` counts every stage.
+peels m times over the catalog. :attr:`recsvc.service.requests.Prepared.work` counts every stage.
 
 A call whose work is expected to need more than ``heavy_draws`` draws is **deferred**: its
 request thread returns a :class:`Deferred` at once, and the gate hands it to :class:`HeavyCalls`,
@@ -33,7 +33,7 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from recsvc.service.errors import Overloaded
-from recsvc.service.requests import Prepared, draw, expected_work
+from recsvc.service.requests import Prepared, draw
 from recsvc.service.threads import Threads
 
 T = TypeVar("T")
@@ -67,7 +67,7 @@ class HeavyDraws:
     def draw(self, p: Prepared, allow_non_private: bool, inline: Callable[[], np.ndarray]) -> np.ndarray:
         """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
         process from its own CSPRNG (only what the draw needs crosses: no ids, no fingerprint)."""
-        if not self.heavy(expected_work(p)):
+        if not self.heavy(p.work):
             return inline()
         bare = dataclasses.replace(
             p, user_id="", request_id="", fingerprint=b"", item_ids=(), rows=None, params=dict(p.params)

@@ -48,6 +48,21 @@ class Prepared:
     stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
     rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
 
+    @functools.cached_property  # read by the heavy-work decision and by the draw; computed once
+    def work(self) -> float:
+        """Random draws :func:`draw` is expected to make, every stage counted: a one-shot
+        mechanism runs once, a peeled slate k times (a native peel: its own estimate, O(n), from
+        the scores); a two-stage Recommend first draws its private top-m (one run of its one-shot
+        mechanism over the whole catalog)."""
+        if self.stage is None:
+            native = native_peel_work(
+                self.mechanism, self.scores, self.sensitivities, self.epsilon, self.k, dict(self.params)
+            )
+            return _slate_work(self.mechanism, self.scores.size, self.k, self.params) if native is None else native
+        return _slate_work(self.stage.mechanism, self.scores.size, self.stage.m, {}) + _slate_work(
+            self.mechanism, self.stage.m, self.k, self.params
+        )
+
     @functools.cached_property  # read by the ledger item and by the answer; computed once
     def charge(self) -> float:
         """The ε the ledger charges: the selection's composed privacy map
@@ -147,19 +162,6 @@ def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -
         return float(n)
     gamma = params.get("gamma")
     return max(float(n), 1.0 / (spec.default if gamma is None else gamma))
-
-
-def expected_work(p: Prepared) -> float:
-    """Random draws :func:`draw` is expected to make for ``p``, every stage counted: a one-shot
-    mechanism runs once, a peeled slate k times (a native peel: its own estimate, O(n), from the
-    scores); a two-stage Recommend first draws its private top-m (one run of its one-shot
-    mechanism over the whole catalog)."""
-    if p.stage is None:
-        native = native_peel_work(p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, dict(p.params))
-        return _slate_work(p.mechanism, p.scores.size, p.k, p.params) if native is None else native
-    return _slate_work(p.stage.mechanism, p.scores.size, p.stage.m, {}) + _slate_work(
-        p.mechanism, p.stage.m, p.k, p.params
-    )
 
 
 def _slate_work(mechanism: str, n: int, k: int, params: Mapping[str, float | None]) -> float:

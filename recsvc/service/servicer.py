@@ -32,7 +32,7 @@ from recsvc.service.draws import Deferred
 from recsvc.service.errors import PermissionDenied, log_internal_error
 from recsvc.service.interceptors import current_caller, status_of
 from recsvc.service.multiselect import MultiSelector
-from recsvc.service.requests import Columns, Prepared, check_user_id, expected_work
+from recsvc.service.requests import Columns, Prepared, check_user_id
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
@@ -100,7 +100,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                     outcomes[i] = (p, charge)
             return self._encode_batch(outcomes)
 
-        return self.defer(finish, sum(expected_work(p) for p in prepared.values()))
+        return self.defer(finish, sum(p.work for p in prepared.values()))
 
     def MultiSelect(self, request: pb.MultiSelectRequest, context: Any) -> pb.MultiSelectResponse:
         self.authorize("MultiSelect", request.user_id)
@@ -170,7 +170,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def execute(self, p: Prepared) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
         """Draws and charges ``p``; the answer (a stored one, marked, for a replay), or the same
         work deferred to the heavy queue when it is expected to be heavy."""
-        return self.defer(lambda: codec.answer(self.selector.execute(self.ledger, p, codec.encode)), expected_work(p))
+        return self.defer(lambda: codec.answer(self.selector.execute(self.ledger, p, codec.encode)), p.work)
 
     def defer(self, work: Callable[[], T], draws: float) -> T | Deferred[T]:
         """``work()`` now, in this request thread, or (``draws`` above --heavy-draws) a
