@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from recsvc.ledger.testing.cluster import Cluster, free_port
+from recsvc.service.testing import serve_argv
 
 REPO = Path(__file__).resolve().parents[2]
 METHOD = "/recsvc.v1.PrivateSelection/Select"
@@ -152,21 +153,7 @@ def batch_bodies(batches: int, size: int, seed: int, encoding: str = "ids") -> l
 
 def serve_command(artifacts: Path, ledger: Path | str, port: int, *extra: str) -> list[str]:
     """`recsvc serve` on ``port`` with a budget no benchmark exhausts, then ``extra`` flags."""
-    return [
-        sys.executable,
-        "-m",
-        "recsvc.app.cli",
-        "serve",
-        "--artifacts",
-        str(artifacts),
-        "--ledger",
-        str(ledger),
-        "--port",
-        str(port),
-        "--budget",
-        "1e6",
-        *extra,
-    ]
+    return serve_argv(artifacts, ledger, port, "--budget", "1e6", *extra)
 
 
 def launch(cmd: list[str], what: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -182,74 +182,64 @@ def select_request(user: str, rid: str, epsilon: float = 0.5, seed: int = 1) -> 
     )
 
 
+def _openssl(d: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+
+def _self_signed(d: Path, name: str, cn: str) -> None:
+    """``<name>.pem`` and ``<name>.key``: a self-signed CA certificate with CN=``cn``."""
+    _openssl(
+        d,
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={cn}",
+    )
+
+
+def _signed(d: Path, name: str, cn: str, ext: str) -> tuple[Path, Path]:
+    """``<name>.pem`` and ``<name>.key``, CN=``cn``, signed by the CA ``ca.pem`` in ``d`` with the
+    OpenSSL extensions file ``ext`` (its subjectAltName)."""
+    _openssl(
+        d, "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}"
+    )
+    _openssl(
+        d,
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-extfile",
+        ext,
+    )
+    return d / f"{name}.pem", d / f"{name}.key"
+
+
 def make_certs(d: Path) -> dict[str, Path]:
     """A throwaway CA, a server cert for localhost/127.0.0.1 and a client cert (openssl CLI)."""
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=recsvc-test-ca",
-    )
+    _self_signed(d, "ca", "recsvc-test-ca")
     (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        run(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={'localhost' if name == 'server' else 'recsvc-test-client'}",
-        )
-        run(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-        )
-    # A second, unrelated CA and client: must be refused under mTLS.
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "rogue.key",
-        "-out",
-        "rogue.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=rogue",
-    )
+    _signed(d, "server", "localhost", "san.ext")
+    _signed(d, "client", "recsvc-test-client", "san.ext")
+    _self_signed(d, "rogue", "rogue")  # a second, unrelated CA: its certificate must be refused under mTLS
     return {
         k: d / f"{k}"
         for k in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key", "rogue.pem", "rogue.key")
@@ -261,24 +251,7 @@ def make_client_cert(d: Path, name: str, san: str) -> tuple[Path, Path]:
     CN=<name> and the OpenSSL ``subjectAltName`` value ``san`` (e.g. ``URI:spiffe://x,email:a@b``)."""
     ext = d / f"{name}.ext"
     ext.write_text(f"subjectAltName={san}\n")
-    for args in (
-        (
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-        ),
-        ("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial"),
-    ):
-        extra = ("-out", f"{name}.pem", "-days", "2", "-extfile", ext.name) if args[0] == "x509" else ()
-        subprocess.run(["openssl", *args, *extra], cwd=d, check=True, capture_output=True)
-    return d / f"{name}.pem", d / f"{name}.key"
+    return _signed(d, name, name, ext.name)
 
 
 def run_recsvc(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -334,6 +307,12 @@ class ServerProcess:
         return self.log_path.read_text()
 
 
+def serve_argv(artifacts: Path, ledger: Path | str, port: int, *extra: str) -> list[str]:
+    """The command line of `recsvc serve` on ``artifacts`` and ``ledger`` at ``port``, then ``extra``."""
+    cmd = [sys.executable, "-m", "recsvc.app.cli", "serve", "--artifacts", str(artifacts), "--ledger", str(ledger)]
+    return [*cmd, "--port", str(port), *extra]
+
+
 @contextmanager
 def server_process(
     artifacts: Path, ledger: Path | str, *extra: str, port: int = 0, timeout: float = 60.0, log_path: Path | None = None
@@ -341,21 +320,7 @@ def server_process(
     """`recsvc serve` as a real subprocess; yields once it printed its listening line. A PostgreSQL
     ``ledger`` URL needs ``log_path``."""
     log_path = log_path or Path(ledger).with_suffix(f".{time.monotonic_ns()}.log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "recsvc.app.cli",
-        "serve",
-        "--artifacts",
-        str(artifacts),
-        "--ledger",
-        str(ledger),
-        "--port",
-        str(port),
-        "--drain-delay",
-        "0.3",
-        *extra,
-    ]
+    cmd = serve_argv(artifacts, ledger, port, "--drain-delay", "0.3", *extra)
     with open(log_path, "w") as err:
         proc = subprocess.Popen(
             cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
