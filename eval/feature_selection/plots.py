@@ -3,7 +3,9 @@ k (with the non-private methods as dashed lines), and DP-SIS's TOP / GREAT / GOO
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -38,55 +40,54 @@ def figure1(table: pl.DataFrame, repetitions: int, path: Path) -> None:
     save_figure(fig, path)
 
 
-def _panels(n_rows: int, n_cols: int):
-    return pyplot().subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.2 * n_rows), dpi=90, squeeze=False)
+def _share_grid(
+    table: pl.DataFrame, path: Path, ylabel: str, title: str, draw: Callable[[Any, pl.DataFrame, str, int], None]
+) -> None:
+    """One panel per dataset (row) and k (column) of shares in [0, 1] against ε on a log axis;
+    ``draw(ax, panel's rows of table, dataset, k)`` fills a panel, the first one holds the legend."""
+    datasets = table["dataset"].unique(maintain_order=True).to_list()
+    ks = sorted(table["k"].unique().to_list())
+    fig, axes = pyplot().subplots(
+        len(datasets), len(ks), figsize=(4.2 * len(ks), 3.2 * len(datasets)), dpi=90, squeeze=False
+    )
+    for r, name in enumerate(datasets):
+        for c, k in enumerate(ks):
+            ax = axes[r][c]
+            draw(ax, table.filter((pl.col("dataset") == name) & (pl.col("k") == k)), name, k)
+            ax.set_xscale("log")
+            ax.set_ylim(-0.03, 1.03)
+            ax.set_xlabel("ε")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title.format(name=name, k=k), fontsize=9)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def _band(ax: Any, t: pl.DataFrame, value: str, label: str, style: str, colour: str, alpha: float) -> None:
+    """``value`` against ε with its confidence band (ci_low, ci_high)."""
+    t = t.sort("epsilon")
+    eps = t["epsilon"].to_numpy()
+    ax.plot(eps, t[value], style, color=colour, label=label, ms=4)
+    ax.fill_between(eps, t["ci_low"], t["ci_high"], color=colour, alpha=alpha, lw=0)
 
 
 def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
-    datasets = table["dataset"].unique(maintain_order=True).to_list()
-    ks = sorted(table["k"].unique().to_list())
-    fig, axes = _panels(len(datasets), len(ks))
-    for r, name in enumerate(datasets):
-        for c, k in enumerate(ks):
-            ax = axes[r][c]
-            for method in ("dp-sis", "two-stage"):
-                t = table.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method))
-                t = t.sort("epsilon")
-                eps = t["epsilon"].to_numpy()
-                ax.plot(eps, t["accuracy"], "o-", color=_COLOURS[method], label=_LABELS[method], ms=4)
-                ax.fill_between(eps, t["ci_low"], t["ci_high"], color=_COLOURS[method], alpha=0.2, lw=0)
-            for method in ("sis", "two-stage"):
-                row = nonprivate.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method))
-                label = f"{_LABELS[method]}, not private"
-                ax.axhline(float(row["accuracy"][0]), color=_COLOURS[method], ls="--", lw=1, label=label)
-            ax.set_xscale("log")
-            ax.set_ylim(-0.03, 1.03)
-            ax.set_xlabel("ε")
-            ax.set_ylabel("accuracy vs the Lasso's top k")
-            ax.set_title(f"{name}, k = {k}", fontsize=9)
-            if r == 0 and c == 0:
-                ax.legend(fontsize=7)
-    save_figure(fig, path)
+    def draw(ax: Any, panel: pl.DataFrame, name: str, k: int) -> None:
+        for method in ("dp-sis", "two-stage"):
+            rows = panel.filter(pl.col("method") == method)
+            _band(ax, rows, "accuracy", _LABELS[method], "o-", _COLOURS[method], 0.2)
+        for method in ("sis", "two-stage"):
+            row = nonprivate.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("method") == method))
+            label = f"{_LABELS[method]}, not private"
+            ax.axhline(float(row["accuracy"][0]), color=_COLOURS[method], ls="--", lw=1, label=label)
+
+    _share_grid(table, path, "accuracy vs the Lasso's top k", "{name}, k = {k}", draw)
 
 
 def rates(table: pl.DataFrame, path: Path) -> None:
-    datasets = table["dataset"].unique(maintain_order=True).to_list()
-    ks = sorted(table["k"].unique().to_list())
-    fig, axes = _panels(len(datasets), len(ks))
-    for r, name in enumerate(datasets):
-        for c, k in enumerate(ks):
-            ax = axes[r][c]
-            for i, cls in enumerate(("TOP", "GREAT", "GOOD")):
-                t = table.filter((pl.col("dataset") == name) & (pl.col("k") == k) & (pl.col("class") == cls))
-                t = t.sort("epsilon")
-                eps = t["epsilon"].to_numpy()
-                ax.plot(eps, t["rate"], "osD"[i] + "-", color=f"C{i + 2}", label=cls, ms=4)
-                ax.fill_between(eps, t["ci_low"], t["ci_high"], color=f"C{i + 2}", alpha=0.15, lw=0)
-            ax.set_xscale("log")
-            ax.set_ylim(-0.03, 1.03)
-            ax.set_xlabel("ε")
-            ax.set_ylabel("share of DP-SIS's selections")
-            ax.set_title(f"DP-SIS on {name}, k = {k}", fontsize=9)
-            if r == 0 and c == 0:
-                ax.legend(fontsize=7)
-    save_figure(fig, path)
+    def draw(ax: Any, panel: pl.DataFrame, name: str, k: int) -> None:
+        for i, cls in enumerate(("TOP", "GREAT", "GOOD")):
+            _band(ax, panel.filter(pl.col("class") == cls), "rate", cls, "osD"[i] + "-", f"C{i + 2}", 0.15)
+
+    _share_grid(table, path, "share of DP-SIS's selections", "DP-SIS on {name}, k = {k}", draw)
