@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import grpc
 
 from recsvc.checks import ParamError
-from recsvc.service.auth import Authenticator
+from recsvc.ledger import is_postgres
+from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
 
 T = TypeVar("T")
@@ -65,7 +66,14 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
     servicer.limiter = admission.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
     requests = Threads(config.listen.threads, "recsvc-rpc")
     heavy = HeavyCalls(config.selection.heavy_queue, config.selection.heavy_per_principal)
-    gate = interceptors.Gate(authenticator, servicer.limiter, admission.Admission(config.admission), requests, heavy)
+    gate = interceptors.Gate(
+        authenticator,
+        servicer.limiter,
+        admission.Admission(config.admission),
+        requests,
+        heavy,
+        inline=inline_methods(config),
+    )
     server = grpc.aio.server(interceptors=[gate], options=admission.channel_options(config))
     register(servicer, server)
     health_servicer = health.aio.HealthServicer()
@@ -77,6 +85,15 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
     )
     reflection.enable_server_reflection(names, server)
     return server, health_servicer, (requests, heavy)
+
+
+def inline_methods(config: ServerConfig) -> tuple[str, ...]:
+    """The methods a lone call may run on the event loop: Select, when its ledger commit waits on
+    nothing but this process and its disk (one worker, the embedded SQLite ledger); never with
+    PostgreSQL (a network round trip) or workers sharing the file (another process's lock)."""
+    if config.listen.workers > 1 or is_postgres(config.ledger.location):
+        return ()
+    return (f"/{SERVICE_NAME}/Select",)
 
 
 async def bind(server: Any, config: ServerConfig, creds: Any) -> int:

@@ -154,12 +154,17 @@ def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.n
     )
 
 
+def parameter_driven(mechanism: str) -> bool:
+    """Whether a request parameter sets how many draws a selection makes (random stopping's γ)."""
+    return "gamma" in MECHANISMS[mechanism].params
+
+
 def expected_draws(mechanism: str, n: int, params: Mapping[str, float | None]) -> float:
     """Random draws one selection among ``n`` is expected to need: one per candidate, or ≈ 1/γ for
     random stopping (the mean of rs's geometric K; rs_improved's logarithmic K has a smaller mean)."""
-    spec = MECHANISMS[mechanism].params.get("gamma")
-    if spec is None:
+    if not parameter_driven(mechanism):
         return float(n)
+    spec = MECHANISMS[mechanism].params["gamma"]
     gamma = params.get("gamma")
     return max(float(n), 1.0 / (spec.default if gamma is None else gamma))
 

@@ -3,7 +3,8 @@
 **How an RPC method is written** (one way for every method): a plain synchronous method
 ``Name(self, request, context)`` that returns the response message. The gate
 (:mod:`recsvc.service.interceptors`) has already authenticated the caller, read the message and
-decoded it, and runs the method in a request thread, never on the event loop; a raised refusal
+decoded it, and runs the method in a request thread (or, for a lone small Select, on the event
+loop until :meth:`defer` finds its work not light); a raised refusal
 (:mod:`recsvc.service.errors`) becomes its status code and the metrics are recorded there. Work
 whose cost grows with a request parameter (random stopping's 1/γ, a candidate stage's m) is
 returned as a :class:`recsvc.service.draws.Deferred` instead, made by :meth:`execute` (or
@@ -28,9 +29,9 @@ from recsvc.service.admission import RateLimiter
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
-from recsvc.service.draws import Deferred
+from recsvc.service.draws import Deferred, Offload, light
 from recsvc.service.errors import PermissionDenied, log_internal_error
-from recsvc.service.interceptors import current_caller, status_of
+from recsvc.service.interceptors import current_caller, on_loop, status_of
 from recsvc.service.multiselect import MultiSelector
 from recsvc.service.requests import Columns, Prepared, check_user_id
 from recsvc.service.selection import Selector
@@ -69,15 +70,21 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     # -- RPCs --------------------------------------------------------------------------------
 
-    def Select(self, request: pb.SelectRequest, context: Any) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
+    def Select(
+        self, request: pb.SelectRequest, context: Any
+    ) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
         self.authorize("Select", request.user_id)
         return self.execute(self.prepare_select(request))
 
-    def Recommend(self, request: pb.RecommendRequest, context: Any) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
+    def Recommend(
+        self, request: pb.RecommendRequest, context: Any
+    ) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
         self.authorize("Recommend", request.user_id)
         return self.execute(self.prepare_recommend(request))
 
-    def SelectBatch(self, request: pb.SelectBatchRequest, context: Any) -> codec.Framed | Deferred[codec.Framed]:
+    def SelectBatch(
+        self, request: pb.SelectBatchRequest, context: Any
+    ) -> codec.Framed | Deferred[codec.Framed] | Offload[codec.Framed]:
         """The serialized SelectBatchResponse (:func:`recsvc.service.codec.batch_response`): each
         item is authorized, decoded and checked alone (a refusal is that item's Error and spends
         nothing); the rest are drawn vectorised and charged in ONE ledger transaction."""
@@ -167,15 +174,20 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
         return self.selector.prepare_recommend(**codec.recommend_input(req))
 
-    def execute(self, p: Prepared) -> pb.SelectResponse | Deferred[pb.SelectResponse]:
+    def execute(self, p: Prepared) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
         """Draws and charges ``p``; the answer (a stored one, marked, for a replay), or the same
         work deferred to the heavy queue when it is expected to be heavy."""
-        return self.defer(lambda: codec.answer(self.selector.execute(self.ledger, p, codec.encode)), p.work)
+        return self.defer(lambda: codec.answer(self.selector.execute(self.ledger, p, codec.encode)), p.work, light(p))
 
-    def defer(self, work: Callable[[], T], draws: float) -> T | Deferred[T]:
-        """``work()`` now, in this request thread, or (``draws`` above --heavy-draws) a
-        :class:`Deferred` for the gate's heavy queue, before anything is drawn or spent."""
-        return Deferred(work) if self.selector.heavy.heavy(draws) else work()
+    def defer(self, work: Callable[[], T], draws: float, light_work: bool = False) -> T | Deferred[T] | Offload[T]:
+        """``work()`` now, in this thread; or (``draws`` above --heavy-draws) a :class:`Deferred`
+        for the gate's heavy queue; or, on the event loop and not ``light_work``, an :class:`Offload`
+        for a request thread. Either before anything is drawn or spent."""
+        if self.selector.heavy.heavy(draws):
+            return Deferred(work)
+        if on_loop() and not light_work:
+            return Offload(work)
+        return work()
 
     @staticmethod
     def _authorize_items(caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:

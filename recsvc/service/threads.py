@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 # loop, the caller's future, its context's run, the work, the on-loop callback once it ended
 _Job = tuple[
-    asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], Callable[[], Any], Callable[[], None] | None
+    asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], Callable[[], Any], Callable[[], None]
 ]
 
 
@@ -47,6 +47,7 @@ class Threads:
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
+        self.pending = 0  # work queued or running, counted on the loop (the gate's "alone" test)
 
     def run(self, fn: Callable[[], T], finished: Callable[[], None] | None = None) -> asyncio.Future[T]:
         """``fn()`` in one of the threads, with the calling task's context (its caller); the
@@ -56,10 +57,19 @@ class Threads:
             raise RuntimeError(f"the {self.name} threads are shut down")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put((loop, future, contextvars.copy_context().run, fn, finished))
+        self.pending += 1
+        self._queue.put((loop, future, contextvars.copy_context().run, fn, self._settled(finished)))
         if not self._idle.acquire(blocking=False):
             self._start_one()
         return future
+
+    def _settled(self, finished: Callable[[], None] | None) -> Callable[[], None]:
+        def done() -> None:  # on the loop, once the work ended or was skipped
+            self.pending -= 1
+            if finished is not None:
+                finished()
+
+        return done
 
     def _start_one(self) -> None:
         with self._lock:
@@ -98,9 +108,7 @@ class Threads:
             t.join()
 
 
-def _settle(
-    future: asyncio.Future[Any], value: Any, error: BaseException | None, finished: Callable[[], None] | None
-) -> None:
+def _settle(future: asyncio.Future[Any], value: Any, error: BaseException | None, finished: Callable[[], None]) -> None:
     try:
         if not future.done():  # cancelled: the caller stopped waiting
             if error is None:
@@ -108,5 +116,4 @@ def _settle(
             else:
                 future.set_exception(error)
     finally:
-        if finished is not None:
-            finished()
+        finished()

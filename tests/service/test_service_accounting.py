@@ -104,12 +104,55 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
     assert locked == [False] and len(slow) == 1 and fresh_server.ledger.user("flooder").requests == 1
 
 
+def test_only_a_lone_light_select_runs_on_the_event_loop(
+    fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Select alone on the server is served on the event loop (no thread hop); a Recommend, a
+    draw whose length γ sets, and any Select while another call is in flight run in request
+    threads. Every one is charged the same way."""
+    seen: list[tuple[str, str]] = []
+    in_draw, finish = threading.Event(), threading.Event()
+    real = requests_module.select_slate
+
+    def select(name: str, *a: Any, **k: Any) -> Any:
+        seen.append((name, threading.current_thread().name.split("_")[0]))
+        if name == "rs" and not finish.is_set():
+            in_draw.set()
+            finish.wait(30)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(requests_module, "select_slate", select)
+    fresh_client.select("u", candidates(), mechanism="rnm", epsilon=0.5)
+    fresh_client.recommend("u", ["it1", "it2"], mechanism="rnm", epsilon=0.5)
+    slow: list[object] = []
+    t = threading.Thread(
+        target=lambda: slow.append(fresh_client.select("v", candidates(), mechanism="rs", epsilon=0.5))
+    )
+    t.start()
+    try:
+        assert in_draw.wait(10)
+        fresh_client.select("u", candidates(seed=2), mechanism="rnm", epsilon=0.5)  # the rs call is in flight
+    finally:
+        finish.set()
+        t.join(30)
+    fresh_client.select("u", candidates(seed=3), mechanism="rnm", epsilon=0.5)  # alone again
+    assert seen == [
+        ("rnm", "recsvc-loop"),
+        ("rnm", "recsvc-rpc"),
+        ("rs", "recsvc-rpc"),
+        ("rnm", "recsvc-rpc"),
+        ("rnm", "recsvc-loop"),
+    ]
+    assert len(slow) == 1
+    assert (fresh_server.ledger.user("u").requests, fresh_server.ledger.user("v").requests) == (4, 1)
+
+
 def test_heavy_draws_run_in_the_lowest_priority_pool(
     fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a draw process at
-    nice 19 (it shares no GIL with the server); rs at the default γ (≈ 125 draws) and rnm are
-    drawn inline by the request's own thread."""
+    nice 19 (it shares no GIL with the server); rs at the default γ (≈ 125 draws, but a length
+    γ sets) by a request thread; rnm, a lone light call, on the event loop; both at normal priority."""
     import psutil
 
     seen: list[tuple[str, str, int]] = []
@@ -131,8 +174,8 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
     fresh_client.select("h", cands, mechanism="rs", epsilon=0.5)
     fresh_client.select("h", cands, mechanism="rnm", epsilon=0.5)
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this (main) thread's nice value, which the rpc threads share
-    # the heavy draw never ran in this process: only the two light ones did, in request threads
-    assert [s[:2] for s in seen] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(s[2] == base for s in seen)
+    # the heavy draw never ran in this process: only the other two did
+    assert [s[:2] for s in seen] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-loop")] and all(s[2] == base for s in seen)
     assert heavy.item_id in dict(cands) and heavy.mechanism == "rs"
     drawers = [c for c in psutil.Process().children() if "spawn_main" in " ".join(c.cmdline())]
     assert [c.nice() for c in drawers] == [19]  # the one draw process (--heavy-draw-threads 1)
@@ -154,3 +197,30 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
 def test_budget_and_heavy_draw_knobs_are_checked(tmp_path: Path, over: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ServerConfig.of(artifacts=tmp_path, **over).check()
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "n", "k", "params", "stage", "light"),
+    [
+        ("rnm", 500, 1, {}, None, True),
+        ("rnm", 4096, 1, {}, None, True),  # LIGHT_DRAWS exactly
+        ("rnm", 4097, 1, {}, None, False),
+        ("em", 500, 8, {}, None, True),  # a peeled slate: 8 × 500 draws
+        ("em", 500, 9, {}, None, False),  # 4,500
+        ("oneshot", 4096, 50, {}, None, True),  # one-shot: one run for the whole slate
+        ("rs", 20, 1, {"gamma": 0.5}, None, False),  # γ sets its length, however small
+        ("rnm", 20, 1, {}, ("oneshot", 10), False),  # a two-stage Recommend
+    ],
+)
+def test_light_work_is_small_single_stage_and_of_a_fixed_length(
+    mechanism: str, n: int, k: int, params: dict[str, float], stage: tuple[str, int] | None, light: bool
+) -> None:
+    import numpy as np
+
+    from recsvc.service.draws import light as is_light
+    from recsvc.service.requests import CandidateStage, Prepared
+
+    scores, sens = np.linspace(0, 1, n), np.full(n, 0.1)
+    cand = None if stage is None else CandidateStage(stage[1], 0.5, stage[0])
+    p = Prepared("u", "r", b"", mechanism, 1.0, params, scores, sens, (), k, cand)
+    assert is_light(p) is light

@@ -287,3 +287,42 @@ def test_heavy_attackers_never_delay_an_innocent_caller(attacked: ServerProcess)
             u = admin.budget(token)
             ok = outcomes[token].get("OK", 0)
             assert u.requests == ok and u.spent == pytest.approx(ok * 1e-3)
+
+
+def test_a_call_is_alone_only_with_nothing_else_in_flight() -> None:
+    """The gate's test for running a call on the event loop (decision 0005): an inline method, a
+    message of at most INLINE_BYTES, the only admitted call, no request thread or heavy call busy."""
+    from recsvc.service.admission import Admission
+    from recsvc.service.auth import Authenticator
+    from recsvc.service.config import Admission as AdmissionSettings
+    from recsvc.service.draws import HeavyCalls
+    from recsvc.service.interceptors import INLINE_BYTES, Gate
+    from recsvc.service.threads import Threads
+
+    pool, heavy = Threads(1, "alone-test"), HeavyCalls(2, 1)
+    gate = Gate(Authenticator(), admission=Admission(AdmissionSettings()), pool=pool, heavy=heavy, inline=[SELECT])
+    assert gate.admission.rpcs.take()  # the call itself
+    assert gate.alone(SELECT, INLINE_BYTES)
+    assert not gate.alone(SELECT, INLINE_BYTES + 1)
+    assert not gate.alone("/recsvc.v1.PrivateSelection/SelectBatch", 100)
+    for counter, attr in ((gate.admission.rpcs, "held"), (pool, "pending"), (heavy, "held")):
+        setattr(counter, attr, getattr(counter, attr) + 1)  # another call, request thread or heavy call
+        assert not gate.alone(SELECT, 100), attr
+        setattr(counter, attr, getattr(counter, attr) - 1)
+    assert gate.alone(SELECT, 100)
+    assert not Gate(Authenticator(), pool=pool, heavy=heavy).alone(SELECT, 100)  # no inline methods
+
+
+@pytest.mark.parametrize(
+    ("params", "inline"),
+    [
+        ({}, (SELECT,)),
+        ({"workers": 2, "port": 50051}, ()),  # another process may hold the ledger file's lock
+        ({"ledger": "postgresql://u@db.internal/recsvc"}, ()),  # every commit is a network round trip
+    ],
+)
+def test_lone_calls_run_on_the_loop_only_with_a_ledger_of_this_process(params: dict[str, Any], inline: tuple) -> None:
+    from recsvc.service.aioserver import inline_methods
+    from recsvc.service.config import ServerConfig
+
+    assert inline_methods(ServerConfig.of("art", **params)) == inline

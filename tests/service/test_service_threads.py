@@ -1,5 +1,6 @@
 """The request threads' hop (recsvc.service.threads): outcomes, the caller's context, cancelled
-callers' work skipped, the end-of-work callback, the thread bound and shutdown."""
+callers' work skipped, the end-of-work callback and the count of pending work, the thread bound
+and shutdown."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def test_a_cancelled_callers_queued_work_never_runs_and_finished_still_fires() -
         first = threads.run(lambda: gate.wait(5), lambda: finished.append("first"))
         second = threads.run(lambda: ran.append("second"), lambda: finished.append("second"))
         second.cancel()  # the caller left while its work waited for the only thread
+        assert threads.pending == 2
         gate.set()
         assert await first is True
         while len(finished) < 2:
@@ -48,7 +50,7 @@ def test_a_cancelled_callers_queued_work_never_runs_and_finished_still_fires() -
         asyncio.run(main())
     finally:
         threads.shutdown()
-    assert ran == [] and finished == ["first", "second"]
+    assert ran == [] and finished == ["first", "second"] and threads.pending == 0
 
 
 def test_finished_fires_when_the_work_ends_not_when_the_caller_stops_waiting() -> None:
@@ -68,7 +70,7 @@ def test_finished_fires_when_the_work_ends_not_when_the_caller_stops_waiting() -
             await asyncio.sleep(0.001)
         fut.cancel()
         await asyncio.sleep(0.01)
-        assert finished == []  # still running: its slot must stay taken
+        assert finished == [] and threads.pending == 1  # still running: its slot must stay taken
         release.set()
         while not finished:
             await asyncio.sleep(0.001)
@@ -77,7 +79,7 @@ def test_finished_fires_when_the_work_ends_not_when_the_caller_stops_waiting() -
         asyncio.run(main())
     finally:
         threads.shutdown()
-    assert finished == [True]
+    assert finished == [True] and threads.pending == 0
 
 
 def test_no_more_than_count_threads_and_shutdown_drains_then_refuses() -> None:
