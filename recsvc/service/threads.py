@@ -1,8 +1,9 @@
 """Threads that run a call's synchronous part off the event loop, and the hop there and back.
 
-The gate runs every PrivateSelection method in the request threads (``--threads``) and the heavy
-queue runs deferred work in threads of its own (decision 0005). A lone call pays for this hop
-twice (loop → thread → loop), so it costs one queue put and one ``call_soon_threadsafe``:
+The gate runs PrivateSelection methods in the request threads (``--threads``; a lone light
+Select on the loop itself) and the heavy queue runs deferred work in threads of its own
+(decision 0005). A call pays for the hop twice (loop → thread → loop), so it costs one queue put
+and one ``call_soon_threadsafe``:
 :meth:`Threads.run` puts the work on a queue and returns at once (the loop goes back to its
 poll and frees the GIL for the woken thread), and the thread hands the outcome straight to the
 loop as the last thing it does before it waits again (so the woken loop finds the GIL free).
@@ -14,7 +15,8 @@ p50 31–60 µs with the executor, 11–14 µs with this; thread → loop 58–1
 (docs/performance.md, "A server no client can pin").
 
 Work whose caller has gone (its future cancelled) before a thread takes it does not run:
-nothing is decoded, drawn or spent for a call nobody waits for.
+nothing is decoded, drawn or spent for a call nobody waits for. :attr:`Threads.pending` counts
+the work queued or running until its outcome is back on the loop, so the gate knows when none is.
 """
 
 from __future__ import annotations
