@@ -45,6 +45,7 @@ _HEAVY = 8  # p̄ > 2^−8: a Bernoulli(p̄) trial each; below, only where a geo
 _LAST = 64  # the last level takes every p̄ ≤ 2^−64
 _DENSE = 256  # more candidates above 2^−8 than this: draw densely
 _LN2 = math.log(2.0)
+_gem_t = numba.njit(cache=True, nogil=True)(gem.gem_t)  # the one formula, callable from the kernel
 
 
 @numba.njit(cache=True, nogil=True)
@@ -167,7 +168,7 @@ def _peel(
     known = False
     for i in range(k):
         m = n - i
-        t = sign * 2.0 * math.log(m / beta) / eps_step
+        t = sign * _gem_t(m, eps_step, beta)
         for j in range(m):
             s[j] = qq[j] - t * dd[j]
         w, vertices, known = _step(s[:m], dd[:m], eps_step / 2.0, g, vertices, known)
