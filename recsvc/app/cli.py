@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     _MAIN_PID = os.getpid()
     if args.command not in _NO_PIPELINE:
         _bridge_numpy_to_polars()
+    sys.unraisablehook = _quiet_terminated
     signal.signal(signal.SIGTERM, _terminate)
     try:
         return int(args.func(args) or 0)
@@ -206,6 +207,16 @@ def _bridge_numpy_to_polars() -> None:
     import polars as pl
 
     pl.Series(np.zeros(1, dtype=np.int64))
+
+
+def _quiet_terminated(unraisable: Any) -> None:
+    """A :class:`Terminated` that Python could not raise (the signal landed in a C callback or a
+    ``__del__``, e.g. llvmlite's while numba compiles on a cold cache) needs no traceback:
+    :func:`request_termination` recorded it, and the run stops as "terminated" at its next check.
+    Anything else goes to Python's own hook."""
+    if unraisable.exc_type is not None and issubclass(unraisable.exc_type, Terminated):
+        return
+    sys.__unraisablehook__(unraisable)
 
 
 def _terminate(signum: int, frame: object) -> None:
