@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,37 +72,51 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(
     assert (u.requests, u.spent_units) == (1, 500_000_000_000)
 
 
-def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
-    fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A request whose draw never ends (think γ = 1e-6) must not delay another user's request:
-    the other request is answered while the first one is still drawing."""
+@contextmanager
+def _stalled_rs(
+    client: Client, monkeypatch: pytest.MonkeyPatch, user: str, observe: Callable[[str], None] = lambda name: None
+) -> Iterator[list[pb.SelectResponse]]:
+    """``user``'s rs Select in flight for the ``with`` block: its draw has begun and waits until the
+    block ends; then it is answered (into the list). ``observe`` sees the name of every draw made,
+    from the thread that makes it; the patch stays for the rest of the test."""
     in_draw, finish = threading.Event(), threading.Event()
-    locked: list[bool] = []
     real = requests_module.select_slate
 
     def select(name: str, *a: Any, **k: Any) -> Any:
-        if name == "rs":
-            locked.append(fresh_server.ledger._write_lock.locked())
+        observe(name)
+        if name == "rs" and not finish.is_set():
             in_draw.set()
             finish.wait(30)
         return real(name, *a, **k)
 
     monkeypatch.setattr(requests_module, "select_slate", select)
-    slow: list[object] = []
-    t = threading.Thread(
-        target=lambda: slow.append(fresh_client.select("flooder", candidates(), mechanism="rs", epsilon=0.5))
-    )
+    answered: list[pb.SelectResponse] = []
+    t = threading.Thread(target=lambda: answered.append(client.select(user, candidates(), mechanism="rs", epsilon=0.5)))
     t.start()
     try:
         assert in_draw.wait(10)
-        t0 = time.monotonic()
-        r = fresh_client.select("innocent", candidates(seed=2), mechanism="rnm", epsilon=0.5)
-        assert not r.replayed and time.monotonic() - t0 < 5 and not finish.is_set()
-        assert fresh_server.ledger.user("innocent").requests == 1 and fresh_server.ledger.user("flooder").requests == 0
+        yield answered
     finally:
         finish.set()
         t.join(30)
+
+
+def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
+    fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request whose draw never ends (think γ = 1e-6) must not delay another user's request:
+    the other request is answered while the first one is still drawing."""
+    locked: list[bool] = []
+
+    def observe(name: str) -> None:
+        if name == "rs":
+            locked.append(fresh_server.ledger._write_lock.locked())
+
+    with _stalled_rs(fresh_client, monkeypatch, "flooder", observe) as slow:
+        t0 = time.monotonic()
+        r = fresh_client.select("innocent", candidates(seed=2), mechanism="rnm", epsilon=0.5)
+        assert not r.replayed and time.monotonic() - t0 < 5 and not slow  # the rs draw still waits
+        assert fresh_server.ledger.user("innocent").requests == 1 and fresh_server.ledger.user("flooder").requests == 0
     assert locked == [False] and len(slow) == 1 and fresh_server.ledger.user("flooder").requests == 1
 
 
@@ -111,37 +127,21 @@ def test_only_a_lone_light_select_runs_on_the_event_loop(
     draw whose length γ sets, and any Select while another call is in flight run in request
     threads. Every one is charged the same way."""
     seen: list[tuple[str, str]] = []
-    in_draw, finish = threading.Event(), threading.Event()
-    real = requests_module.select_slate
 
-    def select(name: str, *a: Any, **k: Any) -> Any:
+    def observe(name: str) -> None:
         seen.append((name, threading.current_thread().name.split("_")[0]))
-        if name == "rs" and not finish.is_set():
-            in_draw.set()
-            finish.wait(30)
-        return real(name, *a, **k)
 
-    monkeypatch.setattr(requests_module, "select_slate", select)
-    fresh_client.select("u", candidates(), mechanism="rnm", epsilon=0.5)
-    fresh_client.recommend("u", ["it1", "it2"], mechanism="rnm", epsilon=0.5)
-    slow: list[object] = []
-    t = threading.Thread(
-        target=lambda: slow.append(fresh_client.select("v", candidates(), mechanism="rs", epsilon=0.5))
-    )
-    t.start()
-    try:
-        assert in_draw.wait(10)
+    with _stalled_rs(fresh_client, monkeypatch, "v", observe) as slow:
         fresh_client.select("u", candidates(seed=2), mechanism="rnm", epsilon=0.5)  # the rs call is in flight
-    finally:
-        finish.set()
-        t.join(30)
-    fresh_client.select("u", candidates(seed=3), mechanism="rnm", epsilon=0.5)  # alone again
+    fresh_client.select("u", candidates(seed=3), mechanism="rnm", epsilon=0.5)  # alone
+    fresh_client.recommend("u", ["it1", "it2"], mechanism="rnm", epsilon=0.5)
+    fresh_client.select("u", candidates(seed=4), mechanism="rs", epsilon=0.5)
     assert seen == [
-        ("rnm", "recsvc-loop"),
-        ("rnm", "recsvc-rpc"),
         ("rs", "recsvc-rpc"),
         ("rnm", "recsvc-rpc"),
         ("rnm", "recsvc-loop"),
+        ("rnm", "recsvc-rpc"),
+        ("rs", "recsvc-rpc"),
     ]
     assert len(slow) == 1
     assert (fresh_server.ledger.user("u").requests, fresh_server.ledger.user("v").requests) == (4, 1)
