@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--threads",
         type=int,
         default=default("threads"),
-        help="request threads per worker: they decode, check and charge calls (default %(default)s)",
+        help="request threads per worker: they decode, check and charge calls (a Select alone on the server runs on the event loop instead; default %(default)s)",
     )
     p.add_argument(
         "--heavy-draws",
