@@ -89,8 +89,9 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
 
 def inline_methods(config: ServerConfig) -> tuple[str, ...]:
     """The methods a lone call may run on the event loop: Select, when its ledger commit waits on
-    nothing but this process and its disk (one worker, the embedded SQLite ledger); never with
-    PostgreSQL (a network round trip) or workers sharing the file (another process's lock)."""
+    nothing but this process, its disk and the one-row transactions of `recsvc ledger` admin
+    commands (one worker, the embedded SQLite ledger); never with PostgreSQL (a network round trip)
+    or workers sharing the file (another serving process's commits)."""
     if config.listen.workers > 1 or is_postgres(config.ledger.location):
         return ()
     return (f"/{SERVICE_NAME}/Select",)
