@@ -6,13 +6,49 @@ does); the test suite's fixtures live in its conftest.py files."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
 
+from data_prep.config import PrepConfig
 from data_prep.datasets.base import cast_checked, fail_at, integer_ids, read_lines, split_fields
 from data_prep.split import TARGET_FRACTION, Split, canonical_order, to_csr, user_group
+
+
+def tiny_prep(out: Path, **changes: Any) -> PrepConfig:
+    """The quickest whole prep for a test: the synthetic ``tiny`` preset, one local worker, no
+    progress bars, a small policy table; ``changes`` override any field."""
+    base = PrepConfig(
+        dataset="synthetic",
+        preset="tiny",
+        out=out,
+        workers=1,
+        chunk_users=16,
+        progress=False,
+        policy_users=20,
+        policy_trials=5,
+    )
+    return replace(base, **changes)
+
+
+def ml20m_prep(data: Path, out: Path, **changes: Any) -> PrepConfig:
+    """A prep of ML-20M files written by :func:`write_ml20m` (a few dozen users): 10 test and 10
+    validation users, one SANSA setting, one local worker; ``changes`` override any field."""
+    base = PrepConfig(
+        dataset="ml-20m",
+        data_dir=data,
+        out=out,
+        test_users=10,
+        val_users=10,
+        l2=(10.0,),
+        density=(0.2,),
+        workers=1,
+        progress=False,
+    )
+    return replace(base, **changes)
 
 
 def ratings_table(users: int = 30, items: int = 25, per_user: tuple[int, int] = (3, 15), seed: int = 0) -> pl.DataFrame:

@@ -23,21 +23,10 @@ ITEMS = 150  # the tiny preset's catalog
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from data_prep.pipeline import PrepConfig, run
+    from data_prep.pipeline import run
+    from data_prep.testing import tiny_prep
 
-    out = tmp_path_factory.mktemp("ms") / "tiny"
-    return run(
-        PrepConfig(
-            dataset="synthetic",
-            preset="tiny",
-            out=out,
-            workers=1,
-            chunk_users=16,
-            progress=False,
-            policy_users=20,
-            policy_trials=5,
-        )
-    )
+    return run(tiny_prep(tmp_path_factory.mktemp("ms") / "tiny"))
 
 
 def _at(t: pl.DataFrame, mode: str, k: int, eps: float) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 import data_prep.pipeline as pipeline
 from data_prep.pipeline import PrepConfig, run
-from data_prep.testing import ratings_table, write_amazon, write_ml20m
+from data_prep.testing import ml20m_prep, ratings_table, tiny_prep, write_amazon, write_ml20m
 from recsvc.app.cli import main
 from recsvc.artifact import Manifest, SansaInfo, SpearmanStats, SplitInfo, load_artifact
 
@@ -44,20 +44,6 @@ FILES = (
     "test_inputs.parquet",
     "test_targets.parquet",
 )
-
-
-def _tiny(out: Path, **kw) -> PrepConfig:
-    base = dict(
-        dataset="synthetic",
-        preset="tiny",
-        out=out,
-        workers=1,
-        chunk_users=16,
-        progress=False,
-        policy_users=20,
-        policy_trials=5,
-    )
-    return PrepConfig(**{**base, **kw})
 
 
 def _siblings(path: Path) -> list[str]:
@@ -106,7 +92,7 @@ def test_cli_end_to_end(tiny_artifact: Path, capsys) -> None:
     assert per_user.height == 60 and (per_user["up"].fill_null(0) <= 0).all()
     assert (per_user["rank"] == per_user["len"] - 1).all()
     cm = art.candidate_matrix()
-    split, _, _ = pipeline._load_and_split(_tiny(tiny_artifact), pipeline.datasets.INFO["synthetic"])
+    split, _, _ = pipeline._load_and_split(tiny_prep(tiny_artifact), pipeline.datasets.INFO["synthetic"])
     assert list(split.test.user_ids) == cm.user_ids.tolist()
     seen = split.test.inputs.toarray() > 0
     assert (cm.count == 150 - seen.sum(axis=1)).all()
@@ -125,7 +111,7 @@ def test_candidates_are_model_scores(tiny_artifact: Path) -> None:
     valid = cm.item_index >= 0
     assert np.isfinite(cm.scores[valid]).all() and np.isneginf(cm.scores[~valid]).all()
     model = art.model
-    split, _, _ = pipeline._load_and_split(_tiny(tiny_artifact), pipeline.datasets.INFO["synthetic"])
+    split, _, _ = pipeline._load_and_split(tiny_prep(tiny_artifact), pipeline.datasets.INFO["synthetic"])
     dense = model.score(split.test.inputs[:5])
     rows = np.broadcast_to(np.arange(5)[:, None], valid.shape)
     # item_index is the row in items.parquet, which is the model's column order.
@@ -135,7 +121,7 @@ def test_candidates_are_model_scores(tiny_artifact: Path) -> None:
 
 def test_test_inputs_and_targets_are_the_splits_held_out_items(tiny_artifact: Path) -> None:
     art = load_artifact(tiny_artifact)
-    split, _, _ = pipeline._load_and_split(_tiny(tiny_artifact), pipeline.datasets.INFO["synthetic"])
+    split, _, _ = pipeline._load_and_split(tiny_prep(tiny_artifact), pipeline.datasets.INFO["synthetic"])
     inputs, targets = art.test_items(art.user_ids)
     row = {u: i for i, u in enumerate(split.test.user_ids.tolist())}
     assert split.test.targets is not None
@@ -151,17 +137,17 @@ def test_test_inputs_and_targets_are_the_splits_held_out_items(tiny_artifact: Pa
 
 def test_rerun_is_byte_identical(tiny_artifact: Path, tmp_path: Path) -> None:
     """Dask on a real cluster: test_prep_dask_cluster.py."""
-    again = run(_tiny(tmp_path / "again", chunk_users=7))
+    again = run(tiny_prep(tmp_path / "again", chunk_users=7))
     for f in FILES:
         assert (again / f).read_bytes() == (tiny_artifact / f).read_bytes(), f
 
 
 def test_sensitivity_population_test_and_percentiles(tmp_path: Path) -> None:
-    out = run(_tiny(tmp_path / "t", sensitivity_population="test", percentiles=(5.0, 95.0)))
+    out = run(tiny_prep(tmp_path / "t", sensitivity_population="test", percentiles=(5.0, 95.0)))
     m = json.loads((out / "manifest.json").read_text())
     assert m["sensitivity_population"] == "test" and m["percentiles"] == [5.0, 95.0]
     ref = load_artifact(out).items
-    wide = run(_tiny(tmp_path / "w", sensitivity_population="test", percentiles=(1.0, 99.0)))
+    wide = run(tiny_prep(tmp_path / "w", sensitivity_population="test", percentiles=(1.0, 99.0)))
     # Wider percentiles never give a narrower range.
     assert (load_artifact(wide).items["sensitivity"].to_numpy() >= ref["sensitivity"].to_numpy() - 1e-12).all()
 
@@ -180,15 +166,15 @@ def test_crash_leaves_no_partial_artifact(tmp_path: Path, monkeypatch) -> None:
     out = tmp_path / "x" / "art"
     monkeypatch.setattr(pipeline, "population_spearman", boom)
     with pytest.raises(RuntimeError):
-        run(_tiny(out))
+        run(tiny_prep(out))
     assert not out.exists() and _siblings(out) == []  # no tmp or scratch dirs left behind
     # With --force over a good artifact, a crash keeps the old artifact intact.
     monkeypatch.undo()
-    run(_tiny(out))
+    run(tiny_prep(out))
     good = (out / "candidates.parquet").read_bytes()
     monkeypatch.setattr(pipeline, "population_spearman", boom)
     with pytest.raises(RuntimeError):
-        run(_tiny(out, force=True))
+        run(tiny_prep(out, force=True))
     assert (out / "candidates.parquet").read_bytes() == good and _siblings(out) == ["art"]
     load_artifact(out)
 
@@ -205,7 +191,7 @@ def test_crash_after_the_scratch_dir_removes_the_parents_it_made(tmp_path: Path,
     monkeypatch.setattr(pipeline, "_sensitivities", crash)
     out = tmp_path / "a" / "b" / "c"  # a/ does not exist yet
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(_tiny(out))
+        run(tiny_prep(out))
     assert made and made[0].parent == out.parent and made[0].name.startswith(".c.scratch-")
     assert list(tmp_path.iterdir()) == []  # no a/, no temp or scratch dir
 
@@ -251,19 +237,7 @@ def test_bad_input_is_one_clear_line_and_writes_nothing(tmp_path: Path, setup, a
 def test_ml20m_fixture_end_to_end(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_ml20m(data, ratings_table(users=80, items=40, per_user=(10, 30), seed=5), kaggle=True)
-    out = run(
-        PrepConfig(
-            dataset="ml-20m",
-            data_dir=data,
-            out=tmp_path / "a",
-            test_users=10,
-            val_users=10,
-            l2=(10.0,),
-            density=(0.2,),
-            workers=1,
-            progress=False,
-        )
-    )
+    out = run(ml20m_prep(data, tmp_path / "a"))
     m = load_artifact(out).manifest
     assert m.split is not None and m.sansa is not None
     assert m.split.test_users == 10 and m.split.validation_users == 10

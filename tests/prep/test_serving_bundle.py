@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from data_prep.pipeline import PrepConfig, run
-from data_prep.testing import ratings_table, write_ml20m
+from data_prep.pipeline import run
+from data_prep.testing import ml20m_prep, ratings_table, write_ml20m
 from recsvc.artifact import ArtifactError, load_artifact, write_serving_bundle
 from recsvc.service.testing import client_of, run_recsvc, served
 
@@ -20,21 +20,7 @@ _RUN_FIELDS = ("timings_s", "split", "source")
 
 
 def _prep(data: Path, out: Path) -> Path:
-    return run(
-        PrepConfig(
-            dataset="ml-20m",
-            data_dir=data,
-            out=out,
-            test_users=10,
-            val_users=10,
-            l2=(10.0,),
-            density=(0.2,),
-            workers=1,
-            progress=False,
-            policy_users=10,
-            policy_trials=3,
-        )
-    )
+    return run(ml20m_prep(data, out, policy_users=10, policy_trials=3))
 
 
 @pytest.fixture(scope="module")
