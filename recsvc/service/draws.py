@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import multiprocessing
 import os
+import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -39,15 +40,18 @@ import numpy as np
 
 from recsvc.service.errors import Overloaded
 from recsvc.service.requests import Prepared, draw, parameter_driven
+from recsvc.service.shutdown import exit_with_parent
 from recsvc.service.threads import Threads
 
 T = TypeVar("T")
 
 
-def _lowest_priority() -> None:
-    """Initializer of the draw processes: nice 19 (the whole process: it shares no GIL)."""
+def _draw_process(parent: int) -> None:
+    """Initializer of the draw processes: nice 19 (the whole process: it shares no GIL), and ended
+    soon after the server ``parent`` is, even by SIGKILL (nothing in it needs a clean exit)."""
     with contextlib.suppress(OSError, AttributeError):
         os.nice(19)
+    exit_with_parent(parent, signal.SIGKILL)
 
 
 def _draw_in_pool(p: Prepared, allow_non_private: bool) -> np.ndarray:
@@ -81,7 +85,10 @@ class HeavyDraws:
             if self._pool is None:
                 # spawn: a forked child would inherit this process's gRPC threads and CSPRNG state
                 self._pool = ProcessPoolExecutor(
-                    self.processes, multiprocessing.get_context("spawn"), initializer=_lowest_priority
+                    self.processes,
+                    multiprocessing.get_context("spawn"),
+                    initializer=_draw_process,
+                    initargs=(os.getpid(),),
                 )
             self.pooled += 1
         return self._pool.submit(_draw_in_pool, bare, allow_non_private).result()  # a heavy call's thread waits

@@ -31,7 +31,7 @@ from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
 from recsvc.service.aioserver import EventLoop, Health, bind, build, check_port_free
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit
+from recsvc.service.shutdown import DrainWatchdog, StopSignal, drain_limit, exit_with_parent
 
 log = logging.getLogger("recsvc.service")
 PROBE_INTERVAL_S = 1.0  # how often a replica checks that its PostgreSQL ledger answers (health)
@@ -328,19 +328,6 @@ def _fork_workers(config: ServerConfig) -> int:
         raise
 
 
-def _die_with_parent(parent: int) -> None:
-    """Linux: a worker gets SIGTERM (and drains) when the parent dies, even by SIGKILL."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: no parent-death signal
-        pass
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(1)
-
-
 def _run_workers(config: ServerConfig, served: list[bool]) -> int:
     """Forks the workers and supervises them; appends to ``served`` once they all listen."""
     worker_config = config.replace(workers=1, reuse_port=True, metrics_port=None)
@@ -351,7 +338,7 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
     for _ in range(config.listen.workers):
         pid = os.fork()
         if pid == 0:  # child: never returns into the parent's code
-            _die_with_parent(parent)
+            exit_with_parent(parent)  # SIGTERM: the worker drains
             os.close(read_fd)
             os.close(err_read)
             code = 1

@@ -1,4 +1,5 @@
-"""Stop requests from SIGTERM/SIGINT that cannot deadlock, and a watchdog for drains that hang.
+"""Stop requests from SIGTERM/SIGINT that cannot deadlock, a watchdog for drains that hang, and
+children that end with their parent.
 
 A Python signal handler runs in the main thread between two bytecodes, wherever that thread is,
 possibly while it holds a lock; a handler that takes a lock the interrupted code holds waits for
@@ -27,6 +28,10 @@ POLL_S = 0.05  # longest a waiter sleeps before it looks at the counter again
 # the PostgreSQL pool's close (its 5 s timeout) and the health probe's join (2 s connect timeout).
 DRAIN_MARGIN_S = 10.0
 WATCHDOG_EXIT_CODE = 1
+PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there (the portable check)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# What the kernel sends a child whose parent thread ended; its handler checks that the parent is gone.
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
 class StopSignal:
@@ -127,3 +132,39 @@ def _write_all(fd: int, data: bytes) -> None:
 def drain_limit(grace: float, drain_delay: float) -> float:
     """Seconds a drain may take before the watchdog ends the process."""
     return grace + drain_delay + DRAIN_MARGIN_S
+
+
+def exit_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """Sends this process ``sig`` soon after its parent ``parent`` is gone, even if the parent died by
+    SIGKILL: an orphaned worker would keep serving its SO_REUSEPORT port, an orphaned draw process
+    would wait for work forever. Call it in the child's main thread (it installs a handler).
+
+    Portable: a daemon thread compares os.getppid() with ``parent`` every :data:`PARENT_POLL_S`
+    seconds (an orphan is re-parented to init or a subreaper). Linux, at once: the kernel's
+    parent-death signal (prctl PR_SET_PDEATHSIG). The kernel sends it when the *thread* that created
+    this process ends, and a request thread may spawn a draw process and end while the server runs,
+    so that signal is :data:`PARENT_DEATH_SIGNAL`, whose handler passes ``sig`` on only if the
+    parent process is gone.
+    """
+
+    def on_parent_death(signum: int, frame: object) -> None:
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+
+    signal.signal(PARENT_DEATH_SIGNAL, on_parent_death)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL)
+    except (OSError, AttributeError):  # not Linux: the thread below alone
+        pass
+    threading.Thread(target=watch_parent, args=(parent, sig), name="recsvc-parent-watch", daemon=True).start()
+    if os.getppid() != parent:  # the parent died before either was armed
+        os.kill(os.getpid(), sig)
+
+
+def watch_parent(parent: int, sig: int) -> None:
+    """Polls until this process's parent is no longer ``parent``, then sends this process ``sig``."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os.kill(os.getpid(), sig)

@@ -20,7 +20,7 @@ import pytest
 
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
-from recsvc.service.testing import REPO, candidates, free_port, server_process
+from recsvc.service.testing import REPO, candidates, free_port, server_process, survivors
 from recsvc.v1 import selection_pb2 as pb
 
 
@@ -108,6 +108,25 @@ def test_kill_9_never_undercounts(artifact: Path, tmp_path: Path) -> None:
                 spent = c.budget(u).spent
                 assert sum(got[u]) - 1e-9 <= spent <= sum(sent[u]) + 1e-9, (u, sum(got[u]), spent, sum(sent[u]))
             c.select(users[0], candidates(), mechanism="rnm", epsilon=0.5)  # and it still serves
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_server_leaves_no_process_behind(artifact: Path, tmp_path: Path, workers: int) -> None:
+    """kill -9 of `recsvc serve` after a heavy draw: its draw process (spawned at nice 19, waiting
+    for work), multiprocessing's resource tracker and, with --workers, the workers all end too,
+    though nothing told them to."""
+    flags = ("--heavy-draws", "1000", "--workers", str(workers))
+    with server_process(artifact, tmp_path / "l.db", *flags, port=free_port()) as srv:
+        with Client(srv.target, retries=0, timeout=60) as c:
+            for i in range(2 * workers):  # ≈ 1/γ = 10⁴ draws > --heavy-draws: each worker answers some
+                c.select(f"orphan-{i}", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-4)
+        descendants = psutil.Process(srv.proc.pid).children(recursive=True)
+        commands = [" ".join(p.cmdline()) for p in descendants]
+        assert sum("spawn_main" in c for c in commands) >= 1 and any("resource_tracker" in c for c in commands)
+        srv.proc.send_signal(signal.SIGKILL)
+        srv.proc.wait(10)
+        left = survivors(descendants, timeout=20)
+        assert not left, [" ".join(p.cmdline()) for p in left]
 
 
 def test_two_workers_share_port_and_ledger_exactly(artifact: Path, tmp_path: Path) -> None:

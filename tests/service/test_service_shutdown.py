@@ -15,13 +15,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import psutil
 
 from recsvc.service.shutdown import DrainWatchdog, StopSignal
-from recsvc.service.testing import REPO, free_port
+from recsvc.service.testing import REPO, free_port, survivors
 
 # A stop signal that "arrives" at the k-th trace event (every line, call and return) of the
 # worker's wait loop, for every k up to K: a handler that takes a lock the loop may hold at that
@@ -226,3 +227,66 @@ def test_stop_signal_wait_times_out_and_counts() -> None:
     stop.handle(signal.SIGTERM, None)
     stop.handle(signal.SIGINT, None)
     assert stop.wait(10) is True and stop.count == 2
+
+
+# A child that prints its pid once armed, then waits: `watch_parent` alone (the check outside Linux),
+# or `exit_with_parent` (with the kernel's parent-death signal on Linux).
+ORPHAN = textwrap.dedent("""
+    import os, signal, sys, time
+    from recsvc.service import shutdown
+
+    if sys.argv[1] == "watch":
+        import threading
+        threading.Thread(target=shutdown.watch_parent, args=(os.getppid(), signal.SIGKILL), daemon=True).start()
+    else:
+        shutdown.exit_with_parent(os.getppid(), signal.SIGKILL)
+    print(os.getpid(), flush=True)
+    time.sleep(600)
+""")
+# A parent that starts ORPHAN with ``argv[1]`` and passes its pid on, then waits to be killed.
+PARENT = textwrap.dedent("""
+    import subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], stdout=subprocess.PIPE, text=True)
+    print(child.stdout.readline().strip(), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_child_that_polls_for_its_parent_ends_soon_after_a_kill_9() -> None:
+    """The portable mechanism alone (no parent-death signal): the orphan notices its new parent."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, ORPHAN, "watch"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        parent.kill()
+        parent.wait(10)
+        assert not survivors([child], timeout=20)
+    finally:
+        parent.kill()
+        parent.wait(10)
+        parent.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE above: never None
+
+
+def test_a_child_outlives_the_thread_that_started_it() -> None:
+    """The kernel signals a child when the *thread* that created it ends: while the parent process
+    lives (here: pytest), exit_with_parent's child keeps running after its creator thread is gone."""
+    started: list[subprocess.Popen[str]] = []
+
+    def spawn() -> None:
+        proc = subprocess.Popen([sys.executable, "-c", ORPHAN, "exit"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == str(proc.pid)  # armed
+
+    creator = threading.Thread(target=spawn)
+    creator.start()
+    creator.join(60)
+    (proc,) = started
+    try:
+        time.sleep(1.0)  # the parent-death signal came when the thread ended; it must have been ignored
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]  # stdout=PIPE above: never None
