@@ -33,7 +33,6 @@ from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
-from scipy import optimize
 
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.multiselection.geographic import Floats
@@ -230,6 +229,9 @@ def optimal_response(epsilon: float, k: int, h: Disutility | None = None) -> Res
     eps, k = _epsilon(epsilon), _k(k)
     if h is None:
         return Response(eps, identity_offsets(eps, k), identity_error(eps, k))
+    # Imported here: scipy.optimize takes 0.4 s to import, and `recsvc serve` never needs it.
+    from scipy import optimize
+
     check_disutility(h, eps)
     g = _scaled(h, eps)
 

@@ -74,11 +74,13 @@ def check_loss_weight(
 
 
 @functools.cache
-def _compile_kernels() -> None:
+def warm_kernels() -> None:
     """Compiles (or loads from numba's cache) the compiled kernels a request may run, so the first
     request after a cold start does not wait seconds for them: clm's draw (Recommend's default
     candidate stage), gem's and mgem's native peels (`auto` slates) with their work estimate, and
-    one-user SANSA scoring. Once per process: every Selector shares them."""
+    one-user SANSA scoring. Once per process: every Selector shares them. The server runs it in the
+    background once it listens (0.6 s with a warm cache, mostly numba's own set-up): a request that
+    needs a kernel first waits on numba's compiler lock, so it is slower, never wrong."""
     from recsvc.model import Model
 
     rng = np.random.default_rng(0)
@@ -131,7 +133,6 @@ class Selector:
         self.recommender: Recommender | None = None
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
-        _compile_kernels()
         self._local = threading.local()
         self._valid: dict[tuple, str] = {}
         self.heavy = HeavyDraws(policy.selection.heavy_draws, policy.selection.heavy_draw_threads)

@@ -93,6 +93,7 @@ def start(config: ServerConfig) -> ServerHandle:
     from recsvc.ledger import fingerprint
     from recsvc.ledger import sqlite as ledger_mod
     from recsvc.service import auth
+    from recsvc.service.selection import warm_kernels
     from recsvc.service.servicer import SelectionServicer
 
     artifact = load_artifact(config.artifacts)
@@ -171,6 +172,8 @@ def start(config: ServerConfig) -> ServerHandle:
     handle = ServerHandle(
         server, port, health_status, ledger, servicer, metrics_port, metrics_server, loop=loop, pools=pools
     )
+    # Once it listens, not before: the first call is right without the kernels, only slower.
+    threading.Thread(target=warm_kernels, name="recsvc-warm-kernels", daemon=True).start()
     if pg:
         handle._watcher = threading.Thread(
             target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe", daemon=True

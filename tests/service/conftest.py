@@ -9,9 +9,11 @@ Non-fixture helpers are in :mod:`recsvc.service.testing`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from recsvc.service.client import Client
@@ -64,3 +66,25 @@ def bundle(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     factors = np.random.default_rng(4).normal(size=(len(model.item_ids), 6))
     write_client_bundle(out, model.item_ids, factors, 1.5, model)
     return out
+
+
+@pytest.fixture
+def survivors() -> Callable[[list[psutil.Process], float], list[psutil.Process]]:
+    """``survivors(procs, timeout)``: those of ``procs`` still running after up to ``timeout`` seconds
+    of waiting for them all to end (a zombie has ended: an orphan's new parent may be slow to reap it)."""
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def wait(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+        deadline = time.monotonic() + timeout
+        alive = [p for p in procs if running(p)]
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = [p for p in alive if running(p)]
+        return alive
+
+    return wait

@@ -1,4 +1,4 @@
-"""Real `recsvc serve` processes on loopback: SIGTERM drain, kill -9 crash, multi-worker concurrency, CLI."""
+"""Real `recsvc serve` processes on loopback: start-up, SIGTERM drain, kill -9 crash, multi-worker concurrency, CLI."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypedDict
@@ -20,8 +21,10 @@ import pytest
 
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
-from recsvc.service.testing import REPO, candidates, free_port, server_process, survivors
+from recsvc.service.testing import REPO, candidates, free_port, server_process
 from recsvc.v1 import selection_pb2 as pb
+
+Survivors = Callable[[list[psutil.Process], float], list[psutil.Process]]  # the conftest fixture
 
 
 class _BatchOutcome(TypedDict, total=False):
@@ -110,22 +113,19 @@ def test_kill_9_never_undercounts(artifact: Path, tmp_path: Path) -> None:
             c.select(users[0], candidates(), mechanism="rnm", epsilon=0.5)  # and it still serves
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_killed_server_leaves_no_process_behind(artifact: Path, tmp_path: Path, workers: int) -> None:
+def test_a_killed_server_leaves_no_process_behind(artifact: Path, tmp_path: Path, survivors: Survivors) -> None:
     """kill -9 of `recsvc serve` after a heavy draw: its draw process (spawned at nice 19, waiting
-    for work), multiprocessing's resource tracker and, with --workers, the workers all end too,
-    though nothing told them to."""
-    flags = ("--heavy-draws", "1000", "--workers", str(workers))
-    with server_process(artifact, tmp_path / "l.db", *flags, port=free_port()) as srv:
-        with Client(srv.target, retries=0, timeout=60) as c:
-            for i in range(2 * workers):  # ≈ 1/γ = 10⁴ draws > --heavy-draws: each worker answers some
-                c.select(f"orphan-{i}", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-4)
+    for work) and multiprocessing's resource tracker end too, though nothing told them to (the
+    workers of --workers: test_service_startup.py)."""
+    with server_process(artifact, tmp_path / "l.db", "--heavy-draws", "1000") as srv:
+        with Client(srv.target, retries=0, timeout=60) as c:  # ≈ 1/γ = 10⁴ draws > --heavy-draws
+            c.select("orphan", candidates(), mechanism="rs", epsilon=0.5, gamma=1e-4)
         descendants = psutil.Process(srv.proc.pid).children(recursive=True)
         commands = [" ".join(p.cmdline()) for p in descendants]
-        assert sum("spawn_main" in c for c in commands) >= 1 and any("resource_tracker" in c for c in commands)
+        assert any("spawn_main" in c for c in commands) and any("resource_tracker" in c for c in commands)
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait(10)
-        left = survivors(descendants, timeout=20)
+        left = survivors(descendants, 20)  # seconds
         assert not left, [" ".join(p.cmdline()) for p in left]
 
 
@@ -256,3 +256,25 @@ def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> No
         assert "serving recsvc.v1.PrivateSelection" in srv.log() and "5918273645" not in srv.log()
     bad = _cli("serve", "--artifacts", str(tmp_path / "missing"), "--port", "0")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+# `recsvc serve`'s parser and start(), the kernels' warm-up (which runs after listening) left out.
+_LISTEN_ONLY = """
+import sys
+import recsvc.service.selection as selection
+from recsvc.app.cli import build_parser
+from recsvc.service.config import ServerConfig
+from recsvc.service.server import start
+
+build_parser()
+selection.warm_kernels = lambda: None
+start(ServerConfig.of(sys.argv[1], port=0, ledger=sys.argv[2])).stop(0)
+print(sorted(m for m in ("scipy.optimize", "scipy.special") if m in sys.modules))
+"""
+
+
+def test_the_server_listens_without_the_imports_only_some_calls_need(artifact: Path, tmp_path: Path) -> None:
+    """scipy.optimize (multi-selection's offsets) and scipy.special (exact probabilities, clm's class
+    sizes) take ≈ 0.8 s to import: the parser and start() leave them to the first call that needs them."""
+    args = [sys.executable, "-c", _LISTEN_ONLY, str(artifact), str(tmp_path / "l.db")]
+    assert subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip() == "[]"

@@ -17,12 +17,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
 from recsvc.service.shutdown import DrainWatchdog, StopSignal
-from recsvc.service.testing import REPO, free_port, survivors
+from recsvc.service.testing import REPO, free_port
+
+Survivors = Callable[[list[psutil.Process], float], list[psutil.Process]]  # the conftest fixture
 
 # A stop signal that "arrives" at the k-th trace event (every line, call and return) of the
 # worker's wait loop, for every k up to K: a handler that takes a lock the loop may hold at that
@@ -252,7 +255,7 @@ PARENT = textwrap.dedent("""
 """)
 
 
-def test_a_child_that_polls_for_its_parent_ends_soon_after_a_kill_9() -> None:
+def test_a_child_that_polls_for_its_parent_ends_soon_after_a_kill_9(survivors: Survivors) -> None:
     """The portable mechanism alone (no parent-death signal): the orphan notices its new parent."""
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, ORPHAN, "watch"], cwd=REPO, stdout=subprocess.PIPE, text=True
@@ -262,7 +265,7 @@ def test_a_child_that_polls_for_its_parent_ends_soon_after_a_kill_9() -> None:
         child = psutil.Process(int(parent.stdout.readline()))
         parent.kill()
         parent.wait(10)
-        assert not survivors([child], timeout=20)
+        assert not survivors([child], 20)  # seconds
     finally:
         parent.kill()
         parent.wait(10)

@@ -50,12 +50,9 @@ __all__ = [
     "select_request",
     "served",
     "server_process",
-    "survivors",
 ]
 
 if TYPE_CHECKING:
-    import psutil
-
     from recsvc.service.client import Client
     from recsvc.service.server import ServerHandle
 
@@ -349,22 +346,3 @@ def server_process(
         proc.wait(10)
         if proc.stdout:
             proc.stdout.close()
-
-
-def survivors(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """Those of ``procs`` still running after up to ``timeout`` seconds of waiting for them all to end
-    (a zombie has ended: an orphan's new parent may be slow to reap it)."""
-    import psutil
-
-    def running(p: psutil.Process) -> bool:
-        try:
-            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
-
-    deadline = time.monotonic() + timeout
-    alive = [p for p in procs if running(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.1)
-        alive = [p for p in alive if running(p)]
-    return alive
