@@ -33,7 +33,7 @@ REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_prep,  # prep, policy, serving-bundle
     register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect
     register_feature_selection,  # eval-feature-selection
-    register_service,  # serve, select, budget
+    register_service,  # serve, wait-ready, select, budget
     register_multiselect,  # multiselect
     register_mechanisms,  # mechanisms
     register_demo,  # demo
@@ -49,6 +49,7 @@ EXTRA = {
     "eval-multiselect": "eval",
     "eval-feature-selection": "eval",
     "serve": "serve",
+    "wait-ready": "serve",
     "select": "serve",
     "budget": "serve",
     "multiselect": "serve",
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
 _MAIN_PID: int | None = None
 # Commands that run no data pipeline (client calls, the ledger's tools, the mechanism list, and
 # `serve`, which installs its own handler): they skip :func:`_bridge_numpy_to_polars`.
-_NO_PIPELINE = {"select", "multiselect", "budget", "ledger", "mechanisms", "serve"}
+_NO_PIPELINE = {"select", "multiselect", "budget", "ledger", "mechanisms", "serve", "wait-ready"}
 
 
 def _bridge_numpy_to_polars() -> None:

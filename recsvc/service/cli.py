@@ -1,4 +1,4 @@
-"""`recsvc serve`, `recsvc select`, `recsvc budget`, and `recsvc ledger` from :mod:`.ledger_cli` (see
+"""`recsvc serve`, `recsvc wait-ready`, `recsvc select`, `recsvc budget`, and `recsvc ledger` from :mod:`.ledger_cli` (see
 recsvc/app/cli.py for the registration contract)."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from recsvc.service.config import CANDIDATE_MECHANISMS, PARAMS, ServerConfig, de
 from recsvc.service.ledger_cli import WINDOW_HELP, ledger_arg, register_ledger
 
 DEFAULT_TARGET = "127.0.0.1:50051"
+WAIT_READY_S = 60.0  # `wait-ready`'s default: a cold start compiles the numba kernels (≈ 30 s on 2 cores)
+POLL_S = 0.1  # between two health checks of `wait-ready`
 
 
 # The bounds on what calls in flight may hold (SECURITY.md, "Admission"): flag, type, help.
@@ -196,7 +199,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=default("drain_delay"),
         help="seconds of NOT_SERVING before the port closes",
     )
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        default=default("ready_file"),
+        metavar="FILE",
+        help="written (whole, at once) with HOST:PORT when the server listens, removed when it stops; "
+        "scripts wait for it, or run `recsvc wait-ready`",
+    )
     p.set_defaults(func=run_serve)
+
+    w = sub.add_parser(
+        "wait-ready",
+        help="wait until a server answers health SERVING",
+        description="Polls the gRPC health service of --target until it answers SERVING (exit 0), e.g. "
+        "after starting `recsvc serve` in the background; after --timeout seconds without, one line "
+        "on stderr and exit 2.",
+    )
+    w.add_argument("--target", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})")
+    w.add_argument("--tls-ca", type=Path, help="CA (PEM) to verify the server; enables TLS")
+    w.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mTLS")
+    w.add_argument("--tls-key", type=Path, help="client key (PEM) for mTLS")
+    w.add_argument("--timeout", type=float, default=WAIT_READY_S, help="seconds to wait in all")
+    w.set_defaults(func=run_wait_ready)
 
     s = sub.add_parser(
         "select",
@@ -242,6 +267,35 @@ def run_serve(args: argparse.Namespace) -> int:
 
     return serve(
         ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)})
+    )
+
+
+def run_wait_ready(args: argparse.Namespace) -> int:
+    import time
+
+    import grpc
+
+    from recsvc.service.client import Client
+
+    check_target(args.target)
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
+    deadline = time.monotonic() + args.timeout
+    status = "no answer"
+    while (left := deadline - time.monotonic()) > 0:
+        # A fresh channel each time: a channel that failed to connect backs off for up to 2 minutes.
+        with Client(args.target, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, timeout=left) as c:
+            c.timeout = min(1.0, left)  # one check; the loop waits for the rest
+            try:
+                status = c.health()
+            except grpc.RpcError as exc:
+                status = exc.code().name
+        if status == "SERVING":
+            return 0
+        time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
+    raise ValueError(
+        f"--target {args.target} did not answer health SERVING within {args.timeout:g}s (last: {status}); "
+        "expected a running `recsvc serve` there"
     )
 
 

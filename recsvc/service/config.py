@@ -49,6 +49,7 @@ class Listen:
     reuse_port: bool = False
     metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
     metrics_host: str = "127.0.0.1"
+    ready_file: Path | None = None  # given → holds HOST:PORT while the server listens (scripts wait for it)
 
 
 @dataclass(frozen=True)
@@ -305,6 +306,11 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         {"names": ", ".join(CANDIDATE_MECHANISMS)},
     ),
     Constraint(lambda c: c.drain.grace >= 0 and c.drain.delay >= 0, "{grace} and {drain_delay} must be >= 0"),
+    Constraint(
+        lambda c: c.listen.ready_file is None or Path(c.listen.ready_file).parent.is_dir(),
+        "{ready_file} {got}: its directory does not exist; expected a file in an existing directory",
+        lambda c: c.listen.ready_file,
+    ),
     Constraint(
         lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"
     ),

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -254,13 +255,30 @@ def _serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:
         else:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
-        stop.wait()
+        with ready_file(config.listen.ready_file if ready_fd is None else None, config.listen.host, handle.port):
+            stop.wait()
         log.info("draining: health NOT_SERVING, in-flight calls get %.1fs", config.drain.grace)
         handle.stop(config.drain.grace, config.drain.delay)
     finally:
         watchdog.disarm()
     log.info("stopped")
     return 0
+
+
+@contextlib.contextmanager
+def ready_file(path: Path | None, host: str, port: int) -> Iterator[None]:
+    """``path`` holds ``host:port`` and a newline while the body runs (the server listens), then is
+    removed. Written to a temporary name and renamed, so a script that sees the file reads it whole."""
+    if path is None:
+        yield
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(host_port(host, port) + "\n")
+    os.replace(tmp, path)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def serve(config: ServerConfig) -> int:
@@ -389,7 +407,8 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
             _terminate(pids)
             raise
         print(f"recsvc serve: metrics on http://{host_port(config.listen.metrics_host, mport)}/metrics", flush=True)
-    return _supervise(config, pids, stop)
+    with ready_file(config.listen.ready_file, config.listen.host, config.listen.port):
+        return _supervise(config, pids, stop)
 
 
 def _supervise(config: ServerConfig, pids: list[int], stop: StopSignal) -> int:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +23,7 @@ import pytest
 
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
-from recsvc.service.testing import REPO, candidates, free_port, server_process
+from recsvc.service.testing import REPO, candidates, free_port, run_recsvc, serve_argv, server_process
 from recsvc.v1 import selection_pb2 as pb
 
 Survivors = Callable[[list[psutil.Process], float], list[psutil.Process]]  # the conftest fixture
@@ -278,3 +280,33 @@ def test_the_server_listens_without_the_imports_only_some_calls_need(artifact: P
     sizes) take ≈ 0.8 s to import: the parser and start() leave them to the first call that needs them."""
     args = [sys.executable, "-c", _LISTEN_ONLY, str(artifact), str(tmp_path / "l.db")]
     assert subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_wait_ready_and_the_ready_file_follow_the_servers_start_and_stop(artifact: Path, tmp_path: Path) -> None:
+    """`recsvc wait-ready`, started with the server, returns 0 once it answers SERVING; the
+    --ready-file, written once it listens, names a port that accepts, and is gone after SIGTERM.
+    On a port nothing listens on, wait-ready gives up after --timeout: one line, exit 2."""
+    port, ready = free_port(), tmp_path / "ready"
+    argv = serve_argv(artifact, tmp_path / "l.db", port, "--ready-file", str(ready))
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        waited = run_recsvc("wait-ready", "--target", f"127.0.0.1:{port}", "--timeout", "120", timeout=150)
+        assert waited.returncode == 0 and waited.stderr == "", waited.stderr
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:  # it follows health SERVING closely
+            time.sleep(0.05)
+        assert ready.read_text() == f"127.0.0.1:{port}\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0 and not ready.exists()
+    finally:
+        proc.kill()
+        proc.wait(10)
+    nobody = run_recsvc("wait-ready", "--target", f"127.0.0.1:{free_port()}", "--timeout", "0.5")
+    assert nobody.returncode == 2
+    assert re.fullmatch(
+        r"recsvc wait-ready: error: --target 127\.0\.0\.1:\d+ did not answer health SERVING within 0\.5s "
+        r"\(last: UNAVAILABLE\); expected a running `recsvc serve` there\n",
+        nobody.stderr,
+    ), nobody.stderr

@@ -156,6 +156,12 @@ BAD_SERVE = [
     ),
     ("max history 0", {"max_history": 0}, r"^max_history must be >= 1, got 0", r"--max-history must be >= 1, got 0"),
     (
+        "ready file in a missing directory",
+        {"ready_file": Path("/nonexistent-dir/ready")},
+        r"^ready_file /nonexistent-dir/ready: its directory does not exist",
+        r"--ready-file /nonexistent-dir/ready: its directory does not exist",
+    ),
+    (
         "max message bytes 10",
         {"max_message_bytes": 10},
         r"^max_message_bytes must be in 1024\.\.2147483647 bytes",
