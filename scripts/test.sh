@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Set up (idempotent), lint and type-check (scripts/lint.sh), then run the whole test suite.
+# Set up (idempotent), lint and type-check (scripts/lint.sh), run the whole test suite, run its
+# float_paths tests again on another CPU's code paths (scripts/other_cpu.sh), and fail if any process
+# the run started is still running (scripts/leftovers.py).
+# Arguments go to pytest; with arguments, only that pytest run and the leftover check are done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/lint.sh
-exec .venv/bin/python -m pytest "$@"
+
+RECSVC_TEST_RUN=$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(8))')
+export RECSVC_TEST_RUN
+status=0
+.venv/bin/python -m pytest "$@" || status=$?
+if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
+    bash scripts/other_cpu.sh || status=$?
+fi
+.venv/bin/python scripts/leftovers.py "$RECSVC_TEST_RUN" || { [ "$status" -ne 0 ] || status=1; }
+exit "$status"

@@ -9,6 +9,8 @@ from scipy import stats
 
 from recsvc.multiselection import clip_l1, device_signal, embed, embedding_version, noise_scale
 
+pytestmark = pytest.mark.float_paths  # its floats come from BLAS, numpy's SIMD loops or numba
+
 D, N_ITEMS, R = 6, 50, 1.5
 FACTORS = np.random.default_rng(11).normal(size=(N_ITEMS, D))
 FACTORS[1] = -FACTORS[0]  # items 0 and 1 embed in opposite directions: histories at distance 2R

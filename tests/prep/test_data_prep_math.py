@@ -13,6 +13,8 @@ from data_prep.sensitivities import BlockStore, item_ranges, percentiles_along_r
 from recsvc.engines import LocalEngine, chunk_ranges
 from recsvc.model import Model, TopK, top_k
 
+pytestmark = pytest.mark.float_paths  # its floats come from BLAS, numpy's SIMD loops or numba
+
 # Score = x @ I @ M: each input item contributes its row of M.
 M = np.array([[0.0, 1.0, 2.0, 0.0], [0.0, 0.0, 4.0, 0.0], [3.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
 INPUTS = sp.csr_matrix(np.array([[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]], dtype=np.float32))
