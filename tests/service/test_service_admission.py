@@ -1,29 +1,41 @@
-"""No client can pin the server: regression tests through a real `recsvc serve` process.
+"""No client can pin the server: regression tests through a real `recsvc serve` process (and,
+for the heavy attackers, an in-process server, to see which thread ran each draw).
 
 Each server runs with small bounds (4 request threads, 4 health watchers, a 1 s receive
 timeout), so that the attacks below, scaled to those bounds, would have stopped the earlier
 thread-per-call server outright: 4 Watch streams or 4 header-only calls held all its threads.
+
+No test here bounds a latency or a throughput, which a loaded host can break. What they assert is
+structural: every innocent call is answered (with a deadline of seconds: answered, not hung); the
+attackers' calls end with their documented status, as the server itself counts them (/metrics);
+which thread ran each draw; and that a refused call spent nothing. How much each attack slows an
+innocent caller, against the same server unattacked, is measured by ``scripts/bench/attack.py``
+(docs/performance.md, "A server no client can pin").
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import psutil
 import pytest
 from grpc_health.v1.health_pb2 import HealthCheckResponse
 
+import recsvc.service.requests as requests_module
 from recsvc.service.client import Client
+from recsvc.service.server import ServerHandle
 from recsvc.service.testing import (
     RawStreams,
     ServerProcess,
@@ -32,14 +44,17 @@ from recsvc.service.testing import (
     heavy_attack,
     rpc_error,
     select_request,
+    served,
     server_process,
 )
 from recsvc.v1 import selection_pb2 as pb
 
 SELECT = "/recsvc.v1.PrivateSelection/Select"
+GET_BUDGET = "/recsvc.v1.PrivateSelection/GetBudget"
 WATCH = "/grpc.health.v1.Health/Watch"
 SMALL = ("--threads", "4", "--max-health-watches", "4", "--receive-timeout", "1")
 ATTACKERS = 64
+ANSWERED_WITHIN = 20.0  # seconds: an innocent call's deadline, which says "answered, not hung", never "fast"
 
 
 def _tokens(path: Path) -> Path:
@@ -49,24 +64,33 @@ def _tokens(path: Path) -> Path:
     return path
 
 
+@dataclass
+class Attacked(ServerProcess):
+    metrics_url: str = ""
+
+
 @contextmanager
-def _attacked(artifact: Path, tmp: Path, *extra: str) -> Iterator[ServerProcess]:
-    """A server with the SMALL bounds and ``extra`` flags. Its ledger is on tmpfs where there is
-    one: the latency bounds are about what attackers do to an innocent caller, not about the host
-    disk's fsync (on a shared test host, other processes' writes alone make it spike past 50 ms)."""
+def _attacked(artifact: Path, tmp: Path, *extra: str) -> Iterator[Attacked]:
+    """A server with the SMALL bounds, ``extra`` flags (a flag given again there wins) and
+    /metrics on a port of its own. Its ledger is on tmpfs where there is one, so that other jobs'
+    writes to the host disk do not stretch every commit's fsync."""
     shm = Path("/dev/shm")
     ledger_dir = Path(tempfile.mkdtemp(dir=shm)) if shm.is_dir() else tmp
     try:
-        flags = (*SMALL, "--token-file", str(_tokens(tmp / "tokens")), *extra)
+        flags = (*SMALL, "--token-file", str(_tokens(tmp / "tokens")), "--metrics-port", "0", *extra)
         with server_process(artifact, ledger_dir / "l.db", *flags, log_path=tmp / "serve.log") as srv:
-            yield srv
+            assert srv.proc.stdout is not None  # stdout=PIPE
+            line = srv.proc.stdout.readline()  # printed right after the listening line
+            m = re.search(r"metrics on (http://\S+/metrics)", line)
+            assert m, line + srv.log()
+            yield Attacked(srv.proc, srv.port, srv.log_path, m.group(1))
     finally:
         if ledger_dir != tmp:
             shutil.rmtree(ledger_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def attacked(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def attacked(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Attacked]:
     """One server for the attacks below: a 1 MiB byte budget and a heavy queue of 4, 1 per principal."""
     budget = ("--max-message-bytes", "1048576", "--max-inflight-bytes", "1048576")
     with _attacked(
@@ -79,25 +103,62 @@ def _auth(token: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
-def _latencies(client: Client, n: int, gap: float = 0.005) -> list[float]:
-    """``n`` Selects one at a time; each call's latency in seconds (any error fails the test)."""
-    out = []
+def _innocent(client: Client, n: int, gap: float = 0.005) -> None:
+    """``n`` Selects one at a time; each must be answered within the client's deadline (any error
+    fails the test)."""
     for i in range(n):
-        t0 = time.perf_counter()
         client.select("innocent-user", candidates(seed=i % 7), mechanism="rnm", epsilon=0.01)
-        out.append(time.perf_counter() - t0)
         time.sleep(gap)
+
+
+def _statuses(url: str) -> Counter[tuple[str, str]]:
+    """The server's own count of the calls it answered or refused, by (method, status): /metrics."""
+    with urllib.request.urlopen(url, timeout=30) as r:
+        text = r.read().decode()
+    out: Counter[tuple[str, str]] = Counter()
+    for labels, value in re.findall(r"^recsvc_requests_total\{([^}]*)\} (\S+)$", text, re.M):
+        got = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        out[got["method"], got["status"]] += int(float(value))
     return out
 
 
-def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: ServerProcess) -> None:
+def _refused(call: Callable[[], Any], flag: str) -> bool:
+    """Whether ``call()`` is refused RESOURCE_EXHAUSTED naming ``flag`` (any other error fails the test)."""
+    try:
+        call()
+    except grpc.RpcError as exc:
+        if exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and flag in (exc.details() or ""):
+            return True
+        raise
+    return False
+
+
+def _once_admitted(call: Callable[[], Any], within: float = 60.0) -> Any:
+    """``call()``'s answer, calling again while it is refused RESOURCE_EXHAUSTED: the calls that
+    held the bound may have ended a moment before the server gave their share back."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
+
+
+def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: Attacked) -> None:
     """16 anonymous Watch streams, 200 header-only Selects over 4 raw connections and 32 slow
-    bodies (with a valid token), all open at once: an authenticated caller's Select p99 stays
-    under 50 ms with no errors, and the server's memory grows by less than 200 MB. The header-only
-    calls are refused on their metadata at once; the slow bodies are cut off by the receive timeout."""
+    bodies (with a valid token), all open at once while an authenticated caller sends 150 Selects
+    one at a time: every one of its calls is answered (a 20 s deadline: the Watch streams, held
+    for 30 s, would outlast it on a server whose threads they pinned), and the server's memory
+    grows by less than 200 MB. The server's own counts (/metrics) say how each attack ended: the
+    header-only calls UNAUTHENTICATED, refused on their metadata; the slow bodies DEADLINE_EXCEEDED
+    by the receive timeout (1 s), none of them before it; 4 Watch streams (--max-health-watches)
+    served and the other 12 refused RESOURCE_EXHAUSTED, not queued."""
     server = psutil.Process(attacked.proc.pid)
-    with Client(attacked.target, token="innocent", retries=0, timeout=5) as innocent:
-        _latencies(innocent, 20)  # warm: connection, caches
+    with Client(attacked.target, token="innocent", retries=0, timeout=ANSWERED_WITHIN) as innocent:
+        _innocent(innocent, 20)  # warm: connection, caches
+        before = _statuses(attacked.metrics_url)
         rss0 = server.memory_info().rss
         channel = grpc.insecure_channel(attacked.target, options=[("grpc.use_local_subchannel_pool", 1)])
         watch = channel.unary_stream(WATCH)
@@ -106,56 +167,61 @@ def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: Se
         header_only = [{r.open(SELECT) for _ in range(50)} for r in raw]
         slow = RawStreams(attacked.port)
         body = grpc_frame(select_request("slow-user", "slow-1").SerializeToString())
+        opened = time.monotonic()  # before any slow call's headers are sent, so before its receive timer starts
         slow_ids = {slow.open(SELECT, _auth("slow")) for _ in range(32)}
         for sid in slow_ids:  # a valid credential, then 3 bytes of the message: never the rest
             slow.send(sid, body[:3])
-        t0 = time.monotonic()
-        latencies = _latencies(innocent, 50)
-        early = slow.closed(max(0.05, t0 + 0.7 - time.monotonic()))  # before the receive timeout (1 s)...
-        early_read = time.monotonic() - t0
-        latencies += _latencies(innocent, 100)
+        # Read as the ends arrive (a late read only makes a stream look longer-lived: the bound below holds).
+        reader = threading.Thread(target=slow.until_closed, args=(slow_ids, 60.0))
+        reader.start()
+        _innocent(innocent, 150)
         rss1 = server.memory_info().rss
-        ended = [r.closed(0.3) for r in raw]
-        late = slow.closed(max(0.1, t0 + 1.6 - time.monotonic()))  # the receive timeout (1 s) has passed
+        ended = [r.until_closed(ids, 60.0) for r, ids in zip(raw, header_only, strict=True)]
+        reader.join(90)
         watched = [_first(w) for w in watches]
         for w in watches:
             w.cancel()
         channel.close()
         for r in [*raw, slow]:
             r.close()
-    p99 = float(np.percentile(latencies, 99))
-    assert p99 < 0.050, f"innocent p99 {p99 * 1e3:.1f} ms under attack"
+    counted = _statuses(attacked.metrics_url) - before
     assert rss1 - rss0 < 200 << 20
-    assert all(ids <= e for ids, e in zip(header_only, ended, strict=True))  # every one answered
-    assert early_read > 0.95 or not early & slow_ids  # ...no slow body was cut off (unless this host lagged)
-    assert slow_ids <= late  # ...and every one after it
+    assert all(ids <= e for ids, e in zip(header_only, ended, strict=True))  # every one answered...
+    assert slow_ids <= set(slow.ended_at)  # ...and every slow body cut off,
+    assert min(slow.ended_at[sid] for sid in slow_ids) - opened >= 0.99  # none before the receive timeout (1 s)
     # Watch: 4 (--max-health-watches) are served; the rest are refused, not queued.
-    served = [HealthCheckResponse.FromString(w).status for w in watched if isinstance(w, bytes)]
+    served_ = [HealthCheckResponse.FromString(w).status for w in watched if isinstance(w, bytes)]
     refused = [w for w in watched if not isinstance(w, bytes)]
-    assert served == [HealthCheckResponse.SERVING] * 4 and len(refused) == 12
+    assert served_ == [HealthCheckResponse.SERVING] * 4 and len(refused) == 12
     assert all(code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-health-watches" in m for code, m in refused)
+    assert counted == {
+        ("Select", "OK"): 150,  # the innocent caller's
+        ("Select", "UNAUTHENTICATED"): 200,  # the header-only calls, on their metadata
+        ("Select", "DEADLINE_EXCEEDED"): 32,  # the slow bodies, by the receive timeout
+        ("Watch", "RESOURCE_EXHAUSTED"): 12,
+    }
 
 
-def test_a_call_without_its_message_is_refused_or_timed_out(attacked: ServerProcess) -> None:
+def test_a_call_without_its_message_is_refused_or_timed_out(attacked: Attacked) -> None:
     """A call whose message never comes (a gRPC client's request stream that never yields):
     anonymous, it is refused UNAUTHENTICATED on its metadata; authenticated, it gets
-    DEADLINE_EXCEEDED after --receive-timeout (1 s), not the client's own 30 s deadline."""
+    DEADLINE_EXCEEDED from the server's --receive-timeout (its message names the flag; the
+    client's own 60 s deadline would not), once that second has passed."""
     never = threading.Event()
 
     def nothing() -> Iterator[bytes]:
-        never.wait(30)
+        never.wait(60)
         yield from ()
 
     with grpc.insecure_channel(attacked.target) as channel:
         call = channel.stream_unary(SELECT)
+        assert rpc_error(call, nothing(), timeout=60)[0] is grpc.StatusCode.UNAUTHENTICATED
         t0 = time.monotonic()
-        assert rpc_error(call, nothing(), timeout=30)[0] is grpc.StatusCode.UNAUTHENTICATED
-        assert time.monotonic() - t0 < 0.9
-        code, message = rpc_error(call, nothing(), metadata=_auth("slow"), timeout=30)
+        code, message = rpc_error(call, nothing(), metadata=_auth("slow"), timeout=60)
         waited = time.monotonic() - t0
     never.set()
     assert code is grpc.StatusCode.DEADLINE_EXCEEDED and "(--receive-timeout)" in message
-    assert 0.9 < waited < 5
+    assert waited >= 0.99  # not before the receive timeout (1 s)
 
 
 def _first(stream: Any) -> bytes | tuple[grpc.StatusCode, str]:
@@ -167,8 +233,9 @@ def _first(stream: Any) -> bytes | tuple[grpc.StatusCode, str]:
 
 
 @pytest.fixture(scope="module")
-def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server with 3 RPC slots, --heavy-draws 49 and two-stage Recommends of 2 <= m <= 10."""
+def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Attacked]:
+    """A server with 3 RPC slots, --heavy-draws 49, two-stage Recommends of 2 <= m <= 10 and a
+    5 s receive timeout (what a call that never sends its message holds a slot for)."""
     flags = (
         "--max-concurrent-rpcs",
         "3",
@@ -178,30 +245,41 @@ def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "2",
         "--max-num-candidates",
         "10",
+        "--receive-timeout",
+        "5",
     )
     with _attacked(artifact, tmp_path_factory.mktemp("bounded"), *flags) as srv:
         yield srv
 
 
-def test_calls_beyond_the_concurrency_bound_are_refused_and_spend_nothing(bounded: ServerProcess) -> None:
+def test_calls_beyond_the_concurrency_bound_are_refused_and_spend_nothing(bounded: Attacked) -> None:
     """3 authenticated calls whose bodies never come hold the 3 slots: a 4th call is refused
-    RESOURCE_EXHAUSTED at once and spends nothing; once the receive timeout frees the slots,
-    the same request is answered."""
+    RESOURCE_EXHAUSTED, naming --max-concurrent-rpcs, and spends nothing; once the receive timeout
+    has ended the 3 calls and freed their slots, the same request is answered and charged once."""
     slow = RawStreams(bounded.port)
-    for _ in range(3):
-        slow.open(SELECT, _auth("slow"))
-    time.sleep(0.2)
-    with Client(bounded.target, token="innocent", retries=0, timeout=5) as c:
+    holders: set[int] = set()
+    with Client(bounded.target, token="innocent", retries=0, timeout=ANSWERED_WITHIN) as c:
+        # Polled, not slept for: a GetBudget (which spends nothing) is refused once the server holds
+        # the 3 calls. A holder the server reached while the probe held a slot was refused itself: replaced.
+        deadline = time.monotonic() + 60
+        while True:
+            holders -= slow.until_closed(None, 0.01)
+            holders |= {slow.open(SELECT, _auth("slow")) for _ in range(3 - len(holders))}
+            if _refused(lambda: c.budget("bound-user"), "--max-concurrent-rpcs"):
+                break
+            assert time.monotonic() < deadline, "the 3 slow calls never held the 3 slots"
         code, message = rpc_error(c.select, "bound-user", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1")
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-concurrent-rpcs" in message
-        time.sleep(1.2)
-        assert c.budget("bound-user").spent == 0.0
-        r = c.select("bound-user", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1")
-        assert not r.replayed and c.budget("bound-user").spent == pytest.approx(0.5)
+        assert holders <= slow.until_closed(holders, 60.0)  # the receive timeout ends them
+        assert _once_admitted(lambda: c.budget("bound-user")).spent == 0.0
+        r = _once_admitted(lambda: c.select("bound-user", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1"))
+        assert not r.replayed
+        b = c.budget("bound-user")
+        assert b.spent == pytest.approx(0.5) and b.requests == 1
     slow.close()
 
 
-def test_the_candidate_stage_is_counted_and_capped(bounded: ServerProcess) -> None:
+def test_the_candidate_stage_is_counted_and_capped(bounded: Attacked) -> None:
     """A two-stage Recommend's private top-m is one run of a one-shot mechanism over the catalog
     (40 draws), then rnm over the m: with m = 9 its work is 40 + 9 = 49 draws, drawn inline; with
     m = 10, 40 + 10 = 50 > --heavy-draws 49, so it is deferred and drawn by a draw process (which
@@ -212,7 +290,8 @@ def test_the_candidate_stage_is_counted_and_capped(bounded: ServerProcess) -> No
         return sum("spawn_main" in " ".join(c.cmdline()) for c in server.children())
 
     history = ["it1", "it2", "it3"]
-    with Client(bounded.target, token="innocent", retries=0, timeout=30) as c:
+    # The m = 10 call waits for the draw process to start at nice 19: on a busy host, tens of seconds.
+    with Client(bounded.target, token="innocent", retries=0, timeout=300) as c:
         c.recommend("stage-user", history, mechanism="rnm", epsilon=1.0, num_candidates=9, candidate_fraction=0.5)
         assert drawers() == 0
         r = c.recommend("stage-user", history, mechanism="rnm", epsilon=1.0, num_candidates=10, candidate_fraction=0.5)
@@ -225,23 +304,32 @@ def test_the_candidate_stage_is_counted_and_capped(bounded: ServerProcess) -> No
         assert c.budget("stage-user").requests == 2
 
 
-def test_request_bytes_in_flight_are_bounded(attacked: ServerProcess) -> None:
-    """Two 600 kB requests against a 1 MiB byte budget: while the first is being served, the
-    second is refused RESOURCE_EXHAUSTED before it is decoded, and spends nothing."""
+def test_request_bytes_in_flight_are_bounded(attacked: Attacked) -> None:
+    """Two 600 kB requests against a 1 MiB byte budget: while the first (an rs Select of ≈ 10⁷
+    draws) is being served, the second is refused RESOURCE_EXHAUSTED, naming
+    --max-inflight-bytes, before it is decoded, and spends nothing; afterwards it is answered."""
     pad = b"\xfa\x06" + _varint(600_000) + bytes(600_000)  # field 111 (unknown): kept aside by the parser
     first = select_request("bytes-a", "a").SerializeToString() + pad
     req = pb.SelectRequest.FromString(select_request("bytes-b", "b").SerializeToString())
     req.mechanism, req.gamma, req.k = "rs", 1e-6, 10  # ≈ 10⁷ draws: heavy (and the first spawns the draw process)
     heavy = req.SerializeToString() + pad
+    probe = pb.GetBudgetRequest(user_id="bytes-probe").SerializeToString() + pad  # 600 kB that spend nothing
     channel = grpc.insecure_channel(attacked.target)
-    select = channel.unary_unary(SELECT)
-    held = select.future(heavy, metadata=_auth("innocent"), timeout=60)
-    time.sleep(0.15)
-    code, message = rpc_error(select, first, metadata=_auth("innocent"), timeout=10)
+    select, budget = channel.unary_unary(SELECT), channel.unary_unary(GET_BUDGET)
+    # Polled, not slept for: the 600 kB probe is refused once the server holds the heavy call's bytes.
+    # A heavy call the server read while a probe held its bytes was refused itself: sent again.
+    held = select.future(heavy, metadata=_auth("innocent"), timeout=300)
+    deadline = time.monotonic() + 60
+    while not _refused(lambda: budget(probe, metadata=_auth("innocent"), timeout=30), "--max-inflight-bytes"):
+        if held.done():
+            assert held.code() is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-inflight-bytes" in held.details()
+            held = select.future(heavy, metadata=_auth("innocent"), timeout=300)
+        assert time.monotonic() < deadline, "the heavy call never held its bytes"
+        time.sleep(0.01)
+    code, message = rpc_error(select, first, metadata=_auth("innocent"), timeout=30)
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-inflight-bytes" in message
-    assert not held.done()  # refused while the heavy one held its bytes
     assert pb.SelectResponse.FromString(held.result()).epsilon_spent == pytest.approx(0.5)
-    assert pb.SelectResponse.FromString(select(first, metadata=_auth("innocent"), timeout=10)).item_id
+    assert pb.SelectResponse.FromString(select(first, metadata=_auth("innocent"), timeout=30)).item_id
     with Client(attacked.target, token="admin", retries=0) as c:
         assert c.budget("bytes-a").requests == 1  # the refused attempt spent nothing
         assert c.budget("bytes-b").requests == 1
@@ -257,36 +345,65 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def test_heavy_attackers_never_delay_an_innocent_caller(attacked: ServerProcess) -> None:
-    """64 callers, each with its own `user:` token, send rs at γ = 1e-6 with k = 5 (≈ 5·10⁶
-    draws each; scripts/bench/attack.py runs the issue's k = 20) back to back from another
-    process, for 2.5 s. The innocent caller's p99 stays
-    under 50 ms with no errors; the heavy queue refuses the excess RESOURCE_EXHAUSTED, and a
-    refused call spends nothing: each attacker's spent ε is exactly its answered calls' ε."""
+@pytest.fixture
+def heavy_server(artifact: Path, tmp_path: Path) -> Iterator[ServerHandle]:
+    """The SMALL bounds and a heavy queue of 4, 1 per principal, in this process: so that the test
+    sees which thread ran each draw (and the queue's own count)."""
+    config = {"threads": 4, "max_health_watches": 4, "receive_timeout": 1.0, "token_file": _tokens(tmp_path / "t")}
+    with served(artifact, tmp_path / "l.db", heavy_queue=4, heavy_per_principal=1, **config) as h:
+        yield h
+
+
+def test_heavy_attackers_are_queued_or_refused_and_hold_no_thread_an_innocent_caller_needs(
+    heavy_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 callers, each with its own `user:` token, send rs at γ = 1e-6 with k = 2 (≈ 2·10⁶
+    draws each, 40 × --heavy-draws; scripts/bench/attack.py runs the issue's k = 20) back to
+    back from another process; once the heavy queue is full, an innocent caller sends 100 Selects
+    one at a time. Every innocent call is answered (a 20 s deadline); its draw ran in a request
+    thread or on the event loop, some while the queue was full, and no attacker's draw ran in the
+    server's process: each answered one was drawn by the draw process. The queue never held more
+    than its 4 calls; the excess was refused RESOURCE_EXHAUSTED naming --heavy-queue, and a refused
+    call spends nothing: each attacker's spent ε is exactly its answered calls' ε."""
     import multiprocessing as mp
 
+    calls = heavy_server.pools[1]  # the heavy queue (recsvc.service.draws.HeavyCalls)
+    seen: list[tuple[str, str, int]] = []  # (mechanism, thread, heavy calls queued) of every draw in this process
+    real = requests_module.select_slate
+
+    def observe(name: str, *a: Any, **k: Any) -> Any:
+        seen.append((name, threading.current_thread().name.split("_")[0], calls.held))
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(requests_module, "select_slate", observe)
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results, stop, refused = ctx.Queue(), ctx.Event(), ctx.Event()
     tokens = [f"atk{i}" for i in range(ATTACKERS)]
-    with Client(attacked.target, token="innocent", retries=0, timeout=5) as innocent:
-        _latencies(innocent, 10)
+    target = f"127.0.0.1:{heavy_server.port}"
+    with Client(target, token="innocent", retries=0, timeout=ANSWERED_WITHIN) as innocent:
+        _innocent(innocent, 10)
         attackers = ctx.Process(
-            target=heavy_attack, args=(attacked.target, tokens, 2.5, 0.02, 5, candidates(), results)
+            target=heavy_attack,
+            args=(target, tokens, 600.0, 0.02, 2, candidates(), results, stop, refused, 600.0),
         )
         attackers.start()
-        time.sleep(1.5)  # the spawned process imports, connects and fills the queue
-        latencies = _latencies(innocent, 100)
-        outcomes = results.get(timeout=60)
-        attackers.join(10)
-    p99 = float(np.percentile(latencies, 99))
-    assert p99 < 0.050, f"innocent p99 {p99 * 1e3:.1f} ms under {ATTACKERS} heavy attackers"
+        try:
+            assert refused.wait(120), "the attackers never filled the heavy queue"
+            _innocent(innocent, 100)
+        finally:
+            stop.set()  # each attacker ends after its call in flight
+            outcomes = results.get(timeout=900)  # before join: a process whose queued data is unread never ends
+            attackers.join(60)
+    assert [name for name, _, _ in seen] == ["rnm"] * 110  # the innocent's draws only: no rs was drawn here
+    assert {thread for _, thread, _ in seen} <= {"recsvc-rpc", "recsvc-loop"}
+    assert max(held for *_, held in seen) == 4  # answered while the queue was full, which never held more
     total = sum((Counter(c) for c in outcomes.values()), Counter())
-    assert set(total) == {"OK", "RESOURCE_EXHAUSTED"}, total
-    with Client(attacked.target, token="admin", retries=0) as admin:
-        for token in tokens:
-            u = admin.budget(token)
-            ok = outcomes[token].get("OK", 0)
-            assert u.requests == ok and u.spent == pytest.approx(ok * 1e-3)
+    assert set(total) == {"OK", "RESOURCE_EXHAUSTED --heavy-queue"}, total
+    assert heavy_server.servicer.selector.heavy.pooled == total["OK"]  # every answered one by the draw process
+    for token in tokens:
+        u = heavy_server.ledger.user(token)
+        ok = outcomes[token].get("OK", 0)
+        assert u.requests == ok and u.spent == pytest.approx(ok * 1e-3)
 
 
 def test_a_call_is_alone_only_with_nothing_else_in_flight() -> None:

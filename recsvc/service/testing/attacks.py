@@ -25,6 +25,7 @@ class RawStreams:
         self.sock.sendall(self.PREFACE + _frame(4, 0, 0, b""))  # our SETTINGS: the defaults
         self._next = 1
         self._ended: set[int] = set()
+        self.ended_at: dict[int, float] = {}  # stream id → time.monotonic() when its end was read
         self._buffer = b""
 
     def open(self, method: str, metadata: tuple[tuple[str, str], ...] = ()) -> int:
@@ -49,8 +50,14 @@ class RawStreams:
 
     def closed(self, wait: float) -> set[int]:
         """Reads for ``wait`` seconds (answering SETTINGS and PING); the streams the server ended."""
-        deadline = time.monotonic() + wait
-        while (left := deadline - time.monotonic()) > 0:
+        return self.until_closed(None, wait)
+
+    def until_closed(self, ids: set[int] | None, within: float) -> set[int]:
+        """Reads until the server has ended every stream of ``ids`` (``None``: never) or ``within``
+        seconds have passed; the streams it ended. A stream's end time in :attr:`ended_at` is when
+        it was read, never before the server sent it: a lower bound on how long the stream lived."""
+        deadline = time.monotonic() + within
+        while (ids is None or not ids <= self._ended) and (left := deadline - time.monotonic()) > 0:
             self.sock.settimeout(left)
             try:
                 data = self.sock.recv(65536)
@@ -72,6 +79,7 @@ class RawStreams:
                     self.sock.sendall(_frame(6, 0x1, 0, payload))
                 elif kind == 3 or (kind in (0, 1) and flags & 0x1):  # RST_STREAM, or END_STREAM
                     self._ended.add(sid)
+                    self.ended_at.setdefault(sid, time.monotonic())
         return set(self._ended)
 
     def close(self) -> None:
@@ -104,29 +112,45 @@ def grpc_frame(message: bytes) -> bytes:
 
 
 def heavy_attack(
-    target: str, tokens: list[str], seconds: float, backoff: float, k: int, cands: list[tuple[str, float]], results: Any
+    target: str,
+    tokens: list[str],
+    seconds: float,
+    backoff: float,
+    k: int,
+    cands: list[tuple[str, float]],
+    results: Any,
+    stop: Any = None,
+    refused: Any = None,
+    deadline: float = 60.0,
 ) -> None:
     """Run in a process of its own (spawn): one thread per token sends `rs` at the γ floor with
-    ``k`` and ε = 1e-3 over ``cands`` for user ``<token>`` (a `user:<token>` credential), back to back, for
-    ``seconds``, pausing ``backoff`` seconds after a refusal; puts ``{token: {status name:
-    count}}`` on ``results``."""
+    ``k`` and ε = 1e-3 over ``cands`` for user ``<token>`` (a `user:<token>` credential), back to
+    back, for ``seconds`` or until the event ``stop`` is set, pausing ``backoff`` seconds after a
+    refusal; sets the event ``refused`` at the first RESOURCE_EXHAUSTED (the heavy queue is full);
+    puts ``{token: {status name: count}}`` on ``results`` once every call has ended (each has a
+    ``deadline`` of that many seconds). A refusal's status name is followed by the flag its message
+    names (``RESOURCE_EXHAUSTED --heavy-queue``)."""
+    import re
     import threading
     from collections import Counter
 
     from recsvc.service.client import Client
 
     os.nice(19)  # the attackers' own CPU (their clients) would be on other hosts: only the server's is measured
-    stop = time.monotonic() + seconds
+    end = time.monotonic() + seconds
     out: dict[str, Counter[str]] = {t: Counter() for t in tokens}
 
     def attack(token: str) -> None:
-        with Client(target, token=token, retries=0, timeout=60) as c:
-            while time.monotonic() < stop:
+        with Client(target, token=token, retries=0, timeout=deadline) as c:
+            while time.monotonic() < end and not (stop is not None and stop.is_set()):
                 try:
                     c.select(token, cands, mechanism="rs", epsilon=1e-3, k=k, gamma=1e-6)
                     out[token]["OK"] += 1
                 except grpc.RpcError as exc:
-                    out[token][exc.code().name] += 1
+                    flag = re.search(r"--[a-z-]+", exc.details() or "")
+                    out[token][exc.code().name + (f" {flag.group(0)}" if flag else "")] += 1
+                    if refused is not None and exc.code() is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                        refused.set()
                     time.sleep(backoff)
 
     threads = [threading.Thread(target=attack, args=(t,)) for t in tokens]
