@@ -12,6 +12,7 @@ from typing import Any, cast
 import psycopg
 import pytest
 
+from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
 from recsvc.ledger import BudgetExceeded
 from recsvc.ledger.postgres import PostgresLedger
@@ -95,20 +96,24 @@ def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp
     assert proc.returncode == 2 and f"127.0.0.1:{port}" in proc.stderr and "s3cr3tpw" not in proc.stderr, proc.stderr
 
 
-def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path) -> None:
+def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     url = pg_cluster.new_database()
     key = tmp_path / "replica.key"
-    first = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
-    assert first.returncode == 0 and "is ready (budget ε=3" in first.stdout, first.stderr
+    init = ["ledger", "init", "--ledger", url, "--fingerprint-key", str(key), "--budget"]
+    assert recsvc_main([*init, "3"]) == 0
+    first = capsys.readouterr()
+    assert "is ready (budget ε=3" in first.out, first.err
     assert key.stat().st_mode & 0o777 == 0o600
-    again = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3", "--fingerprint-key", str(key))
-    assert again.returncode == 0, again.stderr  # idempotent
-    clash = run_recsvc("ledger", "init", "--ledger", url, "--budget", "4", "--fingerprint-key", str(key))
-    assert clash.returncode == 2 and "every process on one ledger must use the same budget" in clash.stderr
-    mig = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 3 -> 3" in mig.stdout, mig.stderr
-    nokey = run_recsvc("ledger", "init", "--ledger", url, "--budget", "3")
-    assert nokey.returncode == 2 and "needs --fingerprint-key" in nokey.stderr, nokey.stderr
+    assert recsvc_main([*init, "3"]) == 0  # idempotent
+    capsys.readouterr()
+    assert recsvc_main([*init, "4"]) == 2
+    assert "every process on one ledger must use the same budget" in capsys.readouterr().err
+    assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
+    mig = capsys.readouterr()
+    assert "schema version 3 -> 3" in mig.out, mig.err
+    assert recsvc_main(["ledger", "init", "--ledger", url, "--budget", "3"]) == 2
+    nokey = capsys.readouterr().err
+    assert "needs --fingerprint-key" in nokey, nokey
 
 
 def test_a_version_1_database_migrates_to_the_current_version(pg_cluster, tmp_path: Path) -> None:
