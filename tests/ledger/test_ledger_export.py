@@ -3,6 +3,7 @@ without --force, nothing written on a failure."""
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +12,7 @@ import psycopg
 import pyarrow.parquet as pq
 import pytest
 
+from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
 from recsvc.ledger import BudgetExceeded
 from recsvc.ledger import export as ledger_export
@@ -21,7 +23,7 @@ from recsvc.ledger.testing import Clock, Stores, resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start
-from recsvc.service.testing import candidates, free_port, item_ids, run_recsvc
+from recsvc.service.testing import candidates, free_port, item_ids
 
 T0 = 1_700_000_000.123456  # 2023-11-14T22:13:20.123456Z
 
@@ -63,7 +65,9 @@ def test_export_writes_exactly_the_charges(stores: Stores, tmp_path: Path) -> No
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
-def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Path) -> None:
+def test_the_service_stores_each_answer_s_mechanism(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Select, SelectBatch (one transaction) and Recommend pass the mechanism they answered with."""
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=10.0))
     try:
@@ -79,8 +83,9 @@ def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Pa
     finally:
         h.stop(1)
     out = tmp_path / "c.parquet"
-    proc = run_recsvc("ledger", "export", "--ledger", str(tmp_path / "l.db"), "--out", str(out))
-    assert proc.returncode == 0 and f"wrote 4 charge(s) of {tmp_path / 'l.db'} to {out}" in proc.stdout, proc.stderr
+    capsys.readouterr()
+    assert recsvc_main(["ledger", "export", "--ledger", str(tmp_path / "l.db"), "--out", str(out)]) == 0
+    assert f"wrote 4 charge(s) of {tmp_path / 'l.db'} to {out}" in capsys.readouterr().out
     rows = pq.read_table(out).to_pylist()
     assert [(r["request_id"], r["mechanism"], r["epsilon"]) for r in rows] == [
         ("b-pf", "pf", 0.25),
@@ -91,27 +96,32 @@ def test_the_service_stores_each_answer_s_mechanism(artifact: Path, tmp_path: Pa
     assert rec.mechanism in {"rnm", "gem", "mgem", "combined_gem", "pf", "em", "rnm_laplace"}
 
 
-def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> None:
+def test_overwrite_needs_force_and_bad_input_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     s = Stores(tmp_path / "l.db", tmp_path / "l.key")
     led = s.open(budget=1.0)
     led.charge("u", "r1", b"d", 0.5, resp("a"), mechanism="rnm")
     out = tmp_path / "c.parquet"
-    assert run_recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out)).returncode == 0
+    argv = ["ledger", "export", "--ledger", str(s.target), "--out", str(out)]
+    assert recsvc_main(argv) == 0
     before = out.read_bytes()
     led.charge("u", "r2", b"e", 0.25, resp("b"), mechanism="pf")
-    again = run_recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out))
-    assert again.returncode == 2 and again.stderr.strip() == (
+    capsys.readouterr()
+    assert recsvc_main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
         f"recsvc ledger: error: --out {out} already exists; nothing was written (pass --force to replace it)"
     )
     assert out.read_bytes() == before and pq.read_table(out).num_rows == 1
-    forced = run_recsvc("ledger", "export", "--ledger", str(s.target), "--out", str(out), "--force")
-    assert forced.returncode == 0, forced.stderr
+    assert recsvc_main([*argv, "--force"]) == 0, capsys.readouterr().err
     assert pq.read_table(out).column("epsilon").to_pylist() == [0.5, 0.25]
     s.close_all()
-    missing = run_recsvc(
-        "ledger", "export", "--ledger", str(tmp_path / "nope.db"), "--out", str(tmp_path / "n.parquet")
+    capsys.readouterr()
+    assert (
+        recsvc_main(["ledger", "export", "--ledger", str(tmp_path / "nope.db"), "--out", str(tmp_path / "n.parquet")])
+        == 2
     )
-    assert missing.returncode == 2 and f"--ledger {tmp_path / 'nope.db'} does not exist" in missing.stderr
+    assert f"--ledger {tmp_path / 'nope.db'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "nope.db").exists() and not (tmp_path / "n.parquet").exists()
     (tmp_path / "empty.db").write_bytes(b"")
     with pytest.raises(ParamError, match="holds no recsvc ledger"):
@@ -121,22 +131,20 @@ def test_overwrite_needs_force_and_bad_input_writes_nothing(tmp_path: Path) -> N
     with pytest.raises(ParamError, match="is a directory"):
         export(s.target, tmp_path)
     port = free_port()
-    down = run_recsvc(
-        "ledger",
-        "export",
-        "--ledger",
-        f"postgresql://a:pw9secret@127.0.0.1:{port}/db",
-        "--out",
-        str(tmp_path / "pg.parquet"),
-    )
-    assert down.returncode == 2 and f"127.0.0.1:{port}/db" in down.stderr and "pw9secret" not in down.stderr
+    down = ["ledger", "export", "--ledger", f"postgresql://a:pw9secret@127.0.0.1:{port}/db"]
+    with caplog.at_level(logging.DEBUG):  # what a process would also log to its stderr
+        assert recsvc_main([*down, "--out", str(tmp_path / "pg.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port}/db" in err and "pw9secret" not in err + caplog.text, err
     assert not any(p.suffix in (".parquet", ".tmp") for p in tmp_path.iterdir() if p.name != "c.parquet")
 
 
-def test_a_postgresql_database_without_a_ledger_is_a_clear_error(pg_cluster, tmp_path: Path) -> None:
+def test_a_postgresql_database_without_a_ledger_is_a_clear_error(
+    pg_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = pg_cluster.new_database()
-    proc = run_recsvc("ledger", "export", "--ledger", url, "--out", str(tmp_path / "c.parquet"))
-    assert proc.returncode == 2 and "holds no recsvc ledger yet" in proc.stderr, proc.stderr
+    assert recsvc_main(["ledger", "export", "--ledger", url, "--out", str(tmp_path / "c.parquet")]) == 2
+    assert "holds no recsvc ledger yet" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
 
