@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
 from recsvc.ledger import BatchItem, BudgetExceeded, Charge, RequestConflict
 from recsvc.ledger.export import export
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.ledger.testing import DAY, Clock
 from recsvc.ledger.window import BudgetWindow
+from recsvc.service import server
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
-from recsvc.service.testing import candidates, run_recsvc
+from recsvc.service.testing import candidates
 from recsvc.v1 import selection_pb2 as pb
 
 # Verbatim the version-1 SQLite schema (the file format without renewable budgets).
@@ -62,25 +64,33 @@ def test_a_bad_window_is_a_clear_error(bad: str) -> None:
         BudgetWindow.parse(bad)
 
 
-def test_the_flag_is_checked_before_anything_is_created(tmp_path: Path) -> None:
+def test_the_flag_is_checked_before_anything_is_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(config: object) -> int:
+        raise AssertionError("serve started with a bad --budget-window")
+
+    monkeypatch.setattr(server, "_serve_one", never)
+    monkeypatch.setattr(server, "_serve_workers", never)
     led = tmp_path / "l.db"
-    out = run_recsvc("ledger", "init", "--ledger", str(led), "--budget-window", "12h")
-    assert out.returncode == 2 and "--budget-window '12h' is not a budget window" in out.stderr, out.stderr
-    out = run_recsvc(
-        "serve", "--artifacts", str(tmp_path), "--ledger", str(led), "--port", "0", "--budget-window", "0d"
-    )
-    assert out.returncode == 2 and "--budget-window '0d' is not a budget window" in out.stderr, out.stderr
+    assert recsvc_main(["ledger", "init", "--ledger", str(led), "--budget-window", "12h"]) == 2
+    assert "--budget-window '12h' is not a budget window" in capsys.readouterr().err
+    serve = ["serve", "--artifacts", str(tmp_path), "--ledger", str(led), "--port", "0", "--budget-window", "0d"]
+    assert recsvc_main(serve) == 2
+    assert "--budget-window '0d' is not a budget window" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # no ledger, no key
-    ok = run_recsvc("ledger", "init", "--ledger", str(led), "--budget", "2", "--budget-window", "7d")
-    assert ok.returncode == 0 and "budget ε=2 per user per 7d window (UTC)" in ok.stdout, ok.stderr
-    clash = run_recsvc("ledger", "init", "--ledger", str(led), "--budget", "2")
+    assert recsvc_main(["ledger", "init", "--ledger", str(led), "--budget", "2", "--budget-window", "7d"]) == 0
+    ok = capsys.readouterr()
+    assert "budget ε=2 per user per 7d window (UTC)" in ok.out, ok.err
+    assert recsvc_main(["ledger", "init", "--ledger", str(led), "--budget", "2"]) == 2
+    clash = capsys.readouterr().err
     assert (
-        clash.returncode == 2
-        and (f"--budget-window lifetime differs from the budget window 7d that the ledger {led} was created with")
-        in clash.stderr
-    ), clash.stderr
-    help_text = run_recsvc("serve", "--help").stdout
-    assert "NOT over all time" in " ".join(help_text.split()) and "T·ε" in help_text
+        f"--budget-window lifetime differs from the budget window 7d that the ledger {led} was created with"
+    ) in clash, clash
+    with pytest.raises(SystemExit) as done:
+        recsvc_main(["serve", "--help"])
+    help_text = capsys.readouterr().out
+    assert done.value.code == 0 and "NOT over all time" in " ".join(help_text.split()) and "T·ε" in help_text
 
 
 def _write_v1(path: Path) -> None:
@@ -190,7 +200,9 @@ def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
     ]
 
 
-def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path) -> None:
+def test_getbudget_and_the_cli_report_the_window(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=2.0, budget_window="7d"))
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
@@ -202,8 +214,9 @@ def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path)
             starts = {int(t // (7 * DAY)) * 7 * DAY for t in (before, after)}
             assert b.window_start_unix in starts and b.window_end_unix == b.window_start_unix + 7 * DAY
             assert (b.spent, b.remaining, b.requests) == (0.5, 1.5, 1)
-        out = run_recsvc("budget", "--target", f"127.0.0.1:{h.port}", "--user", "w")
-        shown = json.loads(out.stdout)
+        capsys.readouterr()
+        assert recsvc_main(["budget", "--target", f"127.0.0.1:{h.port}", "--user", "w"]) == 0
+        shown = json.loads(capsys.readouterr().out)
         assert shown["window_start_unix"] == b.window_start_unix and shown["window_end_unix"] == b.window_end_unix
         assert shown["window_start"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.window_start_unix))
         assert shown["window_start"].endswith("T00:00:00Z") and shown["spent"] == 0.5
@@ -213,7 +226,8 @@ def test_getbudget_and_the_cli_report_the_window(artifact: Path, tmp_path: Path)
         h.stop(1)
     life = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "life.db"))
     try:
-        shown = json.loads(run_recsvc("budget", "--target", f"127.0.0.1:{life.port}", "--user", "w").stdout)
+        assert recsvc_main(["budget", "--target", f"127.0.0.1:{life.port}", "--user", "w"]) == 0
+        shown = json.loads(capsys.readouterr().out)
         assert (shown["window_start"], shown["window_end"], shown["window_start_unix"]) == (None, None, 0)
     finally:
         life.stop(1)
