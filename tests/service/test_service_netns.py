@@ -215,12 +215,15 @@ def test_a_partitioned_host_refuses_and_spends_nothing_while_the_other_serves(fl
                 f"try:\n    c.select('part', [('{ids[0]}', 0.5), ('{ids[1]}', 0.4)], mechanism='rnm', epsilon=0.1, "
                 "request_id='p-cut')\n"
                 "    print('OK')\nexcept grpc.RpcError as e:\n    print(e.code().name)\nprint(f'{time.monotonic() - t0:.1f}s', file=sys.stderr)\n"
-                "import time; time.sleep(2.5); print(c.health())",
-            ],  # the probe runs every second
+                # the probe runs every second: polled until it has seen the outage (or 30 s have passed)
+                "end = time.monotonic() + 30\n"
+                "while (status := c.health()) != 'NOT_SERVING' and time.monotonic() < end:\n    time.sleep(0.2)\n"
+                "print(status)",
+            ],
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=120,
         )
         assert inside.stdout.split() == ["UNAVAILABLE", "NOT_SERVING"], inside.stderr
     finally:

@@ -169,9 +169,16 @@ def test_database_crash_and_restart_mid_burst(fleet: Fleet, pg_cluster) -> None:
             i += 1
         return codes
 
+    def answered_more(than: int, within: float = 60.0) -> None:
+        """Polls until the streams have had 5 more answers than ``than`` (a sleep would assume a rate)."""
+        deadline = time.monotonic() + within
+        while len(received) < than + 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(received) >= than + 5, f"the burst got {len(received) - than} answers in {within:g}s"
+
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream, w) for w in range(4)]
-        time.sleep(1.0)
+        answered_more(0)
         pg_cluster.stop("immediate")  # mid-burst
         try:
             # During the outage every request fails with UNAVAILABLE (and cannot be stored).
@@ -187,7 +194,7 @@ def test_database_crash_and_restart_mid_burst(fleet: Fleet, pg_cluster) -> None:
         for t in targets:  # each replica's pool reconnects (with its backoff)
             while time.monotonic() < deadline and _select(t, "after", f"a{time.monotonic_ns()}", 0.001)[0] != "OK":
                 time.sleep(0.2)
-        time.sleep(1.0)
+        answered_more(len(received))  # the burst is answered again
         stop.set()
         codes = [c for f in futures for c in f.result()]
     assert set(codes) <= {"OK", "UNAVAILABLE"} and codes.count("UNAVAILABLE") > 0 and codes.count("OK") > 0

@@ -66,9 +66,9 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
         target = f"localhost:{h.port}"
         with Client(target, tls_ca=certs["ca.pem"]) as c:
             assert c.select("u", candidates(), mechanism="rnm", epsilon=1.0).item_id
-        with Client(target, retries=0, timeout=3) as c:  # plaintext against a TLS port
+        with Client(target, retries=0, timeout=30) as c:  # plaintext against a TLS port
             assert _code(c.budget, "u") is grpc.StatusCode.UNAVAILABLE
-        with Client(target, tls_ca=certs["rogue.pem"], retries=0, timeout=3) as c:  # unknown CA
+        with Client(target, tls_ca=certs["rogue.pem"], retries=0, timeout=30) as c:  # unknown CA
             assert _code(c.budget, "u") is grpc.StatusCode.UNAVAILABLE
     finally:
         h.stop(1)
@@ -87,7 +87,7 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
         target = f"localhost:{h.port}"
         with Client(target, tls_ca=certs["ca.pem"], tls_cert=certs["client.pem"], tls_key=certs["client.key"]) as c:
             assert c.select("u", candidates(), mechanism="rnm", epsilon=1.0).item_id
-        with Client(target, tls_ca=certs["ca.pem"], retries=0, timeout=3) as c:  # no client certificate
+        with Client(target, tls_ca=certs["ca.pem"], retries=0, timeout=30) as c:  # no client certificate
             assert _code(c.budget, "u") is grpc.StatusCode.UNAVAILABLE
         with Client(
             target,
@@ -95,7 +95,7 @@ def test_tls_and_mtls(artifact: Path, certs: dict[str, Path], tmp_path: Path) ->
             tls_cert=certs["rogue.pem"],
             tls_key=certs["rogue.key"],
             retries=0,
-            timeout=3,
+            timeout=30,
         ) as c:  # a certificate from another CA
             assert _code(c.budget, "u") is grpc.StatusCode.UNAVAILABLE
         assert h.ledger.totals() == {"u": pytest.approx(1.0)}

@@ -75,15 +75,16 @@ def _run_child(script: str, timeout: float) -> tuple[int | None, str]:
 
 
 def test_a_stop_signal_at_any_point_of_the_wait_loop_is_noticed() -> None:
-    code, out = _run_child(EVERY_POINT, timeout=15)
+    code, out = _run_child(EVERY_POINT, timeout=120)  # a deadlock never ends; a busy host only takes longer
     last = out.strip().splitlines()[-1] if out.strip() else "nothing"
     assert code is not None, f"the wait loop deadlocked when the stop signal arrived at trace step {last}"
     assert code == 0 and last == "ok", out
 
 
 # Real SIGTERMs from this process, at random moments, against a child that waits for each with
-# the worker's loop; each must be noticed within 2 s. (Statistical: a stop built on threading.Event
-# hangs here after a few hundred to a few thousand signals, in 5 of 6 runs of this test.)
+# the worker's loop; each must be noticed, within 30 s (a hang never is). (Statistical: a stop
+# built on threading.Event hangs here after a few hundred to a few thousand signals, in 5 of 6
+# runs of this test, so it sends a fixed number of them, however long a busy host takes.)
 SIGNALLED = textwrap.dedent("""
     import os
     from recsvc.service.shutdown import StopSignal
@@ -98,6 +99,9 @@ SIGNALLED = textwrap.dedent("""
 """)
 
 
+SIGNALS = 2500  # what 2.5 s sent on a quiet machine (~1000/s)
+
+
 def test_a_burst_of_real_sigterms_never_hangs_the_wait_loop() -> None:
     import random
 
@@ -108,17 +112,13 @@ def test_a_burst_of_real_sigterms_never_hangs_the_wait_loop() -> None:
         readable, _, _ = select.select([out], [], [], 60.0)
         assert readable and out.read(1) == b"r", "the child did not start"
         rng = random.Random(0)
-        noticed = 0
-        end = time.monotonic() + 2.5
-        while time.monotonic() < end:
+        for noticed in range(SIGNALS):
             proc.send_signal(signal.SIGTERM)
-            readable, _, _ = select.select([out], [], [], 2.0)
+            readable, _, _ = select.select([out], [], [], 30.0)
             assert readable, f"the child's wait loop hung on stop signal {noticed + 1}"
             got = out.read(1)
             assert got == b".", f"the child died after {noticed} stops ({proc.poll()})"
-            noticed += 1
             time.sleep(rng.uniform(0, 0.001))
-        assert noticed > 100  # enough signals to mean something (~1000/s on a quiet machine)
     finally:
         proc.kill()
         proc.wait(10)
@@ -145,7 +145,9 @@ STUCK_SERVER = textwrap.dedent("""
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     shutdown.DRAIN_MARGIN_S = 0.5
-    server.KILL_AFTER_S = 0.5
+    # The parent's SIGKILL: soon where the workers never end themselves; late enough otherwise that
+    # a worker its watchdog ends is never killed first, however busy the host.
+    server.KILL_AFTER_S = 0.5 if sys.argv[4] == "no-watchdog" else 30.0
 
     def stuck_drain(self, grace=None, drain_delay=0.0):
         lock = threading.Lock()
@@ -189,7 +191,7 @@ def _serve_stuck(artifact: Path, tmp_path: Path, mode: str) -> tuple[int, str, l
         assert len(workers) == 2
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(30)
+        code = proc.wait(90)  # a parent that never exits fails here
         return code, log_path.read_text(), workers, time.monotonic() - t0
     finally:
         for p in [proc, *workers]:
@@ -211,7 +213,7 @@ def test_a_worker_whose_drain_hangs_still_exits(artifact: Path, tmp_path: Path) 
     assert log.count("in stuck_drain") == 2, log  # each worker's stack shows where its drain hung
     assert "killing them" not in log  # the workers ended themselves; the parent had no need to
     assert not any(w.is_running() for w in workers)
-    assert took < 0.7 + 5, took  # limit 0.7 s, plus start-up noise on 2 busy cores
+    assert took >= 0.7, took  # not before the drain limit (0.7 s) was due
 
 
 def test_the_parent_kills_workers_that_never_exit(artifact: Path, tmp_path: Path) -> None:
@@ -220,13 +222,14 @@ def test_the_parent_kills_workers_that_never_exit(artifact: Path, tmp_path: Path
     assert re.search(r"workers \[\d+, \d+\] did not exit after SIGTERM; killing them", log), log
     assert "drain did not finish" not in log
     assert not any(w.is_running() for w in workers)
-    assert 0.7 + 0.5 <= took < 0.7 + 0.5 + 5, took  # not before the workers' own watchdogs were due
+    assert took >= 0.7 + 0.5, took  # not before the workers' own watchdogs were due, and the parent's margin
 
 
 def test_stop_signal_wait_times_out_and_counts() -> None:
     stop = StopSignal()
     t0 = time.monotonic()
-    assert stop.wait(0.12) is False and 0.12 <= time.monotonic() - t0 < 1.0
+    # Timed out: not before 0.12 s, and not a wait in other units (120 s) or one that never ends.
+    assert stop.wait(0.12) is False and 0.12 <= time.monotonic() - t0 < 30
     stop.handle(signal.SIGTERM, None)
     stop.handle(signal.SIGINT, None)
     assert stop.wait(10) is True and stop.count == 2

@@ -37,7 +37,7 @@ def test_a_cancelled_callers_queued_work_never_runs_and_finished_still_fires() -
     gate, ran, finished = threading.Event(), [], []
 
     async def main() -> None:
-        first = threads.run(lambda: gate.wait(5), lambda: finished.append("first"))
+        first = threads.run(lambda: gate.wait(60), lambda: finished.append("first"))
         second = threads.run(lambda: ran.append("second"), lambda: finished.append("second"))
         second.cancel()  # the caller left while its work waited for the only thread
         assert threads.pending == 2
@@ -62,7 +62,7 @@ def test_finished_fires_when_the_work_ends_not_when_the_caller_stops_waiting() -
 
         def work() -> str:
             running.set()
-            release.wait(5)
+            release.wait(60)
             return "done"
 
         fut = threads.run(work, lambda: finished.append(True))
@@ -89,7 +89,7 @@ def test_no_more_than_count_threads_and_shutdown_drains_then_refuses() -> None:
 
     def work() -> None:
         names.add(threading.current_thread().name)
-        release.wait(5)
+        release.wait(60)
 
     async def main() -> None:
         futures = [threads.run(work) for _ in range(8)]
