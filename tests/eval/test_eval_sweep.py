@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval import outputs
+from eval import outputs, plots
 from eval import report as report_module
 from eval import run as runner
 from eval.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
@@ -38,11 +38,32 @@ QUICK = ["--n", "10", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--trials
 DIRS = ["t-5", "t-0.8", "t-0.3", "t0", "t0.3", "t0.8", "t5"]
 
 
+def _levels_unrendered(mp: pytest.MonkeyPatch) -> None:
+    """Each level's figures are drawn from its data but written as empty files: laying them out and
+    rendering them is most of a small sweep's CPU, and these tests check which files a sweep writes.
+    Rendered figures are checked by test_report_figure_and_terminal_summary (sweep.png),
+    test_plots_survive_an_all_zero_mse and tests/eval/test_eval_harness.py (a level's)."""
+
+    def save(fig, path, dpi=None):
+        path.write_bytes(b"")
+        plots.pyplot().close(fig)
+
+    mp.setattr(plots, "save_figure", save)
+
+
+@pytest.fixture
+def unrendered(monkeypatch):
+    """No figure is rendered: the levels' as in :func:`_levels_unrendered`, and sweep.png is an empty file."""
+    _levels_unrendered(monkeypatch)
+    monkeypatch.setattr(plots, "sweep_figure", lambda result, path: path.write_bytes(b""))
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "sw"
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), pytest.MonkeyPatch.context() as mp:
+        _levels_unrendered(mp)
         assert recsvc_main(["eval-synthetic", "--scenario", "sweep", "--level", "all", "--out", str(out), *FLAGS]) == 0
     return out, stdout.getvalue()
 
@@ -113,7 +134,7 @@ def test_report_figure_and_terminal_summary(sweep):
     assert level_lines[-1].split()[-2] == "mgem" and lines[-1] == f"report: {out / 'report.md'}"
 
 
-def test_a_level_equals_the_single_run_with_the_same_flags(sweep, tmp_path):
+def test_a_level_equals_the_single_run_with_the_same_flags(sweep, tmp_path, unrendered):
     out, _ = sweep
     single = tmp_path / "single"
     argv = ["eval-synthetic", "--scenario", "sweep", "--level", "0.3", "--out", str(single), *FLAGS]
@@ -124,7 +145,7 @@ def test_a_level_equals_the_single_run_with_the_same_flags(sweep, tmp_path):
     assert rows["mse"].to_list() == pl.read_csv(single / "mse.csv")["mse_mean"].to_list()
 
 
-def test_existing_out_needs_force(tmp_path, one_line_error):
+def test_existing_out_needs_force(tmp_path, one_line_error, unrendered):
     out = tmp_path / "sw"
     out.mkdir()
     (out / "keep.txt").write_text("earlier results")
@@ -159,7 +180,7 @@ def test_bad_flags_are_refused_before_any_level_runs(extra, match, tmp_path, mon
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 @pytest.mark.parametrize("existing", [False, True])
-def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkeypatch, snapshot):
+def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkeypatch, snapshot, unrendered):
     out = tmp_path / "sw"
     if existing:  # --force: the earlier results survive a failed run untouched
         out.mkdir()
@@ -191,20 +212,19 @@ def test_failure_mid_run_leaves_nothing_behind(error, existing, tmp_path, monkey
     assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == (["sw"] if existing else [])
 
 
-def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch):
+def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch, unrendered):
     out = tmp_path / "a" / "b" / "sw"  # a/ does not exist yet
 
     def boom(*a):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(outputs, "write_sweep_outputs", boom)
     cfg = EvalConfig(
         scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm",), trials=2, workers=1, progress=False, out=out
     )
-    with pytest.raises(RuntimeError, match="boom"):
+    with monkeypatch.context() as mp, pytest.raises(RuntimeError, match="boom"):
+        mp.setattr(outputs, "write_sweep_outputs", boom)
         run_sweep(cfg, levels=(-0.8, 0.8))  # both levels were written into the temp dir first
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.undo()
     result = run_sweep(cfg, levels=(-0.8, 0.8))
     assert result.out == out and sorted(p.name for p in out.iterdir()) == sorted(
         ["report.md", "sweep.csv", "sweep.parquet", "sweep.png", "t-0.8", "t0.8"]
