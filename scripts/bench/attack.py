@@ -12,7 +12,12 @@ synthetic artifact of :mod:`scripts.bench.harness`, its ledger on tmpfs when the
   authenticated caller then sends Selects one at a time (1 s deadline each): p99, errors, and
   the server's RSS growth;
 - **heavy draws**: 40 callers with `user:` tokens send rs at γ = 1e-6, k = 20 back to back (from
-  another process); the innocent caller's p99 and errors (5 s deadline each);
+  another process) from the moment the heavy queue is full until the innocent caller is done; its
+  p99 and errors (5 s deadline each);
+- in both attacks, the innocent caller's p50 and p99 **against the same server with no attack**,
+  measured in the same run: its same Selects just before the attack and just after it, pooled
+  (``p50_ratio``, ``p99_ratio``: attacked ÷ quiet). The tests assert no latency; this is where
+  it is measured;
 - **bytes in flight**: 40 concurrent SelectBatch messages of ≈ 13 MiB (`--max-batch 1600`); the
   server's peak RSS and the statuses.
 
@@ -114,20 +119,22 @@ def speed(port: int) -> dict[str, float]:
     }
 
 
-def innocent(port: int, n: int, deadline: float, gap: float = 0.005) -> dict[str, float]:
-    """``n`` Selects one at a time (the 5th consecutive failure ends the run): p50/p99 of the
-    answered ones, and how many failed."""
+def innocent(port: int, n: int, deadline: float, gap: float = 0.005, warmup: int = 5) -> tuple[dict, list[float]]:
+    """``n`` Selects one at a time over a fresh connection, after ``warmup`` unmeasured ones (the
+    5th consecutive failure ends the run): p50/p99 of the answered ones and how many failed, and
+    their latencies in seconds."""
     import grpc
 
-    body = select_bodies(n, 9, "ids")
+    body = select_bodies(n + warmup, 9, "ids")
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
     call = channel.unary_unary(SELECT)
     lat, errors, streak = [], Counter[str](), 0
-    for b in body:
+    for i, b in enumerate(body):
         t0 = time.perf_counter()
         try:
             call(b, metadata=_metadata(), timeout=deadline)
-            lat.append(time.perf_counter() - t0)
+            if i >= warmup:
+                lat.append(time.perf_counter() - t0)
             streak = 0
         except grpc.RpcError as exc:
             errors[exc.code().name] += 1
@@ -136,13 +143,27 @@ def innocent(port: int, n: int, deadline: float, gap: float = 0.005) -> dict[str
                 break
         time.sleep(gap)
     channel.close()
+    return {"answered": len(lat), **_percentiles(lat), **{f"errors_{k}": v for k, v in errors.items()}}, lat
+
+
+def _percentiles(lat: list[float], prefix: str = "") -> dict[str, float]:
     a = np.array(lat or [float("nan")]) * 1e3
+    return {f"{prefix}p50_ms": float(np.percentile(a, 50)), f"{prefix}p99_ms": float(np.percentile(a, 99))}
+
+
+def against_quiet(attacked: dict, quiet: list[float]) -> dict[str, float]:
+    """``attacked``'s innocent p50/p99 with the same server's quiet ones (before and after the
+    attack, pooled) and their ratios: what the attack costs an innocent caller, measured in one run."""
+    calm = _percentiles(quiet, "quiet_")
     return {
-        "answered": len(lat),
-        "p50_ms": float(np.percentile(a, 50)),
-        "p99_ms": float(np.percentile(a, 99)),
-        **{f"errors_{k}": v for k, v in errors.items()},
+        **attacked,
+        **calm,
+        "p50_ratio": attacked["p50_ms"] / calm["quiet_p50_ms"],
+        "p99_ratio": attacked["p99_ms"] / calm["quiet_p99_ms"],
     }
+
+
+INNOCENT_CALLS = 200
 
 
 def idle_streams(port: int, pid: int) -> dict[str, float]:
@@ -150,6 +171,7 @@ def idle_streams(port: int, pid: int) -> dict[str, float]:
 
     from recsvc.service.testing import RawStreams, grpc_frame, select_request
 
+    _, before = innocent(port, INNOCENT_CALLS, 1.0)
     server = psutil.Process(pid)
     rss0 = server.memory_info().rss
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.use_local_subchannel_pool", 1)])
@@ -163,30 +185,38 @@ def idle_streams(port: int, pid: int) -> dict[str, float]:
     for _ in range(32):
         slow.send(slow.open(SELECT), body[:3])
     time.sleep(0.5)
-    out = innocent(port, 200, 1.0)
+    out, _ = innocent(port, INNOCENT_CALLS, 1.0)
     out["rss_growth_mb"] = (server.memory_info().rss - rss0) / 2**20
     for w in watches:
         w.cancel()
     channel.close()
     for r in [*raw, slow]:
         r.close()
-    return out
+    _, after = innocent(port, INNOCENT_CALLS, 1.0)
+    return against_quiet(out, before + after)
 
 
 def heavy(port: int) -> dict[str, float]:
     from recsvc.service.testing import heavy_attack
 
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
+    results, stop, refused = ctx.Queue(), ctx.Event(), ctx.Event()
     tokens = [f"atk{i}" for i in range(HEAVY_ATTACKERS)]
     cands = [(f"item{k}", 0.5 + 0.01 * k) for k in range(20)]  # the bench artifact's ids
-    attackers = ctx.Process(target=heavy_attack, args=(f"127.0.0.1:{port}", tokens, 15.0, 0.02, 20, cands, results))
+    _, before = innocent(port, INNOCENT_CALLS, 5.0)
+    attackers = ctx.Process(
+        target=heavy_attack,
+        args=(f"127.0.0.1:{port}", tokens, 600.0, 0.02, 20, cands, results, stop, refused, 600.0),
+    )
     attackers.start()
-    time.sleep(3.0)
-    out = innocent(port, 200, 5.0)
-    total = sum((Counter(c) for c in results.get(timeout=600).values()), Counter())
+    full = refused.wait(60)  # a server without a heavy queue (the old one) never refuses: 60 s of attack then
+    out, _ = innocent(port, INNOCENT_CALLS, 5.0)
+    out["queue_full_first"] = full
+    stop.set()
+    total = sum((Counter(c) for c in results.get(timeout=900).values()), Counter())
     attackers.join(30)
-    return {**out, **{f"attackers_{k}": v for k, v in total.items()}}
+    _, after = innocent(port, INNOCENT_CALLS, 5.0)
+    return {**against_quiet(out, before + after), **{f"attackers_{k}": v for k, v in total.items()}}
 
 
 def big_batches(port: int, pid: int) -> dict[str, float]:
