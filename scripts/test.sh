@@ -3,6 +3,8 @@
 # float_paths tests again on another CPU's code paths (scripts/other_cpu.sh), and fail if any process
 # the run started is still running (scripts/leftovers.py).
 # Arguments go to pytest; with arguments, only that pytest run and the leftover check are done.
+# The whole suite runs on RECSVC_TEST_WORKERS pytest-xdist workers (default 2), each taking whole files,
+# so a module's fixtures are built once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -11,8 +13,13 @@ bash scripts/lint.sh
 RECSVC_TEST_RUN=$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(8))')
 export RECSVC_TEST_RUN
 status=0
+run_all=
+if [ $# -eq 0 ]; then
+    set -- -n "${RECSVC_TEST_WORKERS:-2}" --dist loadfile
+    run_all=1
+fi
 .venv/bin/python -m pytest "$@" || status=$?
-if [ "$status" -eq 0 ] && [ $# -eq 0 ]; then
+if [ "$status" -eq 0 ] && [ -n "${run_all:-}" ]; then
     bash scripts/other_cpu.sh || status=$?
 fi
 .venv/bin/python scripts/leftovers.py "$RECSVC_TEST_RUN" || { [ "$status" -ne 0 ] || status=1; }

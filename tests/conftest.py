@@ -10,6 +10,7 @@ Nothing imports ``tests.…``: an installed distribution that ships a top-level 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import re
 import subprocess
@@ -30,13 +31,26 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_artifact(tmp_path_factory.mktemp("art") / "toy")
 
 
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A directory that every pytest-xdist worker of this run sees (the session's own without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
 @pytest.fixture(scope="session")
-def ml100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ml100k(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
     """The real ml-100k artifact (embedded RecBole copy, `recsvc prep` defaults), built once per
-    session: the pipeline's end-to-end test and the `auto` targets share it."""
+    run and shared by every xdist worker: the first to need it builds it under a file lock, the
+    others wait for it. The pipeline's end-to-end test and the `auto` targets read it."""
     from data_prep.pipeline import PrepConfig, run
 
-    return run(PrepConfig(out=tmp_path_factory.mktemp("ml100k") / "ml-100k", progress=False))
+    root = _shared_dir(tmp_path_factory, worker_id)
+    out = root / "ml100k" / "ml-100k"
+    with (root / "ml100k.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "manifest.json").is_file():
+            run(PrepConfig(out=out, progress=False))
+    return out
 
 
 @pytest.fixture
