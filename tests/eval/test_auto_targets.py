@@ -29,9 +29,10 @@ def _regret(
     matrix: CandidateMatrix, resolve, trials: int, seed: int, gamma: float
 ) -> list[tuple[float, str, str, float]]:
     """(ε, auto's choice, the oracle, auto's expected MSE ÷ the oracle's) on ``matrix``'s users,
-    with random stopping's γ as the table used (the data's paper γ)."""
+    with random stopping's γ as the table used (the data's paper γ). In this process: per-user streams
+    make the MSEs the same with any number of workers, and a pool's start costs more than it saves here."""
     spec = PolicySpec(epsilons=EVALUATION_EPSILONS, ks=(1,), trials=trials, seed=seed, params={"gamma": gamma})
-    inner, mse, _ = population_mse(matrix, spec, LocalEngine(2, progress=False))
+    inner, mse, _ = population_mse(matrix, spec, LocalEngine(1, progress=False))
     names = spec.mechanisms
     rows = []
     for ei, eps in enumerate(inner):
@@ -58,8 +59,9 @@ def test_ml100k_auto_is_within_5_percent_of_the_oracle_at_every_epsilon(ml100k: 
     # What the issue measured: at ε = 8 the sign rule's mgem was 3.7× worse than krr; auto picks krr.
     assert [c for e, c, *_ in rows if e >= 8] == ["krr", "krr"]
     assert [c for e, c, *_ in rows if e <= 4] == ["mgem"] * 9
-    # `recsvc eval` as the demo runs it (Monte Carlo, 50 trials): the reported regret meets it too.
-    res = run(EvalConfig(artifacts=ml100k, workers=2, progress=False))
+    # `recsvc eval` as the demo runs it (Monte Carlo, 50 trials): the reported regret meets it too. One
+    # worker: results do not depend on the workers (test_same_seed_identical_across_chunking_processes_and_dask).
+    res = run(EvalConfig(artifacts=ml100k, workers=1, progress=False))
     worst = res.auto["regret_ratio"].max()
     assert isinstance(worst, float) and worst <= TARGET, res.auto
 
