@@ -228,3 +228,16 @@ def test_the_fingerprint_holds_determined_bytes_and_floats_to_their_tolerance(tm
     assert after({"x.npy": nudged}) and after({"x.npy": swapped})
     assert after({"i.npy": ints + (ints == 4)})
     assert after({"r.csv": "a,b\n0.126,7\n"}) and after({"r.csv": "a,b\n0.123,8\n"})
+
+
+def test_numba_kernels_keep_ieee_semantics() -> None:
+    """scripts/other_cpu.sh leaves numba's target CPU alone because no kernel lets LLVM reassociate
+    or contract floats: fastmath (and parallel reductions, whose order depends on the threads) would
+    make a kernel's bits depend on the CPU."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [p for part in ("recsvc", "data_prep", "eval") for p in (root / part).rglob("*.py")]
+    assert len(sources) > 50
+    loose = [
+        str(p.relative_to(root)) for p in sources if re.search(r"fastmath|parallel\s*=\s*True|prange", p.read_text())
+    ]
+    assert loose == []
