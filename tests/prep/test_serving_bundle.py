@@ -11,8 +11,9 @@ import pytest
 
 from data_prep.pipeline import run
 from data_prep.testing import ml20m_prep, ratings_table, write_ml20m
+from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import ArtifactError, load_artifact, write_serving_bundle
-from recsvc.service.testing import client_of, run_recsvc, served
+from recsvc.service.testing import client_of, served
 
 # Manifest fields that vary between two runs on the same public data (wall times) or describe the
 # whole split's sizes, or name the input file; every other byte of the bundle must be the same.
@@ -106,24 +107,24 @@ def test_serve_starts_from_the_bundle_alone(artifacts: tuple[Path, Path], tmp_pa
 
 
 def test_cli_writes_the_bundle_and_refuses_bad_input_writing_nothing(
-    artifacts: tuple[Path, Path], tmp_path: Path
+    artifacts: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "bundle"
-    done = run_recsvc("serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(out))
-    assert done.returncode == 0, done.stderr
-    assert f"serving bundle: {out} (17 files: client/embedding.npy" in done.stdout
-    again = run_recsvc("serving-bundle", "--artifacts", str(out), "--out", str(tmp_path / "x"))
-    assert again.returncode == 2 and "already a serving bundle; expected a full artifact" in again.stderr
+    assert recsvc_main(["serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(out)]) == 0
+    assert f"serving bundle: {out} (17 files: client/embedding.npy" in capsys.readouterr().out
+    assert recsvc_main(["serving-bundle", "--artifacts", str(out), "--out", str(tmp_path / "x")]) == 2
+    assert "already a serving bundle; expected a full artifact" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
-    inside = run_recsvc("serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(artifacts[0] / "b"))
-    assert inside.returncode == 2 and "is inside the --artifacts directory" in inside.stderr
-    exists = run_recsvc("serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(out))
-    assert exists.returncode == 2 and "--force" in exists.stderr
+    assert recsvc_main(["serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(artifacts[0] / "b")]) == 2
+    assert "is inside the --artifacts directory" in capsys.readouterr().err
+    assert recsvc_main(["serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
 
 
-def test_eval_refuses_a_serving_bundle_clearly(artifacts: tuple[Path, Path], tmp_path: Path) -> None:
+def test_eval_refuses_a_serving_bundle_clearly(
+    artifacts: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bundle = write_serving_bundle(artifacts[0], tmp_path / "b")
-    done = run_recsvc("eval", "--artifacts", str(bundle), "--out", str(tmp_path / "r"), "--trials", "2")
-    assert done.returncode != 0
-    assert "is a serving bundle: it holds no candidates.parquet" in done.stderr
+    assert recsvc_main(["eval", "--artifacts", str(bundle), "--out", str(tmp_path / "r"), "--trials", "2"]) != 0
+    assert "is a serving bundle: it holds no candidates.parquet" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
