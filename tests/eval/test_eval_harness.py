@@ -6,6 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from eval import plots
 from eval.config import EvalConfig, mechanism_params, param_values
 from eval.outputs import summary
 from eval.run import run
@@ -24,7 +25,14 @@ def toy(tmp_path_factory):
     return make_artifact(tmp_path_factory.mktemp("art") / "toy", users=12, n=20)
 
 
-def test_same_seed_identical_across_chunking_processes_and_dask(toy, tmp_path):
+def _no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs write no PNGs: rendering them is most of a small run's CPU, and the tests that call this
+    compare tables or measure the evaluation. test_outputs_report_and_cli checks the figures."""
+    monkeypatch.setattr(plots, "write_all", lambda result, out: [])
+
+
+def test_same_seed_identical_across_chunking_processes_and_dask(toy, tmp_path, monkeypatch):
+    _no_figures(monkeypatch)  # figures are not bit-reproducible across machines; the tables are compared
     base = dict(artifacts=toy, mechanisms=MECHS, epsilons=(0.1, 1.0), trials=20, seed=7, progress=False)
     outs = {}
     for tag, kw in {
@@ -291,7 +299,8 @@ def test_bad_input_fails_before_any_work(argv, match, toy, tmp_path, one_line_er
     assert not out.exists() and not list(tmp_path.glob(".results*"))
 
 
-def test_memory_is_bounded_by_the_chunk_not_the_users(tmp_path):
+def test_memory_is_bounded_by_the_chunk_not_the_users(tmp_path, monkeypatch):
+    _no_figures(monkeypatch)  # the figures draw a bounded sample of users; the evaluation is measured
     art = make_artifact(tmp_path / "big", users=2400, items=60, n=40, short_users=0)
     peaks = []
     for users in (600, 2400):
