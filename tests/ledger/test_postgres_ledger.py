@@ -116,7 +116,9 @@ def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path, capsys: py
     assert "needs --fingerprint-key" in nokey, nokey
 
 
-def test_a_version_1_database_migrates_to_the_current_version(pg_cluster, tmp_path: Path) -> None:
+def test_a_version_1_database_migrates_to_the_current_version(
+    pg_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A database as version 1 left it (schema, settings, charges with SelectResponse answers) gets the
     window column, the lifetime window setting and each charge's mechanism from its stored answer."""
     url = pg_cluster.new_database()
@@ -141,8 +143,10 @@ def test_a_version_1_database_migrates_to_the_current_version(pg_cluster, tmp_pa
         conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
     with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 3; run `recsvc ledger migrate"):
         PostgresLedger(url, 1.0, key)
-    mig = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert mig.returncode == 0 and "schema version 1 -> 3" in mig.stdout, mig.stderr
+    capsys.readouterr()
+    assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
+    mig = capsys.readouterr()
+    assert "schema version 1 -> 3" in mig.out, mig.err
     with psycopg.connect(url, autocommit=True) as conn:
         counts: dict[str, int] = dict(
             conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall()
@@ -157,8 +161,9 @@ def test_a_version_1_database_migrates_to_the_current_version(pg_cluster, tmp_pa
     led = PostgresLedger(url, 1.0, key)
     assert (led.user("u0").spent_units, led.user("u0").requests, led.user("u0").window_end) == (86 * 10**9, 86, 0)
     led.close()
-    again = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert again.returncode == 0 and "schema version 3 -> 3" in again.stdout, again.stderr
+    assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
+    again = capsys.readouterr()
+    assert "schema version 3 -> 3" in again.out, again.err
 
 
 def test_charges_that_queue_behind_a_locked_row_commit_together(pg_cluster, tmp_path: Path) -> None:
