@@ -1,5 +1,5 @@
 """The multi-selection device in Python (docs/reference/client-bundle.md): a history's clipped
-embedding, its noisy signal, and the local re-rank of the server's k items with the true SANSA
+embedding, its exactly ε-DP lattice signal (integers), and the local re-rank of the server's k items with the true SANSA
 scores. Everything here runs on the user's side; nothing of it is sent but the signal.
 """
 
@@ -18,12 +18,13 @@ import numpy.typing as npt
 
 from recsvc.checks import ParamError
 from recsvc.model import Model
-from recsvc.multiselection import check_radius, clip_l1, device_signal, embed, local_choice
+from recsvc.multiselection import Lattice, Words, check_radius, clip_l1, embed, local_choice
 
 if TYPE_CHECKING:
     from recsvc.artifact import ClientBundle
 
 Floats = npt.NDArray[np.float64]
+Ints = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True, eq=False)  # array fields: == would be ambiguous
@@ -62,6 +63,11 @@ class Device:
     def dim(self) -> int:
         return int(self.factors.shape[1])
 
+    @property
+    def lattice(self) -> Lattice:
+        """The bundle's grid: step g = R/4096 and integer L1 radius K (the wire's grid_step)."""
+        return Lattice.of(self.radius, self.dim)
+
     def rows(self, history: Iterable[str]) -> npt.NDArray[np.int64]:
         """The distinct rows of the history's items, ascending; ids not in the bundle are skipped."""
         index = self.model.index
@@ -72,10 +78,12 @@ class Device:
         """The history's embedding, clipped to the L1 ball of radius R."""
         return clip_l1(embed(self.rows(history), self.factors), self.radius)
 
-    def signal(self, history: Iterable[str], epsilon: float, rng: np.random.Generator) -> Floats:
-        """What the device sends: the clipped embedding plus Laplace(2R/ε) per coordinate. Pass a
-        CSPRNG (:func:`recsvc.rng.csprng`)."""
-        return device_signal(embed(self.rows(history), self.factors), epsilon, self.radius, rng)
+    def signal(self, history: Iterable[str], epsilon: float, rng: np.random.Generator | Words) -> Ints:
+        """What the device sends: the clipped embedding's lattice point plus exact discrete Laplace
+        noise, integers (:meth:`recsvc.multiselection.Lattice.signal`). Pass a CSPRNG
+        (:func:`recsvc.rng.csprng`), or fixed ``Words`` to reproduce a test vector."""
+        words = rng if isinstance(rng, Words) else Words(rng)
+        return self.lattice.signal(self.embedding(history), epsilon, words)
 
     def scores(self, history: Iterable[str], item_ids: Sequence[str]) -> Floats:
         """The true SANSA scores of ``item_ids`` for the history (x W1 W2), −∞ for history items."""
@@ -109,7 +117,7 @@ class SignalMemory:
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._sent: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Floats]] = OrderedDict()
+        self._sent: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Ints]] = OrderedDict()
         self._lock = threading.Lock()
 
     def signal(
@@ -121,7 +129,7 @@ class SignalMemory:
         epsilon: float,
         k: int,
         rng: np.random.Generator,
-    ) -> Floats:
+    ) -> Ints:
         """The signal of this request: the one sent before under (user_id, request_id), else a
         fresh :meth:`Device.signal`, remembered."""
         inputs = (device.version, tuple(device.rows(history).tolist()), float(epsilon), int(k))

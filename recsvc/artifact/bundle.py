@@ -23,11 +23,11 @@ import scipy.sparse as sp
 from recsvc.artifact.format import ArtifactError, sha256_file
 from recsvc.checks import ParamError
 from recsvc.model import Model
-from recsvc.multiselection import Population, check_radius, embedding_version
+from recsvc.multiselection import Lattice, Population, check_radius, embedding_version
 
 BUNDLE_MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "recsvc-client-bundle"
-BUNDLE_FORMAT_VERSION = 1
+BUNDLE_FORMAT_VERSION = 2  # 2: the lattice grid (grid_step, lattice_radius) and its embedding_version
 ITEM_IDS = "item_ids.json"
 EMBEDDING = "embedding.npy"
 CSR_PARTS: dict[str, np.dtype[Any]] = {"indptr": np.dtype("<i8"), "indices": np.dtype("<i4"), "data": np.dtype("<f8")}
@@ -40,7 +40,7 @@ POP_TOP_SCORE = "top_score.npy"
 @dataclass(frozen=True)
 class ClientBundle:
     """What a device needs (docs/reference/client-bundle.md): item ids in row order, the embedding
-    E (n × d), SANSA's W1 and W2, and the embedding's version, d and R."""
+    E (n × d), SANSA's W1 and W2, and the embedding's version, d, R and lattice grid."""
 
     item_ids: np.ndarray  # (n,) str
     embedding: np.ndarray  # (n, d) float64
@@ -49,6 +49,11 @@ class ClientBundle:
     version: str
     dim: int
     radius: float
+
+    @property
+    def lattice(self) -> Lattice:
+        """The grid the device's signal lives on (step g = R/4096, integer L1 radius K)."""
+        return Lattice.of(self.radius, self.dim)
 
     @cached_property
     def model(self) -> Model:
@@ -94,6 +99,8 @@ def write_client_bundle(
         "embedding_version": version,
         "dim": int(e.shape[1]),
         "radius": r,
+        "grid_step": Lattice.of(r, int(e.shape[1])).step,
+        "lattice_radius": Lattice.of(r, int(e.shape[1])).radius,
         "num_items": len(ids),
         "files": files,
     }
@@ -125,9 +132,16 @@ def _manifest(directory: Path) -> dict[str, Any]:
         "embedding_version": str,
         "dim": int,
         "radius": (int, float),
+        "grid_step": (int, float),
+        "lattice_radius": int,
         "num_items": int,
         "files": dict,
     }
+    if isinstance(data, dict) and data.get("format") == BUNDLE_FORMAT and data.get("format_version") == 1:
+        raise ArtifactError(
+            f"{path}: client bundle format_version 1 (a float signal) is not served; expected version "
+            f"{BUNDLE_FORMAT_VERSION} (the lattice signal): rebuild the artifact with `recsvc prep`"
+        )
     for key, kind in expected.items():
         if not isinstance(data, dict) or not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
             raise ArtifactError(f"{path}: field {key!r} is missing or not a {kind}; expected the bundle's manifest")
@@ -185,9 +199,15 @@ def read_client_bundle(directory: str | Path) -> ClientBundle:
         r = check_radius(m["radius"])
     except ParamError as exc:
         raise ArtifactError(f"{directory / BUNDLE_MANIFEST}: {exc}") from None
+    grid = Lattice.of(r, d)
+    if (m["grid_step"], m["lattice_radius"]) != (grid.step, grid.radius):
+        raise ArtifactError(
+            f"{directory / BUNDLE_MANIFEST}: grid_step {m['grid_step']!r} and lattice_radius {m['lattice_radius']} "
+            f"are not the grid of R and d; expected {grid.step!r} and {grid.radius} (R/4096 and 4096 + d//2)"
+        )
     if embedding_version(e, r) != m["embedding_version"]:
         raise ArtifactError(
-            f"{directory / EMBEDDING}: the embedding and radius do not hash to the manifest's embedding_version; "
+            f"{directory / EMBEDDING}: the embedding, radius and grid do not hash to the manifest's embedding_version; "
             "expected the bundle as `recsvc prep` wrote it"
         )
     w1 = _csr(directory, "w1", n, None)

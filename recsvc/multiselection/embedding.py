@@ -13,8 +13,6 @@ exp(ε·‖e − e'‖₁ / 2R) ≤ e^ε, which is also the geographic form, ε/
 
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 import numpy.typing as npt
 
@@ -39,7 +37,9 @@ def embed(rows: npt.ArrayLike, factors: Floats) -> Floats:
     r = np.unique(np.asarray(rows, dtype=np.int64))
     if r.size == 0:
         return np.zeros(factors.shape[1], dtype=np.float64)
-    return np.asarray(factors[r].sum(axis=0) / np.sqrt(r.size), dtype=np.float64)
+    # Sums in row order, one float64 addition at a time (cumsum is sequential): the spec's order, so
+    # a device in another language rounds to the same lattice point.
+    return np.asarray(np.cumsum(factors[r], axis=0)[-1] / np.sqrt(r.size), dtype=np.float64)
 
 
 def clip_l1(embedding: npt.ArrayLike, radius: float) -> Floats:
@@ -47,7 +47,9 @@ def clip_l1(embedding: npt.ArrayLike, radius: float) -> Floats:
     a 2-D array of embeddings."""
     e = np.asarray(embedding, dtype=np.float64)
     r = check_radius(radius)
-    norm = np.abs(e).sum(axis=-1, keepdims=True)
+    norm = (
+        np.cumsum(np.abs(e), axis=-1)[..., -1:] if e.shape[-1] else np.zeros((*e.shape[:-1], 1))
+    )  # sequential, as embed
     return np.asarray(e * np.minimum(1.0, r / np.maximum(norm, np.finfo(np.float64).tiny)), dtype=np.float64)
 
 
@@ -62,12 +64,3 @@ def device_signal(embedding: npt.ArrayLike, epsilon: float, radius: float, rng: 
     pass a CSPRNG (:func:`recsvc.rng.csprng`) whenever the signal leaves the device."""
     clipped = clip_l1(embedding, radius)
     return np.asarray(clipped + noise_scale(epsilon, radius) * laplace_noise(clipped.shape, rng), dtype=np.float64)
-
-
-def embedding_version(factors: npt.ArrayLike, radius: float) -> str:
-    """The embedding's public version: sha256 (hex) of E's float64 little-endian bytes in C order
-    followed by R as one float64 little-endian. A signal is only meaningful for the (E, R) it was
-    made with, so the server refuses any other version."""
-    e = np.ascontiguousarray(np.asarray(factors, dtype="<f8"))
-    r = np.asarray([check_radius(radius)], dtype="<f8")
-    return hashlib.sha256(e.tobytes() + r.tobytes()).hexdigest()

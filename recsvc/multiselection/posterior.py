@@ -114,7 +114,12 @@ def log_likelihood(signal: npt.ArrayLike, embeddings: Floats, epsilon: float, ra
 def posterior_weights(signal: npt.ArrayLike, embeddings: Floats, epsilon: float, radius: float) -> Floats:
     """Normalised posterior weights (sum 1) of the population given the signal, with the weights
     below WEIGHT_FLOOR of the largest set to 0 (module docstring)."""
-    ll = log_likelihood(signal, embeddings, epsilon, radius)
+    return weights_from_log_likelihood(log_likelihood(signal, embeddings, epsilon, radius))
+
+
+def weights_from_log_likelihood(ll: Floats) -> Floats:
+    """Normalised weights (sum 1) from log-likelihoods under a uniform prior, those below
+    WEIGHT_FLOOR of the largest set to 0."""
     rel = ll - ll.max()
     w = np.where(rel >= np.log(WEIGHT_FLOOR), np.exp(rel), 0.0)
     return np.asarray(w / w.sum(), dtype=np.float64)

@@ -249,8 +249,8 @@ class Client:
         request_id: str | None = None,
         rng: np.random.Generator | None = None,
     ) -> pb.MultiSelectRequest:
-        """The MultiSelectRequest the device sends: the noisy embedding of ``history`` and nothing
-        else derived from it; for a request_id this client sent before, the same signal
+        """The MultiSelectRequest the device sends: the lattice signal of ``history`` (integers) and
+        the grid step, nothing else derived from it; for a request_id this client sent before, the same signal
         (:class:`~recsvc.device.SignalMemory`). ``rng``: this thread's CSPRNG unless given."""
         eps = check_epsilon(epsilon, error=ParamError)
         k = check_int("k", k, 1)
@@ -260,7 +260,8 @@ class Client:
         return pb.MultiSelectRequest(
             user_id=user_id,
             request_id=rid,
-            signal=signal.tolist(),
+            lattice_signal=signal.tolist(),
+            grid_step=device.lattice.step,
             embedding_version=device.version,
             k=k,
             epsilon=eps,

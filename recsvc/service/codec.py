@@ -290,7 +290,9 @@ def multiselect_input(req: pb.MultiSelectRequest) -> dict[str, Any]:
     return dict(
         user_id=req.user_id,
         request_id=req.request_id,
-        signal=np.array(req.signal, dtype=np.float64),
+        signal=np.array(req.lattice_signal, dtype=np.int64),
+        float_values=len(req.signal),
+        grid_step=req.grid_step,
         embedding_version=req.embedding_version,
         k=req.k,
         epsilon=req.epsilon,
@@ -379,6 +381,8 @@ def mechanisms_response(
         embedding_version=multi.version if multi is not None else "",
         embedding_dim=multi.dim if multi is not None else 0,
         embedding_radius=multi.radius if multi is not None else 0.0,
+        embedding_grid_step=multi.lattice.step if multi is not None else 0.0,
+        embedding_lattice_radius=multi.lattice.radius if multi is not None else 0,
         max_multiselect_k=multi.max_k if multi is not None else 0,
         default_candidate_mechanism=policy.selection.default_candidate_mechanism,
     )

@@ -1,6 +1,6 @@
 """MultiSelect without the wire format: prepare → execute (docs/concepts/multi-selection.md).
 
-The device sends a noisy embedding of its history, already local ε-DP; the server's k items are a
+The device sends its history's lattice signal (integers, exactly local ε-DP); the server's k items are a
 deterministic function of that signal and public data (:func:`recsvc.multiselection.respond`), so
 answering spends nothing beyond the device's ε. The server cannot check the noise, so it charges
 the ε the device DECLARES to ``user_id`` on the same ledger as Select, under the same protocol
@@ -24,7 +24,7 @@ from recsvc.artifact import Artifact
 from recsvc.checks import check_epsilon
 from recsvc.ledger import Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
-from recsvc.multiselection import respond
+from recsvc.multiselection import SIGNAL_LIMIT, Lattice, respond_lattice
 from recsvc.service.catalog import short
 from recsvc.service.config import Policy
 from recsvc.service.errors import InvalidRequest, Unavailable
@@ -66,6 +66,7 @@ class MultiSelector:
         self.policy = policy
         self.available = artifact.has_client_bundle
         self.version, self.dim, self.radius = "", 0, 0.0
+        self.lattice = Lattice(0.0, 0)
         if not self.available:
             log.info("%s has no client bundle: MultiSelect is unavailable (rebuild with `recsvc prep`)", artifact.path)
             return
@@ -73,6 +74,9 @@ class MultiSelector:
         self.population = artifact.multiselect_population.warm()
         self.item_ids = bundle.item_ids
         self.version, self.dim, self.radius = bundle.version, bundle.dim, bundle.radius
+        self.lattice = bundle.lattice
+        # The prototypes in the device's units, rounded once: the likelihood is then exact integers.
+        self.points = self.lattice.point(self.population.embeddings)
 
     @property
     def max_k(self) -> int:
@@ -84,6 +88,8 @@ class MultiSelector:
         user_id: str,
         request_id: str,
         signal: np.ndarray,
+        float_values: int,
+        grid_step: float,
         embedding_version: str,
         k: int,
         epsilon: float,
@@ -108,20 +114,31 @@ class MultiSelector:
                 f"embedding_version {short(embedding_version)} is not this server's; expected {self.version!r} "
                 "(ListMechanisms.embedding_version): re-download the client bundle"
             )
+        if float_values:
+            raise InvalidRequest(
+                f"the request carries a float signal ({float_values} values), which is not exactly ε-DP; expected "
+                "lattice_signal (integers) and grid_step: update the device and its client bundle"
+            )
+        if grid_step != self.lattice.step:
+            raise InvalidRequest(
+                f"grid_step {grid_step!r} is not this bundle's; expected {self.lattice.step!r} "
+                "(ListMechanisms.embedding_grid_step): re-download the client bundle"
+            )
         if signal.shape != (self.dim,):
             raise InvalidRequest(
-                f"signal has {signal.size} values; expected exactly {self.dim} (embedding_dim, one per coordinate)"
+                f"lattice_signal has {signal.size} values; expected exactly {self.dim} (embedding_dim, one per coordinate)"
             )
-        bad = np.flatnonzero(~np.isfinite(signal))
+        bad = np.flatnonzero((signal > SIGNAL_LIMIT) | (signal < -SIGNAL_LIMIT))  # not abs(): −2**63 overflows it
         if bad.size:
             raise InvalidRequest(
-                f"{bad.size} signal value(s) are NaN or infinite (first: coordinate {int(bad[0])}); expected finite values"
+                f"{bad.size} lattice_signal value(s) are outside ±(2**53 - 1) (first: coordinate {int(bad[0])}); "
+                "expected lattice points within that range"
             )
         return MultiPrepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), float(epsilon), int(k), signal)
 
     def items(self, p: MultiPrepared) -> list[str]:
         """The k items for ``p``'s signal, best expected first."""
-        rows = respond(self.population, p.signal, p.epsilon, self.radius, p.k)
+        rows = respond_lattice(self.population, self.points, p.signal, p.epsilon, self.lattice, p.k)
         return [str(i) for i in self.item_ids[rows].tolist()]
 
     def execute(

@@ -248,7 +248,7 @@ def register(servicer: SelectionServicer, server: Any) -> None:
         ),
         "GetBudget": (servicer.GetBudget, pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
         "ListMechanisms": (servicer.ListMechanisms, pb.ListMechanismsRequest.FromString, pb.ListMechanismsResponse),
-        # A signal is d packed doubles; gRPC's message-size limit bounds it before parsing.
+        # A signal is d packed zigzag varints; gRPC's message-size limit bounds it before parsing.
         "MultiSelect": (servicer.MultiSelect, pb.MultiSelectRequest.FromString, pb.MultiSelectResponse),
     }
     handlers = {

@@ -5,7 +5,8 @@ By default it builds an ml20m-shape-sized artifact (20,720 items, d = 32, a popu
 starts, each in its own process and one after the other, `recsvc serve` on it (durable SQLite
 ledger) and an echo server on the same sync gRPC stack that parses a MultiSelectRequest and
 answers k fixed items. Requests are sent one at a time over loopback, each with a fresh
-request_id and a fresh device signal (clipped embedding + Laplace(2R/ε)): charged to a user (a
+request_id and a fresh device signal (the clipped embedding's lattice point + exact discrete
+Laplace noise, integers): charged to a user (a
 ledger commit each), uncharged (no user_id), and to the echo server. It also times the server's
 steps in-process (posterior weights, greedy, the E·s baseline), and each server's CPU time per
 request (user + system, from outside), which a loaded machine inflates far less than latency.
@@ -82,12 +83,15 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, t
 
 
 def signals(population_embeddings: np.ndarray, radius: float, epsilon: float, count: int, seed: int = 1) -> np.ndarray:
-    """Device signals of population-like users: a population embedding + Laplace(2R/ε) noise."""
-    from recsvc.multiselection import device_signal
+    """Lattice signals of population-like users: a population embedding's lattice point + exact
+    discrete Laplace noise (what a device sends)."""
+    from recsvc.multiselection import Lattice, Words
 
     rng = np.random.default_rng(seed)
+    grid = Lattice.of(radius, population_embeddings.shape[1])
     picks = rng.integers(0, len(population_embeddings), count)
-    return np.stack([device_signal(population_embeddings[i], epsilon, radius, rng) for i in picks])
+    words = Words(rng)
+    return np.stack([grid.signal(population_embeddings[i], epsilon, words) for i in picks])
 
 
 def serve_echo(port: int, k: int) -> None:
@@ -121,7 +125,9 @@ def serve_echo(port: int, k: int) -> None:
     server.wait_for_termination()
 
 
-def measure(port: int, sig: np.ndarray, version: str, k: int, epsilon: float, charged: bool) -> np.ndarray:
+def measure(
+    port: int, sig: np.ndarray, version: str, k: int, epsilon: float, charged: bool, grid_step: float
+) -> np.ndarray:
     """Seconds per MultiSelect call, one at a time, each with a fresh request_id."""
     import grpc
 
@@ -135,7 +141,8 @@ def measure(port: int, sig: np.ndarray, version: str, k: int, epsilon: float, ch
             req = pb.MultiSelectRequest(
                 user_id=f"user{i % 1000}" if charged else "",
                 request_id=uuid.uuid4().hex,
-                signal=s.tolist(),
+                lattice_signal=s.tolist(),
+                grid_step=grid_step,
                 embedding_version=version,
                 k=k,
                 epsilon=epsilon,
@@ -149,19 +156,21 @@ def measure(port: int, sig: np.ndarray, version: str, k: int, epsilon: float, ch
 def steps(artifacts: Path, sig: np.ndarray, k: int, epsilon: float) -> dict[str, float]:
     """In-process medians (ms) of the response's steps, no gRPC and no ledger."""
     from recsvc.artifact import load_artifact
-    from recsvc.multiselection import baseline, greedy, posterior_weights
+    from recsvc.multiselection import Lattice, baseline, greedy, lattice_log_likelihood, weights_from_log_likelihood
 
     art = load_artifact(artifacts)
     pop = art.multiselect_population.warm()
     bundle = art.client_bundle
+    grid = Lattice.of(bundle.radius, bundle.dim)
+    points = grid.point(pop.embeddings)
     times: dict[str, list[float]] = {"posterior": [], "greedy": [], "baseline E·s": []}
     for s in sig:
         t0 = time.perf_counter()
-        w = posterior_weights(s, pop.embeddings, epsilon, bundle.radius)
+        w = weights_from_log_likelihood(lattice_log_likelihood(s, points, epsilon, grid))
         t1 = time.perf_counter()
         greedy(pop, w, k)
         t2 = time.perf_counter()
-        baseline(s, bundle.embedding, k)
+        baseline(s * grid.step, bundle.embedding, k)
         t3 = time.perf_counter()
         times["posterior"].append(t1 - t0)
         times["greedy"].append(t2 - t1)
@@ -203,13 +212,13 @@ def main() -> int:
 
         def row(label: str, pid: int, port: int, charged: bool) -> None:
             cpu0 = tree_cpu_seconds(pid)
-            lat = measure(port, sig, bundle.version, args.k, args.epsilon, charged)
+            lat = measure(port, sig, bundle.version, args.k, args.epsilon, charged, bundle.lattice.step)
             rows.append((label, lat, (tree_cpu_seconds(pid) - cpu0) / len(sig)))
 
         port = free_port()
         proc = launch(serve_command(artifacts, Path(tmp) / "ledger.db", port), "server")
         try:
-            measure(port, sig[:50], bundle.version, args.k, args.epsilon, True)  # warm-up
+            measure(port, sig[:50], bundle.version, args.k, args.epsilon, True, bundle.lattice.step)  # warm-up
             row("MultiSelect, charged", proc.pid, port, True)
             row("MultiSelect, no user_id", proc.pid, port, False)
         finally:
@@ -217,7 +226,7 @@ def main() -> int:
         port = free_port()
         echo = launch([sys.executable, "-m", MODULE, "--serve-echo", str(port), str(args.k)], "echo server", REPO)
         try:
-            measure(port, sig[:50], bundle.version, args.k, args.epsilon, False)
+            measure(port, sig[:50], bundle.version, args.k, args.epsilon, False, bundle.lattice.step)
             row("echo (parse, k fixed items)", echo.pid, port, False)
         finally:
             stop(echo)

@@ -1,5 +1,6 @@
-"""The Python multi-selection device: Client.multiselect embeds the history, adds CSPRNG noise,
-sends ONLY the signal, and re-ranks the server's k items with the true SANSA scores.
+"""The Python multi-selection device: Client.multiselect embeds the history, rounds it to the
+bundle's lattice, adds exact discrete Laplace noise from the CSPRNG, sends ONLY that integer
+signal and the grid step, and re-ranks the server's k items with the true SANSA scores.
 
 The wire test runs a real gRPC server whose MultiSelect handler records the raw request bytes:
 what a server operator could see is exactly what it asserts on."""
@@ -17,14 +18,15 @@ import pytest
 from recsvc.app.cli import main
 from recsvc.checks import ParamError
 from recsvc.device import Device
-from recsvc.multiselection import noise_scale
+from recsvc.multiselection import rate
 from recsvc.service.client import Client
 from recsvc.v1 import selection_pb2 as pb
 
 D, RADIUS = 6, 1.5  # the conftest bundle's d and R
 HISTORY = ["it3", "it17", "it29", "it17", "not-an-item"]  # a duplicate and an unknown id
-# MultiSelectRequest's field numbers: user_id, request_id, signal, embedding_version, k, epsilon.
-ALLOWED_FIELDS = {1, 2, 3, 4, 5, 6}
+# MultiSelectRequest's field numbers: user_id, request_id, embedding_version, k, epsilon,
+# lattice_signal, grid_step (3, the refused float signal, is never sent).
+ALLOWED_FIELDS = {1, 2, 4, 5, 6, 7, 8}
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +112,18 @@ def test_the_device_embeds_the_distinct_known_history_items_and_clips_them(devic
         Device(device.model, device.factors[:-1], RADIUS, "v")
 
 
-def test_the_signal_is_the_clipped_embedding_plus_laplace_2r_over_epsilon(device) -> None:
-    from scipy import stats
-
+def test_the_signal_is_the_lattice_point_plus_discrete_laplace_of_rate_epsilon_over_delta(device) -> None:
     eps = 0.8
-    noise = np.stack([device.signal(HISTORY, eps, np.random.default_rng(s)) for s in range(400)])
-    z = (noise - device.embedding(HISTORY)) / noise_scale(eps, RADIUS)
-    assert stats.kstest(z.ravel(), "laplace").pvalue > 1e-3
-    assert stats.kstest(z.ravel() * 2, "laplace").pvalue < 1e-6  # a wrong scale is caught
+    grid = device.lattice
+    point = grid.point(device.embedding(HISTORY))
+    noise = np.stack([device.signal(HISTORY, eps, np.random.default_rng(s)) for s in range(400)]) - point
+    assert noise.dtype == np.int64
+    s, t = rate(eps, grid.sensitivity)
+    # E|X| of P(x) ∝ q^|x| is 2q/(1 − q²); 2,400 draws hold the mean to about 2 % of it.
+    q = np.exp(-s / t)
+    want = 2 * q / (1 - q * q)
+    assert abs(np.abs(noise).mean() / want - 1) < 0.08
+    assert abs(noise.mean()) < 0.08 * want
 
 
 def test_the_device_keeps_the_best_true_score_and_never_a_history_item(device) -> None:
@@ -143,7 +149,8 @@ def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, b
     assert {f.name for f, _ in req.ListFields()} == {
         "user_id",
         "request_id",
-        "signal",
+        "lattice_signal",
+        "grid_step",
         "embedding_version",
         "k",
         "epsilon",
@@ -154,8 +161,8 @@ def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, b
         == device.version
         == json.loads((bundle / "manifest.json").read_text())["embedding_version"]
     )
-    assert len(req.signal) == D and np.all(np.isfinite(req.signal))
-    assert not np.allclose(req.signal, device.embedding(HISTORY))  # noise was added
+    assert len(req.lattice_signal) == D and len(req.signal) == 0 and req.grid_step == RADIUS / 4096
+    assert list(req.lattice_signal) != device.lattice.point(device.embedding(HISTORY)).tolist()  # noise was added
     for item in HISTORY:
         assert item.encode() not in raw
     items = ["it3", "it8", "it5", "it12"]
@@ -181,7 +188,7 @@ def test_two_requests_draw_independent_signals(device, bundle, capture) -> None:
         c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=str(bundle))  # a directory: loaded once
         assert list(c.devices) == [str(bundle)]
     first, second = (pb.MultiSelectRequest.FromString(b) for b in capture.received[1:])
-    assert list(first.signal) != list(second.signal) and first.request_id != second.request_id
+    assert list(first.lattice_signal) != list(second.lattice_signal) and first.request_id != second.request_id
 
 
 @pytest.mark.parametrize(
@@ -202,7 +209,7 @@ def test_the_noise_comes_from_the_csprng_unless_a_generator_is_given(device) -> 
         fresh = c.multiselect_request("u", HISTORY, 1.0, 2, device)
     finally:
         c.close()
-    assert list(a.signal) == list(b.signal) != list(fresh.signal)
+    assert list(a.lattice_signal) == list(b.lattice_signal) != list(fresh.lattice_signal)
 
 
 def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundle, capture, capsys) -> None:
@@ -215,7 +222,13 @@ def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundl
     assert out["item_ids"] == items and out["item_id"] == items[device.choose(hist, items)]
     assert (out["epsilon_spent"], out["charged"]) == (2.0, True)
     req = pb.MultiSelectRequest.FromString(capture.received[-1])
-    assert (req.user_id, req.request_id, req.k, req.epsilon, len(req.signal)) == ("carol", out["request_id"], 3, 2.0, D)
+    assert (req.user_id, req.request_id, req.k, req.epsilon, len(req.lattice_signal)) == (
+        "carol",
+        out["request_id"],
+        3,
+        2.0,
+        D,
+    )
     assert all(h.encode() not in capture.received[-1] for h in hist)
 
 

@@ -1,7 +1,8 @@
 """MultiSelect through a real server: the k items are the core's response to the signal, the
 declared ε is charged on the same ledger as Select (replays spend nothing, no user_id charges
-nothing), bad input is refused with nothing spent, an artifact without a bundle refuses the RPC,
-and scopes apply as for Select."""
+nothing), bad input is refused with nothing spent (a float signal, a lattice point out of range, a
+grid step that is not the bundle's among it), an artifact without a bundle refuses the RPC, and
+scopes apply as for Select."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import recsvc.service.multiselect as multiselect_module
 from recsvc.artifact import load_artifact
 from recsvc.ledger.export import export
-from recsvc.multiselection import respond
+from recsvc.multiselection import Lattice, respond_lattice
 from recsvc.service.client import Client
 from recsvc.service.testing import BUNDLE_DIM, BUNDLE_RADIUS, candidates, client_of, make_artifact, rpc_error, served
 from recsvc.v1 import selection_pb2 as pb
@@ -37,11 +38,22 @@ def version(artifact: Path) -> str:
     return load_artifact(artifact).client_bundle.version
 
 
-def _signal(seed: int = 0) -> list[float]:
-    return np.random.default_rng(seed).laplace(0.0, 0.5, BUNDLE_DIM).tolist()
+GRID = Lattice.of(BUNDLE_RADIUS, BUNDLE_DIM)
 
 
-def _call(c: Client, **fields: Any) -> pb.MultiSelectResponse:
+def _signal(seed: int = 0) -> list[int]:
+    """A lattice signal: integers about the size a device's are (the grid has 4096 steps per R)."""
+    return np.random.default_rng(seed).integers(-6000, 6000, BUNDLE_DIM).tolist()
+
+
+def _call(c: Client, **fields: Any) -> pb.MultiSelectRequest:
+    """MultiSelect with ``fields``; ``signal`` is the lattice signal and the grid step is the
+    bundle's unless given (``float_signal`` sets the refused float field)."""
+    fields.setdefault("grid_step", GRID.step)
+    if "signal" in fields:
+        fields["lattice_signal"] = fields.pop("signal")
+    if "float_signal" in fields:
+        fields["signal"] = fields.pop("float_signal")
     return c.stub.MultiSelect(pb.MultiSelectRequest(**fields), metadata=c.metadata, timeout=10)
 
 
@@ -49,6 +61,7 @@ def test_list_mechanisms_reports_the_embedding_and_the_largest_k(client: Client,
     info = client.mechanisms()
     assert info.embedding_version == version and len(version) == 64
     assert (info.embedding_dim, info.embedding_radius, info.max_multiselect_k) == (BUNDLE_DIM, BUNDLE_RADIUS, 5)
+    assert (info.embedding_grid_step, info.embedding_lattice_radius) == (BUNDLE_RADIUS / 4096, 4096 + BUNDLE_DIM // 2)
 
 
 def test_the_answer_is_the_core_response_and_the_declared_epsilon_is_charged(
@@ -57,7 +70,8 @@ def test_the_answer_is_the_core_response_and_the_declared_epsilon_is_charged(
     art = load_artifact(artifact)
     s = _signal(1)
     r = _call(client, user_id="ann", request_id="r1", signal=s, embedding_version=version, k=4, epsilon=0.75)
-    rows = respond(art.multiselect_population, np.array(s), 0.75, BUNDLE_RADIUS, 4)
+    pop = art.multiselect_population
+    rows = respond_lattice(pop, GRID.point(pop.embeddings), np.array(s), 0.75, GRID, 4)
     assert list(r.item_ids) == art.client_bundle.item_ids[rows].tolist() and len(set(r.item_ids)) == 4
     assert (r.charged, r.replayed, r.epsilon_spent, r.budget_remaining, r.request_id) == (True, False, 0.75, 2.25, "r1")
     b = client.budget("ann")
@@ -74,13 +88,13 @@ def test_a_retry_returns_the_stored_items_computes_nothing_and_spends_nothing(
     req = dict(user_id="bea", request_id="same", signal=_signal(2), embedding_version=version, k=3, epsilon=1.0)
     first = _call(client, **req)
     calls: list[int] = []
-    real = multiselect_module.respond
+    real = multiselect_module.respond_lattice
 
     def counted(*a: Any, **k: Any) -> Any:
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(multiselect_module, "respond", counted)
+    monkeypatch.setattr(multiselect_module, "respond_lattice", counted)
     again = _call(client, **req)
     assert calls == [] and again.replayed and again.charged
     assert (list(again.item_ids), again.epsilon_spent, again.budget_remaining) == (
@@ -112,11 +126,27 @@ def test_over_budget_is_refused_with_nothing_spent(client: Client, version: str)
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"signal": [0.1] * (BUNDLE_DIM - 1)}, rf"signal has {BUNDLE_DIM - 1} values; expected exactly {BUNDLE_DIM}"),
-        ({"signal": [0.1] * (BUNDLE_DIM + 1)}, rf"signal has {BUNDLE_DIM + 1} values; expected exactly {BUNDLE_DIM}"),
-        ({"signal": []}, rf"signal has 0 values; expected exactly {BUNDLE_DIM}"),
-        ({"signal": [0.1, float("nan"), 0.2, 0.3]}, r"1 signal value\(s\) are NaN or infinite \(first: coordinate 1\)"),
-        ({"signal": [0.1, 0.2, 0.3, float("-inf")]}, r"NaN or infinite \(first: coordinate 3\)"),
+        (
+            {"signal": [1] * (BUNDLE_DIM - 1)},
+            rf"lattice_signal has {BUNDLE_DIM - 1} values; expected exactly {BUNDLE_DIM}",
+        ),
+        (
+            {"signal": [1] * (BUNDLE_DIM + 1)},
+            rf"lattice_signal has {BUNDLE_DIM + 1} values; expected exactly {BUNDLE_DIM}",
+        ),
+        ({"signal": []}, rf"lattice_signal has 0 values; expected exactly {BUNDLE_DIM}"),
+        (
+            {"signal": [], "float_signal": [0.1] * BUNDLE_DIM},
+            rf"a float signal \({BUNDLE_DIM} values\), which is not exactly ε-DP; expected lattice_signal",
+        ),
+        ({"float_signal": [0.1]}, r"float signal \(1 values\)"),  # refused even beside a lattice signal
+        (
+            {"signal": [0, 2**53, 0, 0]},
+            r"1 lattice_signal value\(s\) are outside ±\(2\*\*53 - 1\) \(first: coordinate 1\)",
+        ),
+        ({"signal": [0, 0, 0, -(2**63)]}, r"outside ±\(2\*\*53 - 1\) \(first: coordinate 3\)"),
+        ({"grid_step": 1 / 1024}, r"grid_step 0\.0009765625 is not this bundle's; expected 0\.000244140625"),
+        ({"grid_step": 0.0}, r"grid_step 0\.0 is not this bundle's"),
         ({"k": 0}, r"k=0 is out of range; expected 1 <= k <= 5"),
         ({"k": 6}, r"k=6 is out of range; expected 1 <= k <= 5"),
         ({"embedding_version": "v0"}, r"embedding_version 'v0' is not this server's; expected '[0-9a-f]{64}'"),
@@ -183,27 +213,37 @@ def test_scopes_apply_as_for_select(artifact: Path, tmp_path: Path, version: str
 
 
 def test_no_log_line_carries_the_signal(client: Client, version: str, caplog: pytest.LogCaptureFixture) -> None:
-    s = [0.123456789, -0.987654321, 0.555555555, -0.444444444]
+    s = [123456789, -987654321, 555555555, -444444444]
     with caplog.at_level(logging.DEBUG):
         _call(client, user_id="fay", request_id="log", signal=s, embedding_version=version, k=2, epsilon=0.5)
-        rpc_error(_call, client, user_id="fay", signal=[*s, 1.0], embedding_version=version, k=2, epsilon=0.5)
+        rpc_error(_call, client, user_id="fay", signal=[*s, 1], embedding_version=version, k=2, epsilon=0.5)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "MultiSelect" in text  # the observer's debug lines were captured
-    assert not any(f"{v:.6f}"[:7] in text for v in s)
+    assert not any(str(abs(v))[:7] in text for v in s)
 
 
 def test_prep_to_serve_on_ml100k(ml100k: Path, tmp_path: Path) -> None:
     """A real artifact: a test user's device signal gets k distinct catalog items, the core's answer."""
-    from recsvc.multiselection import device_signal, embed
+    from recsvc.device import Device
 
     art = load_artifact(ml100k)
     bundle = art.client_bundle
-    rows = [bundle.index[i] for i in ("50", "172", "181", "98") if i in bundle.index]
-    s = device_signal(embed(rows, bundle.embedding), 2.0, bundle.radius, np.random.default_rng(0))
+    s = Device.of(bundle).signal(["50", "172", "181", "98"], 2.0, np.random.default_rng(0))
     with served(ml100k, tmp_path / "l.db") as h, client_of(h) as c:
         info = c.mechanisms()
         assert (info.embedding_dim, info.embedding_version, info.max_multiselect_k) == (32, bundle.version, 50)
-        r = _call(c, user_id="u", signal=s.tolist(), embedding_version=info.embedding_version, k=10, epsilon=2.0)
-    expected = respond(art.multiselect_population, s, 2.0, bundle.radius, 10)
+        assert info.embedding_grid_step == bundle.lattice.step == bundle.radius / 4096
+        step = bundle.lattice.step
+        r = _call(
+            c,
+            user_id="u",
+            signal=s.tolist(),
+            grid_step=step,
+            embedding_version=info.embedding_version,
+            k=10,
+            epsilon=2.0,
+        )
+    pop = art.multiselect_population
+    expected = respond_lattice(pop, bundle.lattice.point(pop.embeddings), s, 2.0, bundle.lattice, 10)
     assert list(r.item_ids) == bundle.item_ids[expected].tolist() and len(set(r.item_ids)) == 10
     assert r.charged and r.epsilon_spent == 2.0

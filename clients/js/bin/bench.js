@@ -3,7 +3,7 @@
 // `node bin/bench.js BUNDLE_DIR ROUNDS CALLS HISTORY K`; prints {medians: {row: [median seconds
 // per round]}, p99: {row: seconds over every call}}.
 
-import { laplaceNoise, loadBundle, localChoice, scores, signal } from '../src/device.js';
+import { latticeSignal, loadBundle, localChoice, scores, signal, wordStream } from '../src/device.js';
 
 const [dir, rounds, calls, historySize, k] = [process.argv[2], ...process.argv.slice(3, 7).map(Number)];
 const bundle = loadBundle(dir);
@@ -12,7 +12,7 @@ const pick = (size) => Array.from({ length: size }, () => bundle.itemIds[Math.fl
 const histories = Array.from({ length: calls }, () => pick(historySize));
 const answers = Array.from({ length: calls }, () => pick(k));
 const steps = {
-  noise: () => laplaceNoise(bundle.dim),
+  noise: () => latticeSignal(new Float64Array(bundle.dim), 1, bundle.gridStep, bundle.latticeRadius, wordStream()),
   signal: (i) => signal(bundle, histories[i], 1),
   rerank: (i) => localChoice(scores(bundle, histories[i], answers[i])),
   device: (i) => [signal(bundle, histories[i], 1), localChoice(scores(bundle, histories[i], answers[i]))],

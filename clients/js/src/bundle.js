@@ -8,7 +8,8 @@ import { join } from 'node:path';
 import { parseNpy } from './npy.js';
 
 const FORMAT = 'recsvc-client-bundle';
-const FORMAT_VERSION = 1;
+const FORMAT_VERSION = 2;
+const GRID_STEPS = 4096; // grid steps per clip radius R (docs/reference/client-bundle.md)
 const FILES = ['item_ids.json', 'embedding.npy', 'w1_indptr.npy', 'w1_indices.npy', 'w1_data.npy',
   'w2_indptr.npy', 'w2_indices.npy', 'w2_data.npy'];
 
@@ -67,6 +68,9 @@ export function loadBundle(dir) {
   } catch (err) {
     throw bad(dir, `cannot read manifest.json (${err.code ?? err.message}); expected a recsvc client bundle directory`);
   }
+  if (manifest.format === FORMAT && manifest.format_version === 1) {
+    throw bad(dir, `manifest.json is format_version 1 (a float signal), which servers refuse; expected version ${FORMAT_VERSION} (the lattice signal): rebuild the artifact with \`recsvc prep\``);
+  }
   if (manifest.format !== FORMAT || manifest.format_version !== FORMAT_VERSION) {
     throw bad(dir, `manifest.json is format ${manifest.format} version ${manifest.format_version}; expected ${FORMAT} version ${FORMAT_VERSION}`);
   }
@@ -79,11 +83,20 @@ export function loadBundle(dir) {
     throw bad(dir, `embedding.npy has shape (${emb.shape.join(', ')}) and item_ids.json ${n} ids; expected (${manifest.num_items}, ${d})`);
   }
   if (!(Number.isFinite(manifest.radius) && manifest.radius > 0)) throw bad(dir, `radius ${manifest.radius}; expected a positive number`);
-  // The version is sha256 of E's float64 little-endian bytes, then R as one float64 little-endian.
-  const radius = new Float64Array([manifest.radius]);
-  const version = createHash('sha256').update(new Uint8Array(emb.data.buffer)).update(new Uint8Array(radius.buffer)).digest('hex');
+  const gridStep = manifest.radius / GRID_STEPS;
+  const latticeRadius = GRID_STEPS + Math.floor(d / 2);
+  if (manifest.grid_step !== gridStep || manifest.lattice_radius !== latticeRadius) {
+    throw bad(dir, `grid_step ${manifest.grid_step} and lattice_radius ${manifest.lattice_radius}; expected ${gridStep} and ${latticeRadius} (R/4096 and 4096 + floor(d/2))`);
+  }
+  // The version is sha256 of E's float64 little-endian bytes, then R and the grid step as float64
+  // little-endian and the lattice radius as int64 little-endian.
+  const tail = new DataView(new ArrayBuffer(24));
+  tail.setFloat64(0, manifest.radius, true);
+  tail.setFloat64(8, gridStep, true);
+  tail.setBigInt64(16, BigInt(latticeRadius), true);
+  const version = createHash('sha256').update(new Uint8Array(emb.data.buffer)).update(new Uint8Array(tail.buffer)).digest('hex');
   if (version !== manifest.embedding_version) {
-    throw bad(dir, `embedding.npy and radius hash to ${version}, not the manifest's embedding_version; expected the bundle as \`recsvc prep\` wrote it`);
+    throw bad(dir, `embedding.npy, radius and grid hash to ${version}, not the manifest's embedding_version; expected the bundle as \`recsvc prep\` wrote it`);
   }
   const w1 = csr(dir, manifest, 'w1', n);
   const w2 = csr(dir, manifest, 'w2', null);
@@ -92,6 +105,8 @@ export function loadBundle(dir) {
     version: manifest.embedding_version,
     dim: d,
     radius: manifest.radius,
+    gridStep,
+    latticeRadius,
     itemIds,
     index,
     embedding: emb.data,

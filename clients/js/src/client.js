@@ -46,7 +46,7 @@ function rememberedSignal(client, bundle, userId, requestId, history, epsilon, k
     }
     return before.signal;
   }
-  const s = Array.from(signal(bundle, history, epsilon, randomWords));
+  const s = signal(bundle, history, epsilon, randomWords).map(String); // int64 on the wire, exact as strings
   sent.set(key, { inputs, signal: s });
   if (sent.size > MEMORY) sent.delete(sent.keys().next().value);
   return s;
@@ -69,7 +69,8 @@ export async function multiselect(client, bundle, { userId = '', history, epsilo
   const request = {
     user_id: userId,
     request_id: requestId,
-    signal: rememberedSignal(client, bundle, userId, requestId, hist, epsilon, k, randomWords),
+    lattice_signal: rememberedSignal(client, bundle, userId, requestId, hist, epsilon, k, randomWords),
+    grid_step: bundle.gridStep,
     embedding_version: bundle.version,
     k,
     epsilon,

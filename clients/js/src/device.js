@@ -1,13 +1,11 @@
 // The multi-selection device (docs/reference/client-bundle.md, "What the device computes"):
-// embedding, L1 clip, Laplace noise from the platform CSPRNG, and the local re-rank. Only the
-// signal ever leaves the device.
+// embedding, L1 clip, the lattice point, exact discrete Laplace noise from the platform CSPRNG
+// (BigInt: no floating point after the rounding), and the local re-rank. Only the integer signal
+// ever leaves the device.
 
 import { webcrypto } from 'node:crypto';
 
 export { loadBundle } from './bundle.js';
-
-const TWO_26 = 2 ** 26;
-const TWO_53 = 2 ** 53;
 
 // The distinct bundle rows of a history, ascending; ids not in the bundle are skipped.
 export function historyRows(bundle, history) {
@@ -37,28 +35,142 @@ export function embed(bundle, rows) {
 export function clipL1(e, radius) {
   let norm = 0;
   for (const x of e) norm += Math.abs(x);
-  const f = Math.min(1, radius / Math.max(norm, Number.MIN_VALUE));
+  const f = Math.min(1, radius / Math.max(norm, 2 ** -1022)); // 2^-1022: the Python reference's floor, bit for bit
   return Float64Array.from(e, (x) => x * f);
 }
 
-// Words m in [0, 2^53) as U = (m + 1)/2^53 in (0, 1], from pairs of 32-bit CSPRNG words: the top
-// 27 bits of one and the top 26 of the other.
-export function uniformsFromWords(words) {
-  const out = new Float64Array(words.length / 2);
-  for (let i = 0; i < out.length; i++) {
-    const m = (words[2 * i] >>> 5) * TWO_26 + (words[2 * i + 1] >>> 6);
-    out[i] = (m + 1) / TWO_53;
-  }
-  return out;
+// round(x) with ties to even, for the lattice coordinates (|x| far below 2^52, so x − floor(x) is exact).
+function roundHalfEven(x) {
+  const f = Math.floor(x);
+  const diff = x - f;
+  if (diff > 0.5) return f + 1;
+  if (diff < 0.5) return f;
+  return f % 2 === 0 ? f : f + 1;
 }
 
-// `count` Laplace(0, 1) variates X − Y, X = −ln U1, Y = −ln U2. `randomWords(n)` returns n
-// uniform 32-bit words; the default is the platform CSPRNG (crypto.getRandomValues).
-export function laplaceNoise(count, randomWords = cryptoWords) {
-  const u = uniformsFromWords(randomWords(4 * count));
-  const out = new Float64Array(count);
-  for (let j = 0; j < count; j++) out[j] = Math.log(u[2 * j + 1]) - Math.log(u[2 * j]);
-  return out;
+// The lattice point of a clipped embedding: round(e_j / g), ties to even, then pulled into the
+// integer L1 ball of radius K: while over, the coordinate of largest magnitude (the first on ties)
+// steps one toward 0. Returns BigInts.
+export function latticePoint(clipped, gridStep, latticeRadius) {
+  const a = Array.from(clipped, (x) => roundHalfEven(x / gridStep));
+  let excess = a.reduce((acc, v) => acc + Math.abs(v), 0) - latticeRadius;
+  while (excess > 0) {
+    let j = 0;
+    for (let i = 1; i < a.length; i++) if (Math.abs(a[i]) > Math.abs(a[j])) j = i;
+    a[j] -= a[j] > 0 ? 1 : -1;
+    excess -= 1;
+  }
+  return a.map(BigInt);
+}
+
+// The exact rational of a finite positive double: [numerator, denominator] as BigInts, in lowest terms.
+function exactRational(x) {
+  const view = new DataView(new ArrayBuffer(8));
+  view.setFloat64(0, x);
+  const bits = view.getBigUint64(0);
+  const exponent = Number((bits >> 52n) & 0x7ffn);
+  let mantissa = bits & ((1n << 52n) - 1n);
+  let power = exponent === 0 ? -1074 : exponent - 1075;
+  if (exponent !== 0) mantissa |= 1n << 52n;
+  while (mantissa % 2n === 0n && power < 0) { mantissa /= 2n; power += 1; }
+  return power >= 0 ? [mantissa << BigInt(power), 1n] : [mantissa, 1n << BigInt(-power)];
+}
+
+function gcd(a, b) {
+  while (b !== 0n) [a, b] = [b, a % b];
+  return a;
+}
+
+// [s, t] in lowest terms with s/t = epsilon / sensitivity exactly (epsilon's exact rational).
+export function rate(epsilon, sensitivity) {
+  const [num, den] = exactRational(epsilon);
+  const t0 = den * BigInt(sensitivity);
+  const g = gcd(num, t0);
+  return [num / g, t0 / g];
+}
+
+// A stream over 32-bit words: `randomWords(n)` returns n words (default: the CSPRNG), drawn 256 at a time.
+export function wordStream(randomWords = cryptoWords) {
+  let buf = new Uint32Array(0);
+  let at = 0;
+  return () => {
+    if (at === buf.length) { buf = randomWords(256); at = 0; }
+    if (at >= buf.length) throw new RangeError('the random words ran out; expected enough words for the draw');
+    return buf[at++];
+  };
+}
+
+// A fixed word sequence (test vectors) as a stream that throws when it runs out.
+export function fixedWords(words) {
+  let at = 0;
+  return () => {
+    if (at >= words.length) throw new RangeError(`the random words ran out after ${words.length}; expected enough words for the draw`);
+    return words[at++];
+  };
+}
+
+// A uniform integer in [0, n): ceil(b/32) words (b the bit length of n − 1), first word most
+// significant, masked to b bits, retried while ≥ n. n = 1 takes no word.
+// `next()` returns a word as a Number; below 2^32 the draw stays in Numbers (exact there).
+export function uniformBelow(n, next) {
+  if (n === 1n) return 0n;
+  if (n <= 4294967296n) {
+    const m = Number(n);
+    const bits = 32 - Math.clz32(m - 1);
+    const mask = bits === 32 ? 0xffffffff : (1 << bits) - 1;
+    for (;;) {
+      const x = (next() & mask) >>> 0;
+      if (x < m) return BigInt(x);
+    }
+  }
+  const b = (n - 1n).toString(2).length;
+  const count = Math.ceil(b / 32);
+  const mask = (1n << BigInt(b)) - 1n;
+  for (;;) {
+    let x = 0n;
+    for (let i = 0; i < count; i++) x = (x << 32n) | BigInt(next());
+    x &= mask;
+    if (x < n) return x;
+  }
+}
+
+// Bernoulli(exp(−num/den)) (Canonne–Kamath–Steinke Algorithm 1).
+export function bernoulliExp(num, den, next) {
+  while (num > den) {
+    if (!bernoulliExp(1n, 1n, next)) return false;
+    num -= den;
+  }
+  let k = 1n;
+  while (uniformBelow(den * k, next) < num) k += 1n;
+  return k % 2n === 1n;
+}
+
+// One draw with P(x) ∝ exp(−|x|·s/t) on the integers (CKS Algorithm 2), a BigInt.
+export function discreteLaplace(s, t, next) {
+  for (;;) {
+    const u = uniformBelow(t, next);
+    if (!bernoulliExp(u, t, next)) continue;
+    let v = 0n;
+    while (bernoulliExp(1n, 1n, next)) v += 1n;
+    const y = (u + t * v) / s;
+    const negative = uniformBelow(2n, next) < 1n;
+    if (negative && y === 0n) continue;
+    return negative ? -y : y;
+  }
+}
+
+export const SIGNAL_LIMIT = (1n << 53n) - 1n;
+
+// The lattice signal of a clipped embedding: its lattice point + discrete Laplace noise with
+// P(x) ∝ exp(−|x|·ε/Δ), Δ = 2K, coordinate 0 first, clamped to ±(2^53 − 1). BigInts.
+export function latticeSignal(clipped, epsilon, gridStep, latticeRadius, next) {
+  if (!(Number.isFinite(epsilon) && epsilon > 0)) throw new RangeError(`epsilon must be a positive finite number, got ${epsilon}`);
+  const a = latticePoint(clipped, gridStep, latticeRadius);
+  const [s, t] = rate(epsilon, 2 * latticeRadius);
+  return a.map((v) => {
+    const z = v + discreteLaplace(s, t, next);
+    return z > SIGNAL_LIMIT ? SIGNAL_LIMIT : z < -SIGNAL_LIMIT ? -SIGNAL_LIMIT : z;
+  });
 }
 
 export function cryptoWords(n) {
@@ -72,13 +184,10 @@ export function embedding(bundle, history) {
   return clipL1(embed(bundle, historyRows(bundle, history)), bundle.radius);
 }
 
-// The signal sent to the server: the clipped embedding + Laplace(2R/ε) per coordinate.
+// The signal sent to the server: the history's lattice signal, BigInts. `randomWords(n)` returns
+// n uniform 32-bit words (default: the platform CSPRNG, crypto.getRandomValues).
 export function signal(bundle, history, epsilon, randomWords = cryptoWords) {
-  if (!(Number.isFinite(epsilon) && epsilon > 0)) throw new RangeError(`epsilon must be a positive finite number, got ${epsilon}`);
-  const e = embedding(bundle, history);
-  const b = (2 * bundle.radius) / epsilon;
-  const z = laplaceNoise(e.length, randomWords);
-  return Float64Array.from(e, (x, j) => x + b * z[j]);
+  return latticeSignal(embedding(bundle, history), epsilon, bundle.gridStep, bundle.latticeRadius, wordStream(randomWords));
 }
 
 // True SANSA scores (x W1 W2) of `itemIds` for the history; −Infinity for history items.

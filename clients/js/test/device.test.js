@@ -1,10 +1,15 @@
-// The device's pure parts: the .npy reader, the 53-bit uniforms, the Laplace noise, the clip and
-// the local choice, on values whose answers are known exactly.
+// The device's pure parts: the .npy reader, the exact sampler, the lattice signal on the shared
+// test vectors (docs/reference/multiselect-vectors.json), the clip and the local choice, on
+// values whose answers are known exactly.
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { clipL1, laplaceNoise, localChoice, uniformsFromWords } from '../src/device.js';
+import { readFileSync } from 'node:fs';
+
+import {
+  bernoulliExp, clipL1, discreteLaplace, fixedWords, latticePoint, latticeSignal, localChoice, rate, uniformBelow, wordStream,
+} from '../src/device.js';
 import { parseNpy } from '../src/npy.js';
 
 function npyBytes(descr, shape, body) {
@@ -35,24 +40,65 @@ test('the npy reader refuses what it cannot read, naming the file', () => {
   assert.throws(() => parseNpy(npyBytes('<f8', [3], new Float64Array([1]))), /8 data bytes for shape \(3\)/);
 });
 
-test('uniforms are (m + 1)/2^53 from 27 + 26 bits of two words, never 0', () => {
-  const u = uniformsFromWords(new Uint32Array([0, 0, 0xffffffff, 0xffffffff, 0x80000000, 0]));
-  assert.deepEqual(Array.from(u), [2 ** -53, 1, 0.5 + 2 ** -53]);
+const VECTORS = JSON.parse(readFileSync(new URL('../../../docs/reference/multiselect-vectors.json', import.meta.url), 'utf8'));
+
+// The device's path from the bundle's factors, as src/device.js embed + clipL1 compute it.
+function clippedOf(v) {
+  const d = v.factors[0].length;
+  const e = new Float64Array(d);
+  for (const r of [...new Set(v.history_rows)].sort((a, b) => a - b)) for (let j = 0; j < d; j++) e[j] += v.factors[r][j];
+  if (v.history_rows.length) for (let j = 0; j < d; j++) e[j] /= Math.sqrt(new Set(v.history_rows).size);
+  return clipL1(e, v.radius);
+}
+
+test('the shared test vectors give the same lattice point and signal, bit for bit, from exactly their words', () => {
+  assert.ok(VECTORS.vectors.length >= 5);
+  for (const v of VECTORS.vectors) {
+    const clipped = clippedOf(v);
+    clipped.forEach((x, j) => assert.ok(Math.abs(x - v.clipped[j]) < 1e-12, `${v.name}: clipped[${j}]`));
+    assert.equal(v.grid_step, v.radius / 4096);
+    assert.deepEqual(latticePoint(clipped, v.grid_step, v.lattice_radius).map(Number), v.point, v.name);
+    const signal = latticeSignal(clipped, v.epsilon, v.grid_step, v.lattice_radius, fixedWords(v.words));
+    assert.deepEqual(signal.map(Number), v.signal, v.name);
+    const fewer = fixedWords(v.words.slice(0, -1));
+    assert.throws(() => latticeSignal(clipped, v.epsilon, v.grid_step, v.lattice_radius, fewer), /ran out/, v.name);
+  }
+  for (const p of VECTORS.pull_in) {
+    const asFloats = Float64Array.from(p.point); // grid step 1: the point is its own rounding
+    assert.deepEqual(latticePoint(asFloats, 1, p.lattice_radius).map(Number), p.pulled);
+  }
 });
 
-test('Laplace noise is -ln U1 + ln U2 from four words per variate', () => {
-  const words = (n) => {
-    assert.equal(n, 8);
-    return new Uint32Array([0, 0, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0, 0]);
-  };
-  const z = laplaceNoise(2, words);
-  assert.ok(Math.abs(z[0] - 53 * Math.log(2)) < 1e-12);
-  assert.ok(Math.abs(z[1] + 53 * Math.log(2)) < 1e-12);
-  const many = laplaceNoise(20000);
-  const mean = many.reduce((a, x) => a + x, 0) / many.length;
-  const absMean = many.reduce((a, x) => a + Math.abs(x), 0) / many.length;
-  assert.ok(Math.abs(mean) < 0.05, `mean ${mean}`); // sd of the mean ≈ 0.01
-  assert.ok(Math.abs(absMean - 1) < 0.04, `E|X| ${absMean}`); // E|X| = 1, sd ≈ 0.007
+test('the rate is epsilon / delta exactly, in lowest terms', () => {
+  assert.deepEqual(rate(1, 8224), [1n, 8224n]);
+  assert.deepEqual(rate(0.5, 8), [1n, 16n]);
+  assert.deepEqual(rate(0.1, 8224), [3602879701896397n, 296300826683959672832n]); // 0.1's double is 3602879701896397/2^55
+  assert.deepEqual(rate(6, 4), [3n, 2n]);
+});
+
+test('uniforms mask the words to the bit length and reject what is too large', () => {
+  assert.equal(uniformBelow(1n, fixedWords([])), 0n); // no word taken
+  assert.equal(uniformBelow(5n, fixedWords([0xfffffff8, 7, 4])), 0n); // 0 after masking to 3 bits
+  assert.equal(uniformBelow(5n, fixedWords([7, 4])), 4n); // 7 ≥ 5 is rejected
+  assert.equal(uniformBelow(2n ** 40n, fixedWords([0xffffff01, 2])), (1n << 32n) + 2n); // two words, the first most significant, masked
+});
+
+test('Bernoulli(exp(-gamma)) and the discrete Laplace follow their laws', () => {
+  const next = wordStream();
+  let hits = 0;
+  const n = 20000;
+  for (let i = 0; i < n; i++) if (bernoulliExp(3n, 2n, next)) hits++;
+  assert.ok(Math.abs(hits / n - Math.exp(-1.5)) < 0.015, `P = ${hits / n}`); // sd ≈ 0.0029
+  const counts = new Map();
+  for (let i = 0; i < n; i++) {
+    const x = Number(discreteLaplace(1n, 2n, next));
+    counts.set(x, (counts.get(x) ?? 0) + 1);
+  }
+  const q = Math.exp(-0.5);
+  for (const x of [-2, -1, 0, 1, 2]) {
+    const p = ((1 - q) / (1 + q)) * q ** Math.abs(x);
+    assert.ok(Math.abs((counts.get(x) ?? 0) / n - p) < 0.015, `P(${x})`);
+  }
 });
 
 test('the clip scales onto the L1 ball and leaves the inside alone', () => {

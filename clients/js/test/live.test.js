@@ -65,6 +65,10 @@ test('bad input is refused with INVALID_ARGUMENT', async () => {
     multiselect(client, bundle, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 0 }),
     (err) => err.code === 3,
   );
+  await assert.rejects(
+    multiselect(client, { ...bundle, gridStep: bundle.gridStep * 2 }, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 2 }),
+    (err) => err.code === 3 && /grid_step .* is not this bundle's/.test(err.details),
+  );
 });
 
 test('a tampered bundle is refused, naming the file', () => {
@@ -77,5 +81,10 @@ test('a tampered bundle is refused, naming the file', () => {
   const manifest = JSON.parse(readFileSync(join(toy.bundle, 'manifest.json'), 'utf8'));
   cpSync(join(toy.bundle, 'embedding.npy'), join(copy, 'embedding.npy'));
   writeFileSync(join(copy, 'manifest.json'), JSON.stringify({ ...manifest, radius: manifest.radius * 2 }));
+  assert.throws(() => loadBundle(copy), /grid_step [0-9.e-]+ and lattice_radius \d+; expected/);
+  const regridded = { ...manifest, radius: manifest.radius * 2, grid_step: manifest.grid_step * 2 };
+  writeFileSync(join(copy, 'manifest.json'), JSON.stringify(regridded));
   assert.throws(() => loadBundle(copy), /not the manifest's embedding_version/);
+  writeFileSync(join(copy, 'manifest.json'), JSON.stringify({ ...manifest, format_version: 1 }));
+  assert.throws(() => loadBundle(copy), /format_version 1 \(a float signal\)/);
 });
