@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import re
 import subprocess
 import sys
@@ -31,20 +32,20 @@ def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_artifact(tmp_path_factory.mktemp("art") / "toy")
 
 
-def _shared_dir(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+def _shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory that every pytest-xdist worker of this run sees (the session's own without xdist)."""
     base = tmp_path_factory.getbasetemp()
-    return base if worker_id == "master" else base.parent
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")
-def ml100k(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+def ml100k(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The real ml-100k artifact (embedded RecBole copy, `recsvc prep` defaults), built once per
     run and shared by every xdist worker: the first to need it builds it under a file lock, the
     others wait for it. The pipeline's end-to-end test and the `auto` targets read it."""
     from data_prep.pipeline import PrepConfig, run
 
-    root = _shared_dir(tmp_path_factory, worker_id)
+    root = _shared_dir(tmp_path_factory)
     out = root / "ml100k" / "ml-100k"
     with (root / "ml100k.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
