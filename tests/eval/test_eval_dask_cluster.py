@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 
 from eval.testing import make_artifact
-from recsvc.service.testing import run_recsvc
+from recsvc.app.cli import main as recsvc_main
 
 ARGS = [
     "--mechanisms",
@@ -28,13 +28,11 @@ ARGS = [
 
 
 def test_eval_on_a_dask_cluster_matches_local(dask_scheduler: str, tmp_path: Path) -> None:
+    """Both runs call the command's main in this process; the cluster's workers are processes of their own."""
     art = make_artifact(tmp_path / "art", users=12, n=20)
-    local = run_recsvc("eval", "--artifacts", str(art), *ARGS, "--workers", "1", "--out", str(tmp_path / "l"))
-    assert local.returncode == 0, local.stderr
-    remote = run_recsvc(
-        "eval", "--artifacts", str(art), *ARGS, "--scheduler", dask_scheduler, "--out", str(tmp_path / "d")
-    )
-    assert remote.returncode == 0, remote.stderr
+    assert recsvc_main(["eval", "--artifacts", str(art), *ARGS, "--workers", "1", "--out", str(tmp_path / "l")]) == 0
+    remote = ["eval", "--artifacts", str(art), *ARGS, "--scheduler", dask_scheduler, "--out", str(tmp_path / "d")]
+    assert recsvc_main(remote) == 0
     for name in ("selections", "users", "mse"):
         ref = pl.read_parquet(tmp_path / "l" / f"{name}.parquet")
         assert ref.height > 0
