@@ -3,10 +3,11 @@ users, without the gRPC service (the same core functions, vectorised per user).
 
 For each test user, each ε and each of ``trials`` repetitions:
 
-- **multi-selection** (local ε-DP): the device draws its signal from its clipped history embedding
-  (:func:`recsvc.multiselection.device_signal`); the server answers with k items, either the
-  posterior greedy (:func:`recsvc.multiselection.respond`) or the plain baseline, the top k for
-  the signal itself (:func:`recsvc.multiselection.baseline`); the device keeps the best of them
+- **multi-selection** (local ε-DP): the device draws the lattice signal it sends
+  (:meth:`recsvc.multiselection.Lattice.signal`, the exact discrete Laplace on the bundle's grid);
+  the server answers with k items, either the posterior greedy of that exact likelihood
+  (:func:`recsvc.multiselection.respond_lattice`) or the plain baseline, the top k for the signal
+  itself (:func:`recsvc.multiselection.baseline`); the device keeps the best of them
   by its true scores (seen items never). Both responses are in pick order, so one answer of the
   largest k gives every smaller k as its prefix, on the same signal.
 - **Recommend, full catalog, `auto`** (central ε-DP): one item selected over the clipped scores
@@ -83,6 +84,12 @@ class Context:
     source: DatasetSource
     auto: AutoPolicy
     blind: np.ndarray  # (1, max k): the greedy answer to no signal (uniform weights), the same for everyone
+    points: np.ndarray  # (P, d) int64: the population's lattice points, what the server's likelihood compares
+
+
+def lattice_points(source: DatasetSource) -> np.ndarray:
+    """The population's lattice points on the bundle's grid: the service rounds its prototypes the same way."""
+    return source.bundle.lattice.point(source.population.embeddings)
 
 
 def blind_answer(source: DatasetSource, k: int) -> np.ndarray:
@@ -140,13 +147,13 @@ def device_choice(device: np.ndarray, answers: np.ndarray) -> np.ndarray:
 
 
 def _answers(ctx: Context, signals: np.ndarray, eps: float, kmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Both server responses (T, kmax) to each signal (T, d)."""
-    from recsvc.multiselection import baseline, respond
+    """Both server responses (T, kmax) to each lattice signal (T, d), as the service answers them."""
+    from recsvc.multiselection import baseline, respond_lattice
 
     src = ctx.source
-    pop, factors, radius = src.population, src.bundle.embedding, src.bundle.radius
-    greedy = np.stack([respond(pop, s, eps, radius, kmax) for s in signals])
-    base = np.stack([baseline(s, factors, kmax) for s in signals])
+    pop, factors, grid = src.population, src.bundle.embedding, src.bundle.lattice
+    greedy = np.stack([respond_lattice(pop, ctx.points, z, eps, grid, kmax) for z in signals])
+    base = np.stack([baseline(z * grid.step, factors, kmax) for z in signals])  # back in embedding units
     return greedy, base
 
 
@@ -162,7 +169,7 @@ def _central(ctx: Context, eps: float, q: np.ndarray, d: np.ndarray, rng: np.ran
 
 def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
     """(rows, measures) for user b of the chunk."""
-    from recsvc.multiselection import device_signal
+    from recsvc.multiselection import Words
 
     src, g = ctx.source, chunk.start + b
     v, dev, target = chunk.value(b), chunk.device_scores(b), chunk.target[b]
@@ -174,13 +181,12 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
     for k in ctx.ks:
         out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, ctx.blind[:, :k]), v, q, target)
     for ei, eps in grids:
-        if math.isinf(eps):  # no noise: the clipped embedding itself
-            signals = e[None, :]
-            picked, base = _answers(ctx, signals, NO_NOISE_EPSILON, kmax)
+        grid = src.bundle.lattice
+        if math.isinf(eps):  # no noise: the lattice point of the clipped embedding itself
+            picked, base = _answers(ctx, grid.point(e)[None, :], NO_NOISE_EPSILON, kmax)
         else:
-            signals = device_signal(
-                np.broadcast_to(e, (ctx.trials, e.size)), eps, src.bundle.radius, stream(ctx.seed, g, TAG, 0, ei)
-            )
+            words = Words(stream(ctx.seed, g, TAG, 0, ei))
+            signals = np.stack([grid.signal(e, eps, words) for _ in range(ctx.trials)])
             picked, base = _answers(ctx, signals, eps, kmax)
         for mode, ans in ((GREEDY, picked), (BASELINE, base)):
             for k in ctx.ks:

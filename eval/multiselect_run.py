@@ -20,6 +20,7 @@ from eval.multiselect_eval import (
     Context,
     blind_answer,
     evaluate_chunk,
+    lattice_points,
     rows,
 )
 from recsvc.staging import StagedDir
@@ -65,7 +66,14 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
 
     auto = AutoPolicy.of(source)
     ctx = Context(
-        tuple(cfg.ks), tuple(cfg.epsilons), cfg.trials, cfg.seed, source, auto, blind_answer(source, max(cfg.ks))
+        tuple(cfg.ks),
+        tuple(cfg.epsilons),
+        cfg.trials,
+        cfg.seed,
+        source,
+        auto,
+        blind_answer(source, max(cfg.ks)),
+        lattice_points(source),
     )
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))

@@ -1,14 +1,13 @@
 """The d-dimensional device side of multi-selection (docs/reference/client-bundle.md): the public
-embedding of a history, its L1 clip, and the Laplace noise that makes the signal local ε-DP.
+embedding of a history and its L1 clip; the noise that makes the signal local ε-DP is the lattice's
+(:mod:`.lattice`).
 
 A history h (distinct item rows of the public embedding E, n × d) embeds as
 
     e(h) = Σ_{i ∈ h} E[i] / √|h|        (the zero vector for an empty history)
 
 and is clipped by scaling onto the L1 ball of the public radius R. Any two clipped embeddings are
-within L1 distance 2R, so adding i.i.d. Laplace(2R/ε) noise per coordinate makes the signal
-ε-DP between ANY two histories (local DP): the density ratio is at most
-exp(ε·‖e − e'‖₁ / 2R) ≤ e^ε, which is also the geographic form, ε/2R per unit of L1 distance.
+within L1 distance 2R, which is what bounds the lattice signal's sensitivity.
 """
 
 from __future__ import annotations
@@ -16,8 +15,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.checks import ParamError, check_epsilon
-from recsvc.multiselection.device import laplace_noise
+from recsvc.checks import ParamError
 
 Floats = npt.NDArray[np.float64]
 
@@ -51,16 +49,3 @@ def clip_l1(embedding: npt.ArrayLike, radius: float) -> Floats:
         np.cumsum(np.abs(e), axis=-1)[..., -1:] if e.shape[-1] else np.zeros((*e.shape[:-1], 1))
     )  # sequential, as embed
     return np.asarray(e * np.minimum(1.0, r / np.maximum(norm, np.finfo(np.float64).tiny)), dtype=np.float64)
-
-
-def noise_scale(epsilon: float, radius: float) -> float:
-    """The Laplace scale 2R/ε that makes the clipped embedding local ε-DP."""
-    return 2.0 * check_radius(radius) / check_epsilon(epsilon, error=ParamError)
-
-
-def device_signal(embedding: npt.ArrayLike, epsilon: float, radius: float, rng: np.random.Generator) -> Floats:
-    """clip_l1(embedding, R) + Laplace(0, 2R/ε) i.i.d. per coordinate, drawn from 53-bit words as the
-    bundle spec fixes (:func:`recsvc.multiselection.device.laplace_noise`). The device draws it;
-    pass a CSPRNG (:func:`recsvc.rng.csprng`) whenever the signal leaves the device."""
-    clipped = clip_l1(embedding, radius)
-    return np.asarray(clipped + noise_scale(epsilon, radius) * laplace_noise(clipped.shape, rng), dtype=np.float64)

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from recsvc.checks import ParamError
 from recsvc.multiselection.embedding import Floats
 from recsvc.multiselection.lattice import Lattice, lattice_log_likelihood
-from recsvc.multiselection.posterior import Ints, Population, posterior_weights, weights_from_log_likelihood
+from recsvc.multiselection.posterior import Ints, Population, weights_from_log_likelihood
 
 #: a marginal gain this small (relative to the best single item's) counts as none: the picks left
 #: then follow the items' expected scores, not rounding.
@@ -191,18 +191,11 @@ def baseline(signal: npt.ArrayLike, factors: Floats, k: int) -> Ints:
     return np.asarray(top[order], dtype=np.int64)
 
 
-def respond(population: Population, signal: npt.ArrayLike, epsilon: float, radius: float, k: int) -> Ints:
-    """The server's k items for ``signal``: :func:`greedy` on the posterior weights. A
-    deterministic function of the signal and public data (post-processing: it spends nothing
-    beyond the device's ε)."""
-    return greedy(population, posterior_weights(signal, population.embeddings, epsilon, radius), k)
-
-
 def respond_lattice(
     population: Population, points: Ints, signal: npt.ArrayLike, epsilon: float, lattice: Lattice, k: int
 ) -> Ints:
     """The server's k items for a lattice signal: :func:`greedy` on the posterior of the exact
     discrete Laplace likelihood, ``points`` the population's lattice points
-    (``lattice.point(population.embeddings)``, in the device's units). Post-processing, as
-    :func:`respond`."""
+    (``lattice.point(population.embeddings)``, in the device's units). A deterministic function
+    of the signal and public data (post-processing: it spends nothing beyond the device's ε)."""
     return greedy(population, weights_from_log_likelihood(lattice_log_likelihood(signal, points, epsilon, lattice)), k)

@@ -1,13 +1,13 @@
 """The server's belief about who sent a signal (docs/concepts/multi-selection.md, "The server's
-response in d dimensions"): a public sample of training users, weighted by the Laplace
-likelihood of the signal.
+response in d dimensions"): a public sample of training users, weighted by the likelihood of the
+lattice signal (:func:`recsvc.multiselection.lattice_log_likelihood`).
 
-The device sends s = clip(e) + Laplace(b) per coordinate, b = 2R/ε. Under a uniform prior over
-the public sample, population user p's posterior weight is
+The device sends z = a + discrete Laplace noise with P(x) ∝ exp(−|x|·ε/Δ) per coordinate (a: its
+lattice point). Under a uniform prior over the public sample, prototype p's posterior weight is
 
-    w_p ∝ exp(−‖s − z_p‖₁ / b)          (z_p: p's clipped embedding)
+    w_p ∝ exp(−‖z − a_p‖₁ · ε/Δ)          (a_p: p's lattice point)
 
-computed in log space (the distances are dozens of b at large ε). Weights below
+computed in log space (the distances are dozens of Δ/ε at large ε). Weights below
 ``WEIGHT_FLOOR`` times the largest are set to 0: together they hold at most P·WEIGHT_FLOOR of the
 mass, and at small ε none is ever dropped, since local ε-DP bounds every ratio w_p/w_q by e^ε.
 """
@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recsvc.checks import ParamError
-from recsvc.multiselection.embedding import Floats, noise_scale
+from recsvc.multiselection.embedding import Floats
 
 Ints = npt.NDArray[np.int64]
 
@@ -100,21 +100,6 @@ class Population:
         """Computes the derived arrays now (a server does this at startup, not on a request)."""
         _ = self.floor, self.gain, self.slot, self.by_item
         return self
-
-
-def log_likelihood(signal: npt.ArrayLike, embeddings: Floats, epsilon: float, radius: float) -> Floats:
-    """log p(s | z_p) up to a constant: −‖s − z_p‖₁ / b for each row z_p, b = 2R/ε."""
-    s = np.asarray(signal, dtype=np.float64)
-    if s.shape != (embeddings.shape[1],):
-        raise ParamError(f"signal has shape {s.shape}; expected ({embeddings.shape[1]},)")
-    b = noise_scale(epsilon, radius)
-    return np.asarray(-np.abs(embeddings - s).sum(axis=1) / b, dtype=np.float64)
-
-
-def posterior_weights(signal: npt.ArrayLike, embeddings: Floats, epsilon: float, radius: float) -> Floats:
-    """Normalised posterior weights (sum 1) of the population given the signal, with the weights
-    below WEIGHT_FLOOR of the largest set to 0 (module docstring)."""
-    return weights_from_log_likelihood(log_likelihood(signal, embeddings, epsilon, radius))
 
 
 def weights_from_log_likelihood(ll: Floats) -> Floats:

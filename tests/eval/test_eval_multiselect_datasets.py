@@ -147,3 +147,39 @@ def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
             name, params = service.resolve("auto", eps, 1, n, {})
             assert auto.choose(eps, n) == (name, dict(params)), (eps, n)
     assert auto.choose(16.0, ITEMS) == ("mgem", {})  # the sign rule: median Spearman 0.17 > 0.1
+
+
+def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(tiny: Path) -> None:
+    from eval.multiselect_data import DatasetSource
+    from eval.multiselect_eval import (
+        GREEDY,
+        TAG,
+        AutoPolicy,
+        Context,
+        Row,
+        blind_answer,
+        evaluate_user,
+        lattice_points,
+        rows,
+    )
+    from eval.pipelines import stream
+    from recsvc.multiselection import Words, respond_lattice
+
+    src = DatasetSource(tiny, 3, (1, 3))
+    ctx = Context((1, 3), (2.0,), 4, 0, src, AutoPolicy.of(src), blind_answer(src, 3), lattice_points(src))
+    chunk = src.chunk(range(3))
+    grid = src.bundle.lattice
+    assert np.array_equal(ctx.points, grid.point(src.population.embeddings))
+    for b in range(3):
+        words = Words(stream(0, b, TAG, 0, 0))
+        signals = [grid.signal(chunk.embedding[b], 2.0, words) for _ in range(4)]
+        assert all(z.dtype == np.int64 and np.abs(z).sum() < 100 * grid.radius for z in signals)  # integers on the grid
+        answers = np.stack([respond_lattice(src.population, ctx.points, z, 2.0, grid, 3) for z in signals])
+        want = measures(
+            device_choice(chunk.device_scores(b), answers),
+            chunk.value(b),
+            np.clip(chunk.value(b), src.lo, src.hi),
+            chunk.target[b],
+        )
+        got = evaluate_user(ctx, chunk, b)[rows(ctx.ks, ctx.epsilons).index(Row(GREEDY, 3, 2.0))]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)  # the same draws, the same arithmetic

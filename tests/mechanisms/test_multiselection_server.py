@@ -1,5 +1,5 @@
-"""The server's multi-selection response in d dimensions: posterior weights from the Laplace
-likelihood, the sparse greedy against the exact dense greedy and brute force, the baseline."""
+"""The server's multi-selection response in d dimensions: posterior weights from the lattice
+signal's exact likelihood, the sparse greedy against the exact dense greedy and brute force, the baseline."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ import pytest
 
 from recsvc.checks import ParamError
 from recsvc.multiselection import (
+    Lattice,
     Population,
     baseline,
     clip_l1,
     dense_greedy,
     expected_utility,
     greedy,
-    log_likelihood,
-    noise_scale,
-    posterior_weights,
-    respond,
+    lattice_log_likelihood,
+    respond_lattice,
+    weights_from_log_likelihood,
 )
 from recsvc.multiselection.posterior import WEIGHT_FLOOR
 
@@ -40,33 +40,34 @@ def _instance(p: int, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return scores, w
 
 
-def test_the_posterior_is_the_normalised_laplace_likelihood():
+def test_the_posterior_is_the_normalised_lattice_likelihood():
     rng = np.random.default_rng(1)
-    emb = clip_l1(rng.normal(size=(6, 3)), 2.0)
-    s = np.array([0.3, -1.0, 2.0])
-    eps, r = 0.7, 2.0
-    b = 2 * r / eps
-    direct = np.prod(np.exp(-np.abs(s - emb) / b) / (2 * b), axis=1)
-    np.testing.assert_allclose(posterior_weights(s, emb, eps, r), direct / direct.sum(), rtol=1e-12)
-    np.testing.assert_allclose(log_likelihood(s, emb, eps, r), -np.abs(s - emb).sum(1) / b, rtol=1e-12)
-    assert noise_scale(eps, r) == pytest.approx(b)
+    grid = Lattice.of(2.0, 3)
+    points = grid.point(clip_l1(rng.normal(size=(6, 3)), 2.0))
+    z = np.array([300, -1000, 2000])
+    eps = 0.7
+    direct = np.exp(-np.abs(z - points).sum(axis=1) * eps / grid.sensitivity)
+    w = weights_from_log_likelihood(lattice_log_likelihood(z, points, eps, grid))
+    np.testing.assert_allclose(w, direct / direct.sum(), rtol=1e-12)
 
 
 def test_the_posterior_is_computed_in_log_space_and_drops_only_negligible_weights():
-    emb = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    s = np.array([0.1, 0.0])
-    w = posterior_weights(s, emb, epsilon=400.0, radius=1.0)  # distances of ~200 scales: e^-200 underflows a naive sum
+    grid = Lattice.of(1.0, 2)
+    points = np.array([[0, 0], [4096, 0], [0, 4096], [2048, 2048]])
+    z = np.array([400, 0])
+    # ε = 400: distances of ~200 scales, where e^-200 underflows a naive sum
+    w = weights_from_log_likelihood(lattice_log_likelihood(z, points, 400.0, grid))
     assert np.isfinite(w).all() and w.sum() == pytest.approx(1.0)
     assert w[0] == pytest.approx(1.0) and (w[1:] == 0).all()
     # At a moderate ε every weight is within e^ε of every other (local DP), so none is dropped.
-    w1 = posterior_weights(s, emb, epsilon=1.0, radius=1.0)
+    w1 = weights_from_log_likelihood(lattice_log_likelihood(z, points, 1.0, grid))
     assert (w1 > 0).all() and w1.max() / w1.min() <= math.e + 1e-12
     assert math.exp(-20) > WEIGHT_FLOOR
 
 
 def test_the_posterior_refuses_a_signal_of_the_wrong_length():
     with pytest.raises(ParamError, match=r"expected \(3,\)"):
-        posterior_weights(np.zeros(2), np.zeros((4, 3)), 1.0, 1.0)
+        lattice_log_likelihood(np.zeros(2, np.int64), np.zeros((4, 3), np.int64), 1.0, Lattice.of(1.0, 3))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -155,18 +156,21 @@ def test_items_no_population_user_holds_are_evaluated_as_gaining_nothing():
 def test_respond_is_a_deterministic_function_of_the_signal():
     scores, _ = _instance(p=50, n=40, seed=3)
     pop = _population(scores, top=10, d=5).warm()
-    s = np.random.default_rng(0).normal(size=5)
-    a = respond(pop, s, 1.0, 1.0, 5)
-    assert a.tolist() == respond(pop, s.copy(), 1.0, 1.0, 5).tolist()
-    w = posterior_weights(s, pop.embeddings, 1.0, 1.0)
+    grid = Lattice.of(1.0, 5)
+    points = grid.point(pop.embeddings)
+    z = np.rint(np.random.default_rng(0).normal(size=5) * 4096).astype(np.int64)
+    a = respond_lattice(pop, points, z, 1.0, grid, 5)
+    assert a.tolist() == respond_lattice(pop, points, z.copy(), 1.0, grid, 5).tolist()
+    w = weights_from_log_likelihood(lattice_log_likelihood(z, points, 1.0, grid))
     assert a.tolist() == greedy(pop, w, 5).tolist()
 
 
 def test_a_concentrated_posterior_answers_that_users_own_top_items():
     scores, _ = _instance(p=50, n=40, seed=4)
     pop = _population(scores, top=10, d=5)
-    s = pop.embeddings[17]
-    picked = respond(pop, s, 1e4, 1.0, 3)  # huge ε: the signal is user 17's embedding exactly
+    grid = Lattice.of(1.0, 5)
+    points = grid.point(pop.embeddings)
+    picked = respond_lattice(pop, points, points[17], 1e6, grid, 3)  # huge ε: the signal is user 17's point exactly
     # The first item covers the only user; the rest add nothing and follow that user's scores.
     assert picked.tolist() == np.argsort(-scores[17])[:3].tolist()
 
