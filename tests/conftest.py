@@ -159,3 +159,20 @@ def dask_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for p in procs:  # throwaway processes: no graceful retirement to wait for
             p.kill()
             p.wait()
+
+
+# The areas whose files run longest come first, so that xdist's workers (each taking whole files)
+# end the run on the many short files of the mechanisms and the ledger instead of one worker
+# finishing a long service file alone.
+AREA_ORDER = ("service", "architecture", "eval", "prep", "ledger", "mechanisms")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Orders the items by area (stable: each file keeps its own order)."""
+
+    def area(item: pytest.Item) -> int:
+        parts = Path(str(item.path)).parts
+        name = parts[parts.index("tests") + 1] if "tests" in parts[:-1] else ""
+        return AREA_ORDER.index(name) if name in AREA_ORDER else len(AREA_ORDER)
+
+    items.sort(key=area)

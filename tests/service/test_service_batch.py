@@ -18,7 +18,7 @@ from recsvc.service import batch as batch_module
 from recsvc.service.client import Client
 from recsvc.service.requests import Prepared, draw
 from recsvc.service.server import ServerHandle
-from recsvc.service.testing import candidates, client_of, served
+from recsvc.service.testing import AUDIT_ALPHA, candidates, client_of, served
 from recsvc.v1 import selection_pb2 as pb
 
 BUDGET = 3.0
@@ -131,7 +131,7 @@ def test_batch_answers_have_the_single_select_distribution(client: Client, serve
             counts[r.response.item_id] += 1
     observed = np.array([counts[i] for i, _ in cands])
     assert observed.sum() == 2000
-    assert stats.chisquare(observed, p * 2000).pvalue > 1e-3
+    assert stats.chisquare(observed, p * 2000).pvalue > AUDIT_ALPHA
 
 
 def _batch_commits(server: ServerHandle, client: Client, reqs: list[pb.SelectRequest]) -> tuple[list, int]:

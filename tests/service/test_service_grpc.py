@@ -17,7 +17,7 @@ from recsvc.mechanisms import probabilities
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.service.testing import candidates, make_artifact, rpc_error
+from recsvc.service.testing import AUDIT_ALPHA, candidates, make_artifact, rpc_error
 from recsvc.v1 import selection_pb2 as pb
 
 BUDGET = 10.0
@@ -270,7 +270,7 @@ def test_scores_are_clipped_before_selection(client: Client, artifact: Path) -> 
     results = client.select_batch(reqs[:750]) + client.select_batch(reqs[750:])
     assert all(r.WhichOneof("outcome") == "response" for r in results)
     counts = np.bincount([ids.index(r.response.item_id) for r in results], minlength=len(ids))
-    assert stats.chisquare(counts, expected * trials).pvalue > 1e-4
+    assert stats.chisquare(counts, expected * trials).pvalue > AUDIT_ALPHA
     unclipped = probabilities("em", raw, sens, eps)
     assert unclipped[0] > 0.999 and counts[0] < 0.9 * trials
 

@@ -34,7 +34,7 @@ from recsvc.service.client import Client
 from recsvc.service.codec import fingerprint as _fingerprint
 from recsvc.service.config import CANDIDATE_MECHANISMS, ServerConfig
 from recsvc.service.server import ServerHandle, start
-from recsvc.service.testing import N_ITEMS, candidates, make_artifact, rpc_error
+from recsvc.service.testing import AUDIT_ALPHA, N_ITEMS, candidates, make_artifact, rpc_error
 from recsvc.v1 import selection_pb2 as pb
 
 HISTORY = ["it0", "it5", "it9"]
@@ -108,7 +108,7 @@ def test_num_candidates_1_at_small_epsilon_is_near_uniform_over_the_whole_catalo
     assert tv < 0.15, tv
     assert answers[argmax] / calls < 0.06 and len(answers) == N_ITEMS  # every item came up
     assert sum(answers[h] for h in HISTORY) > 0  # seen items are candidates too
-    assert _chi2_pvalue(answers, dict(zip(ids, exact, strict=False))) > 1e-3
+    assert _chi2_pvalue(answers, dict(zip(ids, exact, strict=False))) > AUDIT_ALPHA
     assert client.budget("uniform-user").spent == pytest.approx(calls * 0.01)
 
 
@@ -120,14 +120,14 @@ def test_answers_follow_the_exact_full_catalog_distribution(tiny: tuple[Path, Cl
     assert exact.max() > 0.3  # far from uniform: the test can tell the scores apart
     calls = 600
     answers = Counter(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0).item_id for _ in range(calls))
-    assert _chi2_pvalue(answers, dict(zip(ids, exact, strict=False))) > 1e-3
+    assert _chi2_pvalue(answers, dict(zip(ids, exact, strict=False))) > AUDIT_ALPHA
     assert answers["it1"] + answers["it4"] > 0  # history items are returned too
     # Slates over the catalog: ordered pairs follow the exact peeling distribution.
     exact2 = {tuple(ids[i] for i in s): p for s, p in slate_probabilities("mgem", q, d, 4.0, 2).items()}
     slates = Counter(
         tuple(c.recommend("exact-user", history, mechanism="mgem", epsilon=4.0, k=2).item_ids) for _ in range(calls)
     )
-    assert _chi2_pvalue(slates, exact2) > 1e-3
+    assert _chi2_pvalue(slates, exact2) > AUDIT_ALPHA
 
 
 @pytest.mark.parametrize("cand", CANDIDATE_MECHANISMS)
@@ -163,7 +163,7 @@ def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
         (1.2, 0.9)
     )  # one run, then 2 × ε₂/2
     assert c.budget(user).spent == pytest.approx(calls * spent)  # ε in total, not per stage
-    assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > 1e-3
+    assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > AUDIT_ALPHA
     # m = 0 means the floor (here 2), no candidate_mechanism the server's default, and every stage
     # parameter reaches select_two_stage.
     seen: list[tuple] = []

@@ -20,7 +20,7 @@ from recsvc.service import batch as batch_module
 from recsvc.service.catalog import catalog_version
 from recsvc.service.client import Client, ItemRows
 from recsvc.service.server import ServerHandle
-from recsvc.service.testing import candidates
+from recsvc.service.testing import AUDIT_ALPHA, candidates
 
 BUDGET = 50.0
 SERVER_OPTIONS = {"budget": BUDGET}  # the module's server (conftest.py)
@@ -102,7 +102,7 @@ def test_rows_answers_have_the_exact_single_select_distribution(
             assert list(x.response.item_rows) == [rows.index[x.response.item_id]]
     observed = np.array([counts[i] for i, _ in cands])
     assert observed.sum() == 1500
-    assert stats.chisquare(observed, p * 1500).pvalue > 1e-3
+    assert stats.chisquare(observed, p * 1500).pvalue > AUDIT_ALPHA
 
 
 def test_rows_get_the_same_refusals_as_ids(client: Client, rows: ItemRows) -> None:
