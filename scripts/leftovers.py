@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 import tempfile
 import time
@@ -27,8 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _is_ours(proc: psutil.Process, token: str, places: tuple[Path, ...]) -> bool:
     try:
-        if proc.pid == os.getpid() or proc.pid in {p.pid for p in psutil.Process().parents()}:
-            return False
         if proc.environ().get("RECSVC_TEST_RUN") == token:
             return True
         cwd = Path(proc.cwd())
@@ -38,8 +35,10 @@ def _is_ours(proc: psutil.Process, token: str, places: tuple[Path, ...]) -> bool
 
 
 def leftovers(token: str) -> list[psutil.Process]:
-    places = (ROOT, Path(tempfile.gettempdir()) / f"pytest-of-{psutil.Process().username()}")
-    return [p for p in psutil.process_iter() if _is_ours(p, token, places)]
+    me = psutil.Process()
+    places = (ROOT, Path(tempfile.gettempdir()) / f"pytest-of-{me.username()}")
+    exempt = {me.pid, *(p.pid for p in me.parents())}  # this check and the test command running it
+    return [p for p in psutil.process_iter() if p.pid not in exempt and _is_ours(p, token, places)]
 
 
 def describe(proc: psutil.Process) -> str:

@@ -121,3 +121,21 @@ def test_every_area_folder_is_a_known_area_with_a_conftest():
 def test_tests_itself_holds_only_the_shared_conftest():
     """Neither test modules nor helper modules sit directly in tests/."""
     assert sorted(p.name for p in TESTS.glob("*.py") if p.name != "conftest.py") == []
+
+
+def test_the_leftover_check_finds_and_kills_what_the_run_left_running() -> None:
+    """scripts/leftovers.py (the test command's last step) fails on a process that carries the
+    run's token and kills it, passes when none remains, and never counts its own parents."""
+    token = f"leftover-check-{os.getpid()}"
+    check = [sys.executable, str(REPO / "scripts" / "leftovers.py"), token, "--grace", "1"]
+    env = {**os.environ, "RECSVC_TEST_RUN": token}
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    try:
+        found = subprocess.run(check, capture_output=True, text=True, timeout=60)
+        assert found.returncode == 1 and f"pid {left.pid} " in found.stderr
+        assert left.wait(10) is not None  # killed
+        clean = subprocess.run(check, capture_output=True, text=True, timeout=60, env=env)  # a parent with the token
+        assert clean.returncode == 0, clean.stderr
+    finally:
+        left.kill()
+        left.wait()
