@@ -25,7 +25,7 @@ if [ $# -eq 0 ]; then
     run_all=1
 fi
 .venv/bin/python -m pytest "$@" || status=$?
-if [ "$status" -eq 0 ] && [ -n "${run_all:-}" ]; then
+if [ "$status" -eq 0 ] && [ -n "$run_all" ]; then
     bash scripts/other_cpu.sh || status=$?
 fi
 .venv/bin/python scripts/leftovers.py "$RECSVC_TEST_RUN" || { [ "$status" -ne 0 ] || status=1; }
