@@ -113,9 +113,15 @@ def _setup(
 ) -> tuple[npt.NDArray[np.intp], np.ndarray, np.ndarray, np.ndarray]:
     """(sorted order, classes (h, t), log sizes, utilities −(ε/2)·loss)."""
     order = _sorted_order(q)
-    x = q[order] / d.max()
-    ht, log_size, loss = classes(x, k, float(p["loss_weight"]))
-    return order, ht, log_size, np.multiply(loss, -0.5 * epsilon, out=loss)
+    ht, log_size, loss = classes(centred_units(q[order], d, 0.5 * epsilon), k, float(p["loss_weight"]))
+    return order, ht, log_size, np.negative(loss, out=loss)
+
+
+def centred_units(q_sorted: np.ndarray, d: np.ndarray, scale: float) -> np.ndarray:
+    """(q − max q)·scale/Δmax for q sorted descending: the top score is subtracted first, so the
+    law is the same for q and q + c (dividing first rounds away the gaps of scores far from 0),
+    and the values overflow only where the utilities themselves would."""
+    return cast("np.ndarray", (q_sorted - q_sorted[0]) * (scale / d.max()))  # numpy: Any
 
 
 def _negative_noise(log_size: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -254,7 +260,7 @@ def first_item_means(
     of the drawn class's uniform set: its expected value is averaged exactly over the class (the
     head, the body pool's mean times its k − h − 1 draws, the tail), not drawn."""
     order = _sorted_order(q)
-    ht, log_size, loss = classes(q[order] / d.max(), k, float(p["loss_weight"]))
+    ht, log_size, loss = classes(centred_units(q[order], d, 1.0), k, float(p["loss_weight"]))
     neg = _negative_noise(log_size, rng.random((trials, loss.shape[0])))
     v = values[order]
     prefix = np.r_[0.0, np.cumsum(v)]  # prefix[i]: the first i ranks' sum

@@ -350,8 +350,8 @@ def _slate_kernel(  # pragma: no cover - numba
     raw: np.ndarray,
 ) -> np.ndarray:
     """clm's k-subset of scores q with sensitivities d (``xs``: q sorted descending): the winning
-    class of x = xs / Δmax, then a uniform member in uniformly random order: the head j_1..j_h, k − h − 1
-    of the pool j_{h+2}..j_{t−1} (a partial Fisher–Yates shuffle) and the tail j_t (the top class:
+    class of the utilities of (xs − xs[0])·(ε/2)/Δmax, then a uniform member in uniformly random
+    order: the head j_1..j_h, k − h − 1 of the pool j_{h+2}..j_{t−1} (a partial Fisher–Yates shuffle) and the tail j_t (the top class:
     j_1..j_k). Ranks come from ``order`` (the stable descending order) or, when it is empty (the
     scores are distinct), from the values: the head is q ≥ x_[h], the pool x_[t] < q < x_[h+1] and
     the tail q = x_[t], one pass over q instead of an argsort."""
@@ -360,9 +360,10 @@ def _slate_kernel(  # pragma: no cover - numba
     for i in range(1, n):
         scale = max(scale, d[i])
     x = np.empty(n)
+    unit = 0.5 * epsilon / scale  # in utility units, the top score subtracted first (clm.centred_units)
     for i in range(n):
-        x[i] = xs[i] / scale
-    a, b, top_util = _class_utilities(x, k, gamma, epsilon)
+        x[i] = (xs[i] - xs[0]) * unit
+    a, b, top_util = _class_utilities(x, k, gamma, 2.0)
     cur = np.zeros(1, np.int64)
     h, t = _winning_class(a, b, k, n, top_util, raw, cur)
     out = np.empty(k, np.int64)

@@ -110,7 +110,9 @@ def oneshot_slate_log_probabilities(
     dies = alive.copy()  # P(D_b = j): alive at j's start, then dies within it (the last segment: surely)
     dies[:, :-1] *= np.where(seg[None, :-1] >= start[:, None], -np.expm1(-widths)[None, :], 0.0)
     dies[seg[None, :] < start[:, None]] = 0.0
-    below = np.where(seg[None, :] > start[:, None], -np.expm1(-(t[None, :] - u[:, None])), 0.0)  # P(D_b < j)
+    # P(D_b < j); the gap is clipped at 0 where the item has not appeared (the where's other arm)
+    gap = np.maximum(t[None, :] - u[:, None], 0.0)
+    below = np.where(seg[None, :] > start[:, None], -np.expm1(-gap), 0.0)
     out: dict[Slate, float] = {}
     for s in itertools.permutations(range(n), k):
         out[s] = _log_ranked(s, dies, below, n)
