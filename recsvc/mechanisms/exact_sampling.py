@@ -25,22 +25,25 @@ from __future__ import annotations
 import bisect
 import decimal
 import math
+from collections.abc import Callable
 from decimal import Decimal
 from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
 
-_U = 2.0**-53  # unit roundoff of float64
-_WORD = 2**64
+UNIT_ROUNDOFF = 2.0**-53  # unit roundoff of float64
+WORD = 2**64
 _TINY = 2.0**-1070  # bounds any float64 exp result's absolute error below the normal range
 
 
-def _words(rng: np.random.Generator, size: int) -> npt.NDArray[np.uint64]:
-    return rng.integers(0, _WORD, size=size, dtype=np.uint64)
+def uniform_words(rng: np.random.Generator, size: int) -> npt.NDArray[np.uint64]:
+    """``size`` uniform 64-bit words: the next 64 bits of a lazily drawn real uniform each."""
+    return rng.integers(0, WORD, size=size, dtype=np.uint64)
 
 
-def _context(prec: int, rounding: str = decimal.ROUND_HALF_EVEN) -> decimal.Context:
+def decimal_context(prec: int, rounding: str = decimal.ROUND_HALF_EVEN) -> decimal.Context:
+    """A :mod:`decimal` context of ``prec`` digits whose exponents never overflow or underflow."""
     return decimal.Context(prec=prec, rounding=rounding, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)
 
 
@@ -51,7 +54,7 @@ def _context(prec: int, rounding: str = decimal.ROUND_HALF_EVEN) -> decimal.Cont
 def _krr_other(epsilon: float, n: int, k: int, prec: int) -> tuple[Decimal, Decimal]:
     """Bounds lo ≤ r ≤ hi of r = P(not a maximum) = (n − k)e^{−ε} / (1 + (n − 1)e^{−ε}).
     Five correctly rounded operations: the relative error is below 3·10^{1−prec} ≤ 10^{3−prec}."""
-    ctx = _context(prec)
+    ctx = decimal_context(prec)
     e = ctx.exp(-Decimal(epsilon))
     r = ctx.divide(ctx.multiply(n - k, e), ctx.add(1, ctx.multiply(n - 1, e)))
     slack = Decimal(10) ** (3 - prec)
@@ -67,21 +70,31 @@ def _krr_thresholds(epsilon: float, n: int, k: int) -> tuple[int, int]:
 def _scaled(lo: Decimal, hi: Decimal, bits: int) -> tuple[int, int]:
     """(⌊lo·2^bits⌋, ⌈hi·2^bits⌉), rounded outwards."""
     p = Decimal(2**bits)
-    low = _context(60 + bits, decimal.ROUND_FLOOR).multiply(lo, p).to_integral_value(decimal.ROUND_FLOOR)
-    high = _context(60 + bits, decimal.ROUND_CEILING).multiply(hi, p).to_integral_value(decimal.ROUND_CEILING)
+    low = decimal_context(60 + bits, decimal.ROUND_FLOOR).multiply(lo, p).to_integral_value(decimal.ROUND_FLOOR)
+    high = decimal_context(60 + bits, decimal.ROUND_CEILING).multiply(hi, p).to_integral_value(decimal.ROUND_CEILING)
     return int(low), int(high)
 
 
 def _krr_is_other(epsilon: float, n: int, k: int, prefix: int, rng: np.random.Generator) -> bool:
     """Whether U < r, for U starting with the 64-bit ``prefix``: refine until decided."""
-    bits, prec = 64, 40
+    return is_below(lambda prec: _krr_other(epsilon, n, k, prec), prefix, 64, rng)
+
+
+def is_below(
+    bounds: Callable[[int], tuple[Decimal, Decimal]], prefix: int, bits: int, rng: np.random.Generator
+) -> bool:
+    """Whether U < r, for a real uniform U whose first ``bits`` bits are ``prefix``, given
+    ``bounds(prec)`` = (lo, hi) with lo ≤ r ≤ hi, tightening as prec grows: 64 more bits of U and
+    40 more digits each round until the prefix's interval lies on one side of the bounds. This
+    is a Bernoulli(r) trial, exact whatever r's float value would have been."""
+    prec = 40
     while True:
-        low, high = _scaled(*_krr_other(epsilon, n, k, prec), bits)
+        low, high = _scaled(*bounds(prec), bits)
         if prefix + 1 <= low:
             return True
         if prefix >= high:
             return False
-        prefix = prefix * _WORD + int(_words(rng, 1)[0])
+        prefix = prefix * WORD + int(uniform_words(rng, 1)[0])
         bits, prec = bits + 64, prec + 40
 
 
@@ -95,14 +108,14 @@ def krr_exact_sample(q: np.ndarray, epsilon: float, rng: np.random.Generator, si
         return rng.integers(0, n, size)
     eps = float(epsilon)
     low, high = _krr_thresholds(eps, n, k)
-    words = _words(rng, size)
+    words = uniform_words(rng, size)
     if size == 1:  # the service's case, in Python ints
         word = int(words[0])
         other_one = word < low or (word < high and _krr_is_other(eps, n, k, word, rng))
         group = np.flatnonzero(~is_top if other_one else is_top)
         return np.array([group[int(rng.integers(0, group.shape[0]))]], dtype=np.intp)
     other = words < np.uint64(low) if low > 0 else np.zeros(size, dtype=bool)
-    certain = other | (words >= np.uint64(high)) if high < _WORD else other.copy()
+    certain = other | (words >= np.uint64(high)) if high < WORD else other.copy()
     for i in np.flatnonzero(~certain):
         other[i] = _krr_is_other(eps, n, k, int(words[i]), rng)
     out = np.empty(size, dtype=np.intp)
@@ -122,7 +135,7 @@ def _em_error(x: np.ndarray) -> tuple[float, float]:
     arithmetic is covered by another 32u. Weights below the normal range are off by at most A/n."""
     n = x.shape[0]
     reach = min(float(-x.min()), 746.0)  # beyond, exp(x) < 2^-1075: inside A
-    return (3.02 * reach + 8.0 + 1.01 * n + 32.0) * _U, 2.0 * n * _TINY
+    return (3.02 * reach + 8.0 + 1.01 * n + 32.0) * UNIT_ROUNDOFF, 2.0 * n * _TINY
 
 
 def em_exact_sample(
@@ -133,14 +146,14 @@ def em_exact_sample(
     cdf = np.cumsum(np.exp(x))
     total = float(cdf[-1])
     rel, ab = _em_error(x)
-    words = _words(rng, size)
+    words = uniform_words(rng, size)
     if size == 1:  # the service's case: the same test in Python floats, without array temporaries
         return np.array([_em_one(q, d, epsilon, cdf, total, rel, ab, int(words[0]), rng)], dtype=np.intp)
     b = words.astype(np.float64)  # within 1 ulp of the word: widened by 2u below
     step = 2.0**-64 * total
     t = b * step
-    lo_t = t * ((1.0 - 2 * _U) * (1.0 - rel)) - ab
-    hi_t = t * ((1.0 + 2 * _U) * (1.0 + rel)) + (step * (1.0 + rel) + ab)
+    lo_t = t * ((1.0 - 2 * UNIT_ROUNDOFF) * (1.0 - rel)) - ab
+    hi_t = t * ((1.0 + 2 * UNIT_ROUNDOFF) * (1.0 + rel)) + (step * (1.0 + rel) + ab)
     idx = np.minimum(np.searchsorted(cdf, t + 0.5 * step, side="right"), q.shape[0] - 1)
     above = np.concatenate(([0.0], cdf[:-1] * (1.0 + rel) + ab))  # upper bound of S_{a−1}
     below = cdf * (1.0 - rel) - ab  # lower bound of S_a
@@ -162,8 +175,8 @@ def _em_one(
     rng: np.random.Generator,
 ) -> int:
     b = float(word)
-    lo_t = b * (1.0 - 2 * _U) * 2.0**-64 * total * (1.0 - rel) - ab
-    hi_t = (b * (1.0 + 2 * _U) + 1.0) * 2.0**-64 * total * (1.0 + rel) + ab
+    lo_t = b * (1.0 - 2 * UNIT_ROUNDOFF) * 2.0**-64 * total * (1.0 - rel) - ab
+    hi_t = (b * (1.0 + 2 * UNIT_ROUNDOFF) + 1.0) * 2.0**-64 * total * (1.0 + rel) + ab
     a: int = min(int(cdf.searchsorted((b + 0.5) * 2.0**-64 * total, side="right")), int(q.shape[0]) - 1)
     above_prev = float(cdf[a - 1]) * (1.0 + rel) + ab if a > 0 else 0.0
     if lo_t >= above_prev and hi_t < float(cdf[a]) * (1.0 - rel) - ab:
@@ -182,7 +195,7 @@ def _em_slow(q: np.ndarray, d: np.ndarray, epsilon: float, prefix: int, rng: np.
     bits, extra = 64, 30
     while True:
         prec = digits + extra
-        ctx = _context(prec)
+        ctx = decimal_context(prec)
         scale = ctx.divide(Decimal(epsilon), 2 * Decimal(float(d.max())))
         cum, total = [], Decimal(0)
         for v in qs:
@@ -199,5 +212,5 @@ def _em_slow(q: np.ndarray, d: np.ndarray, epsilon: float, prefix: int, rng: np.
             prev = cum[a - 1] * (1 + rel) + ab if a > 0 else Decimal(0)
             if lo_t >= prev and hi_t < cum[a] * (1 - rel) - ab:
                 return a
-        prefix = prefix * _WORD + int(_words(rng, 1)[0])
+        prefix = prefix * WORD + int(uniform_words(rng, 1)[0])
         bits, extra = bits + 64, extra + 30

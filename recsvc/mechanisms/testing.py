@@ -436,6 +436,12 @@ class Words:
             return np.array(out, dtype=np.uint64)
         return self._rng.integers(low, high, size, dtype=dtype)
 
+    def random(self, size: int | tuple[int, ...] | None = None) -> Any:
+        """Uniforms as numpy's ``random`` makes them: the next words' top 53 bits, times 2⁻⁵³."""
+        shape = () if size is None else (size,) if isinstance(size, int) else tuple(size)
+        words = self.integers(0, 2**64, size=int(np.prod(shape, dtype=np.int64)))
+        return ((words >> np.uint64(11)).astype(np.float64) * 2.0**-53).reshape(shape)
+
 
 def float_grid_law(log_p: np.ndarray) -> np.ndarray:
     """The exact law of inverse-CDF sampling on float64 probabilities with a 53-bit uniform
