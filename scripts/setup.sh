@@ -75,7 +75,9 @@ fi
     || echo "[setup] some files did not byte-compile; each compiles when imported instead"
 
 if [ -n "${installed:-}" ]; then
-    .venv/bin/python -c "import recsvc, sansa, sksparse" # fail loudly if the install did not take
+    # Fail loudly if the install did not take. sansa is found, not imported: importing it compiles
+    # its numba kernels (~20 s of CPU), which scripts/warm_kernels.py or the first fit does instead.
+    .venv/bin/python -c "import importlib.util, recsvc, sksparse; assert importlib.util.find_spec('sansa'), 'sansa'"
     echo "$want" > "$stamp"
 fi
 

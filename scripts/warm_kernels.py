@@ -19,6 +19,8 @@ from recsvc.stats import argsort_fast, spearman_rows
 
 
 def main() -> None:
+    import sansa  # noqa: F401  # its import compiles its typed numba kernels (~20 s of CPU), cached for prep's fits
+
     warm_kernels()  # what a server runs once it listens
     q = np.array([[0.0, 0.5, 1.0, 0.25]])
     d = np.array([[1.0, 0.5, 2.0, 1.0]])
