@@ -58,6 +58,7 @@ from recsvc.artifact.candidates import UserRows
 from recsvc.checks import ParamError
 from recsvc.engines import chunk_ranges, make_engine
 from recsvc.model import Model, TopK
+from recsvc.multiselection import Population, SizeChoice, blind_codebook, choose_size, codebook_version
 from recsvc.policy import PolicySpec, build_table, sample_users
 
 
@@ -275,6 +276,8 @@ class _MultiSelect:
     factors: np.ndarray
     radius: float
     sample: Prototypes
+    code: SizeChoice
+    codebook: np.ndarray  # the code signal's item rows
 
 
 def _multiselect(cfg: PrepConfig, split: Split, model: Model) -> _MultiSelect:
@@ -293,7 +296,10 @@ def _multiselect(cfg: PrepConfig, split: Split, model: Model) -> _MultiSelect:
         cfg.multiselect_top,
         cfg.seed,
     )
-    return _MultiSelect(factors, radius, sample)
+    # The code signal's size C, chosen on the population (public data) at SELECTION_EPSILON.
+    pop = Population(sample.embeddings, sample.top_index.astype(np.int64), sample.top_score, items).warm()
+    code = choose_size(pop)
+    return _MultiSelect(factors, radius, sample, code, blind_codebook(pop, code.size))
 
 
 def run(cfg: PrepConfig) -> Path:
@@ -369,7 +375,9 @@ def _build(
         writer.write_test_inputs(_inputs_frame(split.test.user_ids, split.test.inputs, split.item_ids))
         if split.test.targets is not None:
             writer.write_test_targets(_inputs_frame(split.test.user_ids, split.test.targets, split.item_ids))
-        embedding_version = writer.write_client_bundle(split.item_ids, ms.factors, ms.radius, model)
+        embedding_version = writer.write_client_bundle(
+            split.item_ids, ms.factors, ms.radius, model, split.item_ids[ms.codebook]
+        )
         writer.write_multiselect_population(
             ms.sample.embeddings, ms.sample.top_index, ms.sample.top_score, len(split.item_ids)
         )
@@ -403,6 +411,14 @@ def _build(
                 "group": cfg.multiselect_group,
                 "prototypes": int(ms.sample.top_index.shape[0]),
                 "top": int(ms.sample.top_index.shape[1]),
+                "signal": {
+                    "kind": "code",
+                    "code_size": ms.code.size,
+                    "codebook_version": codebook_version([str(i) for i in split.item_ids[ms.codebook].tolist()]),
+                    "chosen_at_epsilon": ms.code.epsilon,
+                    "rule": "the codebook size with the largest greedy k = 1 utility on the population itself",
+                    "estimates": {str(c): round(u, 6) for c, u in ms.code.estimates.items()},
+                },
             },
             "engine": {"engine": cfg.engine_name(), "chunk_users": cfg.chunk_users},
             "versions": _versions(),

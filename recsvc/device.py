@@ -1,6 +1,8 @@
-"""The multi-selection device in Python (docs/reference/client-bundle.md): a history's clipped
-embedding, its exactly ε-DP lattice signal (integers), and the local re-rank of the server's k items with the true SANSA
-scores. Everything here runs on the user's side; nothing of it is sent but the signal.
+"""The multi-selection device in Python (docs/reference/client-bundle.md): a history's code (its
+best item of the bundle's codebook) sent by exact C-ary randomised response, or its clipped
+embedding's exactly ε-DP lattice signal (integers), and the local re-rank of the server's k items
+with the true SANSA scores. Everything here runs on the user's side; nothing of it is sent but the
+signal.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ import numpy.typing as npt
 
 from recsvc.checks import ParamError
 from recsvc.model import Model
-from recsvc.multiselection import Lattice, Words, check_radius, clip_l1, embed, local_choice
+from recsvc.multiselection import (
+    Lattice,
+    Words,
+    check_radius,
+    clip_l1,
+    code_of,
+    embed,
+    local_choice,
+    randomized_response,
+)
 
 if TYPE_CHECKING:
     from recsvc.artifact import ClientBundle
@@ -30,12 +41,15 @@ Ints = npt.NDArray[np.int64]
 @dataclass(frozen=True, eq=False)  # array fields: == would be ambiguous
 class Device:
     """The public parts a device needs: the embedding factors E (n × d, rows in the model's item
-    order), the L1 radius R, the embedding version the server expects, and the scoring model."""
+    order), the L1 radius R, the embedding version the server expects, the scoring model, and the
+    code signal's codebook (item rows) and its version."""
 
     model: Model
     factors: Floats
     radius: float
     version: str
+    codebook: Ints
+    codebook_version: str
 
     def __post_init__(self) -> None:
         n = len(self.model.item_ids)
@@ -46,10 +60,17 @@ class Device:
                 shape=str(self.factors.shape),
             )
         check_radius(self.radius)
+        book = np.asarray(self.codebook)
+        if book.ndim != 1 or book.size < 2 or np.unique(book).size != book.size or not ((book >= 0) & (book < n)).all():
+            raise ParamError(
+                "the codebook must be ≥ 2 distinct item rows below {n}; got {value}", n=n, value=repr(book)
+            )
 
     @classmethod
     def of(cls, bundle: ClientBundle) -> Device:
-        return cls(bundle.model, bundle.embedding, bundle.radius, bundle.version)
+        return cls(
+            bundle.model, bundle.embedding, bundle.radius, bundle.version, bundle.codebook, bundle.codebook_version
+        )
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Device:
@@ -85,6 +106,25 @@ class Device:
         words = rng if isinstance(rng, Words) else Words(rng)
         return self.lattice.signal(self.embedding(history), epsilon, words)
 
+    @property
+    def code_size(self) -> int:
+        return int(self.codebook.shape[0])
+
+    def code(self, history: Iterable[str]) -> int:
+        """The history's code: the index of its best codebook item by the true scores (seen items
+        −∞), the earlier on ties, 0 when all are seen."""
+        rows = self.rows(history)
+        s = self.model.score_items(rows, self.codebook)
+        s[np.isin(self.codebook, rows)] = -np.inf
+        return code_of(s)
+
+    def code_signal(self, history: Iterable[str], epsilon: float, rng: np.random.Generator | Words) -> int:
+        """What the device sends by default: its code by exact C-ary randomised response
+        (:func:`recsvc.multiselection.randomized_response`). Pass a CSPRNG (:func:`recsvc.rng.csprng`),
+        or fixed ``Words`` to reproduce a test vector."""
+        words = rng if isinstance(rng, Words) else Words(rng)
+        return randomized_response(self.code(history), self.code_size, epsilon, words)
+
     def scores(self, history: Iterable[str], item_ids: Sequence[str]) -> Floats:
         """The true SANSA scores of ``item_ids`` for the history (x W1 W2), −∞ for history items."""
         index = self.model.index
@@ -108,16 +148,19 @@ class Device:
         return local_choice(self.scores(list(history), item_ids))
 
 
+SIGNAL_KINDS = ("code", "lattice")  # what a device may send; "code" is the bundle's default
+
+
 class SignalMemory:
     """The signals a device sent, by (user_id, request_id), so that a repeated request resends the
     SAME signal: a fresh draw under a request_id the server has seen would give it a second,
     independent look at the history while it charges ε once (it refuses the mismatch, but only
-    after seeing it). A request_id reused with another history, ε, k or embedding is refused here,
-    before anything is drawn. Holds the last ``size`` requests; thread-safe."""
+    after seeing it). A request_id reused with another history, ε, k, signal kind or bundle is
+    refused here, before anything is drawn. Holds the last ``size`` requests; thread-safe."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
-        self._sent: OrderedDict[tuple[str, str], tuple[tuple[object, ...], Ints]] = OrderedDict()
+        self._sent: OrderedDict[tuple[str, str], tuple[tuple[object, ...], int | Ints]] = OrderedDict()
         self._lock = threading.Lock()
 
     def signal(
@@ -129,10 +172,15 @@ class SignalMemory:
         epsilon: float,
         k: int,
         rng: np.random.Generator,
-    ) -> Ints:
+        kind: str = "code",
+    ) -> int | Ints:
         """The signal of this request: the one sent before under (user_id, request_id), else a
-        fresh :meth:`Device.signal`, remembered."""
-        inputs = (device.version, tuple(device.rows(history).tolist()), float(epsilon), int(k))
+        fresh :meth:`Device.code_signal` (``kind`` "code") or :meth:`Device.signal` ("lattice"),
+        remembered."""
+        if kind not in SIGNAL_KINDS:
+            raise ParamError("signal must be one of {kinds}; got {value}", kinds=SIGNAL_KINDS, value=repr(kind))
+        bundle = (device.version, device.codebook_version)
+        inputs = (bundle, kind, tuple(device.rows(history).tolist()), float(epsilon), int(k))
         key = (user_id, request_id)
         with self._lock:
             sent = self._sent.get(key)
@@ -140,12 +188,14 @@ class SignalMemory:
                 if sent[0] != inputs:
                     raise ParamError(
                         "{request_id} {value} was already sent by this device with another history, "
-                        "epsilon, k or embedding; a new request needs a new request_id",
+                        "epsilon, k, signal kind or bundle; a new request needs a new request_id",
                         value=repr(request_id),
                     )
                 self._sent.move_to_end(key)
                 return sent[1]
-            signal = device.signal(history, epsilon, rng)
+            signal: int | Ints = (
+                device.code_signal(history, epsilon, rng) if kind == "code" else device.signal(history, epsilon, rng)
+            )
             self._sent[key] = (inputs, signal)
             if len(self._sent) > self.size:
                 self._sent.popitem(last=False)

@@ -23,12 +23,14 @@ import scipy.sparse as sp
 from recsvc.artifact.format import ArtifactError, sha256_file
 from recsvc.checks import ParamError
 from recsvc.model import Model
-from recsvc.multiselection import Lattice, Population, check_radius, embedding_version
+from recsvc.multiselection import Lattice, Population, check_radius, codebook_bytes, codebook_version, embedding_version
 
 BUNDLE_MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "recsvc-client-bundle"
-BUNDLE_FORMAT_VERSION = 2  # 2: the lattice grid (grid_step, lattice_radius) and its embedding_version
+BUNDLE_FORMAT_VERSION = 3  # 3: the code signal's codebook (codebook.json, code_size, codebook_version)
+SIGNAL_CODE, SIGNAL_LATTICE = "code", "lattice"
 ITEM_IDS = "item_ids.json"
+CODEBOOK = "codebook.json"
 EMBEDDING = "embedding.npy"
 CSR_PARTS: dict[str, np.dtype[Any]] = {"indptr": np.dtype("<i8"), "indices": np.dtype("<i4"), "data": np.dtype("<f8")}
 
@@ -40,7 +42,8 @@ POP_TOP_SCORE = "top_score.npy"
 @dataclass(frozen=True)
 class ClientBundle:
     """What a device needs (docs/reference/client-bundle.md): item ids in row order, the embedding
-    E (n × d), SANSA's W1 and W2, and the embedding's version, d, R and lattice grid."""
+    E (n × d), SANSA's W1 and W2, the embedding's version, d, R and lattice grid, and the code
+    signal's codebook (item rows) and its version."""
 
     item_ids: np.ndarray  # (n,) str
     embedding: np.ndarray  # (n, d) float64
@@ -49,6 +52,12 @@ class ClientBundle:
     version: str
     dim: int
     radius: float
+    codebook: np.ndarray  # (C,) int64 item rows, in the codebook's order
+    codebook_version: str
+
+    @property
+    def code_size(self) -> int:
+        return int(self.codebook.shape[0])
 
     @property
     def lattice(self) -> Lattice:
@@ -71,10 +80,14 @@ def _save(path: Path, array: np.ndarray, dtype: np.dtype) -> None:
 
 
 def write_client_bundle(
-    directory: Path, item_ids: np.ndarray, embedding: np.ndarray, radius: float, model: Model
+    directory: Path, item_ids: np.ndarray, embedding: np.ndarray, radius: float, model: Model, codebook: Any
 ) -> str:
-    """Writes ``directory`` (new) as a client bundle; returns its embedding version."""
+    """Writes ``directory`` (new) as a client bundle with the codebook ``codebook`` (item ids, in
+    order); returns its embedding version."""
     ids = [str(i) for i in np.asarray(item_ids).tolist()]
+    book = [str(i) for i in np.asarray(codebook).tolist()]
+    if len(book) < 2 or len(set(book)) != len(book) or not set(book) <= set(ids):
+        raise ArtifactError(f"client bundle: codebook of {len(book)} ids; expected ≥ 2 distinct ids of the catalog")
     e = np.asarray(embedding, dtype=np.float64)
     if e.ndim != 2 or e.shape[0] != len(ids) or not np.isfinite(e).all():
         raise ArtifactError(f"client bundle: embedding of shape {e.shape}; expected finite ({len(ids)}, d)")
@@ -86,6 +99,7 @@ def write_client_bundle(
         raise ArtifactError(f"client bundle: {exc}") from None
     directory.mkdir()
     (directory / ITEM_IDS).write_text(json.dumps(ids, ensure_ascii=False))
+    (directory / CODEBOOK).write_bytes(codebook_bytes(book))
     _save(directory / EMBEDDING, e, np.dtype("<f8"))
     for name, m in (("w1", model.w1), ("w2", model.w2)):
         csr = sp.csr_matrix(m)
@@ -102,6 +116,9 @@ def write_client_bundle(
         "grid_step": Lattice.of(r, int(e.shape[1])).step,
         "lattice_radius": Lattice.of(r, int(e.shape[1])).radius,
         "num_items": len(ids),
+        "signal": SIGNAL_CODE,
+        "code_size": len(book),
+        "codebook_version": codebook_version(book),
         "files": files,
     }
     (directory / BUNDLE_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -135,12 +152,17 @@ def _manifest(directory: Path) -> dict[str, Any]:
         "grid_step": (int, float),
         "lattice_radius": int,
         "num_items": int,
+        "signal": str,
+        "code_size": int,
+        "codebook_version": str,
         "files": dict,
     }
-    if isinstance(data, dict) and data.get("format") == BUNDLE_FORMAT and data.get("format_version") == 1:
+    old = {1: "a float signal", 2: "the lattice signal without the codebook"}
+    if isinstance(data, dict) and data.get("format") == BUNDLE_FORMAT and data.get("format_version") in old:
         raise ArtifactError(
-            f"{path}: client bundle format_version 1 (a float signal) is not served; expected version "
-            f"{BUNDLE_FORMAT_VERSION} (the lattice signal): rebuild the artifact with `recsvc prep`"
+            f"{path}: client bundle format_version {data['format_version']} ({old[data['format_version']]}) is not "
+            f"served; expected version {BUNDLE_FORMAT_VERSION} (the code signal's codebook): rebuild the artifact "
+            "with `recsvc prep`"
         )
     for key, kind in expected.items():
         if not isinstance(data, dict) or not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
@@ -181,7 +203,7 @@ def read_client_bundle(directory: str | Path) -> ClientBundle:
             raise ArtifactError(f"{f} is missing (listed in {directory / BUNDLE_MANIFEST})")
         if sha256_file(f) != digest:
             raise ArtifactError(f"{f} is corrupt: its sha256 does not match {directory / BUNDLE_MANIFEST}")
-    needed = [ITEM_IDS, EMBEDDING] + [f"{w}_{p}.npy" for w in ("w1", "w2") for p in CSR_PARTS]
+    needed = [ITEM_IDS, CODEBOOK, EMBEDDING] + [f"{w}_{p}.npy" for w in ("w1", "w2") for p in CSR_PARTS]
     missing = [n for n in needed if n not in m["files"]]
     if missing:
         raise ArtifactError(f"{directory / BUNDLE_MANIFEST} does not list {missing}; expected every bundle file")
@@ -212,7 +234,32 @@ def read_client_bundle(directory: str | Path) -> ClientBundle:
         )
     w1 = _csr(directory, "w1", n, None)
     w2 = _csr(directory, "w2", w1.shape[1], n)
-    return ClientBundle(np.array(ids, dtype=str), e, w1, w2, m["embedding_version"], d, r)
+    book = _codebook(directory, m, {i: row for row, i in enumerate(ids)})
+    return ClientBundle(np.array(ids, dtype=str), e, w1, w2, m["embedding_version"], d, r, book, m["codebook_version"])
+
+
+def _codebook(directory: Path, m: dict[str, Any], index: dict[str, int]) -> np.ndarray:
+    """codebook.json's item rows, checked against the manifest (signal, code_size, version)."""
+    where = directory / CODEBOOK
+    if m["signal"] != SIGNAL_CODE:
+        raise ArtifactError(
+            f"{directory / BUNDLE_MANIFEST}: signal {m['signal']!r}; expected {SIGNAL_CODE!r} (format_version "
+            f"{BUNDLE_FORMAT_VERSION} devices send the code signal by default)"
+        )
+    raw = where.read_bytes()
+    try:
+        book = json.loads(raw)
+    except ValueError as exc:
+        raise ArtifactError(f"{where} is not valid JSON: {exc}") from None
+    if not isinstance(book, list) or len(book) != m["code_size"] or m["code_size"] < 2:
+        raise ArtifactError(f"{where}: expected a JSON array of code_size = {m['code_size']} (≥ 2) item ids")
+    if not all(isinstance(i, str) and i in index for i in book) or len(set(book)) != len(book):
+        raise ArtifactError(f"{where}: expected distinct item ids of item_ids.json")
+    if raw != codebook_bytes(book) or codebook_version(book) != m["codebook_version"]:
+        raise ArtifactError(
+            f"{where}: does not hash to the manifest's codebook_version; expected the bundle as `recsvc prep` wrote it"
+        )
+    return np.array([index[i] for i in book], dtype=np.int64)
 
 
 def write_population_sample(

@@ -93,9 +93,10 @@ class ArtifactWriter(StagedDir):
     def write_policy(self, policy: pl.DataFrame) -> None:
         validate_policy(policy).write_parquet(self.tmp / POLICY, statistics=False)
 
-    def write_client_bundle(self, item_ids: Any, embedding: Any, radius: float, model: Model) -> str:
-        """``client/`` (docs/reference/client-bundle.md); returns the embedding version."""
-        return write_client_bundle(self.tmp / CLIENT_DIR, item_ids, embedding, radius, model)
+    def write_client_bundle(self, item_ids: Any, embedding: Any, radius: float, model: Model, codebook: Any) -> str:
+        """``client/`` (docs/reference/client-bundle.md) with the code signal's ``codebook`` (item
+        ids); returns the embedding version."""
+        return write_client_bundle(self.tmp / CLIENT_DIR, item_ids, embedding, radius, model, codebook)
 
     def write_multiselect_population(self, embeddings: Any, top_index: Any, top_score: Any, num_items: int) -> None:
         """``multiselect/``: the server's public population sample (clipped embeddings, top-L)."""

@@ -3,12 +3,29 @@ noise of scale 1/ε to its private value (ε-geographic DP, :mod:`.geographic`),
 the noisy signal with k points, and the device keeps the nearest (:mod:`.response`). In d
 dimensions (:mod:`.embedding`) the device sends a noisy embedding of its history, the server
 weights a public population by the signal's likelihood (:mod:`.posterior`) and picks k items
-greedily (:mod:`.greedy`). What a device sends is the exactly ε-DP lattice signal
-(:mod:`.lattice`, with the exact noise of :mod:`.discrete`), and the evaluation measures exactly
+greedily (:mod:`.greedy`). What a device sends is exactly ε-DP: by default the index of its best
+item of a public codebook by C-ary randomised response (:mod:`.code`), or the lattice signal
+(:mod:`.lattice`), both with the exact noise of :mod:`.discrete`; the evaluation measures exactly
 that. Pure numpy and scipy: what the service and the evaluation build on."""
 
 from __future__ import annotations
 
+from recsvc.multiselection.code import (
+    CODE_SIZES,
+    SELECTION_EPSILON,
+    SizeChoice,
+    blind_codebook,
+    choose_size,
+    code_log_likelihood,
+    code_of,
+    codebook_bytes,
+    codebook_version,
+    held_scores,
+    prototype_codes,
+    randomized_response,
+    respond_code,
+    rr_law,
+)
 from recsvc.multiselection.device import local_choice
 from recsvc.multiselection.discrete import Words, bernoulli_exp, discrete_laplace, rate, uniform_below
 from recsvc.multiselection.embedding import check_radius, clip_l1, embed
@@ -50,7 +67,9 @@ from recsvc.multiselection.response import (
 )
 
 __all__ = [
+    "CODE_SIZES",
     "GRID_STEPS",
+    "SELECTION_EPSILON",
     "SIGNAL_LIMIT",
     "WEIGHT_FLOOR",
     "Disutility",
@@ -58,12 +77,19 @@ __all__ = [
     "Lattice",
     "Population",
     "Response",
+    "SizeChoice",
     "Words",
     "baseline",
     "bernoulli_exp",
+    "blind_codebook",
     "check_disutility",
     "check_radius",
+    "choose_size",
     "clip_l1",
+    "code_log_likelihood",
+    "code_of",
+    "codebook_bytes",
+    "codebook_version",
     "dense_greedy",
     "discrete_laplace",
     "discrete_laplace_log_pmf",
@@ -73,6 +99,7 @@ __all__ = [
     "expected_utility",
     "geographic_excess",
     "greedy",
+    "held_scores",
     "identity_error",
     "identity_expected_error",
     "identity_offsets",
@@ -83,9 +110,13 @@ __all__ = [
     "monte_carlo_error",
     "optimal_response",
     "privacy_loss",
+    "prototype_codes",
     "pull_in",
+    "randomized_response",
     "rate",
+    "respond_code",
     "respond_lattice",
+    "rr_law",
     "sample_signal",
     "signal_cdf",
     "signal_log_density",

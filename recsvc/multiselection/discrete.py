@@ -114,6 +114,13 @@ def _discrete_laplace(s: int, t: int, nxt: Callable[[], int]) -> int:
         return -y if negative else y
 
 
+def _randomized_response(index: int, size: int, s: int, t: int, nxt: Callable[[], int]) -> int:
+    while True:
+        y = _below(size, nxt)
+        if y == index or _bernoulli_exp(s, t, nxt):
+            return y
+
+
 def uniform_below(n: int, words: Words) -> int:
     """A uniform integer in [0, n): ⌈b/32⌉ words (b the bit length of n − 1), first word most
     significant, masked to b bits, retried while ≥ n. n = 1 takes no word."""
@@ -143,6 +150,13 @@ def discrete_laplace(s: int, t: int, words: Words) -> int:
 def discrete_laplace_vector(s: int, t: int, count: int, words: Words) -> list[int]:
     """``count`` independent draws of :func:`discrete_laplace`, in order."""
     return [words.draw(lambda nxt: _discrete_laplace(s, t, nxt)) for _ in range(count)]
+
+
+def randomized_response_draw(index: int, size: int, s: int, t: int, words: Words) -> int:
+    """C-ary randomised response of ``index`` < C = ``size`` at ε = s/t, exactly: rounds of
+    uniform_below(C), the round's Y kept if it is ``index``, else kept iff bernoulli_exp(s, t);
+    a round that keeps nothing starts again (the law is in :mod:`.code`)."""
+    return words.draw(lambda nxt: _randomized_response(index, size, s, t, nxt))
 
 
 def rate(epsilon: float, sensitivity: int) -> tuple[int, int]:

@@ -248,24 +248,24 @@ class Client:
         device: Device,
         request_id: str | None = None,
         rng: np.random.Generator | None = None,
+        signal: str = "code",
     ) -> pb.MultiSelectRequest:
-        """The MultiSelectRequest the device sends: the lattice signal of ``history`` (integers) and
-        the grid step, nothing else derived from it; for a request_id this client sent before, the same signal
-        (:class:`~recsvc.device.SignalMemory`). ``rng``: this thread's CSPRNG unless given."""
+        """The MultiSelectRequest the device sends: ``history``'s code by randomised response and
+        the codebook version (``signal="code"``, the default), or its lattice signal (integers) and
+        the grid step (``"lattice"``), nothing else derived from it; for a request_id this client
+        sent before, the same signal (:class:`~recsvc.device.SignalMemory`). ``rng``: this thread's
+        CSPRNG unless given."""
         eps = check_epsilon(epsilon, error=ParamError)
         k = check_int("k", k, 1)
         rid = request_id or uuid.uuid4().hex
         hist = [str(h) for h in history]
-        signal = self.signals.signal(device, user_id, rid, hist, eps, k, thread_csprng() if rng is None else rng)
-        return pb.MultiSelectRequest(
-            user_id=user_id,
-            request_id=rid,
-            lattice_signal=signal.tolist(),
-            grid_step=device.lattice.step,
-            embedding_version=device.version,
-            k=k,
-            epsilon=eps,
+        sent = self.signals.signal(device, user_id, rid, hist, eps, k, thread_csprng() if rng is None else rng, signal)
+        common: dict[str, Any] = dict(
+            user_id=user_id, request_id=rid, embedding_version=device.version, k=k, epsilon=eps
         )
+        if isinstance(sent, int):
+            return pb.MultiSelectRequest(code=sent, codebook_version=device.codebook_version, **common)
+        return pb.MultiSelectRequest(lattice_signal=sent.tolist(), grid_step=device.lattice.step, **common)
 
     def multiselect(
         self,
@@ -276,6 +276,7 @@ class Client:
         device: Device | str | os.PathLike[str],
         request_id: str | None = None,
         rng: np.random.Generator | None = None,
+        signal: str = "code",
     ) -> MultiSelection:
         """Multi-selection (docs/concepts/multi-selection.md): sends ``history``'s ε-local-DP signal,
         receives k items, and keeps the best by the true scores on this side. ``device``: a
@@ -289,7 +290,7 @@ class Client:
                 self.devices[key] = Device.load(key)
             device = self.devices[key]
         hist = [str(h) for h in history]
-        req = self.multiselect_request(user_id, hist, epsilon, k, device, request_id, rng)
+        req = self.multiselect_request(user_id, hist, epsilon, k, device, request_id, rng, signal)
         resp = self._call(self.stub.MultiSelect, req)
         items = list(resp.item_ids)
         return MultiSelection(

@@ -297,6 +297,8 @@ def multiselect_input(req: pb.MultiSelectRequest) -> dict[str, Any]:
         k=req.k,
         epsilon=req.epsilon,
         fingerprint=lambda: fingerprint(b"multiselect\0", req),
+        code=req.code,
+        codebook_version=req.codebook_version,
     )
 
 
@@ -383,6 +385,8 @@ def mechanisms_response(
         embedding_radius=multi.radius if multi is not None else 0.0,
         embedding_grid_step=multi.lattice.step if multi is not None else 0.0,
         embedding_lattice_radius=multi.lattice.radius if multi is not None else 0,
+        codebook_version=multi.codebook_version if multi is not None else "",
+        code_size=multi.code_size if multi is not None else 0,
         max_multiselect_k=multi.max_k if multi is not None else 0,
         default_candidate_mechanism=policy.selection.default_candidate_mechanism,
     )

@@ -1,8 +1,9 @@
 """MultiSelect without the wire format: prepare → execute (docs/concepts/multi-selection.md).
 
-The device sends its history's lattice signal (integers, exactly local ε-DP); the server's k items are a
-deterministic function of that signal and public data (:func:`recsvc.multiselection.respond`), so
-answering spends nothing beyond the device's ε. The server cannot check the noise, so it charges
+The device sends its history's code by C-ary randomised response (the default) or its lattice
+signal (integers), both exactly local ε-DP; the server's k items are a deterministic function of
+that signal and public data (:func:`recsvc.multiselection.respond_code`,
+:func:`recsvc.multiselection.respond_lattice`), so answering spends nothing beyond the device's ε. The server cannot check the noise, so it charges
 the ε the device DECLARES to ``user_id`` on the same ledger as Select, under the same protocol
 (:meth:`recsvc.ledger.Ledger.draw_and_charge`): the "draw" is the response, computed outside the
 write transaction, and a retry with the same request_id returns the stored items and spends
@@ -14,7 +15,9 @@ Every check runs before the ledger is touched, so a refused request spends nothi
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -24,7 +27,7 @@ from recsvc.artifact import Artifact
 from recsvc.checks import check_epsilon
 from recsvc.ledger import Ledger
 from recsvc.ledger.units import charge_units, to_epsilon
-from recsvc.multiselection import SIGNAL_LIMIT, Lattice, respond_lattice
+from recsvc.multiselection import SIGNAL_LIMIT, Lattice, prototype_codes, respond_code, respond_lattice
 from recsvc.service.catalog import short
 from recsvc.service.config import Policy
 from recsvc.service.errors import InvalidRequest, Unavailable
@@ -33,6 +36,7 @@ from recsvc.service.requests import check_id, check_user_id
 log = logging.getLogger("recsvc.service")
 
 MECHANISM = "multiselect"  # the ledger's mechanism column for these charges (recsvc ledger export)
+CODE_ANSWERS = 4096  # code answers kept: one per (code, ε, k), a pure function of public data
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,8 @@ class MultiPrepared:
     fingerprint: bytes
     epsilon: float
     k: int
-    signal: np.ndarray = field(repr=False)
+    signal: np.ndarray = field(repr=False)  # the lattice signal; empty for a code signal
+    code: int | None = field(default=None, repr=False)  # the code signal
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class MultiSelector:
         self.available = artifact.has_client_bundle
         self.version, self.dim, self.radius = "", 0, 0.0
         self.lattice = Lattice(0.0, 0)
+        self.codebook_version, self.code_size = "", 0
+        self._answers: OrderedDict[tuple[int, float, int], list[str]] = OrderedDict()
+        self._lock = threading.Lock()
         if not self.available:
             log.info("%s has no client bundle: MultiSelect is unavailable (rebuild with `recsvc prep`)", artifact.path)
             return
@@ -77,6 +85,9 @@ class MultiSelector:
         self.lattice = bundle.lattice
         # The prototypes in the device's units, rounded once: the likelihood is then exact integers.
         self.points = self.lattice.point(self.population.embeddings)
+        # Each prototype's own code: what the randomised-response likelihood compares.
+        self.codebook_version, self.code_size = bundle.codebook_version, bundle.code_size
+        self.codes = prototype_codes(self.population, bundle.codebook)
 
     @property
     def max_k(self) -> int:
@@ -94,6 +105,8 @@ class MultiSelector:
         k: int,
         epsilon: float,
         fingerprint: Callable[[], bytes],
+        code: int = 0,
+        codebook_version: str = "",
     ) -> MultiPrepared:
         """Every check, in order, touching no ledger; InvalidRequest (or Unavailable) names what is wrong."""
         if not self.available:
@@ -117,7 +130,16 @@ class MultiSelector:
         if float_values:
             raise InvalidRequest(
                 f"the request carries a float signal ({float_values} values), which is not exactly ε-DP; expected "
-                "lattice_signal (integers) and grid_step: update the device and its client bundle"
+                "code and codebook_version (or lattice_signal and grid_step): update the device and its client bundle"
+            )
+        if codebook_version:
+            return self._prepare_code(
+                user_id, request_id, signal, grid_step, codebook_version, code, k, epsilon, fingerprint
+            )
+        if code:
+            raise InvalidRequest(
+                f"the request carries code {code} without codebook_version; expected codebook_version "
+                f"{self.codebook_version!r} (ListMechanisms.codebook_version) with a code signal"
             )
         if grid_step != self.lattice.step:
             raise InvalidRequest(
@@ -136,10 +158,58 @@ class MultiSelector:
             )
         return MultiPrepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), float(epsilon), int(k), signal)
 
+    def _prepare_code(
+        self,
+        user_id: str,
+        request_id: str,
+        signal: np.ndarray,
+        grid_step: float,
+        codebook_version: str,
+        code: int,
+        k: int,
+        epsilon: float,
+        fingerprint: Callable[[], bytes],
+    ) -> MultiPrepared:
+        if signal.size or grid_step:
+            raise InvalidRequest(
+                "the request carries both a code signal (codebook_version) and a lattice signal (lattice_signal or "
+                "grid_step); expected exactly one kind of signal"
+            )
+        if codebook_version != self.codebook_version:
+            raise InvalidRequest(
+                f"codebook_version {short(codebook_version)} is not this server's; expected {self.codebook_version!r} "
+                "(ListMechanisms.codebook_version): re-download the client bundle"
+            )
+        if not 0 <= code < self.code_size:
+            raise InvalidRequest(
+                f"code {code} is out of range; expected 0 <= code < {self.code_size} (ListMechanisms.code_size)"
+            )
+        rid = request_id or uuid.uuid4().hex
+        return MultiPrepared(user_id, rid, fingerprint(), float(epsilon), int(k), signal, int(code))
+
     def items(self, p: MultiPrepared) -> list[str]:
         """The k items for ``p``'s signal, best expected first."""
+        if p.code is not None:
+            return self._code_items(p.code, p.epsilon, p.k)
         rows = respond_lattice(self.population, self.points, p.signal, p.epsilon, self.lattice, p.k)
         return [str(i) for i in self.item_ids[rows].tolist()]
+
+    def _code_items(self, code: int, epsilon: float, k: int) -> list[str]:
+        """The answer to a code: a function of (code, ε, k) and public data, so it is computed once
+        and kept (the last CODE_ANSWERS)."""
+        key = (code, epsilon, k)
+        with self._lock:
+            hit = self._answers.get(key)
+            if hit is not None:
+                self._answers.move_to_end(key)
+                return list(hit)
+        rows = respond_code(self.population, self.codes, code, epsilon, k)
+        items = [str(i) for i in self.item_ids[rows].tolist()]
+        with self._lock:
+            self._answers[key] = items
+            if len(self._answers) > CODE_ANSWERS:
+                self._answers.popitem(last=False)
+        return list(items)
 
     def execute(
         self,

@@ -177,7 +177,7 @@ class AutoPolicyEntry(_message.Message):
     def __init__(self, epsilon: _Optional[float] = ..., k: _Optional[int] = ..., mechanism: _Optional[str] = ..., expected_mse: _Optional[float] = ...) -> None: ...
 
 class ListMechanismsResponse(_message.Message):
-    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size", "auto_policy", "catalog_version", "default_candidate_mechanism", "embedding_version", "embedding_dim", "embedding_radius", "max_multiselect_k", "embedding_grid_step", "embedding_lattice_radius")
+    __slots__ = ("mechanisms", "default_mechanism", "auto_resolves_to", "auto_threshold", "population_spearman_median", "budget", "max_candidates", "max_slate", "min_candidates", "catalog_size", "auto_policy", "catalog_version", "default_candidate_mechanism", "embedding_version", "embedding_dim", "embedding_radius", "max_multiselect_k", "embedding_grid_step", "embedding_lattice_radius", "codebook_version", "code_size")
     MECHANISMS_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_MECHANISM_FIELD_NUMBER: _ClassVar[int]
     AUTO_RESOLVES_TO_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +197,8 @@ class ListMechanismsResponse(_message.Message):
     MAX_MULTISELECT_K_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_GRID_STEP_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_LATTICE_RADIUS_FIELD_NUMBER: _ClassVar[int]
+    CODEBOOK_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CODE_SIZE_FIELD_NUMBER: _ClassVar[int]
     mechanisms: _containers.RepeatedCompositeFieldContainer[MechanismInfo]
     default_mechanism: str
     auto_resolves_to: str
@@ -216,10 +218,12 @@ class ListMechanismsResponse(_message.Message):
     max_multiselect_k: int
     embedding_grid_step: float
     embedding_lattice_radius: int
-    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ..., catalog_version: _Optional[str] = ..., default_candidate_mechanism: _Optional[str] = ..., embedding_version: _Optional[str] = ..., embedding_dim: _Optional[int] = ..., embedding_radius: _Optional[float] = ..., max_multiselect_k: _Optional[int] = ..., embedding_grid_step: _Optional[float] = ..., embedding_lattice_radius: _Optional[int] = ...) -> None: ...
+    codebook_version: str
+    code_size: int
+    def __init__(self, mechanisms: _Optional[_Iterable[_Union[MechanismInfo, _Mapping]]] = ..., default_mechanism: _Optional[str] = ..., auto_resolves_to: _Optional[str] = ..., auto_threshold: _Optional[float] = ..., population_spearman_median: _Optional[float] = ..., budget: _Optional[float] = ..., max_candidates: _Optional[int] = ..., max_slate: _Optional[int] = ..., min_candidates: _Optional[int] = ..., catalog_size: _Optional[int] = ..., auto_policy: _Optional[_Iterable[_Union[AutoPolicyEntry, _Mapping]]] = ..., catalog_version: _Optional[str] = ..., default_candidate_mechanism: _Optional[str] = ..., embedding_version: _Optional[str] = ..., embedding_dim: _Optional[int] = ..., embedding_radius: _Optional[float] = ..., max_multiselect_k: _Optional[int] = ..., embedding_grid_step: _Optional[float] = ..., embedding_lattice_radius: _Optional[int] = ..., codebook_version: _Optional[str] = ..., code_size: _Optional[int] = ...) -> None: ...
 
 class MultiSelectRequest(_message.Message):
-    __slots__ = ("user_id", "request_id", "signal", "embedding_version", "k", "epsilon", "lattice_signal", "grid_step")
+    __slots__ = ("user_id", "request_id", "signal", "embedding_version", "k", "epsilon", "lattice_signal", "grid_step", "code", "codebook_version")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +232,8 @@ class MultiSelectRequest(_message.Message):
     EPSILON_FIELD_NUMBER: _ClassVar[int]
     LATTICE_SIGNAL_FIELD_NUMBER: _ClassVar[int]
     GRID_STEP_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    CODEBOOK_VERSION_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     request_id: str
     signal: _containers.RepeatedScalarFieldContainer[float]
@@ -236,7 +242,9 @@ class MultiSelectRequest(_message.Message):
     epsilon: float
     lattice_signal: _containers.RepeatedScalarFieldContainer[int]
     grid_step: float
-    def __init__(self, user_id: _Optional[str] = ..., request_id: _Optional[str] = ..., signal: _Optional[_Iterable[float]] = ..., embedding_version: _Optional[str] = ..., k: _Optional[int] = ..., epsilon: _Optional[float] = ..., lattice_signal: _Optional[_Iterable[int]] = ..., grid_step: _Optional[float] = ...) -> None: ...
+    code: int
+    codebook_version: str
+    def __init__(self, user_id: _Optional[str] = ..., request_id: _Optional[str] = ..., signal: _Optional[_Iterable[float]] = ..., embedding_version: _Optional[str] = ..., k: _Optional[int] = ..., epsilon: _Optional[float] = ..., lattice_signal: _Optional[_Iterable[int]] = ..., grid_step: _Optional[float] = ..., code: _Optional[int] = ..., codebook_version: _Optional[str] = ...) -> None: ...
 
 class MultiSelectResponse(_message.Message):
     __slots__ = ("item_ids", "epsilon_spent", "budget_remaining", "replayed", "charged", "request_id")

@@ -33,11 +33,11 @@ import scipy.sparse as sp
 
 from recsvc.device import Device
 from recsvc.model import Model
-from recsvc.multiselection import Words, embedding_version
+from recsvc.multiselection import Words, codebook_version, embedding_version
 from recsvc.rng import csprng
 from scripts.bench.harness import REPO
 
-N_ITEMS, DIM, K = 20_720, 32, 10
+N_ITEMS, DIM, K, CODE_SIZE = 20_720, 32, 10, 32
 NNZ_PER_ROW = 50  # each factor: 2 × 20,720 × 50 ≈ 2.1M nonzeros, SANSA's density 5e-3 at this n
 HISTORY = 100  # the device target is stated for a 100-item history
 EPSILON = 1.0
@@ -56,7 +56,9 @@ def synthetic_device(seed: int = 0) -> Device:
     ids = np.array([f"item{i}" for i in range(n)])
     factors = rng.normal(scale=0.05, size=(n, DIM))
     radius = 1.0
-    return Device(Model(factor(), factor(), ids), factors, radius, embedding_version(factors, radius))
+    book = np.arange(CODE_SIZE, dtype=np.int64)  # any C items: the code's cost does not depend on which
+    version = embedding_version(factors, radius)
+    return Device(Model(factor(), factor(), ids), factors, radius, version, book, codebook_version(ids[book].tolist()))
 
 
 def _time(fn: Callable[[int], object], calls: int) -> list[float]:
@@ -104,7 +106,8 @@ def js_rows(device: Device, rounds: int, calls: int, bundle: Path | None) -> Row
     with tempfile.TemporaryDirectory() as tmp:
         if bundle is None:
             bundle = Path(tmp) / "client"
-            write_client_bundle(bundle, device.model.item_ids, device.factors, device.radius, device.model)
+            book = device.model.item_ids[device.codebook]
+            write_client_bundle(bundle, device.model.item_ids, device.factors, device.radius, device.model, book)
         run = subprocess.run(
             ["node", "bin/bench.js", str(bundle.resolve()), str(rounds), str(calls), str(HISTORY), str(K)],
             cwd=REPO / "clients" / "js",

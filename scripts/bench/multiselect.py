@@ -31,7 +31,7 @@ import numpy as np
 from scripts.bench.harness import REPO, free_port, launch, serve_command, stop, tree_cpu_seconds
 
 MODULE = "scripts.bench.multiselect"
-ML20M_ITEMS, DIM, USERS, TOP, RADIUS = 20_720, 32, 1000, 100, 1.0
+ML20M_ITEMS, DIM, USERS, TOP, RADIUS, CODE_SIZE = 20_720, 32, 1000, 100, 1.0, 16
 
 
 def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, top: int = TOP) -> Path:
@@ -42,7 +42,7 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, t
 
     from recsvc.artifact import ArtifactWriter
     from recsvc.model import Model
-    from recsvc.multiselection import clip_l1
+    from recsvc.multiselection import Population, blind_codebook, clip_l1
 
     rng = np.random.default_rng(seed)
     ids = np.array([f"item{k}" for k in range(n_items)])
@@ -61,7 +61,8 @@ def multiselect_artifact(out: Path, n_items: int = ML20M_ITEMS, seed: int = 0, t
         w.write_candidates(
             pl.DataFrame({"user_id": ["u"], "rank": [0], "item_id": ["item0"], "score": [0.1]}).cast({"rank": pl.Int32})
         )
-        version = w.write_client_bundle(ids, factors, RADIUS, Model(w1=w1, w2=w2, item_ids=ids))
+        book = ids[blind_codebook(Population(emb, top_index.astype(np.int64), top_score, n_items), CODE_SIZE)]
+        version = w.write_client_bundle(ids, factors, RADIUS, Model(w1=w1, w2=w2, item_ids=ids), book)
         w.write_multiselect_population(emb, top_index, top_score, n_items)
         return w.commit(
             {

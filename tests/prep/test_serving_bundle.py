@@ -49,7 +49,7 @@ def _bundle_files(bundle: Path) -> dict[str, bytes]:
 def test_bundle_holds_only_public_files_and_no_per_user_row(artifacts: tuple[Path, Path], tmp_path: Path) -> None:
     bundle = write_serving_bundle(artifacts[0], tmp_path / "b")
     files = set(_bundle_files(bundle))
-    client = {f"client/{n}" for n in ("manifest.json", "item_ids.json", "embedding.npy")} | {
+    client = {f"client/{n}" for n in ("manifest.json", "item_ids.json", "codebook.json", "embedding.npy")} | {
         f"client/w{w}_{part}.npy" for w in (1, 2) for part in ("indptr", "indices", "data")
     }
     multiselect = {f"multiselect/{n}.npy" for n in ("embeddings", "top_index", "top_score")}
@@ -111,7 +111,7 @@ def test_cli_writes_the_bundle_and_refuses_bad_input_writing_nothing(
 ) -> None:
     out = tmp_path / "bundle"
     assert recsvc_main(["serving-bundle", "--artifacts", str(artifacts[0]), "--out", str(out)]) == 0
-    assert f"serving bundle: {out} (17 files: client/embedding.npy" in capsys.readouterr().out
+    assert f"serving bundle: {out} (18 files: client/codebook.json, client/embedding.npy" in capsys.readouterr().out
     assert recsvc_main(["serving-bundle", "--artifacts", str(out), "--out", str(tmp_path / "x")]) == 2
     assert "already a serving bundle; expected a full artifact" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

@@ -64,7 +64,7 @@ def bundle(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = load_artifact(artifact).model
     out = tmp_path_factory.mktemp("bundle") / "client"
     factors = np.random.default_rng(4).normal(size=(len(model.item_ids), 6))
-    write_client_bundle(out, model.item_ids, factors, 1.5, model)
+    write_client_bundle(out, model.item_ids, factors, 1.5, model, model.item_ids[[3, 0, 5, 1]])  # a codebook of C = 4
     return out
 
 

@@ -39,7 +39,13 @@ def test_multiselect_end_to_end(bundled: Path, tmp_path: Path) -> None:
         anon = c.multiselect("", HISTORY, epsilon=1.0, k=3, device=device)
         assert (len(anon.item_ids), anon.charged, anon.epsilon_spent) == (3, False, 0.0)
 
-        wrong = Device(device.model, device.factors, device.radius, "not-the-version")
+        lattice = c.multiselect("dave", HISTORY, epsilon=0.5, k=2, device=device, signal="lattice")
+        assert len(set(lattice.item_ids)) == 2 and lattice.epsilon_spent == 0.5  # the lattice signal is served too
+
+        wrong = Device(device.model, device.factors, device.radius, "not-the-version", device.codebook, "x")
         code, _ = rpc_error(c.multiselect, "dave", HISTORY, 1.0, 2, wrong)
         assert code == grpc.StatusCode.INVALID_ARGUMENT
-        assert c.budget("dave").spent == pytest.approx(1.0)  # a refusal spends nothing
+        other = Device(device.model, device.factors, device.radius, device.version, device.codebook, "other-book")
+        code, msg = rpc_error(c.multiselect, "dave", HISTORY, 1.0, 2, other)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "codebook_version" in msg
+        assert c.budget("dave").spent == pytest.approx(1.5)  # a refusal spends nothing

@@ -1,6 +1,7 @@
-"""The Python multi-selection device: Client.multiselect embeds the history, rounds it to the
-bundle's lattice, adds exact discrete Laplace noise from the CSPRNG, sends ONLY that integer
-signal and the grid step, and re-ranks the server's k items with the true SANSA scores.
+"""The Python multi-selection device: Client.multiselect sends ONLY its code (its best codebook
+item) by exact randomised response and the codebook version, or (signal="lattice") its embedding
+rounded to the bundle's lattice plus exact discrete Laplace noise from the CSPRNG and the grid
+step, and re-ranks the server's k items with the true SANSA scores.
 
 The wire test runs a real gRPC server whose MultiSelect handler records the raw request bytes:
 what a server operator could see is exactly what it asserts on."""
@@ -24,9 +25,11 @@ from recsvc.v1 import selection_pb2 as pb
 
 D, RADIUS = 6, 1.5  # the conftest bundle's d and R
 HISTORY = ["it3", "it17", "it29", "it17", "not-an-item"]  # a duplicate and an unknown id
-# MultiSelectRequest's field numbers: user_id, request_id, embedding_version, k, epsilon,
-# lattice_signal, grid_step (3, the refused float signal, is never sent).
-ALLOWED_FIELDS = {1, 2, 4, 5, 6, 7, 8}
+# MultiSelectRequest's field numbers: user_id, request_id, embedding_version, k, epsilon, then
+# code and codebook_version (the code signal; code 0 is not on the wire) or lattice_signal and
+# grid_step (3, the refused float signal, is never sent).
+COMMON_FIELDS = {1, 2, 4, 5, 6}
+CODE_FIELDS, LATTICE_FIELDS = {9, 10}, {7, 8}
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +112,9 @@ def test_the_device_embeds_the_distinct_known_history_items_and_clips_them(devic
     assert np.abs(device.embedding(HISTORY)).sum() == pytest.approx(RADIUS, rel=1e-12)
     assert device.embedding([]).tolist() == [0.0] * D
     with pytest.raises(ParamError, match="one row per item"):
-        Device(device.model, device.factors[:-1], RADIUS, "v")
+        Device(device.model, device.factors[:-1], RADIUS, "v", device.codebook, "c")
+    with pytest.raises(ParamError, match="the codebook must be"):
+        Device(device.model, device.factors, RADIUS, "v", np.array([3, 3]), "c")
 
 
 def test_the_signal_is_the_lattice_point_plus_discrete_laplace_of_rate_epsilon_over_delta(device) -> None:
@@ -138,13 +143,30 @@ def test_the_device_keeps_the_best_true_score_and_never_a_history_item(device) -
         device.scores(HISTORY, ["it1", "ghost"])
 
 
-def test_the_wire_carries_the_signal_and_nothing_else_from_the_history(device, bundle, capture) -> None:
+def test_the_wire_carries_the_code_and_nothing_else_from_the_history(device, bundle, capture) -> None:
     with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
-        r = c.multiselect("alice", HISTORY, epsilon=0.5, k=4, device=device, request_id="rq-1")
+        for i in range(6):  # several draws: the code is sometimes 0, which proto3 leaves off the wire
+            c.multiselect("alice", HISTORY, epsilon=0.5, k=4, device=device, request_id=f"rq-c{i}")
+    assert len(capture.received) == 7 and capture.received[0] == capture.received[1]  # the retry: no fresh draw
+    sent = capture.received[1:]
+    codes = set()
+    for raw in sent:
+        assert COMMON_FIELDS | {10} <= set(_wire_fields(raw)) <= COMMON_FIELDS | CODE_FIELDS
+        req = pb.MultiSelectRequest.FromString(raw)
+        assert req.codebook_version == device.codebook_version and 0 <= req.code < device.code_size
+        assert len(req.lattice_signal) == 0 and req.grid_step == 0.0 and len(req.signal) == 0
+        assert all(item.encode() not in raw for item in HISTORY)
+        codes.add(req.code)
+    assert len(codes) >= 2  # at ε = 0.5 and C = 4 the true code is sent about 35 % of the time
+
+
+def test_the_wire_carries_the_lattice_signal_and_nothing_else_from_the_history(device, bundle, capture) -> None:
+    with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
+        r = c.multiselect("alice", HISTORY, epsilon=0.5, k=4, device=device, request_id="rq-1", signal="lattice")
     assert len(capture.received) == 2  # refused once, retried
     assert capture.received[0] == capture.received[1]  # the retry resends the same signal: no fresh draw
     raw = capture.received[1]
-    assert set(_wire_fields(raw)) == ALLOWED_FIELDS
+    assert set(_wire_fields(raw)) == COMMON_FIELDS | LATTICE_FIELDS
     req = pb.MultiSelectRequest.FromString(raw)
     assert {f.name for f, _ in req.ListFields()} == {
         "user_id",
@@ -175,17 +197,25 @@ def test_a_repeated_request_id_resends_its_signal_and_other_inputs_under_it_are_
         c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device, request_id="same")
         c.multiselect("alice", HISTORY[::-1], epsilon=0.5, k=2, device=device, request_id="same")  # same rows
         assert len(capture.received) == 3 and capture.received[1] == capture.received[2]
-        for hist, eps, k in ((HISTORY[:1], 0.5, 2), (HISTORY, 0.6, 2), (HISTORY, 0.5, 3)):
+        for hist, eps, k, kind in (
+            (HISTORY[:1], 0.5, 2, "code"),
+            (HISTORY, 0.6, 2, "code"),
+            (HISTORY, 0.5, 3, "code"),
+            (HISTORY, 0.5, 2, "lattice"),
+        ):
             with pytest.raises(ParamError, match="'same' was already sent by this device"):
-                c.multiselect("alice", hist, epsilon=eps, k=k, device=device, request_id="same")
+                c.multiselect("alice", hist, epsilon=eps, k=k, device=device, request_id="same", signal=kind)
         c.multiselect("bob", HISTORY, epsilon=0.5, k=2, device=device, request_id="same")  # request ids are per user
     assert len(capture.received) == 4 and capture.received[3] != capture.received[2]
+    with Client(f"127.0.0.1:{capture.port}", retries=0) as c, pytest.raises(ParamError, match="signal must be one of"):
+        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device, signal="float")
+    assert len(capture.received) == 4
 
 
 def test_two_requests_draw_independent_signals(device, bundle, capture) -> None:
     with Client(f"127.0.0.1:{capture.port}", retries=2) as c:
-        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device)
-        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=str(bundle))  # a directory: loaded once
+        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=device, signal="lattice")
+        c.multiselect("alice", HISTORY, epsilon=0.5, k=2, device=str(bundle), signal="lattice")  # loaded once
         assert list(c.devices) == [str(bundle)]
     first, second = (pb.MultiSelectRequest.FromString(b) for b in capture.received[1:])
     assert list(first.lattice_signal) != list(second.lattice_signal) and first.request_id != second.request_id
@@ -204,9 +234,9 @@ def test_bad_input_is_refused_before_anything_is_sent(device, capture, epsilon, 
 def test_the_noise_comes_from_the_csprng_unless_a_generator_is_given(device) -> None:
     c = Client("127.0.0.1:1", retries=0)
     try:
-        a = c.multiselect_request("u", HISTORY, 1.0, 2, device, rng=np.random.default_rng(9))
-        b = c.multiselect_request("u", HISTORY, 1.0, 2, device, rng=np.random.default_rng(9))
-        fresh = c.multiselect_request("u", HISTORY, 1.0, 2, device)
+        a = c.multiselect_request("u", HISTORY, 1.0, 2, device, rng=np.random.default_rng(9), signal="lattice")
+        b = c.multiselect_request("u", HISTORY, 1.0, 2, device, rng=np.random.default_rng(9), signal="lattice")
+        fresh = c.multiselect_request("u", HISTORY, 1.0, 2, device, signal="lattice")
     finally:
         c.close()
     assert list(a.lattice_signal) == list(b.lattice_signal) != list(fresh.lattice_signal)
@@ -222,12 +252,12 @@ def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundl
     assert out["item_ids"] == items and out["item_id"] == items[device.choose(hist, items)]
     assert (out["epsilon_spent"], out["charged"]) == (2.0, True)
     req = pb.MultiSelectRequest.FromString(capture.received[-1])
-    assert (req.user_id, req.request_id, req.k, req.epsilon, len(req.lattice_signal)) == (
+    assert (req.user_id, req.request_id, req.k, req.epsilon, req.codebook_version) == (
         "carol",
         out["request_id"],
         3,
         2.0,
-        D,
+        device.codebook_version,
     )
     assert all(h.encode() not in capture.received[-1] for h in hist)
 

@@ -1,7 +1,7 @@
 """The JavaScript reference device (clients/js): its own tests (`node --test`, against a live
 `recsvc serve` they start) run in this suite, and it computes what the Python device computes:
-the same embeddings and scores for the same histories, and bit-identical integer signals for the
-same random words."""
+the same embeddings, scores and codes for the same histories, and bit-identical integer signals
+(lattice and code) for the same random words."""
 
 from __future__ import annotations
 
@@ -52,11 +52,17 @@ def test_the_javascript_and_python_devices_agree(bundle: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     js = json.loads(run.stdout)
-    for h, e, s, z in zip(histories, js["embeddings"], js["scores"], js["signals"], strict=True):
+    codes = []
+    for h, e, s, z, c, y in zip(
+        histories, js["embeddings"], js["scores"], js["signals"], js["codes"], js["codeSignals"], strict=True
+    ):
         np.testing.assert_allclose(e, device.embedding(h), rtol=0, atol=1e-9)
         want = device.scores(h, items)
         got = np.array([-np.inf if x is None else x for x in s])
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
         assert [int(v) for v in z] == device.signal(h, 0.3, Words(words)).tolist()  # integers: exactly equal
+        assert c == device.code(h) and y == device.code_signal(h, 0.3, Words(words))
+        codes.append(c)
+    assert len(set(codes)) >= 2  # the histories' codes differ
     clipped = [np.abs(device.embedding(h)).sum() for h in histories]
     assert max(clipped) == pytest.approx(device.radius)  # some history is clipped

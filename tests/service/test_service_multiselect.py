@@ -1,7 +1,8 @@
 """MultiSelect through a real server: the k items are the core's response to the signal, the
 declared ε is charged on the same ledger as Select (replays spend nothing, no user_id charges
 nothing), bad input is refused with nothing spent (a float signal, a lattice point out of range, a
-grid step that is not the bundle's among it), an artifact without a bundle refuses the RPC, and
+grid step that is not the bundle's, a code out of range, another codebook's version, both kinds of
+signal at once among it), the code signal's answer is the randomised-response greedy, an artifact without a bundle refuses the RPC, and
 scopes apply as for Select."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import recsvc.service.multiselect as multiselect_module
 from recsvc.artifact import load_artifact
 from recsvc.ledger.export import export
-from recsvc.multiselection import Lattice, respond_lattice
+from recsvc.multiselection import Lattice, prototype_codes, respond_code, respond_lattice
 from recsvc.service.client import Client
 from recsvc.service.testing import BUNDLE_DIM, BUNDLE_RADIUS, candidates, client_of, make_artifact, rpc_error, served
 from recsvc.v1 import selection_pb2 as pb
@@ -137,7 +138,7 @@ def test_over_budget_is_refused_with_nothing_spent(client: Client, version: str)
         ({"signal": []}, rf"lattice_signal has 0 values; expected exactly {BUNDLE_DIM}"),
         (
             {"signal": [], "float_signal": [0.1] * BUNDLE_DIM},
-            rf"a float signal \({BUNDLE_DIM} values\), which is not exactly ε-DP; expected lattice_signal",
+            rf"a float signal \({BUNDLE_DIM} values\), which is not exactly ε-DP; expected code and codebook_version",
         ),
         ({"float_signal": [0.1]}, r"float signal \(1 values\)"),  # refused even beside a lattice signal
         (
@@ -165,6 +166,67 @@ def test_bad_input_is_invalid_argument_and_spends_nothing(
     code, msg = rpc_error(_call, client, **{**req, **change})
     assert code is grpc.StatusCode.INVALID_ARGUMENT and re.search(message, msg), msg
     b = client.budget("dan")
+    assert (b.spent, b.requests) == (0.0, 0)
+
+
+def _code_call(c: Client, **fields: Any) -> pb.MultiSelectResponse:
+    return c.stub.MultiSelect(pb.MultiSelectRequest(**fields), metadata=c.metadata, timeout=10)
+
+
+def test_a_code_signal_is_answered_by_the_randomised_response_greedy_and_charged(
+    client: Client, artifact: Path, version: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    art = load_artifact(artifact)
+    bundle, pop = art.client_bundle, art.multiselect_population
+    info = client.mechanisms()
+    assert (info.codebook_version, info.code_size) == (bundle.codebook_version, bundle.code_size)
+    assert bundle.code_size == 4 and len(bundle.codebook_version) == 64
+    codes = prototype_codes(pop, bundle.codebook)
+    answers = []
+    for code in range(bundle.code_size):
+        req = dict(embedding_version=version, codebook_version=bundle.codebook_version, code=code, k=3, epsilon=2.0)
+        r = _code_call(client, user_id=f"fay{code}", request_id=f"c{code}", **req)
+        want = bundle.item_ids[respond_code(pop, codes, code, 2.0, 3)].tolist()
+        assert list(r.item_ids) == want and r.charged and r.epsilon_spent == 2.0
+        assert client.budget(f"fay{code}").spent == 2.0
+        answers.append(tuple(want))
+    assert len(set(answers)) >= 2  # the answer depends on the code
+    calls: list[int] = []
+    real = multiselect_module.respond_code
+
+    def counted(*a: Any, **k: Any) -> Any:
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(multiselect_module, "respond_code", counted)
+    r = _code_call(
+        client, embedding_version=version, codebook_version=bundle.codebook_version, code=1, k=3, epsilon=2.0
+    )
+    assert list(r.item_ids) == list(answers[1]) and calls == [] and not r.charged  # kept: (code, ε, k) decide it
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"code": 4}, r"code 4 is out of range; expected 0 <= code < 4 \(ListMechanisms.code_size\)"),
+        ({"code": 2**32 - 1}, r"code 4294967295 is out of range"),
+        ({"codebook_version": "old"}, r"codebook_version 'old' is not this server's; expected '[0-9a-f]{64}'"),
+        ({"codebook_version": "", "code": 2}, r"carries code 2 without codebook_version"),
+        ({"lattice_signal": [1] * BUNDLE_DIM}, r"carries both a code signal \(codebook_version\) and a lattice signal"),
+        ({"grid_step": GRID.step}, r"carries both a code signal"),
+        ({"signal": [0.1] * BUNDLE_DIM}, r"a float signal"),
+    ],
+)
+def test_a_bad_code_signal_is_invalid_argument_and_spends_nothing(
+    client: Client, artifact: Path, version: str, change: dict, message: str
+) -> None:
+    book = load_artifact(artifact).client_bundle.codebook_version
+    req = dict(
+        user_id="gus", request_id="bad", embedding_version=version, codebook_version=book, code=1, k=2, epsilon=0.5
+    )
+    code, msg = rpc_error(_code_call, client, **{**req, **change})
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and re.search(message, msg), msg
+    b = client.budget("gus")
     assert (b.spent, b.requests) == (0.0, 0)
 
 

@@ -8,9 +8,9 @@ import { join } from 'node:path';
 import { parseNpy } from './npy.js';
 
 const FORMAT = 'recsvc-client-bundle';
-const FORMAT_VERSION = 2;
+const FORMAT_VERSION = 3;
 const GRID_STEPS = 4096; // grid steps per clip radius R (docs/reference/client-bundle.md)
-const FILES = ['item_ids.json', 'embedding.npy', 'w1_indptr.npy', 'w1_indices.npy', 'w1_data.npy',
+const FILES = ['item_ids.json', 'codebook.json', 'embedding.npy', 'w1_indptr.npy', 'w1_indices.npy', 'w1_data.npy',
   'w2_indptr.npy', 'w2_indices.npy', 'w2_data.npy'];
 
 function bad(dir, what) {
@@ -68,8 +68,9 @@ export function loadBundle(dir) {
   } catch (err) {
     throw bad(dir, `cannot read manifest.json (${err.code ?? err.message}); expected a recsvc client bundle directory`);
   }
-  if (manifest.format === FORMAT && manifest.format_version === 1) {
-    throw bad(dir, `manifest.json is format_version 1 (a float signal), which servers refuse; expected version ${FORMAT_VERSION} (the lattice signal): rebuild the artifact with \`recsvc prep\``);
+  const old = { 1: 'a float signal', 2: 'the lattice signal without the codebook' };
+  if (manifest.format === FORMAT && manifest.format_version in old) {
+    throw bad(dir, `manifest.json is format_version ${manifest.format_version} (${old[manifest.format_version]}), which servers refuse; expected version ${FORMAT_VERSION} (the code signal's codebook): rebuild the artifact with \`recsvc prep\``);
   }
   if (manifest.format !== FORMAT || manifest.format_version !== FORMAT_VERSION) {
     throw bad(dir, `manifest.json is format ${manifest.format} version ${manifest.format_version}; expected ${FORMAT} version ${FORMAT_VERSION}`);
@@ -101,6 +102,15 @@ export function loadBundle(dir) {
   const w1 = csr(dir, manifest, 'w1', n);
   const w2 = csr(dir, manifest, 'w2', null);
   const index = new Map(itemIds.map((id, row) => [id, row]));
+  // The codebook: its bytes' sha256 (checked above against files) is the codebook_version.
+  const bookBytes = readChecked(dir, manifest, 'codebook.json');
+  const codebookIds = JSON.parse(new TextDecoder().decode(bookBytes));
+  if (manifest.signal !== 'code' || !Array.isArray(codebookIds) || codebookIds.length !== manifest.code_size || codebookIds.length < 2
+    || new Set(codebookIds).size !== codebookIds.length || !codebookIds.every((id) => index.has(id))) {
+    throw bad(dir, `codebook.json holds ${codebookIds.length} ids and the manifest says signal ${manifest.signal}, code_size ${manifest.code_size}; expected signal "code" and code_size distinct item ids (≥ 2)`);
+  }
+  const codebookVersion = createHash('sha256').update(bookBytes).digest('hex');
+  if (codebookVersion !== manifest.codebook_version) throw bad(dir, `codebook.json hashes to ${codebookVersion}, not the manifest's codebook_version; expected the bundle as \`recsvc prep\` wrote it`);
   return {
     version: manifest.embedding_version,
     dim: d,
@@ -113,5 +123,8 @@ export function loadBundle(dir) {
     w1,
     w2,
     w2Columns: toColumns(w2, n),
+    codebook: Int32Array.from(codebookIds, (id) => index.get(id)),
+    codebookIds,
+    codebookVersion,
   };
 }

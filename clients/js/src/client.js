@@ -7,7 +7,7 @@ import { fileURLToPath } from 'node:url';
 import grpc from '@grpc/grpc-js';
 import protoLoader from '@grpc/proto-loader';
 
-import { historyRows, localChoice, scores, signal } from './device.js';
+import { codeSignal, historyRows, localChoice, scores, signal } from './device.js';
 
 export const PROTO = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..', 'proto', 'recsvc', 'v1', 'selection.proto');
 
@@ -30,26 +30,29 @@ export function connect(target, credentials = grpc.credentials.createInsecure())
 // The signals sent through each client, by user id and request id: a repeated request resends
 // the SAME signal. A fresh draw under a request id the server has seen would give it a second,
 // independent look at the history (it refuses the mismatch, but only after seeing it). A request
-// id reused with another history, epsilon, k or embedding is refused before anything is drawn.
+// id reused with another history, epsilon, k, signal kind or bundle is refused before anything is drawn.
 const SENT = new WeakMap();
 const MEMORY = 4096; // requests remembered per client, oldest forgotten first
 
-function rememberedSignal(client, bundle, userId, requestId, history, epsilon, k, randomWords) {
+function rememberedSignal(client, bundle, kind, userId, requestId, history, epsilon, k, randomWords) {
+  if (kind !== 'code' && kind !== 'lattice') throw new RangeError(`signal must be 'code' or 'lattice'; got ${JSON.stringify(kind)}`);
   if (!SENT.has(client)) SENT.set(client, new Map());
   const sent = SENT.get(client);
   const key = JSON.stringify([userId, requestId]);
-  const inputs = JSON.stringify([bundle.version, Array.from(historyRows(bundle, history)), epsilon, k]);
+  const inputs = JSON.stringify([bundle.version, bundle.codebookVersion, kind, Array.from(historyRows(bundle, history)), epsilon, k]);
   const before = sent.get(key);
   if (before !== undefined) {
     if (before.inputs !== inputs) {
-      throw new Error(`request_id ${JSON.stringify(requestId)} was already sent by this device with another history, epsilon, k or embedding; a new request needs a new request_id`);
+      throw new Error(`request_id ${JSON.stringify(requestId)} was already sent by this device with another history, epsilon, k, signal kind or bundle; a new request needs a new request_id`);
     }
-    return before.signal;
+    return before.fields;
   }
-  const s = signal(bundle, history, epsilon, randomWords).map(String); // int64 on the wire, exact as strings
-  sent.set(key, { inputs, signal: s });
+  const fields = kind === 'code'
+    ? { code: codeSignal(bundle, history, epsilon, randomWords), codebook_version: bundle.codebookVersion }
+    : { lattice_signal: signal(bundle, history, epsilon, randomWords).map(String), grid_step: bundle.gridStep }; // int64 as strings
+  sent.set(key, { inputs, fields });
   if (sent.size > MEMORY) sent.delete(sent.keys().next().value);
-  return s;
+  return fields;
 }
 
 function call(client, method, request, metadata, deadlineMs) {
@@ -58,19 +61,19 @@ function call(client, method, request, metadata, deadlineMs) {
   });
 }
 
-// Multi-selection: sends the signal of `history`, receives k items and keeps the best locally.
+// Multi-selection: sends the signal of `history` (`signal`: 'code', the default, or 'lattice'),
+// receives k items and keeps the best locally.
 // Repeating a call with the same requestId (a retry) resends the same signal and replays the answer.
 // Resolves to { itemId, itemIds, epsilonSpent, budgetRemaining, charged, replayed, requestId };
 // the server never learns itemId. A refusal rejects with a grpc error (err.code, err.details).
-export async function multiselect(client, bundle, { userId = '', history, epsilon, k, requestId = randomUUID(), token = null, deadlineMs = 30000, randomWords }) {
+export async function multiselect(client, bundle, { userId = '', history, epsilon, k, requestId = randomUUID(), token = null, deadlineMs = 30000, randomWords, signal: kind = 'code' }) {
   const metadata = new grpc.Metadata();
   if (token) metadata.add('authorization', `Bearer ${token}`);
   const hist = Array.from(history, String);
   const request = {
     user_id: userId,
     request_id: requestId,
-    lattice_signal: rememberedSignal(client, bundle, userId, requestId, hist, epsilon, k, randomWords),
-    grid_step: bundle.gridStep,
+    ...rememberedSignal(client, bundle, kind, userId, requestId, hist, epsilon, k, randomWords),
     embedding_version: bundle.version,
     k,
     epsilon,

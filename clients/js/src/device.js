@@ -1,7 +1,8 @@
-// The multi-selection device (docs/reference/client-bundle.md, "What the device computes"):
-// embedding, L1 clip, the lattice point, exact discrete Laplace noise from the platform CSPRNG
-// (BigInt: no floating point after the rounding), and the local re-rank. Only the integer signal
-// ever leaves the device.
+// The multi-selection device (docs/reference/client-bundle.md, "What the device computes"): the
+// code signal (the best codebook item by the true scores, sent by exact C-ary randomised
+// response), or the lattice signal (embedding, L1 clip, lattice point, exact discrete Laplace
+// noise), from the platform CSPRNG (integers: no floating point on the privacy path), and the local
+// re-rank. Only the signal ever leaves the device.
 
 import { webcrypto } from 'node:crypto';
 
@@ -190,21 +191,64 @@ export function signal(bundle, history, epsilon, randomWords = cryptoWords) {
   return latticeSignal(embedding(bundle, history), epsilon, bundle.gridStep, bundle.latticeRadius, wordStream(randomWords));
 }
 
+// x W1 for the history's rows: the sum of their rows of W1, in row order.
+function hidden(bundle, rows) {
+  const u = new Float64Array(bundle.w2.rows);
+  const { w1 } = bundle;
+  for (const r of rows) for (let k = w1.indptr[r]; k < w1.indptr[r + 1]; k++) u[w1.indices[k]] += w1.data[k];
+  return u;
+}
+
+// The true score of item row j: (x W1) · column j of W2, down the column; −Infinity if seen.
+function rowScore(bundle, u, seen, j) {
+  if (seen.has(j)) return -Infinity;
+  const c = bundle.w2Columns;
+  let s = 0;
+  for (let k = c.indptr[j]; k < c.indptr[j + 1]; k++) s += u[c.rows[k]] * c.data[k];
+  return s;
+}
+
 // True SANSA scores (x W1 W2) of `itemIds` for the history; −Infinity for history items.
 export function scores(bundle, history, itemIds) {
   const rows = historyRows(bundle, history);
-  const u = new Float64Array(bundle.w2.rows);
-  const { w1, w2Columns: c } = bundle;
-  for (const r of rows) for (let k = w1.indptr[r]; k < w1.indptr[r + 1]; k++) u[w1.indices[k]] += w1.data[k];
+  const u = hidden(bundle, rows);
   const seen = new Set(rows);
   return itemIds.map((id) => {
     const j = bundle.index.get(id);
     if (j === undefined) throw new Error(`the server returned item ${JSON.stringify(id)}, which is not in the client bundle; expected the bundle of the artifact the server serves`);
-    if (seen.has(j)) return -Infinity;
-    let s = 0;
-    for (let k = c.indptr[j]; k < c.indptr[j + 1]; k++) s += u[c.rows[k]] * c.data[k];
-    return s;
+    return rowScore(bundle, u, seen, j);
   });
+}
+
+// The history's code: the index of its best codebook item by the true scores (seen items
+// −Infinity), the earlier on ties, 0 when every item is seen.
+export function code(bundle, history) {
+  const rows = historyRows(bundle, history);
+  const u = hidden(bundle, rows);
+  const seen = new Set(rows);
+  return localChoice(Array.from(bundle.codebook, (j) => rowScore(bundle, u, seen, j)));
+}
+
+// C-ary randomised response of `index` < `size` at epsilon, exactly: rounds of uniformBelow(C),
+// the round's Y kept if it is `index`, else kept iff Bernoulli(exp(−epsilon)) (epsilon's exact
+// rational); a round that keeps nothing starts again. P(index) = e^ε/(e^ε + C − 1). A Number.
+export function randomizedResponse(index, size, epsilon, next) {
+  if (!(Number.isFinite(epsilon) && epsilon > 0)) throw new RangeError(`epsilon must be a positive finite number, got ${epsilon}`);
+  if (!(Number.isInteger(size) && size >= 2 && Number.isInteger(index) && index >= 0 && index < size)) {
+    throw new RangeError(`the code must be an integer in [0, ${size}) and the codebook size ≥ 2; got ${index} of ${size}`);
+  }
+  const [s, t] = exactRational(epsilon);
+  const c = BigInt(size);
+  const x = BigInt(index);
+  for (;;) {
+    const y = uniformBelow(c, next);
+    if (y === x || bernoulliExp(s, t, next)) return Number(y);
+  }
+}
+
+// The code signal sent to the server by default: the history's code by randomised response.
+export function codeSignal(bundle, history, epsilon, randomWords = cryptoWords) {
+  return randomizedResponse(code(bundle, history), bundle.codebook.length, epsilon, wordStream(randomWords));
 }
 
 // The index of the best score, ties to the earlier item (the first if every item is −Infinity).

@@ -66,9 +66,22 @@ test('bad input is refused with INVALID_ARGUMENT', async () => {
     (err) => err.code === 3,
   );
   await assert.rejects(
-    multiselect(client, { ...bundle, gridStep: bundle.gridStep * 2 }, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 2 }),
+    multiselect(client, { ...bundle, gridStep: bundle.gridStep * 2 }, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 2, signal: 'lattice' }),
     (err) => err.code === 3 && /grid_step .* is not this bundle's/.test(err.details),
   );
+  await assert.rejects(
+    multiselect(client, { ...bundle, codebookVersion: 'old' }, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 2 }),
+    (err) => err.code === 3 && /codebook_version 'old' is not this server's/.test(err.details),
+  );
+  await assert.rejects(
+    multiselect(client, bundle, { userId: 'js-bob', history: HISTORY, epsilon: 1, k: 2, signal: 'float' }),
+    /signal must be 'code' or 'lattice'/,
+  );
+});
+
+test('the lattice signal is served too', async () => {
+  const r = await multiselect(client, bundle, { history: HISTORY, epsilon: 1, k: 2, signal: 'lattice' });
+  assert.equal(new Set(r.itemIds).size, 2);
 });
 
 test('a tampered bundle is refused, naming the file', () => {
@@ -87,4 +100,8 @@ test('a tampered bundle is refused, naming the file', () => {
   assert.throws(() => loadBundle(copy), /not the manifest's embedding_version/);
   writeFileSync(join(copy, 'manifest.json'), JSON.stringify({ ...manifest, format_version: 1 }));
   assert.throws(() => loadBundle(copy), /format_version 1 \(a float signal\)/);
+  writeFileSync(join(copy, 'manifest.json'), JSON.stringify({ ...manifest, format_version: 2 }));
+  assert.throws(() => loadBundle(copy), /format_version 2 \(the lattice signal without the codebook\)/);
+  writeFileSync(join(copy, 'manifest.json'), JSON.stringify({ ...manifest, codebook_version: '0'.repeat(64) }));
+  assert.throws(() => loadBundle(copy), /codebook\.json hashes to [0-9a-f]+, not the manifest's codebook_version/);
 });

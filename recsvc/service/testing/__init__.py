@@ -106,7 +106,7 @@ def make_artifact(
         return w.commit(manifest)
 
 
-BUNDLE_DIM, BUNDLE_RADIUS, BUNDLE_USERS, BUNDLE_TOP = 4, 1.0, 60, 10
+BUNDLE_DIM, BUNDLE_RADIUS, BUNDLE_USERS, BUNDLE_TOP, BUNDLE_CODE_SIZE = 4, 1.0, 60, 10, 4
 
 
 def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]:
@@ -114,7 +114,7 @@ def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]
     population sample of BUNDLE_USERS random histories (clipped embeddings, top BUNDLE_TOP unseen
     items by the model's scores) into the artifact being written; returns its manifest section."""
     from recsvc.model import top_k
-    from recsvc.multiselection import clip_l1, embed
+    from recsvc.multiselection import Population, blind_codebook, clip_l1, embed
 
     rng = np.random.default_rng(seed + 7)
     n = len(model.item_ids)
@@ -125,7 +125,9 @@ def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]
     for u, h in enumerate(histories):
         scores[u, h] = -np.inf
     top = top_k(scores, BUNDLE_TOP)
-    version = w.write_client_bundle(model.item_ids, factors, BUNDLE_RADIUS, model)
+    pop = Population(emb, top.index.astype(np.int64), top.score, n)
+    book = model.item_ids[blind_codebook(pop, BUNDLE_CODE_SIZE)]
+    version = w.write_client_bundle(model.item_ids, factors, BUNDLE_RADIUS, model, book)
     w.write_multiselect_population(emb, top.index, top.score, n)
     return {
         "embedding_version": version,
@@ -136,6 +138,7 @@ def add_bundle(w: ArtifactWriter, model: Model, seed: int = 0) -> dict[str, Any]
         "group": 1,  # random histories, no real user's
         "prototypes": BUNDLE_USERS,
         "top": BUNDLE_TOP,
+        "signal": {"kind": "code", "code_size": BUNDLE_CODE_SIZE},
     }
 
 
