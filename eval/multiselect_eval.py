@@ -3,7 +3,12 @@ users, without the gRPC service (the same core functions, vectorised per user).
 
 For each test user, each ε and each of ``trials`` repetitions:
 
-- **multi-selection** (local ε-DP): the device draws the lattice signal it sends
+- **multi-selection, code signal** (local ε-DP, what a device sends by default): the device's code
+  (its best item of the bundle's codebook by its true scores) by exact C-ary randomised response
+  (:func:`recsvc.multiselection.randomized_response`); the server answers the greedy of that
+  likelihood (:func:`recsvc.multiselection.respond_code`), a function of (code, ε) only, so each
+  answer is computed once per artifact;
+- **multi-selection, lattice signal** (local ε-DP): the device draws the lattice signal it sends
   (:meth:`recsvc.multiselection.Lattice.signal`, the exact discrete Laplace on the bundle's grid);
   the server answers with k items, either the posterior greedy of that exact likelihood
   (:func:`recsvc.multiselection.respond_lattice`) or the plain baseline, the top k for the signal
@@ -42,11 +47,12 @@ from eval.pipelines import stream
 from recsvc.policy import PolicyTable
 
 TAG = 2**31 + 25  # second spawn-key word: these streams never meet eval's other streams
-GREEDY, BASELINE = "multiselect", "multiselect-baseline"
+GREEDY, BASELINE, CODE = "multiselect", "multiselect-baseline", "multiselect-code"
 RECOMMEND, SELECT, NONPRIVATE = "recommend-auto", "select-top500-auto", "nonprivate"
-MODES = (GREEDY, BASELINE, RECOMMEND, SELECT, NONPRIVATE)
+MODES = (CODE, GREEDY, BASELINE, RECOMMEND, SELECT, NONPRIVATE)
 MEASURES = ("utility_fraction", "hit_rate", "mse")
 TRUST = {
+    CODE: "local ε-DP (any two histories; the operator is not trusted)",
     GREEDY: "local ε-DP (any two histories; the operator is not trusted)",
     BASELINE: "local ε-DP (any two histories; the operator is not trusted)",
     RECOMMEND: "central ε-DP (neighbouring histories; the operator is trusted)",
@@ -69,6 +75,7 @@ def rows(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[Row, ...]:
     greedy also without signal, ε = 0), the central modes at k = 1 per ε, the non-private best."""
     out = [Row(GREEDY, k, e) for k in ks for e in (0.0, *epsilons, math.inf)]
     out += [Row(BASELINE, k, e) for k in ks for e in (*epsilons, math.inf)]
+    out += [Row(CODE, k, e) for k in ks for e in (*epsilons, math.inf)]
     out += [Row(m, 1, e) for m in (RECOMMEND, SELECT) for e in epsilons]
     return (*out, Row(NONPRIVATE, 1, math.inf))
 
@@ -85,6 +92,17 @@ class Context:
     auto: AutoPolicy
     blind: np.ndarray  # (1, max k): the greedy answer to no signal (uniform weights), the same for everyone
     points: np.ndarray  # (P, d) int64: the population's lattice points, what the server's likelihood compares
+    code_answers: np.ndarray  # (ε grid + ∞, C, max k): the server's answer to each code at each ε
+
+
+def code_answers(source: DatasetSource, epsilons: Sequence[float], k: int) -> np.ndarray:
+    """The server's k items for every code at every ε (then without noise), as the service answers."""
+    from recsvc.multiselection import prototype_codes, respond_code
+
+    pop, book = source.population, source.bundle.codebook
+    codes = prototype_codes(pop, book)
+    grid = (*epsilons, NO_NOISE_EPSILON)
+    return np.stack([np.stack([respond_code(pop, codes, y, e, k) for y in range(book.size)]) for e in grid])
 
 
 def lattice_points(source: DatasetSource) -> np.ndarray:
@@ -180,6 +198,7 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
     grids = [(ei, eps) for ei, eps in enumerate(ctx.epsilons)] + [(len(ctx.epsilons), math.inf)]
     for k in ctx.ks:
         out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, ctx.blind[:, :k]), v, q, target)
+    _code_rows(ctx, out, dev, v, q, target, g)
     for ei, eps in grids:
         grid = src.bundle.lattice
         if math.isinf(eps):  # no noise: the lattice point of the clipped embedding itself
@@ -201,6 +220,26 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
         out[Row(SELECT, 1, eps)] = measures(rows500[sel], v, q, target)
     out[Row(NONPRIVATE, 1, math.inf)] = measures(np.array([int(np.argmax(v))]), v, q, target)
     return np.stack([out[r] for r in rows(ctx.ks, ctx.epsilons)])
+
+
+def _code_rows(
+    ctx: Context, out: dict[Row, np.ndarray], dev: np.ndarray, v: np.ndarray, q: np.ndarray, target: np.ndarray, g: int
+) -> None:
+    """The code signal's rows for user g: its code from its true scores, ``trials`` randomised
+    responses per ε (none without noise), each answered as the service answers it."""
+    from recsvc.multiselection import Words, code_of, randomized_response
+
+    book = ctx.source.bundle.codebook
+    x = code_of(dev[book])
+    for ei, eps in enumerate((*ctx.epsilons, math.inf)):
+        if math.isinf(eps):
+            sent = np.array([x])
+        else:
+            words = Words(stream(ctx.seed, g, TAG, 3, ei))
+            sent = np.array([randomized_response(x, book.size, eps, words) for _ in range(ctx.trials)])
+        ans = ctx.code_answers[ei][sent]
+        for k in ctx.ks:
+            out[Row(CODE, k, eps)] = measures(device_choice(dev, ans[:, :k]), v, q, target)
 
 
 def evaluate_chunk(chunk: UserChunk, ctx: Context) -> np.ndarray:

@@ -68,7 +68,8 @@ UTILITY_PNG = "utility_fraction.png"
 HIT_RATE_PNG = "hit_rate.png"
 _CENTRAL = {"recommend-auto": ("k", "s", "-"), "select-top500-auto": ("0.45", "^", "--")}
 _PANELS = (
-    ("multiselect", "multi-selection, posterior greedy"),
+    ("multiselect-code", "code signal, posterior greedy"),
+    ("multiselect", "lattice signal, posterior greedy"),
     ("multiselect-baseline", "multi-selection, top k for the signal"),
 )
 
@@ -79,7 +80,9 @@ def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) ->
     Select over the top 500, not end-to-end DP) and the non-private best item (dotted)."""
     plt = pyplot()
     datasets = table["dataset"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(len(datasets), 2, figsize=(10.5, 3.3 * len(datasets)), dpi=80, squeeze=False, sharey="row")
+    fig, axes = plt.subplots(
+        len(datasets), len(_PANELS), figsize=(14.5, 3.3 * len(datasets)), dpi=80, squeeze=False, sharey="row"
+    )
     cmap = plt.get_cmap("viridis")
     for row, name in enumerate(datasets):
         t = table.filter((pl.col("dataset") == name) & pl.col("epsilon").is_finite() & (pl.col("epsilon") > 0))
@@ -125,7 +128,7 @@ def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) ->
             ax.set_title(f"{name}: {title}", fontsize=9)
             ax.grid(alpha=0.3)
         axes[row, 0].set_ylabel(label)
-    handles, labels = axes[0, 1].get_legend_handles_labels()
+    handles, labels = axes[0, -1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="center right")
     fig.tight_layout(rect=(0, 0, 0.83, 1))
     fig.savefig(path)

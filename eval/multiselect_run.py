@@ -19,6 +19,7 @@ from eval.multiselect_eval import (
     AutoPolicy,
     Context,
     blind_answer,
+    code_answers,
     evaluate_chunk,
     lattice_points,
     rows,
@@ -57,7 +58,8 @@ def _mechanism(mode: str, eps: float, auto: AutoPolicy, catalog: int) -> str:
         return auto.choose(eps, catalog)[0]
     if mode == "select-top500-auto":
         return auto.choose(eps, min(SELECT_CANDIDATES, catalog))[0]
-    return {"multiselect": "greedy", "multiselect-baseline": "top-k for the signal"}.get(mode, "argmax")
+    labels = {"multiselect": "greedy", "multiselect-baseline": "top-k for the signal", "multiselect-code": "greedy"}
+    return labels.get(mode, "argmax")
 
 
 def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
@@ -74,6 +76,7 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
         auto,
         blind_answer(source, max(cfg.ks)),
         lattice_points(source),
+        code_answers(source, cfg.epsilons, max(cfg.ks)),
     )
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))
@@ -150,7 +153,11 @@ def headline(table: pl.DataFrame, epsilon: float = 1.0) -> list[str]:
         eps = min(grid, key=lambda e: abs(math.log(e) - math.log(epsilon)))
         at = t.filter(pl.col("epsilon") == eps)
         parts = []
-        for mode, label in (("multiselect", "greedy"), ("multiselect-baseline", "baseline")):
+        for mode, label in (
+            ("multiselect-code", "code greedy"),
+            ("multiselect", "lattice greedy"),
+            ("multiselect-baseline", "baseline"),
+        ):
             m = at.filter(pl.col("mode") == mode).sort("k")
             parts.append(
                 f"{label} "

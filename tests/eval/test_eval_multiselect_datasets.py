@@ -37,22 +37,22 @@ def test_the_csv_holds_every_row_and_the_numbers_the_setting_forces(tiny: Path, 
     out = tmp_path / "res"
     argv = ["eval-multiselect", "--artifacts", str(tiny), "--out", str(out), "--users", "30", "--trials", "4"]
     assert recsvc_main([*argv, "--ks", "20", "1", str(ITEMS), "--epsilons", "1e6", "1", "--workers", "1"]) == 0
-    assert "synthetic-tiny at ε = 1, utility fraction: greedy k=1" in capsys.readouterr().out
+    assert "synthetic-tiny at ε = 1, utility fraction: code greedy k=1" in capsys.readouterr().out
     assert {p.name for p in out.iterdir()} == {"multiselect.csv", "report.md", "utility_fraction.png", "hit_rate.png"}
     assert not list(tmp_path.glob(".res*"))
     t = pl.read_csv(out / "multiselect.csv", infer_schema_length=None)
     assert tuple(t.columns) == tuple(SCHEMA)
-    # two responses × 3 k × (2 ε + no noise) + the greedy without signal, two central modes × 2 ε, the best
-    assert t.height == 2 * 3 * 3 + 3 + 2 * 2 + 1 and set(t["users"]) == {30}
+    # three responses × 3 k × (2 ε + no noise) + the greedy without signal, two central modes × 2 ε, the best
+    assert t.height == 3 * 3 * 3 + 3 + 2 * 2 + 1 and set(t["users"]) == {30}
     best = _at(t, "nonprivate", 1, math.inf)
     assert best["utility_fraction"] == 1.0 and best["mse"] < 1e-6
-    for mode in ("multiselect", "multiselect-baseline"):
+    for mode in ("multiselect-code", "multiselect", "multiselect-baseline"):
         for eps in (1.0, 1e6, math.inf):
             # k = every item: the device re-ranks the whole catalog, so it gets the best item
             whole = _at(t, mode, ITEMS, eps)
             assert whole["utility_fraction"] == pytest.approx(1.0, abs=1e-12)
             assert whole["hit_rate"] == pytest.approx(best["hit_rate"], abs=1e-12)
-        for k in (1, 20, ITEMS):  # noise of scale 2R/10⁶ changes no answer of these users
+        for k in (1, 20, ITEMS):  # at ε = 10⁶ the noise changes no answer of these users
             huge, free = _at(t, mode, k, 1e6), _at(t, mode, k, math.inf)
             assert huge["utility_fraction"] == pytest.approx(free["utility_fraction"], abs=1e-12)
     whole = _at(t, "multiselect", ITEMS, 0.0)  # no signal, but every item: still the best
@@ -69,7 +69,7 @@ def test_the_csv_holds_every_row_and_the_numbers_the_setting_forces(tiny: Path, 
         low = _at(t, mode, 1, 1.0)
         assert 0.0 < low["utility_fraction"] < 0.9 and low["mechanism"] in ("mgem", "gem", "rnm")
     assert t.filter(pl.col("mode") == "select-top500-auto")["end_to_end_dp"].to_list() == [False, False]
-    assert all(t.filter(pl.col("mode") == "multiselect")["end_to_end_dp"])
+    assert all(t.filter(pl.col("mode").is_in(["multiselect", "multiselect-code"]))["end_to_end_dp"])
 
 
 def test_the_device_keeps_its_best_unseen_item_and_the_measures_are_exact() -> None:
@@ -158,6 +158,7 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
         Context,
         Row,
         blind_answer,
+        code_answers,
         evaluate_user,
         lattice_points,
         rows,
@@ -166,7 +167,17 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
     from recsvc.multiselection import Words, respond_lattice
 
     src = DatasetSource(tiny, 3, (1, 3))
-    ctx = Context((1, 3), (2.0,), 4, 0, src, AutoPolicy.of(src), blind_answer(src, 3), lattice_points(src))
+    ctx = Context(
+        (1, 3),
+        (2.0,),
+        4,
+        0,
+        src,
+        AutoPolicy.of(src),
+        blind_answer(src, 3),
+        lattice_points(src),
+        code_answers(src, (2.0,), 3),
+    )
     chunk = src.chunk(range(3))
     grid = src.bundle.lattice
     assert np.array_equal(ctx.points, grid.point(src.population.embeddings))
@@ -183,3 +194,48 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
         )
         got = evaluate_user(ctx, chunk, b)[rows(ctx.ks, ctx.epsilons).index(Row(GREEDY, 3, 2.0))]
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)  # the same draws, the same arithmetic
+
+
+def test_the_code_row_is_what_the_service_answers_to_the_code_the_device_sends(tiny: Path) -> None:
+    from eval.multiselect_data import DatasetSource
+    from eval.multiselect_eval import (
+        CODE,
+        TAG,
+        AutoPolicy,
+        Context,
+        Row,
+        blind_answer,
+        code_answers,
+        evaluate_user,
+        lattice_points,
+        rows,
+    )
+    from eval.pipelines import stream
+    from recsvc.multiselection import Words, code_of, prototype_codes, randomized_response, respond_code
+
+    src = DatasetSource(tiny, 3, (1, 3))
+    ctx = Context(
+        (1, 3),
+        (2.0,),
+        4,
+        0,
+        src,
+        AutoPolicy.of(src),
+        blind_answer(src, 3),
+        lattice_points(src),
+        code_answers(src, (2.0,), 3),
+    )
+    chunk = src.chunk(range(3))
+    book, pop = src.bundle.codebook, src.population
+    codes = prototype_codes(pop, book)
+    for b in range(3):
+        dev = chunk.device_scores(b)
+        x = code_of(dev[book])
+        words = Words(stream(0, b, TAG, 3, 0))
+        sent = [randomized_response(x, book.size, 2.0, words) for _ in range(4)]
+        answers = np.stack([respond_code(pop, codes, y, 2.0, 3) for y in sent])
+        want = measures(
+            device_choice(dev, answers), chunk.value(b), np.clip(chunk.value(b), src.lo, src.hi), chunk.target[b]
+        )
+        got = evaluate_user(ctx, chunk, b)[rows(ctx.ks, ctx.epsilons).index(Row(CODE, 3, 2.0))]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)

@@ -8,7 +8,8 @@ import { test } from 'node:test';
 import { readFileSync } from 'node:fs';
 
 import {
-  bernoulliExp, clipL1, discreteLaplace, fixedWords, latticePoint, latticeSignal, localChoice, rate, uniformBelow, wordStream,
+  bernoulliExp, clipL1, code, discreteLaplace, fixedWords, latticePoint, latticeSignal, localChoice, randomizedResponse, rate, scores,
+  uniformBelow, wordStream,
 } from '../src/device.js';
 import { parseNpy } from '../src/npy.js';
 
@@ -67,6 +68,46 @@ test('the shared test vectors give the same lattice point and signal, bit for bi
     const asFloats = Float64Array.from(p.point); // grid step 1: the point is its own rounding
     assert.deepEqual(latticePoint(asFloats, 1, p.lattice_radius).map(Number), p.pulled);
   }
+});
+
+// A bundle-shaped object of the vectors' dense model: W1 as CSR, W2 by columns (nonzeros only).
+function codeBundle(model, codebook) {
+  const n = model.w1.length;
+  const w1 = { indptr: [0], indices: [], data: [] };
+  for (const row of model.w1) {
+    row.forEach((x, j) => { if (x !== 0) { w1.indices.push(j); w1.data.push(x); } });
+    w1.indptr.push(w1.data.length);
+  }
+  const cols = { indptr: [0], rows: [], data: [] };
+  for (let j = 0; j < n; j++) {
+    model.w2.forEach((row, i) => { if (row[j] !== 0) { cols.rows.push(i); cols.data.push(row[j]); } });
+    cols.indptr.push(cols.data.length);
+  }
+  const ids = Array.from({ length: n }, (_, j) => `i${j}`);
+  return { index: new Map(ids.map((id, j) => [id, j])), w1, w2: { rows: model.w2.length }, w2Columns: cols, codebook: Int32Array.from(codebook), ids };
+}
+
+test('the shared code vectors give the same scores, code and sent index, bit for bit, from exactly their words', () => {
+  assert.ok(VECTORS.code_vectors.length >= 5);
+  for (const v of VECTORS.code_vectors) {
+    const b = codeBundle(VECTORS.code_model, v.codebook);
+    const history = v.history_rows.map((r) => b.ids[r]);
+    const got = scores(b, history, v.codebook.map((r) => b.ids[r])).map((x) => (x === -Infinity ? null : x));
+    assert.deepEqual(got, v.scores, v.name);
+    assert.equal(code(b, history), v.code, v.name);
+    assert.equal(randomizedResponse(v.code, v.codebook.length, v.epsilon, fixedWords(v.words)), v.sent, v.name);
+    assert.throws(() => randomizedResponse(v.code, v.codebook.length, v.epsilon, fixedWords(v.words.slice(0, -1))), /ran out/, v.name);
+  }
+  assert.throws(() => randomizedResponse(3, 3, 1, fixedWords([])), /the code must be an integer in \[0, 3\)/);
+});
+
+test('randomised response keeps the code with probability e^eps / (e^eps + C - 1)', () => {
+  const next = wordStream();
+  const n = 20000;
+  let kept = 0;
+  for (let i = 0; i < n; i++) if (randomizedResponse(2, 5, 1, next) === 2) kept++;
+  const p = Math.E / (Math.E + 4);
+  assert.ok(Math.abs(kept / n - p) < 0.015, `P = ${kept / n}`); // sd ≈ 0.0035
 });
 
 test('the rate is epsilon / delta exactly, in lowest terms', () => {
