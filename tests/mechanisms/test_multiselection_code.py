@@ -140,5 +140,5 @@ def test_prep_chooses_the_size_with_the_best_estimate(population: Population) ->
     assert set(choice.estimates) == {2, 4, 8} and choice.epsilon == 4.0
     assert choice.estimates[choice.size] == max(choice.estimates.values())
     assert all(0 < u <= 1 for u in choice.estimates.values())
-    with pytest.raises(ParamError, match="codebook size must be in 2..30"):
+    with pytest.raises(ParamError, match=r"codebook size must be in 2\.\.30"):
         blind_codebook(population, 31)
