@@ -176,6 +176,7 @@ BUILTIN = (
         noisy_max.em_log_probabilities,
         expectation_fn=noisy_max.em_expectation,
         privacy=_declared("gumbel", _BOUNDED, _TIGHT),
+        float_level=FLOAT_EXACT,
         top_k=topk.gumbel_top_k,
         slate_log_probabilities_fn=topk.gumbel_slate_log_probabilities,
         default=False,

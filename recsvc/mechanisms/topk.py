@@ -8,7 +8,7 @@ chosen for the whole slate (k items at ε), so a k-item slate is charged ε once
 * ``oneshot``: Z_a ~ Exponential(mean 2kΔmax/ε). At k = 1 this is ``rnm`` exactly.
 * ``gumbel``: Z_a ~ Gumbel(scale 2kΔmax/ε). Its ordered top k is distributed as k successive
   exponential-mechanism draws at ε/k, all with the full set's Δmax (Plackett–Luce); at k = 1
-  it is ``em`` exactly.
+  it is ``em`` exactly. It is sampled that way, exactly (:mod:`recsvc.mechanisms.exact_peel`).
 
 At k = 1 their exact probabilities and expectations are ``rnm``'s and ``em``'s (the registry
 shares those functions). Inputs are validated ALREADY CLIPPED scores q (n,) and sensitivities Δ (n,); 1 ≤ k ≤ n is the
@@ -25,6 +25,8 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
+from recsvc.mechanisms.exact_peel import em_exact_peel, step_epsilon
+from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
 Slate = tuple[int, ...]
@@ -152,19 +154,21 @@ def _log_ranked(s: Slate, dies: np.ndarray, below: np.ndarray, n: int) -> float:
 def gumbel_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.intp]:
-    """One item: argmax(q + G), G_a ~ Gumbel(scale 2Δmax/ε): the exponential mechanism ``em``.
+    """One item: argmax(q + G), G_a ~ Gumbel(scale 2Δmax/ε), which is the exponential mechanism
+    ``em`` and is sampled exactly as ``em`` is (no float δ at any ε).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax; see :func:`gumbel_top_k`.
     """
-    z = rng.gumbel(0.0, 1.0, (size, q.shape[0]))
-    z += _units(q, d, epsilon, 1)
-    return _rows_argmax(z)
+    return em_exact_sample(q, d, epsilon, rng, size)
 
 
 def gumbel_top_k(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, k: int
 ) -> npt.NDArray[np.int64]:
-    """The top k of q + G, G_a ~ Gumbel(scale 2kΔmax/ε) drawn once, largest first.
+    """The top k of q + G, G_a ~ Gumbel(scale 2kΔmax/ε) drawn once, largest first, sampled
+    exactly as the k exponential-mechanism draws it is equal to in law
+    (:func:`recsvc.mechanisms.exact_peel.em_exact_peel`, at ε′ ≤ ε/k: the largest float with
+    k·ε′ ≤ ε).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax. The ordered top k has the law of k
     exponential-mechanism draws without replacement, each P(a) ∝ exp((ε/k) q_a / 2Δmax) over
@@ -172,10 +176,7 @@ def gumbel_top_k(
     Δmax being the whole set's (public, and a bound for every subset). Each draw is
     (ε/k)-DP given the earlier ones, so the slate is ε-DP by basic composition.
     """
-    n: int = q.shape[0]
-    z = rng.gumbel(0.0, 1.0, (n,))  # the same stream as gumbel_sample at k = 1
-    z += _units(q, d, epsilon, k)
-    return top_k_order(z, k)
+    return em_exact_peel(q, d, epsilon, k, rng)
 
 
 def gumbel_slate_log_probabilities(
@@ -184,7 +185,7 @@ def gumbel_slate_log_probabilities(
     """log P(ordered top k = s): Plackett–Luce, Σ_i (x_{s_i} − log Σ_{b not in s_1..s_{i−1}} e^{x_b})."""
     from scipy.special import logsumexp  # imported on use: serving starts 0.35 s sooner
 
-    x = _units(q, d, epsilon, k)
+    x = _units(q, d, step_epsilon(epsilon, k), 1)  # the step ε the sampler runs at
     n = x.shape[0]
     out: dict[Slate, float] = {}
     for s in itertools.permutations(range(n), k):
