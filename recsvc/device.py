@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
 Floats = npt.NDArray[np.float64]
 Ints = npt.NDArray[np.int64]
+_ROWS_KEPT = 8  # histories whose rows a Device keeps
 
 
 @dataclass(frozen=True, eq=False)  # array fields: == would be ambiguous
@@ -90,10 +92,26 @@ class Device:
         return Lattice.of(self.radius, self.dim)
 
     def rows(self, history: Iterable[str]) -> npt.NDArray[np.int64]:
-        """The distinct rows of the history's items, ascending; ids not in the bundle are skipped."""
+        """The distinct rows of the history's items, ascending; ids not in the bundle are skipped.
+        The last few histories' rows are kept: one request asks for them three times (its
+        signal's memory, the code, the re-rank)."""
+        key = tuple(map(str, history))
+        cache, lock = self._rows
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
         index = self.model.index
-        found = {index[i] for i in map(str, history) if i in index}
-        return np.array(sorted(found), dtype=np.int64)
+        rows = np.array(sorted({index[i] for i in key if i in index}), dtype=np.int64)
+        rows.flags.writeable = False
+        with lock:
+            cache[key] = rows
+            if len(cache) > _ROWS_KEPT:
+                cache.pop(next(iter(cache)))
+        return rows
+
+    @cached_property
+    def _rows(self) -> tuple[dict[tuple[str, ...], Ints], threading.Lock]:
+        return {}, threading.Lock()
 
     def embedding(self, history: Iterable[str]) -> Floats:
         """The history's embedding, clipped to the L1 ball of radius R."""
@@ -115,7 +133,7 @@ class Device:
         −∞), the earlier on ties, 0 when all are seen."""
         rows = self.rows(history)
         s = self.model.score_items(rows, self.codebook)
-        s[np.isin(self.codebook, rows)] = -np.inf
+        s[_seen(self.codebook, rows)] = -np.inf
         return code_of(s)
 
     def code_signal(self, history: Iterable[str], epsilon: float, rng: np.random.Generator | Words) -> int:
@@ -139,13 +157,21 @@ class Device:
         rows = self.rows(history)
         items = np.array([index[i] for i in item_ids], dtype=np.int64)
         s = self.model.score_items(rows, items)
-        s[np.isin(items, rows)] = -np.inf
+        s[_seen(items, rows)] = -np.inf
         return np.asarray(s, dtype=np.float64)
 
     def choose(self, history: Iterable[str], item_ids: Sequence[str]) -> int:
         """The index in ``item_ids`` of the item the device keeps (the best true score, ties to
         the earlier item)."""
         return local_choice(self.scores(list(history), item_ids))
+
+
+def _seen(items: Ints, rows: Ints) -> npt.NDArray[np.bool_]:
+    """Which ``items`` are among the sorted ``rows`` (a binary search: faster than np.isin here)."""
+    if rows.size == 0:
+        return np.zeros(items.shape, dtype=bool)
+    at = np.minimum(np.searchsorted(rows, items), rows.size - 1)
+    return np.asarray(rows[at] == items)
 
 
 SIGNAL_KINDS = ("code", "lattice")  # what a device may send; "code" is the bundle's default

@@ -5,14 +5,17 @@ By default it builds an ml20m-shape-sized artifact (20,720 items, d = 32, a popu
 starts, each in its own process and one after the other, `recsvc serve` on it (durable SQLite
 ledger) and an echo server on the same sync gRPC stack that parses a MultiSelectRequest and
 answers k fixed items. Requests are sent one at a time over loopback, each with a fresh
-request_id and a fresh device signal (the clipped embedding's lattice point + exact discrete
-Laplace noise, integers): charged to a user (a
-ledger commit each), uncharged (no user_id), and to the echo server. It also times the server's
-steps in-process (posterior weights, greedy, the E·s baseline), and each server's CPU time per
-request (user + system, from outside), which a loaded machine inflates far less than latency.
+request_id and a fresh device signal: with ``--signal code`` (the default, what a device sends)
+a population user's code by exact randomised response, whose answer the server computes once per
+(code, ε, k) and then keeps, so after the first C requests every answer is a kept one; with
+``--signal lattice`` the clipped embedding's lattice point + exact discrete Laplace noise
+(integers), a greedy per request. Each is sent charged to a user (a ledger commit each),
+uncharged (no user_id), and to the echo server. It also times the server's steps in-process
+(posterior weights and greedy of a fresh signal, the E·s baseline), and each server's CPU time
+per request (user + system, from outside), which a loaded machine inflates far less than latency.
 
 Usage: .venv/bin/python -m scripts.bench.multiselect [--artifacts DIR] [--requests 2000] [--k 10] [--top 100]
-       (target: charged p99 ≤ 10 ms at k = 10 on ml20m-shape)
+       [--signal code|lattice]   (target: charged p99 ≤ 10 ms at k = 10 on ml20m-shape)
 """
 
 from __future__ import annotations
@@ -95,6 +98,19 @@ def signals(population_embeddings: np.ndarray, radius: float, epsilon: float, co
     return np.stack([grid.signal(population_embeddings[i], epsilon, words) for i in picks])
 
 
+def codes(artifacts: Path, epsilon: float, count: int, seed: int = 1) -> list[int]:
+    """Code signals of population-like users: a prototype's own code by exact randomised response."""
+    from recsvc.artifact import load_artifact
+    from recsvc.multiselection import Words, prototype_codes, randomized_response
+
+    art = load_artifact(artifacts)
+    own = prototype_codes(art.multiselect_population, art.client_bundle.codebook)
+    rng = np.random.default_rng(seed)
+    words = Words(rng)
+    size = art.client_bundle.code_size
+    return [randomized_response(int(own[i]), size, epsilon, words) for i in rng.integers(0, own.size, count)]
+
+
 def serve_echo(port: int, k: int) -> None:
     """No-op MultiSelect server on the shipped server's stack (sync, 16 threads): parse, answer k fixed items."""
     from concurrent import futures
@@ -126,27 +142,31 @@ def serve_echo(port: int, k: int) -> None:
     server.wait_for_termination()
 
 
-def measure(
-    port: int, sig: np.ndarray, version: str, k: int, epsilon: float, charged: bool, grid_step: float
-) -> np.ndarray:
+def request_fields(bundle: Any, kind: str, sig: np.ndarray, code: list[int]) -> list[dict[str, Any]]:
+    """Each request's signal fields: the code and codebook version, or the lattice signal and grid step."""
+    if kind == "code":
+        return [{"code": c, "codebook_version": bundle.codebook_version} for c in code]
+    return [{"lattice_signal": s.tolist(), "grid_step": bundle.lattice.step} for s in sig]
+
+
+def measure(port: int, sent: list[dict[str, Any]], version: str, k: int, epsilon: float, charged: bool) -> np.ndarray:
     """Seconds per MultiSelect call, one at a time, each with a fresh request_id."""
     import grpc
 
     from recsvc.v1 import selection_pb2 as pb
     from recsvc.v1 import selection_pb2_grpc as pb_grpc
 
-    out = np.empty(len(sig))
+    out = np.empty(len(sent))
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.PrivateSelectionStub(channel)
-        for i, s in enumerate(sig):
+        for i, fields in enumerate(sent):
             req = pb.MultiSelectRequest(
                 user_id=f"user{i % 1000}" if charged else "",
                 request_id=uuid.uuid4().hex,
-                lattice_signal=s.tolist(),
-                grid_step=grid_step,
                 embedding_version=version,
                 k=k,
                 epsilon=epsilon,
+                **fields,
             )
             t0 = time.perf_counter()
             stub.MultiSelect(req, timeout=30)
@@ -154,17 +174,35 @@ def measure(
     return out
 
 
-def steps(artifacts: Path, sig: np.ndarray, k: int, epsilon: float) -> dict[str, float]:
+def steps(artifacts: Path, sig: np.ndarray, code: list[int], k: int, epsilon: float) -> dict[str, float]:
     """In-process medians (ms) of the response's steps, no gRPC and no ledger."""
     from recsvc.artifact import load_artifact
-    from recsvc.multiselection import Lattice, baseline, greedy, lattice_log_likelihood, weights_from_log_likelihood
+    from recsvc.multiselection import (
+        Lattice,
+        baseline,
+        code_log_likelihood,
+        greedy,
+        lattice_log_likelihood,
+        prototype_codes,
+        weights_from_log_likelihood,
+    )
 
     art = load_artifact(artifacts)
     pop = art.multiselect_population.warm()
     bundle = art.client_bundle
     grid = Lattice.of(bundle.radius, bundle.dim)
     points = grid.point(pop.embeddings)
-    times: dict[str, list[float]] = {"posterior": [], "greedy": [], "baseline E·s": []}
+    own = prototype_codes(pop, bundle.codebook)
+    times: dict[str, list[float]] = {
+        "posterior": [],
+        "greedy": [],
+        "baseline E·s": [],
+        "code greedy (a new answer)": [],
+    }
+    for c in code:
+        t0 = time.perf_counter()
+        greedy(pop, weights_from_log_likelihood(code_log_likelihood(c, own, epsilon)), k)
+        times["code greedy (a new answer)"].append(time.perf_counter() - t0)
     for s in sig:
         t0 = time.perf_counter()
         w = weights_from_log_likelihood(lattice_log_likelihood(s, points, epsilon, grid))
@@ -193,6 +231,9 @@ def main() -> int:
     ap.add_argument(
         "--top", type=int, default=TOP, help="items per population user in the built artifact (default 100)"
     )
+    ap.add_argument(
+        "--signal", choices=("code", "lattice"), default="code", help="what the device sends (default code)"
+    )
     args = ap.parse_args()
 
     from recsvc.artifact import load_artifact
@@ -202,24 +243,26 @@ def main() -> int:
         art = load_artifact(artifacts)
         bundle, pop = art.client_bundle, art.multiselect_population
         sig = signals(pop.embeddings, bundle.radius, args.epsilon, args.requests)
+        code = codes(artifacts, args.epsilon, args.requests)
+        sent = request_fields(bundle, args.signal, sig, code)
         print(
             f"artifact {artifacts if args.artifacts else 'ml20m-shape-sized (built)'}: {len(bundle.item_ids)} items, "
-            f"d = {bundle.dim}, population {pop.size} × top {pop.top_index.shape[1]}; k = {args.k}, ε = {args.epsilon}; "
-            "concurrency 1, loopback"
+            f"d = {bundle.dim}, population {pop.size} × top {pop.top_index.shape[1]}, C = {bundle.code_size}; "
+            f"{args.signal} signal, k = {args.k}, ε = {args.epsilon}; concurrency 1, loopback"
         )
-        med = steps(artifacts, sig[:200], args.k, args.epsilon)
+        med = steps(artifacts, sig[:200], code[:200], args.k, args.epsilon)
         print("in-process medians (ms): " + ", ".join(f"{n} {v:.3f}" for n, v in med.items()))
         rows: list[tuple[str, np.ndarray, float]] = []  # label, latencies (s), server CPU (s) per request
 
         def row(label: str, pid: int, port: int, charged: bool) -> None:
             cpu0 = tree_cpu_seconds(pid)
-            lat = measure(port, sig, bundle.version, args.k, args.epsilon, charged, bundle.lattice.step)
-            rows.append((label, lat, (tree_cpu_seconds(pid) - cpu0) / len(sig)))
+            lat = measure(port, sent, bundle.version, args.k, args.epsilon, charged)
+            rows.append((label, lat, (tree_cpu_seconds(pid) - cpu0) / len(sent)))
 
         port = free_port()
         proc = launch(serve_command(artifacts, Path(tmp) / "ledger.db", port), "server")
         try:
-            measure(port, sig[:50], bundle.version, args.k, args.epsilon, True, bundle.lattice.step)  # warm-up
+            measure(port, sent[:50], bundle.version, args.k, args.epsilon, True)  # warm-up
             row("MultiSelect, charged", proc.pid, port, True)
             row("MultiSelect, no user_id", proc.pid, port, False)
         finally:
@@ -227,7 +270,7 @@ def main() -> int:
         port = free_port()
         echo = launch([sys.executable, "-m", MODULE, "--serve-echo", str(port), str(args.k)], "echo server", REPO)
         try:
-            measure(port, sig[:50], bundle.version, args.k, args.epsilon, False, bundle.lattice.step)
+            measure(port, sent[:50], bundle.version, args.k, args.epsilon, False)
             row("echo (parse, k fixed items)", echo.pid, port, False)
         finally:
             stop(echo)

@@ -3,7 +3,7 @@
 // `node bin/bench.js BUNDLE_DIR ROUNDS CALLS HISTORY K`; prints {medians: {row: [median seconds
 // per round]}, p99: {row: seconds over every call}}.
 
-import { latticeSignal, loadBundle, localChoice, scores, signal, wordStream } from '../src/device.js';
+import { codeSignal, latticeSignal, loadBundle, localChoice, scores, signal, wordStream } from '../src/device.js';
 
 const [dir, rounds, calls, historySize, k] = [process.argv[2], ...process.argv.slice(3, 7).map(Number)];
 const bundle = loadBundle(dir);
@@ -13,9 +13,11 @@ const histories = Array.from({ length: calls }, () => pick(historySize));
 const answers = Array.from({ length: calls }, () => pick(k));
 const steps = {
   noise: () => latticeSignal(new Float64Array(bundle.dim), 1, bundle.gridStep, bundle.latticeRadius, wordStream()),
+  code: (i) => codeSignal(bundle, histories[i], 1),
   signal: (i) => signal(bundle, histories[i], 1),
   rerank: (i) => localChoice(scores(bundle, histories[i], answers[i])),
-  device: (i) => [signal(bundle, histories[i], 1), localChoice(scores(bundle, histories[i], answers[i]))],
+  device: (i) => [codeSignal(bundle, histories[i], 1), localChoice(scores(bundle, histories[i], answers[i]))],
+  'device-lattice': (i) => [signal(bundle, histories[i], 1), localChoice(scores(bundle, histories[i], answers[i]))],
 };
 const median = (xs) => { const s = [...xs].sort((a, b) => a - b); return s[Math.floor(s.length / 2)]; };
 for (const fn of Object.values(steps)) for (let i = 0; i < calls; i++) fn(i); // warm up the JIT
