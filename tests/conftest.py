@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,6 +160,26 @@ def dask_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for p in procs:  # throwaway processes: no graceful retirement to wait for
             p.kill()
             p.wait()
+
+
+# Files that share a session fixture too costly to build twice run on one xdist worker: both
+# use the Dask cluster (a scheduler and two worker processes, ~10 s of CPU to start).
+SHARED_WORKER = {"test_eval_dask_cluster.py": "dask-cluster", "test_prep_dask_cluster.py": "dask-cluster"}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: pytest without xdist never calls it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, with the SHARED_WORKER files as one unit of work."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]  # xdist ships no py.typed
+
+    class FilesSharingFixtures(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return SHARED_WORKER.get(Path(file).name, file)
+
+    return FilesSharingFixtures(config, log)
 
 
 # The areas whose files run longest come first, so that xdist's workers (each taking whole files)

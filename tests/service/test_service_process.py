@@ -21,6 +21,7 @@ import grpc
 import psutil
 import pytest
 
+from recsvc.app.cli import main as recsvc_main
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service.client import Client
 from recsvc.service.testing import REPO, candidates, free_port, run_recsvc, serve_argv, server_process
@@ -178,7 +179,17 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> None:
+def _main(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess:
+    """The command's main in this process (the same parser and client as ``_cli``, without a
+    process start per call), as a CompletedProcess."""
+    capsys.readouterr()
+    code = recsvc_main(list(args))
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out.out, out.err)
+
+
+def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first call is a process of its own; the rest run the command's main here."""
     csv_path = tmp_path / "cands.csv"
     csv_path.write_text("item_id,score\nit1,0.5918273645\nit2,0.2\nit3,0.9\n")
     with server_process(artifact, tmp_path / "l.db", "--budget", "2") as srv:
@@ -202,7 +213,8 @@ def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> No
         ans = json.loads(out.stdout)
         assert ans["item_id"] in {"it1", "it2", "it3"} and ans["mechanism"] == "mgem" and ans["request_id"] == "cli-1"
         assert ans["budget_remaining"] == pytest.approx(1.5)
-        out = _cli(
+        out = _main(
+            capsys,
             "select",
             "--target",
             srv.target,
@@ -221,7 +233,8 @@ def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> No
         ans = json.loads(out.stdout)  # a slate: 2 distinct items, item_id first, ε charged once
         assert len(set(ans["item_ids"])) == 2 and set(ans["item_ids"]) <= {"it1", "it2", "it3"}
         assert ans["item_id"] == ans["item_ids"][0] and ans["budget_remaining"] == pytest.approx(1.0)
-        out = _cli(
+        out = _main(
+            capsys,
             "select",
             "--target",
             srv.target,
@@ -235,7 +248,8 @@ def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> No
             "4",
         )
         assert out.returncode == 2 and "INVALID_ARGUMENT: k=4 is more than the 3 candidates" in out.stderr
-        out = _cli(
+        out = _main(
+            capsys,
             "select",
             "--target",
             srv.target,
@@ -249,14 +263,16 @@ def test_cli_select_budget_and_server_logs(artifact: Path, tmp_path: Path) -> No
             "0.5",
         )
         assert out.returncode == 2 and "INVALID_ARGUMENT" in out.stderr and len(out.stderr.strip().splitlines()) == 1
-        out = _cli("select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4", "--epsilon", "5")
+        out = _main(
+            capsys, "select", "--target", srv.target, "--user", "cli-user", "--candidate", "it4:0.4", "--epsilon", "5"
+        )
         assert out.returncode == 2 and "RESOURCE_EXHAUSTED" in out.stderr
-        out = _cli("budget", "--target", srv.target, "--user", "cli-user")
+        out = _main(capsys, "budget", "--target", srv.target, "--user", "cli-user")
         assert out.returncode == 0 and json.loads(out.stdout)["spent"] == pytest.approx(1.0)
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(30) == 0
         assert "serving recsvc.v1.PrivateSelection" in srv.log() and "5918273645" not in srv.log()
-    bad = _cli("serve", "--artifacts", str(tmp_path / "missing"), "--port", "0")
+    bad = _main(capsys, "serve", "--artifacts", str(tmp_path / "missing"), "--port", "0")
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
