@@ -22,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser(
         "multiselect",
         help="private recommendation where the server never sees the history (multi-selection)",
-        description="Embed the history with the client bundle, add local ε-DP Laplace noise, send only "
-        "that signal to MultiSelect, and keep the best of the k answers by the true scores, locally. "
+        description="Score the client bundle's codebook with the history, send only the best item's index "
+        "by exactly local ε-DP randomised response to MultiSelect (or, with --signal lattice, the "
+        "embedding's lattice signal), and keep the best of the k answers by the true scores, locally. "
         "Prints the local choice and the k items as JSON.",
     )
     _client_args(m)
@@ -39,6 +40,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--history", nargs="*", default=[], metavar="ITEM_ID", help="the private history's item ids")
     m.add_argument("--epsilon", type=float, required=True, help="the local ε of the device's noise (declared, charged)")
     m.add_argument("--k", type=int, default=DEFAULT_K, help="items the server returns (at most its max_multiselect_k)")
+    m.add_argument(
+        "--signal",
+        choices=("code", "lattice"),
+        default="code",
+        help="what the device sends: its code by randomised response (default) or the lattice signal",
+    )
     m.set_defaults(func=run_multiselect)
 
 
@@ -53,7 +60,7 @@ def run_multiselect(args: argparse.Namespace) -> int:
     device = Device.load(args.bundle)
     with _client(args) as client:
         try:
-            r = client.multiselect(args.user, args.history, args.epsilon, args.k, device=device)
+            r = client.multiselect(args.user, args.history, args.epsilon, args.k, device=device, signal=args.signal)
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
     json.dump(

@@ -260,6 +260,8 @@ def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundl
         device.codebook_version,
     )
     assert all(h.encode() not in capture.received[-1] for h in hist)
+    assert main(["multiselect", *target, "--history", *hist, "--epsilon", "2", "--k", "3", "--signal", "lattice"]) == 0
+    assert len(pb.MultiSelectRequest.FromString(capture.received[-1]).lattice_signal) == D
 
 
 @pytest.mark.parametrize(
