@@ -4,10 +4,11 @@ answer (ε = 0), with 95 % CIs over users.
 
 - ``dN`` / ``skip1-dN``: the lattice signal of the top-N SVD directions (or directions 2..N+1),
   each with its own radius R (the median rule) and its own population prototypes (prep's code).
-- ``code-C`` (``--codes``): the device's best of the C items the server would answer to no signal
-  (its true scores), its index sent by C-ary randomised response (keep with probability
-  e^ε/(e^ε + C − 1)); the server's posterior gives each prototype the likelihood of its own best
-  index. Not served: the wire carries only lattice signals.
+- ``code-C`` (``--codes``): the code signal devices send (:mod:`recsvc.multiselection.code`) for
+  each C of ``CODE_SIZES``: the device's best of the codebook (the greedy's first C for no signal)
+  by its true scores, its index sent by exact C-ary randomised response; the server's posterior
+  gives each prototype the likelihood of its own code. What is served is the C prep chose
+  (``recsvc eval-multiselect`` measures it); this sweeps the others.
 
 Run from the repository root, e.g.
 ``.venv/bin/python -m scripts.multiselect_sweep --artifact artifacts/ml-100k --dataset ml-100k``.
@@ -25,13 +26,18 @@ from data_prep.embedding import choose_radius, fit_embedding, population_prototy
 from data_prep.pipeline import _dataset_info, _load_and_split
 from recsvc.artifact import load_artifact
 from recsvc.multiselection import (
+    CODE_SIZES,
     Lattice,
     Population,
     Words,
+    blind_codebook,
     clip_l1,
+    code_of,
     greedy,
+    prototype_codes,
+    randomized_response,
+    respond_code,
     respond_lattice,
-    weights_from_log_likelihood,
 )
 
 
@@ -97,25 +103,17 @@ def main() -> None:
 
 def _codes(pop: Population, dev: np.ndarray, frac: np.ndarray, trials: int) -> None:
     n = dev.shape[0]
-    for c in (2, 4, 8, 16, 32):
-        cand = greedy(pop, np.full(pop.size, 1 / pop.size), c)
-        held = np.tile(pop.floor[:, None], (1, c))  # a prototype values items outside its top L at its floor
-        for col, j in enumerate(cand):
-            r, pos = np.nonzero(pop.top_index == j)
-            held[r, col] = pop.top_score[r, pos]
-        proto_code, user_code = np.argmax(held, axis=1), np.argmax(dev[:, cand], axis=1)
-        cells = [f"exact {_ci(frac[np.arange(n), cand[user_code]])}"]
+    full = blind_codebook(pop, max(CODE_SIZES))
+    for c in CODE_SIZES:
+        book = full[:c]
+        proto = prototype_codes(pop, book)
+        user = np.array([code_of(row) for row in dev[:, book]])
+        cells = [f"exact {_ci(frac[np.arange(n), book[user]])}"]
         for eps in (0.5, 1.0, 2.0, 4.0, 16.0):
-            rng = np.random.default_rng(0)
-            keep_p = math.exp(eps) / (math.exp(eps) + c - 1)
-            u = np.zeros(n)
-            for _ in range(trials):
-                keep = rng.random(n) < keep_p
-                sent = np.where(keep, user_code, (user_code + 1 + rng.integers(0, c - 1, n)) % c)
-                for b in range(n):
-                    w = weights_from_log_likelihood(np.where(proto_code == sent[b], eps, 0.0))
-                    u[b] += frac[b, greedy(pop, w, 1)[0]] / trials
-            cells.append(f"{eps:g}: {_ci(u)}")
+            answer = np.array([respond_code(pop, proto, y, eps, 1)[0] for y in range(c)])
+            words = Words(np.random.default_rng(0))
+            sent = np.array([[randomized_response(int(x), c, eps, words) for x in user] for _ in range(trials)])
+            cells.append(f"{eps:g}: {_ci(frac[np.arange(n), answer[sent]].mean(axis=0))}")
         print(f"code-{c}", "; ".join(cells), flush=True)
 
 
