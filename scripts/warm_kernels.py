@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from recsvc.mechanisms import MECHANISMS, probabilities, select_batch
+from recsvc.mechanisms import MECHANISMS, probabilities, select_batch, select_slate
 from recsvc.mechanisms.exact import exponential_noisy_max_expectation
 from recsvc.service.selection import warm_kernels
 from recsvc.stats import argsort_fast, spearman_rows
@@ -29,6 +29,8 @@ def main() -> None:
             select_batch(name, q, d, 1.0, 2, seed=0)
             if mech.exact:
                 probabilities(name, q[0], d[0], 1.0)
+            if mech.one_shot:  # the slate samplers' own kernels (gumbel's exact peel, clm's draw)
+                select_slate(name, q[0], d[0], 1.0, 2, np.random.default_rng(0))
     exponential_noisy_max_expectation(np.array([0.0, -1.0, -2.0]), np.array([0.0, 1.0, 4.0]))
     spearman_rows(np.arange(8.0).reshape(2, 4), np.array([1.0, 0.0, 3.0, 2.0]))
     argsort_fast(np.random.default_rng(0).random(5000))

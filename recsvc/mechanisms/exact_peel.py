@@ -10,7 +10,7 @@ of U is not decided by float64.
 
 The weights are computed once; a step removes the chosen item by subtracting its weight from the
 cumulative sums that follow it (a sorted list of at most k − 1 removals), so each step after the
-first costs O(log n + k), not O(n). Error bounds, with u = 2⁻⁵³, R the relative and A the absolute
+first costs O(log n + k), not O(n), in one compiled loop over the steps (:func:`_steps`). Error bounds, with u = 2⁻⁵³, R the relative and A the absolute
 bound of ``em``'s :func:`~recsvc.mechanisms.exact_sampling._em_error` on every float cumulative
 sum (the weights' and the removed ones'):
 the float difference D_i of the two sums is within 2R·(Ŝ_i + Ŵ_i) + 3A of the exact remaining
@@ -21,9 +21,10 @@ recomputed from the items left, so the bounds stay tight relative to what is bei
 
 from __future__ import annotations
 
-import bisect
+import functools
 from fractions import Fraction
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -33,6 +34,7 @@ from recsvc.mechanisms.exact_sampling import _em_error, _em_slow, em_exact_sampl
 _REBUILD = 2.0**-24  # recompute the weights when the mass left is below this share of theirs
 
 
+@functools.lru_cache(maxsize=1024)  # a few (ε, k) per service; Fraction is slow
 def step_epsilon(epsilon: float, k: int) -> float:
     """The largest float ε′ ≤ ε/k: k steps at ε′ consume at most ε, exactly (not up to a rounding)."""
     step = epsilon / k
@@ -41,10 +43,109 @@ def step_epsilon(epsilon: float, k: int) -> float:
     return step
 
 
-class _Weights:
-    """The float cumulative weights of the items ``alive`` at the last rebuild, and the removals since."""
+_DONE, _SLOW, _REBUILD_NOW = 0, 1, 2
 
-    def __init__(self, q: np.ndarray, alive: npt.NDArray[np.intp], scale: float) -> None:
+
+@numba.njit(cache=True, nogil=True)
+def _below(i: int, removed: np.ndarray, rw: np.ndarray, m: int) -> float:  # pragma: no cover - numba
+    """Ŵ_i: the removed weight at positions ≤ i, summed in position order."""
+    s = 0.0
+    for r in range(m):
+        if removed[r] > i:
+            break
+        s += rw[r]
+    return s
+
+
+@numba.njit(cache=True, nogil=True)
+def _bounds(
+    i: int, cdf: np.ndarray, rel: float, ab: float, removed: np.ndarray, rw: np.ndarray, m: int
+) -> tuple[float, float]:  # pragma: no cover - numba
+    """(lower, upper) bounds of the exact remaining cumulative weight at position i (i = −1: 0)."""
+    if i < 0:
+        return 0.0, 0.0
+    s = cdf[i]
+    w = _below(i, removed, rw, m)
+    err = 2.0 * rel * (s + w) + 3.0 * ab
+    return s - w - err, s - w + err
+
+
+@numba.njit(cache=True, nogil=True)
+def _remove(pos: int, w: np.ndarray, removed: np.ndarray, rw: np.ndarray, m: int) -> int:  # pragma: no cover - numba
+    """Insert position ``pos`` into the sorted removals; the new count."""
+    r = m
+    while r > 0 and removed[r - 1] > pos:
+        removed[r], rw[r] = removed[r - 1], rw[r - 1]
+        r -= 1
+    removed[r], rw[r] = pos, w[pos]
+    return m + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _step(
+    word: np.uint64, cdf: np.ndarray, rel: float, ab: float, removed: np.ndarray, rw: np.ndarray, m: int
+) -> int:  # pragma: no cover - numba
+    """The position decided by U's 64-bit prefix ``word`` on the float bounds, or −1."""
+    last: int = cdf.shape[0] - 1
+    m_lo, m_hi = _bounds(last, cdf, rel, ab, removed, rw, m)
+    mass = cdf[last] - _below(last, removed, rw, m)
+    b = float(word)  # within 1 ulp of the word: widened by 4u below
+    t = (b + 0.5) * 2.0**-64 * mass
+    a = min(int(np.searchsorted(cdf, t, side="right")), last)
+    # the first position whose remaining cumulative weight exceeds t: a guess the bounds check;
+    # each pass moves a past one more removal, so m + 1 passes suffice
+    for _ in range(m + 1):
+        nxt = min(int(np.searchsorted(cdf, t + _below(a, removed, rw, m), side="right")), last)
+        if nxt == a:
+            break
+        a = nxt
+    for r in range(m):
+        if removed[r] == a:
+            return -1
+    lo_t = b * 2.0**-64 * m_lo * (1.0 - 4 * _U)
+    hi_t = (b + 1.0) * 2.0**-64 * m_hi * (1.0 + 4 * _U)
+    if lo_t >= _bounds(a - 1, cdf, rel, ab, removed, rw, m)[1] and hi_t < _bounds(a, cdf, rel, ab, removed, rw, m)[0]:
+        return a
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _steps(  # pragma: no cover - numba
+    j: int,
+    words: np.ndarray,
+    cdf: np.ndarray,
+    w: np.ndarray,
+    rel: float,
+    ab: float,
+    total: float,
+    out: np.ndarray,
+    removed: np.ndarray,
+    rw: np.ndarray,
+    m: int,
+) -> tuple[int, int, int]:
+    """Steps j, j + 1, … on the float path: (the next step, its status, the removal count). Status
+    _SLOW: step j needs the decimal path; _REBUILD_NOW: the mass left is small, recompute the
+    weights before step j; _DONE: all k steps drawn. ``out`` holds positions."""
+    k = words.shape[0]
+    while j < k:
+        a = _step(words[j], cdf, rel, ab, removed, rw, m)
+        if a < 0:
+            return j, _SLOW, m
+        out[j] = a
+        j += 1
+        if j == k:
+            break
+        m = _remove(a, w, removed, rw, m)
+        if _bounds(cdf.shape[0] - 1, cdf, rel, ab, removed, rw, m)[0] < _REBUILD * total:
+            return j, _REBUILD_NOW, m
+    return j, _DONE, m
+
+
+class _Weights:
+    """The float cumulative weights of the items ``alive`` at the last rebuild, and the removals
+    since (positions in ``alive``, sorted, with their float weights)."""
+
+    def __init__(self, q: np.ndarray, alive: npt.NDArray[np.intp], scale: float, k: int) -> None:
         sub = q[alive]
         x = (sub - sub.max()) * scale
         self.alive = alive
@@ -52,59 +153,15 @@ class _Weights:
         self.cdf = np.cumsum(self.w)
         self.total = float(self.cdf[-1])
         self.rel, self.ab = _em_error(x)
-        self.removed: list[int] = []  # positions in ``alive``, sorted
-        self.removed_w: list[float] = []
-        self.removed_cum = [0.0]  # removed_cum[j]: the sum of the first j removed weights
+        self.removed = np.empty(k, np.int64)
+        self.rw = np.empty(k)
+        self.m = 0
 
     def left(self) -> npt.NDArray[np.intp]:
         """The positions not removed, in order."""
         keep = np.ones(self.alive.shape[0], dtype=bool)
-        keep[self.removed] = False
+        keep[self.removed[: self.m]] = False
         return np.flatnonzero(keep)
-
-    def below(self, i: int) -> float:
-        """Ŵ_i: the removed weight at positions ≤ i."""
-        return self.removed_cum[bisect.bisect_right(self.removed, i)]
-
-    def remove(self, i: int) -> None:
-        j = bisect.bisect_left(self.removed, i)
-        self.removed.insert(j, i)
-        self.removed_w.insert(j, float(self.w[i]))
-        cum = [0.0]
-        for v in self.removed_w:  # the same order of additions as a cumulative sum: within R
-            cum.append(cum[-1] + v)
-        self.removed_cum = cum
-
-    def bounds(self, i: int) -> tuple[float, float]:
-        """(lower, upper) bounds of the exact remaining cumulative weight at position i (i = −1: 0)."""
-        if i < 0:
-            return 0.0, 0.0
-        s, w = float(self.cdf[i]), self.below(i)
-        err = 2.0 * self.rel * (s + w) + 3.0 * self.ab
-        return s - w - err, s - w + err
-
-    def step(self, word: int) -> int | None:
-        """The position decided by U's 64-bit prefix ``word`` on the float bounds, or None."""
-        last = int(self.cdf.shape[0]) - 1
-        m_lo, m_hi = self.bounds(last)
-        mass = float(self.cdf[last]) - self.below(last)
-        t = (word + 0.5) * 2.0**-64 * mass
-        a = min(int(self.cdf.searchsorted(t, side="right")), last)
-        # The first position whose remaining cumulative weight exceeds t: a guess, which the
-        # bounds below check. Each pass moves a past one more removal, so len + 1 passes suffice.
-        for _ in range(len(self.removed) + 1):
-            nxt = min(int(self.cdf.searchsorted(t + self.below(a), side="right")), last)
-            if nxt == a:
-                break
-            a = nxt
-        b = float(word)
-        lo_t = b * 2.0**-64 * m_lo * (1.0 - 4 * _U)
-        hi_t = (b + 1.0) * 2.0**-64 * m_hi * (1.0 + 4 * _U)
-        if a in self.removed:
-            return None
-        if lo_t >= self.bounds(a - 1)[1] and hi_t < self.bounds(a)[0]:
-            return a
-        return None
 
 
 def em_exact_peel(
@@ -118,19 +175,28 @@ def em_exact_peel(
         return em_exact_sample(q, d, eps, rng, 1).astype(np.int64)
     dmax = np.array([float(d.max())])
     scale = eps / (2.0 * dmax[0])
-    weights = _Weights(q, np.arange(q.shape[0], dtype=np.intp), scale)
-    out = np.empty(k, dtype=np.int64)
+    weights = _Weights(q, np.arange(q.shape[0], dtype=np.intp), scale, k)
     words = uniform_words(rng, k)  # one 64-bit prefix of U per step
-    for j in range(k):
-        word = int(words[j])
-        pos = weights.step(word)
-        if pos is None:  # the decimal comparison over the items left, in the same order
-            left = weights.left()
-            pos = int(left[_em_slow(q[weights.alive[left]], dmax, eps, word, rng)])
-        out[j] = weights.alive[pos]
-        if j + 1 == k:
-            break
-        weights.remove(pos)
-        if weights.bounds(weights.cdf.shape[0] - 1)[0] < _REBUILD * weights.total:
-            weights = _Weights(q, weights.alive[weights.left()], scale)
+    pos = np.empty(k, dtype=np.int64)  # positions in weights.alive at the time of each step
+    out = np.empty(k, dtype=np.int64)
+    j = 0
+    while j < k:
+        w = weights
+        nxt, status, w.m = _steps(j, words, w.cdf, w.w, w.rel, w.ab, w.total, pos, w.removed, w.rw, w.m)
+        out[j:nxt] = w.alive[pos[j:nxt]]
+        j = nxt
+        if status == _SLOW:  # the decimal comparison over the items left, in the same order
+            left = w.left()
+            a = int(left[_em_slow(q[w.alive[left]], dmax, eps, int(words[j]), rng)])
+            out[j] = w.alive[a]
+            j += 1
+            if j < k:
+                w.m = _remove(a, w.w, w.removed, w.rw, w.m)
+                status = (
+                    _REBUILD_NOW
+                    if _bounds(w.cdf.shape[0] - 1, w.cdf, w.rel, w.ab, w.removed, w.rw, w.m)[0] < _REBUILD * w.total
+                    else _SLOW
+                )
+        if status == _REBUILD_NOW and j < k:
+            weights = _Weights(q, w.alive[w.left()], scale, k)
     return out
