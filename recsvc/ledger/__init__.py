@@ -31,6 +31,7 @@ from recsvc.ledger.charging import Charge, UserBudget
 from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.units import InvalidCharge
+from recsvc.ledger.waits import DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "MechanismOf",
     "RequestConflict",
     "UserBudget",
+    "Waits",
     "budget_changes",
     "is_postgres",
     "open_ledger",
@@ -65,12 +67,14 @@ def open_ledger(
     clock: Callable[[], float] | None = None,
     observer: LedgerObserver | None = None,
     mechanism_of: MechanismOf | None = None,
+    waits: Waits = DEFAULT_WAITS,
 ) -> Ledger:
     """The store a ``--ledger`` value names: a PostgreSQL URL, or an SQLite file path (created if
     missing, whatever ``create`` says; a PostgreSQL ledger needs ``create`` or `recsvc ledger init`).
     ``window``: the budget window (``--budget-window``); ``clock``: Unix seconds (tests inject one);
     ``observer``: the metrics callbacks; ``mechanism_of``: reads the mechanism of a stored answer
-    when an older ledger is migrated (:mod:`recsvc.ledger.migrations`)."""
+    when an older ledger is migrated (:mod:`recsvc.ledger.migrations`); ``waits``: a PostgreSQL
+    ledger's server-side timeouts (:mod:`recsvc.ledger.waits`)."""
     if is_postgres(ledger):
         from recsvc.ledger.postgres import PostgresLedger
 
@@ -86,6 +90,7 @@ def open_ledger(
             clock=clock,
             observer=observer,
             mechanism_of=mechanism_of,
+            waits=waits,
         )
     from recsvc.ledger.sqlite import SQLiteLedger
 

@@ -56,6 +56,9 @@ from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 S = TypeVar("S")
 
 URL_SCHEMES = ("postgresql://", "postgres://")
+# Seconds a running commit may take before health calls the charge pipeline stuck: a commit takes
+# milliseconds; a wait this long is on another session's lock or a stopped database.
+STALL_S = 3.0
 
 # The stored (fingerprint, response) of requests, and each user's stored (spent_units,
 # window_start, requests), as a store's reads return them.
@@ -160,6 +163,12 @@ class Ledger(abc.ABC):
     @abc.abstractmethod
     def reachable(self) -> bool:
         """Whether the store answers now (for health checks)."""
+
+    def stalled(self) -> bool:
+        """Whether the charge pipeline is stuck: its running commit has taken more than
+        :data:`STALL_S` (another process holds the write lock, a lock wait on the database, a
+        database that stopped answering mid-statement). Health reports NOT_SERVING meanwhile."""
+        return self._group_commit.running_for() > STALL_S
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -8,6 +8,7 @@ callers of one key. :class:`recsvc.ledger.base.Ledger` builds the draw-then-comm
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -59,6 +60,13 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: list[Queued] = []
         self._leading = False
+        self._since: float | None = None  # time.monotonic() when the running commit started
+
+    def running_for(self) -> float:
+        """Seconds the running commit has taken so far (0: none runs): for health, a commit that
+        runs much longer than a charge ever should is a stuck pipeline."""
+        since = self._since
+        return 0.0 if since is None else time.monotonic() - since
 
     def queued(self) -> int:
         """Charges waiting for a leader to take them (for tests)."""
@@ -87,9 +95,11 @@ class GroupCommit:
             return taken
 
         successor: Queued | None = None
+        self._since = time.monotonic()
         try:
             self._commit(take)
         finally:
+            self._since = None
             for other in taken or ():
                 other.finished = True
             with self._lock:

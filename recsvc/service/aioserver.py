@@ -13,8 +13,7 @@ from typing import Any, TypeVar
 import grpc
 
 from recsvc.checks import ParamError
-from recsvc.ledger import is_postgres
-from recsvc.service.auth import SERVICE_NAME, Authenticator
+from recsvc.service.auth import Authenticator
 from recsvc.service.config import ServerConfig, host_port
 
 T = TypeVar("T")
@@ -88,13 +87,12 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
 
 
 def inline_methods(config: ServerConfig) -> tuple[str, ...]:
-    """The methods a lone call may run on the event loop: Select, when its ledger commit waits on
-    nothing but this process, its disk and the one-row transactions of `recsvc ledger` admin
-    commands (one worker, the embedded SQLite ledger); never with PostgreSQL (a network round trip)
-    or workers sharing the file (another serving process's commits)."""
-    if config.listen.workers > 1 or is_postgres(config.ledger.location):
-        return ()
-    return (f"/{SERVICE_NAME}/Select",)
+    """The methods a lone call may run on the event loop: none. Every method that charges commits
+    to the ledger, and a commit may wait on another process (any process may hold the SQLite
+    file's write lock; PostgreSQL is a network round trip), which would freeze health and every
+    other call for as long (F5, SECURITY.md)."""
+    del config
+    return ()
 
 
 async def bind(server: Any, config: ServerConfig, creds: Any) -> int:

@@ -64,6 +64,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=default("ledger_pool"),
         help="PostgreSQL connections per process (default %(default)s)",
     )
+    for flag, setting, what in (
+        ("lock", "lock_timeout", "waits for a lock another session holds"),
+        ("statement", "statement_timeout", "runs"),
+        ("idle", "idle_in_transaction_session_timeout", "of another session may sit idle inside a transaction"),
+    ):
+        p.add_argument(
+            f"--ledger-{flag}-timeout",
+            type=float,
+            default=default(f"ledger_{flag}_timeout"),
+            metavar="SECONDS",
+            help=f"PostgreSQL {setting}: the longest a ledger statement {what} before the charge is "
+            "refused UNAVAILABLE with nothing spent (default %(default)s)",
+        )
     p.add_argument(
         "--fingerprint-key",
         type=Path,

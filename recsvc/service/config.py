@@ -21,6 +21,7 @@ from recsvc.checks import ParamError
 from recsvc.ledger import is_postgres
 from recsvc.ledger.fingerprint import default_path as default_key_path
 from recsvc.ledger.units import MAX_EPSILON, budget_units
+from recsvc.ledger.waits import DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 from recsvc.policy import AUTO_THRESHOLD
 
@@ -89,10 +90,18 @@ class LedgerSettings:
     # an SQLite file, or a PostgreSQL URL (str) shared by replicas
     location: Path | str = _named(Path("ledger.db"), "ledger")
     pool: int = _named(8, "ledger_pool")  # PostgreSQL connections per process
+    # PostgreSQL's lock_timeout, statement_timeout, idle_in_transaction_session_timeout (s; recsvc.ledger.waits)
+    lock_timeout: float = _named(DEFAULT_WAITS.lock_s, "ledger_lock_timeout")
+    statement_timeout: float = _named(DEFAULT_WAITS.statement_s, "ledger_statement_timeout")
+    idle_timeout: float = _named(DEFAULT_WAITS.idle_in_transaction_s, "ledger_idle_timeout")
     fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
     budget: float = 10.0  # per-user ε under basic composition
     # 'lifetime', or Nd: ε per user per UTC-aligned N-day window (NOT over all time; ledger_window)
     budget_window: str = LIFETIME
+
+    @property
+    def waits(self) -> Waits:
+        return Waits(self.lock_timeout, self.statement_timeout, self.idle_timeout)
 
     @property
     def key_path(self) -> Path:
@@ -241,6 +250,14 @@ def _at_least(name: str, least: float, note: str = "") -> Constraint:
     )
 
 
+def _seconds(name: str) -> Constraint:
+    return Constraint(
+        lambda c: 0 < c.get(name) < 86_400,
+        f"{{{name}}} must be in (0, 86400) seconds, got {{got}}",
+        lambda c: c.get(name),
+    )
+
+
 def _port(name: str) -> Constraint:
     return Constraint(
         lambda c: c.get(name) is None or 0 <= c.get(name) <= 65535,
@@ -265,6 +282,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _at_least("workers", 1),
     _at_least("threads", 1),
     _at_least("ledger_pool", 1),
+    *(_seconds(name) for name in ("ledger_lock_timeout", "ledger_statement_timeout", "ledger_idle_timeout")),
     Constraint(
         lambda c: not is_postgres(c.ledger.location) or c.ledger.fingerprint_key is not None,
         "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recsvc.ledger import LedgerObserver, is_postgres, open_ledger
+from recsvc.ledger import Ledger, LedgerObserver, is_postgres, open_ledger
 from recsvc.service.aioserver import EventLoop, Health, bind, build, check_port_free
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
@@ -127,6 +127,7 @@ def start(config: ServerConfig) -> ServerHandle:
             settings.budget,
             settings.key_path,
             pool_size=settings.pool,
+            waits=settings.waits,
             window=settings.window,
             observer=ledger_observer(),
             mechanism_of=stored_mechanism,
@@ -175,11 +176,9 @@ def start(config: ServerConfig) -> ServerHandle:
     )
     # Once it listens, not before: the first call is right without the kernels, only slower.
     threading.Thread(target=warm_kernels, name="recsvc-warm-kernels", daemon=True).start()
-    if pg:
-        handle._watcher = threading.Thread(
-            target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe", daemon=True
-        )
-        handle._watcher.start()
+    # Every store: health also reports a stuck charge pipeline (Ledger.stalled), SQLite's too.
+    handle._watcher = threading.Thread(target=_watch_ledger, args=(handle,), name="recsvc-ledger-probe", daemon=True)
+    handle._watcher.start()
     return handle
 
 
@@ -203,14 +202,21 @@ def stored_mechanism(response: bytes) -> str:
         return ""
 
 
+def ledger_healthy(ledger: Ledger) -> bool:
+    """Whether the ledger can charge now: its database answers and no commit is stuck
+    (:meth:`recsvc.ledger.Ledger.stalled`)."""
+    return ledger.reachable() and not ledger.stalled()
+
+
 def _watch_ledger(handle: ServerHandle) -> None:
-    """Health follows the shared database: NOT_SERVING while it does not answer (a load balancer
-    then sends requests to a replica that can charge them), SERVING again once it does."""
+    """Health follows the ledger: NOT_SERVING while its database does not answer or its charge
+    pipeline is stuck (a load balancer then sends requests to a replica that can charge them),
+    SERVING again once it can charge."""
     from grpc_health.v1 import health_pb2
 
     serving = True
     while not handle._stopped.wait(PROBE_INTERVAL_S):
-        ok = handle.ledger.reachable()
+        ok = ledger_healthy(handle.ledger)
         if ok != serving and not handle._stopped.is_set():
             status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
             for name in ("", SERVICE_NAME):
@@ -218,7 +224,7 @@ def _watch_ledger(handle: ServerHandle) -> None:
             log.warning(
                 "ledger %s %s: health %s",
                 getattr(handle.ledger, "where", "?"),
-                "answers again" if ok else "does not answer",
+                "can charge again" if ok else "does not answer or its charges are stuck",
                 "SERVING" if ok else "NOT_SERVING",
             )
             serving = ok

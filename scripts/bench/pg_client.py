@@ -1,7 +1,7 @@
 """recsvc's client-side CPU for one round statement of the PostgreSQL ledger, in psycopg.
 
 A single Select with the PostgreSQL ledger rides in about half a round statement: the charges and
-pre-checks queued in a process while its previous round ran (``recsvc.ledger.postgres.store.CHARGE_AND_PRECHECK``).
+pre-checks queued in a process while its previous round ran (``recsvc.ledger.postgres.statements.CHARGE_AND_PRECHECK``).
 This measures the CPU that statement costs the recsvc process (``time.thread_time``: psycopg,
 libpq and the socket calls), for a round of 3 charges of new users and 3 pre-checks, in three
 ways, interleaved in blocks so that a busy machine slows them alike:
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from recsvc.ledger.postgres import PostgresLedger, connection
-from recsvc.ledger.postgres.store import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns
+from recsvc.ledger.postgres.statements import ACCOUNT, CHARGE_AND_PRECHECK, KEY, REQUEST, SEEN, columns
 from scripts.bench.harness import throwaway_cluster
 
 WARM = 4  # rounds not counted: connections, prepared statements and caches warm up

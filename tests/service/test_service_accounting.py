@@ -124,12 +124,11 @@ def test_a_long_draw_holds_no_lock_that_other_users_wait_for(
     assert locked == [False] and len(slow) == 1 and fresh_server.ledger.user("flooder").requests == 1
 
 
-def test_only_a_lone_light_select_runs_on_the_event_loop(
+def test_no_select_runs_on_the_event_loop_not_even_a_lone_light_one(
     fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A Select alone on the server is served on the event loop (no thread hop); a Recommend, a
-    draw whose length γ sets, and any Select while another call is in flight run in request
-    threads. Every one is charged the same way."""
+    """Every call runs in a request thread, a Select alone on the server included: its commit may
+    wait on another process (F5, test_service_ledger_waits.py). Every one is charged the same way."""
     seen: list[tuple[str, str]] = []
 
     def observe(name: str) -> None:
@@ -143,7 +142,7 @@ def test_only_a_lone_light_select_runs_on_the_event_loop(
     assert seen == [
         ("rs", "recsvc-rpc"),
         ("rnm", "recsvc-rpc"),
-        ("rnm", "recsvc-loop"),
+        ("rnm", "recsvc-rpc"),
         ("rnm", "recsvc-rpc"),
         ("rs", "recsvc-rpc"),
     ]
@@ -156,7 +155,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
 ) -> None:
     """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a draw process at
     nice 19 (it shares no GIL with the server); rs at the default γ (≈ 125 draws, but a length
-    γ sets) by a request thread; rnm, a lone light call, on the event loop; both at normal priority."""
+    γ sets) and rnm, a lone light call, by request threads, both at normal priority."""
     import psutil
 
     seen: list[tuple[str, str, int]] = []
@@ -179,7 +178,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
     fresh_client.select("h", cands, mechanism="rnm", epsilon=0.5)
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this (main) thread's nice value, which the rpc threads share
     # the heavy draw never ran in this process: only the other two did
-    assert [s[:2] for s in seen] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-loop")] and all(s[2] == base for s in seen)
+    assert [s[:2] for s in seen] == [("rs", "recsvc-rpc"), ("rnm", "recsvc-rpc")] and all(s[2] == base for s in seen)
     assert heavy.item_id in dict(cands) and heavy.mechanism == "rs"
     drawers = [c for c in psutil.Process().children() if "spawn_main" in " ".join(c.cmdline())]
     assert [c.nice() for c in drawers] == [19]  # the one draw process (--heavy-draw-threads 1)

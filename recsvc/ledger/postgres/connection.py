@@ -10,6 +10,7 @@ import psycopg
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from recsvc.ledger.postgres import arrays
+from recsvc.ledger.waits import Waits
 
 
 def link_timeouts(timeout_s: float) -> dict[str, Any]:
@@ -25,6 +26,12 @@ def link_timeouts(timeout_s: float) -> dict[str, Any]:
         "keepalives_interval": 1,
         "keepalives_count": 3,
     }
+
+
+def wait_options(waits: Waits) -> str:
+    """libpq ``options`` that set the server-side timeouts (:mod:`recsvc.ledger.waits`) when the
+    connection starts: no extra round trip, and no ledger statement ever runs without them."""
+    return " ".join(f"-c {name}={value}" for name, value in waits.settings().items())
 
 
 def configure(conn: psycopg.Connection) -> None:

@@ -37,13 +37,13 @@ process. Errors name the host, port and database, never the password.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -55,114 +55,39 @@ from recsvc.ledger import fingerprint
 from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
 from recsvc.ledger.charging import Charge, Pending, decide_all
 from recsvc.ledger.errors import LedgerUnavailable
-from recsvc.ledger.group_commit import Queued
+from recsvc.ledger.group_commit import GroupCommit, Queued
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.postgres import schema
-from recsvc.ledger.postgres.arrays import BinaryArray, bytea_array, int8_array, text_array
+from recsvc.ledger.postgres.arrays import BinaryArray
 from recsvc.ledger.postgres.clock import DatabaseClock
-from recsvc.ledger.postgres.connection import Connection, configure, link_timeouts, result_sets, roll_back
+from recsvc.ledger.postgres.connection import (
+    Connection,
+    configure,
+    link_timeouts,
+    result_sets,
+    roll_back,
+    wait_options,
+)
 from recsvc.ledger.postgres.schema import connect, describe, scrub
+from recsvc.ledger.postgres.statements import (
+    ACCOUNT,
+    CHARGE_AND_PRECHECK,
+    CHARGE_UNCHANGED,
+    KEY,
+    PRECHECKS,
+    REQUEST,
+    SEEN,
+    WRITE,
+    columns,
+    lock_and_read,
+    seen_account,
+)
+from recsvc.ledger.waits import DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 T = TypeVar("T")
+log = logging.getLogger("recsvc.ledger")
 _DOWN = (psycopg.OperationalError, PoolTimeout)
-
-
-# -- the statements, and how their array parameters are laid out: each column one binary array --
-
-
-@lru_cache(maxsize=512)
-def _values(n: int, width: int, row: str = "") -> str:
-    """``n`` parameter tuples of ``width`` (or ``row``, a tuple's text): ``(%s, %s), (%s, %s)``."""
-    one = row or ("%s" if width == 1 else "(" + ", ".join(["%s"] * width) + ")")
-    return ", ".join([one] * n)
-
-
-# The binary array of each column (:mod:`recsvc.ledger.postgres.arrays`): a (user_id, request_id)
-# key, an account (user_id, spent_units, requests, window_start), an account as a pre-check read
-# it (spent_units, window_start, requests), a stored request (:class:`recsvc.ledger.charging.Writes`).
-KEY = (text_array, text_array)
-ACCOUNT = (text_array, int8_array, int8_array, int8_array)
-SEEN = (int8_array, int8_array, int8_array)
-REQUEST = (text_array, text_array, bytea_array, int8_array, bytea_array, text_array)
-
-
-def columns(rows: list[tuple[Any, ...]], kinds: tuple[Callable[[Any], BinaryArray], ...]) -> list[BinaryArray]:
-    """``rows`` as one binary array per column (empty arrays for no rows)."""
-    cols = list(zip(*rows, strict=True)) or [()] * len(kinds)
-    return [kind(col) for kind, col in zip(kinds, cols, strict=True)]
-
-
-def seen_account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
-    """The (spent_units, window_start, requests) of a :data:`PRECHECKS` row; None: the user has no row."""
-    return None if row[2] is None else (int(row[2]), int(row[3]), int(row[4]))
-
-
-def _stored(n_keys: int) -> str:
-    return (
-        "SELECT user_id, request_id, fingerprint, response FROM recsvc_requests WHERE (user_id, request_id) IN "
-        f"({_values(n_keys, 2)})"
-    )
-
-
-@lru_cache(maxsize=512)
-def lock_and_read(n_users: int, n_keys: int) -> str:
-    """Parameters: the users (sorted) twice, then the (user_id, request_id) keys."""
-    return (
-        "BEGIN; "
-        f"INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES {_values(n_users, 0, '(%s, 0, 0)')} "
-        "ON CONFLICT DO NOTHING; "
-        "SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets "
-        f"WHERE user_id IN ({_values(n_users, 1)}) ORDER BY user_id FOR UPDATE; " + _stored(n_keys)
-    )
-
-
-# Arrays are bound as binary (%b), built by :func:`columns`. The pre-checks' read: one row per
-# (user_id, request_id), in order (NULLs where nothing is stored).
-_PRECHECK_ROWS = (
-    "q.fingerprint, q.response, b.spent_units, b.window_start, b.requests "
-    "FROM unnest(%b::text[], %b::text[]) WITH ORDINALITY AS k(u, r, i) "
-    "LEFT JOIN recsvc_budgets AS b ON b.user_id = k.u "
-    "LEFT JOIN recsvc_requests AS q ON q.user_id = k.u AND q.request_id = k.r"
-)
-PRECHECKS = "SELECT " + _PRECHECK_ROWS + " ORDER BY k.i"
-
-# The optimistic charge (:meth:`PostgresLedger._charge_unchanged`), one statement: update the
-# accounts still as read (the UPDATE locks each row and, after waiting for another transaction's
-# lock, re-checks its WHERE on the row's newest version; its nested loop over the sorted arrays
-# locks in user_id order, as the locking transaction does), create the missing ones (``s0`` −1:
-# none was read), store the answers of exactly those users, and return them. Parameters: the
-# users' new (u, s, n, w) and read (s0, w0, n0) accounts, the time, the requests' columns.
-_CHARGE_CTES = (
-    "WITH v AS (SELECT * FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[], %b::bigint[], "
-    "%b::bigint[], %b::bigint[]) AS v(u, s, n, w, s0, w0, n0)), "
-    "moved AS (UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w FROM v "
-    "WHERE b.user_id = v.u AND b.spent_units = v.s0 AND b.requests = v.n0 AND b.window_start = v.w0 "
-    "RETURNING b.user_id), "
-    "created AS (INSERT INTO recsvc_budgets(user_id, spent_units, requests, window_start) SELECT u, s, n, w FROM v "
-    "WHERE s0 < 0 ORDER BY u ON CONFLICT DO NOTHING RETURNING user_id), "
-    "charged AS (SELECT user_id FROM moved UNION ALL SELECT user_id FROM created), "
-    "stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, "
-    "created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
-    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m) WHERE u IN (SELECT user_id FROM charged)) "
-)
-CHARGE_UNCHANGED = _CHARGE_CTES + "SELECT user_id FROM charged"
-# The same, and the pre-checks' read (:data:`PRECHECKS`, parameters after the charge's) on the
-# statement's snapshot: rows (NULL, a user charged, NULLs…) and (i, NULL, the i-th read's row).
-CHARGE_AND_PRECHECK = (
-    _CHARGE_CTES + "SELECT NULL::bigint, user_id, NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint, NULL::bigint "
-    "FROM charged UNION ALL SELECT k.i, NULL, " + _PRECHECK_ROWS
-)
-
-# One statement (a constant text, so psycopg prepares it once per connection): store the answers
-# and set the users' new accounts (absolute values: the transaction holds their row locks).
-WRITE = (
-    "WITH stored AS (INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, "
-    "mechanism, created) SELECT u, q, f, e, r, m, %s FROM unnest(%b::text[], %b::text[], %b::bytea[], %b::bigint[], "
-    "%b::bytea[], %b::text[]) AS t(u, q, f, e, r, m)) "
-    "UPDATE recsvc_budgets AS b SET spent_units = v.s, requests = v.n, window_start = v.w "
-    "FROM unnest(%b::text[], %b::bigint[], %b::bigint[], %b::bigint[]) AS v(u, s, n, w) WHERE b.user_id = v.u"
-)
 
 
 # What a caller refused with UNAVAILABLE should do: a charge may have been stored; a read changed nothing.
@@ -194,8 +119,11 @@ class PostgresLedger(Ledger):
         clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
         mechanism_of: MechanismOf | None = None,
+        waits: Waits = DEFAULT_WAITS,
     ) -> None:
         super().__init__(budget, window, clock, observer)
+        self.waits = waits
+        self._group_commit = _SettingAside(self._commit_group, self._charge_held)
         if pool_size < 1:
             raise ParamError("{ledger_pool} must be >= 1, got {got}", got=pool_size)
         self.where = describe(url)
@@ -234,7 +162,12 @@ class PostgresLedger(Ledger):
             reconnect_timeout=timeout_s,
             # prepared on their first execution, not after psycopg's default 5, each
             # planned until then: every statement here repeats on every connection.
-            kwargs={"autocommit": True, "prepare_threshold": 0, **link_timeouts(timeout_s)},
+            kwargs={
+                "autocommit": True,
+                "prepare_threshold": 0,
+                "options": wait_options(waits),
+                **link_timeouts(timeout_s),
+            },
             connection_class=Connection,
             configure=configure,
             name="recsvc-ledger",
@@ -244,6 +177,14 @@ class PostgresLedger(Ledger):
     def _unavailable(self, exc: BaseException, then: str) -> LedgerUnavailable:
         reason = scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.url)
         return LedgerUnavailable(f"the PostgreSQL ledger at {self.where} is unavailable ({reason}); {then}")
+
+    def _waited_too_long(self, exc: BaseException, then: str) -> LedgerUnavailable:
+        if isinstance(exc, psycopg.errors.LockNotAvailable):
+            what = f"waited past lock_timeout (at most {self.waits.lock_s:g} s) for a lock another session holds"
+        else:
+            what = f"ran longer than statement_timeout ({self.waits.statement_s:g} s)"
+        log.warning("the PostgreSQL ledger at %s: a statement %s; refused UNAVAILABLE", self.where, what)
+        return LedgerUnavailable(f"the PostgreSQL ledger at {self.where} is busy (a statement {what}); {then}")
 
     def close(self) -> None:
         self._pool.close()
@@ -287,6 +228,8 @@ class PostgresLedger(Ledger):
                     return fn(conn)
             except psycopg.errors.DeadlockDetected:  # an OperationalError, but the server is up
                 raise
+            except _WAITED as exc:  # the server is up; the transaction was rolled back
+                raise self._waited_too_long(exc, then) from None
             except _DOWN as exc:
                 # Unreachable now (down, or a partition): fail fast rather than also wait on the
                 # pool's other, equally dead connections.
@@ -352,14 +295,7 @@ class PostgresLedger(Ledger):
                 rows = self._read(PRECHECKS, _keys(probes))
             self._answer(probes, rows or [])
             probes = []
-            for attempt in range(_DEADLOCK_TRIES):
-                try:
-                    if rest:
-                        self._retrying(lambda conn: self._transaction(conn, rest))
-                    break
-                except psycopg.errors.DeadlockDetected:  # rolled back whole; the lock order makes it rare
-                    if attempt == _DEADLOCK_TRIES - 1:
-                        raise
+            self._locking(rest, wait=False)
         except Exception as exc:  # every pre-check and every charge not yet stored is refused
             left: list[Queued] = [*probes, *rest]
             if isinstance(exc, _ITEM_ERRORS) and len(left) > 1:
@@ -368,10 +304,6 @@ class PostgresLedger(Ledger):
                 return
             for q in left:
                 q.result, q.error = None, exc
-            return
-        for p in rest:  # our own COMMIT went through before a connection failure
-            if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
-                p.result = Charge(p.result.response, replayed=False)
 
     def _charge_unchanged(
         self, conn: Connection, batch: list[Pending], probes: list[_Probe]
@@ -413,8 +345,10 @@ class PostgresLedger(Ledger):
                 rows = [r[2:] for r in sorted((r for r in out if r[0] is not None), key=lambda r: r[0])]
             else:
                 charged = {u for (u,) in conn.run(CHARGE_UNCHANGED, args)}
-        except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation):
-            charged, rows = set(), None  # nothing stored (one statement); the locking transaction decides them all
+        except (psycopg.errors.DeadlockDetected, psycopg.errors.UniqueViolation, psycopg.errors.LockNotAvailable):
+            # Nothing stored (one statement; a lock wait past ROUND_LOCK_S: another session holds a
+            # row): the locking transaction decides them all, skipping rows held elsewhere.
+            charged, rows = set(), None
         if charged:
             self.commits += 1
         rest = [p for p in batch if p.user_id not in charged]
@@ -425,23 +359,35 @@ class PostgresLedger(Ledger):
             self.observer.relocked(relocked)
         return rest, rows
 
-    def _transaction(self, conn: Connection, batch: list[Pending]) -> None:
+    def _transaction(self, conn: Connection, batch: list[Pending], wait: bool = False) -> None:
         """Three round trips: [BEGIN, create missing budget rows, lock the users' rows in user_id
         order (two transactions never wait on each other in a cycle), read the stored requests]
         as one multi-statement query (client-side binding of a few short strings), decide, then
         [store the answers and update the budgets] as one prepared statement, then COMMIT.
         READ COMMITTED: each statement reads a fresh snapshot, so the stored requests are read
-        after the locks are granted and include every charge committed before."""
+        after the locks are granted and include every charge committed before.
+
+        Without ``wait`` (the round's leader) the rows another session holds are skipped: their
+        users' charges are set aside (:class:`_Held`, nothing decided) for their callers to
+        charge in their own threads (:meth:`_charge_held`), so one user's locked row stalls only
+        that user. With ``wait`` the rows are waited for, at most ``lock_timeout``."""
         users = sorted({p.user_id for p in batch})
         keys = list({(p.user_id, p.request_id): None for p in batch})
         cur = psycopg.ClientCursor(conn)
         try:
-            cur.execute(lock_and_read(len(users), len(keys)), [*users, *users, *(v for k in keys for v in k)])
+            cur.execute(
+                lock_and_read(len(users), len(keys), skip=not wait, lock_ms=self.waits.lock_ms),
+                [*users, *users, *(v for k in keys for v in k)],
+            )
             locked, found = result_sets(cur)
             accounts = {u: (int(sp), int(ws), int(n)) for u, sp, ws, n in locked}
+            held = [p for p in batch if p.user_id in accounts]
+            for p in batch:
+                if p.user_id not in accounts:  # locked by another session: never decided without its row
+                    p.result, p.error = None, _Held(self.where)
             stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}
             now = self._clock()  # read under the row locks: the window these charges count in
-            writes = decide_all(batch, stored, accounts, self.window, self.budget_units, now)
+            writes = decide_all(held, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
                 conn.run(
                     WRITE,
@@ -457,6 +403,33 @@ class PostgresLedger(Ledger):
             raise
         self.commits += 1  # COMMIT returned: the WAL is flushed
 
+    def _locking(self, rest: list[Pending], wait: bool) -> None:
+        """``rest`` through :meth:`_transaction`, again after a deadlock (rolled back whole; the
+        lock order makes it rare); a charge found stored with the bytes this process built is its
+        own COMMIT that went through before a connection failure."""
+        for attempt in range(_DEADLOCK_TRIES):
+            try:
+                if rest:
+                    self._retrying(lambda conn: self._transaction(conn, rest, wait))
+                break
+            except psycopg.errors.DeadlockDetected:
+                if attempt == _DEADLOCK_TRIES - 1:
+                    raise
+        for p in rest:
+            if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
+                p.result = Charge(p.result.response, replayed=False)
+
+    def _charge_held(self, items: list[Queued]) -> None:
+        """The charges a round set aside (their rows were locked elsewhere), in their caller's
+        thread: one locking transaction that waits for the rows, at most ``lock_timeout``; past it
+        UNAVAILABLE, rolled back, nothing spent."""
+        pending = cast("list[Pending]", items)
+        try:
+            self._locking(pending, wait=True)
+        except Exception as exc:
+            for p in pending:
+                p.result, p.error = None, exc
+
     def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[Stored, Accounts]:
         """The batch pre-check's read, holding no lock: the pre-checks' statement (``users`` are
         the keys' users)."""
@@ -466,6 +439,32 @@ class PostgresLedger(Ledger):
 
 
 _DEADLOCK_TRIES = 3
+# The server-side timeouts (:mod:`recsvc.ledger.waits`): the statement was cancelled, rolled back.
+_WAITED = (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled)
+
+
+class _Held(LedgerUnavailable):
+    """A charge a round set aside, undecided, because another session holds its user's row; its
+    caller charges it (:meth:`PostgresLedger._charge_held`). UNAVAILABLE if it ever escaped."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"the PostgreSQL ledger at {where}: this user's budget row is locked by another session")
+
+
+class _SettingAside(GroupCommit):
+    """Group commit whose callers then charge, in their own threads, what the round set aside."""
+
+    def __init__(self, commit: Callable[[Callable[[], list[Any]]], None], held: Callable[[list[Queued]], None]):
+        super().__init__(commit)
+        self._held = held
+
+    def __call__(self, items: list[Any]) -> None:
+        super().__call__(items)
+        waiting = [q for q in items if isinstance(q.error, _Held)]
+        if waiting:
+            self._held(waiting)
+
+
 # What one item's values can make a statement fail with (not the database or the connection).
 _ITEM_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
 

@@ -37,6 +37,7 @@ with another budget is refused.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -52,6 +53,7 @@ from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
 from recsvc.ledger.units import float_units_up
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 
+log = logging.getLogger("recsvc.ledger")
 VERSION = 4
 # Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
 CHUNK = 64
@@ -152,6 +154,35 @@ def create_private(path: Path) -> None:
             reason=exc.strerror or str(exc),
             expected=EXPECTED,
         ) from None
+
+
+def private_sidecars(path: Path, warn: bool = True) -> None:
+    """Makes the ``-wal`` and ``-shm`` files mode 0600: SQLite creates them with the database
+    file's mode, so a ledger file that others can read would otherwise get sidecars, holding the
+    latest answers, that others can read too; and each new connection gives an EMPTY one the file's
+    mode again. So it runs before SQLite opens the file (a missing one is created empty: an empty
+    WAL holds no frames, SQLite initialises the shared-memory file) and after each connection the
+    store opens, before anything is written; an existing one is narrowed. SQLite leaves the mode of
+    a WAL that holds frames alone. ``warn``: a ledger file others can read is logged."""
+    mode = path.stat().st_mode & 0o777
+    if warn and mode & 0o077:
+        log.warning(
+            "the ledger %s has mode %s: other users can read its answers and account balances; "
+            "expected 0600 (chmod 600 %s); its -wal and -shm files are kept 0600",
+            path,
+            oct(mode),
+            path,
+        )
+    for suffix in ("-wal", "-shm"):
+        side = path.with_name(path.name + suffix)
+        try:
+            os.close(os.open(side, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            if side.stat().st_mode & 0o077:
+                try:
+                    os.chmod(side, 0o600)
+                except PermissionError:  # another user's file: SQLite's own checks decide
+                    log.warning("the ledger's %s is readable by others and not ours to narrow", side)
 
 
 def check_foreign(path: Path) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import sqlite3
 import threading
@@ -42,11 +43,14 @@ from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
 from recsvc.ledger.charging import Pending, Writes, decide_all
+from recsvc.ledger.errors import LedgerUnavailable
 from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.sqlite import schema
 from recsvc.ledger.sqlite.schema import CHUNK, EXPECTED, check_path
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
+
+log = logging.getLogger("recsvc.ledger")
 
 
 def _retry_locked(fn: Callable[[], object], attempts: int = 50) -> None:
@@ -102,9 +106,11 @@ class SQLiteLedger(Ledger):
         self._lock_file = self.path.with_name(self.path.name + ".lock")
         self._lock_fd: tuple[int, int] | None = None  # (pid, fd)
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
+        self._full = False  # the last commit failed on the disk (logged once, see _storage_failed)
         try:
             schema.check_foreign(self.path)
             schema.create_private(self.path)
+            schema.private_sidecars(self.path)
             self._key, self.key_created = schema.open_file(
                 self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked, mechanism_of
             )
@@ -131,6 +137,9 @@ class SQLiteLedger(Ledger):
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         _retry_locked(lambda: conn.execute("PRAGMA journal_mode=WAL"))
         conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every COMMIT
+        # Opening gave an EMPTY -wal the file's mode again (SQLite does so while it is empty); narrow it
+        # before anything is written there. Once it holds frames SQLite leaves its mode alone.
+        schema.private_sidecars(self.path, warn=False)
         with self._lock:
             self._all.append(conn)
         return conn
@@ -237,11 +246,37 @@ class SQLiteLedger(Ledger):
             self.commits += 1
         except BaseException as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # a full disk may have ended it already
+                    conn.execute("ROLLBACK")
+            error = self._storage_failed(exc) if isinstance(exc, sqlite3.OperationalError) else None
             for item in batch:  # nothing of this batch was committed
-                item.result, item.error = None, exc if isinstance(exc, Exception) else RuntimeError(str(exc))
+                item.result, item.error = None, error or (exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
             if not isinstance(exc, Exception):
                 raise
+            return
+        if self._full:
+            self._full = False
+            log.warning("the SQLite ledger %s stores charges again", self.path)
+
+    def _storage_failed(self, exc: sqlite3.OperationalError) -> LedgerUnavailable | None:
+        """A commit the disk refused (full, over a file-size limit, failing): UNAVAILABLE, rolled
+        back, nothing spent; logged once, without a stack trace, until a commit succeeds again."""
+        code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary result code
+        if code not in (sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR):
+            return None
+        if not self._full:
+            self._full = True
+            log.warning(
+                "the SQLite ledger %s cannot store charges (%s: %s); they are refused UNAVAILABLE, nothing spent, "
+                "until the disk has room (this is logged once)",
+                self.path,
+                getattr(exc, "sqlite_errorname", "SQLITE_IOERR"),
+                exc,
+            )
+        return LedgerUnavailable(
+            f"the SQLite ledger {self.path} cannot store the charge: its disk is full or failing ({exc}); "
+            "nothing was spent, retry with the same request_id later"
+        )
 
     def _apply(self, conn: sqlite3.Connection, batch: list[Pending]) -> None:
         """Decides every charge of the batch in arrival order (:func:`decide_all`), then writes them all.
