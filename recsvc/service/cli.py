@@ -64,18 +64,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=default("ledger_pool"),
         help="PostgreSQL connections per process (default %(default)s)",
     )
-    for flag, setting, what in (
-        ("lock", "lock_timeout", "waits for a lock another session holds"),
-        ("statement", "statement_timeout", "runs"),
-        ("idle", "idle_in_transaction_session_timeout", "of another session may sit idle inside a transaction"),
+    for flag, what in (
+        ("lock", "lock_timeout: the longest a charge waits for a lock another session holds (then UNAVAILABLE"),
+        ("statement", "statement_timeout: the longest a ledger statement runs (then UNAVAILABLE"),
+        (
+            "idle",
+            "idle_in_transaction_session_timeout: the server ends a ledger session that sits this long inside a "
+            "transaction, e.g. a frozen replica's, releasing its rows (its charge rolled back",
+        ),
     ):
         p.add_argument(
             f"--ledger-{flag}-timeout",
             type=float,
             default=default(f"ledger_{flag}_timeout"),
             metavar="SECONDS",
-            help=f"PostgreSQL {setting}: the longest a ledger statement {what} before the charge is "
-            "refused UNAVAILABLE with nothing spent (default %(default)s)",
+            help=f"PostgreSQL {what}, nothing spent; default %(default)s)",
         )
     p.add_argument(
         "--fingerprint-key",
