@@ -131,8 +131,8 @@ def load_tokens(path: str | os.PathLike[str]) -> list[tuple[str, Principal]]:
             raise ValueError(f"token file {path} line {n}: {len(parts)} words; expected {TOKEN_FORMAT}")
         try:
             scope = Scope.parse(parts[1]) if len(parts) == 2 else Scope(SERVICE)
-        except ValueError as exc:
-            raise ValueError(f"token file {path} line {n}: {exc}") from None
+        except ValueError:  # the word is never quoted: on a line written scope-first it is the token
+            raise ValueError(f"token file {path} line {n}: {_not_a_scope(parts)}; expected {TOKEN_FORMAT}") from None
         if parts[0] in seen:  # which scope would apply? (the token itself is never printed)
             raise ValueError(
                 f"token file {path} line {n} repeats the token of line {seen[parts[0]]}; expected each token once"
@@ -140,6 +140,15 @@ def load_tokens(path: str | os.PathLike[str]) -> list[tuple[str, Principal]]:
         seen[parts[0]] = n
         out.append((parts[0], Principal(f"token@{n}", scope)))
     return out
+
+
+def _not_a_scope(parts: list[str]) -> str:
+    """Why a token line's second word is refused, without showing either word."""
+    try:
+        Scope.parse(parts[0])
+    except ValueError:
+        return "the second word is not a scope (neither word is shown: one is a token)"
+    return "the second word is not a scope but the first is: write the token first"
 
 
 def read_token(path: str | os.PathLike[str]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -225,16 +226,18 @@ def test_token_and_scope_files_are_parsed_strictly(tmp_path: Path) -> None:
         ("alice-tok", "token@5", "user:alice"),
     ]
     bad = {
-        "tok root\n": r"line 1: scope 'root' is not a scope; expected 'admin', 'service' or 'user:<user_id>'",
-        "tok user:\n": r"line 1: scope 'user:' is not a scope",
-        "a service\n#\na admin\n": r"line 3 repeats the token of line 1; expected each token once",
-        "tok service extra\n": r"line 1: 3 words; expected lines '<token> <scope>'",
+        "s3cret root\n": r"line 1: the second word is not a scope \(neither word is shown: one is a token\); "
+        r"expected lines '<token> <scope>' \(scope 'admin', 'service' or 'user:<user_id>'",
+        "s3cret user:\n": r"line 1: the second word is not a scope \(neither",
+        "user:alice s3cret\n": r"line 1: the second word is not a scope but the first is: write the token first; expected",
+        "s3cret service\n#\ns3cret admin\n": r"line 3 repeats the token of line 1; expected each token once",
+        "s3cret service extra\n": r"line 1: 3 words; expected lines '<token> <scope>'",
     }
     for text, message in bad.items():
         path.write_text(text)
         with pytest.raises(ValueError, match=message) as info:
             load_tokens(path)
-        assert "a service" not in str(info.value)  # a token is never quoted back
+        assert "s3cret" not in str(info.value)  # a token is never quoted back, whichever word it is
     path.write_text(
         "subject:CN=John Smith,O=Example user:john\nuri:spiffe://ex.org/ns/prod/sa/api service\n"
         "dns:Ops.Internal admin\nip:0:0::1 admin\nemail:a@ex.org user:a\n"
@@ -286,3 +289,18 @@ def test_allow_non_private_warns_at_start_and_labels_rnmh(
     ]
     assert len(warnings) == 1 and "NOT differentially private" in warnings[0] and "--allow-non-private" in warnings[0]
     assert (r.mechanism, res.response.mechanism, info["rnmh"]) == ("rnmh", "rnmh", (False, True))
+
+
+def test_serve_refuses_a_scope_first_token_line_without_printing_the_token(
+    artifact: Path, tmp_path: Path, one_line_error: Callable[[str], str]
+) -> None:
+    """F9: `user:alice <token>` (scope first) stops start-up with one line that names the line, not the token."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("backend-s3cret service\nuser:alice alice-s3cret\n")
+    tokens.chmod(0o600)
+    argv = ["serve", "--artifacts", str(artifact), "--port", "0", "--ledger", str(tmp_path / "l.db")]
+    assert recsvc_main([*argv, "--token-file", str(tokens)]) == 2
+    err = one_line_error(
+        r"token file .*tokens line 2: the second word is not a scope but the first is: write the token first"
+    )
+    assert "s3cret" not in err and not (tmp_path / "l.db").exists()
