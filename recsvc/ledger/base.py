@@ -47,7 +47,17 @@ from typing import Any, TypeVar, cast
 
 from recsvc.ledger import fingerprint
 from recsvc.ledger.budget import checked_units
-from recsvc.ledger.charging import Charge, Pending, UserBudget, account, precheck, unset, verdict
+from recsvc.ledger.charging import (
+    Account,
+    Charge,
+    Pending,
+    StoredRequest,
+    UserBudget,
+    account,
+    precheck,
+    unset,
+    verdict,
+)
 from recsvc.ledger.errors import LedgerError, RequestConflict
 from recsvc.ledger.group_commit import Flights, GroupCommit, Queued
 from recsvc.ledger.units import charge_units, to_epsilon
@@ -60,10 +70,10 @@ URL_SCHEMES = ("postgresql://", "postgres://")
 # milliseconds; a wait this long is on another session's lock or a stopped database.
 STALL_S = 3.0
 
-# The stored (fingerprint, response) of requests, and each user's stored (spent_units,
-# window_start, requests), as a store's reads return them.
-Stored = dict[tuple[str, str], tuple[bytes, bytes]]
-Accounts = dict[str, tuple[int, int, int]]
+# The stored requests by (user_id, request_id), and each user's stored account, as a store's reads
+# return them.
+Stored = dict[tuple[str, str], StoredRequest]
+Accounts = dict[str, Account]
 
 
 def is_postgres(ledger: object) -> bool:
@@ -132,12 +142,12 @@ class Ledger(abc.ABC):
     # -- the storage primitives each store implements --------------------------------------
 
     @abc.abstractmethod
-    def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
-        """(stored fingerprint, response) of an earlier request, or None."""
+    def lookup(self, user_id: str, request_id: str) -> StoredRequest | None:
+        """An earlier request's stored fingerprint and answer, or None."""
 
     @abc.abstractmethod
-    def _account(self, user_id: str) -> tuple[int, int, int] | None:
-        """The user's stored (spent_units, window_start, requests), or None."""
+    def _account(self, user_id: str) -> Account | None:
+        """The user's stored account, or None."""
 
     @abc.abstractmethod
     def _spends(self) -> Iterable[tuple[str, int, int]]:
@@ -296,9 +306,9 @@ class Ledger(abc.ABC):
             for i in pending:
                 out[i] = exc
             return []
-        spent = self.window.spent_now(((u, s, ws) for u, (s, ws, _n) in accounts.items()), self._clock())
-        for p in pending.values():
-            p.seen = accounts.get(p.user_id)  # what the commit may check is unchanged (PostgreSQL)
+        spent = self.window.spent_now(((u, a.spent_units, a.window_start) for u, a in accounts.items()), self._clock())
+        for p in pending.values():  # what the commit may check is unchanged (PostgreSQL)
+            p.read, p.seen = True, accounts.get(p.user_id)
         todo: list[int] = []
         earlier: set[tuple[str, str]] = set()
         for i, p in pending.items():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from recsvc.ledger.errors import BudgetExceeded, LedgerError, RequestConflict
 from recsvc.ledger.group_commit import Queued
@@ -25,6 +25,42 @@ from recsvc.ledger.window import BudgetWindow
 # One charge as the audit export reads it: user_id, request_id, mechanism, ε units, time (µs since
 # the Unix epoch, UTC). Never the fingerprint or the response.
 ChargeRow = tuple[str, str, str, int, int]
+
+
+class Account(NamedTuple):
+    """A user's budget row as a store reads it."""
+
+    spent_units: int
+    window_start: int
+    requests: int
+
+
+class StoredRequest(NamedTuple):
+    """An answered request as a store reads it: its keyed fingerprint and the stored answer."""
+
+    fingerprint: bytes
+    response: bytes
+
+
+class AccountWrite(NamedTuple):
+    """A user's new budget row, in the stores' column order (absolute values: the transaction
+    holds the user's lock)."""
+
+    user_id: str
+    spent_units: int
+    requests: int
+    window_start: int
+
+
+class RequestWrite(NamedTuple):
+    """A charged request to store, in the stores' column order."""
+
+    user_id: str
+    request_id: str
+    fingerprint: bytes
+    units: int
+    response: bytes
+    mechanism: str
 
 
 @dataclass(frozen=True)
@@ -61,11 +97,9 @@ class UserBudget:
         return to_epsilon(max(self.budget_units - self.spent_units, 0))
 
 
-def account(
-    user_id: str, budget_units: int, window: BudgetWindow, row: tuple[int, int, int] | None, now: float
-) -> UserBudget:
-    """A user's :class:`UserBudget` at time ``now`` from the stored row ``(spent_units,
-    window_start, requests)`` (None: no charge yet): only the current window's charges count."""
+def account(user_id: str, budget_units: int, window: BudgetWindow, row: Account | None, now: float) -> UserBudget:
+    """A user's :class:`UserBudget` at time ``now`` from the stored row (None: no charge yet):
+    only the current window's charges count."""
     start = window.start(now)
     spent, row_start, n = (0, start, 0) if row is None else row
     in_window, current = window.in_window(spent, row_start, start)
@@ -84,7 +118,7 @@ def verdict(
     request_id: str,
     fingerprint: bytes,
     units: int,
-    prior: tuple[bytes, bytes] | None,
+    prior: StoredRequest | None,
     spent: int,
     budget_units: int,
 ) -> Charge | LedgerError | None:
@@ -93,7 +127,11 @@ def verdict(
     refused; None: charge it. ``spent`` is the spend in the current budget window
     (:meth:`recsvc.ledger.window.BudgetWindow.in_window`)."""
     if prior is not None:
-        return Charge(prior[1], replayed=True) if prior[0] == fingerprint else RequestConflict(user_id, request_id)
+        return (
+            Charge(prior.response, replayed=True)
+            if prior.fingerprint == fingerprint
+            else RequestConflict(user_id, request_id)
+        )
     if spent + units > budget_units:  # exact: integers
         return BudgetExceeded(user_id, units, spent, budget_units)
     return None
@@ -106,7 +144,7 @@ def precheck(
     snapshot row ``(stored fingerprint, stored response, spent_units, window_start)``, NULLs where
     nothing is stored: a stored answer to replay, None to draw and charge, or the refusal raised."""
     fp, response, spent, row_start = row
-    prior = None if fp is None else (bytes(fp), bytes(response))
+    prior = None if fp is None else StoredRequest(bytes(fp), bytes(response))
     in_window = window.in_window(int(spent or 0), int(row_start or 0), window.start(now))[0]
     done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, in_window, budget_units)
     if isinstance(done, LedgerError):
@@ -130,9 +168,10 @@ class Pending(Queued):
     build_response: Callable[[float], bytes]
     mechanism: str = ""  # the answer's mechanism, stored for the audit export
     built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
-    # The account (spent_units, window_start, requests) the pre-check read, None: no row yet,
-    # False: not read (PostgreSQL's one-statement charge, ``PostgresLedger._charge_unchanged``).
-    seen: tuple[int, int, int] | bool | None = False
+    # Whether the pre-check read the user's account, and what it read (None: no row yet), for
+    # PostgreSQL's one-statement charge (``PostgresLedger._charge_unchanged``).
+    read: bool = False
+    seen: Account | None = None
 
 
 @dataclass
@@ -140,16 +179,14 @@ class Writes:
     """What one transaction stores after :func:`decide_all`: the users' new accounts (absolute
     values: the transaction holds their locks) and the charged requests."""
 
-    users: list[tuple[str, int, int, int]]  # (user_id, spent_units, requests, window_start)
-    requests: list[
-        tuple[str, str, bytes, int, bytes, str]
-    ]  # (user_id, request_id, fingerprint, units, response, mechanism)
+    users: list[AccountWrite]
+    requests: list[RequestWrite]
 
 
 def decide_all(
     batch: list[Pending],
-    stored: dict[tuple[str, str], tuple[bytes, bytes]],
-    accounts: dict[str, tuple[int, int, int]],
+    stored: dict[tuple[str, str], StoredRequest],
+    accounts: dict[str, Account],
     window: BudgetWindow,
     budget_units: int,
     now: float,
@@ -157,8 +194,8 @@ def decide_all(
     """Decides every charge of a transaction in order, each by :func:`verdict` against the state
     the ones before it left, and sets its ``result`` or ``error``; returns what to write.
 
-    ``stored`` holds the (fingerprint, response) of the batch's requests already in the ledger,
-    ``accounts`` each user's stored (spent_units, window_start, requests), both read under the
+    ``stored`` holds the batch's requests already in the ledger, ``accounts`` each user's
+    stored account, both read under the
     transaction's locks; the whole batch counts in the budget window of ``now``. A response
     builder that raises refuses its charge alone (nothing spent)."""
     start = window.start(now)
@@ -170,7 +207,7 @@ def decide_all(
         counts[u] = n if windows[u] == ws else 0
     stored = dict(stored)
     charged: dict[str, None] = {}
-    requests: list[tuple[str, str, bytes, int, bytes, str]] = []
+    requests: list[RequestWrite] = []
     for p in batch:
         p.result, p.error = None, None  # a retried transaction decides afresh
         key = (p.user_id, p.request_id)
@@ -192,7 +229,7 @@ def decide_all(
         counts[p.user_id] = counts.get(p.user_id, 0) + 1
         windows.setdefault(p.user_id, start)
         charged[p.user_id] = None
-        stored[key] = (p.fingerprint, response)
-        requests.append((p.user_id, p.request_id, p.fingerprint, p.units, response, p.mechanism))
+        stored[key] = StoredRequest(p.fingerprint, response)
+        requests.append(RequestWrite(p.user_id, p.request_id, p.fingerprint, p.units, response, p.mechanism))
         p.result, p.built = Charge(response, replayed=False), response
-    return Writes([(u, spent[u], counts[u], windows[u]) for u in charged], requests)
+    return Writes([AccountWrite(u, spent[u], counts[u], windows[u]) for u in charged], requests)

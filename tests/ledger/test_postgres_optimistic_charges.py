@@ -137,7 +137,7 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
         a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
     queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), built(u)) for u in ("x", "y", "z")]
     for p in queue:
-        assert a._precheck(p) is None and p.seen is not False
+        assert a._precheck(p) is None and p.read
     b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
     commits = a.commits
     taken: list[Queued] = list(queue)  # _commit_group takes list[Queued]; list is invariant

@@ -4,10 +4,11 @@ and how its array parameters are laid out (each column one binary array,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from recsvc.ledger.charging import Account
 from recsvc.ledger.postgres.arrays import BinaryArray, bytea_array, int8_array, text_array
 
 # -- the statements, and how their array parameters are laid out: each column one binary array --
@@ -29,15 +30,15 @@ SEEN = (int8_array, int8_array, int8_array)
 REQUEST = (text_array, text_array, bytea_array, int8_array, bytea_array, text_array)
 
 
-def columns(rows: list[tuple[Any, ...]], kinds: tuple[Callable[[Any], BinaryArray], ...]) -> list[BinaryArray]:
+def columns(rows: Sequence[tuple[Any, ...]], kinds: tuple[Callable[[Any], BinaryArray], ...]) -> list[BinaryArray]:
     """``rows`` as one binary array per column (empty arrays for no rows)."""
     cols = list(zip(*rows, strict=True)) or [()] * len(kinds)
     return [kind(col) for kind, col in zip(kinds, cols, strict=True)]
 
 
-def seen_account(row: tuple[Any, ...]) -> tuple[int, int, int] | None:
-    """The (spent_units, window_start, requests) of a :data:`PRECHECKS` row; None: the user has no row."""
-    return None if row[2] is None else (int(row[2]), int(row[3]), int(row[4]))
+def seen_account(row: tuple[Any, ...]) -> Account | None:
+    """The account of a :data:`PRECHECKS` row; None: the user has no row."""
+    return None if row[2] is None else Account(int(row[2]), int(row[3]), int(row[4]))
 
 
 def _stored(n_keys: int) -> str:

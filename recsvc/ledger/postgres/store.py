@@ -53,7 +53,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
-from recsvc.ledger.charging import Charge, Pending, decide_all
+from recsvc.ledger.charging import Account, Charge, Pending, StoredRequest, decide_all
 from recsvc.ledger.errors import LedgerUnavailable
 from recsvc.ledger.group_commit import GroupCommit, Queued
 from recsvc.ledger.migrations import MechanismOf
@@ -243,18 +243,18 @@ class PostgresLedger(Ledger):
     ) -> list[tuple[Any, ...]]:
         return self._retrying(lambda conn: conn.run(sql, args).fetchall(), then)
 
-    def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
+    def lookup(self, user_id: str, request_id: str) -> StoredRequest | None:
         rows = self._read(
             "SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
             (user_id, request_id),
         )
-        return None if not rows else (bytes(rows[0][0]), bytes(rows[0][1]))
+        return None if not rows else StoredRequest(bytes(rows[0][0]), bytes(rows[0][1]))
 
-    def _account(self, user_id: str) -> tuple[int, int, int] | None:
+    def _account(self, user_id: str) -> Account | None:
         rows = self._read(
             "SELECT spent_units, window_start, requests FROM recsvc_budgets WHERE user_id=%s", (user_id,), _RETRY_READ
         )
-        return None if not rows else (int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))
+        return None if not rows else Account(int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))
 
     def _spends(self) -> Iterable[tuple[str, int, int]]:
         return self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", (), _RETRY_READ)
@@ -269,7 +269,7 @@ class PostgresLedger(Ledger):
         charge remembers the account it read (``seen``) for :meth:`_charge_unchanged`."""
         for q, row in zip(probes, rows, strict=True):
             q.result = row[:4]
-            q.pending.seen = seen_account(row)
+            q.pending.read, q.pending.seen = True, seen_account(row)
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -319,20 +319,23 @@ class PostgresLedger(Ledger):
         decisions are the ones the locking transaction would make. Returns the charges it did not
         decide (not read, a user read twice differently, or an account that moved: nothing of
         theirs was stored), and the probes' rows (None if the statement was rolled back)."""
-        seen: dict[str, Any] = {}
+        seen: dict[str, Account | None] = {}
+        unread: set[str] = set()  # users some charge did not read, or two charges read differently
         for p in batch:
-            seen[p.user_id] = p.seen if seen.get(p.user_id, p.seen) == p.seen else False
-        tried = [p for p in batch if seen[p.user_id] is not False]
+            if not p.read or seen.setdefault(p.user_id, p.seen) != p.seen:
+                unread.add(p.user_id)
+        tried = [p for p in batch if p.user_id not in unread]
         now = self._clock()
-        writes = decide_all(tried, {}, {u: a for u, a in seen.items() if a}, self.window, self.budget_units, now)
+        accounts = {u: a for u, a in seen.items() if a is not None and u not in unread}
+        writes = decide_all(tried, {}, accounts, self.window, self.budget_units, now)
         if not writes.requests:
             return batch, (conn.run(PRECHECKS, _keys(probes)).fetchall() if probes else [])
-        accounts = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
+        moving = sorted(writes.users)  # the UPDATE locks the rows in this order, as the locking transaction does
         # −1, never a stored value, for "no row read": an all-NULL array would be sent with another
         # type than a bigint one, and psycopg would prepare the statement a second time for it.
-        before = [seen[u] or (-1, -1, -1) for u, *_ in accounts]
+        before = [seen[w.user_id] or Account(-1, -1, -1) for w in moving]
         args = (
-            *columns(accounts, ACCOUNT),
+            *columns(moving, ACCOUNT),
             *columns(before, SEEN),
             datetime.fromtimestamp(now, UTC),
             *columns(writes.requests, REQUEST),
@@ -352,7 +355,7 @@ class PostgresLedger(Ledger):
         if charged:
             self.commits += 1
         rest = [p for p in batch if p.user_id not in charged]
-        moved = {u for u, *_ in writes.users} - charged
+        moved = {w.user_id for w in writes.users} - charged
         relocked = sum(p.user_id in moved for p in rest)
         if relocked:
             self.moved += relocked
@@ -380,12 +383,12 @@ class PostgresLedger(Ledger):
                 [*users, *users, *(v for k in keys for v in k)],
             )
             locked, found = result_sets(cur)
-            accounts = {u: (int(sp), int(ws), int(n)) for u, sp, ws, n in locked}
+            accounts = {u: Account(int(sp), int(ws), int(n)) for u, sp, ws, n in locked}
             held = [p for p in batch if p.user_id in accounts]
             for p in batch:
                 if p.user_id not in accounts:  # locked by another session: never decided without its row
                     p.result, p.error = None, _Held(self.where)
-            stored = {(u, q): (bytes(fp), bytes(r)) for u, q, fp, r in found}
+            stored = {(u, q): StoredRequest(bytes(fp), bytes(r)) for u, q, fp, r in found}
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(held, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
@@ -434,7 +437,9 @@ class PostgresLedger(Ledger):
         """The batch pre-check's read, holding no lock: the pre-checks' statement (``users`` are
         the keys' users)."""
         rows = self._read(PRECHECKS, tuple(columns(keys, KEY)))
-        stored = {k: (bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None}
+        stored = {
+            k: StoredRequest(bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None
+        }
         return stored, {k[0]: a for k, row in zip(keys, rows, strict=True) if (a := seen_account(row)) is not None}
 
 

@@ -42,7 +42,7 @@ from typing import Any, cast
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
-from recsvc.ledger.charging import Pending, Writes, decide_all
+from recsvc.ledger.charging import Account, Pending, StoredRequest, Writes, decide_all
 from recsvc.ledger.errors import LedgerUnavailable
 from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.migrations import MechanismOf
@@ -191,7 +191,7 @@ class SQLiteLedger(Ledger):
 
     # -- reads (no lock) -----------------------------------------------------------------
 
-    def lookup(self, user_id: str, request_id: str) -> tuple[bytes, bytes] | None:
+    def lookup(self, user_id: str, request_id: str) -> StoredRequest | None:
         row = (
             self._conn()
             .execute(
@@ -200,9 +200,9 @@ class SQLiteLedger(Ledger):
             )
             .fetchone()
         )
-        return None if row is None else (bytes(row[0]), bytes(row[1]))
+        return None if row is None else StoredRequest(bytes(row[0]), bytes(row[1]))
 
-    def _account(self, user_id: str) -> tuple[int, int, int] | None:
+    def _account(self, user_id: str) -> Account | None:
         return self._accounts(self._conn(), [user_id]).get(user_id)
 
     def _spends(self) -> Iterable[tuple[str, int, int]]:
@@ -295,7 +295,7 @@ class SQLiteLedger(Ledger):
         accounts = self._accounts(conn, list({p.user_id: None for p in batch}))
         conn.execute("SAVEPOINT fresh")
         writes = decide_all(batch, {}, accounts, self.window, self.budget_units, now)
-        written = {(r[0], r[1]) for r in writes.requests}
+        written = {(r.user_id, r.request_id) for r in writes.requests}
         unwritten = [k for k in dict.fromkeys(keys) if k not in written]  # refused: were they stored after all?
         if self._write(conn, writes, now) and not self._stored(conn, unwritten):
             conn.execute("RELEASE fresh")
@@ -344,12 +344,12 @@ class SQLiteLedger(Ledger):
                 * len(part)
             )
             for u, r, fp, resp in conn.execute(sql, [v for k in part for v in k]):
-                out[(u, r)] = (bytes(fp), bytes(resp))
+                out[(u, r)] = StoredRequest(bytes(fp), bytes(resp))
         return out
 
     @staticmethod
     def _accounts(conn: sqlite3.Connection, users: list[str]) -> Accounts:
-        """(spent_units, window_start, requests) of each user's row, as stored."""
+        """Each user's account row, as stored."""
         out: Accounts = {}
         for i in range(0, len(users), CHUNK):
             part = users[i : i + CHUNK]
@@ -357,5 +357,5 @@ class SQLiteLedger(Ledger):
                 "SELECT user_id, spent_units, window_start, requests FROM budgets WHERE user_id IN "
                 f"({','.join(['?'] * len(part))})"
             )
-            out.update((u, (int(s), int(ws), int(n))) for u, s, ws, n in conn.execute(sql, part))
+            out.update((u, Account(int(s), int(ws), int(n))) for u, s, ws, n in conn.execute(sql, part))
         return out
