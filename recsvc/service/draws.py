@@ -12,7 +12,8 @@ either, RESOURCE_EXHAUSTED before anything is drawn or spent). A heavy call's th
 usual draw-then-charge path at normal priority; its draw alone goes to :class:`HeavyDraws`,
 ``heavy_draw_threads`` processes at the lowest CPU priority (nice 19). Processes, not threads:
 a draw thread holds the GIL between numpy's calls, so at nice 19 on a busy host it would stall
-every other thread of the server (docs/decisions/0005-asynchronous-server.md). The knobs are
+every other thread of the server (docs/decisions/0005-asynchronous-server.md). A pool whose
+process dies is replaced; the call whose draw it interrupted is UNAVAILABLE with nothing spent. The knobs are
 :class:`recsvc.service.config.Selection` fields (``serve --heavy-draws``, ``--heavy-draw-threads``,
 ``--heavy-queue``, ``--heavy-per-principal``).
 
@@ -33,12 +34,13 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import numpy as np
 
-from recsvc.service.errors import Overloaded
+from recsvc.service.errors import Interrupted, Overloaded
 from recsvc.service.requests import Prepared, draw, parameter_driven
 from recsvc.service.shutdown import exit_with_parent
 from recsvc.service.threads import Threads
@@ -69,6 +71,7 @@ class HeavyDraws:
         self._pool: ProcessPoolExecutor | None = None  # made on first use, in the serving process
         self._lock = threading.Lock()
         self.pooled = 0  # draws made by the pool (tests, metrics)
+        self.renewed = 0  # pools made in place of one whose process died
 
     def heavy(self, expected: float) -> bool:
         return expected > self.heavy_draws
@@ -82,6 +85,25 @@ class HeavyDraws:
             p, user_id="", request_id="", fingerprint=b"", item_ids=(), rows=None, params=dict(p.params)
         )
         with self._lock:
+            self.pooled += 1
+        pool = self._current()
+        try:
+            future = pool.submit(_draw_in_pool, bare, allow_non_private)
+        except BrokenProcessPool:  # its process died before this draw began: a new pool draws it
+            pool = self._renewed(pool)
+            future = pool.submit(_draw_in_pool, bare, allow_non_private)
+        try:
+            return future.result()  # a heavy call's thread waits
+        except BrokenProcessPool:  # it died during this draw: no sample reached the caller
+            self._renewed(pool)
+            raise Interrupted(
+                "the server's draw process ended during this call's draw; nothing was drawn or spent, "
+                "retry with the same request_id"
+            ) from None
+
+    def _current(self) -> ProcessPoolExecutor:
+        """The draw pool, made on first use in the serving process."""
+        with self._lock:
             if self._pool is None:
                 # spawn: a forked child would inherit this process's gRPC threads and CSPRNG state
                 self._pool = ProcessPoolExecutor(
@@ -90,8 +112,16 @@ class HeavyDraws:
                     initializer=_draw_process,
                     initargs=(os.getpid(),),
                 )
-            self.pooled += 1
-        return self._pool.submit(_draw_in_pool, bare, allow_non_private).result()  # a heavy call's thread waits
+            return self._pool
+
+    def _renewed(self, dead: ProcessPoolExecutor) -> ProcessPoolExecutor:
+        """A pool in place of ``dead`` (once, however many calls saw it break)."""
+        with self._lock:
+            if self._pool is dead:
+                self._pool = None
+                self.renewed += 1
+        dead.shutdown(wait=False, cancel_futures=True)
+        return self._current()
 
     def shutdown(self) -> None:
         if self._pool is not None:

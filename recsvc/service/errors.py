@@ -71,6 +71,13 @@ class Overloaded(ServiceError):
     status: ClassVar[str] = "RESOURCE_EXHAUSTED"
 
 
+class Interrupted(ServiceError):
+    """A part of the server ended during this call's work (its draw process died): nothing was
+    drawn for the caller or spent, and a retry with the same request_id is served (UNAVAILABLE)."""
+
+    status: ClassVar[str] = "UNAVAILABLE"
+
+
 class ReceiveTimeout(ServiceError):
     """The request's message did not arrive within --receive-timeout of its headers."""
 
@@ -139,8 +146,9 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "UNAVAILABLE",
-        "LedgerUnavailable",
-        "the PostgreSQL ledger does not answer, or no pool connection within 5 s; a Select, SelectBatch or "
+        "LedgerUnavailable, Interrupted",
+        "the PostgreSQL ledger does not answer, or no pool connection within 5 s, or the server's draw process "
+        "ended during the call's draw (a new one serves the retry); a Select, SelectBatch or "
         "Recommend is retried with the same request_id, a GetBudget later",
     ),
     ("UNIMPLEMENTED", "(by gRPC)", "an RPC the server does not serve, e.g. grpc.reflection.v1"),

@@ -185,6 +185,37 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
     assert fresh_server.servicer.selector.heavy.pooled == 1 and fresh_server.ledger.user("h").requests == 3
 
 
+def test_a_draw_process_that_dies_is_replaced_and_its_call_spends_nothing(
+    fresh_client: Client, fresh_server: ServerHandle
+) -> None:
+    """F6: after SIGKILL of the draw process, the next heavy call is answered by a new one at
+    nice 19. If the pool had not yet seen the death when the call was submitted, that call is
+    UNAVAILABLE with nothing spent, and its retry with the same request_id is answered."""
+    import signal
+
+    import psutil
+
+    def drawers() -> list[psutil.Process]:
+        return [c for c in psutil.Process().children() if "spawn_main" in " ".join(c.cmdline())]
+
+    cands = candidates()
+    fresh_client.select("h", cands, mechanism="rs", epsilon=0.5, gamma=1e-5, request_id="first")
+    (dead,) = drawers()
+    dead.send_signal(signal.SIGKILL)
+    dead.wait(20)
+    for attempt in range(2):
+        try:
+            again = fresh_client.select("h", cands, mechanism="rs", epsilon=0.5, gamma=1e-5, request_id="after")
+            break
+        except grpc.RpcError as e:
+            assert attempt == 0 and e.code() == grpc.StatusCode.UNAVAILABLE, e
+            assert "nothing was drawn or spent" in str(e.details()) and fresh_server.ledger.user("h").requests == 1
+    assert again.item_id in dict(cands) and not again.replayed
+    heavy = fresh_server.servicer.selector.heavy
+    assert heavy.renewed == 1 and [p.nice() for p in drawers()] == [19] and drawers()[0].pid != dead.pid
+    assert fresh_server.ledger.user("h").requests == 2  # each request charged once
+
+
 @pytest.mark.parametrize(
     ("over", "message"),
     [
