@@ -273,9 +273,12 @@ class SQLiteLedger(Ledger):
                 getattr(exc, "sqlite_errorname", "SQLITE_IOERR"),
                 exc,
             )
+        if getattr(exc, "sqlite_errorname", "") == "SQLITE_IOERR_FSYNC":  # the COMMIT may have reached the disk
+            spent = "it was charged at most once: a retry with the same request_id replays it if it was stored"
+        else:
+            spent = "nothing was spent, retry with the same request_id later"
         return LedgerUnavailable(
-            f"the SQLite ledger {self.path} cannot store the charge: its disk is full or failing ({exc}); "
-            "nothing was spent, retry with the same request_id later"
+            f"the SQLite ledger {self.path} cannot store the charge: its disk is full or failing ({exc}); {spent}"
         )
 
     def _apply(self, conn: sqlite3.Connection, batch: list[Pending]) -> None:
