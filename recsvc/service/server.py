@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -355,29 +356,40 @@ def _fork_workers(config: ServerConfig) -> int:
         raise
 
 
+def _fork_worker(config: ServerConfig, parent: int, ready_w: int, err_w: int | None, closing: list[int]) -> int:
+    """Forks one worker serving ``config``; it writes a byte to ``ready_w`` once it listens, and a
+    bad configuration's one line to ``err_w`` (None: to the log). ``closing``: the parent's pipe
+    ends the child must not hold."""
+    pid = os.fork()
+    if pid == 0:  # child: never returns into the parent's code
+        exit_with_parent(parent)  # SIGTERM: the worker drains
+        for fd in closing:
+            os.close(fd)
+        code = 1
+        try:
+            code = _serve_one(config, ready_w)
+        except ValueError as exc:  # bad configuration: one clear line for the parent to raise
+            if err_w is None:
+                log.error("worker failed to start: %s", exc)
+            else:
+                os.write(err_w, (str(exc).replace("\n", " ")[:3000] + "\n").encode())
+        except BaseException:
+            log.exception("worker failed")
+        finally:
+            os._exit(code)
+    return pid
+
+
 def _run_workers(config: ServerConfig, served: list[bool]) -> int:
     """Forks the workers and supervises them; appends to ``served`` once they all listen."""
     worker_config = config.replace(workers=1, reuse_port=True, metrics_port=None)
     read_fd, write_fd = os.pipe()
     err_read, err_write = os.pipe()
     parent = os.getpid()
-    pids: list[int] = []
-    for _ in range(config.listen.workers):
-        pid = os.fork()
-        if pid == 0:  # child: never returns into the parent's code
-            exit_with_parent(parent)  # SIGTERM: the worker drains
-            os.close(read_fd)
-            os.close(err_read)
-            code = 1
-            try:
-                code = _serve_one(worker_config, write_fd)
-            except ValueError as exc:  # bad configuration: one clear line for the parent to raise
-                os.write(err_write, (str(exc).replace("\n", " ")[:3000] + "\n").encode())
-            except BaseException:
-                log.exception("worker failed")
-            finally:
-                os._exit(code)
-        pids.append(pid)
+    pids = [
+        _fork_worker(worker_config, parent, write_fd, err_write, [read_fd, err_read])
+        for _ in range(config.listen.workers)
+    ]
     os.close(write_fd)
     os.close(err_write)
     stop = StopSignal.install()
@@ -414,23 +426,51 @@ def _run_workers(config: ServerConfig, served: list[bool]) -> int:
             raise
         print(f"recsvc serve: metrics on http://{host_port(config.listen.metrics_host, mport)}/metrics", flush=True)
     with ready_file(config.listen.ready_file, config.listen.host, config.listen.port):
-        return _supervise(config, pids, stop)
+        return _supervise(config, pids, stop, _Replacements(worker_config, parent))
 
 
-def _supervise(config: ServerConfig, pids: list[int], stop: StopSignal) -> int:
-    """Reaps the workers; on SIGTERM/SIGINT or a crashed worker, stops the others. A worker still
-    alive ``KILL_AFTER_S`` after its own watchdog should have ended it gets SIGKILL."""
-    codes: dict[int, int] = {}
+# A worker that crashes is replaced; more than RESTARTS replacements within RESTART_WINDOW_S
+# (a crash loop: the cause is not one call) stop the server instead.
+RESTARTS, RESTART_WINDOW_S = 5, 60.0
+
+
+class _Replacements:
+    """Forks workers in place of crashed ones. The others serve meanwhile, so nobody waits for a
+    replacement to listen; its readiness pipe stays open (a write to a closed one fails) until
+    the worker is reaped."""
+
+    def __init__(self, config: ServerConfig, parent: int) -> None:
+        self.config, self.parent = config, parent
+        self._ready: dict[int, int] = {}
+
+    def fork(self) -> int:
+        ready_r, ready_w = os.pipe()
+        pid = _fork_worker(self.config, self.parent, ready_w, None, [ready_r, *self._ready.values()])
+        os.close(ready_w)
+        self._ready[pid] = ready_r
+        return pid
+
+    def reaped(self, pid: int) -> None:
+        fd = self._ready.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
+
+
+def _supervise(config: ServerConfig, pids: list[int], stop: StopSignal, replacements: _Replacements) -> int:
+    """Reaps the workers and replaces one that crashed; on SIGTERM/SIGINT, or a crash loop, stops
+    the others. A worker still alive ``KILL_AFTER_S`` after its own watchdog should have ended it
+    gets SIGKILL. 0 when every worker alive at the stop exited 0."""
+    alive, restarts = set(pids), deque[float]()
     forwarded = 0  # stop signals already passed on
     kill_at: float | None = None
-    while len(codes) < len(pids):
-        alive = [p for p in pids if p not in codes]
+    clean, stopping = True, False
+    while alive:
         if stop.count > forwarded:
-            forwarded = stop.count
-            kill_at = _stop_workers(config, alive, kill_at)
+            forwarded, stopping = stop.count, True
+            kill_at = _stop_workers(config, sorted(alive), kill_at)
         if kill_at is not None and time.monotonic() > kill_at:
-            log.error("workers %s did not exit after SIGTERM; killing them", alive)
-            _terminate(alive, signal.SIGKILL)
+            log.error("workers %s did not exit after SIGTERM; killing them", sorted(alive))
+            _terminate(sorted(alive), signal.SIGKILL)
             kill_at = float("inf")
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -439,11 +479,35 @@ def _supervise(config: ServerConfig, pids: list[int], stop: StopSignal) -> int:
         if pid == 0:
             time.sleep(0.1)
             continue
-        codes[pid] = os.waitstatus_to_exitcode(status)
-        if codes[pid] != 0:  # one worker crashed: stop the rest rather than serve degraded
-            log.error("worker %d exited with %d; stopping the others", pid, codes[pid])
-            kill_at = _stop_workers(config, [p for p in pids if p not in codes], kill_at)
-    return 0 if all(c == 0 for c in codes.values()) else 1
+        if pid not in alive:  # not a worker
+            continue
+        alive.discard(pid)
+        replacements.reaped(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code == 0:
+            continue
+        if stopping:
+            clean = False
+            continue
+        now = time.monotonic()
+        while restarts and now - restarts[0] > RESTART_WINDOW_S:
+            restarts.popleft()
+        if len(restarts) >= RESTARTS:
+            log.error(
+                "worker %d exited with %d: %d crashes within %g s; stopping the others",
+                pid,
+                code,
+                RESTARTS + 1,
+                RESTART_WINDOW_S,
+            )
+            clean, stopping = False, True
+            kill_at = _stop_workers(config, sorted(alive), kill_at)
+            continue
+        restarts.append(now)
+        new = replacements.fork()
+        alive.add(new)
+        log.error("worker %d exited with %d; worker %d replaces it", pid, code, new)
+    return 0 if clean else 1
 
 
 def _stop_workers(config: ServerConfig, pids: list[int], kill_at: float | None) -> float:
