@@ -15,6 +15,8 @@ reference page ``docs/reference/status-codes.md`` can be generated from it.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import traceback
 from typing import ClassVar
 
@@ -105,6 +107,35 @@ def log_internal_error(what: str, exc: BaseException) -> None:
     numpy's) may quote the values it was given, and those may be a user's scores."""
     stack = "".join(traceback.format_tb(exc.__traceback__))
     log.error("%s failed with an internal error: %s (message withheld)\n%s", what, type(exc).__name__, stack)
+
+
+class ThrottledLog:
+    """Refusal warnings, at most ``burst`` lines per key (a principal) per ``period`` seconds: a
+    caller that is refused in a loop cannot flood the log. The next line let through says how many
+    were held back; every refusal is still counted in the metrics."""
+
+    def __init__(self, burst: int = 5, period: float = 60.0) -> None:
+        self.burst, self.period = burst, period
+        self._lock = threading.Lock()
+        self._windows: dict[str, tuple[float, int, int]] = {}  # key -> (window start, lines, held back)
+
+    def warning(self, key: str, message: str, *args: object) -> None:
+        now = time.monotonic()
+        with self._lock:
+            start, lines, held = self._windows.get(key, (now, 0, 0))
+            if now - start >= self.period:
+                start, lines = now, 0
+            if lines >= self.burst:
+                self._windows[key] = (start, lines, held + 1)
+                return
+            self._windows[key] = (start, lines + 1, 0)
+            if len(self._windows) > 10_000:  # bounded: forget the oldest windows
+                for k in sorted(self._windows, key=lambda k: self._windows[k][0])[:5_000]:
+                    del self._windows[k]
+        if held:
+            message += " (and %d more like it held back)"
+            args = (*args, held)
+        log.warning(message, *args)
 
 
 # (status code, raised as, when): the source of the table in docs/reference/status-codes.md

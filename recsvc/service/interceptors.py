@@ -62,6 +62,7 @@ from recsvc.service.errors import (
     ReceiveTimeout,
     Refused,
     ServiceError,
+    ThrottledLog,
     Unauthenticated,
     log_internal_error,
     status_name,
@@ -178,6 +179,7 @@ class Gate(grpc.aio.ServerInterceptor):
         self._observed = observed_prefix
         self.inline = frozenset(inline)
         self._wrapped = _Wrapped()
+        self._refusals = ThrottledLog()  # per principal, so a refused loop cannot flood the log
 
     async def intercept_service(
         self,
@@ -217,7 +219,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 RateLimited(f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later"),
             )
         if not caller.allows_method(method):
-            log.warning("PERMISSION_DENIED %s for principal %s", _short(method), caller)
+            self._refusals.warning(str(caller), "PERMISSION_DENIED %s for principal %s", _short(method), caller)
             self._refuse(_REFUSING, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
         return caller
 

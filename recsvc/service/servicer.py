@@ -23,14 +23,14 @@ from typing import Any, TypeVar
 import grpc
 
 from recsvc.artifact import Artifact
-from recsvc.ledger import Ledger
+from recsvc.ledger import Ledger, WouldWait, without_waiting
 from recsvc.service import codec
 from recsvc.service.admission import RateLimiter
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
 from recsvc.service.draws import Deferred, Offload, light
-from recsvc.service.errors import PermissionDenied, log_internal_error
+from recsvc.service.errors import PermissionDenied, ThrottledLog, log_internal_error
 from recsvc.service.interceptors import current_caller, on_loop, status_of
 from recsvc.service.multiselect import MultiSelector
 from recsvc.service.requests import Columns, Prepared, check_user_id
@@ -49,6 +49,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
+        self._refusals = ThrottledLog()  # per principal, so a refused loop cannot flood the log
 
     @property
     def ledger(self) -> Ledger:
@@ -134,15 +135,16 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     # -- the steps ---------------------------------------------------------------------------
 
-    @staticmethod
-    def authorize(method: str, user_id: str) -> None:
+    def authorize(self, method: str, user_id: str) -> None:
         """PERMISSION_DENIED (logged with the principal, never the request) unless the caller's
         scope covers ``user_id``; runs before any check, so an out-of-scope call costs nothing."""
         caller = current_caller()
         try:
             caller.check_user(user_id)
         except PermissionDenied:
-            log.warning("PERMISSION_DENIED %s for principal %s: another user_id", method, caller)
+            self._refusals.warning(
+                str(caller), "PERMISSION_DENIED %s for principal %s: another user_id", method, caller
+            )
             raise
 
     def prepare_selects(self, requests: Sequence[pb.SelectRequest]) -> list[Prepared | Exception]:
@@ -182,17 +184,24 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def defer(self, work: Callable[[], T], draws: float, light_work: bool = False) -> T | Deferred[T] | Offload[T]:
         """``work()`` now, in this thread; or (``draws`` above --heavy-draws) a :class:`Deferred`
         for the gate's heavy queue; or, on the event loop and not ``light_work``, an :class:`Offload`
-        for a request thread. Either before anything is drawn or spent."""
+        for a request thread. Either before anything is drawn or spent; or, light work on the loop
+        whose commit finds the write lock held elsewhere, after a draw that is discarded unreleased
+        and nothing spent."""
         if self.selector.heavy.heavy(draws):
             return Deferred(work)
-        if on_loop() and not light_work:
+        if not on_loop():
+            return work()
+        if not light_work:
             return Offload(work)
-        return work()
+        try:  # on the loop the commit must not wait on another process (F5): if it would, a thread retries
+            with without_waiting():
+                return work()
+        except WouldWait:  # nothing stored or spent; the sample drawn here is discarded unreleased
+            return Offload(work)
 
-    @staticmethod
-    def _authorize_items(caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:
+    def _authorize_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:
         """None for each item the caller's scope covers, its PermissionDenied otherwise (one log
-        line per batch, with the principal and never the request)."""
+        line per batch, with the principal and never the request; throttled per principal)."""
         outcomes: list[Any] = [None] * len(requests)
         denied = 0
         for i, req in enumerate(requests):
@@ -202,7 +211,12 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 outcomes[i] = exc
                 denied += 1
         if denied:
-            log.warning("PERMISSION_DENIED SelectBatch: %d item(s) for principal %s: another user_id", denied, caller)
+            self._refusals.warning(
+                str(caller),
+                "PERMISSION_DENIED SelectBatch: %d item(s) for principal %s: another user_id",
+                denied,
+                caller,
+            )
         return outcomes
 
     @staticmethod

@@ -13,11 +13,13 @@ from typing import Any
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from recsvc.app.cli import main as recsvc_main
 from recsvc.service.auth import Scope, load_client_scopes, load_tokens
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig, is_loopback
+from recsvc.service.errors import ThrottledLog
 from recsvc.service.server import ServerHandle, start
 from recsvc.service.testing import candidates, rpc_error, served
 
@@ -33,6 +35,17 @@ def _server(artifact: Path, tmp_path: Path, **config) -> AbstractContextManager[
     return served(artifact, tmp_path / f"l{time.monotonic_ns()}.db", **config)
 
 
+def _denied_calls() -> float:
+    """PERMISSION_DENIED calls this process's servers have counted (recsvc_requests), over methods."""
+    return sum(
+        s.value
+        for metric in REGISTRY.collect()
+        if metric.name == "recsvc_requests"
+        for s in metric.samples
+        if s.name == "recsvc_requests_total" and s.labels["status"] == "PERMISSION_DENIED"
+    )
+
+
 @pytest.fixture
 def token_file(tmp_path: Path) -> Path:
     path = tmp_path / "tokens"
@@ -44,6 +57,7 @@ def token_file(tmp_path: Path) -> Path:
 def test_a_user_token_cannot_read_spend_or_invent_other_users(
     artifact: Path, tmp_path: Path, token_file: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    denied_before = _denied_calls()
     with caplog.at_level(logging.INFO), _server(artifact, tmp_path, token_file=token_file, budget=2.0) as h:
         target = f"127.0.0.1:{h.port}"
         with Client(target, token="backend-tok", retries=0) as backend:
@@ -84,7 +98,10 @@ def test_a_user_token_cannot_read_spend_or_invent_other_users(
                 assert c.budget("bob").spent == pytest.approx(0.5)
                 assert c.select(f"user-of-{token}", candidates(), mechanism="rnm", epsilon=0.1).item_id
     denied = [r for r in caplog.records if "PERMISSION_DENIED" in r.getMessage()]
-    assert len(denied) == 1 + 5 + 10 + 1  # budget, 5 spends, 10 invented, one line for the batch
+    # 17 refusal lines due (budget, 5 spends, 10 invented, the batch), one minute's 5 for the
+    # principal (F11); the metrics count every refusal (the batch's 2 items as SelectBatch.item)
+    assert len(denied) == 5
+    assert _denied_calls() - denied_before == 1 + 5 + 10 + 2
     for r in denied:  # the principal is logged, never the request (user ids asked for, scores)
         text = r.getMessage()
         assert r.levelno == logging.WARNING and "token@5 (user:alice)" in text
@@ -304,3 +321,21 @@ def test_serve_refuses_a_scope_first_token_line_without_printing_the_token(
         r"token file .*tokens line 2: the second word is not a scope but the first is: write the token first"
     )
     assert "s3cret" not in err and not (tmp_path / "l.db").exists()
+
+
+def test_refusal_warnings_are_throttled_per_principal(caplog: pytest.LogCaptureFixture) -> None:
+    """At most ``burst`` lines per principal per period; the first line after says how many were held back."""
+    throttled = ThrottledLog(burst=2, period=0.2)
+    with caplog.at_level(logging.WARNING, logger="recsvc.service"):
+        for _ in range(5):
+            throttled.warning("token@5", "PERMISSION_DENIED Select for principal %s", "token@5")
+        throttled.warning("token@6", "PERMISSION_DENIED Select for principal %s", "token@6")
+        time.sleep(0.25)  # the next period
+        throttled.warning("token@5", "PERMISSION_DENIED Select for principal %s", "token@5")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "PERMISSION_DENIED Select for principal token@5",
+        "PERMISSION_DENIED Select for principal token@5",
+        "PERMISSION_DENIED Select for principal token@6",
+        "PERMISSION_DENIED Select for principal token@5 (and 3 more like it held back)",
+    ]
