@@ -25,10 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from recsvc.ledger.base import BatchItem, Ledger, LedgerObserver, is_postgres
+from recsvc.ledger.base import BatchItem, Ledger, LedgerObserver, is_postgres, without_waiting
 from recsvc.ledger.budget import BudgetChange, checked_units
 from recsvc.ledger.charging import Charge, UserBudget
-from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict
+from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict, WouldWait
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.units import InvalidCharge
 from recsvc.ledger.waits import DEFAULT_WAITS, Waits
@@ -49,10 +49,12 @@ __all__ = [
     "RequestConflict",
     "UserBudget",
     "Waits",
+    "WouldWait",
     "budget_changes",
     "is_postgres",
     "open_ledger",
     "set_budget",
+    "without_waiting",
 ]
 
 

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -74,6 +75,22 @@ STALL_S = 3.0
 # return them.
 Stored = dict[tuple[str, str], StoredRequest]
 Accounts = dict[str, Account]
+
+
+# Set by without_waiting(): a store's commit then refuses (WouldWait) instead of waiting for a lock.
+NO_WAIT: ContextVar[bool] = ContextVar("recsvc_ledger_no_wait", default=False)
+
+
+@contextmanager
+def without_waiting() -> Iterator[None]:
+    """Within it, a commit that would wait for a lock another process or thread holds raises
+    :class:`~recsvc.ledger.errors.WouldWait` instead, nothing stored or spent (SQLite; a drawn
+    sample is discarded unreleased). The service runs a lone call on the event loop this way."""
+    token = NO_WAIT.set(True)
+    try:
+        yield
+    finally:
+        NO_WAIT.reset(token)
 
 
 def is_postgres(ledger: object) -> bool:

@@ -24,6 +24,14 @@ class LedgerUnavailable(LedgerError):
     status: ClassVar[str] = "UNAVAILABLE"
 
 
+class WouldWait(LedgerError):
+    """A commit asked not to wait (:func:`recsvc.ledger.base.without_waiting`) found the write
+    lock held by another process or thread; nothing was stored or spent. The caller retries where
+    waiting is harmless (the service: in a request thread, never on the event loop)."""
+
+    status: ClassVar[str] = "UNAVAILABLE"
+
+
 class BudgetExceeded(LedgerError):
     """The charge does not fit what the user has left in the current budget window."""
 

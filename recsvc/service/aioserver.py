@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 import grpc
 
 from recsvc.checks import ParamError
-from recsvc.service.auth import Authenticator
+from recsvc.ledger import is_postgres
+from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
 
 T = TypeVar("T")
@@ -87,12 +88,15 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
 
 
 def inline_methods(config: ServerConfig) -> tuple[str, ...]:
-    """The methods a lone call may run on the event loop: none. Every method that charges commits
-    to the ledger, and a commit may wait on another process (any process may hold the SQLite
-    file's write lock; PostgreSQL is a network round trip), which would freeze health and every
-    other call for as long (F5, SECURITY.md)."""
-    del config
-    return ()
+    """The methods a lone call may run on the event loop: Select, with one worker and the embedded
+    SQLite ledger, and then its commit never waits there (F5): it runs under
+    :func:`recsvc.ledger.without_waiting`, so a write lock held by another process makes it finish
+    in a request thread instead (:meth:`recsvc.service.servicer.SelectionServicer.defer`). Never
+    with PostgreSQL (a network round trip) or workers sharing the file (their commits would often
+    find the lock held)."""
+    if config.listen.workers > 1 or is_postgres(config.ledger.location):
+        return ()
+    return (f"/{SERVICE_NAME}/Select",)
 
 
 async def bind(server: Any, config: ServerConfig, creds: Any) -> int:

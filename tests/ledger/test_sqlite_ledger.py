@@ -315,3 +315,48 @@ def test_the_precheck_reads_the_latest_commit_on_either_connection_and_never_wai
     assert out == [(b"C|0.100000", True), "RequestConflict", "BudgetExceeded"]  # 0.9 spent: 0.2 does not fit
     assert draws == ["a"]  # only the fresh charge drew
     assert (led.user("u").spent_units, led.user("u").requests) == (900_000_000_000, 3)
+
+
+def test_a_commit_that_must_not_wait_refuses_at_once_when_another_process_holds_the_lock(tmp_path: Path) -> None:
+    """Under without_waiting (the service's lone call on its event loop, F5), a commit that would
+    wait for SQLite's write lock (another process) or the store's own (another thread) raises
+    WouldWait at once, nothing stored or spent; without it the commit waits and goes through."""
+    import subprocess
+    import sys
+    import threading
+
+    from recsvc.ledger import WouldWait, without_waiting
+
+    path = tmp_path / "l.db"
+    led = SQLiteLedger(path, 1.0)
+    led.charge("u", "r0", b"d0", 0.25, _resp("r0"))
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
+            "c.execute('BEGIN IMMEDIATE'); print('locked', flush=True); sys.stdin.read()",
+            str(path),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        with without_waiting(), pytest.raises(WouldWait, match="locked by another process"):
+            led.charge("u", "r1", b"d1", 0.25, _resp("r1"))
+        assert (led.user("u").spent_units, led.lookup("u", "r1")) == (250_000_000_000, None)
+        waited: list[bool] = []
+        t = threading.Thread(target=lambda: waited.append(led.charge("u", "r1", b"d1", 0.25, _resp("r1")).replayed))
+        t.start()  # waits for the lock, in its thread
+    finally:
+        if holder.stdin is not None:
+            holder.stdin.close()
+        holder.wait(10)
+    t.join(30)
+    assert waited == [False] and led.user("u").spent_units == 500_000_000_000
+    with led._write_lock:  # another thread's commit in progress
+        with without_waiting(), pytest.raises(WouldWait, match="another thread"):
+            led.charge("u", "r2", b"d2", 0.25, _resp("r2"))
+    assert led.charge("u", "r2", b"d2", 0.25, _resp("r2")).replayed is False  # nothing was left queued
+    led.close()

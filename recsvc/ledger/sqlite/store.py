@@ -41,9 +41,9 @@ from typing import Any, cast
 
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
-from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
+from recsvc.ledger.base import NO_WAIT, Accounts, Ledger, LedgerObserver, Stored
 from recsvc.ledger.charging import Account, Pending, StoredRequest, Writes, decide_all
-from recsvc.ledger.errors import LedgerUnavailable
+from recsvc.ledger.errors import LedgerUnavailable, WouldWait
 from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.sqlite import schema
@@ -162,15 +162,25 @@ class SQLiteLedger(Ledger):
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
-        with self._write_lock:
+        """The write lock: this process's threads, then the flock that other processes take.
+        Under :func:`~recsvc.ledger.base.without_waiting` a held one raises WouldWait."""
+        wait = not NO_WAIT.get()
+        if not self._write_lock.acquire(blocking=wait):
+            raise WouldWait(f"the SQLite ledger {self.path}'s write lock is held by another thread")
+        try:
             if self._lock_fd is None or self._lock_fd[0] != os.getpid():  # an fd is never shared across fork
                 self._lock_fd = (os.getpid(), os.open(self._lock_file, os.O_RDWR | os.O_CREAT, 0o600))
             fd = self._lock_fd[1]
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise WouldWait(f"the SQLite ledger {self.path}'s write lock is held by another process") from None
             try:
                 yield
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            self._write_lock.release()
 
     def close(self) -> None:
         with self._write_lock:
@@ -239,8 +249,20 @@ class SQLiteLedger(Ledger):
 
     def _commit_batch(self, batch: list[Pending]) -> None:
         conn = self._writer_conn()
+        wait = not NO_WAIT.get()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if wait:
+                conn.execute("BEGIN IMMEDIATE")
+            else:  # another process (not a recsvc one: they take the flock) may hold SQLite's lock
+                conn.execute("PRAGMA busy_timeout=0")
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.OperationalError as exc:
+                    if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+                        raise
+                    raise WouldWait(f"the SQLite ledger {self.path} is locked by another process") from None
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             self._apply(conn, batch)
             conn.execute("COMMIT")  # durable (WAL fsync) before anyone sees a response
             self.commits += 1
