@@ -40,9 +40,6 @@ _STOPPING = Audit(AuditKind.STATISTICAL, ({"gamma": 0.05},))  # about 1/γ draws
 # clm at k = 1 is rnm at γε: the loss reaches ≥ 40 % of γε = ε/2 at the default γ = ½
 _CLM = Audit(AuditKind.EXACT, ({}, {"loss_weight": 0.0}, {"loss_weight": 1.0}), reach=0.2)
 
-# Measured by the second adversarial review (exact float-level law at n = 500, worst neighbours).
-_REVIEWED = "float64 sampling: δ ≈ 1e-10 at ε = 16, 1.3e-4 at ε = 30 (n = 500, the second review's float-level audit)"
-
 BUILTIN = (
     Mechanism(
         "rnm",
@@ -51,7 +48,7 @@ BUILTIN = (
         noisy_max.rnm_log_probabilities,
         expectation_fn=noisy_max.rnm_expectation,
         privacy=_declared("rnm", _BOUNDED, _TIGHT),
-        float_level=_REVIEWED,
+        float_level=FLOAT_EXACT,
     ),
     Mechanism(
         "rnm_laplace",
@@ -76,7 +73,7 @@ BUILTIN = (
         noisy_max.rnm_log_probabilities,
         expectation_fn=noisy_max.rnm_expectation,
         privacy=_declared("pf", _BOUNDED, _TIGHT),
-        float_level="float64 sampling in log space; no δ found by the second review's float-level audit (n = 500)",
+        float_level=FLOAT_EXACT,
     ),
     Mechanism(
         "krr",
@@ -128,7 +125,7 @@ BUILTIN = (
         privacy=_declared("gem", _BOUNDED, _GEM),
         peel_fn=gem_peel.gem_peel,
         peel_work_fn=gem_peel.gem_peel_work,
-        float_level=_REVIEWED,
+        float_level=FLOAT_EXACT,
     ),
     Mechanism(
         "mgem",
@@ -140,6 +137,7 @@ BUILTIN = (
         privacy=_declared("mgem", _BOUNDED, _GEM),
         peel_fn=gem_peel.mgem_peel,
         peel_work_fn=gem_peel.mgem_peel_work,
+        float_level=FLOAT_EXACT,
     ),
     Mechanism(
         "combined_gem",
@@ -154,6 +152,7 @@ BUILTIN = (
             Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25}), reach=0.4),
             split=gem.correlation_split,
         ),
+        float_level=FLOAT_EXACT,
     ),
     # One-shot top-k: a slate is one pass at ε (not k selections at ε/k). Outside the default set:
     # the evaluation's and `auto`'s defaults stay the single-item mechanisms of the paper.

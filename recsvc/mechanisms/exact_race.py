@@ -22,13 +22,14 @@ loop ends almost surely; it runs on about one draw in 10¹⁰ (the width of the 
 
 API (what a mechanism supplies):
 
-* :class:`Utilities` — the a_i: ``value`` (float64, with ``value_i + err ≥ a_i``), ``lower(idx)``
-  (rigorous lower bounds at a few indices) and ``exact(idx, prec)`` (decimal enclosures whose
-  width shrinks with prec). :func:`gap_utilities` builds them for a_i = (q_i − max q)·ε/(m·Δmax).
-* :class:`Noise` — F⁻¹ on cells: ``sup(x)`` (float64 sup over each cell, within ``error``;
-  inf allowed), ``width(x)`` (rigorous bound on sup − inf over each cell), ``magnitude`` (bound on
-  |sup| of every finite cell) and ``enclose(lo, hi, ctx)`` (decimal bounds of F⁻¹ on [lo, hi]).
-  :data:`EXPONENTIAL` is E = −ln U (standard exponential); Laplace or Gumbel plug in the same way.
+* :class:`Utilities` — the a_i: ``value`` (float64, with ``value_i + err ≥ a_i``), ``lower(i)``
+  (a rigorous lower bound, for the few leaders) and ``exact(idx, prec)`` (decimal enclosures whose
+  width shrinks with prec). :class:`GapUtilities` is a_i = (q_i − max q)·ε/(m·Δmax).
+* :class:`Noise` — F⁻¹ on cells: ``sup(x)`` and ``sup_at(x)`` (float64 sup over each cell,
+  within ``error``; inf allowed), ``inf_at(x)`` (the float64 inf over the cell at a float x,
+  within ``error``), ``magnitude`` (a bound on |sup| of every finite cell) and ``enclose(lo, hi, prec)``
+  (decimal bounds of F⁻¹ on [lo, hi]). :data:`EXPONENTIAL` is E = −ln U (standard exponential);
+  Laplace or Gumbel plug in the same way.
 * :func:`race_argmax` (``size`` independent argmaxes, one row of uniforms each) and
   :func:`race_top_k` (one draw of the k largest, in order or as a set), with b_i > 0 given
   exactly as floats (``scale``; None: every b_i = 1).
@@ -43,11 +44,12 @@ from __future__ import annotations
 
 import decimal
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -62,28 +64,40 @@ _FLOOR, _CEILING = decimal.ROUND_FLOOR, decimal.ROUND_CEILING
 Enclosure = tuple[Decimal, Decimal]
 
 
-@dataclass(frozen=True)
-class Utilities:
-    """The a_i of a race: float64 ``value`` with a_i ≤ value_i + err for every i; ``lower(idx)``
-    rigorous lower bounds of a_idx (a float64 array); ``exact(idx, prec)`` decimal enclosures
+class Utilities(Protocol):
+    """The a_i of a race: float64 ``value`` with a_i ≤ value_i + err for every i;
+    ``lower(i)`` a rigorous lower bound of a_i (a float); ``exact(idx, prec)`` decimal enclosures
     (lo, hi) of a_idx whose width → 0 as prec → ∞ (about prec significant digits)."""
 
-    value: npt.NDArray[np.float64]
-    err: float
-    lower: Callable[[npt.NDArray[np.intp]], npt.NDArray[np.float64]]
-    exact: Callable[[Sequence[int], int], list[Enclosure]]
+    @property
+    def n(self) -> int: ...  # the number of candidates
+
+    @property
+    def value(self) -> npt.NDArray[np.float64]: ...
+
+    @property
+    def err(self) -> float: ...
+
+    def lower(self, i: int) -> float: ...
+
+    def exact(self, idx: Sequence[int], prec: int) -> list[Enclosure]: ...
 
 
 class Noise(Protocol):
     """A noise law by its inverse CDF F⁻¹ (monotone) on the cells [x, x + 2⁻⁵³) of U's first
     53 bits, and on decimal intervals for the slow path."""
 
-    error: float  # |sup(x) − sup of F⁻¹ on the cell| ≤ error wherever that sup is finite
-    magnitude: float  # |sup of F⁻¹ on the cell| ≤ magnitude wherever it is finite
+    @property
+    def error(self) -> float: ...  # |sup(x), sup_at(x) − sup of F⁻¹ on the cell|, |inf_at(x) − inf| ≤ error
+
+    @property
+    def magnitude(self) -> float: ...  # |sup of F⁻¹ on the cell| ≤ magnitude wherever it is finite
 
     def sup(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
 
-    def width(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
+    def sup_at(self, x: float) -> float: ...
+
+    def inf_at(self, x: float) -> float: ...
 
     def enclose(self, lo: Decimal, hi: Decimal, prec: int) -> Enclosure: ...
 
@@ -113,11 +127,11 @@ class ExponentialNoise:
             out: npt.NDArray[np.float64] = -np.log(x)
         return out
 
-    def width(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        # ln(x + c) − ln x = ln1p(c/x) ≤ c/x, with the division's rounding
-        with np.errstate(divide="ignore"):
-            out: npt.NDArray[np.float64] = (_CELL / x) * (1.0 + 4.0 * _U)
-        return out
+    def inf_at(self, x: float) -> float:
+        return -math.log(x + _CELL)  # x + 2⁻⁵³ is exact: x = k·2⁻⁵³ with k < 2⁵³
+
+    def sup_at(self, x: float) -> float:
+        return -math.log(x) if x > 0 else math.inf
 
     def enclose(self, lo: Decimal, hi: Decimal, prec: int) -> Enclosure:
         ctx = decimal_context(prec)
@@ -129,37 +143,80 @@ class ExponentialNoise:
 EXPONENTIAL = ExponentialNoise()
 
 
-def gap_utilities(q: np.ndarray, epsilon: float, d_max: float, m: int = 2) -> Utilities:
+class GapUtilities:
     """a_i = (q_i − max q)·ε/(m·Δmax) ≤ 0 on the real numbers the floats denote (rnm: m = 2).
 
-    ``value`` is computed with ε/(m·Δmax) shrunk by 16u, so it is an upper bound of the real a_i
-    (all ≤ 0) up to underflow; ``lower`` grows it back by 40u."""
-    top = float(q.max())
-    c_hat = (epsilon / m) / d_max
-    value: npt.NDArray[np.float64] = (q - top) * (c_hat * (1.0 - 16.0 * _U))
-    spread = top - float(q.min())
-    # A subnormal c_hat has no relative bound: its absolute error times the spread covers it.
-    err = _TINY + (spread * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
+    ``value`` = (q − max q)·c with c = ε/(m·Δmax) shrunk by 16u, so it is an upper bound of the
+    real a_i (all ≤ 0: five roundings, each ≤ u, cannot undo 16u) up to underflow; ``lower``
+    grows it back by 40u. ``value`` is built on first use: the exponential race fuses it."""
 
-    def lower(idx: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
-        out: npt.NDArray[np.float64] = value[idx] * (1.0 + 40.0 * _U) - err
-        return out
+    __slots__ = ("_value", "c", "d_max", "epsilon", "err", "m", "n", "q", "top")
 
-    def exact(idx: Sequence[int], prec: int) -> list[Enclosure]:
+    def __init__(self, q: np.ndarray, epsilon: float, d_max: float, m: int = 2) -> None:
+        self.q, self.epsilon, self.d_max, self.m, self.n = q, epsilon, d_max, m, q.shape[0]
+        self.top = top = float(q.max())
+        c_hat = (epsilon / m) / d_max
+        self.c = c_hat * (1.0 - 16.0 * _U)
+        self._value: npt.NDArray[np.float64] | None = None
+        # A subnormal c_hat has no relative bound: its absolute error times the spread covers it.
+        self.err = _TINY + ((top - float(q.min())) * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
+
+    @property
+    def value(self) -> npt.NDArray[np.float64]:
+        if self._value is None:
+            self._value = (self.q - self.top) * self.c
+        return self._value
+
+    def lower(self, i: int) -> float:
+        return (float(self.q[i]) - self.top) * self.c * (1.0 + 40.0 * _U) - self.err
+
+    def exact(self, idx: Sequence[int], prec: int) -> list[Enclosure]:
         ctx = decimal_context(prec)
-        scale = ctx.divide(Decimal(epsilon), ctx.multiply(m, Decimal(d_max)))
-        t = Decimal(top)
-        out = []
-        for i in idx:
-            out.append(widen(ctx.multiply(ctx.subtract(Decimal(float(q[i])), t), scale), prec))
-        return out
-
-    return Utilities(value, err, lower, exact)
+        scale = ctx.divide(Decimal(self.epsilon), ctx.multiply(self.m, Decimal(self.d_max)))
+        t = Decimal(self.top)
+        return [widen(ctx.multiply(ctx.subtract(Decimal(float(self.q[i])), t), scale), prec) for i in idx]
 
 
-def _cells(rng: np.random.Generator, shape: tuple[int, ...]) -> npt.NDArray[np.float64]:
-    x: npt.NDArray[np.float64] = rng.random(shape)
-    return x
+@numba.njit(cache=True, nogil=True)
+def _exponential_leaders(
+    q: np.ndarray, shift: float, c: float, x: np.ndarray
+) -> tuple[int, float, float]:  # pragma: no cover - numba
+    """One pass over v̂_i = fl(fl(q_i − shift)·c) − fl(ln x_i) (inf where x_i = 0): the first
+    leader, its v̂ and the runner-up's v̂ (a tie makes them equal: undecided)."""
+    top, v_top, second = 0, -math.inf, -math.inf
+    for i in range(q.shape[0]):
+        v = (q[i] - shift) * c - math.log(x[i]) if x[i] > 0.0 else math.inf
+        if v > v_top:
+            top, v_top, second = i, v, v_top
+        elif v > second:
+            second = v
+    return top, v_top, second
+
+
+@numba.njit(cache=True, nogil=True)
+def _ratio_leaders(
+    g: np.ndarray, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """Per row of x: the first argmin of r_i = x_i·g_i, its x_i and the runner-up's r; a row
+    with some x_i = 0 gets the runner-up −1 (undecided: 0·inf has no order)."""
+    rows, n = x.shape
+    top = np.zeros(rows, np.int64)
+    x_top = np.zeros(rows)
+    second = np.zeros(rows)
+    for r in range(rows):
+        best, b_r, s_r = 0, math.inf, math.inf
+        for i in range(n):
+            xi = x[r, i]
+            if xi == 0.0:
+                s_r = -1.0
+                break
+            v = xi * g[i]
+            if v < b_r:
+                best, b_r, s_r = i, v, b_r
+            elif v < s_r:
+                s_r = v
+        top[r], x_top[r], second[r] = best, x[r, best], s_r
+    return top, x_top, second
 
 
 def _upper_error(a: Utilities, noise: Noise, b_max: float) -> float:
@@ -167,28 +224,78 @@ def _upper_error(a: Utilities, noise: Noise, b_max: float) -> float:
     return a.err + b_max * (noise.error + 1.01 * _U * noise.magnitude) + _TINY
 
 
+def _upper(v: float, e_up: float) -> float:
+    """The rigorous upper bound of v_j from its float v̂_j (see :func:`_upper_error`)."""
+    return v if v == -math.inf else v + 1.01 * _U * abs(v) + e_up
+
+
+def _lower(a: Utilities, noise: Noise, scale: np.ndarray | None, i: int, x: float) -> float:
+    """A rigorous lower bound of v_i = a_i + b_i·F⁻¹(U_i) for U_i in the cell at x:
+    (lower a_i) + b_i·(inf − error), less 3u of the magnitudes for its 3 roundings."""
+    z = noise.inf_at(x)
+    if not math.isfinite(z):
+        return -math.inf
+    la = a.lower(i)
+    b = 1.0 if scale is None else float(scale[i])
+    return la + b * (z - noise.error) - 3.0 * _U * (abs(la) + b * (abs(z) + noise.error)) - _TINY
+
+
 def race_argmax(
     a: Utilities, noise: Noise, rng: np.random.Generator, size: int, scale: np.ndarray | None = None
 ) -> npt.NDArray[np.intp]:
     """``size`` independent draws of argmax_i (a_i + b_i·F⁻¹(U_i)), exactly (module docstring)."""
-    n = a.value.shape[0]
-    x = _cells(rng, (size, n))
-    z = noise.sup(x)
-    v = a.value + (z if scale is None else scale * z)
-    rows = np.arange(size)
-    top: npt.NDArray[np.intp] = v.argmax(axis=1)
-    lead = _lower_at(a, noise, scale, top, x[rows, top], z[rows, top])
-    e_up = _upper_error(a, noise, 1.0 if scale is None else float(scale.max()))
-    v_top = v[rows, top].copy()
-    v[rows, top] = -np.inf
-    second = v.max(axis=1) if n > 1 else np.full(size, -np.inf)
-    decided = lead > second + 1.01 * _U * np.abs(second) + e_up
+    n = a.n
     if n == 1:
-        decided[:] = True
-    for r in np.flatnonzero(~decided):
-        v[r, top[r]] = v_top[r]
-        top[r] = _slow_row(a, noise, scale, x[r], v[r], lead[r], e_up, rng, 1, True)[0]
-    return top
+        return np.zeros(size, dtype=np.intp)
+    if size == 1:
+        return np.array([_argmax_row(a, noise, scale, rng.random(n), rng)], dtype=np.intp)
+    if noise is EXPONENTIAL and scale is None:
+        return _exponential_rows(a, rng, size)
+    x = rng.random((size, n))
+    return np.array([_argmax_row(a, noise, scale, row, rng) for row in x], dtype=np.intp)
+
+
+def _argmax_row(
+    a: Utilities, noise: Noise, scale: np.ndarray | None, x: npt.NDArray[np.float64], rng: np.random.Generator
+) -> int:
+    """The argmax for one row of cells x: the float leader if its lower bound clears every other
+    candidate's upper bound, else the decimal slow path. The exponential race is one compiled
+    pass (the service's case: few calls per selection)."""
+    e_up = _upper_error(a, noise, 1.0 if scale is None else float(scale.max()))
+    if noise is EXPONENTIAL and scale is None:
+        q, shift, c = (a.q, a.top, a.c) if isinstance(a, GapUtilities) else (a.value, 0.0, 1.0)
+        top, _, second = _exponential_leaders(q, shift, c, x)
+    else:
+        z = noise.sup(x)
+        v = a.value + (z if scale is None else scale * z)
+        top = int(v.argmax())
+        v_top = float(v[top])
+        v[top] = -np.inf
+        second = float(v.max()) if v.shape[0] > 1 else -math.inf
+        v[top] = v_top
+    lead = _lower(a, noise, scale, top, float(x[top]))
+    if lead > _upper(second, e_up):
+        return int(top)
+    z = noise.sup(x)
+    return _slow_row(a, noise, scale, x, a.value + (z if scale is None else scale * z), lead, e_up, rng, 1, True)[0]
+
+
+def _exponential_rows(a: Utilities, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
+    """``size`` exponential races on the same a, as ratios: argmax (a_i − ln U_i) = argmin U_i·G_i,
+    G_i = e^{−a_i} computed once, so a draw costs one product per candidate. ĝ = exp(−value) is
+    within a factor (1 ± ρ) of G, ρ = 8.01u + 40.1u·min(max |value|, 746) + 2·err (exp's 4 ulps,
+    ``lower``'s 40u); an entry whose ĝ overflows has G > e^709 and cannot lead while x > 0.
+    Undecided rows (ρ-close, or a cell at 0) go through :func:`_argmax_row`."""
+    with np.errstate(over="ignore"):
+        g = np.exp(-a.value)
+    rho = 8.01 * _U + 40.1 * _U * min(float(-a.value.min()), 746.0) + 2.0 * a.err
+    x = rng.random((size, a.n))
+    top, x_top, second = _ratio_leaders(g, x)
+    hi = (x_top + _CELL) * g[top] * ((1.0 + rho) * (1.0 + 4.0 * _U))
+    decided = (hi < second * (1.0 - rho - 4.0 * _U)) & (hi < 1e290)
+    for i in np.flatnonzero(~decided):
+        top[i] = _argmax_row(a, EXPONENTIAL, None, x[i], rng)
+    return top.astype(np.intp)
 
 
 def race_top_k(
@@ -201,46 +308,27 @@ def race_top_k(
 ) -> npt.NDArray[np.intp]:
     """One draw of the k largest a_i + b_i·F⁻¹(U_i), exactly: by decreasing value if
     ``ordered``, else as a set (ascending indices)."""
-    n = a.value.shape[0]
-    x = _cells(rng, (n,))
+    n = a.n
+    x = rng.random(n)
     z = noise.sup(x)
     v = a.value + (z if scale is None else scale * z)
     e_up = _upper_error(a, noise, 1.0 if scale is None else float(scale.max()))
-    if k >= n:
+    k = min(k, n)
+    if k == n:
         lead_idx: npt.NDArray[np.intp] = np.argsort(-v, kind="stable")
-        rest = -np.inf
+        rest = -math.inf
     else:
         part = np.argpartition(-v, k)
         lead_idx = part[:k][np.argsort(-v[part[:k]], kind="stable")]
         rest = float(v[part[k]])
-    lead_idx = lead_idx[:k]
-    lo = _lower_at(a, noise, scale, lead_idx, x[lead_idx], z[lead_idx])
-    hi = v[lead_idx] + 1.01 * _U * np.abs(v[lead_idx]) + e_up
-    rest_hi = rest + 1.01 * _U * abs(rest) + e_up
+    lo = [_lower(a, noise, scale, int(i), float(x[i])) for i in lead_idx]
+    hi = [_upper(float(v[i]), e_up) for i in lead_idx]
+    rest_hi = _upper(rest, e_up)
     # ordered: each leader certainly ahead of the next; a set: the k-th ahead of the rest
-    ok = bool((lo[:-1] > hi[1:]).all() and lo[-1] > rest_hi) if ordered else bool(lo.min() > rest_hi)
+    ok = all(lo[r] > hi[r + 1] for r in range(k - 1)) and lo[-1] > rest_hi if ordered else min(lo) > rest_hi
     if not ok:
-        lead_idx = np.asarray(_slow_row(a, noise, scale, x, v, float(lo.min()), e_up, rng, k, ordered), dtype=np.intp)
+        lead_idx = np.asarray(_slow_row(a, noise, scale, x, v, min(lo), e_up, rng, k, ordered), dtype=np.intp)
     return lead_idx if ordered else np.sort(lead_idx)
-
-
-def _lower_at(
-    a: Utilities,
-    noise: Noise,
-    scale: np.ndarray | None,
-    idx: npt.NDArray[np.intp],
-    x: npt.NDArray[np.float64],
-    z: npt.NDArray[np.float64],
-) -> npt.NDArray[np.float64]:
-    """Rigorous lower bounds of v_idx = a_idx + b_idx·F⁻¹(U_idx) for U_idx in the cells x:
-    (lower a) + b·(sup − error − width), less 4u of the magnitudes for its 4 roundings."""
-    la = a.lower(idx)
-    b = np.ones(idx.shape[0]) if scale is None else scale[idx]
-    w = noise.width(x)
-    with np.errstate(invalid="ignore"):  # inf − inf (a cell at 0): NaN, never decided
-        noise_lo = z - noise.error - w
-        out: npt.NDArray[np.float64] = la + b * noise_lo - 4.0 * _U * (np.abs(la) + b * (np.abs(z) + w)) - _TINY
-    return out
 
 
 def _slow_row(
@@ -291,7 +379,7 @@ def _enclose_row(
 ) -> tuple[list[Decimal], list[Decimal]]:
     """Decimal enclosures of v_j for the alive candidates, from U_j's ``bits``-bit prefixes."""
     down, up = decimal_context(prec, _FLOOR), decimal_context(prec, _CEILING)
-    cell = Decimal(2) ** bits  # exact: a power of two has as many digits as it needs
+    cell = Decimal(2**bits)  # exact (an int); Decimal(2) ** bits would round to the default 28 digits
     enc = a.exact(alive, prec)
     lo, hi = [], []
     for j, (alo, ahi) in zip(alive, enc, strict=True):

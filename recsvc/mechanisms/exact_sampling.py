@@ -98,6 +98,16 @@ def is_below(
         bits, prec = bits + 64, prec + 40
 
 
+def exact_bernoulli(
+    bounds: Callable[[int], tuple[Decimal, Decimal]], rng: np.random.Generator, size: int
+) -> npt.NDArray[np.bool_]:
+    """``size`` exact Bernoulli(r) trials, r known by ``bounds(prec)`` (see :func:`is_below`):
+    one 64-bit word each, decided by r's 40-digit bounds unless it straddles them."""
+    low, high = _scaled(*bounds(40), 64)
+    words = uniform_words(rng, size).tolist()
+    return np.array([w + 1 <= low or (w < high and is_below(bounds, w, 64, rng)) for w in words], dtype=bool)
+
+
 def krr_exact_sample(q: np.ndarray, epsilon: float, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
     """k-ary randomised response on the argmax of q (ties: the k maxima share the top mass),
     sampled exactly: one of the n − k others with probability r, uniformly within the group."""

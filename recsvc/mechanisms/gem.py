@@ -19,9 +19,11 @@ Scores are ALREADY CLIPPED by the caller; inputs are validated.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import cast
 
 import numba
@@ -29,7 +31,9 @@ import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms.exact import exponential_noisy_max_expectation, exponential_noisy_max_log_probabilities
-from recsvc.mechanisms.noisy_max import exponential_noisy_max
+from recsvc.mechanisms.exact_race import EXPONENTIAL, Enclosure, race_argmax, widen
+from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF as _U
+from recsvc.mechanisms.exact_sampling import decimal_context, exact_bernoulli
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 from recsvc.mechanisms.privacy import Split, Stage
 from recsvc.mechanisms.validation import MechanismInputError
@@ -217,14 +221,94 @@ def _gem_u(q: np.ndarray, d: np.ndarray, epsilon: float, t: float) -> npt.NDArra
     return cast("npt.NDArray[np.float64]", (qp - qp.max()) * (epsilon / 2.0))
 
 
+class GemUtilities:
+    """The race's a_i = q'_i·ε/2 on the real numbers: s = q − tΔ for the float t (any
+    data-independent t keeps q' of sensitivity 1, so the proof is about this t), and the real min
+    over a' of (s_a − s_a')/(Δ_a + Δ_a') (max q' = 0 exactly: the top s has every term ≥ 0).
+
+    Bounds. The hull's q̂'_a is one float term (a, a') or the exact 0 (:func:`tangents`), so the
+    real q'_a is at most that real term. A float term is within 4.02u·R + 3.02u·|term| of the real
+    one, R = max|q|/min Δ + |t| ≥ (|q_a| + |t|Δ_a)/Δ_a (ŝ's two roundings in the numerator, the
+    sum and the division). ``value`` = q̂'·(ε/2)(1 − 6u) and ``err`` = 4.03u·R·ε/2 bound a from
+    above; ``lower`` takes the min of every float term from a (an O(n) pass, for the leaders
+    only); ``exact`` computes in decimal the terms the float bounds cannot rule out of the min."""
+
+    __slots__ = ("d", "epsilon", "err", "n", "q", "r_bound", "s", "t", "value")
+
+    def __init__(
+        self,
+        q: np.ndarray,
+        d: np.ndarray,
+        epsilon: float,
+        t: float,
+        s: np.ndarray | None = None,
+        qp: np.ndarray | None = None,
+    ) -> None:
+        """``s`` = q − tΔ and ``qp`` = its hull's q̂' when the caller has them (the peel)."""
+        self.q, self.d, self.epsilon, self.t, self.n = q, d, epsilon, t, q.shape[0]
+        self.s = np.ascontiguousarray(q - t * d) if s is None else s
+        if qp is None:
+            d = np.ascontiguousarray(d, dtype=np.float64)
+            hx, hy, edge = hull(self.s, d)
+            qp = tangents(hx, hy, edge, d, self.s)
+        self.value: npt.NDArray[np.float64] = qp * (epsilon * 0.5 * (1.0 - 6.0 * _U))
+        self.r_bound = float(np.abs(q).max()) / float(d.min()) + abs(t)
+        self.err = 4.03 * _U * self.r_bound * epsilon * 0.5 * (1.0 + 4.0 * _U) + 2.0**-1060
+
+    def _terms(self, i: int) -> npt.NDArray[np.float64]:
+        terms: npt.NDArray[np.float64] = (self.s[i] - self.s) / (self.d[i] + self.d)
+        return terms
+
+    def lower(self, i: int) -> float:
+        m = min(float(self._terms(i).min()), 0.0)
+        low = m * (1.0 + 3.02 * _U) - 4.02 * _U * self.r_bound
+        return low * (self.epsilon * 0.5) * (1.0 + 4.0 * _U) - 2.0**-1060
+
+    def exact(self, idx: Sequence[int], prec: int) -> list[Enclosure]:
+        """Decimal enclosures of a_idx. At P digits each s is within (|q| + |tΔ|)·10^{1−P}, so a
+        term is within 10^{2−P}·(2R + |term|) whatever the cancellation; ×ε/2 is rounded outwards."""
+        big = prec + 10
+        ctx, slack_ctx = decimal_context(big), decimal_context(8, decimal.ROUND_CEILING)
+        down, up = decimal_context(prec, decimal.ROUND_FLOOR), decimal_context(prec, decimal.ROUND_CEILING)
+        t, eps, two_r = Decimal(self.t), Decimal(self.epsilon), Decimal(2.02 * self.r_bound)
+        out = []
+        for i in idx:
+            best = Decimal(0)  # the a' = a term, exact
+            s_i = ctx.subtract(Decimal(float(self.q[i])), ctx.multiply(t, Decimal(float(self.d[i]))))
+            for j in self._near(i).tolist():
+                s_j = ctx.subtract(Decimal(float(self.q[j])), ctx.multiply(t, Decimal(float(self.d[j]))))
+                gap = ctx.add(Decimal(float(self.d[i])), Decimal(float(self.d[j])))
+                best = min(best, ctx.divide(ctx.subtract(s_i, s_j), gap))
+            slack = slack_ctx.multiply(Decimal(10) ** (2 - big), slack_ctx.add(two_r, abs(best)))
+            lo, hi = down.subtract(best, slack), up.add(best, slack)
+            out.append((down.divide(down.multiply(lo, eps), 2), up.divide(up.multiply(hi, eps), 2)))
+        return out
+
+    def _near(self, i: int) -> npt.NDArray[np.intp]:
+        """The a' whose float term is within both error bands of the float min: the real min of
+        the terms is attained among them (every other term is certainly larger)."""
+        terms = self._terms(i)
+        band = 4.02 * _U * self.r_bound
+        m = min(float(terms.min()), 0.0)
+        return np.flatnonzero(terms - 3.03 * _U * np.abs(terms) - band <= m + 3.03 * _U * abs(m) + band)
+
+
+def _gem_sample(
+    q: np.ndarray, d: np.ndarray, epsilon: float, t: float, rng: np.random.Generator, size: int
+) -> npt.NDArray[np.intp]:
+    """rnm on q' with Δmax = 1 for an already checked, signed t, sampled exactly (exact_race)."""
+    return race_argmax(GemUtilities(q, d, epsilon, t), EXPONENTIAL, rng, size)
+
+
 def gem_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
-    """GEM: t = 2 ln(n/β)/ε, then rnm on q' with Δmax = 1 (Exponential noise of mean 2/ε).
+    """GEM: t = 2 ln(n/β)/ε, then rnm on q' with Δmax = 1 (Exponential noise of mean 2/ε),
+    sampled exactly on the real q' (:class:`GemUtilities`, :mod:`recsvc.mechanisms.exact_race`).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: q' has sensitivity 1 (Raskhodnikova & Smith 2015).
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, checked_t(q, d, epsilon, p["beta"])), rng, size)
+    return _gem_sample(q, d, epsilon, checked_t(q, d, epsilon, p["beta"]), rng, size)
 
 
 def gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
@@ -238,12 +322,12 @@ def gem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues
 def mgem_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
-    """Modified GEM: as ``gem`` with t = −2 ln(n/β)/ε (favours high-Δ candidates).
+    """Modified GEM: as ``gem`` with t = −2 ln(n/β)/ε (favours high-Δ candidates), sampled exactly.
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: the sensitivity-1 argument holds for any
     data-independent t.
     """
-    return exponential_noisy_max(_gem_u(q, d, epsilon, -checked_t(q, d, epsilon, p["beta"])), rng, size)
+    return _gem_sample(q, d, epsilon, -checked_t(q, d, epsilon, p["beta"]), rng, size)
 
 
 def mgem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:
@@ -282,22 +366,31 @@ def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float,
     return (log_flip, log_keep) if correlation_bit(q, d) else (log_keep, log_flip)
 
 
+def _keep_bounds(eps_c: float, prec: int) -> tuple[Decimal, Decimal]:
+    """Bounds of P(keep) = 1/(1 + e^{−ε_c}): three correctly rounded operations."""
+    ctx = decimal_context(prec)
+    keep = ctx.divide(1, ctx.add(1, ctx.exp(-Decimal(eps_c))))
+    return widen(keep, prec)
+
+
 def report_correlation_bit(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
     """``size`` independent reports of b = [spearman(q, Δ) ≥ 0] by binary randomised response:
-    keep b with probability e^{ε_c}/(1 + e^{ε_c}), ε_c = cε. Privacy: ε_c-DP for any input."""
+    keep b with probability e^{ε_c}/(1 + e^{ε_c}), ε_c = cε, as an exact Bernoulli trial on a
+    lazily drawn uniform (:func:`recsvc.mechanisms.exact_sampling.exact_bernoulli`).
+    Privacy: ε_c-DP for any input."""
     eps_c, _ = correlation_split(p).stage_epsilons(epsilon)
-    keep = 1.0 / (1.0 + math.exp(-eps_c))
+    keep = exact_bernoulli(functools.partial(_keep_bounds, eps_c), rng, size)
     b = correlation_bit(q, d)
-    return np.where(rng.random(size) < keep, b, 1 - b)
+    return np.where(keep, b, 1 - b)
 
 
 def combined_gem_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> np.ndarray:
     """Combined GEM: privately report b = [spearman(q, Δ) ≥ 0] by binary randomised response
-    with ε_c = cε, then run mgem (bit 1) or gem (bit 0) with ε_g = ε − ε_c.
+    with ε_c = cε, then run mgem (bit 1) or gem (bit 0) with ε_g = ε − ε_c, both exactly.
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: RR is ε_c-DP for any bit, the selection is
     ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
@@ -308,9 +401,9 @@ def combined_gem_sample(
     out = np.empty(size, dtype=np.int64)
     ones = bits == 1
     if ones.any():
-        out[ones] = exponential_noisy_max(_gem_u(q, d, eps_g, -t), rng, int(ones.sum()))  # mgem
+        out[ones] = _gem_sample(q, d, eps_g, -t, rng, int(ones.sum()))  # mgem
     if not ones.all():
-        out[~ones] = exponential_noisy_max(_gem_u(q, d, eps_g, t), rng, int((~ones).sum()))  # gem
+        out[~ones] = _gem_sample(q, d, eps_g, t, rng, int((~ones).sum()))  # gem
     return out
 
 

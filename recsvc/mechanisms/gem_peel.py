@@ -1,212 +1,67 @@
-"""GEM and mGEM slates peeled natively: k steps in one numba kernel, each drawing only the few
-random numbers its winner needs.
+"""GEM and mGEM slates peeled natively: k exact steps sharing one upper hull.
 
 Each step is one ``gem``/``mgem`` selection at ε/k on the candidates not chosen yet (t from
 their count m, as :func:`recsvc.mechanisms.gem.gem_t`), so the slate's law and its privacy are
-those of :func:`recsvc.mechanisms.slate.peel`. What changes is how a step samples
-argmax_a(u_a + E_a), u_a = q'_a·ε/2 ≤ 0, E_a i.i.d. Exponential(1) (rnm on q' with Δmax = 1):
-
-**Exceedance sampling.** max u = 0, attained by the point T of largest s (q'_T = 0, every other
-term of its min is ≥ 0). So Y_a = u_a + E_a exceeds 0 for a = T almost surely, and for any a with
-probability e^{u_a}; given that, Y_a is again Exponential(1) (memoryless), independently across a.
-The argmax is therefore a uniform draw from S = {a : Y_a > 0}, and S is a set of independent
-Bernoulli(e^{u_a}) trials.
-
-**Few draws.** q'_a ≤ min(0, (s_a − s_T)/(Δ_a + Δ_T)) (the a' = T term), so p̄_a = e^{ū_a} bounds
-e^{u_a} at O(1) cost. A candidate with p̄_a > 2^−8 gets its own Bernoulli(p̄_a) trial; one of
-level b (p̄_a ∈ (2^−b−1, 2^−b], the last level b = 64 taking every p̄_a ≤ 2^−64) is tried only
-where geometric skips with p = 2^−b land, which visits exactly the successes of i.i.d.
-Bernoulli(2^−b) trials. A success is kept with probability e^{u_a}/p (its exact u_a from the
-upper hull), which makes a's inclusion Bernoulli(e^{u_a}), independently. A step costs two O(m)
-passes and O(Σ_a p̄_a + 57) draws instead of m exponentials: on ml20m-shape's catalog
-Σ_a p̄_a ≈ 2.4 for mGEM at every ε. More than 256 candidates above 2^−8 (a flat law) make the
-step draw densely instead (m exponentials over every q'); that choice depends on the scores only.
+those of :func:`recsvc.mechanisms.slate.peel`. Each step is sampled exactly, as ``gem`` samples
+one selection: the exponential race on the real q' (:class:`recsvc.mechanisms.gem.GemUtilities`,
+:mod:`recsvc.mechanisms.exact_race`), m uniforms and one compiled pass.
 
 **One hull per slate.** The upper hull of the points (−Δ, s = q − tΔ) has the same vertices for
 every t (a change of t is a shear), and removing a point that is not a vertex leaves it as it
-was, so the peel builds it once and again only after a vertex wins.
+was, so the peel builds it once and again only after a vertex wins. The hull only gives the
+float upper bounds of q' (each a genuine term of its min); the exact decision never trusts it,
+so a stale or rounded hull costs speed, never the law.
 
 The tests hold the slates to their exact peeled law (``slate_log_probabilities``).
 """
 
 from __future__ import annotations
 
-import math
-from typing import cast
-
-import numba
 import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms import gem
+from recsvc.mechanisms.exact_race import EXPONENTIAL, race_argmax
 from recsvc.mechanisms.params import ParamValues
 
-_HEAVY = 8  # p̄ > 2^−8: a Bernoulli(p̄) trial each; below, only where a geometric skip lands
-_LAST = 64  # the last level takes every p̄ ≤ 2^−64
-_DENSE = 256  # more candidates above 2^−8 than this: draw densely
-_LN2 = math.log(2.0)
-_gem_t = numba.njit(cache=True, nogil=True)(gem.gem_t)  # the one formula, callable from the kernel
-
-
-@numba.njit(cache=True, nogil=True)
-def _skip(g: np.random.Generator, p: float) -> float:  # pragma: no cover - numba
-    """Failures before the first success of Bernoulli(p) trials (a float: it may be astronomic)."""
-    if p >= 1.0:
-        return 0.0
-    return math.floor(math.log(1.0 - g.random()) / math.log1p(-p))
-
-
-@numba.njit(cache=True, nogil=True)
-def _bound(a: int, s: np.ndarray, d: np.ndarray, top: int, half_eps: float) -> float:  # pragma: no cover - numba
-    """ū_a ≥ u_a: the a' = T term of q'_a's min, times ε/2."""
-    return min(0.0, float((s[a] - s[top]) / (d[a] + d[top]))) * half_eps
-
-
-@numba.njit(cache=True, nogil=True)
-def _level(ub: float) -> int:  # pragma: no cover - numba
-    """b with e^{ū} ∈ (2^−b−1, 2^−b], capped at _LAST; rounding never puts e^{ū} above 2^−b."""
-    if ub <= -_LAST * _LN2:
-        return _LAST
-    b = min(_LAST, int(-ub / _LN2))
-    return b - 1 if b > 0 and math.exp(ub) > 2.0 ** (-b) else b
-
-
-@numba.njit(cache=True, nogil=True)
-def _heavy(s: np.ndarray, d: np.ndarray, half_eps: float) -> tuple[int, np.ndarray]:  # pragma: no cover - numba
-    """The top point T (the first of the largest s) and the other candidates with p̄ > 2^−_HEAVY,
-    in index order; the count stops past _DENSE, where a step draws densely anyway."""
-    m = s.shape[0]
-    top = 0
-    for i in range(1, m):
-        if s[i] > s[top]:
-            top = i
-    heavy = np.empty(m, np.int64)
-    n = 0
-    for a in range(m):
-        if a != top and _bound(a, s, d, top, half_eps) > -_HEAVY * _LN2:
-            heavy[n] = a
-            n += 1
-            if n > _DENSE:
-                break
-    return top, heavy[:n]
-
-
-@numba.njit(cache=True, nogil=True)
-def _step(
-    s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator, vertices: np.ndarray, known: bool
-) -> tuple[int, np.ndarray, bool]:  # pragma: no cover - numba
-    """One draw of argmax(u + E) for u = q'(s, d)·ε/2 (module docstring): an index into s, and
-    the upper hull's vertices (``known``: ``vertices`` are this point set's; else built here if
-    a trial succeeds). Whether it draws densely depends on s and Δ only, never on a draw."""
-    m = s.shape[0]
-    top, heavy = _heavy(s, d, half_eps)
-    if heavy.shape[0] > _DENSE:  # a flat law: m exponentials cost less than the trials
-        return _dense(s, d, half_eps, g), vertices, known
-    # Successes of each candidate's Bernoulli(p) trial, with p and the uniform that thins them.
-    hits = [0 for _ in range(0)]
-    probs = [0.0 for _ in range(0)]
-    thins = [0.0 for _ in range(0)]
-    for a in heavy:  # levels below _HEAVY: one Bernoulli(p̄_a) trial each
-        p_bar = math.exp(_bound(a, s, d, top, half_eps))
-        if g.random() < p_bar:
-            hits.append(a)
-            probs.append(p_bar)
-            thins.append(g.random())
-    # level b ≥ _HEAVY: Bernoulli(2^−b) successes by geometric skips over every position; a
-    # landing counts only for a candidate of this level (the others have their own trials)
-    for b in range(_HEAVY, _LAST + 1):
-        p_b = 2.0 ** (-b)
-        pos = -1.0
-        while True:
-            pos += 1.0 + _skip(g, p_b)
-            if pos >= m:
-                break
-            a = int(pos)
-            if a == top:
-                continue
-            ub = _bound(a, s, d, top, half_eps)
-            if ub > -_HEAVY * _LN2 or _level(ub) != b:
-                continue
-            hits.append(a)
-            probs.append(p_b)
-            thins.append(g.random())
-    kept = [top]  # u = 0: always kept
-    if len(hits) > 0:
-        if not known:
-            vertices = gem.hull_vertices(s, d)
-            known = True
-        hx, hy, edge = gem.hull_at(s, d, vertices)
-        at = np.array(hits)
-        u = gem.tangents(hx, hy, edge, d[at], s[at]) * half_eps
-        for i in range(len(hits)):
-            if thins[i] < math.exp(u[i]) / probs[i]:  # thinning: kept w.p. e^{u_a}/p
-                kept.append(hits[i])
-    return kept[g.integers(0, len(kept))], vertices, known
-
-
-@numba.njit(cache=True, nogil=True)
-def _dense(s: np.ndarray, d: np.ndarray, half_eps: float, g: np.random.Generator) -> int:  # pragma: no cover - numba
-    """The same draw as rnm on q' (gem.py's sampler): every q'_a from the hull, m exponentials."""
-    hx, hy, edge = gem.hull(s, d)
-    z = gem.tangents(hx, hy, edge, d, s) * half_eps + g.standard_exponential(s.shape[0])
-    return int(np.argmax(z))
-
-
-@numba.njit(cache=True, nogil=True)
-def _peel(
-    q: np.ndarray, d: np.ndarray, sign: float, eps_step: float, beta: float, k: int, g: np.random.Generator
-) -> np.ndarray:  # pragma: no cover - numba
-    n = q.shape[0]
-    alive = np.arange(n)  # the survivors, in their original order
-    qq = q.copy()
-    dd = d.copy()
-    s = np.empty(n)
-    out = np.empty(k, np.int64)
-    # The upper hull's vertices carry over between steps: a change of t shears every point alike,
-    # and dropping a point that is not a vertex leaves the hull as it was.
-    vertices = np.empty(0, np.int64)
-    known = False
-    for i in range(k):
-        m = n - i
-        t = sign * _gem_t(m, eps_step, beta)
-        for j in range(m):
-            s[j] = qq[j] - t * dd[j]
-        w, vertices, known = _step(s[:m], dd[:m], eps_step / 2.0, g, vertices, known)
-        out[i] = alive[w]
-        for j in range(w, m - 1):  # drop the winner, keeping the order
-            alive[j] = alive[j + 1]
-            qq[j] = qq[j + 1]
-            dd[j] = dd[j + 1]
-        if known:
-            for j in range(vertices.shape[0]):
-                if vertices[j] == w:
-                    known = False
-                elif vertices[j] > w:
-                    vertices[j] -= 1
-    return out
-
-
-# A native step's two O(m) passes cost about a fifth of one ChaCha20 exponential draw per
-# candidate: a concentrated step took 45 µs at m = 20,720, where m exponentials take 280 µs.
+# A step's two O(m) passes (the hull's tangents and the race) cost about a fifth of one ChaCha20
+# uniform per candidate on top of the m uniforms the race draws.
 PASS_COST = 0.2
 
 
+def _peel(
+    q: np.ndarray, d: np.ndarray, sign: float, eps_step: float, beta: float, k: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    alive = np.arange(q.shape[0])  # the survivors, in their original order
+    out = np.empty(k, np.int64)
+    vertices = gem.hull_vertices(np.ascontiguousarray(q - sign * gem.gem_t(q.shape[0], eps_step, beta) * d), d)
+    for i in range(k):
+        qq, dd = q[alive], d[alive]
+        t = sign * gem.gem_t(alive.shape[0], eps_step, beta)
+        s = np.ascontiguousarray(qq - t * dd)
+        hx, hy, edge = gem.hull_at(s, dd, vertices)
+        qp = gem.tangents(hx, hy, edge, dd, s)
+        w = int(race_argmax(gem.GemUtilities(qq, dd, eps_step, t, s=s, qp=qp), EXPONENTIAL, rng, 1)[0])
+        out[i] = alive[w]
+        alive = np.delete(alive, w)
+        if w in vertices:  # a vertex won: the hull of the rest is built again
+            vertices = gem.hull_vertices(np.ascontiguousarray(s[np.arange(s.shape[0]) != w]), np.delete(dd, w))
+        else:
+            vertices = vertices - (vertices > w)
+    return out
+
+
 def _work_family(sign: float, q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    n = q.shape[0]
-    t = sign * gem.gem_t(n, eps_step, p["beta"])
-    s = np.ascontiguousarray(q - t * d, dtype=np.float64)
-    heavy = _heavy(s, np.ascontiguousarray(d, dtype=np.float64), eps_step / 2)[1].shape[0]
-    per_step = n * PASS_COST + (n if heavy > _DENSE else 2 * heavy + _LAST)
-    return float(k * per_step)
+    return float(k * q.shape[0] * (1.0 + PASS_COST))
 
 
 def gem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    """:func:`gem_peel`'s expected work in random draws' worth, from its first step's law (O(n))."""
+    """:func:`gem_peel`'s expected work in random draws' worth: m uniforms and two passes a step."""
     return _work_family(1.0, q, d, eps_step, p, k)
 
 
 def mgem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    """:func:`mgem_peel`'s expected work in random draws' worth, from its first step's law (O(n))."""
+    """:func:`mgem_peel`'s expected work in random draws' worth: m uniforms and two passes a step."""
     return _work_family(-1.0, q, d, eps_step, p, k)
 
 
@@ -217,7 +72,7 @@ def _peel_family(
     gem.checked_t(q, d, eps_step, p["beta"])
     q = np.ascontiguousarray(q, dtype=np.float64)
     d = np.ascontiguousarray(d, dtype=np.float64)
-    return cast("npt.NDArray[np.int64]", _peel(q, d, sign, float(eps_step), float(p["beta"]), int(k), rng))
+    return _peel(q, d, sign, float(eps_step), float(p["beta"]), int(k), rng)
 
 
 def gem_peel(

@@ -20,6 +20,7 @@ from recsvc.mechanisms.exact import (
     exponential_noisy_max_log_probabilities,
     laplace_noisy_max_log_probabilities,
 )
+from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_argmax
 from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
@@ -60,8 +61,11 @@ def rnm_sample(
 
     Privacy: ε-DP (pure) for neighbouring inputs with |q_a − q'_a| ≤ Δ_a ≤ Δmax for every a
     (McKenna & Sheldon 2020; Ding et al. 2021). Same output distribution as ``pf``.
+
+    Sampled exactly (:mod:`recsvc.mechanisms.exact_race`): the argmax of the real
+    (q_a − q*)·ε/(2Δmax) − ln U_a for real uniforms U_a, at every ε (no float bound on the noise).
     """
-    return exponential_noisy_max(_rnm_u(q, d, epsilon), rng, size)
+    return race_argmax(GapUtilities(q, epsilon, float(d.max())), EXPONENTIAL, rng, size)
 
 
 def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:
@@ -139,18 +143,9 @@ def pf_sample(
     the output is the heads-candidate with the smallest key. Merging each candidate's key and
     coin into one uniform U_r: the "heads-key" K_r·[heads] (∞ on tails) has P(≤ t) = p_r·t on
     [0, 1], which is the law of U_r / p_r — so PF returns argmin_r U_r / p_r (the argmax has
-    p = 1, so the minimum is always a heads). One uniform per candidate instead of two.
-
-    Computed in log space, argmax_r (log p_r − log U_r), with U_r drawn from (0, 1]
-    (:func:`pf_noise`): a gap of any size is finite there (e^{−log p} would overflow past ~709
-    noise scales), and no draw can be 0, which would win whatever its candidate's score.
+    p = 1, so the minimum is always a heads), i.e. argmax_r (log p_r − ln U_r): ``rnm``'s race
+    with E_r = −ln U_r. It is sampled by that exact race (:func:`rnm_sample`); the tests hold it
+    to the brute-force permutation-and-coins law.
     Privacy: ε-DP (pure), same output distribution as ``rnm`` (McKenna & Sheldon 2020).
     """
-    z = pf_noise(rng, (size, q.shape[0]))
-    z += (q - q.max()) * (epsilon / (2.0 * d.max()))
-    return _argmax_rows(z)
-
-
-def pf_noise(rng: np.random.Generator, shape: int | tuple[int, ...]) -> npt.NDArray[np.float64]:
-    """−log U for U uniform on (0, 1] (1 − ``rng.random()``): finite, ≥ 0, never from a 0 draw."""
-    return cast("npt.NDArray[np.float64]", -np.log1p(-rng.random(shape)))  # numpy types ufunc calls as Any
+    return rnm_sample(q, d, epsilon, p, rng, size)

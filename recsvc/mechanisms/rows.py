@@ -6,7 +6,7 @@
     [select(name, scores_b, sensitivities_b, epsilons[b], rng) for b in range(B)]
 
 with the same ``rng``: the same indices, and ``rng`` left in the same state. For the
-noise-matrix mechanisms (``rnm``, ``rnm_laplace``, ``pf``) each row's per-candidate noise is
+noise-matrix mechanisms (``rnm_laplace``) each row's per-candidate noise is
 drawn in candidate order, row after row, so ONE call drawing all N = Σ n_b values consumes the
 stream exactly as the B calls do, and one argmax per row replaces B Python-level calls. Other
 mechanisms run row by row through their own sample function (still one validation up front).
@@ -25,7 +25,6 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms.noisy_max import pf_noise
 from recsvc.mechanisms.registry import check_params, get_mechanism
 from recsvc.mechanisms.validation import (
     MechanismInputError,
@@ -38,9 +37,7 @@ from recsvc.mechanisms.validation import (
 # name → (draw N noise values, pick per row): argmax(u + noise) for each of them
 _Noise = Callable[[np.random.Generator, int], np.ndarray]
 VECTORISED: dict[str, tuple[_Noise, str]] = {
-    "rnm": (lambda rng, n: rng.standard_exponential(n), "max"),  # noisy_max.rnm_sample
     "rnm_laplace": (lambda rng, n: rng.laplace(0.0, 1.0, n), "max"),  # noisy_max.rnm_laplace_sample
-    "pf": (lambda rng, n: pf_noise(rng, n), "max"),  # noisy_max.pf_sample
 }
 
 

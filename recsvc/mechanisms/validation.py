@@ -74,14 +74,21 @@ def _as_float_array(name: str, values: object) -> np.ndarray:
 
 
 def check_scale(epsilon: float, q: np.ndarray, d: np.ndarray) -> None:
-    """Refuses an ε whose noise scale is not a finite float for these scores: ε/(2Δmax) must be
-    finite, and the score range measured in it at most :data:`MAX_SCALED_RANGE` (without this,
-    ε/(2Δ) overflowed to inf, 0·inf made the probabilities NaN and the worst item was selected)."""
+    """Refuses scores whose range max q − min q is not a finite float (every mechanism subtracts
+    the top score), then an ε whose noise scale is not a finite float for these scores: ε/(2Δmax)
+    must be finite, and the score range measured in it at most :data:`MAX_SCALED_RANGE` (without
+    this, ε/(2Δ) overflowed to inf, 0·inf made the probabilities NaN and the worst item was selected)."""
     if q.size == 0:
         return
     dmax = float(d.max())
     inv_scale = epsilon / (2.0 * dmax)
-    spread = float(q.max() - q.min())
+    top, bottom = float(q.max()), float(q.min())
+    spread = top - bottom  # Python floats: an overflow is inf, without numpy's warning
+    if not math.isfinite(spread):
+        raise MechanismInputError(
+            f"the score range max q − min q = {top!r} − ({bottom!r}) overflows a float64; expected scores "
+            f"whose range is at most {np.finfo(np.float64).max:.6g} (clip them to their items' [lo, hi])"
+        )
     if math.isfinite(inv_scale) and spread * inv_scale <= MAX_SCALED_RANGE:
         return
     most = MAX_SCALED_RANGE * 2.0 * dmax / spread if spread > 0 else 2.0 * dmax * np.finfo(np.float64).max

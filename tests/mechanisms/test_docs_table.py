@@ -46,8 +46,8 @@ def test_the_table_shows_each_declaration():
     ) in table
     assert (
         "| `gem` | ε | \\|q_a − q′_a\\| ≤ Δ_a | exact, at defaults and beta = 0.2; the loss reaches ≥ 40% of ε "
-        "| [proof](privacy-proofs.md#gem) | yes | float64 sampling: δ ≈ 1e-10 at ε = 16, 1.3e-4 at ε = 30 "
-        "(n = 500, the second review's float-level audit) | `beta` = 0.05 in (0, 1): "
+        "| [proof](privacy-proofs.md#gem) | yes | pure ε-DP, exact: sampled exactly at every ε (δ = 0) "
+        "| `beta` = 0.05 in (0, 1): "
     ) in table
     assert ("| `combined_gem` | corr_budget_fraction·ε + (1 − corr_budget_fraction)·ε = ε |") in table
     assert "| `rs` | ε | \\|q_a − q′_a\\| ≤ Δ_a | statistical, at gamma = 0.05; 100,000 draws per input |" in table

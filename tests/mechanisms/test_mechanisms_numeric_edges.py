@@ -11,6 +11,7 @@ import pytest
 from recsvc.checks import ParamError
 from recsvc.mechanisms import MECHANISMS, log_probabilities, select, select_batch, select_slate
 from recsvc.mechanisms.noisy_max import pf_sample
+from recsvc.mechanisms.testing import Words
 from recsvc.mechanisms.validation import MechanismInputError
 
 EXACT = [n for n, m in MECHANISMS.items() if m.exact and n != "random"]  # random ignores the scores
@@ -50,14 +51,10 @@ def test_pf_computes_in_log_space_and_a_zero_draw_never_wins() -> None:
     # P(2) = e^{-1}/(1 + e^{-1})·… exactly as rnm: the law of argmax(log p + Exp(1)) over {1, 2}
     assert counts[2] / 20_000 == pytest.approx(np.exp(log_probabilities("pf", q, d, 2.0))[2], abs=0.01)
 
-    class Zeros:
-        """A generator whose every uniform is 0.0, the value numpy's random() can return."""
-
-        def random(self, shape: tuple[int, ...]) -> np.ndarray:
-            return np.zeros(shape)
-
-    # Drawn from [0, 1) and multiplied by 1/p, a 0 made candidate 0 win whatever its score.
-    assert pf_sample(np.array([0.0, 1.0]), np.ones(2), 50.0, {}, Zeros(), 1).tolist() == [1]  # type: ignore[arg-type]  # a stand-in that only draws uniforms
+    # Drawn from [0, 1) and multiplied by 1/p, a 0 made candidate 0 win whatever its score; the
+    # exact race reads more bits of both uniforms (here equal) until the scores decide.
+    zeros = Words([0, 0], then=5)  # both U = 5·2⁻¹¹⁷·(1 + 2⁻⁶⁴ + …): equal noise, the higher score wins
+    assert pf_sample(np.array([0.0, 1.0]), np.ones(2), 50.0, {}, zeros, 1).tolist() == [1]  # type: ignore[arg-type]  # a stand-in generator
 
 
 @pytest.mark.parametrize(
