@@ -101,11 +101,17 @@ def is_below(
 def exact_bernoulli(
     bounds: Callable[[int], tuple[Decimal, Decimal]], rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.bool_]:
-    """``size`` exact Bernoulli(r) trials, r known by ``bounds(prec)`` (see :func:`is_below`):
-    one 64-bit word each, decided by r's 40-digit bounds unless it straddles them."""
-    low, high = _scaled(*bounds(40), 64)
-    words = uniform_words(rng, size).tolist()
-    return np.array([w + 1 <= low or (w < high and is_below(bounds, w, 64, rng)) for w in words], dtype=bool)
+    """``size`` exact Bernoulli(r) trials, r known by ``bounds(prec)`` (see :func:`is_below`;
+    pass the same ``bounds`` object each time: its first thresholds are cached): U's first 53 bits
+    are ``rng.random()`` (k·2⁻⁵³), decided by r's 40-digit bounds unless the cell straddles them."""
+    low, high = _first_thresholds(bounds)
+    cells = (rng.random(size) * 2.0**53).astype(np.int64).tolist()
+    return np.array([k + 1 <= low or (k < high and is_below(bounds, k, 53, rng)) for k in cells], dtype=bool)
+
+
+@lru_cache(maxsize=256)
+def _first_thresholds(bounds: Callable[[int], tuple[Decimal, Decimal]]) -> tuple[int, int]:
+    return _scaled(*bounds(40), 53)
 
 
 def krr_exact_sample(q: np.ndarray, epsilon: float, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:

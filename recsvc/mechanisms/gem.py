@@ -22,7 +22,7 @@ from __future__ import annotations
 import decimal
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import cast
 
@@ -366,11 +366,17 @@ def reported_bit_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float,
     return (log_flip, log_keep) if correlation_bit(q, d) else (log_keep, log_flip)
 
 
+@functools.lru_cache(maxsize=256)  # one decimal exp per (ε_c, precision), not one per draw
 def _keep_bounds(eps_c: float, prec: int) -> tuple[Decimal, Decimal]:
     """Bounds of P(keep) = 1/(1 + e^{−ε_c}): three correctly rounded operations."""
     ctx = decimal_context(prec)
     keep = ctx.divide(1, ctx.add(1, ctx.exp(-Decimal(eps_c))))
     return widen(keep, prec)
+
+
+@functools.lru_cache(maxsize=256)  # the same bounds object per ε_c: exact_bernoulli caches its thresholds
+def _keep(eps_c: float) -> Callable[[int], tuple[Decimal, Decimal]]:
+    return functools.partial(_keep_bounds, eps_c)
 
 
 def report_correlation_bit(
@@ -381,7 +387,7 @@ def report_correlation_bit(
     lazily drawn uniform (:func:`recsvc.mechanisms.exact_sampling.exact_bernoulli`).
     Privacy: ε_c-DP for any input."""
     eps_c, _ = correlation_split(p).stage_epsilons(epsilon)
-    keep = exact_bernoulli(functools.partial(_keep_bounds, eps_c), rng, size)
+    keep = exact_bernoulli(_keep(eps_c), rng, size)
     b = correlation_bit(q, d)
     return np.where(keep, b, 1 - b)
 

@@ -1,6 +1,6 @@
 """Benchmark one-shot top-k against OpenDP's ``make_noisy_top_k``, side by side in one run.
 
-recsvc's ``select_slate`` for the one-shot mechanisms (oneshot, gumbel, clm) and for peeling rnm,
+recsvc's ``select_slate`` for the one-shot mechanisms (oneshot, gumbel, clm) and for peeling rnm and pf,
 against OpenDP 0.16's ``make_noisy_top_k`` (and ``make_noisy_max`` at k = 1), per call, at
 n = 500 and n = 20,720, k = 10 and k = 1, on the same float64 scores (seed 0) and at the same
 privacy: pure ε-DP for scores that move by at most Δmax either way between neighbours.
@@ -34,7 +34,7 @@ from scripts.bench.harness import REPO
 
 SIZES = (500, 20_720)  # the service's candidate count and ml20m-shape's catalog
 KS = (10, 1)
-MECHANISMS = ("oneshot", "gumbel", "clm", "rnm")  # rnm peels: k selections at ε/k
+MECHANISMS = ("oneshot", "gumbel", "clm", "rnm", "pf")  # rnm and pf peel: k selections at ε/k
 EPSILON = 1.0
 OPENDP_SPEC = "opendp==0.16.*"
 PEER_VENV = REPO / ".cache" / "peers" / "opendp"

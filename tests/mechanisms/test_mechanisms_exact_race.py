@@ -229,15 +229,16 @@ def test_the_same_words_give_the_same_output_for_q_and_q_plus_c(name: str) -> No
 
 
 def test_the_correlation_bit_is_an_exact_bernoulli() -> None:
-    """combined_gem's RR keeps the bit iff U < 1/(1 + e^{−ε_c}): the word just below and just
-    above the threshold's 64-bit mark, then the next word, decide it as the reals do."""
+    """combined_gem's RR keeps the bit iff U < 1/(1 + e^{−ε_c}): U's 53-bit cell just below and
+    just above the threshold's, then the cell holding it with the next words all 0 or all 1."""
     eps_c = 0.6 * 2.0
     keep = CTX.divide(1, CTX.add(1, CTX.exp(-Decimal(eps_c))))
-    mark = int(CTX.multiply(keep, WORD))
+    mark = int(CTX.multiply(keep, 2**53))
     q, d = np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 3.0])  # spearman = 1: the bit is 1
-    for word, then, kept in ((mark - 1, 0, True), (mark + 1, 0, False), (mark, 0, True), (mark, WORD - 1, False)):
-        bits = report_correlation_bit(q, d, 2.0, {"corr_budget_fraction": 0.6}, Words([word], then=then), 1)  # type: ignore[arg-type]  # a stand-in
-        assert bits.tolist() == [1 if kept else 0], (word, then)
+    for cell, then, kept in ((mark - 1, 0, True), (mark + 1, 0, False), (mark, 0, True), (mark, WORD - 1, False)):
+        words = Words([cell << 11], then=then)
+        bits = report_correlation_bit(q, d, 2.0, {"corr_budget_fraction": 0.6}, words, 1)  # type: ignore[arg-type]  # a stand-in
+        assert bits.tolist() == [1 if kept else 0], (cell, then)
 
 
 def test_an_unrepresentable_score_range_is_refused_for_what_it_is() -> None:
