@@ -4,7 +4,9 @@ tampered file by name."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from recsvc.app.cli import main
 from recsvc.artifact import ArtifactError, load_artifact
 from recsvc.checks import ParamError
 from recsvc.model import top_k
-from recsvc.multiselection import clip_l1, embed, embedding_version
+from recsvc.multiselection import blind_codebook, choose_size, clip_l1, codebook_version, embed, embedding_version
 from recsvc.service.testing import make_model
 
 
@@ -161,3 +163,29 @@ def test_prep_writes_the_bundle_and_population_from_the_training_users(ml100k: P
     np.testing.assert_array_equal(pop.embeddings, protos.embeddings)
     np.testing.assert_array_equal(pop.top_index, protos.top_index)
     assert np.bincount(protos.labels).min() >= 5  # no row of multiselect/ is one user's
+    # The codebook: the greedy's first C for no signal, C chosen on the population at ε = 4.
+    choice = choose_size(pop.warm())
+    assert bundle.codebook.tolist() == blind_codebook(pop, choice.size).tolist()
+    signal = json.loads((ml100k / "manifest.json").read_text())["multiselect"]["signal"]
+    assert (signal["kind"], signal["code_size"], signal["chosen_at_epsilon"]) == ("code", choice.size, 4.0)
+    assert signal["codebook_version"] == bundle.codebook_version == codebook_version(bundle.item_ids[bundle.codebook])
+    assert max(signal["estimates"], key=lambda c: signal["estimates"][c]) == str(choice.size)
+
+
+def test_an_old_or_altered_client_bundle_is_refused_naming_what_is_wrong(ml100k: Path, tmp_path: Path) -> None:
+    from recsvc.artifact import read_client_bundle
+    from recsvc.artifact.format import sha256_file
+
+    copy = tmp_path / "client"
+    shutil.copytree(ml100k / "client", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for version, what in ((1, "a float signal"), (2, "the lattice signal without the codebook")):
+        (copy / "manifest.json").write_text(json.dumps({**manifest, "format_version": version}))
+        with pytest.raises(ArtifactError, match=re.escape(f"format_version {version} ({what}) is not served")):
+            read_client_bundle(copy)
+    book = json.loads((copy / "codebook.json").read_text())
+    (copy / "codebook.json").write_text(json.dumps(book[::-1], separators=(",", ":")))  # another order: another code
+    files = {**manifest["files"], "codebook.json": sha256_file(copy / "codebook.json")}
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "files": files}))
+    with pytest.raises(ArtifactError, match="does not hash to the manifest's codebook_version"):
+        read_client_bundle(copy)
