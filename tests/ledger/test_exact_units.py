@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -186,3 +187,12 @@ def test_float_charges_are_converted_once_and_refusals_every_time() -> None:
         with pytest.raises(InvalidCharge, match="below the ledger's unit"):
             charge_units(4e-13)
     assert charge_units(3) == 3 * 10**12 and charge_units(1e-12) == 1  # ints take the uncached path
+
+
+def test_the_largest_sendable_epsilon_is_the_documented_double() -> None:
+    """docs/reference/grpc-api.md: 9223372.036854774 is the largest double the 63-bit units hold."""
+    largest = 9223372.036854774
+    assert charge_units(largest) == 9223372036854774000 <= 2**63 - 1
+    with pytest.raises(InvalidCharge):
+        charge_units(math.nextafter(largest, math.inf))
+    assert charge_units(1.0000000000001) == 1000000000001  # epsilon_spent: ε rounded up to 1e-12
