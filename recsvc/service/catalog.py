@@ -123,8 +123,10 @@ class Recommender:
         self.col_of_row: np.ndarray | None = None if np.array_equal(col, np.arange(self.columns)) else col
 
     def scores(self, history: Sequence[str]) -> np.ndarray:
-        """Raw SANSA scores of every catalog row (items.parquet order), seen items included."""
-        cols = []
+        """Raw SANSA scores of every catalog row (items.parquet order), seen items included. The
+        history is a set, refused as Select's candidates are: an unknown or repeated item id is
+        INVALID_ARGUMENT. An empty one is a user with no interactions (every score 0)."""
+        first: dict[int, int] = {}
         for pos, item in enumerate(history):
             col = self.index.get(item)
             if col is None:
@@ -132,8 +134,13 @@ class Recommender:
                     f"unknown item_id {short(item)} in history (position {pos}); expected item ids "
                     f"known to the model ({len(self.index)} items)"
                 )
-            cols.append(col)
-        dense = self.model.score_one(np.unique(np.asarray(cols, np.int64)))  # a repeated item counts once
+            if col in first:
+                raise InvalidRequest(
+                    f"duplicate item_id {short(item)} in history (positions {first[col]} and {pos}); "
+                    "expected each item once"
+                )
+            first[col] = pos
+        dense = self.model.score_one(np.sort(np.fromiter(first, np.int64, len(first))))
         if self.col_of_row is None:
             return dense
         return np.where(self.col_of_row >= 0, dense[self.col_of_row], 0.0)

@@ -109,7 +109,11 @@ def test_recommender_scores_the_whole_catalog_in_catalog_order_seen_items_includ
     assert catalog == IDS[::-1] and rec.col_of_row is not None  # rows differ from model columns
     want = [dict(zip(IDS, W2_ROW_A, strict=False))[i] for i in catalog]  # "a" is seen and keeps its score 5
     assert rec.scores(["a"]).tolist() == want == [2.0, 1.0, 2.0, 1.0, 2.0, 5.0]
-    assert rec.scores(["a", "a"]).tolist() == want  # a repeated history item counts once
+    with pytest.raises(
+        InvalidRequest, match=r"duplicate item_id 'a' in history \(positions 0 and 2\); expected each item once"
+    ):
+        rec.scores(["a", "b", "a"])  # a history is a set, as Select's candidates are
+    assert rec.scores(["b", "a"]).tolist() == rec.scores(["a", "b"]).tolist()  # its order does not matter
     assert rec.scores([]).tolist() == [0.0] * 6 and rec.scores(IDS).shape == (6,)  # nothing left "unseen": fine
     with pytest.raises(InvalidRequest, match="unknown item_id 'zz' in history \\(position 1\\)"):
         rec.scores(["a", "zz"])

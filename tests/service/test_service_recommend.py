@@ -243,6 +243,8 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
         assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg, (kwargs, msg)
     code, msg = rpc_error(client.recommend, "refused-user", ["it1", "ghost"], **rec, k=2)
     assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown item_id 'ghost' in history (position 1)" in msg
+    code, msg = rpc_error(client.recommend, "refused-user", ["it1", "it2", "it1"], **rec, k=2)  # a set, as candidates
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "duplicate item_id 'it1' in history (positions 0 and 2)" in msg
     for k, message in ((6, "k=6 is more than the 5 candidates; expected 1 <= k <= 5"), (9, "k=9 is too large")):
         code, msg = rpc_error(client.select, "refused-user", candidates(5), mechanism="rnm", epsilon=1.0, k=k)
         assert code is grpc.StatusCode.INVALID_ARGUMENT and message in msg
