@@ -98,7 +98,8 @@ class Caller:
         for p in self.principals:
             if p.scope is None or not p.scope.allows_user(user_id):
                 allowed = f"user_id {p.scope.user_id!r} only" if p.scope else "nothing"
-                raise PermissionDenied(f"principal {p} may act for {allowed}; the request names another user_id")
+                named = "names another user_id" if user_id else "names no user_id (set user_id)"
+                raise PermissionDenied(f"principal {p} may act for {allowed}; the request {named}")
 
 
 def _lines(path: str | os.PathLike[str], what: str, entry: str, expected: str) -> list[tuple[int, str]]:

@@ -79,6 +79,10 @@ def test_a_user_token_cannot_read_spend_or_invent_other_users(
                     rpc_error(alice.recommend, invented, ["it1"], mechanism="rnm", epsilon=0.1)[0]
                     is grpc.StatusCode.PERMISSION_DENIED
                 )
+            code, msg = rpc_error(alice.select, "", candidates(), mechanism="rnm", epsilon=0.1)
+            assert code is grpc.StatusCode.PERMISSION_DENIED and msg.endswith(
+                "may act for user_id 'alice' only; the request names no user_id (set user_id)"
+            ), msg
             assert h.ledger.totals() == before  # nothing spent, nobody new in the ledger
             assert h.ledger.user("bob").requests == 1
             # Its own user: every per-user RPC works; a batch refuses the foreign items alone.
@@ -98,10 +102,10 @@ def test_a_user_token_cannot_read_spend_or_invent_other_users(
                 assert c.budget("bob").spent == pytest.approx(0.5)
                 assert c.select(f"user-of-{token}", candidates(), mechanism="rnm", epsilon=0.1).item_id
     denied = [r for r in caplog.records if "PERMISSION_DENIED" in r.getMessage()]
-    # 17 refusal lines due (budget, 5 spends, 10 invented, the batch), one minute's 5 for the
+    # 18 refusal lines due (budget, 5 spends, 11 invented, the batch), one minute's 5 for the
     # principal (F11); the metrics count every refusal (the batch's 2 items as SelectBatch.item)
     assert len(denied) == 5
-    assert _denied_calls() - denied_before == 1 + 5 + 10 + 2
+    assert _denied_calls() - denied_before == 1 + 5 + 11 + 2
     for r in denied:  # the principal is logged, never the request (user ids asked for, scores)
         text = r.getMessage()
         assert r.levelno == logging.WARNING and "token@5 (user:alice)" in text
