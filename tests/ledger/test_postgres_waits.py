@@ -43,13 +43,23 @@ def test_every_pooled_connection_sets_the_three_timeouts(pg_cluster, tmp_path: P
         led.close()
 
 
-def test_a_locked_row_stalls_only_its_user_and_times_out_with_nothing_spent(pg_cluster, tmp_path: Path) -> None:
+# Another session's hold on alice's row: a psql FOR UPDATE, or a replica frozen after its UPDATE.
+HOLDS = {
+    "for-update": "SELECT * FROM recsvc_budgets WHERE user_id = 'alice' FOR UPDATE",
+    "updated": "UPDATE recsvc_budgets SET requests = requests WHERE user_id = 'alice'",
+}
+
+
+@pytest.mark.parametrize("hold", sorted(HOLDS))
+def test_a_locked_row_stalls_only_its_user_and_times_out_with_nothing_spent(
+    pg_cluster, tmp_path: Path, hold: str
+) -> None:
     url = pg_cluster.new_database()
     led = _open(url, tmp_path / "k", Waits(lock_s=60.0))
     try:
         led.charge("alice", "a0", b"d0", 0.25, lambda rem: b"a0")
         led.charge("bob", "b0", b"d0", 0.25, lambda rem: b"b0")
-        other = _holding(url, "SELECT * FROM recsvc_budgets WHERE user_id = 'alice' FOR UPDATE")
+        other = _holding(url, HOLDS[hold])
         watcher = psycopg.connect(url, autocommit=True)
         outcome: list[object] = []
         alice = threading.Thread(
@@ -70,7 +80,7 @@ def test_a_locked_row_stalls_only_its_user_and_times_out_with_nothing_spent(pg_c
         led.close()
 
     short = _open(url, tmp_path / "k", Waits(lock_s=0.2))
-    other = _holding(url, "SELECT * FROM recsvc_budgets WHERE user_id = 'alice' FOR UPDATE")
+    other = _holding(url, HOLDS[hold])
     try:
         with pytest.raises(LedgerUnavailable, match=r"lock_timeout \(at most 0.2 s\).*retry with the same request_id"):
             short.charge("alice", "a2", b"d2", 0.25, lambda rem: b"a2")
