@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from recsvc.ledger import BudgetExceeded
-from recsvc.ledger.postgres import store as ledger_pg
+from recsvc.ledger.postgres import statements as ledger_pg
 from recsvc.ledger.testing import Stores
 from recsvc.ledger.testing.postgres import (
     answer,
