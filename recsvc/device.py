@@ -99,15 +99,14 @@ class Device:
         cache, lock = self._rows
         hit = cache.get(key)
         if hit is not None:
-            return hit
+            return hit.copy()  # a copy: the caller may write to it (and numba compiles for writable arrays)
         index = self.model.index
         rows = np.array(sorted({index[i] for i in key if i in index}), dtype=np.int64)
-        rows.flags.writeable = False
         with lock:
             cache[key] = rows
             if len(cache) > _ROWS_KEPT:
                 cache.pop(next(iter(cache)))
-        return rows
+        return rows.copy()
 
     @cached_property
     def _rows(self) -> tuple[dict[tuple[str, ...], Ints], threading.Lock]:

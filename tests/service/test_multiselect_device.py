@@ -106,6 +106,10 @@ def capture() -> Iterator[Capture]:
 def test_the_device_embeds_the_distinct_known_history_items_and_clips_them(device) -> None:
     rows = device.rows(HISTORY)
     assert rows.tolist() == [3, 17, 29]
+    rows[0] = 99  # the device keeps its last histories' rows: a caller's write changes none of them
+    assert device.rows(HISTORY).tolist() == [3, 17, 29] and device.rows(HISTORY[:1]).tolist() == [3]
+    for i in range(12):  # more histories than it keeps: each still gets its own rows
+        assert device.rows([f"it{i}", "it39", "ghost"]).tolist() == sorted({i, 39})
     raw = device.factors[[3, 17, 29]].sum(axis=0) / np.sqrt(3)
     assert np.abs(raw).sum() > RADIUS  # the clip is exercised
     np.testing.assert_allclose(device.embedding(HISTORY), raw * RADIUS / np.abs(raw).sum(), rtol=1e-15)
