@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from recsvc.mechanisms.clm_draw import draw_slate, strictly_decreasing
 from recsvc.mechanisms.exact import _gauss_legendre_01
+from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_argmax
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 
 LOSS_WEIGHT = ParamSpec(
@@ -168,6 +169,8 @@ def clm_top_k(
     noise over the subsets, on utilities −(ε/2)·loss whose loss moves by at most 1
     (McKenna & Sheldon 2020, Theorem 1, with sensitivity 1 and scale 2/ε).
     """
+    if k == 1:
+        return clm_sample(q, d, epsilon, p, rng, 1)
     xs, order = _ranks(q)
     return draw_slate(q, d, xs, order, k, epsilon, float(p["loss_weight"]), rng)
 
@@ -175,16 +178,14 @@ def clm_top_k(
 def clm_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.int64]:
-    """One item (k = 1), ``size`` times: :func:`clm_top_k`'s draw (the same stream).
+    """One item (k = 1), ``size`` times: clm at k = 1 is report noisy max at γε (its loss is
+    const − γ·x_a), so it is sampled by ``rnm``'s exact race at γε (no float δ at any ε;
+    fl(γε) ≤ ε, so the draw is ε-DP). The same stream as :func:`clm_top_k` at k = 1.
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax (see :func:`clm_top_k`).
     """
-    xs, order = _ranks(q)
-    gamma = float(p["loss_weight"])
-    out = np.empty(size, np.int64)
-    for i in range(size):
-        out[i] = draw_slate(q, d, xs, order, 1, epsilon, gamma, rng)[0]
-    return out
+    gap = GapUtilities(q, float(p["loss_weight"]) * epsilon, float(d.max()))
+    return race_argmax(gap, EXPONENTIAL, rng, size).astype(np.int64)
 
 
 def class_log_probabilities(

@@ -20,6 +20,7 @@ from recsvc.mechanisms.exact import (
     exponential_noisy_max_log_probabilities,
     laplace_noisy_max_log_probabilities,
 )
+from recsvc.mechanisms.exact_noise import LAPLACE
 from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_argmax
 from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
@@ -83,10 +84,11 @@ def rnm_laplace_sample(
 
     Privacy: ε-DP (pure) for arbitrary (not necessarily monotone) changes |q_a − q'_a| ≤ Δ_a ≤ Δmax
     (Dwork & Roth 2014, §3.3: Laplace(Δ/ε) suffices for monotone scores, 2Δ/ε in general).
+
+    Sampled exactly: the race of (q_a − q*)·ε/(2Δmax) + L_a for real Laplace L_a
+    (:mod:`recsvc.mechanisms.exact_race` with :data:`recsvc.mechanisms.exact_noise.LAPLACE`).
     """
-    z = rng.laplace(0.0, 1.0, (size, q.shape[0]))
-    z += _rnm_u(q, d, epsilon)
-    return _argmax_rows(z)
+    return race_argmax(GapUtilities(q, epsilon, float(d.max())), LAPLACE, rng, size)
 
 
 def rnm_laplace_log_probabilities(

@@ -3,17 +3,17 @@
 Each base draw picks a candidate a uniformly (with replacement, independent of the data) and
 releases q_a + Laplace(cΔ_a/ε) with FRESH noise on every draw: an (ε/c)-DP release that uses the
 candidate's own sensitivity. The number of draws K is random and the best recorded noisy
-value wins. Scores are ALREADY CLIPPED by the caller; inputs are validated.
-Ties between recorded noisy values have probability ~0; the earliest draw wins.
+value wins. Scores are ALREADY CLIPPED by the caller; inputs are validated. Every part is
+sampled exactly from its real-number law (:mod:`recsvc.mechanisms.exact_stopping`); ties between
+records have probability 0.
 """
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import numpy.typing as npt
 
+from recsvc.mechanisms.exact_stopping import best_record, geometric_counts, logarithmic_counts
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 
 # Random stopping makes about 1/γ draws per selection (each an array entry, all inside the
@@ -29,25 +29,6 @@ GAMMA = ParamSpec(
 )
 
 
-def _best_of_draws(
-    q: np.ndarray, d: np.ndarray, noise_factor: float, counts: np.ndarray, rng: np.random.Generator
-) -> npt.NDArray[np.int64]:
-    """For each trial t, draw counts[t] (candidate, noisy score) pairs and return the best candidate."""
-    n = q.shape[0]
-    total = int(counts.sum())
-    a = rng.integers(0, n, total)
-    v = rng.laplace(0.0, 1.0, total)
-    v *= noise_factor * d[a]
-    v += q[a]
-    if counts.shape[0] == 1:
-        return cast("npt.NDArray[np.int64]", a[v.argmax()][None])  # numpy types a scalar index as Any
-    starts = np.zeros(counts.shape[0], dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    seg_max = np.maximum.reduceat(v, starts)
-    hits = np.flatnonzero(v == np.repeat(seg_max, counts))
-    return a[hits[np.searchsorted(hits, starts)]]  # first (earliest) maximiser of each trial
-
-
 def rs_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.int64]:
@@ -57,8 +38,8 @@ def rs_sample(
     each draw is (ε/3)-DP and geometric random stopping with best-of output is 3·(ε/3)-DP
     (Liu & Talwar 2019, Thm 3.4; paper §IV-B). Expected draws per call: 1/γ.
     """
-    counts = rng.geometric(p["gamma"], size)
-    return _best_of_draws(q, d, 3.0 / epsilon, counts, rng)
+    counts = geometric_counts(p["gamma"], size, rng)
+    return best_record(q, d, 3, epsilon, counts, rng)
 
 
 def rs_improved_sample(
@@ -70,5 +51,5 @@ def rs_improved_sample(
     each draw is (ε/2)-DP and the truncated-negative-binomial (η = 0: logarithmic) repetition is
     (2 + η)·(ε/2)-DP (Papernot & Steinke 2022, Thm 2; paper Appendix C).
     """
-    counts = rng.logseries(1.0 - p["gamma"], size)
-    return _best_of_draws(q, d, 2.0 / epsilon, counts, rng)
+    counts = logarithmic_counts(p["gamma"], size, rng)
+    return best_record(q, d, 2, epsilon, counts, rng)

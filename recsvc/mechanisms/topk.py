@@ -1,11 +1,12 @@
 """One-shot top-k with noise on the items: ``oneshot`` (exponential noise) and ``gumbel``.
 
-Each draws ONE noise value per candidate and returns the k largest noisy scores, in decreasing
-order: one pass, O(n) draws and O(n + k log k) work, however large k is. Their scales are
-chosen for the whole slate (k items at ε), so a k-item slate is charged ε once
-(docs/concepts/privacy-proofs.md#oneshot, #gumbel):
+Each is defined by ONE noise value per candidate and the k largest noisy scores, in decreasing
+order. Their scales are chosen for the whole slate (k items at ε), so a k-item slate is charged
+ε once (docs/concepts/privacy-proofs.md#oneshot, #gumbel). Both are sampled exactly from that
+real-number law:
 
-* ``oneshot``: Z_a ~ Exponential(mean 2kΔmax/ε). At k = 1 this is ``rnm`` exactly.
+* ``oneshot``: Z_a ~ Exponential(mean 2kΔmax/ε). At k = 1 this is ``rnm`` exactly. Sampled by
+  the exact race of :mod:`recsvc.mechanisms.exact_race` (one pass, O(n) draws).
 * ``gumbel``: Z_a ~ Gumbel(scale 2kΔmax/ε). Its ordered top k is distributed as k successive
   exponential-mechanism draws at ε/k, all with the full set's Δmax (Plackett–Luce); at k = 1
   it is ``em`` exactly. It is sampled that way, exactly (:mod:`recsvc.mechanisms.exact_peel`).
@@ -26,7 +27,9 @@ import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms.exact_peel import em_exact_peel, step_epsilon
+from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_top_k
 from recsvc.mechanisms.exact_sampling import em_exact_sample
+from recsvc.mechanisms.noisy_max import rnm_sample
 from recsvc.mechanisms.params import ParamValues
 
 Slate = tuple[int, ...]
@@ -37,37 +40,18 @@ def _units(q: np.ndarray, d: np.ndarray, epsilon: float, k: int) -> npt.NDArray[
     return cast("npt.NDArray[np.float64]", (q - q.max()) * (epsilon / (2.0 * k * d.max())))  # numpy: Any
 
 
-def top_k_order(z: np.ndarray, k: int) -> npt.NDArray[np.int64]:
-    """The indices of the k largest values of z, largest first (the lower index first on a tie)."""
-    n = z.shape[0]
-    if k == 1:
-        return np.array([int(z.argmax())], dtype=np.int64)
-    if k < n:
-        # Move the k largest to the front (stable on the negated values: lower index first).
-        idx = np.argpartition(-z, k - 1)[:k]
-        idx.sort()
-    else:
-        idx = np.arange(n)
-    return idx[np.argsort(-z[idx], kind="stable")].astype(np.int64)
-
-
-def _rows_argmax(z: np.ndarray) -> npt.NDArray[np.intp]:
-    return cast("npt.NDArray[np.intp]", z.argmax(axis=1))  # numpy types argmax along an axis as Any
-
-
 # --- oneshot ---------------------------------------------------------------------------------------
 
 
 def oneshot_sample(
     q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
 ) -> npt.NDArray[np.intp]:
-    """One item: argmax(q + Z), Z_a ~ Exponential(mean 2Δmax/ε) (``rnm``; the slate with k = 1).
+    """One item: argmax(q + Z), Z_a ~ Exponential(mean 2Δmax/ε): ``rnm``, and sampled by it
+    (exactly; the slate with k = 1).
 
     Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax; see :func:`oneshot_top_k`.
     """
-    z = rng.standard_exponential((size, q.shape[0]))
-    z += _units(q, d, epsilon, 1)
-    return _rows_argmax(z)
+    return rnm_sample(q, d, epsilon, p, rng, size)
 
 
 def oneshot_top_k(
@@ -80,11 +64,14 @@ def oneshot_top_k(
     on q' the chosen items keep their order and each stays above every other item (which rose by
     at most Δmax), the map is a translation, and the density falls by at most e^{−2kΔmax/scale}
     = e^{−ε}. This is the bound of OpenDP's make_noisy_top_k (k · range distance / scale).
+
+    Sampled exactly: the top k of the real (q_a − q*)·ε/(2kΔmax) + E_a, E_a = −ln U_a for real
+    uniforms U_a (:func:`recsvc.mechanisms.exact_race.race_top_k`), at every ε.
     """
-    n: int = q.shape[0]
-    z = rng.standard_exponential((n,))  # the same stream as oneshot_sample at k = 1
-    z += _units(q, d, epsilon, k)
-    return top_k_order(z, k)
+    if k == 1:  # the same stream as oneshot_sample
+        return rnm_sample(q, d, epsilon, p, rng, 1).astype(np.int64)
+    utilities = GapUtilities(q, epsilon, float(d.max()), 2 * k)  # (q − q*)/(2kΔmax/ε)
+    return race_top_k(utilities, EXPONENTIAL, rng, k, ordered=True).astype(np.int64)
 
 
 def oneshot_slate_log_probabilities(

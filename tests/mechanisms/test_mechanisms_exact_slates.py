@@ -12,9 +12,20 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from recsvc.mechanisms import log_probabilities, select_slate, slate_log_probabilities, slate_probabilities
+from recsvc.mechanisms import (
+    MECHANISMS,
+    charged_epsilon,
+    log_probabilities,
+    select_slate,
+    slate_log_probabilities,
+    slate_probabilities,
+)
+from recsvc.mechanisms.exact_noise import LAPLACE
 from recsvc.mechanisms.exact_peel import em_exact_peel, step_epsilon
+from recsvc.mechanisms.exact_stopping import best_record, geometric_counts, logarithmic_counts
+from recsvc.mechanisms.noisy_max import rnm_laplace_sample
 from recsvc.mechanisms.testing import Words
+from recsvc.mechanisms.topk import gumbel_top_k, oneshot_top_k
 
 
 def _set_probabilities(law: dict[tuple[int, ...], float]) -> dict[frozenset[int], float]:
@@ -49,9 +60,9 @@ def test_clm_at_the_top_of_the_float_range_samples_its_finite_law() -> None:
     p23 = law[frozenset({2, 3})]
     assert 0.40 < p23 < 0.44  # 0.4206...; the division overflowed and always gave {2, 3}
     rng = np.random.default_rng(5)
-    hits = sum(set(select_slate("clm", q, [1e-6] * 4, 2e-294, 2, rng).tolist()) == {2, 3} for _ in range(2000))
-    se = math.sqrt(p23 * (1 - p23) / 2000)
-    assert abs(hits / 2000 - p23) < 5 * se
+    hits = sum(set(select_slate("clm", q, [1e-6] * 4, 2e-294, 2, rng).tolist()) == {2, 3} for _ in range(400))
+    se = math.sqrt(p23 * (1 - p23) / 400)
+    assert abs(hits / 400 - p23) < 5 * se
 
 
 def test_the_oneshot_slate_law_at_large_epsilon_warns_of_nothing() -> None:
@@ -99,7 +110,7 @@ def _words_on_boundaries(q: np.ndarray, dmax: float, eps: float, k: int, rng: np
         marks = [m for m in marks if 0 < m < WORD - 1]
         w = int(marks[int(rng.integers(len(marks)))]) if marks else int(rng.integers(0, WORD, dtype=np.uint64))
         words.append(w)
-        u = Decimal(w) / WORD
+        u = CTX.divide(w, WORD)
         left.pop(next(j for j, b in enumerate(bounds) if u < b))
     return words
 
@@ -113,8 +124,8 @@ def test_gumbel_decides_every_word_as_the_exact_plackett_luce_law(eps: float) ->
     for _ in range(4):
         words = _words_on_boundaries(q, dmax, eps_step, k, rng)
         for tail, us in (
-            (0, [Decimal(w) / WORD for w in words]),
-            (WORD - 1, [(Decimal(w) + 1) / WORD - Decimal(2) ** -4000 for w in words]),
+            (0, [CTX.divide(w, WORD) for w in words]),
+            (WORD - 1, [CTX.subtract(CTX.divide(w + 1, WORD), Decimal(2) ** -4000) for w in words]),
         ):
             got = em_exact_peel(q, d, eps, k, Words(words, then=tail))  # type: ignore[arg-type]  # a stand-in
             assert got.tolist() == _reference_slate(q, dmax, eps_step, us), (eps, words, tail)
@@ -128,7 +139,7 @@ def test_gumbel_decides_far_words_on_the_float_path_alone() -> None:
     for _ in range(20):
         words = [int(w) for w in rng.integers(0, WORD, size=k, dtype=np.uint64)]
         got = em_exact_peel(q, d, eps, k, Words(words))  # type: ignore[arg-type]  # a stand-in generator
-        assert got.tolist() == _reference_slate(q, float(d.max()), eps_step, [Decimal(w) / WORD for w in words])
+        assert got.tolist() == _reference_slate(q, float(d.max()), eps_step, [CTX.divide(w, WORD) for w in words])
 
 
 def test_the_word_audit_catches_peeling_with_the_remaining_items_delta_max() -> None:
@@ -136,7 +147,7 @@ def test_the_word_audit_catches_peeling_with_the_remaining_items_delta_max() -> 
     by the words: once the item with the largest Δ is out, its steps are sharper."""
     q, d, eps, k = np.array([10.0, 0.0, 0.5, 0.3]), np.array([1.0, 0.01, 0.01, 0.01]), 6.0, 2
     eps_step = step_epsilon(eps, k)
-    us = [Decimal(0), Decimal(1) / 10]
+    us = [Decimal(0), Decimal("0.1")]
     words = [int(u * WORD) for u in us]
     right = _reference_slate(q, 1.0, eps_step, us)
     wrong = [0] + [j + 1 for j in _reference_slate(q[1:], 0.01, eps_step, us[1:])]
@@ -148,3 +159,207 @@ def test_step_epsilon_never_spends_more_than_epsilon() -> None:
     for eps, k in ((1.0, 3), (0.1, 7), (30.0, 11), (5e-324 * 9, 3), (1.7e308, 10)):
         step = step_epsilon(eps, k)
         assert Fraction(step) * k <= Fraction(eps) < Fraction(float(np.nextafter(step, math.inf))) * k
+
+
+# --- Laplace races: rnm_laplace, and the records of rs / rs_improved -------------------------------
+
+CELL = Decimal(2.0**-53)  # exact (a float); Decimal(2) ** -53 would round to 28 digits
+
+
+ROWS = decimal.Context(prec=50, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)  # enough to order 500 values
+
+
+def _laplace_quantile(u: Decimal, ctx: decimal.Context = CTX) -> Decimal:
+    if u <= Decimal("0.5"):
+        return ctx.ln(ctx.multiply(2, u))
+    return ctx.minus(ctx.ln(ctx.multiply(2, ctx.subtract(1, u))))
+
+
+def _uniform(first: int, tail: int) -> Decimal:
+    """U from its first word's top 53 bits, then ``tail`` forever (the race's refinement words)."""
+    return CTX.add(CTX.multiply(first >> 11, CELL), CTX.multiply(CELL, CTX.divide(tail, WORD - 1)))
+
+
+@pytest.mark.parametrize(
+    "x", [2.0**-53, 3 * 2.0**-53, 1e-9, 0.25, 0.5 - 2.0**-53, 0.5, 0.5 + 2.0**-53, 0.75, 1 - 2 * 2.0**-53]
+)
+def test_laplace_cell_bounds_enclose_the_real_quantile(x: float) -> None:
+    lo, hi = Decimal(x), CTX.add(Decimal(x), CELL)
+    f_lo, f_hi = _laplace_quantile(lo), _laplace_quantile(hi)
+    assert abs(Decimal(LAPLACE.sup_at(x)) - f_hi) <= Decimal(LAPLACE.error)
+    assert Decimal(float(LAPLACE.sup(np.array([x]))[0])) == Decimal(LAPLACE.sup_at(x))
+    assert abs(Decimal(LAPLACE.inf_at(x)) - f_lo) <= Decimal(LAPLACE.error)
+    for prec in (30, 60):
+        bottom, top = LAPLACE.enclose(lo, hi, prec)
+        assert bottom <= f_lo and f_hi <= top and (top - bottom) - (f_hi - f_lo) < Decimal(10) ** (5 - prec)
+
+
+def test_laplace_cells_at_the_ends_are_unbounded() -> None:
+    assert LAPLACE.inf_at(0.0) == -math.inf and LAPLACE.sup_at(1 - 2.0**-53) == math.inf
+    assert LAPLACE.enclose(Decimal(0), CELL, 40)[0] == Decimal("-Infinity")
+    assert LAPLACE.enclose(CTX.subtract(1, CELL), Decimal(1), 40)[1] == Decimal("Infinity")
+
+
+def _real_argmax(a: list[Decimal], row: list[int], tail: int) -> int:
+    """argmax_i a_i + F⁻¹(U_i) on the reals: in decimal for the values within 1e-6 of the float
+    leader (and for every U whose first 53 bits are all 0 or all 1, beyond float's reach)."""
+    bits = np.array(row, dtype=np.uint64) >> np.uint64(11)
+    u = (bits.astype(np.float64) + 0.5) * 2.0**-53
+    with np.errstate(divide="ignore"):  # the top cell's midpoint rounds to 1: an extreme, redone below
+        approx = np.array([float(x) for x in a]) + np.where(u <= 0.5, np.log(2 * u), -np.log(2 * (1 - u)))
+    extreme = np.flatnonzero((bits == 0) | (bits == 2**53 - 1))
+    for i in extreme:
+        approx[i] = float(ROWS.add(a[i], _laplace_quantile(_uniform(row[i], tail), ROWS)))
+    near = np.flatnonzero(approx >= approx.max() - 1e-6)
+    v = {int(i): ROWS.add(a[i], _laplace_quantile(_uniform(row[i], tail), ROWS)) for i in near}
+    return max(v, key=v.__getitem__)
+
+
+def _laplace_rows(rng: np.random.Generator, n: int, far: np.ndarray) -> list[int]:
+    """Random first words, but the ``far`` candidates' top 53 bits all ones: with the refinement
+    word 2⁶⁴ − 2 their U is 1 − 2⁻¹¹⁷·…, Laplace noise ≈ 80, which float noise never reaches."""
+    row = rng.integers(2**11, WORD - 2**11, n, dtype=np.uint64).tolist()
+    for j in far:
+        row[int(j)] = WORD - 1
+    return row
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1.0, 37.5, 1e300])
+def test_rnm_laplace_decides_every_row_as_the_reals_do_at_n_500(eps: float) -> None:
+    rng = np.random.default_rng(11)
+    d = 10.0 ** rng.uniform(-6, 0, 500)
+    q = rng.random(500) * (140.0 * float(d.max()) / eps)  # gaps over [−70, 0] noise scales
+    tail = WORD - 2
+    wins = 0
+    for q_in in (q, q + np.where(rng.random(500) < 0.5, 1.0, -1.0) * d):
+        top = Decimal(float(q_in.max()))
+        scale = CTX.divide(Decimal(eps), CTX.multiply(2, Decimal(float(d.max()))))
+        a = [CTX.multiply(CTX.subtract(Decimal(float(v)), top), scale) for v in q_in]
+        far = np.argsort(np.abs(np.array([float(x) for x in a]) + 60.0))[:1]
+        for far_row in (True, False):
+            row = _laplace_rows(rng, 500, far if far_row else np.empty(0, np.intp))
+            got = int(rnm_laplace_sample(q_in, d, eps, {}, Words(row, then=tail), 1)[0])  # type: ignore[arg-type]  # a stand-in
+            assert got == _real_argmax(a, row, tail)
+            wins += int(far_row and got in far)
+    assert wins == 2  # the far candidate won where float noise could not have made it
+
+
+def test_a_float_laplace_sampler_fails_the_row_audit() -> None:
+    """The float sampler's noise is bounded (|L| ≤ 36.7): the far candidate never wins."""
+    q, d, eps, tail = np.array([0.0, 60.0]), np.ones(2), 2.0, WORD - 2
+    row = [WORD - 1, 2**63]  # candidate 0: U ≈ 1 − 2⁻¹¹⁷ (L ≈ 80); candidate 1: U ≈ ½ (L ≈ 0)
+    assert int(rnm_laplace_sample(q, d, eps, {}, Words(row, then=tail), 1)[0]) == 0  # type: ignore[arg-type]
+    x = (np.array(row, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+    float_noise = -np.log(2.0 * np.maximum(1.0 - x, 2.0**-53))
+    assert int(np.argmax((q - q.max()) * (eps / 2.0) + float_noise)) == 1
+
+
+# --- random stopping: K and the best record, exactly --------------------------------------------
+
+GAMMA = 2.0**-20 + 2.0**-70  # γ·2⁶⁴ = 2⁴⁴ + 1/64: a word equal to ⌊γ·2⁶⁴⌋ needs more bits
+
+
+def test_the_geometric_count_is_the_first_word_below_gamma() -> None:
+    g = 2**44
+    assert int(geometric_counts(GAMMA, 1, Words([g + 1] * 10 + [g - 1], then=g + 1))[0]) == 11  # type: ignore[arg-type]
+    # successive successes of one sequence of trials: the gaps between them
+    got = geometric_counts(GAMMA, 3, Words([g + 1, g - 1, g - 1, g + 1, g + 1, g - 1], then=g + 1))  # type: ignore[arg-type]
+    assert got.tolist() == [2, 1, 3]
+    # a word equal to ⌊γ·2⁶⁴⌋: the next word decides U < γ exactly, below 2⁵⁸ (U's fraction past
+    # G under 1/64) or not; ``then`` is both the block's filler (no success) and that next word
+    words = [g + 1] * 3 + [g] + [g + 1] * 7 + [g - 1]
+    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58 - 1))[0]) == 4  # type: ignore[arg-type]
+    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58))[0]) == 12  # type: ignore[arg-type]
+
+
+def _log_cumulative(gamma: float, k_max: int) -> list[Decimal]:
+    """S_k / L for k = 1 … k_max: P(K ≤ k) of Logarithmic(1 − γ), to 120 digits."""
+    p, total, power, out = CTX.subtract(1, Decimal(gamma)), Decimal(0), Decimal(1), []
+    log_l = CTX.minus(CTX.ln(Decimal(gamma)))
+    for k in range(1, k_max + 1):
+        power = CTX.multiply(power, p)
+        total = CTX.add(total, CTX.divide(power, k))
+        out.append(CTX.divide(total, log_l))
+    return out
+
+
+@pytest.mark.parametrize("gamma", [0.05, 0.008, 0.9])
+def test_the_logarithmic_count_decides_every_word_as_its_exact_cdf(gamma: float) -> None:
+    cdf = _log_cumulative(gamma, 40)
+    for k, c in enumerate(cdf[:12], start=1):
+        mark = int(CTX.multiply(c, WORD))  # U's 64-bit prefix holds the boundary P(K ≤ k)
+        for tail, u in (
+            (0, CTX.divide(mark, WORD)),
+            (WORD - 1, CTX.subtract(CTX.divide(mark + 1, WORD), Decimal(2) ** -4000)),
+        ):
+            want = next(j for j, b in enumerate(cdf, start=1) if u < b)
+            assert int(logarithmic_counts(gamma, 1, Words([mark], then=tail))[0]) == want, (k, tail)  # type: ignore[arg-type]
+        for far in (mark - 2**30, mark + 2**30):  # decided by the float table alone
+            if 0 <= far < WORD:
+                want = next(j for j, b in enumerate(cdf, start=1) if CTX.divide(far, WORD) < b)
+                assert int(logarithmic_counts(gamma, 1, Words([far]))[0]) == want  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("c", "eps"), [(3, 1e-3), (3, 1.0), (2, 30.0), (2, 1e6)])
+def test_the_best_record_is_the_real_argmax_of_the_laplace_records(c: int, eps: float) -> None:
+    rng = np.random.default_rng(8)
+    n, count, seed = 40, 25, 4
+    d = 10.0 ** rng.uniform(-6, 0, n)
+    q = rng.random(n) * (60.0 * c * float(d.max()) / eps)
+    a = np.random.default_rng(seed).integers(0, n, count, dtype=np.int64)  # what Words(seed) hands out
+    b = np.minimum(np.nextafter(d[a] / d.max(), np.inf), 1.0)
+    top = Decimal(float(q[a].max()))
+    unit = CTX.divide(Decimal(eps), CTX.multiply(c, Decimal(float(d.max()))))
+    base = [CTX.multiply(CTX.subtract(Decimal(float(q[i])), top), unit) for i in a]
+    assert all(Decimal(float(bj)) >= Decimal(float(d[i])) / Decimal(float(d.max())) for bj, i in zip(b, a, strict=True))
+    tail = WORD - 2
+    for _ in range(3):
+        row = rng.integers(2**11, WORD - 2**11, count, dtype=np.uint64).tolist()
+        row[int(np.argmin(q[a]))] = WORD - 1  # the worst record's noise ≈ 80 scales of its Δ
+        got = best_record(q, d, c, eps, np.array([count]), Words(row, seed=seed, then=tail))  # type: ignore[arg-type]
+        v = [
+            ROWS.add(bs, ROWS.multiply(Decimal(float(bj)), _laplace_quantile(_uniform(w, tail), ROWS)))
+            for bs, bj, w in zip(base, b, row, strict=True)
+        ]
+        assert int(got[0]) == int(a[max(range(count), key=v.__getitem__)])
+
+
+# --- the charge is the map, and the map is tight where the proof is ---------------------------------
+
+
+@pytest.mark.parametrize("eps", [1e-3, 0.5, 2.0, 30.0])
+def test_the_oneshot_charge_bounds_the_slate_loss_and_is_reached(eps: float) -> None:
+    """The 3-slate's charge (what the service charges: charged_epsilon, one pass at ε) against
+    the exact slate law's worst log-ratio on the pair where three items rise by Δ and three fall:
+    the randomness-alignment proof is tight there, so the worst loss equals the charge."""
+    charge = charged_epsilon("oneshot", eps, 3)
+    assert charge == eps
+    for q in (np.zeros(6), np.array([0.0, 0.0, 0.0, -40.0, -40.0, -40.0])):
+        q2 = q + np.array([1.0, 1.0, 1.0, -1.0, -1.0, -1.0])
+        a = slate_log_probabilities("oneshot", q, [1.0] * 6, eps, 3)
+        b = slate_log_probabilities("oneshot", q2, [1.0] * 6, eps, 3)
+        worst = max(abs(a[s] - b[s]) for s in a if math.isfinite(a[s]))
+        assert charge * (1 - 1e-9) <= worst <= charge * (1 + 1e-9)
+
+
+_SAMPLERS = {
+    "oneshot": lambda q, d, g: oneshot_top_k(q, d, 2.0, {}, g, 3),
+    "gumbel": lambda q, d, g: gumbel_top_k(q, d, 2.0, {}, g, 3),
+    "rnm_laplace": lambda q, d, g: MECHANISMS["rnm_laplace"].sample(q, d, 2.0, {}, g, 1),
+    "rs": lambda q, d, g: MECHANISMS["rs"].sample(q, d, 2.0, {"gamma": 0.2}, g, 1),
+    "rs_improved": lambda q, d, g: MECHANISMS["rs_improved"].sample(q, d, 2.0, {"gamma": 0.2}, g, 1),
+    "clm": lambda q, d, g: MECHANISMS["clm"].sample(q, d, 2.0, {"loss_weight": 0.5}, g, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SAMPLERS))
+def test_the_same_words_give_the_same_output_for_q_and_q_plus_c(name: str) -> None:
+    """Translation: q on a dyadic grid and c = 2⁴⁰ keep every float exact, so the real inputs
+    differ by c only, and every law here is invariant under it: the same words, the same outputs."""
+    rng = np.random.default_rng(5)
+    q = np.round(rng.random(30) * 64) / 64
+    d = np.full(30, 0.25)
+    for _ in range(10):
+        row = rng.integers(0, WORD, 600, dtype=np.uint64).tolist()
+        picks = [_SAMPLERS[name](qq, d, Words(list(row), seed=2, then=1)).tolist() for qq in (q, q + 2.0**40)]
+        assert picks[0] == picks[1]
