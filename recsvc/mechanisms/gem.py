@@ -229,7 +229,7 @@ class GemUtilities:
     Bounds. The hull's q̂'_a is one float term (a, a') or the exact 0 (:func:`tangents`), so the
     real q'_a is at most that real term. A float term is within 4.02u·R + 3.02u·|term| of the real
     one, R = max|q|/min Δ + |t| ≥ (|q_a| + |t|Δ_a)/Δ_a (ŝ's two roundings in the numerator, the
-    sum and the division). ``value`` = q̂'·(ε/2)(1 − 6u) and ``err`` = 4.03u·R·ε/2 bound a from
+    sum and the division). ``value`` = q̂'·(ε/2)(1 − 6u) and ``err`` = 4.1u·R·ε/2 (R is itself rounded) bound a from
     above; ``lower`` takes the min of every float term from a (an O(n) pass, for the leaders
     only); ``exact`` computes in decimal the terms the float bounds cannot rule out of the min."""
 
@@ -253,7 +253,7 @@ class GemUtilities:
             qp = tangents(hx, hy, edge, d, self.s)
         self.value: npt.NDArray[np.float64] = qp * (epsilon * 0.5 * (1.0 - 6.0 * _U))
         self.r_bound = float(np.abs(q).max()) / float(d.min()) + abs(t)
-        self.err = 4.03 * _U * self.r_bound * epsilon * 0.5 * (1.0 + 4.0 * _U) + 2.0**-1060
+        self.err = 4.1 * _U * self.r_bound * epsilon * 0.5 * (1.0 + 4.0 * _U) + 2.0**-1060
 
     def _terms(self, i: int) -> npt.NDArray[np.float64]:
         terms: npt.NDArray[np.float64] = (self.s[i] - self.s) / (self.d[i] + self.d)
@@ -261,7 +261,7 @@ class GemUtilities:
 
     def lower(self, i: int) -> float:
         m = min(float(self._terms(i).min()), 0.0)
-        low = m * (1.0 + 3.02 * _U) - 4.02 * _U * self.r_bound
+        low = m * (1.0 + 3.02 * _U) - 4.1 * _U * self.r_bound
         return low * (self.epsilon * 0.5) * (1.0 + 4.0 * _U) - 2.0**-1060
 
     def exact(self, idx: Sequence[int], prec: int) -> list[Enclosure]:
@@ -288,7 +288,7 @@ class GemUtilities:
         """The a' whose float term is within both error bands of the float min: the real min of
         the terms is attained among them (every other term is certainly larger)."""
         terms = self._terms(i)
-        band = 4.02 * _U * self.r_bound
+        band = 4.1 * _U * self.r_bound
         m = min(float(terms.min()), 0.0)
         return np.flatnonzero(terms - 3.03 * _U * np.abs(terms) - band <= m + 3.03 * _U * abs(m) + band)
 
