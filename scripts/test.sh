@@ -18,6 +18,7 @@ wait "$warm"
 
 RECSVC_TEST_RUN=$(.venv/bin/python -c 'import secrets; print(secrets.token_hex(8))')
 export RECSVC_TEST_RUN
+run_start=$(date +%s)
 status=0
 run_all=
 if [ $# -eq 0 ]; then
@@ -28,5 +29,5 @@ fi
 if [ "$status" -eq 0 ] && [ -n "$run_all" ]; then
     bash scripts/other_cpu.sh || status=$?
 fi
-.venv/bin/python scripts/leftovers.py "$RECSVC_TEST_RUN" || { [ "$status" -ne 0 ] || status=1; }
+.venv/bin/python scripts/leftovers.py "$RECSVC_TEST_RUN" --since "$run_start" || { [ "$status" -ne 0 ] || status=1; }
 exit "$status"

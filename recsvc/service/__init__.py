@@ -2,7 +2,8 @@
 
 * :mod:`recsvc.service.config` — ``ServerConfig`` (grouped: listen, admission, auth, ledger, limits,
   selection, drain) and the selection ``Policy``: every default and constraint, once
-* :mod:`recsvc.service.server` — ``start`` (in-process) and ``serve`` (CLI, SIGTERM drain, ``--workers``)
+* :mod:`recsvc.service.server` — ``start`` (in-process) and ``serve_one`` (one server: SIGTERM drain)
+* :mod:`recsvc.service.workers` — ``serve``, the CLI's entry: one server, or ``--workers N`` forked and supervised
 * :mod:`recsvc.service.aioserver` — the ``grpc.aio`` server, its event loop thread and health statuses
 * :mod:`recsvc.service.servicer` — each RPC: authorize → decode → selector → encode
 * :mod:`recsvc.service.interceptors` — the gate (authentication, rate limit, scopes, the bounds on

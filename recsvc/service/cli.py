@@ -279,7 +279,7 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from recsvc.service.server import serve
+    from recsvc.service.workers import serve
 
     return serve(
         ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)})

@@ -19,7 +19,7 @@ from recsvc.ledger.export import export
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.ledger.testing import DAY, Clock
 from recsvc.ledger.window import BudgetWindow
-from recsvc.service import server
+from recsvc.service import workers
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import start, stored_mechanism
@@ -70,8 +70,8 @@ def test_the_flag_is_checked_before_anything_is_created(
     def never(config: object) -> int:
         raise AssertionError("serve started with a bad --budget-window")
 
-    monkeypatch.setattr(server, "_serve_one", never)
-    monkeypatch.setattr(server, "_serve_workers", never)
+    monkeypatch.setattr(workers, "serve_one", never)
+    monkeypatch.setattr(workers, "_serve_workers", never)
     led = tmp_path / "l.db"
     assert recsvc_main(["ledger", "init", "--ledger", str(led), "--budget-window", "12h"]) == 2
     assert "--budget-window '12h' is not a budget window" in capsys.readouterr().err

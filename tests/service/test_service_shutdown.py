@@ -140,14 +140,14 @@ def test_a_disarmed_watchdog_gives_the_wakeup_fd_back() -> None:
 STUCK_SERVER = textwrap.dedent("""
     import logging, sys, threading
     from pathlib import Path
-    from recsvc.service import server, shutdown
+    from recsvc.service import server, shutdown, workers
     from recsvc.service.config import ServerConfig
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     shutdown.DRAIN_MARGIN_S = 0.5
     # The parent's SIGKILL: soon where the workers never end themselves; late enough otherwise that
     # a worker its watchdog ends is never killed first, however busy the host.
-    server.KILL_AFTER_S = 0.5 if sys.argv[4] == "no-watchdog" else 30.0
+    workers.KILL_AFTER_S = 0.5 if sys.argv[4] == "no-watchdog" else 30.0
 
     def stuck_drain(self, grace=None, drain_delay=0.0):
         lock = threading.Lock()
@@ -166,7 +166,7 @@ STUCK_SERVER = textwrap.dedent("""
         server.DrainWatchdog = NoWatchdog
     config = ServerConfig.of(artifacts=Path(sys.argv[1]), ledger=Path(sys.argv[2]), port=int(sys.argv[3]),
                           workers=2, grace=0.2, drain_delay=0.0)
-    sys.exit(server.serve(config))
+    sys.exit(workers.serve(config))
 """)
 
 
