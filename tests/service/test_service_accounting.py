@@ -228,3 +228,24 @@ def test_light_work_is_small_single_stage_and_of_a_fixed_length(
     cand = None if stage is None else CandidateStage(stage[1], 0.5, stage[0])
     p = Prepared("u", "r", b"", mechanism, 1.0, params, scores, sens, (), k, cand)
     assert is_light(p) is light
+
+
+def test_the_work_that_decides_heavy_is_priced_from_public_quantities_only() -> None:
+    """F12: Prepared.work, which sends a call to the heavy queue, is the same for any scores at the
+    same n, k, ε and parameters: whether a call is heavy reveals nothing about a user's data (it
+    depended on gem's hull of the scores before)."""
+    import numpy as np
+
+    from recsvc.mechanisms import MECHANISMS
+    from recsvc.service.requests import Prepared
+
+    rng = np.random.default_rng(0)
+    n, sens = 300, np.full(300, 0.5)
+    inputs = [np.zeros(n), np.linspace(0, 1, n), rng.normal(0, 100, n), np.r_[1e6, np.zeros(n - 1)]]
+    for name, mech in MECHANISMS.items():
+        if not mech.private:
+            continue
+        for k in (1, 5):
+            for eps in (0.01, 4.0, 2000.0):
+                works = {Prepared("u", "r", b"", name, eps, {}, q, sens, (), k).work for q in inputs}
+                assert len(works) == 1, (name, k, eps, works)
