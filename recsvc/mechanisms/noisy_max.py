@@ -4,8 +4,9 @@ All functions take ALREADY CLIPPED scores q (n,) and public sensitivities Δ (n,
 each item's [lo, hi] is the caller's job (it owns the ranges) and is what makes Δ a bound.
 They assume validated input (see ``validation.py``) and return ``size`` i.i.d. draws.
 
-Ties: the noise is continuous, so equal noisy values have probability ~0 (53-bit draws);
-if they occur, the lowest candidate index wins — a fixed rule that does not look at the data.
+Ties: the noise is continuous, so equal noisy values have probability 0; the exact races
+(rnm, pf, rnm_laplace) refine until there is none, and rnmh's float draws let the lowest
+candidate index win one — a fixed rule that does not look at the data.
 """
 
 from __future__ import annotations
@@ -35,13 +36,6 @@ def sample_categorical(log_p: np.ndarray, rng: np.random.Generator, size: int) -
     u = rng.random(size) * cdf[-1]
     # numpy types ufunc calls as Any; searchsorted's intp indices keep their dtype through the minimum.
     return cast("npt.NDArray[np.intp]", np.minimum(np.searchsorted(cdf, u, side="right"), log_p.shape[0] - 1))
-
-
-def exponential_noisy_max(u: np.ndarray, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
-    """argmax(u + E) with E_a i.i.d. standard Exponential; u = (q − max q)/λ is scale-free."""
-    z = rng.standard_exponential((size, u.shape[0]))
-    z += u
-    return _argmax_rows(z)
 
 
 def _argmax_rows(z: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:

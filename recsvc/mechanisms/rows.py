@@ -6,7 +6,7 @@
     [select(name, scores_b, sensitivities_b, epsilons[b], rng) for b in range(B)]
 
 with the same ``rng``: the same indices, and ``rng`` left in the same state. For the
-noise-matrix mechanisms (``rnm_laplace``) each row's per-candidate noise is
+noise-matrix mechanisms (none at present: see :data:`VECTORISED`) each row's per-candidate noise is
 drawn in candidate order, row after row, so ONE call drawing all N = Σ n_b values consumes the
 stream exactly as the B calls do, and one argmax per row replaces B Python-level calls. Other
 mechanisms run row by row through their own sample function (still one validation up front).
@@ -36,9 +36,9 @@ from recsvc.mechanisms.validation import (
 
 # name → (draw N noise values, pick per row): argmax(u + noise) for each of them
 _Noise = Callable[[np.random.Generator, int], np.ndarray]
-VECTORISED: dict[str, tuple[_Noise, str]] = {
-    "rnm_laplace": (lambda rng, n: rng.laplace(0.0, 1.0, n), "max"),  # noisy_max.rnm_laplace_sample
-}
+# Empty: rnm, pf and rnm_laplace sample by the exact race (recsvc.mechanisms.exact_race), whose
+# draws are not a float noise matrix, so their rows run one select each (same law, same stream).
+VECTORISED: dict[str, tuple[_Noise, str]] = {}
 
 
 def check_lengths(lengths: object, total: int) -> np.ndarray:
