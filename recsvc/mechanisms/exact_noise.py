@@ -25,6 +25,17 @@ _CELL = 2.0**-53
 _HALF = Decimal("0.5")
 
 
+def _signed_log(y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """F⁻¹(y) in float64 for y in [0, 1]: ln 2y below ½, −ln 2(1 − y) above (both arguments
+    exact), one ``log`` pass; ln 0 = −inf at y = 0, +inf at y = 1."""
+    low = y <= 0.5
+    arg = np.where(low, 2.0 * y, 2.0 * (1.0 - y))
+    with np.errstate(divide="ignore"):
+        out: npt.NDArray[np.float64] = np.log(arg)
+    np.negative(out, out=out, where=~low)
+    return out
+
+
 def _laplace_quantile(u: Decimal, prec: int, down: bool) -> Decimal:
     """A bound of F⁻¹(u) (a lower one if ``down``) from correctly rounded decimal operations;
     ln's own rounding is left to :func:`widen`."""
@@ -49,18 +60,11 @@ class LaplaceNoise:
     magnitude: float = 37.0
 
     def sup(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-        y = x + _CELL  # exact: x is a multiple of 2⁻⁵³ below 1
-        low = y <= 0.5
-        with np.errstate(divide="ignore"):  # y = 1: sup = inf, left to the slow path
-            out: npt.NDArray[np.float64] = np.where(low, np.log(2.0 * np.minimum(y, 0.5)), -np.log(2.0 * (1.0 - y)))
-        return out
+        return _signed_log(x + _CELL)  # exact: x is a multiple of 2⁻⁵³ below 1
 
     def inf(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """:meth:`inf_at` on an array (x = 0: −inf)."""
-        low = x <= 0.5
-        with np.errstate(divide="ignore"):
-            out: npt.NDArray[np.float64] = np.where(low, np.log(2.0 * np.minimum(x, 0.5)), -np.log(2.0 * (1.0 - x)))
-        return out
+        return _signed_log(x)
 
     def sup_at(self, x: float) -> float:
         y = x + _CELL

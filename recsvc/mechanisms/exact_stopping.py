@@ -184,21 +184,29 @@ def _best_records(
     # â within 4.01u·|â| of the real (q_a − max q)·ε/(cΔmax) (four roundings), plus underflow
     tiny = 2.0**-1000 + ((float(q.max()) - float(q.min())) * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
     base = (q[a] - q.max()) * c_hat
-    hi_n, lo_n, e = LAPLACE.sup(x), LAPLACE.inf(x), LAPLACE.error
+    hi_n, e = LAPLACE.sup(x), LAPLACE.error
     with np.errstate(invalid="ignore"):  # an infinite noise bound stays infinite (no NaN: b > 0)
         value = base + scale * hi_n
         upper = value + scale * e + 8.02 * _U * (np.abs(base) + scale * (np.abs(hi_n) + e)) + tiny
-        lower = base + scale * (lo_n - e) - 8.02 * _U * (np.abs(base) + scale * (np.abs(lo_n) + e)) - tiny
     value[np.isnan(value)] = -np.inf  # −inf + inf: its bounds are NaN too, so its trial stays undecided
-    starts = np.zeros(counts.shape[0], dtype=np.int64)
-    np.cumsum(counts[:-1], out=starts[1:])
-    seg_max = np.maximum.reduceat(value, starts)
-    hits = np.flatnonzero(value == np.repeat(seg_max, counts))
-    lead = hits[np.searchsorted(hits, starts)]  # each trial's first float leader
-    upper[lead] = -np.inf
-    rest = np.maximum.reduceat(upper, starts)  # the best upper bound among the others
-    out = a[lead]
-    for t in np.flatnonzero(~(lower[lead] > rest)):
+    if counts.shape[0] == 1:  # the service's case: one trial, no segments
+        lead = np.array([int(value.argmax())])
+        upper[lead] = -np.inf
+        rest = np.array([upper.max()])
+        starts = np.zeros(1, dtype=np.int64)
+    else:
+        starts = np.zeros(counts.shape[0], dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        seg_max = np.maximum.reduceat(value, starts)
+        hits = np.flatnonzero(value == np.repeat(seg_max, counts))
+        lead = hits[np.searchsorted(hits, starts)]  # each trial's first float leader
+        upper[lead] = -np.inf
+        rest = np.maximum.reduceat(upper, starts)  # the best upper bound among the others
+    b_l, s_l, lo_n = base[lead], scale[lead], LAPLACE.inf(x[lead])
+    with np.errstate(invalid="ignore"):
+        lower = b_l + s_l * (lo_n - e) - 8.02 * _U * (np.abs(b_l) + s_l * (np.abs(lo_n) + e)) - tiny
+    out: npt.NDArray[np.int64] = a[lead]
+    for t in np.flatnonzero(~(lower > rest)):
         seg = slice(int(starts[t]), int(starts[t] + counts[t]))
         gap = GapUtilities(q[a[seg]], epsilon, d_max, c)
         replay = _Replay(rng, x[seg])
