@@ -200,6 +200,11 @@ def _em_one(
     return _em_slow(q, d, epsilon, word, rng)
 
 
+# Twice a float's decimal expansion (at most 767 significant digits) is exact at 800 digits; the
+# default 28-digit context would round it outside the error bound below.
+_EXACT = decimal.Context(prec=800, Emin=decimal.MIN_EMIN, Emax=decimal.MAX_EMAX)
+
+
 def _em_slow(q: np.ndarray, d: np.ndarray, epsilon: float, prefix: int, rng: np.random.Generator) -> int:
     """The output for U starting with the 64-bit ``prefix``, from decimal cumulative weights at a
     precision that grows (with more bits of U) until the prefix's interval fits one output."""
@@ -212,7 +217,7 @@ def _em_slow(q: np.ndarray, d: np.ndarray, epsilon: float, prefix: int, rng: np.
     while True:
         prec = digits + extra
         ctx = decimal_context(prec)
-        scale = ctx.divide(Decimal(epsilon), 2 * Decimal(float(d.max())))
+        scale = ctx.divide(Decimal(epsilon), _EXACT.multiply(2, Decimal(float(d.max()))))
         cum, total = [], Decimal(0)
         for v in qs:
             total = ctx.add(total, ctx.exp(ctx.multiply(ctx.subtract(v, top), scale)))
