@@ -132,7 +132,10 @@ def load_tokens(path: str | os.PathLike[str]) -> list[tuple[str, Principal]]:
             raise ValueError(f"token file {path} line {n}: {len(parts)} words; expected {TOKEN_FORMAT}")
         try:
             scope = Scope.parse(parts[1]) if len(parts) == 2 else Scope(SERVICE)
-        except ValueError:  # the word is never quoted: on a line written scope-first it is the token
+        except ValueError as exc:
+            if parts[1].startswith(f"{USER}:"):  # a user scope the parser refused (not NFC, no id): no token
+                raise ValueError(f"token file {path} line {n}: {exc}") from None
+            # otherwise neither word is quoted: on a line written scope first, the second is the token
             raise ValueError(f"token file {path} line {n}: {_not_a_scope(parts)}; expected {TOKEN_FORMAT}") from None
         if parts[0] in seen:  # which scope would apply? (the token itself is never printed)
             raise ValueError(

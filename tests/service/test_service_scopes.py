@@ -249,7 +249,7 @@ def test_token_and_scope_files_are_parsed_strictly(tmp_path: Path) -> None:
     bad = {
         "s3cret root\n": r"line 1: the second word is not a scope \(neither word is shown: one is a token\); "
         r"expected lines '<token> <scope>' \(scope 'admin', 'service' or 'user:<user_id>'",
-        "s3cret user:\n": r"line 1: the second word is not a scope \(neither",
+        "s3cret user:\n": r"line 1: scope 'user:' is not a scope; expected 'admin', 'service'",  # a scope's own words
         "user:alice s3cret\n": r"line 1: the second word is not a scope but the first is: write the token first; expected",
         "s3cret service\n#\ns3cret admin\n": r"line 3 repeats the token of line 1; expected each token once",
         "s3cret service extra\n": r"line 1: 3 words; expected lines '<token> <scope>'",
