@@ -13,7 +13,8 @@ import psycopg
 import pytest
 
 from recsvc.ledger import BudgetExceeded
-from recsvc.ledger.postgres import statements as ledger_pg
+from recsvc.ledger.postgres import statements as sql_of
+from recsvc.ledger.postgres import store as ledger_pg
 from recsvc.ledger.testing import Stores
 from recsvc.ledger.testing.postgres import (
     answer,
@@ -50,8 +51,8 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
     with psycopg.connect(str(s.target), autocommit=True) as conn:
         conn.execute("ANALYZE")
     statements = {
-        ledger_pg.PRECHECKS: ["text[]", "text[]"],
-        ledger_pg.CHARGE_UNCHANGED: [
+        sql_of.PRECHECKS: ["text[]", "text[]"],
+        sql_of.CHARGE_UNCHANGED: [
             "text[]",
             *["bigint[]"] * 6,
             "timestamptz",
@@ -62,7 +63,7 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
             "bytea[]",
             "text[]",
         ],
-        ledger_pg.WRITE: [
+        sql_of.WRITE: [
             "timestamptz",
             "text[]",
             "text[]",
@@ -99,10 +100,10 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, answer("stored"))
     a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, answer("w"))
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
-        monkeypatch.setattr(
+        monkeypatch.setattr(  # where the store reads it
             ledger_pg,
             "CHARGE_AND_PRECHECK",
-            ledger_pg.CHARGE_AND_PRECHECK.replace(
+            sql_of.CHARGE_AND_PRECHECK.replace(
                 "WITH ",
                 "WITH boom AS (INSERT INTO recsvc_requests SELECT * FROM recsvc_requests WHERE user_id = 'v'), ",
                 1,
