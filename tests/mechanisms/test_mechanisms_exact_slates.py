@@ -152,7 +152,7 @@ def test_the_word_audit_catches_peeling_with_the_remaining_items_delta_max() -> 
     right = _reference_slate(q, 1.0, eps_step, us)
     wrong = [0] + [j + 1 for j in _reference_slate(q[1:], 0.01, eps_step, us[1:])]
     assert right == [0, 1] and wrong == [0, 2]
-    assert em_exact_peel(q, d, eps, k, Words(words, then=0)).tolist() == right  # type: ignore[arg-type]
+    assert em_exact_peel(q, d, eps, k, Words(words, then=0)).tolist() == right  # type: ignore[arg-type]  # Words stands in for the Generator
 
 
 def test_step_epsilon_never_spends_more_than_epsilon() -> None:
@@ -248,7 +248,7 @@ def test_a_float_laplace_sampler_fails_the_row_audit() -> None:
     """The float sampler's noise is bounded (|L| ≤ 36.7): the far candidate never wins."""
     q, d, eps, tail = np.array([0.0, 60.0]), np.ones(2), 2.0, WORD - 2
     row = [WORD - 1, 2**63]  # candidate 0: U ≈ 1 − 2⁻¹¹⁷ (L ≈ 80); candidate 1: U ≈ ½ (L ≈ 0)
-    assert int(rnm_laplace_sample(q, d, eps, {}, Words(row, then=tail), 1)[0]) == 0  # type: ignore[arg-type]
+    assert int(rnm_laplace_sample(q, d, eps, {}, Words(row, then=tail), 1)[0]) == 0  # type: ignore[arg-type]  # Words stands in for the Generator
     x = (np.array(row, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     float_noise = -np.log(2.0 * np.maximum(1.0 - x, 2.0**-53))
     assert int(np.argmax((q - q.max()) * (eps / 2.0) + float_noise)) == 1
@@ -261,15 +261,15 @@ GAMMA = 2.0**-20 + 2.0**-70  # γ·2⁶⁴ = 2⁴⁴ + 1/64: a word equal to ⌊
 
 def test_the_geometric_count_is_the_first_word_below_gamma() -> None:
     g = 2**44
-    assert int(geometric_counts(GAMMA, 1, Words([g + 1] * 10 + [g - 1], then=g + 1))[0]) == 11  # type: ignore[arg-type]
+    assert int(geometric_counts(GAMMA, 1, Words([g + 1] * 10 + [g - 1], then=g + 1))[0]) == 11  # type: ignore[arg-type]  # Words stands in for the Generator
     # successive successes of one sequence of trials: the gaps between them
-    got = geometric_counts(GAMMA, 3, Words([g + 1, g - 1, g - 1, g + 1, g + 1, g - 1], then=g + 1))  # type: ignore[arg-type]
+    got = geometric_counts(GAMMA, 3, Words([g + 1, g - 1, g - 1, g + 1, g + 1, g - 1], then=g + 1))  # type: ignore[arg-type]  # Words stands in for the Generator
     assert got.tolist() == [2, 1, 3]
     # a word equal to ⌊γ·2⁶⁴⌋: the next word decides U < γ exactly, below 2⁵⁸ (U's fraction past
     # G under 1/64) or not; ``then`` is both the block's filler (no success) and that next word
     words = [g + 1] * 3 + [g] + [g + 1] * 7 + [g - 1]
-    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58 - 1))[0]) == 4  # type: ignore[arg-type]
-    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58))[0]) == 12  # type: ignore[arg-type]
+    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58 - 1))[0]) == 4  # type: ignore[arg-type]  # Words stands in for the Generator
+    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58))[0]) == 12  # type: ignore[arg-type]  # Words stands in for the Generator
 
 
 def _log_cumulative(gamma: float, k_max: int) -> list[Decimal]:
@@ -293,11 +293,11 @@ def test_the_logarithmic_count_decides_every_word_as_its_exact_cdf(gamma: float)
             (WORD - 1, CTX.subtract(CTX.divide(mark + 1, WORD), Decimal(2) ** -4000)),
         ):
             want = next(j for j, b in enumerate(cdf, start=1) if u < b)
-            assert int(logarithmic_counts(gamma, 1, Words([mark], then=tail))[0]) == want, (k, tail)  # type: ignore[arg-type]
+            assert int(logarithmic_counts(gamma, 1, Words([mark], then=tail))[0]) == want, (k, tail)  # type: ignore[arg-type]  # Words stands in for the Generator
         for far in (mark - 2**30, mark + 2**30):  # decided by the float table alone
             if 0 <= far < WORD:
                 want = next(j for j, b in enumerate(cdf, start=1) if CTX.divide(far, WORD) < b)
-                assert int(logarithmic_counts(gamma, 1, Words([far]))[0]) == want  # type: ignore[arg-type]
+                assert int(logarithmic_counts(gamma, 1, Words([far]))[0]) == want  # type: ignore[arg-type]  # Words stands in for the Generator
 
 
 @pytest.mark.parametrize(("c", "eps"), [(3, 1e-3), (3, 1.0), (2, 30.0), (2, 1e6)])
@@ -316,7 +316,7 @@ def test_the_best_record_is_the_real_argmax_of_the_laplace_records(c: int, eps: 
     for _ in range(3):
         row = rng.integers(2**11, WORD - 2**11, count, dtype=np.uint64).tolist()
         row[int(np.argmin(q[a]))] = WORD - 1  # the worst record's noise ≈ 80 scales of its Δ
-        got = best_record(q, d, c, eps, np.array([count]), Words(row, seed=seed, then=tail))  # type: ignore[arg-type]
+        got = best_record(q, d, c, eps, np.array([count]), Words(row, seed=seed, then=tail))  # type: ignore[arg-type]  # Words stands in for the Generator
         v = [
             ROWS.add(bs, ROWS.multiply(Decimal(float(bj)), _laplace_quantile(_uniform(w, tail), ROWS)))
             for bs, bj, w in zip(base, b, row, strict=True)
