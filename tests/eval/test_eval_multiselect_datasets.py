@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from eval.multiselect_data import DatasetConfig
-from eval.multiselect_eval import device_choice, measures
+from eval.multiselect_eval import Context, device_choice, measures
 from eval.multiselect_run import SCHEMA, run_datasets
 from recsvc.app.cli import main as recsvc_main
 
@@ -149,25 +149,14 @@ def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
     assert auto.choose(16.0, ITEMS) == ("mgem", {})  # the sign rule: median Spearman 0.17 > 0.1
 
 
-def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(tiny: Path) -> None:
+@pytest.fixture(scope="module")
+def ctx(tiny: Path) -> Context:
+    """What eval-multiselect shares across the tiny artifact's chunks: 3 users, k ∈ {1, 3}, ε = 2."""
     from eval.multiselect_data import DatasetSource
-    from eval.multiselect_eval import (
-        GREEDY,
-        TAG,
-        AutoPolicy,
-        Context,
-        Row,
-        blind_answer,
-        code_answers,
-        evaluate_user,
-        lattice_points,
-        rows,
-    )
-    from eval.pipelines import stream
-    from recsvc.multiselection import Words, respond_lattice
+    from eval.multiselect_eval import AutoPolicy, blind_answer, code_answers, lattice_points
 
     src = DatasetSource(tiny, 3, (1, 3))
-    ctx = Context(
+    return Context(
         (1, 3),
         (2.0,),
         4,
@@ -178,6 +167,14 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
         lattice_points(src),
         code_answers(src, (2.0,), 3),
     )
+
+
+def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(ctx: Context) -> None:
+    from eval.multiselect_eval import GREEDY, TAG, Row, evaluate_user, rows
+    from eval.pipelines import stream
+    from recsvc.multiselection import Words, respond_lattice
+
+    src = ctx.source
     chunk = src.chunk(range(3))
     grid = src.bundle.lattice
     assert np.array_equal(ctx.points, grid.point(src.population.embeddings))
@@ -196,35 +193,12 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)  # the same draws, the same arithmetic
 
 
-def test_the_code_row_is_what_the_service_answers_to_the_code_the_device_sends(tiny: Path) -> None:
-    from eval.multiselect_data import DatasetSource
-    from eval.multiselect_eval import (
-        CODE,
-        TAG,
-        AutoPolicy,
-        Context,
-        Row,
-        blind_answer,
-        code_answers,
-        evaluate_user,
-        lattice_points,
-        rows,
-    )
+def test_the_code_row_is_what_the_service_answers_to_the_code_the_device_sends(ctx: Context) -> None:
+    from eval.multiselect_eval import CODE, TAG, Row, evaluate_user, rows
     from eval.pipelines import stream
     from recsvc.multiselection import Words, code_of, prototype_codes, randomized_response, respond_code
 
-    src = DatasetSource(tiny, 3, (1, 3))
-    ctx = Context(
-        (1, 3),
-        (2.0,),
-        4,
-        0,
-        src,
-        AutoPolicy.of(src),
-        blind_answer(src, 3),
-        lattice_points(src),
-        code_answers(src, (2.0,), 3),
-    )
+    src = ctx.source
     chunk = src.chunk(range(3))
     book, pop = src.bundle.codebook, src.population
     codes = prototype_codes(pop, book)
