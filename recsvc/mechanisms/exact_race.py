@@ -285,24 +285,16 @@ def _argmax_row(
 ) -> int:
     """The argmax for one row of cells x: the float leader if its lower bound clears every other
     candidate's upper bound, else the decimal slow path. The exponential race is one compiled
-    pass (the service's case: few calls per selection)."""
-    e_up = _upper_error(a, noise, 1.0 if scale is None else float(scale.max()))
-    if noise is EXPONENTIAL and scale is None:
-        q, shift, c = (a.q, a.top, a.c) if isinstance(a, GapUtilities) else (a.value, 0.0, 1.0)
-        top, _, second = _exponential_leaders(q, shift, c, x)
-    else:
-        z = noise.sup(x)
-        v = a.value + (z if scale is None else scale * z)
-        top = int(v.argmax())
-        v_top = float(v[top])
-        v[top] = -np.inf
-        second = float(v.max()) if v.shape[0] > 1 else -math.inf
-        v[top] = v_top
-    lead = _lower(a, noise, scale, top, float(x[top]))
+    pass (the service's case: few calls per selection); any other race is :func:`_rows` on one row."""
+    if noise is not EXPONENTIAL or scale is not None:
+        return int(_rows(a, noise, scale, x[None, :], rng)[0])
+    e_up = _upper_error(a, noise, 1.0)
+    q, shift, c = (a.q, a.top, a.c) if isinstance(a, GapUtilities) else (a.value, 0.0, 1.0)
+    top, _, second = _exponential_leaders(q, shift, c, x)
+    lead = _lower(a, noise, None, top, float(x[top]))
     if lead > _upper(second, e_up):
         return int(top)
-    z = noise.sup(x)
-    return _slow_row(a, noise, scale, x, a.value + (z if scale is None else scale * z), lead, e_up, rng, 1, True)[0]
+    return _slow_row(a, noise, None, x, a.value + noise.sup(x), lead, e_up, rng, 1, True)[0]
 
 
 def _exponential_rows(a: Utilities, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
