@@ -73,6 +73,7 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
         requests,
         heavy,
         inline=inline_methods(config),
+        refusals=servicer.refusals,
     )
     server = grpc.aio.server(interceptors=[gate], options=admission.channel_options(config))
     register(servicer, server)

@@ -169,6 +169,7 @@ class Gate(grpc.aio.ServerInterceptor):
         open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES,
         observed_prefix: str = f"/{SERVICE_NAME}/",
         inline: Collection[str] = (),
+        refusals: ThrottledLog | None = None,
     ) -> None:
         self.authenticator = authenticator
         self.limiter = limiter
@@ -179,7 +180,7 @@ class Gate(grpc.aio.ServerInterceptor):
         self._observed = observed_prefix
         self.inline = frozenset(inline)
         self._wrapped = _Wrapped()
-        self._refusals = ThrottledLog()  # per principal, so a refused loop cannot flood the log
+        self._refusals = ThrottledLog() if refusals is None else refusals  # the servicer's: one budget per principal
 
     async def intercept_service(
         self,

@@ -49,7 +49,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         self.policy = policy
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
-        self._refusals = ThrottledLog()  # per principal, so a refused loop cannot flood the log
+        self.refusals = ThrottledLog()  # per principal, shared with the gate: a refused loop cannot flood the log
 
     @property
     def ledger(self) -> Ledger:
@@ -142,9 +142,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         try:
             caller.check_user(user_id)
         except PermissionDenied:
-            self._refusals.warning(
-                str(caller), "PERMISSION_DENIED %s for principal %s: another user_id", method, caller
-            )
+            self.refusals.warning(str(caller), "PERMISSION_DENIED %s for principal %s: another user_id", method, caller)
             raise
 
     def prepare_selects(self, requests: Sequence[pb.SelectRequest]) -> list[Prepared | Exception]:
@@ -211,7 +209,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 outcomes[i] = exc
                 denied += 1
         if denied:
-            self._refusals.warning(
+            self.refusals.warning(
                 str(caller),
                 "PERMISSION_DENIED SelectBatch: %d item(s) for principal %s: another user_id",
                 denied,
