@@ -1,4 +1,5 @@
-"""What one worker's calls in flight may hold, counted by the gate (SECURITY.md, "Admission").
+"""What one worker's calls in flight may hold, counted by the gate (SECURITY.md, "Admission";
+decision 0006).
 
 The server is asynchronous (``grpc.aio``): a call that has sent its headers but not its message
 costs a coroutine, never a thread, so idle, header-only and slow-body streams pin nothing. On
@@ -7,19 +8,27 @@ with RESOURCE_EXHAUSTED before its message is read or decoded:
 
 - **HTTP/2** (gRPC's own limits, :func:`channel_options`): streams per connection, how long an
   idle connection stays open, keepalive pings both ways and the message size;
-- **authenticated calls in flight** (:attr:`Admission.rpcs`), taken after authentication so
+- **authenticated unary calls in flight** (:attr:`Admission.rpcs`), taken after authentication so
   anonymous traffic never holds one;
 - **request bytes in flight** (:attr:`Admission.bytes`), taken when a message has arrived and
   before it is decoded (decoding multiplies its size), released when the call ends;
-- **health watchers** (:attr:`Admission.watches`): Watch streams live as long as the client
-  wants, so they are few; Check is answered without a bound;
-- **the receive deadline**: a call's message must arrive within ``receive_timeout`` of its headers.
+- **streaming calls** in pools of their own, so that a stream, which lives as long as its client
+  wants, never holds a unary call's slot: health watchers (:attr:`Admission.watches`; Check is
+  answered without a bound) and the authenticated streaming calls, server reflection
+  (:attr:`Admission.streams`);
+- **the receive deadline**: a unary call's message must arrive within ``receive_timeout`` of its
+  headers, and a stream must pass a message within ``stream_idle_timeout``.
+
+Each pool is :class:`Shares`: one principal (:attr:`recsvc.service.auth.Caller.key`; anonymous
+callers: one per peer address) holds at most ``principal_share`` of it, so no single credential
+can take a pool that other principals need.
 
 The counters are touched only on the event loop's thread, so they need no lock.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
@@ -44,15 +53,60 @@ class Slots:
         self.held -= n
 
 
+class Full(enum.Enum):
+    """Which bound of a :class:`Shares` a take would pass."""
+
+    TOTAL = "total"
+    PRINCIPAL = "principal"
+
+
+class Shares(Slots):
+    """``limit`` units, of which one key (a principal) holds at most ``fraction`` of the limit.
+    A key that holds nothing may take any amount within the limit: its first call is admitted
+    whenever the pool has room, however small its share rounds to (event-loop thread only)."""
+
+    def __init__(self, limit: int, fraction: float) -> None:
+        super().__init__(limit)
+        self.fraction = fraction
+        self.share = int(limit * fraction)
+        self._by_key: dict[str, int] = {}
+
+    def take_for(self, key: str, n: int = 1) -> Full | None:
+        """Takes ``n`` units for ``key``; None, or the bound that refused them (nothing taken)."""
+        if not n:
+            return None  # an empty message holds nothing, and leaves no key behind
+        mine = self._by_key.get(key, 0)
+        if mine and mine + n > self.share:
+            return Full.PRINCIPAL
+        if not self.take(n):
+            return Full.TOTAL
+        self._by_key[key] = mine + n
+        return None
+
+    def give_for(self, key: str, n: int = 1) -> None:
+        self.give(n)
+        left = self._by_key[key] - n
+        if left:
+            self._by_key[key] = left
+        else:
+            del self._by_key[key]  # bounded by the keys holding something, never by the keys seen
+
+    def held_by(self, key: str) -> int:
+        return self._by_key.get(key, 0)
+
+
 class Admission:
     """The gate's counters for one server (see the module docstring)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.rpcs = Slots(settings.max_concurrent_rpcs)
-        self.bytes = Slots(settings.max_inflight_bytes)
-        self.watches = Slots(settings.max_health_watches)
+        share = settings.principal_share
+        self.rpcs = Shares(settings.max_concurrent_rpcs, share)
+        self.bytes = Shares(settings.max_inflight_bytes, share)
+        self.watches = Shares(settings.max_health_watches, share)
+        self.streams = Shares(settings.max_streaming_calls, share)
         self.receive_timeout = settings.receive_timeout
+        self.stream_idle_timeout = settings.stream_idle_timeout
 
 
 def _ms(seconds: float) -> int:

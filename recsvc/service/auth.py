@@ -334,10 +334,15 @@ class Authenticator:
                 return None
             principals.append(cert)
         if not principals:
-            peer = context.peer()
-            host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
-            return Caller((Principal("anonymous", Scope(ADMIN)),), f"anonymous@{host}")
+            return Caller((Principal("anonymous", Scope(ADMIN)),), anonymous_key(context.peer()))
         return Caller(tuple(principals), " + ".join(p.name for p in principals))
+
+
+def anonymous_key(peer: str) -> str:
+    """The principal key of an anonymous caller at gRPC's ``peer`` (``ipv4:1.2.3.4:5678``): one per
+    address, whatever its port, so that a client cannot get a fresh share from each connection."""
+    host = peer.rpartition(":")[0] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    return f"anonymous@{host}"
 
 
 def warn_if_open(path: str | os.PathLike[str] | None) -> None:

@@ -39,6 +39,24 @@ ADMISSION_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--keepalive-timeout", float, "seconds a ping may go unanswered before the connection is closed"),
     ("--min-ping-interval", float, "least seconds between a client's pings (faster ones end the connection)"),
     ("--max-health-watches", int, "Health/Watch streams open at once per worker (Check is unbounded)"),
+    (
+        "--max-streaming-calls",
+        int,
+        "authenticated streaming calls (server reflection) open at once per worker, apart from "
+        "--max-concurrent-rpcs; more: RESOURCE_EXHAUSTED",
+    ),
+    (
+        "--stream-idle-timeout",
+        float,
+        "seconds a stream (reflection, Health/Watch) may pass no message; then it is ended (DEADLINE_EXCEEDED)",
+    ),
+    (
+        "--principal-share",
+        float,
+        "fraction of --max-concurrent-rpcs, --max-inflight-bytes, --max-health-watches and --max-streaming-calls "
+        "one principal may hold (anonymous callers: one per peer address; a principal holding none is "
+        "always admitted within the total); more: RESOURCE_EXHAUSTED",
+    ),
 )
 
 

@@ -57,7 +57,8 @@ class Listen:
 class Admission:
     """What the calls of one worker may hold at once, so that no client can pin the server
     (SECURITY.md): authenticated RPCs in flight, HTTP/2 streams per connection, request bytes
-    being served, health watchers, and how long a connection or a request's body may idle."""
+    being served, health watchers, streaming calls, how much of each one principal may hold, and
+    how long a connection, a request's body or a stream may idle."""
 
     max_concurrent_rpcs: int = 128  # authenticated calls in flight; more → RESOURCE_EXHAUSTED
     max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 suggests >= 100)
@@ -68,6 +69,10 @@ class Admission:
     keepalive_timeout: float = 20.0  # seconds a ping may go unanswered before the connection closes
     min_ping_interval: float = 10.0  # least seconds between a client's pings (faster: GOAWAY)
     max_health_watches: int = 16  # concurrent Health/Watch streams (Check is unlimited)
+    max_streaming_calls: int = 16  # concurrent authenticated streams (server reflection), apart from the RPCs
+    stream_idle_timeout: float = 60.0  # seconds a stream may pass no message; then it is ended
+    # the fraction of each bound above (RPCs, bytes, watchers, streams) one principal may hold
+    principal_share: float = 0.25
 
 
 @dataclass(frozen=True)
@@ -344,13 +349,26 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _at_least("max_concurrent_rpcs", 1),
     _at_least("max_streams_per_connection", 1),
     _at_least("max_health_watches", 0),
+    _at_least("max_streaming_calls", 0),
+    Constraint(
+        lambda c: 0 < c.admission.principal_share <= 1,
+        "{principal_share} must be a fraction in (0, 1] of each bound, got {got}",
+        lambda c: c.admission.principal_share,
+    ),
     Constraint(
         lambda c: all(
             math.isfinite(c.get(n)) and c.get(n) > 0
-            for n in ("receive_timeout", "idle_timeout", "keepalive_time", "keepalive_timeout", "min_ping_interval")
+            for n in (
+                "receive_timeout",
+                "stream_idle_timeout",
+                "idle_timeout",
+                "keepalive_time",
+                "keepalive_timeout",
+                "min_ping_interval",
+            )
         ),
-        "{receive_timeout}, {idle_timeout}, {keepalive_time}, {keepalive_timeout} and {min_ping_interval} "
-        "must be finite numbers of seconds > 0",
+        "{receive_timeout}, {stream_idle_timeout}, {idle_timeout}, {keepalive_time}, {keepalive_timeout} and "
+        "{min_ping_interval} must be finite numbers of seconds > 0",
     ),
     Constraint(
         lambda c: c.admission.max_inflight_bytes >= c.limits.max_message_bytes,

@@ -163,12 +163,13 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
         "the user's remaining budget is below ε, the principal's --rate-limit is used up, the message is "
         "larger than --max-message-bytes (refused unread by gRPC), or a bound on the calls in flight is "
         "reached (--max-concurrent-rpcs, --max-inflight-bytes, --heavy-queue, --heavy-per-principal, "
-        "--max-health-watches); retry later",
+        "--max-health-watches, --max-streaming-calls, or the principal's --principal-share of one); retry later",
     ),
     (
         "DEADLINE_EXCEEDED",
         "ReceiveTimeout",
-        "the request's message did not arrive within --receive-timeout seconds of its headers",
+        "the request's message did not arrive within --receive-timeout seconds of its headers, or a stream "
+        "(reflection, Health/Watch) passed no message for --stream-idle-timeout seconds",
     ),
     (
         "ALREADY_EXISTS",

@@ -9,9 +9,14 @@ message is read. The wrapped call then runs, in this order, each step cheaper th
 1. authenticate on the metadata (bearer token and/or client certificate) → UNAUTHENTICATED;
 2. the principal's rate limit → RESOURCE_EXHAUSTED;
 3. the method against the principal's scope → PERMISSION_DENIED (logged with the principal);
-4. a slot of ``--max-concurrent-rpcs`` → RESOURCE_EXHAUSTED;
-5. read the message, within ``--receive-timeout`` → DEADLINE_EXCEEDED;
-6. its bytes from ``--max-inflight-bytes`` → RESOURCE_EXHAUSTED;
+4. a slot of the method's pool (:meth:`Gate.pool_of`): ``--max-concurrent-rpcs`` for a unary call,
+   ``--max-streaming-calls`` for a streaming one (server reflection), so that streams, which live
+   as long as their clients want, never hold a unary call's slot; of each pool one principal holds
+   at most ``--principal-share`` → RESOURCE_EXHAUSTED, counted (``recsvc_gate_refusals``) and
+   logged at most 5 lines a minute per principal (the servicer's :class:`ThrottledLog`);
+5. read the message, within ``--receive-timeout`` → DEADLINE_EXCEEDED; a stream's every message
+   and answer, within ``--stream-idle-timeout`` of the last (:meth:`Gate._stream`), or it is ended;
+6. its bytes from ``--max-inflight-bytes``, within the principal's share → RESOURCE_EXHAUSTED;
 7. in a request thread: decode with the handler's own deserializer (for PrivateSelection: the
    bounded pre-scan of :mod:`recsvc.service.codec`, then the parser) → INVALID_ARGUMENT, never a
    traceback; then the servicer's method, with the caller in :data:`CALLER` for the per-user
@@ -22,9 +27,9 @@ message is read. The wrapped call then runs, in this order, each step cheaper th
 8. a :class:`recsvc.service.draws.Deferred` answer (heavy work) waits in the bounded heavy
    queue, on the loop, holding no thread → RESOURCE_EXHAUSTED when the queue is full.
 
-Steps 1–7 spend nothing. Health checks skip steps 1–4 (load balancers need no credentials);
-Health/Watch takes a slot of ``--max-health-watches`` instead. Nothing here reads a request's
-content, so nothing here can log one.
+Steps 1–7 spend nothing. Health checks skip steps 1–3 (load balancers need no credentials):
+Check takes no slot, and Watch a slot of ``--max-health-watches``, shared per peer address.
+Nothing here reads a request's content, so nothing here can log one.
 
 **Observation.** For each PrivateSelection method an exception the method raises becomes its
 status code (:func:`status_of`: one lookup), and every call is counted (``recsvc_requests`` by
@@ -43,13 +48,14 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from recsvc.service import metrics
-from recsvc.service.admission import Admission, RateLimiter
-from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller
+from recsvc.service.admission import Admission, Full, RateLimiter, Shares
+from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller, anonymous_key
 from recsvc.service.codec import Framed
 from recsvc.service.config import Admission as AdmissionSettings
 from recsvc.service.draws import Deferred, HeavyCalls, Offload
@@ -132,6 +138,15 @@ _INVALID = "the request is not a valid protobuf message for this method; expecte
 
 def _short(method: str) -> str:
     return method.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What a call holds while it is served, and how a refusal names it (``what`` in ``flag``)."""
+
+    slots: Shares
+    what: str
+    flag: str
 
 
 class _Wrapped:
@@ -224,6 +239,72 @@ class Gate(grpc.aio.ServerInterceptor):
             self._refuse(_REFUSING, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
         return caller
 
+    def pool_of(self, method: str, streams: bool) -> Pool | None:
+        """The slots a call of ``method`` holds (``streams``: its request or its answer is a stream);
+        None for an open unary method (Health/Check)."""
+        a = self.admission
+        if method == WATCH:
+            return Pool(a.watches, "health watchers", "--max-health-watches")
+        if method.startswith(self._open):
+            return None
+        if streams:
+            return Pool(a.streams, "streaming calls", "--max-streaming-calls")
+        return Pool(a.rpcs, "calls", "--max-concurrent-rpcs")
+
+    def _take(self, pool: Pool, method: str, key: str, caller: Caller | None, n: int = 1) -> None:
+        """Takes ``n`` of ``pool`` for principal ``key`` (``caller``'s, or an anonymous peer's), or
+        refuses the call RESOURCE_EXHAUSTED (:class:`Abort`), counted and logged within the throttle."""
+        full = pool.slots.take_for(key, n)
+        if full is None:
+            return
+        metrics.refusals(pool.flag, full.value).inc()
+        limit = pool.slots.limit
+        if full is Full.TOTAL:
+            self._refusals.warning(
+                pool.flag, "RESOURCE_EXHAUSTED %s: %d %s in flight", _short(method), limit, pool.what
+            )
+            message = f"this worker already serves {limit} {pool.what} ({pool.flag}); retry later"
+        else:
+            held, fraction = pool.slots.held_by(key), pool.slots.fraction
+            who = key if caller is None else str(caller)
+            self._refusals.warning(
+                who, "RESOURCE_EXHAUSTED %s for principal %s: its share of %s", _short(method), who, pool.flag
+            )
+            message = (
+                f"this call's principal already holds {held} of this worker's {limit} {pool.what} ({pool.flag}); "
+                f"one principal may hold {fraction:g} of them (--principal-share); retry later"
+            )
+        self._refuse(_REFUSING, method, Overloaded(message))
+
+    async def _stream(self, context: grpc.aio.ServicerContext, method: str, result: Any) -> Any:
+        """A streaming call's behaviour, ended DEADLINE_EXCEEDED when a step (reading the next request
+        and writing its answer) takes ``--stream-idle-timeout``: a client that neither sends nor
+        reads holds its slot no longer. A Watch, whose client sends nothing after its request and
+        whose writes the gate does not see, lasts that long at most; its client watches again."""
+        idle = self.admission.stream_idle_timeout
+        try:
+            if inspect.isawaitable(result):  # it writes its own answers (Health/Watch)
+                async with asyncio.timeout(idle):
+                    return await result
+            answers = aiter(result)  # an async generator left suspended is closed by the loop's finalizer
+            while True:
+                async with asyncio.timeout(idle):  # the behaviour reads the next request within its step
+                    try:
+                        answer = await anext(answers)
+                    except StopAsyncIteration:
+                        return None
+                    await context.write(answer)
+        except TimeoutError:
+            log.debug("DEADLINE_EXCEEDED %s: no message for %gs", _short(method), idle)
+            self._refuse(
+                _REFUSING,
+                method,
+                ReceiveTimeout(
+                    f"the stream passed no message for {idle:g}s (--stream-idle-timeout) and was ended; call again"
+                ),
+            )
+        raise AssertionError("unreachable")  # _refuse raises
+
     def alone(self, method: str, size: int) -> bool:
         """Whether a call of ``method`` with a ``size``-byte message may run on the event loop: an
         ``inline`` method, a small message, and nothing else in flight (no other call admitted,
@@ -284,46 +365,40 @@ class Gate(grpc.aio.ServerInterceptor):
             (True, False): handler.stream_unary,
             (True, True): handler.stream_stream,
         }[(streaming, handler.response_streaming)]
-        slots = self.admission.watches if method == WATCH else self.admission.rpcs if checked else None
-        what = "health watchers (--max-health-watches)" if method == WATCH else "calls (--max-concurrent-rpcs)"
+        streams = streaming or handler.response_streaming
+        pool = self.pool_of(method, streams)
+        inflight = Pool(self.admission.bytes, "request bytes", "--max-inflight-bytes")
 
         async def gated(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
-            held = 0
+            key, held = "", 0
             taken = False
             try:
                 caller = self.admit(method, context) if checked else None
-                if slots is not None:
-                    if not slots.take():
-                        log.debug("RESOURCE_EXHAUSTED %s: %d %s in flight", _short(method), slots.limit, what)
-                        self._refuse(
-                            _REFUSING,
-                            method,
-                            Overloaded(f"this worker already serves {slots.limit} {what}; retry later"),
-                        )
+                key = caller.key if caller is not None else anonymous_key(context.peer())
+                if pool is not None:
+                    self._take(pool, method, key, caller)
                     taken = True
                 CALLER.set(caller)  # this call's own task: request threads get a copy
                 if streaming:
-                    return await _respond(context, behaviour(self._decoded(requests, decode, method), context))
-                raw = await self._receive(context, method)
-                if not self.admission.bytes.take(len(raw)):
-                    limit = self.admission.bytes.limit
-                    self._refuse(
-                        _REFUSING,
-                        method,
-                        Overloaded(
-                            f"requests of more than {limit} bytes in all are in flight (--max-inflight-bytes); retry later"
-                        ),
+                    return await self._stream(
+                        context, method, behaviour(self._decoded(requests, decode, method), context)
                     )
+                raw = await self._receive(context, method)
+                self._take(inflight, method, key, caller, len(raw))
                 held = len(raw)
                 if observed:
                     return await self._observe(method, behaviour, decode, raw, context, caller)
-                return await _respond(context, behaviour(self._decode(decode, raw, method, _REFUSING), context))
+                result = behaviour(self._decode(decode, raw, method, _REFUSING), context)
+                if streams:
+                    return await self._stream(context, method, result)
+                return await result if inspect.isawaitable(result) else result
             except Abort as abort:
                 await context.abort(abort.code, abort.message)
             finally:
-                if taken and slots is not None:
-                    slots.give()
-                self.admission.bytes.give(held)
+                if taken and pool is not None:
+                    pool.slots.give_for(key)
+                if held:
+                    inflight.slots.give_for(key, held)
 
         return _KINDS[handler.response_streaming](
             gated, request_deserializer=None, response_serializer=handler.response_serializer
@@ -384,17 +459,6 @@ class Gate(grpc.aio.ServerInterceptor):
     ) -> AsyncIterator[Any]:
         async for raw in requests:
             yield self._decode(decode, raw, method, _REFUSING)
-
-
-async def _respond(context: grpc.aio.ServicerContext, result: Any) -> Any:
-    """What an asynchronous behaviour returns, or its streamed answers written to ``context``."""
-    if inspect.isawaitable(result):
-        return await result
-    if hasattr(result, "__aiter__"):
-        async for response in result:
-            await context.write(response)
-        return None
-    return result
 
 
 def _count_answer(response: Any) -> str:

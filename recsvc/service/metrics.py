@@ -32,6 +32,13 @@ EPSILON_SPENT = Counter(
     ["mechanism"],
 )
 REPLAYS = Counter("recsvc_replays", "Retried requests answered from the ledger without spending.")
+REFUSALS = Counter(
+    "recsvc_gate_refusals",
+    "Calls the gate refused before reading or decoding them, by the pool (the flag of its bound: "
+    "--max-concurrent-rpcs, --max-inflight-bytes, --max-health-watches, --max-streaming-calls) and the "
+    "limit met: 'total' (the pool is full) or 'principal' (the caller's --principal-share).",
+    ["pool", "limit"],
+)
 RELOCKED = Counter(
     "recsvc_ledger_relocked",
     "PostgreSQL ledger: drawn charges decided under the user's row lock because the account moved "
@@ -49,6 +56,11 @@ def requests(method: str, mechanism: str, status: str) -> Counter:
 @cache
 def latency(method: str) -> Histogram:
     return LATENCY.labels(method)
+
+
+@cache
+def refusals(pool: str, limit: str) -> Counter:
+    return REFUSALS.labels(pool, limit)
 
 
 @cache

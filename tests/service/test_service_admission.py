@@ -153,8 +153,9 @@ def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: At
     for 30 s, would outlast it on a server whose threads they pinned), and the server's memory
     grows by less than 200 MB. The server's own counts (/metrics) say how each attack ended: the
     header-only calls UNAUTHENTICATED, refused on their metadata; the slow bodies DEADLINE_EXCEEDED
-    by the receive timeout (1 s), none of them before it; 4 Watch streams (--max-health-watches)
-    served and the other 12 refused RESOURCE_EXHAUSTED, not queued."""
+    by the receive timeout (1 s), none of them before it; of the Watch streams, all from one peer
+    address, 1 served (that peer's --principal-share of --max-health-watches 4) and the other 15
+    refused RESOURCE_EXHAUSTED, not queued."""
     server = psutil.Process(attacked.proc.pid)
     with Client(attacked.target, token="innocent", retries=0, timeout=ANSWERED_WITHIN) as innocent:
         _innocent(innocent, 20)  # warm: connection, caches
@@ -189,16 +190,16 @@ def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: At
     assert all(ids <= e for ids, e in zip(header_only, ended, strict=True))  # every one answered...
     assert slow_ids <= set(slow.ended_at)  # ...and every slow body cut off,
     assert min(slow.ended_at[sid] for sid in slow_ids) - opened >= 0.99  # none before the receive timeout (1 s)
-    # Watch: 4 (--max-health-watches) are served; the rest are refused, not queued.
+    # Watch: the peer's share (a quarter of --max-health-watches 4) is served; the rest are refused, not queued.
     served_ = [HealthCheckResponse.FromString(w).status for w in watched if isinstance(w, bytes)]
     refused = [w for w in watched if not isinstance(w, bytes)]
-    assert served_ == [HealthCheckResponse.SERVING] * 4 and len(refused) == 12
-    assert all(code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-health-watches" in m for code, m in refused)
+    assert served_ == [HealthCheckResponse.SERVING] and len(refused) == 15
+    assert all(code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--principal-share" in m for code, m in refused)
     assert counted == {
         ("Select", "OK"): 150,  # the innocent caller's
         ("Select", "UNAUTHENTICATED"): 200,  # the header-only calls, on their metadata
         ("Select", "DEADLINE_EXCEEDED"): 32,  # the slow bodies, by the receive timeout
-        ("Watch", "RESOURCE_EXHAUSTED"): 12,
+        ("Watch", "RESOURCE_EXHAUSTED"): 15,
     }
 
 
@@ -234,11 +235,14 @@ def _first(stream: Any) -> bytes | tuple[grpc.StatusCode, str]:
 
 @pytest.fixture(scope="module")
 def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Attacked]:
-    """A server with 3 RPC slots, --heavy-draws 49, two-stage Recommends of 2 <= m <= 10 and a
-    5 s receive timeout (what a call that never sends its message holds a slot for)."""
+    """A server with 3 RPC slots, any of which one principal may hold (the total bound is under
+    test here; the shares in test_service_fair_gate.py), --heavy-draws 49, two-stage Recommends of
+    2 <= m <= 10 and a 5 s receive timeout (what a call that never sends its message holds a slot for)."""
     flags = (
         "--max-concurrent-rpcs",
         "3",
+        "--principal-share",
+        "1",
         "--heavy-draws",
         "49",
         "--min-candidates",
