@@ -178,24 +178,26 @@ def test_database_crash_and_restart_mid_burst(fleet: Fleet, pg_cluster) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(stream, w) for w in range(4)]
-        answered_more(0)
-        pg_cluster.stop("immediate")  # mid-burst
         try:
-            # During the outage every request fails with UNAVAILABLE (and cannot be stored).
-            with ThreadPoolExecutor(6) as outage:
-                during = list(outage.map(lambda i: _select(targets[i % 2], "outage", f"o{i}", 0.001), range(6)))
-            assert [c for c, _ in during] == ["UNAVAILABLE"] * 6
-            # A load balancer sees it: both replicas report NOT_SERVING while the database is down.
-            assert [_health_becomes(t, "NOT_SERVING") for t in targets] == [True, True]
+            answered_more(0)
+            pg_cluster.stop("immediate")  # mid-burst
+            try:
+                # During the outage every request fails with UNAVAILABLE (and cannot be stored).
+                with ThreadPoolExecutor(6) as outage:
+                    during = list(outage.map(lambda i: _select(targets[i % 2], "outage", f"o{i}", 0.001), range(6)))
+                assert [c for c, _ in during] == ["UNAVAILABLE"] * 6
+                # A load balancer sees it: both replicas report NOT_SERVING while the database is down.
+                assert [_health_becomes(t, "NOT_SERVING") for t in targets] == [True, True]
+            finally:
+                pg_cluster.start()
+            assert [_health_becomes(t, "SERVING") for t in targets] == [True, True]
+            deadline = time.monotonic() + 40
+            for t in targets:  # each replica's pool reconnects (with its backoff)
+                while time.monotonic() < deadline and _select(t, "after", f"a{time.monotonic_ns()}", 0.001)[0] != "OK":
+                    time.sleep(0.2)
+            answered_more(len(received))  # the burst is answered again
         finally:
-            pg_cluster.start()
-        assert [_health_becomes(t, "SERVING") for t in targets] == [True, True]
-        deadline = time.monotonic() + 40
-        for t in targets:  # each replica's pool reconnects (with its backoff)
-            while time.monotonic() < deadline and _select(t, "after", f"a{time.monotonic_ns()}", 0.001)[0] != "OK":
-                time.sleep(0.2)
-        answered_more(len(received))  # the burst is answered again
-        stop.set()
+            stop.set()  # also when a step fails: leaving the pool waits for the streams
         codes = [c for f in futures for c in f.result()]
     assert set(codes) <= {"OK", "UNAVAILABLE"} and codes.count("UNAVAILABLE") > 0 and codes.count("OK") > 0
     _assert_received_are_charged(fleet.url, "crash", received)
