@@ -2,10 +2,13 @@
 record, each from its real-number law (``rs``, ``rs_improved``; random_stopping.py has the
 mechanisms and their proofs).
 
-* **K for rs**, Geometric(γ) on {1, 2, …}: the index of the first of i.i.d. Bernoulli(γ) trials
-  that succeeds. A trial is a real uniform U < γ, decided by its 64-bit prefix w against
-  G = ⌊γ·2⁶⁴⌋ (w < G: yes, w > G: no) and, when w = G, by more bits against γ's exact binary
-  value (:func:`~recsvc.mechanisms.exact_sampling.is_below`).
+* **K for rs**, Geometric(γ) on {1, 2, …}, by inversion: K = 1 + ⌊t⌋ with t = ln U / ln(1 − γ)
+  for one real uniform U, since P(K > k) = P(U ≤ (1 − γ)^k) = (1 − γ)^k. m = −ln(1 − γ) is bracketed
+  by two floats from a 40-digit :mod:`decimal` logarithm of the exact 1 − γ (cached per γ); U's
+  64-bit prefix w bounds ln U over its cell [w, w + 1)·2⁻⁶⁴ by one float ``log`` of each end
+  (within 4 ulps, the conversions and roundings widened by 12u + 4u). A cell whose bounds on t
+  have one floor decides K (all but ~10⁻¹¹ of draws); otherwise :mod:`decimal` does the same at a
+  precision that grows with U's bits (:func:`_geometric_slow`).
 * **K for rs_improved**, Logarithmic(1 − γ): P(K = k) = p^k / (k·L), p = 1 − γ, L = ln(1/γ), by
   inverse CDF: K is the first k with U·L < S_k = Σ_{j ≤ k} p^j / j. The float S_k (terms
   exp(j·ln p̂)/j and their cumulative sum: within (3k + 12 + 10k·|ln p|)·u relatively, p̂ = fl(1 − γ)
@@ -15,14 +18,18 @@ mechanisms and their proofs).
 * **The candidates** are ``rng.integers(0, n)``: numpy draws bounded integers by rejection on raw
   bits (Lemire's method), exactly uniform.
 * **The best record**, argmax_j q_{a_j} + (cΔ_{a_j}/ε)·L_j with L_j ~ Laplace(1), is an exact
-  race: a batch's records are raced together on float bounds of each record over its 53-bit
-  cell (a trial is decided when its float leader's lower bound clears every other record's upper
-  bound), and a trial they do not decide goes to
-  :func:`~recsvc.mechanisms.exact_race.race_argmax` with Laplace noise on the same cells. In units of
-  cΔmax/ε, utilities (q_{a_j} − max)·ε/(cΔmax) and noise scales b_j = Δ_{a_j}/Δmax rounded UP
-  to a float. A scale at least the proof's keeps every record an (ε/c)-DP release of its
-  candidate (Laplace of scale ≥ cΔ_a/ε for sensitivity Δ_a), which is all the stopping theorems
-  ask of the base mechanism, so the law drawn is one the proofs cover exactly.
+  race: each trial's records are raced on float bounds of each record over its 53-bit cell, in
+  one compiled pass (:func:`_lead_records`; a trial is decided when its float leader's lower bound
+  clears every other record's upper bound), and a trial the bounds do not decide goes to
+  :func:`~recsvc.mechanisms.exact_race.race_argmax` with Laplace noise on the same cells. In units
+  of cΔmax/ε, utilities (q_{a_j} − max_t)·ε/(cΔmax), max_t the trial's largest candidate score
+  (any common shift leaves the argmax alone), and noise scales b_j = Δ_{a_j}/Δmax rounded UP to a
+  float, the same in both paths. A scale at least the proof's keeps every record an (ε/c)-DP
+  release of its candidate (Laplace of scale ≥ cΔ_a/ε for sensitivity Δ_a), which is all the
+  stopping theorems ask of the base mechanism, so the law drawn is one the proofs cover exactly.
+
+Both counts and the race's bounds are numba kernels without ``fastmath``: IEEE operations and
+libm's ``log``, whose error the bounds above assume to be at most 4 ulps (numpy's is also).
 """
 
 from __future__ import annotations
@@ -32,45 +39,85 @@ import functools
 import math
 from decimal import Decimal
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms.exact_noise import LAPLACE
 from recsvc.mechanisms.exact_race import GapUtilities, race_argmax
 from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF as _U
-from recsvc.mechanisms.exact_sampling import WORD, decimal_context, is_below, uniform_words
+from recsvc.mechanisms.exact_sampling import WORD, decimal_context, uniform_words
 
-_BLOCK = 256  # Bernoulli trials' words drawn at a time, at least
-_MAX_BLOCK = 1 << 22  # and at most (32 MB of words)
-_CHUNK = 1 << 18  # records raced per vectorised pass (best_record)
+_CHUNK = 1 << 18  # records raced per compiled pass (best_record)
 _MAX_TERMS = 2_000_000  # the float table's length at most (γ ≥ 2⁻¹⁸ needs fewer); beyond, decimal
+_CELL = 2.0**-53  # a record's uniform is known to its first 53 bits: a cell of this width
+_TO_UNIT = 2.0**-64  # a 64-bit word w is U's prefix: U ∈ [w, w + 1)·2⁻⁶⁴
+
+
+@functools.lru_cache(maxsize=64)
+def _geometric_rate(gamma: float) -> tuple[Decimal, float, float]:
+    """(1 − γ) exactly, and floats m_lo ≤ m = −ln(1 − γ) ≤ m_hi. A float γ has at most 1,074
+    decimal digits, so 1 − γ at 1,100 digits is exact; the 40-digit ln is within 10⁻³⁹ relatively
+    and its nearest float within half an ulp, so one float step either way brackets m."""
+    p = decimal_context(1100).subtract(1, Decimal(gamma))
+    m = float(decimal_context(40).minus(decimal_context(40).ln(p)))
+    return p, float(np.nextafter(m, 0.0)), float(np.nextafter(m, math.inf))
+
+
+@numba.njit(cache=True, nogil=True)
+def _geometric_fast(words: np.ndarray, m_lo: float, m_hi: float) -> np.ndarray:  # pragma: no cover - numba
+    """K = 1 + ⌊ln U / ln(1 − γ)⌋ for each word's cell where float bounds decide it, else −1.
+
+    b = fl(w) is within u of w, fl(b + 1) within 2.01u of w + 1; each ``log`` within 4 ulps (8u
+    of its value): |ln U| over the cell is at most |ln(b·2⁻⁶⁴)|·(1 + 12u) + 4u and at least
+    |ln(fl(b + 1)·2⁻⁶⁴)|·(1 − 12u) − 4u, and each division by m's bounds rounds by ≤ u (2u kept)."""
+    u = 2.0**-53
+    out = np.empty(words.shape[0], dtype=np.int64)
+    for i in range(words.shape[0]):
+        b = float(words[i])
+        a_max = -np.log(b * _TO_UNIT) * (1.0 + 12.0 * u) + 4.0 * u  # +inf at w = 0
+        a_min = max(-np.log((b + 1.0) * _TO_UNIT) * (1.0 - 12.0 * u) - 4.0 * u, 0.0)
+        t_max = a_max / m_lo * (1.0 + 2.0 * u)
+        t_min = a_min / m_hi * (1.0 - 2.0 * u)
+        if t_max < 2.0**52 and math.floor(t_min) == math.floor(t_max):
+            out[i] = np.int64(math.floor(t_min)) + 1
+        else:
+            out[i] = -1
+    return out
 
 
 def geometric_counts(gamma: float, size: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
-    """``size`` draws of K ~ Geometric(γ) on {1, 2, …}, exactly (module docstring): the gaps
-    between successive successes in one sequence of Bernoulli(γ) trials, one word each."""
-    g = math.floor(Decimal(gamma) * WORD)  # exact: γ is a dyadic rational below 1
-    exact_g = Decimal(gamma)
-    parts: list[npt.NDArray[np.int64]] = []
-    have, run = 0, 0  # counts so far; trials since the last success
-    while have < size:
-        block = min(max(_BLOCK, math.ceil((size - have) / gamma * 1.1)), _MAX_BLOCK)
-        words = uniform_words(rng, block)
-        hit = words < np.uint64(g)
-        for t in np.flatnonzero(words == np.uint64(g)):  # rare (2⁻⁶⁴ a trial): more bits decide
-            hit[t] = is_below(lambda prec: (exact_g, exact_g), g, 64, rng)
-        pos = np.flatnonzero(hit)
-        if pos.shape[0] == 0:
-            run += block
-            continue
-        take = min(pos.shape[0], size - have)
-        gaps = np.empty(take, dtype=np.int64)
-        gaps[0] = int(pos[0]) + 1 + run
-        np.subtract(pos[1:take], pos[: take - 1], out=gaps[1:])
-        parts.append(gaps)
-        have += take
-        run = block - 1 - int(pos[-1])
-    return np.concatenate(parts)
+    """``size`` draws of K ~ Geometric(γ) on {1, 2, …}, exactly, one word of U each by inversion
+    (module docstring)."""
+    _, m_lo, m_hi = _geometric_rate(gamma)
+    words = uniform_words(rng, size)
+    out: npt.NDArray[np.int64] = _geometric_fast(words, m_lo, m_hi)
+    if size != 1 or out[0] < 0:  # one draw, decided: the service's case, without a scan
+        for i in np.flatnonzero(out < 0):
+            out[i] = _geometric_slow(gamma, int(words[i]), rng)
+    return out
+
+
+def _geometric_slow(gamma: float, prefix: int, rng: np.random.Generator) -> int:
+    """1 + ⌊ln U / ln(1 − γ)⌋ in decimal, U's cell [prefix, prefix + 1)·2^−bits exact (it needs
+    fewer than bits + 2 digits) and three correctly rounded operations at ``prec`` digits (within
+    10^{5−prec} relatively), 64 more bits of U and 40 more digits a round until one floor remains."""
+    p = _geometric_rate(gamma)[0]
+    bits, prec = 64, 40
+    while True:
+        if prefix > 0:
+            exact = decimal_context(bits + 40)
+            ctx = decimal_context(prec)
+            m = ctx.minus(ctx.ln(p))
+            slack = Decimal(10) ** (5 - prec)
+            a_max = ctx.minus(ctx.ln(exact.divide(prefix, 2**bits)))
+            a_min = ctx.minus(ctx.ln(exact.divide(prefix + 1, 2**bits)))
+            t_max = ctx.multiply(ctx.divide(a_max, m), ctx.add(1, slack))
+            t_min = ctx.multiply(ctx.divide(a_min, m), ctx.subtract(1, slack))
+            if int(t_min.to_integral_value(decimal.ROUND_FLOOR)) == int(t_max.to_integral_value(decimal.ROUND_FLOOR)):
+                return int(t_min.to_integral_value(decimal.ROUND_FLOOR)) + 1
+        prefix = prefix * WORD + int(uniform_words(rng, 1)[0])
+        bits, prec = bits + 64, prec + 40
 
 
 @functools.lru_cache(maxsize=64)
@@ -92,21 +139,36 @@ def _logarithmic_table(gamma: float) -> tuple[np.ndarray, np.ndarray, float, flo
     return lo, hi, log_l * (1.0 - l_rel), log_l * (1.0 + l_rel)
 
 
+@numba.njit(cache=True, nogil=True)
+def _logarithmic_fast(
+    words: np.ndarray, lo: np.ndarray, hi: np.ndarray, l_lo: float, l_hi: float
+) -> np.ndarray:  # pragma: no cover - numba
+    """K for each word whose interval the float table decides (module docstring), else −1: the
+    word is within 1 ulp of its float (widened by 4u); a guess (lo is not monotone far in the tail,
+    where its error outgrows the terms), checked: S_{k+1} certainly above U·L and S_k certainly not."""
+    u = 2.0**-53
+    out = np.empty(words.shape[0], dtype=np.int64)
+    last = lo.shape[0]
+    for i in range(words.shape[0]):
+        b = float(words[i])
+        t_lo = b * _TO_UNIT * l_lo * (1.0 - 4.0 * u)
+        t_hi = (b + 1.0) * _TO_UNIT * l_hi * (1.0 + 4.0 * u)
+        k = np.searchsorted(lo, t_hi, side="right")
+        if k < last and lo[k] > t_hi and (k == 0 or hi[k - 1] <= t_lo):
+            out[i] = k + 1
+        else:
+            out[i] = -1
+    return out
+
+
 def logarithmic_counts(gamma: float, size: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
     """``size`` draws of K ~ Logarithmic(1 − γ), exactly (module docstring)."""
     lo, hi, l_lo, l_hi = _logarithmic_table(gamma)
     words = uniform_words(rng, size)
-    b = words.astype(np.float64)  # within 1 ulp of the word: widened by 4u
-    t_lo = b * 2.0**-64 * l_lo * (1.0 - 4 * _U)
-    t_hi = (b + 1.0) * 2.0**-64 * l_hi * (1.0 + 4 * _U)
-    # a guess (lo is not monotone far in the tail, where its error outgrows the terms), checked:
-    # S_{k+1} certainly above U·L and S_k certainly not
-    k = np.searchsorted(lo, t_hi, side="right")
-    inside = k < lo.shape[0]
-    kk = np.minimum(k, lo.shape[0] - 1)
-    ok = inside & (lo[kk] > t_hi) & ((k == 0) | (hi[np.maximum(kk - 1, 0)] <= t_lo))
-    out = (k + 1).astype(np.int64)
-    for i in np.flatnonzero(~ok):
+    out: npt.NDArray[np.int64] = _logarithmic_fast(words, lo, hi, l_lo, l_hi)
+    if size == 1 and out[0] > 0:
+        return out
+    for i in np.flatnonzero(out < 0):
         out[i] = _logarithmic_slow(gamma, int(words[i]), rng)
     return out
 
@@ -158,12 +220,84 @@ class _Replay:
         return self.rng.integers(*args, **kwargs)  # type: ignore[call-overload]  # forwarded as given
 
 
+@numba.njit(cache=True, nogil=True)
+def _signed_log(y: float) -> float:  # pragma: no cover - numba
+    """Laplace's F⁻¹(y) in float64 (:mod:`recsvc.mechanisms.exact_noise`): ln 2y up to ½, −ln 2(1 − y)
+    above (both arguments exact); −inf at y = 0, +inf at y = 1."""
+    if y <= 0.5:
+        return float(np.log(2.0 * y))
+    return -float(np.log(2.0 * (1.0 - y)))
+
+
+@numba.njit(cache=True, nogil=True)
+def _lead_records(
+    q: np.ndarray,
+    d: np.ndarray,
+    a: np.ndarray,
+    x: np.ndarray,
+    counts: np.ndarray,
+    c_hat: float,
+    d_max: float,
+    e: float,
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """For each trial (counts[t] consecutive records), the position of its first float leader and
+    whether the float bounds decide it: the leader's lower bound above every other record's upper
+    bound. Record j: base â = fl(fl(q_a − max_t)·ĉ) within 4.01u·|â| (four roundings) plus
+    underflow, scale b = Δ_a/Δmax rounded up (at most 1), noise F⁻¹ over the cell [x, x + 2⁻⁵³)
+    within ``e``; each bound's own roundings are in its 8.02u term. A NaN bound (−inf + inf) leaves
+    its trial undecided."""
+    u = 2.0**-53
+    lead = np.empty(counts.shape[0], dtype=np.int64)
+    decided = np.empty(counts.shape[0], dtype=np.bool_)
+    start = 0
+    for t in range(counts.shape[0]):
+        stop = start + counts[t]
+        top, bottom = -math.inf, math.inf
+        for j in range(start, stop):
+            top = max(top, q[a[j]])
+            bottom = min(bottom, q[a[j]])
+        tiny = 2.0**-1000 + ((top - bottom) * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
+        best, v_best, up_best, rest, unknown = -1, -math.inf, -math.inf, -math.inf, False
+        for j in range(start, stop):
+            i = a[j]
+            scale = min(np.nextafter(d[i] / d_max, math.inf), 1.0)
+            base = (q[i] - top) * c_hat
+            z = _signed_log(x[j] + _CELL)
+            value = base + scale * z
+            upper = value + scale * e + 8.02 * u * (abs(base) + scale * (abs(z) + e)) + tiny
+            if math.isnan(value):
+                value = -math.inf  # its upper bound is NaN too: the trial stays undecided
+            if best < 0 or value > v_best:
+                if best >= 0:
+                    unknown |= math.isnan(up_best)
+                    rest = max(rest, up_best)
+                best, v_best, up_best = j, value, upper
+            else:
+                unknown |= math.isnan(upper)
+                rest = max(rest, upper)
+        i = a[best]
+        scale = min(np.nextafter(d[i] / d_max, math.inf), 1.0)
+        base = (q[i] - top) * c_hat
+        z = _signed_log(x[best])
+        lower = base + scale * (z - e) - 8.02 * u * (abs(base) + scale * (abs(z) + e)) - tiny
+        lead[t] = best
+        decided[t] = (not unknown) and lower > rest
+        start = stop
+    return lead, decided
+
+
 def best_record(
     q: np.ndarray, d: np.ndarray, c: int, epsilon: float, counts: npt.NDArray[np.int64], rng: np.random.Generator
 ) -> npt.NDArray[np.int64]:
     """For each trial t, counts[t] uniform candidates with records q_a + Laplace(cΔ_a/ε) each,
-    and the candidate of the best record, exactly (module docstring). Trials are raced together
-    on float bounds; a trial they do not decide is raced alone by the exact race on the same cells."""
+    and the candidate of the best record, exactly (module docstring). Trials are raced on float
+    bounds in one compiled pass; a trial they do not decide is raced alone by the exact race on
+    the same cells."""
+    q = np.ascontiguousarray(q, dtype=np.float64)
+    d = np.ascontiguousarray(d, dtype=np.float64)
+    counts = np.ascontiguousarray(counts, dtype=np.int64)
+    if counts.shape[0] == 1:  # the service's case: one trial, no chunks
+        return _best_records(q, d, c, epsilon, counts, rng)
     out = np.empty(counts.shape[0], dtype=np.int64)
     first = 0
     while first < counts.shape[0]:
@@ -176,39 +310,20 @@ def best_record(
 def _best_records(
     q: np.ndarray, d: np.ndarray, c: int, epsilon: float, counts: npt.NDArray[np.int64], rng: np.random.Generator
 ) -> npt.NDArray[np.int64]:
-    n, d_max = q.shape[0], float(d.max())
-    a = rng.integers(0, n, int(counts.sum()))
-    scale = np.minimum(np.nextafter(d[a] / d_max, np.inf), 1.0)  # rounded up: ≥ Δ_a/Δmax; Δmax: 1
+    d_max = float(d.max())
+    total = int(counts[0]) if counts.shape[0] == 1 else int(counts.sum())
+    a = np.asarray(rng.integers(0, q.shape[0], total), dtype=np.int64)
     x = np.asarray(rng.random(a.shape[0]), dtype=np.float64)  # each record's first 53 bits, as the race draws them
-    c_hat = (epsilon / c) / d_max
-    # â within 4.01u·|â| of the real (q_a − max q)·ε/(cΔmax) (four roundings), plus underflow
-    tiny = 2.0**-1000 + ((float(q.max()) - float(q.min())) * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
-    base = (q[a] - q.max()) * c_hat
-    hi_n, e = LAPLACE.sup(x), LAPLACE.error
-    with np.errstate(invalid="ignore"):  # an infinite noise bound stays infinite (no NaN: b > 0)
-        value = base + scale * hi_n
-        upper = value + scale * e + 8.02 * _U * (np.abs(base) + scale * (np.abs(hi_n) + e)) + tiny
-    value[np.isnan(value)] = -np.inf  # −inf + inf: its bounds are NaN too, so its trial stays undecided
-    if counts.shape[0] == 1:  # the service's case: one trial, no segments
-        lead = np.array([int(value.argmax())])
-        upper[lead] = -np.inf
-        rest = np.array([upper.max()])
-        starts = np.zeros(1, dtype=np.int64)
-    else:
-        starts = np.zeros(counts.shape[0], dtype=np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
-        seg_max = np.maximum.reduceat(value, starts)
-        hits = np.flatnonzero(value == np.repeat(seg_max, counts))
-        lead = hits[np.searchsorted(hits, starts)]  # each trial's first float leader
-        upper[lead] = -np.inf
-        rest = np.maximum.reduceat(upper, starts)  # the best upper bound among the others
-    b_l, s_l, lo_n = base[lead], scale[lead], LAPLACE.inf(x[lead])
-    with np.errstate(invalid="ignore"):
-        lower = b_l + s_l * (lo_n - e) - 8.02 * _U * (np.abs(b_l) + s_l * (np.abs(lo_n) + e)) - tiny
+    lead, decided = _lead_records(q, d, a, x, counts, (epsilon / c) / d_max, d_max, LAPLACE.error)
     out: npt.NDArray[np.int64] = a[lead]
-    for t in np.flatnonzero(~(lower > rest)):
+    if decided[0] if decided.shape[0] == 1 else decided.all():
+        return out
+    starts = np.zeros(counts.shape[0], dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    for t in np.flatnonzero(~decided):
         seg = slice(int(starts[t]), int(starts[t] + counts[t]))
+        scale = np.minimum(np.nextafter(d[a[seg]] / d_max, np.inf), 1.0)  # the kernel's scales, bit for bit
         gap = GapUtilities(q[a[seg]], epsilon, d_max, c)
         replay = _Replay(rng, x[seg])
-        out[t] = a[seg][int(race_argmax(gap, LAPLACE, replay, 1, scale[seg])[0])]  # type: ignore[arg-type]  # a generator's two calls
+        out[t] = a[seg][int(race_argmax(gap, LAPLACE, replay, 1, scale)[0])]  # type: ignore[arg-type]  # a generator's two calls
     return out

@@ -256,20 +256,56 @@ def test_a_float_laplace_sampler_fails_the_row_audit() -> None:
 
 # --- random stopping: K and the best record, exactly --------------------------------------------
 
-GAMMA = 2.0**-20 + 2.0**-70  # γ·2⁶⁴ = 2⁴⁴ + 1/64: a word equal to ⌊γ·2⁶⁴⌋ needs more bits
+GAMMA = 2.0**-20 + 2.0**-70  # 1 − γ is not a float: fl(1 − γ) moves every boundary by ~k·2⁻⁷⁰
 
 
-def test_the_geometric_count_is_the_first_word_below_gamma() -> None:
-    g = 2**44
-    assert int(geometric_counts(GAMMA, 1, Words([g + 1] * 10 + [g - 1], then=g + 1))[0]) == 11  # type: ignore[arg-type]  # Words stands in for the Generator
-    # successive successes of one sequence of trials: the gaps between them
-    got = geometric_counts(GAMMA, 3, Words([g + 1, g - 1, g - 1, g + 1, g + 1, g - 1], then=g + 1))  # type: ignore[arg-type]  # Words stands in for the Generator
-    assert got.tolist() == [2, 1, 3]
-    # a word equal to ⌊γ·2⁶⁴⌋: the next word decides U < γ exactly, below 2⁵⁸ (U's fraction past
-    # G under 1/64) or not; ``then`` is both the block's filler (no success) and that next word
-    words = [g + 1] * 3 + [g] + [g + 1] * 7 + [g - 1]
-    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58 - 1))[0]) == 4  # type: ignore[arg-type]  # Words stands in for the Generator
-    assert int(geometric_counts(GAMMA, 1, Words(words, then=2**58))[0]) == 12  # type: ignore[arg-type]  # Words stands in for the Generator
+def _real_uniform(words: list[int], then: int) -> Decimal:
+    """U whose 64-bit words are ``words`` and then ``then`` forever, to 120 digits."""
+    u = CTX.divide(sum(w * WORD ** (len(words) - 1 - i) for i, w in enumerate(words)), WORD ** len(words))
+    return CTX.add(u, CTX.divide(then, WORD ** len(words) * (WORD - 1)))
+
+
+def _geometric_cases(gamma: float) -> list[tuple[list[int], int, int]]:
+    """(words, then, K) where K = 1 + ⌊ln U / ln(1 − γ)⌋ on the reals: U's first two words either
+    side of each boundary (1 − γ)^k to within 2⁻¹²⁸ (decided by more bits than a float has), words
+    2³⁰ away (decided by the float bounds), and a U below 2⁻⁶⁴ (whose log no cell bounds)."""
+    p = CTX.subtract(1, Decimal(gamma))
+    log_p = CTX.ln(p)
+    cases = []
+    for k in (1, 2, 3, 7, 40):
+        edge = CTX.multiply(CTX.power(p, k), WORD**2)  # (1 − γ)^k·2¹²⁸: an integer at k = 1
+        e, whole = int(edge), edge == int(edge)  # then a word of ½ keeps U off it (U = edge never ends)
+        if e < 2**100:
+            continue  # 0.9⁴⁰: too close to 0 for these words
+        for x, want in ((e - 1 if whole else e, k + 1), (e if whole else e + 1, k)):
+            cases.append(([x >> 64, x % WORD], 2**63 if whole else 0, want))
+        cases += [([(e >> 64) - 2**30], 0, k + 1), ([(e >> 64) + 2**30], 0, k)]
+    for words, then in (([0, 5], 2**63), ([0, 0, 1], 0)):
+        t = CTX.divide(CTX.ln(_real_uniform(words, then)), log_p)
+        cases.append((words, then, int(t.to_integral_value(decimal.ROUND_FLOOR)) + 1))
+    return cases
+
+
+@pytest.mark.parametrize("gamma", [GAMMA, 0.3, 0.9])
+def test_the_geometric_count_inverts_its_exact_tail_word_by_word(gamma: float) -> None:
+    """P(K > k) = (1 − γ)^k: K > k exactly when U ≤ (1 − γ)^k, on both sides of every boundary."""
+    for words, then, want in _geometric_cases(gamma):
+        assert int(geometric_counts(gamma, 1, Words(words, then=then))[0]) == want, (words, then)  # type: ignore[arg-type]  # Words stands in for the Generator
+    far = [_geometric_cases(gamma)[i] for i in (2, 7)]  # two draws in one call, one word each
+    got = geometric_counts(gamma, 2, Words([words[0] for words, _, _ in far]))  # type: ignore[arg-type]  # Words stands in for the Generator
+    assert got.tolist() == [want for _, _, want in far]
+
+
+def test_a_float_geometric_sampler_fails_the_word_audit() -> None:
+    """Inversion on the first 53 bits of U in float64 (numpy's way) gives both sides of a boundary
+    the same K: the audit above tells it from the exact sampler."""
+
+    def float_count(words: list[int]) -> int:
+        u = ((words[0] >> 11) + 0.5) * 2.0**-53
+        return 1 + math.floor(math.log(u) / math.log1p(-GAMMA))
+
+    cases = _geometric_cases(GAMMA)
+    assert any(float_count(words) != want for words, _, want in cases)
 
 
 def _log_cumulative(gamma: float, k_max: int) -> list[Decimal]:
@@ -302,26 +338,33 @@ def test_the_logarithmic_count_decides_every_word_as_its_exact_cdf(gamma: float)
 
 @pytest.mark.parametrize(("c", "eps"), [(3, 1e-3), (3, 1.0), (2, 30.0), (2, 1e6)])
 def test_the_best_record_is_the_real_argmax_of_the_laplace_records(c: int, eps: float) -> None:
+    """One trial (the service's call) and three in one call (a batch's), word by word."""
     rng = np.random.default_rng(8)
     n, count, seed = 40, 25, 4
     d = 10.0 ** rng.uniform(-6, 0, n)
     q = rng.random(n) * (60.0 * c * float(d.max()) / eps)
-    a = np.random.default_rng(seed).integers(0, n, count, dtype=np.int64)  # what Words(seed) hands out
-    b = np.minimum(np.nextafter(d[a] / d.max(), np.inf), 1.0)
-    top = Decimal(float(q[a].max()))
     unit = CTX.divide(Decimal(eps), CTX.multiply(c, Decimal(float(d.max()))))
-    base = [CTX.multiply(CTX.subtract(Decimal(float(q[i])), top), unit) for i in a]
-    assert all(Decimal(float(bj)) >= Decimal(float(d[i])) / Decimal(float(d.max())) for bj, i in zip(b, a, strict=True))
     tail = WORD - 2
-    for _ in range(3):
-        row = rng.integers(2**11, WORD - 2**11, count, dtype=np.uint64).tolist()
-        row[int(np.argmin(q[a]))] = WORD - 1  # the worst record's noise ≈ 80 scales of its Δ
-        got = best_record(q, d, c, eps, np.array([count]), Words(row, seed=seed, then=tail))  # type: ignore[arg-type]  # Words stands in for the Generator
-        v = [
-            ROWS.add(bs, ROWS.multiply(Decimal(float(bj)), _laplace_quantile(_uniform(w, tail), ROWS)))
-            for bs, bj, w in zip(base, b, row, strict=True)
-        ]
-        assert int(got[0]) == int(a[max(range(count), key=v.__getitem__)])
+    for trials in (1, 3):
+        a_all = np.random.default_rng(seed).integers(0, n, trials * count, dtype=np.int64)  # what Words(seed) hands out
+        rows, want = [], []
+        for a in np.split(a_all, trials):
+            b = np.minimum(np.nextafter(d[a] / d.max(), np.inf), 1.0)
+            assert all(
+                Decimal(float(bj)) >= Decimal(float(d[i])) / Decimal(float(d.max())) for bj, i in zip(b, a, strict=True)
+            )
+            top = Decimal(float(q[a].max()))
+            base = [CTX.multiply(CTX.subtract(Decimal(float(q[i])), top), unit) for i in a]
+            row = rng.integers(2**11, WORD - 2**11, count, dtype=np.uint64).tolist()
+            row[int(np.argmin(q[a]))] = WORD - 1  # the worst record's noise ≈ 80 scales of its Δ
+            v = [
+                ROWS.add(bs, ROWS.multiply(Decimal(float(bj)), _laplace_quantile(_uniform(w, tail), ROWS)))
+                for bs, bj, w in zip(base, b, row, strict=True)
+            ]
+            rows += row
+            want.append(int(a[max(range(count), key=v.__getitem__)]))
+        got = best_record(q, d, c, eps, np.full(trials, count), Words(rows, seed=seed, then=tail))  # type: ignore[arg-type]  # Words stands in for the Generator
+        assert got.tolist() == want
 
 
 # --- the charge is the map, and the map is tight where the proof is ---------------------------------
