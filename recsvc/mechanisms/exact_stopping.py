@@ -28,7 +28,7 @@ mechanisms and their proofs).
   release of its candidate (Laplace of scale ≥ cΔ_a/ε for sensitivity Δ_a), which is all the
   stopping theorems ask of the base mechanism, so the law drawn is one the proofs cover exactly.
 
-Both counts and the race's bounds are numba kernels without ``fastmath``: IEEE operations and
+Both counts and the race's bounds are numba kernels with IEEE semantics (no reassociation): their operations and
 libm's ``log``, whose error the bounds above assume to be at most 4 ulps (numpy's is also).
 """
 
