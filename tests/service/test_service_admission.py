@@ -42,6 +42,7 @@ from recsvc.service.testing import (
     candidates,
     grpc_frame,
     heavy_attack,
+    once_admitted,
     rpc_error,
     select_request,
     served,
@@ -131,19 +132,6 @@ def _refused(call: Callable[[], Any], flag: str) -> bool:
             return True
         raise
     return False
-
-
-def _once_admitted(call: Callable[[], Any], within: float = 60.0) -> Any:
-    """``call()``'s answer, calling again while it is refused RESOURCE_EXHAUSTED: the calls that
-    held the bound may have ended a moment before the server gave their share back."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            return call()
-        except grpc.RpcError as exc:
-            if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
-                raise
-        time.sleep(0.01)
 
 
 def test_idle_watches_header_only_and_slow_body_streams_pin_nothing(attacked: Attacked) -> None:
@@ -275,8 +263,8 @@ def test_calls_beyond_the_concurrency_bound_are_refused_and_spend_nothing(bounde
         code, message = rpc_error(c.select, "bound-user", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1")
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-concurrent-rpcs" in message
         assert holders <= slow.until_closed(holders, 60.0)  # the receive timeout ends them
-        assert _once_admitted(lambda: c.budget("bound-user")).spent == 0.0
-        r = _once_admitted(lambda: c.select("bound-user", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1"))
+        assert once_admitted(lambda: c.budget("bound-user")).spent == 0.0
+        r = once_admitted(lambda: c.select("bound-user", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1"))
         assert not r.replayed
         b = c.budget("bound-user")
         assert b.spent == pytest.approx(0.5) and b.requests == 1

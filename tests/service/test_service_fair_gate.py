@@ -24,11 +24,19 @@ from recsvc.service.auth import anonymous_key
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
-from recsvc.service.testing import RawStreams, candidates, grpc_frame, rpc_error, select_request, served
+from recsvc.service.testing import (
+    RawStreams,
+    candidates,
+    grpc_frame,
+    once_admitted,
+    rpc_error,
+    select_request,
+    served,
+)
 
 SELECT = "/recsvc.v1.PrivateSelection/Select"
 REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
-IDLE, RECEIVE = 1.5, 2.5  # --stream-idle-timeout, --receive-timeout (seconds)
+IDLE, RECEIVE = 2.0, 2.5  # --stream-idle-timeout, --receive-timeout (seconds)
 ANSWERED_WITHIN = 20.0  # an innocent call's deadline: "answered, not hung", never "fast"
 
 
@@ -97,7 +105,7 @@ def test_one_token_holding_128_idle_reflection_streams_gets_its_share_and_no_mor
         opened = time.monotonic()
         ids = [{r.open(REFLECTION, _auth("streamer")) for _ in range(64)} for r in raw]
         _until_ended(raw, 124)
-        _innocent(innocent, 20)
+        _innocent(innocent, 10)
         assert "recsvc.v1.PrivateSelection" in _reflect(target, "innocent")
         ended = [r.until_closed(i, 30.0) for r, i in zip(raw, ids, strict=True)]
         for r in raw:
@@ -136,12 +144,13 @@ def test_one_token_holding_header_only_and_slow_body_selects_gets_its_share_and_
         code, message = rpc_error(slow.select, "slow", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1")
         assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--principal-share" in message and "--max-concurrent-rpcs" in message
-        _innocent(innocent, 20)
+        _innocent(innocent, 10)
         assert ids <= raw.until_closed(ids, 30.0)  # every one ended: the 32 by the receive timeout
         raw.close()
         assert _statuses("Select", "DEADLINE_EXCEEDED")[0] - timed_out0 == 32
-        assert slow.budget("slow").spent == 0.0  # the refused Select spent nothing
-        assert not slow.select("slow", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1").replayed
+        assert once_admitted(lambda: slow.budget("slow")).spent == 0.0  # the refused Select spent nothing
+        r = once_admitted(lambda: slow.select("slow", candidates(), mechanism="rnm", epsilon=0.5, request_id="r1"))
+        assert not r.replayed
         b = slow.budget("slow")
     assert b.spent == pytest.approx(0.5) and b.requests == 1
 

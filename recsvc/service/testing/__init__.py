@@ -46,6 +46,7 @@ __all__ = [
     "make_artifact",
     "make_certs",
     "make_model",
+    "once_admitted",
     "rpc_error",
     "run_recsvc",
     "select_request",
@@ -290,6 +291,19 @@ def rpc_error(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[grpc.S
     except grpc.RpcError as exc:
         return exc.code(), exc.details()
     raise AssertionError(f"{getattr(fn, '__name__', fn)} returned; expected it to raise grpc.RpcError")
+
+
+def once_admitted(call: Callable[[], Any], within: float = 60.0) -> Any:
+    """``call()``'s answer, calling again while it is refused RESOURCE_EXHAUSTED: the calls that
+    held a bound may have ended a moment before the server gave their share back."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() is not grpc.StatusCode.RESOURCE_EXHAUSTED or time.monotonic() > deadline:
+                raise
+        time.sleep(0.01)
 
 
 @contextmanager
