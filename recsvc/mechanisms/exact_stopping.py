@@ -22,11 +22,11 @@ mechanisms and their proofs).
   one compiled pass (:func:`_lead_records`; a trial is decided when its float leader's lower bound
   clears every other record's upper bound), and a trial the bounds do not decide goes to
   :func:`~recsvc.mechanisms.exact_race.race_argmax` with Laplace noise on the same cells. In units
-  of cΔmax/ε, utilities (q_{a_j} − max_t)·ε/(cΔmax), max_t the trial's largest candidate score
-  (any common shift leaves the argmax alone), and noise scales b_j = Δ_{a_j}/Δmax rounded UP to a
-  float, the same in both paths. A scale at least the proof's keeps every record an (ε/c)-DP
-  release of its candidate (Laplace of scale ≥ cΔ_a/ε for sensitivity Δ_a), which is all the
-  stopping theorems ask of the base mechanism, so the law drawn is one the proofs cover exactly.
+  of c/ε: utilities (q_{a_j} − max_t)·ε/c, max_t the trial's largest candidate score (any common
+  shift leaves the argmax alone), and noise scales b_j = Δ_{a_j} themselves, floats, so no scale is
+  rounded. Every record is then q_a + Laplace(cΔ_a/ε) on the reals, an (ε/c)-DP release of its
+  candidate, which is all the stopping theorems ask of the base mechanism: the law drawn is the
+  one the proofs are about, exactly (and it needs no O(n) pass over Δ).
 
 Both counts and the race's bounds are numba kernels with IEEE semantics (no reassociation): their operations and
 libm's ``log``, whose error the bounds above assume to be at most 4 ulps (numpy's is also).
@@ -231,19 +231,13 @@ def _signed_log(y: float) -> float:  # pragma: no cover - numba
 
 @numba.njit(cache=True, nogil=True)
 def _lead_records(
-    q: np.ndarray,
-    d: np.ndarray,
-    a: np.ndarray,
-    x: np.ndarray,
-    counts: np.ndarray,
-    c_hat: float,
-    d_max: float,
-    e: float,
+    qa: np.ndarray, da: np.ndarray, x: np.ndarray, counts: np.ndarray, c_hat: float, e: float
 ) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
-    """For each trial (counts[t] consecutive records), the position of its first float leader and
-    whether the float bounds decide it: the leader's lower bound above every other record's upper
-    bound. Record j: base â = fl(fl(q_a − max_t)·ĉ) within 4.01u·|â| (four roundings) plus
-    underflow, scale b = Δ_a/Δmax rounded up (at most 1), noise F⁻¹ over the cell [x, x + 2⁻⁵³)
+    """For each trial (counts[t] consecutive records, of scores qa and sensitivities da: fresh
+    gathers, so the kernel has one signature whatever arrays the caller holds), the position of
+    its first float leader and whether the float bounds decide it: the leader's lower bound above
+    every other record's upper bound. Record j: base â = fl(fl(q_a − max_t)·ĉ), ĉ = fl(ε/c), within 3.01u·|â| (three
+    roundings) plus underflow, scale b = Δ_a (exact), noise F⁻¹ over the cell [x, x + 2⁻⁵³)
     within ``e``; each bound's own roundings are in its 8.02u term. A NaN bound (−inf + inf) leaves
     its trial undecided."""
     u = 2.0**-53
@@ -254,14 +248,13 @@ def _lead_records(
         stop = start + counts[t]
         top, bottom = -math.inf, math.inf
         for j in range(start, stop):
-            top = max(top, q[a[j]])
-            bottom = min(bottom, q[a[j]])
+            top = max(top, qa[j])
+            bottom = min(bottom, qa[j])
         tiny = 2.0**-1000 + ((top - bottom) * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
         best, v_best, up_best, rest, unknown = -1, -math.inf, -math.inf, -math.inf, False
         for j in range(start, stop):
-            i = a[j]
-            scale = min(np.nextafter(d[i] / d_max, math.inf), 1.0)
-            base = (q[i] - top) * c_hat
+            scale = da[j]
+            base = (qa[j] - top) * c_hat
             z = _signed_log(x[j] + _CELL)
             value = base + scale * z
             upper = value + scale * e + 8.02 * u * (abs(base) + scale * (abs(z) + e)) + tiny
@@ -275,9 +268,8 @@ def _lead_records(
             else:
                 unknown |= math.isnan(upper)
                 rest = max(rest, upper)
-        i = a[best]
-        scale = min(np.nextafter(d[i] / d_max, math.inf), 1.0)
-        base = (q[i] - top) * c_hat
+        scale = da[best]
+        base = (qa[best] - top) * c_hat
         z = _signed_log(x[best])
         lower = base + scale * (z - e) - 8.02 * u * (abs(base) + scale * (abs(z) + e)) - tiny
         lead[t] = best
@@ -293,8 +285,6 @@ def best_record(
     and the candidate of the best record, exactly (module docstring). Trials are raced on float
     bounds in one compiled pass; a trial they do not decide is raced alone by the exact race on
     the same cells."""
-    q = np.ascontiguousarray(q, dtype=np.float64)
-    d = np.ascontiguousarray(d, dtype=np.float64)
     counts = np.ascontiguousarray(counts, dtype=np.int64)
     if counts.shape[0] == 1:  # the service's case: one trial, no chunks
         return _best_records(q, d, c, epsilon, counts, rng)
@@ -310,11 +300,11 @@ def best_record(
 def _best_records(
     q: np.ndarray, d: np.ndarray, c: int, epsilon: float, counts: npt.NDArray[np.int64], rng: np.random.Generator
 ) -> npt.NDArray[np.int64]:
-    d_max = float(d.max())
     total = int(counts[0]) if counts.shape[0] == 1 else int(counts.sum())
     a = np.asarray(rng.integers(0, q.shape[0], total), dtype=np.int64)
     x = np.asarray(rng.random(a.shape[0]), dtype=np.float64)  # each record's first 53 bits, as the race draws them
-    lead, decided = _lead_records(q, d, a, x, counts, (epsilon / c) / d_max, d_max, LAPLACE.error)
+    qa, da = np.asarray(q[a], dtype=np.float64), np.asarray(d[a], dtype=np.float64)
+    lead, decided = _lead_records(qa, da, x, counts, epsilon / c, LAPLACE.error)
     out: npt.NDArray[np.int64] = a[lead]
     if decided[0] if decided.shape[0] == 1 else decided.all():
         return out
@@ -322,8 +312,7 @@ def _best_records(
     np.cumsum(counts[:-1], out=starts[1:])
     for t in np.flatnonzero(~decided):
         seg = slice(int(starts[t]), int(starts[t] + counts[t]))
-        scale = np.minimum(np.nextafter(d[a[seg]] / d_max, np.inf), 1.0)  # the kernel's scales, bit for bit
-        gap = GapUtilities(q[a[seg]], epsilon, d_max, c)
+        gap = GapUtilities(qa[seg], epsilon, 1.0, c)  # units of c/ε, as the kernel's
         replay = _Replay(rng, x[seg])
-        out[t] = a[seg][int(race_argmax(gap, LAPLACE, replay, 1, scale)[0])]  # type: ignore[arg-type]  # a generator's two calls
+        out[t] = a[seg][int(race_argmax(gap, LAPLACE, replay, 1, da[seg])[0])]  # type: ignore[arg-type]  # a generator's two calls
     return out
