@@ -153,7 +153,13 @@ def _logarithmic_fast(
         b = float(words[i])
         t_lo = b * _TO_UNIT * l_lo * (1.0 - 4.0 * u)
         t_hi = (b + 1.0) * _TO_UNIT * l_hi * (1.0 + 4.0 * u)
-        k = np.searchsorted(lo, t_hi, side="right")
+        k, top = 0, last  # the first k with lo[k] > t_hi, by bisection (lo nondecreasing where it matters)
+        while k < top:
+            mid = (k + top) // 2
+            if lo[mid] > t_hi:
+                top = mid
+            else:
+                k = mid + 1
         if k < last and lo[k] > t_hi and (k == 0 or hi[k - 1] <= t_lo):
             out[i] = k + 1
         else:
@@ -225,24 +231,23 @@ def _signed_log(y: float) -> float:  # pragma: no cover - numba
     """Laplace's F⁻¹(y) in float64 (:mod:`recsvc.mechanisms.exact_noise`): ln 2y up to ½, −ln 2(1 − y)
     above (both arguments exact); −inf at y = 0, +inf at y = 1."""
     if y <= 0.5:
-        return float(np.log(2.0 * y))
-    return -float(np.log(2.0 * (1.0 - y)))
+        return math.log(2.0 * y) if y > 0.0 else -math.inf
+    return -math.log(2.0 * (1.0 - y)) if y < 1.0 else math.inf
 
 
 @numba.njit(cache=True, nogil=True)
 def _lead_records(
     qa: np.ndarray, da: np.ndarray, x: np.ndarray, counts: np.ndarray, c_hat: float, e: float
-) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+) -> np.ndarray:  # pragma: no cover - numba
     """For each trial (counts[t] consecutive records, of scores qa and sensitivities da: fresh
-    gathers, so the kernel has one signature whatever arrays the caller holds), the position of
-    its first float leader and whether the float bounds decide it: the leader's lower bound above
-    every other record's upper bound. Record j: base â = fl(fl(q_a − max_t)·ĉ), ĉ = fl(ε/c), within 3.01u·|â| (three
-    roundings) plus underflow, scale b = Δ_a (exact), noise F⁻¹ over the cell [x, x + 2⁻⁵³)
-    within ``e``; each bound's own roundings are in its 8.02u term. A NaN bound (−inf + inf) leaves
-    its trial undecided."""
+    gathers, so the kernel has one signature whatever arrays the caller holds), the position p of
+    its first float leader if the float bounds decide it (the leader's lower bound above every
+    other record's upper bound), else −1 − p. Record j: base â = fl(fl(q_a − max_t)·ĉ), ĉ = fl(ε/c),
+    within 3.01u·|â| (three roundings) plus underflow, scale b = Δ_a (exact), noise F⁻¹ over the
+    cell [x, x + 2⁻⁵³) within ``e``; each bound's own roundings are in its 8.02u term. A NaN bound
+    (−inf + inf) leaves its trial undecided."""
     u = 2.0**-53
     lead = np.empty(counts.shape[0], dtype=np.int64)
-    decided = np.empty(counts.shape[0], dtype=np.bool_)
     start = 0
     for t in range(counts.shape[0]):
         stop = start + counts[t]
@@ -272,10 +277,9 @@ def _lead_records(
         base = (qa[best] - top) * c_hat
         z = _signed_log(x[best])
         lower = base + scale * (z - e) - 8.02 * u * (abs(base) + scale * (abs(z) + e)) - tiny
-        lead[t] = best
-        decided[t] = (not unknown) and lower > rest
+        lead[t] = best if (not unknown) and lower > rest else -1 - best
         start = stop
-    return lead, decided
+    return lead
 
 
 def best_record(
@@ -304,13 +308,13 @@ def _best_records(
     a = np.asarray(rng.integers(0, q.shape[0], total), dtype=np.int64)
     x = np.asarray(rng.random(a.shape[0]), dtype=np.float64)  # each record's first 53 bits, as the race draws them
     qa, da = np.asarray(q[a], dtype=np.float64), np.asarray(d[a], dtype=np.float64)
-    lead, decided = _lead_records(qa, da, x, counts, epsilon / c, LAPLACE.error)
-    out: npt.NDArray[np.int64] = a[lead]
-    if decided[0] if decided.shape[0] == 1 else decided.all():
-        return out
+    lead = _lead_records(qa, da, x, counts, epsilon / c, LAPLACE.error)
+    if lead[0] >= 0 if lead.shape[0] == 1 else lead.min() >= 0:
+        return a[lead]  # type: ignore[no-any-return]  # int64 by construction
+    out: npt.NDArray[np.int64] = a[np.where(lead >= 0, lead, -1 - lead)]
     starts = np.zeros(counts.shape[0], dtype=np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
-    for t in np.flatnonzero(~decided):
+    for t in np.flatnonzero(lead < 0):
         seg = slice(int(starts[t]), int(starts[t] + counts[t]))
         gap = GapUtilities(qa[seg], epsilon, 1.0, c)  # units of c/ε, as the kernel's
         replay = _Replay(rng, x[seg])
