@@ -2,10 +2,10 @@
 
 One interface, two backing stores, one conformance suite:
 
-* :class:`Ledger` (:mod:`recsvc.ledger.base`) — what the service depends on. It owns the
-  draw-then-commit protocol (one caller per request at a time, a pre-check on a snapshot, the
-  draw holding no lock, a group commit that decides again); a store implements only its
-  storage primitives.
+* :class:`Ledger` (:mod:`recsvc.ledger.base`) — what the service depends on: a typed budget
+  store. It owns the reserve-then-commit protocol (one caller per request at a time, a
+  pre-check on a snapshot, the caller's draw holding no lock, a group commit that decides again
+  and stores the typed :class:`StoredAnswer`); a store implements only its storage primitives.
 * :class:`recsvc.ledger.sqlite.SQLiteLedger` (an embedded file, the default) and
   :class:`recsvc.ledger.postgres.PostgresLedger` (a database shared by replicas);
   :func:`open_ledger` picks one from a ``--ledger`` value.
@@ -16,8 +16,8 @@ The rules live once each: charging (:mod:`.charging`), exact units (:mod:`.units
 budget and its audited changes (:mod:`.budget`), budget windows (:mod:`.window`), keyed fingerprints (:mod:`.fingerprint`), the audit export (:mod:`.export`) and
 what both stores' migrations share (:mod:`.migrations`). Refusals (:mod:`.errors`) carry the
 name of their gRPC status in ``status``. The ledger never imports the service or its protobuf
-stubs: metrics reach the service through a :class:`LedgerObserver`, and the mechanism of an
-answer stored without one is read by a callable the service passes (``mechanism_of``).
+stubs: metrics reach the service through a :class:`LedgerObserver`, and the answers older ledgers
+stored as the service's encoded bytes are read by the migrations' own wire reader.
 """
 
 from __future__ import annotations
@@ -25,28 +25,39 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from recsvc.ledger.base import BatchItem, Ledger, LedgerObserver, is_postgres, without_waiting
+from recsvc.ledger.base import (
+    BatchItem,
+    BatchReservation,
+    Ledger,
+    LedgerObserver,
+    Reservation,
+    is_postgres,
+    without_waiting,
+)
 from recsvc.ledger.budget import BudgetChange, checked_units
-from recsvc.ledger.charging import Charge, UserBudget
+from recsvc.ledger.charging import Charge, Drawn, Replay, StoredAnswer, UserBudget
 from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict, WouldWait
-from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.units import InvalidCharge
 from recsvc.ledger.waits import DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 __all__ = [
     "BatchItem",
+    "BatchReservation",
     "BudgetChange",
     "BudgetExceeded",
     "BudgetWindow",
     "Charge",
+    "Drawn",
     "InvalidCharge",
     "Ledger",
     "LedgerError",
     "LedgerObserver",
     "LedgerUnavailable",
-    "MechanismOf",
+    "Replay",
     "RequestConflict",
+    "Reservation",
+    "StoredAnswer",
     "UserBudget",
     "Waits",
     "WouldWait",
@@ -68,14 +79,12 @@ def open_ledger(
     window: BudgetWindow | str = LIFETIME_WINDOW,
     clock: Callable[[], float] | None = None,
     observer: LedgerObserver | None = None,
-    mechanism_of: MechanismOf | None = None,
     waits: Waits = DEFAULT_WAITS,
 ) -> Ledger:
     """The store a ``--ledger`` value names: a PostgreSQL URL, or an SQLite file path (created if
     missing, whatever ``create`` says; a PostgreSQL ledger needs ``create`` or `recsvc ledger init`).
     ``window``: the budget window (``--budget-window``); ``clock``: Unix seconds (tests inject one);
-    ``observer``: the metrics callbacks; ``mechanism_of``: reads the mechanism of a stored answer
-    when an older ledger is migrated (:mod:`recsvc.ledger.migrations`); ``waits``: a PostgreSQL
+    ``observer``: the metrics callbacks; ``waits``: a PostgreSQL
     ledger's server-side timeouts (:mod:`recsvc.ledger.waits`)."""
     if is_postgres(ledger):
         from recsvc.ledger.postgres import PostgresLedger
@@ -91,14 +100,11 @@ def open_ledger(
             window=window,
             clock=clock,
             observer=observer,
-            mechanism_of=mechanism_of,
             waits=waits,
         )
     from recsvc.ledger.sqlite import SQLiteLedger
 
-    return SQLiteLedger(
-        ledger, budget, key_file=key_file, window=window, clock=clock, observer=observer, mechanism_of=mechanism_of
-    )
+    return SQLiteLedger(ledger, budget, key_file=key_file, window=window, clock=clock, observer=observer)
 
 
 def set_budget(ledger: Path | str, budget: float) -> tuple[str, BudgetChange | None]:

@@ -1,37 +1,40 @@
-"""The ledger interface and the abstract store under it: the draw-then-commit protocol, once.
+"""The ledger interface and the abstract store under it: reserve, then commit, once.
 
-:class:`Ledger` is what the service depends on. It owns the protocol every store follows, so a
-store implements only its storage primitives (the abstract methods, each a read or a transaction):
+:class:`Ledger` is what the service depends on: a typed budget store. It owns the protocol every
+store follows, so a store implements only its storage primitives (the abstract methods, each a
+read or a transaction). The caller's path is linear, and the ledger never calls back into it:
 
-1. ε becomes exact units (:func:`recsvc.ledger.units.charge_units`), or
-   :class:`~recsvc.ledger.units.InvalidCharge` before the ledger is touched.
-2. Callers of the same (user_id, request_id) in this process take turns
-   (:class:`~recsvc.ledger.group_commit.Flights`), so concurrent duplicates draw once: the later
-   ones find the stored answer in step 3.
-3. Pre-check on a read snapshot, holding no lock (``_precheck_row``): a stored answer is
-   replayed, another fingerprint is a conflict, an exhausted budget is refused
-   (:func:`recsvc.ledger.charging.precheck`). None of these draws.
-4. ``draw()`` runs in the caller's thread holding no lock, so its cost (random stopping makes
-   about 1/γ draws) delays no other request's charge.
-5. Group commit (:class:`~recsvc.ledger.group_commit.GroupCommit`, the store's
-   ``_commit_group``): the charges queued meanwhile share one transaction, which decides each
-   again by the same rule (:func:`recsvc.ledger.charging.decide_all`) and stores
-   ``build_response(sample, remaining)`` with the spend; ``build_response`` runs under the
-   store's lock, so it must be cheap (encoding only).
+1. :meth:`Ledger.reserve`: ε becomes exact units (:func:`recsvc.ledger.units.charge_units`), or
+   :class:`~recsvc.ledger.units.InvalidCharge` before the ledger is touched. The request takes
+   its turn: callers of the same (user_id, request_id) in this process wait for one another
+   (:class:`~recsvc.ledger.group_commit.Flights`) until the holder's reservation is released,
+   so concurrent duplicates draw once: the later ones find the stored answer. Then a pre-check
+   on a read snapshot, holding no lock and writing nothing (``_precheck_row``): a stored answer is
+   a :class:`~recsvc.ledger.charging.Replay`, another fingerprint is a conflict, an exhausted
+   budget is refused (:func:`recsvc.ledger.charging.precheck`). Otherwise a :class:`Reservation`.
+2. The caller draws, holding no ledger lock, so its cost (random stopping makes about 1/γ draws)
+   delays no other request's charge.
+3. :meth:`Ledger.commit` with the :class:`~recsvc.ledger.charging.Drawn` items: group commit
+   (:class:`~recsvc.ledger.group_commit.GroupCommit`, the store's ``_commit_group``): the charges
+   queued meanwhile share one transaction, which decides each again by the same rule
+   (:func:`recsvc.ledger.charging.decide_all`) and stores the typed
+   :class:`~recsvc.ledger.charging.StoredAnswer` with the spend. It returns the answer with the
+   budget left after it; the caller encodes it once.
+4. The reservation is released (it is a context manager), drawn or not.
 
-If step 5 finds that the request became a replay (another worker committed the same request
+If step 3 finds that the request became a replay (another worker committed the same request
 first), a conflict, or over budget (the user's other requests spent it in the meantime), the
 drawn sample is discarded unreleased. A sample that is never released reveals nothing about the
 data, so discarding it costs no privacy: each released answer is charged exactly once, and a
 retry gets the stored answer, never a fresh sample.
 
-SelectBatch (:meth:`Ledger.draw_and_charge_batch`) follows the same steps for many requests at
-once: keys locked in sorted order (two batches never wait on each other in a cycle), one
-snapshot (``_snapshot``), one vectorised draw, one group commit. Items are charged in batch
-order, each against what remains (in the current budget window, one clock reading for the whole
-transaction) after the items before it; an item that does not fit is refused and a LATER, smaller
-item that still fits is charged. An item repeating an earlier item's (user_id, request_id)
-within the batch replays that item's answer (or conflicts).
+SelectBatch (:meth:`Ledger.reserve_batch`, :meth:`Ledger.commit_batch`) follows the same steps for
+many requests at once: keys taken in sorted order (two batches never wait on each other in a
+cycle), one snapshot (``_snapshot``), one vectorised draw by the caller, one group commit. Items
+are charged in batch order, each against what remains (in the current budget window, one clock
+reading for the whole transaction) after the items before it; an item that does not fit is
+refused and a LATER, smaller item that still fits is charged. An item repeating an earlier
+item's (user_id, request_id) within the batch replays that item's answer (or conflicts).
 
 Metrics reach the service through a :class:`LedgerObserver` given at construction.
 """
@@ -44,27 +47,28 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from recsvc.ledger import fingerprint
 from recsvc.ledger.budget import checked_units
 from recsvc.ledger.charging import (
     Account,
     Charge,
+    Drawn,
     Pending,
+    PrecheckRow,
+    Replay,
+    Seen,
     StoredRequest,
     UserBudget,
     account,
     precheck,
-    unset,
     verdict,
 )
-from recsvc.ledger.errors import LedgerError, RequestConflict
+from recsvc.ledger.errors import LedgerError
 from recsvc.ledger.group_commit import Flights, GroupCommit, Queued
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
-
-S = TypeVar("S")
 
 URL_SCHEMES = ("postgresql://", "postgres://")
 # Seconds a running commit may take before health calls the charge pipeline stuck: a commit takes
@@ -120,7 +124,50 @@ class BatchItem:
     request_id: str
     digest: bytes  # SHA-256 of the canonical request (the ledger stores its keyed fingerprint)
     epsilon: float
-    mechanism: str = ""  # the answer's mechanism, stored with the charge (``recsvc ledger export``)
+    mechanism: str = ""  # the answer's mechanism, stored with it (``recsvc ledger export``)
+
+
+class Reservation:
+    """A request that passed its pre-check and holds its turn (:meth:`Ledger.reserve`): commit it
+    with what was drawn (:meth:`Ledger.commit`), then release it, drawn or not; as a context
+    manager it is released on exit. Nothing is written until the commit."""
+
+    def __init__(self, pending: Pending, turn: ExitStack) -> None:
+        self.pending = pending
+        self._turn = turn
+
+    def release(self) -> None:
+        """Ends the request's turn (idempotent): a waiting duplicate then finds its stored answer."""
+        self._turn.close()
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+class BatchReservation:
+    """A batch's reservation (:meth:`Ledger.reserve_batch`): ``outcomes[i]`` is item i's replay
+    (a :class:`~recsvc.ledger.charging.Charge`) or refusal decided by the pre-check, None for the
+    items to draw, whose indices are ``todo`` in order. Released like a :class:`Reservation`."""
+
+    def __init__(
+        self, pending: dict[int, Pending], outcomes: list[Charge | Exception | None], todo: list[int], turn: ExitStack
+    ) -> None:
+        self.pending = pending
+        self.outcomes = outcomes
+        self.todo = todo
+        self._turn = turn
+
+    def release(self) -> None:
+        self._turn.close()
+
+    def __enter__(self) -> BatchReservation:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
 
 
 class Ledger(abc.ABC):
@@ -153,7 +200,7 @@ class Ledger(abc.ABC):
         self._key = b""  # the fingerprint key; each store loads or creates it
         self.key_created = False
         self.commits = 0
-        self._flights = Flights()  # one draw_and_charge per (user_id, request_id) at a time
+        self._flights = Flights()  # one reservation per (user_id, request_id) at a time
         self._group_commit = GroupCommit(self._commit_group)
 
     # -- the storage primitives each store implements --------------------------------------
@@ -171,14 +218,13 @@ class Ledger(abc.ABC):
         """Every stored (user_id, spent_units, window_start)."""
 
     @abc.abstractmethod
-    def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
-        """Step 3's read, holding no lock: ``(stored fingerprint, stored response, spent_units,
-        window_start)`` of ``p``'s request and user, NULLs where nothing is stored."""
+    def _precheck_row(self, p: Pending) -> PrecheckRow:
+        """The pre-check's read, holding no lock: ``p``'s stored request and its user's account."""
 
     @abc.abstractmethod
     def _snapshot(self, keys: list[tuple[str, str]], users: list[str]) -> tuple[Stored, Accounts]:
-        """The batch pre-check's read, on one snapshot holding no lock: the stored (fingerprint,
-        response) of ``keys`` and each user's stored account."""
+        """The batch pre-check's read, on one snapshot holding no lock: the stored requests among
+        ``keys`` and each user's stored account."""
 
     @abc.abstractmethod
     def _commit_group(self, take: Callable[[], list[Queued]]) -> None:
@@ -217,104 +263,99 @@ class Ledger(abc.ABC):
 
     # -- the protocol ----------------------------------------------------------------------
 
-    def draw_and_charge(
-        self,
-        user_id: str,
-        request_id: str,
-        digest: bytes,
-        epsilon: float,
-        draw: Callable[[], S],
-        build_response: Callable[[S, float], bytes],
-        *,
-        mechanism: str = "",
-    ) -> Charge:
-        """Draws the sample OUTSIDE the write transaction, then charges it (steps 1–5 of the
-        module docstring). Returns only after the COMMIT (fsync)."""
-        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), unset, mechanism)
-        with self._flights.one_at_a_time((user_id, request_id)):
+    def reserve(
+        self, user_id: str, request_id: str, digest: bytes, epsilon: float, mechanism: str = ""
+    ) -> Reservation | Replay:
+        """Step 1 of the module docstring: the stored answer of a request already answered, or a
+        :class:`Reservation` holding the request's turn. ``digest`` is the request's SHA-256 (the
+        ledger stores only its keyed fingerprint); ``mechanism`` is stored with the answer.
+        Raises :class:`~recsvc.ledger.units.InvalidCharge` (before anything is touched),
+        :class:`~recsvc.ledger.errors.BudgetExceeded` or
+        :class:`~recsvc.ledger.errors.RequestConflict`; writes nothing."""
+        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), mechanism)
+        turn = ExitStack()
+        turn.enter_context(self._flights.one_at_a_time((user_id, request_id)))
+        try:
             done = self._precheck(p)
-            if done is not None:
-                return done
-            sample = draw()
-            p.build_response = lambda remaining: build_response(sample, remaining)
-            return cast(Charge, self._group_commit.one(p))
-
-    def charge(
-        self,
-        user_id: str,
-        request_id: str,
-        digest: bytes,
-        epsilon: float,
-        build_response: Callable[[float], bytes],
-        *,
-        mechanism: str = "",
-    ) -> Charge:
-        """Atomically: replay a stored answer, or check the budget, spend ε and store the answer.
-
-        ``digest`` is the request's SHA-256 digest (the ledger stores only its keyed
-        fingerprint). ``build_response(remaining)`` makes the response bytes given the budget
-        left after this spend; it runs inside the transaction, only for a fresh request that
-        fits the budget, possibly in another caller's thread (the group-commit leader). If it
-        raises, nothing is spent. Raises :class:`~recsvc.ledger.units.InvalidCharge` (before
-        anything is touched), :class:`~recsvc.ledger.errors.BudgetExceeded` or
-        :class:`~recsvc.ledger.errors.RequestConflict` with nothing spent. Returns only after the
-        COMMIT. ``mechanism`` is stored with the charge (``recsvc ledger export``).
-        """
-        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), build_response, mechanism)
-        return cast(Charge, self._group_commit.one(p))
+        except BaseException:
+            turn.close()
+            raise
+        if done is not None:
+            turn.close()
+            return Replay(done.answer)
+        return Reservation(p, turn)
 
     def _precheck(self, p: Pending) -> Charge | None:
-        """Step 3: :func:`recsvc.ledger.charging.precheck` on the store's snapshot read."""
-        row = self._precheck_row(p)
-        return precheck(p, row, self.window, self.budget_units, self._clock())
+        """The pre-check: :func:`recsvc.ledger.charging.precheck` on the store's snapshot read."""
+        return precheck(p, self._precheck_row(p), self.window, self.budget_units, self._clock())
 
-    def draw_and_charge_batch(
-        self,
-        items: Sequence[BatchItem],
-        draw: Callable[[list[int]], Sequence[S | Exception]],
-        build_response: Callable[[int, S, float], bytes],
-    ) -> list[Charge | Exception]:
-        """SelectBatch's protocol (module docstring): one outcome per item, in order, a
-        :class:`~recsvc.ledger.charging.Charge` (fresh or replayed) or the exception that refused
-        it (nothing spent). ``draw(indices)`` draws the samples of the items left after the
-        pre-check (a list, one per index; a sample that is an exception refuses its item alone);
-        ``build_response(index, sample, remaining)`` is stored with its spend. Returns only after
-        the COMMIT (fsync) of the charged items."""
+    def commit(self, reservation: Reservation, drawn: Drawn) -> Charge:
+        """Step 3: charges the reserved request and stores ``drawn`` as its typed answer, in one
+        transaction that decides again; the answer with the budget left after it. A replay if
+        another process answered the request meanwhile; a refusal raised (nothing spent, the draw
+        discarded). Returns only after the COMMIT (fsync)."""
+        p = reservation.pending
+        p.drawn = drawn
+        return cast(Charge, self._group_commit.one(p))
+
+    def charge(
+        self, user_id: str, request_id: str, digest: bytes, epsilon: float, drawn: Drawn, mechanism: str = ""
+    ) -> Charge:
+        """Charges an answer known before the call (nothing to draw, so no pre-check): ONE
+        transaction replays the stored answer, or refuses, or spends ε and stores ``drawn``, by the
+        same rule as :meth:`commit` (:class:`~recsvc.ledger.units.InvalidCharge` before anything is
+        touched). Returns only after the COMMIT."""
+        p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), mechanism, drawn)
+        return cast(Charge, self._group_commit.one(p))
+
+    def reserve_batch(self, items: Sequence[BatchItem]) -> BatchReservation:
+        """SelectBatch's step 1 (module docstring): every item's turn, taken in sorted key order,
+        and the pre-check of all items on one snapshot. An item the pre-check decides (a replay, a
+        conflict, a charge beyond what the user has left after the EARLIER items, an ε the ledger
+        cannot count) has its outcome; the others are to be drawn."""
         out: list[Charge | Exception | None] = [None] * len(items)
         pending: dict[int, Pending] = {}
         for i, it in enumerate(items):
             try:
-                pending[i] = Pending(
-                    it.user_id,
-                    it.request_id,
-                    self.fingerprint(it.digest),
-                    charge_units(it.epsilon),
-                    unset,
-                    it.mechanism,
-                )
+                units = charge_units(it.epsilon)
             except ValueError as exc:  # InvalidCharge: this item alone
                 out[i] = exc
-        with ExitStack() as turns:
+                continue
+            pending[i] = Pending(it.user_id, it.request_id, self.fingerprint(it.digest), units, it.mechanism)
+        turn = ExitStack()
+        try:
             for key in sorted({(p.user_id, p.request_id) for p in pending.values()}):
-                turns.enter_context(self._flights.one_at_a_time(key))
+                turn.enter_context(self._flights.one_at_a_time(key))
             todo = self._precheck_batch(pending, out)
-            samples = draw(todo) if todo else []
-            for i, sample in zip(todo, samples, strict=True):
-                if isinstance(sample, Exception):  # this item's draw failed: refused alone, nothing spent
-                    out[i] = sample
-                    continue
-                pending[i].build_response = _bound(build_response, i, sample)
-            queued = [p for i, p in pending.items() if out[i] is None]
-            if queued:  # sets each item's result or error (a database that went away: every item's)
-                self._group_commit(queued)
-            for i, p in pending.items():
-                if out[i] is None:
-                    out[i] = p.error if p.error is not None else p.result
+        except BaseException:
+            turn.close()
+            raise
+        return BatchReservation(pending, out, todo, turn)
+
+    def commit_batch(
+        self, reservation: BatchReservation, drawn: Sequence[Drawn | Exception]
+    ) -> list[Charge | Exception]:
+        """SelectBatch's step 3: ``drawn`` holds one entry per index of ``reservation.todo``, in
+        order (an exception refuses its item alone, nothing spent). One outcome per item, in
+        order: a :class:`~recsvc.ledger.charging.Charge` (fresh or replayed) or the exception that
+        refused it (nothing spent). Returns only after the COMMIT (fsync) of the charged items."""
+        out = list(reservation.outcomes)
+        pending = reservation.pending
+        for i, d in zip(reservation.todo, drawn, strict=True):
+            if isinstance(d, Exception):  # this item's draw failed: refused alone, nothing spent
+                out[i] = d
+            else:
+                pending[i].drawn = d
+        queued = [p for i, p in pending.items() if out[i] is None]
+        if queued:  # sets each item's result or error (a database that went away: every item's)
+            self._group_commit(queued)
+        for i, p in pending.items():
+            if out[i] is None:
+                out[i] = p.error if p.error is not None else p.result
         return [o if o is not None else RuntimeError("no outcome") for o in out]
 
     def _precheck_batch(self, pending: dict[int, Pending], out: list[Any]) -> list[int]:
-        """The batch's step 3 on one read snapshot: fills ``out`` for the items it decides (a
-        replay, a conflict, a charge beyond what the user has left after the EARLIER items); the
+        """The batch's pre-check on one read snapshot: fills ``out`` for the items it decides; the
         rest need a draw. A store that cannot be read refuses every item, nothing spent."""
         keys = list({(p.user_id, p.request_id): None for p in pending.values()})
         try:
@@ -325,14 +366,13 @@ class Ledger(abc.ABC):
             return []
         spent = self.window.spent_now(((u, a.spent_units, a.window_start) for u, a in accounts.items()), self._clock())
         for p in pending.values():  # what the commit may check is unchanged (PostgreSQL)
-            p.read, p.seen = True, accounts.get(p.user_id)
+            p.seen = Seen(accounts.get(p.user_id))
         todo: list[int] = []
         earlier: set[tuple[str, str]] = set()
         for i, p in pending.items():
             key = (p.user_id, p.request_id)
             before = spent.get(p.user_id, 0)
-            if key in earlier and key not in stored:  # decided at commit against the earlier item; never draws
-                p.build_response = _refuse_duplicate(p)
+            if key in earlier and key not in stored:  # decided at commit against the earlier item; never drawn
                 continue
             earlier.add(key)  # so every item that reaches the commit found its request unstored here
             decided = verdict(
@@ -344,17 +384,3 @@ class Ledger(abc.ABC):
                 spent[p.user_id] = before + p.units
                 todo.append(i)
         return todo
-
-
-def _bound(build_response: Callable[[int, S, float], bytes], i: int, sample: S) -> Callable[[float], bytes]:
-    """Item ``i``'s response builder, its sample bound."""
-    return lambda remaining: build_response(i, sample, remaining)
-
-
-def _refuse_duplicate(p: Pending) -> Callable[[float], bytes]:
-    """A repeated (user_id, request_id) is charged only as a replay of the earlier item's answer."""
-
-    def refuse(_remaining: float) -> bytes:
-        raise RequestConflict(p.user_id, p.request_id)
-
-    return refuse

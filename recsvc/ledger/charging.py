@@ -13,7 +13,7 @@ Budgets are exact integers (:mod:`recsvc.ledger.units`) counted per window
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -28,47 +28,123 @@ ChargeRow = tuple[str, str, str, int, int]
 
 
 class Account(NamedTuple):
-    """A user's budget row as a store reads it."""
+    """A user's budget row as a store reads it; :class:`AccountWrite` has the same fields, in this order."""
 
     spent_units: int
     window_start: int
     requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drawn:
+    """What the caller drew for a reserved request, to store with its charge: the slate of item
+    ids in selection order and, when the caller has them, the same items' catalog rows."""
+
+    item_ids: tuple[str, ...]
+    item_rows: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class StoredAnswer:
+    """A charged request's answer, as the ledger stores and replays it: typed, never the caller's
+    encoding. ``units`` is the exact charge (what budgets and the audit export count);
+    ``epsilon`` and ``remaining`` are the doubles the answer reported (the charge and the user's
+    budget left right after it), stored as reported so that a replay repeats them bit for bit,
+    whichever ledger version wrote the answer."""
+
+    item_ids: tuple[str, ...]
+    item_rows: tuple[int, ...]
+    mechanism: str
+    units: int
+    epsilon: float
+    remaining: float
+
+
+# The columns of a stored request's fingerprint and answer, in :meth:`StoredRequest.of`'s order
+# (both stores name them alike).
+STORED_COLUMNS = "fingerprint, mechanism, epsilon_units, item_ids, item_rows, epsilon_spent, budget_remaining"
+N_STORED = len(STORED_COLUMNS.split(", "))
+
+
+def ids_text(values: tuple[str, ...] | tuple[int, ...]) -> str:
+    """A slate column's text: a JSON array (readable with sqlite3's or PostgreSQL's JSON functions)."""
+    return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
 
 
 class StoredRequest(NamedTuple):
     """An answered request as a store reads it: its keyed fingerprint and the stored answer."""
 
     fingerprint: bytes
-    response: bytes
+    answer: StoredAnswer
+
+    @classmethod
+    def of(
+        cls, fp: Any, mechanism: Any, units: Any, ids: Any, rows: Any, epsilon: Any, remaining: Any
+    ) -> StoredRequest:
+        """From the :data:`STORED_COLUMNS` of a row."""
+        answer = StoredAnswer(
+            tuple(json.loads(ids)),
+            tuple(json.loads(rows)),
+            str(mechanism),
+            int(units),
+            float(epsilon),
+            float(remaining),
+        )
+        return cls(bytes(fp), answer)
 
 
 class AccountWrite(NamedTuple):
-    """A user's new budget row, in the stores' column order (absolute values: the transaction
-    holds the user's lock)."""
+    """A user's new budget row (absolute values: the transaction holds the user's lock)."""
 
     user_id: str
     spent_units: int
-    requests: int
     window_start: int
+    requests: int
 
 
 class RequestWrite(NamedTuple):
-    """A charged request to store, in the stores' column order."""
+    """A charged request to store."""
 
     user_id: str
     request_id: str
     fingerprint: bytes
-    units: int
-    response: bytes
-    mechanism: str
+    answer: StoredAnswer
+
+    def row(self) -> tuple[str, str, bytes, str, int, str, str, float, float]:
+        """The values of the stores' :data:`REQUEST_COLUMNS`, in order."""
+        a = self.answer
+        return (
+            self.user_id,
+            self.request_id,
+            self.fingerprint,
+            a.mechanism,
+            a.units,
+            ids_text(a.item_ids),
+            ids_text(a.item_rows),
+            a.epsilon,
+            a.remaining,
+        )
+
+
+# What both stores insert for a charged request (:meth:`RequestWrite.row`), then ``created``.
+REQUEST_COLUMNS = "user_id, request_id, " + STORED_COLUMNS
 
 
 @dataclass(frozen=True)
 class Charge:
-    """Outcome of a charge: the stored response bytes and whether it is a replay."""
+    """Outcome of a charge: the stored answer and whether it is a replay (an earlier identical
+    request's answer: nothing spent now)."""
 
-    response: bytes
+    answer: StoredAnswer
     replayed: bool
+
+
+@dataclass(frozen=True)
+class Replay:
+    """What :meth:`recsvc.ledger.base.Ledger.reserve` returns for a request already answered:
+    the stored answer, to send again; nothing is drawn or spent."""
+
+    answer: StoredAnswer
 
 
 @dataclass(frozen=True)
@@ -128,7 +204,7 @@ def verdict(
     (:meth:`recsvc.ledger.window.BudgetWindow.in_window`)."""
     if prior is not None:
         return (
-            Charge(prior.response, replayed=True)
+            Charge(prior.answer, replayed=True)
             if prior.fingerprint == fingerprint
             else RequestConflict(user_id, request_id)
         )
@@ -137,41 +213,47 @@ def verdict(
     return None
 
 
-def precheck(
-    p: Pending, row: tuple[Any, Any, Any, Any], window: BudgetWindow, budget_units: int, now: float
-) -> Charge | None:
-    """The pre-check's verdict (:meth:`recsvc.ledger.base.Ledger.draw_and_charge`) from a
-    snapshot row ``(stored fingerprint, stored response, spent_units, window_start)``, NULLs where
-    nothing is stored: a stored answer to replay, None to draw and charge, or the refusal raised."""
-    fp, response, spent, row_start = row
-    prior = None if fp is None else StoredRequest(bytes(fp), bytes(response))
-    in_window = window.in_window(int(spent or 0), int(row_start or 0), window.start(now))[0]
-    done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, prior, in_window, budget_units)
+class PrecheckRow(NamedTuple):
+    """The pre-check's read of one request and its user (:meth:`recsvc.ledger.base.Ledger.reserve`):
+    the stored request (None: not answered yet) and the user's stored account (None: no row)."""
+
+    stored: StoredRequest | None
+    account: Account | None
+
+
+def precheck(p: Pending, row: PrecheckRow, window: BudgetWindow, budget_units: int, now: float) -> Charge | None:
+    """The pre-check's verdict from a snapshot read: a stored answer to replay, None to draw and
+    charge, or the refusal raised."""
+    spent, row_start = (0, 0) if row.account is None else (row.account.spent_units, row.account.window_start)
+    in_window = window.in_window(spent, row_start, window.start(now))[0]
+    done = verdict(p.user_id, p.request_id, p.fingerprint, p.units, row.stored, in_window, budget_units)
     if isinstance(done, LedgerError):
         raise done
     return done
 
 
-def unset(_remaining: float) -> bytes:
-    raise RuntimeError("no response builder set")
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """The account a charge's pre-check read (None: the user had no row yet), for PostgreSQL's
+    one-statement charge (``PostgresLedger._charge_unchanged``)."""
+
+    account: Account | None
 
 
 @dataclass(eq=False)
 class Pending(Queued):
-    """One charge on its way into a store (both stores; ``result`` is its :class:`Charge`, the
-    PostgreSQL store also uses ``built`` and ``seen``)."""
+    """One charge on its way into a store (both stores; ``result`` is its :class:`Charge`)."""
 
     user_id: str
     request_id: str
     fingerprint: bytes  # keyed (what the ledger stores)
     units: int
-    build_response: Callable[[float], bytes]
-    mechanism: str = ""  # the answer's mechanism, stored for the audit export
-    built: bytes | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
-    # Whether the pre-check read the user's account, and what it read (None: no row yet), for
-    # PostgreSQL's one-statement charge (``PostgresLedger._charge_unchanged``).
-    read: bool = False
-    seen: Account | None = None
+    mechanism: str = ""  # the answer's mechanism, stored with it
+    # What the caller drew, set before the commit; None: nothing was drawn (a batch item repeating
+    # an earlier item's request), so it may only replay that item's answer, never be charged.
+    drawn: Drawn | None = None
+    built: StoredAnswer | None = None  # what this process stored, to recognise its own commit on a retry (PostgreSQL)
+    seen: Seen | None = None  # None: no pre-check read the account
 
 
 @dataclass
@@ -195,16 +277,15 @@ def decide_all(
     the ones before it left, and sets its ``result`` or ``error``; returns what to write.
 
     ``stored`` holds the batch's requests already in the ledger, ``accounts`` each user's
-    stored account, both read under the
-    transaction's locks; the whole batch counts in the budget window of ``now``. A response
-    builder that raises refuses its charge alone (nothing spent)."""
+    stored account, both read under the transaction's locks; the whole batch counts in the budget
+    window of ``now``. A charge with nothing drawn is refused as a conflict (nothing spent)."""
     start = window.start(now)
     spent: dict[str, int] = {}
     counts: dict[str, int] = {}  # this window's charges per user, the batch's included
     windows: dict[str, int] = {}
-    for u, (s, ws, n) in accounts.items():
-        spent[u], windows[u] = window.in_window(s, ws, start)
-        counts[u] = n if windows[u] == ws else 0
+    for u, a in accounts.items():
+        spent[u], windows[u] = window.in_window(a.spent_units, a.window_start, start)
+        counts[u] = a.requests if windows[u] == a.window_start else 0
     stored = dict(stored)
     charged: dict[str, None] = {}
     requests: list[RequestWrite] = []
@@ -219,17 +300,23 @@ def decide_all(
         if decided is not None:
             p.error = decided
             continue
-        after = before + p.units
-        try:
-            response = p.build_response(to_epsilon(budget_units - after))
-        except Exception as exc:  # this charge alone is refused, nothing spent
-            p.error = exc
+        if p.drawn is None:
+            p.error = RequestConflict(p.user_id, p.request_id)
             continue
+        after = before + p.units
+        answer = StoredAnswer(
+            p.drawn.item_ids,
+            p.drawn.item_rows,
+            p.mechanism,
+            p.units,
+            to_epsilon(p.units),
+            to_epsilon(budget_units - after),
+        )
         spent[p.user_id] = after
         counts[p.user_id] = counts.get(p.user_id, 0) + 1
         windows.setdefault(p.user_id, start)
         charged[p.user_id] = None
-        stored[key] = StoredRequest(p.fingerprint, response)
-        requests.append(RequestWrite(p.user_id, p.request_id, p.fingerprint, p.units, response, p.mechanism))
-        p.result, p.built = Charge(response, replayed=False), response
-    return Writes([AccountWrite(u, spent[u], counts[u], windows[u]) for u in charged], requests)
+        stored[key] = StoredRequest(p.fingerprint, answer)
+        requests.append(RequestWrite(p.user_id, p.request_id, p.fingerprint, answer))
+        p.result, p.built = Charge(answer, replayed=False), answer
+    return Writes([AccountWrite(u, spent[u], windows[u], counts[u]) for u in charged], requests)

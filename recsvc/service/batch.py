@@ -1,10 +1,10 @@
 """SelectBatch's fast path: one vectorised draw per mechanism group, one ledger transaction per batch.
 
 Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_many`
-(so an item's refusals are exactly a single Select's). Then :func:`execute_batch` follows the
-ledger's batch protocol (:meth:`recsvc.ledger.Ledger.draw_and_charge_batch`): pre-check all items on one
-snapshot (replays, conflicts and refusals draw nothing), draw the rest OUTSIDE any lock, and
-charge them all in ONE transaction with per-item outcomes.
+(so an item's refusals are exactly a single Select's). Then :func:`execute_batch` reads as a
+single Select does (:mod:`recsvc.ledger.base`): reserve all items on one snapshot (replays,
+conflicts and refusals draw nothing), draw the rest holding no ledger lock, and commit them all
+in ONE transaction with per-item outcomes.
 
 The draw: single-item answers (k = 1) of a mechanism :func:`recsvc.mechanisms.select_rows`
 vectorises (rnm, rnm_laplace, pf) are drawn together, one call per mechanism, from this
@@ -15,13 +15,12 @@ other mechanisms, heavy random-stopping draws) is drawn item by item as Select d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import numpy as np
 
-from recsvc.ledger import BatchItem, Charge, Ledger
-from recsvc.ledger.units import charge_units, to_epsilon
+from recsvc.ledger import BatchItem, Drawn, Ledger
 from recsvc.mechanisms.rows import VECTORISED, select_rows
 from recsvc.rng import thread_csprng
 from recsvc.service.requests import Prepared, Selected, draw
@@ -87,18 +86,16 @@ def draw_many(
     return out  # type: ignore[return-value]  # the loop above replaced every None
 
 
-def execute_batch(
-    selector: Selector, ledger: Ledger, prepared: Sequence[Prepared], encode: Callable[[Selected], bytes]
-) -> list[Charge | Exception]:
-    """Charges every prepared item in one ledger transaction (either store); one outcome per item, in order."""
+def execute_batch(selector: Selector, ledger: Ledger, prepared: Sequence[Prepared]) -> list[Selected | Exception]:
+    """Charges every prepared item in one ledger transaction (either store); one outcome per item,
+    in order: its answer, or the exception that refused it (nothing spent)."""
     items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
-
-    def draws(todo: list[int]) -> list[np.ndarray | Exception]:  # no lock held
-        return draw_many(selector, [prepared[i] for i in todo], thread_csprng())
-
-    def build(i: int, picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
-        p = prepared[i]
-        ids, rows = p.answer(picked)
-        return encode(Selected(ids, p.mechanism, to_epsilon(charge_units(p.charge)), remaining, p.request_id, rows))
-
-    return ledger.draw_and_charge_batch(items, draws, build)
+    with ledger.reserve_batch(items) as reserved:
+        todo = [prepared[i] for i in reserved.todo]
+        picked = draw_many(selector, todo, thread_csprng()) if todo else []
+        drawn = [s if isinstance(s, Exception) else Drawn(*p.answer(s)) for p, s in zip(todo, picked, strict=True)]
+        charged = ledger.commit_batch(reserved, drawn)
+    return [
+        c if isinstance(c, Exception) else Selected(c.answer, p.request_id, c.replayed)
+        for p, c in zip(prepared, charged, strict=True)
+    ]

@@ -23,8 +23,9 @@ invalid wire type, or anything the parser rejects) are refused the same way: :cl
 which the gate answers with INVALID_ARGUMENT and no traceback.
 
 **Codecs.** :func:`candidates`, :func:`params` and :func:`fingerprint` read a decoded request;
-:func:`encode` writes a SelectResponse; :func:`batch_response` frames a SelectBatchResponse
-around answers that are already serialized (the ledger stores each answer's bytes).
+:func:`select_response` makes the SelectResponse of a charged request from its typed answer (the
+one encoding of an answer, fresh or replayed); :func:`batch_response` frames a SelectBatchResponse
+around the items' serialized results.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from recsvc.service.requests import SelectInput
 from recsvc.v1 import selection_pb2 as pb
 
 if TYPE_CHECKING:
-    from recsvc.ledger import Charge
     from recsvc.service.multiselect import MultiSelector
     from recsvc.service.requests import Selected
     from recsvc.service.selection import Selector
@@ -313,41 +313,20 @@ def multiselect_message(a: MultiAnswer) -> pb.MultiSelectResponse:
     )
 
 
-def encode_multiselect(a: MultiAnswer) -> bytes:
-    """A serialized MultiSelectResponse: the answer the ledger stores and a replay returns."""
-    return multiselect_message(a).SerializeToString()
-
-
-def decode_multiselect(stored: bytes) -> MultiAnswer:
-    r = pb.MultiSelectResponse.FromString(stored)
-    return MultiAnswer(list(r.item_ids), r.epsilon_spent, r.budget_remaining, r.replayed, r.charged, r.request_id)
-
-
-def encode(s: Selected) -> bytes:
-    """A serialized SelectResponse: the answer the ledger stores and a replay returns."""
+def select_response(s: Selected) -> pb.SelectResponse:
+    """The SelectResponse of a charged request, from its typed answer: a replay is the first
+    answer, field for field, with ``replayed`` set."""
+    a = s.answer
     return pb.SelectResponse(
-        item_id=s.item_id,
-        item_ids=s.item_ids,
-        item_rows=s.item_rows,
-        mechanism=s.mechanism,
-        epsilon_spent=s.epsilon,
-        budget_remaining=s.budget_remaining,
+        item_id=a.item_ids[0],
+        item_ids=a.item_ids,
+        item_rows=a.item_rows,
+        mechanism=a.mechanism,
+        epsilon_spent=a.epsilon,
+        budget_remaining=a.remaining,
         request_id=s.request_id,
-    ).SerializeToString()
-
-
-def replayed(stored: bytes) -> pb.SelectResponse:
-    """A stored answer, marked as a replay."""
-    resp = pb.SelectResponse.FromString(stored)
-    resp.replayed = True
-    if not resp.item_ids:  # an answer stored with item_id alone: its one item is the slate
-        resp.item_ids.append(resp.item_id)
-    return resp
-
-
-def answer(charge: Charge) -> pb.SelectResponse:
-    """The response to a charged request: its stored answer, marked when it was a replay."""
-    return replayed(charge.response) if charge.replayed else pb.SelectResponse.FromString(charge.response)
+        replayed=s.replayed,
+    )
 
 
 def mechanisms_response(
@@ -399,8 +378,8 @@ def error(code_value: int, code_name: str, message: str) -> bytes:
 
 def batch_response(results: Iterable[tuple[int, bytes]]) -> bytes:
     """A serialized SelectBatchResponse from each item's SelectResult field (1: a serialized
-    SelectResponse, 2: a serialized Error), written directly: the stored answers are already
-    SelectResponse bytes, so they are framed (tag, length) rather than parsed and re-encoded."""
+    SelectResponse, 2: a serialized Error), framed (tag, length) directly around each item's
+    bytes rather than built as one message and serialized again."""
     parts = []
     for number, body in results:
         inner = bytes([number << 3 | 2]) + _varint_bytes(len(body)) + body  # SelectResult.response / .error

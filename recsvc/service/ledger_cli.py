@@ -80,7 +80,6 @@ def _ledger_config(args: argparse.Namespace) -> ServerConfig:
 
 def run_ledger_init(args: argparse.Namespace) -> int:
     from recsvc.ledger import open_ledger
-    from recsvc.service.server import stored_mechanism
 
     config = _ledger_config(args).ledger
     store = open_ledger(
@@ -90,7 +89,6 @@ def run_ledger_init(args: argparse.Namespace) -> int:
         pool_size=1,
         create=True,
         window=config.window,
-        mechanism_of=stored_mechanism,
     )
     store.close()
     where = getattr(store, "where", str(config.location))
@@ -119,14 +117,13 @@ def run_ledger_set_budget(args: argparse.Namespace) -> int:
 
 def run_ledger_migrate(args: argparse.Namespace) -> int:
     from recsvc.ledger.postgres.schema import migrate_url
-    from recsvc.service.server import stored_mechanism
 
     if not is_postgres(args.ledger):
         raise ValueError(
             f"--ledger {args.ledger}: an SQLite ledger migrates itself when `recsvc serve` opens it; "
             "expected a PostgreSQL URL postgresql://USER@HOST:PORT/DB"
         )
-    where, before, after = migrate_url(args.ledger, stored_mechanism)
+    where, before, after = migrate_url(args.ledger)
     print(f"recsvc ledger: {where} schema version {before} -> {after}")
     return 0
 

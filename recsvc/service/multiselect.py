@@ -5,7 +5,7 @@ signal (integers), both exactly local ε-DP; the server's k items are a determin
 that signal and public data (:func:`recsvc.multiselection.respond_code`,
 :func:`recsvc.multiselection.respond_lattice`), so answering spends nothing beyond the device's ε. The server cannot check the noise, so it charges
 the ε the device DECLARES to ``user_id`` on the same ledger as Select, under the same protocol
-(:meth:`recsvc.ledger.Ledger.draw_and_charge`): the "draw" is the response, computed outside the
+(:meth:`recsvc.ledger.Ledger.reserve`, then :meth:`~recsvc.ledger.Ledger.commit`): the "draw" is the response, computed outside the
 write transaction, and a retry with the same request_id returns the stored items and spends
 nothing. Without user_id nothing is charged, nothing is stored, and the answer says so.
 
@@ -19,14 +19,13 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from recsvc.artifact import Artifact
 from recsvc.checks import check_epsilon
-from recsvc.ledger import Ledger
-from recsvc.ledger.units import charge_units, to_epsilon
+from recsvc.ledger import Drawn, Ledger, Replay, StoredAnswer
 from recsvc.multiselection import SIGNAL_LIMIT, Lattice, prototype_codes, respond_code, respond_lattice
 from recsvc.service.catalog import short
 from recsvc.service.config import Policy
@@ -211,24 +210,20 @@ class MultiSelector:
                 self._answers.popitem(last=False)
         return list(items)
 
-    def execute(
-        self,
-        ledger: Ledger,
-        p: MultiPrepared,
-        encode: Callable[[MultiAnswer], bytes],
-        decode: Callable[[bytes], MultiAnswer],
-    ) -> MultiAnswer:
-        """Answers ``p``: uncharged without a user_id; otherwise charged and stored in one ledger
-        transaction (a replay returns the stored items, marked, and computes nothing)."""
+    def execute(self, ledger: Ledger, p: MultiPrepared) -> MultiAnswer:
+        """Answers ``p``: uncharged without a user_id; otherwise reserved, computed holding no
+        ledger lock, and committed with its items (a replay returns the stored items, marked, and
+        computes nothing)."""
         if not p.user_id:
             return MultiAnswer(self.items(p), 0.0, 0.0, False, False, p.request_id)
-        charged = to_epsilon(charge_units(p.epsilon))  # what the ledger spends (rounded up to its unit)
+        got = ledger.reserve(p.user_id, p.request_id, p.fingerprint, p.epsilon, MECHANISM)
+        if isinstance(got, Replay):
+            return charged_answer(got.answer, p.request_id, replayed=True)
+        with got:
+            charge = ledger.commit(got, Drawn(tuple(self.items(p))))
+        return charged_answer(charge.answer, p.request_id, charge.replayed)
 
-        def build(items: list[str], remaining: float) -> bytes:  # inside the transaction: encoding only
-            return encode(MultiAnswer(items, charged, remaining, False, True, p.request_id))
 
-        charge = ledger.draw_and_charge(
-            p.user_id, p.request_id, p.fingerprint, p.epsilon, lambda: self.items(p), build, mechanism=MECHANISM
-        )
-        answer = decode(charge.response)
-        return replace(answer, replayed=True) if charge.replayed else answer
+def charged_answer(stored: StoredAnswer, request_id: str, replayed: bool) -> MultiAnswer:
+    """The answer to a charged MultiSelect, from what the ledger stored."""
+    return MultiAnswer(list(stored.item_ids), stored.epsilon, stored.remaining, replayed, True, request_id)

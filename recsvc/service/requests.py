@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from recsvc.ledger import StoredAnswer
 from recsvc.mechanisms import MECHANISMS, charged_epsilon, select_slate, select_two_stage
 from recsvc.mechanisms.slate import is_one_shot, native_peel_work
 from recsvc.service.errors import InvalidRequest
@@ -84,18 +85,12 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Selected:
-    """What a response carries once the ledger has charged the request."""
+    """What a response carries once the ledger has charged the request: its stored answer, and
+    whether this call replays it (an earlier identical request's answer: nothing spent now)."""
 
-    item_ids: tuple[str, ...]  # the slate, in selection order
-    mechanism: str
-    epsilon: float
-    budget_remaining: float
+    answer: StoredAnswer
     request_id: str
-    item_rows: tuple[int, ...] = ()  # the same slate as items.parquet rows
-
-    @property
-    def item_id(self) -> str:
-        return self.item_ids[0]
+    replayed: bool
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""Private selection for the service, without the wire format: prepare → execute.
+"""Private selection for the service, without the wire format: prepare → reserve → draw → commit.
 
 :meth:`Selector.prepare_select` / :meth:`Selector.prepare_recommend` check everything and clip
-the scores, touching no ledger. :meth:`Selector.execute` then follows the ledger's protocol
-(:meth:`recsvc.ledger.Ledger.draw_and_charge`): ε → exact units | replay, conflict and
-budget pre-check → sample, drawn OUTSIDE the write transaction → inside it: replay | conflict |
-budget check → store the answer and spend → durable COMMIT.
+the scores, touching no ledger. :meth:`Selector.execute` then reads linearly
+(:mod:`recsvc.ledger.base`): reserve (ε → exact units; a replay, a conflict or an exhausted
+budget ends here, nothing drawn) → draw, holding no ledger lock → commit (one transaction decides
+again, stores the typed answer and spends; durable COMMIT). The caller encodes the answer once.
 
 What is protected (docs/concepts/privacy-model.md, "What each RPC protects"): the neighbouring relation is one
 user's history. Select is ε-DP in the scores the client sends, given the client's candidate
@@ -32,8 +32,7 @@ import scipy.sparse as sp
 
 from recsvc.artifact import POLICY, Artifact
 from recsvc.checks import ParamError, check_epsilon
-from recsvc.ledger import Charge, Ledger
-from recsvc.ledger.units import charge_units, to_epsilon
+from recsvc.ledger import Drawn, Ledger, Replay
 from recsvc.mechanisms import MECHANISMS, check_params, select_slate
 from recsvc.mechanisms.slate import native_peel_work, slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
@@ -440,21 +439,15 @@ class Selector:
             stage,
         )
 
-    def execute(self, ledger: Ledger, p: Prepared, encode: Callable[[Selected], bytes]) -> Charge:
-        """Draws ``p``'s sample outside the ledger's lock, then charges it and stores
-        ``encode(selected)`` in one transaction (see the module docstring). A replayed request
-        gets its stored answer and draws nothing; an ε the ledger cannot count exactly
-        (below 1e-12) is refused before the ledger is touched."""
-        charged = to_epsilon(charge_units(p.charge))  # what the ledger spends (rounded up to its unit)
-
-        def sample() -> np.ndarray:  # no lock held; this thread's CSPRNG, or a heavy draw's process
+    def execute(self, ledger: Ledger, p: Prepared) -> Selected:
+        """Reserves ``p``, draws its sample holding no ledger lock, and commits it (see the module
+        docstring). A replayed request gets its stored answer and draws nothing; an ε the ledger
+        cannot count exactly (below 1e-12) is refused before the ledger is touched."""
+        got = ledger.reserve(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism)
+        if isinstance(got, Replay):
+            return Selected(got.answer, p.request_id, replayed=True)
+        with got:  # this thread's CSPRNG, or a heavy draw's process
             allow = self.policy.selection.allow_non_private
-            return self.heavy.draw(p, allow, lambda: draw(p, thread_csprng(), allow))
-
-        def build(picked: np.ndarray, remaining: float) -> bytes:  # inside the transaction: encoding only
-            ids, rows = p.answer(picked)
-            return encode(Selected(ids, p.mechanism, charged, remaining, p.request_id, rows))
-
-        return ledger.draw_and_charge(
-            p.user_id, p.request_id, p.fingerprint, p.charge, sample, build, mechanism=p.mechanism
-        )
+            picked = self.heavy.draw(p, allow, lambda: draw(p, thread_csprng(), allow))
+            charge = ledger.commit(got, Drawn(*p.answer(picked)))
+        return Selected(charge.answer, p.request_id, charge.replayed)

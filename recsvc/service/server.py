@@ -124,7 +124,6 @@ def start(config: ServerConfig) -> ServerHandle:
             waits=settings.waits,
             window=settings.window,
             observer=ledger_observer(),
-            mechanism_of=stored_mechanism,
         )
         servicer.ledger = ledger
         loop.call(server.start())
@@ -181,19 +180,6 @@ def ledger_observer() -> LedgerObserver:
     from recsvc.service import metrics
 
     return LedgerObserver(relocked=metrics.RELOCKED.inc)
-
-
-def stored_mechanism(response: bytes) -> str:
-    """The mechanism a stored answer (a serialized SelectResponse) names; '' if it is not one.
-    The ledger's migrations recover the mechanism of charges stored without it with this."""
-    from google.protobuf.message import DecodeError
-
-    from recsvc.v1 import selection_pb2
-
-    try:
-        return selection_pb2.SelectResponse.FromString(response).mechanism
-    except (DecodeError, UnicodeDecodeError):
-        return ""
 
 
 def ledger_healthy(ledger: Ledger) -> bool:

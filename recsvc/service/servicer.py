@@ -103,7 +103,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
         def finish() -> codec.Framed:
             if prepared:
-                charged = execute_batch(self.selector, self.ledger, list(prepared.values()), codec.encode)
+                charged = execute_batch(self.selector, self.ledger, list(prepared.values()))
                 for (i, p), charge in zip(prepared.items(), charged, strict=False):
                     outcomes[i] = (p, charge)
             return self._encode_batch(outcomes)
@@ -113,7 +113,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def MultiSelect(self, request: pb.MultiSelectRequest, context: Any) -> pb.MultiSelectResponse:
         self.authorize("MultiSelect", request.user_id)
         prepared = self.multi.prepare(**codec.multiselect_input(request))
-        answer = self.multi.execute(self.ledger, prepared, codec.encode_multiselect, codec.decode_multiselect)
+        answer = self.multi.execute(self.ledger, prepared)
         return codec.multiselect_message(answer)
 
     def GetBudget(self, request: pb.GetBudgetRequest, context: Any) -> pb.GetBudgetResponse:
@@ -177,7 +177,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def execute(self, p: Prepared) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
         """Draws and charges ``p``; the answer (a stored one, marked, for a replay), or the same
         work deferred to the heavy queue when it is expected to be heavy."""
-        return self.defer(lambda: codec.answer(self.selector.execute(self.ledger, p, codec.encode)), p.work, light(p))
+        return self.defer(lambda: codec.select_response(self.selector.execute(self.ledger, p)), p.work, light(p))
 
     def defer(self, work: Callable[[], T], draws: float, light_work: bool = False) -> T | Deferred[T] | Offload[T]:
         """``work()`` now, in this thread; or (``draws`` above --heavy-draws) a :class:`Deferred`
@@ -224,14 +224,12 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
         counted: list[tuple[str, str, float, bool]] = []
         for out in outcomes:
             if isinstance(out, tuple) and not isinstance(out[1], Exception):
-                p, charge = out
-                if charge.replayed:  # rare: parsed to mark it replayed
-                    resp = codec.replayed(charge.response)
-                    counted.append((resp.mechanism, "OK", 0.0, True))
-                    results.append((1, resp.SerializeToString()))
-                else:  # the stored answer's bytes are the response: no parse, no re-encode
+                p, selected = out
+                if selected.replayed:
+                    counted.append((selected.answer.mechanism, "OK", 0.0, True))
+                else:
                     counted.append((p.mechanism, "OK", p.epsilon, False))
-                    results.append((1, charge.response))
+                results.append((1, codec.select_response(selected).SerializeToString()))
                 continue
             exc = out[1] if isinstance(out, tuple) else out
             code, message = status_of(exc)

@@ -23,7 +23,7 @@ from pathlib import Path
 from recsvc.ledger import is_postgres, open_ledger
 from recsvc.service.aioserver import check_port_free
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.service.server import authenticator_of, ready_file, serve_one, stored_mechanism
+from recsvc.service.server import authenticator_of, ready_file, serve_one
 from recsvc.service.shutdown import StopSignal, drain_limit, exit_with_parent
 
 log = logging.getLogger("recsvc.service")
@@ -85,7 +85,6 @@ def _fork_workers(config: ServerConfig) -> int:
         settings.key_path,
         pool_size=1,
         window=settings.window,
-        mechanism_of=stored_mechanism,
     )
     ledger.close()
     served: list[bool] = []

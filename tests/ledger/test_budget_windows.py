@@ -14,15 +14,15 @@ import pytest
 
 from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
-from recsvc.ledger import BatchItem, BudgetExceeded, Charge, RequestConflict
+from recsvc.ledger import BatchItem, BudgetExceeded, Charge, Drawn, RequestConflict
 from recsvc.ledger.export import export
 from recsvc.ledger.sqlite import SQLiteLedger
-from recsvc.ledger.testing import DAY, Clock
+from recsvc.ledger.testing import DAY, Clock, resp, said
 from recsvc.ledger.window import BudgetWindow
 from recsvc.service import workers
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
-from recsvc.service.server import start, stored_mechanism
+from recsvc.service.server import start
 from recsvc.service.testing import candidates
 from recsvc.v1 import selection_pb2 as pb
 
@@ -121,15 +121,15 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     _write_v1(path)
     with pytest.raises(ParamError, match="budget_window 7d differs from the budget window lifetime"):
         SQLiteLedger(path, 1.0, window="7d")  # a v1 file counted ε over all time: refused, and left as it was
-    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 4: open it once"):
+    with pytest.raises(ParamError, match=r"format version 1; expected a ledger of version 5: open it once"):
         export(path, tmp_path / "c.parquet")  # the audit export reads only the current format
     con = sqlite3.connect(path)
     assert con.execute("PRAGMA user_version").fetchone() == (1,)
     assert con.execute("SELECT name FROM sqlite_master WHERE name='settings'").fetchall() == []
     con.close()
-    led = SQLiteLedger(path, 1.0, mechanism_of=stored_mechanism)
+    led = SQLiteLedger(path, 1.0)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (5,)
     assert conn.execute("SELECT user_id, request_id, mechanism FROM requests ORDER BY 1, 2").fetchall() == [
         ("alice", "a1", "rnm"),
         ("alice", "a2", "gem"),
@@ -142,10 +142,10 @@ def test_a_version_1_file_migrates_to_the_current_version(tmp_path: Path) -> Non
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchone() == ("lifetime",)
     alice = led.user("alice")
     assert (alice.spent_units, alice.requests, alice.window_start, alice.window_end) == (500_000_000_000, 2, 0, 0)
-    replay = led.charge("alice", "a1", _digest("a1"), 0.3, lambda r: b"NEW")
-    assert replay.replayed and pb.SelectResponse.FromString(replay.response).mechanism == "rnm"
+    replay = led.charge("alice", "a1", _digest("a1"), 0.3, resp("NEW"))
+    assert replay.replayed and replay.answer.mechanism == "rnm"
     with pytest.raises(BudgetExceeded):
-        led.charge("bob", "b2", b"x", 0.1, lambda r: b"x")
+        led.charge("bob", "b2", b"x", 0.1, resp("x"))
     led.close()
     assert SQLiteLedger(path, 1.0).commits == 0  # opening again migrates nothing
     assert export(path, tmp_path / "c.parquet", progress=False) == 3
@@ -161,19 +161,13 @@ def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
     led = SQLiteLedger(tmp_path / "l.db", 1.0, window="1d", clock=clock)
     draws: list[list[int]] = []
 
-    def draw(todo: list[int]) -> list[str]:
-        draws.append(todo)
-        return [f"s{i}" for i in todo]
-
     def run(items: list[BatchItem]) -> list[Charge | Exception]:
-        return led.draw_and_charge_batch(
-            items,
-            draw,
-            lambda i, s, rem: f"{s}|{rem:.1f}".encode(),
-        )
+        with led.reserve_batch(items) as r:
+            draws.append(r.todo)
+            return led.commit_batch(r, [Drawn((f"s{i}",)) for i in r.todo])
 
     first = run([BatchItem("u", f"r{i}", f"d{i}".encode(), 0.4, "rnm") for i in range(3)])
-    assert [o.response if isinstance(o, Charge) else type(o) for o in first] == [b"s0|0.6", b"s1|0.2", BudgetExceeded]
+    assert [said(o, 1) if isinstance(o, Charge) else type(o) for o in first] == ["s0|0.6", "s1|0.2", BudgetExceeded]
     clock.now = 19_724 * DAY  # 00:00 UTC: the next window
     items = [
         BatchItem("u", "r0", b"d0", 0.4, "rnm"),  # charged yesterday: replayed, not drawn, not charged
@@ -181,9 +175,10 @@ def test_selectbatch_path_renews_at_the_window_boundary(tmp_path: Path) -> None:
         *(BatchItem("u", f"n{i}", f"e{i}".encode(), 0.4, "pf") for i in range(3)),
     ]
     second = run(items)
-    assert second[0] == Charge(b"s0|0.6", replayed=True) and isinstance(second[1], RequestConflict)
-    fresh = [o.response if isinstance(o, Charge) else type(o) for o in second[2:4]]
-    assert fresh == [b"s2|0.6", b"s3|0.2"] and isinstance(second[4], BudgetExceeded)
+    assert isinstance(second[0], Charge) and (said(second[0], 1), second[0].replayed) == ("s0|0.6", True)
+    assert isinstance(second[1], RequestConflict)
+    fresh = [said(o, 1) if isinstance(o, Charge) else type(o) for o in second[2:4]]
+    assert fresh == ["s2|0.6", "s3|0.2"] and isinstance(second[4], BudgetExceeded)
     assert draws == [[0, 1], [2, 3]]
     u = led.user("u")
     assert (u.spent_units, u.requests, u.window_start) == (800_000_000_000, 2, 19_724 * DAY)

@@ -11,6 +11,7 @@ import pytest
 
 from recsvc.ledger import BudgetExceeded, Charge, InvalidCharge, RequestConflict
 from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.ledger.testing import drawn_charge, resp, said
 from recsvc.ledger.units import (
     MAX_UNITS,
     budget_units,
@@ -72,12 +73,12 @@ def test_budget_rounds_down_and_stored_floats_round_up() -> None:
 def test_tiny_charges_no_longer_vanish(tmp_path: Path) -> None:
     """The finding: after 8.0, 200 charges of 4e-16 left a float total at exactly 8.0."""
     led = SQLiteLedger(tmp_path / "l.db", budget=10.0)
-    led.charge("u", "big", b"d", 8.0, lambda rem: b"x")
+    led.charge("u", "big", b"d", 8.0, resp("x"))
     for i in range(200):
         with pytest.raises(InvalidCharge, match="below the ledger's unit"):
-            led.charge("u", f"tiny-{i}", b"d", 4e-16, lambda rem: b"x")
+            led.charge("u", f"tiny-{i}", b"d", 4e-16, resp("x"))
     for i in range(200):  # just above the unit: each is rounded up to 2 units and counted
-        led.charge("u", f"small-{i}", b"d", 1.5e-12, lambda rem: b"x")
+        led.charge("u", f"small-{i}", b"d", 1.5e-12, resp("x"))
     u = led.user("u")
     assert (u.spent_units, u.requests) == (8 * 10**12 + 400, 201)
     assert u.spent > 8.0 and led.lookup("u", "tiny-0") is None
@@ -86,18 +87,14 @@ def test_tiny_charges_no_longer_vanish(tmp_path: Path) -> None:
 def test_budget_comparison_is_exact(tmp_path: Path) -> None:
     led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
     for i in range(10):  # 10 × 0.1 = 1 exactly (as floats the sum is 0.9999999999999999)
-        led.charge("u", f"r{i}", b"d", 0.1, lambda rem: f"{rem!r}".encode())
+        led.charge("u", f"r{i}", b"d", 0.1, resp("x"))
     stored = led.lookup("u", "r9")
-    assert stored is not None and stored[1] == b"0.0" and led.user("u").spent_units == 10**12
+    assert stored is not None and stored.answer.remaining == 0.0 and led.user("u").spent_units == 10**12
     with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.000000000001 but only 0 of 1 remains"):
-        led.charge("u", "one-more-unit", b"d", 1e-12, lambda rem: b"x")
+        led.charge("u", "one-more-unit", b"d", 1e-12, resp("x"))
 
 
-# -- draw_and_charge: the sample is drawn outside the write transaction ------------------------------
-
-
-def _build(sample: str, remaining: float) -> bytes:
-    return f"{sample}|{remaining:.3f}".encode()
+# -- reserve, draw, commit: the sample is drawn outside the write transaction -----------------------
 
 
 def test_the_draw_runs_outside_the_write_lock_and_refusals_never_draw(tmp_path: Path) -> None:
@@ -111,15 +108,15 @@ def test_the_draw_runs_outside_the_write_lock_and_refusals_never_draw(tmp_path: 
 
         return run
 
-    assert led.draw_and_charge("u", "r1", b"d1", 0.75, draw("a"), _build).response == b"a|0.250"
-    replay = led.draw_and_charge("u", "r1", b"d1", 0.75, draw("fresh?"), _build)
-    assert (replay.replayed, replay.response) == (True, b"a|0.250")  # the stored answer, no draw
+    assert said(drawn_charge(led, "u", "r1", b"d1", 0.75, draw("a")), 3) == "a|0.250"
+    replay = drawn_charge(led, "u", "r1", b"d1", 0.75, draw("fresh?"))
+    assert (replay.replayed, said(replay, 3)) == (True, "a|0.250")  # the stored answer, no draw
     with pytest.raises(RequestConflict):
-        led.draw_and_charge("u", "r1", b"other", 0.75, draw("conflict"), _build)
+        drawn_charge(led, "u", "r1", b"other", 0.75, draw("conflict"))
     with pytest.raises(BudgetExceeded):  # the pre-check refuses before drawing
-        led.draw_and_charge("u", "r2", b"d2", 0.5, draw("over"), _build)
+        drawn_charge(led, "u", "r2", b"d2", 0.5, draw("over"))
     with pytest.raises(InvalidCharge):
-        led.draw_and_charge("u", "r3", b"d3", 1e-13, draw("tiny"), _build)
+        drawn_charge(led, "u", "r3", b"d3", 1e-13, draw("tiny"))
     assert held == [False]  # one draw in all, and no lock or transaction was held during it
     assert (led.user("u").requests, led.user("u").spent_units) == (1, 750_000_000_000)
 
@@ -130,18 +127,18 @@ def test_a_sample_the_transaction_refuses_is_discarded_unreleased(tmp_path: Path
     led = SQLiteLedger(tmp_path / "l.db", budget=1.0)
 
     def draw_while_someone_spends() -> str:
-        led.charge("u", "other", b"o", 0.6, lambda rem: b"other")
+        led.charge("u", "other", b"o", 0.6, resp("other"))
         return "never released"
 
     with pytest.raises(BudgetExceeded, match=r"only 0\.4 of 1 remains"):
-        led.draw_and_charge("u", "r", b"d", 0.5, draw_while_someone_spends, _build)
+        drawn_charge(led, "u", "r", b"d", 0.5, draw_while_someone_spends)
     assert led.lookup("u", "r") is None and led.user("u").spent_units == 600_000_000_000
 
     def draw_raises() -> str:
         raise RuntimeError("mechanism failed")
 
     with pytest.raises(RuntimeError):  # a failing draw spends nothing and stores nothing
-        led.draw_and_charge("u", "r", b"d", 0.1, draw_raises, _build)
+        drawn_charge(led, "u", "r", b"d", 0.1, draw_raises)
     assert led.lookup("u", "r") is None and led.user("u").requests == 1
 
 
@@ -157,7 +154,7 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
 
     out: list[Charge] = []
     threads = [
-        threading.Thread(target=lambda: out.append(led.draw_and_charge("u", "dup", b"d", 0.5, slow_draw, _build)))
+        threading.Thread(target=lambda: out.append(drawn_charge(led, "u", "dup", b"d", 0.5, slow_draw)))
         for _ in range(12)
     ]
     for t in threads:
@@ -170,7 +167,7 @@ def test_concurrent_duplicates_draw_once_and_all_get_the_stored_answer(tmp_path:
     for t in threads:
         t.join(10)
     assert len(draws) == 1 and len(out) == 12
-    assert {c.response for c in out} == {b"sample-1|4.500"}
+    assert {said(c, 3) for c in out} == {"sample-1|4.500"}
     assert sorted(c.replayed for c in out) == [False] + [True] * 11
     assert (led.user("u").requests, led.user("u").spent_units) == (1, 500_000_000_000)
     assert led._flights._flights == {}  # no per-request lock is left behind

@@ -71,7 +71,10 @@ def test_the_ledger_stores_only_an_hmac_under_a_0600_key(artifact: Path, tmp_pat
         "request_id",
         "fingerprint",
         "epsilon_units",
-        "response",
+        "item_ids",
+        "item_rows",
+        "epsilon_spent",
+        "budget_remaining",
         "created",
         "mechanism",
     }  # no key column: the key is never stored

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -17,7 +18,7 @@ from recsvc.checks import ParamError
 from recsvc.ledger import BudgetExceeded
 from recsvc.ledger.postgres import PostgresLedger
 from recsvc.ledger.postgres.schema import MIGRATIONS, key_check
-from recsvc.ledger.testing import Stores
+from recsvc.ledger.testing import Stores, resp
 from recsvc.ledger.units import charge_units
 from recsvc.service.testing import free_port, run_recsvc
 from recsvc.v1 import selection_pb2 as pb
@@ -53,7 +54,7 @@ def test_replicas_must_agree_on_budget_and_key(pg_cluster, tmp_path: Path) -> No
 
 def test_a_pooled_connection_runs_its_statements_on_one_cursor(pg_cluster, tmp_path: Path) -> None:
     led = _open(Stores(pg_cluster.new_database(), tmp_path / "k"), budget=1.0)
-    led.charge("u", "r1", b"d", 0.25, lambda rem: b"a")
+    led.charge("u", "r1", b"d", 0.25, resp("a"))
     with led._pool.connection() as conn:
         first = conn.run("SELECT %s::int", (1,))
         assert first.fetchall() == [(1,)]
@@ -72,8 +73,8 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
         PostgresLedger(url, 1.0, key)
     PostgresLedger(url, 1.0, key, create=True).close()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE recsvc_meta SET value='4' WHERE name='schema_version'")
-    with pytest.raises(ParamError, match="schema version 4, newer than this recsvc reads"):
+        conn.execute("UPDATE recsvc_meta SET value='5' WHERE name='schema_version'")
+    with pytest.raises(ParamError, match="schema version 5, newer than this recsvc reads"):
         PostgresLedger(url, 1.0, key)
     proc = run_recsvc("ledger", "migrate", "--ledger", url)
     assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
@@ -110,7 +111,7 @@ def test_ledger_init_and_migrate_commands(pg_cluster, tmp_path: Path, capsys: py
     assert "every process on one ledger must use the same budget" in capsys.readouterr().err
     assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
     mig = capsys.readouterr()
-    assert "schema version 3 -> 3" in mig.out, mig.err
+    assert "schema version 4 -> 4" in mig.out, mig.err
     assert recsvc_main(["ledger", "init", "--ledger", url, "--budget", "3"]) == 2
     nokey = capsys.readouterr().err
     assert "needs --fingerprint-key" in nokey, nokey
@@ -120,7 +121,8 @@ def test_a_version_1_database_migrates_to_the_current_version(
     pg_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A database as version 1 left it (schema, settings, charges with SelectResponse answers) gets the
-    window column, the lifetime window setting and each charge's mechanism from its stored answer."""
+    window column, the lifetime window setting, and each charge's answer typed, its mechanism read
+    from its stored response; one unreadable response refuses the migration, nothing changed."""
     url = pg_cluster.new_database()
     key = tmp_path / "k"
     key.write_text("ef" * 32 + "\n")
@@ -141,17 +143,25 @@ def test_a_version_1_database_migrates_to_the_current_version(
             )
         conn.execute("INSERT INTO recsvc_requests VALUES ('odd', 'r', 'fp', 1, '\\xff00')")  # not a SelectResponse
         conn.execute("INSERT INTO recsvc_budgets VALUES ('u0', 86000000000, 86)")
-    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 3; run `recsvc ledger migrate"):
+    with pytest.raises(ParamError, match="schema version 1, older than this recsvc's 4; run `recsvc ledger migrate"):
         PostgresLedger(url, 1.0, key)
     capsys.readouterr()
+    assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 2
+    assert "user_id 'odd' request_id 'r' cannot be read" in capsys.readouterr().err
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT value FROM recsvc_meta WHERE name='schema_version'").fetchone() == ("1",)
+        conn.execute("DELETE FROM recsvc_requests WHERE user_id = 'odd'")
     assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
     mig = capsys.readouterr()
-    assert "schema version 1 -> 3" in mig.out, mig.err
+    assert "schema version 1 -> 4" in mig.out, mig.err
     with psycopg.connect(url, autocommit=True) as conn:
         counts: dict[str, int] = dict(
             conn.execute("SELECT mechanism, count(*) FROM recsvc_requests GROUP BY 1").fetchall()
         )
-        assert counts == {"rnm": 200, "gem": 200, "combined_gem": 200, "": 1}
+        assert counts == {"rnm": 200, "gem": 200, "combined_gem": 200}
+        assert conn.execute(
+            "SELECT item_ids, item_rows, epsilon_spent, budget_remaining FROM recsvc_requests WHERE request_id = 'r599'"
+        ).fetchall() == [('["x"]', "[]", 0.001, 0.0)]
         assert conn.execute("SELECT spent_units, requests, window_start FROM recsvc_budgets").fetchall() == [
             (86 * 10**9, 86, 0)
         ]
@@ -163,7 +173,45 @@ def test_a_version_1_database_migrates_to_the_current_version(
     led.close()
     assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
     again = capsys.readouterr()
-    assert "schema version 3 -> 3" in again.out, again.err
+    assert "schema version 4 -> 4" in again.out, again.err
+
+
+def test_a_database_of_stored_responses_replays_every_answer_byte_for_byte_after_migration(
+    pg_cluster, tmp_path: Path, v4_ledger: Any
+) -> None:
+    """The SQLite fixture's charges, as a version-3 database stores them (the same response
+    bytes), replay byte for byte after `recsvc ledger migrate`."""
+    sqlite_copy = v4_ledger.copy_to(tmp_path)
+    key = sqlite_copy.with_name(sqlite_copy.name + ".key")
+    with sqlite3.connect(sqlite_copy) as lite:
+        rows = lite.execute(
+            "SELECT user_id, request_id, fingerprint, epsilon_units, response, mechanism FROM requests ORDER BY rowid"
+        ).fetchall()
+        budgets = lite.execute("SELECT user_id, spent_units, requests FROM budgets").fetchall()
+    url = pg_cluster.new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE recsvc_meta (name text PRIMARY KEY, value text NOT NULL)")
+        conn.execute(
+            "INSERT INTO recsvc_meta VALUES ('schema_version', '3'), ('budget_units', %s), ('key_check', %s), "
+            "('budget_window', 'lifetime')",
+            (str(charge_units(v4_ledger.budget)), key_check(bytes.fromhex(key.read_text().strip()))),
+        )
+        for v in (1, 2, 3):
+            for sql in MIGRATIONS[v]:
+                conn.execute(sql)
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO recsvc_requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism) "
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+            cur.executemany("INSERT INTO recsvc_budgets(user_id, spent_units, requests) VALUES (%s, %s, %s)", budgets)
+    assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 0
+    led = PostgresLedger(url, v4_ledger.budget, key, pool_size=1)
+    try:
+        v4_ledger.check_replays(led)
+    finally:
+        led.close()
 
 
 def test_charges_behind_a_locked_row_wait_in_their_own_threads_and_each_is_decided_once(
@@ -180,12 +228,12 @@ def test_charges_behind_a_locked_row_wait_in_their_own_threads_and_each_is_decid
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     led = _open(s, budget=1.0)
-    led.charge("u", "r0", b"f0", 0.1, lambda rem: b"first")
+    led.charge("u", "r0", b"f0", 0.1, resp("first"))
     out: dict[str, Any] = {}
 
     def charge(rid: str, eps: float) -> None:
         try:
-            out[rid] = led.charge("u", rid, rid.encode(), eps, lambda rem: f"{rid}|{rem:.1f}".encode())
+            out[rid] = led.charge("u", rid, rid.encode(), eps, resp(rid))
         except Exception as exc:
             out[rid] = exc
 
@@ -202,7 +250,7 @@ def test_charges_behind_a_locked_row_wait_in_their_own_threads_and_each_is_decid
             while time.monotonic() < deadline and _lock_waiters(watch) < n:
                 time.sleep(0.005)
         assert (_lock_waiters(watch), led._group_commit.queued()) == (5, 0)
-    assert led.charge("w", "x", b"x", 0.5, lambda rem: b"w").replayed is False  # another user: not stalled
+    assert led.charge("w", "x", b"x", 0.5, resp("w")).replayed is False  # another user: not stalled
     other.rollback()
     other.close()
     for t in threads:
@@ -253,13 +301,13 @@ def test_a_replica_with_a_fast_clock_does_not_renew_early(
     fast charges in the database's current window, not in tomorrow's."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     honest = _open(s, budget=1.0, window="1d")
-    honest.charge("u", "r1", b"f1", 1.0, lambda rem: b"a")
+    honest.charge("u", "r1", b"f1", 1.0, resp("a"))
     window = honest.user("u").window_start
     real = time.time
     monkeypatch.setattr(time, "time", lambda: real() + 86_400)  # this host's clock: a day fast
     fast = _open(s, budget=1.0, window="1d")
     with pytest.raises(BudgetExceeded):
-        fast.charge("u", "r2", b"f2", 0.5, lambda rem: b"b")
+        fast.charge("u", "r2", b"f2", 0.5, resp("b"))
     assert (fast.user("u").window_start, fast.user("u").spent_units) == (window, 10**12)
     # The same replica on its local clock would have renewed: what the database's clock prevents.
     local = _open(s, budget=1.0, window="1d", clock=time.time)

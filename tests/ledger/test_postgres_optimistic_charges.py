@@ -15,13 +15,11 @@ import psycopg
 import pytest
 from prometheus_client import REGISTRY
 
-from recsvc.ledger import BatchItem, BudgetExceeded, Charge
+from recsvc.ledger import BatchItem, BudgetExceeded, Charge, Drawn
 from recsvc.ledger.charging import Pending
 from recsvc.ledger.group_commit import Queued
-from recsvc.ledger.testing import Stores
+from recsvc.ledger.testing import Stores, drawn_charge, resp, said
 from recsvc.ledger.testing.postgres import (
-    answer,
-    built,
     lock_waiters,
     open_replica,
     queue_in_order,
@@ -34,9 +32,9 @@ from recsvc.service.server import ledger_observer
 
 def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: Path) -> None:
     s, a, _ = replicas(pg_cluster, tmp_path)
-    first = a.draw_and_charge("u", "r1", b"d1", 0.25, lambda: 0, answer("r1"))  # creates the account
-    second = a.draw_and_charge("u", "r2", b"d2", 0.5, lambda: 0, answer("r2"))  # moves it on
-    assert (first.response, second.response) == (b"r1|0.75", b"r2|0.25")
+    first = drawn_charge(a, "u", "r1", b"d1", 0.25, lambda: 0, tag="r1")  # creates the account
+    second = drawn_charge(a, "u", "r2", b"d2", 0.5, lambda: 0, tag="r2")  # moves it on
+    assert (said(first, 2), said(second, 2)) == ("r1|0.75", "r2|0.25")
     assert (a.commits, a.moved) == (2, 0)
     assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.75), 2)
     s.close_all()
@@ -46,16 +44,16 @@ def test_an_unchanged_account_is_charged_by_one_statement(pg_cluster, tmp_path: 
 def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluster, tmp_path: Path, fresh: bool) -> None:
     s, a, b = replicas(pg_cluster, tmp_path, observer=ledger_observer())  # the service's metrics
     if not fresh:
-        a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+        a.charge("u", "r0", b"d0", 0.1, resp("r0"))
 
     def meanwhile() -> int:  # after a's pre-check read the account, before a's commit
-        b.charge("u", "other", b"d", 0.3, lambda rem: b"other")
+        b.charge("u", "other", b"d", 0.3, resp("other"))
         return 0
 
     relocked = REGISTRY.get_sample_value("recsvc_ledger_relocked_total") or 0.0
-    got = a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, answer("r1"))
+    got = drawn_charge(a, "u", "r1", b"d1", 0.5, meanwhile, tag="r1")
     # 1 - 0.3 - 0.5 (- 0.1): the other replica's spend counts
-    assert got.response == (b"r1|0.20" if fresh else b"r1|0.10") and not got.replayed
+    assert said(got, 2) == ("r1|0.20" if fresh else "r1|0.10") and not got.replayed
     assert a.moved == 1
     assert REGISTRY.get_sample_value("recsvc_ledger_relocked_total") == relocked + 1  # what operators see
     assert a.user("u").spent_units == charge_units(0.8 if fresh else 0.9)
@@ -65,14 +63,14 @@ def test_an_account_moved_by_another_replica_is_decided_under_the_lock(pg_cluste
 
 def test_a_charge_that_no_longer_fits_is_refused_and_stores_nothing(pg_cluster, tmp_path: Path) -> None:
     s, a, b = replicas(pg_cluster, tmp_path)
-    a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+    a.charge("u", "r0", b"d0", 0.1, resp("r0"))
 
     def meanwhile() -> int:
-        b.charge("u", "other", b"d", 0.5, lambda rem: b"other")
+        b.charge("u", "other", b"d", 0.5, resp("other"))
         return 0
 
     with pytest.raises(BudgetExceeded, match=r"requested epsilon=0\.5 but only 0\.4 of 1 remains"):
-        a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, answer("r1"))
+        drawn_charge(a, "u", "r1", b"d1", 0.5, meanwhile, tag="r1")
     assert a.lookup("u", "r1") is None and a.moved == 1
     assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.6), 2)
     s.close_all()
@@ -88,8 +86,8 @@ def test_a_row_another_transaction_holds_is_skipped_by_the_round_and_waited_for_
     whichever decides reads the row's NEWEST version: if the other transaction commits, its spend
     counts; if it rolls back, the charge is decided on the account as it was."""
     s, a, _ = replicas(pg_cluster, tmp_path)
-    a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
-    p = Pending("u", "r1", a.fingerprint(b"d1"), charge_units(0.5), lambda rem: f"r1|{rem:.2f}".encode())
+    a.charge("u", "r0", b"d0", 0.1, resp("r0"))
+    p = Pending("u", "r1", a.fingerprint(b"d1"), charge_units(0.5), drawn=Drawn(("r1",)))
     assert a._precheck(p) is None
     other = psycopg.connect(str(s.target))
     other.execute(
@@ -105,25 +103,25 @@ def test_a_row_another_transaction_holds_is_skipped_by_the_round_and_waited_for_
     other.close()
     worker.join(20)
     if other_commits:
-        assert (p.result.response, a.moved) == (b"r1|0.10", 1)
+        assert (said(p.result, 2), a.moved) == ("r1|0.10", 1)
         assert a.user("u").spent_units == charge_units(0.9)
     else:
         # The one statement charged it (the lock came within ROUND_LOCK_S) or the fallback did.
-        assert p.result.response == b"r1|0.40" and a.moved in (0, 1)
+        assert said(p.result, 2) == "r1|0.40" and a.moved in (0, 1)
         assert a.user("u").spent_units == charge_units(0.6)
     s.close_all()
 
 
 def test_the_same_request_stored_by_another_replica_meanwhile_is_replayed(pg_cluster, tmp_path: Path) -> None:
     s, a, b = replicas(pg_cluster, tmp_path)
-    a.charge("u", "r0", b"d0", 0.1, lambda rem: b"r0")
+    a.charge("u", "r0", b"d0", 0.1, resp("r0"))
 
     def meanwhile() -> int:  # a retry of r1 that reached the other replica and was answered there
-        b.draw_and_charge("u", "r1", b"d1", 0.5, lambda: 0, answer("from-b"))
+        drawn_charge(b, "u", "r1", b"d1", 0.5, lambda: 0, tag="from-b")
         return 0
 
-    got = a.draw_and_charge("u", "r1", b"d1", 0.5, meanwhile, answer("from-a"))
-    assert got.response == b"from-b|0.40" and got.replayed  # the answer the client may already hold
+    got = drawn_charge(a, "u", "r1", b"d1", 0.5, meanwhile, tag="from-a")
+    assert said(got, 2) == "from-b|0.40" and got.replayed  # the answer the client may already hold
     assert (a.user("u").spent_units, a.user("u").requests) == (charge_units(0.6), 2)  # charged once
     s.close_all()
 
@@ -134,15 +132,15 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
     transaction, each with the budget left it really has."""
     s, a, b = replicas(pg_cluster, tmp_path)
     for u in ("x", "y"):
-        a.charge(u, "r0", b"d0", 0.1, lambda rem: b"r0")
-    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), built(u)) for u in ("x", "y", "z")]
+        a.charge(u, "r0", b"d0", 0.1, resp("r0"))
+    queue = [Pending(u, "r1", a.fingerprint(b"d1"), charge_units(0.5), drawn=Drawn((u,))) for u in ("x", "y", "z")]
     for p in queue:
-        assert a._precheck(p) is None and p.read
-    b.charge("y", "other", b"d", 0.2, lambda rem: b"other")
+        assert a._precheck(p) is None and p.seen is not None
+    b.charge("y", "other", b"d", 0.2, resp("other"))
     commits = a.commits
     taken: list[Queued] = list(queue)  # _commit_group takes list[Queued]; list is invariant
     a._commit_group(lambda: taken)
-    assert [p.result.response for p in queue] == [b"x|0.40", b"y|0.20", b"z|0.50"]
+    assert [said(p.result, 2) for p in queue] == ["x|0.40", "y|0.20", "z|0.50"]
     assert (a.commits - commits, a.moved) == (2, 1)  # one optimistic statement, one locking transaction
     assert [a.user(u).spent_units for u in ("x", "y", "z")] == [charge_units(e) for e in (0.6, 0.8, 0.5)]
     s.close_all()
@@ -151,17 +149,15 @@ def test_one_group_charges_unchanged_users_at_once_and_locks_for_the_moved_one(p
 def test_a_batch_whose_user_moved_meanwhile_is_decided_under_the_lock_for_that_user(pg_cluster, tmp_path: Path) -> None:
     """SelectBatch: the snapshot's accounts are what the one statement checks, per user."""
     s, a, b = replicas(pg_cluster, tmp_path)
-    a.charge("y", "r0", b"d0", 0.1, lambda rem: b"r0")
+    a.charge("y", "r0", b"d0", 0.1, resp("r0"))
     items = [
         BatchItem(u, q, b"d" + q.encode(), 0.3, "rnm") for u, q in (("x", "1"), ("y", "1"), ("x", "2"), ("y", "2"))
     ]
 
-    def draw(todo: list[int]) -> list[int]:
-        b.charge("y", "other", b"d", 0.3, lambda rem: b"other")  # another replica, after the snapshot
-        return todo
-
-    got = a.draw_and_charge_batch(items, draw, lambda i, _s, rem: f"{i}|{rem:.1f}".encode())
-    assert [c.response if isinstance(c, Charge) else type(c) for c in got] == [b"0|0.7", b"1|0.3", b"2|0.4", b"3|0.0"]
+    with a.reserve_batch(items) as r:
+        b.charge("y", "other", b"d", 0.3, resp("other"))  # another replica, after the snapshot
+        got = a.commit_batch(r, [Drawn((str(i),)) for i in r.todo])
+    assert [said(c, 1) if isinstance(c, Charge) else type(c) for c in got] == ["0|0.7", "1|0.3", "2|0.4", "3|0.0"]
     assert a.moved == 2  # y's two items
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "xy"] == [
         (charge_units(0.6), 2),
@@ -176,8 +172,8 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = open_replica(s, budget=1.0, pool_size=1)
-    a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, answer("stored"))
-    a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, answer("w"))
+    drawn_charge(a, "v", "stored", b"d", 0.5, lambda: 0, tag="stored")
+    drawn_charge(a, "w", "r0", b"d", 0.9, lambda: 0, tag="w")
     draws: list[str] = []
     out: dict[str, Any] = {}
 
@@ -187,7 +183,7 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
             return 0
 
         try:
-            out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, answer(rid))
+            out[rid] = drawn_charge(a, user, rid, b"d", eps, draw, tag=rid)
         except Exception as exc:
             out[rid] = exc
 
@@ -203,9 +199,9 @@ def test_pre_checks_that_queue_share_one_read_and_each_gets_its_own_verdict(pg_c
     a._pool.putconn(held)
     for t in threads:
         t.join(20)
-    assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
+    assert said(out["stored"], 2) == "stored|0.50" and out["stored"].replayed
     assert isinstance(out["r1"], BudgetExceeded)
-    assert (out["lead"].response, out["fresh"].response) == (b"lead|0.90", b"fresh|0.70")
+    assert (said(out["lead"], 2), said(out["fresh"], 2)) == ("lead|0.90", "fresh|0.70")
     assert sorted(draws) == ["fresh", "lead"]  # the replay and the refusal drew nothing
     s.close_all()
 
@@ -234,7 +230,7 @@ def test_a_failed_pre_check_read_refuses_every_queued_charge_and_draws_nothing(
             return 0
 
         try:
-            out[user] = a.draw_and_charge(user, "r1", b"d1", 0.5, draw, answer(user))
+            out[user] = drawn_charge(a, user, "r1", b"d1", 0.5, draw, tag=user)
         except Exception as exc:
             out[user] = exc
 

@@ -15,9 +15,8 @@ import pytest
 from recsvc.ledger import BudgetExceeded
 from recsvc.ledger.postgres import statements as sql_of
 from recsvc.ledger.postgres import store as ledger_pg
-from recsvc.ledger.testing import Stores
+from recsvc.ledger.testing import Stores, drawn_charge, resp, said
 from recsvc.ledger.testing.postgres import (
-    answer,
     count_rounds,
     open_replica,
     queue_in_order,
@@ -41,13 +40,17 @@ def _generic_plans(conn: psycopg.Connection, sql: str, types: list[str]) -> str:
         conn.execute("DEALLOCATE probe")
 
 
+# A stored request's columns (recsvc.ledger.charging.REQUEST_COLUMNS) as the statements bind them.
+REQUEST_TYPES = ["text[]", "text[]", "bytea[]", "text[]", "bigint[]", "text[]", "text[]", "float8[]", "float8[]"]
+
+
 def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg_cluster, tmp_path: Path) -> None:
     """A prepared statement's generic plan is made without the arrays' values; on a pooled
     connection it must still find each user and request through the primary keys, never by
     scanning every user's row, however many users the ledger holds."""
     s, a, _ = replicas(pg_cluster, tmp_path)
     for i in range(300):
-        a.charge(f"u{i}", "r", b"d", 0.001, lambda rem: b"x")
+        a.charge(f"u{i}", "r", b"d", 0.001, resp("x"))
     with psycopg.connect(str(s.target), autocommit=True) as conn:
         conn.execute("ANALYZE")
     statements = {
@@ -56,21 +59,11 @@ def test_the_prepared_statements_look_users_up_by_index_even_as_generic_plans(pg
             "text[]",
             *["bigint[]"] * 6,
             "timestamptz",
-            "text[]",
-            "text[]",
-            "bytea[]",
-            "bigint[]",
-            "bytea[]",
-            "text[]",
+            *REQUEST_TYPES,
         ],
         sql_of.WRITE: [
             "timestamptz",
-            "text[]",
-            "text[]",
-            "bytea[]",
-            "bigint[]",
-            "bytea[]",
-            "text[]",
+            *REQUEST_TYPES,
             "text[]",
             "bigint[]",
             "bigint[]",
@@ -97,8 +90,8 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = open_replica(s, budget=1.0, pool_size=1)
-    a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, answer("stored"))
-    a.draw_and_charge("w", "r0", b"d", 0.9, lambda: 0, answer("w"))
+    drawn_charge(a, "v", "stored", b"d", 0.5, lambda: 0, tag="stored")
+    drawn_charge(a, "w", "r0", b"d", 0.9, lambda: 0, tag="w")
     if rolled_back:  # a data-modifying WITH runs even unreferenced: v's stored request, inserted again
         monkeypatch.setattr(  # where the store reads it
             ledger_pg,
@@ -122,7 +115,7 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
             return 0
 
         try:
-            out[rid] = a.draw_and_charge(user, rid, b"d", eps, draw, answer(rid))
+            out[rid] = drawn_charge(a, user, rid, b"d", eps, draw, tag=rid)
         except Exception as exc:
             out[rid] = exc
 
@@ -146,10 +139,10 @@ def test_pre_checks_ride_in_the_statement_of_the_charges_queued_with_them(
     for t in threads:
         t.join(20)
     assert rounds == [(0, 1), (0, 1), (1, 3), (1, 0)]  # x1's pre-check, r0's, the shared round, x2's charge
-    assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
+    assert said(out["stored"], 2) == "stored|0.50" and out["stored"].replayed
     assert isinstance(out["r1"], BudgetExceeded)
-    assert out["r0"].response == b"w|0.10" and out["r0"].replayed
-    assert (out["x1"].response, out["x2"].response) == (b"x1|0.70", b"x2|0.30")
+    assert said(out["r0"], 2) == "w|0.10" and out["r0"].replayed
+    assert (said(out["x1"], 2), said(out["x2"], 2)) == ("x1|0.70", "x2|0.30")
     assert sorted(draws) == ["x1", "x2"]  # the replays and the refusal drew nothing
     assert a.moved == (2 if rolled_back else 1)  # x2 (and x1, when the statement was rolled back)
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "vwx"] == [
@@ -170,14 +163,14 @@ def test_one_statement_text_is_one_prepared_statement_whatever_the_sizes_of_its_
     is after 5, each parsed and planned until then)."""
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = open_replica(s, budget=1.0, pool_size=1)
-    a.draw_and_charge("first", "r", b"d", 1e-6, lambda: 0, answer("r"))
+    drawn_charge(a, "first", "r", b"d", 1e-6, lambda: 0, tag="r")
     with a._pool.connection() as conn:
         texts = [t for (t,) in conn.execute("SELECT statement FROM pg_prepared_statements")]
     assert sum(t.endswith("SELECT user_id FROM charged") for t in texts) == 1, texts
     assert sum(t.startswith("SELECT q.fingerprint") for t in texts) == 1, texts
     for k in range(7):
-        a.draw_and_charge("little", f"r{k}", b"d", 1e-6, lambda: 0, answer("r"))
-        a.draw_and_charge("much", f"r{k}", b"d", 0.1, lambda: 0, answer("r"))
+        drawn_charge(a, "little", f"r{k}", b"d", 1e-6, lambda: 0, tag="r")
+        drawn_charge(a, "much", f"r{k}", b"d", 0.1, lambda: 0, tag="r")
     assert a.user("little").spent_units < 2**15 * 1000 and a.user("much").spent_units > 2**31
     with a._pool.connection() as conn:
         texts = [t for (t,) in conn.execute("SELECT statement FROM pg_prepared_statements")]
@@ -196,7 +189,7 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(
 
     s = Stores(pg_cluster.new_database(), tmp_path / "k")
     a = open_replica(s, budget=1.0, pool_size=1)
-    a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, answer("stored"))
+    drawn_charge(a, "v", "stored", b"d", 0.5, lambda: 0, tag="stored")
     rounds = count_rounds(a, monkeypatch)
     out: dict[str, Any] = {}
 
@@ -209,15 +202,15 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(
     held = a._pool.getconn()  # the first round waits for it while the others queue behind it
     threads = [
         threading.Thread(
-            target=run, args=("first", lambda: a.draw_and_charge("f", "first", b"d", 0.1, lambda: 0, answer("first")))
+            target=run, args=("first", lambda: drawn_charge(a, "f", "first", b"d", 0.1, lambda: 0, tag="first"))
         )
     ]
     threads[0].start()
     until(lambda: a._pool.get_stats().get("requests_waiting", 0) >= 1)
     queued = [
-        ("charged", lambda: a.charge("c", "charged", b"d", 0.25, lambda rem: f"charged|{rem:.2f}".encode())),
-        ("nul", lambda: a.draw_and_charge("bad\x00user", "nul", b"d", 0.2, lambda: 0, answer("nul"))),
-        ("stored", lambda: a.draw_and_charge("v", "stored", b"d", 0.5, lambda: 0, answer("stored"))),
+        ("charged", lambda: a.charge("c", "charged", b"d", 0.25, resp("charged"))),
+        ("nul", lambda: drawn_charge(a, "bad\x00user", "nul", b"d", 0.2, lambda: 0, tag="nul")),
+        ("stored", lambda: drawn_charge(a, "v", "stored", b"d", 0.5, lambda: 0, tag="stored")),
     ]
     threads += [threading.Thread(target=run, args=(rid, call)) for rid, call in queued]
     queue_in_order(a, threads[1:])
@@ -230,9 +223,9 @@ def test_an_item_whose_values_fail_the_shared_statement_fails_alone(
     assert rounds[0] == (0, 1) and rounds[1][0] >= 1 and rounds[1][1] == 2, rounds
     assert all(c + p == 1 for c, p in rounds[2:]), rounds
     assert isinstance(out["nul"], psycopg.DataError) and "0x00" in str(out["nul"])
-    assert out["charged"].response == b"charged|0.75" and not out["charged"].replayed
-    assert out["stored"].response == b"stored|0.50" and out["stored"].replayed
-    assert out["first"].response == b"first|0.90" and not out["first"].replayed
+    assert said(out["charged"], 2) == "charged|0.75" and not out["charged"].replayed
+    assert said(out["stored"], 2) == "stored|0.50" and out["stored"].replayed
+    assert said(out["first"], 2) == "first|0.90" and not out["first"].replayed
     assert [(a.user(u).spent_units, a.user(u).requests) for u in "cfv"] == [
         (charge_units(0.25), 1),
         (charge_units(0.1), 1),

@@ -15,6 +15,7 @@ import pytest
 
 from recsvc.ledger import LedgerUnavailable, Waits
 from recsvc.ledger.postgres import PostgresLedger
+from recsvc.ledger.testing import resp
 from recsvc.ledger.testing.postgres import lock_waiters, until
 from recsvc.service.server import ledger_healthy
 
@@ -57,19 +58,19 @@ def test_a_locked_row_stalls_only_its_user_and_times_out_with_nothing_spent(
     url = pg_cluster.new_database()
     led = _open(url, tmp_path / "k", Waits(lock_s=60.0))
     try:
-        led.charge("alice", "a0", b"d0", 0.25, lambda rem: b"a0")
-        led.charge("bob", "b0", b"d0", 0.25, lambda rem: b"b0")
+        led.charge("alice", "a0", b"d0", 0.25, resp("a0"))
+        led.charge("bob", "b0", b"d0", 0.25, resp("b0"))
         other = _holding(url, HOLDS[hold])
         watcher = psycopg.connect(url, autocommit=True)
         outcome: list[object] = []
         alice = threading.Thread(
-            target=lambda: outcome.append(led.charge("alice", "a1", b"d1", 0.25, lambda rem: b"a1").replayed)
+            target=lambda: outcome.append(led.charge("alice", "a1", b"d1", 0.25, resp("a1")).replayed)
         )
         alice.start()
         until(lambda: lock_waiters(watcher) == 1)
         assert lock_waiters(watcher) == 1 and alice.is_alive()  # alice's charge waits on her row, in her thread
         # Bob's charges go on while alice's row is held: the round never waits on it.
-        assert [led.charge("bob", f"b{i}", b"d", 0.25, lambda rem: b"b").replayed for i in (1, 2)] == [False, False]
+        assert [led.charge("bob", f"b{i}", b"d", 0.25, resp("b")).replayed for i in (1, 2)] == [False, False]
         assert (led.user("bob").spent_units, alice.is_alive()) == (750_000_000_000, True)
         other.rollback()  # the lock is released: alice's charge goes through, once
         alice.join(10)
@@ -83,10 +84,10 @@ def test_a_locked_row_stalls_only_its_user_and_times_out_with_nothing_spent(
     other = _holding(url, HOLDS[hold])
     try:
         with pytest.raises(LedgerUnavailable, match=r"lock_timeout \(at most 0.2 s\).*retry with the same request_id"):
-            short.charge("alice", "a2", b"d2", 0.25, lambda rem: b"a2")
+            short.charge("alice", "a2", b"d2", 0.25, resp("a2"))
         other.rollback()
         assert (short.user("alice").spent_units, short.lookup("alice", "a2")) == (500_000_000_000, None)
-        assert short.charge("alice", "a2", b"d2", 0.25, lambda rem: b"a2").replayed is False  # the retry is charged
+        assert short.charge("alice", "a2", b"d2", 0.25, resp("a2")).replayed is False  # the retry is charged
     finally:
         other.close()
         short.close()
@@ -103,7 +104,7 @@ def test_a_commit_stuck_on_a_frozen_database_reports_a_stalled_pipeline(
     url = pg_cluster.new_database()
     led = _open(url, tmp_path / "k", Waits())
     try:
-        led.charge("u", "r0", b"d", 0.25, lambda rem: b"r0")
+        led.charge("u", "r0", b"d", 0.25, resp("r0"))
         assert ledger_healthy(led)  # opens the probe's own connection
         with psycopg.connect(url, autocommit=True) as admin:
             pids = [
@@ -115,7 +116,7 @@ def test_a_commit_stuck_on_a_frozen_database_reports_a_stalled_pipeline(
             ]
         assert len(pids) == 4  # the pool's connections
         charged: list[bool] = []
-        t = threading.Thread(target=lambda: charged.append(led.charge("v", "r1", b"d", 0.25, lambda r: b"").replayed))
+        t = threading.Thread(target=lambda: charged.append(led.charge("v", "r1", b"d", 0.25, resp("")).replayed))
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -149,12 +150,12 @@ def test_a_replica_frozen_inside_its_transaction_is_ended_by_the_server(pg_clust
     a = _open(url, tmp_path / "k", Waits(lock_s=60.0))
     frozen = _open(url, tmp_path / "k", Waits(idle_in_transaction_s=0.3))
     try:
-        a.charge("u", "r0", b"d0", 0.25, lambda rem: b"r0")
+        a.charge("u", "r0", b"d0", 0.25, resp("r0"))
         with frozen._pool.connection() as conn:  # the frozen replica's own connection, with its settings
             conn.execute("BEGIN")
             conn.execute("UPDATE recsvc_budgets SET requests = requests + 1 WHERE user_id = 'u'")
             # ... and it never commits: a's charge waits for the row until the server ends that session.
-            assert a.charge("u", "r1", b"d1", 0.25, lambda rem: b"r1").replayed is False
+            assert a.charge("u", "r1", b"d1", 0.25, resp("r1")).replayed is False
             with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
                 conn.execute("COMMIT")  # the frozen replica's transaction was rolled back: nothing of it counts
         assert (a.user("u").spent_units, a.user("u").requests) == (500_000_000_000, 2)

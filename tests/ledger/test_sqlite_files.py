@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.ledger.testing import resp
 
 # Run in a child process: RLIMIT_FSIZE bounds every file the process writes (root included), so the
 # ledger's WAL hits the limit as it would a full disk; SIGXFSZ is ignored so write() fails instead.
@@ -22,21 +23,22 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 logging.basicConfig(level=logging.WARNING, format="LOG %(name)s %(message)s", stream=sys.stdout)
 from recsvc.ledger import LedgerUnavailable
 from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.ledger.testing import resp
 path = sys.argv[1]
 led = SQLiteLedger(path, 100.0)
-led.charge("u", "r0", b"d0", 0.5, lambda rem: b"first")
+led.charge("u", "r0", b"d0", 0.5, resp("first"))
 limit = os.path.getsize(path + "-wal") + 16_384
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 out = []
 for i in range(1, 8):  # answers of 4 kB: the WAL passes the limit within a few commits
     try:
-        out.append(led.charge("u", f"r{i}", b"d", 0.5, lambda rem, i=i: bytes([i]) * 4096).replayed)
+        out.append(led.charge("u", f"r{i}", b"d", 0.5, resp(str(i) * 4096)).replayed)
     except LedgerUnavailable as exc:
         out.append(str(exc))
 refused = [i for i, o in enumerate(out, start=1) if isinstance(o, str)]
 spent_while_full = led.user("u").spent_units
 resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # room again
-retried = [led.charge("u", f"r{i}", b"d", 0.5, lambda rem: b"again").replayed for i in refused]
+retried = [led.charge("u", f"r{i}", b"d", 0.5, resp("again")).replayed for i in refused]
 print(json.dumps({"out": out, "refused": refused, "spent_while_full": spent_while_full, "retried": retried}))
 """
 
@@ -82,7 +84,7 @@ def test_a_ledger_others_can_read_is_warned_about_and_its_sidecars_are_0600(
     with caplog.at_level(logging.WARNING, logger="recsvc.ledger"):
         led = SQLiteLedger(path, 1.0)
     try:
-        led.charge("u", "r", b"d", 0.5, lambda rem: b"answer")
+        led.charge("u", "r", b"d", 0.5, resp("answer"))
         warned = [r.getMessage() for r in caplog.records if "other users can read" in r.getMessage()]
         assert len(warned) == 1 and "0o644" in warned[0] and "chmod 600" in warned[0]
         assert [_mode(path.with_name(path.name + s)) for s in ("-wal", "-shm")] == [0o600, 0o600]

@@ -9,15 +9,17 @@ import os
 import sqlite3
 import stat
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import grpc
 import pytest
 
+from recsvc.ledger import StoredAnswer
 from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.ledger.testing import resp
 from recsvc.service.client import Client
 from recsvc.service.config import ServerConfig
-from recsvc.service.server import start, stored_mechanism
+from recsvc.service.server import start
 from recsvc.service.testing import select_request
 from recsvc.v1 import selection_pb2 as pb
 
@@ -112,7 +114,7 @@ def test_v0_file_is_migrated_conservatively_and_keyed(
     old = write_v0_ledger(path, rowid_tables)
     digests = old["digests"]
     assert all(d in _files(path) for d in digests[:3])  # the unsalted hashes are in the old file
-    led = SQLiteLedger(path, budget=10.0, mechanism_of=stored_mechanism)
+    led = SQLiteLedger(path, budget=10.0)
     key = bytes.fromhex((tmp_path / "old.db.key").read_text())
     # Each old charge is rounded UP from its exact binary value; a user's total is the larger of
     # its float total and the sum of its requests, so the 200 swallowed charges come back.
@@ -120,14 +122,18 @@ def test_v0_file_is_migrated_conservatively_and_keyed(
     assert (tiny.spent_units, tiny.requests) == (8 * 10**12 + 200, 201)
     assert (alice.spent_units, alice.requests) == (3 * 100_000_000_001, 3)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (4,)  # 0 → 4 in one go
-    # Version 2: every old charge's mechanism is read back from its stored response; the window is lifetime.
+    assert conn.execute("PRAGMA user_version").fetchone() == (5,)  # 0 → 5 in one go
+    # Every old answer is typed, its mechanism read back from its stored response; the window is lifetime.
     assert conn.execute("SELECT mechanism, COUNT(*) FROM requests GROUP BY mechanism").fetchall() == [("rnm", 204)]
     assert conn.execute("SELECT value FROM settings WHERE name='budget_window'").fetchall() == [("lifetime",)]
     assert conn.execute("SELECT SUM(epsilon_units) FROM requests").fetchone() == (8 * 10**12 + 200 + 300_000_000_003,)
     stored = {(u, r): bytes(f) for u, r, f in conn.execute("SELECT user_id, request_id, fingerprint FROM requests")}
     req = old["requests"]["alice/a0"]
     assert stored[("alice", "a0")] == hmac.digest(key, _old_fingerprint(req), "sha256")
+    a0 = led.lookup("alice", "a0")
+    assert a0 is not None and a0.answer == StoredAnswer((req.item_ids[0],), (), "rnm", 100_000_000_001, 0.1, 9.9)
+    t0 = led.lookup("tiny", "t0")
+    assert t0 is not None and t0.answer.epsilon == 4e-16  # the double it reported, below the unit
     led.close()
     # No unsalted fingerprint is left anywhere in the ledger's files (old pages zeroed, WAL emptied).
     raw = _files(path)
@@ -251,14 +257,15 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
         assert con.execute("PRAGMA user_version").fetchone() == (2,)
     led = SQLiteLedger(path, 1.0, window="7d", clock=clock)
     conn = led._conn()
-    assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+    assert conn.execute("PRAGMA user_version").fetchone() == (5,)
     assert "WITHOUT ROWID" not in _requests_sql(path)
     assert conn.execute("SELECT name, \"unique\" FROM pragma_index_list('requests')").fetchall() == [
         ("requests_key", 1)
     ]
-    # Every row unchanged, now in commit (created) order; the key index answers in key order.
-    cols = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
-    assert [tuple(r) for r in conn.execute(f"SELECT {cols} FROM requests ORDER BY rowid")] == rows
+    # Every row kept, its answer typed, now in commit (created) order; the key index answers in key order.
+    cols = "user_id, request_id, fingerprint, epsilon_units, created, mechanism, item_ids"
+    typed = [(*r[:4], *r[5:], f'["it{i}"]') for i, r in enumerate(rows)]
+    assert [tuple(r) for r in conn.execute(f"SELECT {cols} FROM requests ORDER BY rowid")] == typed
     assert [r[:2] for r in conn.execute("SELECT user_id, request_id FROM requests ORDER BY user_id, request_id")] == [
         ("alice", "a1"),
         ("alice", "a2"),
@@ -271,14 +278,26 @@ def test_a_version_2_file_migrates_to_the_rowid_requests_table(tmp_path: Path) -
     ]
     alice = led.user("alice")
     assert (alice.spent_units, alice.requests, alice.window_start) == (200_000_000_000, 2, 1_699_833_600)
-    replay = led.charge("alice", "a2", b"d-a2", 0.1, lambda r: b"NEW")  # an old request still replays
-    assert replay.replayed and replay.response == rows[1][4]
+    replay = led.charge("alice", "a2", b"d-a2", 0.1, resp("NEW"))  # an old request still replays
+    assert replay.replayed and replay.answer == StoredAnswer(("it1",), (), "rnm", 100_000_000_000, 0.1, 0.0)
     with pytest.raises(RequestConflict):
-        led.charge("alice", "a2", b"other", 0.1, lambda r: b"NEW")
-    fresh = led.charge("alice", "a3", b"d-a3", 0.25, lambda r: b"FRESH")
+        led.charge("alice", "a2", b"other", 0.1, resp("NEW"))
+    fresh = led.charge("alice", "a3", b"d-a3", 0.25, resp("FRESH"))
     assert not fresh.replayed and led.user("alice").spent_units == 450_000_000_000
     with pytest.raises(sqlite3.IntegrityError):  # the key is still unique
-        conn.execute("INSERT INTO requests VALUES ('alice', 'a3', x'00', 1, x'00', 0, '')")
+        conn.execute("INSERT INTO requests VALUES ('alice', 'a3', x'00', 1, 0, '', '[]', '[]', 0, 0)")
     led.close()
     assert SQLiteLedger(path, 1.0, window="7d", clock=clock).commits == 0  # opening again migrates nothing
     assert export(path, tmp_path / "c.parquet", progress=False) == 5
+
+
+def test_a_ledger_of_stored_responses_replays_every_answer_byte_for_byte_after_migration(
+    tmp_path: Path, v4_ledger: Any
+) -> None:
+    path = v4_ledger.copy_to(tmp_path)
+    led = SQLiteLedger(path, budget=v4_ledger.budget)
+    try:
+        assert led._conn().execute("PRAGMA user_version").fetchone() == (5,)
+        v4_ledger.check_replays(led)
+    finally:
+        led.close()

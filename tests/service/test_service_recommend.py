@@ -31,11 +31,9 @@ from recsvc.mechanisms import (
     two_stage_probabilities,
 )
 from recsvc.service.client import Client
-from recsvc.service.codec import fingerprint as _fingerprint
 from recsvc.service.config import CANDIDATE_MECHANISMS, ServerConfig
 from recsvc.service.server import ServerHandle, start
 from recsvc.service.testing import AUDIT_ALPHA, N_ITEMS, candidates, make_artifact, rpc_error
-from recsvc.v1 import selection_pb2 as pb
 
 HISTORY = ["it0", "it5", "it9"]
 FLOOR = 5  # the test servers' --min-candidates
@@ -289,16 +287,6 @@ def test_slates_are_distinct_replayed_whole_and_charged_once(client: Client, ser
     assert len(set(b.response.item_ids)) == 3
     assert client.budget("slate-user").spent == pytest.approx(0.8 + 0.5 + 0.2)  # one ε per slate
     assert server.ledger.user("slate-user").requests == 3
-
-
-def test_an_answer_stored_with_item_id_alone_replays_as_a_slate_of_one(client: Client, server: ServerHandle) -> None:
-    req = client.select_request("old-user", candidates(10), mechanism="rnm", epsilon=0.5, request_id="old-1")
-    old = pb.SelectResponse(
-        item_id="it7", mechanism="rnm", epsilon_spent=0.5, budget_remaining=1e6 - 0.5, request_id="old-1"
-    ).SerializeToString()  # item_id set, item_ids empty
-    server.ledger.charge("old-user", "old-1", _fingerprint(b"select\0", req), 0.5, lambda _: old)
-    r = client.stub.Select(req)
-    assert (r.item_id, list(r.item_ids), r.replayed) == ("it7", ["it7"], True)
 
 
 def test_the_candidate_mechanisms_are_the_registrys_one_shot_ones() -> None:

@@ -4,6 +4,7 @@ answer charged and the ledger consistent."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import psycopg
@@ -81,13 +83,15 @@ def _health_becomes(target: str, status: str, within_s: float = 15.0) -> bool:
     return False
 
 
-def _ledger_rows(url: str, user: str) -> tuple[dict[str, bytes], int, int]:
-    """(request_id → stored response, spent units, request count) straight from the database."""
+def _ledger_rows(url: str, user: str) -> tuple[dict[str, tuple[Any, ...]], int, int]:
+    """(request_id → stored answer (item_ids, mechanism, epsilon_spent, budget_remaining), spent
+    units, request count) straight from the database."""
     with psycopg.connect(url) as conn:
-        stored = {
-            r: bytes(b)
-            for r, b in conn.execute("SELECT request_id, response FROM recsvc_requests WHERE user_id=%s", (user,))
-        }
+        sql = (
+            "SELECT request_id, item_ids, mechanism, epsilon_spent, budget_remaining FROM recsvc_requests "
+            "WHERE user_id=%s"
+        )
+        stored = {r: (json.loads(ids), *rest) for r, ids, *rest in conn.execute(sql, (user,))}
         total = conn.execute(
             "SELECT coalesce(sum(epsilon_units), 0) FROM recsvc_requests WHERE user_id=%s", (user,)
         ).fetchone()
@@ -103,7 +107,8 @@ def _assert_received_are_charged(url: str, user: str, received: dict[str, pb.Sel
     stored, _, _ = _ledger_rows(url, user)
     for rid, resp in received.items():
         assert rid in stored, rid
-        assert resp.SerializeToString() == stored[rid]  # the very answer the client got
+        answer = (list(resp.item_ids), resp.mechanism, resp.epsilon_spent, resp.budget_remaining)
+        assert answer == stored[rid]  # the very answer the client got
 
 
 def test_200_requests_over_3_replicas_against_a_budget_for_50(fleet: Fleet) -> None:

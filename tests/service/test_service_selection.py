@@ -5,14 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from recsvc.artifact import load_artifact
 from recsvc.ledger.sqlite import SQLiteLedger
+from recsvc.service import codec
 from recsvc.service.config import PARAMS, Limits, Policy, ServerConfig
-from recsvc.service.requests import Selected
 from recsvc.service.selection import InvalidRequest, Selector
 from recsvc.service.testing import candidates, make_artifact
 
@@ -57,27 +58,29 @@ def test_refusals_happen_before_the_fingerprint_and_the_ledger(selector: Selecto
     assert called == []
 
 
-def test_execute_charges_once_and_a_retry_replays_the_stored_answer(selector: Selector, tmp_path: Path) -> None:
+def test_execute_charges_once_and_a_retry_re_encodes_the_first_answer_byte_for_byte(
+    selector: Selector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ledger = SQLiteLedger(tmp_path / "l.db", budget=3.0)
     try:
-        encoded: list[Selected] = []
         p = _prepare(selector, candidates(20), mechanism="rnm")
+        draws: list[int] = []
+        real = selector.heavy.draw
 
-        def encode(s: Selected) -> bytes:
-            encoded.append(s)
-            return s.item_id.encode()
+        def counted(*args: Any) -> Any:
+            draws.append(1)
+            return real(*args)
 
-        def never(s: Selected) -> bytes:
-            encoded.append(s)
-            return b"never"
-
-        first = selector.execute(ledger, p, encode)
-        again = selector.execute(ledger, p, never)
-        assert (first.replayed, again.replayed) == (False, True)
-        assert again.response == first.response == encoded[0].item_id.encode()
-        assert len(encoded) == 1  # the retry drew no sample
-        assert encoded[0].epsilon == 1.0 and encoded[0].budget_remaining == pytest.approx(2.0)
-        assert ledger.user("u1").spent == pytest.approx(1.0)
+        monkeypatch.setattr(selector.heavy, "draw", counted)
+        first = selector.execute(ledger, p)
+        again = selector.execute(ledger, p)
+        assert (first.replayed, again.replayed, draws) == (False, True, [1])  # the retry drew no sample
+        assert again.answer == first.answer and first.answer.mechanism == "rnm"
+        assert (first.answer.epsilon, first.answer.remaining) == (1.0, 2.0)
+        sent, replayed = codec.select_response(first), codec.select_response(again)
+        sent.replayed = True
+        assert replayed.SerializeToString() == sent.SerializeToString()  # the first answer, marked
+        assert list(replayed.item_ids) == [replayed.item_id] and ledger.user("u1").spent == 1.0
     finally:
         ledger.close()
 

@@ -17,6 +17,7 @@ import pytest
 
 from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
+from recsvc.ledger import Drawn
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service import cli as service_cli
 from recsvc.service.client import Client
@@ -293,7 +294,7 @@ def test_failed_start_keeps_an_existing_ledger_and_removes_only_a_new_one(
 ) -> None:
     path = tmp_path / "l.db"
     led = SQLiteLedger(path, budget=10.0)
-    led.charge("u", "r1", b"f", 1.5, lambda _rem: b"answer")
+    led.charge("u", "r1", b"f", 1.5, Drawn(("answer",)))
     led.close()
     with pytest.raises(ValueError, match="Address already in use"):
         start(ServerConfig.of(artifacts=artifact, port=busy_port, ledger=path))

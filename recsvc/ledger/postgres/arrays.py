@@ -18,8 +18,8 @@ from psycopg import adapt, pq
 
 _HEADER = struct.Struct("!iiIii")  # dimensions, has-NULLs flag, element type, length, lower bound
 _EMPTY = struct.Struct("!iiI")  # an empty array has no dimensions
-_INT8, _TEXT, _BYTEA = 20, 25, 17  # element type oids (pg_type)
-_INT8_ARRAY, _TEXT_ARRAY, _BYTEA_ARRAY = 1016, 1009, 1001
+_INT8, _TEXT, _BYTEA, _FLOAT8 = 20, 25, 17, 701  # element type oids (pg_type)
+_INT8_ARRAY, _TEXT_ARRAY, _BYTEA_ARRAY, _FLOAT8_ARRAY = 1016, 1009, 1001, 1022
 
 
 class BinaryArray(bytes):
@@ -40,6 +40,10 @@ class ByteaArray(BinaryArray):
     __slots__ = ()
 
 
+class Float8Array(BinaryArray):
+    __slots__ = ()
+
+
 def _header(element_oid: int, n: int) -> bytes:
     return _HEADER.pack(1, 0, element_oid, n, 1) if n else _EMPTY.pack(0, 0, element_oid)
 
@@ -57,6 +61,17 @@ def int8_array(values: Sequence[int]) -> Int8Array:
     except struct.error as exc:
         raise ValueError(f"a bigint[] parameter takes integers from -2**63 to 2**63-1: {exc}") from None
     return Int8Array(_header(_INT8, n) + body)
+
+
+@lru_cache(maxsize=256)
+def _float8s(n: int) -> struct.Struct:
+    return struct.Struct("!" + "id" * n)
+
+
+def float8_array(values: Sequence[float]) -> Float8Array:
+    """``values`` as a ``double precision[]``, bit for bit."""
+    n = len(values)
+    return Float8Array(_header(_FLOAT8, n) + _float8s(n).pack(*[x for v in values for x in (8, v)]))
 
 
 def _varlena(element_oid: int, items: Iterable[bytes]) -> bytes:
@@ -92,6 +107,7 @@ _DUMPERS = {
     Int8Array: _passthrough(_INT8_ARRAY),
     TextArray: _passthrough(_TEXT_ARRAY),
     ByteaArray: _passthrough(_BYTEA_ARRAY),
+    Float8Array: _passthrough(_FLOAT8_ARRAY),
 }
 
 

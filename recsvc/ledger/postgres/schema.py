@@ -10,11 +10,17 @@ newer than this recsvc reads is refused; so is a replica whose budget, budget wi
 
 Version 2 adds renewable budgets and the audit export (as the SQLite file's version 2,
 :mod:`recsvc.ledger.sqlite.schema`): ``recsvc_budgets.window_start``, ``recsvc_requests.mechanism``
-(recovered from each stored response by :data:`STEPS`, :mod:`recsvc.ledger.migrations`) and the
+(for older rows read back from the stored response by version 4's step) and the
 ``budget_window`` setting, which is ``lifetime`` for a database created without it.
 
 Version 3 adds ``recsvc_budget_changes``, the record of every `recsvc ledger set-budget`
 (:mod:`recsvc.ledger.budget`); the budget itself was pinned in ``recsvc_meta`` from version 1 on.
+
+Version 4 stores each answer as typed columns instead of the service's encoded response, as the
+SQLite file's version 5: ``item_ids``, ``item_rows`` (JSON arrays), ``epsilon_spent`` and
+``budget_remaining`` (the doubles the answer reported). Its step (:data:`STEPS`) reads every
+stored response with :func:`recsvc.ledger.migrations.read_answer`, page by page in key order, then
+drops ``response``; all in the one migration transaction.
 
 Also here, as the SQLite file's :mod:`recsvc.ledger.sqlite.schema`: connecting with errors that
 name host and port but never the password (:func:`describe`, :func:`connect`), ``recsvc ledger
@@ -36,12 +42,12 @@ from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import is_postgres
 from recsvc.ledger.budget import BudgetChange, mismatch
-from recsvc.ledger.charging import ChargeRow
-from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
+from recsvc.ledger.charging import ChargeRow, ids_text
+from recsvc.ledger.migrations import UnreadableAnswer, read_answer
 from recsvc.ledger.window import BudgetWindow
 
 log = logging.getLogger(__name__)
-VERSION = 3
+VERSION = 4
 _LOCK = 0x72656373  # pg_advisory_xact_lock key: init/migrate of several replicas take turns
 _KEY_CHECK = b"recsvc key check"
 
@@ -76,32 +82,52 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             changed_by text NOT NULL DEFAULT current_user
         )""",
     ),
+    4: (
+        "ALTER TABLE recsvc_requests ADD COLUMN item_ids text, ADD COLUMN item_rows text, "
+        "ADD COLUMN epsilon_spent double precision, ADD COLUMN budget_remaining double precision",
+    ),
 }
 
 
-def _recover(conn: Any, mechanism_of: MechanismOf | None) -> None:
-    """Version 2: the mechanism of every request stored before, from its stored response."""
-
-    def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
-        sql = "SELECT user_id, request_id, response FROM recsvc_requests WHERE mechanism=''"
-        rows: list[tuple[str, str, bytes]]
-        if after is None:
-            rows = conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
-        else:
-            rows = conn.execute(
-                sql + " AND (user_id, request_id) > (%s, %s) ORDER BY user_id, request_id LIMIT 512", after
-            ).fetchall()
-        return rows
-
-    def update(rows: list[tuple[str, str, str]]) -> None:
+def _typed_answers(conn: Any) -> None:
+    """Version 4: every stored response as typed columns (a request stored without a mechanism
+    takes the one its response names), then the response column dropped."""
+    after: tuple[str, str] = ("", "")
+    sql = (
+        "SELECT user_id, request_id, mechanism, response FROM recsvc_requests WHERE (user_id, request_id) > "
+        "(%s, %s) ORDER BY user_id, request_id LIMIT 512"
+    )
+    while rows := conn.execute(sql, after).fetchall():
+        out = []
+        for user, rid, mechanism, response in rows:
+            try:
+                old = read_answer(bytes(response))
+            except UnreadableAnswer as exc:
+                raise ParamError(
+                    "{ledger}: the stored answer of user_id {user} request_id {rid} cannot be read ({reason}); "
+                    "expected a ledger written by `recsvc serve`",
+                    user=repr(user),
+                    rid=repr(rid),
+                    reason=str(exc),
+                ) from None
+            typed = (ids_text(old.item_ids), ids_text(old.item_rows), old.epsilon, old.remaining)
+            out.append((mechanism or old.mechanism, *typed, user, rid))
         with conn.cursor() as cur:
-            cur.executemany("UPDATE recsvc_requests SET mechanism=%s WHERE user_id=%s AND request_id=%s", rows)
-
-    recover_mechanisms(page, update, mechanism_of)
+            cur.executemany(
+                "UPDATE recsvc_requests SET mechanism=%s, item_ids=%s, item_rows=%s, epsilon_spent=%s, "
+                "budget_remaining=%s WHERE user_id=%s AND request_id=%s",
+                out,
+            )
+        after = (rows[-1][0], rows[-1][1])
+    conn.execute(
+        "ALTER TABLE recsvc_requests DROP COLUMN response, ALTER COLUMN item_ids SET NOT NULL, "
+        "ALTER COLUMN item_rows SET NOT NULL, ALTER COLUMN epsilon_spent SET NOT NULL, "
+        "ALTER COLUMN budget_remaining SET NOT NULL"
+    )
 
 
 # version → what runs after its statements, in the same transaction.
-STEPS: dict[int, Callable[[Any, MechanismOf | None], None]] = {2: _recover}
+STEPS: dict[int, Callable[[Any], None]] = {4: _typed_answers}
 URL_EXPECTED = (
     "a libpq URL postgresql://USER@HOST:PORT/DATABASE (the password from a passfile, PGPASSFILE or "
     "~/.pgpass, or PGPASSWORD; any part may also come from libpq's PG* environment variables)"
@@ -177,9 +203,8 @@ def _check_version(found: int, where: str) -> None:
         )
 
 
-def migrate(conn: Any, where: str, mechanism_of: MechanismOf | None = None) -> tuple[int, int]:
-    """Applies the pending migrations (autocommit connection); (version before, version after).
-    ``mechanism_of`` reads the mechanism of a stored answer (:mod:`recsvc.ledger.migrations`)."""
+def migrate(conn: Any, where: str) -> tuple[int, int]:
+    """Applies the pending migrations (autocommit connection); (version before, version after)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         settings = _settings(conn)
@@ -191,14 +216,12 @@ def migrate(conn: Any, where: str, mechanism_of: MechanismOf | None = None) -> t
             for sql in MIGRATIONS[v]:
                 conn.execute(sql)
             if v in STEPS:
-                STEPS[v](conn, mechanism_of)
+                STEPS[v](conn)
         conn.execute("UPDATE recsvc_meta SET value=%s WHERE name='schema_version'", (str(VERSION),))
     return before, max(before, VERSION)
 
 
-def init(
-    conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow, mechanism_of: MechanismOf | None = None
-) -> bool:
+def init(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWindow) -> bool:
     """Creates the ledger with these settings (True), or checks an existing one against them (False)."""
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
@@ -212,7 +235,7 @@ def init(
             created = True
         else:
             created = False
-    migrate(conn, where, mechanism_of)
+    migrate(conn, where)
     check(conn, where, budget_units, key, window)
     return created
 
@@ -258,11 +281,11 @@ def check(conn: Any, where: str, budget_units: int, key: bytes, window: BudgetWi
         )
 
 
-def migrate_url(url: str, mechanism_of: MechanismOf | None = None) -> tuple[str, int, int]:
+def migrate_url(url: str) -> tuple[str, int, int]:
     """`recsvc ledger migrate`: (where, version before, version after)."""
     where = describe(url)
     with connect(url, where, 5) as conn:
-        before, after = migrate(conn, where, mechanism_of)
+        before, after = migrate(conn, where)
     return where, before, after
 
 

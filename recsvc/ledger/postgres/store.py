@@ -53,10 +53,19 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import Accounts, Ledger, LedgerObserver, Stored
-from recsvc.ledger.charging import Account, Charge, Pending, StoredRequest, decide_all
+from recsvc.ledger.charging import (
+    N_STORED,
+    STORED_COLUMNS,
+    Account,
+    Charge,
+    Pending,
+    PrecheckRow,
+    Seen,
+    StoredRequest,
+    decide_all,
+)
 from recsvc.ledger.errors import LedgerUnavailable
 from recsvc.ledger.group_commit import GroupCommit, Queued
-from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.postgres import schema
 from recsvc.ledger.postgres.arrays import BinaryArray
 from recsvc.ledger.postgres.clock import DatabaseClock
@@ -103,8 +112,6 @@ class PostgresLedger(Ledger):
     window and key. ``clock`` (Unix seconds) places each charge in its window: by default the
     database server's clock (:mod:`.clock`), so a replica whose clock is wrong never renews a
     budget early; tests inject one.
-    ``mechanism_of`` reads the mechanism of a stored answer, for the migration ``create`` applies
-    (:mod:`recsvc.ledger.migrations`).
     """
 
     def __init__(
@@ -118,7 +125,6 @@ class PostgresLedger(Ledger):
         window: BudgetWindow | str = LIFETIME_WINDOW,
         clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
-        mechanism_of: MechanismOf | None = None,
         waits: Waits = DEFAULT_WAITS,
     ) -> None:
         super().__init__(budget, window, clock, observer)
@@ -141,7 +147,7 @@ class PostgresLedger(Ledger):
         try:
             with connect(url, self.where, connect_timeout) as conn:
                 if create:
-                    schema.init(conn, self.where, self.budget_units, self._key, self.window, mechanism_of)
+                    schema.init(conn, self.where, self.budget_units, self._key, self.window)
                 else:
                     schema.check(conn, self.where, self.budget_units, self._key, self.window)
                 if clock is None:  # budget windows by the database's clock, never this replica's
@@ -245,10 +251,9 @@ class PostgresLedger(Ledger):
 
     def lookup(self, user_id: str, request_id: str) -> StoredRequest | None:
         rows = self._read(
-            "SELECT fingerprint, response FROM recsvc_requests WHERE user_id=%s AND request_id=%s",
-            (user_id, request_id),
+            f"SELECT {STORED_COLUMNS} FROM recsvc_requests WHERE user_id=%s AND request_id=%s", (user_id, request_id)
         )
-        return None if not rows else StoredRequest(bytes(rows[0][0]), bytes(rows[0][1]))
+        return None if not rows else StoredRequest.of(*rows[0])
 
     def _account(self, user_id: str) -> Account | None:
         rows = self._read(
@@ -259,17 +264,18 @@ class PostgresLedger(Ledger):
     def _spends(self) -> Iterable[tuple[str, int, int]]:
         return self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", (), _RETRY_READ)
 
-    def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
+    def _precheck_row(self, p: Pending) -> PrecheckRow:
         """Rides in the next round of this process (:meth:`_commit_group`) with the charges and
         pre-checks queued meanwhile: one statement reads them all on its snapshot."""
-        return cast("tuple[Any, Any, Any, Any]", self._group_commit.one(_Probe(pending=p)))
+        return cast(PrecheckRow, self._group_commit.one(_Probe(pending=p)))
 
     def _answer(self, probes: list[_Probe], rows: list[tuple[Any, ...]]) -> None:
         """Each pre-check's row of :data:`PRECHECKS` (the rule is applied by its caller); its
         charge remembers the account it read (``seen``) for :meth:`_charge_unchanged`."""
         for q, row in zip(probes, rows, strict=True):
-            q.result = row[:4]
-            q.pending.read, q.pending.seen = True, seen_account(row)
+            account = seen_account(row)
+            q.result = PrecheckRow(_stored_of(row), account)
+            q.pending.seen = Seen(account)
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -322,7 +328,7 @@ class PostgresLedger(Ledger):
         seen: dict[str, Account | None] = {}
         unread: set[str] = set()  # users some charge did not read, or two charges read differently
         for p in batch:
-            if not p.read or seen.setdefault(p.user_id, p.seen) != p.seen:
+            if p.seen is None or seen.setdefault(p.user_id, p.seen.account) != p.seen.account:
                 unread.add(p.user_id)
         tried = [p for p in batch if p.user_id not in unread]
         now = self._clock()
@@ -338,7 +344,7 @@ class PostgresLedger(Ledger):
             *columns(moving, ACCOUNT),
             *columns(before, SEEN),
             datetime.fromtimestamp(now, UTC),
-            *columns(writes.requests, REQUEST),
+            *columns([r.row() for r in writes.requests], REQUEST),
         )
         rows: list[tuple[Any, ...]] | None = []
         try:
@@ -388,7 +394,7 @@ class PostgresLedger(Ledger):
             for p in batch:
                 if p.user_id not in accounts:  # locked by another session: never decided without its row
                     p.result, p.error = None, _Held(self.where)
-            stored = {(u, q): StoredRequest(bytes(fp), bytes(r)) for u, q, fp, r in found}
+            stored = {(u, q): StoredRequest.of(*rest) for u, q, *rest in found}
             now = self._clock()  # read under the row locks: the window these charges count in
             writes = decide_all(held, stored, accounts, self.window, self.budget_units, now)
             if writes.requests:  # server-side binding: the answers travel as binary, not as SQL text
@@ -396,7 +402,7 @@ class PostgresLedger(Ledger):
                     WRITE,
                     (
                         datetime.fromtimestamp(now, UTC),
-                        *columns(writes.requests, REQUEST),
+                        *columns([r.row() for r in writes.requests], REQUEST),
                         *columns(writes.users, ACCOUNT),
                     ),
                 )
@@ -408,7 +414,7 @@ class PostgresLedger(Ledger):
 
     def _locking(self, rest: list[Pending], wait: bool) -> None:
         """``rest`` through :meth:`_transaction`, again after a deadlock (rolled back whole; the
-        lock order makes it rare); a charge found stored with the bytes this process built is its
+        lock order makes it rare); a charge found stored with the answer this process built is its
         own COMMIT that went through before a connection failure."""
         for attempt in range(_DEADLOCK_TRIES):
             try:
@@ -419,8 +425,8 @@ class PostgresLedger(Ledger):
                 if attempt == _DEADLOCK_TRIES - 1:
                     raise
         for p in rest:
-            if p.result is not None and p.result.replayed and p.built is not None and p.result.response == p.built:
-                p.result = Charge(p.result.response, replayed=False)
+            if p.result is not None and p.result.replayed and p.built is not None and p.result.answer == p.built:
+                p.result = Charge(p.result.answer, replayed=False)
 
     def _charge_held(self, items: list[Queued]) -> None:
         """The charges a round set aside (their rows were locked elsewhere), in their caller's
@@ -437,9 +443,7 @@ class PostgresLedger(Ledger):
         """The batch pre-check's read, holding no lock: the pre-checks' statement (``users`` are
         the keys' users)."""
         rows = self._read(PRECHECKS, tuple(columns(keys, KEY)))
-        stored = {
-            k: StoredRequest(bytes(fp), bytes(r)) for k, (fp, r, *_) in zip(keys, rows, strict=True) if fp is not None
-        }
+        stored = {k: found for k, row in zip(keys, rows, strict=True) if (found := _stored_of(row)) is not None}
         return stored, {k[0]: a for k, row in zip(keys, rows, strict=True) if (a := seen_account(row)) is not None}
 
 
@@ -477,9 +481,14 @@ _ITEM_ERRORS = (psycopg.DataError, psycopg.IntegrityError)
 @dataclass(eq=False)
 class _Probe(Queued):
     """A charge's pre-check, queued for the next round (:meth:`PostgresLedger._commit_group`);
-    ``result``: its row ``(stored fingerprint, stored response, spent_units, window_start)``."""
+    ``result``: its :class:`~recsvc.ledger.charging.PrecheckRow`."""
 
     pending: Pending
+
+
+def _stored_of(row: tuple[Any, ...]) -> StoredRequest | None:
+    """The stored request of a :data:`PRECHECKS` row (its first columns); None: not stored."""
+    return None if row[0] is None else StoredRequest.of(*row[:N_STORED])
 
 
 def _keys(probes: list[_Probe]) -> tuple[BinaryArray, ...]:

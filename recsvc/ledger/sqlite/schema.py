@@ -19,7 +19,7 @@ at which the row's budget window started, 0 for lifetime; :mod:`recsvc.ledger.wi
 ``budget_window`` every process on the file must use. A version-1 file (or a version-0 file, after
 the step above) is migrated in the same one transaction: its budget window is ``lifetime`` (what
 it was written under), and each request's mechanism is read back from its stored response
-(:mod:`recsvc.ledger.migrations`).
+(by the version-5 step below).
 
 Version 3 changes only the layout of ``requests``: a rowid table, appended in commit order, plus a
 UNIQUE index on ``(user_id, request_id)``, instead of a WITHOUT ROWID table keyed by it. Request
@@ -33,6 +33,15 @@ Version 4 pins the budget (:mod:`recsvc.ledger.budget`): the ``settings`` row ``
 ``budget_changes`` table recording every `recsvc ledger set-budget`. An older file is pinned, in the
 same one transaction, to the budget of the process that opens it first; from then on a process
 with another budget is refused.
+
+Version 5 stores each answer as typed columns instead of the service's encoded response
+(:class:`~recsvc.ledger.charging.StoredAnswer`): ``item_ids`` and ``item_rows`` (JSON arrays, the
+slate in selection order), ``epsilon_spent`` and ``budget_remaining`` (the doubles the answer
+reported), next to ``mechanism`` and ``epsilon_units``. An older file (after the steps above) is
+rebuilt in the same one transaction, in commit order: each stored response is read by
+:func:`recsvc.ledger.migrations.read_answer` (a request stored without a mechanism takes the one
+its response names), so every replay re-encodes the answer it always returned. A response that
+cannot be read refuses the open, the file left as it was.
 """
 
 from __future__ import annotations
@@ -44,23 +53,37 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from recsvc.checks import MissingFileError, ParamError, check_regular_file
 from recsvc.ledger import fingerprint
 from recsvc.ledger.budget import BudgetChange, mismatch, os_user
-from recsvc.ledger.charging import ChargeRow
-from recsvc.ledger.migrations import MechanismOf, recover_mechanisms
+from recsvc.ledger.charging import ChargeRow, ids_text
+from recsvc.ledger.migrations import UnreadableAnswer, read_answer
 from recsvc.ledger.units import float_units_up
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 
 log = logging.getLogger("recsvc.ledger")
-VERSION = 4
-# Rows per multi-row statement: 6 × 64 bound parameters stay far below SQLite's limits.
+VERSION = 5
+# Rows per multi-row statement: 10 × 64 bound parameters stay far below SQLite's limits.
 CHUNK = 64
 
 # budgets and settings are WITHOUT ROWID (the primary key is the row). requests is a rowid table
 # appended in commit order with a unique index on the key (see the module docstring: version 3).
 _REQUESTS = """CREATE TABLE IF NOT EXISTS requests (
+    user_id          TEXT NOT NULL,
+    request_id       TEXT NOT NULL,
+    fingerprint      BLOB NOT NULL,
+    epsilon_units    INTEGER NOT NULL,
+    created          REAL NOT NULL,
+    mechanism        TEXT NOT NULL,
+    item_ids         TEXT NOT NULL,
+    item_rows        TEXT NOT NULL,
+    epsilon_spent    REAL NOT NULL,
+    budget_remaining REAL NOT NULL
+)"""
+# The layout of versions 3 and 4, which the steps to version 4 build.
+_REQUESTS_V4 = """CREATE TABLE IF NOT EXISTS requests (
     user_id       TEXT NOT NULL,
     request_id    TEXT NOT NULL,
     fingerprint   BLOB NOT NULL,
@@ -95,7 +118,7 @@ _V2 = (
 _COLUMNS = "user_id, request_id, fingerprint, epsilon_units, response, created, mechanism"
 _V3 = (
     "ALTER TABLE requests RENAME TO requests_v2",
-    _REQUESTS,
+    _REQUESTS_V4,
     _REQUESTS_KEY,
     f"INSERT INTO requests ({_COLUMNS}) SELECT {_COLUMNS} FROM requests_v2 ORDER BY created, user_id, request_id",
     "DROP TABLE requests_v2",
@@ -244,19 +267,53 @@ def migrate_v2(conn: sqlite3.Connection) -> None:
         conn.execute(sql)
 
 
-def _recover(conn: sqlite3.Connection, mechanism_of: MechanismOf | None) -> None:
-    def page(after: tuple[str, str] | None) -> list[tuple[str, str, bytes]]:
-        sql = "SELECT user_id, request_id, response FROM requests WHERE mechanism=''"
-        if after is None:
-            return conn.execute(sql + " ORDER BY user_id, request_id LIMIT 512").fetchall()
-        return conn.execute(
-            sql + " AND (user_id, request_id) > (?, ?) ORDER BY user_id, request_id LIMIT 512", after
-        ).fetchall()
+def _typed(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A version-4 row ``(user_id, request_id, fingerprint, epsilon_units, created, mechanism,
+    response)`` as the current columns (:data:`_TYPED`)."""
+    user, rid, fp, units, created, mechanism, response = row
+    try:
+        old = read_answer(bytes(response))
+    except UnreadableAnswer as exc:
+        raise ParamError(
+            "{ledger}: the stored answer of user_id {user} request_id {rid} cannot be read ({reason}); "
+            "expected a ledger written by `recsvc serve`",
+            user=repr(user),
+            rid=repr(rid),
+            reason=str(exc),
+        ) from None
+    return (
+        user,
+        rid,
+        fp,
+        units,
+        created,
+        mechanism or old.mechanism,
+        ids_text(old.item_ids),
+        ids_text(old.item_rows),
+        old.epsilon,
+        old.remaining,
+    )
 
-    def update(rows: list[tuple[str, str, str]]) -> None:
-        conn.executemany("UPDATE requests SET mechanism=? WHERE user_id=? AND request_id=?", rows)
 
-    recover_mechanisms(page, update, mechanism_of)
+_TYPED = (
+    "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, created, mechanism, item_ids, item_rows, "
+    "epsilon_spent, budget_remaining) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def migrate_v4(conn: sqlite3.Connection) -> None:
+    """Version 4 → 5 inside the caller's write transaction: ``requests`` rebuilt with typed answers."""
+    conn.execute("ALTER TABLE requests RENAME TO requests_v4")
+    conn.execute("DROP INDEX requests_key")  # the old table's; the new one gets its own below
+    conn.execute(_REQUESTS)
+    conn.execute(_REQUESTS_KEY)
+    rows = conn.execute(
+        "SELECT user_id, request_id, fingerprint, epsilon_units, created, mechanism, response FROM requests_v4 "
+        "ORDER BY rowid"
+    )
+    while batch := rows.fetchmany(512):
+        conn.executemany(_TYPED, [_typed(r) for r in batch])
+    conn.execute("DROP TABLE requests_v4")
 
 
 def check_window(conn: sqlite3.Connection, path: Path, window: BudgetWindow) -> None:
@@ -300,12 +357,8 @@ def migrate_v0(conn: sqlite3.Connection, keyed: Callable[[bytes], bytes]) -> Non
             units = float_units_up(float(eps))
             spent[user] = spent.get(user, 0) + units
             counts[user] = counts.get(user, 0) + 1
-            out.append((user, rid, keyed(bytes(fp)), units, bytes(resp), float(created)))
-        conn.executemany(
-            "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            out,
-        )
+            out.append(_typed((user, rid, keyed(bytes(fp)), units, float(created), "", bytes(resp))))
+        conn.executemany(_TYPED, out)
     totals = {
         u: (float_units_up(float(s)), int(n))
         for u, s, n in conn.execute("SELECT user_id, spent, requests FROM budgets_v0")
@@ -327,12 +380,10 @@ def open_file(
     window: BudgetWindow,
     budget_units: int,
     retry: Callable[[Callable[[], object]], None],
-    mechanism_of: MechanismOf | None = None,
 ) -> tuple[bytes, bool]:
     """Creates, checks or migrates the ledger in one write transaction (processes opening it at
     once take turns), checks its budget window and budget, and loads or creates the fingerprint key:
-    (key, created). A refusal rolls everything back: the file is left as it was. ``mechanism_of``
-    reads the mechanism of a stored answer (:mod:`recsvc.ledger.migrations`)."""
+    (key, created). A refusal rolls everything back: the file is left as it was."""
     retry(lambda: conn.execute("BEGIN IMMEDIATE"))
     created = False
     try:
@@ -364,10 +415,11 @@ def open_file(
             migrate_v2(conn)
         if found in (1, 2, 3):
             conn.execute(_BUDGET_CHANGES)
+        if found in (1, 2, 3, 4):
+            migrate_v4(conn)
             conn.execute(f"PRAGMA user_version = {VERSION}")
-        if found is not None and found < 2:  # written under lifetime budgets, without mechanisms
+        if found is not None and found < 2:  # written under lifetime budgets
             conn.execute("INSERT INTO settings VALUES ('budget_window', ?)", (LIFETIME,))
-            _recover(conn, mechanism_of)
         check_window(conn, path, window)
         check_budget(conn, path, budget_units)
         conn.execute("COMMIT")

@@ -21,7 +21,7 @@ Invariants the service relies on (the protocol itself is :class:`recsvc.ledger.b
   transaction with one clock reading (:mod:`recsvc.ledger.window`).
 
 The ledger stores no scores: only keyed fingerprints (HMAC-SHA-256 under the server's key,
-:mod:`recsvc.ledger.fingerprint`; the key itself is never stored here) and the responses.
+:mod:`recsvc.ledger.fingerprint`; the key itself is never stored here) and the typed answers.
 The file format and its migrations live in :mod:`recsvc.ledger.sqlite.schema`.
 """
 
@@ -37,15 +37,24 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import NO_WAIT, Accounts, Ledger, LedgerObserver, Stored
-from recsvc.ledger.charging import Account, Pending, StoredRequest, Writes, decide_all
+from recsvc.ledger.charging import (
+    N_STORED,
+    REQUEST_COLUMNS,
+    STORED_COLUMNS,
+    Account,
+    Pending,
+    PrecheckRow,
+    StoredRequest,
+    Writes,
+    decide_all,
+)
 from recsvc.ledger.errors import LedgerUnavailable, WouldWait
 from recsvc.ledger.group_commit import Queued
-from recsvc.ledger.migrations import MechanismOf
 from recsvc.ledger.sqlite import schema
 from recsvc.ledger.sqlite.schema import CHUNK, EXPECTED, check_path
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
@@ -74,8 +83,6 @@ class SQLiteLedger(Ledger):
     if its key file is missing, opening it fails (see :mod:`recsvc.ledger.fingerprint`).
     ``window`` is the budget window (:mod:`recsvc.ledger.window`), fixed in the file when it is
     created; ``clock`` (Unix seconds) places each charge in its window (tests inject one).
-    ``mechanism_of`` reads the mechanism of a stored answer, for migrating a file written before
-    charges stored it (:mod:`recsvc.ledger.migrations`).
     """
 
     def __init__(
@@ -87,7 +94,6 @@ class SQLiteLedger(Ledger):
         window: BudgetWindow | str = LIFETIME_WINDOW,
         clock: Callable[[], float] | None = None,
         observer: LedgerObserver | None = None,
-        mechanism_of: MechanismOf | None = None,
     ) -> None:
         super().__init__(budget, window, clock, observer)
         self.path = Path(path)
@@ -112,7 +118,7 @@ class SQLiteLedger(Ledger):
             schema.create_private(self.path)
             schema.private_sidecars(self.path)
             self._key, self.key_created = schema.open_file(
-                self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked, mechanism_of
+                self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked
             )
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()
@@ -204,13 +210,10 @@ class SQLiteLedger(Ledger):
     def lookup(self, user_id: str, request_id: str) -> StoredRequest | None:
         row = (
             self._conn()
-            .execute(
-                "SELECT fingerprint, response FROM requests WHERE user_id=? AND request_id=?",
-                (user_id, request_id),
-            )
+            .execute(f"SELECT {STORED_COLUMNS} FROM requests WHERE user_id=? AND request_id=?", (user_id, request_id))
             .fetchone()
         )
-        return None if row is None else StoredRequest(bytes(row[0]), bytes(row[1]))
+        return None if row is None else StoredRequest.of(*row)
 
     def _account(self, user_id: str) -> Account | None:
         return self._accounts(self._conn(), [user_id]).get(user_id)
@@ -218,7 +221,7 @@ class SQLiteLedger(Ledger):
     def _spends(self) -> Iterable[tuple[str, int, int]]:
         return self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")
 
-    def _precheck_row(self, p: Pending) -> tuple[Any, Any, Any, Any]:
+    def _precheck_row(self, p: Pending) -> PrecheckRow:
         """One statement on a read snapshot: the writer's connection when no commit holds it (its
         page cache is warm; a reader's is dropped after every commit), else this thread's."""
         if self._write_lock.acquire(blocking=False):
@@ -229,15 +232,12 @@ class SQLiteLedger(Ledger):
         return self._read_precheck(self._conn(), p)
 
     @staticmethod
-    def _read_precheck(conn: sqlite3.Connection, p: Pending) -> tuple[Any, Any, Any, Any]:
-        row = conn.execute(
-            "SELECT (SELECT fingerprint FROM requests WHERE user_id=?1 AND request_id=?2),"
-            " (SELECT response FROM requests WHERE user_id=?1 AND request_id=?2),"
-            " (SELECT spent_units FROM budgets WHERE user_id=?1),"
-            " (SELECT window_start FROM budgets WHERE user_id=?1)",
-            (p.user_id, p.request_id),
-        ).fetchone()
-        return cast("tuple[Any, Any, Any, Any]", row)
+    def _read_precheck(conn: sqlite3.Connection, p: Pending) -> PrecheckRow:
+        row = conn.execute(_PRECHECK, (p.user_id, p.request_id)).fetchone()
+        stored = None if row[0] is None else StoredRequest.of(*row[:N_STORED])
+        s, w, n = row[N_STORED:]
+        account = None if s is None else Account(int(s), int(w), int(n))
+        return PrecheckRow(stored, account)
 
     # -- the writes ----------------------------------------------------------------------
 
@@ -338,7 +338,7 @@ class SQLiteLedger(Ledger):
         for i in range(0, len(writes.users), CHUNK):
             part = writes.users[i : i + CHUNK]
             conn.execute(
-                "INSERT INTO budgets(user_id, spent_units, requests, window_start) VALUES "
+                "INSERT INTO budgets(user_id, spent_units, window_start, requests) VALUES "
                 + ",".join(["(?, ?, ?, ?)"] * len(part))
                 + " ON CONFLICT(user_id) DO UPDATE SET spent_units=excluded.spent_units,"
                 " requests=excluded.requests, window_start=excluded.window_start",
@@ -348,9 +348,10 @@ class SQLiteLedger(Ledger):
         for i in range(0, len(writes.requests), CHUNK):
             chunk = writes.requests[i : i + CHUNK]
             inserted += conn.execute(
-                "INSERT INTO requests(user_id, request_id, fingerprint, epsilon_units, response, mechanism, created) "
-                "VALUES " + ",".join(["(?, ?, ?, ?, ?, ?, ?)"] * len(chunk)) + " ON CONFLICT DO NOTHING",
-                [v for row in chunk for v in (*row, now)],
+                f"INSERT INTO requests({REQUEST_COLUMNS}, created) VALUES "
+                + ",".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * len(chunk))
+                + " ON CONFLICT DO NOTHING",
+                [v for r in chunk for v in (*r.row(), now)],
             ).rowcount
         return inserted == len(writes.requests)
 
@@ -360,16 +361,16 @@ class SQLiteLedger(Ledger):
 
     @staticmethod
     def _stored(conn: sqlite3.Connection, keys: list[tuple[str, str]]) -> Stored:
-        """(fingerprint, response) of the keys already in the ledger (exact primary-key probes)."""
+        """The stored requests among ``keys`` (exact primary-key probes)."""
         out: Stored = {}
         for i in range(0, len(keys), CHUNK):
             part = keys[i : i + CHUNK]
             sql = " UNION ALL ".join(
-                ["SELECT user_id, request_id, fingerprint, response FROM requests WHERE user_id=? AND request_id=?"]
+                [f"SELECT user_id, request_id, {STORED_COLUMNS} FROM requests WHERE user_id=? AND request_id=?"]
                 * len(part)
             )
-            for u, r, fp, resp in conn.execute(sql, [v for k in part for v in k]):
-                out[(u, r)] = StoredRequest(bytes(fp), bytes(resp))
+            for u, r, *stored in conn.execute(sql, [v for k in part for v in k]):
+                out[(u, r)] = StoredRequest.of(*stored)
         return out
 
     @staticmethod
@@ -384,3 +385,11 @@ class SQLiteLedger(Ledger):
             )
             out.update((u, Account(int(s), int(ws), int(n))) for u, s, ws, n in conn.execute(sql, part))
         return out
+
+
+# The pre-check's one statement: the request's stored answer and the user's account, NULLs where none.
+_PRECHECK = (
+    "SELECT " + ", ".join(f"q.{c}" for c in STORED_COLUMNS.split(", ")) + ", b.spent_units, b.window_start, "
+    "b.requests FROM (SELECT ?1 AS u, ?2 AS r) AS k LEFT JOIN requests AS q ON q.user_id = k.u AND "
+    "q.request_id = k.r LEFT JOIN budgets AS b ON b.user_id = k.u"
+)

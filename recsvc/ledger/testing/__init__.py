@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recsvc.ledger import Ledger, LedgerObserver, open_ledger
+from recsvc.ledger import Charge, Drawn, Ledger, LedgerObserver, Replay, open_ledger
 
 DAY = 86_400
 
@@ -49,9 +49,34 @@ class Stores:
             store.close()
 
 
-def resp(tag: str) -> Callable[[float], bytes]:
-    """A response builder whose bytes show the budget left after the spend."""
-    return lambda remaining: f"{tag}|{remaining:.6f}".encode()
+def resp(tag: str) -> Drawn:
+    """A drawn answer of one item, ``tag``."""
+    return Drawn((tag,))
+
+
+def said(charge: object, digits: int = 6) -> str:
+    """A charge's answer as ``item|budget left`` (``digits`` after the point): what the tests compare."""
+    assert isinstance(charge, Charge), charge
+    return f"{charge.answer.item_ids[0]}|{charge.answer.remaining:.{digits}f}"
+
+
+def drawn_charge(
+    led: Ledger,
+    user_id: str,
+    request_id: str,
+    digest: bytes,
+    epsilon: float,
+    draw: Callable[[], object],
+    tag: str | None = None,
+) -> Charge:
+    """The service's path through the ledger: reserve, ``draw()`` holding no lock, commit its
+    result (or ``tag``) as the answer's one item; a replay draws nothing."""
+    got = led.reserve(user_id, request_id, digest, epsilon)
+    if isinstance(got, Replay):
+        return Charge(got.answer, replayed=True)
+    with got:
+        sample = draw()
+        return led.commit(got, Drawn((str(sample) if tag is None else tag,)))
 
 
 @dataclass

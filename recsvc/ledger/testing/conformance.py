@@ -30,34 +30,36 @@ from recsvc.ledger import (
     BatchItem,
     BudgetExceeded,
     Charge,
+    Drawn,
     InvalidCharge,
     Ledger,
     LedgerError,
+    Replay,
     RequestConflict,
+    Reservation,
+    StoredAnswer,
     budget_changes,
     set_budget,
 )
-from recsvc.ledger.testing import DAY, Clock, Stores, resp
+from recsvc.ledger.testing import DAY, Clock, Stores, drawn_charge, resp, said
 
 
 def _batch(led: Ledger, items: list[BatchItem], draws: list[list[int]] | None = None) -> list[Any]:
-    def draw(todo: list[int]) -> list[Any]:
-        if draws is not None:
-            draws.append(todo)
-        return [f"s{i}" for i in todo]
-
-    return led.draw_and_charge_batch(items, draw, lambda i, s, rem: f"{s}|{rem:.1f}".encode())
+    with led.reserve_batch(items) as r:
+        if draws is not None and r.todo:
+            draws.append(r.todo)
+        return led.commit_batch(r, [Drawn((f"s{i}",)) for i in r.todo])
 
 
-def _response(led: Ledger, user_id: str, request_id: str) -> bytes:
+def _response(led: Ledger, user_id: str, request_id: str) -> str:
     """The stored answer of a request that must be stored."""
     stored = led.lookup(user_id, request_id)
     assert stored is not None, (user_id, request_id)
-    return stored[1]
+    return said(Charge(stored.answer, replayed=False))
 
 
 def _outcome(o: object) -> object:
-    return (o.response, o.replayed) if isinstance(o, Charge) else type(o).__name__
+    return (said(o), o.replayed) if isinstance(o, Charge) else type(o).__name__
 
 
 class AbstractLedgerTest(abc.ABC):
@@ -77,10 +79,11 @@ class AbstractLedgerTest(abc.ABC):
 
     def test_replay_conflict_and_budget_refusal(self, stores: Stores) -> None:
         led = stores.open(budget=1.0)
-        c = led.charge("alice", "r1", b"d1", 0.4, resp("a"))
-        assert (c.replayed, c.response) == (False, b"a|0.600000")
+        c = led.charge("alice", "r1", b"d1", 0.4, resp("a"), "rnm")
+        assert (c.replayed, said(c)) == (False, "a|0.600000")
+        assert c.answer == StoredAnswer(("a",), (), "rnm", 400_000_000_000, 0.4, 0.6)
         again = led.charge("alice", "r1", b"d1", 0.4, resp("OTHER"))
-        assert (again.replayed, again.response) == (True, b"a|0.600000")  # the stored bytes, nothing spent
+        assert (again.replayed, again.answer) == (True, c.answer)  # the stored answer, nothing spent
         with pytest.raises(RequestConflict, match="different parameters"):
             led.charge("alice", "r1", b"d2", 0.4, resp("b"))
         assert led.charge("bob", "r1", b"d2", 0.4, resp("b")).replayed is False  # request_ids are per user
@@ -90,7 +93,7 @@ class AbstractLedgerTest(abc.ABC):
         u = led.user("alice")
         assert (u.spent_units, u.requests, u.remaining) == (10**12, 2, 0.0)
         assert led.lookup("alice", "r3") is None  # the refused request left no trace
-        assert _response(led, "alice", "r1") == b"a|0.600000"
+        assert _response(led, "alice", "r1") == "a|0.600000"
         assert led.totals() == {"alice": pytest.approx(1.0), "bob": pytest.approx(0.4)}
 
     def test_exact_units_and_tiny_charges(self, stores: Stores) -> None:
@@ -106,16 +109,24 @@ class AbstractLedgerTest(abc.ABC):
         assert led.charge("v", "r2", b"f", 1.5e-12, resp("x")).replayed is False  # rounded UP to 2 units
         assert (led.user("v").spent_units, led.lookup("v", "r")) == (3, None)
 
-    def test_a_failing_answer_rolls_back(self, stores: Stores) -> None:
+    def test_reserve_writes_nothing_and_a_released_reservation_frees_the_request(self, stores: Stores) -> None:
         led = stores.open(budget=1.0)
-
-        def boom(_remaining: float) -> bytes:
-            raise RuntimeError("encoding failed")
-
-        with pytest.raises(RuntimeError, match="encoding failed"):
-            led.charge("u", "r", b"f", 0.5, boom)
+        r = led.reserve("u", "r", b"f", 0.5)
+        assert isinstance(r, Reservation) and led.lookup("u", "r") is None
+        with pytest.raises(RuntimeError, match="the draw failed"), r:
+            raise RuntimeError("the draw failed")
         assert (led.user("u").spent_units, led.lookup("u", "r")) == (0, None)
-        assert led.charge("u", "r", b"f", 0.5, resp("ok")).replayed is False  # the request_id is still free
+        slate = Drawn(("b", "a"), (2, 1))
+        r = led.reserve("u", "r", b"f", 0.5, "gem")  # the request_id is still free
+        assert isinstance(r, Reservation)
+        with r:
+            first = led.commit(r, slate)
+        assert first == Charge(StoredAnswer(("b", "a"), (2, 1), "gem", 500_000_000_000, 0.5, 0.5), replayed=False)
+        replay = led.reserve("u", "r", b"f", 0.5, "gem")
+        assert replay == Replay(first.answer)  # typed, exactly as committed; nothing drawn or spent
+        with pytest.raises(RequestConflict):
+            led.reserve("u", "r", b"other", 0.5)
+        assert (led.user("u").spent_units, led.user("u").requests) == (500_000_000_000, 1)
 
     def test_restart_keeps_spend_and_answers(self, stores: Stores) -> None:
         led = stores.open(budget=2.0)
@@ -125,7 +136,7 @@ class AbstractLedgerTest(abc.ABC):
         again = stores.open(budget=2.0)
         assert (again.user("u").spent_units, again.user("u").requests) == (1_500_000_000_000, 1)
         replay = again.charge("u", "r", b"f", 1.5, resp("NEW"))
-        assert (replay.replayed, replay.response) == (True, first.response)
+        assert (replay.replayed, replay.answer) == (True, first.answer)
         with pytest.raises(BudgetExceeded):
             again.charge("u", "r2", b"g", 0.6, resp("y"))
 
@@ -139,7 +150,7 @@ class AbstractLedgerTest(abc.ABC):
                 return i
 
             try:
-                led.draw_and_charge("u", f"r{i}", f"d{i}".encode(), 0.1, draw, lambda s, rem: f"{s}|{rem:.3f}".encode())
+                drawn_charge(led, "u", f"r{i}", f"d{i}".encode(), 0.1, draw)
                 return "ok"
             except BudgetExceeded:
                 return "refused"
@@ -155,12 +166,12 @@ class AbstractLedgerTest(abc.ABC):
         led = stores.open(budget=1.0)
         draws: list[str] = []
 
-        def call(rid: str, digest: bytes = b"d") -> bytes:
+        def call(rid: str, digest: bytes = b"d") -> str:
             def draw() -> int:
                 draws.append(rid)
                 return len(draws)
 
-            return led.draw_and_charge("u", rid, digest, 0.5, draw, lambda s, rem: f"{s}|{rem}".encode()).response
+            return said(drawn_charge(led, "u", rid, digest, 0.5, draw))
 
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda _: call("same"), range(8)))
@@ -184,15 +195,13 @@ class AbstractLedgerTest(abc.ABC):
             assert release.wait(20)
             return 1
 
-        slow = threading.Thread(
-            target=led.draw_and_charge, args=("u", "slow", b"s", 1.0, slow_draw, lambda s, rem: b"slow")
-        )
+        slow = threading.Thread(target=drawn_charge, args=(led, "u", "slow", b"s", 1.0, slow_draw))
         slow.start()
         try:
             assert drawing.wait(10)
             t0 = time.monotonic()
-            led.draw_and_charge("u", "fast", b"f", 1.0, lambda: 2, lambda s, rem: b"fast")
-            led.draw_and_charge("other", "fast", b"f", 1.0, lambda: 2, lambda s, rem: b"fast")
+            drawn_charge(led, "u", "fast", b"f", 1.0, lambda: 2)
+            drawn_charge(led, "other", "fast", b"f", 1.0, lambda: 2)
             assert time.monotonic() - t0 < 5.0
             assert led.user("u").requests == 1  # only the fast one is charged while the slow one draws
         finally:
@@ -210,7 +219,7 @@ class AbstractLedgerTest(abc.ABC):
             return 7
 
         with pytest.raises(BudgetExceeded):
-            led.draw_and_charge("u", "mine", b"m", 0.5, draw_while_other_spends, lambda s, rem: b"mine")
+            drawn_charge(led, "u", "mine", b"m", 0.5, draw_while_other_spends)
         assert (led.user("u").spent_units, led.lookup("u", "mine")) == (800_000_000_000, None)
         assert issubclass(BudgetExceeded, LedgerError)
 
@@ -218,7 +227,7 @@ class AbstractLedgerTest(abc.ABC):
         day = 19_723  # 2024-01-01, a Monday
         clock = Clock(day * DAY + DAY - 1.0)  # 23:59:59 UTC: the last second of the window
         led = stores.open(budget=1.0, window="1d", clock=clock)
-        assert led.charge("u", "r1", b"d1", 0.6, resp("a"), mechanism="rnm").response == b"a|0.400000"
+        assert said(led.charge("u", "r1", b"d1", 0.6, resp("a"), mechanism="rnm")) == "a|0.400000"
         led.charge("u", "r2", b"d2", 0.4, resp("b"))
         with pytest.raises(BudgetExceeded, match="only 0 of 1 remains"):
             led.charge("u", "r3", b"d3", 0.01, resp("c"))
@@ -233,13 +242,13 @@ class AbstractLedgerTest(abc.ABC):
             (day + 1) * DAY,
             (day + 2) * DAY,
         )
-        assert led.charge("u", "r3", b"d3", 0.7, resp("c")).response == b"c|0.300000"  # the refused request, now fits
+        assert said(led.charge("u", "r3", b"d3", 0.7, resp("c"))) == "c|0.300000"  # the refused request, now fits
         with pytest.raises(BudgetExceeded, match=r"only 0\.3 of 1 remains"):
             led.charge("u", "r4", b"d4", 0.4, resp("d"))
         # A request charged in the previous window still replays: never a fresh draw, never a new charge.
         draws: list[int] = []
-        old = led.draw_and_charge("u", "r1", b"d1", 0.6, lambda: draws.append(1), lambda s, rem: b"FRESH")
-        assert (old.replayed, old.response, draws) == (True, b"a|0.400000", [])
+        old = drawn_charge(led, "u", "r1", b"d1", 0.6, lambda: draws.append(1))
+        assert (old.replayed, said(old), draws) == (True, "a|0.400000", [])
         with pytest.raises(RequestConflict):
             led.charge("u", "r2", b"other", 0.4, resp("x"))
         assert (led.user("u").spent_units, led.user("u").requests) == (700_000_000_000, 1)
@@ -261,7 +270,7 @@ class AbstractLedgerTest(abc.ABC):
         with pytest.raises(BudgetExceeded):
             led.charge("u", "r2", b"d", 0.5, resp("b"))
         clock.now = 19_726 * DAY
-        assert led.charge("u", "r2", b"d", 0.5, resp("b")).response == b"b|0.500000"
+        assert said(led.charge("u", "r2", b"d", 0.5, resp("b"))) == "b|0.500000"
 
     def test_a_lifetime_budget_never_renews(self, stores: Stores) -> None:
         clock = Clock(19_723 * DAY)
@@ -331,20 +340,20 @@ class AbstractLedgerTest(abc.ABC):
         ]  # beyond the whole budget
         got = [_outcome(o) for o in _batch(led, items, draws)]
         assert got == [
-            (b"s0|0.6", False),
-            (b"s1|0.1", False),
+            ("s0|0.600000", False),
+            ("s1|0.100000", False),
             "BudgetExceeded",
-            (b"s3|0.0", False),
-            (b"s0|0.6", True),
-            (b"v|0.500000", True),
-            (b"s6|0.0", False),
+            ("s3|0.000000", False),
+            ("s0|0.600000", True),
+            ("v|0.500000", True),
+            ("s6|0.000000", False),
             "RequestConflict",
             "BudgetExceeded",
         ]
         assert draws == [[0, 1, 3, 6]]  # replays, conflicts and refusals draw nothing
         assert led.commits == commits + 1  # one transaction for the whole batch
         assert [(led.user(u).spent_units, led.user(u).requests) for u in "uvw"] == [(10**12, 3), (10**12, 2), (0, 0)]
-        assert led.lookup("u", "c") is None and _response(led, "u", "d") == b"s3|0.0"
+        assert led.lookup("u", "c") is None and _response(led, "u", "d") == "s3|0.000000"
 
     def test_a_batch_of_only_uncountable_items_refuses_each_and_reads_nothing_stored(self, stores: Stores) -> None:
         led = stores.open(budget=1.0)
@@ -364,7 +373,7 @@ class AbstractLedgerTest(abc.ABC):
 
         def single(i: int) -> list[str]:
             try:
-                led.draw_and_charge("u", f"s{i}", f"e{i}".encode(), 0.1, lambda: i, lambda s, rem: b"x")
+                drawn_charge(led, "u", f"s{i}", f"e{i}".encode(), 0.1, lambda: i)
                 return ["ok"]
             except BudgetExceeded:
                 return ["BudgetExceeded"]
