@@ -121,6 +121,9 @@ def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
         ("grpc.so_reuseport", 1 if config.listen.reuse_port else 0),
         ("grpc.max_receive_message_length", config.limits.max_message_bytes),
         ("grpc.max_send_message_length", config.limits.max_message_bytes),
+        # A compressed request is handed over as it came, never inflated: 17 kB of gzip would
+        # otherwise become a 16 MB message before any limit could be checked (decision 0004).
+        ("grpc.per_message_decompression", 0),
         ("grpc.max_concurrent_streams", a.max_streams_per_connection),
         ("grpc.max_connection_idle_ms", _ms(a.idle_timeout)),
         ("grpc.keepalive_time_ms", _ms(a.keepalive_time)),

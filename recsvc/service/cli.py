@@ -136,6 +136,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="most requests per SelectBatch call (default %(default)s)",
     )
     p.add_argument(
+        "--max-batch-candidates",
+        type=int,
+        default=default("max_batch_candidates"),
+        help="most candidates in all the requests of one SelectBatch call, a request's being its largest "
+        "count of candidates, item_ids, scores or item_rows (default %(default)s)",
+    )
+    p.add_argument(
+        "--min-epsilon",
+        type=float,
+        default=default("min_epsilon"),
+        help="least ε a request may ask for, so one user stores at most --budget / --min-epsilon answers "
+        "per budget window (default %(default)s; 0: no floor but the ledger's unit, 1e-12)",
+    )
+    p.add_argument(
         "--max-history",
         type=int,
         default=default("max_history"),

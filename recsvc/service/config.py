@@ -128,6 +128,14 @@ class Limits:
 
     max_candidates: int = 10_000  # per Select request (and Recommend's num_candidates)
     max_batch: int = 1000  # most requests per SelectBatch call
+    # most candidates in all the requests of one SelectBatch (a request's: its largest count of
+    # candidates, item_ids, scores or item_rows), counted as they are parsed: what bounds a batch's
+    # decoding and checking (≈ 1 CPU-s and 100 MB at most, SECURITY.md). 1,000 requests of 200.
+    max_batch_candidates: int = 200_000
+    # the least ε a request may ask for (0: none but the ledger's unit, 1e-12). Every stored answer
+    # then costs at least this, so one user stores at most budget / min_epsilon answers per budget
+    # window whatever ε it sends (10⁵ at the default budget), and the ledger's size stays bounded.
+    min_epsilon: float = 1e-4
     max_history: int = 10_000  # most history entries per Recommend request
     max_slate: int = 100  # largest k (items per answer) on Select and Recommend
     max_multiselect_k: int = 50  # largest k (items per answer) on MultiSelect
@@ -137,7 +145,7 @@ class Limits:
     # Recommend's largest num_candidates (the private top-m's m): its candidate stage costs ≈ m × catalog draws.
     max_num_candidates: int = 5000
     # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
-    # 16 MiB holds a full SelectBatch of 1,000 requests × 500 candidates (≈ 8.5 MB) twice over.
+    # It bounds the bytes as sent: the server never decompresses a request (admission.channel_options).
     max_message_bytes: int = 16 * 1024 * 1024
 
 
@@ -310,6 +318,12 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _at_least("max_multiselect_k", 1, " (items per MultiSelect answer)"),
     _at_least("min_candidates", 1),
     _at_least("max_batch", 1, " (requests per SelectBatch)"),
+    _at_least("max_batch_candidates", 1, " (candidates in all the requests of one SelectBatch)"),
+    Constraint(
+        lambda c: c.limits.min_epsilon == 0 or 1e-12 <= c.limits.min_epsilon <= c.ledger.budget,
+        "{min_epsilon} must be 0 (no floor) or at least 1e-12 and at most {budget}, got {got}",
+        lambda c: c.limits.min_epsilon,
+    ),
     _port("metrics_port"),
     Constraint(
         lambda c: c.listen.metrics_port is None or c.listen.metrics_port == 0 or c.listen.metrics_port != c.listen.port,

@@ -21,7 +21,8 @@ from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates
 from recsvc.v1 import selection_pb2 as pb
 
-SERVER_OPTIONS = {"budget": 10.0}  # each test's own server (conftest.py: fresh_server)
+# each test's own server (conftest.py: fresh_server); no ε floor: the ledger's own unit is tested
+SERVER_OPTIONS = {"budget": 10.0, "min_epsilon": 0.0}
 
 
 def test_tiny_charges_are_refused_or_counted_never_lost(fresh_client: Client, fresh_server: ServerHandle) -> None:

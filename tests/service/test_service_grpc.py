@@ -21,7 +21,8 @@ from recsvc.service.testing import AUDIT_ALPHA, candidates, make_artifact, rpc_e
 from recsvc.v1 import selection_pb2 as pb
 
 BUDGET = 10.0
-SERVER_OPTIONS = {"budget": BUDGET, "max_candidates": 25}  # the module's server (conftest.py)
+# the module's server (conftest.py); no ε floor: the ledger's own unit is tested
+SERVER_OPTIONS = {"budget": BUDGET, "max_candidates": 25, "min_epsilon": 0.0}
 
 
 def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch) -> None:
