@@ -133,7 +133,10 @@ _KINDS: dict[bool, Callable[..., grpc.RpcMethodHandler]] = {
     False: grpc.stream_unary_rpc_method_handler,
     True: grpc.stream_stream_rpc_method_handler,
 }
-_INVALID = "the request is not a valid protobuf message for this method; expected a serialized request message"
+_INVALID = (
+    "the request is not a valid protobuf message for this method (or a compressed message: this server never "
+    "decompresses requests); expected an uncompressed serialized request message"
+)
 
 
 def _short(method: str) -> str:
