@@ -424,6 +424,7 @@ class Words:
         self.words = list(words)
         self.then = then  # the word given forever after ``words`` (None: asking for more fails)
         self._rng = np.random.default_rng(seed)
+        self.bit_generator = _RawWords(self)  # for the kernels that read raw draws (clm_draw.py)
 
     def integers(self, low: int, high: int, size: int | None = None, dtype: Any = np.int64) -> Any:
         if high == 2**64:
@@ -465,3 +466,13 @@ def delta(p: np.ndarray, p2: np.ndarray, epsilon: float) -> float:
     """The smallest δ with P(S) ≤ e^ε·P'(S) + δ for every set S of outputs, both directions."""
     e = math.exp(epsilon)
     return float(max(np.maximum(p - e * p2, 0.0).sum(), np.maximum(p2 - e * p, 0.0).sum()))
+
+
+class _RawWords:
+    """``random_raw`` of a :class:`Words`: the same words, from the same queue."""
+
+    def __init__(self, words: Words) -> None:
+        self._words = words
+
+    def random_raw(self, size: int) -> Any:
+        return self._words.integers(0, 2**64, size=size)

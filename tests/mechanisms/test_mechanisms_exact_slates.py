@@ -389,6 +389,7 @@ _SAMPLERS = {
     "rs": lambda q, d, g: MECHANISMS["rs"].sample(q, d, 2.0, {"gamma": 0.2}, g, 1),
     "rs_improved": lambda q, d, g: MECHANISMS["rs_improved"].sample(q, d, 2.0, {"gamma": 0.2}, g, 1),
     "clm": lambda q, d, g: MECHANISMS["clm"].sample(q, d, 2.0, {"loss_weight": 0.5}, g, 1),
+    "clm k = 3": lambda q, d, g: MECHANISMS["clm"].top_k(q, d, 2.0, {"loss_weight": 0.3}, g, 3),  # type: ignore[misc]  # clm has a top_k
 }
 
 
