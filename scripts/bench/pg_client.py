@@ -42,9 +42,10 @@ WARM = 4  # rounds not counted: connections, prepared statements and caches warm
 def round_rows(i: int) -> tuple[list[tuple], list[tuple], list[tuple], list[tuple]]:
     """Round ``i``'s accounts, accounts as read (none: new users), requests and pre-check keys."""
     users = sorted(f"user-{i}-{k}" for k in range(3))
-    accounts = [(u, 5_000_000, 1, 0) for u in users]
+    accounts = [(u, 5_000_000, 0, 1) for u in users]  # recsvc.ledger.charging.AccountWrite
     seen = [(-1, -1, -1)] * 3
-    requests = [(u, f"req-{i}", os.urandom(32), 5_000_000, os.urandom(120), "rnm") for u in users]
+    slate = '["' + os.urandom(8).hex() + '"]'  # recsvc.ledger.charging.RequestWrite.row()
+    requests = [(u, f"req-{i}", os.urandom(32), "rnm", 5_000_000, slate, "[]", 5e-6, 0.5) for u in users]
     keys = [(f"probe-{i}-{k}", f"req-{i}") for k in range(3)]
     return accounts, seen, requests, keys
 
