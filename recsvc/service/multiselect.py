@@ -30,7 +30,7 @@ from recsvc.multiselection import SIGNAL_LIMIT, Lattice, prototype_codes, respon
 from recsvc.service.catalog import short
 from recsvc.service.config import Policy
 from recsvc.service.errors import InvalidRequest, Unavailable
-from recsvc.service.requests import check_id, check_user_id
+from recsvc.service.requests import check_id, check_min_epsilon, check_user_id
 
 log = logging.getLogger("recsvc.service")
 
@@ -117,6 +117,7 @@ class MultiSelector:
             check_user_id(user_id)
         check_id("request_id", request_id, required=False)
         check_epsilon(epsilon, error=InvalidRequest)
+        check_min_epsilon(epsilon, self.policy.limits.min_epsilon)
         if not 1 <= k <= self.max_k:
             raise InvalidRequest(
                 f"k={k} is out of range; expected 1 <= k <= {self.max_k} (max_multiselect_k, within the catalog)"

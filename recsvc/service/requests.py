@@ -180,6 +180,17 @@ def check_user_id(value: str) -> None:
         )
 
 
+def check_min_epsilon(epsilon: float, least: float) -> None:
+    """The server's floor on a request's ε (``--min-epsilon``; 0: none): every answer the ledger
+    stores then costs at least ``least``, so a user stores at most budget / least answers per budget
+    window however small an ε it asks for (SECURITY.md, F4)."""
+    if epsilon < least:
+        raise InvalidRequest(
+            f"epsilon={epsilon!r} is below this server's least epsilon per request, {least:g} (--min-epsilon, "
+            f"which bounds the answers one user can store); expected epsilon >= {least:g}"
+        )
+
+
 def check_id(name: str, value: str, required: bool) -> None:
     if required and not value:
         raise InvalidRequest(f"{name} is empty; expected a non-empty string")

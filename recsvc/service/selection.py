@@ -49,6 +49,7 @@ from recsvc.service.requests import (
     Selected,
     SelectInput,
     check_id,
+    check_min_epsilon,
     check_user_id,
     draw,
 )
@@ -187,6 +188,7 @@ class Selector:
         if name is None:
             name = self.mechanism_name(mechanism)
         check_epsilon(epsilon, error=InvalidRequest)
+        check_min_epsilon(epsilon, self.policy.limits.min_epsilon)
         if key not in self._valid:
             check_params(dict(params))  # the mechanisms' own checks, before the ledger is touched
             if len(self._valid) < 4096:
