@@ -130,13 +130,15 @@ class AbstractLedgerTest(abc.ABC):
 
     def test_restart_keeps_spend_and_answers(self, stores: Stores) -> None:
         led = stores.open(budget=2.0)
-        first = led.charge("u", "r", b"f", 1.5, resp("x"))
+        slate = Drawn(("x", 'ü-é "q"', "3"), (7, 0, 2**32 - 1))  # ids and rows as stored, whatever they hold
+        first = led.charge("u", "r", b"f", 1.5, slate, "gem")
         led.close()
         stores.opened.remove(led)
         again = stores.open(budget=2.0)
         assert (again.user("u").spent_units, again.user("u").requests) == (1_500_000_000_000, 1)
         replay = again.charge("u", "r", b"f", 1.5, resp("NEW"))
         assert (replay.replayed, replay.answer) == (True, first.answer)
+        assert replay.answer == StoredAnswer(slate.item_ids, slate.item_rows, "gem", 1_500_000_000_000, 1.5, 0.5)
         with pytest.raises(BudgetExceeded):
             again.charge("u", "r2", b"g", 0.6, resp("y"))
 
