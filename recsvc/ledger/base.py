@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -214,8 +214,8 @@ class Ledger(abc.ABC):
         """The user's stored account, or None."""
 
     @abc.abstractmethod
-    def _spends(self) -> Iterable[tuple[str, int, int]]:
-        """Every stored (user_id, spent_units, window_start)."""
+    def _all_accounts(self) -> Accounts:
+        """Every user's stored account (for audits and tests)."""
 
     @abc.abstractmethod
     def _precheck_row(self, p: Pending) -> PrecheckRow:
@@ -259,7 +259,11 @@ class Ledger(abc.ABC):
 
     def totals(self) -> dict[str, float]:
         """Every user's ε spent in the current window (for audits and tests; exact values: :meth:`user`)."""
-        return {u: to_epsilon(s) for u, s in self.window.spent_now(self._spends(), self._clock()).items()}
+        return {u: to_epsilon(s) for u, s in self._spent_now(self._all_accounts()).items()}
+
+    def _spent_now(self, accounts: Accounts) -> dict[str, int]:
+        """Each user's spend in the current budget window, from their stored accounts."""
+        return self.window.spent_now(((u, a.spent_units, a.window_start) for u, a in accounts.items()), self._clock())
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -364,7 +368,7 @@ class Ledger(abc.ABC):
             for i in pending:
                 out[i] = exc
             return []
-        spent = self.window.spent_now(((u, a.spent_units, a.window_start) for u, a in accounts.items()), self._clock())
+        spent = self._spent_now(accounts)
         for p in pending.values():  # what the commit may check is unchanged (PostgreSQL)
             p.seen = Seen(accounts.get(p.user_id))
         todo: list[int] = []

@@ -15,31 +15,40 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(eq=False)
+class _Flight:
+    """One key's turn: its lock and the callers inside or waiting for it."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    callers: int = 0
+
+
 class Flights:
     """Serialises the callers of one (user_id, request_id) in this process, so concurrent
     duplicates draw once: the later ones find the stored answer."""
 
     def __init__(self) -> None:
-        self._flights: dict[tuple[str, str], list[Any]] = {}  # key → [its lock, callers in or waiting]
+        self._flights: dict[tuple[str, str], _Flight] = {}
         self._lock = threading.Lock()
 
     def waiting(self, key: tuple[str, str]) -> int:
         """Callers of ``key`` inside or queued for :meth:`one_at_a_time` (for tests)."""
         with self._lock:
-            return int(self._flights.get(key, [None, 0])[1])
+            flight = self._flights.get(key)
+            return 0 if flight is None else flight.callers
 
     @contextmanager
     def one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
         with self._lock:
-            entry = self._flights.setdefault(key, [threading.Lock(), 0])
-            entry[1] += 1
+            flight = self._flights.setdefault(key, _Flight())
+            flight.callers += 1
         try:
-            with entry[0]:
+            with flight.lock:
                 yield
         finally:
             with self._lock:
-                entry[1] -= 1
-                if entry[1] == 0:
+                flight.callers -= 1
+                if flight.callers == 0:
                     del self._flights[key]
 
 

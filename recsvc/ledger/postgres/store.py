@@ -41,7 +41,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -261,8 +261,9 @@ class PostgresLedger(Ledger):
         )
         return None if not rows else Account(int(rows[0][0]), int(rows[0][1]), int(rows[0][2]))
 
-    def _spends(self) -> Iterable[tuple[str, int, int]]:
-        return self._read("SELECT user_id, spent_units, window_start FROM recsvc_budgets", (), _RETRY_READ)
+    def _all_accounts(self) -> Accounts:
+        rows = self._read("SELECT user_id, spent_units, window_start, requests FROM recsvc_budgets", (), _RETRY_READ)
+        return {u: Account(int(s), int(ws), int(n)) for u, s, ws, n in rows}
 
     def _precheck_row(self, p: Pending) -> PrecheckRow:
         """Rides in the next round of this process (:meth:`_commit_group`) with the charges and

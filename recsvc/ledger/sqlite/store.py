@@ -34,7 +34,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
@@ -218,8 +218,9 @@ class SQLiteLedger(Ledger):
     def _account(self, user_id: str) -> Account | None:
         return self._accounts(self._conn(), [user_id]).get(user_id)
 
-    def _spends(self) -> Iterable[tuple[str, int, int]]:
-        return self._conn().execute("SELECT user_id, spent_units, window_start FROM budgets")
+    def _all_accounts(self) -> Accounts:
+        rows = self._conn().execute("SELECT user_id, spent_units, window_start, requests FROM budgets")
+        return {u: Account(int(s), int(ws), int(n)) for u, s, ws, n in rows}
 
     def _precheck_row(self, p: Pending) -> PrecheckRow:
         """One statement on a read snapshot: the writer's connection when no commit holds it (its
