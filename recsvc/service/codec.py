@@ -60,8 +60,8 @@ EXTRA_FIELDS = 64  # room for a message's singular fields (user_id, epsilon, …
 # faster than the scan per entry, and this bounds what parsing one item may build (≤ 640k entries,
 # ≈ 40 MB with the default limit) before its counts are known.
 SCANNED_ITEM = 64
-# A SelectBatch of at most this many bytes is parsed at once, then counted: ≤ 0.15 CPU-s and
-# ≤ 100 MB however its entries are packed (a parse costs at most ≈ 30 ns and 25 B per byte).
+# A SelectBatch of at most this many bytes is parsed at once, then counted: ≈ 0.2 CPU-s and
+# +110 MB at most, however its entries are packed (4 MiB of empty candidates, the worst case).
 WHOLE_BATCH = 4 * 1024 * 1024
 M = TypeVar("M")
 

@@ -130,7 +130,7 @@ class Limits:
     max_batch: int = 1000  # most requests per SelectBatch call
     # most candidates in all the requests of one SelectBatch (a request's: its largest count of
     # candidates, item_ids, scores or item_rows), counted as they are parsed: what bounds a batch's
-    # decoding and checking (≈ 1 CPU-s and 100 MB at most, SECURITY.md). 1,000 requests of 200.
+    # decoding and checking (≈ 1 CPU-s and 110 MB at most, SECURITY.md). 1,000 requests of 200.
     max_batch_candidates: int = 200_000
     # the least ε a request may ask for (0: none but the ledger's unit, 1e-12). Every stored answer
     # then costs at least this, so one user stores at most budget / min_epsilon answers per budget
