@@ -50,7 +50,7 @@ class V4Ledger:
         """The ledger file and its key, copied into ``directory``: the copy's path."""
         for name in ("ledger-v4.db", "ledger-v4.db.key"):
             shutil.copyfile(FIXTURES / name, directory / name)
-        (directory / "ledger-v4.db.key").chmod(0o600)
+            (directory / name).chmod(0o600)  # as the ledger creates them; a checkout may leave 0644
         return directory / "ledger-v4.db"
 
     def check_replays(self, led: Ledger) -> None:
