@@ -37,10 +37,12 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
 
 @dataclass(frozen=True)
 class V4Ledger:
-    """fixtures/ledger-v4.db, written by the ledger and codec of SQLite file version 4, which stored
-    each answer as its encoded response (Select slates with and without rows, a non-ASCII id, an ε
-    of one unit, a MultiSelect); fixtures/ledger-v4.json records each request's digest and the
-    bytes that code sent first and on a retry, and each user's spend."""
+    """fixtures/ledger-v4.db, written by the ledger and codec of SQLite file version 4 (commit
+    cc35b8f: ``SQLiteLedger.draw_and_charge`` storing ``codec.encode`` or ``codec.encode_multiselect``
+    of each answer, then a retry of each), which stored each answer as its encoded response (Select
+    slates with and without rows, a non-ASCII id, an ε of one unit, a MultiSelect);
+    fixtures/ledger-v4.json records each request's digest and the bytes that code sent first and on
+    the retry (``codec.answer``), and each user's spend."""
 
     budget: float
     requests: dict[str, dict[str, Any]]
