@@ -9,7 +9,8 @@ refusal's floor is the message's size in memory; anything above that is decoding
 
 Cases: 3,000,000 one-character candidates (15 MB), the same in the columnar
 encoding, a Recommend with 5,000,000 history entries, a SelectBatch whose one item holds the
-3M candidates, 15 MB of malformed bytes, the 3M-candidate message from an unauthenticated
+3M candidates, a SelectBatch of 1,000 × 8,000 empty candidates (16 MB) and its gzip form, 15 MB
+of malformed bytes, the 3M-candidate message from an unauthenticated
 caller (server with a token file), a message over --max-message-bytes, and for comparison one
 valid 500-candidate Select.
 
@@ -57,12 +58,14 @@ class Case:
     expect: str  # the status code name the server must answer
     token_file: bool = False  # run this case against a server with a token file (the client sends none)
     max_message_bytes: int | None = None
+    compression: grpc.Compression = grpc.Compression.NoCompression  # how the client sends it
 
 
 def cases() -> list[Case]:
     from recsvc.v1 import selection_pb2 as pb
 
     cands_3m = _select_head("victim") + _field(2, _field(1, b"1")) * 3_000_000
+    empty_batch = _field(1, _select_head("victim") + _field(2, b"") * 8000) * 1000  # every per-request limit kept
     valid = pb.SelectRequest(
         user_id="ok", mechanism="rnm", epsilon=0.001, item_ids=[f"item{k}" for k in range(500)], scores=[0.5] * 500
     )
@@ -83,6 +86,14 @@ def cases() -> list[Case]:
             "INVALID_ARGUMENT",
         ),
         Case("SelectBatch, one item of 3M candidates", "SelectBatch", _field(1, cands_3m), "INVALID_ARGUMENT"),
+        Case("SelectBatch, 1,000 × 8,000 empty candidates (16 MB)", "SelectBatch", empty_batch, "INVALID_ARGUMENT"),
+        Case(
+            "SelectBatch, 1,000 × 8,000 empty candidates, gzip (17.7 kB)",
+            "SelectBatch",
+            empty_batch,
+            "INVALID_ARGUMENT",
+            compression=grpc.Compression.Gzip,
+        ),
         Case(
             "Select, 15 MB malformed bytes",
             "Select",
@@ -161,12 +172,14 @@ class Server:
         stop(self.proc)
 
 
-def _call(channel: grpc.Channel, method: str, payload: bytes) -> str:
+def _call(
+    channel: grpc.Channel, method: str, payload: bytes, compression: grpc.Compression = grpc.Compression.NoCompression
+) -> str:
     call = channel.unary_unary(
         f"/recsvc.v1.PrivateSelection/{method}", request_serializer=lambda b: b, response_deserializer=lambda b: b
     )
     try:
-        call(payload, timeout=600)
+        call(payload, timeout=600, compression=compression)
         return "OK"
     except grpc.RpcError as exc:
         return exc.code().name
@@ -197,7 +210,7 @@ def measure(case: Case, artifacts: Path, tmp: Path, src: Path | None, reps: int,
             c0, t0 = server.cpu(), time.perf_counter()
             for i in range(reps):
                 t1 = time.perf_counter()
-                codes.add(_call(ch, case.method, case.payload))
+                codes.add(_call(ch, case.method, case.payload, case.compression))
                 wall_ms.append((time.perf_counter() - t1) * 1e3)
                 if i == 0:
                     rss_first = server.rss()
