@@ -5,10 +5,14 @@ the bound is refused RESOURCE_EXHAUSTED, nothing spent or stored."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
+from recsvc.checks import ParamError
 from recsvc.service.client import Client
+from recsvc.service.config import ServerConfig
 from recsvc.service.server import ServerHandle
 from recsvc.service.testing import candidates, rpc_error
 
@@ -31,3 +35,10 @@ def test_a_user_stores_at_most_budget_over_min_epsilon_answers_however_small_its
     code, _ = rpc_error(client.select, "tiny", cands, mechanism="rnm", epsilon=0.25, request_id="a4")
     assert code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert server.ledger.lookup("tiny", "a4") is None and server.ledger.user("tiny").requests == 4
+
+
+@pytest.mark.parametrize("floor", [1e-13, 11.0, float("nan")])
+def test_the_floor_lies_between_the_ledgers_unit_and_the_budget(floor: float) -> None:
+    with pytest.raises(ParamError, match=r"^min_epsilon must be 0 \(no floor\) or at least 1e-12 and at most budget"):
+        ServerConfig.of(Path("x"), budget=10.0, min_epsilon=floor).check()
+    assert ServerConfig.of(Path("x"), min_epsilon=0.0).check().limits.min_epsilon == 0.0
