@@ -109,6 +109,27 @@ class AbstractLedgerTest(abc.ABC):
         assert led.charge("v", "r2", b"f", 1.5e-12, resp("x")).replayed is False  # rounded UP to 2 units
         assert (led.user("v").spent_units, led.lookup("v", "r")) == (3, None)
 
+    def test_charges_of_at_least_c_store_at_most_budget_over_c_answers_per_window(self, stores: Stores) -> None:
+        """What the service's ε floor (--min-epsilon) rests on: charges of at least c each store at
+        most budget / c answers per budget window, single or batched; the next is refused with
+        nothing stored, and the window's renewal allows as many again, never more."""
+        day = 19_723
+        clock = Clock(day * DAY + 1.0)
+        led = stores.open(budget=1.0, window="1d", clock=clock)
+        for i in range(4):
+            led.charge("u", f"r{i}", b"f", 0.25, resp("x"))
+        with pytest.raises(BudgetExceeded):
+            led.charge("u", "r4", b"f", 0.25, resp("x"))
+        batch = _batch(led, [BatchItem("v", f"b{i}", b"f", 0.25, "rnm") for i in range(6)])
+        assert [type(o).__name__ for o in batch] == ["Charge"] * 4 + ["BudgetExceeded"] * 2
+        assert (led.lookup("u", "r4"), led.lookup("v", "b4"), led.user("u").requests) == (None, None, 4)
+        clock.now = (day + 1) * DAY
+        for i in range(4, 8):
+            led.charge("u", f"r{i}", b"f", 0.25, resp("x"))
+        with pytest.raises(BudgetExceeded):
+            led.charge("u", "r8", b"f", 0.25, resp("x"))
+        assert (led.user("u").requests, led.lookup("u", "r8")) == (4, None)
+
     def test_reserve_writes_nothing_and_a_released_reservation_frees_the_request(self, stores: Stores) -> None:
         led = stores.open(budget=1.0)
         r = led.reserve("u", "r", b"f", 0.5)
