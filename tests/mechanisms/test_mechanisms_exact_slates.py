@@ -22,7 +22,7 @@ from recsvc.mechanisms import (
 )
 from recsvc.mechanisms.exact_noise import LAPLACE
 from recsvc.mechanisms.exact_peel import em_exact_peel, step_epsilon
-from recsvc.mechanisms.exact_stopping import best_record, geometric_counts, logarithmic_counts
+from recsvc.mechanisms.exact_stopping import _signed_log, best_record, geometric_counts, logarithmic_counts
 from recsvc.mechanisms.noisy_max import rnm_laplace_sample
 from recsvc.mechanisms.testing import Words
 from recsvc.mechanisms.topk import gumbel_top_k, oneshot_top_k
@@ -189,6 +189,9 @@ def test_laplace_cell_bounds_enclose_the_real_quantile(x: float) -> None:
     assert abs(Decimal(LAPLACE.sup_at(x)) - f_hi) <= Decimal(LAPLACE.error)
     assert Decimal(float(LAPLACE.sup(np.array([x]))[0])) == Decimal(LAPLACE.sup_at(x))
     assert abs(Decimal(LAPLACE.inf_at(x)) - f_lo) <= Decimal(LAPLACE.error)
+    # the record race's compiled quantile (random stopping) keeps the same error bound
+    assert abs(Decimal(_signed_log(x + 2.0**-53)) - f_hi) <= Decimal(LAPLACE.error)
+    assert abs(Decimal(_signed_log(x)) - f_lo) <= Decimal(LAPLACE.error)
     for prec in (30, 60):
         bottom, top = LAPLACE.enclose(lo, hi, prec)
         assert bottom <= f_lo and f_hi <= top and (top - bottom) - (f_hi - f_lo) < Decimal(10) ** (5 - prec)
