@@ -15,8 +15,9 @@ mechanisms and their proofs).
   included) and L = −ln γ (one ``log``, within 10u) bound the exact ones; a 64-bit prefix of U whose
   interval lies strictly between two bounded S's decides K. Otherwise, and beyond the last term
   computed, :mod:`decimal` does the same comparison at a precision that grows with U's bits.
-* **The candidates** are ``rng.integers(0, n)``: numpy draws bounded integers by rejection on raw
-  bits (Lemire's method), exactly uniform.
+* **The candidates** are exactly uniform on {0, …, n − 1}: a raw 64-bit word w at least 2⁶⁴ mod n
+  gives w mod n (the accepted words cover every residue equally often), a smaller one (probability
+  below n·2⁻⁶⁴) is drawn again (:func:`uniform_below`).
 * **The best record**, argmax_j q_{a_j} + (cΔ_{a_j}/ε)·L_j with L_j ~ Laplace(1), is an exact
   race: each trial's records are raced on float bounds of each record over its 53-bit cell, in
   one compiled pass (:func:`_lead_records`; a trial is decided when its float leader's lower bound
@@ -49,6 +50,7 @@ from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF as _U
 from recsvc.mechanisms.exact_sampling import WORD, decimal_context, uniform_words
 
 _CHUNK = 1 << 18  # records raced per compiled pass (best_record)
+_RAW_CANDIDATES = 1024  # fewer candidates than this are drawn from raw words (uniform_below)
 _MAX_TERMS = 2_000_000  # the float table's length at most (γ ≥ 2⁻¹⁸ needs fewer); beyond, decimal
 _CELL = 2.0**-53  # a record's uniform is known to its first 53 bits: a cell of this width
 _TO_UNIT = 2.0**-64  # a 64-bit word w is U's prefix: U ∈ [w, w + 1)·2⁻⁶⁴
@@ -282,6 +284,20 @@ def _lead_records(
     return lead
 
 
+def uniform_below(n: int, size: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """``size`` exactly uniform integers in [0, n), one raw word each but for the rare rejection
+    (module docstring): numpy's ``integers`` draws the same law, at ~20 µs a call of argument
+    handling, which is a third of a random-stopping selection."""
+    words = uniform_words(rng, size)
+    least = np.uint64(WORD % n)
+    if least:
+        bad = np.flatnonzero(words < least)
+        while bad.shape[0]:
+            words[bad] = uniform_words(rng, bad.shape[0])
+            bad = bad[words[bad] < least]
+    return (words % np.uint64(n)).astype(np.int64)
+
+
 def best_record(
     q: np.ndarray, d: np.ndarray, c: int, epsilon: float, counts: npt.NDArray[np.int64], rng: np.random.Generator
 ) -> npt.NDArray[np.int64]:
@@ -305,7 +321,8 @@ def _best_records(
     q: np.ndarray, d: np.ndarray, c: int, epsilon: float, counts: npt.NDArray[np.int64], rng: np.random.Generator
 ) -> npt.NDArray[np.int64]:
     total = int(counts[0]) if counts.shape[0] == 1 else int(counts.sum())
-    a = np.asarray(rng.integers(0, q.shape[0], total), dtype=np.int64)
+    # a few raw words beat integers' call overhead; for many, its 32-bit Lemire draws cost less
+    a = uniform_below(q.shape[0], total, rng) if total < _RAW_CANDIDATES else rng.integers(0, q.shape[0], total)
     x = np.asarray(rng.random(a.shape[0]), dtype=np.float64)  # each record's first 53 bits, as the race draws them
     qa, da = np.asarray(q[a], dtype=np.float64), np.asarray(d[a], dtype=np.float64)
     lead = _lead_records(qa, da, x, counts, epsilon / c, LAPLACE.error)

@@ -341,16 +341,20 @@ def test_the_logarithmic_count_decides_every_word_as_its_exact_cdf(gamma: float)
 
 @pytest.mark.parametrize(("c", "eps"), [(3, 1e-3), (3, 1.0), (2, 30.0), (2, 1e6)])
 def test_the_best_record_is_the_real_argmax_of_the_laplace_records(c: int, eps: float) -> None:
-    """One trial (the service's call) and three in one call (a batch's), word by word."""
+    """One trial (the service's call) and three in one call (a batch's), word by word: the
+    candidates' words (w mod n; one word below 2⁶⁴ mod n = 16, rejected and drawn again), then the
+    records' cells."""
     rng = np.random.default_rng(8)
-    n, count, seed = 40, 25, 4
+    n, count = 40, 25
     d = 10.0 ** rng.uniform(-6, 0, n)
     q = rng.random(n) * (60.0 * c * float(d.max()) / eps)
     unit = CTX.divide(Decimal(eps), c)  # records in units of c/ε: Laplace(cΔ_a/ε) is Δ_a·L
     tail = WORD - 2
     for trials in (1, 3):
-        a_all = np.random.default_rng(seed).integers(0, n, trials * count, dtype=np.int64)  # what Words(seed) hands out
-        rows, want = [], []
+        picks = rng.integers(16, WORD, trials * count, dtype=np.uint64).tolist()
+        again = int(rng.integers(16, WORD, dtype=np.uint64))
+        a_all = np.array([w % n for w in [again, *picks[1:]]], dtype=np.int64)
+        rows, want = [3, *picks[1:], again], []  # the first pick, 3, is rejected: ``again`` replaces it
         for a in np.split(a_all, trials):
             b = d[a]
             top = Decimal(float(q[a].max()))
@@ -363,7 +367,7 @@ def test_the_best_record_is_the_real_argmax_of_the_laplace_records(c: int, eps: 
             ]
             rows += row
             want.append(int(a[max(range(count), key=v.__getitem__)]))
-        got = best_record(q, d, c, eps, np.full(trials, count), Words(rows, seed=seed, then=tail))  # type: ignore[arg-type]  # Words stands in for the Generator
+        got = best_record(q, d, c, eps, np.full(trials, count), Words(rows, then=tail))  # type: ignore[arg-type]  # Words stands in for the Generator
         assert got.tolist() == want
 
 
