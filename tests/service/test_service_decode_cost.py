@@ -92,7 +92,7 @@ def test_a_16_mb_batch_of_empty_candidates_is_refused_within_1_cpu_s_and_300_mb(
     code, details = send(empty_candidates, compression)
     spent_cpu, grown = sum(me.cpu_times()[:2]) - cpu, _status_mb(peak) - rss
     assert code is grpc.StatusCode.INVALID_ARGUMENT and refusal in details, (code, details)
-    assert spent_cpu <= 1.0 and grown <= 300, (spent_cpu, grown)  # on the former code: 30 CPU-s, +1 GB
+    assert spent_cpu <= 1.0 and grown <= 300, (spent_cpu, grown)  # parsed whole and checked: 30 CPU-s, +1 GB
     assert server.ledger.totals() == before
     if compression is grpc.Compression.Gzip:  # any method; a message gzip cannot shrink goes uncompressed
         small = pb.GetBudgetRequest(user_id="v" * 200).SerializeToString()  # its field 1 is Health's `service`
