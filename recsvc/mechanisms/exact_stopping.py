@@ -17,7 +17,8 @@ mechanisms and their proofs).
   computed, :mod:`decimal` does the same comparison at a precision that grows with U's bits.
 * **The candidates** are exactly uniform on {0, …, n − 1}: a raw 64-bit word w at least 2⁶⁴ mod n
   gives w mod n (the accepted words cover every residue equally often), a smaller one (probability
-  below n·2⁻⁶⁴) is drawn again (:func:`uniform_below`).
+  below n·2⁻⁶⁴) is drawn again (:func:`uniform_below`); a call of 1,024 or more takes numpy's
+  ``integers``, which rejects on raw bits too (Lemire's method), exactly uniform.
 * **The best record**, argmax_j q_{a_j} + (cΔ_{a_j}/ε)·L_j with L_j ~ Laplace(1), is an exact
   race: each trial's records are raced on float bounds of each record over its 53-bit cell, in
   one compiled pass (:func:`_lead_records`; a trial is decided when its float leader's lower bound
