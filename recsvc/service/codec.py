@@ -90,6 +90,11 @@ SELECT = Shape(
     varint=frozenset({12}),
 )
 RECOMMEND = Shape("RecommendRequest", {2: "history entries"}, "max_history")
+# A signal has embedding_dim values (a few dozen), checked once parsed; on the bytes it is bounded
+# like a Select's candidates, or 16 MB of packed varints would build 16M entries (≈ +370 MB).
+MULTISELECT = Shape(
+    "MultiSelectRequest", {3: "signal", 7: "lattice_signal"}, "max_candidates", frozenset({3}), varint=frozenset({7})
+)
 BATCH = Shape("SelectBatchRequest", {1: "requests"}, "max_batch", items=SELECT, total="max_batch_candidates")
 
 

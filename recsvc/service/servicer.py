@@ -258,8 +258,11 @@ def register(servicer: SelectionServicer, server: Any) -> None:
         ),
         "GetBudget": (servicer.GetBudget, pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
         "ListMechanisms": (servicer.ListMechanisms, pb.ListMechanismsRequest.FromString, pb.ListMechanismsResponse),
-        # A signal is d packed zigzag varints; gRPC's message-size limit bounds it before parsing.
-        "MultiSelect": (servicer.MultiSelect, pb.MultiSelectRequest.FromString, pb.MultiSelectResponse),
+        "MultiSelect": (
+            servicer.MultiSelect,
+            codec.decoder(pb.MultiSelectRequest, codec.MULTISELECT, limits),
+            pb.MultiSelectResponse,
+        ),
     }
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(

@@ -79,6 +79,14 @@ OVERSIZED: dict[str, tuple[str, Callable[[], bytes], str]] = {
         ),
         "more than 10000 history entries in one RecommendRequest",
     ),
+    "10M packed lattice_signal values": (
+        "MultiSelect",
+        lambda: (
+            pb.MultiSelectRequest(user_id="victim", k=1, epsilon=0.5).SerializeToString()
+            + _field(7, b"\x02" * 10_000_000)
+        ),
+        "more than 10000 lattice_signal in one MultiSelectRequest",
+    ),
     "1001 requests in a batch": (
         "SelectBatch",
         lambda: _field(1, _head()) * 1001,
@@ -136,7 +144,7 @@ def test_oversized_requests_are_refused_before_parsing(
 
         return from_string
 
-    for message_type in (pb.SelectRequest, pb.RecommendRequest, pb.SelectBatchRequest):
+    for message_type in (pb.SelectRequest, pb.RecommendRequest, pb.SelectBatchRequest, pb.MultiSelectRequest):
         monkeypatch.setattr(message_type, "FromString", counted(message_type.FromString))
     before = server.ledger.totals()
     code, details = _raw(channel, method, payload)
