@@ -26,6 +26,7 @@ import numpy as np
 from recsvc.artifact import Artifact
 from recsvc.checks import check_epsilon
 from recsvc.ledger import Drawn, Ledger, Replay, StoredAnswer
+from recsvc.ledger.units import charge_units
 from recsvc.multiselection import SIGNAL_LIMIT, Lattice, prototype_codes, respond_code, respond_lattice
 from recsvc.service.catalog import short
 from recsvc.service.config import Policy
@@ -118,6 +119,7 @@ class MultiSelector:
         check_id("request_id", request_id, required=False)
         check_epsilon(epsilon, error=InvalidRequest)
         check_min_epsilon(epsilon, self.policy.limits.min_epsilon)
+        charge_units(epsilon)  # the ledger's range even when nothing is charged: one ε range for every call
         if not 1 <= k <= self.max_k:
             raise InvalidRequest(
                 f"k={k} is out of range; expected 1 <= k <= {self.max_k} (max_multiselect_k, within the catalog)"

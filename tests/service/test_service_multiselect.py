@@ -169,6 +169,23 @@ def test_bad_input_is_invalid_argument_and_spends_nothing(
     assert (b.spent, b.requests) == (0.0, 0)
 
 
+@pytest.mark.parametrize("user_id", ["dan2", ""])
+@pytest.mark.parametrize(
+    "epsilon, message",
+    [
+        (1e7, r"epsilon=10000000\.0 is too large for the ledger to count; expected epsilon <= 9223372\.036854775807"),
+        (1e-5, r"epsilon=1e-05 is below this server's least epsilon per request, 0\.0001 \(--min-epsilon"),
+    ],
+)
+def test_the_epsilon_range_is_the_same_with_and_without_user_id(
+    client: Client, version: str, user_id: str, epsilon: float, message: str
+) -> None:
+    req = {"user_id": user_id, "signal": _signal(6), "embedding_version": version, "k": 2, "epsilon": epsilon}
+    code, msg = rpc_error(_call, client, **req)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and re.search(message, msg), msg
+    assert client.budget("dan2").requests == 0
+
+
 def _code_call(c: Client, **fields: Any) -> pb.MultiSelectResponse:
     return c.stub.MultiSelect(pb.MultiSelectRequest(**fields), metadata=c.metadata, timeout=10)
 
