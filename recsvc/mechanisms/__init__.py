@@ -6,6 +6,7 @@ Public API::
     from recsvc.mechanisms import select_slate, select_two_stage  # k-item slates, private top-m
     from recsvc.mechanisms import select_rows  # one selection per row of a batch, one Generator
     from recsvc.mechanisms import charged_epsilon  # the ε a selection consumes (what to charge)
+    from recsvc.mechanisms import selection_map  # its privacy map (d_in, ε) → d_out
 
 All functions take ALREADY CLIPPED scores (clip each score to its item's [lo, hi] first: that
 is what makes Δ_a a true bound) and validate their input before drawing any randomness. Each
@@ -15,11 +16,21 @@ privacy (``MECHANISMS[name].privacy``: :class:`Privacy`, with its map, neighbour
 audit and proof; docs/concepts/mechanisms.md lists them).
 """
 
-from recsvc.mechanisms.accounting import charged_epsilon, selection_split
+from recsvc.mechanisms.accounting import charged_epsilon, selection_map, selection_split
 from recsvc.mechanisms.flags import add_param_arguments, flag, params_from_namespace
 from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
-from recsvc.mechanisms.privacy import Audit, AuditKind, Neighbouring, Privacy, Split, Stage, not_private, pure
+from recsvc.mechanisms.privacy import (
+    Audit,
+    AuditKind,
+    DistanceMap,
+    Neighbouring,
+    Privacy,
+    Split,
+    Stage,
+    not_private,
+    pure,
+)
 from recsvc.mechanisms.registry import (
     MECHANISMS,
     PARAM_NAMES,
@@ -50,6 +61,7 @@ __all__ = [
     "PARAM_NAMES",
     "Audit",
     "AuditKind",
+    "DistanceMap",
     "Mechanism",
     "MechanismInputError",
     "MechanismParamError",
@@ -81,6 +93,7 @@ __all__ = [
     "select_rows",
     "select_slate",
     "select_two_stage",
+    "selection_map",
     "selection_split",
     "slate_log_probabilities",
     "slate_probabilities",

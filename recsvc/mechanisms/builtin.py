@@ -12,12 +12,17 @@ from recsvc.mechanisms.privacy import (
     PROOFS,
     Audit,
     AuditKind,
+    DistanceMap,
     Neighbouring,
     Privacy,
     PrivacyMap,
     Split,
+    any_change,
     not_private,
     pure,
+    scaled,
+    split_step,
+    unbounded,
 )
 
 
@@ -27,10 +32,26 @@ def _declared(
     audit: Audit,
     privacy_map: PrivacyMap = pure,
     split: Callable[[Mapping[str, float]], Split] | None = None,
+    *,
+    distance_map: DistanceMap,
 ) -> Privacy:
     """A built-in mechanism's declaration; its proof is the section named after it."""
-    return Privacy(privacy_map, neighbouring, audit, f"{PROOFS}#{name}", split)
+    return Privacy(privacy_map, neighbouring, audit, f"{PROOFS}#{name}", split, distance_map)
 
+
+# The privacy maps d_in → d_out (docs/concepts/privacy-proofs.md#privacy-maps). A peeled slate is
+# k runs at ε/k; a one-shot slate one run at ε. ``tight``: the exact law attains the bound.
+_SCALED_TIGHT = DistanceMap(scaled, tight=True, text="d_in·ε")
+_SCALED = DistanceMap(scaled, text="d_in·ε")
+_SCALED_SLATE_TIGHT = DistanceMap(scaled, one_shot=True, tight=True, text="d_in·ε for the whole k-slate")
+_SCALED_SLATE = DistanceMap(scaled, one_shot=True, text="d_in·ε for the whole k-slate")
+_ANY_CHANGE_TIGHT = DistanceMap(any_change, tight=True, text="ε if d_in > 0 (any two inputs), else 0")
+_ANY_CHANGE = DistanceMap(any_change, text="ε if d_in > 0 (an upper bound: the output ignores the scores)")
+_UNBOUNDED = DistanceMap(unbounded, text="∞ if d_in > 0")
+_CORRELATED = DistanceMap(
+    split_step(gem.correlation_split, (any_change, scaled)),
+    text="cε·[d_in > 0] (the bit) + d_in·(1 − c)ε (the selection), c = corr_budget_fraction",
+)
 
 _BOUNDED, _ANY = Neighbouring.BOUNDED, Neighbouring.ANY
 _EXACT = Audit(AuditKind.EXACT)
@@ -53,7 +74,7 @@ BUILTIN = (
         noisy_max.rnm_sample,
         noisy_max.rnm_log_probabilities,
         expectation_fn=noisy_max.rnm_expectation,
-        privacy=_declared("rnm", _BOUNDED, _TIGHT),
+        privacy=_declared("rnm", _BOUNDED, _TIGHT, distance_map=_SCALED_TIGHT),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -61,7 +82,7 @@ BUILTIN = (
         "report noisy max: argmax(q + Z), Z ~ Laplace(2Δmax/ε)",
         noisy_max.rnm_laplace_sample,
         noisy_max.rnm_laplace_log_probabilities,
-        privacy=_declared("rnm_laplace", _BOUNDED, _TIGHT),
+        privacy=_declared("rnm_laplace", _BOUNDED, _TIGHT, distance_map=_SCALED_TIGHT),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -70,7 +91,7 @@ BUILTIN = (
         noisy_max.em_sample,
         noisy_max.em_log_probabilities,
         expectation_fn=noisy_max.em_expectation,
-        privacy=_declared("em", _BOUNDED, _TIGHT),
+        privacy=_declared("em", _BOUNDED, _TIGHT, distance_map=_SCALED_TIGHT),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -79,7 +100,7 @@ BUILTIN = (
         noisy_max.pf_sample,
         noisy_max.rnm_log_probabilities,
         expectation_fn=noisy_max.rnm_expectation,
-        privacy=_declared("pf", _BOUNDED, _TIGHT),
+        privacy=_declared("pf", _BOUNDED, _TIGHT, distance_map=_SCALED_TIGHT),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -89,7 +110,7 @@ BUILTIN = (
         randomized_response.krr_sample,
         randomized_response.krr_log_probabilities,
         expectation_fn=randomized_response.krr_expectation,
-        privacy=_declared("krr", _ANY, _TIGHT),
+        privacy=_declared("krr", _ANY, _TIGHT, distance_map=_ANY_CHANGE_TIGHT),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -98,21 +119,21 @@ BUILTIN = (
         randomized_response.random_sample,
         randomized_response.random_log_probabilities,
         expectation_fn=randomized_response.random_expectation,
-        privacy=_declared("random", _ANY, _EXACT),
+        privacy=_declared("random", _ANY, _EXACT, distance_map=_ANY_CHANGE),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
         "rnmh",
         "report noisy max with Z_a ~ Exponential(mean 2Δ_a/ε) (paper §IV-A; reference only)",
         noisy_max.rnmh_sample,
-        privacy=_declared("rnmh", _BOUNDED, Audit(AuditKind.NONE), not_private),
+        privacy=_declared("rnmh", _BOUNDED, Audit(AuditKind.NONE), not_private, distance_map=_UNBOUNDED),
     ),
     Mechanism(
         "rs",
         "Liu–Talwar random stopping: uniform draws, Laplace(3Δ_a/ε), stop w.p. γ",
         random_stopping.rs_sample,
         params=param_specs(random_stopping.GAMMA),
-        privacy=_declared("rs", _BOUNDED, _STOPPING),
+        privacy=_declared("rs", _BOUNDED, _STOPPING, distance_map=_SCALED),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -120,7 +141,7 @@ BUILTIN = (
         "Papernot–Steinke stopping (η=0): K ~ Logarithmic(1−γ) draws, Laplace(2Δ_a/ε)",
         random_stopping.rs_improved_sample,
         params=param_specs(random_stopping.GAMMA),
-        privacy=_declared("rs_improved", _BOUNDED, _STOPPING),
+        privacy=_declared("rs_improved", _BOUNDED, _STOPPING, distance_map=_SCALED),
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -131,7 +152,7 @@ BUILTIN = (
         gem.gem_log_probabilities,
         param_specs(gem.BETA),
         expectation_fn=gem.gem_expectation,
-        privacy=_declared("gem", _BOUNDED, _GEM),
+        privacy=_declared("gem", _BOUNDED, _GEM, distance_map=_SCALED),
         peel_fn=gem_peel.gem_peel,
         peel_work_fn=gem_peel.gem_peel_work,
         float_level=FLOAT_EXACT,
@@ -143,7 +164,7 @@ BUILTIN = (
         gem.mgem_log_probabilities,
         param_specs(gem.BETA),
         expectation_fn=gem.mgem_expectation,
-        privacy=_declared("mgem", _BOUNDED, _GEM),
+        privacy=_declared("mgem", _BOUNDED, _GEM, distance_map=_SCALED),
         peel_fn=gem_peel.mgem_peel,
         peel_work_fn=gem_peel.mgem_peel_work,
         float_level=FLOAT_EXACT,
@@ -160,6 +181,7 @@ BUILTIN = (
             _BOUNDED,
             Audit(AuditKind.EXACT, ({}, {"beta": 0.2, "corr_budget_fraction": 0.25}), reach=0.4),
             split=gem.correlation_split,
+            distance_map=_CORRELATED,
         ),
         float_level=FLOAT_EXACT,
     ),
@@ -171,7 +193,7 @@ BUILTIN = (
         topk.oneshot_sample,
         noisy_max.rnm_log_probabilities,
         expectation_fn=noisy_max.rnm_expectation,
-        privacy=_declared("oneshot", _BOUNDED, _TIGHT),
+        privacy=_declared("oneshot", _BOUNDED, _TIGHT, distance_map=_SCALED_SLATE_TIGHT),
         float_level=FLOAT_EXACT,
         top_k=topk.oneshot_top_k,
         slate_log_probabilities_fn=topk.oneshot_slate_log_probabilities,
@@ -184,7 +206,7 @@ BUILTIN = (
         topk.gumbel_sample,
         noisy_max.em_log_probabilities,
         expectation_fn=noisy_max.em_expectation,
-        privacy=_declared("gumbel", _BOUNDED, _TIGHT),
+        privacy=_declared("gumbel", _BOUNDED, _TIGHT, distance_map=_SCALED_SLATE_TIGHT),
         float_level=FLOAT_EXACT,
         top_k=topk.gumbel_top_k,
         slate_log_probabilities_fn=topk.gumbel_slate_log_probabilities,
@@ -197,7 +219,7 @@ BUILTIN = (
         clm.clm_sample,
         clm.clm_log_probabilities,
         param_specs(clm.LOSS_WEIGHT),
-        privacy=_declared("clm", _BOUNDED, _CLM),
+        privacy=_declared("clm", _BOUNDED, _CLM, distance_map=_SCALED_SLATE),
         float_level=_CLM_FLOAT,
         top_k=clm.clm_top_k,
         slate_log_probabilities_fn=clm.clm_slate_log_probabilities,

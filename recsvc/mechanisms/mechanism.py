@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recsvc.mechanisms.params import ParamSpec, ParamValues, param_specs
-from recsvc.mechanisms.privacy import AuditKind, Privacy
+from recsvc.mechanisms.privacy import AuditKind, DistanceMap, Privacy, group_map
 
 # sample(q, Δ, ε, own params, rng, size) -> (size,) int64 indices; log_p(q, Δ, ε, own params) -> (n,)
 SampleFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
@@ -83,6 +83,13 @@ class Mechanism:
             raise ValueError(f"mechanism {self.name!r} needs a Privacy declaration, got {self.privacy!r}")
         if self.privacy.audit.kind is AuditKind.EXACT and not self.exact:
             raise ValueError(f"mechanism {self.name!r}: an exact audit needs log_probabilities_fn")
+        declared = self.privacy.distance_map
+        if declared is not None and declared.one_shot != self.one_shot:
+            raise ValueError(
+                f"mechanism {self.name!r}: its privacy map composes a slate "
+                f"{'in one run' if declared.one_shot else 'by peeling'}, its sampler "
+                f"{'in one run' if self.one_shot else 'by peeling'}"
+            )
         for setting in self.privacy.audit.settings:
             if not set(setting) <= set(self.params):
                 raise ValueError(
@@ -97,6 +104,13 @@ class Mechanism:
     @property
     def private(self) -> bool:
         return self.privacy.private
+
+    @property
+    def distance_map(self) -> DistanceMap:
+        """The privacy map d_in → d_out (ε, k and parameters as arguments): the declared one, or
+        for a declaration of ε ↦ ε′ only, its group-privacy extension (:func:`group_map`)."""
+        declared = self.privacy.distance_map
+        return group_map(self.privacy, self.one_shot) if declared is None else declared
 
     @property
     def one_shot(self) -> bool:

@@ -7,7 +7,10 @@ A registry entry carries a :class:`Privacy` declaration, in the manner of OpenDP
 * ``neighbouring``: the relation between inputs under which the map holds;
 * ``audit``: how the test suite proves the map (``exact``, ``statistical`` or ``none``) and the
   parameter settings it proves it at;
-* ``proof``: where the argument is written (``docs/concepts/privacy-proofs.md#<mechanism>``).
+* ``proof``: where the argument is written (``docs/concepts/privacy-proofs.md#<mechanism>``);
+* ``distance_map``: the map in OpenDP's d_in → d_out form (:class:`DistanceMap`), with what
+  else the proof depends on (ε, the slate size k, the parameters) as arguments; the service
+  charges it at d_in = 1.
 
 A :class:`Split` is the ONE description of a budget divided among stages run one after another
 (slates, two-stage selection, combined GEM's correlation bit): it gives each step's ε for the
@@ -24,6 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
+from typing import Protocol
 
 from recsvc.mechanisms.validation import MechanismInputError
 
@@ -96,6 +100,9 @@ class Privacy:
     audit: Audit
     proof: str
     split: Callable[[Mapping[str, float]], Split] | None = field(default=None, repr=False)
+    # The map d_in → d_out with ε, k and the parameters as arguments (what the service charges at
+    # d_in = 1); None: derived from ``privacy_map`` by group privacy (:func:`group_map`).
+    distance_map: DistanceMap | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.proof.startswith(f"{PROOFS}#") or len(self.proof) == len(PROOFS) + 1:
@@ -182,6 +189,15 @@ class Split:
             out.append(step)
         return tuple(out)
 
+    def exact_budgets(self, epsilon: Fraction) -> tuple[Fraction, ...]:
+        """Each stage's nominal total ε in exact arithmetic: fᵢ·ε, and ε minus those for the last
+        (what the composition sums; the samplers run at :meth:`stage_epsilons`' floats)."""
+        parts = [epsilon * Fraction(f) for f in self.fractions]
+        rest = epsilon
+        for part in parts:
+            rest -= part
+        return (*parts, rest)
+
     def consumed(self, epsilon: float) -> float:
         """Σ_stages steps · map(step ε): the composed privacy map at ``epsilon``.
 
@@ -191,12 +207,8 @@ class Split:
         the precision with which any mechanism computes with ε. A :class:`~fractions.Fraction`
         in gives a Fraction out (nested splits stay exact)."""
         exact = isinstance(epsilon, Fraction)
-        eps = Fraction(epsilon)
         total = Fraction(0)
-        rest = eps
-        for i, stage in enumerate(self.stages):
-            budget = eps * Fraction(self.fractions[i]) if i < len(self.fractions) else rest
-            rest -= budget
+        for stage, budget in zip(self.stages, self.exact_budgets(Fraction(epsilon)), strict=True):
             used = stage.privacy_map(budget / stage.steps)  # type: ignore[arg-type]  # a Fraction: maps are arithmetic
             if used == math.inf:
                 return math.inf
@@ -209,3 +221,96 @@ class Split:
 @functools.lru_cache(maxsize=4096)
 def _stage_epsilons(split: Split, epsilon: float) -> tuple[float, ...]:
     return split._stage_epsilons(epsilon)
+
+
+# --- privacy maps d_in → d_out ------------------------------------------------------------------
+
+Budget = Fraction | float  # an exact ε, or math.inf (the one float a map returns)
+
+
+class StepMap(Protocol):
+    """The map of ONE run of a mechanism: (d_in, the run's ε, its parameters) → the ε it consumes."""
+
+    def __call__(self, d_in: Fraction, epsilon: Fraction, params: Mapping[str, float], /) -> Budget: ...
+
+
+def scaled(d_in: Fraction, epsilon: Fraction, params: Mapping[str, float]) -> Budget:
+    """A run whose loss is linear in how far the scores move: d_in·ε (noise or exponent scaled
+    to the declared Δ: every score moving by d_in·Δ_a is d_in neighbour steps' worth)."""
+    return d_in * epsilon
+
+
+def any_change(d_in: Fraction, epsilon: Fraction, params: Mapping[str, float]) -> Budget:
+    """A run that is ε-DP between ANY two inputs: ε once the scores move at all, however far."""
+    return epsilon if d_in > 0 else Fraction(0)
+
+
+def unbounded(d_in: Fraction, epsilon: Fraction, params: Mapping[str, float]) -> Budget:
+    """A run that is not ε′-DP for any finite ε′ (``rnmh``)."""
+    return math.inf if d_in > 0 else Fraction(0)
+
+
+def split_step(split: Callable[[Mapping[str, float]], Split], steps: tuple[StepMap, ...]) -> StepMap:
+    """The map of one run that spends its ε by ``split(params)`` (stage i runs ``steps[i]`` at
+    its share): Σ_stages stage steps · map_i(d_in, share / steps), by basic adaptive composition."""
+
+    def step(d_in: Fraction, epsilon: Fraction, params: Mapping[str, float]) -> Budget:
+        s = split(params)
+        total = Fraction(0)
+        for stage, run, budget in zip(s.stages, steps, s.exact_budgets(epsilon), strict=True):
+            used = run(d_in, budget / stage.steps, params)
+            if used == math.inf:
+                return math.inf
+            total += stage.steps * Fraction(used)
+        return total
+
+    return step
+
+
+@dataclass(frozen=True)
+class DistanceMap:
+    """A mechanism's privacy map in OpenDP's form, d_in → d_out, with everything else the proof
+    depends on as arguments: ``map(d_in, epsilon, k, params)``.
+
+    * ``d_in``: how far apart two score vectors over the same candidates are, in units of the
+      declared sensitivities: ``max_a |q_a − q′_a| / Δ_a`` (the bounded neighbours are d_in ≤ 1);
+    * ``epsilon``: the ε the mechanism runs at; ``k``: the slate size; ``params``: its declared
+      parameters (combined GEM's split, random stopping's γ, …), checked;
+    * the result ``d_out``: the ε the proof guarantees for one selection (k = 1) or one k-slate,
+      exactly (a :class:`~fractions.Fraction`; ``math.inf`` where no finite ε holds).
+
+    ``step`` is the map of one run. A ``one_shot`` mechanism draws a k-slate in one run at ε
+    (d_out = step(d_in, ε)); any other peels k runs at ε/k (d_out = k·step(d_in, ε/k), basic
+    adaptive composition). ``tight``: the proof's bound is attained at d_in = 1 (in the limit of
+    a far gap), which the tests require of the exact law. ``text`` states the map for the docs."""
+
+    step: StepMap
+    one_shot: bool = False
+    tight: bool = False
+    text: str = ""
+
+    def __call__(
+        self, d_in: Budget | int, epsilon: Budget | int, k: int = 1, params: Mapping[str, float] | None = None
+    ) -> Budget:
+        d, eps = Fraction(d_in), Fraction(epsilon)
+        if d < 0 or eps < 0 or k < 1:
+            raise ValueError(f"a privacy map takes d_in ≥ 0, ε ≥ 0 and k ≥ 1, got {d_in!r}, {epsilon!r}, {k!r}")
+        p = MappingProxyType({}) if params is None else params
+        if self.one_shot or k == 1:
+            return self.step(d, eps, p)
+        used = self.step(d, eps / k, p)
+        return math.inf if used == math.inf else k * Fraction(used)
+
+
+def group_map(privacy: Privacy, one_shot: bool) -> DistanceMap:
+    """The map of a declaration that states only ε ↦ ε′ at d_in = 1 (``privacy.consumed``): by
+    group privacy along ⌈d_in⌉ neighbour steps (the bounded relation is convex: q → q′ in
+    ⌈d_in⌉ moves of at most Δ_a each), d_out = ⌈d_in⌉·ε′."""
+
+    def step(d_in: Fraction, epsilon: Fraction, params: Mapping[str, float]) -> Budget:
+        if d_in == 0:
+            return Fraction(0)
+        used = privacy.consumed(epsilon, params)  # type: ignore[arg-type]  # a Fraction: maps are arithmetic
+        return math.inf if used == math.inf else math.ceil(d_in) * Fraction(used)
+
+    return DistanceMap(step, one_shot, text="⌈d_in⌉·map(ε) (group privacy)")
