@@ -65,7 +65,7 @@ async def build(config: ServerConfig, servicer: Any, authenticator: Authenticato
 
     servicer.limiter = admission.RateLimiter(config.auth.rate_limit) if config.auth.rate_limit > 0 else None
     requests = Threads(config.listen.threads, "recsvc-rpc")
-    heavy = HeavyCalls(config.selection.heavy_queue, config.selection.heavy_per_principal)
+    heavy = HeavyCalls(config.selection.heavy_queue, config.selection.heavy_per_principal, config.selection.heavy_draws)
     gate = interceptors.Gate(
         authenticator,
         servicer.limiter,
@@ -92,7 +92,7 @@ def inline_methods(config: ServerConfig) -> tuple[str, ...]:
     """The methods a lone call may run on the event loop: Select, with one worker and the embedded
     SQLite ledger, and then its commit never waits there (F5): it runs under
     :func:`recsvc.ledger.without_waiting`, so a write lock held by another process makes it finish
-    in a request thread instead (:meth:`recsvc.service.servicer.SelectionServicer.defer`). Never
+    in a request thread instead (:meth:`recsvc.service.interceptors.Gate._observe`). Never
     with PostgreSQL (a network round trip) or workers sharing the file (their commits would often
     find the lock held)."""
     if config.listen.workers > 1 or is_postgres(config.ledger.location):

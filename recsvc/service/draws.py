@@ -5,22 +5,23 @@ the bound on any single draw's expected cost) that is ≈ 10⁶ draws, tens of m
 and ≈ 16 MB, with a geometric tail (P(K > t/γ) ≈ e^-t); a two-stage Recommend's private top-m
 peels m times over the catalog. :attr:`recsvc.service.requests.Prepared.work` counts every stage.
 
-A call whose work is expected to need more than ``heavy_draws`` draws is **deferred**: its
-request thread returns a :class:`Deferred` at once, and the gate hands it to :class:`HeavyCalls`,
-a bounded queue (``heavy_queue`` calls in all, ``heavy_per_principal`` per principal; beyond
-either, RESOURCE_EXHAUSTED before anything is drawn or spent). A heavy call's thread runs the
-usual draw-then-charge path at normal priority; its draw alone goes to :class:`HeavyDraws`,
-``heavy_draw_threads`` processes at the lowest CPU priority (nice 19). Processes, not threads:
-a draw thread holds the GIL between numpy's calls, so at nice 19 on a busy host it would stall
-every other thread of the server (docs/decisions/0005-asynchronous-server.md). A pool whose
-process dies is replaced; the call whose draw it interrupted is UNAVAILABLE with nothing spent. The knobs are
-:class:`recsvc.service.config.Selection` fields (``serve --heavy-draws``, ``--heavy-draw-threads``,
-``--heavy-queue``, ``--heavy-per-principal``).
+Every PrivateSelection call is **priced** before it runs: its request, decoded and validated once,
+comes with a :class:`Price` read off public quantities only (sizes, k, γ, the mechanism: never the
+scores), and the gate chooses the pool that runs it from that price (decision 0005). A call whose
+work is expected to need more than ``heavy_draws`` draws runs in :class:`HeavyCalls`, a bounded
+queue (``heavy_queue`` calls in all, ``heavy_per_principal`` per principal; beyond either,
+RESOURCE_EXHAUSTED before anything is drawn or spent), so it holds no request thread. A heavy
+call's thread runs the usual draw-then-charge path at normal priority; its draw alone goes to
+:class:`HeavyDraws`, ``heavy_draw_threads`` processes at the lowest CPU priority (nice 19).
+Processes, not threads: a draw thread holds the GIL between numpy's calls, so at nice 19 on a busy
+host it would stall every other thread of the server (docs/decisions/0005-asynchronous-server.md).
+A pool whose process dies is replaced; the call whose draw it interrupted is UNAVAILABLE with
+nothing spent. The knobs are :class:`recsvc.service.config.Selection` fields (``serve
+--heavy-draws``, ``--heavy-draw-threads``, ``--heavy-queue``, ``--heavy-per-principal``).
 
-At the other end, **light** work (:func:`light`) may run on the event loop itself when its call is
-alone on the server (the gate decides; decision 0005): a draw whose length is set by the candidates
-alone, never by a request parameter, and small. Work the gate began on the loop that is not light
-is returned as an :class:`Offload`, and the gate finishes it in a request thread.
+At the other end, **light** work (:func:`light`, :attr:`Price.light`) may run on the event loop
+itself when its call is alone on the server (the gate decides; decision 0005): a draw whose length
+is set by the candidates alone, never by a request parameter, and small.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -46,6 +47,9 @@ from recsvc.service.shutdown import exit_with_parent
 from recsvc.service.threads import Threads
 
 T = TypeVar("T")
+Q = TypeVar("Q")  # a decoded request message
+P = TypeVar("P")  # the request validated, ready to run
+R = TypeVar("R")  # the response message
 
 
 def _draw_process(parent: int) -> None:
@@ -140,33 +144,57 @@ def light(p: Prepared) -> bool:
 
 
 @dataclass(frozen=True)
-class Offload(Generic[T]):
-    """A call's remaining work, begun on the event loop but not :func:`light`: the gate runs
-    ``work()`` in a request thread and answers with what it returns."""
+class Price:
+    """What a call is expected to cost, from public quantities only (the request's sizes, k, γ and
+    mechanism; never its scores), so where it runs reveals nothing about a user's data."""
 
-    work: Callable[[], T]
+    draws: float = 0.0  # random draws its work is expected to make (Prepared.work, summed over a batch)
+    light: bool = False  # it may run on the event loop when alone (:func:`light`)
+
+
+def price_of(p: Prepared) -> Price:
+    return Price(p.work, light(p))
 
 
 @dataclass(frozen=True)
-class Deferred(Generic[T]):
-    """A call's remaining work, too heavy for a request thread: the gate queues it in
-    :class:`HeavyCalls` and answers with what ``work()`` returns."""
+class Priced(Generic[P]):
+    """A decoded request validated once (``value``: a Prepared, or what the method needs), with
+    its :class:`Price`; nothing is drawn or spent yet."""
 
-    work: Callable[[], T]
+    value: P
+    price: Price = Price()
+
+
+@dataclass(frozen=True)
+class UseCase(Generic[Q, P, R]):
+    """One RPC, as the gate runs it: ``prepare(request)`` checks everything (a refusal raises) and
+    prices the call, touching no ledger; ``run(value)`` reserves, draws, commits and returns the
+    response message, in the pool the price chose. Called as a gRPC behaviour, it is both in turn."""
+
+    prepare: Callable[[Q], Priced[P]]
+    run: Callable[[P], R]
+
+    def __call__(self, request: Q, context: Any = None) -> R:
+        return self.run(self.prepare(request).value)
 
 
 class HeavyCalls:
-    """The bounded queue of deferred calls (module docstring). Admission and release run on the
-    event loop's thread only, so the counts need no lock."""
+    """The bounded queue of heavy calls (module docstring): those whose price is above
+    ``heavy_draws`` draws. Admission and release run on the event loop's thread only, so the counts
+    need no lock."""
 
-    def __init__(self, queue: int, per_principal: int) -> None:
-        self.queue, self.per_principal = queue, per_principal
+    def __init__(self, queue: int, per_principal: int, heavy_draws: int) -> None:
+        self.queue, self.per_principal, self.heavy_draws = queue, per_principal, heavy_draws
         self._threads = Threads(queue, "recsvc-heavy-call")  # one thread per admitted call
         self._held: Counter[str] = Counter()
         self.held = 0
 
-    async def run(self, key: str, deferred: Deferred[T]) -> T:
-        """``deferred.work()`` in a heavy call's thread, with this task's context (the caller);
+    def takes(self, price: Price) -> bool:
+        """Whether a call of this price runs here rather than in a request thread."""
+        return price.draws > self.heavy_draws
+
+    async def run(self, key: str, work: Callable[[], T]) -> T:
+        """``work()`` in a heavy call's thread, with this task's context (the caller);
         Overloaded, before anything runs, when the queue or ``key``'s share of it is full."""
         if self.held >= self.queue:
             raise Overloaded(f"{self.queue} heavy calls are already queued on this worker (--heavy-queue); retry later")
@@ -178,7 +206,7 @@ class HeavyCalls:
         self.held += 1
         self._held[key] += 1
         # Released when the work ends, not when the caller stops waiting: the slot bounds threads and memory.
-        return await self._threads.run(deferred.work, lambda: self._release(key))
+        return await self._threads.run(work, lambda: self._release(key))
 
     def _release(self, key: str) -> None:
         self.held -= 1

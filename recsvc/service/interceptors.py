@@ -17,15 +17,21 @@ message is read. The wrapped call then runs, in this order, each step cheaper th
 5. read the message, within ``--receive-timeout`` → DEADLINE_EXCEEDED; a stream's every message
    and answer, within ``--stream-idle-timeout`` of the last (:meth:`Gate._stream`), or it is ended;
 6. its bytes from ``--max-inflight-bytes``, within the principal's share → RESOURCE_EXHAUSTED;
-7. in a request thread: decode with the handler's own deserializer (for PrivateSelection: the
-   bounded pre-scan of :mod:`recsvc.service.codec`, then the parser) → INVALID_ARGUMENT, never a
-   traceback; then the servicer's method, with the caller in :data:`CALLER` for the per-user
-   checks. A call that is **alone** (:meth:`Gate.alone`: one of the ``inline`` methods, at most
-   :data:`INLINE_BYTES`, no other call admitted and no thread busy) runs on the event loop
-   instead, saving the two thread wake-ups, as far as its work is light: the servicer returns the
-   rest as a :class:`recsvc.service.draws.Offload` otherwise, and a request thread finishes it;
-8. a :class:`recsvc.service.draws.Deferred` answer (heavy work) waits in the bounded heavy
-   queue, on the loop, holding no thread → RESOURCE_EXHAUSTED when the queue is full.
+7. decode with the handler's own deserializer (for PrivateSelection: the bounded pre-scan of
+   :mod:`recsvc.service.codec`, then the parser) → INVALID_ARGUMENT, never a traceback; then the
+   method's :class:`recsvc.service.draws.UseCase`: ``prepare`` checks the request once and prices
+   it (:class:`recsvc.service.draws.Price`, public quantities only), with the caller in
+   :data:`CALLER` for the per-user checks; a refusal raised here spends nothing;
+8. the gate picks the pool from the price (:meth:`Gate.pool_for`), and ``run`` reserves, draws,
+   commits and returns the response message there: the bounded heavy queue when the price is
+   above ``--heavy-draws`` (→ RESOURCE_EXHAUSTED when full, nothing drawn or spent; the call holds
+   no request thread while it waits), else the request thread that prepared it. A call that is
+   **alone** (:meth:`Gate.alone`: one of the ``inline`` methods, at most :data:`INLINE_BYTES`, no
+   other call admitted and no thread busy) is decoded and prepared on the event loop instead,
+   saving the two thread wake-ups, and runs there too if its price is light, under
+   :func:`recsvc.ledger.without_waiting` (a commit that would wait on another process runs again
+   in a request thread, the sample drawn on the loop discarded unreleased, nothing spent); else in
+   a request thread.
 
 Steps 1–7 spend nothing. Health checks skip steps 1–3 (load balancers need no credentials):
 Check takes no slot, and Watch a slot of ``--max-health-watches``, shared per peer address.
@@ -49,16 +55,18 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextvars import ContextVar
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import grpc
 
+from recsvc.ledger import WouldWait, without_waiting
 from recsvc.service import metrics
 from recsvc.service.admission import Admission, Full, RateLimiter, Shares
 from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller, anonymous_key
 from recsvc.service.codec import Framed
 from recsvc.service.config import Admission as AdmissionSettings
-from recsvc.service.draws import Deferred, HeavyCalls, Offload
+from recsvc.service.draws import HeavyCalls, Price, Priced, UseCase
 from recsvc.service.errors import (
     INTERNAL_MESSAGE,
     InvalidRequest,
@@ -76,14 +84,12 @@ from recsvc.service.errors import (
 from recsvc.service.threads import Threads
 from recsvc.v1 import selection_pb2 as pb
 
-__all__ = ["CALLER", "Abort", "Gate", "RateLimiter", "current_caller", "on_loop", "status_of"]
+__all__ = ["CALLER", "Abort", "Gate", "RateLimiter", "Where", "current_caller", "status_of"]
 
 log = logging.getLogger("recsvc.service")
 
 # The authenticated caller of the RPC (set by the gate around the method; request threads get a copy).
 CALLER: ContextVar[Caller | None] = ContextVar("recsvc_caller", default=None)
-# True while the gate runs a lone call's method on the event loop (never in a request thread).
-ON_LOOP: ContextVar[bool] = ContextVar("recsvc_on_loop", default=False)
 # The largest message a lone call may run from on the loop: a Select of ≈ 900 candidates named by
 # id, ≈ 0.5 ms of work in all (500 candidates, what the benchmarks send, are 8.8 kB and ≈ 0.3 ms).
 INLINE_BYTES = 16 * 1024
@@ -98,11 +104,6 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if code is grpc.StatusCode.INTERNAL:
         return code, INTERNAL_MESSAGE
     return code, str(exc)
-
-
-def on_loop() -> bool:
-    """Whether this method runs on the event loop (a lone call, see :meth:`Gate.alone`)."""
-    return ON_LOOP.get()
 
 
 def current_caller() -> Caller:
@@ -143,6 +144,14 @@ def _short(method: str) -> str:
     return method.rsplit("/", 1)[-1]
 
 
+class Where(Enum):
+    """The pool a priced call runs in (:meth:`Gate.pool_for`)."""
+
+    LOOP = "the event loop"
+    THREAD = "a request thread"
+    HEAVY = "the heavy queue"
+
+
 @dataclass(frozen=True)
 class Pool:
     """What a call holds while it is served, and how a refusal names it (``what`` in ``flag``)."""
@@ -174,7 +183,7 @@ class _Wrapped:
 
 class Gate(grpc.aio.ServerInterceptor):
     """See the module docstring. ``pool`` runs the synchronous methods (the request threads);
-    ``heavy`` queues their deferred work; ``inline``: the methods a lone call may run on the event
+    ``heavy`` runs the calls its price sends there; ``inline``: the methods a lone call may run on the event
     loop (only where no commit waits on another process or the network: :func:`recsvc.service.aioserver.inline_methods`)."""
 
     def __init__(
@@ -321,6 +330,13 @@ class Gate(grpc.aio.ServerInterceptor):
             and (self.heavy is None or self.heavy.held == 0)
         )
 
+    def pool_for(self, price: Price, alone: bool) -> Where:
+        """Where a call of ``price`` runs: the heavy queue above ``--heavy-draws``; else, for a lone
+        call (:meth:`alone`) whose work is light, the event loop; else a request thread."""
+        if self.heavy is not None and self.heavy.takes(price):
+            return Where.HEAVY
+        return Where.LOOP if alone and price.light else Where.THREAD
+
     async def _receive(self, context: grpc.aio.ServicerContext, method: str) -> bytes:
         """Step 5: the one request message, or :class:`Abort` when it is late or missing."""
         timeout = self.admission.receive_timeout
@@ -359,7 +375,7 @@ class Gate(grpc.aio.ServerInterceptor):
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         checked = not method.startswith(self._open)
-        observed = method.startswith(self._observed) and handler.unary_unary is not None
+        observed = method.startswith(self._observed) and isinstance(handler.unary_unary, UseCase)
         decode = handler.request_deserializer
         streaming = handler.request_streaming
         behaviour = {
@@ -390,7 +406,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 self._take(inflight, method, key, caller, len(raw))
                 held = len(raw)
                 if observed:
-                    return await self._observe(method, behaviour, decode, raw, context, caller)
+                    return await self._observe(method, behaviour, decode, raw, caller)
                 result = behaviour(self._decode(decode, raw, method, _REFUSING), context)
                 if streams:
                     return await self._stream(context, method, result)
@@ -410,35 +426,48 @@ class Gate(grpc.aio.ServerInterceptor):
     async def _observe(
         self,
         method: str,
-        behaviour: Callable[[Any, Any], Any],
+        case: UseCase[Any, Any, Any],
         decode: Callable[[bytes], Any] | None,
         raw: bytes,
-        context: grpc.aio.ServicerContext,
         caller: Caller | None,
     ) -> Any:
-        """Step 7 in a request thread, then step 8; the outcome mapped to its status and counted."""
+        """Steps 7 and 8: decode → prepare (validated once, priced) → the pool its price chooses →
+        run → the response message; the outcome mapped to its status and counted."""
         name = _short(method)
         t0 = time.perf_counter()
         code, mechanism, counted = grpc.StatusCode.OK, "", True
+        assert self.pool is not None, "the gate needs the request threads to run a method"
 
-        def call() -> Any:
-            return behaviour(self._decode(decode, raw, method, _REFUSING), context)
+        def prepare() -> Priced[Any]:
+            return case.prepare(self._decode(decode, raw, method, _REFUSING))
+
+        def in_thread() -> tuple[Priced[Any], Any]:
+            """Prepared, and run in this same thread unless its price sends it to the heavy queue
+            (one hop to a thread and back, not two); None in place of the response then."""
+            priced = prepare()
+            if self.pool_for(priced.price, alone=False) is Where.HEAVY:
+                return priced, None
+            return priced, case.run(priced.value)
 
         try:
-            assert self.pool is not None, "the gate needs the request threads to run a method"
+            response = None
             if self.alone(method, len(raw)):
-                token = ON_LOOP.set(True)
-                try:
-                    response = call()
-                finally:
-                    ON_LOOP.reset(token)
-                if isinstance(response, Offload):
-                    response = await self.pool.run(response.work)
+                priced = prepare()
+                where = self.pool_for(priced.price, alone=True)
+                if where is Where.LOOP:
+                    try:  # on the loop the commit must not wait on another process (F5)
+                        with without_waiting():
+                            response = case.run(priced.value)
+                    except WouldWait:  # nothing stored or spent; the sample drawn here is discarded unreleased
+                        where = Where.THREAD
+                if where is Where.THREAD:
+                    response = await self.pool.run(lambda: case.run(priced.value))
             else:
-                response = await self.pool.run(call)
-            if isinstance(response, Deferred):
-                assert self.heavy is not None, "the gate needs the heavy queue to run deferred work"
-                response = await self.heavy.run(caller.key if caller else "", response)
+                priced, response = await self.pool.run(in_thread)
+                where = Where.THREAD if response is not None else Where.HEAVY
+            if where is Where.HEAVY:
+                assert self.heavy is not None  # pool_for chose it
+                response = await self.heavy.run(caller.key if caller else "", lambda: case.run(priced.value))
             mechanism = _count_answer(response)
             return response
         except Abort:

@@ -1,45 +1,55 @@
-"""The PrivateSelection servicer. Each RPC reads: authorize → decode → selector → encode.
+"""The PrivateSelection servicer. Each RPC reads: authorize → decode → prepare (validated once,
+priced) → reserve → draw → commit → encode once.
 
-**How an RPC method is written** (one way for every method): a plain synchronous method
-``Name(self, request, context)`` that returns the response message. The gate
+**How an RPC method is written** (one way for every method): a :class:`recsvc.service.draws.UseCase`
+of two plain synchronous steps, registered in :func:`register` with its decoder. ``price_<name>``
+takes the decoded request, authorizes it and checks it once, touching no ledger, and returns it
+:class:`~recsvc.service.draws.Priced`: ready to run, with its :class:`~recsvc.service.draws.Price`
+read off public quantities (sizes, k, γ; never the scores). ``answer_<name>`` (:meth:`answer`
+for Select and Recommend) takes that value and returns the response message. The gate
 (:mod:`recsvc.service.interceptors`) has already authenticated the caller, read the message and
-decoded it, and runs the method in a request thread (or, for a lone small Select, on the event
-loop until :meth:`defer` finds its work not light); a raised refusal
-(:mod:`recsvc.service.errors`) becomes its status code and the metrics are recorded there. Work
-whose cost grows with a request parameter (random stopping's 1/γ, a candidate stage's m) is
-returned as a :class:`recsvc.service.draws.Deferred` instead, made by :meth:`execute` (or
-:meth:`defer`): the request thread is free at once and the gate answers when the bounded heavy
-queue has run it. The method is registered in :func:`register` with its decoder. The wire format
-is :mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the ledger
-transaction) is the proto-free :mod:`recsvc.service.selection`.
+decoded it; it reads the price to choose where the second step runs (a request thread, the bounded heavy queue, or the event loop for a lone light
+Select); a raised refusal (:mod:`recsvc.service.errors`) becomes its status code and the metrics
+are recorded there. ``Name(request, context)`` is both steps in turn, for in-process callers. A
+step never blocks on another pool, never awaits the event loop and never reads ``context``. The
+wire format is :mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the
+ledger's reserve → draw → commit) is the proto-free :mod:`recsvc.service.selection`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from recsvc.artifact import Artifact
-from recsvc.ledger import Ledger, WouldWait, without_waiting
+from recsvc.ledger import Ledger
 from recsvc.service import codec
 from recsvc.service.admission import RateLimiter
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
-from recsvc.service.draws import Deferred, Offload, light
+from recsvc.service.draws import Price, Priced, UseCase, price_of
 from recsvc.service.errors import PermissionDenied, ThrottledLog, log_internal_error
-from recsvc.service.interceptors import current_caller, on_loop, status_of
-from recsvc.service.multiselect import MultiSelector
+from recsvc.service.interceptors import current_caller, status_of
+from recsvc.service.multiselect import MultiPrepared, MultiSelector
 from recsvc.service.requests import Columns, Prepared, check_user_id
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
 from recsvc.v1 import selection_pb2_grpc as pb_grpc
 
 log = logging.getLogger("recsvc.service")
-T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A SelectBatch checked item by item: each item's refusal, None where it is prepared."""
+
+    outcomes: list[Exception | None]
+    prepared: dict[int, Prepared]  # by item index
 
 
 class SelectionServicer(pb_grpc.PrivateSelectionServicer):
@@ -69,26 +79,41 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def auto_choice(self) -> str | None:
         return self.selector.auto_choice
 
-    # -- RPCs --------------------------------------------------------------------------------
+    # -- RPCs: each is its use case's two steps, prepare → answer -----------------------------
 
-    def Select(
-        self, request: pb.SelectRequest, context: Any
-    ) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
+    def Select(self, request: pb.SelectRequest, context: Any = None) -> pb.SelectResponse:
+        return self.answer(self.price_select(request).value)
+
+    def Recommend(self, request: pb.RecommendRequest, context: Any = None) -> pb.SelectResponse:
+        return self.answer(self.price_recommend(request).value)
+
+    def SelectBatch(self, request: pb.SelectBatchRequest, context: Any = None) -> codec.Framed:
+        return self.answer_batch(self.price_batch(request).value)
+
+    def MultiSelect(self, request: pb.MultiSelectRequest, context: Any = None) -> pb.MultiSelectResponse:
+        return self.answer_multiselect(self.price_multiselect(request).value)
+
+    def GetBudget(self, request: pb.GetBudgetRequest, context: Any = None) -> pb.GetBudgetResponse:
+        return self.answer_budget(self.price_budget(request).value)
+
+    def ListMechanisms(self, request: pb.ListMechanismsRequest, context: Any = None) -> pb.ListMechanismsResponse:
+        return self.answer_mechanisms(self.price_mechanisms(request).value)
+
+    # -- prepare: authorize, check once, price (no ledger, no draw) ----------------------------
+
+    def price_select(self, request: pb.SelectRequest) -> Priced[Prepared]:
         self.authorize("Select", request.user_id)
-        return self.execute(self.prepare_select(request))
+        p = self.prepare_select(request)
+        return Priced(p, price_of(p))
 
-    def Recommend(
-        self, request: pb.RecommendRequest, context: Any
-    ) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
+    def price_recommend(self, request: pb.RecommendRequest) -> Priced[Prepared]:
         self.authorize("Recommend", request.user_id)
-        return self.execute(self.prepare_recommend(request))
+        p = self.prepare_recommend(request)
+        return Priced(p, price_of(p))
 
-    def SelectBatch(
-        self, request: pb.SelectBatchRequest, context: Any
-    ) -> codec.Framed | Deferred[codec.Framed] | Offload[codec.Framed]:
-        """The serialized SelectBatchResponse (:func:`recsvc.service.codec.batch_response`): each
-        item is authorized, decoded and checked alone (a refusal is that item's Error and spends
-        nothing); the rest are drawn vectorised and charged in ONE ledger transaction."""
+    def price_batch(self, request: pb.SelectBatchRequest) -> Priced[Batch]:
+        """Each item authorized, decoded and checked alone (a refusal is that item's Error and
+        spends nothing); priced at the draws of all the items that passed."""
         caller = current_caller()  # the batch's size was checked before parsing (codec.BATCH)
         if self.limiter is not None and len(request.requests) > 1:  # the rate limit counts every item
             self.limiter.debit(caller.key, len(request.requests) - 1)
@@ -100,26 +125,41 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 outcomes[i] = p
             else:
                 prepared[i] = p
+        return Priced(Batch(outcomes, prepared), Price(sum(p.work for p in prepared.values())))
 
-        def finish() -> codec.Framed:
-            if prepared:
-                charged = execute_batch(self.selector, self.ledger, list(prepared.values()))
-                for (i, p), charge in zip(prepared.items(), charged, strict=False):
-                    outcomes[i] = (p, charge)
-            return self._encode_batch(outcomes)
-
-        return self.defer(finish, sum(p.work for p in prepared.values()))
-
-    def MultiSelect(self, request: pb.MultiSelectRequest, context: Any) -> pb.MultiSelectResponse:
+    def price_multiselect(self, request: pb.MultiSelectRequest) -> Priced[MultiPrepared]:
         self.authorize("MultiSelect", request.user_id)
-        prepared = self.multi.prepare(**codec.multiselect_input(request))
-        answer = self.multi.execute(self.ledger, prepared)
-        return codec.multiselect_message(answer)
+        return Priced(self.multi.prepare(**codec.multiselect_input(request)))
 
-    def GetBudget(self, request: pb.GetBudgetRequest, context: Any) -> pb.GetBudgetResponse:
+    def price_budget(self, request: pb.GetBudgetRequest) -> Priced[str]:
         self.authorize("GetBudget", request.user_id)
         check_user_id(request.user_id)
-        u = self.ledger.user(request.user_id)
+        return Priced(request.user_id)
+
+    def price_mechanisms(self, request: pb.ListMechanismsRequest) -> Priced[None]:
+        return Priced(None)
+
+    # -- answer: reserve → draw → commit → encode once, in the pool the price chose ------------
+
+    def answer(self, p: Prepared) -> pb.SelectResponse:
+        """Draws and charges ``p``; the answer (a stored one, marked, for a replay)."""
+        return codec.select_response(self.selector.execute(self.ledger, p))
+
+    def answer_batch(self, batch: Batch) -> codec.Framed:
+        """The serialized SelectBatchResponse (:func:`recsvc.service.codec.batch_response`): the
+        prepared items drawn vectorised and charged in ONE ledger transaction."""
+        outcomes: list[Any] = list(batch.outcomes)
+        if batch.prepared:
+            charged = execute_batch(self.selector, self.ledger, list(batch.prepared.values()))
+            for (i, p), charge in zip(batch.prepared.items(), charged, strict=False):
+                outcomes[i] = (p, charge)
+        return self._encode_batch(outcomes)
+
+    def answer_multiselect(self, p: MultiPrepared) -> pb.MultiSelectResponse:
+        return codec.multiselect_message(self.multi.execute(self.ledger, p))
+
+    def answer_budget(self, user_id: str) -> pb.GetBudgetResponse:
+        u = self.ledger.user(user_id)
         return pb.GetBudgetResponse(
             user_id=u.user_id,
             budget=u.budget,
@@ -130,7 +170,7 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
             window_end_unix=u.window_end,
         )
 
-    def ListMechanisms(self, request: pb.ListMechanismsRequest, context: Any) -> pb.ListMechanismsResponse:
+    def answer_mechanisms(self, _: None) -> pb.ListMechanismsResponse:
         return codec.mechanisms_response(self.selector, self.policy, self.ledger.budget, self.multi)
 
     # -- the steps ---------------------------------------------------------------------------
@@ -173,29 +213,6 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
         return self.selector.prepare_recommend(**codec.recommend_input(req))
-
-    def execute(self, p: Prepared) -> pb.SelectResponse | Deferred[pb.SelectResponse] | Offload[pb.SelectResponse]:
-        """Draws and charges ``p``; the answer (a stored one, marked, for a replay), or the same
-        work deferred to the heavy queue when it is expected to be heavy."""
-        return self.defer(lambda: codec.select_response(self.selector.execute(self.ledger, p)), p.work, light(p))
-
-    def defer(self, work: Callable[[], T], draws: float, light_work: bool = False) -> T | Deferred[T] | Offload[T]:
-        """``work()`` now, in this thread; or (``draws`` above --heavy-draws) a :class:`Deferred`
-        for the gate's heavy queue; or, on the event loop and not ``light_work``, an :class:`Offload`
-        for a request thread. Either before anything is drawn or spent; or, light work on the loop
-        whose commit finds the write lock held elsewhere, after a draw that is discarded unreleased
-        and nothing spent."""
-        if self.selector.heavy.heavy(draws):
-            return Deferred(work)
-        if not on_loop():
-            return work()
-        if not light_work:
-            return Offload(work)
-        try:  # on the loop the commit must not wait on another process (F5): if it would, a thread retries
-            with without_waiting():
-                return work()
-        except WouldWait:  # nothing stored or spent; the sample drawn here is discarded unreleased
-            return Offload(work)
 
     def _authorize_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:
         """None for each item the caller's scope covers, its PermissionDenied otherwise (one log
@@ -244,22 +261,31 @@ def register(servicer: SelectionServicer, server: Any) -> None:
     """Adds the service to ``server`` with request decoders that enforce the size limits on the
     raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication."""
     limits = servicer.policy.limits
-    methods: dict[str, tuple[Callable[..., Any], Callable[[bytes], Any], Any]] = {
-        "Select": (servicer.Select, codec.decoder(pb.SelectRequest, codec.SELECT, limits), pb.SelectResponse),
+    s = servicer
+    methods: dict[str, tuple[UseCase[Any, Any, Any], Callable[[bytes], Any], Any]] = {
+        "Select": (
+            UseCase(s.price_select, s.answer),
+            codec.decoder(pb.SelectRequest, codec.SELECT, limits),
+            pb.SelectResponse,
+        ),
         "SelectBatch": (
-            servicer.SelectBatch,
+            UseCase(s.price_batch, s.answer_batch),
             codec.decoder(pb.SelectBatchRequest, codec.BATCH, limits),
             pb.SelectBatchResponse,
         ),
         "Recommend": (
-            servicer.Recommend,
+            UseCase(s.price_recommend, s.answer),
             codec.decoder(pb.RecommendRequest, codec.RECOMMEND, limits),
             pb.SelectResponse,
         ),
-        "GetBudget": (servicer.GetBudget, pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
-        "ListMechanisms": (servicer.ListMechanisms, pb.ListMechanismsRequest.FromString, pb.ListMechanismsResponse),
+        "GetBudget": (UseCase(s.price_budget, s.answer_budget), pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
+        "ListMechanisms": (
+            UseCase(s.price_mechanisms, s.answer_mechanisms),
+            pb.ListMechanismsRequest.FromString,
+            pb.ListMechanismsResponse,
+        ),
         "MultiSelect": (
-            servicer.MultiSelect,
+            UseCase(s.price_multiselect, s.answer_multiselect),
             codec.decoder(pb.MultiSelectRequest, codec.MULTISELECT, limits),
             pb.MultiSelectResponse,
         ),

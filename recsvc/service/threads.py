@@ -1,7 +1,7 @@
 """Threads that run a call's synchronous part off the event loop, and the hop there and back.
 
 The gate runs PrivateSelection methods in the request threads (``--threads``; a lone light
-Select on the loop itself) and the heavy queue runs deferred work in threads of its own
+Select on the loop itself) and the heavy queue runs heavy calls in threads of its own
 (decision 0005). A call pays for the hop twice (loop → thread → loop), so it costs one queue put
 and one ``call_soon_threadsafe``:
 :meth:`Threads.run` puts the work on a queue and returns at once (the loop goes back to its

@@ -408,7 +408,7 @@ def test_a_call_is_alone_only_with_nothing_else_in_flight() -> None:
     from recsvc.service.interceptors import INLINE_BYTES, Gate
     from recsvc.service.threads import Threads
 
-    pool, heavy = Threads(1, "alone-test"), HeavyCalls(2, 1)
+    pool, heavy = Threads(1, "alone-test"), HeavyCalls(2, 1, 50_000)
     gate = Gate(Authenticator(), admission=Admission(AdmissionSettings()), pool=pool, heavy=heavy, inline=[SELECT])
     assert gate.admission.rpcs.take()  # the call itself
     assert gate.alone(SELECT, INLINE_BYTES)
@@ -420,6 +420,21 @@ def test_a_call_is_alone_only_with_nothing_else_in_flight() -> None:
         setattr(counter, attr, getattr(counter, attr) - 1)
     assert gate.alone(SELECT, 100)
     assert not Gate(Authenticator(), pool=pool, heavy=heavy).alone(SELECT, 100)  # no inline methods
+
+
+def test_the_gate_chooses_the_pool_from_the_price() -> None:
+    """Above --heavy-draws the heavy queue; light work on the loop only when its call is alone;
+    everything else in a request thread."""
+    from recsvc.service.auth import Authenticator
+    from recsvc.service.draws import HeavyCalls, Price
+    from recsvc.service.interceptors import Gate, Where
+
+    gate = Gate(Authenticator(), heavy=HeavyCalls(2, 1, 50_000))
+    assert gate.pool_for(Price(50_001, light=True), alone=True) is Where.HEAVY
+    assert gate.pool_for(Price(50_000), alone=False) is Where.THREAD
+    assert gate.pool_for(Price(100, light=True), alone=True) is Where.LOOP
+    assert gate.pool_for(Price(100, light=True), alone=False) is Where.THREAD
+    assert gate.pool_for(Price(100, light=False), alone=True) is Where.THREAD
 
 
 @pytest.mark.parametrize(
