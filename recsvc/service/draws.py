@@ -37,14 +37,17 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
-from recsvc.service.errors import Interrupted, Overloaded
+from recsvc.service.errors import Interrupted, Overloaded, PermissionDenied
 from recsvc.service.requests import Prepared, draw, parameter_driven
 from recsvc.service.shutdown import exit_with_parent
 from recsvc.service.threads import Threads
+
+if TYPE_CHECKING:  # the selection layer imports this module without grpc, which auth needs
+    from recsvc.service.auth import Caller
 
 T = TypeVar("T")
 Q = TypeVar("Q")  # a decoded request message
@@ -167,15 +170,18 @@ class Priced(Generic[P]):
 
 @dataclass(frozen=True)
 class UseCase(Generic[Q, P, R]):
-    """One RPC, as the gate runs it: ``prepare(request)`` checks everything (a refusal raises) and
-    prices the call, touching no ledger; ``run(value)`` reserves, draws, commits and returns the
-    response message, in the pool the price chose. Called as a gRPC behaviour, it is both in turn."""
+    """One RPC, as the gate runs it: ``prepare(caller, request)`` authorizes the request for the
+    authenticated ``caller``, checks everything (a refusal raises) and prices the call, touching no
+    ledger; ``run(value)`` reserves, draws, commits and returns the response message, in the pool
+    the price chose."""
 
-    prepare: Callable[[Q], Priced[P]]
+    prepare: Callable[[Caller, Q], Priced[P]]
     run: Callable[[P], R]
 
-    def __call__(self, request: Q, context: Any = None) -> R:
-        return self.run(self.prepare(request).value)
+    def __call__(self, request: Q, context: Any) -> R:
+        """As a plain gRPC behaviour (a server without the gate) there is no authenticated caller:
+        refuse rather than trust."""
+        raise PermissionDenied("no authenticated caller: the server's gate is not installed")
 
 
 class HeavyCalls:

@@ -20,8 +20,8 @@ message is read. The wrapped call then runs, in this order, each step cheaper th
 7. decode with the handler's own deserializer (for PrivateSelection: the bounded pre-scan of
    :mod:`recsvc.service.codec`, then the parser) → INVALID_ARGUMENT, never a traceback; then the
    method's :class:`recsvc.service.draws.UseCase`: ``prepare`` checks the request once and prices
-   it (:class:`recsvc.service.draws.Price`, public quantities only), with the caller in
-   :data:`CALLER` for the per-user checks; a refusal raised here spends nothing;
+   it (:class:`recsvc.service.draws.Price`, public quantities only), given the authenticated
+   caller for the per-user checks; a refusal raised here spends nothing;
 8. the gate picks the pool from the price (:meth:`Gate.pool_for`), and ``run`` reserves, draws,
    commits and returns the response message there: the bounded heavy queue when the price is
    above ``--heavy-draws`` (→ RESOURCE_EXHAUSTED when full, nothing drawn or spent; the call holds
@@ -53,7 +53,6 @@ import logging
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -84,12 +83,10 @@ from recsvc.service.errors import (
 from recsvc.service.threads import Threads
 from recsvc.v1 import selection_pb2 as pb
 
-__all__ = ["CALLER", "Abort", "Gate", "RateLimiter", "Where", "current_caller", "status_of"]
+__all__ = ["Abort", "Gate", "RateLimiter", "Where", "status_of"]
 
 log = logging.getLogger("recsvc.service")
 
-# The authenticated caller of the RPC (set by the gate around the method; request threads get a copy).
-CALLER: ContextVar[Caller | None] = ContextVar("recsvc_caller", default=None)
 # The largest message a lone call may run from on the loop: a Select of ≈ 900 candidates named by
 # id, ≈ 0.5 ms of work in all (500 candidates, what the benchmarks send, are 8.8 kB and ≈ 0.3 ms).
 INLINE_BYTES = 16 * 1024
@@ -104,13 +101,6 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if code is grpc.StatusCode.INTERNAL:
         return code, INTERNAL_MESSAGE
     return code, str(exc)
-
-
-def current_caller() -> Caller:
-    caller = CALLER.get()
-    if caller is None:  # only if a handler runs without the gate: refuse rather than trust
-        raise PermissionDenied("no authenticated caller: the server's gate is not installed")
-    return caller
 
 
 class Abort(Exception):
@@ -397,7 +387,6 @@ class Gate(grpc.aio.ServerInterceptor):
                 if pool is not None:
                     self._take(pool, method, key, caller)
                     taken = True
-                CALLER.set(caller)  # this call's own task: request threads get a copy
                 if streaming:
                     return await self._stream(
                         context, method, behaviour(self._decoded(requests, decode, method), context)
@@ -406,7 +395,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 self._take(inflight, method, key, caller, len(raw))
                 held = len(raw)
                 if observed:
-                    return await self._observe(method, behaviour, decode, raw, caller)
+                    return await self._observe(method, behaviour, decode, raw, caller, key)
                 result = behaviour(self._decode(decode, raw, method, _REFUSING), context)
                 if streams:
                     return await self._stream(context, method, result)
@@ -430,6 +419,7 @@ class Gate(grpc.aio.ServerInterceptor):
         decode: Callable[[bytes], Any] | None,
         raw: bytes,
         caller: Caller | None,
+        key: str,
     ) -> Any:
         """Steps 7 and 8: decode → prepare (validated once, priced) → the pool its price chooses →
         run → the response message; the outcome mapped to its status and counted."""
@@ -439,7 +429,9 @@ class Gate(grpc.aio.ServerInterceptor):
         assert self.pool is not None, "the gate needs the request threads to run a method"
 
         def prepare() -> Priced[Any]:
-            return case.prepare(self._decode(decode, raw, method, _REFUSING))
+            if caller is None:  # only an open method has none, and none of them is observed
+                raise PermissionDenied("no authenticated caller for this method")
+            return case.prepare(caller, self._decode(decode, raw, method, _REFUSING))
 
         def in_thread() -> tuple[Priced[Any], Any]:
             """Prepared, and run in this same thread unless its price sends it to the heavy queue
@@ -467,7 +459,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 where = Where.THREAD if response is not None else Where.HEAVY
             if where is Where.HEAVY:
                 assert self.heavy is not None  # pool_for chose it
-                response = await self.heavy.run(caller.key if caller else "", lambda: case.run(priced.value))
+                response = await self.heavy.run(key, lambda: case.run(priced.value))
             mechanism = _count_answer(response)
             return response
         except Abort:

@@ -2,18 +2,19 @@
 priced) → reserve → draw → commit → encode once.
 
 **How an RPC method is written** (one way for every method): a :class:`recsvc.service.draws.UseCase`
-of two plain synchronous steps, registered in :func:`register` with its decoder. ``price_<name>``
-takes the decoded request, authorizes it and checks it once, touching no ledger, and returns it
-:class:`~recsvc.service.draws.Priced`: ready to run, with its :class:`~recsvc.service.draws.Price`
-read off public quantities (sizes, k, γ; never the scores). ``answer_<name>`` (:meth:`answer`
-for Select and Recommend) takes that value and returns the response message. The gate
-(:mod:`recsvc.service.interceptors`) has already authenticated the caller, read the message and
-decoded it; it reads the price to choose where the second step runs (a request thread, the bounded heavy queue, or the event loop for a lone light
+of two plain synchronous steps, registered in :func:`register` with its decoder.
+``price_<name>(caller, request)`` authorizes the decoded request for the authenticated caller and
+checks it once, touching no ledger, and returns it :class:`~recsvc.service.draws.Priced`: ready
+to run, with its :class:`~recsvc.service.draws.Price` read off public quantities (sizes, k, γ;
+never the scores). ``answer_<name>`` (:meth:`answer` for Select and Recommend) takes that value
+and returns the response message. The gate (:mod:`recsvc.service.interceptors`) has already
+authenticated the caller, read the message and decoded it; it reads the price to choose where the
+second step runs (a request thread, the bounded heavy queue, or the event loop for a lone light
 Select); a raised refusal (:mod:`recsvc.service.errors`) becomes its status code and the metrics
-are recorded there. ``Name(request, context)`` is both steps in turn, for in-process callers. A
-step never blocks on another pool, never awaits the event loop and never reads ``context``. The
-wire format is :mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the
-ledger's reserve → draw → commit) is the proto-free :mod:`recsvc.service.selection`.
+are recorded there. In process, ``answer(price_select(caller, request).value)`` is a Select. A
+step never blocks on another pool and never awaits the event loop. The wire format is
+:mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the ledger's
+reserve → draw → commit) is the proto-free :mod:`recsvc.service.selection`.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from recsvc.service.batch import execute_batch
 from recsvc.service.config import Policy
 from recsvc.service.draws import Price, Priced, UseCase, price_of
 from recsvc.service.errors import PermissionDenied, ThrottledLog, log_internal_error
-from recsvc.service.interceptors import current_caller, status_of
+from recsvc.service.interceptors import status_of
 from recsvc.service.multiselect import MultiPrepared, MultiSelector
 from recsvc.service.requests import Columns, Prepared, check_user_id
 from recsvc.service.selection import Selector
 from recsvc.v1 import selection_pb2 as pb
-from recsvc.v1 import selection_pb2_grpc as pb_grpc
 
 log = logging.getLogger("recsvc.service")
 
@@ -52,7 +52,7 @@ class Batch:
     prepared: dict[int, Prepared]  # by item index
 
 
-class SelectionServicer(pb_grpc.PrivateSelectionServicer):
+class SelectionServicer:
     def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
         self.selector = Selector(artifact, policy)
         self.multi = MultiSelector(artifact, policy)
@@ -79,42 +79,22 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
     def auto_choice(self) -> str | None:
         return self.selector.auto_choice
 
-    # -- RPCs: each is its use case's two steps, prepare → answer -----------------------------
-
-    def Select(self, request: pb.SelectRequest, context: Any = None) -> pb.SelectResponse:
-        return self.answer(self.price_select(request).value)
-
-    def Recommend(self, request: pb.RecommendRequest, context: Any = None) -> pb.SelectResponse:
-        return self.answer(self.price_recommend(request).value)
-
-    def SelectBatch(self, request: pb.SelectBatchRequest, context: Any = None) -> codec.Framed:
-        return self.answer_batch(self.price_batch(request).value)
-
-    def MultiSelect(self, request: pb.MultiSelectRequest, context: Any = None) -> pb.MultiSelectResponse:
-        return self.answer_multiselect(self.price_multiselect(request).value)
-
-    def GetBudget(self, request: pb.GetBudgetRequest, context: Any = None) -> pb.GetBudgetResponse:
-        return self.answer_budget(self.price_budget(request).value)
-
-    def ListMechanisms(self, request: pb.ListMechanismsRequest, context: Any = None) -> pb.ListMechanismsResponse:
-        return self.answer_mechanisms(self.price_mechanisms(request).value)
-
     # -- prepare: authorize, check once, price (no ledger, no draw) ----------------------------
 
-    def price_select(self, request: pb.SelectRequest) -> Priced[Prepared]:
-        self.authorize("Select", request.user_id)
+    def price_select(self, caller: Caller, request: pb.SelectRequest) -> Priced[Prepared]:
+        self.authorize(caller, "Select", request.user_id)
         p = self.prepare_select(request)
         return Priced(p, price_of(p))
 
-    def price_recommend(self, request: pb.RecommendRequest) -> Priced[Prepared]:
-        self.authorize("Recommend", request.user_id)
+    def price_recommend(self, caller: Caller, request: pb.RecommendRequest) -> Priced[Prepared]:
+        self.authorize(caller, "Recommend", request.user_id)
         p = self.prepare_recommend(request)
         return Priced(p, price_of(p))
 
-    def price_batch(self, request: pb.SelectBatchRequest) -> Priced[Batch]:
+    def price_batch(self, caller: Caller, request: pb.SelectBatchRequest) -> Priced[Batch]:
         """Each item authorized, decoded and checked alone (a refusal is that item's Error and
         spends nothing); priced at the draws of all the items that passed."""
-        caller = current_caller()  # the batch's size was checked before parsing (codec.BATCH)
+        # the batch's size was checked before parsing (codec.BATCH)
         if self.limiter is not None and len(request.requests) > 1:  # the rate limit counts every item
             self.limiter.debit(caller.key, len(request.requests) - 1)
         outcomes = self._authorize_items(caller, request.requests)
@@ -127,16 +107,16 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
                 prepared[i] = p
         return Priced(Batch(outcomes, prepared), Price(sum(p.work for p in prepared.values())))
 
-    def price_multiselect(self, request: pb.MultiSelectRequest) -> Priced[MultiPrepared]:
-        self.authorize("MultiSelect", request.user_id)
+    def price_multiselect(self, caller: Caller, request: pb.MultiSelectRequest) -> Priced[MultiPrepared]:
+        self.authorize(caller, "MultiSelect", request.user_id)
         return Priced(self.multi.prepare(**codec.multiselect_input(request)))
 
-    def price_budget(self, request: pb.GetBudgetRequest) -> Priced[str]:
-        self.authorize("GetBudget", request.user_id)
+    def price_budget(self, caller: Caller, request: pb.GetBudgetRequest) -> Priced[str]:
+        self.authorize(caller, "GetBudget", request.user_id)
         check_user_id(request.user_id)
         return Priced(request.user_id)
 
-    def price_mechanisms(self, request: pb.ListMechanismsRequest) -> Priced[None]:
+    def price_mechanisms(self, caller: Caller, request: pb.ListMechanismsRequest) -> Priced[None]:
         return Priced(None)
 
     # -- answer: reserve → draw → commit → encode once, in the pool the price chose ------------
@@ -175,10 +155,9 @@ class SelectionServicer(pb_grpc.PrivateSelectionServicer):
 
     # -- the steps ---------------------------------------------------------------------------
 
-    def authorize(self, method: str, user_id: str) -> None:
-        """PERMISSION_DENIED (logged with the principal, never the request) unless the caller's
+    def authorize(self, caller: Caller, method: str, user_id: str) -> None:
+        """PERMISSION_DENIED (logged with the principal, never the request) unless ``caller``'s
         scope covers ``user_id``; runs before any check, so an out-of-scope call costs nothing."""
-        caller = current_caller()
         try:
             caller.check_user(user_id)
         except PermissionDenied:

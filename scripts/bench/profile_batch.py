@@ -46,7 +46,6 @@ def main() -> int:
     from recsvc.service import codec
     from recsvc.service.auth import ADMIN, Caller, Principal, Scope
     from recsvc.service.config import Policy
-    from recsvc.service.interceptors import CALLER
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
@@ -62,12 +61,13 @@ def main() -> int:
         gc.freeze()  # as a served worker does after startup (recsvc/service/server.py)
 
         def serve(bodies: list[bytes]) -> None:
-            CALLER.set(caller)
             for body in bodies:
                 if args.lone:
-                    servicer.Select(decode_one(body)).SerializeToString()  # what the gate's serializer does
+                    one = servicer.answer(servicer.price_select(caller, decode_one(body)).value)
+                    one.SerializeToString()  # what the gate's serializer does
                     continue
-                servicer.SelectBatch(decode(body))  # the serialized SelectBatchResponse (codec.Framed)
+                # the serialized SelectBatchResponse (codec.Framed)
+                servicer.answer_batch(servicer.price_batch(caller, decode(body)).value)
 
         def round_(bodies: list[bytes]) -> float:
             """CPU of this whole process (every thread) per selection."""
