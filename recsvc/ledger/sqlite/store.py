@@ -55,8 +55,9 @@ from recsvc.ledger.charging import (
 )
 from recsvc.ledger.errors import LedgerUnavailable, WouldWait
 from recsvc.ledger.group_commit import Queued
-from recsvc.ledger.sqlite import schema
-from recsvc.ledger.sqlite.schema import CHUNK, EXPECTED, check_path
+from recsvc.ledger.sqlite import files, schema
+from recsvc.ledger.sqlite.files import EXPECTED, check_path
+from recsvc.ledger.sqlite.schema import CHUNK
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 log = logging.getLogger("recsvc.ledger")
@@ -114,9 +115,9 @@ class SQLiteLedger(Ledger):
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
         self._full = False  # the last commit failed on the disk (logged once, see _storage_failed)
         try:
-            schema.check_foreign(self.path)
-            schema.create_private(self.path)
-            schema.private_sidecars(self.path)
+            files.check_foreign(self.path)
+            files.create_private(self.path)
+            files.private_sidecars(self.path)
             self._key, self.key_created = schema.open_file(
                 self._conn(), self.path, self.key_file, self.window, self.budget_units, _retry_locked
             )
@@ -145,7 +146,7 @@ class SQLiteLedger(Ledger):
         conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every COMMIT
         # Opening gave an EMPTY -wal the file's mode again (SQLite does so while it is empty); narrow it
         # before anything is written there. Once it holds frames SQLite leaves its mode alone.
-        schema.private_sidecars(self.path, warn=False)
+        files.private_sidecars(self.path, warn=False)
         with self._lock:
             self._all.append(conn)
         return conn
