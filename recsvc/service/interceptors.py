@@ -51,7 +51,6 @@ import asyncio
 import inspect
 import logging
 import time
-from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from enum import Enum
@@ -63,7 +62,6 @@ from recsvc.ledger import WouldWait, without_waiting
 from recsvc.service import metrics
 from recsvc.service.admission import Admission, Full, RateLimiter, Shares
 from recsvc.service.auth import OPEN_METHOD_PREFIXES, SERVICE_NAME, Authenticator, Caller, anonymous_key
-from recsvc.service.codec import Framed
 from recsvc.service.config import Admission as AdmissionSettings
 from recsvc.service.draws import HeavyCalls, Price, Priced, UseCase
 from recsvc.service.errors import (
@@ -81,7 +79,6 @@ from recsvc.service.errors import (
     status_name,
 )
 from recsvc.service.threads import Threads
-from recsvc.v1 import selection_pb2 as pb
 
 __all__ = ["Abort", "Gate", "RateLimiter", "Where", "status_of"]
 
@@ -460,7 +457,7 @@ class Gate(grpc.aio.ServerInterceptor):
             if where is Where.HEAVY:
                 assert self.heavy is not None  # pool_for chose it
                 response = await self.heavy.run(key, lambda: case.run(priced.value))
-            mechanism = _count_answer(response)
+            mechanism = metrics.count_answer(response)
             return response
         except Abort:
             counted = False  # refused while decoding, and counted then
@@ -483,41 +480,3 @@ class Gate(grpc.aio.ServerInterceptor):
     ) -> AsyncIterator[Any]:
         async for raw in requests:
             yield self._decode(decode, raw, method, _REFUSING)
-
-
-def _count_answer(response: Any) -> str:
-    """Counts what an answer spent (or that it replayed); returns the mechanism label of the call."""
-    if isinstance(response, pb.SelectResponse):
-        if response.replayed:
-            metrics.REPLAYS.inc()
-        else:
-            metrics.epsilon_spent(response.mechanism).inc(response.epsilon_spent)
-        return response.mechanism
-    if isinstance(response, pb.MultiSelectResponse):
-        if response.replayed:
-            metrics.REPLAYS.inc()
-        elif response.charged:
-            metrics.epsilon_spent("multiselect").inc(response.epsilon_spent)
-        return "multiselect"
-    if isinstance(response, Framed):
-        _count_items(response.outcomes)
-    return ""
-
-
-def _count_items(outcomes: list[tuple[str, str, float, bool]]) -> None:
-    """A batch's items (see :class:`recsvc.service.codec.Framed`), counted as SelectBatch.item calls."""
-    counts: Counter[tuple[str, str]] = Counter()
-    spent: defaultdict[str, float] = defaultdict(float)
-    replays = 0
-    for mechanism, status, epsilon, replay in outcomes:
-        counts[mechanism, status] += 1
-        if replay:
-            replays += 1
-        elif epsilon:
-            spent[mechanism] += epsilon
-    for (mechanism, status), n in counts.items():
-        metrics.requests("SelectBatch.item", mechanism, status).inc(n)
-    for mechanism, eps in spent.items():
-        metrics.epsilon_spent(mechanism).inc(eps)
-    if replays:
-        metrics.REPLAYS.inc(replays)

@@ -7,13 +7,17 @@ before it forks) and the parent serves the aggregate; see :func:`serve_metrics_h
 from __future__ import annotations
 
 import os
+from collections import Counter as Tally
+from collections import defaultdict
 from functools import cache
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
 from recsvc.checks import ParamError
+from recsvc.service.codec import Framed
 from recsvc.service.config import host_port
+from recsvc.v1 import selection_pb2 as pb
 
 REQUESTS = Counter(
     "recsvc_requests",
@@ -87,3 +91,41 @@ def serve_metrics_http(port: int, addr: str = "127.0.0.1") -> Any:
             reason=reason,
         ) from None
     return server
+
+
+def count_answer(response: Any) -> str:
+    """Counts what an answer spent (or that it replayed); returns the mechanism label of the call."""
+    if isinstance(response, pb.SelectResponse):
+        if response.replayed:
+            REPLAYS.inc()
+        else:
+            epsilon_spent(response.mechanism).inc(response.epsilon_spent)
+        return response.mechanism
+    if isinstance(response, pb.MultiSelectResponse):
+        if response.replayed:
+            REPLAYS.inc()
+        elif response.charged:
+            epsilon_spent("multiselect").inc(response.epsilon_spent)
+        return "multiselect"
+    if isinstance(response, Framed):
+        _count_items(response.outcomes)
+    return ""
+
+
+def _count_items(outcomes: list[tuple[str, str, float, bool]]) -> None:
+    """A batch's items (see :class:`recsvc.service.codec.Framed`), counted as SelectBatch.item calls."""
+    counts: Tally[tuple[str, str]] = Tally()
+    spent: defaultdict[str, float] = defaultdict(float)
+    replays = 0
+    for mechanism, status, epsilon, replay in outcomes:
+        counts[mechanism, status] += 1
+        if replay:
+            replays += 1
+        elif epsilon:
+            spent[mechanism] += epsilon
+    for (mechanism, status), n in counts.items():
+        requests("SelectBatch.item", mechanism, status).inc(n)
+    for mechanism, eps in spent.items():
+        epsilon_spent(mechanism).inc(eps)
+    if replays:
+        REPLAYS.inc(replays)
