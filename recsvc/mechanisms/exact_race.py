@@ -29,7 +29,10 @@ API (what a mechanism supplies):
   within ``error``; inf allowed), ``inf_at(x)`` (the float64 inf over the cell at a float x,
   within ``error``), ``magnitude`` (a bound on |sup| of every finite cell) and ``enclose(lo, hi, prec)``
   (decimal bounds of F⁻¹ on [lo, hi]). :data:`EXPONENTIAL` is E = −ln U (standard exponential);
-  Laplace or Gumbel plug in the same way.
+  Laplace or Gumbel plug in the same way. A noise may also supply ``gap_race(a, scale, x, e_up)``,
+  the float check below compiled for :class:`GapUtilities` over rows of cells (each row's leader,
+  or −1 − leader where its bounds do not decide; :data:`recsvc.mechanisms.exact_noise.LAPLACE`
+  does): the race then runs it, and the rows it leaves undecided go the usual way on their cells.
 * :func:`race_argmax` (``size`` independent argmaxes, one row of uniforms each) and
   :func:`race_top_k` (one draw of the k largest, in order or as a set), with b_i > 0 given
   exactly as floats (``scale``; None: every b_i = 1).
@@ -44,7 +47,7 @@ from __future__ import annotations
 
 import decimal
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
@@ -247,11 +250,35 @@ def race_argmax(
     n = a.n
     if n == 1:
         return np.zeros(size, dtype=np.intp)
+    compiled = getattr(noise, "gap_race", None)
+    if compiled is not None and isinstance(a, GapUtilities):
+        x = rng.random(n)[None, :] if size == 1 else rng.random((size, n))
+        return _compiled_rows(a, noise, scale, np.ascontiguousarray(x, dtype=np.float64), rng, compiled)
     if size == 1:
         return np.array([_argmax_row(a, noise, scale, rng.random(n), rng)], dtype=np.intp)
     if noise is EXPONENTIAL and scale is None:
         return _exponential_rows(a, rng, size)
     return _rows(a, noise, scale, rng.random((size, n)), rng)
+
+
+def _compiled_rows(
+    a: GapUtilities,
+    noise: Noise,
+    scale: np.ndarray | None,
+    x: npt.NDArray[np.float64],
+    rng: np.random.Generator,
+    compiled: Callable[[GapUtilities, np.ndarray | None, npt.NDArray[np.float64], float], npt.NDArray[np.int64]],
+) -> npt.NDArray[np.intp]:
+    """A noise's compiled float check (``gap_race``: each row's leader, or −1 − leader where its
+    bounds do not decide) on every row of cells x; an undecided row goes through :func:`_rows`
+    alone with its own cells, so the output is the same function of the words as :func:`_rows`'."""
+    e_up = _upper_error(a, noise, 1.0 if scale is None else float(scale.max()))
+    lead = compiled(a, scale, x, e_up)
+    if lead.shape[0] == 1 and lead[0] >= 0:  # one selection, decided: the service's case
+        return lead.astype(np.intp)
+    for r in np.flatnonzero(lead < 0):
+        lead[r] = _rows(a, noise, scale, x[r : r + 1], rng)[0]
+    return lead.astype(np.intp)
 
 
 def _rows(

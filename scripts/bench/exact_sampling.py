@@ -1,5 +1,5 @@
-"""Benchmark exact sampling (em, krr; with --noisy-max the exact race of rnm, pf, gem, mgem and
-combined_gem) against the float64 samplers it replaced.
+"""Benchmark exact sampling (em, krr; with --noisy-max the exact race of rnm, pf, gem, mgem,
+combined_gem and rnm_laplace) against the float64 samplers it replaced.
 
 The peers are the previous samplers, verbatim: ``em`` by inverse CDF on float64 probabilities with
 one 53-bit uniform, ``krr`` by comparing one 53-bit uniform with the float64 P(top). Both sides
@@ -11,7 +11,7 @@ Reported: median µs per call over rounds, and exact ÷ float (target ≤ 1.5).
 n = 20,720, and ``select_batch`` (users × trials), for the exact race against the float64
 sampler it replaced (verbatim below, behind the same checks), alternated round by round.
 
-Usage: .venv/bin/python -m scripts.bench.exact_sampling [--rounds 15] [--calls 2000] [--noisy-max]
+Usage: .venv/bin/python -m scripts.bench.exact_sampling [--rounds 15] [--calls 2000] [--noisy-max [--only rnm_laplace …]]
 The machine may be shared: compare the ratios within one run, not absolute times across runs.
 """
 
@@ -98,6 +98,8 @@ FLOAT_NOISY_MAX: dict[str, Callable[[np.ndarray, np.ndarray, float, np.random.Ge
     "gem": lambda q, d, e, g, s: _gem_float(q, d, e, 1.0, g, s),
     "mgem": lambda q, d, e, g, s: _gem_float(q, d, e, -1.0, g, s),
     "combined_gem": _combined_float,
+    # rnm_laplace's float sampler (replaced 2026-12-02), as scripts/bench/exact_slates.py has it
+    "rnm_laplace": lambda q, d, e, g, s: _argmax(_u(q, d, e), g.laplace(0.0, 1.0, (s, q.shape[0]))),
 }
 
 
@@ -115,7 +117,7 @@ def float_select_batch(name: str, q: np.ndarray, d: np.ndarray, eps: float, tria
     return out
 
 
-def bench_noisy_max(rounds: int, calls: int) -> None:
+def bench_noisy_max(rounds: int, calls: int, only: list[str] | None = None) -> None:
     gen = np.random.default_rng(0)
     rng = csprng()
     print(f"median µs per call over {rounds} alternating rounds (CSPRNG); batch: users × trials per call")
@@ -124,7 +126,7 @@ def bench_noisy_max(rounds: int, calls: int) -> None:
         q, d = gen.normal(size=n), gen.uniform(0.5, 1.0, n)
         users, trials = (100, 20) if n == N else (4, 10)
         qb = q + gen.normal(scale=0.1, size=(users, n))
-        for name in FLOAT_NOISY_MAX:
+        for name in only or FLOAT_NOISY_MAX:
             k = calls if n == N else max(1, calls // 40)
             cases = (
                 ("select", k, partial(float_select, name, q, d, 1.0, rng), partial(select, name, q, d, 1.0, rng)),
@@ -158,10 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (default: 15)")
     parser.add_argument("--calls", type=int, default=2000, help="calls per round (default: 2000)")
-    parser.add_argument("--noisy-max", action="store_true", help="rnm, pf and the gem family instead of em and krr")
+    parser.add_argument(
+        "--noisy-max", action="store_true", help="rnm, pf, the gem family and rnm_laplace instead of em and krr"
+    )
+    parser.add_argument(
+        "--only", nargs="+", choices=list(FLOAT_NOISY_MAX), help="with --noisy-max: these mechanisms only"
+    )
     args = parser.parse_args(argv)
     if args.noisy_max:
-        bench_noisy_max(args.rounds, args.calls)
+        bench_noisy_max(args.rounds, args.calls, args.only)
         return 0
     gen = np.random.default_rng(0)
     q, d = gen.random(N), np.ones(N)

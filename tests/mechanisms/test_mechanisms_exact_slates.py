@@ -22,6 +22,7 @@ from recsvc.mechanisms import (
 )
 from recsvc.mechanisms.exact_noise import LAPLACE
 from recsvc.mechanisms.exact_peel import em_exact_peel, step_epsilon
+from recsvc.mechanisms.exact_race import GapUtilities, _upper_error
 from recsvc.mechanisms.exact_stopping import _signed_log, best_record, geometric_counts, logarithmic_counts
 from recsvc.mechanisms.noisy_max import rnm_laplace_sample
 from recsvc.mechanisms.testing import Words
@@ -255,6 +256,35 @@ def test_a_float_laplace_sampler_fails_the_row_audit() -> None:
     x = (np.array(row, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     float_noise = -np.log(2.0 * np.maximum(1.0 - x, 2.0**-53))
     assert int(np.argmax((q - q.max()) * (eps / 2.0) + float_noise)) == 1
+
+
+@pytest.mark.parametrize("eps", [1e-3, 1.0, 1e300])
+def test_rnm_laplace_batches_decide_every_row_as_the_reals_do(eps: float) -> None:
+    """A batch is one compiled pass over its rows (the Monte Carlo's path); the rows whose float
+    bounds do not decide go to the exact race: every row is the real argmax. The float sampler on
+    the same words (a deliberately wrong one: its noise stops at 36.7) misses the far winners."""
+    rng = np.random.default_rng(12)
+    n, tail = 60, WORD - 2
+    d = 10.0 ** rng.uniform(-3, 0, n)
+    q = rng.random(n) * (140.0 * float(d.max()) / eps)
+    top = Decimal(float(q.max()))
+    scale = CTX.divide(Decimal(eps), CTX.multiply(2, Decimal(float(d.max()))))
+    a = [CTX.multiply(CTX.subtract(Decimal(float(v)), top), scale) for v in q]
+    far = np.argsort(np.abs(np.array([float(x) for x in a]) + 60.0))[:1]
+    rows = [_laplace_rows(rng, n, far if r % 3 == 0 else np.empty(0, np.intp)) for r in range(9)]
+    real = [_real_argmax(a, row, tail) for row in rows]
+    words = [w for row in rows for w in row]
+    got = rnm_laplace_sample(q, d, eps, {}, Words(words, then=tail), len(rows))  # type: ignore[arg-type]  # a stand-in
+    assert got.tolist() == real
+    assert [real[r] for r in range(0, 9, 3)] == [int(far[0])] * 3  # the far candidate won where it could
+    gap = GapUtilities(q, eps, float(d.max()))
+    x = Words(words).random((len(rows), n))
+    lead = LAPLACE.gap_race(gap, None, x, _upper_error(gap, LAPLACE, 1.0))
+    assert [bool(lead[r] < 0) for r in range(9)] == [r % 3 == 0 for r in range(9)]  # the far rows went on
+    with np.errstate(divide="ignore"):
+        float_noise = np.where(x <= 0.5, np.log(2.0 * x), -np.log(2.0 * np.maximum(1.0 - x, 2.0**-53)))
+    wrong = np.argmax(gap.value + float_noise, axis=1)
+    assert [int(wrong[r]) == real[r] for r in range(9)] == [r % 3 != 0 for r in range(9)]
 
 
 # --- random stopping: K and the best record, exactly --------------------------------------------
