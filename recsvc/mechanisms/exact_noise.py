@@ -9,13 +9,22 @@ The decimal enclosure rounds each argument in the direction that keeps the bound
 increasing), then widens by ln's own rounding.
 
 **Compiled rows** (:meth:`LaplaceNoise.gap_race`, ``rnm_laplace``'s case: the race's
-:class:`~recsvc.mechanisms.exact_race.GapUtilities`): one numba pass per row of cells computes the
-race's float values v̂_j = fl(fl(fl(q_j − max q)·c) + fl(b_j·sup_j)), its first leader and
-runner-up, and the leader's lower bound and the runner-up's upper bound, each the same float
-expression as the race's own (``_lower``, ``_upper``), so a row is decided exactly when the race's
-Python check would decide it (up to the last bits of libm's ``log`` against numpy's, both within
-the 4 ulps the bounds allow). A row it does not decide (about one in 10¹⁰, or any NaN value) goes
-back to the race with its own cells: the output is the same function of the random words.
+:class:`~recsvc.mechanisms.exact_race.GapUtilities`, a_j ≤ 0). Without scales the race is run on
+W_j = e^{v_j} = g_j·h(U_j), g_j = e^{a_j}, h(y) = e^{F⁻¹(y)} = 2y up to ½ and 1/(2(1 − y)) above
+(increasing, so the argmax is the same): ĝ_j = exp(max(value_j, −600)) once per call, then per
+cell one product and at most one division, no ``log``. ĝ bounds g_j within a factor (1 ± ρ),
+ρ = 8.01u + 40.1u·min(max |value|, 600) + 3·err (exp's 4 ulps; ``lower``'s 40u; e^{err} ≤ 1 + 2err),
+from above for every j (a value below −600 has g_j < e^{−600+err}) and from both sides where
+value_j ≥ −600. h at a cell's ends is exact up to ½ and within u above (1 − y and 2(1 − y) are
+exact): ŵ_j = fl(ĝ_j·h(x_j + 2⁻⁵³)) ≥ W_j/((1 + ρ)(1 + 2.01u)) over the cell, and the leader's
+fl(ĝ_t·h(x_t)) ≤ W_t·(1 + 2.01u)/(1 − ρ). Its lower bound fl(fl(ĝ_t·h(x_t))·fl(1 − ρ − 8u)) and the
+runner-up's upper bound fl(ŵ·fl(1 + ρ + 8u)) leave ≥ 3u for their own roundings; every factor is
+≥ e^{−600}·2⁻⁵² (normal) and ≤ 2⁵² or +∞ (the top cell's sup: a runner-up there leaves its row
+undecided). h(0) = 0 and a leader whose value is below −600 leave it undecided too. With scales b_j (random stopping's undecided trials) the kernel computes
+the race's own float values v̂_j = fl(fl(fl(q_j − max q)·c) + fl(b_j·sup_j)) and bounds, the same
+expressions as the race's Python check (``_lower``, ``_upper``), one ``log`` per cell.
+A row the compiled check does not decide (about one in 10¹⁰, or a NaN value) goes back to the race
+with its own cells, which decides it exactly: the output is the same function of the random words.
 """
 
 from __future__ import annotations
@@ -34,7 +43,7 @@ from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF, decimal_context
 _CELL = 2.0**-53
 _HALF = Decimal("0.5")
 _TINY = 2.0**-1060  # the race's underflow allowance (exact_race._TINY)
-_NO_SCALE = np.empty(0)  # gap_race's scale when every b_j = 1
+_FLOOR = -600.0  # ĝ = exp(max(value, −600)): normal, and its products with h(·) too
 
 
 def _signed_log(y: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -72,22 +81,47 @@ def _quantile(y: float) -> float:  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True)
+def _ratio_rows(g: np.ndarray, value: np.ndarray, x: np.ndarray, rho: float) -> np.ndarray:  # pragma: no cover - numba
+    """Per row of cells x (rows × n): the first float leader t of ŵ_j = ĝ_j·h(x_j + 2⁻⁵³) if its
+    lower bound exceeds the runner-up's upper bound (module docstring), else −1 − t."""
+    u = 2.0**-53
+    rows, n = x.shape
+    down, up = 1.0 - rho - 8.0 * u, 1.0 + rho + 8.0 * u
+    lead = np.empty(rows, dtype=np.int64)
+    for r in range(rows):
+        best, w_best, second = 0, -1.0, -1.0  # every ŵ ≥ 0: the first candidate leads first
+        for j in range(n):
+            y = x[r, j] + _CELL  # exact: x is a multiple of 2⁻⁵³ below 1
+            h = 2.0 * y if y <= 0.5 else (1.0 / (2.0 * (1.0 - y)) if y < 1.0 else math.inf)
+            w = g[j] * h
+            if w > second:  # w_best ≥ second: most cells stop here
+                if w > w_best:
+                    best, w_best, second = j, w, w_best
+                else:
+                    second = w
+        y = x[r, best]
+        h = 2.0 * y if y <= 0.5 else 1.0 / (2.0 * (1.0 - y))  # y < 1; h(0) = 0: undecided
+        decided = value[best] >= _FLOOR and g[best] * h * down > second * up
+        lead[r] = best if decided else -1 - best
+    return lead
+
+
+@numba.njit(cache=True, nogil=True)
 def _gap_rows(
     q: np.ndarray, top: float, c: float, err: float, scale: np.ndarray, x: np.ndarray, error: float, e_up: float
 ) -> np.ndarray:  # pragma: no cover - numba
     """Per row of cells x (rows × n): the first float leader t of v̂_j = fl(fl(q_j − top)·c) +
     fl(b_j·sup_j) if its lower bound exceeds the runner-up's upper bound, else −1 − t (a NaN
-    value: −1). b_j = scale[j], or 1 where ``scale`` is empty. The bounds are the race's
-    (exact_race ``_lower``, ``_upper``) in the same operations."""
+    value: −1), b_j = scale[j]. The bounds are the race's (exact_race ``_lower``, ``_upper``) in the
+    same operations."""
     u = 2.0**-53
     rows, n = x.shape
-    scaled = scale.shape[0] > 0
     lead = np.empty(rows, dtype=np.int64)
     for r in range(rows):
         best, v_best, second, bad = 0, -math.inf, -math.inf, False
         for j in range(n):
             z = _quantile(x[r, j] + _CELL)  # the cell's sup: x + 2⁻⁵³ is exact
-            v = (q[j] - top) * c + (scale[j] * z if scaled else z)
+            v = (q[j] - top) * c + scale[j] * z
             if math.isnan(v):
                 bad = True
                 break
@@ -104,7 +138,7 @@ def _gap_rows(
         z = _quantile(x[r, best])  # the cell's inf: −inf at x = 0
         if math.isfinite(z):
             la = (q[best] - top) * c * (1.0 + 40.0 * u) - err
-            b = scale[best] if scaled else 1.0
+            b = scale[best]
             lo = la + b * (z - error) - 3.0 * u * (abs(la) + b * (abs(z) + error)) - _TINY
         else:
             lo = -math.inf
@@ -143,9 +177,16 @@ class LaplaceNoise:
     ) -> npt.NDArray[np.int64]:
         """The race's float check of every row of cells x in one compiled pass (module
         docstring): each row's leader, or −1 − leader where the bounds do not decide it."""
-        b = _NO_SCALE if scale is None else np.ascontiguousarray(scale, dtype=np.float64)
+        out: npt.NDArray[np.int64]
+        if scale is None:
+            value = np.ascontiguousarray(a.value, dtype=np.float64)
+            g = np.exp(np.maximum(value, _FLOOR))
+            rho = 8.01 * UNIT_ROUNDOFF + 40.1 * UNIT_ROUNDOFF * min(float(-value.min()), -_FLOOR) + 3.0 * a.err
+            out = _ratio_rows(g, value, x, rho)
+            return out
+        b = np.ascontiguousarray(scale, dtype=np.float64)
         q = np.ascontiguousarray(a.q, dtype=np.float64)
-        out: npt.NDArray[np.int64] = _gap_rows(q, a.top, a.c, a.err, b, x, self.error, e_up)
+        out = _gap_rows(q, a.top, a.c, a.err, b, x, self.error, e_up)
         return out
 
     def enclose(self, lo: Decimal, hi: Decimal, prec: int) -> Enclosure:

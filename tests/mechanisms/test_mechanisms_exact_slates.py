@@ -287,6 +287,16 @@ def test_rnm_laplace_batches_decide_every_row_as_the_reals_do(eps: float) -> Non
     assert [int(wrong[r]) == real[r] for r in range(9)] == [r % 3 != 0 for r in range(9)]
 
 
+def test_rnm_laplace_refines_a_float_tie_by_the_next_words() -> None:
+    """Equal scores and equal first 53 bits tie in floats: the next word of each U decides, alone
+    and within a batch (the rows in order)."""
+    q, d, same, hi, lo = np.zeros(2), np.ones(2), 3 << 61, 2**63 + 5, 2**63 - 5
+    assert rnm_laplace_sample(q, d, 1.0, {}, Words([same, same, hi, lo]), 1).tolist() == [0]  # type: ignore[arg-type]  # a stand-in
+    assert rnm_laplace_sample(q, d, 1.0, {}, Words([same, same, lo, hi]), 1).tolist() == [1]  # type: ignore[arg-type]  # a stand-in
+    words = [same, same, 5, 5, hi, lo, lo, hi]  # two tied rows (U ≈ ¾, U ≈ 0), then each row's words
+    assert rnm_laplace_sample(q, d, 1.0, {}, Words(words), 2).tolist() == [0, 1]  # type: ignore[arg-type]  # a stand-in
+
+
 # --- random stopping: K and the best record, exactly --------------------------------------------
 
 GAMMA = 2.0**-20 + 2.0**-70  # 1 − γ is not a float: fl(1 − γ) moves every boundary by ~k·2⁻⁷⁰
