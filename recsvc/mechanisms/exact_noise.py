@@ -11,20 +11,22 @@ increasing), then widens by ln's own rounding.
 **Compiled rows** (:meth:`LaplaceNoise.gap_race`, ``rnm_laplace``'s case: the race's
 :class:`~recsvc.mechanisms.exact_race.GapUtilities`, a_j ≤ 0). Without scales the race is run on
 W_j = e^{v_j} = g_j·h(U_j), g_j = e^{a_j}, h(y) = e^{F⁻¹(y)} = 2y up to ½ and 1/(2(1 − y)) above
-(increasing, so the argmax is the same): ĝ_j = exp(max(value_j, −600)) once per call, then per
-cell one product and at most one division, no ``log``. ĝ bounds g_j within a factor (1 ± ρ),
-ρ = 8.01u + 40.1u·min(max |value|, 600) + 3·err (exp's 4 ulps; ``lower``'s 40u; e^{err} ≤ 1 + 2err),
-from above for every j (a value below −600 has g_j < e^{−600+err}) and from both sides where
-value_j ≥ −600. h at a cell's ends is exact up to ½ and within u above (1 − y and 2(1 − y) are
-exact): ŵ_j = fl(ĝ_j·h(x_j + 2⁻⁵³)) ≥ W_j/((1 + ρ)(1 + 2.01u)) over the cell, and the leader's
-fl(ĝ_t·h(x_t)) ≤ W_t·(1 + 2.01u)/(1 − ρ). Its lower bound fl(fl(ĝ_t·h(x_t))·fl(1 − ρ − 8u)) and the
-runner-up's upper bound fl(ŵ·fl(1 + ρ + 8u)) leave ≥ 3u for their own roundings; every factor is
-≥ e^{−600}·2⁻⁵² (normal) and ≤ 2⁵² or +∞ (the top cell's sup: a runner-up there leaves its row
-undecided). h(0) = 0 and a leader whose value is below −600 leave it undecided too. With scales b_j (random stopping's undecided trials) the kernel computes
-the race's own float values v̂_j = fl(fl(fl(q_j − max q)·c) + fl(b_j·sup_j)) and bounds, the same
-expressions as the race's Python check (``_lower``, ``_upper``), one ``log`` per cell.
-A row the compiled check does not decide (about one in 10¹⁰, or a NaN value) goes back to the race
-with its own cells, which decides it exactly: the output is the same function of the random words.
+(increasing, so the argmax is the same): ĝ_j = exp(max(value_j, −600)) once per call (libm's
+``exp``, within 4 ulps as numpy's), then one product a cell and at most one division, no ``log``.
+ĝ bounds g_j within a factor (1 ± ρ), ρ = 8.01u + 40.1u·min(max |value|, 600) + 3·err (exp's
+4 ulps; ``lower``'s 40u; e^{err} ≤ 1 + 2err): from above for every j (a value below −600 has
+g_j < e^{−600+err}), from both sides where value_j ≥ −600. h at a cell's ends is exact up to ½
+and within u above (1 − y and 2(1 − y) are exact), so ŵ_j = fl(ĝ_j·h(x_j + 2⁻⁵³)) ≥
+W_j/((1 + ρ)(1 + 2.01u)) over the cell and the leader's fl(ĝ_t·h(x_t)) ≤ W_t·(1 + 2.01u)/(1 − ρ):
+its lower bound fl(fl(ĝ_t·h(x_t))·fl(1 − ρ − 8u)) and the runner-up's upper bound
+fl(ŵ·fl(1 + ρ + 8u)) leave ≥ 3u for their own roundings. Every factor is ≥ e^{−600}·2⁻⁵² (normal)
+and ≤ 2⁵², or +∞ (the top cell's sup: a runner-up there leaves its row undecided); h(0) = 0 and a
+leader whose value is below −600 leave it undecided too. With scales b_j (random stopping's
+undecided trials) the kernel computes the race's own float values
+v̂_j = fl(fl(fl(q_j − max q)·c) + fl(b_j·sup_j)) and bounds, the same expressions as the race's
+Python check (``_lower``, ``_upper``), one ``log`` a cell. A row the compiled check does not decide
+(about one in 10¹⁰, or a NaN value) goes back to the race with its own cells, which decides it
+exactly: the output is the same function of the random words.
 """
 
 from __future__ import annotations
@@ -81,11 +83,22 @@ def _quantile(y: float) -> float:  # pragma: no cover - numba
 
 
 @numba.njit(cache=True, nogil=True)
-def _ratio_rows(g: np.ndarray, value: np.ndarray, x: np.ndarray, rho: float) -> np.ndarray:  # pragma: no cover - numba
+def _ratio_rows(
+    q: np.ndarray, top: float, c: float, err: float, x: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
     """Per row of cells x (rows × n): the first float leader t of ŵ_j = ĝ_j·h(x_j + 2⁻⁵³) if its
-    lower bound exceeds the runner-up's upper bound (module docstring), else −1 − t."""
+    lower bound exceeds the runner-up's upper bound (module docstring), else −1 − t. value_j =
+    fl(fl(q_j − top)·c) is GapUtilities' ``value``; ĝ and ρ are computed once, for every row."""
     u = 2.0**-53
     rows, n = x.shape
+    value = np.empty(n)
+    g = np.empty(n)
+    spread = 0.0
+    for j in range(n):
+        value[j] = (q[j] - top) * c
+        g[j] = math.exp(max(value[j], _FLOOR))
+        spread = max(spread, -value[j])
+    rho = 8.01 * u + 40.1 * u * min(spread, -_FLOOR) + 3.0 * err
     down, up = 1.0 - rho - 8.0 * u, 1.0 + rho + 8.0 * u
     lead = np.empty(rows, dtype=np.int64)
     for r in range(rows):
@@ -178,14 +191,11 @@ class LaplaceNoise:
         """The race's float check of every row of cells x in one compiled pass (module
         docstring): each row's leader, or −1 − leader where the bounds do not decide it."""
         out: npt.NDArray[np.int64]
+        q = np.ascontiguousarray(a.q, dtype=np.float64)
         if scale is None:
-            value = np.ascontiguousarray(a.value, dtype=np.float64)
-            g = np.exp(np.maximum(value, _FLOOR))
-            rho = 8.01 * UNIT_ROUNDOFF + 40.1 * UNIT_ROUNDOFF * min(float(-value.min()), -_FLOOR) + 3.0 * a.err
-            out = _ratio_rows(g, value, x, rho)
+            out = _ratio_rows(q, a.top, a.c, a.err, x)
             return out
         b = np.ascontiguousarray(scale, dtype=np.float64)
-        q = np.ascontiguousarray(a.q, dtype=np.float64)
         out = _gap_rows(q, a.top, a.c, a.err, b, x, self.error, e_up)
         return out
 
