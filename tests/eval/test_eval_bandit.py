@@ -167,12 +167,13 @@ def test_results_directory(tmp_path: Path) -> None:
 
 
 def test_cli_runs_refuses_an_existing_out_and_replaces_it_with_force(
-    tmp_path: Path, capsys, snapshot, one_line_error
+    tmp_path: Path, capsys, snapshot, one_line_error, unrendered_figures
 ) -> None:
     out = tmp_path / "b"
     args = ["eval-bandit", "--out", str(out), "--seeds", "1", "--horizon", "300", "--shift", "200", "--workers", "1"]
     assert main(args) == 0
     assert "UCB readings that never switch" in capsys.readouterr().out
+    unrendered_figures()  # test_results_directory checks them rendered
     before = snapshot(out)
     assert main(args) == 2
     one_line_error(r"--out .* already exists; pass --force")

@@ -149,7 +149,7 @@ def test_findings_hold_on_the_exact_table_and_catch_a_flipped_sign(table):
     assert next(f.holds for f in findings(flipped, cfg)) is False
 
 
-def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error):
+def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error, unrendered_figures):
     out = tmp_path / "tc"
     argv = [
         "eval-two-candidates",
@@ -175,6 +175,7 @@ def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error):
     assert t.height == 7 * 9 and set(t["baseline"]) == {"rnm", "gem", "random"}
     assert "HG(RNM, RNMH) > 0 iff Δ1 < Δ2" in (out / "report.md").read_text()
     assert not list(tmp_path.glob(".tc*"))
+    unrendered_figures()  # rendered and checked above
     assert recsvc_main(argv) == 2  # exists: refused without --force
     one_line_error(r"--out .* already exists; pass --force")
     assert recsvc_main([*argv, "--force"]) == 0
