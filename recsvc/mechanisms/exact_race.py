@@ -57,6 +57,7 @@ import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF, WORD, decimal_context, uniform_words
+from recsvc.mechanisms.exponential_race import exponential_leaders, exponential_top_k
 
 _U = UNIT_ROUNDOFF
 _FIRST_BITS = 53  # rng.random() is k·2⁻⁵³ with k a uniform 53-bit integer
@@ -181,22 +182,6 @@ class GapUtilities:
 
 
 @numba.njit(cache=True, nogil=True)
-def _exponential_leaders(
-    q: np.ndarray, shift: float, c: float, x: np.ndarray
-) -> tuple[int, float, float]:  # pragma: no cover - numba
-    """One pass over v̂_i = fl(fl(q_i − shift)·c) − fl(ln x_i) (inf where x_i = 0): the first
-    leader, its v̂ and the runner-up's v̂ (a tie makes them equal: undecided)."""
-    top, v_top, second = 0, -math.inf, -math.inf
-    for i in range(q.shape[0]):
-        v = (q[i] - shift) * c - math.log(x[i]) if x[i] > 0.0 else math.inf
-        if v > v_top:
-            top, v_top, second = i, v, v_top
-        elif v > second:
-            second = v
-    return top, v_top, second
-
-
-@numba.njit(cache=True, nogil=True)
 def _ratio_leaders(
     g: np.ndarray, x: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover - numba
@@ -317,7 +302,7 @@ def _argmax_row(
         return int(_rows(a, noise, scale, x[None, :], rng)[0])
     e_up = _upper_error(a, noise, 1.0)
     q, shift, c = (a.q, a.top, a.c) if isinstance(a, GapUtilities) else (a.value, 0.0, 1.0)
-    top, _, second = _exponential_leaders(q, shift, c, x)
+    top, _, second = exponential_leaders(q, shift, c, x, x.view(np.uint64))
     lead = _lower(a, noise, None, top, float(x[top]))
     if lead > _upper(second, e_up):
         return int(top)
@@ -354,10 +339,15 @@ def race_top_k(
     ``ordered``, else as a set (ascending indices)."""
     n = a.n
     x = rng.random(n)
+    k = min(k, n)
+    if noise is EXPONENTIAL and scale is None and isinstance(a, GapUtilities) and k < n:
+        e_up = _upper_error(a, noise, 1.0)
+        idx, ok = exponential_top_k(a.q, a.top, a.c, a.err, noise.error, e_up, x, x.view(np.uint64), k, ordered)
+        if ok:  # the float bounds decide; else the same cells go the general way below
+            return idx if ordered else np.sort(idx)
     z = noise.sup(x)
     v = a.value + (z if scale is None else scale * z)
     e_up = _upper_error(a, noise, 1.0 if scale is None else float(scale.max()))
-    k = min(k, n)
     if k == n:
         lead_idx: npt.NDArray[np.intp] = np.argsort(-v, kind="stable")
         rest = -math.inf
