@@ -301,8 +301,15 @@ def _argmax_row(
     if noise is not EXPONENTIAL or scale is not None:
         return int(_rows(a, noise, scale, x[None, :], rng)[0])
     e_up = _upper_error(a, noise, 1.0)
-    q, shift, c = (a.q, a.top, a.c) if isinstance(a, GapUtilities) else (a.value, 0.0, 1.0)
-    top, _, second = exponential_leaders(q, shift, c, x, x.view(np.uint64))
+    bits = x.view(np.uint64)
+    if isinstance(a, GapUtilities):  # the leader and its check in one call: the service's case
+        idx, ok = exponential_top_k(a.q, a.top, a.c, a.err, noise.error, e_up, x, bits, 1, True)
+        if ok:
+            return int(idx[0])
+        q, shift, c = a.q, a.top, a.c
+    else:
+        q, shift, c = a.value, 0.0, 1.0
+    top, _, second = exponential_leaders(q, shift, c, x, bits)
     lead = _lower(a, noise, None, top, float(x[top]))
     if lead > _upper(second, e_up):
         return int(top)

@@ -12,6 +12,7 @@ import math
 import numbers
 from typing import ClassVar
 
+import numba
 import numpy as np
 
 from recsvc import checks
@@ -80,9 +81,12 @@ def check_scale(epsilon: float, q: np.ndarray, d: np.ndarray) -> None:
     this, ε/(2Δ) overflowed to inf, 0·inf made the probabilities NaN and the worst item was selected)."""
     if q.size == 0:
         return
-    dmax = float(d.max())
+    _check_scale(epsilon, float(q.max()), float(q.min()), float(d.max()))
+
+
+def _check_scale(epsilon: float, top: float, bottom: float, dmax: float) -> None:
+    """:func:`check_scale` on the scores' max and min and Δ's max."""
     inv_scale = epsilon / (2.0 * dmax)
-    top, bottom = float(q.max()), float(q.min())
     spread = top - bottom  # Python floats: an overflow is inf, without numpy's warning
     if not math.isfinite(spread):
         raise MechanismInputError(
@@ -104,9 +108,33 @@ def check_scale(epsilon: float, q: np.ndarray, d: np.ndarray) -> None:
 def check_inputs(epsilon: object, scores: object, sensitivities: object) -> tuple[float, np.ndarray, np.ndarray]:
     """ε, one user's scores q (n,) and sensitivities Δ (n,), each checked, and ε against them."""
     eps = check_epsilon(epsilon)
-    q, d = check_scores_sensitivities(scores, sensitivities)
-    check_scale(eps, q, d)
+    q, d = _one_user(scores, sensitivities)
+    q_sum, d_sum, d_min, d_max, q_max, q_min = _summary(q, d)
+    if not (math.isfinite(q_sum) and math.isfinite(d_sum) and d_min > 0.0):
+        _check_finite("scores", q)  # raises with the first bad entry, as check_scores_sensitivities
+        _check_sensitivities(d)
+    _check_scale(eps, q_max, q_min, d_max)
     return eps, q, d
+
+
+@numba.njit(cache=True, nogil=True)
+def _summary(
+    q: np.ndarray, d: np.ndarray
+) -> tuple[float, float, float, float, float, float]:  # pragma: no cover - numba
+    """(Σq, ΣΔ, min Δ, max Δ, max q, min q) in one pass, for n ≥ 1: the checks' numbers, where six
+    numpy reductions cost more than the draw at small n. A finite sum proves every entry finite
+    (NaN and inf poison it in any order); the max and min are exact, so they equal numpy's."""
+    q_sum, d_sum = 0.0, 0.0
+    d_min, d_max, q_max, q_min = d[0], d[0], q[0], q[0]
+    for i in range(q.shape[0]):
+        qi, di = q[i], d[i]
+        q_sum += qi
+        d_sum += di
+        d_min = min(d_min, di)
+        d_max = max(d_max, di)
+        q_max = max(q_max, qi)
+        q_min = min(q_min, qi)
+    return q_sum, d_sum, d_min, d_max, q_max, q_min
 
 
 def _check_finite(name: str, arr: np.ndarray) -> None:
@@ -122,6 +150,14 @@ def _check_finite(name: str, arr: np.ndarray) -> None:
 
 def check_scores_sensitivities(scores: object, sensitivities: object) -> tuple[np.ndarray, np.ndarray]:
     """One user's clipped scores q (n,) and sensitivities Δ (n,): finite, Δ > 0, n ≥ 1."""
+    q, d = _one_user(scores, sensitivities)
+    _check_finite("scores", q)
+    _check_sensitivities(d)
+    return q, d
+
+
+def _one_user(scores: object, sensitivities: object) -> tuple[np.ndarray, np.ndarray]:
+    """Scores (n,) and Δ (n,) as float64 arrays of one shape, n ≥ 1 (their values unchecked)."""
     q = _as_float_array("scores", scores)
     d = _as_float_array("sensitivities", sensitivities)
     if q.ndim != 1:
@@ -132,8 +168,6 @@ def check_scores_sensitivities(scores: object, sensitivities: object) -> tuple[n
         raise MechanismInputError(
             f"sensitivities must have the same length as scores: got shape {d.shape}, expected {q.shape}"
         )
-    _check_finite("scores", q)
-    _check_sensitivities(d)
     return q, d
 
 
