@@ -7,8 +7,9 @@ the first value behind them, and for the top k the leaders' rigorous bounds
 −ln x_i ≤ (1023 − E)·ln 2, so v̂_i ≤ â_i + (1023 − E)·ln 2 up to a few roundings; a candidate whose
 bound plus the slack ``_SLACK``·(|â_i| + 1024) is below the value it would have to beat (the
 runner-up, or the (k+1)-th) cannot change any leader or that value, and skips its ``log``. The
-slack covers ``log``'s 4 ulps of |ln x| ≤ 745 and the bound's two roundings many times over. A cell
-at 0 (v̂ = inf) is never skipped. The kernels return what the unscreened pass returns.
+slack covers ``log``'s 4 ulps of |ln x| ≤ 745 and the bound's two roundings many times over. With
+every â ≤ 0 the top k skips most cells on their bits alone, one integer comparison (``_skip_bits``).
+A cell at 0 (v̂ = inf) is never skipped. The kernels return what the unscreened pass returns.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _CELL = 2.0**-53  # rng.random() is k·2⁻⁵³: its real uniform lies in [x, x
 _TINY = 2.0**-1060  # as exact_race's bounds
 _LN2_UP = 0.6931471805599454  # > ln 2
 _SLACK = 2.0**-40
+_FLAT = 2.0**-30  # ≥ _SLACK·1024: the slack of any â ≤ 0
+_NEVER = np.uint64(2**64 - 1)  # above every float64's bits
 
 
 @numba.njit(cache=True, nogil=True)
@@ -32,6 +35,22 @@ def _bound(a: float, bits: np.uint64) -> float:  # pragma: no cover - numba
     """An upper bound of fl(a − fl(ln x)) less the slack, for x > 0 with these bits."""
     e = 1023 - int(bits >> np.uint64(52))
     return a + e * _LN2_UP + _SLACK * (abs(a) + 1024.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _skip_bits(threshold: float) -> np.uint64:  # pragma: no cover - numba
+    """The least bits of a cell whose every value â + (1023 − E)·ln 2 + slack is below
+    ``threshold`` for any â ≤ 0 (a :class:`GapUtilities` value): its exponent e = 1023 − E has
+    e·ln 2 + 2⁻³⁰ < threshold (the slack at â ≤ 0 is at most 2⁻⁴⁰·1024), so every larger cell
+    (a smaller e) is below it too; ``_NEVER`` when no e ≥ 1 is."""
+    if not threshold > _LN2_UP + _FLAT:  # also NaN
+        return _NEVER
+    e = min(int((threshold - _FLAT) / _LN2_UP), 1022) if threshold < 1e4 else 1022  # inf: every e
+    while e >= 1 and not e * _LN2_UP + _FLAT < threshold:
+        e -= 1
+    if e < 1:
+        return _NEVER
+    return np.uint64(1023 - e) << np.uint64(52)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -70,11 +89,15 @@ def exponential_top_k(
     ordered: bool,
 ) -> tuple[np.ndarray, bool]:  # pragma: no cover - numba
     """The k largest v̂ by decreasing v̂ (the lower index first on a tie), and whether the float
-    bounds decide them: in order if ``ordered``, else as a set. 1 ≤ k < n."""
+    bounds decide them: in order if ``ordered``, else as a set. 1 ≤ k < n; ``shift`` ≥ max q (so
+    every â ≤ 0), which lets a cell be skipped on its bits alone (``_skip_bits``)."""
     idx = np.empty(k + 1, np.int64)
     val = np.full(k + 1, -math.inf)
     filled = 0
+    skip = _NEVER  # bits ≥ skip: the cell's bound alone is below val[k]
     for i in range(q.shape[0]):
+        if bits[i] >= skip:
+            continue
         a = (q[i] - shift) * c
         if x[i] > 0.0:
             if filled == k + 1 and _bound(a, bits[i]) < val[k]:
@@ -91,6 +114,8 @@ def exponential_top_k(
         val[j], idx[j] = v, i
         if filled < k + 1:
             filled += 1
+        if filled == k + 1:
+            skip = _skip_bits(val[k])
     lo = np.empty(k)
     for r in range(k):
         t = idx[r]

@@ -106,6 +106,29 @@ def test_race_top_k_orders_the_leaders_as_the_reals_do() -> None:
         assert got.tolist() == sorted(best)
 
 
+@pytest.mark.parametrize("ordered", [True, False])
+def test_the_compiled_check_returns_the_general_paths_output_and_words(ordered: bool) -> None:
+    """The compiled exponential check (GapUtilities, no scale) against the general path on the
+    same words (a scale of ones takes it): the same leaders, and the same words read after, on
+    ties, cells at 0, gaps beyond any float noise and ε over twelve orders of magnitude."""
+    pick = np.random.default_rng(3)
+    for trial in range(40):
+        n = int(pick.integers(2, 500 if trial % 10 == 0 else 40))
+        q = pick.normal(size=n) * 10 ** pick.uniform(-3, 3)
+        q = np.round(q) if trial % 3 == 0 else q
+        eps, d_max, k = 10 ** pick.uniform(-6, 6), 10 ** pick.uniform(-2, 1), int(pick.integers(1, min(n, 12)))
+        words = pick.integers(0, WORD, n, dtype=np.uint64)
+        words[pick.random(n) < 0.05] = int(pick.integers(0, 2**11))  # a cell at 0
+        stream = [*words.tolist(), *pick.integers(0, WORD, 4000, dtype=np.uint64).tolist()]  # the refinements'
+        out = []
+        for scale in (None, np.ones(n)):
+            g, h = Words(stream), Words(stream)
+            top = race_top_k(GapUtilities(q, eps, d_max, 2 * k), EXPONENTIAL, g, k, ordered, scale)  # type: ignore[arg-type]  # a stand-in
+            one = race_argmax(GapUtilities(q, eps, d_max), EXPONENTIAL, h, 1, scale)  # type: ignore[arg-type]  # a stand-in
+            out.append((top.tolist(), one.tolist(), len(g.words), len(h.words)))
+        assert out[0] == out[1], trial
+
+
 def test_near_ties_are_refined_until_certain() -> None:
     """Two candidates with the same score and the same first 53 bits: the next words decide."""
     a = GapUtilities(np.array([1.0, 1.0]), 1.0, 1.0)
