@@ -1,5 +1,4 @@
-"""The service's wire format: a bounded pre-scan of each request, the message codecs, and the
-hand framing of SelectBatch's answer.
+"""The service's wire format: a bounded pre-scan of each request and the message codecs.
 
 **Cheap refusals before protobuf parsing.**
 
@@ -28,14 +27,13 @@ INVALID_ARGUMENT and no traceback.
 
 **Codecs.** :func:`candidates`, :func:`params` and :func:`fingerprint` read a decoded request;
 :func:`select_response` makes the SelectResponse of a charged request from its typed answer (the
-one encoding of an answer, fresh or replayed); :func:`batch_response` frames a SelectBatchResponse
-around the items' serialized results.
+one encoding of an answer, fresh or replayed).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -449,22 +447,6 @@ def mechanisms_response(
         max_multiselect_k=multi.max_k if multi is not None else 0,
         default_candidate_mechanism=policy.selection.default_candidate_mechanism,
     )
-
-
-def error(code_value: int, code_name: str, message: str) -> bytes:
-    """A serialized Error: one SelectBatch item's refusal."""
-    return pb.Error(code=code_value, code_name=code_name, message=message).SerializeToString()
-
-
-def batch_response(results: Iterable[tuple[int, bytes]]) -> bytes:
-    """A serialized SelectBatchResponse from each item's SelectResult field (1: a serialized
-    SelectResponse, 2: a serialized Error), framed (tag, length) directly around each item's
-    bytes rather than built as one message and serialized again."""
-    parts = []
-    for number, body in results:
-        inner = bytes([number << 3 | 2]) + _varint_bytes(len(body)) + body  # SelectResult.response / .error
-        parts.append(b"\x0a" + _varint_bytes(len(inner)) + inner)  # SelectBatchResponse.results
-    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,8 +126,8 @@ class SelectionServicer:
         return codec.select_response(self.selector.execute(self.ledger, p))
 
     def answer_batch(self, batch: Batch) -> codec.Framed:
-        """The serialized SelectBatchResponse (:func:`recsvc.service.codec.batch_response`): the
-        prepared items drawn vectorised and charged in ONE ledger transaction."""
+        """The serialized SelectBatchResponse: the prepared items drawn vectorised and charged in
+        ONE ledger transaction."""
         outcomes: list[Any] = list(batch.outcomes)
         if batch.prepared:
             charged = execute_batch(self.selector, self.ledger, list(batch.prepared.values()))
@@ -215,8 +215,8 @@ class SelectionServicer:
 
     @staticmethod
     def _encode_batch(outcomes: Sequence[Any]) -> codec.Framed:
-        """Each item's SelectResult: (1, SelectResponse bytes) or (2, Error bytes), framed."""
-        results: list[tuple[int, bytes]] = []
+        """The SelectBatchResponse, each item's SelectResult its response or its Error, serialized once."""
+        results: list[pb.SelectResult] = []
         counted: list[tuple[str, str, float, bool]] = []
         for out in outcomes:
             if isinstance(out, tuple) and not isinstance(out[1], Exception):
@@ -225,15 +225,15 @@ class SelectionServicer:
                     counted.append((selected.answer.mechanism, "OK", 0.0, True))
                 else:
                     counted.append((p.mechanism, "OK", p.epsilon, False))
-                results.append((1, codec.select_response(selected).SerializeToString()))
+                results.append(pb.SelectResult(response=codec.select_response(selected)))
                 continue
             exc = out[1] if isinstance(out, tuple) else out
             code, message = status_of(exc)
             if code is grpc.StatusCode.INTERNAL:
                 log_internal_error("SelectBatch item", exc)
             counted.append(("", code.name, 0.0, False))
-            results.append((2, codec.error(code.value[0], code.name, message)))
-        return codec.Framed(codec.batch_response(results), counted)
+            results.append(pb.SelectResult(error=pb.Error(code=code.value[0], code_name=code.name, message=message)))
+        return codec.Framed(pb.SelectBatchResponse(results=results).SerializeToString(), counted)
 
 
 def register(servicer: SelectionServicer, server: Any) -> None:
