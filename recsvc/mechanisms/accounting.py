@@ -68,8 +68,8 @@ def selection_split(
     """The budget split of a k-item selection with mechanism ``name``: a slate, or with ``m`` and
     ``candidate_fraction`` a two-stage selection whose candidate stage runs ``candidate_mechanism``.
     ``params`` (``None`` = default) are checked as :func:`recsvc.mechanisms.select` checks them."""
-    cand = get_mechanism(candidate_mechanism, allow_non_private=True) if candidate_fraction is not None else None
-    return _split(get_mechanism(name, allow_non_private=True), cand, k, m, candidate_fraction, dict(params or {}))
+    mech, cand = _stages(name, candidate_mechanism, candidate_fraction)
+    return _split(mech, cand, k, m, candidate_fraction, dict(params or {}))
 
 
 def charged_epsilon(
@@ -85,9 +85,9 @@ def charged_epsilon(
     """The ε to charge for a selection at ``epsilon`` (already checked): its privacy map
     (:func:`selection_map`) at d_in = 1, the neighbours' distance. ``math.inf`` when a mechanism
     involved is not private."""
-    cand = get_mechanism(candidate_mechanism, allow_non_private=True) if candidate_fraction is not None else None
+    mech, cand = _stages(name, candidate_mechanism, candidate_fraction)
     return _charged(
-        get_mechanism(name, allow_non_private=True),
+        mech,
         cand,
         float(epsilon),
         k,
@@ -114,10 +114,16 @@ def selection_map(
     ``candidate_fraction`` a two-stage selection): ``(d_in, ε) ↦ d_out``, the registry's maps with
     k, the split and the parameters (checked as :func:`recsvc.mechanisms.select` checks them)
     bound. Exact: a Fraction out, or ``math.inf``."""
+    mech, cand = _stages(name, candidate_mechanism, candidate_fraction)
+    return _selection_map(mech, cand, k, m, candidate_fraction, dict(params or {}))
+
+
+def _stages(
+    name: str, candidate_mechanism: str, candidate_fraction: float | None
+) -> tuple[Mechanism, Mechanism | None]:
+    """A selection's mechanism and its candidate stage's (None: no candidate stage)."""
     cand = get_mechanism(candidate_mechanism, allow_non_private=True) if candidate_fraction is not None else None
-    return _selection_map(
-        get_mechanism(name, allow_non_private=True), cand, k, m, candidate_fraction, dict(params or {})
-    )
+    return get_mechanism(name, allow_non_private=True), cand
 
 
 def _selection_map(
