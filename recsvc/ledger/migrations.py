@@ -25,6 +25,8 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from recsvc.checks import ParamError
+
 _DOUBLE = struct.Struct("<d")
 
 
@@ -114,3 +116,18 @@ def read_answer(response: bytes) -> OldAnswer:
     if not ids and first:
         ids = [first]
     return OldAnswer(tuple(ids), tuple(rows), mechanism, eps, rem)
+
+
+def read_stored_answer(response: bytes, user: str, rid: str) -> OldAnswer:
+    """:func:`read_answer` of the request (``user``, ``rid``), or the refusal of the migration that
+    names it: every store's migration refuses an unreadable answer the same way, changing nothing."""
+    try:
+        return read_answer(response)
+    except UnreadableAnswer as exc:
+        raise ParamError(
+            "{ledger}: the stored answer of user_id {user} request_id {rid} cannot be read ({reason}); "
+            "expected a ledger written by `recsvc serve`",
+            user=repr(user),
+            rid=repr(rid),
+            reason=str(exc),
+        ) from None

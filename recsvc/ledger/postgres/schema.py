@@ -43,7 +43,7 @@ from recsvc.ledger import fingerprint
 from recsvc.ledger.base import is_postgres
 from recsvc.ledger.budget import BudgetChange, mismatch
 from recsvc.ledger.charging import ChargeRow, ids_text
-from recsvc.ledger.migrations import UnreadableAnswer, read_answer
+from recsvc.ledger.migrations import read_stored_answer
 from recsvc.ledger.window import BudgetWindow
 
 log = logging.getLogger(__name__)
@@ -100,16 +100,7 @@ def _typed_answers(conn: Any) -> None:
     while rows := conn.execute(sql, after).fetchall():
         out = []
         for user, rid, mechanism, response in rows:
-            try:
-                old = read_answer(bytes(response))
-            except UnreadableAnswer as exc:
-                raise ParamError(
-                    "{ledger}: the stored answer of user_id {user} request_id {rid} cannot be read ({reason}); "
-                    "expected a ledger written by `recsvc serve`",
-                    user=repr(user),
-                    rid=repr(rid),
-                    reason=str(exc),
-                ) from None
+            old = read_stored_answer(bytes(response), user, rid)
             typed = (ids_text(old.item_ids), ids_text(old.item_rows), old.epsilon, old.remaining)
             out.append((mechanism or old.mechanism, *typed, user, rid))
         with conn.cursor() as cur:

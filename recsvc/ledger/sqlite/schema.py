@@ -59,7 +59,7 @@ from recsvc.checks import MissingFileError, ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.budget import BudgetChange, mismatch, os_user
 from recsvc.ledger.charging import ChargeRow, ids_text
-from recsvc.ledger.migrations import UnreadableAnswer, read_answer
+from recsvc.ledger.migrations import read_stored_answer
 from recsvc.ledger.sqlite.files import WRITTEN, check_foreign, check_path
 from recsvc.ledger.units import float_units_up
 from recsvc.ledger.window import LIFETIME, BudgetWindow
@@ -163,16 +163,7 @@ def _typed(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A version-4 row ``(user_id, request_id, fingerprint, epsilon_units, created, mechanism,
     response)`` as the current columns (:data:`_TYPED`)."""
     user, rid, fp, units, created, mechanism, response = row
-    try:
-        old = read_answer(bytes(response))
-    except UnreadableAnswer as exc:
-        raise ParamError(
-            "{ledger}: the stored answer of user_id {user} request_id {rid} cannot be read ({reason}); "
-            "expected a ledger written by `recsvc serve`",
-            user=repr(user),
-            rid=repr(rid),
-            reason=str(exc),
-        ) from None
+    old = read_stored_answer(bytes(response), user, rid)
     return (
         user,
         rid,
