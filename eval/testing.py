@@ -5,7 +5,9 @@ does); the test suite's fixtures live in its conftest.py files."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import polars as pl
@@ -96,3 +98,25 @@ def without_candidate_arrays(src: Path, out: Path) -> Path:
     with ArtifactWriter(out, protect={"artifacts": src}) as w:
         w.keep(art.path, [f for f in art.manifest.files if f.split("/", 1)[0] != CANDIDATE_ARRAYS_DIR])
         return w.commit(content)
+
+
+class _Patcher(Protocol):
+    def setattr(self, target: object, name: str, value: object) -> None: ...
+
+
+def unrendered_figures(mp: _Patcher) -> None:
+    """From here on (until ``mp`` is undone, e.g. a pytest MonkeyPatch) every study's figures are
+    drawn from their data but written as empty files: laying them out and rendering them is most of
+    a small run's CPU. For tests that check which files a run writes, or that run a command again
+    after a first run rendered and checked its figures."""
+    from eval import plots
+
+    real = plots.save_figure
+
+    def save(fig: Any, path: Path, dpi: int | None = None) -> None:
+        path.write_bytes(b"")
+        plots.pyplot().close(fig)
+
+    for module in [m for name, m in sys.modules.items() if name == "eval" or name.startswith("eval.")]:
+        if getattr(module, "save_figure", None) is real:  # plots itself, and each study that imports it by name
+            mp.setattr(module, "save_figure", save)

@@ -10,31 +10,14 @@ reference implementations.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import pytest
+
+from eval import testing
 
 
 @pytest.fixture
 def unrendered_figures(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
-    """Call it, and from then on every study's figures are drawn from their data but written as
-    empty files: laying them out and rendering them is most of a small run's CPU. For the later
-    runs of a test whose first run rendered and checked them (a refused or ``--force`` rerun)."""
-
-    def start() -> None:
-        from eval import plots
-
-        real = plots.save_figure
-
-        def save(fig: Any, path: Path, dpi: int | None = None) -> None:
-            path.write_bytes(b"")
-            plots.pyplot().close(fig)
-
-        for module in [m for name, m in sys.modules.items() if name == "eval" or name.startswith("eval.")]:
-            if getattr(module, "save_figure", None) is real:  # each study imports it by name
-                monkeypatch.setattr(module, "save_figure", save)
-
-    return start
+    """Call it, and from then on figures are written as empty files (:func:`eval.testing.unrendered_figures`)."""
+    return lambda: testing.unrendered_figures(monkeypatch)

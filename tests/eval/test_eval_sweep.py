@@ -15,6 +15,7 @@ from eval import run as runner
 from eval.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
 from eval.scenarios import SWEEP_LEVELS
 from eval.sweep import run_sweep
+from eval.testing import unrendered_figures
 from recsvc.app.cli import main as recsvc_main
 
 MECHS = ["rnm", "gem", "mgem", "rs"]
@@ -38,23 +39,13 @@ QUICK = ["--n", "10", "--epsilons", "1", "--mechanisms", "rnm", "gem", "--trials
 DIRS = ["t-5", "t-0.8", "t-0.3", "t0", "t0.3", "t0.8", "t5"]
 
 
-def _levels_unrendered(mp: pytest.MonkeyPatch) -> None:
-    """Each level's figures are drawn from its data but written as empty files: laying them out and
-    rendering them is most of a small sweep's CPU, and these tests check which files a sweep writes.
-    Rendered figures are checked by test_report_figure_and_terminal_summary (sweep.png),
-    test_plots_survive_an_all_zero_mse and tests/eval/test_eval_harness.py (a level's)."""
-
-    def save(fig, path, dpi=None):
-        path.write_bytes(b"")
-        plots.pyplot().close(fig)
-
-    mp.setattr(plots, "save_figure", save)
-
-
 @pytest.fixture
 def unrendered(monkeypatch):
-    """No figure is rendered: the levels' as in :func:`_levels_unrendered`, and sweep.png is an empty file."""
-    _levels_unrendered(monkeypatch)
+    """No figure is rendered: the levels' (:func:`eval.testing.unrendered_figures`: these tests check
+    which files a sweep writes; rendered figures are checked by test_report_figure_and_terminal_summary
+    (sweep.png), test_plots_survive_an_all_zero_mse and tests/eval/test_eval_harness.py (a level's)),
+    and sweep.png is an empty file."""
+    unrendered_figures(monkeypatch)
     monkeypatch.setattr(plots, "sweep_figure", lambda result, path: path.write_bytes(b""))
 
 
@@ -63,7 +54,7 @@ def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep") / "sw"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), pytest.MonkeyPatch.context() as mp:
-        _levels_unrendered(mp)
+        unrendered_figures(mp)
         assert recsvc_main(["eval-synthetic", "--scenario", "sweep", "--level", "all", "--out", str(out), *FLAGS]) == 0
     return out, stdout.getvalue()
 
