@@ -4,6 +4,8 @@ Public API::
 
     from recsvc.mechanisms import MECHANISMS, select, select_batch, probabilities, expectation
     from recsvc.mechanisms import select_slate, select_two_stage  # k-item slates, private top-m
+    from recsvc.mechanisms import valid_slate, draw_slate  # the same in two steps: check once, then draw
+    from recsvc.mechanisms import valid_two_stage, draw_two_stage
     from recsvc.mechanisms import select_rows  # one selection per row of a batch, one Generator
     from recsvc.mechanisms import charged_epsilon  # the ε a selection consumes (what to charge)
     from recsvc.mechanisms import selection_map  # its privacy map (d_in, ε) → d_out
@@ -51,8 +53,22 @@ from recsvc.mechanisms.registry import (
     unregister,
 )
 from recsvc.mechanisms.rows import select_rows
-from recsvc.mechanisms.slate import select_slate, slate_log_probabilities, slate_probabilities
-from recsvc.mechanisms.two_stage import select_two_stage, two_stage_log_probabilities, two_stage_probabilities
+from recsvc.mechanisms.slate import (
+    ValidSlate,
+    draw_slate,
+    select_slate,
+    slate_log_probabilities,
+    slate_probabilities,
+    valid_slate,
+)
+from recsvc.mechanisms.two_stage import (
+    ValidTwoStage,
+    draw_two_stage,
+    select_two_stage,
+    two_stage_log_probabilities,
+    two_stage_probabilities,
+    valid_two_stage,
+)
 from recsvc.mechanisms.validation import MechanismInputError, MechanismParamError
 
 __all__ = [
@@ -72,10 +88,14 @@ __all__ = [
     "Privacy",
     "Split",
     "Stage",
+    "ValidSlate",
+    "ValidTwoStage",
     "add_param_arguments",
     "charged_epsilon",
     "check_params",
     "default_mechanisms",
+    "draw_slate",
+    "draw_two_stage",
     "expectation",
     "flag",
     "get_mechanism",
@@ -101,4 +121,6 @@ __all__ = [
     "two_stage_log_probabilities",
     "two_stage_probabilities",
     "unregister",
+    "valid_slate",
+    "valid_two_stage",
 ]

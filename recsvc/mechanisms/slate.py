@@ -27,12 +27,15 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
+from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
-from recsvc.mechanisms.registry import check_params, get_mechanism, log_probabilities
+from recsvc.mechanisms.registry import MECHANISMS, check_params, get_mechanism, log_probabilities
 from recsvc.mechanisms.validation import MechanismInputError, check_inputs, check_rng
 
 # Exact enumeration is for audits on tiny inputs: refuse outcome spaces beyond this size.
@@ -69,41 +72,76 @@ def is_one_shot(name: str) -> bool:
     return get_mechanism(name, allow_non_private=True).one_shot
 
 
-def run_slate(
+@dataclass(frozen=True)
+class ValidSlate:
+    """A k-item slate's inputs with every check passed, made only by :func:`valid_slate`:
+    :func:`draw_slate` draws from it without checking anything again. It pickles (a service
+    sends it to a draw process), so it names its mechanism rather than holding it."""
+
+    mechanism: str  # a registered name whose non-private gate has passed
+    q: np.ndarray = field(repr=False)  # float64 (n,), finite, already clipped
+    d: np.ndarray = field(repr=False)  # float64 (n,), finite, > 0
+    eps_step: float  # one step's ε: the whole ε for a one-shot mechanism, else ε/k
+    k: int  # 1 ≤ k ≤ n
+    values: Mapping[str, float]  # the mechanism's own parameters, checked and defaulted
+
+
+def valid_slate(
     name: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    k: int,
+    *,
+    allow_non_private: bool = False,
+    **params: object,
+) -> ValidSlate:
+    """Every check :func:`select_slate` makes except the generator's, once: ``name`` (``rnmh``
+    refused unless ``allow_non_private``), ε, scores, Δ, 1 ≤ k ≤ n and ``params``. A
+    :class:`MechanismInputError` names what is wrong."""
+    mech = get_mechanism(name, allow_non_private)
+    eps, q, d = check_inputs(epsilon, scores, sensitivities)
+    kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
+    (eps_step,) = slate_split(kk, one_shot=mech.one_shot).stage_epsilons(eps)
+    values = dict(check_params(params, mech))  # a dict: a mappingproxy does not pickle
+    return ValidSlate(name, q, d, eps_step, kk, values)
+
+
+def draw_slate(v: ValidSlate, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """k distinct candidate indices (int64, in selection order) from inputs already checked:
+    the draw of :func:`select_slate`, with no check (a data-dependent bound inside a step, such
+    as GEM's, can still refuse, and then before the first draw)."""
+    return draw_steps(MECHANISMS[v.mechanism], v.q, v.d, v.eps_step, v.k, v.values, rng)
+
+
+def draw_steps(
+    mech: Mechanism,
     q: np.ndarray,
     d: np.ndarray,
     eps_step: float,
     k: int,
+    values: Mapping[str, float],
     rng: np.random.Generator,
-    allow_non_private: bool,
-    params: dict[str, object],
 ) -> npt.NDArray[np.int64]:
-    """k items on validated q, Δ: one run of a one-shot mechanism at ``eps_step`` (its stage's
-    single step: the whole budget), else :func:`peel` at ``eps_step`` per step."""
-    mech = get_mechanism(name, allow_non_private)
+    """k items on checked q, Δ and parameters: one run of a one-shot mechanism at ``eps_step``
+    (its stage's single step: the whole budget), else :func:`peel` at ``eps_step`` per step."""
     if mech.top_k is None:
-        return peel(name, q, d, eps_step, k, rng, allow_non_private, params)
-    values = check_params(params, mech)
+        return peel(mech, q, d, eps_step, k, values, rng)
     return np.asarray(mech.top_k(q, d, eps_step, values, rng, k), dtype=np.int64)
 
 
 def peel(
-    name: str,
+    mech: Mechanism,
     q: np.ndarray,
     d: np.ndarray,
     eps_step: float,
     k: int,
+    values: Mapping[str, float],
     rng: np.random.Generator,
-    allow_non_private: bool,
-    params: dict[str, object],
 ) -> npt.NDArray[np.int64]:
-    """k selections without replacement at ``eps_step`` each, on validated q, Δ (see module doc).
-    The name and parameters are checked here, before the first draw; each step is then one
-    ``select`` draw without repeating the O(n) input checks, or, for k ≥ 2, the mechanism's own
-    ``peel_fn`` draws all k steps with the same law."""
-    mech = get_mechanism(name, allow_non_private)
-    values = check_params(params, mech)
+    """k selections without replacement at ``eps_step`` each, on checked q, Δ and parameters
+    (see module doc): each step is one ``sample`` draw without repeating the O(n) input checks,
+    or, for k ≥ 2, the mechanism's own ``peel_fn`` draws all k steps with the same law."""
     if mech.peel_fn is not None and k >= 2:
         return np.asarray(mech.peel_fn(q, d, eps_step, values, rng, k), dtype=np.int64)
     remaining = np.arange(q.shape[0], dtype=np.int64)
@@ -123,9 +161,20 @@ def native_peel_work(
     """A k-item slate's expected cost in random draws' worth when ``name`` peels it natively
     (its ``peel_work_fn`` at ε/k, O(n)); None when it does not (one draw per candidate per step)."""
     mech = get_mechanism(name, allow_non_private=True)
+    return _peel_work(mech, q, d, epsilon / k, k, check_params(params, mech))
+
+
+def slate_work(v: ValidSlate) -> float | None:
+    """:func:`native_peel_work` of checked inputs."""
+    return _peel_work(MECHANISMS[v.mechanism], v.q, v.d, v.eps_step, v.k, v.values)
+
+
+def _peel_work(
+    mech: Mechanism, q: np.ndarray, d: np.ndarray, eps_step: float, k: int, values: Mapping[str, float]
+) -> float | None:
     if mech.peel_work_fn is None or k < 2:
         return None
-    return mech.peel_work_fn(q, d, epsilon / k, check_params(params, mech), k)
+    return mech.peel_work_fn(q, d, eps_step, values, k)
 
 
 def select_slate(
@@ -152,22 +201,17 @@ def select_slate(
     is refused unless ``allow_non_private``.
 
     All input (``name``, ε, scores, Δ, ``k`` with 1 ≤ k ≤ n, ``params``, ``rng``) is checked
-    before any draw: bad input never moves ``rng``.
+    before any draw: bad input never moves ``rng``. It is :func:`valid_slate` (the checks, once),
+    then :func:`draw_slate` (the draw, no check).
     """
-    mech = get_mechanism(name, allow_non_private)
-    eps, q, d = check_inputs(epsilon, scores, sensitivities)
-    kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
-    (eps_step,) = slate_split(kk, one_shot=mech.one_shot).stage_epsilons(eps)
-    if mech.one_shot:
-        check_params(params, mech)
-    gen = check_rng(rng)
-    return run_slate(name, q, d, eps_step, kk, gen, allow_non_private, params)
+    v = valid_slate(name, scores, sensitivities, epsilon, k, allow_non_private=allow_non_private, **params)
+    return draw_slate(v, check_rng(rng))
 
 
 def chain_log_probabilities(
     name: str, q: np.ndarray, d: np.ndarray, eps_step: float, k: int, params: dict[str, object]
 ) -> dict[Slate, float]:
-    """log P(slate) for every ordered k-tuple, as :func:`run_slate` draws it: a one-shot
+    """log P(slate) for every ordered k-tuple, as :func:`draw_slate` draws it: a one-shot
     mechanism's own exact slate law at ``eps_step``, else the product of each peeling step's
     exact probability over the candidates still remaining (in their original order, as
     :func:`peel` keeps them)."""

@@ -19,21 +19,25 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
-from recsvc.mechanisms.registry import get_mechanism, select
+from recsvc.mechanisms.registry import MECHANISMS, check_params, get_mechanism
 from recsvc.mechanisms.slate import (
     Slate,
+    ValidSlate,
     chain_log_probabilities,
     check_count,
     check_outcomes,
+    draw_slate,
+    draw_steps,
     is_one_shot,
     one_shot_stage,
     require_exact,
-    run_slate,
 )
 from recsvc.mechanisms.validation import MechanismInputError, check_inputs, check_rng
 
@@ -108,6 +112,56 @@ def _checked(
     return q, d, mm, kk, eps1_step, eps2_step
 
 
+@dataclass(frozen=True)
+class ValidTwoStage:
+    """A two-stage selection's inputs with every check passed, made only by
+    :func:`valid_two_stage`: :func:`draw_two_stage` draws from it without checking again."""
+
+    candidates: ValidSlate  # stage 1: the candidate mechanism's m-item slate over the catalog
+    mechanism: str  # stage 2's, a registered name whose non-private gate has passed
+    eps_step: float  # one stage-2 step's ε
+    k: int  # 1 ≤ k ≤ m
+    values: Mapping[str, float]  # stage 2's own parameters, checked and defaulted
+
+
+def valid_two_stage(
+    name: str,
+    scores: object,
+    sensitivities: object,
+    epsilon: float,
+    m: int,
+    candidate_fraction: float,
+    k: int = 1,
+    candidate_mechanism: str = "rnm",
+    *,
+    allow_non_private: bool = False,
+    **params: object,
+) -> ValidTwoStage:
+    """Every check :func:`select_two_stage` makes except the generator's, once. Stage 2's
+    data-dependent checks (those inside a mechanism's step, such as GEM's overflow bound) run as
+    one discarded step on the full catalog with a throwaway generator: passing on the catalog
+    implies passing on any subset (see ``slate.py``); it costs one extra step over n and
+    releases nothing."""
+    q, d, mm, kk, eps1_step, eps2_step = _checked(
+        name, candidate_mechanism, scores, sensitivities, epsilon, m, candidate_fraction, k, allow_non_private
+    )
+    mech = get_mechanism(name, allow_non_private)
+    cand = get_mechanism(candidate_mechanism, allow_non_private)
+    values = dict(check_params(params, mech))  # dicts: a mappingproxy does not pickle
+    cand_values = dict(check_params(params, cand))
+    mech.sample(q, d, eps2_step, values, np.random.Generator(np.random.PCG64(0)), 1)  # checks only
+    return ValidTwoStage(ValidSlate(candidate_mechanism, q, d, eps1_step, mm, cand_values), name, eps2_step, kk, values)
+
+
+def draw_two_stage(v: ValidTwoStage, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """The k-item slate (catalog indices, in selection order) of :func:`select_two_stage` from
+    inputs already checked, with no check."""
+    c = v.candidates
+    candidates = np.sort(draw_slate(c, rng))
+    picked = draw_steps(MECHANISMS[v.mechanism], c.q[candidates], c.d[candidates], v.eps_step, v.k, v.values, rng)
+    return candidates[picked]
+
+
 def select_two_stage(
     name: str,
     scores: object,
@@ -133,20 +187,22 @@ def select_two_stage(
     stage and the (ε − ε₁)-DP selection; the charge is ε in total.
 
     Everything (both names, ε, scores, Δ, 1 ≤ m ≤ n, 1 ≤ k ≤ m, candidate_fraction in (0, 1),
-    ``params``, ``rng``) is checked before any draw from ``rng``: stage 2's parameters and
-    data-dependent checks run as one discarded selection on the full catalog with a throwaway
-    generator (passing on the catalog implies passing on any subset, see ``slate.py``); it costs
-    one extra selection over n and releases nothing.
+    ``params``, ``rng``) is checked before any draw from ``rng``: it is :func:`valid_two_stage`
+    (the checks, once), then :func:`draw_two_stage` (the draw, no check).
     """
-    q, d, mm, kk, eps1_step, eps2_step = _checked(
-        name, candidate_mechanism, scores, sensitivities, epsilon, m, candidate_fraction, k, allow_non_private
+    v = valid_two_stage(
+        name,
+        scores,
+        sensitivities,
+        epsilon,
+        m,
+        candidate_fraction,
+        k,
+        candidate_mechanism,
+        allow_non_private=allow_non_private,
+        **params,
     )
-    gen = check_rng(rng)
-    throwaway = np.random.Generator(np.random.PCG64(0))
-    select(name, q, d, eps2_step, throwaway, allow_non_private=allow_non_private, **params)  # checks only
-    candidates = np.sort(run_slate(candidate_mechanism, q, d, eps1_step, mm, gen, allow_non_private, params))
-    picked = run_slate(name, q[candidates], d[candidates], eps2_step, kk, gen, allow_non_private, params)
-    return candidates[picked]
+    return draw_two_stage(v, check_rng(rng))
 
 
 def two_stage_log_probabilities(

@@ -76,11 +76,10 @@ def draw_many(
             continue
         for i, j in zip(idx, picked.tolist(), strict=False):
             out[i] = np.array([j], np.int64)
-    allow = selector.policy.selection.allow_non_private
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw is made by a draw process
             try:
-                out[i] = selector.heavy.draw(p, allow, partial(draw, p, rng, allow))
+                out[i] = selector.heavy.draw(p, partial(draw, p, rng))
             except Exception as exc:
                 out[i] = exc
     return out  # type: ignore[return-value]  # the loop above replaced every None

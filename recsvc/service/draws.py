@@ -27,7 +27,6 @@ is set by the candidates alone, never by a request parameter, and small.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import multiprocessing
 import os
 import signal
@@ -41,8 +40,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
+from recsvc.mechanisms import ValidSlate, ValidTwoStage
 from recsvc.service.errors import Interrupted, Overloaded, PermissionDenied
-from recsvc.service.requests import Prepared, draw, parameter_driven
+from recsvc.service.requests import Prepared, draw_valid, parameter_driven
 from recsvc.service.shutdown import exit_with_parent
 from recsvc.service.threads import Threads
 
@@ -63,11 +63,11 @@ def _draw_process(parent: int) -> None:
     exit_with_parent(parent, signal.SIGKILL)
 
 
-def _draw_in_pool(p: Prepared, allow_non_private: bool) -> np.ndarray:
+def _draw_in_pool(v: ValidSlate | ValidTwoStage) -> np.ndarray:
     """A draw process's job: the sample, from the process's own CSPRNG (keyed in that process)."""
     from recsvc.rng import thread_csprng
 
-    return draw(p, thread_csprng(), allow_non_private)
+    return draw_valid(v, thread_csprng())
 
 
 class HeavyDraws:
@@ -83,22 +83,20 @@ class HeavyDraws:
     def heavy(self, expected: float) -> bool:
         return expected > self.heavy_draws
 
-    def draw(self, p: Prepared, allow_non_private: bool, inline: Callable[[], np.ndarray]) -> np.ndarray:
+    def draw(self, p: Prepared, inline: Callable[[], np.ndarray]) -> np.ndarray:
         """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
-        process from its own CSPRNG (only what the draw needs crosses: no ids, no fingerprint)."""
+        process from its own CSPRNG (only what the draw needs crosses, ``p.valid``: no ids, no
+        fingerprint)."""
         if not self.heavy(p.work):
             return inline()
-        bare = dataclasses.replace(
-            p, user_id="", request_id="", fingerprint=b"", item_ids=(), rows=None, params=dict(p.params)
-        )
         with self._lock:
             self.pooled += 1
         pool = self._current()
         try:
-            future = pool.submit(_draw_in_pool, bare, allow_non_private)
+            future = pool.submit(_draw_in_pool, p.valid)
         except BrokenProcessPool:  # its process died before this draw began: a new pool draws it
             pool = self._renewed(pool)
-            future = pool.submit(_draw_in_pool, bare, allow_non_private)
+            future = pool.submit(_draw_in_pool, p.valid)
         try:
             return future.result()  # a heavy call's thread waits
         except BrokenProcessPool:  # it died during this draw: no sample reached the caller

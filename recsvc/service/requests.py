@@ -14,8 +14,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from recsvc.ledger import StoredAnswer
-from recsvc.mechanisms import MECHANISMS, charged_epsilon, select_slate, select_two_stage
-from recsvc.mechanisms.slate import is_one_shot, native_peel_work
+from recsvc.mechanisms import (
+    MECHANISMS,
+    ValidSlate,
+    ValidTwoStage,
+    charged_epsilon,
+    draw_slate,
+    draw_two_stage,
+    valid_slate,
+    valid_two_stage,
+)
+from recsvc.mechanisms.slate import is_one_shot, slate_work
 from recsvc.service.errors import InvalidRequest
 
 MAX_ID_LEN = 256
@@ -48,6 +57,8 @@ class Prepared:
     k: int = 1  # slate size, 1 <= k <= the candidates (n, or the stage's m)
     stage: CandidateStage | None = None  # Recommend's two-stage path; None: select among all
     rows: np.ndarray | None = field(default=None, repr=False)  # the candidates' catalog rows; None: all rows
+    # The mechanisms' checks of the fields above, passed once (:func:`validated`): what draw() draws from.
+    valid: ValidSlate | ValidTwoStage = field(kw_only=True, repr=False)
 
     @functools.cached_property  # read by the heavy-work decision and by the draw; computed once
     def work(self) -> float:
@@ -55,13 +66,12 @@ class Prepared:
         mechanism runs once, a peeled slate k times (a native peel: its own estimate, O(n), from
         the scores); a two-stage Recommend first draws its private top-m (one run of its one-shot
         mechanism over the whole catalog)."""
-        if self.stage is None:
-            native = native_peel_work(
-                self.mechanism, self.scores, self.sensitivities, self.epsilon, self.k, dict(self.params)
-            )
+        v = self.valid
+        if isinstance(v, ValidSlate):
+            native = slate_work(v)
             return _slate_work(self.mechanism, self.scores.size, self.k, self.params) if native is None else native
-        return _slate_work(self.stage.mechanism, self.scores.size, self.stage.m, {}) + _slate_work(
-            self.mechanism, self.stage.m, self.k, self.params
+        return _slate_work(v.candidates.mechanism, self.scores.size, v.candidates.k, {}) + _slate_work(
+            self.mechanism, v.candidates.k, self.k, self.params
         )
 
     @functools.cached_property  # read by the ledger item and by the answer; computed once
@@ -126,27 +136,43 @@ class Columns:
         return Columns(cat(raw, np.float64), lengths, cat(rows, np.int64))
 
 
-def draw(p: Prepared, rng: np.random.Generator, allow_non_private: bool) -> np.ndarray:
-    """The slate's candidate indices (k of them, in selection order); the only random step.
-    ``prepare_*`` already checked everything these calls check, so they fail only on what
-    depends on the scores' values (e.g. GEM's overflow bound), and then before any draw."""
-    if p.stage is None:
-        return select_slate(
-            p.mechanism, p.scores, p.sensitivities, p.epsilon, p.k, rng, allow_non_private=allow_non_private, **p.params
-        )
-    return select_two_stage(
-        p.mechanism,
-        p.scores,
-        p.sensitivities,
-        p.epsilon,
-        p.stage.m,
-        p.stage.candidate_fraction,
-        p.k,
-        rng,
-        p.stage.mechanism,
+def validated(
+    mechanism: str,
+    epsilon: float,
+    params: Mapping[str, float | None],
+    scores: np.ndarray,
+    sensitivities: np.ndarray,
+    k: int,
+    stage: CandidateStage | None,
+    allow_non_private: bool,
+) -> ValidSlate | ValidTwoStage:
+    """The mechanisms' own checks of a request (:func:`recsvc.mechanisms.valid_slate`, or
+    :func:`~recsvc.mechanisms.valid_two_stage` with a candidate stage), run once, by ``prepare_*``:
+    a refusal here (e.g. an ε too large for these scores) comes before the ledger is touched."""
+    if stage is None:
+        return valid_slate(mechanism, scores, sensitivities, epsilon, k, allow_non_private=allow_non_private, **params)
+    return valid_two_stage(
+        mechanism,
+        scores,
+        sensitivities,
+        epsilon,
+        stage.m,
+        stage.candidate_fraction,
+        k,
+        stage.mechanism,
         allow_non_private=allow_non_private,
-        **p.params,
+        **params,
     )
+
+
+def draw(p: Prepared, rng: np.random.Generator) -> np.ndarray:
+    """The slate's candidate indices (k of them, in selection order); the only random step. It
+    draws from ``p.valid`` and checks nothing again (``prepare_*`` made it)."""
+    return draw_valid(p.valid, rng)
+
+
+def draw_valid(v: ValidSlate | ValidTwoStage, rng: np.random.Generator) -> np.ndarray:
+    return draw_two_stage(v, rng) if isinstance(v, ValidTwoStage) else draw_slate(v, rng)
 
 
 def parameter_driven(mechanism: str) -> bool:

@@ -52,6 +52,7 @@ from recsvc.service.requests import (
     check_min_epsilon,
     check_user_id,
     draw,
+    validated,
 )
 
 log = logging.getLogger("recsvc.service")
@@ -367,6 +368,7 @@ class Selector:
             try:
                 name, params = self.resolve(name, x.epsilon, kk, e - s, x.params)
                 check_loss_weight(params, name)
+                valid = validated(name, x.epsilon, params, q[s:e], sens[s:e], kk, None, self.allow_non_private)
                 ids = x.item_ids if x.item_ids is not None else RowIds(self.catalog.item_ids, rows[s:e])
                 out[i] = Prepared(
                     x.user_id,
@@ -380,6 +382,7 @@ class Selector:
                     ids,
                     kk,
                     rows=rows[s:e],
+                    valid=valid,
                 )
             except Exception as exc:
                 out[i] = exc
@@ -427,6 +430,7 @@ class Selector:
             name, params = self.resolve(name, eps2, kk, stage.m, params)
         check_loss_weight(params, name, None if stage is None else stage.mechanism)
         q = np.clip(self.recommender.scores(history), self.catalog.lo, self.catalog.hi)  # Δ is a bound only clipped
+        valid = validated(name, eps, params, q, self.catalog.sensitivity, kk, stage, self.allow_non_private)
         return Prepared(
             user_id,
             request_id or uuid.uuid4().hex,
@@ -439,7 +443,12 @@ class Selector:
             self.catalog.item_ids,
             kk,
             stage,
+            valid=valid,
         )
+
+    @property
+    def allow_non_private(self) -> bool:
+        return self.policy.selection.allow_non_private
 
     def execute(self, ledger: Ledger, p: Prepared) -> Selected:
         """Reserves ``p``, draws its sample holding no ledger lock, and commits it (see the module
@@ -449,7 +458,6 @@ class Selector:
         if isinstance(got, Replay):
             return Selected(got.answer, p.request_id, replayed=True)
         with got:  # this thread's CSPRNG, or a heavy draw's process
-            allow = self.policy.selection.allow_non_private
-            picked = self.heavy.draw(p, allow, lambda: draw(p, thread_csprng(), allow))
+            picked = self.heavy.draw(p, lambda: draw(p, thread_csprng()))
             charge = ledger.commit(got, Drawn(*p.answer(picked)))
         return Selected(charge.answer, p.request_id, charge.replayed)

@@ -46,7 +46,7 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(
     fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     draws: list[int] = []
-    real = requests_module.select_slate
+    real = requests_module.draw_slate
 
     def slow_select(*a: Any, **k: Any) -> Any:
         draws.append(1)
@@ -57,7 +57,7 @@ def test_concurrent_duplicates_get_one_stored_answer_and_one_charge(
             time.sleep(0.005)
         return real(*a, **k)
 
-    monkeypatch.setattr(requests_module, "select_slate", slow_select)
+    monkeypatch.setattr(requests_module, "draw_slate", slow_select)
     cands = candidates()
     out: list[pb.SelectResponse] = []
 
@@ -85,16 +85,16 @@ def _stalled_rs(
     block ends; then it is answered (into the list). ``observe`` sees the name of every draw made,
     from the thread that makes it; the patch stays for the rest of the test."""
     in_draw, finish = threading.Event(), threading.Event()
-    real = requests_module.select_slate
+    real = requests_module.draw_slate
 
-    def select(name: str, *a: Any, **k: Any) -> Any:
-        observe(name)
-        if name == "rs" and not finish.is_set():
+    def select(v: Any, rng: Any) -> Any:
+        observe(v.mechanism)
+        if v.mechanism == "rs" and not finish.is_set():
             in_draw.set()
             finish.wait(120)  # beyond the client's 30 s deadline: a call stuck behind it fails, never late
-        return real(name, *a, **k)
+        return real(v, rng)
 
-    monkeypatch.setattr(requests_module, "select_slate", select)
+    monkeypatch.setattr(requests_module, "draw_slate", select)
     answered: list[pb.SelectResponse] = []
     t = threading.Thread(target=lambda: answered.append(client.select(user, candidates(), mechanism="rs", epsilon=0.5)))
     t.start()
@@ -161,19 +161,19 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
     import psutil
 
     seen: list[tuple[str, str, int]] = []
-    real = requests_module.select_slate
+    real = requests_module.draw_slate
 
-    def select(name: str, *a: Any, **k: Any) -> Any:
+    def select(v: Any, rng: Any) -> Any:
         seen.append(
             (
-                name,
+                v.mechanism,
                 threading.current_thread().name.split("_")[0],
                 os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
             )
         )
-        return real(name, *a, **k)
+        return real(v, rng)
 
-    monkeypatch.setattr(requests_module, "select_slate", select)
+    monkeypatch.setattr(requests_module, "draw_slate", select)
     cands = candidates()
     heavy = fresh_client.select("h", cands, mechanism="rs", epsilon=0.5, gamma=1e-5)
     fresh_client.select("h", cands, mechanism="rs", epsilon=0.5)
@@ -223,11 +223,12 @@ def test_light_work_is_small_single_stage_and_of_a_fixed_length(
     import numpy as np
 
     from recsvc.service.draws import light as is_light
-    from recsvc.service.requests import CandidateStage, Prepared
+    from recsvc.service.requests import CandidateStage, Prepared, validated
 
     scores, sens = np.linspace(0, 1, n), np.full(n, 0.1)
     cand = None if stage is None else CandidateStage(stage[1], 0.5, stage[0])
-    p = Prepared("u", "r", b"", mechanism, 1.0, params, scores, sens, (), k, cand)
+    valid = validated(mechanism, 1.0, params, scores, sens, k, cand, False)
+    p = Prepared("u", "r", b"", mechanism, 1.0, params, scores, sens, (), k, cand, valid=valid)
     assert is_light(p) is light
 
 
@@ -238,7 +239,7 @@ def test_the_work_that_decides_heavy_is_priced_from_public_quantities_only() -> 
     import numpy as np
 
     from recsvc.mechanisms import MECHANISMS
-    from recsvc.service.requests import Prepared
+    from recsvc.service.requests import Prepared, validated
 
     rng = np.random.default_rng(0)
     n, sens = 300, np.full(300, 0.5)
@@ -248,5 +249,20 @@ def test_the_work_that_decides_heavy_is_priced_from_public_quantities_only() -> 
             continue
         for k in (1, 5):
             for eps in (0.01, 4.0, 2000.0):
-                works = {Prepared("u", "r", b"", name, eps, {}, q, sens, (), k).work for q in inputs}
+                works = {
+                    Prepared(
+                        "u",
+                        "r",
+                        b"",
+                        name,
+                        eps,
+                        {},
+                        q,
+                        sens,
+                        (),
+                        k,
+                        valid=validated(name, eps, {}, q, sens, k, None, False),
+                    ).work
+                    for q in inputs
+                }
                 assert len(works) == 1, (name, k, eps, works)

@@ -361,13 +361,13 @@ def test_heavy_attackers_are_queued_or_refused_and_hold_no_thread_an_innocent_ca
 
     calls = heavy_server.pools[1]  # the heavy queue (recsvc.service.draws.HeavyCalls)
     seen: list[tuple[str, str, int]] = []  # (mechanism, thread, heavy calls queued) of every draw in this process
-    real = requests_module.select_slate
+    real = requests_module.draw_slate
 
-    def observe(name: str, *a: Any, **k: Any) -> Any:
-        seen.append((name, threading.current_thread().name.split("_")[0], calls.held))
-        return real(name, *a, **k)
+    def observe(v: Any, rng: Any) -> Any:
+        seen.append((v.mechanism, threading.current_thread().name.split("_")[0], calls.held))
+        return real(v, rng)
 
-    monkeypatch.setattr(requests_module, "select_slate", observe)
+    monkeypatch.setattr(requests_module, "draw_slate", observe)
     ctx = mp.get_context("spawn")
     results, stop, refused = ctx.Queue(), ctx.Event(), ctx.Event()
     tokens = [f"atk{i}" for i in range(ATTACKERS)]

@@ -74,7 +74,7 @@ def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server:
     prepared = [server.servicer.prepare_select(r) for r in reqs]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(3))
     g = _gen(3)
-    single = [draw(p, g, False) for p in prepared]  # the vectorised group first, then the slate: same order
+    single = [draw(p, g) for p in prepared]  # the vectorised group first, then the slate: same order
     slates = _slates(batch)
     assert slates == [s.tolist() for s in single]
     assert len(slates[-1]) == 3
@@ -112,7 +112,7 @@ def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_c
     assert got.base is None and got.tolist() == [0.0, 2.0, 2.0, 4.0]
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
     g = _gen(5)
-    assert _slates(batch) == [draw(p, g, False).tolist() for p in prepared]
+    assert _slates(batch) == [draw(p, g).tolist() for p in prepared]
 
 
 def test_batch_answers_have_the_single_select_distribution(client: Client, server: ServerHandle) -> None:

@@ -29,13 +29,13 @@ def test_select_replay_and_conflict(client: Client, server: ServerHandle, monkey
     import recsvc.service.requests as requests_module
 
     draws: list[str] = []
-    real_slate = requests_module.select_slate
+    real_slate = requests_module.draw_slate
 
-    def counted(name: str, *a: Any, **k: Any) -> Any:
-        draws.append(name)
-        return real_slate(name, *a, **k)
+    def counted(v: Any, rng: Any) -> Any:
+        draws.append(v.mechanism)
+        return real_slate(v, rng)
 
-    monkeypatch.setattr(requests_module, "select_slate", counted)
+    monkeypatch.setattr(requests_module, "draw_slate", counted)
     cands = candidates()
     r = client.select("replay-user", cands, mechanism="rnm", epsilon=0.5, request_id="req-1")
     assert r.mechanism == "rnm" and r.epsilon_spent == 0.5 and r.budget_remaining == pytest.approx(BUDGET - 0.5)
@@ -195,13 +195,13 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
     from recsvc.app.cli import main as recsvc_main
 
     seen: list[tuple[str, dict]] = []
-    real_slate = requests_module.select_slate  # every served draw (k = 1 included) goes through it
+    real_slate = requests_module.valid_slate  # every served selection (k = 1 included) is checked by it
 
     def spied(name: str, *a: Any, **k: Any) -> Any:
         seen.append((name, k))
         return real_slate(name, *a, **k)
 
-    monkeypatch.setattr(requests_module, "select_slate", spied)
+    monkeypatch.setattr(requests_module, "valid_slate", spied)
 
     def given(kw: dict[str, object]) -> dict[str, object]:
         return {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}
@@ -410,13 +410,13 @@ def test_every_path_samples_clipped_scores_with_the_chacha_csprng(
     import recsvc.service.requests as requests_module
 
     seen: list[tuple[np.ndarray, np.ndarray, object]] = []
-    real_slate = requests_module.select_slate
+    real_slate = requests_module.draw_slate
 
-    def spy(name, scores, sens, eps, k, rng, **kw):
-        seen.append((np.array(scores), np.array(sens), rng))
-        return real_slate(name, scores, sens, eps, k, rng, **kw)
+    def spy(v, rng):
+        seen.append((np.array(v.q), np.array(v.d), rng))
+        return real_slate(v, rng)
 
-    monkeypatch.setattr(requests_module, "select_slate", spy)
+    monkeypatch.setattr(requests_module, "draw_slate", spy)
     art = load_artifact(artifact)
     items = art.items
     row = {i: k for k, i in enumerate(items["item_id"].to_list())}

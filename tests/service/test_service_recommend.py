@@ -163,15 +163,15 @@ def test_two_stage_follows_its_exact_distribution_and_charges_epsilon_once(
     assert c.budget(user).spent == pytest.approx(calls * spent)  # ε in total, not per stage
     assert _chi2_pvalue(Counter(tuple(r.item_ids) for r in got), exact) > AUDIT_ALPHA
     # m = 0 means the floor (here 2), no candidate_mechanism the server's default, and every stage
-    # parameter reaches select_two_stage.
+    # parameter reaches valid_two_stage.
     seen: list[tuple] = []
-    real = requests_module.select_two_stage
+    real = requests_module.valid_two_stage
 
     def spied(*a: Any, **kw: Any) -> Any:
-        seen.append(a[4:7] + a[8:9])
+        seen.append(a[4:8])
         return real(*a, **kw)
 
-    monkeypatch.setattr(requests_module, "select_two_stage", spied)
+    monkeypatch.setattr(requests_module, "valid_two_stage", spied)
     r = c.recommend(user, history, mechanism="mgem", epsilon=1.0, candidate_fraction=0.25)
     default = c.mechanisms().default_candidate_mechanism
     assert default == ServerConfig.of(art).selection.default_candidate_mechanism in CANDIDATE_MECHANISMS
@@ -190,7 +190,7 @@ def test_bad_two_stage_and_slate_requests_are_refused_and_spend_nothing(
 
         return draw
 
-    for fn in ("select_slate", "select_two_stage"):
+    for fn in ("draw_slate", "draw_two_stage"):
         monkeypatch.setattr(requests_module, fn, counted(getattr(requests_module, fn)))
     rec: dict[str, Any] = {"mechanism": "rnm", "epsilon": 1.0}
     cases: list[tuple[dict[str, Any], str]] = [
@@ -298,13 +298,13 @@ def test_the_servers_default_candidate_mechanism_is_reported_and_runs_with_its_l
 ) -> None:
     art, _ = tiny
     seen: list[tuple] = []
-    real = requests_module.select_two_stage
+    real = requests_module.valid_two_stage
 
     def spied(*a: Any, **kw: Any) -> Any:
-        seen.append((a[8], kw.get("loss_weight")))
+        seen.append((a[7], kw.get("loss_weight")))
         return real(*a, **kw)
 
-    monkeypatch.setattr(requests_module, "select_two_stage", spied)
+    monkeypatch.setattr(requests_module, "valid_two_stage", spied)
     h = _server(art, tmp_path / "l.db", min_candidates=2, default_candidate_mechanism="clm")
     try:
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:

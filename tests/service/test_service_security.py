@@ -177,7 +177,10 @@ def test_internal_errors_are_logged_without_their_message(
     def failing_select(name, scores, *args, **kwargs):
         raise RuntimeError(f"cannot select from {np.asarray(scores).tolist()}")
 
-    monkeypatch.setattr(requests_module, "select_slate", failing_select)
+    def failing_draw(v, rng):
+        raise RuntimeError(f"cannot select from {v.q.tolist()}")
+
+    monkeypatch.setattr(requests_module, "draw_slate", failing_draw)
     monkeypatch.setattr(batch_module, "select_rows", failing_select)  # SelectBatch's vectorised draw
     scores = [("it1", 0.5918273645), ("it2", 0.25)]
     with caplog.at_level(logging.DEBUG):
@@ -195,7 +198,7 @@ def test_internal_errors_are_logged_without_their_message(
     assert res.error.code_name == "INTERNAL" and "5918273645" not in res.error.message
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(errors) == 2 and all("RuntimeError (message withheld)" in r.getMessage() for r in errors)
-    assert "failing_select" in errors[0].getMessage()  # the stack is kept
+    assert "failing_draw" in errors[0].getMessage()  # the stack is kept
     text = "\n".join(r.getMessage() + " " + (r.exc_text or "") for r in caplog.records)
     assert "5918273645" not in text
 

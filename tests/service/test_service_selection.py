@@ -105,3 +105,72 @@ def test_defaults_are_written_once_and_shared_by_cli_config_and_policy() -> None
 def test_an_unknown_parameter_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match=r"unknown ServerConfig parameter\(s\) max_batches; expected some of host, "):
         ServerConfig.of(Path("x"), max_batches=3)
+
+
+@pytest.fixture
+def input_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of every O(n) input check run from now on: every single-user check of scores and
+    Δ (check_inputs, check_scores_sensitivities) reads them through ``_one_user``, and check_inputs
+    sums them with ``_summary``."""
+    from recsvc.mechanisms import validation
+
+    seen: list[str] = []
+    for name in ("_one_user", "_summary"):
+        real = getattr(validation, name)
+
+        def counted(*a: Any, _real: Any = real, _name: str = name) -> Any:
+            seen.append(_name)
+            return _real(*a)
+
+        monkeypatch.setattr(validation, name, counted)
+    return seen
+
+
+def test_a_select_and_each_batch_item_are_checked_once_from_prepare_to_answer(
+    selector: Selector, tmp_path: Path, input_checks: list[str]
+) -> None:
+    """prepare checks the scores once (the mechanisms' own check, into the Prepared's record);
+    reserve, draw and commit check nothing again, for a one-item and a peeled slate alike."""
+    from recsvc.service.batch import execute_batch
+    from recsvc.service.requests import Columns, Prepared, Selected, SelectInput
+
+    ledger = SQLiteLedger(tmp_path / "l.db", budget=10.0)
+    try:
+        for mechanism, k in (("rnm", 1), ("gem", 3), ("oneshot", 2)):
+            input_checks.clear()
+            ids, raw = [c[0] for c in candidates(20)], np.array([c[1] for c in candidates(20)])
+            p = selector.prepare_select("u1", f"once-{mechanism}", mechanism, 1.0, {}, ids, raw, lambda: b"fp", k=k)
+            assert input_checks == ["_one_user", "_summary"]  # prepare: once
+            got = selector.execute(ledger, p)
+            assert input_checks == ["_one_user", "_summary"] and len(got.answer.item_ids) == k  # the draw: never
+        input_checks.clear()
+        inputs = [
+            SelectInput(f"b{i}", f"batch-{i}", "gem", 0.5, {}, lambda: b"fp", 2, [c[0] for c in candidates(10, seed=i)])
+            for i in range(3)
+        ]
+        raws = [np.array([c[1] for c in candidates(10, seed=i)]) for i in range(3)]
+        prepared = selector.prepare_many(inputs, Columns.of(raws, []))
+        ready = [p for p in prepared if isinstance(p, Prepared)]
+        answers = [a for a in execute_batch(selector, ledger, ready) if isinstance(a, Selected)]
+        assert input_checks == ["_one_user", "_summary"] * 3  # once per item, in prepare
+        assert [len(a.answer.item_ids) for a in answers] == [2, 2, 2]
+    finally:
+        ledger.close()
+
+
+def test_a_two_stage_recommend_is_checked_once_from_prepare_to_answer(tmp_path: Path, input_checks: list[str]) -> None:
+    """The candidate stage and the selection among its m share one check of the catalog's scores
+    (stage 2's data-dependent step checks run as a discarded step, not as a second input check)."""
+    art = make_artifact(tmp_path / "toy", rho_median=0.5)
+    selector = Selector(load_artifact(art), Policy(limits=Limits(min_candidates=5)))
+    ledger = SQLiteLedger(tmp_path / "l.db", budget=10.0)
+    try:
+        input_checks.clear()
+        p = selector.prepare_recommend(
+            "u1", "rec", "gem", 1.0, {}, ["it1", "it4"], 8, lambda: b"fp", k=2, candidate_fraction=0.5
+        )
+        assert p.stage is not None and input_checks == ["_one_user", "_summary"]
+        got = selector.execute(ledger, p)
+        assert input_checks == ["_one_user", "_summary"] and len(got.answer.item_ids) == 2
+    finally:
+        ledger.close()
