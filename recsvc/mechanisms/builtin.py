@@ -61,12 +61,6 @@ _STOPPING = Audit(AuditKind.STATISTICAL, ({"gamma": 0.05},))  # about 1/γ draws
 # clm at k = 1 is rnm at γε: the loss reaches ≥ 40 % of γε = ε/2 at the default γ = ½
 _CLM = Audit(AuditKind.EXACT, ({}, {"loss_weight": 0.0}, {"loss_weight": 1.0}), reach=0.2)
 
-# clm's k-subset sampler (clm_draw.py) thins Poisson processes in float64: not yet exact.
-_CLM_FLOAT = (
-    "exact at k = 1 (rnm's race at γε: select, select_batch); slates of k ≥ 2: float64 Poisson-process "
-    "sampler, δ not measured"
-)
-
 BUILTIN = (
     Mechanism(
         "rnm",
@@ -220,7 +214,7 @@ BUILTIN = (
         clm.clm_log_probabilities,
         param_specs(clm.LOSS_WEIGHT),
         privacy=_declared("clm", _BOUNDED, _CLM, distance_map=_SCALED_SLATE),
-        float_level=_CLM_FLOAT,
+        float_level=FLOAT_EXACT,
         top_k=clm.clm_top_k,
         slate_log_probabilities_fn=clm.clm_slate_log_probabilities,
         default=False,

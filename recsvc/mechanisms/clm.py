@@ -38,7 +38,7 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms.clm_draw import draw_slate, strictly_decreasing
+from recsvc.mechanisms.clm_draw import draw_subset, strictly_decreasing
 from recsvc.mechanisms.exact import _gauss_legendre_01
 from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_argmax
 from recsvc.mechanisms.params import ParamSpec, ParamValues
@@ -172,7 +172,7 @@ def clm_top_k(
     if k == 1:
         return clm_sample(q, d, epsilon, p, rng, 1)
     xs, order = _ranks(q)
-    return draw_slate(q, d, xs, order, k, epsilon, float(p["loss_weight"]), rng)
+    return draw_subset(q, d, xs, order, k, epsilon, float(p["loss_weight"]), rng)
 
 
 def clm_sample(

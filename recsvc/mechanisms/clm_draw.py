@@ -21,50 +21,84 @@ kept by a cell is the largest point of the union: the winner, with exactly the l
 exhaustive draw. Rectangles whose bounds are loose are split before thinning, so the work is a
 few hundred heap steps where the exhaustive draw takes millions of classes.
 
-One numba call draws the class, the members and their order (:func:`draw_slate`). It reads a block
+**Exactly, on the real numbers.** That algorithm is a function of real uniforms; the code computes
+that function, not a float64 imitation of it (docs/concepts/privacy-proofs.md#clm):
+
+* ū_R and m̄_R are floats that bound the real utilities and sizes from above (so every thinning
+  ratio is ≤ 1 on the reals); a 1-cell rectangle is thinned too, never taken as its cell.
+* Every real quantity (the uniforms' logarithms, the points, the keep thresholds) is a node of a
+  TAPE carrying a rigorous float enclosure [lo, hi]. A comparison the enclosures decide is decided
+  (all but about one in 10¹² draws). One they do not is resolved by
+  :mod:`recsvc.mechanisms.clm_resolve`, which evaluates both nodes in :mod:`decimal` at a
+  precision that grows, with 64 more bits of each uniform involved every round (fresh words: the
+  uniform's bits beyond its first 64), until they separate; the kernel is then run again on the
+  same words with that decision given (``forced``), and goes on.
+* What the split policy looks at (how loose a rectangle's bounds are) is float arithmetic on the
+  inputs only: any policy gives the same law, and the rerun takes the same one.
+
+A uniform U_j is the real number whose first 64 bits are the j-th raw word; the float path knows
+its first 53 (the cell [K·2⁻⁵³, (K + 1)·2⁻⁵³]), so a word of all ones (U near 1, a tiny
+exponential, a point far above every float bound) is a decision for the slow path, not a cap on
+the noise. Assumptions: libm's ``log``, ``exp``, ``log1p``, ``expm1`` within 4 ulps and ``lgamma``
+of an integer within 2⁻⁴² relative (tested against exact binomials); :mod:`decimal`'s ``ln`` and
+``exp`` are correctly rounded by specification.
+
+One numba call draws the class, the members and their order (:func:`draw_subset`). It reads a block
 of the generator's raw 64-bit draws rather than the generator itself (numba's unboxing of a
 Generator costs more than a whole draw at n = 500, k = 10); a call that runs out of them restarts
-on the same draws followed by fresh ones (:func:`_with_raw`).
+on the same draws followed by fresh ones (:func:`_run`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import numba
 import numpy as np
 import numpy.typing as npt
 
-_LOG_TINY = -30.0  # below this log s, φ(s) = −log s to double precision (the next term is s/2)
+from recsvc.mechanisms.clm_resolve import Resolver
+from recsvc.mechanisms.clm_tape import (
+    PENDING_X,
+    PENDING_Y,
+    Inputs,
+    OutOfRandomness,
+    Tape,
+    TapeFull,
+    Undecided,
+    below,
+    enclosure_inputs,
+    less,
+    log_size,
+    log_size_bounds,
+    n_add,
+    n_const,
+    n_log_add_exp,
+    n_log_e,
+    n_log_expm1,
+    n_log_int,
+    n_log_phi,
+    n_log_size,
+    n_log_u,
+    n_phi_of_log,
+    n_sub,
+    n_util,
+    util_bounds,
+)
+
 _T = TypeVar("_T")
 _TIGHT = 1.0  # split a rectangle whose log intensity can vary by more than this across its cells
-
-
-@dataclass(frozen=True)
-class Classes:
-    """The class rectangle of sorted scores: utilities a[h] + b[t] (0 ≤ h < k < t ≤ n, 1-based t)
-    and log sizes lnC(t − h − 2, k − h − 1); the top class is drawn separately."""
-
-    a: np.ndarray  # (k,) nondecreasing in h
-    b: np.ndarray  # (n + 1,) nonincreasing in t on k + 1 … n
-    k: int
-    n: int
-
-
-def classes_of(x_sorted: np.ndarray, k: int, gamma: float, epsilon: float) -> Classes:
-    """The utilities −(ε/2)·loss of :func:`recsvc.mechanisms.clm.classes` as a[h] + b[t]."""
-    a, b, _ = _class_utilities(x_sorted, k, gamma, epsilon)
-    return Classes(a, b, k, x_sorted.shape[0])
 
 
 @numba.njit(cache=True, nogil=True)
 def _class_utilities(  # pragma: no cover - numba
     x_sorted: np.ndarray, k: int, gamma: float, epsilon: float
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """(a, b, the top class's utility): :class:`Classes`' arrays; the top class has a = b = x_[k]."""
+    """In float64, for the split policy: a[h] (k,) nondecreasing in h and b[t] (n + 1,)
+    nonincreasing in t on k + 1 … n, class (h, t)'s utility a[h] + b[t]; and the top class's
+    (a = b = x_[k])."""
     n = x_sorted.shape[0]
     c = 0.5 * epsilon
     a = np.empty(k)
@@ -85,155 +119,113 @@ def strictly_decreasing(xs: np.ndarray) -> bool:  # pragma: no cover - numba
     return True
 
 
-class OutOfRandomness(Exception):
-    """A kernel used up its block of raw draws (see :func:`_with_raw`)."""
-
-
-@numba.njit(cache=True, nogil=True)
-def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cover - numba
-    i = cur[0]
-    if i >= raw.shape[0]:
-        raise OutOfRandomness()
-    cur[0] = i + 1
-    r: np.uint64 = raw[i]
-    return r
-
-
-@numba.njit(cache=True, nogil=True)
-def _uniform(raw: np.ndarray, cur: np.ndarray) -> float:  # pragma: no cover - numba
-    """Uniform on (0, 1] from the top 53 bits: 1 − numpy's ``random()``, whose law it has."""
-    return float((_next_raw(raw, cur) >> np.uint64(11)) + np.uint64(1)) * 2.0**-53
-
-
-@numba.njit(cache=True, nogil=True)
-def _exponential(raw: np.ndarray, cur: np.ndarray) -> float:  # pragma: no cover - numba
-    return -math.log(_uniform(raw, cur))
-
-
-@numba.njit(cache=True, nogil=True)
-def _below(m: int, raw: np.ndarray, cur: np.ndarray) -> int:  # pragma: no cover - numba
-    """Uniform on 0 … m − 1, exactly: a raw draw below 2⁶⁴ mod m is rejected, so the accepted
-    ones cover every residue equally often."""
-    mm = np.uint64(m)
-    least = (np.uint64(0) - mm) % mm  # 2⁶⁴ mod m
-    while True:
-        r = _next_raw(raw, cur)
-        if r >= least:
-            return int(r % mm)
-
-
-@numba.njit(cache=True, nogil=True)
-def phi(s: float) -> float:  # pragma: no cover - numba
-    """φ(s) = −log(1 − e^{−s}) for s > 0 (its own inverse)."""
-    if s < 0.7:
-        return -math.log(-math.expm1(-s))
-    return -math.log1p(-math.exp(-s))
-
-
-@numba.njit(cache=True, nogil=True)
-def _phi_of_log(log_s: float) -> float:  # pragma: no cover - numba
-    """φ(e^{log s}) without overflow or underflow."""
-    if log_s < _LOG_TINY:
-        return -log_s
-    if log_s > 6.6:  # s > 735: e^{−s} underflows, φ(s) = e^{−s} is 0 to double precision
-        return 0.0
-    return phi(math.exp(log_s))
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_phi(z: float) -> float:  # pragma: no cover - numba
-    """log φ(z) for z > 0."""
-    if z > 30.0:  # φ(z) = e^{−z}(1 + e^{−z}/2 + …)
-        return -z
-    return math.log(phi(z))
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_expm1(z: float) -> float:  # pragma: no cover - numba
-    return z + math.log(-math.expm1(-z)) if z > 0.7 else math.log(math.expm1(z))
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_intensity_gap(v: float, u_hi: float, u: float) -> float:  # pragma: no cover - numba
-    """log[(e^{v−u_hi} − 1)/(e^{v−u} − 1)] ≤ 0 for u ≤ u_hi < v: the intensity ratio's utility part."""
-    return _log_expm1(v - u_hi) - _log_expm1(v - u)
-
-
-@numba.njit(cache=True, nogil=True)
-def _logaddexp(x: float, y: float) -> float:  # pragma: no cover - numba
-    if x == -math.inf:
-        return y
-    hi, lo = (x, y) if x > y else (y, x)
-    return hi + math.log1p(math.exp(lo - hi))
-
-
-@numba.njit(cache=True, nogil=True)
-def _log_size(k: int, h: int, t: int) -> float:  # pragma: no cover - numba
-    """log C(t − h − 2, k − h − 1): the size of class (h, t)."""
-    return math.lgamma(t - h - 1) - math.lgamma(k - h) - math.lgamma(t - k)
-
-
-# A rectangle of classes is a row of two arrays: its cell bounds h0, h1, t0, t1 (int) and its
-# floats: the largest utility of a cell, the largest log size, log(cells · largest size) (the
-# dominating process's mass scale), log Γ of its current point (the dominating mass above it) and
-# that point.
-_H0, _H1, _T0, _T1 = 0, 1, 2, 3
-_U_HI, _LOG_M_HI, _LOG_MASS, _LOG_GAMMA, _V = 0, 1, 2, 3, 4
+# --- the Poisson processes -------------------------------------------------------------------------
+# A row is the top class (row 0) or a rectangle of classes: ints (h0, h1, t0, t1); bounds (ū, L):
+# floats with ū ≥ every cell's real utility and e^L ≥ every cell's size; nodes (u, log mass,
+# log Γ, v): ū (the top class: its exact utility), log(cells·e^L), log of the dominating mass
+# above the current point (−1: none yet), and the current point.
+_U, _LOG_MASS, _LOG_GAMMA, _V = 0, 1, 2, 3
 
 
 @numba.njit(cache=True, nogil=True)
 def _new_rect(  # pragma: no cover - numba
-    a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: np.ndarray, h0: int, h1: int, t0: int, t1: int
+    ops: np.ndarray,
+    vals: np.ndarray,
+    state: np.ndarray,
+    xs: np.ndarray,
+    cx: np.ndarray,
+    k: int,
+    ints: np.ndarray,
+    bounds: np.ndarray,
+    nodes: np.ndarray,
+    h0: int,
+    h1: int,
+    t0: int,
+    t1: int,
+    u_cap: float,
+    l_cap: float,
 ) -> None:
+    """A rectangle's row; its bounds are capped by its parent's (also bounds of its cells)."""
     ints[0], ints[1], ints[2], ints[3] = h0, h1, t0, t1
-    log_m = _log_size(k, h0, t1)
-    floats[_U_HI] = a[h1] + b[t0]
-    floats[_LOG_M_HI] = log_m
-    floats[_LOG_MASS] = math.log((h1 - h0 + 1) * (t1 - t0 + 1)) + log_m
-    floats[_LOG_GAMMA] = -math.inf
-    floats[_V] = math.inf
+    bounds[0] = min(util_bounds(xs, cx, h1, t0)[1], u_cap)
+    bounds[1] = min(log_size_bounds(k, h0, t1)[1], l_cap)
+    nodes[_U] = n_const(ops, vals, state, bounds[0])
+    cells = n_log_int(ops, vals, state, (h1 - h0 + 1) * (t1 - t0 + 1))
+    nodes[_LOG_MASS] = n_add(ops, vals, state, cells, n_const(ops, vals, state, bounds[1]))
+    nodes[_LOG_GAMMA] = -1
+    nodes[_V] = -1
 
 
 @numba.njit(cache=True, nogil=True)
-def _advance(floats: np.ndarray, e: float) -> None:  # pragma: no cover - numba
-    """Move a rectangle to its next point below: Γ ← Γ + e."""
-    floats[_LOG_GAMMA] = _logaddexp(floats[_LOG_GAMMA], math.log(e))
-    floats[_V] = floats[_U_HI] + _phi_of_log(floats[_LOG_GAMMA] - floats[_LOG_MASS])
+def _at(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, nodes: np.ndarray) -> None:  # pragma: no cover - numba
+    """The point of mass Γ: v = u + φ(Γ / mass)."""
+    s = n_sub(ops, vals, state, nodes[_LOG_GAMMA], nodes[_LOG_MASS])
+    nodes[_V] = n_add(ops, vals, state, nodes[_U], n_phi_of_log(ops, vals, state, s))
+
+
+@numba.njit(cache=True, nogil=True)
+def _advance(  # pragma: no cover - numba
+    ops: np.ndarray, vals: np.ndarray, state: np.ndarray, nodes: np.ndarray, raw: np.ndarray, cur: np.ndarray
+) -> None:
+    """Move a row to its next point below: Γ ← Γ + E."""
+    log_e = n_log_e(ops, vals, state, raw, cur)
+    g = nodes[_LOG_GAMMA]
+    nodes[_LOG_GAMMA] = log_e if g < 0 else n_log_add_exp(ops, vals, state, g, log_e)
+    _at(ops, vals, state, nodes)
 
 
 @numba.njit(cache=True, nogil=True)
 def _looseness(  # pragma: no cover - numba
-    a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, floats: np.ndarray
+    a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, bounds: np.ndarray
 ) -> tuple[float, float]:
-    """How much the log intensity can vary across a rectangle's h range and across its t range."""
+    """How much the log intensity can vary across a rectangle's h range and across its t range
+    (float64 arithmetic on the inputs: it only chooses where to split)."""
     h0, h1, t0, t1 = ints[0], ints[1], ints[2], ints[3]
-    along_h = (floats[_LOG_M_HI] - _log_size(k, h1, t1)) + (a[h1] - a[h0])
-    along_t = (floats[_LOG_M_HI] - _log_size(k, h0, t0)) + (b[t0] - b[t1])
+    along_h = (bounds[1] - log_size(k, h1, t1)) + (a[h1] - a[h0])
+    along_t = (bounds[1] - log_size(k, h0, t0)) + (b[t0] - b[t1])
     return along_h, along_t
 
 
 @numba.njit(cache=True, nogil=True)
-def _higher(floats: np.ndarray, i: int, j: int) -> bool:  # pragma: no cover - numba
-    """Row i's point comes before row j's: higher, or as high and an earlier row."""
-    vi, vj = floats[i, _V], floats[j, _V]
-    return vi > vj or (vi == vj and i < j)
+def _higher(  # pragma: no cover - numba
+    vals: np.ndarray, state: np.ndarray, forced: np.ndarray, slack: float, nodes: np.ndarray, i: int, j: int
+) -> bool:
+    """Row i's point is above row j's (on the reals points never tie)."""
+    return less(vals, state, forced, slack, nodes[j, _V], nodes[i, _V])
 
 
 @numba.njit(cache=True, nogil=True)
-def _push(heap: np.ndarray, size: int, floats: np.ndarray, row: int) -> None:  # pragma: no cover - numba
+def _push(  # pragma: no cover - numba
+    vals: np.ndarray,
+    state: np.ndarray,
+    forced: np.ndarray,
+    slack: float,
+    nodes: np.ndarray,
+    heap: np.ndarray,
+    size: int,
+    row: int,
+) -> None:
     """Put ``row`` into the binary heap heap[:size] (which has room for it)."""
     i = size
     heap[i] = row
     while i:
         parent = (i - 1) // 2
-        if not _higher(floats, heap[i], heap[parent]):
+        if not _higher(vals, state, forced, slack, nodes, heap[i], heap[parent]):
             return
         heap[i], heap[parent] = heap[parent], heap[i]
         i = parent
 
 
 @numba.njit(cache=True, nogil=True)
-def _pop(heap: np.ndarray, size: int, floats: np.ndarray) -> int:  # pragma: no cover - numba
+def _pop(  # pragma: no cover - numba
+    vals: np.ndarray,
+    state: np.ndarray,
+    forced: np.ndarray,
+    slack: float,
+    nodes: np.ndarray,
+    heap: np.ndarray,
+    size: int,
+) -> int:
     """Take the first row out of the binary heap heap[:size] (leaving size − 1 rows)."""
     first: int = heap[0]
     size -= 1
@@ -241,9 +233,9 @@ def _pop(heap: np.ndarray, size: int, floats: np.ndarray) -> int:  # pragma: no 
     i = 0
     while True:
         best, left = i, 2 * i + 1
-        if left < size and _higher(floats, heap[left], heap[best]):
+        if left < size and _higher(vals, state, forced, slack, nodes, heap[left], heap[best]):
             best = left
-        if left + 1 < size and _higher(floats, heap[left + 1], heap[best]):
+        if left + 1 < size and _higher(vals, state, forced, slack, nodes, heap[left + 1], heap[best]):
             best = left + 1
         if best == i:
             return first
@@ -252,90 +244,120 @@ def _pop(heap: np.ndarray, size: int, floats: np.ndarray) -> int:  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True)
+def _keep_threshold(  # pragma: no cover - numba
+    ops: np.ndarray, vals: np.ndarray, state: np.ndarray, log_m: int, l_bound: float, v: int, u_bound: int, u: int
+) -> int:
+    """log of the thinning ratio m/e^L · (e^{v−ū} − 1)/(e^{v−u} − 1) ≤ 0 (m, u: the kept
+    process's size and utility; e^L, ū: the dominating one's)."""
+    sizes = n_sub(ops, vals, state, log_m, n_const(ops, vals, state, l_bound))
+    gap_bound = n_log_expm1(ops, vals, state, n_sub(ops, vals, state, v, u_bound))
+    gap = n_log_expm1(ops, vals, state, n_sub(ops, vals, state, v, u))
+    return n_add(ops, vals, state, sizes, n_sub(ops, vals, state, gap_bound, gap))
+
+
+@numba.njit(cache=True, nogil=True)
 def _winning_class(  # pragma: no cover - numba
-    a: np.ndarray, b: np.ndarray, k: int, n: int, top_util: float, raw: np.ndarray, cur: np.ndarray
+    a: np.ndarray,
+    b: np.ndarray,
+    xs: np.ndarray,
+    cx: np.ndarray,
+    k: int,
+    raw: np.ndarray,
+    cur: np.ndarray,
+    ops: np.ndarray,
+    vals: np.ndarray,
+    state: np.ndarray,
+    forced: np.ndarray,
+    slack: float,
 ) -> tuple[int, int]:
-    """:func:`winning_class` on the arrays of :class:`Classes`. Row 0 is the top class (one class
-    of one subset), row 1 the whole rectangle; a heap of rows, each in it at most once, orders
-    their current points."""
+    """(h, t) of the winning class (the top class as (k − 1, k)). Row 0 is the top class (one class
+    of one subset, its process exact), row 1 the whole rectangle; a heap of rows, each in it at most
+    once, orders their current points."""
+    n = xs.shape[0]
     cap = 64
     ints = np.empty((cap, 4), np.int64)
-    floats = np.empty((cap, 5))
+    bounds = np.empty((cap, 2))
+    nodes = np.empty((cap, 4), np.int64)
     heap = np.empty(cap, np.int64)
     ints[0, 0], ints[0, 1], ints[0, 2], ints[0, 3] = k - 1, k - 1, k, k
-    floats[0, _U_HI], floats[0, _LOG_M_HI], floats[0, _LOG_MASS] = top_util, 0.0, 0.0
-    floats[0, _LOG_GAMMA], floats[0, _V] = -math.inf, math.inf
-    _advance(floats[0], _exponential(raw, cur))
-    _push(heap, 0, floats, 0)
+    nodes[0, _U] = n_util(ops, vals, state, xs, cx, k - 1, k)
+    nodes[0, _LOG_MASS] = n_const(ops, vals, state, 0.0)
+    nodes[0, _LOG_GAMMA] = -1
+    _advance(ops, vals, state, nodes[0], raw, cur)
+    _push(vals, state, forced, slack, nodes, heap, 0, 0)
     rows = size = 1
     if n > k:
-        _new_rect(a, b, k, ints[1], floats[1], 0, k - 1, k + 1, n)
-        _advance(floats[1], _exponential(raw, cur))
-        _push(heap, size, floats, 1)
+        _new_rect(ops, vals, state, xs, cx, k, ints[1], bounds[1], nodes[1], 0, k - 1, k + 1, n, math.inf, math.inf)
+        _advance(ops, vals, state, nodes[1], raw, cur)
+        _push(vals, state, forced, slack, nodes, heap, size, 1)
         rows = size = 2
     while True:
-        r = _pop(heap, size, floats)
+        r = _pop(vals, state, forced, slack, nodes, heap, size)
         size -= 1
         if r == 0:
             return k - 1, k
         h0, h1, t0, t1 = ints[r, 0], ints[r, 1], ints[r, 2], ints[r, 3]
         cells = (h1 - h0 + 1) * (t1 - t0 + 1)
-        if cells == 1:
-            return h0, t0
-        v = floats[r, _V]
-        along_h, along_t = _looseness(a, b, k, ints[r], floats[r])
-        if along_h + along_t > _TIGHT:
+        v = nodes[r, _V]
+        along_h, along_t = _looseness(a, b, k, ints[r], bounds[r])
+        if cells > 1 and along_h + along_t > _TIGHT:
             # split: the point goes to the half holding its uniform cell, kept with the ratio of
             # the half's intensity to r's; each half goes on below v from its own mass
             if rows + 2 > cap:
                 cap *= 2
                 ints = np.concatenate((ints, np.empty_like(ints)))
-                floats = np.concatenate((floats, np.empty_like(floats)))
+                bounds = np.concatenate((bounds, np.empty_like(bounds)))
+                nodes = np.concatenate((nodes, np.empty_like(nodes)))
                 heap = np.concatenate((heap, np.empty_like(heap)))
             lo, hi = rows, rows + 1
             rows += 2
+            u_cap, l_cap = bounds[r, 0], bounds[r, 1]
             if t1 > t0 and (along_t >= along_h or h1 == h0):
                 mid = (t0 + t1) // 2
-                _new_rect(a, b, k, ints[lo], floats[lo], h0, h1, t0, mid)
-                _new_rect(a, b, k, ints[hi], floats[hi], h0, h1, mid + 1, t1)
+                _new_rect(ops, vals, state, xs, cx, k, ints[lo], bounds[lo], nodes[lo], h0, h1, t0, mid, u_cap, l_cap)
+                _new_rect(
+                    ops, vals, state, xs, cx, k, ints[hi], bounds[hi], nodes[hi], h0, h1, mid + 1, t1, u_cap, l_cap
+                )
             else:
                 mid = (h0 + h1) // 2
-                _new_rect(a, b, k, ints[lo], floats[lo], h0, mid, t0, t1)
-                _new_rect(a, b, k, ints[hi], floats[hi], mid + 1, h1, t0, t1)
-            cell = _below(cells, raw, cur)
+                _new_rect(ops, vals, state, xs, cx, k, ints[lo], bounds[lo], nodes[lo], h0, mid, t0, t1, u_cap, l_cap)
+                _new_rect(
+                    ops, vals, state, xs, cx, k, ints[hi], bounds[hi], nodes[hi], mid + 1, h1, t0, t1, u_cap, l_cap
+                )
+            cell = below(cells, raw, cur)
             lo_cells = (ints[lo, 1] - ints[lo, 0] + 1) * (ints[lo, 3] - ints[lo, 2] + 1)
             holder = lo if cell < lo_cells else hi
             for half in (lo, hi):
-                f = floats[half]
-                f[_LOG_GAMMA] = f[_LOG_MASS] + _log_phi(v - f[_U_HI])  # its mass above v
+                f = nodes[half]
+                z = n_sub(ops, vals, state, v, f[_U])  # v − ū_half > 0
+                f[_LOG_GAMMA] = n_add(
+                    ops, vals, state, f[_LOG_MASS], n_log_phi(ops, vals, state, z)
+                )  # its mass above v
                 keep = False
                 if half == holder:
-                    log_keep = f[_LOG_M_HI] - floats[r, _LOG_M_HI] + _log_intensity_gap(v, floats[r, _U_HI], f[_U_HI])
-                    keep = math.log(_uniform(raw, cur)) < log_keep
+                    log_m = n_const(ops, vals, state, bounds[half, 1])
+                    threshold = _keep_threshold(ops, vals, state, log_m, l_cap, v, nodes[r, _U], f[_U])
+                    keep = less(vals, state, forced, slack, n_log_u(ops, vals, state, raw, cur), threshold)
                 if keep:
                     f[_V] = v
                 else:
-                    _advance(f, _exponential(raw, cur))
-                _push(heap, size, floats, half)
+                    _advance(ops, vals, state, f, raw, cur)
+                _push(vals, state, forced, slack, nodes, heap, size, half)
                 size += 1
             continue
         # thin: a uniform cell keeps the point with the ratio of its intensity to the bound
-        cell = _below(cells, raw, cur)
+        cell = below(cells, raw, cur) if cells > 1 else 0
         width = t1 - t0 + 1
         h, t = h0 + cell // width, t0 + cell % width
-        log_keep = _log_size(k, h, t) - floats[r, _LOG_M_HI] + _log_intensity_gap(v, floats[r, _U_HI], a[h] + b[t])
-        if math.log(_uniform(raw, cur)) < log_keep:
+        u = n_util(ops, vals, state, xs, cx, h, t)
+        threshold = _keep_threshold(
+            ops, vals, state, n_log_size(ops, vals, state, k, h, t), bounds[r, 1], v, nodes[r, _U], u
+        )
+        if less(vals, state, forced, slack, n_log_u(ops, vals, state, raw, cur), threshold):
             return h, t
-        _advance(floats[r], _exponential(raw, cur))
-        _push(heap, size, floats, r)
+        _advance(ops, vals, state, nodes[r], raw, cur)
+        _push(vals, state, forced, slack, nodes, heap, size, r)
         size += 1
-
-
-@numba.njit(cache=True, nogil=True)
-def _class_kernel(  # pragma: no cover - numba
-    a: np.ndarray, b: np.ndarray, k: int, n: int, top_util: float, raw: np.ndarray
-) -> tuple[int, int]:
-    return _winning_class(a, b, k, n, top_util, raw, np.zeros(1, np.int64))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -347,7 +369,12 @@ def _slate_kernel(  # pragma: no cover - numba
     k: int,
     epsilon: float,
     gamma: float,
+    slack: float,
     raw: np.ndarray,
+    ops: np.ndarray,
+    vals: np.ndarray,
+    state: np.ndarray,
+    forced: np.ndarray,
 ) -> np.ndarray:
     """clm's k-subset of scores q with sensitivities d (``xs``: q sorted descending): the winning
     class of the utilities of (xs − xs[0])·(ε/2)/Δmax, then a uniform member in uniformly random
@@ -363,9 +390,10 @@ def _slate_kernel(  # pragma: no cover - numba
     unit = 0.5 * epsilon / scale  # in utility units, the top score subtracted first (clm.centred_units)
     for i in range(n):
         x[i] = (xs[i] - xs[0]) * unit
-    a, b, top_util = _class_utilities(x, k, gamma, 2.0)
+    a, b, _ = _class_utilities(x, k, gamma, 2.0)
+    cx = enclosure_inputs(epsilon, scale, gamma)
     cur = np.zeros(1, np.int64)
-    h, t = _winning_class(a, b, k, n, top_util, raw, cur)
+    h, t = _winning_class(a, b, xs, cx, k, raw, cur, ops, vals, state, forced, slack)
     out = np.empty(k, np.int64)
     top = t == k
     pool = np.empty(0 if top else t - h - 2, np.int64)
@@ -395,41 +423,50 @@ def _slate_kernel(  # pragma: no cover - numba
     if t != k:
         body = k - h - 1
         for j in range(body):  # pool[:body] becomes a uniform body
-            m = j + _below(pool.shape[0] - j, raw, cur)
+            m = j + below(pool.shape[0] - j, raw, cur)
             pool[j], pool[m] = pool[m], pool[j]
             out[h + j] = pool[j]
     for j in range(k - 1, 0, -1):  # a uniform order of the set
-        m = _below(j + 1, raw, cur)
+        m = below(j + 1, raw, cur)
         out[j], out[m] = out[m], out[j]
     return out
 
 
 # Raw 64-bit draws first given to a kernel: the members and their order take up to 2k − 1, the
 # class a few per heap step; enough for all but a few per cent of the draws measured at ε ≤ 10
-# (n = 500 and 20,720; k = 10 and 500).
-RAW_PER_ITEM, RAW_FOR_CLASS = 3, 128
+# (n = 500 and 20,720; k = 10 and 500). The tape holds about 20 nodes per heap step.
+RAW_PER_ITEM, RAW_FOR_CLASS, TAPE = 3, 128, 2048
+_NO_FORCED = np.zeros(0, np.int8)
 
 
-def _with_raw(rng: np.random.Generator, block: int, kernel: Callable[..., _T], *args: object) -> _T:
-    """kernel(*args, raw) on ``block`` of ``rng``'s raw 64-bit draws. The kernel's output is a
-    function of the raw sequence; a kernel that runs out restarts on the same draws followed by
-    fresh ones, so the output has the law of one run on an unending sequence."""
+def _run(
+    rng: np.random.Generator, block: int, inputs: Inputs, kernel: Callable[..., _T], *args: object, slack: float = 0.0
+) -> _T:
+    """kernel(*args, slack, raw, tape, state, forced) on ``block`` of ``rng``'s raw 64-bit draws.
+    The kernel's output is a function of the real uniforms the raw words begin; it is rerun on the
+    same words (a rerun repeats the same steps) when it runs out of them (followed by fresh ones),
+    fills its tape (a larger one), or meets a comparison the floats cannot decide (given the
+    decision, made exactly by :mod:`recsvc.mechanisms.clm_resolve`)."""
     bits = rng.bit_generator
     raw = bits.random_raw(block)
+    tape = Tape.of(TAPE)
+    forced = _NO_FORCED
+    resolver: Resolver | None = None
     while True:
+        state = np.zeros(4, np.int64)
         try:
-            return kernel(*args, raw)
+            return kernel(*args, slack, raw, tape.ops, tape.vals, state, forced)
         except OutOfRandomness:
             raw = np.concatenate((raw, bits.random_raw(raw.shape[0])))
+        except TapeFull:
+            tape = Tape.of(2 * tape.ops.shape[0])
+        except Undecided:
+            resolver = resolver or Resolver(inputs, bits.random_raw)
+            decision = resolver.less(tape, raw, int(state[PENDING_X]), int(state[PENDING_Y]))
+            forced = np.append(forced, np.int8(decision))
 
 
-def winning_class(cl: Classes, top_util: float, rng: np.random.Generator) -> tuple[int, int]:
-    """(h, t) of the class with the largest u + N (the top class as (k − 1, k)), drawn exactly."""
-    h, t = _with_raw(rng, RAW_FOR_CLASS, _class_kernel, cl.a, cl.b, cl.k, cl.n, top_util)
-    return int(h), int(t)
-
-
-def draw_slate(
+def draw_subset(
     q: np.ndarray,
     d: np.ndarray,
     xs: np.ndarray,
@@ -438,9 +475,13 @@ def draw_slate(
     epsilon: float,
     gamma: float,
     rng: np.random.Generator,
+    *,
+    slack: float = 0.0,
 ) -> npt.NDArray[np.int64]:
     """clm's k-subset in uniformly random order: a uniform member of the winning class. ``xs``:
     q's values sorted descending; ``order``: q's stable descending order, or empty if the scores
-    are distinct (the members are then found by value)."""
+    are distinct (the members are then found by value). ``slack`` > 0 (tests) widens every float
+    decision, sending it to the slow path."""
     block = RAW_FOR_CLASS + RAW_PER_ITEM * k
-    return _with_raw(rng, block, _slate_kernel, q, d, xs, order, k, epsilon, gamma)
+    inputs = Inputs(xs, epsilon, float(d.max()), gamma, k)
+    return _run(rng, block, inputs, _slate_kernel, q, d, xs, order, k, epsilon, gamma, slack=slack)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from recsvc.mechanisms import clm, noisy_max, random_stopping, topk
-from recsvc.mechanisms.clm_draw import draw_slate
+from recsvc.mechanisms.clm_draw import draw_subset
 from recsvc.rng import csprng
 
 SIZES = (500, 20_720)
@@ -94,7 +94,7 @@ def clm_float(q: np.ndarray, d: np.ndarray, rng: np.random.Generator, size: int)
     xs, order = clm._ranks(q)
     out = np.empty(size, np.int64)
     for i in range(size):
-        out[i] = draw_slate(q, d, xs, order, 1, EPSILON, 0.5, rng)[0]
+        out[i] = draw_subset(q, d, xs, order, 1, EPSILON, 0.5, rng)[0]
     return out
 
 

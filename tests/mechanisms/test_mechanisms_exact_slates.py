@@ -188,7 +188,8 @@ def test_laplace_cell_bounds_enclose_the_real_quantile(x: float) -> None:
     lo, hi = Decimal(x), CTX.add(Decimal(x), CELL)
     f_lo, f_hi = _laplace_quantile(lo), _laplace_quantile(hi)
     assert abs(Decimal(LAPLACE.sup_at(x)) - f_hi) <= Decimal(LAPLACE.error)
-    assert Decimal(float(LAPLACE.sup(np.array([x]))[0])) == Decimal(LAPLACE.sup_at(x))
+    # the vectorised log may differ from math.log in the last bit (SIMD paths differ by CPU): both within the bound
+    assert abs(Decimal(float(LAPLACE.sup(np.array([x]))[0])) - f_hi) <= Decimal(LAPLACE.error)
     assert abs(Decimal(LAPLACE.inf_at(x)) - f_lo) <= Decimal(LAPLACE.error)
     # the record race's compiled quantile (random stopping) keeps the same error bound
     assert abs(Decimal(_signed_log(x + 2.0**-53)) - f_hi) <= Decimal(LAPLACE.error)
