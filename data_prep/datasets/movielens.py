@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -121,6 +122,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get("RECSVC_CACHE") or Path.home() / ".cache" / "recsvc" / "wheels")
 
 
+def _pip_python() -> str:
+    """An interpreter with pip: this one, or, in a venv made without pip (scripts/setup.sh makes
+    one: uv installs into it), the interpreter it was made from, whose pip has the machine's index
+    settings."""
+    if importlib.util.find_spec("pip") is not None:
+        return sys.executable
+    return getattr(sys, "_base_executable", None) or sys.executable
+
+
 def recbole_wheel() -> Path:
     """The recbole wheel in the cache, downloaded (without installing it) only if missing."""
     cache = cache_dir()
@@ -128,7 +138,7 @@ def recbole_wheel() -> Path:
     if wheel.is_file():
         return wheel
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", RECBOLE_WHEEL, "-d", str(cache)]
+    cmd = [_pip_python(), "-m", "pip", "download", "--no-deps", "--only-binary=:all:", RECBOLE_WHEEL, "-d", str(cache)]
     print(f"fetching the embedded ml-100k copy: {' '.join(cmd[2:])}", file=sys.stderr)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not wheel.is_file():

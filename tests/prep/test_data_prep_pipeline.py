@@ -367,3 +367,15 @@ def test_sensitivity_memory_does_not_grow_with_population(tmp_path: Path, monkey
     # 8× the users: dense scores alone would be 8× (3200 × 600 × 8 B = 15 MB vs 1.9 MB), the
     # top-500 lists 8× too. Chunking keeps the peak flat; only the ρ values (8 B/user) grow.
     assert large < 1.3 * small, (small, large)
+
+
+def test_the_wheel_download_finds_a_pip_even_in_a_venv_made_without_one() -> None:
+    """scripts/setup.sh makes .venv without pip (uv installs into it); the ml-100k wheel is then
+    fetched by the interpreter the venv was made from, which has pip."""
+    import subprocess
+
+    from data_prep.datasets.movielens import _pip_python
+
+    proc = subprocess.run([_pip_python(), "-m", "pip", "--version"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("pip ")
