@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Self
@@ -131,8 +131,11 @@ class StagedDir:
                         continue
                     raise
                 self._created.append(d)
-            self._tmp = Path(tempfile.mkdtemp(prefix=f".{self._path.name}.tmp-", dir=self._path.parent))
+            # named before it is made: a SIGTERM between the mkdir and an assignment would leak it
+            self._tmp = self._path.parent / f".{self._path.name}.tmp-{secrets.token_hex(4)}"
+            self._tmp.mkdir(mode=0o700)
         except OSError as exc:
+            self._tmp = None  # the mkdir failed: nothing to remove
             self._remove_created()
             raise _error(
                 "cannot create {out} {out_path}: {reason} ({where})",
@@ -141,6 +144,9 @@ class StagedDir:
                 reason=str(exc.strerror or exc),
                 where=_failed_at(exc),
             ) from None
+        except BaseException:  # Ctrl-C or SIGTERM on the way in: `with` will not call __exit__
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:

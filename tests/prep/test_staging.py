@@ -137,12 +137,16 @@ def test_staged_dir_force_replaces_and_a_racing_out_is_kept(tmp_path):
 def test_staged_dir_os_error_on_enter_is_one_clear_error_and_leaves_nothing(tmp_path, monkeypatch):
     import errno
 
-    def denied(prefix, dir):
-        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}abc")
+    real_mkdir = Path.mkdir
+
+    def denied(self, *args, **kwargs):
+        if ".tmp-" in self.name:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_mkdir(self, *args, **kwargs)
 
     out = tmp_path / "a" / "b" / "c"
     stage = staging.StagedDir(out)
-    monkeypatch.setattr(staging.tempfile, "mkdtemp", denied)
+    monkeypatch.setattr(Path, "mkdir", denied)
     with pytest.raises(OutputError, match=r"^cannot create out .*a/b/c: Permission denied \(.*a/b\)$"):
         stage.__enter__()
     assert list(tmp_path.iterdir()) == []  # a/ and a/b/ were made, then removed
@@ -223,3 +227,19 @@ def test_the_current_directory_is_never_an_output(tmp_path, monkeypatch):
         check_out(".", force=True)
     with pytest.raises(OutputError, match=r"^results \.\. contains the current directory"):
         StagedDir("..", force=True, param="results")
+
+
+def test_an_interrupt_while_entering_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM (here a KeyboardInterrupt, also a BaseException) that lands just after the temp
+    dir is made: `with` never calls __exit__, so __enter__ removes the temp dir and the parents."""
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_interrupt(self: Path, *args: object, **kwargs: object) -> None:
+        real_mkdir(self, *args, **kwargs)  # type: ignore[arg-type]  # Path.mkdir's own arguments
+        if ".tmp-" in self.name:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), StagedDir(tmp_path / "a" / "b" / "out"):
+        pass
+    assert list(tmp_path.iterdir()) == []
