@@ -10,6 +10,8 @@ one starts over. Compiled here first, every later process loads them in well und
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from recsvc.mechanisms import MECHANISMS, probabilities, select_batch, select_slate
@@ -17,8 +19,26 @@ from recsvc.mechanisms.exact import exponential_noisy_max_expectation
 from recsvc.service.selection import warm_kernels
 from recsvc.stats import argsort_fast, spearman_rows
 
+_PACKAGES = ("recsvc", "data_prep", "eval")
+
+
+def drop_stale_kernels(roots: list[Path]) -> int:
+    """Removes every numba cache file older than the newest source file under ``roots``; returns
+    how many. numba checks only the stamp of the file that defines a cached kernel, so a kernel
+    calling another module's kernels (clm_draw's call clm_tape's) would keep running the old
+    callees after that module changed."""
+    sources = [p for root in roots for p in root.rglob("*.py")]
+    if not sources:
+        return 0
+    newest = max(p.stat().st_mtime for p in sources)
+    stale = [f for root in roots for f in root.rglob("__pycache__/*.nb[ic]") if f.stat().st_mtime < newest]
+    for f in stale:
+        f.unlink(missing_ok=True)
+    return len(stale)
+
 
 def main() -> None:
+    drop_stale_kernels([Path(__file__).resolve().parent.parent / p for p in _PACKAGES])
     import sansa  # noqa: F401  # its import compiles its typed numba kernels (~20 s of CPU), cached for prep's fits
 
     warm_kernels()  # what a server runs once it listens

@@ -51,7 +51,9 @@ on the same draws followed by fresh ones (:func:`_run`).
 
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -61,6 +63,8 @@ import numpy.typing as npt
 
 from recsvc.mechanisms.clm_resolve import Resolver
 from recsvc.mechanisms.clm_tape import (
+    DECISIONS,
+    N_NODES,
     PENDING_X,
     PENDING_Y,
     Inputs,
@@ -382,6 +386,7 @@ def _slate_kernel(  # pragma: no cover - numba
     j_1..j_k). Ranks come from ``order`` (the stable descending order) or, when it is empty (the
     scores are distinct), from the values: the head is q ≥ x_[h], the pool x_[t] < q < x_[h+1] and
     the tail q = x_[t], one pass over q instead of an argsort."""
+    state[N_NODES] = state[DECISIONS] = 0
     n = q.shape[0]
     scale = d[0]
     for i in range(1, n):
@@ -439,29 +444,44 @@ RAW_PER_ITEM, RAW_FOR_CLASS, TAPE = 3, 128, 2048
 _NO_FORCED = np.zeros(0, np.int8)
 
 
+_SCRATCH = threading.local()  # each thread's tape and state, reused: a draw never runs inside another
+
+
+def _scratch() -> tuple[Tape, np.ndarray]:
+    tape = getattr(_SCRATCH, "tape", None)
+    if tape is None:
+        tape = _SCRATCH.tape = Tape.of(TAPE)
+        _SCRATCH.state = np.zeros(4, np.int64)
+    return tape, _SCRATCH.state
+
+
 def _run(
-    rng: np.random.Generator, block: int, inputs: Inputs, kernel: Callable[..., _T], *args: object, slack: float = 0.0
+    rng: np.random.Generator,
+    block: int,
+    inputs: Callable[[], Inputs],
+    kernel: Callable[..., _T],
+    *args: object,
+    slack: float = 0.0,
 ) -> _T:
     """kernel(*args, slack, raw, tape, state, forced) on ``block`` of ``rng``'s raw 64-bit draws.
     The kernel's output is a function of the real uniforms the raw words begin; it is rerun on the
     same words (a rerun repeats the same steps) when it runs out of them (followed by fresh ones),
     fills its tape (a larger one), or meets a comparison the floats cannot decide (given the
-    decision, made exactly by :mod:`recsvc.mechanisms.clm_resolve`)."""
+    decision, made exactly by :mod:`recsvc.mechanisms.clm_resolve` from ``inputs()``)."""
     bits = rng.bit_generator
     raw = bits.random_raw(block)
-    tape = Tape.of(TAPE)
+    tape, state = _scratch()
     forced = _NO_FORCED
     resolver: Resolver | None = None
     while True:
-        state = np.zeros(4, np.int64)
         try:
             return kernel(*args, slack, raw, tape.ops, tape.vals, state, forced)
         except OutOfRandomness:
             raw = np.concatenate((raw, bits.random_raw(raw.shape[0])))
         except TapeFull:
-            tape = Tape.of(2 * tape.ops.shape[0])
+            tape = _SCRATCH.tape = Tape.of(2 * tape.ops.shape[0])
         except Undecided:
-            resolver = resolver or Resolver(inputs, bits.random_raw)
+            resolver = resolver or Resolver(inputs(), bits.random_raw)
             decision = resolver.less(tape, raw, int(state[PENDING_X]), int(state[PENDING_Y]))
             forced = np.append(forced, np.int8(decision))
 
@@ -483,5 +503,5 @@ def draw_subset(
     are distinct (the members are then found by value). ``slack`` > 0 (tests) widens every float
     decision, sending it to the slow path."""
     block = RAW_FOR_CLASS + RAW_PER_ITEM * k
-    inputs = Inputs(xs, epsilon, float(d.max()), gamma, k)
+    inputs = functools.partial(Inputs, xs, epsilon, d, gamma, k)  # built only for the slow path
     return _run(rng, block, inputs, _slate_kernel, q, d, xs, order, k, epsilon, gamma, slack=slack)

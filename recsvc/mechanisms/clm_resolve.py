@@ -203,7 +203,7 @@ class Resolver:
         """−(1 − γ)·x_h + γ·x_{t−1}, x_i = (xs_i − xs_0)·ε/(2Δmax), on the reals the floats denote."""
         p = self.inputs
         xs0 = Decimal(float(p.xs[0]))
-        twice = _EXACT.multiply(_TWO, Decimal(p.d_max))  # a double's decimal expansion has ≤ 767 digits
+        twice = _EXACT.multiply(_TWO, Decimal(float(p.d.max())))  # a double's decimal expansion has ≤ 767 digits
         c = (ar.down.divide(Decimal(p.epsilon), twice), ar.up.divide(Decimal(p.epsilon), twice))
 
         def x(i: int) -> Enclosure:

@@ -32,7 +32,7 @@ class Undecided(Exception):
     """A comparison the float enclosures cannot decide: its two nodes are in ``state[2:4]``."""
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cover - numba
     i = cur[0]
     if i >= raw.shape[0]:
@@ -42,7 +42,7 @@ def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cove
     return r
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def below(m: int, raw: np.ndarray, cur: np.ndarray) -> int:  # pragma: no cover - numba
     """Uniform on 0 … m − 1, exactly: a raw draw below 2⁶⁴ mod m is rejected, so the accepted
     ones cover every residue equally often."""
@@ -62,10 +62,11 @@ def below(m: int, raw: np.ndarray, cur: np.ndarray) -> int:  # pragma: no cover 
 # is only sent to the slow path.
 _WIDEN = 2.0**-44
 _TINY = 2.0**-1060  # covers every float64 underflow
+_NARROW = 1e-6  # an interval this narrow is bounded from one evaluation and a slope bound
 _LGAMMA_REL = 2.0**-42  # lgamma of an integer (tests/mechanisms/test_mechanisms_clm_draw.py measures it)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _dn(x: float, m: float) -> float:  # pragma: no cover - numba
     if x != x:
         return -math.inf
@@ -74,7 +75,7 @@ def _dn(x: float, m: float) -> float:  # pragma: no cover - numba
     return x - ((abs(x) + m) * _WIDEN + _TINY)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _up(x: float, m: float) -> float:  # pragma: no cover - numba
     if x != x:
         return math.inf
@@ -83,7 +84,7 @@ def _up(x: float, m: float) -> float:  # pragma: no cover - numba
     return x + ((abs(x) + m) * _WIDEN + _TINY)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def phi(s: float) -> float:  # pragma: no cover - numba
     """φ(s) = −log(1 − e^{−s}) for s > 0 (its own inverse), in float64."""
     if s < 0.7:
@@ -91,7 +92,7 @@ def phi(s: float) -> float:  # pragma: no cover - numba
     return -math.log1p(-math.exp(-s))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _phi_of_log_lo(x: float) -> float:  # pragma: no cover - numba
     """A lower bound of φ(e^x) (φ decreases: e^x rounded up)."""
     if x > 6.6:  # e^x > 735: 0 < φ
@@ -101,7 +102,7 @@ def _phi_of_log_lo(x: float) -> float:  # pragma: no cover - numba
     return _dn(phi(_up(math.exp(x), 0.0)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _phi_of_log_hi(x: float) -> float:  # pragma: no cover - numba
     """An upper bound of φ(e^x)."""
     if x == -math.inf:
@@ -114,7 +115,7 @@ def _phi_of_log_hi(x: float) -> float:  # pragma: no cover - numba
     return math.inf if s <= 0.0 else _up(phi(s), 1.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _log_phi_lo(z: float) -> float:  # pragma: no cover - numba
     """A lower bound of log φ(z) for z > 0 (log φ decreases: z is its argument's upper bound)."""
     if z <= 0.0 or z == math.inf:
@@ -124,7 +125,7 @@ def _log_phi_lo(z: float) -> float:  # pragma: no cover - numba
     return _dn(math.log(phi(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _log_phi_hi(z: float) -> float:  # pragma: no cover - numba
     if z <= 0.0:
         return math.inf
@@ -133,7 +134,7 @@ def _log_phi_hi(z: float) -> float:  # pragma: no cover - numba
     return _up(math.log(phi(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _log_expm1_lo(z: float) -> float:  # pragma: no cover - numba
     """A lower bound of log(e^z − 1) for z > 0 (increasing)."""
     if z <= 0.0:
@@ -145,7 +146,7 @@ def _log_expm1_lo(z: float) -> float:  # pragma: no cover - numba
     return _dn(math.log(math.expm1(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _log_expm1_hi(z: float) -> float:  # pragma: no cover - numba
     if z <= 0.0:
         return -math.inf
@@ -156,7 +157,7 @@ def _log_expm1_hi(z: float) -> float:  # pragma: no cover - numba
     return _up(math.log(math.expm1(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _logaddexp(x: float, y: float) -> float:  # pragma: no cover - numba
     hi, lo = (x, y) if x > y else (y, x)
     if lo == -math.inf or hi == math.inf:
@@ -164,13 +165,13 @@ def _logaddexp(x: float, y: float) -> float:  # pragma: no cover - numba
     return hi + math.log1p(math.exp(lo - hi))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def log_size(k: int, h: int, t: int) -> float:  # pragma: no cover - numba
     """log C(t − h − 2, k − h − 1): the size of class (h, t), in float64."""
     return math.lgamma(t - h - 1) - math.lgamma(k - h) - math.lgamma(t - k)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def log_size_bounds(k: int, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
     g1, g2, g3 = math.lgamma(t - h - 1), math.lgamma(k - h), math.lgamma(t - k)
     slack = (g1 + g2 + g3 + 1.0) * _LGAMMA_REL + _TINY  # every lgamma of an integer ≥ 1 is ≥ 0
@@ -178,7 +179,7 @@ def log_size_bounds(k: int, h: int, t: int) -> tuple[float, float]:  # pragma: n
     return mid - slack, mid + slack
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _mul_bounds(alo: float, ahi: float, blo: float, bhi: float) -> tuple[float, float]:  # pragma: no cover - numba
     p1, p2, p3, p4 = alo * blo, alo * bhi, ahi * blo, ahi * bhi
     return _dn(min(min(p1, p2), min(p3, p4)), 0.0), _up(max(max(p1, p2), max(p3, p4)), 0.0)
@@ -188,7 +189,7 @@ def _mul_bounds(alo: float, ahi: float, blo: float, bhi: float) -> tuple[float, 
 _C_LO, _C_HI, _G_LO, _G_HI, _G1_LO, _G1_HI = 0, 1, 2, 3, 4, 5
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def enclosure_inputs(epsilon: float, scale: float, gamma: float) -> np.ndarray:  # pragma: no cover - numba
     out = np.empty(6)
     c = (0.5 * epsilon) / scale
@@ -198,13 +199,13 @@ def enclosure_inputs(epsilon: float, scale: float, gamma: float) -> np.ndarray: 
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _x_bounds(xs: np.ndarray, cx: np.ndarray, i: int) -> tuple[float, float]:  # pragma: no cover - numba
     diff = xs[i] - xs[0]
     return _mul_bounds(_dn(diff, 0.0), _up(diff, 0.0), cx[_C_LO], cx[_C_HI])
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def util_bounds(xs: np.ndarray, cx: np.ndarray, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
     """Bounds of class (h, t)'s utility −(1 − γ)·x_h + γ·x_{t−1} (the top class: h = k − 1, t = k)."""
     xlo, xhi = _x_bounds(xs, cx, h)
@@ -219,73 +220,104 @@ def util_bounds(xs: np.ndarray, cx: np.ndarray, h: int, t: int) -> tuple[float, 
 # the leaves a class (h, t), a count n, or a raw word's index j. clm_resolve.py evaluates the same
 # ops in decimal; the numbers below are shared with it.
 CONST, UTIL, LOG_SIZE, LOG_U, LOG_E, LOG_INT, ADD, SUB, PHI_OF_LOG, LOG_PHI, LOG_EXPM1, LOG_ADD_EXP = range(12)
-_N, _DECISIONS, PENDING_X, PENDING_Y = 0, 1, 2, 3  # the state array's fields
+N_NODES, DECISIONS, PENDING_X, PENDING_Y = 0, 1, 2, 3  # the state array's fields
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _node(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, op: int, a0: int, a1: int, lo: float, hi: float, c: float
 ) -> int:  # pragma: no cover - numba
-    i = state[_N]
+    i = state[N_NODES]
     if i >= ops.shape[0]:
         raise TapeFull()
-    state[_N] = i + 1
+    state[N_NODES] = i + 1
     ops[i, 0], ops[i, 1], ops[i, 2] = op, a0, a1
     vals[i, 0], vals[i, 1], vals[i, 2] = lo, hi, c
     return int(i)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_const(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, c: float) -> int:  # pragma: no cover - numba
     return _node(ops, vals, state, CONST, 0, 0, c, c, c)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_add(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int) -> int:  # pragma: no cover - numba
     lo, hi = _dn(vals[x, 0] + vals[y, 0], 0.0), _up(vals[x, 1] + vals[y, 1], 0.0)
     return _node(ops, vals, state, ADD, x, y, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_sub(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int) -> int:  # pragma: no cover - numba
     lo, hi = _dn(vals[x, 0] - vals[y, 1], 0.0), _up(vals[x, 1] - vals[y, 0], 0.0)
     return _node(ops, vals, state, SUB, x, y, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_phi_of_log(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
-    lo, hi = _phi_of_log_lo(vals[x, 1]), _phi_of_log_hi(vals[x, 0])
+    """φ(e^x) decreases with slope in [−1, 0]: on a narrow interval one evaluation at its top end
+    bounds it (φ(e^{x_lo}) ≤ φ(e^{x_hi}) + width); elsewhere both ends are evaluated."""
+    xlo, xhi = vals[x, 0], vals[x, 1]
+    lo = _phi_of_log_lo(xhi)
+    w = xhi - xlo
+    if _LOG_TINY <= xhi <= 6.6 and w <= _NARROW:
+        hi = _up(lo + w + (2.0 * abs(lo) + 6.0) * _WIDEN, 0.0)  # lo's own slack, twice, and the rounding of e^x
+    else:
+        hi = _phi_of_log_hi(xlo)
     return _node(ops, vals, state, PHI_OF_LOG, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_phi(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     lo, hi = _log_phi_lo(vals[x, 1]), _log_phi_hi(vals[x, 0])
     return _node(ops, vals, state, LOG_PHI, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_expm1(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
-    lo, hi = _log_expm1_lo(vals[x, 0]), _log_expm1_hi(vals[x, 1])
+    """log(e^z − 1) increases with slope 1/(1 − e^{−z}), largest at the interval's bottom end: on a
+    narrow interval one evaluation there bounds it; elsewhere both ends are evaluated."""
+    zlo, zhi = vals[x, 0], vals[x, 1]
+    w = zhi - zlo
+    if 0.0 < zlo <= 40.0 and w <= _NARROW:
+        if zlo > 0.7:
+            one_minus = -math.expm1(-zlo)  # 1 − e^{−z} > ½
+            p = zlo + math.log(one_minus)
+            slope = 1.0 / _dn(one_minus, 0.0)
+        else:
+            e = math.expm1(zlo)  # 1 − e^{−z} = e/(1 + e)
+            p = math.log(e)
+            small = _dn(e, 0.0)
+            slope = 1.0 + 1.0 / small if small > 0.0 else math.inf
+        t = w * slope
+        lo, hi = _dn(p, 1.0), _up(p + t + (2.0 * (abs(p) + 1.0) + t) * _WIDEN, 0.0)
+    else:
+        lo, hi = _log_expm1_lo(zlo), _log_expm1_hi(zhi)
     return _node(ops, vals, state, LOG_EXPM1, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_add_exp(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int
 ) -> int:  # pragma: no cover - numba
-    lo = _logaddexp(vals[x, 0], vals[y, 0])
-    hi = _logaddexp(vals[x, 1], vals[y, 1])
-    return _node(ops, vals, state, LOG_ADD_EXP, x, y, _dn(lo, 1.0), _up(hi, 1.0), 0.0)
+    """Increasing, and log(e^{x+a} + e^{y+b}) ≤ log(e^x + e^y) + max(a, b): on narrow intervals one
+    evaluation at the bottom ends bounds it."""
+    p = _logaddexp(vals[x, 0], vals[y, 0])
+    w = max(vals[x, 1] - vals[x, 0], vals[y, 1] - vals[y, 0])
+    if w <= _NARROW and not math.isinf(p):
+        hi = _up(p + w + 2.0 * (abs(p) + 1.0) * _WIDEN, 0.0)
+    else:
+        hi = _up(_logaddexp(vals[x, 1], vals[y, 1]), 1.0)
+    return _node(ops, vals, state, LOG_ADD_EXP, x, y, _dn(p, 1.0), hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_int(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, n: int) -> int:  # pragma: no cover - numba
     v = math.log(n)
     return _node(ops, vals, state, LOG_INT, n, 0, _dn(v, 0.0), _up(v, 0.0), 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_util(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, xs: np.ndarray, cx: np.ndarray, h: int, t: int
 ) -> int:  # pragma: no cover - numba
@@ -293,7 +325,7 @@ def n_util(
     return _node(ops, vals, state, UTIL, h, t, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_size(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, k: int, h: int, t: int
 ) -> int:  # pragma: no cover - numba
@@ -301,14 +333,14 @@ def n_log_size(
     return _node(ops, vals, state, LOG_SIZE, h, t, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _cell(raw: np.ndarray, j: int) -> tuple[float, float]:  # pragma: no cover - numba
     """U_j's first 53 bits: U_j ∈ [K·2⁻⁵³, (K + 1)·2⁻⁵³] (both ends exact floats)."""
     top = float(raw[j] >> np.uint64(11))
     return top * 2.0**-53, (top + 1.0) * 2.0**-53
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_u(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> int:  # pragma: no cover - numba
@@ -316,11 +348,13 @@ def n_log_u(
     j = cur[0]
     _next_raw(raw, cur)
     ulo, uhi = _cell(raw, j)
-    lo = -math.inf if ulo == 0.0 else _dn(math.log(ulo), 0.0)
-    return _node(ops, vals, state, LOG_U, j, 0, lo, _up(math.log(uhi), 0.0), 0.0)
+    log_hi = math.log(uhi)
+    # ln(uhi/ulo) = log1p(1/K) ≤ 1/K for the cell [K, K + 1]·2⁻⁵³: one log for both ends
+    lo = -math.inf if ulo == 0.0 else _dn(log_hi - 2.0**-53 / ulo, 1.0)
+    return _node(ops, vals, state, LOG_U, j, 0, lo, _up(log_hi, 0.0), 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def n_log_e(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> int:  # pragma: no cover - numba
@@ -328,13 +362,20 @@ def n_log_e(
     j = cur[0]
     _next_raw(raw, cur)
     ulo, uhi = _cell(raw, j)
-    e_lo = -_up(math.log(uhi), 0.0)  # ≤ 0 only in the top cell: then log E's lower bound is −∞
-    e_hi = math.inf if ulo == 0.0 else -_dn(math.log(ulo), 0.0)
-    lo = -math.inf if e_lo <= 0.0 else _dn(math.log(e_lo), 0.0)
-    return _node(ops, vals, state, LOG_E, j, 0, lo, _up(math.log(e_hi), 0.0), 0.0)
+    log_hi = math.log(uhi)
+    e_lo = -_up(log_hi, 0.0)  # ≤ 0 only in the top cell: then log E's lower bound is −∞
+    if e_lo <= 0.0 or ulo == 0.0:
+        e_hi = math.inf if ulo == 0.0 else -_dn(math.log(ulo), 0.0)
+        lo = -math.inf if e_lo <= 0.0 else _dn(math.log(e_lo), 0.0)
+        return _node(ops, vals, state, LOG_E, j, 0, lo, _up(math.log(e_hi), 0.0), 0.0)
+    # E ≤ −ln uhi + 1/K (as in n_log_u), and log E_hi ≤ log E_lo + (E_hi − E_lo)/E_lo: two logs, not four
+    e_hi = _up(-_dn(log_hi, 0.0) + 2.0**-53 / ulo, 0.0)
+    log_lo = math.log(e_lo)  # |log E| ≤ 37 here: its 4 ulps are inside the absolute slack
+    hi = _up(log_lo + (e_hi - e_lo) / e_lo + 2.0 * (abs(log_lo) + 1.0) * _WIDEN, 0.0)
+    return _node(ops, vals, state, LOG_E, j, 0, _dn(log_lo, 1.0), hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def less(
     vals: np.ndarray, state: np.ndarray, forced: np.ndarray, slack: float, x: int, y: int
 ) -> bool:  # pragma: no cover - numba
@@ -345,8 +386,8 @@ def less(
         return True
     if vals[x, 0] - slack >= vals[y, 1]:
         return False
-    i = state[_DECISIONS]
-    state[_DECISIONS] = i + 1
+    i = state[DECISIONS]
+    state[DECISIONS] = i + 1
     if i < forced.shape[0]:
         return bool(forced[i])
     state[PENDING_X], state[PENDING_Y] = x, y
@@ -367,10 +408,11 @@ class Tape:
 
 @dataclass(frozen=True)
 class Inputs:
-    """What the tape's leaves are about, for the slow path: the sorted scores, ε, Δmax, γ and k."""
+    """What the tape's leaves are about, for the slow path: the sorted scores, ε, the sensitivities
+    (their largest is Δmax), γ and k."""
 
     xs: np.ndarray
     epsilon: float
-    d_max: float
+    d: np.ndarray
     gamma: float
     k: int

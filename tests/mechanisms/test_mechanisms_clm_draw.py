@@ -6,6 +6,7 @@ float noise bound is reached."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections import Counter
@@ -122,7 +123,7 @@ def test_a_kernel_that_runs_out_of_raw_draws_gives_what_one_long_block_gives(q: 
     xs, order = _ranks(q)
     assert (order.shape[0] > 0) == (np.unique(q).shape[0] < q.shape[0])
     for k, eps in ((10, 1.0), (40, 8.0), (1, 3.0)):
-        inputs = Inputs(xs, eps, 0.5, 0.5, k)
+        inputs = functools.partial(Inputs, xs, eps, d, 0.5, k)
         for seed in range(20):
             short, long = np.random.default_rng(seed), np.random.default_rng(seed)
             got = _run(short, 1, inputs, _slate_kernel, q, d, xs, order, k, eps, 0.5)
