@@ -75,6 +75,7 @@ from recsvc.mechanisms.clm_tape import (
     below,
     enclosure_inputs,
     less,
+    lgamma_table,
     log_size,
     log_size_bounds,
     n_add,
@@ -138,6 +139,7 @@ def _new_rect(  # pragma: no cover - numba
     state: np.ndarray,
     xs: np.ndarray,
     cx: np.ndarray,
+    lg: np.ndarray,
     k: int,
     ints: np.ndarray,
     bounds: np.ndarray,
@@ -152,7 +154,7 @@ def _new_rect(  # pragma: no cover - numba
     """A rectangle's row; its bounds are capped by its parent's (also bounds of its cells)."""
     ints[0], ints[1], ints[2], ints[3] = h0, h1, t0, t1
     bounds[0] = min(util_bounds(xs, cx, h1, t0)[1], u_cap)
-    bounds[1] = min(log_size_bounds(k, h0, t1)[1], l_cap)
+    bounds[1] = min(log_size_bounds(lg, k, h0, t1)[1], l_cap)
     nodes[_U] = n_const(ops, vals, state, bounds[0])
     cells = n_log_int(ops, vals, state, (h1 - h0 + 1) * (t1 - t0 + 1))
     nodes[_LOG_MASS] = n_add(ops, vals, state, cells, n_const(ops, vals, state, bounds[1]))
@@ -180,13 +182,13 @@ def _advance(  # pragma: no cover - numba
 
 @numba.njit(cache=True, nogil=True)
 def _looseness(  # pragma: no cover - numba
-    a: np.ndarray, b: np.ndarray, k: int, ints: np.ndarray, bounds: np.ndarray
+    a: np.ndarray, b: np.ndarray, lg: np.ndarray, k: int, ints: np.ndarray, bounds: np.ndarray
 ) -> tuple[float, float]:
     """How much the log intensity can vary across a rectangle's h range and across its t range
     (float64 arithmetic on the inputs: it only chooses where to split)."""
     h0, h1, t0, t1 = ints[0], ints[1], ints[2], ints[3]
-    along_h = (bounds[1] - log_size(k, h1, t1)) + (a[h1] - a[h0])
-    along_t = (bounds[1] - log_size(k, h0, t0)) + (b[t0] - b[t1])
+    along_h = (bounds[1] - log_size(lg, k, h1, t1)) + (a[h1] - a[h0])
+    along_t = (bounds[1] - log_size(lg, k, h0, t0)) + (b[t0] - b[t1])
     return along_h, along_t
 
 
@@ -265,6 +267,7 @@ def _winning_class(  # pragma: no cover - numba
     b: np.ndarray,
     xs: np.ndarray,
     cx: np.ndarray,
+    lg: np.ndarray,
     k: int,
     raw: np.ndarray,
     cur: np.ndarray,
@@ -291,7 +294,7 @@ def _winning_class(  # pragma: no cover - numba
     _push(vals, state, forced, slack, nodes, heap, 0, 0)
     rows = size = 1
     if n > k:
-        _new_rect(ops, vals, state, xs, cx, k, ints[1], bounds[1], nodes[1], 0, k - 1, k + 1, n, math.inf, math.inf)
+        _new_rect(ops, vals, state, xs, cx, lg, k, ints[1], bounds[1], nodes[1], 0, k - 1, k + 1, n, math.inf, math.inf)
         _advance(ops, vals, state, nodes[1], raw, cur)
         _push(vals, state, forced, slack, nodes, heap, size, 1)
         rows = size = 2
@@ -303,7 +306,7 @@ def _winning_class(  # pragma: no cover - numba
         h0, h1, t0, t1 = ints[r, 0], ints[r, 1], ints[r, 2], ints[r, 3]
         cells = (h1 - h0 + 1) * (t1 - t0 + 1)
         v = nodes[r, _V]
-        along_h, along_t = _looseness(a, b, k, ints[r], bounds[r])
+        along_h, along_t = _looseness(a, b, lg, k, ints[r], bounds[r])
         if cells > 1 and along_h + along_t > _TIGHT:
             # split: the point goes to the half holding its uniform cell, kept with the ratio of
             # the half's intensity to r's; each half goes on below v from its own mass
@@ -318,15 +321,19 @@ def _winning_class(  # pragma: no cover - numba
             u_cap, l_cap = bounds[r, 0], bounds[r, 1]
             if t1 > t0 and (along_t >= along_h or h1 == h0):
                 mid = (t0 + t1) // 2
-                _new_rect(ops, vals, state, xs, cx, k, ints[lo], bounds[lo], nodes[lo], h0, h1, t0, mid, u_cap, l_cap)
                 _new_rect(
-                    ops, vals, state, xs, cx, k, ints[hi], bounds[hi], nodes[hi], h0, h1, mid + 1, t1, u_cap, l_cap
+                    ops, vals, state, xs, cx, lg, k, ints[lo], bounds[lo], nodes[lo], h0, h1, t0, mid, u_cap, l_cap
+                )
+                _new_rect(
+                    ops, vals, state, xs, cx, lg, k, ints[hi], bounds[hi], nodes[hi], h0, h1, mid + 1, t1, u_cap, l_cap
                 )
             else:
                 mid = (h0 + h1) // 2
-                _new_rect(ops, vals, state, xs, cx, k, ints[lo], bounds[lo], nodes[lo], h0, mid, t0, t1, u_cap, l_cap)
                 _new_rect(
-                    ops, vals, state, xs, cx, k, ints[hi], bounds[hi], nodes[hi], mid + 1, h1, t0, t1, u_cap, l_cap
+                    ops, vals, state, xs, cx, lg, k, ints[lo], bounds[lo], nodes[lo], h0, mid, t0, t1, u_cap, l_cap
+                )
+                _new_rect(
+                    ops, vals, state, xs, cx, lg, k, ints[hi], bounds[hi], nodes[hi], mid + 1, h1, t0, t1, u_cap, l_cap
                 )
             cell = below(cells, raw, cur)
             lo_cells = (ints[lo, 1] - ints[lo, 0] + 1) * (ints[lo, 3] - ints[lo, 2] + 1)
@@ -355,7 +362,7 @@ def _winning_class(  # pragma: no cover - numba
         h, t = h0 + cell // width, t0 + cell % width
         u = n_util(ops, vals, state, xs, cx, h, t)
         threshold = _keep_threshold(
-            ops, vals, state, n_log_size(ops, vals, state, k, h, t), bounds[r, 1], v, nodes[r, _U], u
+            ops, vals, state, n_log_size(ops, vals, state, lg, k, h, t), bounds[r, 1], v, nodes[r, _U], u
         )
         if less(vals, state, forced, slack, n_log_u(ops, vals, state, raw, cur), threshold):
             return h, t
@@ -370,6 +377,7 @@ def _slate_kernel(  # pragma: no cover - numba
     d: np.ndarray,
     xs: np.ndarray,
     order: np.ndarray,
+    lg: np.ndarray,
     k: int,
     epsilon: float,
     gamma: float,
@@ -398,7 +406,7 @@ def _slate_kernel(  # pragma: no cover - numba
     a, b, _ = _class_utilities(x, k, gamma, 2.0)
     cx = enclosure_inputs(epsilon, scale, gamma)
     cur = np.zeros(1, np.int64)
-    h, t = _winning_class(a, b, xs, cx, k, raw, cur, ops, vals, state, forced, slack)
+    h, t = _winning_class(a, b, xs, cx, lg, k, raw, cur, ops, vals, state, forced, slack)
     out = np.empty(k, np.int64)
     top = t == k
     pool = np.empty(0 if top else t - h - 2, np.int64)
@@ -442,6 +450,14 @@ def _slate_kernel(  # pragma: no cover - numba
 # (n = 500 and 20,720; k = 10 and 500). The tape holds about 20 nodes per heap step.
 RAW_PER_ITEM, RAW_FOR_CLASS, TAPE = 3, 128, 2048
 _NO_FORCED = np.zeros(0, np.int8)
+
+
+@functools.lru_cache(maxsize=16)
+def lgammas(n: int) -> npt.NDArray[np.float64]:
+    """lgamma(0 … n + 1), once per catalog size (read-only: shared by every draw)."""
+    table = lgamma_table(n)
+    table.flags.writeable = False
+    return table
 
 
 _SCRATCH = threading.local()  # each thread's tape and state, reused: a draw never runs inside another
@@ -504,4 +520,4 @@ def draw_subset(
     decision, sending it to the slow path."""
     block = RAW_FOR_CLASS + RAW_PER_ITEM * k
     inputs = functools.partial(Inputs, xs, epsilon, d, gamma, k)  # built only for the slow path
-    return _run(rng, block, inputs, _slate_kernel, q, d, xs, order, k, epsilon, gamma, slack=slack)
+    return _run(rng, block, inputs, _slate_kernel, q, d, xs, order, lgammas(q.shape[0]), k, epsilon, gamma, slack=slack)

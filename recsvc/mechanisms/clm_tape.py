@@ -165,15 +165,24 @@ def _logaddexp(x: float, y: float) -> float:  # pragma: no cover - numba
     return hi + math.log1p(math.exp(lo - hi))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def log_size(k: int, h: int, t: int) -> float:  # pragma: no cover - numba
-    """log C(t − h − 2, k − h − 1): the size of class (h, t), in float64."""
-    return math.lgamma(t - h - 1) - math.lgamma(k - h) - math.lgamma(t - k)
+@numba.njit(cache=True, nogil=True)
+def lgamma_table(n: int) -> np.ndarray:  # pragma: no cover - numba
+    """lgamma(i) for i = 0 … n + 1: the class sizes' terms, looked up instead of computed."""
+    out = np.empty(n + 2)
+    for i in range(n + 2):
+        out[i] = math.lgamma(i)
+    return out
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
-def log_size_bounds(k: int, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
-    g1, g2, g3 = math.lgamma(t - h - 1), math.lgamma(k - h), math.lgamma(t - k)
+def log_size(lg: np.ndarray, k: int, h: int, t: int) -> float:  # pragma: no cover - numba
+    """log C(t − h − 2, k − h − 1): the size of class (h, t), in float64 (``lg``: lgamma_table)."""
+    return lg[t - h - 1] - lg[k - h] - lg[t - k]
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def log_size_bounds(lg: np.ndarray, k: int, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
+    g1, g2, g3 = lg[t - h - 1], lg[k - h], lg[t - k]
     slack = (g1 + g2 + g3 + 1.0) * _LGAMMA_REL + _TINY  # every lgamma of an integer ≥ 1 is ≥ 0
     mid = g1 - g2 - g3
     return mid - slack, mid + slack
@@ -327,9 +336,9 @@ def n_util(
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def n_log_size(
-    ops: np.ndarray, vals: np.ndarray, state: np.ndarray, k: int, h: int, t: int
+    ops: np.ndarray, vals: np.ndarray, state: np.ndarray, lg: np.ndarray, k: int, h: int, t: int
 ) -> int:  # pragma: no cover - numba
-    lo, hi = log_size_bounds(k, h, t)
+    lo, hi = log_size_bounds(lg, k, h, t)
     return _node(ops, vals, state, LOG_SIZE, h, t, lo, hi, 0.0)
 
 
