@@ -177,7 +177,8 @@ def lgamma_table(n: int) -> np.ndarray:  # pragma: no cover - numba
 @numba.njit(cache=True, nogil=True, inline="always")
 def log_size(lg: np.ndarray, k: int, h: int, t: int) -> float:  # pragma: no cover - numba
     """log C(t − h − 2, k − h − 1): the size of class (h, t), in float64 (``lg``: lgamma_table)."""
-    return lg[t - h - 1] - lg[k - h] - lg[t - k]
+    out: float = lg[t - h - 1] - lg[k - h] - lg[t - k]
+    return out
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
