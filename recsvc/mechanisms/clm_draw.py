@@ -192,7 +192,7 @@ def _looseness(  # pragma: no cover - numba
     return along_h, along_t
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _higher(  # pragma: no cover - numba
     vals: np.ndarray, state: np.ndarray, forced: np.ndarray, slack: float, nodes: np.ndarray, i: int, j: int
 ) -> bool:
