@@ -3,13 +3,14 @@
 The peers are the previous samplers, verbatim: ``oneshot`` and ``gumbel`` as the top k of float
 Exponential / Gumbel noise, ``rnm_laplace`` as the argmax of float Laplace noise, ``rs`` and
 ``rs_improved`` with numpy's ``geometric`` / ``logseries`` counts and float Laplace records, and
-``clm`` at k = 1 as its float Poisson-process draw. Both sides run in one process on the same
+``clm`` at k = 1 as its float Poisson-process draw, ``gem`` and ``mgem`` slates as the float
+peel kernel (scripts/bench/gem_peel_float.py; β = 0.05, ε/10 a step). Both sides run in one process on the same
 inputs (scores N(0, 1), Δ ~ U(0.05, 2), seed 0; CSPRNG as the service draws), in alternating
 rounds, per call: one slate of k = 10 and one item (k = 1) at n = 500 and 20,720, and a batch of
 1,000 single-item draws (``select_batch``'s sampler call) at n = 500. Reported: the median over
 rounds of µs per call, and exact ÷ float paired per round (target ≤ 1.3).
 
-Usage: .venv/bin/python -m scripts.bench.exact_slates [--rounds 7] [--seconds 0.15]
+Usage: .venv/bin/python -m scripts.bench.exact_slates [--rounds 7] [--seconds 0.15] [--only gem mgem]
 The machine may be shared: compare the ratios within one run, not absolute times across runs.
 """
 
@@ -24,13 +25,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from recsvc.mechanisms import clm, noisy_max, random_stopping, topk
+from recsvc.mechanisms import clm, gem_peel, noisy_max, random_stopping, topk
 from recsvc.mechanisms.clm_draw import draw_subset
 from recsvc.rng import csprng
+from scripts.bench.gem_peel_float import peel_float
 
 SIZES = (500, 20_720)
+# gem/mgem also on synthetic ml20m-shape scores (clipped U(0, 0.003), Δ ~ U(7e-5, 0.037)): a
+# concentrated law, where the float peel drew a few trials a step instead of m exponentials
+CATALOG = "20,720 catalog-shape"
+PEELS = ("gem", "mgem")
 EPSILON = 1.0
 GAMMA = {"gamma": 0.008}
+BETA = 0.05  # gem's default β
 Sampler = Callable[[np.ndarray, np.ndarray, np.random.Generator], object]
 
 
@@ -111,6 +118,12 @@ def _pairs() -> dict[tuple[str, int | str], tuple[Callable[..., object], Callabl
             lambda q, d, g, k=k: topk.gumbel_top_k(q, d, EPSILON, {}, g, k),
             lambda q, d, g, k=k: gumbel_float(q, d, g, k),
         )
+    for sign, name in ((1.0, "gem"), (-1.0, "mgem")):
+        exact_peel = gem_peel.gem_peel if sign > 0 else gem_peel.mgem_peel
+        out[(name, 10)] = (
+            lambda q, d, g, e=exact_peel: e(q, d, EPSILON / 10, {"beta": BETA}, g, 10),
+            lambda q, d, g, s=sign: peel_float(s, q, d, EPSILON / 10, BETA, 10, g),
+        )
     singles = {
         "rnm_laplace": (lambda q, d, g, s: noisy_max.rnm_laplace_sample(q, d, EPSILON, {}, g, s), laplace_float),
         "rs": (lambda q, d, g, s: random_stopping.rs_sample(q, d, EPSILON, GAMMA, g, s), rs_float),
@@ -140,13 +153,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
     ap.add_argument("--seconds", type=float, default=0.15, help="time per entry per round (default 0.15 s)")
+    ap.add_argument("--only", nargs="*", default=None, help="only these mechanisms (default: all)")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
-    data = {n: (rng.normal(size=n), rng.uniform(0.05, 2.0, size=n)) for n in SIZES}
+    data: dict[int | str, tuple[np.ndarray, np.ndarray]] = {
+        n: (rng.normal(size=n), rng.uniform(0.05, 2.0, size=n)) for n in SIZES
+    }
+    data[CATALOG] = (rng.uniform(0, 0.003, 20_720), rng.uniform(7e-5, 0.037, 20_720))
     g = csprng()
-    entries: dict[tuple[str, int | str, int, str], Callable[[int], float]] = {}
+    entries: dict[tuple[str, int | str, int | str, str], Callable[[int], float]] = {}
     for (name, k), (exact, flt) in _pairs().items():
-        for n in SIZES if k != "batch" else (500,):
+        if args.only is not None and name not in args.only:
+            continue
+        for n in (500,) if k == "batch" else (*SIZES, CATALOG) if name in PEELS else SIZES:
             q, d = data[n]
             entries[(name, k, n, "exact")] = _timer(exact, q, d, g)
             entries[(name, k, n, "float")] = _timer(flt, q, d, g)
@@ -154,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     for key, run in entries.items():
         run(1)
         calls[key] = max(2, min(3000, math.ceil(args.seconds / max(run(1), 1e-7))))
-    times: dict[tuple[str, int | str, int, str], list[float]] = {key: [] for key in entries}
+    times: dict[tuple[str, int | str, int | str, str], list[float]] = {key: [] for key in entries}
     keys = list(entries)
     load0 = os.getloadavg()
     for r in range(args.rounds):
@@ -175,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio = statistics.median(a / b for a, b in zip(e, f, strict=True))
         call = "batch of 1,000" if k == "batch" else f"k = {k}"
         print(
-            f"| `{name}` | {call} | {n:,} | {statistics.median(f) * 1e6:,.0f} | {statistics.median(e) * 1e6:,.0f} | {ratio:.2f} |"
+            f"| `{name}` | {call} | {n if isinstance(n, str) else f'{n:,}'} | {statistics.median(f) * 1e6:,.0f} | {statistics.median(e) * 1e6:,.0f} | {ratio:.2f} |"
         )
     return 0
 
