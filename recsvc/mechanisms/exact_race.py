@@ -316,6 +316,15 @@ def _argmax_row(
     return _slow_row(a, noise, None, x, a.value + noise.sup(x), lead, e_up, rng, 1, True)[0]
 
 
+def exponential_slow_argmax(
+    a: Utilities, x: npt.NDArray[np.float64], v: npt.NDArray[np.float64], lead: float, rng: np.random.Generator
+) -> int:
+    """The exponential race's argmax on cells x decided in decimal, for a caller whose float
+    bounds did not decide it: v the float values (−1.7e308: certainly behind), ``lead`` a rigorous
+    lower bound of the float leader's value."""
+    return _slow_row(a, EXPONENTIAL, None, x, v, lead, _upper_error(a, EXPONENTIAL, 1.0), rng, 1, True)[0]
+
+
 def _exponential_rows(a: Utilities, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
     """``size`` exponential races on the same a, as ratios: argmax (a_i − ln U_i) = argmin U_i·G_i,
     G_i = e^{−a_i} computed once, so a draw costs one product per candidate. ĝ = exp(−value) is

@@ -79,7 +79,7 @@ def _hull_candidates(s: np.ndarray, d: np.ndarray) -> np.ndarray:  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True)
-def _upper_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
+def upper_hull(s: np.ndarray, d: np.ndarray, order: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
     """The vertices (indices, by x ascending) of the upper hull of the points (x, y) = (−Δ, s)
     listed in ``order`` (those that may be hull vertices, sorted by x ascending; equal x: the
     highest wins, whatever their order)."""
@@ -163,7 +163,7 @@ def tangents(
 def hull_vertices(s: np.ndarray, d: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
     """The upper hull's vertices of the points (−Δ, s), by x ascending."""
     cand = _hull_candidates(s, d)
-    return _upper_hull(s, d, cand[argsort_float(-d[cand])])
+    return upper_hull(s, d, cand[argsort_float(-d[cand])])
 
 
 @numba.njit(cache=True, nogil=True)

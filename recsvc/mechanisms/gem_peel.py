@@ -4,11 +4,15 @@ Each step is one ``gem``/``mgem`` selection at ε/k on the candidates not chosen
 their count m, as :func:`recsvc.mechanisms.gem.gem_t`), so the slate's law and its privacy are
 those of :func:`recsvc.mechanisms.slate.peel`. Each step is sampled exactly, as ``gem`` samples
 one selection: the exponential race on the real q' (:class:`recsvc.mechanisms.gem.GemUtilities`,
-:mod:`recsvc.mechanisms.exact_race`), m uniforms and one compiled pass.
+:mod:`recsvc.mechanisms.exact_race`), its uniforms revealed a byte at a time so that only the
+candidates that may win get a full cell (:mod:`recsvc.mechanisms.gem_peel_race`: all k steps in
+one compiled pass, the rare undecided step in exact_race's decimal slow path).
 
 **One hull per slate.** The upper hull of the points (−Δ, s = q − tΔ) has the same vertices for
-every t (a change of t is a shear), and removing a point that is not a vertex leaves it as it
-was, so the peel builds it once and again only after a vertex wins. The hull only gives the
+every t (a change of t is a shear), removing a point that is not a vertex leaves it as it was,
+and removing an inner vertex only changes the stretch between its two neighbours, so the peel
+builds it once, patches that stretch after an inner vertex wins and builds it again only after
+an end wins. The hull only gives the
 float upper bounds of q' (each a genuine term of its min); the exact decision never trusts it,
 so a stale or rounded hull costs speed, never the law.
 
@@ -20,48 +24,108 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms import gem
-from recsvc.mechanisms.exact_race import EXPONENTIAL, race_argmax
+from recsvc.mechanisms import gem, gem_peel_race
+from recsvc.mechanisms.exact_race import exponential_slow_argmax
+from recsvc.mechanisms.exact_sampling import uniform_words
 from recsvc.mechanisms.params import ParamValues
 
-# A step's two O(m) passes (the hull's tangents and the race) cost about a fifth of one ChaCha20
-# uniform per candidate on top of the m uniforms the race draws.
+# A step's O(m) passes (the bytes' bounds, then the lower bound of the leader) cost about a
+# fifth of one ChaCha20 uniform per candidate on top of the m/8 words of the bytes.
 PASS_COST = 0.2
+BYTE_WORDS = 1.0 / 8.0  # words per candidate and step: one byte each
+_BEHIND = -1.7e308  # a float value certainly behind: a candidate outside C
+
+
+def byte_word_counts(n: int, k: int) -> npt.NDArray[np.int64]:
+    """Each step's words of bytes, m/8 rounded up (none for m = 1: no draw)."""
+    m = n - np.arange(k)
+    return np.where(m >= 2, (m + 7) // 8, 0).astype(np.int64)
+
+
+def pool_size(n: int, k: int) -> int:
+    """The words drawn for C up front: twice the zero bytes' share and 16 a step."""
+    return k * (n // 128 + 16)
+
+
+def _decide(
+    q: np.ndarray,
+    d: np.ndarray,
+    t: float,
+    eps_step: float,
+    cand: np.ndarray,
+    xs: np.ndarray,
+    lead: float,
+    rng: np.random.Generator,
+) -> int:
+    """An undecided step in decimal on the same cells: C's cells and float values, the rest behind."""
+    a = gem.GemUtilities(q, d, eps_step, t)
+    x = np.zeros(q.shape[0])
+    x[cand] = xs
+    v = np.full(q.shape[0], _BEHIND)
+    with np.errstate(divide="ignore"):
+        v[cand] = a.value[cand] - np.log(xs)
+    return exponential_slow_argmax(a, x, v, lead, rng)
 
 
 def _peel(
     q: np.ndarray, d: np.ndarray, sign: float, eps_step: float, beta: float, k: int, rng: np.random.Generator
 ) -> npt.NDArray[np.int64]:
-    alive = np.arange(q.shape[0])  # the survivors, in their original order
+    n = q.shape[0]
+    ts = np.array([sign * gem.gem_t(n - i, eps_step, beta) for i in range(k)])
+    counts = byte_word_counts(n, k)
+    bases = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+    bytes_ = uniform_words(rng, int(counts.sum())).view(np.uint8)  # step i's at 8·bases[i]
+    pool = uniform_words(rng, pool_size(n, k))
+    r_full = float(np.abs(q).max()) / float(d.min())  # ≥ every survivor set's max|q|/min Δ
+    qq, dd, alive = q.copy(), d.copy(), np.arange(n, dtype=np.int64)
     out = np.empty(k, np.int64)
-    vertices = gem.hull_vertices(np.ascontiguousarray(q - sign * gem.gem_t(q.shape[0], eps_step, beta) * d), d)
-    for i in range(k):
-        qq, dd = q[alive], d[alive]
-        t = sign * gem.gem_t(alive.shape[0], eps_step, beta)
-        s = np.ascontiguousarray(qq - t * dd)
-        hx, hy, edge = gem.hull_at(s, dd, vertices)
-        qp = gem.tangents(hx, hy, edge, dd, s)
-        w = int(race_argmax(gem.GemUtilities(qq, dd, eps_step, t, s=s, qp=qp), EXPONENTIAL, rng, 1)[0])
-        out[i] = alive[w]
-        alive = np.delete(alive, w)
-        if w in vertices:  # a vertex won: the hull of the rest is built again
-            vertices = gem.hull_vertices(np.ascontiguousarray(s[np.arange(s.shape[0]) != w]), np.delete(dd, w))
+    cand, xs = np.empty(n, np.int64), np.empty(n)
+    vertices, known = np.empty(0, np.int64), False
+    step, pos, winner = 0, 0, -1
+    up, low = gem_peel_race.UP, gem_peel_race.LOW
+    while True:
+        status, step, pos, vertices, known, c, lead = gem_peel_race.peel_pass(
+            qq,
+            dd,
+            alive,
+            out,
+            ts,
+            eps_step,
+            r_full,
+            bytes_,
+            bases,
+            pool,
+            pos,
+            step,
+            winner,
+            vertices,
+            known,
+            up,
+            low,
+            cand,
+            xs,
+        )
+        winner = -1
+        if status == gem_peel_race.DONE:
+            return out
+        if status == gem_peel_race.NEED:  # unread words may be dropped: nothing has seen them
+            pool, pos = np.concatenate((pool[pos:], uniform_words(rng, max(c, pool.shape[0])))), 0
         else:
-            vertices = vertices - (vertices > w)
-    return out
+            m = n - step
+            winner = _decide(qq[:m].copy(), dd[:m].copy(), ts[step], eps_step, cand[:c], xs[:c], lead, rng)
 
 
 def _work_family(sign: float, q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    return float(k * q.shape[0] * (1.0 + PASS_COST))
+    return float(k * q.shape[0] * (BYTE_WORDS + PASS_COST))
 
 
 def gem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    """:func:`gem_peel`'s expected work in random draws' worth: m uniforms and two passes a step."""
+    """:func:`gem_peel`'s expected work in random draws' worth: m/8 words and the passes a step."""
     return _work_family(1.0, q, d, eps_step, p, k)
 
 
 def mgem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    """:func:`mgem_peel`'s expected work in random draws' worth: m uniforms and two passes a step."""
+    """:func:`mgem_peel`'s expected work in random draws' worth: m/8 words and the passes a step."""
     return _work_family(-1.0, q, d, eps_step, p, k)
 
 

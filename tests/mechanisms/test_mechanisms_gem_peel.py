@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from recsvc.mechanisms import select_slate, slate_probabilities
-from recsvc.mechanisms.gem_peel import PASS_COST
+from recsvc.mechanisms.gem_peel import BYTE_WORDS, PASS_COST
 from recsvc.mechanisms.slate import native_peel_work
 from recsvc.mechanisms.testing import chisquare_pvalue
 from recsvc.rng import csprng
@@ -52,10 +52,10 @@ def test_catalog_scale_slates_are_distinct_and_favour_the_top():
     assert slate.tolist() == np.argsort(-q)[:5].tolist()
 
 
-def test_the_work_estimate_is_a_uniform_and_two_passes_per_candidate_and_step():
+def test_the_work_estimate_is_a_byte_and_the_passes_per_candidate_and_step():
     n, k = 4000, 10
     d = np.full(n, 0.02)
-    assert native_peel_work("mgem", np.zeros(n), d, 1.0, k, {}) == pytest.approx(k * n * (1 + PASS_COST))
-    assert native_peel_work("gem", np.zeros(n), d, 1.0, k, {}) == pytest.approx(k * n * (1 + PASS_COST))
+    assert native_peel_work("mgem", np.zeros(n), d, 1.0, k, {}) == pytest.approx(k * n * (BYTE_WORDS + PASS_COST))
+    assert native_peel_work("gem", np.zeros(n), d, 1.0, k, {}) == pytest.approx(k * n * (BYTE_WORDS + PASS_COST))
     assert native_peel_work("mgem", np.zeros(n), d, 1.0, 1, {}) is None  # k = 1 is select's own draw
     assert native_peel_work("rnm", np.zeros(n), d, 1.0, k, {}) is None
