@@ -222,7 +222,7 @@ def _push(  # pragma: no cover - numba
         i = parent
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _pop(  # pragma: no cover - numba
     vals: np.ndarray,
     state: np.ndarray,
@@ -249,7 +249,7 @@ def _pop(  # pragma: no cover - numba
         i = best
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True, nogil=True, inline="always")
 def _keep_threshold(  # pragma: no cover - numba
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, log_m: int, l_bound: float, v: int, u_bound: int, u: int
 ) -> int:

@@ -279,7 +279,20 @@ def n_phi_of_log(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def n_log_phi(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
-    lo, hi = _log_phi_lo(vals[x, 1]), _log_phi_hi(vals[x, 0])
+    """log φ decreases, |slope| = 1/((e^z − 1)·φ(z)), and (e^z − 1)·φ(z) = −w·ln w/(1 − w) with
+    w = 1 − e^{−z} increases (its derivative's numerator −ln w − 1 + w ≥ 0), so the slope is
+    steepest at the bottom end: on a narrow interval one evaluation there bounds it."""
+    zlo, zhi = vals[x, 0], vals[x, 1]
+    w = zhi - zlo
+    if 0.0 < zlo <= 25.0 and w <= _NARROW:  # φ(25) ≈ 1.4·10⁻¹¹: far above its slack
+        p = phi(zlo)
+        lp = math.log(p)
+        g = _dn(math.expm1(zlo), 0.0) * _dn(p, 1.0)  # below (e^z − 1)·φ(z)
+        t = w / g if g > 0.0 else math.inf
+        lo = _dn(lp - t - t * _WIDEN, 1.0)
+        hi = _up(lp, 1.0)
+    else:
+        lo, hi = _log_phi_lo(zhi), _log_phi_hi(zlo)
     return _node(ops, vals, state, LOG_PHI, x, 0, lo, hi, 0.0)
 
 
