@@ -21,6 +21,8 @@ The tests hold the slates to their exact peeled law (``slate_log_probabilities``
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import numpy.typing as npt
 
@@ -36,15 +38,15 @@ BYTE_WORDS = 1.0 / 8.0  # words per candidate and step: one byte each
 _BEHIND = -1.7e308  # a float value certainly behind: a candidate outside C
 
 
-def byte_word_counts(n: int, k: int) -> npt.NDArray[np.int64]:
-    """Each step's words of bytes, m/8 rounded up (none for m = 1: no draw)."""
-    m = n - np.arange(k)
-    return np.where(m >= 2, (m + 7) // 8, 0).astype(np.int64)
+def byte_word_starts(n: int, k: int) -> list[int]:
+    """Where each step's words of bytes start, and their end: m/8 words a step, rounded up (none
+    for m = 1: no draw)."""
+    return list(itertools.accumulate(((m + 7) // 8 if m >= 2 else 0 for m in range(n, n - k, -1)), initial=0))
 
 
 def pool_size(n: int, k: int) -> int:
-    """The words drawn for C up front: twice the zero bytes' share and 16 a step."""
-    return k * (n // 128 + 16)
+    """The words drawn for C up front: the zero bytes' share and 8 a step (more on demand)."""
+    return k * (n // 256 + 8)
 
 
 def _decide(
@@ -72,10 +74,10 @@ def _peel(
 ) -> npt.NDArray[np.int64]:
     n = q.shape[0]
     ts = np.array([sign * gem.gem_t(n - i, eps_step, beta) for i in range(k)])
-    counts = byte_word_counts(n, k)
-    bases = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-    bytes_ = uniform_words(rng, int(counts.sum())).view(np.uint8)  # step i's at 8·bases[i]
-    pool = uniform_words(rng, pool_size(n, k))
+    starts = byte_word_starts(n, k)
+    words = uniform_words(rng, starts[-1] + pool_size(n, k))
+    bytes_, pool = words[: starts[-1]].view(np.uint8), words[starts[-1] :]  # step i's bytes at 8·starts[i]
+    bases = np.array(starts[:-1], dtype=np.int64)
     r_full = float(np.abs(q).max()) / float(d.min())  # ≥ every survivor set's max|q|/min Δ
     qq, dd, alive = q.copy(), d.copy(), np.arange(n, dtype=np.int64)
     out = np.empty(k, np.int64)

@@ -72,7 +72,7 @@ def test_slates_follow_the_peeled_law_when_every_refill_is_needed(monkeypatch, n
     q = np.array([0.3, 1.0, -0.5, 0.8, 0.1, 0.9])
     d = np.array([0.5, 2.0, 0.2, 1.0, 0.7, 1.4])
     assert _counts(name, q, d, 6.0 if name == "gem" else 60.0, 3, 3_000, csprng()) > ALPHA
-    assert len(draws) > 2 * 3_000  # the bytes, the pool and at least one refill a slate
+    assert len(draws) > 1.2 * 3_000  # one draw a slate, and refills
 
 
 def test_slates_follow_the_peeled_law_when_inner_hull_vertices_win():
