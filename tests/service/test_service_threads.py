@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from contextvars import ContextVar
+from functools import partial
 
 import pytest
 
@@ -113,3 +114,120 @@ def test_no_more_than_count_threads_and_shutdown_drains_then_refuses() -> None:
 def test_at_least_one_thread() -> None:
     with pytest.raises(ValueError, match="at least 1 thread"):
         Threads(0, "t")
+
+
+def test_a_caller_cancelled_while_its_work_runs_keeps_it_pending_until_it_ends() -> None:
+    """As when a client cancels its call: the awaiting task is cancelled while the work runs. The
+    work stays counted and ``finished`` waits for it, then runs once, after the work ended."""
+    threads = Threads(1, "t")
+    running, release = threading.Event(), threading.Event()
+    ended: list[bool] = []
+    finished: list[bool] = []
+
+    def work() -> str:
+        running.set()
+        release.wait(60)
+        ended.append(True)
+        return "done"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        settled = asyncio.Event()
+
+        def on_finished() -> None:
+            finished.append(bool(ended))  # whether the work had ended when this ran
+            settled.set()
+
+        async def call() -> str:
+            return await threads.run(work, on_finished)
+
+        task = asyncio.create_task(call())
+        await loop.run_in_executor(None, running.wait, 60)  # the work is in its thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(5):  # callbacks of the cancellation (a done callback's would run here)
+            await asyncio.sleep(0)
+        assert finished == [] and threads.pending == 1  # blocked on release: it cannot have ended
+        release.set()
+        await settled.wait()
+        assert threads.pending == 0
+        threads.shutdown()  # the thread is gone, so no second settle can still be on its way
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        threads.shutdown()
+    assert finished == [True] and threads.pending == 0
+
+
+def test_every_call_settles_exactly_once_whenever_its_caller_is_cancelled() -> None:
+    """Cancelled before a thread takes the work, while it runs, or not at all: ``finished`` runs
+    once per call and ``pending`` returns to 0."""
+    threads = Threads(2, "t")
+    n, ran, finished = 300, list[int](), list[int]()
+
+    async def main() -> None:
+        settled = asyncio.Event()
+
+        def on_finished() -> None:
+            finished.append(1)
+            if len(finished) == n:
+                settled.set()
+
+        futures = [threads.run(partial(ran.append, i), on_finished) for i in range(n)]
+        for i, f in enumerate(futures):
+            if i % 3:
+                f.cancel()
+            if i % 7 == 0:
+                await asyncio.sleep(0)  # let some work start before the next cancellations
+        await settled.wait()
+        threads.shutdown()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert all(f.done() for f in futures)
+        assert [f.result() for i, f in enumerate(futures) if not f.cancelled()] == [None] * sum(
+            not f.cancelled() for f in futures
+        )
+
+    try:
+        asyncio.run(main())
+    finally:
+        threads.shutdown()
+    assert len(finished) == n and threads.pending == 0 and set(range(0, n, 3)) <= set(ran)
+
+
+def test_a_heavy_calls_slot_is_held_until_its_work_ends() -> None:
+    """The heavy queue releases a slot when the work ends, not when its caller stops waiting."""
+    from recsvc.service.draws import HeavyCalls
+
+    heavy = HeavyCalls(2, 1, 50_000)
+    running, release = threading.Event(), threading.Event()
+
+    def work() -> None:
+        running.set()
+        release.wait(60)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.create_task(heavy.run("alice", work))
+        await loop.run_in_executor(None, running.wait, 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert heavy.held == 1
+        release.set()
+        while heavy.held:  # released by the end-of-work callback, on this loop
+            await asyncio.sleep(0.001)
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()
+        heavy.shutdown()
+    assert heavy.held == 0
