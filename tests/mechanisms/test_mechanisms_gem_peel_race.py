@@ -2,6 +2,8 @@
 put a candidate far beyond any float noise bound ahead, a wrong pruning table that loses it,
 the refill and hull-deletion paths against the exact peeled law."""
 
+import decimal
+
 import numpy as np
 import pytest
 
@@ -95,3 +97,65 @@ def test_dropping_a_vertex_gives_the_survivors_hull():
         order = np.r_[np.arange(w), n - 1, np.arange(w + 1, n - 1)] if w < n - 1 else np.arange(n - 1)
         if known:  # the survivors as _drop leaves them: the last one in w's place
             assert after.tolist() == gem.hull_vertices(s[order].copy(), d[order].copy()).tolist()
+
+
+def _pruned_are_behind(q: np.ndarray, d: np.ndarray, eps: float, t: float, bytes_: np.ndarray, up: np.ndarray) -> int:
+    """Runs the byte pass and checks in decimal that each candidate it drops is certainly behind
+    T: a_a + ln(256/k_a) < a_T + ln(256/(k_T + 1)) on the real a. Returns how many it dropped."""
+    s = q - t * d
+    top = int(np.argmax(s))
+    r = float(np.abs(q).max()) / float(d.min()) + abs(t)
+    err = 4.1 * 2.0**-53 * r * eps * 0.5 * (1.0 + 4.0 * 2.0**-53) + 2.0**-1060
+    cand = np.empty(q.shape[0], np.int64)
+    c = gem_peel_race._candidates(s, d, top, eps * 0.5, err, bytes_, up, gem_peel_race.LOW, cand)
+    dropped = sorted(set(range(q.shape[0])) - set(cand[:c].tolist()))
+    if not dropped:
+        return 0
+    a = gem.GemUtilities(q, d, eps, t, s=s)
+    ctx = decimal.Context(prec=60)
+    enc = a.exact([top, *dropped], 60)
+    floor = enc[0][0] + ctx.ln(ctx.divide(256, int(bytes_[top]) + 1))
+    for (_, hi), j in zip(enc[1:], dropped, strict=True):
+        assert bytes_[j] > 0, j  # the cell [0, 1/256) has E unbounded
+        assert hi + ctx.ln(ctx.divide(256, int(bytes_[j]))) < floor, j
+    return len(dropped)
+
+
+@pytest.mark.parametrize("gap", [-1e-9, -1e-11, -1e-13, -1e-15, 0.0, 1e-15, 1e-13, 1e-9])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_candidate_at_the_pruning_threshold_is_dropped_only_when_certainly_behind(gap, sign):
+    """Two candidates, the second's a + ln(256/k) set `gap` above T's ln(256/(k_T + 1)): it may be
+    dropped only when it is certainly behind (decimal), and is dropped at 10⁻⁹ behind."""
+    eps, k_top, k_other = 0.7, 200, 3
+    d = np.array([0.4, 1.3])
+    t = sign * gem.gem_t(2, eps, 0.05)
+    target = np.log(256.0 / (k_top + 1)) - np.log(256.0 / k_other) + gap  # the second's a
+    q0 = 1.0
+    s_top = q0 - t * d[0]
+    q = np.array([q0, s_top + target / (eps / 2) * (d[0] + d[1]) + t * d[1]])
+    bytes_ = np.array([k_top, k_other], dtype=np.uint8)
+    dropped = _pruned_are_behind(q, d, eps, t, bytes_, gem_peel_race.UP)
+    if gap <= -1e-9:
+        assert dropped == 1
+    if gap >= 1e-13:
+        assert dropped == 0
+
+
+def test_every_dropped_candidate_is_certainly_behind_and_a_wrong_table_drops_some_that_are_not():
+    rng = np.random.default_rng(21)
+    wrong = gem_peel_race.LOW.copy()  # each cell's lower end for its upper bound: unsound
+    dropped, violations = 0, 0
+    for trial in range(60):
+        n = int(rng.integers(2, 30))
+        scale = 10.0 ** rng.uniform(-3, 3)
+        q, d = rng.normal(size=n) * scale, 10.0 ** rng.uniform(-2, 1, n)
+        eps = 10.0 ** rng.uniform(-1, 2)
+        t = (1.0 if trial % 2 else -1.0) * gem.gem_t(n, eps, 0.05)
+        bytes_ = rng.integers(0, 256, n).astype(np.uint8)
+        dropped += _pruned_are_behind(q, d, eps, t, bytes_, gem_peel_race.UP)
+        try:
+            _pruned_are_behind(q, d, eps, t, bytes_, wrong)
+        except AssertionError:
+            violations += 1
+    assert dropped > 100
+    assert violations > 0
