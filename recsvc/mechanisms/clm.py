@@ -38,7 +38,8 @@ from typing import cast
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms.clm_draw import draw_subset, strictly_decreasing
+from recsvc.mechanisms.clm_draw import draw_subset
+from recsvc.mechanisms.clm_tape import strictly_decreasing
 from recsvc.mechanisms.exact import _gauss_legendre_01
 from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_argmax
 from recsvc.mechanisms.params import ParamSpec, ParamValues

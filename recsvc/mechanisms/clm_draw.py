@@ -73,6 +73,7 @@ from recsvc.mechanisms.clm_tape import (
     TapeFull,
     Undecided,
     below,
+    class_utilities,
     enclosure_inputs,
     less,
     lgamma_table,
@@ -95,33 +96,6 @@ from recsvc.mechanisms.clm_tape import (
 
 _T = TypeVar("_T")
 _TIGHT = 1.0  # split a rectangle whose log intensity can vary by more than this across its cells
-
-
-@numba.njit(cache=True, nogil=True)
-def _class_utilities(  # pragma: no cover - numba
-    x_sorted: np.ndarray, k: int, gamma: float, epsilon: float
-) -> tuple[np.ndarray, np.ndarray, float]:
-    """In float64, for the split policy: a[h] (k,) nondecreasing in h and b[t] (n + 1,)
-    nonincreasing in t on k + 1 … n, class (h, t)'s utility a[h] + b[t]; and the top class's
-    (a = b = x_[k])."""
-    n = x_sorted.shape[0]
-    c = 0.5 * epsilon
-    a = np.empty(k)
-    b = np.empty(n + 1)  # b[t] for t ≤ k is never read
-    for h in range(k):  # loops, not slice arithmetic: several times faster for numba to compile
-        a[h] = -c * (1.0 - gamma) * x_sorted[h]
-    for t in range(k + 1, n + 1):
-        b[t] = c * gamma * x_sorted[t - 1]
-    return a, b, -c * (1.0 - 2.0 * gamma) * x_sorted[k - 1]
-
-
-@numba.njit(cache=True, nogil=True)
-def strictly_decreasing(xs: np.ndarray) -> bool:  # pragma: no cover - numba
-    """Distinct values sorted descending (False on NaN)."""
-    for i in range(1, xs.shape[0]):  # noqa: SIM110  # a loop numba compiles, unlike all() of a generator
-        if not xs[i] < xs[i - 1]:
-            return False
-    return True
 
 
 # --- the Poisson processes -------------------------------------------------------------------------
@@ -249,7 +223,7 @@ def _pop(  # pragma: no cover - numba
         i = best
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _keep_threshold(  # pragma: no cover - numba
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, log_m: int, l_bound: float, v: int, u_bound: int, u: int
 ) -> int:
@@ -403,7 +377,7 @@ def _slate_kernel(  # pragma: no cover - numba
     unit = 0.5 * epsilon / scale  # in utility units, the top score subtracted first (clm.centred_units)
     for i in range(n):
         x[i] = (xs[i] - xs[0]) * unit
-    a, b, _ = _class_utilities(x, k, gamma, 2.0)
+    a, b, _ = class_utilities(x, k, gamma, 2.0)
     cx = enclosure_inputs(epsilon, scale, gamma)
     cur = np.zeros(1, np.int64)
     h, t = _winning_class(a, b, xs, cx, lg, k, raw, cur, ops, vals, state, forced, slack)

@@ -32,7 +32,7 @@ class Undecided(Exception):
     """A comparison the float enclosures cannot decide: its two nodes are in ``state[2:4]``."""
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cover - numba
     i = cur[0]
     if i >= raw.shape[0]:
@@ -42,7 +42,7 @@ def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cove
     return r
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def below(m: int, raw: np.ndarray, cur: np.ndarray) -> int:  # pragma: no cover - numba
     """Uniform on 0 … m − 1, exactly: a raw draw below 2⁶⁴ mod m is rejected, so the accepted
     ones cover every residue equally often."""
@@ -84,7 +84,7 @@ def _up(x: float, m: float) -> float:  # pragma: no cover - numba
     return x + ((abs(x) + m) * _WIDEN + _TINY)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def phi(s: float) -> float:  # pragma: no cover - numba
     """φ(s) = −log(1 − e^{−s}) for s > 0 (its own inverse), in float64."""
     if s < 0.7:
@@ -92,7 +92,7 @@ def phi(s: float) -> float:  # pragma: no cover - numba
     return -math.log1p(-math.exp(-s))
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _phi_of_log_lo(x: float) -> float:  # pragma: no cover - numba
     """A lower bound of φ(e^x) (φ decreases: e^x rounded up)."""
     if x > 6.6:  # e^x > 735: 0 < φ
@@ -102,7 +102,7 @@ def _phi_of_log_lo(x: float) -> float:  # pragma: no cover - numba
     return _dn(phi(_up(math.exp(x), 0.0)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _phi_of_log_hi(x: float) -> float:  # pragma: no cover - numba
     """An upper bound of φ(e^x)."""
     if x == -math.inf:
@@ -115,7 +115,7 @@ def _phi_of_log_hi(x: float) -> float:  # pragma: no cover - numba
     return math.inf if s <= 0.0 else _up(phi(s), 1.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _log_phi_lo(z: float) -> float:  # pragma: no cover - numba
     """A lower bound of log φ(z) for z > 0 (log φ decreases: z is its argument's upper bound)."""
     if z <= 0.0 or z == math.inf:
@@ -125,7 +125,7 @@ def _log_phi_lo(z: float) -> float:  # pragma: no cover - numba
     return _dn(math.log(phi(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _log_phi_hi(z: float) -> float:  # pragma: no cover - numba
     if z <= 0.0:
         return math.inf
@@ -134,7 +134,7 @@ def _log_phi_hi(z: float) -> float:  # pragma: no cover - numba
     return _up(math.log(phi(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _log_expm1_lo(z: float) -> float:  # pragma: no cover - numba
     """A lower bound of log(e^z − 1) for z > 0 (increasing)."""
     if z <= 0.0:
@@ -146,7 +146,7 @@ def _log_expm1_lo(z: float) -> float:  # pragma: no cover - numba
     return _dn(math.log(math.expm1(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _log_expm1_hi(z: float) -> float:  # pragma: no cover - numba
     if z <= 0.0:
         return -math.inf
@@ -157,7 +157,7 @@ def _log_expm1_hi(z: float) -> float:  # pragma: no cover - numba
     return _up(math.log(math.expm1(z)), 1.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _logaddexp(x: float, y: float) -> float:  # pragma: no cover - numba
     hi, lo = (x, y) if x > y else (y, x)
     if lo == -math.inf or hi == math.inf:
@@ -174,14 +174,14 @@ def lgamma_table(n: int) -> np.ndarray:  # pragma: no cover - numba
     return out
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def log_size(lg: np.ndarray, k: int, h: int, t: int) -> float:  # pragma: no cover - numba
     """log C(t − h − 2, k − h − 1): the size of class (h, t), in float64 (``lg``: lgamma_table)."""
     out: float = lg[t - h - 1] - lg[k - h] - lg[t - k]
     return out
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def log_size_bounds(lg: np.ndarray, k: int, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
     g1, g2, g3 = lg[t - h - 1], lg[k - h], lg[t - k]
     slack = (g1 + g2 + g3 + 1.0) * _LGAMMA_REL + _TINY  # every lgamma of an integer ≥ 1 is ≥ 0
@@ -199,7 +199,7 @@ def _mul_bounds(alo: float, ahi: float, blo: float, bhi: float) -> tuple[float, 
 _C_LO, _C_HI, _G_LO, _G_HI, _G1_LO, _G1_HI = 0, 1, 2, 3, 4, 5
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def enclosure_inputs(epsilon: float, scale: float, gamma: float) -> np.ndarray:  # pragma: no cover - numba
     out = np.empty(6)
     c = (0.5 * epsilon) / scale
@@ -209,13 +209,13 @@ def enclosure_inputs(epsilon: float, scale: float, gamma: float) -> np.ndarray: 
     return out
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _x_bounds(xs: np.ndarray, cx: np.ndarray, i: int) -> tuple[float, float]:  # pragma: no cover - numba
     diff = xs[i] - xs[0]
     return _mul_bounds(_dn(diff, 0.0), _up(diff, 0.0), cx[_C_LO], cx[_C_HI])
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def util_bounds(xs: np.ndarray, cx: np.ndarray, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
     """Bounds of class (h, t)'s utility −(1 − γ)·x_h + γ·x_{t−1} (the top class: h = k − 1, t = k)."""
     xlo, xhi = _x_bounds(xs, cx, h)
@@ -263,7 +263,7 @@ def n_sub(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int) 
     return _node(ops, vals, state, SUB, x, y, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_phi_of_log(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     """φ(e^x) decreases with slope in [−1, 0]: on a narrow interval one evaluation at its top end
     bounds it (φ(e^{x_lo}) ≤ φ(e^{x_hi}) + width); elsewhere both ends are evaluated."""
@@ -277,7 +277,7 @@ def n_phi_of_log(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -
     return _node(ops, vals, state, PHI_OF_LOG, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_phi(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     """log φ decreases, |slope| = 1/((e^z − 1)·φ(z)), and (e^z − 1)·φ(z) = −w·ln w/(1 − w) with
     w = 1 − e^{−z} increases (its derivative's numerator −ln w − 1 + w ≥ 0), so the slope is
@@ -296,7 +296,7 @@ def n_log_phi(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> i
     return _node(ops, vals, state, LOG_PHI, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_expm1(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     """log(e^z − 1) increases with slope 1/(1 − e^{−z}), largest at the interval's bottom end: on a
     narrow interval one evaluation there bounds it; elsewhere both ends are evaluated."""
@@ -319,7 +319,7 @@ def n_log_expm1(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) ->
     return _node(ops, vals, state, LOG_EXPM1, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_add_exp(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int
 ) -> int:  # pragma: no cover - numba
@@ -334,13 +334,13 @@ def n_log_add_exp(
     return _node(ops, vals, state, LOG_ADD_EXP, x, y, _dn(p, 1.0), hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_int(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, n: int) -> int:  # pragma: no cover - numba
     v = math.log(n)
     return _node(ops, vals, state, LOG_INT, n, 0, _dn(v, 0.0), _up(v, 0.0), 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_util(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, xs: np.ndarray, cx: np.ndarray, h: int, t: int
 ) -> int:  # pragma: no cover - numba
@@ -348,7 +348,7 @@ def n_util(
     return _node(ops, vals, state, UTIL, h, t, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_size(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, lg: np.ndarray, k: int, h: int, t: int
 ) -> int:  # pragma: no cover - numba
@@ -356,14 +356,14 @@ def n_log_size(
     return _node(ops, vals, state, LOG_SIZE, h, t, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def _cell(raw: np.ndarray, j: int) -> tuple[float, float]:  # pragma: no cover - numba
     """U_j's first 53 bits: U_j ∈ [K·2⁻⁵³, (K + 1)·2⁻⁵³] (both ends exact floats)."""
     top = float(raw[j] >> np.uint64(11))
     return top * 2.0**-53, (top + 1.0) * 2.0**-53
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_u(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> int:  # pragma: no cover - numba
@@ -377,7 +377,7 @@ def n_log_u(
     return _node(ops, vals, state, LOG_U, j, 0, lo, _up(log_hi, 0.0), 0.0)
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
+@numba.njit(cache=True, nogil=True)
 def n_log_e(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> int:  # pragma: no cover - numba
@@ -439,3 +439,30 @@ class Inputs:
     d: np.ndarray
     gamma: float
     k: int
+
+
+@numba.njit(cache=True, nogil=True)
+def class_utilities(  # pragma: no cover - numba
+    x_sorted: np.ndarray, k: int, gamma: float, epsilon: float
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """In float64, for the split policy: a[h] (k,) nondecreasing in h and b[t] (n + 1,)
+    nonincreasing in t on k + 1 … n, class (h, t)'s utility a[h] + b[t]; and the top class's
+    (a = b = x_[k])."""
+    n = x_sorted.shape[0]
+    c = 0.5 * epsilon
+    a = np.empty(k)
+    b = np.empty(n + 1)  # b[t] for t ≤ k is never read
+    for h in range(k):  # loops, not slice arithmetic: several times faster for numba to compile
+        a[h] = -c * (1.0 - gamma) * x_sorted[h]
+    for t in range(k + 1, n + 1):
+        b[t] = c * gamma * x_sorted[t - 1]
+    return a, b, -c * (1.0 - 2.0 * gamma) * x_sorted[k - 1]
+
+
+@numba.njit(cache=True, nogil=True)
+def strictly_decreasing(xs: np.ndarray) -> bool:  # pragma: no cover - numba
+    """Distinct values sorted descending (False on NaN)."""
+    for i in range(1, xs.shape[0]):  # noqa: SIM110  # a loop numba compiles, unlike all() of a generator
+        if not xs[i] < xs[i - 1]:
+            return False
+    return True

@@ -26,8 +26,8 @@ from collections.abc import Callable
 import numpy as np
 
 from recsvc.mechanisms import clm, gem_peel, noisy_max, random_stopping, topk
-from recsvc.mechanisms.clm_draw import draw_subset
 from recsvc.rng import csprng
+from scripts.bench import clm_float as clm_float_draw
 from scripts.bench.gem_peel_float import peel_float
 
 SIZES = (500, 20_720)
@@ -101,7 +101,7 @@ def clm_float(q: np.ndarray, d: np.ndarray, rng: np.random.Generator, size: int)
     xs, order = clm._ranks(q)
     out = np.empty(size, np.int64)
     for i in range(size):
-        out[i] = draw_subset(q, d, xs, order, 1, EPSILON, 0.5, rng)[0]
+        out[i] = clm_float_draw.draw_slate(q, d, xs, order, 1, EPSILON, 0.5, rng)[0]
     return out
 
 
@@ -118,6 +118,10 @@ def _pairs() -> dict[tuple[str, int | str], tuple[Callable[..., object], Callabl
             lambda q, d, g, k=k: topk.gumbel_top_k(q, d, EPSILON, {}, g, k),
             lambda q, d, g, k=k: gumbel_float(q, d, g, k),
         )
+    out[("clm", 10)] = (
+        lambda q, d, g: clm.clm_top_k(q, d, EPSILON, {"loss_weight": 0.5}, g, 10),
+        lambda q, d, g: clm_float_draw.draw_slate(q, d, *clm._ranks(q), 10, EPSILON, 0.5, g),
+    )
     for sign, name in ((1.0, "gem"), (-1.0, "mgem")):
         exact_peel = gem_peel.gem_peel if sign > 0 else gem_peel.mgem_peel
         out[(name, 10)] = (
