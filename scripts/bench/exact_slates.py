@@ -5,9 +5,10 @@ Exponential / Gumbel noise, ``rnm_laplace`` as the argmax of float Laplace noise
 ``rs_improved`` with numpy's ``geometric`` / ``logseries`` counts and float Laplace records, and
 ``clm`` at k = 1 as its float Poisson-process draw, ``gem`` and ``mgem`` slates as the float
 peel kernel (scripts/bench/gem_peel_float.py; β = 0.05, ε/10 a step). Both sides run in one process on the same
-inputs (scores N(0, 1), Δ ~ U(0.05, 2), seed 0; CSPRNG as the service draws), in alternating
-rounds, per call: one slate of k = 10 and one item (k = 1) at n = 500 and 20,720, and a batch of
-1,000 single-item draws (``select_batch``'s sampler call) at n = 500. Reported: the median over
+inputs (scores N(0, 1), Δ ~ U(0.05, 2), seed 0), in alternating
+rounds, per call: one slate of k = 10 and one item (k = 1) at n = 500 and 20,720 (CSPRNG, as the
+service draws), and a batch of 1,000 single-item draws (``select_batch``'s sampler call, from a
+PCG64 user stream as ``select_batch`` draws) at n = 500. Reported: the median over
 rounds of µs per call, and exact ÷ float paired per round (target ≤ 1.3).
 
 Usage: .venv/bin/python -m scripts.bench.exact_slates [--rounds 7] [--seconds 0.15] [--only gem mgem]
@@ -26,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 
 from recsvc.mechanisms import clm, gem_peel, noisy_max, random_stopping, topk
-from recsvc.rng import csprng
+from recsvc.rng import csprng, user_stream
 from scripts.bench import clm_float as clm_float_draw
 from scripts.bench.gem_peel_float import peel_float
 
@@ -164,15 +165,17 @@ def main(argv: list[str] | None = None) -> int:
         n: (rng.normal(size=n), rng.uniform(0.05, 2.0, size=n)) for n in SIZES
     }
     data[CATALOG] = (rng.uniform(0, 0.003, 20_720), rng.uniform(7e-5, 0.037, 20_720))
-    g = csprng()
+    g = csprng()  # per call, as the service draws
+    batch_rng = user_stream(0, 0)  # a batch, as select_batch draws (one PCG64 stream per user)
     entries: dict[tuple[str, int | str, int | str, str], Callable[[int], float]] = {}
     for (name, k), (exact, flt) in _pairs().items():
         if args.only is not None and name not in args.only:
             continue
         for n in (500,) if k == "batch" else (*SIZES, CATALOG) if name in PEELS else SIZES:
             q, d = data[n]
-            entries[(name, k, n, "exact")] = _timer(exact, q, d, g)
-            entries[(name, k, n, "float")] = _timer(flt, q, d, g)
+            src = batch_rng if k == "batch" else g
+            entries[(name, k, n, "exact")] = _timer(exact, q, d, src)
+            entries[(name, k, n, "float")] = _timer(flt, q, d, src)
     calls = {}
     for key, run in entries.items():
         run(1)

@@ -6,7 +6,6 @@ float noise bound is reached."""
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections import Counter
@@ -17,7 +16,7 @@ import pytest
 from recsvc.mechanisms import MECHANISMS, check_params, clm_resolve, select_slate
 from recsvc.mechanisms.clm import _negative_noise, _ranks, class_log_probabilities, class_of, classes
 from recsvc.mechanisms.clm_draw import RAW_FOR_CLASS, RAW_PER_ITEM, _run, _slate_kernel, draw_subset, lgammas
-from recsvc.mechanisms.clm_tape import Inputs, OutOfRandomness, _cell, below, log_size_bounds, phi
+from recsvc.mechanisms.clm_tape import OutOfRandomness, _cell, below, log_size_bounds, phi
 from recsvc.mechanisms.testing import Words, chisquare_pvalue, clm_direct_log_probabilities, clm_direct_sample
 
 ALPHA = 1e-3
@@ -123,11 +122,12 @@ def test_a_kernel_that_runs_out_of_raw_draws_gives_what_one_long_block_gives(q: 
     xs, order = _ranks(q)
     assert (order.shape[0] > 0) == (np.unique(q).shape[0] < q.shape[0])
     for k, eps in ((10, 1.0), (40, 8.0), (1, 3.0)):
-        inputs = functools.partial(Inputs, xs, eps, d, 0.5, k)
+        inputs = (xs, eps, d, 0.5, k)
+        args = (q, d, xs, order, lgammas(q.shape[0]), k, eps, 0.5, 0.0)
         for seed in range(20):
             short, long = np.random.default_rng(seed), np.random.default_rng(seed)
-            got = _run(short, 1, inputs, _slate_kernel, q, d, xs, order, lgammas(q.shape[0]), k, eps, 0.5)
-            want = _run(long, 10_000, inputs, _slate_kernel, q, d, xs, order, lgammas(q.shape[0]), k, eps, 0.5)
+            got = _run(short, short.bit_generator.random_raw(1), inputs, _slate_kernel, args)
+            want = _run(long, long.bit_generator.random_raw(10_000), inputs, _slate_kernel, args)
             assert got.tolist() == want.tolist()
 
 
