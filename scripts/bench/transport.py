@@ -15,6 +15,8 @@ the same artifact, with one path replaced in its process by the plain way of doi
   ``asyncio.wrap_future`` instead of :class:`recsvc.service.threads.Threads`;
 - ``no-prescan``: requests parsed by protobuf alone, without the bounded pre-scan and the batch's
   item-by-item counting (the pre-scan is a security bound, F2; this row only prices it);
+- ``float-samplers``: the float64 samplers issue 36's exact ones replaced
+  (:mod:`scripts.bench.float_samplers`; not a transport path: the service's cost of exactness);
 - ``echo``: the no-op echo server of :mod:`scripts.bench.service` (same gRPC stack);
 - ``before`` (``--before DIR``): the server of another checkout (``git worktree add DIR <commit>``),
   run with that tree first on PYTHONPATH.
@@ -46,6 +48,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scripts.bench.harness import (
     BATCH_METHOD,
     METHOD,
@@ -63,7 +67,7 @@ from scripts.bench.harness import (
 from scripts.bench.service import h2load_body, h2load_run
 
 MODULE = "scripts.bench.transport"
-PATCHED = ("wrapped", "no-loop", "executor", "no-prescan")
+PATCHED = ("wrapped", "no-loop", "executor", "no-prescan", "float-samplers")
 VARIANTS = ("current", *PATCHED, "echo")
 
 
@@ -89,6 +93,10 @@ def patch(variant: str) -> None:
             return decode
 
         codec.decoder = decoder
+    elif variant == "float-samplers":
+        from scripts.bench import float_samplers
+
+        float_samplers.install()
     else:
         raise ValueError(f"no patch named {variant!r}")
 
@@ -179,7 +187,10 @@ def one_round(
 ) -> dict[str, dict]:
     seed = 1000 * r  # round 99 is the warm-up
     lone = asyncio.run(lone_calls(servers, order, n1, seed))
-    out: dict[str, dict] = {k: {"c1_p50_ms": statistics.median(lone[k]) * 1e3} for k in order}
+    out: dict[str, dict] = {
+        k: {"c1_p50_ms": statistics.median(lone[k]) * 1e3, "c1_p99_ms": float(np.percentile(lone[k], 99)) * 1e3}
+        for k in order
+    }
     for j, kind in enumerate(order):
         srv, row = servers[kind], out[kind]
         if h2load is not None:  # the C client: ≈ 40 µs of client CPU a call, so the server has the cores
