@@ -141,7 +141,7 @@ def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray
     if x.shape[-1] < 2:
         raise ValueError(f"spearman: need at least 2 values per row, got {x.shape[-1]}")
     if x.ndim == 1:  # the per-request case (combined GEM): two sorts, then one compiled pass
-        return float(_spearman_1d(x, y, argsort_fast(x), argsort_fast(y), float(undefined)))
+        return spearman_sorted(x, y, argsort_fast(x), argsort_fast(y), undefined)
     rx = average_ranks(x)
     ry = average_ranks(y)
     rx -= rx.mean(axis=-1, keepdims=True)
@@ -152,6 +152,12 @@ def spearman(x: np.ndarray, y: np.ndarray, undefined: float = 0.0) -> np.ndarray
         rho = np.where(den > 0, num / np.where(den > 0, den, 1.0), undefined)
     rho = np.clip(rho, -1.0, 1.0)
     return float(rho) if rho.ndim == 0 else rho
+
+
+def spearman_sorted(x: np.ndarray, y: np.ndarray, ox: np.ndarray, oy: np.ndarray, undefined: float = 0.0) -> float:
+    """:func:`spearman` of two 1-D float64 arrays of one length n ≥ 2 given sorts of them (``ox``
+    sorts x, ``oy`` sorts y; any order among ties): for a caller that sorts a shared y once."""
+    return float(_spearman_1d(np.ascontiguousarray(x), np.ascontiguousarray(y), ox, oy, float(undefined)))
 
 
 def spearman_rows(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from recsvc.mechanisms import clm, gem, gem_peel, noisy_max, random_stopping, randomized_response, topk
+from recsvc.mechanisms import clm, gem, gem_combined, gem_peel, noisy_max, random_stopping, randomized_response, topk
 from recsvc.mechanisms.mechanism import FLOAT_EXACT, Mechanism
 from recsvc.mechanisms.params import param_specs
 from recsvc.mechanisms.privacy import (
@@ -166,7 +166,7 @@ BUILTIN = (
     Mechanism(
         "combined_gem",
         "RR (ε_c = cε) on [spearman(q, Δ) ≥ 0], then mgem (1) / gem (0) with ε − ε_c",
-        gem.combined_gem_sample,
+        gem_combined.combined_gem_sample,
         gem.combined_gem_log_probabilities,
         param_specs(gem.BETA, gem.CORR_BUDGET_FRACTION),
         expectation_fn=gem.combined_gem_expectation,
@@ -178,6 +178,7 @@ BUILTIN = (
             distance_map=_CORRELATED,
         ),
         float_level=FLOAT_EXACT,
+        batch=gem_combined.combined_gem_batch,
     ),
     # One-shot top-k: a slate is one pass at ε (not k selections at ε/k). Outside the default set:
     # the evaluation's and `auto`'s defaults stay the single-item mechanisms of the paper.

@@ -30,6 +30,7 @@ import numpy.typing as npt
 
 from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF as _U
 from recsvc.mechanisms.exact_sampling import _em_error, _em_slow, em_exact_sample, uniform_words
+from recsvc.mechanisms.privacy import at_most
 
 _REBUILD = 2.0**-24  # recompute the weights when the mass left is below this share of theirs
 
@@ -37,10 +38,7 @@ _REBUILD = 2.0**-24  # recompute the weights when the mass left is below this sh
 @functools.lru_cache(maxsize=1024)  # a few (ε, k) per service; Fraction is slow
 def step_epsilon(epsilon: float, k: int) -> float:
     """The largest float ε′ ≤ ε/k: k steps at ε′ consume at most ε, exactly (not up to a rounding)."""
-    step = epsilon / k
-    while Fraction(step) * k > Fraction(epsilon):
-        step = float(np.nextafter(step, 0.0))
-    return step
+    return at_most(epsilon / k, Fraction(epsilon), k)
 
 
 _DONE, _SLOW, _REBUILD_NOW = 0, 1, 2

@@ -326,15 +326,20 @@ def exponential_slow_argmax(
 
 
 def _exponential_rows(a: Utilities, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
-    """``size`` exponential races on the same a, as ratios: argmax (a_i − ln U_i) = argmin U_i·G_i,
-    G_i = e^{−a_i} computed once, so a draw costs one product per candidate. ĝ = exp(−value) is
-    within a factor (1 ± ρ) of G, ρ = 8.01u + 40.1u·min(max |value|, 746) + 2·err (exp's 4 ulps,
-    ``lower``'s 40u); an entry whose ĝ overflows has G > e^709 and cannot lead while x > 0.
-    Undecided rows (ρ-close, or a cell at 0) go through :func:`_argmax_row`."""
+    """``size`` exponential races on the same a: :func:`exponential_rows` on fresh cells."""
+    return exponential_rows(a, rng.random((size, a.n)), rng)
+
+
+def exponential_rows(a: Utilities, x: npt.NDArray[np.float64], rng: np.random.Generator) -> npt.NDArray[np.intp]:
+    """The exponential race on each row of cells x (C-contiguous, n ≥ 2), as ratios: argmax
+    (a_i − ln U_i) = argmin U_i·G_i, G_i = e^{−a_i} computed once, so a draw costs one product per
+    candidate. ĝ = exp(−value) is within a factor (1 ± ρ) of G, ρ = 8.01u + 40.1u·min(max
+    |value|, 746) + 2·err (exp's 4 ulps, ``lower``'s 40u); an entry whose ĝ overflows has
+    G > e^709 and cannot lead while x > 0. Undecided rows (ρ-close, or a cell at 0) go through
+    :func:`_argmax_row` on their own cells, in row order (drawing more words from ``rng``)."""
     with np.errstate(over="ignore"):
         g = np.exp(-a.value)
     rho = 8.01 * _U + 40.1 * _U * min(float(-a.value.min()), 746.0) + 2.0 * a.err
-    x = rng.random((size, a.n))
     top, x_top, second = _ratio_leaders(g, x)
     hi = (x_top + _CELL) * g[top] * ((1.0 + rho) * (1.0 + 4.0 * _U))
     decided = (hi < second * (1.0 - rho - 4.0 * _U)) & (hi < 1e290)

@@ -115,8 +115,11 @@ def exact_bernoulli(
     pass the same ``bounds`` object each time: its first thresholds are cached): U's first 53 bits
     are ``rng.random()`` (k·2⁻⁵³), decided by r's 40-digit bounds unless the cell straddles them."""
     low, high = _first_thresholds(bounds)
-    cells = (rng.random(size) * 2.0**53).astype(np.int64).tolist()
-    return np.array([k + 1 <= low or (k < high and is_below(bounds, k, 53, rng)) for k in cells], dtype=bool)
+    cells = (rng.random(size) * 2.0**53).astype(np.int64)  # exact: k·2⁻⁵³ · 2⁵³ = k
+    out: npt.NDArray[np.bool_] = cells < low  # the whole cell lies below r's lower bound
+    for i in np.flatnonzero(~out & (cells < high)).tolist():  # straddles: refine, in draw order
+        out[i] = is_below(bounds, int(cells[i]), 53, rng)
+    return out
 
 
 @lru_cache(maxsize=256)

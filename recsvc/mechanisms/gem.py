@@ -375,7 +375,8 @@ def _keep_bounds(eps_c: float, prec: int) -> tuple[Decimal, Decimal]:
 
 
 @functools.lru_cache(maxsize=256)  # the same bounds object per ε_c: exact_bernoulli caches its thresholds
-def _keep(eps_c: float) -> Callable[[int], tuple[Decimal, Decimal]]:
+def keep_bounds(eps_c: float) -> Callable[[int], tuple[Decimal, Decimal]]:
+    """RR's P(keep) = 1/(1 + e^{−ε_c}) as :func:`recsvc.mechanisms.exact_sampling.exact_bernoulli` takes it."""
     return functools.partial(_keep_bounds, eps_c)
 
 
@@ -387,30 +388,9 @@ def report_correlation_bit(
     lazily drawn uniform (:func:`recsvc.mechanisms.exact_sampling.exact_bernoulli`).
     Privacy: ε_c-DP for any input."""
     eps_c, _ = correlation_split(p).stage_epsilons(epsilon)
-    keep = exact_bernoulli(_keep(eps_c), rng, size)
+    keep = exact_bernoulli(keep_bounds(eps_c), rng, size)
     b = correlation_bit(q, d)
     return np.where(keep, b, 1 - b)
-
-
-def combined_gem_sample(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> np.ndarray:
-    """Combined GEM: privately report b = [spearman(q, Δ) ≥ 0] by binary randomised response
-    with ε_c = cε, then run mgem (bit 1) or gem (bit 0) with ε_g = ε − ε_c, both exactly.
-
-    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a: RR is ε_c-DP for any bit, the selection is
-    ε_g-DP, and basic (adaptive) composition gives ε_c + ε_g = ε. Each trial reports its own bit.
-    """
-    _, eps_g = correlation_split(p).stage_epsilons(epsilon)
-    t = checked_t(q, d, eps_g, p["beta"])  # both branches' input check, before the bit is drawn
-    bits = report_correlation_bit(q, d, epsilon, p, rng, size)
-    out = np.empty(size, dtype=np.int64)
-    ones = bits == 1
-    if ones.any():
-        out[ones] = _gem_sample(q, d, eps_g, -t, rng, int(ones.sum()))  # mgem
-    if not ones.all():
-        out[~ones] = _gem_sample(q, d, eps_g, t, rng, int((~ones).sum()))  # gem
-    return out
 
 
 def combined_gem_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> np.ndarray:

@@ -23,6 +23,9 @@ TopKFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generat
 PeelFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, np.random.Generator, int], np.ndarray]
 # peel_work(q, Δ, ε_step, own params, k) -> the native peel's expected cost, in random draws' worth
 PeelWorkFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], float]
+# batch(q (B, n), Δ (B, n), ε, own params, stream, trials) -> (B, trials) int64: row b is
+# ``sample(q[b], Δ[b], ε, params, stream(b), trials)``, the same function of that stream
+BatchFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, Callable[[int], np.random.Generator], int], np.ndarray]
 # slate_log_p(q, Δ, ε, own params, k) -> log P(slate) for every ordered k-tuple (small n)
 SlateLogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], dict[tuple[int, ...], float]]
 
@@ -47,7 +50,9 @@ class Mechanism:
     mechanisms only) draws a peeled slate natively, with the law of k ``sample`` steps, and
     ``peel_work_fn`` says what that costs (a service prices heavy work with it). ``default``: whether
     the mechanism is in the default set, the one the evaluation harness runs and `auto`'s policy
-    table ranks when no mechanisms are named (:func:`default_mechanisms`)."""
+    table ranks when no mechanisms are named (:func:`default_mechanisms`). ``batch`` (optional)
+    is ``select_batch``'s path: each row the same function of its user's stream as ``sample``,
+    sharing across rows what does not depend on the scores."""
 
     name: str
     description: str  # one line
@@ -60,6 +65,7 @@ class Mechanism:
     slate_log_probabilities_fn: SlateLogProbFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     peel_fn: PeelFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     peel_work_fn: PeelWorkFn | None = field(default=None, repr=False, compare=False, kw_only=True)
+    batch: BatchFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     default: bool = field(default=True, kw_only=True)
     # What the float64 implementation delivers against the declared map: FLOAT_EXACT when the
     # sampler follows the exact law at every ε (δ = 0), else the measured δ(ε) or that none was.

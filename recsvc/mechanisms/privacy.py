@@ -145,7 +145,7 @@ class Split:
     """ε divided among stages that run one after another, each seeing the earlier outputs.
 
     Stage i gets ``fractions[i]``·ε; the last stage gets the rest (ε minus the earlier stages,
-    so the parts add up to ε), spread evenly over its steps. ``fraction_name`` names the
+    rounded so that the parts add up to at most ε on the reals), spread evenly over its steps. ``fraction_name`` names the
     parameter the fractions come from, in refusals. By basic adaptive composition the whole
     run consumes Σ_stages steps · map(step ε) (:meth:`consumed`).
     """
@@ -163,9 +163,15 @@ class Split:
             raise ValueError(f"fractions must lie in (0, 1) and leave a share for the last stage, got {self.fractions}")
 
     def budgets(self, epsilon: float) -> tuple[float, ...]:
-        """Each stage's total ε: fᵢ·ε, and ε minus those for the last; refused when a part rounds to 0."""
+        """Each stage's total ε: fᵢ·ε, and ε minus those for the last, rounded down
+        (:func:`at_most`) so that they add up to at most ε on the reals; refused when a part
+        rounds to 0."""
+        return _budgets(self, epsilon)
+
+    def _budgets(self, epsilon: float) -> tuple[float, ...]:
         parts = [f * epsilon for f in self.fractions]
-        parts.append(epsilon - sum(parts))
+        rest = Fraction(epsilon) - sum((Fraction(p) for p in parts), Fraction(0))
+        parts.append(at_most(epsilon - sum(parts), rest))
         if not all(p > 0.0 for p in parts):  # subnormal ε
             shown = ", ".join(f"{f!r}" for f in self.fractions)
             raise MechanismInputError(
@@ -175,13 +181,15 @@ class Split:
         return tuple(parts)
 
     def stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
-        """The ε of one step of each stage (what the sampler runs at); refused when one rounds to 0."""
+        """The ε of one step of each stage (what the sampler runs at): its budget over its steps,
+        rounded down so that steps · step ≤ budget on the reals (:func:`at_most`), hence
+        Σ steps · step ≤ ε exactly; refused when one rounds to 0."""
         return _stage_epsilons(self, epsilon)
 
     def _stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
         out = []
         for stage, budget in zip(self.stages, self.budgets(epsilon), strict=False):
-            step = budget / stage.steps
+            step = at_most(budget / stage.steps, Fraction(budget), stage.steps)
             if not step > 0.0:
                 raise MechanismInputError(
                     f"{stage.label} = {budget!r}/{stage.steps} rounds to 0; expected a larger epsilon"
@@ -203,9 +211,10 @@ class Split:
 
         Computed in exact rational arithmetic on the nominal budgets (fᵢ·ε, the rest, each over
         its steps), so stages whose maps are all :func:`pure` consume exactly ``epsilon``. The
-        floating-point step ε the sampler runs at differ from these by one rounding, far below
-        the precision with which any mechanism computes with ε. A :class:`~fractions.Fraction`
-        in gives a Fraction out (nested splits stay exact)."""
+        floating-point step ε the sampler runs at (:meth:`stage_epsilons`) are rounded so that
+        Σ steps · step ≤ ε on the reals: what the run spends is at most this charge, not one
+        rounding above it. A :class:`~fractions.Fraction` in gives a Fraction out (nested
+        splits stay exact)."""
         exact = isinstance(epsilon, Fraction)
         total = Fraction(0)
         for stage, budget in zip(self.stages, self.exact_budgets(Fraction(epsilon)), strict=True):
@@ -216,11 +225,28 @@ class Split:
         return total if exact else float(total)  # type: ignore[return-value]  # Fraction in, Fraction out
 
 
-# A sampler asks for its split's step ε on every draw (combined GEM twice); requests repeat a few ε.
-# A refusal raises and is never cached.
+def at_most(x: float, bound: Fraction, times: int = 1) -> float:
+    """``x`` (a float ≥ 0 computed to approximate bound/times), stepped toward 0 one float at a
+    time until times·x ≤ bound holds on the real numbers the floats denote. A split's parts come
+    from rounded products, differences and quotients, each of which may round up by half an ulp;
+    this makes the composition they enter hold exactly, not up to a rounding. One or two steps
+    at most for a correctly rounded x; 0 when bound ≤ 0."""
+    while x > 0.0 and times * Fraction(x) > bound:
+        x = math.nextafter(x, 0.0)
+    return x
+
+
+# A sampler asks for its split's step ε on every draw (combined GEM once per call, a batch once);
+# requests repeat a few ε, and the exact check costs a few Fraction operations. A refusal raises
+# and is never cached.
 @functools.lru_cache(maxsize=4096)
 def _stage_epsilons(split: Split, epsilon: float) -> tuple[float, ...]:
     return split._stage_epsilons(epsilon)
+
+
+@functools.lru_cache(maxsize=4096)
+def _budgets(split: Split, epsilon: float) -> tuple[float, ...]:
+    return split._budgets(epsilon)
 
 
 # --- privacy maps d_in → d_out ------------------------------------------------------------------

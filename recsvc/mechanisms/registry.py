@@ -210,6 +210,8 @@ def select_batch(
     off = check_user_offset(user_offset)
     q, d = check_batch(scores, sensitivities)
     check_scale(eps, q, d)
+    if mech.batch is not None:
+        return mech.batch(q, d, eps, p, lambda b: user_stream(s, off + b), k)
     out = np.empty((q.shape[0], k), dtype=np.int64)
     for b in range(q.shape[0]):
         out[b] = mech.sample(q[b], d[b], eps, p, user_stream(s, off + b), k)

@@ -1,10 +1,11 @@
-"""What a selection is charged: the budget split (Split) gives each step's ε exactly as the
-samplers always computed it, and the charge is the sum of the stages' privacy maps — for slates,
+"""What a selection is charged: the budget split (Split) gives each step's ε as the samplers run
+it, adding up to at most ε on the reals, and the charge is the sum of the stages' privacy maps — for slates,
 two-stage selection and combined GEM's correlation bit — down to the last bit of ε. A mechanism
 registered by a test is charged by its own declared map, by the library and by the service."""
 
 import itertools
 import math
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -47,15 +48,82 @@ def _combined(c):
 # --- the one split: each step's ε, as the samplers compute it --------------------------------------
 
 
+def _down_to(x, bound, times=1):
+    """The test's own rule: the largest float ≤ x with times·x ≤ bound on the reals."""
+    while times * Fraction(x) > bound:
+        x = math.nextafter(x, 0.0)
+    return x
+
+
 @pytest.mark.parametrize("eps", EPSILONS)
-def test_stage_epsilons_are_the_samplers_floats(eps):
+def test_stage_epsilons_are_the_samplers_floats_rounded_down_onto_the_reals(eps):
+    """Each step ε is the float quotient (or difference) unless that exceeds its share on the
+    reals, and then the float just below: never more than one rounding from the nominal split."""
     for k in (1, 2, 3, 7, 10):
-        assert slate_split(k).stage_epsilons(eps) == (eps / k,)
+        assert slate_split(k).stage_epsilons(eps) == (_down_to(eps / k, Fraction(eps), k),)
     for f, m, k in itertools.product((0.1, 0.3, 0.5, 0.77), (1, 3, 20), (1, 2, 3)):
         e1 = f * eps
-        assert two_stage_split(f, m, k).stage_epsilons(eps) == (e1 / m, (eps - e1) / k)
+        e2 = _down_to(eps - e1, Fraction(eps) - Fraction(e1))
+        assert two_stage_split(f, m, k).stage_epsilons(eps) == (
+            _down_to(e1 / m, Fraction(e1), m),
+            _down_to(e2 / k, Fraction(e2), k),
+        )
     for c in (0.2, 0.6, 0.9):
-        assert correlation_split({"corr_budget_fraction": c}).stage_epsilons(eps) == (c * eps, eps - c * eps)
+        e_c = c * eps
+        assert correlation_split({"corr_budget_fraction": c}).stage_epsilons(eps) == (
+            e_c,
+            _down_to(eps - e_c, Fraction(eps) - Fraction(e_c)),
+        )
+
+
+def _adversarial_epsilons():
+    """1e-3 … the largest float: a log-uniform sweep, powers of 2 and 10 and their neighbours,
+    thirds and tenths (quotients that round up), and the extremes."""
+    rng = np.random.default_rng(36)
+    out = list(10.0 ** rng.uniform(-3, 308, 400)) + list(rng.uniform(1e-3, 50.0, 400))
+    for base in [2.0**e for e in range(-9, 1024, 7)] + [10.0**e for e in range(-3, 309)]:
+        out += [base, math.nextafter(base, 0.0), math.nextafter(base, math.inf)]
+    out += [x / 3 for x in (1.0, 2.0, 10.0, 0.1)] + [0.1 * j for j in range(1, 40)] + [1e-3, sys.float_info.max]
+    return [e for e in out if 1e-3 <= e <= sys.float_info.max]
+
+
+def test_every_split_adds_up_to_at_most_epsilon_on_the_reals():
+    """For the splits the samplers run at (combined GEM's ε_c + ε_g, a slate's k·ε/k, both stages
+    of a two-stage selection), Σ steps · step ε ≤ ε in exact rational arithmetic, from 1e-3 to the
+    largest float; the naive float split exceeds ε for some of these ε (the check has teeth)."""
+    splits = [correlation_split({"corr_budget_fraction": c}) for c in (0.6, 0.25, 0.1, 1 / 3, 0.999, 1e-9)]
+    splits += [slate_split(k) for k in (2, 3, 7, 10, 100)]
+    splits += [two_stage_split(f, m, k) for f, m, k in itertools.product((0.1, 0.3, 1 / 3), (1, 3, 20), (1, 3, 10))]
+    naive_over = 0
+    for eps in _adversarial_epsilons():
+        exact = Fraction(eps)
+        for split in splits:
+            steps = split.stage_epsilons(eps)
+            assert sum(s.steps * Fraction(x) for s, x in zip(split.stages, steps, strict=True)) <= exact, (split, eps)
+            assert sum(Fraction(b) for b in split.budgets(eps)) <= exact
+            parts = [f * eps for f in split.fractions]
+            parts.append(eps - sum(parts))
+            naive = sum(s.steps * Fraction(b / s.steps) for s, b in zip(split.stages, parts, strict=True))
+            naive_over += naive > exact
+    assert naive_over > 100
+
+
+def test_the_correlation_split_the_sampler_uses_is_the_exact_one(monkeypatch):
+    """combined_gem's sampler runs the bit at ε_c and the selection at ε_g from the split."""
+    import recsvc.mechanisms.gem_combined as gc
+
+    seen = []
+    real = gc._row
+    monkeypatch.setattr(
+        gc, "_row", lambda q, d, o, e_c, e_g, *rest: seen.append((e_c, e_g)) or real(q, d, o, e_c, e_g, *rest)
+    )
+    for eps in (0.1, 1.0, 1 / 3, 7.123456789):
+        MECHANISMS["combined_gem"].sample(
+            np.zeros(3), np.ones(3), eps, {"beta": 0.05, "corr_budget_fraction": 0.2}, np.random.default_rng(0), 1
+        )
+        e_c, e_g = seen[-1]
+        assert (e_c, e_g) == correlation_split({"corr_budget_fraction": 0.2}).stage_epsilons(eps)
+        assert Fraction(e_c) + Fraction(e_g) <= Fraction(eps)
 
 
 def test_a_step_or_part_that_rounds_to_zero_is_refused_with_its_name():
