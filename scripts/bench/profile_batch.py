@@ -12,7 +12,7 @@ count). ``--lone`` sends the same selections as lone Selects instead (ids encodi
 ``scripts.bench.attack``'s lone calls send): decoded, served by ``SelectionServicer.Select`` and
 the response serialized, one at a time: the request thread's work for one lone call.
 Usage: ``.venv/bin/python -m scripts.bench.profile_batch [--batches 40] [--size 100] [--reps 3]
-[--threads 1] [--lone] [--tmpfs] [--profile]``
+[--threads 1] [--lone [--steps]] [--tmpfs] [--profile]``
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ import argparse
 import cProfile
 import gc
 import pstats
+import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from scripts.bench.harness import batch_bodies, bench_artifact, select_bodies
 
@@ -39,6 +41,12 @@ def main() -> int:
     ap.add_argument("--lone", action="store_true", help="lone Select calls instead of SelectBatch ones")
     ap.add_argument("--tmpfs", action="store_true", help="the ledger on /dev/shm, as scripts.bench.attack's servers")
     ap.add_argument("--profile", action="store_true", help="also print a cProfile top-30 of one round")
+    ap.add_argument(
+        "--steps",
+        action="store_true",
+        help="with --lone: also each step's CPU per Select (decode, checks, reserve, draw, commit, encode), "
+        "the median of --reps rounds",
+    )
     args = ap.parse_args()
 
     from recsvc.artifact import load_artifact
@@ -100,6 +108,8 @@ def main() -> int:
             f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {what}, "
             f"{args.threads} thread(s); {charged} charges)"
         )
+        if args.steps and args.lone:
+            print_steps(servicer, ledger, decode_one, [bodies(100 + rep) for rep in range(args.reps)])
         if args.profile:
             todo = bodies(1)
             prof = cProfile.Profile()  # wall time: a CPU-time timer costs a system call per event
@@ -110,6 +120,51 @@ def main() -> int:
                 pstats.Stats(prof).sort_stats(key).print_stats(30)
         ledger.close()
     return 0
+
+
+STEPS = ("decode", "decoded → inputs", "ids → rows", "checks and clipping", "reserve", "draw", "commit", "encode")
+
+
+def print_steps(servicer: Any, ledger: Any, decode: Any, rounds: list[list[bytes]]) -> None:
+    """Each step of a lone Select in this one thread, CPU per call (``time.process_time``), the
+    median over the rounds: the method's own work, without gRPC, the gate or other threads."""
+    from recsvc.ledger import Drawn
+    from recsvc.rng import thread_csprng
+    from recsvc.service import codec
+    from recsvc.service.requests import Columns, draw
+    from recsvc.service.selection import Selected
+
+    clock, sel = time.process_time, servicer.selector
+    per_round = []
+    for bodies in rounds:
+        total = dict.fromkeys(STEPS, 0.0)
+        for body in bodies:
+            t0 = clock()
+            req = decode(body)
+            t1 = clock()
+            x, raw, _ = codec.select_input(req)
+            t2 = clock()
+            sel.catalog.rows(x.item_ids, len(x.item_ids))  # timed alone; the checks below map them again
+            t3 = clock()
+            p = sel.prepare_many([x], Columns.of([raw], []))[0]
+            t4 = clock()
+            got = ledger.reserve(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism)
+            t5 = clock()
+            with got:
+                picked = draw(p, thread_csprng())
+                t6 = clock()
+                charge = ledger.commit(got, Drawn(*p.answer(picked)))
+            t7 = clock()
+            codec.select_response(Selected(charge.answer, p.request_id, charge.replayed)).SerializeToString()
+            t8 = clock()
+            spans = (t1 - t0, t2 - t1, t3 - t2, t4 - t3 - (t3 - t2), t5 - t4, t6 - t5, t7 - t6, t8 - t7)
+            for step, span in zip(STEPS, spans, strict=True):
+                total[step] += span
+        per_round.append({step: total[step] / len(bodies) * 1e6 for step in STEPS})
+    print("each step of a lone Select, CPU µs per call (median of rounds; 'checks and clipping' excludes ids → rows):")
+    for step in STEPS:
+        print(f"  {step:<22} {statistics.median(r[step] for r in per_round):8.1f}")
+    print(f"  {'sum':<22} {statistics.median(sum(r.values()) for r in per_round):8.1f}")
 
 
 if __name__ == "__main__":
