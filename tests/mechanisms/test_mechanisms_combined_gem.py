@@ -41,10 +41,10 @@ def _real_a(q: np.ndarray, d: np.ndarray, eps_g: float, t: float) -> list[Decima
     ]
 
 
-def _real_outputs(q: np.ndarray, d: np.ndarray, words: list[int], size: int) -> list[int]:
+def _real_outputs(q: np.ndarray, d: np.ndarray, words: list[int], size: int, eps: float = EPS) -> list[int]:
     """Each trial's output on the reals, reading the words as the sampler's docstring orders them:
     the bits' uniforms, then one cell per candidate for each 1-report, then for each 0-report."""
-    eps_c, eps_g = correlation_split(P).stage_epsilons(EPS)
+    eps_c, eps_g = correlation_split(P).stage_epsilons(eps)
     t = checked_t(q, d, eps_g, P["beta"])
     keep_p = CTX.divide(1, CTX.add(1, CTX.exp(-Decimal(eps_c))))
     b = correlation_bit(q, d)
@@ -59,18 +59,19 @@ def _real_outputs(q: np.ndarray, d: np.ndarray, words: list[int], size: int) -> 
     return out
 
 
-def _rows(q: np.ndarray, size: int, users: int) -> list[list[int]]:
+def _rows(q: np.ndarray, size: int, users: int, eps: float = EPS) -> list[list[int]]:
     """Per user: the bits' words (random, and at the keep probability's cell), then the cells:
     random, with a candidate far behind given the cell at 0 in some trials (its real noise,
     ≈ 81, wins where a float sampler's, capped at 36.7, cannot; the race's slow path decides it)."""
     rng = np.random.default_rng(36)
-    eps_c, _ = correlation_split(P).stage_epsilons(EPS)
+    eps_c, _ = correlation_split(P).stage_epsilons(eps)
     mark = int(CTX.multiply(CTX.divide(1, CTX.add(1, CTX.exp(-Decimal(eps_c)))), 2**53))
     low = int(np.argmin(q))
     rows = []
     for u in range(users):
         bits = rng.integers(0, WORD, size, dtype=np.uint64).tolist()
-        bits[0], bits[1] = (mark - 1) << 11, (mark + 1) << 11  # one cell either side of the threshold's
+        # one cell either side of the threshold's (at a huge ε_c the threshold is the top cell)
+        bits[0], bits[1] = (mark - 1) << 11, min((mark + 1) << 11, WORD - 1)
         cells = rng.integers(0, WORD, size * q.shape[0], dtype=np.uint64).tolist()
         for r in range(u % 2, size, 2):
             cells[r * q.shape[0] + low] = 0
@@ -84,15 +85,17 @@ def _inputs() -> tuple[np.ndarray, np.ndarray]:
     return q, d
 
 
-def test_the_batch_decides_every_trial_as_the_real_numbers_do() -> None:
+@pytest.mark.parametrize("eps", [1e-3, 1.0, EPS, 1e6, 6e304])  # 6e304: near the largest these inputs accept
+def test_the_batch_decides_every_trial_as_the_real_numbers_do(eps: float) -> None:
     q, d = _inputs()
     size, users = 6, 4
-    rows = _rows(q, size, users)
+    rows = _rows(q, size, users, eps)
     qb, db = np.tile(q, (users, 1)), np.broadcast_to(d, (users, q.shape[0]))
-    got = gc.combined_gem_batch(qb, db, EPS, P, lambda b: Words(list(rows[b]), then=1), size)  # type: ignore[arg-type, return-value]  # a stand-in
-    want = [_real_outputs(q, d, rows[b], size) for b in range(users)]
+    got = gc.combined_gem_batch(qb, db, eps, P, lambda b: Words(list(rows[b]), then=1), size)  # type: ignore[arg-type, return-value]  # a stand-in
+    want = [_real_outputs(q, d, rows[b], size, eps) for b in range(users)]
     assert got.tolist() == want
-    assert any(2 in row for row in want)  # the far candidate wins on the reals somewhere
+    if eps == EPS:  # the far candidate wins on the reals somewhere, beyond any float noise's reach
+        assert any(2 in row for row in want)
 
 
 def test_a_sampler_with_the_float_noise_is_caught() -> None:
