@@ -113,7 +113,9 @@ def grid_objective(candidates: np.ndarray, epsilon: float) -> np.ndarray:
 def test_the_numeric_optimum_for_squared_error_beats_a_brute_force_grid(k, step, reach):
     epsilon = 1.0
     grid = np.arange(-reach, reach + step / 2, step)
-    candidates = np.array(list(itertools.combinations(grid, k)))
+    # Every sorted k-subset of the grid (itertools.combinations' order), gathered by index: ~10⁶ rows at k = 3.
+    chosen = itertools.chain.from_iterable(itertools.combinations(range(grid.size), k))
+    candidates = grid[np.fromiter(chosen, dtype=np.intp).reshape(-1, k)]
     values = grid_objective(candidates, epsilon)
     best = int(np.argmin(values))
     response = optimal_response(epsilon, k, np.square)
