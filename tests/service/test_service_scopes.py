@@ -9,12 +9,14 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
 from prometheus_client import REGISTRY
 
+import recsvc.service.admission as admission
 from recsvc.app.cli import main as recsvc_main
 from recsvc.service.auth import Scope, load_client_scopes, load_tokens
 from recsvc.service.client import Client
@@ -162,9 +164,14 @@ def test_certificate_scopes(artifact: Path, certs: dict[str, Path], tmp_path: Pa
     assert not (tmp_path / "x.db").exists()
 
 
-def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Path) -> None:
-    """At 0.25 requests/s a principal's bucket holds 1 token and refills one every 4 s: the refusals
-    below come within 4 s of the call that emptied it, however busy the host."""
+def test_rate_limit_per_principal(
+    artifact: Path, tmp_path: Path, token_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 0.25 requests/s a principal's bucket holds 1 token and refills one every 4 s. The buckets
+    read a clock the test moves (the limiter's only use of time), so each refill is exact: refused
+    at 3.5 s, admitted at 4 s, whatever the host's load."""
+    now = [1000.0]
+    monkeypatch.setattr(admission, "time", SimpleNamespace(monotonic=lambda: now[0]))
     with _server(artifact, tmp_path, token_file=token_file, rate_limit=0.25) as h:
         target = f"127.0.0.1:{h.port}"
         with Client(target, token="alice-tok", retries=0) as alice, Client(target, token="backend-tok", retries=0) as b:
@@ -174,7 +181,9 @@ def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Pa
             assert rpc_error(alice.budget, "alice")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED  # every RPC counts
             assert b.select("bob", candidates(), mechanism="rnm", epsilon=0.1).epsilon_spent == 0.1  # its own bucket
             assert h.ledger.user("alice").requests == 1
-            time.sleep(4.1)  # one token back for each (a longer sleep only gives the same one)
+            now[0] += 3.5  # 0.875 of a token: still refused
+            assert rpc_error(alice.budget, "alice")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+            now[0] += 0.5  # one token back for each, 4 s after the call that emptied the bucket
             alice.select("alice", candidates(), mechanism="rnm", epsilon=0.1)
             # A batch pays for each item: 6 items leave the bucket 5 in debt (20 s at 0.25/s).
             res = b.select_batch(
@@ -182,6 +191,10 @@ def test_rate_limit_per_principal(artifact: Path, tmp_path: Path, token_file: Pa
             )
             assert all(r.HasField("response") for r in res)
             assert rpc_error(b.budget, "u0")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+            now[0] += 20.0  # the debt repaid: 0 tokens, still refused
+            assert rpc_error(b.budget, "u0")[0] is grpc.StatusCode.RESOURCE_EXHAUSTED
+            now[0] += 4.0
+            assert b.budget("u0").requests == 1
         assert h.ledger.user("alice").requests == 2 and h.ledger.user("bob").requests == 1
     with _server(artifact, tmp_path) as h:  # off by default
         with Client(f"127.0.0.1:{h.port}", retries=0) as c:
