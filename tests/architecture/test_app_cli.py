@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from recsvc.app import cli
 from recsvc.checks import ParamError
 from recsvc.engines import make_engine
 
@@ -44,13 +45,12 @@ def _recsvc(*args: str, **kw) -> subprocess.Popen:
     )
 
 
-def test_an_unusable_path_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+def test_an_unusable_path_is_one_line_not_a_traceback(tmp_path: Path, one_line_error) -> None:
+    """The command's main in this process (the signal tests below run it as a process of its own)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
-    proc = _recsvc("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", str(blocker / "sub"))
-    _out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 2, err
-    assert "Traceback" not in err and err.startswith("recsvc prep: error:") and len(err.strip().splitlines()) == 1
+    assert cli.main(["prep", "--dataset", "synthetic", "--preset", "tiny", "--out", str(blocker / "sub")]) == 2
+    one_line_error(r"^recsvc prep: error:")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 

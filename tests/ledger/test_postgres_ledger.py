@@ -64,7 +64,9 @@ def test_a_pooled_connection_runs_its_statements_on_one_cursor(pg_cluster, tmp_p
     led.close()
 
 
-def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path) -> None:
+def test_uninitialised_and_newer_schemas_are_refused(
+    pg_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     url = pg_cluster.new_database()
     key = tmp_path / "k"
     key.write_text("cd" * 32 + "\n")
@@ -76,8 +78,10 @@ def test_uninitialised_and_newer_schemas_are_refused(pg_cluster, tmp_path: Path)
         conn.execute("UPDATE recsvc_meta SET value='5' WHERE name='schema_version'")
     with pytest.raises(ParamError, match="schema version 5, newer than this recsvc reads"):
         PostgresLedger(url, 1.0, key)
-    proc = run_recsvc("ledger", "migrate", "--ledger", url)
-    assert proc.returncode == 2 and "newer than this recsvc reads" in proc.stderr, proc.stderr
+    capsys.readouterr()
+    assert recsvc_main(["ledger", "migrate", "--ledger", url]) == 2  # the command's main, in this process
+    err = capsys.readouterr().err
+    assert "newer than this recsvc reads" in err, err
 
 
 def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp_path: Path) -> None:
@@ -91,6 +95,7 @@ def test_unreachable_or_malformed_url_names_host_and_port_never_the_password(tmp
     with pytest.raises(ParamError) as err:
         PostgresLedger("postgresql://alice:s3cr3tpw@127.0.0.1:notaport/db?bogus=1", 1.0, key, create=True)
     assert "s3cr3tpw" not in str(err.value)
+    # A process of its own: its stderr holds whatever its loggers print too, which must not show the password.
     proc = run_recsvc(
         "ledger", "init", "--ledger", f"postgresql://alice:s3cr3tpw@127.0.0.1:{port}/db", "--fingerprint-key", str(key)
     )
