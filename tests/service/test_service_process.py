@@ -101,7 +101,9 @@ def test_kill_9_never_undercounts(artifact: Path, tmp_path: Path) -> None:
         threads = [threading.Thread(target=_hammer, args=(srv.target, u, stop, sent[u], got[u])) for u in users]
         for t in threads:
             t.start()
-        time.sleep(1.5)
+        deadline = time.monotonic() + 60  # polled, not slept for: each user has had answers, and more are in flight
+        while not all(len(got[u]) > 5 for u in users) and time.monotonic() < deadline:
+            time.sleep(0.01)
         srv.proc.send_signal(signal.SIGKILL)  # mid-load, no drain
         srv.proc.wait(10)
         stop.set()
@@ -298,10 +300,13 @@ def test_the_server_listens_without_the_imports_only_some_calls_need(artifact: P
     assert subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 
-def test_wait_ready_and_the_ready_file_follow_the_servers_start_and_stop(artifact: Path, tmp_path: Path) -> None:
-    """`recsvc wait-ready`, started with the server, returns 0 once it answers SERVING; the
-    --ready-file, written once it listens, names a port that accepts, and is gone after SIGTERM.
-    On a port nothing listens on, wait-ready gives up after --timeout: one line, exit 2."""
+def test_wait_ready_and_the_ready_file_follow_the_servers_start_and_stop(
+    artifact: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`recsvc wait-ready`, started with the server (a process of its own), returns 0 once it
+    answers SERVING; the --ready-file, written once it listens, names a port that accepts, and is
+    gone after SIGTERM. On a port nothing listens on, wait-ready (its main, here) gives up after
+    --timeout: one line, exit 2."""
     port, ready = free_port(), tmp_path / "ready"
     argv = serve_argv(artifact, tmp_path / "l.db", port, "--ready-file", str(ready))
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -319,7 +324,7 @@ def test_wait_ready_and_the_ready_file_follow_the_servers_start_and_stop(artifac
     finally:
         proc.kill()
         proc.wait(10)
-    nobody = run_recsvc("wait-ready", "--target", f"127.0.0.1:{free_port()}", "--timeout", "0.5")
+    nobody = _main(capsys, "wait-ready", "--target", f"127.0.0.1:{free_port()}", "--timeout", "0.5")
     assert nobody.returncode == 2
     assert re.fullmatch(
         r"recsvc wait-ready: error: --target 127\.0\.0\.1:\d+ did not answer health SERVING within 0\.5s "
