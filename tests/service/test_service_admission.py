@@ -225,7 +225,8 @@ def _first(stream: Any) -> bytes | tuple[grpc.StatusCode, str]:
 def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Attacked]:
     """A server with 3 RPC slots, any of which one principal may hold (the total bound is under
     test here; the shares in test_service_fair_gate.py), --heavy-draws 49, two-stage Recommends of
-    2 <= m <= 10 and a 5 s receive timeout (what a call that never sends its message holds a slot for)."""
+    2 <= m <= 10 and a 2 s receive timeout (what a call that never sends its message holds a slot for:
+    long enough to outlast the probe and the refused call that follow once the slots are held)."""
     flags = (
         "--max-concurrent-rpcs",
         "3",
@@ -238,7 +239,7 @@ def bounded(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         "--max-num-candidates",
         "10",
         "--receive-timeout",
-        "5",
+        "2",
     )
     with _attacked(artifact, tmp_path_factory.mktemp("bounded"), *flags) as srv:
         yield srv
