@@ -21,8 +21,6 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +28,10 @@ import numpy as np
 import polars as pl
 import pytest
 
+from recsvc.app import cli
+
 pytestmark = pytest.mark.float_paths  # its floats come from BLAS, numpy's SIMD loops or numba
 
-RECSVC = str(Path(sys.executable).with_name("recsvc"))
 REFERENCE = Path(__file__).with_name("unchanged.json")
 # 3e-14 observed across CPUs (SVD embeddings, BLAS scores) on values of order 1; a sum over n values
 # moves by at most n times that, and n ≤ 10⁴ here: 1e-9 of the scale leaves five orders of margin.
@@ -161,7 +160,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("unchanged")
 
     def run(*a: str) -> None:
-        subprocess.run([RECSVC, *a], cwd=work, check=True, capture_output=True)
+        """The command's main in this process, in ``work`` (what it writes is under test, not its process)."""
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(work)
+            assert cli.main(list(a)) == 0
 
     run("prep", "--dataset", "synthetic", "--preset", "tiny", "--out", "a")
     run(
