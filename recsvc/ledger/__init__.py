@@ -38,7 +38,7 @@ from recsvc.ledger.budget import BudgetChange, checked_units
 from recsvc.ledger.charging import Charge, Drawn, Replay, StoredAnswer, UserBudget
 from recsvc.ledger.errors import BudgetExceeded, LedgerError, LedgerUnavailable, RequestConflict, WouldWait
 from recsvc.ledger.units import InvalidCharge
-from recsvc.ledger.waits import DEFAULT_WAITS, Waits
+from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 __all__ = [
@@ -80,12 +80,14 @@ def open_ledger(
     clock: Callable[[], float] | None = None,
     observer: LedgerObserver | None = None,
     waits: Waits = DEFAULT_WAITS,
+    connect_timeout: float = CONNECT_S,
 ) -> Ledger:
     """The store a ``--ledger`` value names: a PostgreSQL URL, or an SQLite file path (created if
     missing, whatever ``create`` says; a PostgreSQL ledger needs ``create`` or `recsvc ledger init`).
     ``window``: the budget window (``--budget-window``); ``clock``: Unix seconds (tests inject one);
     ``observer``: the metrics callbacks; ``waits``: a PostgreSQL
-    ledger's server-side timeouts (:mod:`recsvc.ledger.waits`)."""
+    ledger's server-side timeouts (:mod:`recsvc.ledger.waits`); ``connect_timeout``: its own
+    connection timeout in seconds (:data:`recsvc.ledger.waits.CONNECT_S`)."""
     if is_postgres(ledger):
         from recsvc.ledger.postgres import PostgresLedger
 
@@ -101,6 +103,7 @@ def open_ledger(
             clock=clock,
             observer=observer,
             waits=waits,
+            timeout_s=connect_timeout,
         )
     from recsvc.ledger.sqlite import SQLiteLedger
 

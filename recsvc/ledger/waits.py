@@ -1,6 +1,7 @@
 """How long a PostgreSQL ledger connection may wait before it gives up: the server-side timeouts
 every pooled connection sets (``--ledger-lock-timeout``, ``--ledger-statement-timeout``,
-``--ledger-idle-timeout``; the defaults live here once).
+``--ledger-idle-timeout``; the defaults live here once), and the replica's own connection timeout
+(:data:`CONNECT_S`, ``--ledger-connect-timeout``).
 
 * ``lock_timeout``: a charge that waits this long for a row or table lock (a psql session holding
   ``FOR UPDATE`` on a user's budget row, a replica frozen inside its locking transaction) is
@@ -58,6 +59,13 @@ class Waits:
 
 
 DEFAULT_WAITS = Waits()
+
+# The replica's own side (``--ledger-connect-timeout``): how long a request waits for a pooled
+# connection, how long libpq waits to connect or for an answer over a silent link (connect_timeout,
+# tcp_user_timeout, keepalives: a partition becomes an error), and how long the pool retries a lost
+# connection before it gives the slot up (the next request then tries at once). Seconds.
+CONNECT_S = 5.0
+
 # Seconds a round's statement waits for a lock before the round falls back (see above): far more
 # than another replica's transaction holds a row (about a millisecond), far less than a stall.
 ROUND_LOCK_S = 0.05

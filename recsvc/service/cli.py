@@ -99,6 +99,14 @@ def register(sub: argparse._SubParsersAction) -> None:
             help=f"PostgreSQL {what}, nothing spent; default %(default)s)",
         )
     p.add_argument(
+        "--ledger-connect-timeout",
+        type=float,
+        default=default("ledger_connect_timeout"),
+        metavar="SECONDS",
+        help="a PostgreSQL ledger's own wait: for a pooled connection, to connect, for an answer over a silent "
+        "link (a partition), each then UNAVAILABLE; also how long a lost connection is retried (default %(default)s)",
+    )
+    p.add_argument(
         "--fingerprint-key",
         type=Path,
         default=default("fingerprint_key"),

@@ -21,7 +21,7 @@ from recsvc.checks import ParamError
 from recsvc.ledger import is_postgres
 from recsvc.ledger.fingerprint import default_path as default_key_path
 from recsvc.ledger.units import MAX_EPSILON, budget_units
-from recsvc.ledger.waits import DEFAULT_WAITS, Waits
+from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 from recsvc.policy import AUTO_THRESHOLD
 
@@ -99,6 +99,8 @@ class LedgerSettings:
     lock_timeout: float = _named(DEFAULT_WAITS.lock_s, "ledger_lock_timeout")
     statement_timeout: float = _named(DEFAULT_WAITS.statement_s, "ledger_statement_timeout")
     idle_timeout: float = _named(DEFAULT_WAITS.idle_in_transaction_s, "ledger_idle_timeout")
+    # a PostgreSQL ledger's own side (s): the wait for a pooled connection, libpq's link timeouts, reconnect retries
+    connect_timeout: float = _named(CONNECT_S, "ledger_connect_timeout")
     fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
     budget: float = 10.0  # per-user ε under basic composition
     # 'lifetime', or Nd: ε per user per UTC-aligned N-day window (NOT over all time; ledger_window)
@@ -295,7 +297,10 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     _at_least("workers", 1),
     _at_least("threads", 1),
     _at_least("ledger_pool", 1),
-    *(_seconds(name) for name in ("ledger_lock_timeout", "ledger_statement_timeout", "ledger_idle_timeout")),
+    *(
+        _seconds(name)
+        for name in ("ledger_lock_timeout", "ledger_statement_timeout", "ledger_idle_timeout", "ledger_connect_timeout")
+    ),
     Constraint(
         lambda c: not is_postgres(c.ledger.location) or c.ledger.fingerprint_key is not None,
         "a PostgreSQL {ledger} needs {fingerprint_key} FILE: every replica must key request fingerprints "

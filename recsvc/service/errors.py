@@ -179,8 +179,8 @@ STATUS_TABLE: tuple[tuple[str, str, str], ...] = (
     (
         "UNAVAILABLE",
         "LedgerUnavailable, Interrupted",
-        "the PostgreSQL ledger does not answer, or no pool connection within 5 s, or the server's draw process "
-        "ended during the call's draw (a new one serves the retry); a Select, SelectBatch or "
+        "the PostgreSQL ledger does not answer, or no pool connection within --ledger-connect-timeout (5 s), or "
+        "the server's draw process ended during the call's draw (a new one serves the retry); a Select, SelectBatch or "
         "Recommend is retried with the same request_id, a GetBudget later",
     ),
     ("UNIMPLEMENTED", "(by gRPC)", "an RPC the server does not serve, e.g. grpc.reflection.v1"),

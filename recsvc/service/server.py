@@ -122,6 +122,7 @@ def start(config: ServerConfig) -> ServerHandle:
             settings.key_path,
             pool_size=settings.pool,
             waits=settings.waits,
+            connect_timeout=settings.connect_timeout,
             window=settings.window,
             observer=ledger_observer(),
         )

@@ -85,6 +85,7 @@ def _fork_workers(config: ServerConfig) -> int:
         settings.key_path,
         pool_size=1,
         window=settings.window,
+        connect_timeout=settings.connect_timeout,
     )
     ledger.close()
     served: list[bool] = []

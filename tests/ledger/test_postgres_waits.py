@@ -140,6 +140,34 @@ def test_the_serve_flags_reach_the_ledger(tmp_path: Path) -> None:
     assert c.ledger.waits == Waits(0.5, 3.0, 4.0)
     with pytest.raises(Exception, match=r"ledger_lock_timeout must be in \(0, 86400\) seconds, got 0"):
         ServerConfig.of(tmp_path, ledger_lock_timeout=0.0).check()
+    assert ServerConfig.of(tmp_path).ledger.connect_timeout == 5.0
+    with pytest.raises(Exception, match=r"ledger_connect_timeout must be in \(0, 86400\) seconds, got 0"):
+        ServerConfig.of(tmp_path, ledger_connect_timeout=0.0).check()
+
+
+def test_the_connect_timeout_reaches_the_pool_and_libpq(pg_cluster, tmp_path: Path) -> None:
+    """--ledger-connect-timeout is the pool's wait for a connection and its reconnect retries, and
+    libpq's connect and link timeouts (whole seconds, at least 1)."""
+    from recsvc.service.config import ServerConfig
+    from recsvc.service.server import start
+    from recsvc.service.testing import make_artifact
+
+    url = pg_cluster.new_database()
+    PostgresLedger(url, 10.0, tmp_path / "k", create=True).close()
+    config = ServerConfig.of(
+        make_artifact(tmp_path / "art"), port=0, ledger=url, fingerprint_key=tmp_path / "k", ledger_connect_timeout=2.4
+    )
+    handle = start(config)
+    try:
+        pool = handle.ledger._pool
+        assert (pool.timeout, pool.reconnect_timeout) == (2.4, 2.4)
+        assert {k: pool.kwargs[k] for k in ("connect_timeout", "tcp_user_timeout", "keepalives_idle")} == {
+            "connect_timeout": 2,
+            "tcp_user_timeout": 2400,
+            "keepalives_idle": 2,
+        }
+    finally:
+        handle.stop(grace=0)
 
 
 def test_a_replica_frozen_inside_its_transaction_is_ended_by_the_server(pg_cluster, tmp_path: Path) -> None:

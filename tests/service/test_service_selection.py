@@ -91,7 +91,7 @@ def test_defaults_are_written_once_and_shared_by_cli_config_and_policy() -> None
     serve = build_parser().parse_args(["serve", "--artifacts", "x"])
     config = ServerConfig.of(Path("x"))
     # every grouped field is one `serve` flag with the same default, but reuse_port (the server sets it for its workers)
-    assert set(PARAMS) - set(vars(serve)) == {"reuse_port"} and len(PARAMS) == 55
+    assert set(PARAMS) - set(vars(serve)) == {"reuse_port"} and len(PARAMS) == 56
     for name in set(PARAMS) - {"reuse_port"}:
         assert getattr(serve, name) == config.get(name), name
     assert config.policy == Policy()

@@ -91,7 +91,7 @@ from recsvc.ledger.postgres.statements import (
     lock_and_read,
     seen_account,
 )
-from recsvc.ledger.waits import DEFAULT_WAITS, Waits
+from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
 T = TypeVar("T")
@@ -111,7 +111,8 @@ class PostgresLedger(Ledger):
     stores the settings; otherwise the database must hold a ledger with this budget, budget
     window and key. ``clock`` (Unix seconds) places each charge in its window: by default the
     database server's clock (:mod:`.clock`), so a replica whose clock is wrong never renews a
-    budget early; tests inject one.
+    budget early; tests inject one. ``timeout_s``: this replica's connection timeout
+    (:data:`recsvc.ledger.waits.CONNECT_S`: the pool's wait and retries, libpq's link timeouts).
     """
 
     def __init__(
@@ -120,7 +121,7 @@ class PostgresLedger(Ledger):
         budget: float,
         key_file: str | os.PathLike[str],
         pool_size: int = 8,
-        timeout_s: float = 5.0,
+        timeout_s: float = CONNECT_S,
         create: bool = False,
         window: BudgetWindow | str = LIFETIME_WINDOW,
         clock: Callable[[], float] | None = None,
