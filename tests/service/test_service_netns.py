@@ -19,9 +19,10 @@ import grpc
 import psycopg
 import pytest
 
+from recsvc.app.cli import main as recsvc_main
 from recsvc.ledger.testing.cluster import Cluster, pg_bin, remove_cluster, start_cluster
 from recsvc.service.client import Client
-from recsvc.service.testing import REPO, candidates, free_port, run_recsvc
+from recsvc.service.testing import REPO, candidates, free_port
 
 HOSTS = 2
 _TAG = os.getpid() % 10_000
@@ -99,8 +100,8 @@ def fleet(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         stack.callback(remove_cluster, cluster)
         db = cluster.new_database().rsplit("/", 1)[1]
         key = d / "shared.key"
-        init = run_recsvc("ledger", "init", "--ledger", cluster.url(db), "--budget", "5", "--fingerprint-key", str(key))
-        assert init.returncode == 0, init.stderr
+        init = ["ledger", "init", "--ledger", cluster.url(db), "--budget", "5", "--fingerprint-key", str(key)]
+        assert recsvc_main(init) == 0
         targets = []
         for i, h in enumerate(hosts):
             port = free_port()
@@ -130,6 +131,8 @@ def fleet(artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                     str(port),
                     "--ledger-pool",
                     "4",
+                    "--ledger-connect-timeout",  # a partition ends a query after 2 s (5 s by default)
+                    "2",
                     "--drain-delay",
                     "0",
                 ],

@@ -20,9 +20,10 @@ import grpc
 import psycopg
 import pytest
 
+from recsvc.app.cli import main as recsvc_main
 from recsvc.ledger.units import charge_units
 from recsvc.service.client import Client
-from recsvc.service.testing import ServerProcess, candidates, run_recsvc, server_process
+from recsvc.service.testing import ServerProcess, candidates, server_process
 from recsvc.v1 import selection_pb2 as pb
 
 CANDS = candidates(10)
@@ -39,27 +40,23 @@ class Fleet:
 def fleet(pg_cluster, artifact: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     d = tmp_path_factory.mktemp("replicas")
     url, key = pg_cluster.new_database(), d / "shared.key"
-    init = run_recsvc("ledger", "init", "--ledger", url, "--budget", "5", "--fingerprint-key", str(key))
-    assert init.returncode == 0, init.stderr
+    assert recsvc_main(["ledger", "init", "--ledger", url, "--budget", "5", "--fingerprint-key", str(key)]) == 0
+    # --ledger-connect-timeout 2: an outage's requests give up waiting for a pooled connection, and a
+    # lost connection is retried, for 2 s (5 s by default), long enough for a loaded host's bursts.
+    flags = (
+        *("--budget", "5", "--fingerprint-key", str(key), "--ledger-pool", "4", "--threads", "16"),
+        *("--ledger-connect-timeout", "2"),
+    )
     with ExitStack() as stack:
-        replicas = [
-            stack.enter_context(
-                server_process(
-                    artifact,
-                    url,
-                    "--budget",
-                    "5",
-                    "--fingerprint-key",
-                    str(key),
-                    "--ledger-pool",
-                    "4",
-                    "--threads",
-                    "16",
-                    log_path=d / f"replica{i}.log",
+        # The three start side by side (each enters the stack once it listens, so every one that
+        # started is stopped, whichever failed).
+        with ThreadPoolExecutor(3) as starting:
+            replicas = list(
+                starting.map(
+                    stack.enter_context,
+                    [server_process(artifact, url, *flags, log_path=d / f"replica{i}.log") for i in range(3)],
                 )
             )
-            for i in range(3)
-        ]
         yield Fleet(url, replicas, key)
 
 
