@@ -36,7 +36,7 @@ from recsvc.service.testing import (
 
 SELECT = "/recsvc.v1.PrivateSelection/Select"
 REFLECTION = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
-IDLE, RECEIVE = 2.0, 2.5  # --stream-idle-timeout, --receive-timeout (seconds)
+IDLE, RECEIVE = 1.0, 1.5  # --stream-idle-timeout, --receive-timeout (seconds)
 ANSWERED_WITHIN = 20.0  # an innocent call's deadline: "answered, not hung", never "fast"
 
 
