@@ -40,7 +40,7 @@ class _BatchOutcome(TypedDict, total=False):
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(artifact: Path, tmp_path: Path) -> None:
     with server_process(
-        artifact, tmp_path / "l.db", "--budget", "1000", "--drain-delay", "1.0", "--grace", "20"
+        artifact, tmp_path / "l.db", "--budget", "1000", "--drain-delay", "0.5", "--grace", "20"
     ) as srv:
         c = Client(srv.target, retries=0, timeout=60)
         reqs = [
