@@ -133,7 +133,7 @@ def test_the_leftover_check_finds_and_kills_what_the_run_left_running() -> None:
     """scripts/leftovers.py (the test command's last step) fails on a process that carries the
     run's token and kills it, passes when none remains, and never counts its own parents."""
     token = f"leftover-check-{os.getpid()}"
-    check = [sys.executable, str(REPO / "scripts" / "leftovers.py"), token, "--grace", "1"]
+    check = [sys.executable, str(REPO / "scripts" / "leftovers.py"), token, "--grace", "0.2"]
     env = {**os.environ, "RECSVC_TEST_RUN": token}
     left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
     try:
