@@ -76,6 +76,7 @@ from recsvc.mechanisms.clm_tape import (
     TapeFull,
     Undecided,
     below,
+    borrowing,
     class_utilities,
     enclosure_inputs,
     less,
@@ -109,7 +110,7 @@ _TIGHT = 1.0  # split a rectangle whose log intensity can vary by more than this
 _U, _LOG_MASS, _LOG_GAMMA, _V = 0, 1, 2, 3
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _new_rect(  # pragma: no cover - numba
     ops: np.ndarray,
     vals: np.ndarray,
@@ -139,14 +140,14 @@ def _new_rect(  # pragma: no cover - numba
     nodes[_V] = -1
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _at(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, nodes: np.ndarray) -> None:  # pragma: no cover - numba
     """The point of mass Γ: v = u + φ(Γ / mass)."""
     s = n_sub(ops, vals, state, nodes[_LOG_GAMMA], nodes[_LOG_MASS])
     nodes[_V] = n_add(ops, vals, state, nodes[_U], n_phi_of_log(ops, vals, state, s))
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _advance(  # pragma: no cover - numba
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, nodes: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> None:
@@ -157,7 +158,7 @@ def _advance(  # pragma: no cover - numba
     _at(ops, vals, state, nodes)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _looseness(  # pragma: no cover - numba
     a: np.ndarray, b: np.ndarray, lg: np.ndarray, k: int, ints: np.ndarray, bounds: np.ndarray
 ) -> tuple[float, float]:
@@ -177,7 +178,7 @@ def _higher(  # pragma: no cover - numba
     return less(vals, state, forced, slack, nodes[j, _V], nodes[i, _V])
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _push(  # pragma: no cover - numba
     vals: np.ndarray,
     state: np.ndarray,
@@ -226,7 +227,7 @@ def _pop(  # pragma: no cover - numba
         i = best
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _keep_threshold(  # pragma: no cover - numba
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, log_m: int, l_bound: float, v: int, u_bound: int, u: int
 ) -> int:

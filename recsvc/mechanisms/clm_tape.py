@@ -11,11 +11,25 @@ binomials); every bound below is widened by far more than that.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar, cast
 
 import numba
 import numpy as np
 import numpy.typing as npt
+
+# The decorator of helpers that take arrays and allocate none: compiled without reference counting
+# (numba's ``_nrt`` target option, which its type stubs do not list), which would otherwise count
+# every array argument on every call; a helper that allocated would not compile.
+_NO_NRT: dict[str, Any] = {"_nrt": False}
+_F = TypeVar("_F", bound=Callable[..., object])
+
+
+def borrowing(fn: _F) -> _F:
+    """``numba.njit(cache=True, nogil=True)`` without reference counting (see above)."""
+    return cast("_F", numba.njit(cache=True, nogil=True, **_NO_NRT)(fn))  # a Dispatcher, called as fn
+
 
 _LOG_TINY = -30.0  # below this log s, φ(s) = −log s to double precision (the next term is s/2)
 
@@ -32,7 +46,7 @@ class Undecided(Exception):
     """A comparison the float enclosures cannot decide: its two nodes are in ``state[2:4]``."""
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cover - numba
     i = cur[0]
     if i >= raw.shape[0]:
@@ -42,7 +56,7 @@ def _next_raw(raw: np.ndarray, cur: np.ndarray) -> np.uint64:  # pragma: no cove
     return r
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def below(m: int, raw: np.ndarray, cur: np.ndarray) -> int:  # pragma: no cover - numba
     """Uniform on 0 … m − 1, exactly: a raw draw below 2⁶⁴ mod m is rejected, so the accepted
     ones cover every residue equally often."""
@@ -174,14 +188,14 @@ def lgamma_table(n: int) -> np.ndarray:  # pragma: no cover - numba
     return out
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def log_size(lg: np.ndarray, k: int, h: int, t: int) -> float:  # pragma: no cover - numba
     """log C(t − h − 2, k − h − 1): the size of class (h, t), in float64 (``lg``: lgamma_table)."""
     out: float = lg[t - h - 1] - lg[k - h] - lg[t - k]
     return out
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def log_size_bounds(lg: np.ndarray, k: int, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
     g1, g2, g3 = lg[t - h - 1], lg[k - h], lg[t - k]
     slack = (g1 + g2 + g3 + 1.0) * _LGAMMA_REL + _TINY  # every lgamma of an integer ≥ 1 is ≥ 0
@@ -209,13 +223,13 @@ def enclosure_inputs(epsilon: float, scale: float, gamma: float) -> np.ndarray: 
     return out
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _x_bounds(xs: np.ndarray, cx: np.ndarray, i: int) -> tuple[float, float]:  # pragma: no cover - numba
     diff = xs[i] - xs[0]
     return _mul_bounds(_dn(diff, 0.0), _up(diff, 0.0), cx[_C_LO], cx[_C_HI])
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def util_bounds(xs: np.ndarray, cx: np.ndarray, h: int, t: int) -> tuple[float, float]:  # pragma: no cover - numba
     """Bounds of class (h, t)'s utility −(1 − γ)·x_h + γ·x_{t−1} (the top class: h = k − 1, t = k)."""
     xlo, xhi = _x_bounds(xs, cx, h)
@@ -263,7 +277,7 @@ def n_sub(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int) 
     return _node(ops, vals, state, SUB, x, y, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_phi_of_log(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     """φ(e^x) decreases with slope in [−1, 0]: on a narrow interval one evaluation at its top end
     bounds it (φ(e^{x_lo}) ≤ φ(e^{x_hi}) + width); elsewhere both ends are evaluated."""
@@ -277,7 +291,7 @@ def n_phi_of_log(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -
     return _node(ops, vals, state, PHI_OF_LOG, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_phi(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     """log φ decreases, |slope| = 1/((e^z − 1)·φ(z)), and (e^z − 1)·φ(z) = −w·ln w/(1 − w) with
     w = 1 − e^{−z} increases (its derivative's numerator −ln w − 1 + w ≥ 0), so the slope is
@@ -296,7 +310,7 @@ def n_log_phi(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> i
     return _node(ops, vals, state, LOG_PHI, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_expm1(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) -> int:  # pragma: no cover - numba
     """log(e^z − 1) increases with slope 1/(1 − e^{−z}), largest at the interval's bottom end: on a
     narrow interval one evaluation there bounds it; elsewhere both ends are evaluated."""
@@ -319,7 +333,7 @@ def n_log_expm1(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int) ->
     return _node(ops, vals, state, LOG_EXPM1, x, 0, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_add_exp(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, x: int, y: int
 ) -> int:  # pragma: no cover - numba
@@ -334,13 +348,13 @@ def n_log_add_exp(
     return _node(ops, vals, state, LOG_ADD_EXP, x, y, _dn(p, 1.0), hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_int(ops: np.ndarray, vals: np.ndarray, state: np.ndarray, n: int) -> int:  # pragma: no cover - numba
     v = math.log(n)
     return _node(ops, vals, state, LOG_INT, n, 0, _dn(v, 0.0), _up(v, 0.0), 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_util(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, xs: np.ndarray, cx: np.ndarray, h: int, t: int
 ) -> int:  # pragma: no cover - numba
@@ -348,7 +362,7 @@ def n_util(
     return _node(ops, vals, state, UTIL, h, t, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_size(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, lg: np.ndarray, k: int, h: int, t: int
 ) -> int:  # pragma: no cover - numba
@@ -356,14 +370,14 @@ def n_log_size(
     return _node(ops, vals, state, LOG_SIZE, h, t, lo, hi, 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def _cell(raw: np.ndarray, j: int) -> tuple[float, float]:  # pragma: no cover - numba
     """U_j's first 53 bits: U_j ∈ [K·2⁻⁵³, (K + 1)·2⁻⁵³] (both ends exact floats)."""
     top = float(raw[j] >> np.uint64(11))
     return top * 2.0**-53, (top + 1.0) * 2.0**-53
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_u(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> int:  # pragma: no cover - numba
@@ -377,7 +391,7 @@ def n_log_u(
     return _node(ops, vals, state, LOG_U, j, 0, lo, _up(log_hi, 0.0), 0.0)
 
 
-@numba.njit(cache=True, nogil=True, _nrt=False)
+@borrowing
 def n_log_e(
     ops: np.ndarray, vals: np.ndarray, state: np.ndarray, raw: np.ndarray, cur: np.ndarray
 ) -> int:  # pragma: no cover - numba
