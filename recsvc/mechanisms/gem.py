@@ -37,7 +37,7 @@ from recsvc.mechanisms.exact_sampling import decimal_context, exact_bernoulli
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 from recsvc.mechanisms.privacy import Split, Stage
 from recsvc.mechanisms.validation import MechanismInputError
-from recsvc.stats import argsort_float, spearman
+from recsvc.stats import argsort_fast, argsort_float, spearman, spearman_sorted
 
 BETA = ParamSpec("beta", 0.05, 0.0, 1.0, "GEM failure probability β in t = 2 ln(n/β)/ε")
 CORR_BUDGET_FRACTION = ParamSpec(
@@ -338,10 +338,14 @@ def mgem_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValue
     return exponential_noisy_max_expectation(_gem_u(q, d, epsilon, -checked_t(q, d, epsilon, p["beta"])), values)
 
 
-def correlation_bit(q: np.ndarray, d: np.ndarray) -> int:
-    """b = [spearman(q, Δ) ≥ 0]; an undefined Spearman (constant input, or n = 1) counts as 0."""
-    rho = spearman(q, d, undefined=0.0) if q.shape[0] >= 2 else 0.0
-    return int(rho >= 0.0)
+def correlation_bit(q: np.ndarray, d: np.ndarray, d_order: np.ndarray | None = None) -> int:
+    """b = [spearman(q, Δ) ≥ 0]; an undefined Spearman (constant input, or n = 1) counts as 0.
+    ``d_order``: a sort of Δ, for a caller that shares one Δ among many q (a batch)."""
+    if q.shape[0] < 2:
+        return 1  # 0 ≥ 0
+    if d_order is None:
+        return int(spearman(q, d, undefined=0.0) >= 0.0)
+    return int(spearman_sorted(q, d, argsort_fast(q), d_order) >= 0.0)
 
 
 def correlation_split(p: Mapping[str, float]) -> Split:
@@ -381,15 +385,21 @@ def keep_bounds(eps_c: float) -> Callable[[int], tuple[Decimal, Decimal]]:
 
 
 def report_correlation_bit(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
+    q: np.ndarray,
+    d: np.ndarray,
+    epsilon: float,
+    p: ParamValues,
+    rng: np.random.Generator,
+    size: int,
+    d_order: np.ndarray | None = None,
 ) -> np.ndarray:
     """``size`` independent reports of b = [spearman(q, Δ) ≥ 0] by binary randomised response:
     keep b with probability e^{ε_c}/(1 + e^{ε_c}), ε_c = cε, as an exact Bernoulli trial on a
-    lazily drawn uniform (:func:`recsvc.mechanisms.exact_sampling.exact_bernoulli`).
-    Privacy: ε_c-DP for any input."""
+    lazily drawn uniform (:func:`recsvc.mechanisms.exact_sampling.exact_bernoulli`); ``d_order``
+    as in :func:`correlation_bit`. Privacy: ε_c-DP for any input."""
     eps_c, _ = correlation_split(p).stage_epsilons(epsilon)
     keep = exact_bernoulli(keep_bounds(eps_c), rng, size)
-    b = correlation_bit(q, d)
+    b = correlation_bit(q, d, d_order)
     return np.where(keep, b, 1 - b)
 
 

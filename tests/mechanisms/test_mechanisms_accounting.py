@@ -118,19 +118,21 @@ def test_every_split_adds_up_to_at_most_epsilon_on_the_reals():
 
 
 def test_the_correlation_split_the_sampler_uses_is_the_exact_one(monkeypatch):
-    """combined_gem's sampler runs the bit at ε_c and the selection at ε_g from the split."""
+    """combined_gem's sampler runs the bit at ε_c (its keep probability's bounds) and the
+    selection at ε_g (the race's utilities) from the split."""
+    import recsvc.mechanisms.gem as gem
     import recsvc.mechanisms.gem_combined as gc
 
-    seen = []
-    real = gc._row
-    monkeypatch.setattr(
-        gc, "_row", lambda q, d, o, e_c, e_g, *rest: seen.append((e_c, e_g)) or real(q, d, o, e_c, e_g, *rest)
-    )
+    bit_eps, race_eps = [], []
+    keep, races = gem.keep_bounds, gc._races
+    monkeypatch.setattr(gem, "keep_bounds", lambda e_c: bit_eps.append(e_c) or keep(e_c))
+    monkeypatch.setattr(gc, "_races", lambda q, d, t, e_g, *rest: race_eps.append(e_g) or races(q, d, t, e_g, *rest))
+    q = np.array([0.0, 0.4, 1.0])
     for eps in (0.1, 1.0, 1 / 3, 7.123456789):
         MECHANISMS["combined_gem"].sample(
-            np.zeros(3), np.ones(3), eps, {"beta": 0.05, "corr_budget_fraction": 0.2}, np.random.default_rng(0), 1
+            q, np.ones(3), eps, {"beta": 0.05, "corr_budget_fraction": 0.2}, np.random.default_rng(0), 1
         )
-        e_c, e_g = seen[-1]
+        e_c, e_g = bit_eps[-1], race_eps[-1]
         assert (e_c, e_g) == correlation_split({"corr_budget_fraction": 0.2}).stage_epsilons(eps)
         assert Fraction(e_c) + Fraction(e_g) <= Fraction(eps)
 
