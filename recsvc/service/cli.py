@@ -90,6 +90,11 @@ def register(sub: argparse._SubParsersAction) -> None:
             "idle_in_transaction_session_timeout: the server ends a ledger session that sits this long inside a "
             "transaction, e.g. a frozen replica's, releasing its rows (its charge rolled back",
         ),
+        (
+            "connect",
+            "replica's own wait for a pooled connection, to connect, or for an answer over a silent link (a "
+            "partition), and how long a lost connection is retried (then UNAVAILABLE",
+        ),
     ):
         p.add_argument(
             f"--ledger-{flag}-timeout",
@@ -98,14 +103,6 @@ def register(sub: argparse._SubParsersAction) -> None:
             metavar="SECONDS",
             help=f"PostgreSQL {what}, nothing spent; default %(default)s)",
         )
-    p.add_argument(
-        "--ledger-connect-timeout",
-        type=float,
-        default=default("ledger_connect_timeout"),
-        metavar="SECONDS",
-        help="a PostgreSQL ledger's own wait: for a pooled connection, to connect, for an answer over a silent "
-        "link (a partition), each then UNAVAILABLE; also how long a lost connection is retried (default %(default)s)",
-    )
     p.add_argument(
         "--fingerprint-key",
         type=Path,
