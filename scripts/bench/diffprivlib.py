@@ -40,7 +40,10 @@ import sys
 import numpy as np
 
 from scripts.bench.peers import (
+    EPSILON,
+    KS,
     PEERS,
+    SIZES,
     PeerError,
     Timer,
     Worker,
@@ -56,10 +59,7 @@ from scripts.bench.peers import (
     worker_inputs,
 )
 
-SIZES = (500, 20_720)  # the service's candidate count and ml20m-shape's catalog
-KS = (10, 1)
 PEERS_OF = {"pf": "PermuteAndFlip", "em": "Exponential"}  # recsvc mechanism → diffprivlib class
-EPSILON = 1.0
 # diffprivlib 0.6.6 imports sklearn.tree._tree.DOUBLE, which scikit-learn 1.8 no longer has.
 DIFFPRIVLIB_SPECS = ("diffprivlib==0.6.*", "scikit-learn<1.8")
 PEER_VENV = PEERS / "diffprivlib"

@@ -25,7 +25,10 @@ import statistics
 import sys
 
 from scripts.bench.peers import (
+    EPSILON,
+    KS,
     PEERS,
+    SIZES,
     PeerError,
     Timer,
     Worker,
@@ -41,11 +44,8 @@ from scripts.bench.peers import (
     worker_inputs,
 )
 
-SIZES = (500, 20_720)  # the service's candidate count and ml20m-shape's catalog
-KS = (10, 1)
 MECHANISMS = ("oneshot", "gumbel", "clm", "rnm", "pf")  # rnm and pf peel: k selections at ε/k
 PEELING = ("rnm", "pf")
-EPSILON = 1.0
 OPENDP_SPECS = ("opendp==0.16.*",)
 PEER_VENV = PEERS / "opendp"
 

@@ -30,6 +30,12 @@ from scripts.bench.harness import REPO
 PEERS = REPO / ".cache" / "peers"
 WORKERS = Path(__file__).resolve().parent
 
+# The grid every peer comparison runs (issue 36): the service's candidate count and ml20m-shape's
+# catalog, a slate of 10 and one item, at ε = 1.
+SIZES = (500, 20_720)
+KS = (10, 1)
+EPSILON = 1.0
+
 Timer = Callable[[int], float]  # calls → seconds per call
 Key = TypeVar("Key", bound=Hashable)
 
