@@ -37,6 +37,8 @@ def check_epsilon(value: object, name: str = "epsilon", error: type[Exception] =
     """``value`` as a float if it is a real number, finite and > 0 (a privacy budget ε); else
     ``error`` (a ``ValueError`` type: each part keeps its own, e.g. ``MechanismInputError``) with a
     message naming ``name`` (``epsilon``, ``--epsilon``, ``ε``)."""
+    if type(value) is float and 0.0 < value < math.inf:  # the common case, without the ABC checks
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise error(f"{name} must be a positive finite real number, got {value!r}")
     e = float(value)

@@ -7,6 +7,7 @@ Public API::
     from recsvc.mechanisms import valid_slate, draw_slate  # the same in two steps: check once, then draw
     from recsvc.mechanisms import valid_two_stage, draw_two_stage
     from recsvc.mechanisms import select_rows  # one selection per row of a batch, one Generator
+    from recsvc.mechanisms import valid_slates, draw_rows  # the same in two steps: check once, then draw
     from recsvc.mechanisms import charged_epsilon  # the ε a selection consumes (what to charge)
     from recsvc.mechanisms import selection_map  # its privacy map (d_in, ε) → d_out
 
@@ -52,7 +53,7 @@ from recsvc.mechanisms.registry import (
     takers,
     unregister,
 )
-from recsvc.mechanisms.rows import select_rows
+from recsvc.mechanisms.rows import draw_rows, rows_drawable, select_rows
 from recsvc.mechanisms.slate import (
     ValidSlate,
     draw_slate,
@@ -60,6 +61,7 @@ from recsvc.mechanisms.slate import (
     slate_log_probabilities,
     slate_probabilities,
     valid_slate,
+    valid_slates,
 )
 from recsvc.mechanisms.two_stage import (
     ValidTwoStage,
@@ -94,6 +96,7 @@ __all__ = [
     "charged_epsilon",
     "check_params",
     "default_mechanisms",
+    "draw_rows",
     "draw_slate",
     "draw_two_stage",
     "expectation",
@@ -108,6 +111,7 @@ __all__ = [
     "pure",
     "register",
     "registered",
+    "rows_drawable",
     "select",
     "select_batch",
     "select_rows",
@@ -122,5 +126,6 @@ __all__ = [
     "two_stage_probabilities",
     "unregister",
     "valid_slate",
+    "valid_slates",
     "valid_two_stage",
 ]

@@ -70,6 +70,7 @@ BUILTIN = (
         expectation_fn=noisy_max.rnm_expectation,
         privacy=_declared("rnm", _BOUNDED, _TIGHT, distance_map=_SCALED_TIGHT),
         float_level=FLOAT_EXACT,
+        rows=noisy_max.rnm_rows,
     ),
     Mechanism(
         "rnm_laplace",
@@ -96,6 +97,7 @@ BUILTIN = (
         expectation_fn=noisy_max.rnm_expectation,
         privacy=_declared("pf", _BOUNDED, _TIGHT, distance_map=_SCALED_TIGHT),
         float_level=FLOAT_EXACT,
+        rows=noisy_max.rnm_rows,
     ),
     Mechanism(
         "krr",

@@ -57,7 +57,13 @@ import numpy as np
 import numpy.typing as npt
 
 from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF, WORD, decimal_context, uniform_words
-from recsvc.mechanisms.exponential_race import exponential_leaders, exponential_top_k
+from recsvc.mechanisms.exponential_race import (
+    exponential_gap_rows,
+    exponential_leaders,
+    exponential_top_k,
+    gap_scale,
+    upper_error,
+)
 
 _U = UNIT_ROUNDOFF
 _FIRST_BITS = 53  # rng.random() is k·2⁻⁵³ with k a uniform 53-bit integer
@@ -159,11 +165,8 @@ class GapUtilities:
     def __init__(self, q: np.ndarray, epsilon: float, d_max: float, m: int = 2) -> None:
         self.q, self.epsilon, self.d_max, self.m, self.n = q, epsilon, d_max, m, q.shape[0]
         self.top = top = float(q.max())
-        c_hat = (epsilon / m) / d_max
-        self.c = c_hat * (1.0 - 16.0 * _U)
+        self.c, self.err = gap_scale(epsilon, m, d_max, top - float(q.min()))
         self._value: npt.NDArray[np.float64] | None = None
-        # A subnormal c_hat has no relative bound: its absolute error times the spread covers it.
-        self.err = _TINY + ((top - float(q.min())) * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
 
     @property
     def value(self) -> npt.NDArray[np.float64]:
@@ -209,7 +212,7 @@ def _ratio_leaders(
 
 def _upper_error(a: Utilities, noise: Noise, b_max: float) -> float:
     """E with v_j ≤ v̂_j + 1.01u·|v̂_j| + E for v̂ = fl(value + fl(b·sup)) (module docstring)."""
-    return a.err + b_max * (noise.error + 1.01 * _U * noise.magnitude) + _TINY
+    return upper_error(a.err, noise.error, noise.magnitude, b_max)
 
 
 def _upper(v: float, e_up: float) -> float:
@@ -323,6 +326,29 @@ def exponential_slow_argmax(
     bounds did not decide it: v the float values (−1.7e308: certainly behind), ``lead`` a rigorous
     lower bound of the float leader's value."""
     return _slow_row(a, EXPONENTIAL, None, x, v, lead, _upper_error(a, EXPONENTIAL, 1.0), rng, 1, True)[0]
+
+
+def gap_race_rows(
+    q: np.ndarray, d: np.ndarray, lengths: np.ndarray, epsilons: np.ndarray, m: int, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """One exponential race per row of a ragged batch: row b's entry has the law of
+    ``race_argmax(GapUtilities(q_b, ε_b, max Δ_b, m), EXPONENTIAL, rng, 1)``, rows independent.
+    The cells of all rows of two or more candidates are drawn first, in row order (one
+    ``rng.random`` call: the words B such calls would take, in their order), and decided in one
+    compiled pass; a row its float bounds leave undecided then goes the usual way on its own
+    cells, drawing its further words after them."""
+    x = rng.random(int(lengths[lengths > 1].sum()))
+    idx, ok = exponential_gap_rows(
+        q, d, lengths, epsilons, float(m), EXPONENTIAL.error, EXPONENTIAL.magnitude, x, x.view(np.uint64)
+    )
+    if not ok.all():
+        ends = np.cumsum(lengths)
+        cells = np.cumsum(np.where(lengths > 1, lengths, 0))
+        for b in np.flatnonzero(~ok).tolist():
+            n, s, c = int(lengths[b]), int(ends[b] - lengths[b]), int(cells[b] - lengths[b])
+            a = GapUtilities(q[s : s + n], float(epsilons[b]), float(d[s : s + n].max()), m)
+            idx[b] = _argmax_row(a, EXPONENTIAL, None, x[c : c + n], rng)
+    return idx
 
 
 def _exponential_rows(a: Utilities, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:

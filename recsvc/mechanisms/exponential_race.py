@@ -30,6 +30,26 @@ _FLAT = 2.0**-30  # ≥ _SLACK·1024: the slack of any â ≤ 0
 _NEVER = np.uint64(2**64 - 1)  # above every float64's bits
 
 
+def gap_scale(epsilon: float, m: float, d_max: float, spread: float) -> tuple[float, float]:
+    """:class:`~recsvc.mechanisms.exact_race.GapUtilities`' c and err for ε, m, Δmax and the score
+    range max q − min q: c = ε/(m·Δmax) shrunk by 16u, and err the bound on what it leaves out (a
+    subnormal ε/(m·Δmax) has no relative bound: its absolute error times the range covers it).
+    Plain float arithmetic, so the compiled rows (:func:`exponential_gap_rows`) get the same numbers."""
+    c_hat = (epsilon / m) / d_max
+    err = _TINY + (spread * 2.0**-1070 if c_hat < 2.0**-1000 else 0.0)
+    return c_hat * (1.0 - 16.0 * _U), err
+
+
+def upper_error(err: float, noise_error: float, magnitude: float, b_max: float) -> float:
+    """E with v_j ≤ v̂_j + 1.01u·|v̂_j| + E for v̂ = fl(value + fl(b·sup)), for utilities within
+    ``err`` and a noise within ``noise_error`` of magnitude at most ``magnitude``."""
+    return err + b_max * (noise_error + 1.01 * _U * magnitude) + _TINY
+
+
+_gap_scale = numba.njit(cache=True, nogil=True)(gap_scale)
+_upper_error = numba.njit(cache=True, nogil=True)(upper_error)
+
+
 @numba.njit(cache=True, nogil=True)
 def _bound(a: float, bits: np.uint64) -> float:  # pragma: no cover - numba
     """An upper bound of fl(a − fl(ln x)) less the slack, for x > 0 with these bits."""
@@ -137,3 +157,42 @@ def exponential_top_k(
     else:
         ok = lo.min() > hi[k]
     return idx[:k].copy(), ok
+
+
+@numba.njit(cache=True, nogil=True)
+def exponential_gap_rows(
+    q: np.ndarray,
+    d: np.ndarray,
+    lengths: np.ndarray,
+    epsilons: np.ndarray,
+    m: float,
+    noise_error: float,
+    magnitude: float,
+    x: np.ndarray,
+    bits: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - numba
+    """:func:`exponential_top_k` at k = 1 on each row of a ragged batch: row b is the gap race of
+    q_b at ε_b (its own max q, min q and max Δ, :func:`gap_scale`) on the next n_b cells of x; a
+    row of one candidate takes no cell and picks it. Each row's leader, and whether its float
+    bounds decide it."""
+    rows = lengths.shape[0]
+    idx = np.zeros(rows, np.int64)
+    ok = np.ones(rows, np.bool_)
+    s, cell = 0, 0
+    for b in range(rows):
+        n = lengths[b]
+        if n > 1:
+            top, bottom, d_max = q[s], q[s], d[s]
+            for i in range(s, s + n):
+                top = max(top, q[i])
+                bottom = min(bottom, q[i])
+                d_max = max(d_max, d[i])
+            c, err = _gap_scale(epsilons[b], m, d_max, top - bottom)
+            e_up = _upper_error(err, noise_error, magnitude, 1.0)
+            got, decided = exponential_top_k(
+                q[s : s + n], top, c, err, noise_error, e_up, x[cell : cell + n], bits[cell : cell + n], 1, True
+            )
+            idx[b], ok[b] = got[0], decided
+            cell += n
+        s += n
+    return idx, ok

@@ -26,6 +26,9 @@ PeelWorkFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], float]
 # batch(q (B, n), Δ (B, n), ε, own params, stream, trials) -> (B, trials) int64: row b is
 # ``sample(q[b], Δ[b], ε, params, stream(b), trials)``, the same function of that stream
 BatchFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, Callable[[int], np.random.Generator], int], np.ndarray]
+# rows(q (N,), Δ (N,), lengths (B,), ε (B,), own params, rng) -> (B,) int64: one selection per row
+# of a ragged batch from ONE generator, row b with ``sample``'s law on its row, rows independent
+RowsFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, ParamValues, np.random.Generator], np.ndarray]
 # slate_log_p(q, Δ, ε, own params, k) -> log P(slate) for every ordered k-tuple (small n)
 SlateLogProbFn = Callable[[np.ndarray, np.ndarray, float, ParamValues, int], dict[tuple[int, ...], float]]
 
@@ -52,7 +55,9 @@ class Mechanism:
     the mechanism is in the default set, the one the evaluation harness runs and `auto`'s policy
     table ranks when no mechanisms are named (:func:`default_mechanisms`). ``batch`` (optional)
     is ``select_batch``'s path: each row the same function of its user's stream as ``sample``,
-    sharing across rows what does not depend on the scores."""
+    sharing across rows what does not depend on the scores. ``rows`` (optional) is
+    :func:`~recsvc.mechanisms.rows.select_rows`' path: many users' single selections drawn in one
+    pass from one generator (a service's batch)."""
 
     name: str
     description: str  # one line
@@ -66,6 +71,7 @@ class Mechanism:
     peel_fn: PeelFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     peel_work_fn: PeelWorkFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     batch: BatchFn | None = field(default=None, repr=False, compare=False, kw_only=True)
+    rows: RowsFn | None = field(default=None, repr=False, compare=False, kw_only=True)
     default: bool = field(default=True, kw_only=True)
     # What the float64 implementation delivers against the declared map: FLOAT_EXACT when the
     # sampler follows the exact law at every ε (δ = 0), else the measured δ(ε) or that none was.

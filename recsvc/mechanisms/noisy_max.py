@@ -22,7 +22,7 @@ from recsvc.mechanisms.exact import (
     laplace_noisy_max_log_probabilities,
 )
 from recsvc.mechanisms.exact_noise import LAPLACE
-from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_argmax
+from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, gap_race_rows, race_argmax
 from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
@@ -61,6 +61,13 @@ def rnm_sample(
     (q_a − q*)·ε/(2Δmax) − ln U_a for real uniforms U_a, at every ε (no float bound on the noise).
     """
     return race_argmax(GapUtilities(q, epsilon, float(d.max())), EXPONENTIAL, rng, size)
+
+
+def rnm_rows(
+    q: np.ndarray, d: np.ndarray, lengths: np.ndarray, epsilons: np.ndarray, p: ParamValues, rng: np.random.Generator
+) -> npt.NDArray[np.int64]:
+    """:func:`rnm_sample` on each row of a ragged batch, the rows' exact races in one compiled pass."""
+    return gap_race_rows(q, d, lengths, epsilons, 2, rng)
 
 
 def rnm_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:

@@ -1,15 +1,16 @@
 """One selection per row of a ragged batch from ONE caller-supplied generator (the service's SelectBatch).
 
 :func:`select_rows` makes B independent selections, row b over its own candidates (scores,
-Δ, ε_b), in the order b = 0, 1, …. It is exactly equivalent to::
+Δ, ε_b). It has the law of::
 
     [select(name, scores_b, sensitivities_b, epsilons[b], rng) for b in range(B)]
 
-with the same ``rng``: the same indices, and ``rng`` left in the same state. For the
-noise-matrix mechanisms (none at present: see :data:`VECTORISED`) each row's per-candidate noise is
-drawn in candidate order, row after row, so ONE call drawing all N = Σ n_b values consumes the
-stream exactly as the B calls do, and one argmax per row replaces B Python-level calls. Other
-mechanisms run row by row through their own sample function (still one validation up front).
+and, where the mechanism declares a ``rows`` sampler (rnm, pf: the exact race of every row in one
+compiled pass), draws the same words in the same order as those B calls, so it returns the same
+indices; only a row whose float bounds leave its race undecided (about one in 10¹⁰) draws its
+further words after every row's cells. Other mechanisms run row by row through their own sample
+function (still one validation up front). :func:`draw_rows` is the same draw for single-item
+slates already validated (:func:`~recsvc.mechanisms.slate.valid_slates`), checking nothing again.
 
 Unlike :func:`recsvc.mechanisms.select_batch` (seeded per-user streams, for reproducible
 evaluation) this takes a Generator: the service passes its thread's CSPRNG. Privacy: each row
@@ -19,13 +20,13 @@ the generator, whose outputs are independent across rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import cast
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms.registry import check_params, get_mechanism
+from recsvc.mechanisms.registry import MECHANISMS, check_params, get_mechanism
+from recsvc.mechanisms.slate import ValidSlate
 from recsvc.mechanisms.validation import (
     MechanismInputError,
     check_epsilon,
@@ -33,12 +34,6 @@ from recsvc.mechanisms.validation import (
     check_scale,
     check_scores_sensitivities,
 )
-
-# name → (draw N noise values, pick per row): argmax(u + noise) for each of them
-_Noise = Callable[[np.random.Generator, int], np.ndarray]
-# Empty: rnm, pf and rnm_laplace sample by the exact race (recsvc.mechanisms.exact_race), whose
-# draws are not a float noise matrix, so their rows run one select each (same law, same stream).
-VECTORISED: dict[str, tuple[_Noise, str]] = {}
 
 
 def check_lengths(lengths: object, total: int) -> np.ndarray:
@@ -60,7 +55,7 @@ def select_rows(
     *,
     allow_non_private: bool = False,
     **params: object,
-) -> np.ndarray:
+) -> npt.NDArray[np.int64]:
     """Index (within its row) chosen for each row: int64 (B,). ``scores``/``sensitivities`` are
     the rows' ALREADY CLIPPED values concatenated (N,), ``lengths`` (B,) the row sizes,
     ``epsilons`` (B,) each row's ε. All input is checked before any draw."""
@@ -73,36 +68,46 @@ def select_rows(
         raise MechanismInputError(f"epsilons has shape {eps.shape}; expected one ε per row, shape {n.shape}")
     for e in eps.tolist():  # the scalar check's message, for the first bad one
         check_epsilon(e)
-    if eps.size:
-        check_scale(float(eps.max()), q, d)
-    gen = check_rng(rng)
-    vec = VECTORISED.get(name)
     starts = np.concatenate(([0], np.cumsum(n)[:-1]))
-    if vec is None:
-        return np.array(
-            [
-                mech.sample(q[s : s + k], d[s : s + k], float(e), p, gen, 1)[0]
-                for s, k, e in zip(starts.tolist(), n.tolist(), eps.tolist(), strict=False)
-            ],
-            dtype=np.int64,
+    for s, k, e in zip(starts.tolist(), n.tolist(), eps.tolist(), strict=False):
+        check_scale(e, q[s : s + k], d[s : s + k])  # each row's own range and Δmax, as select checks it
+    gen = check_rng(rng)
+    if mech.rows is not None:
+        return np.asarray(mech.rows(q, d, n, eps, p, gen), dtype=np.int64)
+    return np.array(
+        [
+            mech.sample(q[s : s + k], d[s : s + k], float(e), p, gen, 1)[0]
+            for s, k, e in zip(starts.tolist(), n.tolist(), eps.tolist(), strict=False)
+        ],
+        dtype=np.int64,
+    )
+
+
+def rows_drawable(v: ValidSlate) -> bool:
+    """Whether :func:`draw_rows` draws ``v`` with others: a single selection of a mechanism with a ``rows`` sampler."""
+    return v.k == 1 and MECHANISMS[v.mechanism].rows is not None
+
+
+def draw_rows(valid: Sequence[ValidSlate], rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """The index chosen in each of ``valid`` (single selections of ONE mechanism with a ``rows``
+    sampler and the same parameters; :func:`rows_drawable`), in one pass: :func:`select_rows`'
+    draw on inputs already checked."""
+    first = valid[0]
+    rows = MECHANISMS[first.mechanism].rows
+    if rows is None or any(v.mechanism != first.mechanism or v.k != 1 or v.values != first.values for v in valid):
+        raise ValueError(
+            "draw_rows needs single selections of one mechanism with a rows sampler and one set of parameters"
         )
-    draw, pick = vec
-    row = np.repeat(np.arange(n.size), n)
-    # u = (q − max q)·ε/(2Δmax) per row, computed with the same operations as noisy_max._rnm_u.
-    u = (q - np.maximum.reduceat(q, starts)[row]) * (eps / (2.0 * np.maximum.reduceat(d, starts)))[row]
-    z = draw(gen, q.shape[0])
-    z += u
-    return _arg_per_row(z, n, starts, row, pick == "max")
-
-
-def _arg_per_row(
-    z: np.ndarray, n: np.ndarray, starts: np.ndarray, row: np.ndarray, largest: bool
-) -> npt.NDArray[np.int64]:
-    """argmax (or argmin) of each row of the ragged z; the lowest index wins a tie, as in the per-row call."""
-    if (n == n[0]).all():  # the common case: every row has the same size
-        m = z.reshape(n.size, int(n[0]))
-    else:
-        m = np.full((n.size, int(n.max())), -np.inf if largest else np.inf)
-        m[row, np.arange(z.shape[0]) - starts[row]] = z
-    picked = cast("npt.NDArray[np.intp]", m.argmax(axis=1) if largest else m.argmin(axis=1))  # numpy: Any
-    return picked.astype(np.int64)
+    lengths = np.fromiter((v.q.shape[0] for v in valid), np.int64, len(valid))
+    epsilons = np.fromiter((v.eps_step for v in valid), np.float64, len(valid))
+    return np.asarray(
+        rows(
+            np.concatenate([v.q for v in valid]),
+            np.concatenate([v.d for v in valid]),
+            lengths,
+            epsilons,
+            first.values,
+            rng,
+        ),
+        dtype=np.int64,
+    )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +36,7 @@ import numpy.typing as npt
 from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.privacy import PrivacyMap, Split, Stage, pure
 from recsvc.mechanisms.registry import MECHANISMS, check_params, get_mechanism, log_probabilities
-from recsvc.mechanisms.validation import MechanismInputError, check_inputs, check_rng
+from recsvc.mechanisms.validation import MechanismInputError, check_inputs, check_rng, check_rows
 
 # Exact enumeration is for audits on tiny inputs: refuse outcome spaces beyond this size.
 MAX_EXACT_OUTCOMES = 200_000
@@ -46,6 +46,8 @@ Slate = tuple[int, ...]
 
 def check_count(name: str, value: object, least: int, most: int, what: str) -> int:
     """``value`` as an int in [least, most]; ``what`` says what ``most`` is (for the message)."""
+    if type(value) is int and least <= value <= most:  # the common case, without the ABC checks
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise MechanismInputError(f"{name} must be an integer with {least} ≤ {name} ≤ {most} ({what}), got {value!r}")
     if not least <= int(value) <= most:
@@ -101,10 +103,44 @@ def valid_slate(
     :class:`MechanismInputError` names what is wrong."""
     mech = get_mechanism(name, allow_non_private)
     eps, q, d = check_inputs(epsilon, scores, sensitivities)
+    return _valid(mech, eps, q, d, k, dict(check_params(params, mech)))  # a dict: a mappingproxy does not pickle
+
+
+def valid_slates(
+    name: str,
+    scores: np.ndarray,
+    sensitivities: np.ndarray,
+    lengths: np.ndarray,
+    epsilons: Sequence[float],
+    k: int,
+    *,
+    allow_non_private: bool = False,
+    **params: object,
+) -> list[ValidSlate | MechanismInputError]:
+    """:func:`valid_slate` on each row of a ragged batch (the rows' scores and Δ concatenated,
+    ``lengths`` their sizes, one ε per row; the same mechanism, k and ``params``): row b's entry
+    is what ``valid_slate(name, q_b, Δ_b, epsilons[b], k, **params)`` returns, or the error it
+    raises. The mechanism and ``params`` are checked once (a bad one raises for every row), the
+    rows' numbers in one compiled pass (:func:`~recsvc.mechanisms.validation.check_rows`)."""
+    mech = get_mechanism(name, allow_non_private)
+    values = dict(check_params(params, mech))
+    out: list[ValidSlate | MechanismInputError] = []
+    for row in check_rows(epsilons, scores, sensitivities, lengths):
+        if isinstance(row, MechanismInputError):
+            out.append(row)
+            continue
+        try:
+            out.append(_valid(mech, *row, k, values))
+        except MechanismInputError as exc:
+            out.append(exc)
+    return out
+
+
+def _valid(mech: Mechanism, eps: float, q: np.ndarray, d: np.ndarray, k: int, values: dict[str, float]) -> ValidSlate:
+    """The slate's own checks (1 ≤ k ≤ n, its split) on checked ε, q and Δ."""
     kk = check_count("k", k, 1, q.shape[0], "the number of candidates")
     (eps_step,) = slate_split(kk, one_shot=mech.one_shot).stage_epsilons(eps)
-    values = dict(check_params(params, mech))  # a dict: a mappingproxy does not pickle
-    return ValidSlate(name, q, d, eps_step, kk, values)
+    return ValidSlate(mech.name, q, d, eps_step, kk, values)
 
 
 def draw_slate(v: ValidSlate, rng: np.random.Generator) -> npt.NDArray[np.int64]:

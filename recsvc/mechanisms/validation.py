@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from typing import ClassVar
 
 import numba
@@ -109,12 +110,60 @@ def check_inputs(epsilon: object, scores: object, sensitivities: object) -> tupl
     """ε, one user's scores q (n,) and sensitivities Δ (n,), each checked, and ε against them."""
     eps = check_epsilon(epsilon)
     q, d = _one_user(scores, sensitivities)
-    q_sum, d_sum, d_min, d_max, q_max, q_min = _summary(q, d)
+    _check_summary(eps, q, d, _summary(q, d))
+    return eps, q, d
+
+
+def check_rows(
+    epsilons: Sequence[float], scores: np.ndarray, sensitivities: np.ndarray, lengths: np.ndarray
+) -> list[tuple[float, np.ndarray, np.ndarray] | MechanismInputError]:
+    """:func:`check_inputs` on each row of a ragged batch (float64 ``scores`` and ``sensitivities``
+    (N,), the rows' sizes ``lengths`` (B,) summing to N), with the numbers of all rows' checks in ONE
+    compiled pass: row b's entry is what ``check_inputs(epsilons[b], q_b, Δ_b)`` returns, or the
+    error it raises (the same message)."""
+    q, d = _one_user(scores, sensitivities)
+    n = np.ascontiguousarray(lengths, np.int64)
+    if n.ndim != 1 or (n < 0).any() or int(n.sum()) != q.shape[0]:
+        raise MechanismInputError(f"lengths must be 1-D row sizes >= 0 summing to the {q.shape[0]} scores")
+    ends = np.cumsum(n)
+    summaries = _summary_rows(q, d, ends - n, n).tolist()
+    out: list[tuple[float, np.ndarray, np.ndarray] | MechanismInputError] = []
+    for e, end, size, summary in zip(epsilons, ends.tolist(), n.tolist(), summaries, strict=True):
+        qb, db = q[end - size : end], d[end - size : end]
+        try:
+            eps = check_epsilon(e)
+            if size == 0:
+                _one_user(qb, db)  # its message for n = 0
+            _check_summary(eps, qb, db, summary)
+        except MechanismInputError as exc:
+            out.append(exc)
+            continue
+        out.append((eps, qb, db))
+    return out
+
+
+def _check_summary(eps: float, q: np.ndarray, d: np.ndarray, summary: Sequence[float]) -> None:
+    """The checks of ε, q and Δ (n ≥ 1) from their :func:`_summary`."""
+    q_sum, d_sum, d_min, d_max, q_max, q_min = summary
     if not (math.isfinite(q_sum) and math.isfinite(d_sum) and d_min > 0.0):
         _check_finite("scores", q)  # raises with the first bad entry, as check_scores_sensitivities
         _check_sensitivities(d)
     _check_scale(eps, q_max, q_min, d_max)
-    return eps, q, d
+
+
+@numba.njit(cache=True, nogil=True)
+def _summary_rows(
+    q: np.ndarray, d: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> np.ndarray:  # pragma: no cover - numba
+    """:func:`_summary` of each non-empty row, (B, 6); an empty row's entries are 0."""
+    out = np.zeros((starts.shape[0], 6))
+    for b in range(starts.shape[0]):
+        if lengths[b] > 0:
+            s = starts[b]
+            out[b, 0], out[b, 1], out[b, 2], out[b, 3], out[b, 4], out[b, 5] = _summary(
+                q[s : s + lengths[b]], d[s : s + lengths[b]]
+            )
+    return out
 
 
 @numba.njit(cache=True, nogil=True)

@@ -1,4 +1,4 @@
-"""SelectBatch's fast path: one vectorised draw per mechanism group, one ledger transaction per batch.
+"""SelectBatch's fast path: one draw per mechanism group, one ledger transaction per batch.
 
 Every item is checked and clipped by :meth:`recsvc.service.selection.Selector.prepare_many`
 (so an item's refusals are exactly a single Select's). Then :func:`execute_batch` reads as a
@@ -6,11 +6,11 @@ single Select does (:mod:`recsvc.ledger.base`): reserve all items on one snapsho
 conflicts and refusals draw nothing), draw the rest holding no ledger lock, and commit them all
 in ONE transaction with per-item outcomes.
 
-The draw: single-item answers (k = 1) of a mechanism :func:`recsvc.mechanisms.select_rows`
-vectorises (rnm, rnm_laplace, pf) are drawn together, one call per mechanism, from this
-thread's CSPRNG; ``select_rows`` makes exactly the draws the per-item path would make in the
-same order, so each item's answer has a single Select's distribution. Everything else (slates,
-other mechanisms, heavy random-stopping draws) is drawn item by item as Select draws it.
+The draw: single-item answers (k = 1) of a mechanism with a ``rows`` sampler (rnm, pf) are drawn
+together, one compiled pass per mechanism and parameters, from this thread's CSPRNG
+(:func:`recsvc.mechanisms.draw_rows`: the words the per-item draws would take, in their order,
+so each item's answer has a single Select's law). Everything else (slates, other mechanisms,
+heavy random-stopping draws) is drawn item by item as Select draws it.
 """
 
 from __future__ import annotations
@@ -21,60 +21,30 @@ from functools import partial
 import numpy as np
 
 from recsvc.ledger import BatchItem, Drawn, Ledger
-from recsvc.mechanisms.rows import VECTORISED, select_rows
+from recsvc.mechanisms import ValidSlate, draw_rows, rows_drawable
 from recsvc.rng import thread_csprng
 from recsvc.service.requests import Prepared, Selected, draw
 from recsvc.service.selection import Selector
 
 
-def vectorisable(p: Prepared) -> bool:
-    return p.k == 1 and p.stage is None and p.mechanism in VECTORISED
-
-
-def joined(ps: Sequence[Prepared], column: str) -> np.ndarray:
-    """``np.concatenate`` of the items' ``column`` (scores or sensitivities), without the copy when
-    they are adjacent slices of one array, in order: Selector.prepare_many clips a batch as ONE array.
-    Adjacency is read off the slices' own addresses in their base, so nothing else has to record it."""
-    parts = [getattr(p, column) for p in ps]
-    base = parts[0].base
-    if not isinstance(base, np.ndarray) or base.ndim != 1 or not base.flags.c_contiguous:
-        return np.concatenate(parts)
-    step, origin = base.itemsize, base.ctypes.data
-    start = end = (parts[0].ctypes.data - origin) // step
-    for a in parts:
-        in_place = a.base is base and a.dtype == base.dtype and a.flags.c_contiguous
-        if not in_place or a.ctypes.data != origin + end * step:
-            return np.concatenate(parts)
-        end += a.size
-    return base[start:end]
-
-
 def draw_many(
     selector: Selector, prepared: Sequence[Prepared], rng: np.random.Generator
 ) -> list[np.ndarray | Exception]:
-    """Each item's slate (candidate indices), vectorised per mechanism group where possible; an
-    item whose draw failed gets the exception (it is then refused alone, nothing spent)."""
+    """Each item's slate (candidate indices), drawn together per mechanism group where possible;
+    an item whose draw failed gets the exception (it is then refused alone, nothing spent)."""
     out: list[np.ndarray | Exception | None] = [None] * len(prepared)
-    groups: dict[str, list[int]] = {}
+    groups: dict[tuple, list[int]] = {}
     for i, p in enumerate(prepared):
-        if vectorisable(p):
-            groups.setdefault(p.mechanism, []).append(i)
-    for name, idx in groups.items():
-        ps = [prepared[i] for i in idx]
+        if isinstance(p.valid, ValidSlate) and rows_drawable(p.valid):
+            groups.setdefault((p.mechanism, tuple(p.valid.values.items())), []).append(i)
+    for idx in groups.values():
         try:
-            picked = select_rows(
-                name,
-                joined(ps, "scores"),
-                joined(ps, "sensitivities"),
-                np.array([p.scores.size for p in ps]),
-                np.array([p.epsilon for p in ps]),
-                rng,
-            )
+            picked = draw_rows([prepared[i].valid for i in idx], rng)  # type: ignore[misc]  # ValidSlate, above
         except Exception as exc:
             for i in idx:
                 out[i] = exc
             continue
-        for i, j in zip(idx, picked.tolist(), strict=False):
+        for i, j in zip(idx, picked.tolist(), strict=True):
             out[i] = np.array([j], np.int64)
     for i, p in enumerate(prepared):
         if out[i] is None:  # as Select draws it; a heavy draw is made by a draw process
@@ -85,11 +55,15 @@ def draw_many(
     return out  # type: ignore[return-value]  # the loop above replaced every None
 
 
+def items_of(prepared: Sequence[Prepared]) -> list[BatchItem]:
+    """What the ledger reserves for each prepared item."""
+    return [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
+
+
 def execute_batch(selector: Selector, ledger: Ledger, prepared: Sequence[Prepared]) -> list[Selected | Exception]:
     """Charges every prepared item in one ledger transaction (either store); one outcome per item,
     in order: its answer, or the exception that refused it (nothing spent)."""
-    items = [BatchItem(p.user_id, p.request_id, p.fingerprint, p.charge, p.mechanism) for p in prepared]
-    with ledger.reserve_batch(items) as reserved:
+    with ledger.reserve_batch(items_of(prepared)) as reserved:
         todo = [prepared[i] for i in reserved.todo]
         picked = draw_many(selector, todo, thread_csprng()) if todo else []
         drawn = [s if isinstance(s, Exception) else Drawn(*p.answer(s)) for p, s in zip(todo, picked, strict=True)]

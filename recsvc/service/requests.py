@@ -22,6 +22,7 @@ from recsvc.mechanisms import (
     draw_slate,
     draw_two_stage,
     valid_slate,
+    valid_slates,
     valid_two_stage,
 )
 from recsvc.mechanisms.slate import is_one_shot, slate_work
@@ -163,6 +164,51 @@ def validated(
         allow_non_private=allow_non_private,
         **params,
     )
+
+
+def validated_rows(
+    mechanism: str,
+    k: int,
+    params: Mapping[str, float | None],
+    scores: Sequence[np.ndarray],
+    sensitivities: Sequence[np.ndarray],
+    epsilons: Sequence[float],
+    allow_non_private: bool,
+) -> list[ValidSlate | Exception]:
+    """:func:`validated` for requests that run one mechanism with one k and parameters, each its
+    checks' outcome: :func:`recsvc.mechanisms.valid_slates` on all their rows at once (one
+    request: ``valid_slate``). A bad mechanism or parameter refuses every request."""
+    if len(scores) == 1:
+        try:
+            return [
+                valid_slate(
+                    mechanism,
+                    scores[0],
+                    sensitivities[0],
+                    epsilons[0],
+                    k,
+                    allow_non_private=allow_non_private,
+                    **params,
+                )
+            ]
+        except Exception as exc:
+            return [exc]
+    lengths = np.fromiter(map(len, scores), np.int64, len(scores))
+    try:
+        return list(
+            valid_slates(
+                mechanism,
+                np.concatenate(scores),
+                np.concatenate(sensitivities),
+                lengths,
+                epsilons,
+                k,
+                allow_non_private=allow_non_private,
+                **params,
+            )
+        )
+    except Exception as exc:
+        return [exc] * len(scores)
 
 
 def draw(p: Prepared, rng: np.random.Generator) -> np.ndarray:

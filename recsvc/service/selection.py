@@ -53,6 +53,7 @@ from recsvc.service.requests import (
     check_user_id,
     draw,
     validated,
+    validated_rows,
 )
 
 log = logging.getLogger("recsvc.service")
@@ -363,12 +364,34 @@ class Selector:
                 out[i] = exc
                 del checked[i]
         q, sens = self.catalog.clip(rows, cols.raw)
+        groups: dict[tuple, list[int]] = {}  # items that run one mechanism with one k and parameters
+        resolved: dict[int, tuple[str, Mapping[str, float | None], int]] = {}
         for i, (name, kk) in checked.items():
             x, (s, e) = inputs[i], span[i]
             try:
                 name, params = self.resolve(name, x.epsilon, kk, e - s, x.params)
                 check_loss_weight(params, name)
-                valid = validated(name, x.epsilon, params, q[s:e], sens[s:e], kk, None, self.allow_non_private)
+            except Exception as exc:
+                out[i] = exc
+                continue
+            resolved[i] = (name, params, kk)
+            groups.setdefault((name, kk, tuple(params.items())), []).append(i)
+        for (name, kk, _), members in groups.items():
+            params = resolved[members[0]][1]
+            valids = validated_rows(
+                name,
+                kk,
+                params,
+                [q[span[i][0] : span[i][1]] for i in members],
+                [sens[span[i][0] : span[i][1]] for i in members],
+                [inputs[i].epsilon for i in members],
+                self.allow_non_private,
+            )
+            for i, valid in zip(members, valids, strict=True):
+                if isinstance(valid, Exception):
+                    out[i] = valid
+                    continue
+                x, (s, e) = inputs[i], span[i]
                 ids = x.item_ids if x.item_ids is not None else RowIds(self.catalog.item_ids, rows[s:e])
                 out[i] = Prepared(
                     x.user_id,
@@ -384,9 +407,7 @@ class Selector:
                     rows=rows[s:e],
                     valid=valid,
                 )
-            except Exception as exc:
-                out[i] = exc
-        return out  # type: ignore[return-value]  # the loop above replaced every None
+        return out  # type: ignore[return-value]  # the loops above replaced every None
 
     def _rows(self, inputs: Sequence[SelectInput], cols: Columns, by_id: list[bool]) -> np.ndarray:
         """Every candidate's catalog row: the id-encoded inputs' ids mapped in ONE pass (−1: unknown)."""

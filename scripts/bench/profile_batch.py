@@ -44,7 +44,7 @@ def main() -> int:
     ap.add_argument(
         "--steps",
         action="store_true",
-        help="with --lone: also each step's CPU per Select (decode, checks, reserve, draw, commit, encode), "
+        help="also each step's CPU per selection (decode, checks, reserve, draw, commit, encode), "
         "the median of --reps rounds",
     )
     args = ap.parse_args()
@@ -108,8 +108,12 @@ def main() -> int:
             f"CPU per selection: {best * 1e6:.1f} us (best of {args.reps} rounds of {what}, "
             f"{args.threads} thread(s); {charged} charges)"
         )
-        if args.steps and args.lone:
-            print_steps(servicer, ledger, decode_one, [bodies(100 + rep) for rep in range(args.reps)])
+        if args.steps:
+            rounds = [bodies(100 + rep) for rep in range(args.reps)]
+            if args.lone:
+                print_steps(servicer, ledger, decode_one, rounds)
+            else:
+                print_batch_steps(servicer, ledger, decode, caller, rounds, args.size)
         if args.profile:
             todo = bodies(1)
             prof = cProfile.Profile()  # wall time: a CPU-time timer costs a system call per event
@@ -167,6 +171,52 @@ def print_steps(servicer: Any, ledger: Any, decode: Any, rounds: list[list[bytes
     for step in STEPS:
         print(f"  {step:<22} {statistics.median(r[step] for r in per_round):8.1f}")
     print(f"  {'sum':<22} {statistics.median(sum(r.values()) for r in per_round):8.1f}")
+
+
+BATCH_STEPS = ("decode", "authorize, checks and clipping", "reserve", "draw", "commit", "encode")
+
+
+def print_batch_steps(
+    servicer: Any, ledger: Any, decode: Any, caller: Any, rounds: list[list[bytes]], size: int
+) -> None:
+    """Each step of a SelectBatch in this one thread, CPU per selection (``time.process_time``),
+    the median over the rounds."""
+    from recsvc.ledger import Drawn
+    from recsvc.rng import thread_csprng
+    from recsvc.service.batch import draw_many, items_of
+    from recsvc.service.selection import Selected
+
+    clock, sel = time.process_time, servicer.selector
+    per_round = []
+    for bodies in rounds:
+        total = dict.fromkeys(BATCH_STEPS, 0.0)
+        for body in bodies:
+            t0 = clock()
+            req = decode(body)
+            t1 = clock()
+            batch = servicer.price_batch(caller, req).value
+            prepared = list(batch.prepared.values())
+            t2 = clock()
+            with ledger.reserve_batch(items_of(prepared)) as reserved:
+                todo = [prepared[i] for i in reserved.todo]
+                t3 = clock()
+                picked = draw_many(sel, todo, thread_csprng())
+                drawn = [Drawn(*p.answer(s)) for p, s in zip(todo, picked, strict=True)]
+                t4 = clock()
+                charged = ledger.commit_batch(reserved, drawn)
+            t5 = clock()
+            outcomes: list[Any] = list(batch.outcomes)
+            for (i, p), c in zip(batch.prepared.items(), charged, strict=True):
+                outcomes[i] = (p, Selected(c.answer, p.request_id, c.replayed))
+            servicer._encode_batch(outcomes)
+            t6 = clock()
+            for step, span in zip(BATCH_STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
+                total[step] += span
+        per_round.append({step: total[step] / (len(bodies) * size) * 1e6 for step in BATCH_STEPS})
+    print("each step of a SelectBatch, CPU µs per selection (median of rounds):")
+    for step in BATCH_STEPS:
+        print(f"  {step:<32} {statistics.median(r[step] for r in per_round):8.1f}")
+    print(f"  {'sum':<32} {statistics.median(sum(r.values()) for r in per_round):8.1f}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ batch, per-item outcomes and exact charges (through a real gRPC channel)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 from randomgen import ChaCha
 from scipy import stats
 
-from recsvc.mechanisms import MechanismInputError, probabilities, select, select_rows
+from recsvc.mechanisms import MechanismInputError, ValidSlate, probabilities, select, select_rows
 from recsvc.service import batch as batch_module
 from recsvc.service.client import Client
 from recsvc.service.requests import Prepared, draw
@@ -80,36 +79,21 @@ def test_vectorised_batch_draws_equal_the_per_item_draws(client: Client, server:
     assert len(slates[-1]) == 3
 
 
-def test_a_batch_prepared_together_is_drawn_from_its_clipped_columns_without_a_copy(
+def test_a_batch_prepared_together_is_validated_and_drawn_as_its_items_alone(
     client: Client, server: ServerHandle
 ) -> None:
-    """prepare_selects clips a batch as ONE array: the draw reads it in place, with the same answers."""
+    """prepare_selects checks a batch's items of one mechanism together (valid_slates): each
+    item's checked inputs and its draw are those of the same request prepared alone."""
     reqs = [
         client.select_request(f"view-{i}", candidates(9 + i, seed=i), mechanism="rnm", epsilon=0.5 + i)
         for i in range(5)
     ]
     prepared = server.servicer.prepare_selects(reqs)
-    for column in ("scores", "sensitivities"):
-        whole = batch_module.joined(prepared, column)
-        assert whole.base is getattr(prepared[0], column).base and whole.size == sum(p.scores.size for p in prepared)
-        assert whole.tolist() == np.concatenate([getattr(p, column) for p in prepared]).tolist()
-    tail = batch_module.joined(prepared[1:], "scores")  # a replayed first item: still in place
-    assert (
-        tail.base is prepared[0].scores.base
-        and tail.tolist() == np.concatenate([p.scores for p in prepared[1:]]).tolist()
-    )
-    for apart in ([prepared[0], prepared[2]], [prepared[1], prepared[0]]):  # not adjacent, not in order: a copy
-        got = batch_module.joined(apart, "scores")
-        assert got.base is None and got.tolist() == apart[0].scores.tolist() + apart[1].scores.tolist()
-    whole = np.arange(40.0)
-    inner = whole[5:]  # adjacent slices of a view: read in place at their addresses in the base
-    moved = [dataclasses.replace(p, scores=inner[s : s + 2]) for p, s in zip(prepared[:2], (0, 2), strict=False)]
-    got = batch_module.joined(moved, "scores")
-    assert got.base is whole and got.tolist() == [5.0, 6.0, 7.0, 8.0]
-    # Each starts where the one before would end if it were contiguous, but they are strided: a copy.
-    strided = [dataclasses.replace(p, scores=whole[s : s + 4 : 2]) for p, s in zip(prepared[:2], (0, 2), strict=False)]
-    got = batch_module.joined(strided, "scores")
-    assert got.base is None and got.tolist() == [0.0, 2.0, 2.0, 4.0]
+    for p, r in zip(prepared, reqs, strict=True):
+        alone = server.servicer.prepare_select(r)
+        assert isinstance(p, Prepared) and isinstance(p.valid, ValidSlate) and isinstance(alone.valid, ValidSlate)
+        assert p.valid.q.tolist() == alone.valid.q.tolist() == p.scores.tolist()
+        assert (p.valid.eps_step, p.valid.k, p.valid.values) == (alone.valid.eps_step, 1, alone.valid.values)
     batch = batch_module.draw_many(server.servicer.selector, prepared, _gen(5))
     g = _gen(5)
     assert _slates(batch) == [draw(p, g).tolist() for p in prepared]
@@ -144,17 +128,17 @@ def test_mixed_batch_outcomes_charges_and_retry(
     client: Client, server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     draws: list[str] = []
-    real_rows, real_draw = batch_module.select_rows, batch_module.draw
+    real_rows, real_draw = batch_module.draw_rows, batch_module.draw
 
-    def counting_rows(name: str, *a: Any, **k: Any) -> np.ndarray:
-        draws.extend([name] * len(a[2]))  # a[2]: the row lengths, one per item
-        return real_rows(name, *a, **k)
+    def counting_rows(valid: Sequence[ValidSlate], rng: np.random.Generator) -> np.ndarray:
+        draws.extend(v.mechanism for v in valid)
+        return real_rows(valid, rng)
 
     def counting_draw(p: Prepared, *a: Any) -> np.ndarray:
         draws.append(p.mechanism)
         return real_draw(p, *a)
 
-    monkeypatch.setattr(batch_module, "select_rows", counting_rows)
+    monkeypatch.setattr(batch_module, "draw_rows", counting_rows)
     monkeypatch.setattr(batch_module, "draw", counting_draw)
     cands = candidates(10)
     earlier = client.select("mix-a", cands, mechanism="rnm", epsilon=0.5, request_id="old")
@@ -259,3 +243,23 @@ def test_select_batch_on_the_postgresql_store_charges_each_item_once(
         assert [r.response.item_id for r in again] == [r.response.item_id for r in results[:3]]
         u = h.ledger.user("pg-batch")
         assert (u.requests, u.spent_units) == (3, 3 * 10**12)
+
+
+def test_select_rows_decides_a_tied_row_exactly_after_every_rows_cells() -> None:
+    """Row 0's two equal scores get the same cell: its floats cannot order them, so its race
+    takes 64 more bits of each uniform (the words after row 1's cells), and the smaller uniform
+    (the larger −ln U) wins, as the same row alone decides it on the same words."""
+    from recsvc.mechanisms.noisy_max import rnm_rows, rnm_sample
+    from recsvc.mechanisms.testing import Words
+
+    tie, low, high = 2**62, 3 << 60, 5 << 60  # row 0's cell; candidate 1's extra bits are the smaller
+    row1 = [2**61, 2**63, 2**60]
+    q, d = np.array([0.5, 0.5, 0.1, 0.9, 0.4]), np.ones(5)
+    words = Words([tie, tie, *row1, high, low])
+    got = rnm_rows(q, d, np.array([2, 3]), np.array([1.0, 1.0]), {}, words)  # type: ignore[arg-type]  # words
+    alone = [
+        int(rnm_sample(q[:2], d[:2], 1.0, {}, Words([tie, tie, high, low]), 1)[0]),  # type: ignore[arg-type]  # words
+        int(rnm_sample(q[2:], d[2:], 1.0, {}, Words(row1), 1)[0]),  # type: ignore[arg-type]  # words
+    ]
+    assert got.tolist() == alone and alone[0] == 1
+    assert words.words == []  # every planned word was read, none more

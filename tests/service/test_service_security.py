@@ -8,7 +8,6 @@ import urllib.request
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 
 from recsvc.service.client import Client
@@ -174,14 +173,14 @@ def test_internal_errors_are_logged_without_their_message(
     import recsvc.service.batch as batch_module
     import recsvc.service.requests as requests_module
 
-    def failing_select(name, scores, *args, **kwargs):
-        raise RuntimeError(f"cannot select from {np.asarray(scores).tolist()}")
+    def failing_rows(valid, rng):
+        raise RuntimeError(f"cannot select from {valid[0].q.tolist()}")
 
     def failing_draw(v, rng):
         raise RuntimeError(f"cannot select from {v.q.tolist()}")
 
     monkeypatch.setattr(requests_module, "draw_slate", failing_draw)
-    monkeypatch.setattr(batch_module, "select_rows", failing_select)  # SelectBatch's vectorised draw
+    monkeypatch.setattr(batch_module, "draw_rows", failing_rows)  # SelectBatch's draw of its rnm items
     scores = [("it1", 0.5918273645), ("it2", 0.25)]
     with caplog.at_level(logging.DEBUG):
         h = start(ServerConfig.of(artifacts=artifact, port=0, ledger=tmp_path / "l.db", budget=3.0))
