@@ -163,8 +163,10 @@ class Selection:
     allow_non_private: bool = False  # accept rnmh (NOT differentially private)
     # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
     # the γ floor) is drawn by a pool of heavy_draw_threads threads at the lowest CPU priority,
-    # outside the ledger's lock, so floods of such requests cannot slow other users down.
-    heavy_draws: int = 50_000
+    # outside the ledger's lock, so floods of such requests cannot slow other users down. 10⁵
+    # draws are about 3 ms of work (rs at γ = 1e-5); the hop to that pool costs 1.2-1.7 ms, so work
+    # below this would spend a third of its time or more on the hop (docs/performance.md).
+    heavy_draws: int = 100_000
     heavy_draw_threads: int = 1
     # Heavy calls wait for that pool in a bounded queue, never in a request thread: beyond
     # heavy_queue calls in all, or heavy_per_principal of one principal, → RESOURCE_EXHAUSTED.

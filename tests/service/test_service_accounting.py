@@ -155,7 +155,7 @@ def test_only_a_lone_light_select_runs_on_the_event_loop(
 def test_heavy_draws_run_in_the_lowest_priority_pool(
     fresh_client: Client, fresh_server: ServerHandle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """rs at γ = 1e-5 (≈ 10⁵ draws, above --heavy-draws 50,000) is drawn by a draw process at
+    """rs at γ = 5e-6 (≈ 2·10⁵ draws, above --heavy-draws 100,000) is drawn by a draw process at
     nice 19 (it shares no GIL with the server); rs at the default γ (≈ 125 draws, but a length
     γ sets) by a request thread; rnm, a lone light call, on the event loop; both at normal priority."""
     import psutil
@@ -175,7 +175,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
 
     monkeypatch.setattr(requests_module, "draw_slate", select)
     cands = candidates()
-    heavy = fresh_client.select("h", cands, mechanism="rs", epsilon=0.5, gamma=1e-5)
+    heavy = fresh_client.select("h", cands, mechanism="rs", epsilon=0.5, gamma=5e-6)
     fresh_client.select("h", cands, mechanism="rs", epsilon=0.5)
     fresh_client.select("h", cands, mechanism="rnm", epsilon=0.5)
     base = os.getpriority(os.PRIO_PROCESS, 0)  # this (main) thread's nice value, which the rpc threads share
@@ -196,7 +196,7 @@ def test_heavy_draws_run_in_the_lowest_priority_pool(
         ),
         ({"budget": 1e-13}, r"^budget must lie in \[1e-12, "),
         ({"heavy_draws": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 0 and 1$"),
-        ({"heavy_draw_threads": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 50000 and 0$"),
+        ({"heavy_draw_threads": 0}, r"^heavy_draws and heavy_draw_threads must be >= 1, got 100000 and 0$"),
     ],
 )
 def test_budget_and_heavy_draw_knobs_are_checked(tmp_path: Path, over: dict, message: str) -> None:

@@ -115,7 +115,7 @@ def input_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     from recsvc.mechanisms import validation
 
     seen: list[str] = []
-    for name in ("_one_user", "_summary"):
+    for name in ("_one_user", "_summary", "_summary_rows"):
         real = getattr(validation, name)
 
         def counted(*a: Any, _real: Any = real, _name: str = name) -> Any:
@@ -129,8 +129,9 @@ def input_checks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_a_select_and_each_batch_item_are_checked_once_from_prepare_to_answer(
     selector: Selector, tmp_path: Path, input_checks: list[str]
 ) -> None:
-    """prepare checks the scores once (the mechanisms' own check, into the Prepared's record);
-    reserve, draw and commit check nothing again, for a one-item and a peeled slate alike."""
+    """prepare checks the scores once (the mechanisms' own check, into the Prepared's record; a
+    batch's items of one mechanism in one pass); reserve, draw and commit check nothing again,
+    for a one-item and a peeled slate alike."""
     from recsvc.service.batch import execute_batch
     from recsvc.service.requests import Columns, Prepared, Selected, SelectInput
 
@@ -152,7 +153,7 @@ def test_a_select_and_each_batch_item_are_checked_once_from_prepare_to_answer(
         prepared = selector.prepare_many(inputs, Columns.of(raws, []))
         ready = [p for p in prepared if isinstance(p, Prepared)]
         answers = [a for a in execute_batch(selector, ledger, ready) if isinstance(a, Selected)]
-        assert input_checks == ["_one_user", "_summary"] * 3  # once per item, in prepare
+        assert input_checks == ["_one_user", "_summary_rows"]  # the three items' rows at once, in prepare
         assert [len(a.answer.item_ids) for a in answers] == [2, 2, 2]
     finally:
         ledger.close()
