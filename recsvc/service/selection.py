@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
@@ -38,7 +37,7 @@ from recsvc.mechanisms.slate import native_peel_work, slate_split
 from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable, population_median, resolve_auto
 from recsvc.rng import thread_csprng
-from recsvc.service.catalog import Catalog, Recommender, RowIds, short
+from recsvc.service.catalog import BAD_ROW, DUPLICATE, NONFINITE, Catalog, Recommender, RowIds, short
 from recsvc.service.config import AUTO, CANDIDATE_MECHANISMS, Policy
 from recsvc.service.draws import HeavyDraws
 from recsvc.service.errors import InvalidRequest, Unavailable
@@ -135,7 +134,6 @@ class Selector:
         self.recommender: Recommender | None = None
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
-        self._local = threading.local()
         self._valid: dict[tuple, str] = {}
         self.heavy = HeavyDraws(policy.selection.heavy_draws, policy.selection.heavy_draw_threads)
 
@@ -208,16 +206,6 @@ class Selector:
         if self.table_applies(candidates):
             params = {**params, **{p: v for p, v in self.auto_params.items() if params.get(p) is None}}
         return chosen, params
-
-    def _has_duplicates(self, rows: np.ndarray) -> bool:
-        """O(n) check without sorting (np.sort releases the GIL, another needless hand-off):
-        write each candidate's position at its row; a row given twice keeps only the later one."""
-        slot = getattr(self._local, "slot", None)
-        if slot is None:  # per thread; never needs clearing, every read slot was just written
-            slot = self._local.slot = np.empty(len(self.catalog.item_ids), np.int64)
-        pos = np.arange(rows.size)
-        slot[rows] = pos
-        return bool((slot[rows] != pos).any())
 
     def slate_size(self, k: int, candidates: int, epsilon: float, what: str) -> int:
         """The slate size a request asks for (0 → 1), within the candidates and the server's maximum."""
@@ -308,9 +296,8 @@ class Selector:
             )
         return name, self.slate_size(x.k, n, eps, "candidates")
 
-    def _duplicate(self, x: SelectInput, rows: np.ndarray) -> InvalidRequest | None:
-        if not self._has_duplicates(rows):  # the same item twice (ids map 1:1 to rows)
-            return None
+    def _duplicate(self, x: SelectInput, rows: np.ndarray) -> InvalidRequest:
+        """The refusal of a request that names an item twice, with the first repeated one."""
         if x.item_ids is None:
             _, first = np.unique(rows, return_index=True)
             dup = int(rows[np.setdiff1d(np.arange(rows.size), first)[0]])
@@ -334,36 +321,29 @@ class Selector:
         span = [(e - n, e) for e, n in zip(ends, cols.lengths.tolist(), strict=False)]
         by_id = [x.item_ids is not None for x in inputs]
         rows = cols.rows if not any(by_id) else self._rows(inputs, cols, by_id)
-        finite = np.isfinite(cols.raw)
-        bad = (rows < 0) | (rows >= len(self.catalog.item_ids))
-        given, suspects = rows, set()
-        if not finite.all() or bad.any():  # which inputs to refuse; the messages below are Select's
-            seg = np.repeat(np.arange(len(inputs)), cols.lengths)
-            suspects = set(np.unique(seg[~finite | bad]).tolist())
-            rows = np.where(bad, 0, rows)  # the refused inputs' rows, so that the clip below can run
+        screened = self.catalog.screen(rows, cols.raw, cols.lengths)  # clipped, and what is wrong, in one pass
+        q, sens, flags = screened.scores, screened.sensitivities, screened.flags.tolist()
         for i in list(checked):
             x, (s, e) = inputs[i], span[i]
             try:
-                if i in suspects and not finite[s:e].all():
-                    nonfinite = np.flatnonzero(~finite[s:e])
+                if flags[i] & NONFINITE:
+                    nonfinite = np.flatnonzero(~np.isfinite(cols.raw[s:e]))
                     raise InvalidRequest(
                         f"{nonfinite.size} candidate score(s) are NaN or infinite (first: "
                         f"candidate #{int(nonfinite[0])}); expected finite scores"
                     )
                 self.catalog.check_version(x.catalog_version, required=x.item_ids is None)
-                if i in suspects and bad[s:e].any():
+                if flags[i] & BAD_ROW:
                     raise (
-                        self.catalog.bad_row(given[s:e])
+                        self.catalog.bad_row(rows[s:e])
                         if x.item_ids is None
-                        else self.catalog.unknown_id(x.item_ids, given[s:e])
+                        else self.catalog.unknown_id(x.item_ids, rows[s:e])
                     )
-                dup = self._duplicate(x, rows[s:e])
-                if dup is not None:
-                    raise dup
+                if flags[i] & DUPLICATE:  # the same item twice (ids map 1:1 to rows)
+                    raise self._duplicate(x, rows[s:e])
             except Exception as exc:
                 out[i] = exc
                 del checked[i]
-        q, sens = self.catalog.clip(rows, cols.raw)
         groups: dict[tuple, list[int]] = {}  # items that run one mechanism with one k and parameters
         resolved: dict[int, tuple[str, Mapping[str, float | None], int]] = {}
         for i, (name, kk) in checked.items():

@@ -175,3 +175,26 @@ def test_a_two_stage_recommend_is_checked_once_from_prepare_to_answer(tmp_path: 
         assert input_checks == ["_one_user", "_summary"] and len(got.answer.item_ids) == 2
     finally:
         ledger.close()
+
+
+def test_the_catalog_screen_clips_as_np_clip_and_flags_each_request_alone(selector: Selector) -> None:
+    """One compiled pass over three requests' candidates: np.clip's values and each item's Δ,
+    and per request whether a score is not finite, a row is outside the catalog, or a row repeats
+    (within that request only: another request, or a later call, may name the same row)."""
+    from recsvc.service.catalog import BAD_ROW, DUPLICATE, NONFINITE
+
+    cat = selector.catalog
+    n = len(cat.item_ids)
+    rng = np.random.default_rng(3)
+    good = rng.choice(n, 6, replace=False)
+    rows = np.concatenate([good, good[:3], [good[0], n, good[1], good[1]], [good[2], good[2]]])
+    raw = rng.normal(0, 2, rows.size)
+    raw[9] = np.nan
+    lengths = np.array([6, 3, 4, 2])
+    first = cat.screen(rows, raw, lengths)
+    assert first.flags.tolist() == [0, 0, NONFINITE | BAD_ROW | DUPLICATE, DUPLICATE]
+    ok = np.r_[0:9]
+    assert first.scores[ok].tolist() == np.clip(raw[ok], cat.lo[rows[ok]], cat.hi[rows[ok]]).tolist()
+    assert first.sensitivities[ok].tolist() == cat.sensitivity[rows[ok]].tolist()
+    again = cat.screen(rows[:6], raw[:6], lengths[:1])  # the same rows in a later call: no repeat
+    assert again.flags.tolist() == [0] and again.scores.tolist() == first.scores[:6].tolist()
