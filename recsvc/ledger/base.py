@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
@@ -85,16 +85,19 @@ Accounts = dict[str, Account]
 NO_WAIT: ContextVar[bool] = ContextVar("recsvc_ledger_no_wait", default=False)
 
 
-@contextmanager
-def without_waiting() -> Iterator[None]:
+class without_waiting:  # lower case: it reads as a call, ``with without_waiting():``
     """Within it, a commit that would wait for a lock another process or thread holds raises
     :class:`~recsvc.ledger.errors.WouldWait` instead, nothing stored or spent (SQLite; a drawn
-    sample is discarded unreleased). The service runs a lone call on the event loop this way."""
-    token = NO_WAIT.set(True)
-    try:
-        yield
-    finally:
-        NO_WAIT.reset(token)
+    sample is discarded unreleased). The service runs a lone call on the event loop this way
+    (a class, not a generator: it is entered on every lone call)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = NO_WAIT.set(True)
+
+    def __exit__(self, *exc: object) -> None:
+        NO_WAIT.reset(self._token)
 
 
 def is_postgres(ledger: object) -> bool:

@@ -32,6 +32,7 @@ one encoding of an answer, fresh or replayed).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -324,8 +325,13 @@ def fingerprint(kind: bytes, req: Any) -> bytes:
 def params(req: Any) -> dict[str, float | None]:
     """The request's mechanism parameters (None: the mechanism's default); every registered
     parameter that the message has a field for."""
-    fields_ = req.DESCRIPTOR.fields_by_name
-    return {name: getattr(req, name) if req.HasField(name) else None for name in PARAM_NAMES if name in fields_}
+    return {name: getattr(req, name) if req.HasField(name) else None for name in _param_fields(req.DESCRIPTOR)}
+
+
+@functools.cache
+def _param_fields(descriptor: Any) -> tuple[str, ...]:
+    """The registered parameters a message type has a field for, in registry order (once per type)."""
+    return tuple(name for name in PARAM_NAMES if name in descriptor.fields_by_name)
 
 
 def select_input(req: pb.SelectRequest) -> tuple[SelectInput, np.ndarray, np.ndarray | None]:

@@ -374,6 +374,7 @@ class Gate(grpc.aio.ServerInterceptor):
         streams = streaming or handler.response_streaming
         pool = self.pool_of(method, streams)
         inflight = Pool(self.admission.bytes, "request bytes", "--max-inflight-bytes")
+        name = _short(method)
 
         async def gated(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> Any:
             key, held = "", 0
@@ -392,7 +393,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 self._take(inflight, method, key, caller, len(raw))
                 held = len(raw)
                 if observed:
-                    return await self._observe(method, behaviour, decode, raw, caller, key)
+                    return await self._observe(method, name, behaviour, decode, raw, caller, key)
                 result = behaviour(self._decode(decode, raw, method, _REFUSING), context)
                 if streams:
                     return await self._stream(context, method, result)
@@ -412,6 +413,7 @@ class Gate(grpc.aio.ServerInterceptor):
     async def _observe(
         self,
         method: str,
+        name: str,
         case: UseCase[Any, Any, Any],
         decode: Callable[[bytes], Any] | None,
         raw: bytes,
@@ -420,7 +422,6 @@ class Gate(grpc.aio.ServerInterceptor):
     ) -> Any:
         """Steps 7 and 8: decode → prepare (validated once, priced) → the pool its price chooses →
         run → the response message; the outcome mapped to its status and counted."""
-        name = _short(method)
         t0 = time.perf_counter()
         code, mechanism, counted = grpc.StatusCode.OK, "", True
         assert self.pool is not None, "the gate needs the request threads to run a method"
