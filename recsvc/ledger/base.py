@@ -44,7 +44,6 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
@@ -66,7 +65,7 @@ from recsvc.ledger.charging import (
     verdict,
 )
 from recsvc.ledger.errors import LedgerError
-from recsvc.ledger.group_commit import Flights, GroupCommit, Queued
+from recsvc.ledger.group_commit import Flights, GroupCommit, Queued, Turns
 from recsvc.ledger.units import charge_units, to_epsilon
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
@@ -135,13 +134,13 @@ class Reservation:
     with what was drawn (:meth:`Ledger.commit`), then release it, drawn or not; as a context
     manager it is released on exit. Nothing is written until the commit."""
 
-    def __init__(self, pending: Pending, turn: ExitStack) -> None:
+    def __init__(self, pending: Pending, turn: Turns) -> None:
         self.pending = pending
         self._turn = turn
 
     def release(self) -> None:
         """Ends the request's turn (idempotent): a waiting duplicate then finds its stored answer."""
-        self._turn.close()
+        self._turn.release()
 
     def __enter__(self) -> Reservation:
         return self
@@ -156,7 +155,7 @@ class BatchReservation:
     items to draw, whose indices are ``todo`` in order. Released like a :class:`Reservation`."""
 
     def __init__(
-        self, pending: dict[int, Pending], outcomes: list[Charge | Exception | None], todo: list[int], turn: ExitStack
+        self, pending: dict[int, Pending], outcomes: list[Charge | Exception | None], todo: list[int], turn: Turns
     ) -> None:
         self.pending = pending
         self.outcomes = outcomes
@@ -164,7 +163,7 @@ class BatchReservation:
         self._turn = turn
 
     def release(self) -> None:
-        self._turn.close()
+        self._turn.release()
 
     def __enter__(self) -> BatchReservation:
         return self
@@ -280,15 +279,14 @@ class Ledger(abc.ABC):
         :class:`~recsvc.ledger.errors.BudgetExceeded` or
         :class:`~recsvc.ledger.errors.RequestConflict`; writes nothing."""
         p = Pending(user_id, request_id, self.fingerprint(digest), charge_units(epsilon), mechanism)
-        turn = ExitStack()
-        turn.enter_context(self._flights.one_at_a_time((user_id, request_id)))
+        turn = self._flights.take(((user_id, request_id),))
         try:
             done = self._precheck(p)
         except BaseException:
-            turn.close()
+            turn.release()
             raise
         if done is not None:
-            turn.close()
+            turn.release()
             return Replay(done.answer)
         return Reservation(p, turn)
 
@@ -329,13 +327,11 @@ class Ledger(abc.ABC):
                 out[i] = exc
                 continue
             pending[i] = Pending(it.user_id, it.request_id, self.fingerprint(it.digest), units, it.mechanism)
-        turn = ExitStack()
+        turn = self._flights.take(sorted({(p.user_id, p.request_id) for p in pending.values()}))
         try:
-            for key in sorted({(p.user_id, p.request_id) for p in pending.values()}):
-                turn.enter_context(self._flights.one_at_a_time(key))
             todo = self._precheck_batch(pending, out)
         except BaseException:
-            turn.close()
+            turn.release()
             raise
         return BatchReservation(pending, out, todo, turn)
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,24 +31,60 @@ class Flights:
         self._lock = threading.Lock()
 
     def waiting(self, key: tuple[str, str]) -> int:
-        """Callers of ``key`` inside or queued for :meth:`one_at_a_time` (for tests)."""
+        """Callers of ``key`` holding or waiting for its turn (:meth:`take`; for tests)."""
         with self._lock:
             flight = self._flights.get(key)
             return 0 if flight is None else flight.callers
 
-    @contextmanager
-    def one_at_a_time(self, key: tuple[str, str]) -> Iterator[None]:
-        with self._lock:
-            flight = self._flights.setdefault(key, _Flight())
-            flight.callers += 1
+    def take(self, keys: Iterable[tuple[str, str]]) -> Turns:
+        """The turns of ``keys``, taken in the order given (callers that take several sort them,
+        so two never wait on each other in a cycle); released by :meth:`Turns.release`. A key
+        given twice is taken once."""
+        turns = Turns(self)
         try:
-            with flight.lock:
-                yield
-        finally:
-            with self._lock:
-                flight.callers -= 1
-                if flight.callers == 0:
-                    del self._flights[key]
+            for key in keys:
+                if key in turns.held:
+                    continue
+                with self._lock:
+                    flight = self._flights.setdefault(key, _Flight())
+                    flight.callers += 1
+                turns.queued(key, flight)
+                flight.lock.acquire()
+                turns.held[key] = flight
+        except BaseException:
+            turns.release()
+            raise
+        return turns
+
+    def _leave(self, key: tuple[str, str], flight: _Flight) -> None:
+        with self._lock:
+            flight.callers -= 1
+            if flight.callers == 0:
+                del self._flights[key]
+
+
+class Turns:
+    """The per-key turns one caller holds (:meth:`Flights.take`); :meth:`release` ends them,
+    once, however often it is called."""
+
+    __slots__ = ("_flights", "_waiting", "held")
+
+    def __init__(self, flights: Flights) -> None:
+        self._flights = flights
+        self._waiting: tuple[tuple[str, str], _Flight] | None = None  # counted, its lock not yet held
+        self.held: dict[tuple[str, str], _Flight] = {}
+
+    def queued(self, key: tuple[str, str], flight: _Flight) -> None:
+        self._waiting = (key, flight)
+
+    def release(self) -> None:
+        held, self.held = self.held, {}
+        waiting, self._waiting = self._waiting, None
+        for key, flight in held.items():
+            flight.lock.release()
+            self._flights._leave(key, flight)
+        if waiting is not None and waiting[0] not in held:  # interrupted while waiting for its lock
+            self._flights._leave(*waiting)
 
 
 class GroupCommit:

@@ -24,7 +24,6 @@ import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from itertools import chain
 
 import numpy as np
 import scipy.sparse as sp
@@ -392,7 +391,7 @@ class Selector:
     def _rows(self, inputs: Sequence[SelectInput], cols: Columns, by_id: list[bool]) -> np.ndarray:
         """Every candidate's catalog row: the id-encoded inputs' ids mapped in ONE pass (−1: unknown)."""
         id_inputs = [x.item_ids for x in inputs if x.item_ids is not None]
-        mapped = self.catalog.rows(chain.from_iterable(id_inputs), sum(map(len, id_inputs)))
+        mapped = self.catalog.rows(*id_inputs)
         if all(by_id):
             return mapped
         rows = np.empty(cols.raw.size, np.int64)

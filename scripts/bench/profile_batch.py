@@ -150,7 +150,7 @@ def print_steps(servicer: Any, ledger: Any, decode: Any, rounds: list[list[bytes
             ids = x.item_ids
             assert ids is not None  # the benchmark's Selects name their candidates by id
             t2 = clock()
-            sel.catalog.rows(ids, len(ids))  # timed alone; the checks below map them again
+            sel.catalog.rows(ids)  # timed alone; the checks below map them again
             t3 = clock()
             p = sel.prepare_many([x], Columns.of([raw], []))[0]
             t4 = clock()

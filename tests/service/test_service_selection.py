@@ -198,3 +198,9 @@ def test_the_catalog_screen_clips_as_np_clip_and_flags_each_request_alone(select
     assert first.sensitivities[ok].tolist() == cat.sensitivity[rows[ok]].tolist()
     again = cat.screen(rows[:6], raw[:6], lengths[:1])  # the same rows in a later call: no repeat
     assert again.flags.tolist() == [0] and again.scores.tolist() == first.scores[:6].tolist()
+
+
+def test_catalog_rows_maps_several_requests_ids_with_minus_one_for_an_unknown_one(selector: Selector) -> None:
+    ids = selector.catalog.item_ids
+    assert selector.catalog.rows([ids[3], ids[0]], [ids[7]]).tolist() == [3, 0, 7]
+    assert selector.catalog.rows([ids[3], "no-such-item"], [ids[7]]).tolist() == [3, -1, 7]  # the slow path's answer
