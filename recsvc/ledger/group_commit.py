@@ -41,19 +41,19 @@ class Flights:
         so two never wait on each other in a cycle); released by :meth:`Turns.release`. A key
         given twice is taken once."""
         turns = Turns(self)
-        try:
-            for key in keys:
-                if key in turns.held:
-                    continue
-                with self._lock:
-                    flight = self._flights.setdefault(key, _Flight())
-                    flight.callers += 1
-                turns.queued(key, flight)
+        for key in keys:
+            if key in turns.held:
+                continue
+            with self._lock:
+                flight = self._flights.setdefault(key, _Flight())
+                flight.callers += 1
+            try:
                 flight.lock.acquire()
-                turns.held[key] = flight
-        except BaseException:
-            turns.release()
-            raise
+            except BaseException:  # interrupted while waiting: not held, no longer waiting
+                self._leave(key, flight)
+                turns.release()
+                raise
+            turns.held[key] = flight
         return turns
 
     def _leave(self, key: tuple[str, str], flight: _Flight) -> None:
@@ -67,24 +67,17 @@ class Turns:
     """The per-key turns one caller holds (:meth:`Flights.take`); :meth:`release` ends them,
     once, however often it is called."""
 
-    __slots__ = ("_flights", "_waiting", "held")
+    __slots__ = ("_flights", "held")
 
     def __init__(self, flights: Flights) -> None:
         self._flights = flights
-        self._waiting: tuple[tuple[str, str], _Flight] | None = None  # counted, its lock not yet held
         self.held: dict[tuple[str, str], _Flight] = {}
-
-    def queued(self, key: tuple[str, str], flight: _Flight) -> None:
-        self._waiting = (key, flight)
 
     def release(self) -> None:
         held, self.held = self.held, {}
-        waiting, self._waiting = self._waiting, None
         for key, flight in held.items():
             flight.lock.release()
             self._flights._leave(key, flight)
-        if waiting is not None and waiting[0] not in held:  # interrupted while waiting for its lock
-            self._flights._leave(*waiting)
 
 
 class GroupCommit:

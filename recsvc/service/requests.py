@@ -176,23 +176,8 @@ def validated_rows(
     allow_non_private: bool,
 ) -> list[ValidSlate | Exception]:
     """:func:`validated` for requests that run one mechanism with one k and parameters, each its
-    checks' outcome: :func:`recsvc.mechanisms.valid_slates` on all their rows at once (one
-    request: ``valid_slate``). A bad mechanism or parameter refuses every request."""
-    if len(scores) == 1:
-        try:
-            return [
-                valid_slate(
-                    mechanism,
-                    scores[0],
-                    sensitivities[0],
-                    epsilons[0],
-                    k,
-                    allow_non_private=allow_non_private,
-                    **params,
-                )
-            ]
-        except Exception as exc:
-            return [exc]
+    checks' outcome: :func:`recsvc.mechanisms.valid_slates` on all their rows at once. A bad
+    mechanism or parameter refuses every request."""
     lengths = np.fromiter(map(len, scores), np.int64, len(scores))
     try:
         return list(

@@ -343,8 +343,8 @@ class Selector:
             except Exception as exc:
                 out[i] = exc
                 del checked[i]
-        groups: dict[tuple, list[int]] = {}  # items that run one mechanism with one k and parameters
-        resolved: dict[int, tuple[str, Mapping[str, float | None], int]] = {}
+        # items that run one mechanism with one k and parameters: their parameters and indices
+        groups: dict[tuple, tuple[Mapping[str, float | None], list[int]]] = {}
         for i, (name, kk) in checked.items():
             x, (s, e) = inputs[i], span[i]
             try:
@@ -353,10 +353,8 @@ class Selector:
             except Exception as exc:
                 out[i] = exc
                 continue
-            resolved[i] = (name, params, kk)
-            groups.setdefault((name, kk, tuple(params.items())), []).append(i)
-        for (name, kk, _), members in groups.items():
-            params = resolved[members[0]][1]
+            groups.setdefault((name, kk, tuple(params.items())), (params, []))[1].append(i)
+        for (name, kk, _), (params, members) in groups.items():
             valids = validated_rows(
                 name,
                 kk,

@@ -167,10 +167,10 @@ def print_steps(servicer: Any, ledger: Any, decode: Any, rounds: list[list[bytes
             for step, span in zip(STEPS, spans, strict=True):
                 total[step] += span
         per_round.append({step: total[step] / len(bodies) * 1e6 for step in STEPS})
-    print("each step of a lone Select, CPU µs per call (median of rounds; 'checks and clipping' excludes ids → rows):")
-    for step in STEPS:
-        print(f"  {step:<22} {statistics.median(r[step] for r in per_round):8.1f}")
-    print(f"  {'sum':<22} {statistics.median(sum(r.values()) for r in per_round):8.1f}")
+    print_table(
+        "each step of a lone Select, CPU µs per call (median of rounds; 'checks and clipping' excludes ids → rows):",
+        per_round,
+    )
 
 
 BATCH_STEPS = ("decode", "authorize, checks and clipping", "reserve", "draw", "commit", "encode")
@@ -213,10 +213,16 @@ def print_batch_steps(
             for step, span in zip(BATCH_STEPS, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
                 total[step] += span
         per_round.append({step: total[step] / (len(bodies) * size) * 1e6 for step in BATCH_STEPS})
-    print("each step of a SelectBatch, CPU µs per selection (median of rounds):")
-    for step in BATCH_STEPS:
-        print(f"  {step:<32} {statistics.median(r[step] for r in per_round):8.1f}")
-    print(f"  {'sum':<32} {statistics.median(sum(r.values()) for r in per_round):8.1f}")
+    print_table("each step of a SelectBatch, CPU µs per selection (median of rounds):", per_round)
+
+
+def print_table(title: str, per_round: list[dict[str, float]]) -> None:
+    """Each step's median over the rounds (the rounds' dicts in step order), then their sum's."""
+    width = max(map(len, per_round[0])) + 2
+    print(title)
+    for step in per_round[0]:
+        print(f"  {step:<{width}} {statistics.median(r[step] for r in per_round):8.1f}")
+    print(f"  {'sum':<{width}} {statistics.median(sum(r.values()) for r in per_round):8.1f}")
 
 
 if __name__ == "__main__":

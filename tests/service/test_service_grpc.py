@@ -195,13 +195,15 @@ def test_mechanism_parameters_reach_the_mechanism_from_the_client_and_the_comman
     from recsvc.app.cli import main as recsvc_main
 
     seen: list[tuple[str, dict]] = []
-    real_slate = requests_module.valid_slate  # every served selection (k = 1 included) is checked by it
+    # every served selection (k = 1 included) is checked by one of them: Select's by valid_slates
+    for check in ("valid_slate", "valid_slates"):
+        real = getattr(requests_module, check)
 
-    def spied(name: str, *a: Any, **k: Any) -> Any:
-        seen.append((name, k))
-        return real_slate(name, *a, **k)
+        def spied(name: str, *a: Any, _real: Any = real, **k: Any) -> Any:
+            seen.append((name, k))
+            return _real(name, *a, **k)
 
-    monkeypatch.setattr(requests_module, "valid_slate", spied)
+        monkeypatch.setattr(requests_module, check, spied)
 
     def given(kw: dict[str, object]) -> dict[str, object]:
         return {p: v for p, v in kw.items() if p in ("beta", "gamma", "corr_budget_fraction")}
