@@ -18,6 +18,7 @@ from recsvc.mechanisms import (
     select_slate,
     select_two_stage,
     valid_slate,
+    valid_slates,
     valid_two_stage,
 )
 
@@ -82,3 +83,32 @@ def test_non_private_mechanisms_are_refused_unless_allowed_and_a_check_pickles()
     again = pickle.loads(pickle.dumps(v))  # a service sends it to a draw process
     a, b = np.random.default_rng(1), np.random.default_rng(1)
     assert draw_two_stage(again, a).tolist() == draw_two_stage(v, b).tolist()
+
+
+def test_valid_slates_gives_each_row_what_valid_slate_gives_it_alone() -> None:
+    """Rows checked together (one compiled pass) come out as each alone: the same checked record,
+    or the same refusal with the same message (an ε too large for one row's range, a NaN score,
+    Δ = 0, a row shorter than k); a lone row takes check_inputs' own pass."""
+    rows = [Q[:4], np.array([0.0, 1e300]), np.array([0.1, np.nan, 0.2]), Q[4:9], Q[9:11]]
+    sens = [D[:4], np.ones(2), np.ones(3), np.r_[D[4:8], 0.0], D[9:11]]
+    eps = [0.5, 1e300, 1.0, 2.0, 0.25]
+    lengths = np.array([r.size for r in rows])
+    for k in (1, 3):
+        got = valid_slates("gem", np.concatenate(rows), np.concatenate(sens), lengths, eps, k, beta=0.1)
+        for g, q, d, e in zip(got, rows, sens, eps, strict=True):
+            try:
+                want: ValidSlate | MechanismInputError = valid_slate("gem", q, d, e, k, beta=0.1)
+            except MechanismInputError as exc:
+                want = exc
+            assert type(g) is type(want)
+            if isinstance(want, ValidSlate):
+                assert isinstance(g, ValidSlate) and _fields(g) == _fields(want)
+            else:
+                assert str(g) == str(want)
+        assert sum(isinstance(g, ValidSlate) for g in got) == (2 if k == 1 else 1)  # rows 0 and 4; 4 is short of k = 3
+    (alone,) = valid_slates("rnm", Q, D, np.array([12]), [1.0], 2)
+    assert isinstance(alone, ValidSlate) and alone.q.tolist() == Q.tolist() and alone.eps_step == 0.5
+
+
+def _fields(v: ValidSlate) -> tuple:
+    return v.mechanism, v.q.tolist(), v.d.tolist(), v.eps_step, v.k, dict(v.values)
