@@ -66,9 +66,12 @@ STORED_COLUMNS = "fingerprint, mechanism, epsilon_units, item_ids, item_rows, ep
 N_STORED = len(STORED_COLUMNS.split(", "))
 
 
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode  # json.dumps would build one per call
+
+
 def ids_text(values: tuple[str, ...] | tuple[int, ...]) -> str:
     """A slate column's text: a JSON array (readable with sqlite3's or PostgreSQL's JSON functions)."""
-    return json.dumps(values, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODE(values)
 
 
 class StoredRequest(NamedTuple):

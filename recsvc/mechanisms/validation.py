@@ -123,15 +123,15 @@ def check_rows(
     error it raises (the same message)."""
     q, d = _one_user(scores, sensitivities)
     n = np.ascontiguousarray(lengths, np.int64)
-    if n.ndim != 1 or (n < 0).any() or int(n.sum()) != q.shape[0]:
-        raise MechanismInputError(f"lengths must be 1-D row sizes >= 0 summing to the {q.shape[0]} scores")
-    if n.size == 1:  # one row (a lone request): check_inputs' own pass, cheaper than the batch one
+    if n.shape == (1,) and int(n[0]) == q.shape[0]:  # one row (a lone request): check_inputs' own pass
         try:
             eps = check_epsilon(epsilons[0])
             _check_summary(eps, q, d, _summary(q, d))
         except MechanismInputError as exc:
             return [exc]
         return [(eps, q, d)]
+    if n.ndim != 1 or (n < 0).any() or int(n.sum()) != q.shape[0]:
+        raise MechanismInputError(f"lengths must be 1-D row sizes >= 0 summing to the {q.shape[0]} scores")
     ends = np.cumsum(n)
     summaries = _summary_rows(q, d, ends - n, n).tolist()
     out: list[tuple[float, np.ndarray, np.ndarray] | MechanismInputError] = []

@@ -326,11 +326,16 @@ class Gate(grpc.aio.ServerInterceptor):
 
     async def _receive(self, context: grpc.aio.ServicerContext, method: str) -> bytes:
         """Step 5: the one request message, or :class:`Abort` when it is late or missing."""
-        timeout = self.admission.receive_timeout
+        timeout, reads = self.admission.receive_timeout, self.admission.reads
+        task = asyncio.current_task()
+        assert task is not None  # a call's coroutine runs in its task
+        reads.start(task)
         try:
-            async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
-                raw = await context.read()
-        except TimeoutError:
+            raw = await context.read()
+        except asyncio.CancelledError:
+            if not reads.expired(task):  # cancelled by someone else
+                raise
+            task.uncancel()
             log.debug("DEADLINE_EXCEEDED %s: no request message within %gs", _short(method), timeout)
             self._refuse(
                 _REFUSING,
@@ -340,6 +345,8 @@ class Gate(grpc.aio.ServerInterceptor):
                     "(--receive-timeout); expected the whole message promptly"
                 ),
             )
+        finally:
+            reads.end(task)
         if raw is grpc.aio.EOF:
             self._refuse(_REFUSING, method, InvalidRequest("the call carried no request message; expected one"))
         return raw  # bytes: the handler has no deserializer

@@ -183,8 +183,8 @@ def validated_rows(
         return list(
             valid_slates(
                 mechanism,
-                np.concatenate(scores),
-                np.concatenate(sensitivities),
+                _joined(scores),
+                _joined(sensitivities),
                 lengths,
                 epsilons,
                 k,
@@ -194,6 +194,11 @@ def validated_rows(
         )
     except Exception as exc:
         return [exc] * len(scores)
+
+
+def _joined(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """The parts end to end; a lone request's one part as it is (np.concatenate would copy it)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def draw(p: Prepared, rng: np.random.Generator) -> np.ndarray:

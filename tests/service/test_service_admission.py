@@ -423,6 +423,51 @@ def test_a_call_is_alone_only_with_nothing_else_in_flight() -> None:
     assert not Gate(Authenticator(), pool=pool, heavy=heavy).alone(SELECT, 100)  # no inline methods
 
 
+def test_receive_deadlines_cancel_exactly_the_late_reads_with_one_timer() -> None:
+    """Deadlines (the gate's --receive-timeout): reads started 0.1 s apart with a 0.3 s timeout;
+    the two that never get their message are cancelled at their own deadlines (not before, and
+    the second not with the first), the one whose message comes in time is not, and once no read
+    is waiting no timer stays armed."""
+    import asyncio
+
+    from recsvc.service.admission import Deadlines
+
+    async def scenario() -> tuple[dict[str, Any], Deadlines]:
+        loop = asyncio.get_running_loop()
+        reads = Deadlines(0.3)
+        messages = {name: loop.create_future() for name in ("late1", "late2", "on-time")}
+        outcome: dict[str, Any] = {}
+
+        async def read(name: str) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            t0 = loop.time()
+            reads.start(task)
+            try:
+                await messages[name]
+                outcome[name] = "read"
+            except asyncio.CancelledError:
+                assert reads.expired(task)
+                task.uncancel()
+                outcome[name] = round(loop.time() - t0, 2)
+            finally:
+                reads.end(task)
+
+        tasks = []
+        for name in ("late1", "on-time", "late2"):
+            tasks.append(asyncio.create_task(read(name)))
+            await asyncio.sleep(0.1)
+        messages["on-time"].set_result(b"x")  # 0.2 s after its read began
+        await asyncio.gather(*tasks)
+        return outcome, reads
+
+    outcome, reads = asyncio.run(scenario())
+    assert outcome["on-time"] == "read"
+    for name in ("late1", "late2"):
+        assert 0.3 <= outcome[name] < 1.5, (name, outcome)  # at its deadline; a loaded host may be late
+    assert reads._timer is None and not reads._reads and not reads._late
+
+
 def test_the_gate_chooses_the_pool_from_the_price() -> None:
     """Above --heavy-draws the heavy queue; light work on the loop only when its call is alone;
     everything else in a request thread."""

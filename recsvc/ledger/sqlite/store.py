@@ -113,6 +113,7 @@ class SQLiteLedger(Ledger):
         self._lock_file = self.path.with_name(self.path.name + ".lock")
         self._lock_fd: tuple[int, int] | None = None  # (pid, fd)
         self._writer: tuple[int, sqlite3.Connection] | None = None  # (pid, conn), used under the write lock only
+        self._writer_waits = True  # the writer's busy_timeout: _busy_ms (True) or 0; switched only on a change
         self._full = False  # the last commit failed on the disk (logged once, see _storage_failed)
         try:
             files.check_foreign(self.path)
@@ -165,7 +166,18 @@ class SQLiteLedger(Ledger):
         dropped whenever ANOTHER connection has written since its last transaction."""
         if self._writer is None or self._writer[0] != os.getpid():
             self._writer = (os.getpid(), self._connect(shared=True))
+            self._writer_waits = True
         return self._writer[1]
+
+    def _writer_waiting(self, wait: bool) -> sqlite3.Connection:
+        """The writer's connection with SQLite's busy wait on or off (call with the write lock
+        held). The setting stays until the other mode comes: a run of calls in one mode (lone
+        calls on the loop, or calls in threads) sets it once, not twice per commit."""
+        conn = self._writer_conn()
+        if wait != self._writer_waits:
+            conn.execute(f"PRAGMA busy_timeout={self._busy_ms if wait else 0}")
+            self._writer_waits = wait
+        return conn
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -228,7 +240,8 @@ class SQLiteLedger(Ledger):
         page cache is warm; a reader's is dropped after every commit), else this thread's."""
         if self._write_lock.acquire(blocking=False):
             try:
-                return self._read_precheck(self._writer_conn(), p)
+                if self._writer_waits == (not NO_WAIT.get()):  # its busy wait is this call's
+                    return self._read_precheck(self._writer_conn(), p)
             finally:
                 self._write_lock.release()
         return self._read_precheck(self._conn(), p)
@@ -250,21 +263,16 @@ class SQLiteLedger(Ledger):
             self._commit_batch(cast("list[Pending]", take()))  # this store queues charges only
 
     def _commit_batch(self, batch: list[Pending]) -> None:
-        conn = self._writer_conn()
         wait = not NO_WAIT.get()
+        conn = self._writer_waiting(wait)
         try:
-            if wait:
+            try:
                 conn.execute("BEGIN IMMEDIATE")
-            else:  # another process (not a recsvc one: they take the flock) may hold SQLite's lock
-                conn.execute("PRAGMA busy_timeout=0")
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                except sqlite3.OperationalError as exc:
-                    if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
-                        raise
-                    raise WouldWait(f"the SQLite ledger {self.path} is locked by another process") from None
-                finally:
-                    conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            except sqlite3.OperationalError as exc:
+                # without waiting: another process (not a recsvc one: they take the flock) holds SQLite's lock
+                if wait or getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise
+                raise WouldWait(f"the SQLite ledger {self.path} is locked by another process") from None
             self._apply(conn, batch)
             conn.execute("COMMIT")  # durable (WAL fsync) before anyone sees a response
             self.commits += 1
