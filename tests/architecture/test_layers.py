@@ -41,6 +41,7 @@ LAYERS: dict[str, tuple[int, str]] = {
     "recsvc.rng": (0, "core"),
     "recsvc.stats": (0, "core"),
     "recsvc.checks": (0, "core"),
+    "recsvc.settings": (0, "core"),  # settings declared once: flag, check, config (stdlib only)
     "recsvc.artifact": (1, "shared"),
     "recsvc.model": (1, "shared"),
     "recsvc.staging": (1, "shared"),

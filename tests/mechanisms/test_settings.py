@@ -1,0 +1,104 @@
+"""recsvc.settings: a setting declared once gives its flag, its default in --help, its check and its config."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from recsvc.app.cli import Parser
+from recsvc.checks import ParamError
+from recsvc.settings import Each, OneOf, Range, add_arguments, check, from_namespace, setting, settings_of
+
+
+@dataclass(frozen=True)
+class Inner:
+    port: int = setting(50051, help="port to listen on", check=Range(0, 65535, integer=True))
+    pool: int = setting(8, name="ledger_pool", help="connections per process", check=Range(1, integer=True))
+
+
+@dataclass(frozen=True)
+class Config:
+    out: Path = setting(help="output directory")
+    timeout: float = setting(10.0, unit="seconds", help="how long to wait", check=Range(0, 86_400, low_open=True))
+    share: float = setting(0.25, help="a fraction", check=Range(0, 1, low_open=True))
+    mode: str = setting("fast", help="how to run", check=OneOf(("fast", "slow")))
+    epsilons: tuple[float, ...] = setting(
+        (0.1, 1.0), nargs="+", type=float, help="budgets", check=Each(Range(0, low_open=True))
+    )
+    force: bool = setting(False, help="replace an existing output")
+    inner: Inner = field(default_factory=Inner)
+    note: str = ""  # not a setting: set by the code
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = Parser(prog="t")
+    add_arguments(p, Config)
+    return p
+
+
+def test_every_setting_becomes_its_flag_with_its_default_and_help() -> None:
+    p = _parser()
+    actions = {a.dest: a for a in p._actions if a.option_strings and a.dest != "help"}
+    assert list(actions) == ["out", "timeout", "share", "mode", "epsilons", "force", "port", "ledger_pool"]
+    assert actions["out"].required and actions["out"].type is Path
+    assert (actions["timeout"].default, actions["timeout"].type, actions["timeout"].metavar) == (10.0, float, "SECONDS")
+    assert actions["mode"].choices == ("fast", "slow")
+    assert actions["epsilons"].nargs == "+" and actions["epsilons"].default == (0.1, 1.0)
+    assert isinstance(actions["force"], argparse._StoreTrueAction)
+    assert actions["ledger_pool"].option_strings == ["--ledger-pool"]  # a group's setting under its flat name
+    text = p.format_help()
+    assert "how long to wait (default: 10)" in " ".join(text.split())
+    assert "budgets (default: 0.1 1)" in " ".join(text.split())
+
+
+def test_the_parsed_flags_build_the_checked_config_and_its_groups() -> None:
+    args = _parser().parse_args(["--out", "o", "--share", "0.5", "--epsilons", "1", "2", "--ledger-pool", "3"])
+    c = from_namespace(Config, args, note="n")
+    assert c == Config(Path("o"), 10.0, 0.5, "fast", (1.0, 2.0), False, Inner(50051, 3), "n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--share", "0"], "share must be a finite number in (0, 1], got 0.0"),
+        (["--share", "nan"], "share must be a finite number in (0, 1], got nan"),
+        (["--timeout", "inf"], "timeout must be a finite number in (0, 86400], got inf"),
+        (["--epsilons", "1", "-2"], "epsilons must be one or more of a finite number > 0, got 1.0 -2.0"),
+        (["--port", "70000"], "port must be an integer in [0, 65535], got 70000"),
+        (["--ledger-pool", "0"], "ledger_pool must be an integer ≥ 1, got 0"),
+    ],
+)
+def test_a_value_outside_its_constraint_is_refused_naming_it(argv: list[str], message: str) -> None:
+    args = _parser().parse_args(["--out", "o", *argv])
+    with pytest.raises(ParamError) as info:
+        from_namespace(Config, args)
+    assert str(info.value) == message
+    flag = "--" + info.value.params[0].replace("_", "-")
+    assert info.value.render({info.value.params[0]: flag}).startswith(flag + " must be")
+
+
+def test_check_reads_a_config_built_in_code() -> None:
+    check(Config(Path("o")))
+    with pytest.raises(ParamError, match="mode must be one of fast, slow, got 'medium'"):
+        check(Config(Path("o"), mode="medium"))
+    with pytest.raises(ParamError, match="port must be an integer"):
+        check(Config(Path("o"), inner=Inner(port=1.5)))  # type: ignore[arg-type]  # a float where an int is declared: the check must catch it
+
+
+def test_range_describes_what_it_holds() -> None:
+    r = Range(1e-6, 1, high_open=True)
+    assert r.describe() == "a finite number in [1e-06, 1)"
+    assert [r.holds(v) for v in (1e-6, 0.5, 1.0, math.nan, True, "0.5")] == [True, True, False, False, False, False]
+    assert Range(0, integer=True, none=True).describe() == "an integer ≥ 0 (or none)"
+    assert Range(0, integer=True, none=True).holds(None) and not Range(0).holds(None)
+    assert Range(low=10_000, integer=True).describe() == "an integer ≥ 10000"
+    assert [d.name for d in settings_of(Config)][-2:] == ["port", "ledger_pool"]
+
+
+def test_a_setting_without_help_is_refused_at_declaration() -> None:
+    with pytest.raises(ValueError, match="one non-empty line"):
+        setting(1, help="")
