@@ -7,7 +7,8 @@ shows as its flag), the config itself (:func:`from_namespace`) and the generated
 
 The model is scikit-learn's ``_parameter_constraints``: constraints are data, checked in one
 place. The mechanisms' :class:`~recsvc.mechanisms.params.ParamSpec` is the same idea for real
-parameters and builds its :class:`Setting` from itself (``ParamSpec.setting``).
+parameters: its ranges are :class:`Range` values and it builds its :class:`Setting` from itself
+(``ParamSpec.setting``), whose flag :func:`add_setting` adds.
 
 A config class may nest groups: a field whose default factory is another settings dataclass
 contributes that group's settings, under their own flat names (``ServerConfig.listen.port`` is
