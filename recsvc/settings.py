@@ -7,7 +7,8 @@ shows as its flag), the config itself (:func:`from_namespace`) and the generated
 
 The model is scikit-learn's ``_parameter_constraints``: constraints are data, checked in one
 place. The mechanisms' :class:`~recsvc.mechanisms.params.ParamSpec` is the same idea for real
-parameters and builds its :class:`Setting` from itself (``ParamSpec.setting``).
+parameters: its ranges are :class:`Range` values and it builds its :class:`Setting` from itself
+(``ParamSpec.setting``), whose flag :func:`add_setting` adds.
 
 A config class may nest groups: a field whose default factory is another settings dataclass
 contributes that group's settings, under their own flat names (``ServerConfig.listen.port`` is
@@ -33,6 +34,7 @@ __all__ = [
     "Range",
     "Setting",
     "add_arguments",
+    "add_setting",
     "check",
     "flag",
     "from_namespace",
@@ -74,12 +76,19 @@ class Range:
             return False
         return self.high is None or (v < self.high if self.high_open else v <= self.high)
 
+    @property
+    def interval(self) -> str:
+        """The interval in bracket notation, e.g. ``(0, 1]``, ``[1e-06, 1)``, ``[1, ∞)``."""
+        lo = "(-∞" if self.low is None else f"{'(' if self.low_open else '['}{_g(self.low)}"
+        hi = "∞)" if self.high is None else f"{_g(self.high)}{')' if self.high_open else ']'}"
+        return f"{lo}, {hi}"
+
     def describe(self) -> str:
         """What is expected, e.g. ``an integer ≥ 1``, ``a number in (0, 1]``, ``a finite number > 0``."""
         kind = "an integer" if self.integer else ("a finite number" if self.finite else "a number")
         lo, hi = self.low, self.high
         if lo is not None and hi is not None:
-            text = f"{kind} in {'(' if self.low_open else '['}{_g(lo)}, {_g(hi)}{')' if self.high_open else ']'}"
+            text = f"{kind} in {self.interval}"
         elif lo is not None:
             text = f"{kind} {'>' if self.low_open else '≥'} {_g(lo)}"
         elif hi is not None:
@@ -244,13 +253,27 @@ def add_arguments(
 
 
 def add_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, d: Declared) -> None:
-    spec, default = d.spec, d.default
-    options = [flag(d.name), *spec.aliases]
+    add_setting(parser, d.name, d.spec, d.default, kind=_type_of(d))
+
+
+def add_setting(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    name: str,
+    spec: Setting,
+    default: Any = None,
+    *,
+    kind: Callable[[str], Any] | None = None,
+) -> argparse.Action:
+    """The flag of setting ``name``, declared by ``spec``, whose value defaults to ``default``;
+    ``kind`` converts its word (default: ``spec.type``). :func:`add_arguments` reads these from a
+    config class; a setting declared elsewhere (a mechanism's parameter) passes them itself. A
+    short alias (``-v``) comes first, as ``--help`` conventionally lists it."""
+    short = [a for a in spec.aliases if not a.startswith("--")]
+    options = [*short, flag(name), *(a for a in spec.aliases if a not in short)]
     if default is False and spec.type is None:
-        parser.add_argument(*options, dest=d.name, action="store_true", help=spec.help)
-        return
-    kwargs: dict[str, Any] = {"dest": d.name, "default": default, "help": spec.help.replace("%", "%%")}
-    kind = _type_of(d)
+        return parser.add_argument(*options, dest=name, action="store_true", help=spec.help)
+    kwargs: dict[str, Any] = {"dest": name, "default": default, "help": spec.help.replace("%", "%%")}
+    kind = kind or spec.type
     if kind is not None:
         kwargs["type"] = kind
     if isinstance(spec.check, OneOf) and spec.nargs is None:
@@ -264,7 +287,7 @@ def add_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, d: D
     if spec.required:
         kwargs["required"] = True
         kwargs.pop("default")
-    parser.add_argument(*options, **kwargs)
+    return parser.add_argument(*options, **kwargs)
 
 
 def check(config: object) -> None:

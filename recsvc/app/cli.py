@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from data_prep.cli import register as register_prep
@@ -26,6 +27,7 @@ from recsvc.checks import ParamError
 from recsvc.mechanisms.cli import register as register_mechanisms
 from recsvc.service.cli import register as register_service
 from recsvc.service.device_cli import register as register_multiselect
+from recsvc.settings import add_arguments, from_namespace, setting
 from recsvc.staging import Terminated, request_termination
 
 # Order here is the order in `recsvc --help`.
@@ -122,12 +124,19 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+@dataclass(frozen=True)
+class Options:
+    """The switches of ``recsvc`` itself, given before the command."""
+
+    verbose: bool = setting(False, aliases=("-v",), help="debug logging")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="recsvc",
         description="Differentially private item selection for recommenders.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    add_arguments(parser, Options)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for register in REGISTRARS:
         register(sub)
@@ -151,11 +160,12 @@ def flag_names(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    verbose = from_namespace(Options, args).verbose
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:
+    if not verbose:
         # Dask's cluster start/stop chatter drowns the results; distributed reads this when
         # it is first imported (by an engine), and then configures its own loggers from it.
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "warning")

@@ -9,12 +9,29 @@ from __future__ import annotations
 import argparse
 import tempfile
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from recsvc.checks import ParamError
+from recsvc.settings import add_arguments, from_namespace, setting
 
 DEMO_EPSILON = 1.0
 DEFAULT_RESULTS = Path("results/ml-100k")  # the demo's own output: replaced on every run
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """``recsvc demo``'s settings. ``trials`` and ``users`` are checked by the evaluation's own
+    :func:`eval.config.validate`, which states their constraints once."""
+
+    artifacts: Path = setting(Path("artifacts/ml-100k"), help="artifact directory")
+    results: Path | None = setting(
+        None, help=f"evaluation output directory (default {DEFAULT_RESULTS}, replaced on every run)"
+    )
+    force: bool = setting(False, help="replace an existing --results directory")
+    trials: int = setting(50, help="Monte Carlo trials per user, mechanism and ε")
+    users: int | None = setting(None, help="evaluate only the first N test users")
+    rebuild: bool = setting(False, help="rebuild the artifact even if it exists")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,17 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Builds artifacts/ml-100k (if missing), evaluates the default private mechanisms, starts the "
         "gRPC service on loopback and makes private selections for real test users.",
     )
-    p.add_argument("--artifacts", type=Path, default=Path("artifacts/ml-100k"), help="artifact directory")
-    p.add_argument(
-        "--results",
-        type=Path,
-        default=None,
-        help=f"evaluation output directory (default {DEFAULT_RESULTS}, replaced on every run)",
-    )
-    p.add_argument("--force", action="store_true", help="replace an existing --results directory")
-    p.add_argument("--trials", type=int, default=50, help="Monte Carlo trials per user, mechanism and ε")
-    p.add_argument("--users", type=int, default=None, help="evaluate only the first N test users")
-    p.add_argument("--rebuild", action="store_true", help="rebuild the artifact even if it exists")
+    add_arguments(p, DemoConfig)
     p.set_defaults(func=run)
 
 
@@ -52,18 +59,18 @@ def _prep(artifacts: Path, rebuild: bool) -> None:
     prep(PrepConfig(dataset="ml-100k", out=artifacts, force=rebuild))
 
 
-def _eval_config(args: argparse.Namespace):
+def _eval_config(demo: DemoConfig):
     """The evaluation run. The default results directory is the demo's own and is replaced, so
     the demo can run again; a --results the user names is replaced only with --force."""
     from eval.config import EvalConfig
 
-    out = DEFAULT_RESULTS if args.results is None else args.results
+    out = DEFAULT_RESULTS if demo.results is None else demo.results
     return EvalConfig(
-        artifacts=args.artifacts,
+        artifacts=demo.artifacts,
         out=out,
-        trials=args.trials,
-        users=args.users,
-        force=args.force or args.results is None,
+        trials=demo.trials,
+        users=demo.users,
+        force=demo.force or demo.results is None,
     )
 
 
@@ -138,23 +145,24 @@ def run(args: argparse.Namespace) -> int:
     from eval.outputs import summary
     from eval.run import run as evaluate
 
-    cfg = _eval_config(args)
+    demo: DemoConfig = from_namespace(DemoConfig, args)
+    cfg = _eval_config(demo)
     try:
         validate(cfg)  # every argument is checked before stage 1 builds anything
     except ParamError as exc:  # the eval's `out` is the demo's `results`
         raise type(exc)(exc.template.replace("{out}", "{results}"), **exc.values) from None
     _step("1/3 offline pipeline: artifacts/ml-100k")
-    _prep(args.artifacts, args.rebuild)
+    _prep(demo.artifacts, demo.rebuild)
     from recsvc.artifact import load_artifact
 
-    acc = load_artifact(args.artifacts).manifest.accuracy or {}
+    acc = load_artifact(demo.artifacts).manifest.accuracy or {}
     print("SANSA accuracy on the test users: " + ", ".join(f"{k} {v:.4f}" for k, v in acc.items()))
 
     _step("2/3 evaluation: the default private mechanisms across ε")
     result = evaluate(cfg)
 
     _step("3/3 gRPC service: private selections for real test users")
-    _serve_and_select(args.artifacts)
+    _serve_and_select(demo.artifacts)
 
     text, _ = summary(result)
     _step("evaluation summary")

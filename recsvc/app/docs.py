@@ -9,10 +9,12 @@ import argparse
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from recsvc.app.cli import DefaultsHelpFormatter, build_parser
 from recsvc.service.errors import STATUS_TABLE
+from recsvc.settings import add_arguments, from_namespace, setting
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "reference" / "cli.md"
@@ -123,14 +125,21 @@ def pages() -> dict[Path, str]:
     return {PAGE: render(), STATUS_PAGE: render_status(STATUS_PAGE.read_text(encoding="utf-8"))}
 
 
+@dataclass(frozen=True)
+class DocsConfig:
+    """``python -m recsvc.app.docs``: write the pages, or only check them."""
+
+    check: bool = setting(False, help="exit 1 if the page is stale; write nothing")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale; write nothing")
-    args = parser.parse_args(argv)
+    add_arguments(parser, DocsConfig)
+    cfg: DocsConfig = from_namespace(DocsConfig, parser.parse_args(argv))
     stale = []
     for page, text in pages().items():
         where = page.relative_to(ROOT)
-        if args.check:
+        if cfg.check:
             if not (page.exists() and page.read_text(encoding="utf-8") == text):
                 stale.append(where)
                 print(f"{where} is stale: run `{COMMAND}`", file=sys.stderr)

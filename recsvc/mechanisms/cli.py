@@ -5,6 +5,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from dataclasses import dataclass
+
+from recsvc.settings import add_arguments, from_namespace, setting
+
+
+@dataclass(frozen=True)
+class ListingConfig:
+    """How ``recsvc mechanisms`` prints the list."""
+
+    json: bool = setting(False, help="print JSON instead of a table")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -14,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="List every selection mechanism: privacy (ε-DP / NOT DP), whether exact "
         "selection probabilities exist, its parameters (name=default in range) and a one-line description.",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_arguments(p, ListingConfig)
     p.set_defaults(func=run)
 
 
@@ -36,7 +46,7 @@ def rows() -> list[dict[str, object]]:
 def run(args: argparse.Namespace) -> int:
     from recsvc.mechanisms import MECHANISMS
 
-    if args.json:
+    if from_namespace(ListingConfig, args).json:
         print(json.dumps(rows(), ensure_ascii=False, indent=2))
         return 0
     params = {n: ", ".join(s.summary for s in m.params.values()) or "-" for n, m in MECHANISMS.items()}

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import posixpath
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.privacy import AuditKind, Neighbouring, Privacy, pure
 from recsvc.mechanisms.registry import MECHANISMS
+from recsvc.settings import add_arguments, from_namespace, setting
 
 PAGE = Path("docs/concepts/mechanisms.md")  # relative to the repository root
 BEGIN = "<!-- BEGIN mechanism-table -->"
@@ -88,17 +90,24 @@ def with_table(text: str, page: Path = PAGE) -> str:
     return f"{head}{BEGIN}\n{markdown_table(page)}{END}{tail}"
 
 
+@dataclass(frozen=True)
+class TableConfig:
+    """``python -m recsvc.mechanisms.docs``: check or rewrite the page's table (one of the two)."""
+
+    check: bool = setting(False, help="exit 1 if the page's table is not the generated one")
+    write: bool = setting(False, help="rewrite the page's table in place")
+    page: Path = setting(PAGE, help=f"the page (default: {PAGE}, from the repository root)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m recsvc.mechanisms.docs", description=__doc__.splitlines()[0])
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="exit 1 if the page's table is not the generated one")
-    mode.add_argument("--write", action="store_true", help="rewrite the page's table in place")
-    parser.add_argument("--page", type=Path, default=PAGE, help=f"the page (default: {PAGE}, from the repository root)")
-    args = parser.parse_args(argv)
-    path: Path = args.page
+    add_arguments(parser.add_mutually_exclusive_group(required=True), TableConfig, only=("check", "write"))
+    add_arguments(parser, TableConfig, only=("page",))
+    cfg: TableConfig = from_namespace(TableConfig, parser.parse_args(argv))
+    path = cfg.page
     text = path.read_text(encoding="utf-8")
     new = with_table(text)
-    if args.check:
+    if cfg.check:
         if new != text:
             print(
                 f"{path}: the mechanism table is stale; run python -m recsvc.mechanisms.docs --write", file=sys.stderr

@@ -6,12 +6,14 @@ flags, the ``recsvc mechanisms`` listing and docs/concepts/mechanisms.md are all
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from recsvc.mechanisms.validation import MechanismParamError
+from recsvc.settings import Range, Setting
 
 # What a sampler receives: its own parameters, each given or defaulted, already checked.
 ParamValues = Mapping[str, float]
@@ -21,7 +23,9 @@ ParamValues = Mapping[str, float]
 class ParamSpec:
     """One real mechanism parameter: ``low``/``high`` bound its mathematical range (each open
     unless its ``*_inclusive`` flag is set); ``floor`` is an optional practical minimum inside
-    that range (inclusive), refused below with ``floor_reason``."""
+    that range (inclusive), refused below with ``floor_reason``. The ranges are
+    :class:`recsvc.settings.Range` values (:attr:`range`, :attr:`accepted_range`) and the flag a
+    :class:`recsvc.settings.Setting` (:attr:`setting`), the vocabulary of every other setting."""
 
     name: str
     default: float
@@ -48,21 +52,46 @@ class ParamSpec:
             raise ValueError(f"{self.name}: default {self.default!r} is outside {self.accepted}") from None
 
     @property
+    def range(self) -> Range:
+        """The mathematical range as a :class:`~recsvc.settings.Range`; ``finite=False``: the
+        bounds alone decide, as they always have."""
+        return Range(
+            self.low, self.high, low_open=not self.low_inclusive, high_open=not self.high_inclusive, finite=False
+        )
+
+    @property
+    def accepted_range(self) -> Range:
+        """The accepted range: :attr:`range` raised to ``floor`` (inclusive)."""
+        if self.floor is None:
+            return self.range
+        return dataclasses.replace(self.range, low=self.floor, low_open=False)
+
+    @property
     def domain(self) -> str:
         """The mathematical range, e.g. ``(0, 1)`` or ``(0, 1]``."""
-        return f"{'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}{']' if self.high_inclusive else ')'}"
+        return self.range.interval
 
     @property
     def accepted(self) -> str:
         """The accepted range (``domain`` raised to ``floor``), e.g. ``[1e-06, 1)``."""
-        if self.floor is None:
-            return self.domain
-        return f"[{self.floor:g}, {self.high:g}{']' if self.high_inclusive else ')'}"
+        return self.accepted_range.interval
 
     @property
     def summary(self) -> str:
         """``name=default in range``, e.g. ``gamma=0.008 in [1e-06, 1)``."""
         return f"{self.name}={self.default:g} in {self.accepted}"
+
+    @property
+    def setting(self) -> Setting:
+        """The parameter as a command-line setting: ``--gamma GAMMA``, a float in :attr:`accepted_range`
+        or none (unset: the mechanism's own default, which :meth:`check` then reads)."""
+        return Setting(
+            self.doc,
+            unit=self.name,
+            check=dataclasses.replace(self.accepted_range, none=True),
+            type=float,
+            name=self.name,
+        )
 
     def check(self, value: object) -> float:
         """``value`` as a float if it is a real number in the accepted range; else
@@ -73,16 +102,14 @@ class ParamSpec:
                 name + " must be a real number in {_range}, got {_got}", _range=self.domain, _got=repr(value)
             )
         v = float(value)
-        above = v >= self.low if self.low_inclusive else v > self.low
-        below = v <= self.high if self.high_inclusive else v < self.high
-        if not (above and below):  # NaN fails both
+        if not self.range.holds(v):  # NaN included
             kind = {(False, False): "the open interval", (True, True): "the closed interval"}.get(
                 (self.low_inclusive, self.high_inclusive), "the interval"
             )
             raise MechanismParamError(
                 name + " must be in {_kind} {_range}, got {_got}", _kind=kind, _range=self.domain, _got=repr(v)
             )
-        if self.floor is not None and v < self.floor:
+        if not self.accepted_range.holds(v):
             raise MechanismParamError(
                 name + " must be at least {_floor} ({_why}), got {_got}",
                 _floor=f"{self.floor:g}",

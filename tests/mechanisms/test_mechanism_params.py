@@ -41,6 +41,7 @@ from recsvc.mechanisms.testing import (
     paper_pairs,
     statistical_audit,
 )
+from recsvc.settings import Range
 
 Q = np.array([0.3, 1.0, -0.5, 0.8, 0.1])
 D = np.array([0.5, 2.0, 0.2, 1.0, 0.7])
@@ -75,6 +76,11 @@ def test_each_mechanism_declares_its_parameters_and_defaults():
         "loss_weight": (0.0, 1.0, True, True, None, "[0, 1]"),
     }
     assert MECHANISMS["gem"].params["beta"] is MECHANISMS["combined_gem"].params["beta"] is PARAMS["beta"]
+    gamma = PARAMS["gamma"]  # its ranges and its flag in the vocabulary of every setting (recsvc.settings)
+    assert gamma.range == Range(0.0, 1.0, low_open=True, high_open=True, finite=False)
+    assert gamma.accepted_range == Range(1e-6, 1.0, high_open=True, finite=False)
+    assert gamma.setting.check == Range(1e-6, 1.0, high_open=True, finite=False, none=True)
+    assert (gamma.setting.type, gamma.setting.unit, gamma.setting.help) == (float, "gamma", gamma.doc)
     assert all(s.doc and "\n" not in s.doc for s in PARAMS.values())
     assert dict(params_of("combined_gem")) == {
         "beta": PARAMS["beta"],

@@ -11,7 +11,18 @@ import pytest
 
 from recsvc.app.cli import Parser
 from recsvc.checks import ParamError
-from recsvc.settings import Each, OneOf, Range, add_arguments, check, from_namespace, setting, settings_of
+from recsvc.settings import (
+    Each,
+    OneOf,
+    Range,
+    Setting,
+    add_arguments,
+    add_setting,
+    check,
+    from_namespace,
+    setting,
+    settings_of,
+)
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,27 @@ def test_range_describes_what_it_holds() -> None:
     assert Range(0, integer=True, none=True).holds(None) and not Range(0).holds(None)
     assert Range(low=10_000, integer=True).describe() == "an integer ≥ 10000"
     assert [d.name for d in settings_of(Config)][-2:] == ["port", "ledger_pool"]
+    assert [Range(0, 1, low_open=True).interval, Range(1).interval, Range(high=0, high_open=True).interval] == [
+        "(0, 1]",
+        "[1, ∞)",
+        "(-∞, 0)",
+    ]
+
+
+def test_a_setting_declared_outside_a_config_class_gets_its_flag_too() -> None:
+    p = Parser(prog="t")
+    spec = Setting("share of the budget", unit="share", check=Range(0, 1, none=True), type=float)
+    action = add_setting(p, "budget_share", spec)
+    assert (action.option_strings, action.dest, action.default, action.type, action.metavar) == (
+        ["--budget-share"],
+        "budget_share",
+        None,
+        float,
+        "SHARE",
+    )
+    switch = add_setting(p, "quiet", Setting("say less", aliases=("-q",)), False)
+    assert switch.option_strings == ["-q", "--quiet"]  # a short alias first, as --help lists it
+    assert p.parse_args(["-q", "--budget-share", "0.5"]) == argparse.Namespace(budget_share=0.5, quiet=True)
 
 
 def test_a_setting_without_help_is_refused_at_declaration() -> None:
