@@ -1,5 +1,6 @@
-"""The offline pipeline's configuration (docs/reference/specification.md §4): every `recsvc prep`
-option as one dataclass, with its constraints checked once, before anything is loaded."""
+"""The offline pipeline's configuration (docs/reference/specification.md §4): each setting of
+`recsvc prep`, `recsvc policy` and `recsvc serving-bundle` declared once (recsvc.settings: its
+flag, default, constraint and help), and what relates them checked once, before anything is loaded."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ DEFAULT_EMBEDDING_DIM = 32
 DEFAULT_MULTISELECT_USERS = 5000
 DEFAULT_MULTISELECT_GROUP = 5
 DEFAULT_MULTISELECT_TOP = 100
-POSITIVE = Range(1, integer=True)
-SOME = Range(1, integer=True, none=True)  # None: the dataset's, preset's or machine's own
+POSITIVE_INT = Range(1, integer=True)
+POSITIVE_INT_OR_NONE = Range(1, integer=True, none=True)  # None: the dataset's, preset's or machine's own
 
 
 @dataclass
@@ -44,7 +45,7 @@ class PrepConfig:
         check=OneOf(POPULATIONS, none=True),
     )
     percentiles: tuple[float, float] = setting(
-        (1.0, 99.0), unit="percent", nargs=2, type=float, help="clip range of the scores: LO HI percentiles"
+        (1.0, 99.0), unit="percent", nargs=2, help="clip range of the scores: LO HI percentiles"
     )
     l2: tuple[float, ...] | None = setting(
         None,
@@ -67,23 +68,25 @@ class PrepConfig:
     users: int | None = setting(None, help="override the preset's user count (≥ 1)")
     items: int | None = setting(None, help="override the preset's item count (≥ 20)")
     interactions: int | None = setting(None, help="override the preset's interaction count (≥ 5 × users)")
-    test_users: int | None = setting(None, help="test users (default: the dataset's)", check=SOME)
+    test_users: int | None = setting(None, help="test users (default: the dataset's)", check=POSITIVE_INT_OR_NONE)
     val_users: int | None = setting(
         None, help="validation users (default: the dataset's)", check=Range(0, integer=True, none=True)
     )
     population_users: int | None = setting(
-        None, help="amazon-book only: size of the sensitivity sample of training users (default 10000)", check=SOME
+        None,
+        help="amazon-book only: size of the sensitivity sample of training users (default 10000)",
+        check=POSITIVE_INT_OR_NONE,
     )
     engine: str | None = setting(
         None, help="default: dask with --scheduler, else local", check=OneOf(ENGINES, none=True)
     )
-    workers: int | None = setting(None, help="≥ 1 (default: min(2, CPUs))", check=SOME)
+    workers: int | None = setting(None, help="≥ 1 (default: min(2, CPUs))", check=POSITIVE_INT_OR_NONE)
     scheduler: str | None = setting(
         None,
         help="Dask scheduler address, e.g. tcp://HOST:8786 (implies --engine dask; "
         "refused with --engine local); connected before any work starts",
     )
-    chunk_users: int = setting(1000, help="users scored per task", check=POSITIVE)
+    chunk_users: int = setting(1000, help="users scored per task", check=POSITIVE_INT)
     memory_limit: str | None = setting(  # e.g. "12GiB", checked by parse_size
         None,
         unit="size",
@@ -93,18 +96,22 @@ class PrepConfig:
     policy_users: int = setting(
         DEFAULT_POLICY_USERS,
         help="population users it averages over: a seeded sample of larger populations",
-        check=POSITIVE,
+        check=POSITIVE_INT,
     )
     policy_trials: int = setting(
-        DEFAULT_POLICY_TRIALS, help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace", check=POSITIVE
+        DEFAULT_POLICY_TRIALS,
+        help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace",
+        check=POSITIVE_INT,
     )
     embedding_dim: int | None = setting(
         None,
         help="d of the public embedding, < min(training users, items) (default 32, or min − 1 on a smaller dataset)",
-        check=SOME,
+        check=POSITIVE_INT_OR_NONE,
     )
     multiselect_users: int = setting(
-        DEFAULT_MULTISELECT_USERS, help="training users sampled, seeded, for the server's population", check=POSITIVE
+        DEFAULT_MULTISELECT_USERS,
+        help="training users sampled, seeded, for the server's population",
+        check=POSITIVE_INT,
     )
     multiselect_group: int = setting(
         DEFAULT_MULTISELECT_GROUP,
@@ -112,7 +119,7 @@ class PrepConfig:
         check=Range(2, integer=True),
     )
     multiselect_top: int = setting(
-        DEFAULT_MULTISELECT_TOP, help="top items by mean SANSA score kept per population prototype", check=POSITIVE
+        DEFAULT_MULTISELECT_TOP, help="top items by mean SANSA score kept per population prototype", check=POSITIVE_INT
     )
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
@@ -240,18 +247,20 @@ class PolicyConfig:
     """`recsvc policy`: :func:`data_prep.policy.rebuild`'s arguments."""
 
     artifacts: Path = setting(help="artifact directory, e.g. artifacts/ml-100k")
-    users: int = setting(DEFAULT_POLICY_USERS, help="population users to average over, a seeded sample", check=POSITIVE)
+    users: int = setting(
+        DEFAULT_POLICY_USERS, help="population users to average over, a seeded sample", check=POSITIVE_INT
+    )
     trials: int = setting(
         DEFAULT_POLICY_TRIALS,
         help="Monte Carlo selections per user for mechanisms without an exact expectation",
-        check=POSITIVE,
+        check=POSITIVE_INT,
     )
     seed: int | None = setting(
         None,
         help="seed of the sample and the Monte Carlo streams (default: the artifact's seed, as `recsvc prep` used)",
         check=Range(0, integer=True, none=True),
     )
-    workers: int | None = setting(None, help="≥ 1 (default: min(2, CPUs))", check=SOME)
+    workers: int | None = setting(None, help="≥ 1 (default: min(2, CPUs))", check=POSITIVE_INT_OR_NONE)
 
 
 @dataclass(frozen=True)
