@@ -1,20 +1,19 @@
-"""The offline pipeline's configuration (docs/reference/specification.md §4): every `recsvc prep`
-option as one dataclass, with its constraints checked once, before anything is loaded."""
+"""The offline pipeline's configuration (docs/reference/specification.md §4): each setting of
+`recsvc prep`, `recsvc policy` and `recsvc serving-bundle` declared once (recsvc.settings: its
+flag, default, constraint and help), and what relates them checked once, before anything is loaded."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_prep import datasets
+from data_prep import DATASETS, FACTORIZERS, datasets
 from data_prep.datasets.synthetic import config_for
 from data_prep.memory import parse_size
-from data_prep.sensitivities import validate_percentiles
-from data_prep.train import FACTORIZERS
-from recsvc.checks import ParamError, check_int
+from recsvc.checks import ParamError
 from recsvc.policy import DEFAULT_TRIALS as DEFAULT_POLICY_TRIALS
 from recsvc.policy import DEFAULT_USERS as DEFAULT_POLICY_USERS
+from recsvc.settings import Each, OneOf, Range, check, setting
 
 POPULATIONS = ("validation", "test")
 ENGINES = ("local", "dask")
@@ -25,43 +24,105 @@ DEFAULT_EMBEDDING_DIM = 32
 DEFAULT_MULTISELECT_USERS = 5000
 DEFAULT_MULTISELECT_GROUP = 5
 DEFAULT_MULTISELECT_TOP = 100
+POSITIVE_INT = Range(1, integer=True)
+POSITIVE_INT_OR_NONE = Range(1, integer=True, none=True)  # None: the dataset's, preset's or machine's own
 
 
 @dataclass
 class PrepConfig:
-    dataset: str = "ml-100k"
-    data_dir: Path | None = None  # None: ml-100k from the embedded RecBole copy
-    out: Path | None = None  # None: artifacts/<dataset> (artifacts/synthetic-<preset>)
-    force: bool = False
-    seed: int = 42
-    sensitivity_population: str | None = None  # "validation" (None) or "test" (the paper); amazon-book: a sample
-    percentiles: tuple[float, float] = (1.0, 99.0)
-    l2: tuple[float, ...] | None = None  # None: the dataset's default; > 1 value: grid on validation
-    density: tuple[float, ...] | None = None
-    factorizer: str | None = None  # None: the dataset's default
-    preset: str | None = None  # synthetic only; None: "small"
-    users: int | None = None
-    items: int | None = None
-    interactions: int | None = None
-    test_users: int | None = None  # None: the dataset's (or preset's) default
-    val_users: int | None = None
-    population_users: int | None = None  # amazon-book only (its seeded sample); None: 10,000
-    engine: str | None = None  # None: "dask" with a scheduler, else "local"
-    workers: int | None = None
-    scheduler: str | None = None
-    chunk_users: int = 1000
-    policy_users: int = DEFAULT_POLICY_USERS  # population users the `auto` policy table averages (seeded sample)
-    policy_trials: int = DEFAULT_POLICY_TRIALS  # its Monte Carlo selections per user (rs, rs_improved, rnm_laplace)
-    # Multi-selection (client/ and multiselect/): the public embedding's d (None: 32, or less on a
-    # dataset too small for it), the training users sampled for the server's population, the least
-    # users per prototype (no row of multiselect/ is one user's), and the items kept per prototype.
-    embedding_dim: int | None = None
-    multiselect_users: int = DEFAULT_MULTISELECT_USERS
-    multiselect_group: int = DEFAULT_MULTISELECT_GROUP
-    multiselect_top: int = DEFAULT_MULTISELECT_TOP
+    """Every `recsvc prep` setting, in the order of its --help; a None default means the dataset's
+    (or preset's) own. The synthetic sizes are checked by the preset they override (config_for)."""
+
+    dataset: str = setting("ml-100k", help="dataset to prepare (ml-100k: the embedded copy)", check=OneOf(DATASETS))
+    data_dir: Path | None = setting(None, help="directory with the dataset's original files")
+    out: Path | None = setting(None, help="artifact directory (default artifacts/<dataset>)")
+    force: bool = setting(False, help="replace an existing artifact directory")
+    seed: int = setting(42, help="seed of the split, the samples and the noise", check=Range(0, integer=True))
+    sensitivity_population: str | None = setting(
+        None,
+        help="users whose scores give the clip ranges: validation (default) or test (the paper); "
+        "amazon-book always uses a sample (--population-users)",
+        check=OneOf(POPULATIONS, none=True),
+    )
+    percentiles: tuple[float, float] = setting(
+        (1.0, 99.0), unit="percent", nargs=2, help="clip range of the scores: LO HI percentiles"
+    )
+    l2: tuple[float, ...] | None = setting(
+        None,
+        nargs="+",
+        type=float,
+        help="SANSA l2 (default: the dataset's); several values → chosen on validation users",
+        check=Each(Range(0, low_open=True), none=True),
+    )
+    density: tuple[float, ...] | None = setting(
+        None,
+        nargs="+",
+        type=float,
+        help="SANSA factor density (default: the dataset's); several → chosen on validation",
+        check=Each(Range(0, 1, low_open=True), none=True),
+    )
+    factorizer: str | None = setting(
+        None, help="default: the dataset's paper setting", check=OneOf(FACTORIZERS, none=True)
+    )
+    preset: str | None = setting(None, help="netflix-shape | ml20m-shape | small | tiny (default small)")
+    users: int | None = setting(None, help="override the preset's user count (≥ 1)")
+    items: int | None = setting(None, help="override the preset's item count (≥ 20)")
+    interactions: int | None = setting(None, help="override the preset's interaction count (≥ 5 × users)")
+    test_users: int | None = setting(None, help="test users (default: the dataset's)", check=POSITIVE_INT_OR_NONE)
+    val_users: int | None = setting(
+        None, help="validation users (default: the dataset's)", check=Range(0, integer=True, none=True)
+    )
+    population_users: int | None = setting(
+        None,
+        help="amazon-book only: size of the sensitivity sample of training users (default 10000)",
+        check=POSITIVE_INT_OR_NONE,
+    )
+    engine: str | None = setting(
+        None, help="default: dask with --scheduler, else local", check=OneOf(ENGINES, none=True)
+    )
+    workers: int | None = setting(None, help="≥ 1 (default: min(2, CPUs))", check=POSITIVE_INT_OR_NONE)
+    scheduler: str | None = setting(
+        None,
+        help="Dask scheduler address, e.g. tcp://HOST:8786 (implies --engine dask; "
+        "refused with --engine local); connected before any work starts",
+    )
+    chunk_users: int = setting(1000, help="users scored per task", check=POSITIVE_INT)
+    memory_limit: str | None = setting(  # e.g. "12GiB", checked by parse_size
+        None,
+        unit="size",
+        help="refuse, before writing anything, a run estimated to need more memory than SIZE "
+        "(e.g. 12GiB; default: no limit)",
+    )
+    policy_users: int = setting(
+        DEFAULT_POLICY_USERS,
+        help="population users it averages over: a seeded sample of larger populations",
+        check=POSITIVE_INT,
+    )
+    policy_trials: int = setting(
+        DEFAULT_POLICY_TRIALS,
+        help="Monte Carlo selections per user for rs, rs_improved, rnm_laplace",
+        check=POSITIVE_INT,
+    )
+    embedding_dim: int | None = setting(
+        None,
+        help="d of the public embedding, < min(training users, items) (default 32, or min − 1 on a smaller dataset)",
+        check=POSITIVE_INT_OR_NONE,
+    )
+    multiselect_users: int = setting(
+        DEFAULT_MULTISELECT_USERS,
+        help="training users sampled, seeded, for the server's population",
+        check=POSITIVE_INT,
+    )
+    multiselect_group: int = setting(
+        DEFAULT_MULTISELECT_GROUP,
+        help="least training users per population prototype, ≥ 2: no row of multiselect/ is one user's",
+        check=Range(2, integer=True),
+    )
+    multiselect_top: int = setting(
+        DEFAULT_MULTISELECT_TOP, help="top items by mean SANSA score kept per population prototype", check=POSITIVE_INT
+    )
     progress: bool | None = None  # None: bars only on a terminal
     verbose: bool = False
-    memory_limit: str | None = None  # e.g. "12GiB": refuse up front a run estimated to need more
 
     def memory_limit_bytes(self) -> int | None:
         return None if self.memory_limit is None else parse_size(self.memory_limit)
@@ -92,62 +153,16 @@ class PrepConfig:
 
     def validate(self) -> None:
         """Checks every input without touching the disk or the network's expensive parts, so bad
-        input fails before any directory exists. Errors are ParamErrors naming the field."""
-        if self.dataset not in datasets.DATASETS:
-            raise ParamError(
-                "unknown {dataset} {value}; expected one of {names}",
-                value=repr(self.dataset),
-                names=", ".join(datasets.DATASETS),
-            )
-        info = datasets.INFO[self.dataset]
-        check_int("seed", self.seed, 0)
-        if self.sensitivity_population is not None and self.sensitivity_population not in POPULATIONS:
-            raise ParamError(
-                "unknown {sensitivity_population} {value}; expected one of {names}",
-                value=repr(self.sensitivity_population),
-                names=", ".join(POPULATIONS),
-            )
-        lo, hi = self.percentiles
+        input fails before any directory exists: each setting's constraint, then what relates
+        settings or needs the dataset. Errors are ParamErrors naming the field."""
+        check(self)
+        lo, hi = (float(v) for v in self.percentiles)
         if not (0.0 <= lo < hi <= 100.0):  # also false for NaN
             raise ParamError("{percentiles} must satisfy 0 ≤ lo < hi ≤ 100, got {lo} {hi}", lo=lo, hi=hi)
-        self.percentiles = validate_percentiles(self.percentiles)
-        if self.factorizer is not None and self.factorizer not in FACTORIZERS:
-            raise ParamError(
-                "unknown {factorizer} {value}; expected one of {names}",
-                value=repr(self.factorizer),
-                names=", ".join(FACTORIZERS),
-            )
-        for param, values, ok, expected in (
-            ("l2", self.l2, lambda v: math.isfinite(v) and v > 0, "a positive number"),
-            ("density", self.density, lambda v: math.isfinite(v) and 0 < v <= 1, "in (0, 1]"),
-        ):
-            if values is None:
-                continue
-            if len(values) == 0:
-                raise ParamError(f"{{{param}}} needs at least one value")
-            for v in values:
-                if not ok(float(v)):
-                    raise ParamError(
-                        f"{param} must be {{expected}}, got {{value}} ({{{param}}})", expected=expected, value=v
-                    )
-        check_int("chunk_users", self.chunk_users, 1)
+        self.percentiles = (lo, hi)
         self.memory_limit_bytes()
-        check_int("policy_users", self.policy_users, 1)
-        check_int("policy_trials", self.policy_trials, 1)
-        check_int("multiselect_users", self.multiselect_users, 1)
-        check_int("multiselect_group", self.multiselect_group, 2)
-        check_int("multiselect_top", self.multiselect_top, 1)
-        for param, value, least in (
-            ("workers", self.workers, 1),
-            ("embedding_dim", self.embedding_dim, 1),
-            ("population_users", self.population_users, 1),
-            ("test_users", self.test_users, 1),
-            ("val_users", self.val_users, 0),
-        ):
-            if value is not None:
-                check_int(param, value, least)
-        self._validate_applicable(info)
-        self._validate_engine()
+        self._validate_applicable(datasets.INFO[self.dataset])
+        self._validate_scheduler()
         if self.data_dir is not None:
             d = Path(self.data_dir)
             if not d.exists():
@@ -205,11 +220,7 @@ class PrepConfig:
                     name=self.dataset,
                 )
 
-    def _validate_engine(self) -> None:
-        if self.engine is not None and self.engine not in ENGINES:
-            raise ParamError(
-                "unknown {engine} {value}; expected one of {names}", value=repr(self.engine), names=", ".join(ENGINES)
-            )
+    def _validate_scheduler(self) -> None:
         if self.scheduler is None:
             return
         if self.engine == "local":
@@ -229,6 +240,36 @@ class PrepConfig:
                 value=repr(self.scheduler),
                 reason=str(exc),
             ) from None
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """`recsvc policy`: :func:`data_prep.policy.rebuild`'s arguments."""
+
+    artifacts: Path = setting(help="artifact directory, e.g. artifacts/ml-100k")
+    users: int = setting(
+        DEFAULT_POLICY_USERS, help="population users to average over, a seeded sample", check=POSITIVE_INT
+    )
+    trials: int = setting(
+        DEFAULT_POLICY_TRIALS,
+        help="Monte Carlo selections per user for mechanisms without an exact expectation",
+        check=POSITIVE_INT,
+    )
+    seed: int | None = setting(
+        None,
+        help="seed of the sample and the Monte Carlo streams (default: the artifact's seed, as `recsvc prep` used)",
+        check=Range(0, integer=True, none=True),
+    )
+    workers: int | None = setting(None, help="≥ 1 (default: min(2, CPUs))", check=POSITIVE_INT_OR_NONE)
+
+
+@dataclass(frozen=True)
+class BundleConfig:
+    """`recsvc serving-bundle`: :func:`recsvc.artifact.write_serving_bundle`'s arguments."""
+
+    artifacts: Path = setting(help="the full artifact directory `recsvc prep` wrote")
+    out: Path = setting(help="the bundle directory to create")
+    force: bool = setting(False, help="replace an existing bundle directory")
 
 
 def _fields(params: list[str]) -> str:

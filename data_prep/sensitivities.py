@@ -106,13 +106,6 @@ def item_ranges(store: BlockStore, q: tuple[float, float], progress=None) -> Ite
     return ItemRanges(lo, hi, count)
 
 
-def validate_percentiles(q: tuple[float, float]) -> tuple[float, float]:
-    lo, hi = (float(v) for v in q)
-    if not (0.0 <= lo < hi <= 100.0):
-        raise ValueError(f"percentiles must satisfy 0 ≤ lo < hi ≤ 100, got {lo} {hi}")
-    return lo, hi
-
-
 def population_spearman(top: TopK, ranges: ItemRanges, chunk_users: int = 1000) -> dict[str, float | int]:
     """Per population user: Spearman(clipped top-k scores, Δ of those items); summary stats.
 

@@ -12,9 +12,8 @@ import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
+from data_prep import FACTORIZERS
 from recsvc.model import Model
-
-FACTORIZERS = ("cholmod", "icf")
 
 
 @dataclass(frozen=True)

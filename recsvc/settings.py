@@ -100,32 +100,39 @@ class Range:
 
 @dataclass(frozen=True)
 class OneOf:
-    """A value among ``choices`` (argparse checks them on the command line; :func:`check` in code)."""
+    """A value among ``choices`` (argparse checks them on the command line; :func:`check` in code);
+    ``none`` accepts None as well (an optional setting, not one of the flag's choices)."""
 
     choices: tuple[Any, ...]
+    none: bool = False
 
     def holds(self, value: object) -> bool:
-        return value in self.choices
+        return self.none if value is None else value in self.choices
 
     def describe(self) -> str:
-        return "one of " + ", ".join(map(str, self.choices))
+        return "one of " + ", ".join(map(str, self.choices)) + (" (or none)" if self.none else "")
 
 
 @dataclass(frozen=True)
 class Each:
-    """A list whose every item meets ``item`` (and that has at least ``least`` items)."""
+    """A list whose every item meets ``item`` (and that has at least ``least`` items); ``none``
+    accepts None as well (an optional setting)."""
 
     item: Range | OneOf
     least: int = 1
+    none: bool = False
 
     def holds(self, value: object) -> bool:
+        if value is None:
+            return self.none
         if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
             return False
         return len(value) >= self.least and all(self.item.holds(v) for v in value)
 
     def describe(self) -> str:
         items = self.item.describe()
-        return f"{self.least} or more of {items}" if self.least > 1 else f"one or more of {items}"
+        text = f"{self.least} or more of {items}" if self.least > 1 else f"one or more of {items}"
+        return text + (" (or none)" if self.none else "")
 
 
 Constraint = Range | OneOf | Each
@@ -213,7 +220,8 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_SIMPLE: dict[str, Callable[[str], Any]] = {"Path": Path, "int": int, "float": float, "str": str}
+# A str setting needs no conversion: argparse gives the word itself, as a flag without ``type`` does.
+_SIMPLE: dict[str, Callable[[str], Any]] = {"Path": Path, "int": int, "float": float}
 
 
 def _type_of(d: Declared) -> Callable[[str], Any] | None:
@@ -228,7 +236,7 @@ def _type_of(d: Declared) -> Callable[[str], Any] | None:
     default = d.default
     if isinstance(default, (list, tuple)):
         default = default[0] if default else None
-    if isinstance(default, bool) or default is None:
+    if isinstance(default, (bool, str)) or default is None:
         return None
     if isinstance(default, Path):
         return Path
