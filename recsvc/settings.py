@@ -95,7 +95,7 @@ class Range:
             text = f"{kind} {'<' if self.high_open else '≤'} {_g(hi)}"
         else:
             text = kind
-        return text + (" (or none)" if self.none else "")
+        return text  # no "(or none)": a flag left out is the none, and a user cannot type one
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ class OneOf:
         return self.none if value is None else value in self.choices
 
     def describe(self) -> str:
-        return "one of " + ", ".join(map(str, self.choices)) + (" (or none)" if self.none else "")
+        return "one of " + ", ".join(map(str, self.choices))
 
 
 @dataclass(frozen=True)
@@ -130,9 +130,8 @@ class Each:
         return len(value) >= self.least and all(self.item.holds(v) for v in value)
 
     def describe(self) -> str:
-        items = self.item.describe()
-        text = f"{self.least} or more of {items}" if self.least > 1 else f"one or more of {items}"
-        return text + (" (or none)" if self.none else "")
+        count = "one or more values" if self.least == 1 else f"{self.least} or more values"
+        return f"{count}, each {self.item.describe()}"
 
 
 Constraint = Range | OneOf | Each
@@ -317,7 +316,7 @@ def check(config: object) -> None:
 
 def _shown(value: object) -> str:
     if isinstance(value, (list, tuple)):
-        return " ".join(map(_shown, value))
+        return " ".join(map(_shown, value)) if value else "no values"
     return repr(value) if isinstance(value, str) else str(value)
 
 

@@ -78,7 +78,7 @@ def test_the_parsed_flags_build_the_checked_config_and_its_groups() -> None:
         (["--share", "0"], "share must be a finite number in (0, 1], got 0.0"),
         (["--share", "nan"], "share must be a finite number in (0, 1], got nan"),
         (["--timeout", "inf"], "timeout must be a finite number in (0, 86400], got inf"),
-        (["--epsilons", "1", "-2"], "epsilons must be one or more of a finite number > 0, got 1.0 -2.0"),
+        (["--epsilons", "1", "-2"], "epsilons must be one or more values, each a finite number > 0, got 1.0 -2.0"),
         (["--port", "70000"], "port must be an integer in [0, 65535], got 70000"),
         (["--ledger-pool", "0"], "ledger_pool must be an integer ≥ 1, got 0"),
     ],
@@ -104,7 +104,7 @@ def test_range_describes_what_it_holds() -> None:
     r = Range(1e-6, 1, high_open=True)
     assert r.describe() == "a finite number in [1e-06, 1)"
     assert [r.holds(v) for v in (1e-6, 0.5, 1.0, math.nan, True, "0.5")] == [True, True, False, False, False, False]
-    assert Range(0, integer=True, none=True).describe() == "an integer ≥ 0 (or none)"
+    assert Range(0, integer=True, none=True).describe() == "an integer ≥ 0"  # a flag left out is the none
     assert Range(0, integer=True, none=True).holds(None) and not Range(0).holds(None)
     assert Range(low=10_000, integer=True).describe() == "an integer ≥ 10000"
     assert [d.name for d in settings_of(Config)][-2:] == ["port", "ledger_pool"]
@@ -134,3 +134,14 @@ def test_a_setting_declared_outside_a_config_class_gets_its_flag_too() -> None:
 def test_a_setting_without_help_is_refused_at_declaration() -> None:
     with pytest.raises(ValueError, match="one non-empty line"):
         setting(1, help="")
+
+
+def test_optional_choices_and_lists_accept_none_and_say_what_a_value_must_be() -> None:
+    """OneOf and Each with none=True (a flag whose default None means "the data's own")."""
+    engines, l2 = OneOf(("local", "dask"), none=True), Each(Range(0, low_open=True), none=True)
+    assert engines.holds(None) and engines.holds("dask") and not engines.holds("spark")
+    assert not OneOf(("local",)).holds(None)
+    assert l2.holds(None) and l2.holds((1.0, 2.0)) and not l2.holds((1.0, -2.0)) and not l2.holds(())
+    assert not l2.holds("1.0")  # a string is not a list of numbers
+    assert l2.describe() == "one or more values, each a finite number > 0"
+    assert Each(OneOf(("a", "b")), least=2).describe() == "2 or more values, each one of a, b"

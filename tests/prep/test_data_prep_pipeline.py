@@ -211,7 +211,7 @@ def test_crash_after_the_scratch_dir_removes_the_parents_it_made(tmp_path: Path,
         (
             "ok",
             ["--dataset", "ml-20m", "--l2", "-1", "--test-users", "5", "--val-users", "5"],
-            r"--l2 must be one or more of a finite number > 0",
+            r"--l2 must be one or more values, each a finite number > 0",
         ),
     ],
 )
