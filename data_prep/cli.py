@@ -62,7 +62,7 @@ def run_prep(args: argparse.Namespace) -> int:
 
 
 def run_policy(args: argparse.Namespace) -> int:
-    from data_prep.policy import rebuild
+    from data_prep.rebuild_policy import rebuild
 
     cfg: PolicyConfig = from_namespace(PolicyConfig, args)
     out = rebuild(cfg.artifacts, users=cfg.users, trials=cfg.trials, seed=cfg.seed, workers=cfg.workers)

@@ -244,7 +244,7 @@ class PrepConfig:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """`recsvc policy`: :func:`data_prep.policy.rebuild`'s arguments."""
+    """`recsvc policy`: :func:`data_prep.rebuild_policy.rebuild`'s arguments."""
 
     artifacts: Path = setting(help="artifact directory, e.g. artifacts/ml-100k")
     users: int = setting(

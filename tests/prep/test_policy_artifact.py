@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-import data_prep.policy as policy_cmd
+import data_prep.rebuild_policy as policy_cmd
 from data_prep.pipeline import PrepConfig, run
 from eval.testing import make_artifact
 from recsvc.app.cli import main
