@@ -1,63 +1,66 @@
 """`recsvc serve`, `recsvc wait-ready`, `recsvc select`, `recsvc budget`, and `recsvc ledger` from :mod:`.ledger_cli` (see
-recsvc/app/cli.py for the registration contract)."""
+recsvc/app/cli.py for the registration contract). Their settings are declared once, in
+:mod:`recsvc.service.config` and in the dataclasses here (:mod:`recsvc.settings`)."""
 
 from __future__ import annotations
 
 import argparse
 import csv
 import json
-import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recsvc.checks import check_epsilon, check_regular_file
-from recsvc.mechanisms import MECHANISMS, add_param_arguments, params_from_namespace
-from recsvc.service.config import CANDIDATE_MECHANISMS, PARAMS, ServerConfig, default
-from recsvc.service.ledger_cli import WINDOW_HELP, ledger_arg, register_ledger
+from recsvc.checks import check_regular_file
+from recsvc.mechanisms import add_param_arguments, params_from_namespace
+from recsvc.service.config import BOUND, POSITIVE, Listen, ServerConfig
+from recsvc.service.ledger_cli import register_ledger
+from recsvc.settings import add_arguments, from_namespace, setting
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 WAIT_READY_S = 60.0  # `wait-ready`'s default: a cold start compiles the numba kernels (≈ 30 s on 2 cores)
 POLL_S = 0.1  # between two health checks of `wait-ready`
+# `serve`'s flags after --artifacts and --host, in the order --help lists them
+SERVE_FLAGS = """port ledger ledger_pool ledger_lock_timeout ledger_statement_timeout ledger_idle_timeout
+ledger_connect_timeout fingerprint_key budget budget_window default_mechanism default_candidate_mechanism auto_threshold
+max_candidates max_batch max_batch_candidates min_epsilon max_history max_message_bytes max_slate max_multiselect_k
+min_candidates workers threads heavy_draws heavy_draw_threads max_num_candidates heavy_queue heavy_per_principal
+max_concurrent_rpcs max_streams_per_connection max_inflight_bytes receive_timeout idle_timeout keepalive_time
+keepalive_timeout min_ping_interval max_health_watches max_streaming_calls stream_idle_timeout principal_share
+tls_cert tls_key client_ca token_file client_scopes allow_plaintext_tokens rate_limit metrics_port metrics_host
+allow_non_private grace drain_delay ready_file""".split()  # noqa: SIM905  # words in --help order read better than 56 quoted ones
 
 
-# The bounds on what calls in flight may hold (SECURITY.md, "Admission"): flag, type, help.
-ADMISSION_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("--max-num-candidates", int, "largest num_candidates of a two-stage Recommend (its private top-m)"),
-    ("--heavy-queue", int, "heavy calls (above --heavy-draws) queued at once per worker; more: RESOURCE_EXHAUSTED"),
-    ("--heavy-per-principal", int, "heavy calls one principal may have queued; more: RESOURCE_EXHAUSTED"),
-    ("--max-concurrent-rpcs", int, "authenticated calls in flight per worker; more: RESOURCE_EXHAUSTED"),
-    ("--max-streams-per-connection", int, "HTTP/2 streams one connection may open at once"),
-    ("--max-inflight-bytes", int, "request bytes of the calls in flight per worker; more: RESOURCE_EXHAUSTED"),
-    (
-        "--receive-timeout",
-        float,
-        "seconds from a call's headers to its whole request message; later: DEADLINE_EXCEEDED",
-    ),
-    ("--idle-timeout", float, "seconds a connection without calls stays open"),
-    ("--keepalive-time", float, "seconds between the server's pings on a quiet connection"),
-    ("--keepalive-timeout", float, "seconds a ping may go unanswered before the connection is closed"),
-    ("--min-ping-interval", float, "least seconds between a client's pings (faster ones end the connection)"),
-    ("--max-health-watches", int, "Health/Watch streams open at once per worker (Check is unbounded)"),
-    (
-        "--max-streaming-calls",
-        int,
-        "authenticated streaming calls (server reflection) open at once per worker, apart from "
-        "--max-concurrent-rpcs; more: RESOURCE_EXHAUSTED",
-    ),
-    (
-        "--stream-idle-timeout",
-        float,
-        "seconds a stream (reflection, Health/Watch) may pass no message; then it is ended (DEADLINE_EXCEEDED)",
-    ),
-    (
-        "--principal-share",
-        float,
-        "fraction of --max-concurrent-rpcs, --max-inflight-bytes, --max-health-watches and --max-streaming-calls "
-        "one principal may hold (anonymous callers: one per peer address; a principal holding none is "
-        "always admitted within the total); more: RESOURCE_EXHAUSTED",
-    ),
-)
+@dataclass(frozen=True)
+class Connection:
+    """How a client command reaches the server."""
+
+    target: str = setting(DEFAULT_TARGET, unit="host:port", help="the server's address")
+    token_file: Path | None = setting(None, help="file whose first token is sent as 'authorization: Bearer'")
+    tls_ca: Path | None = setting(None, help="CA (PEM) to verify the server; enables TLS")
+    tls_cert: Path | None = setting(None, help="client certificate (PEM) for mTLS")
+    tls_key: Path | None = setting(None, help="client key (PEM) for mTLS")
+    timeout: float = setting(30.0, unit="seconds", help="how long each call may take")
+
+
+@dataclass(frozen=True)
+class WaitReady(Connection):
+    timeout: float = setting(WAIT_READY_S, unit="seconds", help="how long to wait in all", check=POSITIVE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Select:
+    """`select`'s own flags (`budget` shares --user)."""
+
+    user: str = setting(help="user id: the one charged, or whose budget is shown")
+    candidates: Path | None = setting(None, unit="file", help="CSV with columns item_id,score (header optional)")
+    mechanism: str = setting("", help="mechanism name or 'auto' (default: the server's default)")
+    epsilon: float = setting(help="the privacy cost ε of the selection", check=POSITIVE)
+    request_id: str | None = setting(None, help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
+    k: int = setting(
+        0, help="slate size: k distinct items in selection order, ε charged once (0: one item)", check=BOUND
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,200 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the private-selection gRPC server",
         description="Serve PrivateSelection (gRPC) over an artifact directory, with a privacy ledger.",
     )
-    p.add_argument("--artifacts", type=Path, required=True, help="artifact directory, e.g. artifacts/ml-100k")
-    p.add_argument("--host", default=default("host"))
-    p.add_argument("--port", type=int, default=default("port"), help="0 picks a free port (single worker)")
-    p.add_argument(
-        "--ledger",
-        type=ledger_arg,
-        default=default("ledger"),
-        help="privacy ledger: an SQLite file (created if missing) or a PostgreSQL URL "
-        "postgresql://USER@HOST:PORT/DB shared by replicas (prepare it with `recsvc ledger init`)",
-    )
-    p.add_argument(
-        "--ledger-pool",
-        type=int,
-        default=default("ledger_pool"),
-        help="PostgreSQL connections per process (default %(default)s)",
-    )
-    for flag, what in (
-        ("lock", "lock_timeout: the longest a charge waits for a lock another session holds (then UNAVAILABLE"),
-        ("statement", "statement_timeout: the longest a ledger statement runs (then UNAVAILABLE"),
-        (
-            "idle",
-            "idle_in_transaction_session_timeout: the server ends a ledger session that sits this long inside a "
-            "transaction, e.g. a frozen replica's, releasing its rows (its charge rolled back",
-        ),
-        (
-            "connect",
-            "replica's own wait for a pooled connection, to connect, or for an answer over a silent link (a "
-            "partition), and how long a lost connection is retried (then UNAVAILABLE",
-        ),
-    ):
-        p.add_argument(
-            f"--ledger-{flag}-timeout",
-            type=float,
-            default=default(f"ledger_{flag}_timeout"),
-            metavar="SECONDS",
-            help=f"PostgreSQL {what}, nothing spent; default %(default)s)",
-        )
-    p.add_argument(
-        "--fingerprint-key",
-        type=Path,
-        default=default("fingerprint_key"),
-        metavar="FILE",
-        help="HMAC key of the request fingerprints (default: <ledger>.key, created with mode 0600 "
-        "on first start; never stored in the ledger)",
-    )
-    p.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
-    p.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
-    p.add_argument(
-        "--default-mechanism", default=default("default_mechanism"), help="used when a request names no mechanism"
-    )
-    p.add_argument(
-        "--default-candidate-mechanism",
-        default=default("default_candidate_mechanism"),
-        help=f"the one-shot top-k mechanism ({', '.join(CANDIDATE_MECHANISMS)}) of a two-stage Recommend's "
-        "private top-m when the request names none (default %(default)s)",
-    )
-    p.add_argument(
-        "--auto-threshold",
-        type=float,
-        default=default("auto_threshold"),
-        help="|median population Spearman| above which auto picks gem/mgem",
-    )
-    p.add_argument(
-        "--max-candidates",
-        type=int,
-        default=default("max_candidates"),
-        help="most candidates per Select request (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-batch",
-        type=int,
-        default=default("max_batch"),
-        help="most requests per SelectBatch call (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-batch-candidates",
-        type=int,
-        default=default("max_batch_candidates"),
-        help="most candidates in all the requests of one SelectBatch call, a request's being its largest "
-        "count of candidates, item_ids, scores or item_rows (default %(default)s)",
-    )
-    p.add_argument(
-        "--min-epsilon",
-        type=float,
-        default=default("min_epsilon"),
-        help="least ε a request may ask for, so one user stores at most --budget / --min-epsilon answers "
-        "per budget window (default %(default)s; 0: no floor but the ledger's unit, 1e-12)",
-    )
-    p.add_argument(
-        "--max-history",
-        type=int,
-        default=default("max_history"),
-        help="most history entries per Recommend request (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-message-bytes",
-        type=int,
-        default=default("max_message_bytes"),
-        help="largest request message accepted, in bytes (default %(default)s = 16 MiB)",
-    )
-    p.add_argument(
-        "--max-slate",
-        type=int,
-        default=default("max_slate"),
-        help="largest k (items per answer) on Select and Recommend (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-multiselect-k",
-        type=int,
-        default=default("max_multiselect_k"),
-        help="largest k (items per answer) on MultiSelect (default %(default)s)",
-    )
-    p.add_argument(
-        "--min-candidates",
-        type=int,
-        default=default("min_candidates"),
-        help="Recommend's public floor: least m of a two-stage request's private top-m (default "
-        "%(default)s; the whole catalog if smaller). Without a candidate stage Recommend "
-        "always selects over the full catalog",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=default("workers"),
-        help="processes sharing the port (SO_REUSEPORT) and the ledger",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=default("threads"),
-        help="request threads per worker: they decode, check and charge calls (a Select alone on the server runs on the event loop instead; default %(default)s)",
-    )
-    p.add_argument(
-        "--heavy-draws",
-        type=int,
-        default=default("heavy_draws"),
-        help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn "
-        "by the low-priority pool",
-    )
-    p.add_argument(
-        "--heavy-draw-threads",
-        type=int,
-        default=default("heavy_draw_threads"),
-        help="threads of that pool per worker (lowest CPU priority; each draw may take tens of MB)",
-    )
-    for flag, kind, text in ADMISSION_FLAGS:
-        p.add_argument(
-            flag, type=kind, default=default(flag[2:].replace("-", "_")), help=text + " (default %(default)s)"
-        )
-    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM); enables TLS")
-    p.add_argument("--tls-key", type=Path, help="server private key (PEM)")
-    p.add_argument("--client-ca", type=Path, help="CA (PEM) for client certificates; enables mTLS")
-    p.add_argument(
-        "--token-file",
-        type=Path,
-        help="bearer tokens, lines '<token> <scope>' (scope admin, service or user:<user_id>; "
-        "a token alone means service); enables token auth",
-    )
-    p.add_argument(
-        "--client-scopes",
-        type=Path,
-        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or '<type>:<SAN> <scope>' (type "
-        "dns, uri, email or ip) mapping client certificates to scopes (see SECURITY.md)",
-    )
-    p.add_argument(
-        "--allow-plaintext-tokens",
-        action="store_true",
-        help="accept --token-file without TLS on a non-loopback --host (a trusted proxy terminates TLS)",
-    )
-    p.add_argument(
-        "--rate-limit",
-        type=float,
-        default=default("rate_limit"),
-        help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)",
-    )
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    p.add_argument("--metrics-host", default=default("metrics_host"))
-    not_dp = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
-    p.add_argument("--allow-non-private", action="store_true", help=f"accept {not_dp} (NOT differentially private)")
-    p.add_argument("--grace", type=float, default=default("grace"), help="seconds in-flight calls get on SIGTERM")
-    p.add_argument(
-        "--drain-delay",
-        type=float,
-        default=default("drain_delay"),
-        help="seconds of NOT_SERVING before the port closes",
-    )
-    p.add_argument(
-        "--ready-file",
-        type=Path,
-        default=default("ready_file"),
-        metavar="FILE",
-        help="written (whole, at once) with HOST:PORT when the server listens, removed when it stops; "
-        "scripts wait for it, or run `recsvc wait-ready`",
-    )
+    add_arguments(p, ServerConfig, only=["artifacts"])
+    p.add_argument("--host", default=Listen.host)  # without help: test_cli_help's example of one
+    add_arguments(p, ServerConfig, only=SERVE_FLAGS)
     p.set_defaults(func=run_serve)
 
     w = sub.add_parser(
@@ -269,11 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "after starting `recsvc serve` in the background; after --timeout seconds without, one line "
         "on stderr and exit 2.",
     )
-    w.add_argument("--target", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})")
-    w.add_argument("--tls-ca", type=Path, help="CA (PEM) to verify the server; enables TLS")
-    w.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mTLS")
-    w.add_argument("--tls-key", type=Path, help="client key (PEM) for mTLS")
-    w.add_argument("--timeout", type=float, default=WAIT_READY_S, help="seconds to wait in all")
+    add_arguments(w, WaitReady, skip=["token_file"])
     w.set_defaults(func=run_wait_ready)
 
     s = sub.add_parser(
@@ -281,46 +89,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="ask a running server for one private selection",
         description="Send one Select request and print the answer as JSON.",
     )
-    _client_args(s)
-    s.add_argument("--user", required=True, help="user id (the budget is charged to it)")
+    add_arguments(s, Connection)
+    add_arguments(s, Select, only=["user"])
     g = s.add_mutually_exclusive_group(required=True)
-    g.add_argument("--candidates", type=Path, help="CSV with columns item_id,score (header optional)")
+    add_arguments(g, Select, only=["candidates"])
+    # repeated: an append action, which settings do not declare
     g.add_argument("--candidate", action="append", metavar="ID:SCORE", help="one candidate; repeat")
-    s.add_argument("--mechanism", default="", help="mechanism name or 'auto' (default: the server's default)")
-    s.add_argument("--epsilon", type=float, required=True)
-    s.add_argument("--request-id", help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
+    add_arguments(s, Select, only=["mechanism", "epsilon", "request_id"])
     add_param_arguments(s)  # --beta, --gamma, --corr-budget-fraction (unset: the mechanism's default)
-    s.add_argument(
-        "--k",
-        type=int,
-        default=0,
-        help="slate size: k distinct items in selection order, ε charged once (default: one item)",
-    )
+    add_arguments(s, Select, only=["k"])
     s.set_defaults(func=run_select)
 
     register_ledger(sub)
 
     b = sub.add_parser("budget", help="show a user's privacy budget on a running server")
-    _client_args(b)
-    b.add_argument("--user", required=True)
+    add_arguments(b, Connection)
+    add_arguments(b, Select, only=["user"])
     b.set_defaults(func=run_budget)
-
-
-def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=DEFAULT_TARGET, help=f"HOST:PORT (default {DEFAULT_TARGET})")
-    p.add_argument("--token-file", type=Path, help="file whose first token is sent as 'authorization: Bearer'")
-    p.add_argument("--tls-ca", type=Path, help="CA (PEM) to verify the server; enables TLS")
-    p.add_argument("--tls-cert", type=Path, help="client certificate (PEM) for mTLS")
-    p.add_argument("--tls-key", type=Path, help="client key (PEM) for mTLS")
-    p.add_argument("--timeout", type=float, default=30.0)
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from recsvc.service.workers import serve
 
-    return serve(
-        ServerConfig.of(args.artifacts, **{name: getattr(args, name) for name in PARAMS if hasattr(args, name)})
-    )
+    return serve(from_namespace(ServerConfig, args))
 
 
 def run_wait_ready(args: argparse.Namespace) -> int:
@@ -330,24 +121,23 @@ def run_wait_ready(args: argparse.Namespace) -> int:
 
     from recsvc.service.client import Client
 
-    check_target(args.target)
-    if not (math.isfinite(args.timeout) and args.timeout > 0):
-        raise ValueError(f"--timeout must be a finite number of seconds > 0, got {args.timeout}")
-    deadline = time.monotonic() + args.timeout
+    c = from_namespace(WaitReady, args)
+    check_target(c.target)
+    deadline = time.monotonic() + c.timeout
     status = "no answer"
     while (left := deadline - time.monotonic()) > 0:
         # A fresh channel each time: a channel that failed to connect backs off for up to 2 minutes.
-        with Client(args.target, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, timeout=left) as c:
-            c.timeout = min(1.0, left)  # one check; the loop waits for the rest
+        with Client(c.target, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, timeout=left) as client:
+            client.timeout = min(1.0, left)  # one check; the loop waits for the rest
             try:
-                status = c.health()
+                status = client.health()
             except grpc.RpcError as exc:
                 status = exc.code().name
         if status == "SERVING":
             return 0
         time.sleep(max(0.0, min(POLL_S, deadline - time.monotonic())))
     raise ValueError(
-        f"--target {args.target} did not answer health SERVING within {args.timeout:g}s (last: {status}); "
+        f"--target {c.target} did not answer health SERVING within {c.timeout:g}s (last: {status}); "
         "expected a running `recsvc serve` there"
     )
 
@@ -402,11 +192,10 @@ def _client(args: argparse.Namespace) -> Any:
     from recsvc.service.auth import read_token
     from recsvc.service.client import Client
 
-    check_target(args.target)  # --timeout is checked by Client itself, before any call
-    token = read_token(args.token_file) if args.token_file else None
-    return Client(
-        args.target, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key, timeout=args.timeout
-    )
+    c = from_namespace(Connection, args)
+    check_target(c.target)  # --timeout is checked by Client itself, before any call
+    token = read_token(c.token_file) if c.token_file else None
+    return Client(c.target, token=token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, timeout=c.timeout)
 
 
 class RpcFailure(ValueError):
@@ -420,19 +209,17 @@ def _rpc_error(exc: Any) -> Exception:
 def run_select(args: argparse.Namespace) -> int:
     import grpc
 
-    cands = read_candidates_csv(args.candidates) if args.candidates else [parse_candidate(c) for c in args.candidate]
-    check_epsilon(args.epsilon, "--epsilon")
-    if args.k < 0:
-        raise ValueError(f"--k must be >= 0 (0 or 1: one item; k: a k-item slate), got {args.k}")
+    flags = from_namespace(Select, args)
+    cands = read_candidates_csv(flags.candidates) if flags.candidates else [parse_candidate(c) for c in args.candidate]
     with _client(args) as client:
         try:
             r = client.select(
-                args.user,
+                flags.user,
                 cands,
-                mechanism=args.mechanism,
-                epsilon=args.epsilon,
-                request_id=args.request_id,
-                k=args.k,
+                mechanism=flags.mechanism,
+                epsilon=flags.epsilon,
+                request_id=flags.request_id,
+                k=flags.k,
                 **params_from_namespace(args),
             )
         except grpc.RpcError as exc:

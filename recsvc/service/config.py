@@ -1,19 +1,15 @@
-"""The service's knobs and their defaults, written once: the `serve` flags, :class:`ServerConfig`
-and the selection :class:`Policy` all read them from here. Stdlib only, so `recsvc --help`
-stays instant.
-
-:class:`ServerConfig` groups the knobs by what they configure (listen, admission, auth, ledger, limits,
-selection, drain). Each knob has one flat parameter name, the `serve` flag's (``max_batch`` is
-``--max-batch``), which messages name and :meth:`ServerConfig.of` accepts. The constraints on
-them are declared once, in :data:`CONSTRAINTS`, and checked once, by :func:`validate`.
-"""
+"""The service's settings, declared once (:mod:`recsvc.settings`): each field of :class:`ServerConfig`'s
+groups (listen, admission, auth, ledger, limits, selection, drain) carries its default, constraint, unit and
+help, and is one flat parameter, the `serve` flag's (``max_batch`` is ``--max-batch``), which messages name and
+:meth:`ServerConfig.of` accepts. The rules over several settings are :data:`CONSTRAINTS`; :func:`validate`
+checks both. Stdlib only, so `recsvc --help` stays instant."""
 
 from __future__ import annotations
 
 import ipaddress
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +20,7 @@ from recsvc.ledger.units import MAX_EPSILON, budget_units
 from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 from recsvc.policy import AUTO_THRESHOLD
+from recsvc.settings import Range, check, setting, settings_of
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -32,79 +29,156 @@ AUTO = "auto"
 # What a two-stage Recommend's candidate stage may run: the registry's one-shot top-k mechanisms
 # (named here, not imported: this module stays stdlib-only; a test checks the two agree).
 CANDIDATE_MECHANISMS: tuple[str, ...] = ("oneshot", "gumbel", "clm")
+COUNT = Range(1, integer=True)  # a number of things, at least one
+BOUND = Range(0, integer=True)  # a bound that may be 0 (nothing of that kind admitted)
+POSITIVE = Range(0, low_open=True)
+PORT, PORT_OR_NONE = Range(0, 65535, integer=True), Range(0, 65535, integer=True, none=True)
+MESSAGE = Range(1024, 2**31 - 1, integer=True)  # gRPC's message length is an int32
+S = "seconds"
+MORE = "more: RESOURCE_EXHAUSTED"
 
 
-def _named(default: Any, flag: str) -> Any:
-    """A group field whose flat parameter name (the `serve` flag's) differs from its own name."""
-    return field(default=default, metadata={"flag": flag})
+def ledger_arg(text: str) -> Path | str:
+    """A PostgreSQL URL stays a string (Path would fold its '//'); anything else is a file path."""
+    return text if is_postgres(text) else Path(text)
 
 
 @dataclass(frozen=True)
 class Listen:
     """Where and how the server listens."""
 
-    host: str = "127.0.0.1"
-    port: int = 50051  # 0: pick a free port (single worker only; see ServerHandle.port)
-    workers: int = 1  # processes sharing the port (SO_REUSEPORT) and the ledger
-    threads: int = 16  # gRPC thread pool per worker; more requests in flight → larger group commits
-    reuse_port: bool = False
-    metrics_port: int | None = None  # given → Prometheus /metrics on metrics_host:metrics_port
-    metrics_host: str = "127.0.0.1"
-    ready_file: Path | None = None  # given → holds HOST:PORT while the server listens (scripts wait for it)
+    # test_cli_help shows --host as its option without help, so `serve` adds that flag by hand
+    host: str = setting("127.0.0.1", help="address to listen on")
+    port: int = setting(50051, help="0 picks a free port (single worker; see ServerHandle.port)", check=PORT)
+    workers: int = setting(1, help="processes sharing the port (SO_REUSEPORT) and the ledger", check=COUNT)
+    # more requests in flight → larger group commits
+    threads: int = setting(
+        16,
+        help="request threads per worker: they decode, check and charge calls (a Select alone on the server "
+        "runs on the event loop instead)",
+        check=COUNT,
+    )
+    reuse_port: bool = False  # not a flag: the workers' supervisor sets it
+    metrics_port: int | None = setting(None, help="serve Prometheus /metrics on this port", check=PORT_OR_NONE)
+    metrics_host: str = setting("127.0.0.1", help="address of the /metrics server")
+    ready_file: Path | None = setting(
+        None,
+        unit="file",
+        help="written (whole, at once) with HOST:PORT when the server listens, removed when it stops; "
+        "scripts wait for it, or run `recsvc wait-ready`",
+    )
 
 
 @dataclass(frozen=True)
 class Admission:
     """What the calls of one worker may hold at once, so that no client can pin the server
-    (SECURITY.md): authenticated RPCs in flight, HTTP/2 streams per connection, request bytes
-    being served, health watchers, streaming calls, how much of each one principal may hold, and
-    how long a connection, a request's body or a stream may idle."""
+    (SECURITY.md, "Admission"), how much of it one principal may hold, and how long a connection,
+    a request's body or a stream may idle."""
 
-    max_concurrent_rpcs: int = 128  # authenticated calls in flight; more → RESOURCE_EXHAUSTED
-    max_streams_per_connection: int = 100  # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 suggests >= 100)
-    max_inflight_bytes: int = 64 * 1024 * 1024  # request bytes of the calls in flight; more → RESOURCE_EXHAUSTED
-    receive_timeout: float = 10.0  # seconds from a call's headers to its whole request message
-    idle_timeout: float = 300.0  # seconds a connection without calls stays open
-    keepalive_time: float = 60.0  # seconds between the server's pings on a quiet connection
-    keepalive_timeout: float = 20.0  # seconds a ping may go unanswered before the connection closes
-    min_ping_interval: float = 10.0  # least seconds between a client's pings (faster: GOAWAY)
-    max_health_watches: int = 16  # concurrent Health/Watch streams (Check is unlimited)
-    max_streaming_calls: int = 16  # concurrent authenticated streams (server reflection), apart from the RPCs
-    stream_idle_timeout: float = 60.0  # seconds a stream may pass no message; then it is ended
-    # the fraction of each bound above (RPCs, bytes, watchers, streams) one principal may hold
-    principal_share: float = 0.25
+    max_concurrent_rpcs: int = setting(128, help=f"authenticated calls in flight per worker; {MORE}", check=COUNT)
+    # HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS (RFC 9113 suggests >= 100)
+    max_streams_per_connection: int = setting(100, help="HTTP/2 streams one connection may open at once", check=COUNT)
+    max_inflight_bytes: int = setting(64 * 2**20, unit="bytes", help=f"request bytes in flight per worker; {MORE}")
+    receive_timeout: float = setting(
+        10.0, unit=S, help="from a call's headers to its message; later: DEADLINE_EXCEEDED"
+    )
+    idle_timeout: float = setting(300.0, unit=S, help="how long a connection without calls stays open")
+    keepalive_time: float = setting(60.0, unit=S, help="between the server's pings on a quiet connection")
+    keepalive_timeout: float = setting(20.0, unit=S, help="how long a ping may go unanswered; then the connection ends")
+    min_ping_interval: float = setting(10.0, unit=S, help="least time between a client's pings (faster: GOAWAY)")
+    max_health_watches: int = setting(16, help="Health/Watch streams per worker (Check is unbounded)", check=BOUND)
+    max_streaming_calls: int = setting(
+        16,
+        help=f"authenticated streams (server reflection) open at once per worker, apart from the RPCs; {MORE}",
+        check=BOUND,
+    )
+    stream_idle_timeout: float = setting(60.0, unit=S, help="how long a stream may idle; then DEADLINE_EXCEEDED")
+    principal_share: float = setting(
+        0.25,
+        help="fraction of --max-concurrent-rpcs, --max-inflight-bytes, --max-health-watches and "
+        "--max-streaming-calls one principal may hold (anonymous callers: one per peer address; a "
+        f"principal holding none is always admitted within the total); {MORE}",
+        check=Range(0, 1, low_open=True),
+    )
 
 
 @dataclass(frozen=True)
 class Auth:
     """Transport security, principals and their rate limit."""
 
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    client_ca: Path | None = None  # given → mTLS: clients must present a cert signed by it
-    token_file: Path | None = None  # given → every RPC but health needs `authorization: Bearer <token>`
-    client_scopes: Path | None = None  # certificate subject/SAN → scope (needs client_ca); see SECURITY.md
-    allow_plaintext_tokens: bool = False  # tokens without TLS on a non-loopback host (behind a TLS proxy)
-    rate_limit: float = 0.0  # requests/s per principal (per worker); 0: no limit
+    tls_cert: Path | None = setting(None, help="server certificate (PEM); enables TLS")
+    tls_key: Path | None = setting(None, help="server private key (PEM)")
+    client_ca: Path | None = setting(None, help="CA (PEM) for client certificates; enables mTLS")
+    token_file: Path | None = setting(
+        None,
+        help="bearer tokens, lines '<token> <scope>' (scope admin, service or user:<user_id>; a token alone "
+        "means service); every RPC but health then needs one",
+    )
+    client_scopes: Path | None = setting(
+        None,
+        help="with --client-ca: lines 'subject:<RFC 2253 subject> <scope>' or '<type>:<SAN> <scope>' (type "
+        "dns, uri, email or ip) mapping client certificates to scopes (see SECURITY.md)",
+    )
+    allow_plaintext_tokens: bool = setting(
+        False, help="accept --token-file without TLS on a non-loopback --host (a trusted proxy terminates TLS)"
+    )
+    rate_limit: float = setting(
+        0.0, help="requests/s per principal and worker, a SelectBatch counting each item (0: no limit)", check=Range(0)
+    )
 
 
 @dataclass(frozen=True)
 class LedgerSettings:
-    """The privacy ledger and the budget it enforces."""
+    """The privacy ledger and the budget it enforces. A PostgreSQL ledger's waits (recsvc.ledger.waits)
+    end in UNAVAILABLE, nothing spent."""
 
-    # an SQLite file, or a PostgreSQL URL (str) shared by replicas
-    location: Path | str = _named(Path("ledger.db"), "ledger")
-    pool: int = _named(8, "ledger_pool")  # PostgreSQL connections per process
-    # PostgreSQL's lock_timeout, statement_timeout, idle_in_transaction_session_timeout (s; recsvc.ledger.waits)
-    lock_timeout: float = _named(DEFAULT_WAITS.lock_s, "ledger_lock_timeout")
-    statement_timeout: float = _named(DEFAULT_WAITS.statement_s, "ledger_statement_timeout")
-    idle_timeout: float = _named(DEFAULT_WAITS.idle_in_transaction_s, "ledger_idle_timeout")
-    # a PostgreSQL ledger's own side (s): the wait for a pooled connection, libpq's link timeouts, reconnect retries
-    connect_timeout: float = _named(CONNECT_S, "ledger_connect_timeout")
-    fingerprint_key: Path | None = None  # HMAC key of the request fingerprints; None: <ledger>.key
-    budget: float = 10.0  # per-user ε under basic composition
-    # 'lifetime', or Nd: ε per user per UTC-aligned N-day window (NOT over all time; ledger_window)
-    budget_window: str = LIFETIME
+    location: Path | str = setting(
+        Path("ledger.db"),
+        name="ledger",
+        type=ledger_arg,
+        help="privacy ledger: an SQLite file (created if missing) or a PostgreSQL URL "
+        "postgresql://USER@HOST:PORT/DB shared by replicas (prepare it with `recsvc ledger init`)",
+    )
+    pool: int = setting(8, name="ledger_pool", help="PostgreSQL connections per process", check=COUNT)
+    lock_timeout: float = setting(
+        DEFAULT_WAITS.lock_s,
+        name="ledger_lock_timeout",
+        unit=S,
+        help="PostgreSQL lock_timeout: a charge's wait for a lock",
+    )
+    statement_timeout: float = setting(
+        DEFAULT_WAITS.statement_s, name="ledger_statement_timeout", unit=S, help="PostgreSQL statement_timeout"
+    )
+    idle_timeout: float = setting(
+        DEFAULT_WAITS.idle_in_transaction_s,
+        name="ledger_idle_timeout",
+        unit=S,
+        help="PostgreSQL idle_in_transaction_session_timeout: a ledger session idle this long inside a "
+        "transaction (a frozen replica's) is ended, its rows released and its charge rolled back",
+    )
+    connect_timeout: float = setting(
+        CONNECT_S,
+        name="ledger_connect_timeout",
+        unit=S,
+        help="a replica's wait for a pooled PostgreSQL connection, to connect, or for an answer over a silent "
+        "link (a partition), and how long a lost connection is retried",
+    )
+    fingerprint_key: Path | None = setting(
+        None,
+        unit="file",
+        help="HMAC key of the request fingerprints, created with mode 0600 if missing, never stored in the "
+        "ledger (SQLite default: <ledger>.key; PostgreSQL: required, the same file on every replica)",
+    )
+    budget: float = setting(10.0, help="per-user ε budget (basic composition)", check=POSITIVE)
+    budget_window: str = setting(
+        LIFETIME,
+        unit="window",
+        help="'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
+        "budget, --budget ε per user per N-day window aligned to the Unix epoch in UTC (1d starts at 00:00 "
+        "UTC; 7d on Thursdays). The guarantee is then ε per window, NOT over all time: over T windows a "
+        "user's data may be exposed up to T·ε. Hours are not accepted. Fixed when the ledger is created; "
+        "every replica must use the same window",
+    )
 
     @property
     def waits(self) -> Waits:
@@ -128,58 +202,80 @@ class Limits:
     raw bytes before parsing (recsvc.service.codec), every limit on the decoded request
     (recsvc.service.selection), and max_message_bytes by gRPC itself."""
 
-    max_candidates: int = 10_000  # per Select request (and Recommend's num_candidates)
-    max_batch: int = 1000  # most requests per SelectBatch call
-    # most candidates in all the requests of one SelectBatch (a request's: its largest count of
-    # candidates, item_ids, scores or item_rows), counted as they are parsed: what bounds a batch's
-    # decoding and checking (≈ 1 CPU-s and 110 MB at most, SECURITY.md). 1,000 requests of 200.
-    max_batch_candidates: int = 200_000
-    # the least ε a request may ask for (0: none but the ledger's unit, 1e-12). Every stored answer
-    # then costs at least this, so one user stores at most budget / min_epsilon answers per budget
-    # window whatever ε it sends (10⁵ at the default budget), and the ledger's size stays bounded.
-    min_epsilon: float = 1e-4
-    max_history: int = 10_000  # most history entries per Recommend request
-    max_slate: int = 100  # largest k (items per answer) on Select and Recommend
-    max_multiselect_k: int = 50  # largest k (items per answer) on MultiSelect
-    # Recommend's public floor: a two-stage request's private top-m has m >= this (or the whole
-    # catalog, if smaller). Without a candidate stage Recommend always uses the full catalog.
-    min_candidates: int = 500
-    # Recommend's largest num_candidates (the private top-m's m): its candidate stage costs ≈ m × catalog draws.
-    max_num_candidates: int = 5000
-    # gRPC's max_receive_message_length: larger messages are refused unread (RESOURCE_EXHAUSTED).
-    # It bounds the bytes as sent: the server never decompresses a request (admission.channel_options).
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_candidates: int = setting(
+        10_000, help="most candidates per Select (and Recommend's num_candidates)", check=COUNT
+    )
+    max_batch: int = setting(1000, help="most requests per SelectBatch call", check=COUNT)
+    # What bounds a batch's decoding and checking (≈ 1 CPU-s and 110 MB at most, SECURITY.md): 1,000 requests of 200.
+    max_batch_candidates: int = setting(
+        200_000,
+        help="most candidates in all the requests of one SelectBatch, a request's being its largest count "
+        "of candidates, item_ids, scores or item_rows, counted as they are parsed",
+        check=COUNT,
+    )
+    # Every stored answer costs at least this, so the ledger's size stays bounded whatever ε users send.
+    min_epsilon: float = setting(
+        1e-4,
+        help="least ε a request may ask for, so one user stores at most --budget / --min-epsilon answers per "
+        "budget window (0: no floor but the ledger's unit, 1e-12)",
+    )
+    max_history: int = setting(10_000, help="most history entries per Recommend request", check=COUNT)
+    max_slate: int = setting(100, help="largest k (items per answer) on Select and Recommend", check=COUNT)
+    max_multiselect_k: int = setting(50, help="largest k (items per answer) on MultiSelect", check=COUNT)
+    min_candidates: int = setting(
+        500,
+        help="Recommend's public floor: least m of a two-stage request's private top-m (the whole catalog if "
+        "smaller). Without a candidate stage Recommend always selects over the full catalog",
+        check=COUNT,
+    )
+    # its candidate stage costs ≈ m × catalog draws
+    max_num_candidates: int = setting(
+        5000, help="largest num_candidates (private top-m) of a two-stage Recommend", check=COUNT
+    )
+    # gRPC's max_receive_message_length, on the bytes as sent: the server never decompresses a
+    # request (admission.channel_options).
+    max_message_bytes: int = setting(
+        16 * 2**20, unit="bytes", help="largest request message; larger ones are refused unread", check=MESSAGE
+    )
 
 
 @dataclass(frozen=True)
 class Selection:
     """How a mechanism is chosen and drawn."""
 
-    default_mechanism: str = AUTO  # used when a request names no mechanism
-    # Recommend's private top-m when a two-stage request names none: a one-shot top-k mechanism
-    # (docs/guides/serving.md#two-stage-recommend says why this one)
-    default_candidate_mechanism: str = "clm"
-    auto_threshold: float = AUTO_THRESHOLD  # |median population Spearman| above which auto picks gem/mgem
-    allow_non_private: bool = False  # accept rnmh (NOT differentially private)
-    # A sample expected to need more random draws than this (random stopping: ≈ 1/γ, up to 10⁶ at
-    # the γ floor) is drawn by a pool of heavy_draw_threads threads at the lowest CPU priority,
-    # outside the ledger's lock, so floods of such requests cannot slow other users down. 10⁵
-    # draws are about 3 ms of work (rs at γ = 1e-5); the hop to that pool costs 1.2-1.7 ms, so work
-    # below this would spend a third of its time or more on the hop (docs/performance.md).
-    heavy_draws: int = 100_000
-    heavy_draw_threads: int = 1
-    # Heavy calls wait for that pool in a bounded queue, never in a request thread: beyond
-    # heavy_queue calls in all, or heavy_per_principal of one principal, → RESOURCE_EXHAUSTED.
-    heavy_queue: int = 16
-    heavy_per_principal: int = 4
+    default_mechanism: str = setting(AUTO, help="used when a request names no mechanism")
+    # docs/guides/serving.md#two-stage-recommend says why clm
+    default_candidate_mechanism: str = setting(
+        "clm",
+        help=f"the one-shot top-k mechanism ({', '.join(CANDIDATE_MECHANISMS)}) of a two-stage Recommend's "
+        "private top-m when the request names none",
+    )
+    auto_threshold: float = setting(
+        AUTO_THRESHOLD, help="|median population Spearman| above which auto picks gem/mgem", check=Range(0)
+    )
+    allow_non_private: bool = setting(False, help="accept the mechanisms that are NOT differentially private")
+    # Heavy samples are drawn outside the ledger's lock at the lowest CPU priority, so floods of them
+    # cannot slow other users down. 10⁵ draws are about 3 ms of work (rs at γ = 1e-5); the hop to the
+    # pool costs 1.2-1.7 ms, so lighter work would spend a third of its time on it (docs/performance.md).
+    heavy_draws: int = setting(
+        100_000,
+        help="expected random draws (random stopping: about 1/gamma) above which a sample is drawn by the "
+        "low-priority pool",
+    )
+    heavy_draw_threads: int = setting(1, help="that pool's threads per worker (lowest CPU priority; tens of MB a draw)")
+    # Heavy calls wait for that pool in a bounded queue, never in a request thread.
+    heavy_queue: int = setting(16, help=f"heavy calls (above --heavy-draws) queued per worker; {MORE}", check=COUNT)
+    heavy_per_principal: int = setting(4, help=f"heavy calls one principal may have queued; {MORE}", check=COUNT)
 
 
 @dataclass(frozen=True)
 class Drain:
     """Graceful shutdown on SIGTERM."""
 
-    grace: float = 10.0  # seconds in-flight calls get to finish
-    delay: float = _named(0.5, "drain_delay")  # seconds health reports NOT_SERVING before the port closes
+    grace: float = setting(10.0, unit=S, help="how long in-flight calls get to finish", check=Range(0))
+    delay: float = setting(
+        0.5, name="drain_delay", unit=S, help="how long health says NOT_SERVING before the port closes", check=Range(0)
+    )
 
 
 @dataclass(frozen=True)
@@ -199,15 +295,20 @@ GROUPS: dict[str, type[DataclassInstance]] = {
     "selection": Selection,
     "drain": Drain,
 }
+
+
+def _flat(f: Field[Any]) -> str:
+    spec = f.metadata.get("setting")
+    return spec.name or f.name if spec is not None else f.name
+
+
 # flat parameter name → (group, field)
-PARAMS: dict[str, tuple[str, str]] = {
-    f.metadata.get("flag", f.name): (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)
-}
+PARAMS: dict[str, tuple[str, str]] = {_flat(f): (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)}
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    artifacts: Path
+    artifacts: Path = setting(help="artifact directory, e.g. artifacts/ml-100k")
     listen: Listen = field(default_factory=Listen)
     admission: Admission = field(default_factory=Admission)
     auth: Auth = field(default_factory=Auth)
@@ -261,13 +362,8 @@ class Constraint:
     values: dict[str, object] = field(default_factory=dict)
 
 
-def _at_least(name: str, least: float, note: str = "") -> Constraint:
-    return Constraint(
-        lambda c: c.get(name) >= least, f"{{{name}}} must be >= {least}{note}, got {{got}}", lambda c: c.get(name)
-    )
-
-
 def _seconds(name: str) -> Constraint:
+    """The PostgreSQL waits' own message (tests/ledger holds it)."""
     return Constraint(
         lambda c: 0 < c.get(name) < 86_400,
         f"{{{name}}} must be in (0, 86400) seconds, got {{got}}",
@@ -275,16 +371,8 @@ def _seconds(name: str) -> Constraint:
     )
 
 
-def _port(name: str) -> Constraint:
-    return Constraint(
-        lambda c: c.get(name) is None or 0 <= c.get(name) <= 65535,
-        f"{{{name}}} must be in 0..65535, got {{got}}",
-        lambda c: c.get(name),
-    )
-
-
-def _budget_ok(c: ServerConfig) -> bool:
-    return 0 < c.ledger.budget < float("inf")
+# Named together, so that one refusal states the rule for them all.
+IDLE_TIMEOUTS = tuple(d.name for d in settings_of(Admission) if d.spec.unit == S)
 
 
 def _window_parses(c: ServerConfig) -> bool:
@@ -292,13 +380,10 @@ def _window_parses(c: ServerConfig) -> bool:
     return c.ledger.window is not None
 
 
-# Checked in this order; the first that fails is the error.
+# The rules over several settings, a file, or a family of settings named together; each setting's
+# own constraint is its field's `check`. Checked after those, in this order; the first that fails is the error.
 CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint(_window_parses, "{budget_window} is not a budget window"),
-    _port("port"),
-    _at_least("workers", 1),
-    _at_least("threads", 1),
-    _at_least("ledger_pool", 1),
     *(
         _seconds(name)
         for name in ("ledger_lock_timeout", "ledger_statement_timeout", "ledger_idle_timeout", "ledger_connect_timeout")
@@ -313,25 +398,17 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "{heavy_draws} and {heavy_draw_threads} must be >= 1, got {got}",
         lambda c: f"{c.selection.heavy_draws} and {c.selection.heavy_draw_threads}",
     ),
-    Constraint(_budget_ok, "{budget} must be a finite ε > 0, got {got}", lambda c: c.ledger.budget),
     Constraint(
-        lambda c: not _budget_ok(c) or budget_units(c.ledger.budget) is not None,
+        lambda c: budget_units(c.ledger.budget) is not None,
         "{budget} must lie in [1e-12, {most}] (the ledger counts ε in units of 1e-12), got {got}",
         lambda c: c.ledger.budget,
         {"most": MAX_EPSILON},
     ),
-    _at_least("max_candidates", 1),
-    _at_least("max_slate", 1, " (items per answer)"),
-    _at_least("max_multiselect_k", 1, " (items per MultiSelect answer)"),
-    _at_least("min_candidates", 1),
-    _at_least("max_batch", 1, " (requests per SelectBatch)"),
-    _at_least("max_batch_candidates", 1, " (candidates in all the requests of one SelectBatch)"),
     Constraint(
         lambda c: c.limits.min_epsilon == 0 or 1e-12 <= c.limits.min_epsilon <= c.ledger.budget,
         "{min_epsilon} must be 0 (no floor) or at least 1e-12 and at most {budget}, got {got}",
         lambda c: c.limits.min_epsilon,
     ),
-    _port("metrics_port"),
     Constraint(
         lambda c: c.listen.metrics_port is None or c.listen.metrics_port == 0 or c.listen.metrics_port != c.listen.port,
         "{metrics_port} must differ from {port} (both are {got}); expected two different ports",
@@ -342,14 +419,12 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "{artifacts} {got} is a file; expected an artifact directory (e.g. artifacts/ml-100k)",
         lambda c: c.artifacts,
     ),
-    _at_least("auto_threshold", 0),
     Constraint(
         lambda c: c.selection.default_candidate_mechanism in CANDIDATE_MECHANISMS,
         "{default_candidate_mechanism} must be one of {names} (a one-shot top-k mechanism), got {got}",
         lambda c: repr(c.selection.default_candidate_mechanism),
         {"names": ", ".join(CANDIDATE_MECHANISMS)},
     ),
-    Constraint(lambda c: c.drain.grace >= 0 and c.drain.delay >= 0, "{grace} and {drain_delay} must be >= 0"),
     Constraint(
         lambda c: c.listen.ready_file is None or Path(c.listen.ready_file).parent.is_dir(),
         "{ready_file} {got}: its directory does not exist; expected a file in an existing directory",
@@ -358,36 +433,13 @@ CONSTRAINTS: tuple[Constraint, ...] = (
     Constraint(
         lambda c: not (c.listen.workers > 1 and c.listen.port == 0), "{workers} > 1 needs an explicit {port} (not 0)"
     ),
-    _at_least("max_history", 1),
-    _at_least("max_num_candidates", 1),
     Constraint(
         lambda c: c.limits.min_candidates <= c.limits.max_num_candidates,
         "{min_candidates} must be <= {max_num_candidates}, got {got}",
         lambda c: f"{c.limits.min_candidates} > {c.limits.max_num_candidates}",
     ),
-    _at_least("heavy_queue", 1),
-    _at_least("heavy_per_principal", 1),
-    _at_least("max_concurrent_rpcs", 1),
-    _at_least("max_streams_per_connection", 1),
-    _at_least("max_health_watches", 0),
-    _at_least("max_streaming_calls", 0),
     Constraint(
-        lambda c: 0 < c.admission.principal_share <= 1,
-        "{principal_share} must be a fraction in (0, 1] of each bound, got {got}",
-        lambda c: c.admission.principal_share,
-    ),
-    Constraint(
-        lambda c: all(
-            math.isfinite(c.get(n)) and c.get(n) > 0
-            for n in (
-                "receive_timeout",
-                "stream_idle_timeout",
-                "idle_timeout",
-                "keepalive_time",
-                "keepalive_timeout",
-                "min_ping_interval",
-            )
-        ),
+        lambda c: all(math.isfinite(c.get(n)) and c.get(n) > 0 for n in IDLE_TIMEOUTS),
         "{receive_timeout}, {stream_idle_timeout}, {idle_timeout}, {keepalive_time}, {keepalive_timeout} and "
         "{min_ping_interval} must be finite numbers of seconds > 0",
     ),
@@ -396,16 +448,6 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "{max_inflight_bytes} must be >= {max_message_bytes} ({got}), or no message of the largest size "
         "could ever be served",
         lambda c: c.limits.max_message_bytes,
-    ),
-    Constraint(
-        lambda c: 1024 <= c.limits.max_message_bytes <= 2**31 - 1,
-        "{max_message_bytes} must be in 1024..2147483647 bytes, got {got}",
-        lambda c: c.limits.max_message_bytes,
-    ),
-    Constraint(
-        lambda c: math.isfinite(c.auth.rate_limit) and c.auth.rate_limit >= 0,
-        "{rate_limit} must be a finite number of requests/s >= 0 (0: no limit), got {got}",
-        lambda c: c.auth.rate_limit,
     ),
     Constraint(
         lambda c: c.auth.client_scopes is None or c.auth.client_ca is not None,
@@ -427,7 +469,9 @@ CONSTRAINTS: tuple[Constraint, ...] = (
 
 
 def validate(config: ServerConfig) -> None:
-    """Raises a ParamError for the first of :data:`CONSTRAINTS` that ``config`` breaks."""
+    """Raises a ParamError for the first setting that breaks its own constraint, else for the first
+    of :data:`CONSTRAINTS` that ``config`` breaks."""
+    check(config)
     for rule in CONSTRAINTS:
         if not rule.holds(config):
             values = dict(rule.values)
@@ -449,9 +493,3 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def default(name: str) -> object:
-    """The default of a flat ServerConfig parameter (for the `serve` flags)."""
-    group, attr = PARAMS[name]
-    return GROUPS[group].__dataclass_fields__[attr].default

@@ -10,12 +10,31 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from recsvc.checks import check_epsilon
-from recsvc.service.cli import _client, _client_args, _rpc_error
+from recsvc.service.cli import Connection, _client, _rpc_error
+from recsvc.service.config import COUNT, POSITIVE
+from recsvc.settings import OneOf, add_arguments, from_namespace, setting
 
-DEFAULT_K = 10
+
+@dataclass(frozen=True, kw_only=True)
+class MultiSelect:
+    bundle: Path = setting(
+        unit="dir",
+        help="the client bundle: the client/ directory of the artifact the server serves, e.g. artifacts/ml-100k/client",
+    )
+    user: str = setting("", help="user id charged the declared ε (default: none, nothing is charged)")
+    history: tuple[str, ...] = setting(
+        default_factory=list, nargs="*", unit="item_id", help="the private history's item ids"
+    )
+    epsilon: float = setting(help="the local ε of the device's noise (declared, charged)", check=POSITIVE)
+    k: int = setting(10, help="items the server returns (at most its max_multiselect_k)", check=COUNT)
+    signal: str = setting(
+        "code",
+        help="what the device sends: its code by randomised response (default) or the lattice signal",
+        check=OneOf(("code", "lattice")),
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,25 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "embedding's lattice signal), and keep the best of the k answers by the true scores, locally. "
         "Prints the local choice and the k items as JSON.",
     )
-    _client_args(m)
-    m.add_argument(
-        "--bundle",
-        type=Path,
-        required=True,
-        metavar="DIR",
-        help="the client bundle: the client/ directory of the artifact the server serves, e.g. "
-        "artifacts/ml-100k/client",
-    )
-    m.add_argument("--user", default="", help="user id charged the declared ε (default: none, nothing is charged)")
-    m.add_argument("--history", nargs="*", default=[], metavar="ITEM_ID", help="the private history's item ids")
-    m.add_argument("--epsilon", type=float, required=True, help="the local ε of the device's noise (declared, charged)")
-    m.add_argument("--k", type=int, default=DEFAULT_K, help="items the server returns (at most its max_multiselect_k)")
-    m.add_argument(
-        "--signal",
-        choices=("code", "lattice"),
-        default="code",
-        help="what the device sends: its code by randomised response (default) or the lattice signal",
-    )
+    add_arguments(m, Connection)
+    add_arguments(m, MultiSelect)
     m.set_defaults(func=run_multiselect)
 
 
@@ -54,13 +56,13 @@ def run_multiselect(args: argparse.Namespace) -> int:
 
     from recsvc.device import Device
 
-    check_epsilon(args.epsilon, "--epsilon")
-    if args.k < 1:
-        raise ValueError(f"--k must be >= 1 (the number of items the server returns), got {args.k}")
-    device = Device.load(args.bundle)
+    flags = from_namespace(MultiSelect, args)
+    device = Device.load(flags.bundle)
     with _client(args) as client:
         try:
-            r = client.multiselect(args.user, args.history, args.epsilon, args.k, device=device, signal=args.signal)
+            r = client.multiselect(
+                flags.user, flags.history, flags.epsilon, flags.k, device=device, signal=flags.signal
+            )
         except grpc.RpcError as exc:
             raise _rpc_error(exc) from None
     json.dump(

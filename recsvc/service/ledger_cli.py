@@ -4,18 +4,24 @@ recsvc/app/cli.py for the registration contract)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from recsvc.ledger import is_postgres
-from recsvc.service.config import ServerConfig, default
+from recsvc.service.config import LedgerSettings, ServerConfig, ledger_arg
+from recsvc.settings import add_arguments, setting
 
-WINDOW_HELP = (
-    "'lifetime' (default: --budget is ε per user over all time) or Nd, e.g. 1d, 7d, 30d: a renewable "
-    "budget, --budget ε per user per N-day window aligned to the Unix epoch in UTC (1d starts at 00:00 "
-    "UTC; 7d on Thursdays). The guarantee is then ε per window, NOT over all time: over T windows a "
-    "user's data may be exposed up to T·ε. Hours are not accepted. Fixed when the ledger is created; "
-    "every replica must use the same window"
-)
+
+@dataclass(frozen=True)
+class LedgerCommand:
+    """The `ledger` subcommands' own flags; `init` takes the rest from the server's (LedgerSettings)."""
+
+    ledger: Path | str = setting(
+        type=ledger_arg, help="the ledger: a PostgreSQL URL postgresql://USER@HOST:PORT/DB or an SQLite file"
+    )
+    new_budget: float = setting(name="budget", help="the new per-user ε budget")
+    out: Path = setting(unit="file", help="Parquet file to write, e.g. charges.parquet")
+    force: bool = setting(False, help="replace --out if it exists")
 
 
 def register_ledger(sub: argparse._SubParsersAction) -> None:
@@ -27,16 +33,8 @@ def register_ledger(sub: argparse._SubParsersAction) -> None:
     )
     led_sub = led.add_subparsers(dest="ledger_command", required=True)
     init = led_sub.add_parser("init", help="create the ledger (idempotent; refuses other settings)")
-    init.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
-    init.add_argument("--budget", type=float, default=default("budget"), help="per-user ε budget (basic composition)")
-    init.add_argument("--budget-window", default=default("budget_window"), metavar="WINDOW", help=WINDOW_HELP)
-    init.add_argument(
-        "--fingerprint-key",
-        type=Path,
-        metavar="FILE",
-        help="fingerprint key file, created with mode 0600 if missing (required for PostgreSQL; "
-        "SQLite default: <ledger>.key); copy it to every replica",
-    )
+    add_arguments(init, LedgerCommand, only=["ledger"])
+    add_arguments(init, LedgerSettings, only=["budget", "budget_window", "fingerprint_key"])
     init.set_defaults(func=run_ledger_init)
     sb = led_sub.add_parser(
         "set-budget",
@@ -45,11 +43,10 @@ def register_ledger(sub: argparse._SubParsersAction) -> None:
         "new budget, who) in the ledger; `recsvc ledger export` includes the record. Running processes "
         "keep their budget until restarted with the new --budget.",
     )
-    sb.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
-    sb.add_argument("--budget", type=float, required=True, help="the new per-user ε budget")
+    add_arguments(sb, LedgerCommand, only=["ledger", "budget"])
     sb.set_defaults(func=run_ledger_set_budget)
     mig = led_sub.add_parser("migrate", help="apply pending schema migrations of a PostgreSQL ledger")
-    mig.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL")
+    add_arguments(mig, LedgerCommand, only=["ledger"])
     mig.set_defaults(func=run_ledger_migrate)
     exp = led_sub.add_parser(
         "export",
@@ -57,15 +54,8 @@ def register_ledger(sub: argparse._SubParsersAction) -> None:
         description="Stream every charge of a ledger into a Parquet file: user_id, request_id, "
         "mechanism, epsilon, time (UTC). No fingerprints, scores, items or answers.",
     )
-    exp.add_argument("--ledger", type=ledger_arg, required=True, help="PostgreSQL URL or SQLite file")
-    exp.add_argument("--out", type=Path, required=True, help="Parquet file to write, e.g. charges.parquet")
-    exp.add_argument("--force", action="store_true", help="replace --out if it exists")
+    add_arguments(exp, LedgerCommand, only=["ledger", "out", "force"])
     exp.set_defaults(func=run_ledger_export)
-
-
-def ledger_arg(text: str) -> Path | str:
-    """A PostgreSQL URL stays a string (Path would fold its '//'); anything else is a file path."""
-    return text if is_postgres(text) else Path(text)
 
 
 def _ledger_config(args: argparse.Namespace) -> ServerConfig:

@@ -88,8 +88,8 @@ BAD_SERVE = [
     (
         "metrics port -1",
         {"metrics_port": -1},
-        r"^metrics_port must be in 0\.\.65535, got -1",
-        r"--metrics-port must be in 0\.\.65535, got -1",
+        r"^metrics_port must be an integer in \[0, 65535\] \(or none\), got -1",
+        r"--metrics-port must be an integer in \[0, 65535\] \(or none\), got -1",
     ),
     (
         "metrics port == port",
@@ -107,10 +107,15 @@ BAD_SERVE = [
     ),
     ("unknown default mechanism", {"default_mechanism": "foo"}, r"unknown mechanism 'foo'; expected one of", None),
     ("rnmh without opt-in", {"default_mechanism": "rnmh"}, r"not differentially private .*--allow-non-private", None),
-    ("max batch -1", {"max_batch": -1}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
-    ("max batch 0", {"max_batch": 0}, r"^max_batch must be >= 1", r"--max-batch must be >= 1"),
-    ("max slate 0", {"max_slate": 0}, r"^max_slate must be >= 1", r"--max-slate must be >= 1"),
-    ("min candidates 0", {"min_candidates": 0}, r"^min_candidates must be >= 1", r"--min-candidates must be >= 1"),
+    ("max batch -1", {"max_batch": -1}, r"^max_batch must be an integer ≥ 1", r"--max-batch must be an integer ≥ 1"),
+    ("max batch 0", {"max_batch": 0}, r"^max_batch must be an integer ≥ 1", r"--max-batch must be an integer ≥ 1"),
+    ("max slate 0", {"max_slate": 0}, r"^max_slate must be an integer ≥ 1", r"--max-slate must be an integer ≥ 1"),
+    (
+        "min candidates 0",
+        {"min_candidates": 0},
+        r"^min_candidates must be an integer ≥ 1",
+        r"--min-candidates must be an integer ≥ 1",
+    ),
     (
         "artifacts is a file",
         {"artifacts": "FILE"},
@@ -138,14 +143,14 @@ BAD_SERVE = [
     (
         "budget nan",
         {"budget": float("nan")},
-        r"^budget must be a finite ε > 0, got nan",
-        r"--budget must be a finite ε > 0, got nan",
+        r"^budget must be a finite number > 0, got nan",
+        r"--budget must be a finite number > 0, got nan",
     ),
     (
         "rate limit -1",
         {"rate_limit": -1.0},
-        r"^rate_limit must be a finite number of requests/s >= 0 \(0: no limit\)",
-        r"--rate-limit must be a finite number of requests/s >= 0",
+        r"^rate_limit must be a finite number ≥ 0, got -1\.0",
+        r"--rate-limit must be a finite number ≥ 0",
     ),
     (
         "default candidate mechanism rnm",
@@ -153,7 +158,12 @@ BAD_SERVE = [
         r"^default_candidate_mechanism must be one of oneshot, gumbel, clm \(a one-shot top-k mechanism\), got 'rnm'",
         r"--default-candidate-mechanism must be one of oneshot, gumbel, clm",
     ),
-    ("max history 0", {"max_history": 0}, r"^max_history must be >= 1, got 0", r"--max-history must be >= 1, got 0"),
+    (
+        "max history 0",
+        {"max_history": 0},
+        r"^max_history must be an integer ≥ 1, got 0",
+        r"--max-history must be an integer ≥ 1, got 0",
+    ),
     (
         "ready file in a missing directory",
         {"ready_file": Path("/nonexistent-dir/ready")},
@@ -163,8 +173,8 @@ BAD_SERVE = [
     (
         "max message bytes 10",
         {"max_message_bytes": 10},
-        r"^max_message_bytes must be in 1024\.\.2147483647 bytes",
-        r"--max-message-bytes must be in 1024\.\.2147483647 bytes",
+        r"^max_message_bytes must be an integer in \[1024, 2147483647\], got 10",
+        r"--max-message-bytes must be an integer in \[1024, 2147483647\], got 10",
     ),
     (
         "client scopes without mTLS",
