@@ -253,7 +253,9 @@ class Selection:
     auto_threshold: float = setting(
         AUTO_THRESHOLD, help="|median population Spearman| above which auto picks gem/mgem", check=Range(0)
     )
-    allow_non_private: bool = setting(False, help="accept the mechanisms that are NOT differentially private")
+    allow_non_private: bool = setting(
+        False, help="accept the mechanisms that are NOT differentially private (`recsvc mechanisms` lists them)"
+    )
     # Heavy samples are drawn outside the ledger's lock at the lowest CPU priority, so floods of them
     # cannot slow other users down. 10⁵ draws are about 3 ms of work (rs at γ = 1e-5); the hop to the
     # pool costs 1.2-1.7 ms, so lighter work would spend a third of its time on it (docs/performance.md).

@@ -20,6 +20,8 @@ from recsvc.settings import OneOf, add_arguments, from_namespace, setting
 
 @dataclass(frozen=True, kw_only=True)
 class MultiSelect:
+    """`multiselect`'s own flags (the connection's are `Connection`)."""
+
     bundle: Path = setting(
         unit="dir",
         help="the client bundle: the client/ directory of the artifact the server serves, e.g. artifacts/ml-100k/client",

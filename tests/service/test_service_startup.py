@@ -459,3 +459,11 @@ def test_worker_startup_error_is_one_clear_line_and_creates_no_ledger(artifact: 
     assert "unknown mechanism 'foo'; expected one of" in r.stderr.strip().splitlines()[-1]
     assert "Traceback" not in r.stderr
     assert _ledger_files(tmp_path) == []
+
+
+def test_serve_has_a_flag_for_every_setting() -> None:
+    """SERVE_FLAGS orders `serve`'s flags: a setting left out of it would have none."""
+    from recsvc.settings import settings_of
+
+    flags = ["artifacts", "host", *service_cli.SERVE_FLAGS]
+    assert sorted(flags) == sorted(d.name for d in settings_of(ServerConfig))
