@@ -88,8 +88,8 @@ BAD_SERVE = [
     (
         "metrics port -1",
         {"metrics_port": -1},
-        r"^metrics_port must be an integer in \[0, 65535\] \(or none\), got -1",
-        r"--metrics-port must be an integer in \[0, 65535\] \(or none\), got -1",
+        r"^metrics_port must be an integer in \[0, 65535\], got -1",
+        r"--metrics-port must be an integer in \[0, 65535\], got -1",
     ),
     (
         "metrics port == port",
