@@ -151,6 +151,7 @@ class Setting:
     aliases: tuple[str, ...] = ()
     required: bool = False
     name: str = ""  # the flat parameter name, when it is not the field's own (``ledger_pool``)
+    repeat: bool = False  # the flag may be given again, each time adding one value (argparse's append)
 
     def __post_init__(self) -> None:
         if not self.help or "\n" in self.help:
@@ -167,14 +168,12 @@ def setting(
     nargs: str | int | None = None,
     aliases: tuple[str, ...] = (),
     name: str = "",
+    repeat: bool = False,
     default_factory: Callable[[], Any] | Any = MISSING,
 ) -> Any:
     """A dataclass field declared once: its default and its :class:`Setting`."""
-    meta = {
-        "setting": Setting(
-            help, unit, check, type, nargs, aliases, default is MISSING and default_factory is MISSING, name
-        )
-    }
+    required = default is MISSING and default_factory is MISSING
+    meta = {"setting": Setting(help, unit, check, type, nargs, aliases, required, name, repeat)}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -289,6 +288,8 @@ def add_setting(
         kwargs["choices"] = spec.check.item.choices
     if spec.nargs is not None:
         kwargs["nargs"] = spec.nargs
+    if spec.repeat:
+        kwargs["action"] = "append"
     if spec.unit:
         kwargs["metavar"] = spec.unit.upper().replace(" ", "_")
     if spec.required:

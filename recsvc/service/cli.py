@@ -14,7 +14,7 @@ from typing import Any
 
 from recsvc.checks import check_regular_file
 from recsvc.mechanisms import add_param_arguments, params_from_namespace
-from recsvc.service.config import BOUND, POSITIVE, Listen, ServerConfig
+from recsvc.service.config import BOUND, POSITIVE, ServerConfig
 from recsvc.service.ledger_cli import register_ledger
 from recsvc.settings import add_arguments, from_namespace, setting
 
@@ -55,6 +55,7 @@ class Select:
 
     user: str = setting(help="user id: the one charged, or whose budget is shown")
     candidates: Path | None = setting(None, unit="file", help="CSV with columns item_id,score (header optional)")
+    candidate: tuple[str, ...] | None = setting(None, unit="id:score", repeat=True, help="one candidate; repeat")
     mechanism: str = setting("", help="mechanism name or 'auto' (default: the server's default)")
     epsilon: float = setting(help="the privacy cost ε of the selection", check=POSITIVE)
     request_id: str | None = setting(None, help="idempotency key; reuse it to retry safely (default: a fresh uuid)")
@@ -69,9 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the private-selection gRPC server",
         description="Serve PrivateSelection (gRPC) over an artifact directory, with a privacy ledger.",
     )
-    add_arguments(p, ServerConfig, only=["artifacts"])
-    p.add_argument("--host", default=Listen.host)  # without help: test_cli_help's example of one
-    add_arguments(p, ServerConfig, only=SERVE_FLAGS)
+    add_arguments(p, ServerConfig, only=["artifacts", "host", *SERVE_FLAGS])
     p.set_defaults(func=run_serve)
 
     w = sub.add_parser(
@@ -92,9 +91,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_arguments(s, Connection)
     add_arguments(s, Select, only=["user"])
     g = s.add_mutually_exclusive_group(required=True)
-    add_arguments(g, Select, only=["candidates"])
-    # repeated: an append action, which settings do not declare
-    g.add_argument("--candidate", action="append", metavar="ID:SCORE", help="one candidate; repeat")
+    add_arguments(g, Select, only=["candidates", "candidate"])
     add_arguments(s, Select, only=["mechanism", "epsilon", "request_id"])
     add_param_arguments(s)  # --beta, --gamma, --corr-budget-fraction (unset: the mechanism's default)
     add_arguments(s, Select, only=["k"])

@@ -145,3 +145,16 @@ def test_optional_choices_and_lists_accept_none_and_say_what_a_value_must_be() -
     assert not l2.holds("1.0")  # a string is not a list of numbers
     assert l2.describe() == "one or more values, each a finite number > 0"
     assert Each(OneOf(("a", "b")), least=2).describe() == "2 or more values, each one of a, b"
+
+
+def test_a_repeated_setting_collects_each_value_given() -> None:
+    @dataclass(frozen=True)
+    class Many:
+        candidate: tuple[str, ...] | None = setting(None, unit="id:score", repeat=True, help="one candidate; repeat")
+
+    p = Parser(prog="t")
+    add_arguments(p, Many)
+    action = next(a for a in p._actions if a.dest == "candidate")
+    assert isinstance(action, argparse._AppendAction) and action.metavar == "ID:SCORE"
+    assert from_namespace(Many, p.parse_args(["--candidate", "a:1", "--candidate", "b:2"])).candidate == ("a:1", "b:2")
+    assert from_namespace(Many, p.parse_args([])).candidate is None
