@@ -1,7 +1,7 @@
 """The private-selection gRPC service (docs/reference/specification.md §5).
 
 * :mod:`recsvc.service.config` — ``ServerConfig`` (grouped: listen, admission, auth, ledger, limits,
-  selection, drain) and the selection ``Policy``: every default and constraint, once
+  selection, drain) and the selection ``SelectorConfig``: every default and constraint, once
 * :mod:`recsvc.service.server` — ``start`` (in-process) and ``serve_one`` (one server: SIGTERM drain)
 * :mod:`recsvc.service.workers` — ``serve``, the CLI's entry: one server, or ``--workers N`` forked and supervised
 * :mod:`recsvc.service.aioserver` — the ``grpc.aio`` server, its event loop thread and health statuses

@@ -42,7 +42,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from recsvc.mechanisms import MECHANISMS, PARAM_NAMES
-from recsvc.service.config import Limits, Policy
+from recsvc.service.config import Limits, SelectorConfig
 from recsvc.service.errors import InvalidRequest, Refused
 from recsvc.service.multiselect import MultiAnswer
 from recsvc.service.requests import SelectInput
@@ -414,13 +414,13 @@ def select_response(s: Selected) -> pb.SelectResponse:
 
 
 def mechanisms_response(
-    selector: Selector, policy: Policy, budget: float, multi: MultiSelector | None = None
+    selector: Selector, config: SelectorConfig, budget: float, multi: MultiSelector | None = None
 ) -> pb.ListMechanismsResponse:
     """The server's public configuration: mechanisms, the ``auto`` table, the limits and the
     multi-selection embedding (empty version: MultiSelect is unavailable)."""
     infos = [
         pb.MechanismInfo(
-            name=name, private=bool(m.private), allowed=bool(m.private) or policy.selection.allow_non_private
+            name=name, private=bool(m.private), allowed=bool(m.private) or config.selection.allow_non_private
         )
         for name, m in sorted(MECHANISMS.items())
     ]
@@ -435,12 +435,12 @@ def mechanisms_response(
         auto_policy=auto,
         default_mechanism=selector.default_mechanism,
         auto_resolves_to=selector.auto_choice or "",
-        auto_threshold=policy.selection.auto_threshold,
+        auto_threshold=config.selection.auto_threshold,
         population_spearman_median=float("nan") if selector.rho_median is None else selector.rho_median,
         budget=budget,
-        max_candidates=policy.limits.max_candidates,
-        max_slate=policy.limits.max_slate,
-        min_candidates=policy.limits.min_candidates,
+        max_candidates=config.limits.max_candidates,
+        max_slate=config.limits.max_slate,
+        min_candidates=config.limits.min_candidates,
         catalog_size=len(selector.catalog.item_ids) if selector.recommender is not None else 0,
         catalog_version=selector.catalog.version,
         embedding_version=multi.version if multi is not None else "",
@@ -451,7 +451,7 @@ def mechanisms_response(
         codebook_version=multi.codebook_version if multi is not None else "",
         code_size=multi.code_size if multi is not None else 0,
         max_multiselect_k=multi.max_k if multi is not None else 0,
-        default_candidate_mechanism=policy.selection.default_candidate_mechanism,
+        default_candidate_mechanism=config.selection.default_candidate_mechanism,
     )
 
 

@@ -240,7 +240,7 @@ class Limits:
 
 
 @dataclass(frozen=True)
-class Selection:
+class SelectionSettings:
     """How a mechanism is chosen and drawn."""
 
     default_mechanism: str = setting(AUTO, help="used when a request names no mechanism")
@@ -281,11 +281,11 @@ class Drain:
 
 
 @dataclass(frozen=True)
-class Policy:
+class SelectorConfig:
     """What the selection layer reads of the server's configuration: two of its groups, shared."""
 
     limits: Limits = field(default_factory=Limits)
-    selection: Selection = field(default_factory=Selection)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
 
 
 GROUPS: dict[str, type[DataclassInstance]] = {
@@ -294,7 +294,7 @@ GROUPS: dict[str, type[DataclassInstance]] = {
     "auth": Auth,
     "ledger": LedgerSettings,
     "limits": Limits,
-    "selection": Selection,
+    "selection": SelectionSettings,
     "drain": Drain,
 }
 
@@ -316,7 +316,7 @@ class ServerConfig:
     auth: Auth = field(default_factory=Auth)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     limits: Limits = field(default_factory=Limits)
-    selection: Selection = field(default_factory=Selection)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
     drain: Drain = field(default_factory=Drain)
 
     @classmethod
@@ -344,8 +344,8 @@ class ServerConfig:
         return getattr(getattr(self, group), attr)
 
     @property
-    def policy(self) -> Policy:
-        return Policy(self.limits, self.selection)
+    def selector(self) -> SelectorConfig:
+        return SelectorConfig(self.limits, self.selection)
 
     def check(self) -> ServerConfig:
         """Validates the knobs that do not need the artifact; returns self."""

@@ -16,7 +16,7 @@ call's thread runs the usual draw-then-charge path at normal priority; its draw 
 Processes, not threads: a draw thread holds the GIL between numpy's calls, so at nice 19 on a busy
 host it would stall every other thread of the server (docs/decisions/0005-asynchronous-server.md).
 A pool whose process dies is replaced; the call whose draw it interrupted is UNAVAILABLE with
-nothing spent. The knobs are :class:`recsvc.service.config.Selection` fields (``serve
+nothing spent. The knobs are :class:`recsvc.service.config.SelectionSettings` fields (``serve
 --heavy-draws``, ``--heavy-draw-threads``, ``--heavy-queue``, ``--heavy-per-principal``).
 
 At the other end, **light** work (:func:`light`, :attr:`Price.light`) may run on the event loop

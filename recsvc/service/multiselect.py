@@ -29,7 +29,7 @@ from recsvc.ledger import Drawn, Ledger, Replay, StoredAnswer
 from recsvc.ledger.units import charge_units
 from recsvc.multiselection import SIGNAL_LIMIT, Lattice, prototype_codes, respond_code, respond_lattice
 from recsvc.service.catalog import short
-from recsvc.service.config import Policy
+from recsvc.service.config import SelectorConfig
 from recsvc.service.errors import InvalidRequest, Unavailable
 from recsvc.service.requests import check_id, check_min_epsilon, check_user_id
 
@@ -67,8 +67,8 @@ class MultiAnswer:
 class MultiSelector:
     """The artifact's client bundle and population sample, and the MultiSelect rules."""
 
-    def __init__(self, artifact: Artifact, policy: Policy) -> None:
-        self.policy = policy
+    def __init__(self, artifact: Artifact, config: SelectorConfig) -> None:
+        self.config = config
         self.available = artifact.has_client_bundle
         self.version, self.dim, self.radius = "", 0, 0.0
         self.lattice = Lattice(0.0, 0)
@@ -92,7 +92,7 @@ class MultiSelector:
     @property
     def max_k(self) -> int:
         """The largest k a request may ask: the server's limit, within the catalog."""
-        return min(self.policy.limits.max_multiselect_k, len(self.item_ids)) if self.available else 0
+        return min(self.config.limits.max_multiselect_k, len(self.item_ids)) if self.available else 0
 
     def prepare(
         self,
@@ -118,7 +118,7 @@ class MultiSelector:
             check_user_id(user_id)
         check_id("request_id", request_id, required=False)
         check_epsilon(epsilon, error=InvalidRequest)
-        check_min_epsilon(epsilon, self.policy.limits.min_epsilon)
+        check_min_epsilon(epsilon, self.config.limits.min_epsilon)
         charge_units(epsilon)  # the ledger's range even when nothing is charged: one ε range for every call
         if not 1 <= k <= self.max_k:
             raise InvalidRequest(

@@ -37,7 +37,7 @@ from recsvc.mechanisms.two_stage import two_stage_split
 from recsvc.policy import PolicyTable, population_median, resolve_auto
 from recsvc.rng import thread_csprng
 from recsvc.service.catalog import BAD_ROW, DUPLICATE, NONFINITE, Catalog, Recommender, RowIds, short
-from recsvc.service.config import AUTO, CANDIDATE_MECHANISMS, Policy
+from recsvc.service.config import AUTO, CANDIDATE_MECHANISMS, SelectorConfig
 from recsvc.service.draws import HeavyDraws
 from recsvc.service.errors import InvalidRequest, Unavailable
 from recsvc.service.requests import (
@@ -93,10 +93,10 @@ def warm_kernels() -> None:
 
 
 class Selector:
-    """The service's selection logic over one artifact, under one :class:`Policy`."""
+    """The service's selection logic over one artifact, under one :class:`SelectorConfig`."""
 
-    def __init__(self, artifact: Artifact, policy: Policy) -> None:
-        self.policy = policy
+    def __init__(self, artifact: Artifact, config: SelectorConfig) -> None:
+        self.config = config
         self.catalog = Catalog(artifact)
         self.rho_median = population_median(artifact.manifest)
         # The policy table, checked now: unknown mechanisms or an empty grid refuse the start.
@@ -109,7 +109,7 @@ class Selector:
         # use the sign rule.
         self.auto_max_candidates = None if info is None else info.candidates
         self.auto_params = {} if info is None else dict(info.params)
-        self.sign_rule = resolve_auto(self.rho_median, policy.selection.auto_threshold)
+        self.sign_rule = resolve_auto(self.rho_median, config.selection.auto_threshold)
         self.auto_choice = None if self.auto_table else self.sign_rule
         if self.auto_table is None:
             log.warning(
@@ -120,7 +120,7 @@ class Selector:
                 self.auto_choice or "unavailable",
                 artifact.path,
             )
-        default = policy.selection.default_mechanism or AUTO
+        default = config.selection.default_mechanism or AUTO
         if default == AUTO and self.sign_rule is None and self.auto_table is None:
             raise ParamError(
                 "{manifest} has no population_spearman.median, which `auto` needs; "
@@ -134,7 +134,7 @@ class Selector:
         if artifact.has_model:
             self.recommender = Recommender(artifact, self.catalog)
         self._valid: dict[tuple, str] = {}
-        self.heavy = HeavyDraws(policy.selection.heavy_draws, policy.selection.heavy_draw_threads)
+        self.heavy = HeavyDraws(config.selection.heavy_draws, config.selection.heavy_draw_threads)
 
     @property
     def auto_description(self) -> str:
@@ -161,7 +161,7 @@ class Selector:
             table = self.auto_table if candidates is not None and self.table_applies(candidates) else None
             if epsilon is None and (self.auto_table is not None or self.sign_rule is not None):
                 return AUTO
-            choice = resolve_auto(self.rho_median, self.policy.selection.auto_threshold, table, epsilon, k)
+            choice = resolve_auto(self.rho_median, self.config.selection.auto_threshold, table, epsilon, k)
             if choice is None:
                 raise InvalidRequest("mechanism 'auto' is unavailable: the artifact has no population Spearman")
             return choice
@@ -170,7 +170,7 @@ class Selector:
             raise InvalidRequest(
                 f"unknown mechanism {short(name)}; expected one of {', '.join(sorted(MECHANISMS))}, or 'auto'"
             )
-        if not mech.private and not self.policy.selection.allow_non_private:
+        if not mech.private and not self.config.selection.allow_non_private:
             raise InvalidRequest(
                 f"mechanism {name!r} is not differentially private and this server refuses it; "
                 "start the server with --allow-non-private to use it for reference experiments"
@@ -187,7 +187,7 @@ class Selector:
         if name is None:
             name = self.mechanism_name(mechanism)
         check_epsilon(epsilon, error=InvalidRequest)
-        check_min_epsilon(epsilon, self.policy.limits.min_epsilon)
+        check_min_epsilon(epsilon, self.config.limits.min_epsilon)
         if key not in self._valid:
             check_params(dict(params))  # the mechanisms' own checks, before the ledger is touched
             if len(self._valid) < 4096:
@@ -209,9 +209,9 @@ class Selector:
     def slate_size(self, k: int, candidates: int, epsilon: float, what: str) -> int:
         """The slate size a request asks for (0 → 1), within the candidates and the server's maximum."""
         kk = k or 1
-        if kk > self.policy.limits.max_slate:
+        if kk > self.config.limits.max_slate:
             raise InvalidRequest(
-                f"k={kk} is too large; this server returns at most {self.policy.limits.max_slate} "
+                f"k={kk} is too large; this server returns at most {self.config.limits.max_slate} "
                 "items per answer (--max-slate)"
             )
         if kk > candidates:
@@ -233,23 +233,23 @@ class Selector:
                     "expected candidate_fraction in (0, 1), or no candidate_mechanism"
                 )
             return None  # a count alone never shrinks the candidate set
-        name = mechanism or self.policy.selection.default_candidate_mechanism
+        name = mechanism or self.config.selection.default_candidate_mechanism
         if name not in CANDIDATE_MECHANISMS:
             raise InvalidRequest(
                 f"candidate_mechanism {short(name)} cannot draw the candidate stage; expected one of "
                 f"{', '.join(CANDIDATE_MECHANISMS)} (a one-shot top-k mechanism), or empty for the server's "
-                f"default ({self.policy.selection.default_candidate_mechanism})"
+                f"default ({self.config.selection.default_candidate_mechanism})"
             )
         two_stage_split(candidate_fraction).budgets(epsilon)
         n = len(self.catalog.item_ids)
-        floor = min(self.policy.limits.min_candidates, n)
+        floor = min(self.config.limits.min_candidates, n)
         m = num_candidates or floor
         if m < floor:
             raise InvalidRequest(
                 f"num_candidates={m} is below this server's floor of {floor} private candidates (--min-candidates); "
                 f"expected {floor} <= num_candidates <= {n} (the catalog size), or 0 for {floor}"
             )
-        cap = self.policy.limits.max_num_candidates
+        cap = self.config.limits.max_num_candidates
         if m > cap:  # the candidate stage costs ≈ m × n draws: the operator bounds it
             raise InvalidRequest(
                 f"num_candidates={m} is more than this server's cap of {cap} (--max-num-candidates); "
@@ -289,9 +289,9 @@ class Selector:
         name, eps = self._common(x.user_id, x.request_id, x.mechanism, x.epsilon, x.params)
         if n == 0:
             raise InvalidRequest("no candidates (n = 0); expected at least one (item_id, score)")
-        if n > self.policy.limits.max_candidates:
+        if n > self.config.limits.max_candidates:
             raise InvalidRequest(
-                f"{n} candidates is too many; this server accepts at most {self.policy.limits.max_candidates}"
+                f"{n} candidates is too many; this server accepts at most {self.config.limits.max_candidates}"
             )
         return name, self.slate_size(x.k, n, eps, "candidates")
 
@@ -446,7 +446,7 @@ class Selector:
 
     @property
     def allow_non_private(self) -> bool:
-        return self.policy.selection.allow_non_private
+        return self.config.selection.allow_non_private
 
     def execute(self, ledger: Ledger, p: Prepared) -> Selected:
         """Reserves ``p``, draws its sample holding no ledger lock, and commits it (see the module

@@ -98,7 +98,7 @@ def start(config: ServerConfig) -> ServerHandle:
     if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
         ledger_mod.check_path(config.ledger.location)
         fingerprint.check(config.ledger.key_path)
-    servicer = SelectionServicer(artifact, None, config.policy)  # the ledger is attached once every check passed
+    servicer = SelectionServicer(artifact, None, config.selector)  # the ledger is attached once every check passed
     loop = EventLoop()
     try:
         server, health_servicer, pools = loop.call(build(config, servicer, authenticator))

@@ -32,7 +32,7 @@ from recsvc.service import codec
 from recsvc.service.admission import RateLimiter
 from recsvc.service.auth import SERVICE_NAME, Caller
 from recsvc.service.batch import execute_batch
-from recsvc.service.config import Policy
+from recsvc.service.config import SelectorConfig
 from recsvc.service.draws import Price, Priced, UseCase, price_of
 from recsvc.service.errors import PermissionDenied, ThrottledLog, log_internal_error
 from recsvc.service.interceptors import status_of
@@ -53,10 +53,10 @@ class Batch:
 
 
 class SelectionServicer:
-    def __init__(self, artifact: Artifact, ledger: Ledger | None, policy: Policy) -> None:
-        self.selector = Selector(artifact, policy)
-        self.multi = MultiSelector(artifact, policy)
-        self.policy = policy
+    def __init__(self, artifact: Artifact, ledger: Ledger | None, config: SelectorConfig) -> None:
+        self.selector = Selector(artifact, config)
+        self.multi = MultiSelector(artifact, config)
+        self.config = config
         self._ledger = ledger  # the server attaches it only after every startup check
         self.limiter: RateLimiter | None = None  # the gate's; SelectBatch pays for its items here
         self.refusals = ThrottledLog()  # per principal, shared with the gate: a refused loop cannot flood the log
@@ -151,7 +151,7 @@ class SelectionServicer:
         )
 
     def answer_mechanisms(self, _: None) -> pb.ListMechanismsResponse:
-        return codec.mechanisms_response(self.selector, self.policy, self.ledger.budget, self.multi)
+        return codec.mechanisms_response(self.selector, self.config, self.ledger.budget, self.multi)
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -239,7 +239,7 @@ class SelectionServicer:
 def register(servicer: SelectionServicer, server: Any) -> None:
     """Adds the service to ``server`` with request decoders that enforce the size limits on the
     raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication."""
-    limits = servicer.policy.limits
+    limits = servicer.config.limits
     s = servicer
     methods: dict[str, tuple[UseCase[Any, Any, Any], Callable[[bytes], Any], Any]] = {
         "Select": (

@@ -53,7 +53,7 @@ def main() -> int:
     from recsvc.ledger.sqlite import SQLiteLedger
     from recsvc.service import codec
     from recsvc.service.auth import ADMIN, Caller, Principal, Scope
-    from recsvc.service.config import Policy
+    from recsvc.service.config import SelectorConfig
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
@@ -62,9 +62,9 @@ def main() -> int:
         tmp = Path(td)
         art = load_artifact(bench_artifact(tmp / "art"))
         ledger = SQLiteLedger(tmp / "ledger.db", 1e6)
-        servicer = SelectionServicer(art, ledger, Policy())
-        decode = codec.decoder(pb.SelectBatchRequest, codec.BATCH, servicer.policy.limits)
-        decode_one = codec.decoder(pb.SelectRequest, codec.SELECT, servicer.policy.limits)
+        servicer = SelectionServicer(art, ledger, SelectorConfig())
+        decode = codec.decoder(pb.SelectBatchRequest, codec.BATCH, servicer.config.limits)
+        decode_one = codec.decoder(pb.SelectRequest, codec.SELECT, servicer.config.limits)
         caller = Caller((Principal("profile", Scope(ADMIN)),), "profile")
         gc.freeze()  # as a served worker does after startup (recsvc/service/server.py)
 

@@ -108,11 +108,13 @@ def serve_aio(port: int, artifacts: str, ledger: str, echo: bool = False) -> Non
 
     from recsvc.artifact import load_artifact
     from recsvc.ledger.sqlite import SQLiteLedger
-    from recsvc.service.config import Policy
+    from recsvc.service.config import SelectorConfig
     from recsvc.service.interceptors import status_of
     from recsvc.service.servicer import SelectionServicer
 
-    servicer = None if echo else SelectionServicer(load_artifact(artifacts), SQLiteLedger(ledger, 1e6), Policy())
+    servicer = (
+        None if echo else SelectionServicer(load_artifact(artifacts), SQLiteLedger(ledger, 1e6), SelectorConfig())
+    )
 
     async def select(req: pb.SelectRequest, ctx: grpc.aio.ServicerContext) -> pb.SelectResponse:
         if servicer is None:

@@ -136,11 +136,11 @@ def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
     from eval.multiselect_data import DatasetSource
     from eval.multiselect_eval import AutoPolicy
     from recsvc.artifact import load_artifact
-    from recsvc.service.config import Policy
+    from recsvc.service.config import SelectorConfig
     from recsvc.service.selection import Selector
 
     auto = AutoPolicy.of(DatasetSource(tiny, 2, (1,)))
-    service = Selector(load_artifact(tiny), Policy())
+    service = Selector(load_artifact(tiny), SelectorConfig())
     assert auto.covers is not None and auto.covers < ITEMS and auto.params == {"gamma": 0.05}
     for eps in (0.05, 0.5, 1.0, 4.0, 16.0):
         for n in (20, auto.covers, auto.covers + 1, ITEMS):

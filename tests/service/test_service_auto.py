@@ -13,7 +13,7 @@ import pytest
 from recsvc.app.cli import main
 from recsvc.artifact import ArtifactError, load_artifact
 from recsvc.service.client import Client
-from recsvc.service.config import Limits, Policy, ServerConfig
+from recsvc.service.config import Limits, SelectorConfig, ServerConfig
 from recsvc.service.selection import Selector
 from recsvc.service.server import start
 from recsvc.service.testing import N_ITEMS, add_policy, candidates, item_ids, make_artifact
@@ -57,7 +57,7 @@ def table_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def selector(table_artifact: Path) -> Selector:
-    return Selector(load_artifact(table_artifact), Policy())
+    return Selector(load_artifact(table_artifact), SelectorConfig())
 
 
 def _select(selector: Selector, eps: float, scores: np.ndarray, mechanism: str = "auto"):
@@ -115,7 +115,7 @@ def test_a_table_this_version_cannot_use_refuses_the_start(
 ) -> None:
     art = add_policy(make_artifact(tmp_path / "a"), rows, checked=False)
     with pytest.raises(ArtifactError, match=message):
-        Selector(load_artifact(art), Policy())
+        Selector(load_artifact(art), SelectorConfig())
     monkeypatch.setattr("signal.signal", lambda *a: None)  # in-process `serve` must not replace pytest's handlers
     assert main(["serve", "--artifacts", str(art), "--ledger", str(tmp_path / "l.db"), "--port", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -126,7 +126,7 @@ def test_a_table_this_version_cannot_use_refuses_the_start(
 def test_no_table_keeps_the_sign_rule_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     art = make_artifact(tmp_path / "a", rho_median=-0.5)
     with caplog.at_level(logging.WARNING, logger="recsvc.service"):
-        s = Selector(load_artifact(art), Policy())
+        s = Selector(load_artifact(art), SelectorConfig())
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "has no policy.parquet: `auto` falls back to the sign" in warnings[0].getMessage()
     assert "(→ gem for every ε)" in warnings[0].getMessage()
@@ -155,7 +155,7 @@ def test_larger_candidate_sets_than_the_tables_use_the_sign_rule_and_params_foll
     art = add_policy(
         make_artifact(tmp_path / "a", rho_median=0.5), [(1.0, 1, "rs", 0.1, 1), (1.0, 1, "gem", 0.2, 2)], info=INFO
     )
-    s = Selector(load_artifact(art), Policy(limits=Limits(min_candidates=5)))
+    s = Selector(load_artifact(art), SelectorConfig(limits=Limits(min_candidates=5)))
     ids = item_ids()
     small = s.prepare_select("u", "r", "auto", 1.0, {"gamma": None}, ids[:12], np.linspace(0, 1, 12), lambda: b"")
     assert (small.mechanism, small.params["gamma"]) == ("rs", 0.05)

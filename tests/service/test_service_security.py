@@ -205,13 +205,13 @@ def test_internal_errors_are_logged_without_their_message(
 def test_prepared_requests_keep_user_data_out_of_repr(artifact: Path, tmp_path: Path) -> None:
     from recsvc.artifact import load_artifact
     from recsvc.ledger.sqlite import SQLiteLedger
-    from recsvc.service.config import Policy
+    from recsvc.service.config import SelectorConfig
     from recsvc.service.servicer import SelectionServicer
     from recsvc.v1 import selection_pb2 as pb
 
     ledger = SQLiteLedger(tmp_path / "l.db", 3.0)
     try:
-        servicer = SelectionServicer(load_artifact(artifact), ledger, Policy())
+        servicer = SelectionServicer(load_artifact(artifact), ledger, SelectorConfig())
         req = pb.SelectRequest(
             user_id="u", mechanism="rnm", epsilon=0.5, item_ids=["it1", "it2"], scores=[0.5918273645, 0.25]
         )

@@ -13,7 +13,7 @@ import pytest
 from recsvc.artifact import load_artifact
 from recsvc.ledger.sqlite import SQLiteLedger
 from recsvc.service import codec
-from recsvc.service.config import PARAMS, Limits, Policy, ServerConfig
+from recsvc.service.config import PARAMS, Limits, SelectorConfig, ServerConfig
 from recsvc.service.selection import InvalidRequest, Selector
 from recsvc.service.testing import candidates, make_artifact
 
@@ -21,7 +21,7 @@ from recsvc.service.testing import candidates, make_artifact
 @pytest.fixture(scope="module")
 def selector(tmp_path_factory: pytest.TempPathFactory) -> Selector:
     art = make_artifact(tmp_path_factory.mktemp("art") / "toy", rho_median=0.5)
-    return Selector(load_artifact(art), Policy(limits=Limits(max_candidates=25)))
+    return Selector(load_artifact(art), SelectorConfig(limits=Limits(max_candidates=25)))
 
 
 def _prepare(selector: Selector, cands, mechanism: str = "", request_id: str = "r1"):
@@ -94,11 +94,11 @@ def test_defaults_are_written_once_and_shared_by_cli_config_and_policy() -> None
     assert set(PARAMS) - set(vars(serve)) == {"reuse_port"} and len(PARAMS) == 56
     for name in set(PARAMS) - {"reuse_port"}:
         assert getattr(serve, name) == config.get(name), name
-    assert config.policy == Policy()
+    assert config.selector == SelectorConfig()
     changed = ServerConfig.of(Path("x"), max_candidates=7, auto_threshold=0.3)
-    # the policy holds the config's own groups: nothing is copied
-    assert changed.policy.limits is changed.limits and changed.policy.selection is changed.selection
-    assert (changed.policy.limits.max_candidates, changed.policy.selection.auto_threshold) == (7, 0.3)
+    # the selector config holds the config's own groups: nothing is copied
+    assert changed.selector.limits is changed.limits and changed.selector.selection is changed.selection
+    assert (changed.selector.limits.max_candidates, changed.selector.selection.auto_threshold) == (7, 0.3)
     assert changed.get("max_batch") == 1000 and changed.replace(max_batch=3).limits.max_batch == 3
 
 
@@ -163,7 +163,7 @@ def test_a_two_stage_recommend_is_checked_once_from_prepare_to_answer(tmp_path: 
     """The candidate stage and the selection among its m share one check of the catalog's scores
     (stage 2's data-dependent step checks run as a discarded step, not as a second input check)."""
     art = make_artifact(tmp_path / "toy", rho_median=0.5)
-    selector = Selector(load_artifact(art), Policy(limits=Limits(min_candidates=5)))
+    selector = Selector(load_artifact(art), SelectorConfig(limits=Limits(min_candidates=5)))
     ledger = SQLiteLedger(tmp_path / "l.db", budget=10.0)
     try:
         input_checks.clear()
