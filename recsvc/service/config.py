@@ -47,7 +47,6 @@ def ledger_arg(text: str) -> Path | str:
 class Listen:
     """Where and how the server listens."""
 
-    # test_cli_help shows --host as its option without help, so `serve` adds that flag by hand
     host: str = setting("127.0.0.1", help="address to listen on")
     port: int = setting(50051, help="0 picks a free port (single worker; see ServerHandle.port)", check=PORT)
     workers: int = setting(1, help="processes sharing the port (SO_REUSEPORT) and the ledger", check=COUNT)
