@@ -18,6 +18,7 @@ import polars as pl
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.multiselection import monte_carlo_error, optimal_response
 from recsvc.rng import user_stream
+from recsvc.settings import Range, check, setting
 from recsvc.staging import StagedDir, check_out
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 5, 10, 20, 50)
@@ -32,7 +33,9 @@ class TheoryConfig:
     out: Path | None = None
     ks: Sequence[int] = DEFAULT_KS
     epsilons: Sequence[float] = DEFAULT_EPSILONS
-    mc_draws: int = DEFAULT_MC_DRAWS
+    mc_draws: int = setting(
+        DEFAULT_MC_DRAWS, help="--theory: Monte Carlo draws per (k, ε)", check=Range(2, integer=True)
+    )
     seed: int = 0
     force: bool = False
 
@@ -66,12 +69,12 @@ def check_grids(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[tuple[int
 
 def validate(cfg: TheoryConfig) -> TheoryConfig:
     """Every check before any work (no output is created). Returns the grids as sorted tuples."""
+    check(cfg)
     ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
-    draws = check_int("mc_draws", cfg.mc_draws, 2)
     seed = check_int("seed", cfg.seed, 0)
     if cfg.out is not None:
         check_out(cfg.out, cfg.force)
-    return TheoryConfig(cfg.out, ks, epsilons, draws, seed, cfg.force)
+    return TheoryConfig(cfg.out, ks, epsilons, int(cfg.mc_draws), seed, cfg.force)
 
 
 def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:
