@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
     from eval.bandit.config import BanditConfig
-    from eval.two_candidates import TwoCandidateConfig
+    from eval.two_candidates.hg import TwoCandidateConfig
 
     t = sub.add_parser(
         "eval-two-candidates",
@@ -104,8 +104,8 @@ def _register_two_candidates(sub: argparse._SubParsersAction) -> None:
 
 
 def _register_multiselect(sub: argparse._SubParsersAction) -> None:
-    from eval.multiselect_data import DatasetConfig
-    from eval.multiselect_theory import TheoryConfig
+    from eval.multiselect.data import DatasetConfig
+    from eval.multiselect.theory import TheoryConfig
 
     m = sub.add_parser(
         "eval-multiselect",
@@ -127,8 +127,8 @@ def _register_multiselect(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_multiselect(args: argparse.Namespace) -> int:
-    from eval import multiselect_theory as theory
-    from eval.multiselect_data import DatasetConfig
+    from eval.multiselect import theory
+    from eval.multiselect.data import DatasetConfig
 
     if args.theory:
         given = {k: tuple(v) for k in ("ks", "epsilons") if (v := getattr(args, k)) is not None}
@@ -136,7 +136,7 @@ def _run_multiselect(args: argparse.Namespace) -> int:
         cfg = from_namespace(theory.TheoryConfig, args, out=out, seed=args.seed, force=args.force, **given)
         print(theory.summary(theory.run_theory(cfg)))
         return 0
-    from eval.multiselect_run import run_datasets, summary
+    from eval.multiselect.run import run_datasets, summary
 
     out = Path("results/multiselect-datasets") if args.out is None else args.out
     print(summary(run_datasets(from_namespace(DatasetConfig, args, out=out))))
@@ -179,7 +179,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 def _run_synthetic(args: argparse.Namespace) -> int:
     from eval.config import DEFAULT_LEVEL, level_dirname
     from eval.run import run
-    from eval.sweep import run_sweep
+    from eval.scenarios.sweep import run_sweep
 
     level = _level(args.level)
     if args.scenario == "proportion":
@@ -204,7 +204,7 @@ def _run_bandit(args: argparse.Namespace) -> int:
 
 
 def _run_proportion(args: argparse.Namespace, level: float | str | None) -> int:
-    from eval.proportion import run_proportion
+    from eval.scenarios.proportion import run_proportion
 
     if args.out is None:
         args.out = Path("results") / "scenario-proportion"
@@ -222,8 +222,8 @@ def _run_proportion(args: argparse.Namespace, level: float | str | None) -> int:
 
 
 def _run_two_candidates(args: argparse.Namespace) -> int:
-    from eval.two_candidate_run import run_two_candidates
-    from eval.two_candidates import TwoCandidateConfig
+    from eval.two_candidates.hg import TwoCandidateConfig
+    from eval.two_candidates.run import run_two_candidates
 
     res = run_two_candidates(from_namespace(TwoCandidateConfig, args))
     held = sum(f.holds for f in res.findings)

@@ -5,8 +5,8 @@ import polars as pl
 import pytest
 
 from eval.config import EvalConfig
-from eval.proportion import PROPORTIONS, run_proportion
 from eval.scenarios import scenario
+from eval.scenarios.proportion import PROPORTIONS, run_proportion
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 from recsvc.mechanisms.testing import random_stopping_probabilities_quad

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.two_candidate_run import run_two_candidates
-from eval.two_candidates import HG_ROUNDING, TwoCandidateConfig, findings, hg_table, validate
+from eval.two_candidates.hg import HG_ROUNDING, TwoCandidateConfig, findings, hg_table, validate
+from eval.two_candidates.run import run_two_candidates
 from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
 from recsvc.mechanisms import select_batch

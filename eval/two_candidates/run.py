@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from eval import two_candidate_plots, two_candidate_report
-from eval.two_candidates import HG_PARQUET, TwoCandidateConfig, TwoCandidateResult, findings, hg_table, validate
+from eval.two_candidates import plots, report
+from eval.two_candidates.hg import HG_PARQUET, TwoCandidateConfig, TwoCandidateResult, findings, hg_table, validate
 from recsvc.staging import StagedDir
 
 
@@ -20,7 +20,7 @@ def run_two_candidates(cfg: TwoCandidateConfig) -> TwoCandidateResult:
         return result
     with StagedDir(cfg.out, cfg.force) as stage:
         table.write_parquet(stage.tmp / HG_PARQUET)
-        result.figures = two_candidate_plots.write_all(result, stage.tmp)
-        (stage.tmp / "report.md").write_text(two_candidate_report.markdown(result))
+        result.figures = plots.write_all(result, stage.tmp)
+        (stage.tmp / "report.md").write_text(report.markdown(result))
         result.out = stage.publish()
     return result

@@ -96,7 +96,7 @@ def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:
 def run_theory(cfg: TheoryConfig) -> TheoryResult:
     """Validates, computes the table, and writes ``theory.csv`` and the plots to ``cfg.out``
     atomically (a temp sibling renamed into place; nothing is left on failure)."""
-    from eval import multiselect_plots
+    from eval.multiselect import plots
 
     cfg = validate(cfg)
     t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def run_theory(cfg: TheoryConfig) -> TheoryResult:
         return result
     with StagedDir(cfg.out, cfg.force) as stage:
         table.write_csv(stage.tmp / THEORY_CSV)
-        result.figures = multiselect_plots.write_all(table, stage.tmp)
+        result.figures = plots.write_all(table, stage.tmp)
         result.out = stage.publish()
     return result
 

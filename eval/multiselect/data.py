@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from eval import multiselect_theory as theory
-from eval.multiselect_theory import check_grids
+from eval.multiselect import theory
+from eval.multiselect.theory import check_grids
 from recsvc.checks import ParamError
 from recsvc.settings import Range, check, setting
 from recsvc.staging import check_out

@@ -1,4 +1,4 @@
-"""`recsvc eval-multiselect --artifacts`: runs :mod:`eval.multiselect_eval` over each artifact's
+"""`recsvc eval-multiselect --artifacts`: runs :mod:`eval.multiselect.eval` over each artifact's
 test users on an engine, and writes ``multiselect.csv``, the plots and ``report.md`` atomically."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 
 from eval.metrics import RunningMean
-from eval.multiselect_data import DatasetConfig, DatasetSource, validate
-from eval.multiselect_eval import (
+from eval.multiselect.data import DatasetConfig, DatasetSource, validate
+from eval.multiselect.eval import (
     MEASURES,
     SELECT_CANDIDATES,
     TRUST,
@@ -115,7 +115,7 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
 
 def run_datasets(cfg: DatasetConfig) -> DatasetResult:
     """Validates, opens every artifact (all checks before any output), evaluates, writes ``cfg.out``."""
-    from eval import multiselect_plots
+    from eval.multiselect import plots
 
     cfg = validate(cfg)
     sources = [DatasetSource(a, cfg.users, cfg.ks) for a in cfg.artifacts]
@@ -131,7 +131,7 @@ def run_datasets(cfg: DatasetConfig) -> DatasetResult:
         return result
     with StagedDir(cfg.out, cfg.force, protect={"artifacts": cfg.artifacts[0]}) as stage:
         table.write_csv(stage.tmp / CSV)
-        result.figures = multiselect_plots.write_dataset_plots(table, stage.tmp)
+        result.figures = plots.write_dataset_plots(table, stage.tmp)
         (stage.tmp / REPORT).write_text(report(result))
         result.out = stage.publish()
     return result
