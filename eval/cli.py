@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.config import EvalConfig
+from eval.study import findings_text
 from recsvc.mechanisms import add_param_arguments, params_from_namespace
 from recsvc.settings import add_argument, add_arguments, from_namespace, settings_of
 
@@ -209,15 +210,8 @@ def _run_proportion(args: argparse.Namespace, level: float | str | None) -> int:
     if args.out is None:
         args.out = Path("results") / "scenario-proportion"
     res = run_proportion(_config(args, scenario="proportion", n=args.n, level=level))
-    held = sum(f.holds for f in res.findings)
-    print(
-        f"proportion of high scores (Figure 18) at ε = {res.epsilon:g}: {held} of {len(res.findings)} of the "
-        f"paper's statements hold ({res.seconds:.1f} s)"
-    )
-    for f in res.findings:
-        print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
-    if res.out is not None:
-        print(f"report: {res.out / 'report.md'}")
+    head = f"proportion of high scores (Figure 18) at ε = {res.epsilon:g}: "
+    print(findings_text(head, res.findings, res.out, f" ({res.seconds:.1f} s)"))
     return 0
 
 
@@ -226,13 +220,6 @@ def _run_two_candidates(args: argparse.Namespace) -> int:
     from eval.two_candidates.run import run_two_candidates
 
     res = run_two_candidates(from_namespace(TwoCandidateConfig, args))
-    held = sum(f.holds for f in res.findings)
-    print(
-        f"two candidates: {res.table.height} HG values in {res.seconds:.1f} s; "
-        f"{held} of {len(res.findings)} of the paper's statements hold"
-    )
-    for f in res.findings:
-        print(f"  [{'yes' if f.holds else 'NO '}] {f.statement}: {f.detail}")
-    if res.out is not None:
-        print(f"report: {res.out / 'report.md'}")
+    head = f"two candidates: {res.table.height} HG values in {res.seconds:.1f} s; "
+    print(findings_text(head, res.findings, res.out))
     return 0

@@ -16,6 +16,7 @@ import numpy as np
 
 from eval.multiselect import theory
 from eval.multiselect.theory import check_grids
+from eval.study import grid_text
 from recsvc.checks import ParamError
 from recsvc.settings import Range, check, setting
 from recsvc.staging import check_out
@@ -24,10 +25,6 @@ DEFAULT_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
 DEFAULT_EPSILONS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 DEFAULT_TRIALS = 10
 DEFAULT_CHUNK = 16  # users per work unit: each holds a few (users × catalog) float arrays
-
-
-def _grid_text(values: Sequence[float]) -> str:
-    return " ".join(f"{v:g}" for v in values)
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,8 @@ class DatasetConfig:
         nargs="+",
         type=int,
         unit="k",
-        help=f"numbers of results k (default: {_grid_text(theory.DEFAULT_KS)} with --theory, "
-        f"{_grid_text(DEFAULT_KS)} with --artifacts)",
+        help=f"numbers of results k (default: {grid_text(theory.DEFAULT_KS)} with --theory, "
+        f"{grid_text(DEFAULT_KS)} with --artifacts)",
     )
     epsilons: Sequence[float] = setting(
         DEFAULT_EPSILONS,
@@ -70,8 +67,8 @@ class DatasetConfig:
         nargs="+",
         type=float,
         unit="eps",
-        help=f"ε values (default: {_grid_text(theory.DEFAULT_EPSILONS)} with --theory, "
-        f"{_grid_text(DEFAULT_EPSILONS)} with --artifacts)",
+        help=f"ε values (default: {grid_text(theory.DEFAULT_EPSILONS)} with --theory, "
+        f"{grid_text(DEFAULT_EPSILONS)} with --artifacts)",
     )
     trials: int = setting(
         DEFAULT_TRIALS,

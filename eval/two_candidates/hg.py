@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from eval.results import Finding
+from eval.study import grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS
 from recsvc.settings import Each, Range, check, setting
@@ -54,10 +55,6 @@ HG_ROUNDING = 1e-12
 _POSITIVE = Each(Range(0, low_open=True))
 
 
-def _grid_text(values: tuple[float, ...]) -> str:
-    return " ".join(f"{v:g}" for v in values)
-
-
 @dataclass(frozen=True)
 class TwoCandidateConfig:
     out: Path | None = setting(
@@ -71,7 +68,7 @@ class TwoCandidateConfig:
         nargs="+",
         type=float,
         unit="eps",
-        help=f"ε values (default: {_grid_text(DEFAULT_EPSILONS)}, the rows of Figs 16-17)",
+        help=f"ε values (default: {grid_text(DEFAULT_EPSILONS)}, the rows of Figs 16-17)",
         check=_POSITIVE,
     )
     gaps: tuple[float, ...] = setting(
@@ -79,7 +76,7 @@ class TwoCandidateConfig:
         nargs="+",
         type=float,
         unit="gap",
-        help=f"score gaps q2 - q1 (default: {_grid_text(DEFAULT_GAPS)}, the columns of Figs 16-17)",
+        help=f"score gaps q2 - q1 (default: {grid_text(DEFAULT_GAPS)}, the columns of Figs 16-17)",
         check=_POSITIVE,
     )
     gammas: tuple[float, ...] = setting(
@@ -87,7 +84,7 @@ class TwoCandidateConfig:
         nargs="+",
         type=float,
         unit="gamma",
-        help=f"RS stopping probabilities γ (default: {_grid_text(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)",
+        help=f"RS stopping probabilities γ (default: {grid_text(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)",
         check=_POSITIVE,
     )  # every γ on the whole grid
     beta: float = setting(DEFAULT_BETA, help="GEM/mGEM β")

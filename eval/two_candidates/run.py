@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+from eval.study import publish
 from eval.two_candidates import plots, report
 from eval.two_candidates.hg import HG_PARQUET, TwoCandidateConfig, TwoCandidateResult, findings, hg_table, validate
-from recsvc.staging import StagedDir
 
 
 def run_two_candidates(cfg: TwoCandidateConfig) -> TwoCandidateResult:
@@ -15,12 +16,10 @@ def run_two_candidates(cfg: TwoCandidateConfig) -> TwoCandidateResult:
     cfg = validate(cfg)
     t0 = time.perf_counter()
     table = hg_table(cfg)
-    result = TwoCandidateResult(cfg, table, findings(table, cfg), time.perf_counter() - t0)
-    if cfg.out is None:
-        return result
-    with StagedDir(cfg.out, cfg.force) as stage:
-        table.write_parquet(stage.tmp / HG_PARQUET)
-        result.figures = plots.write_all(result, stage.tmp)
-        (stage.tmp / "report.md").write_text(report.markdown(result))
-        result.out = stage.publish()
-    return result
+    return publish(TwoCandidateResult(cfg, table, findings(table, cfg), time.perf_counter() - t0), _write)
+
+
+def _write(result: TwoCandidateResult, tmp: Path) -> None:
+    result.table.write_parquet(tmp / HG_PARQUET)
+    result.figures = plots.write_all(result, tmp)
+    (tmp / "report.md").write_text(report.markdown(result))
