@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
-from recsvc.checks import ParamError, check_epsilon, check_int
+from recsvc.checks import ParamError
 from recsvc.engines import resolve_workers
+from recsvc.mechanisms import MECHANISMS
 from recsvc.policy import AUTO, EVALUATION_EPSILONS
+from recsvc.settings import Each, OneOf, Range, check, setting
 from recsvc.staging import check_out
 
 # 0.01 … 16 (docs/reference/specification.md §6); the policy grid holds them
@@ -23,37 +24,92 @@ CHUNKS_PER_WORKER = 4  # automatic chunking aims for this many chunks per worker
 DEFAULT_LEVEL = 0.8  # sweep scenario's t when none is given
 
 
+_NOT_DP = ", ".join(n for n, m in MECHANISMS.items() if not m.private)
+_AT_LEAST_1 = Range(1, integer=True, none=True)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """One evaluation run. Exactly one of ``artifacts`` / ``scenario`` is the data source."""
 
-    artifacts: Path | None = None
-    scenario: str | None = None
-    n: int = 100  # scenario candidates
+    artifacts: Path | None = setting(None, unit="dir", help="artifact directory, e.g. artifacts/ml-100k")
+    scenario: str | None = setting(
+        None,
+        help="1 … 8, sweep (Figure 10) or proportion (Figure 18: scenarios 1–3 over the share of high scores)",
+    )
+    n: int = setting(100, help="candidates of a synthetic scenario")
     level: float | None = None  # sweep scenario's t (None = 0.8); only for scenario "sweep"
-    users: int | None = None  # first N users (artifact) / rows (scenario); None = all / default
-    mechanisms: tuple[str, ...] | None = None  # None = the registry's default set (default_mechanisms)
-    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
-    trials: int = DEFAULT_TRIALS
-    seed: int = 0
-    exact: bool = False
+    users: int | None = setting(
+        None, help="only the first N test users (default: all)", check=_AT_LEAST_1
+    )  # rows of a scenario
+    mechanisms: tuple[str, ...] | None = setting(
+        None,
+        nargs="+",
+        unit="name",
+        help=f"mechanisms to compare (default: the registry's default set, every private single-item one; {_NOT_DP} only if named)",
+    )
+    epsilons: tuple[float, ...] = setting(
+        DEFAULT_EPSILONS,
+        flag_default=None,
+        nargs="+",
+        type=float,
+        unit="eps",
+        help="privacy parameters ε > 0 (default: 0.01 … 16, 11 values)",
+        check=Each(Range(0, low_open=True)),
+    )
+    trials: int = setting(DEFAULT_TRIALS, help="selections per user, mechanism and ε", check=Range(1, integer=True))
+    exact: bool = setting(
+        False, help="expected MSE from exact probabilities; Monte Carlo (and a note) where a mechanism has none"
+    )
+    seed: int = setting(0, help="seed; user b uses SeedSequence(seed, spawn_key=(b,))", check=Range(0, integer=True))
     # Mechanism parameters by name (recsvc.mechanisms.PARAMS). Absent or None: the data's own where
     # it has one (γ, eval.run.with_data_defaults), else each mechanism's default. Each mechanism is
     # called with the ones it takes (mechanism_params).
     params: Mapping[str, float | None] = field(default_factory=dict)
-    engine: str = "local"
-    workers: int | None = None
-    scheduler: str | None = None
-    chunk_size: int | None = None  # None = automatic: ≤ 256, ≥ 4 chunks per worker, ≥ 16 users
-    out: Path | None = None
-    force: bool = False  # replace an existing ``out`` directory (never the artifact directory)
+    engine: str = setting(
+        "local", help="where the work units run: local processes or a Dask cluster", check=OneOf(("local", "dask"))
+    )
+    workers: int | None = setting(None, help="worker processes (default: min(2, cores))")
+    scheduler: str | None = setting(None, unit="address", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    chunk_size: int | None = setting(
+        None,
+        help="users per work unit (default: 256, smaller for small runs so each worker gets ~4)",
+        check=_AT_LEAST_1,
+    )  # None = automatic: ≤ 256, ≥ 4 chunks per worker, ≥ 16 users
+    out: Path | None = setting(
+        None, unit="dir", help="results directory (default: results/<dataset> or results/scenario-NAME)"
+    )
+    force: bool = setting(False, help="replace an existing --out directory (never the --artifacts directory)")
     progress: bool | None = None
-    ratio_epsilon: float = 1.0  # ε whose mGEM/GEM log-ratio is plotted against correlation
+    ratio_epsilon: float = setting(
+        1.0,
+        help="ε of the mGEM/GEM log-ratio scatter plot (nearest in the grid; default 1)",
+        check=Range(0, low_open=True),
+    )
     # Candidate pipelines and slate metrics (eval.pipelines); () = none, the default outputs only.
-    pipelines: tuple[str, ...] = ()
-    slate_k: tuple[int, ...] = DEFAULT_SLATE_K
-    two_stage_m: int = DEFAULT_M  # top500's m and two-stage's private top-m
-    two_stage_trials: int | None = None  # Monte Carlo trials of two-stage pipelines; None = trials
+    pipelines: tuple[str, ...] = setting(
+        (),
+        nargs="+",
+        unit="pipe",
+        help="also evaluate candidate pipelines over each test user's FULL-catalog scores: top500 (the "
+        "paper's non-private pre-filter, NOT end-to-end DP), full, two-stage:F[:MECH] (private top-m with "
+        "F·ε, F in (0, 1), by rnm peeling or one run of MECH: oneshot, gumbel, clm); writes pipelines.csv, "
+        "a winner table, plots and a report section",
+    )
+    slate_k: tuple[int, ...] = setting(
+        DEFAULT_SLATE_K,
+        flag_default=None,
+        nargs="+",
+        type=int,
+        unit="k",
+        help="slate sizes of the pipeline metrics (default: 1 5 10)",
+    )
+    two_stage_m: int = setting(
+        DEFAULT_M, flag_default=None, help="m: top500's and two-stage's candidate count (default 500)"
+    )
+    two_stage_trials: int | None = setting(
+        None, help="Monte Carlo trials of the two-stage pipelines (default: --trials; each peels m selections)"
+    )  # None = trials
 
 
 def level_dirname(level: float) -> str:
@@ -96,8 +152,9 @@ def _check_out(cfg: EvalConfig) -> None:
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
     """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
     :func:`eval.run.run` calls it first; the demo calls it before building anything."""
-    from recsvc.mechanisms import MECHANISMS, check_params, default_mechanisms
+    from recsvc.mechanisms import check_params, default_mechanisms
 
+    check(cfg)
     if (cfg.artifacts is None) == (cfg.scenario is None):
         raise ParamError("give exactly one data source: {artifacts} DIR or {scenario} NAME")
     if cfg.level is not None and cfg.scenario != "sweep":
@@ -107,19 +164,7 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
             "drop {level} or use {scenario} sweep",
             name=cfg.scenario,
         )
-    check_int("seed", cfg.seed, 0)
-    check_int("trials", cfg.trials, 1)
-    for param, value in (("users", cfg.users), ("chunk_size", cfg.chunk_size)):
-        if value is not None:
-            check_int(param, value, 1)
     resolve_workers(cfg.workers)
-    r = cfg.ratio_epsilon
-    if isinstance(r, bool) or not (isinstance(r, (int, float)) and math.isfinite(r) and r > 0):
-        raise ParamError("{ratio_epsilon} must be a finite number > 0, got {value}", value=repr(r))
-    if not cfg.epsilons:
-        raise ValueError("no ε given; expected at least one ε > 0")
-    for eps in cfg.epsilons:
-        check_epsilon(eps, "ε")
     if len(set(cfg.epsilons)) != len(cfg.epsilons):
         raise ValueError(f"ε values must be distinct, got {list(cfg.epsilons)}")
     if not isinstance(cfg.params, Mapping):

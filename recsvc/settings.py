@@ -135,6 +135,7 @@ class Each:
 
 
 Constraint = Range | OneOf | Each
+FIELD_DEFAULT = "<the field's>"  # a flag's default that is its field's
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,9 @@ class Setting:
     required: bool = False
     name: str = ""  # the flat parameter name, when it is not the field's own (``ledger_pool``)
     repeat: bool = False  # the flag may be given again, each time adding one value (argparse's append)
+    # The flag's default when it is not the field's: None (not given) keeps the field's default,
+    # for one that depends on other settings or is too long to show (the help states it).
+    flag_default: Any = FIELD_DEFAULT
 
     def __post_init__(self) -> None:
         if not self.help or "\n" in self.help:
@@ -170,10 +174,11 @@ def setting(
     name: str = "",
     repeat: bool = False,
     default_factory: Callable[[], Any] | Any = MISSING,
+    flag_default: Any = FIELD_DEFAULT,
 ) -> Any:
     """A dataclass field declared once: its default and its :class:`Setting`."""
     required = default is MISSING and default_factory is MISSING
-    meta = {"setting": Setting(help, unit, check, type, nargs, aliases, required, name, repeat)}
+    meta = {"setting": Setting(help, unit, check, type, nargs, aliases, required, name, repeat, flag_default)}
     if default_factory is not MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -259,7 +264,8 @@ def add_arguments(
 
 
 def add_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup, d: Declared) -> None:
-    add_setting(parser, d.name, d.spec, d.default, kind=_type_of(d))
+    default = d.default if d.spec.flag_default is FIELD_DEFAULT else d.spec.flag_default
+    add_setting(parser, d.name, d.spec, default, kind=_type_of(d))
 
 
 def add_setting(
@@ -335,8 +341,8 @@ def _build(cls: type, path: tuple[str, ...], parsed: dict[str, Any], values: dic
             name = spec.name or f.name
             if name in values:
                 kwargs[f.name] = values[name]
-            elif name in parsed:  # a flag's list of values is a tuple in the (frozen) config
-                value = parsed[name]
+            elif name in parsed and not (parsed[name] is None and spec.flag_default is None):
+                value = parsed[name]  # a flag's list of values is a tuple in the (frozen) config
                 kwargs[f.name] = tuple(value) if isinstance(value, list) else value
         elif (group := _group(f)) is not None:
             kwargs[f.name] = _build(group, (*path, f.name), parsed, values)

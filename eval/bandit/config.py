@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eval.bandit.environment import Arms
-from recsvc.checks import ParamError, check_int
+from recsvc.checks import ParamError
 from recsvc.engines import resolve_workers
 from recsvc.mechanisms import check_params
+from recsvc.settings import Range, check, setting
 from recsvc.staging import check_out
 
 # policy → the recsvc.mechanisms name it selects with (None: a non-private baseline).
@@ -25,28 +26,33 @@ POLICIES: dict[str, str | None] = {
 MECHANISM_OF: dict[str, str] = {p: m for p, m in POLICIES.items() if m is not None}  # the private policies
 PRIVATE = tuple(MECHANISM_OF)
 INIT_STEPS = 2  # steps 1 and 2 pull arms 0 and 1 once (data-independent), so every mean exists
+_AT_LEAST_1 = Range(1, integer=True)
+_POSITIVE = Range(0, low_open=True)
 
 
 @dataclass(frozen=True)
 class BanditConfig:
     """Defaults are the paper's (Appendix H); ``seeds`` independent runs 0 … seeds − 1."""
 
-    out: Path | None = None
-    seeds: int = 10
-    horizon: int = 50_000
-    shift: int = 30_000  # the arms swap after this step: t ≤ shift before, t > shift after
+    out: Path | None = setting(None, unit="dir", help="results directory, e.g. results/bandit")
+    seeds: int = setting(10, help="independent runs, seeds 0 … N−1", check=_AT_LEAST_1)
+    horizon: int = setting(50_000, help="steps T (default 50,000)", check=Range(INIT_STEPS + 1, integer=True))
+    shift: int = setting(
+        30_000, help="the arms swap after this step, 1 ≤ shift < horizon (default 30,000)", check=_AT_LEAST_1
+    )  # t ≤ shift before, t > shift after
     arms: Arms = field(default_factory=Arms)
-    alpha: float = math.sqrt(2.0)  # UCB optimism
-    epsilon_select: float = 1.0  # ε_S of rnm, rs, gem, mgem
-    epsilon_krr: float = 4.0  # ε_S of krr (it needs neither means' nor quantiles' budget, so the paper gives it more)
-    epsilon_means: float = 1.0  # ε_M of the hybrid counters
-    epsilon_pair: float = 1.0  # ε_p per (p10, p90) pair
-    window: int = 200  # w: observations per quantile estimate (disjoint windows)
+    alpha: float = setting(math.sqrt(2.0), help="UCB optimism", check=_POSITIVE)
+    epsilon_select: float = setting(1.0, help="ε_S of rnm, rs, gem, mgem", check=_POSITIVE)
+    # krr needs neither means' nor quantiles' budget, so the paper gives it more
+    epsilon_krr: float = setting(4.0, help="ε_S of krr", check=_POSITIVE)
+    epsilon_means: float = setting(1.0, help="ε_M of the hybrid counters", check=_POSITIVE)
+    epsilon_pair: float = setting(1.0, help="ε_p per (p10, p90) pair", check=_POSITIVE)
+    window: int = setting(200, help="w: observations per quantile estimate (disjoint windows)", check=_AT_LEAST_1)
     beta: float = 0.05  # GEM / mGEM
     gamma: float = 0.05  # RS_γ
     policies: tuple[str, ...] = tuple(POLICIES)
-    workers: int | None = None
-    force: bool = False
+    workers: int | None = setting(None, help="worker processes (default: min(2, cores))")
+    force: bool = setting(False, help="replace an existing --out directory")
     progress: bool | None = None
 
     def epsilon_of(self, policy: str) -> float:
@@ -61,16 +67,9 @@ class BanditConfig:
         return {} if mechanism is None else {k: v for k, v in own.items() if k in params_of(mechanism)}
 
 
-def _positive(param: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise ParamError(f"{{{param}}} must be a finite number > 0, got {{value}}", value=repr(value))
-
-
 def validate(cfg: BanditConfig) -> None:
     """Raises :class:`ParamError` (naming the parameter) for bad input; creates nothing."""
-    check_int("seeds", cfg.seeds, 1)
-    check_int("horizon", cfg.horizon, INIT_STEPS + 1)
-    check_int("shift", cfg.shift, 1)
+    check(cfg)
     if cfg.shift >= cfg.horizon:
         raise ParamError(
             "{shift} must be < {horizon} (the arms swap after step shift, inside the run); got "
@@ -78,9 +77,6 @@ def validate(cfg: BanditConfig) -> None:
             s=cfg.shift,
             h=cfg.horizon,
         )
-    check_int("window", cfg.window, 1)
-    for name in ("alpha", "epsilon_select", "epsilon_krr", "epsilon_means", "epsilon_pair"):
-        _positive(name, getattr(cfg, name))
     check_params({"beta": cfg.beta, "gamma": cfg.gamma})  # their specs' ranges (a MechanismParamError names them)
     unknown = [p for p in cfg.policies if p not in POLICIES]
     if unknown or not cfg.policies or len(set(cfg.policies)) != len(cfg.policies):

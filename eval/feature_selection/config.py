@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -12,6 +11,7 @@ from eval.feature_selection.data import DATASET_FEATURES, DATASETS, SETTINGS
 from eval.feature_selection.methods import DEFAULT_LASSO_ALPHA, NEIGHBOURING
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.mechanisms import check_params, get_mechanism
+from recsvc.settings import OneOf, Range, check, setting
 from recsvc.staging import check_out
 
 DEFAULT_OUT = Path("results/feature-selection")
@@ -24,19 +24,33 @@ DEFAULT_MECHANISM = "clm"
 
 @dataclass(frozen=True)
 class FeatureSelectionConfig:
-    out: Path | None = DEFAULT_OUT  # None: compute only, write nothing
-    datasets: Sequence[str] = DATASETS  # the accuracy study; () skips it
-    settings: Sequence[str] = SETTINGS  # Figure 1; () skips it
-    ks: Sequence[int] = DEFAULT_KS
-    epsilons: Sequence[float] = DEFAULT_EPSILONS
-    trials: int = DEFAULT_TRIALS  # private selections per (dataset, method, k, ε)
-    repetitions: int = DEFAULT_REPETITIONS  # Figure 1's datasets per setting
-    neighbouring: str = "add-remove"
-    lasso_alpha: float = DEFAULT_LASSO_ALPHA
-    mechanism: str = DEFAULT_MECHANISM  # the private top k of both methods
+    out: Path | None = setting(DEFAULT_OUT, unit="dir", help="results directory")  # None: compute only, write nothing
+    datasets: Sequence[str] = setting(
+        DATASETS, nargs="*", unit="name", help=f"the accuracy study's datasets, of {', '.join(DATASETS)}; none skips it"
+    )
+    settings: Sequence[str] = setting(SETTINGS, nargs="*", unit="name", help="Figure 1's settings; none skips Figure 1")
+    ks: Sequence[int] = setting(DEFAULT_KS, nargs="+", type=int, unit="k", help="features to select, 1 ≤ k ≤ d")
+    epsilons: Sequence[float] = setting(DEFAULT_EPSILONS, nargs="+", type=float, unit="eps", help="ε values > 0")
+    trials: int = setting(
+        DEFAULT_TRIALS, help="private selections per dataset, method, k and ε", check=Range(1, integer=True)
+    )
+    repetitions: int = setting(
+        DEFAULT_REPETITIONS, help="Figure 1's datasets per setting", check=Range(1, integer=True)
+    )
+    neighbouring: str = setting(
+        "add-remove",
+        help="the neighbouring relation: DP-SIS's Δ is 1 (add-remove a row) or 2 (replace one)",
+        check=OneOf(NEIGHBOURING),
+    )
+    lasso_alpha: float = setting(
+        DEFAULT_LASSO_ALPHA, help="the Lasso's λ (scikit-learn's alpha)", check=Range(0, low_open=True)
+    )
+    mechanism: str = setting(
+        DEFAULT_MECHANISM, help="the private top-k mechanism of both methods (a registry name)"
+    )  # the private top k of both methods
     params: Mapping[str, float | None] = field(default_factory=dict)  # the mechanism's (loss_weight …)
-    seed: int = 0
-    force: bool = False
+    seed: int = setting(0, help="seed of every dataset's and trial's stream", check=Range(0, integer=True))
+    force: bool = setting(False, help="replace an existing --out directory")
     progress: bool | None = None  # None: tqdm decides (off when not a TTY)
 
 
@@ -59,6 +73,7 @@ def _grid(param: str, values: Sequence[object], known: Sequence[str] | None = No
 def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
     """Every check before any work (nothing is created). Returns the grids as sorted tuples and
     the mechanism's own parameters, given or defaulted (what the run uses)."""
+    check(cfg)
     datasets = _grid("datasets", cfg.datasets, DATASETS)
     settings = _grid("settings", cfg.settings, SETTINGS)
     if not datasets and not settings:
@@ -76,22 +91,10 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
                 dataset=name,
                 d=d,
             )
-    trials = check_int("trials", cfg.trials, 1)
-    repetitions = check_int("repetitions", cfg.repetitions, 1)
-    if cfg.neighbouring not in NEIGHBOURING:
-        raise ParamError(
-            "unknown {neighbouring} relation {value}; expected one of {known}",
-            value=repr(cfg.neighbouring),
-            known=", ".join(NEIGHBOURING),
-        )
-    alpha = cfg.lasso_alpha
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
-        raise ParamError("{lasso_alpha} must be a positive finite number, got {value}", value=repr(alpha))
     try:
         params = check_params(dict(cfg.params), get_mechanism(cfg.mechanism))
     except ValueError as exc:
         raise ParamError("{mechanism}: {problem}", problem=str(exc)) from None
-    seed = check_int("seed", cfg.seed, 0)
     if cfg.out is not None:
         check_out(cfg.out, cfg.force)
     return replace(
@@ -100,9 +103,9 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
         settings=settings,
         ks=tuple(sorted(ks)),
         epsilons=tuple(sorted(epsilons)),
-        trials=trials,
-        repetitions=repetitions,
-        lasso_alpha=float(alpha),
+        trials=int(cfg.trials),
+        repetitions=int(cfg.repetitions),
+        lasso_alpha=float(cfg.lasso_alpha),
         params=MappingProxyType(dict(params)),
-        seed=seed,
+        seed=int(cfg.seed),
     )

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from eval.feature_selection import plots, report, study
 from eval.feature_selection.config import FeatureSelectionConfig, validate
-from recsvc.staging import StagedDir
+from eval.study import publish
 
 FIGURE1_CSV = "figure1.csv"
 ACCURACY_CSV = "accuracy.csv"
@@ -34,14 +35,10 @@ def run(cfg: FeatureSelectionConfig) -> report.FeatureSelectionResult:
         for k in cfg.ks
         if len(r.references[k]) < k
     ]
-    if cfg.out is not None:
-        with StagedDir(cfg.out, cfg.force) as stage:
-            result.figures = _write(result, stage.tmp)
-            result.out = stage.publish()
-    return result
+    return publish(result, _write)
 
 
-def _write(result: report.FeatureSelectionResult, tmp) -> tuple[str, ...]:
+def _write(result: report.FeatureSelectionResult, tmp: Path) -> None:
     cfg, figures = result.config, []
     if result.figure1 is not None:
         result.figure1.write_csv(tmp / FIGURE1_CSV)
@@ -75,4 +72,4 @@ def _write(result: report.FeatureSelectionResult, tmp) -> tuple[str, ...]:
     }
     (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (tmp / "report.md").write_text(report.markdown(result))
-    return tuple(figures)
+    result.figures = tuple(figures)

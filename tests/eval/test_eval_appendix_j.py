@@ -6,7 +6,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.appendix_j import RULES, hit_rates, markdown, predict
+from eval.appendix_j.rules import RULES, hit_rates, markdown, predict
 
 
 def test_rules_on_hand_computed_instances():

@@ -277,8 +277,11 @@ def test_given_parameters_reach_the_mechanisms_that_take_them():
         (["eval", "--artifacts", "{missing}"], "does not exist"),
         (["eval", "--artifacts", "{corrupt}"], "corrupt: sha256"),
         (["eval", "--artifacts", "{toy}", "--mechanisms", "rnm", "nope"], "unknown mechanism.*nope"),
-        (["eval", "--artifacts", "{toy}", "--epsilons", "1", "0"], "ε must be a positive finite number"),
-        (["eval", "--artifacts", "{toy}", "--epsilons", "-1"], "ε must be"),
+        (
+            ["eval", "--artifacts", "{toy}", "--epsilons", "1", "0"],
+            "--epsilons must be one or more values, each a finite number > 0, got 1.0 0.0",
+        ),
+        (["eval", "--artifacts", "{toy}", "--epsilons", "-1"], "--epsilons must be"),
         (["eval", "--artifacts", "{toy}", "--trials", "0"], "trials must be an integer ≥ 1"),
         (["eval", "--artifacts", "{toy}", "--beta", "1"], r"--beta must be in the open interval \(0, 1\), got 1\.0$"),
         (["eval", "--artifacts", "{toy}", "--gamma", "1e-9"], r"--gamma must be at least 1e-06 .*got 1e-09$"),

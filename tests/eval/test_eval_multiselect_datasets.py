@@ -13,9 +13,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.multiselect_data import DatasetConfig
-from eval.multiselect_eval import Context, device_choice, measures
-from eval.multiselect_run import SCHEMA, run_datasets
+from eval.multiselect.data import DatasetConfig
+from eval.multiselect.eval import Context, device_choice, measures
+from eval.multiselect.run import SCHEMA, run_datasets
 from recsvc.app.cli import main as recsvc_main
 
 ITEMS = 150  # the tiny preset's catalog
@@ -133,8 +133,8 @@ def test_an_artifact_without_targets_or_a_client_bundle_is_refused(targets, matc
 def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
     """The central modes run what the service's `auto` would: the policy table up to the count it
     covers (with the table's γ), the sign rule beyond it (Recommend over all 150 items)."""
-    from eval.multiselect_data import DatasetSource
-    from eval.multiselect_eval import AutoPolicy
+    from eval.multiselect.data import DatasetSource
+    from eval.multiselect.eval import AutoPolicy
     from recsvc.artifact import load_artifact
     from recsvc.service.config import SelectorConfig
     from recsvc.service.selection import Selector
@@ -152,8 +152,8 @@ def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
 @pytest.fixture(scope="module")
 def ctx(tiny: Path) -> Context:
     """What eval-multiselect shares across the tiny artifact's chunks: 3 users, k ∈ {1, 3}, ε = 2."""
-    from eval.multiselect_data import DatasetSource
-    from eval.multiselect_eval import AutoPolicy, blind_answer, code_answers, lattice_points
+    from eval.multiselect.data import DatasetSource
+    from eval.multiselect.eval import AutoPolicy, blind_answer, code_answers, lattice_points
 
     src = DatasetSource(tiny, 3, (1, 3))
     return Context(
@@ -170,7 +170,7 @@ def ctx(tiny: Path) -> Context:
 
 
 def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(ctx: Context) -> None:
-    from eval.multiselect_eval import GREEDY, TAG, Row, evaluate_user, rows
+    from eval.multiselect.eval import GREEDY, TAG, Row, evaluate_user, rows
     from eval.pipelines import stream
     from recsvc.multiselection import Words, respond_lattice
 
@@ -194,7 +194,7 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
 
 
 def test_the_code_row_is_what_the_service_answers_to_the_code_the_device_sends(ctx: Context) -> None:
-    from eval.multiselect_eval import CODE, TAG, Row, evaluate_user, rows
+    from eval.multiselect.eval import CODE, TAG, Row, evaluate_user, rows
     from eval.pipelines import stream
     from recsvc.multiselection import Words, code_of, prototype_codes, randomized_response, respond_code
 

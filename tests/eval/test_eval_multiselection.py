@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.multiselect_theory import COLUMNS, TheoryConfig, parse_offsets, run_theory
+from eval.multiselect.theory import COLUMNS, TheoryConfig, parse_offsets, run_theory
 from recsvc.app.cli import main as recsvc_main
 from recsvc.multiselection import identity_error, identity_offsets
 

@@ -5,8 +5,8 @@ import polars as pl
 import pytest
 
 from eval.config import EvalConfig
-from eval.proportion import PROPORTIONS, run_proportion
 from eval.scenarios import scenario
+from eval.scenarios.proportion import PROPORTIONS, run_proportion
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 from recsvc.mechanisms.testing import random_stopping_probabilities_quad
@@ -116,5 +116,5 @@ def test_level_is_refused_and_nothing_is_written(tmp_path, one_line_error):
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--level", "0.3", "--out", str(out)]) == 2
     one_line_error(r"--level applies only to --scenario sweep")
     assert recsvc_main(["eval-synthetic", "--scenario", "proportion", "--epsilons", "0", "--out", str(out)]) == 2
-    one_line_error(r"ε must be a positive finite number")
+    one_line_error(r"--epsilons must be one or more values, each a finite number > 0")
     assert not out.exists() and not list(tmp_path.iterdir())

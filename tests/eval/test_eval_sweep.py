@@ -14,7 +14,7 @@ from eval import report as report_module
 from eval import run as runner
 from eval.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
 from eval.scenarios import SWEEP_LEVELS
-from eval.sweep import run_sweep
+from eval.scenarios.sweep import run_sweep
 from eval.testing import unrendered_figures
 from recsvc.app.cli import main as recsvc_main
 

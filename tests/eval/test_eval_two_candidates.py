@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.two_candidate_run import run_two_candidates
-from eval.two_candidates import HG_ROUNDING, TwoCandidateConfig, findings, hg_table, validate
+from eval.two_candidates.hg import HG_ROUNDING, TwoCandidateConfig, findings, hg_table, validate
+from eval.two_candidates.run import run_two_candidates
 from recsvc.app.cli import main as recsvc_main
 from recsvc.checks import ParamError
 from recsvc.mechanisms import select_batch
@@ -184,8 +184,8 @@ def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error, un
 @pytest.mark.parametrize(
     "args,match",
     [
-        (["--epsilons", "0"], r"--epsilons must hold finite numbers > 0 \(ε\), got 0.0"),
-        (["--deltas", "1", "nan"], r"--deltas must hold finite numbers > 0"),
+        (["--epsilons", "0"], r"--epsilons must be one or more values, each a finite number > 0, got 0.0"),
+        (["--deltas", "1", "nan"], r"--deltas must be one or more values, each a finite number > 0"),
         (["--gaps", "1", "1"], r"--gaps must be distinct"),
         (["--gammas", "1.5"], r"--gammas must lie in \[1e-06, 1\)"),
         (["--beta", "0"], r"--beta must be in the open interval \(0, 1\)"),
@@ -200,5 +200,7 @@ def test_bad_input_is_refused_before_any_output(args, match, tmp_path, one_line_
 
 def test_empty_grid_is_a_param_error():
     for field in ("deltas", "epsilons", "gaps", "gammas"):
-        with pytest.raises(ParamError, match=f"{field} is empty"):
+        with pytest.raises(
+            ParamError, match=f"{field} must be one or more values, each a finite number > 0, got no values$"
+        ):
             run_two_candidates(replace(SMALL, **{field: ()}))

@@ -8,7 +8,7 @@ LOWER-scoring candidate's sensitivity. For two mechanisms M (the baseline) and M
 is > 0 iff M′ beats M. Every probability is exact: rnm, gem and mgem from
 ``recsvc.mechanisms.probabilities``; rnmh in closed form and rs by quadrature
 (:mod:`recsvc.mechanisms.exact`); random is ½. :func:`hg_table` has one row per pair × grid
-point; :func:`findings` checks the paper's statements on it; :mod:`eval.two_candidate_run`
+point; :func:`findings` checks the paper's statements on it; :mod:`eval.two_candidates.run`
 writes the results directory.
 """
 
@@ -24,8 +24,10 @@ import numpy as np
 import polars as pl
 
 from eval.results import Finding
+from eval.study import grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS
+from recsvc.settings import Each, Range, check, setting
 from recsvc.staging import check_out
 
 DEFAULT_DELTAS: tuple[float, ...] = tuple(round(0.1 * i, 10) for i in range(1, 21))  # 0.1 … 2.0
@@ -50,28 +52,50 @@ HG_PARQUET = "hg.parquet"
 HG_ROUNDING = 1e-12
 
 
+_POSITIVE = Each(Range(0, low_open=True))
+
+
 @dataclass(frozen=True)
 class TwoCandidateConfig:
-    out: Path | None = None
-    deltas: tuple[float, ...] = DEFAULT_DELTAS  # the grid of Δ1 and of Δ2
-    epsilons: tuple[float, ...] = DEFAULT_EPSILONS
-    gaps: tuple[float, ...] = DEFAULT_GAPS  # q2 − q1
-    gammas: tuple[float, ...] = DEFAULT_GAMMAS  # rs's γ (every γ on the whole grid)
-    beta: float = DEFAULT_BETA  # gem / mgem
-    force: bool = False
+    out: Path | None = setting(
+        None, flag_default=Path("results/two-candidates"), unit="dir", help="results directory"
+    )  # None: compute only, write nothing
+    deltas: tuple[float, ...] = setting(
+        DEFAULT_DELTAS, nargs="+", type=float, unit="d", help="the grid of Δ1 and of Δ2", check=_POSITIVE
+    )
+    epsilons: tuple[float, ...] = setting(
+        DEFAULT_EPSILONS,
+        nargs="+",
+        type=float,
+        unit="eps",
+        help=f"ε values (default: {grid_text(DEFAULT_EPSILONS)}, the rows of Figs 16-17)",
+        check=_POSITIVE,
+    )
+    gaps: tuple[float, ...] = setting(
+        DEFAULT_GAPS,
+        nargs="+",
+        type=float,
+        unit="gap",
+        help=f"score gaps q2 - q1 (default: {grid_text(DEFAULT_GAPS)}, the columns of Figs 16-17)",
+        check=_POSITIVE,
+    )
+    gammas: tuple[float, ...] = setting(
+        DEFAULT_GAMMAS,
+        nargs="+",
+        type=float,
+        unit="gamma",
+        help=f"RS stopping probabilities γ (default: {grid_text(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)",
+        check=_POSITIVE,
+    )  # every γ on the whole grid
+    beta: float = setting(DEFAULT_BETA, help="GEM/mGEM β")
+    force: bool = setting(False, help="replace an existing --out directory")
 
 
-def _check_grid(param: str, values: Sequence[object], what: str) -> tuple[float, ...]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or len(values) == 0:
-        raise ParamError(f"{{{param}}} is empty; expected at least one {what}")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ParamError(f"{{{param}}} must hold finite numbers > 0 ({what}), got {{value}}", value=repr(v))
-        out.append(float(v))
+def _distinct(param: str, values: Sequence[float]) -> tuple[float, ...]:
+    out = tuple(float(v) for v in values)
     if len(set(out)) != len(out):
         raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=list(values))
-    return tuple(out)
+    return out
 
 
 def validate(cfg: TwoCandidateConfig) -> TwoCandidateConfig:
@@ -80,10 +104,8 @@ def validate(cfg: TwoCandidateConfig) -> TwoCandidateConfig:
     from recsvc.mechanisms.gem import BETA
     from recsvc.mechanisms.random_stopping import GAMMA
 
-    deltas = _check_grid("deltas", cfg.deltas, "sensitivity")
-    epsilons = _check_grid("epsilons", cfg.epsilons, "ε")
-    gaps = _check_grid("gaps", cfg.gaps, "score gap q2 − q1")
-    gammas = _check_grid("gammas", cfg.gammas, "stopping probability γ")
+    check(cfg)
+    deltas, epsilons, gaps, gammas = (_distinct(p, getattr(cfg, p)) for p in ("deltas", "epsilons", "gaps", "gammas"))
     for g in gammas:
         try:
             GAMMA.check(g)

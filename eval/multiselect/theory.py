@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from eval.study import publish
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.multiselection import monte_carlo_error, optimal_response
 from recsvc.rng import user_stream
-from recsvc.staging import StagedDir, check_out
+from recsvc.settings import Range, check, setting
+from recsvc.staging import check_out
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 5, 10, 20, 50)
 DEFAULT_EPSILONS: tuple[float, ...] = (0.3, 0.5, 1.0, 2.0)
@@ -32,7 +34,9 @@ class TheoryConfig:
     out: Path | None = None
     ks: Sequence[int] = DEFAULT_KS
     epsilons: Sequence[float] = DEFAULT_EPSILONS
-    mc_draws: int = DEFAULT_MC_DRAWS
+    mc_draws: int = setting(
+        DEFAULT_MC_DRAWS, help="--theory: Monte Carlo draws per (k, ε)", check=Range(2, integer=True)
+    )
     seed: int = 0
     force: bool = False
 
@@ -66,12 +70,12 @@ def check_grids(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[tuple[int
 
 def validate(cfg: TheoryConfig) -> TheoryConfig:
     """Every check before any work (no output is created). Returns the grids as sorted tuples."""
+    check(cfg)
     ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
-    draws = check_int("mc_draws", cfg.mc_draws, 2)
     seed = check_int("seed", cfg.seed, 0)
     if cfg.out is not None:
         check_out(cfg.out, cfg.force)
-    return TheoryConfig(cfg.out, ks, epsilons, draws, seed, cfg.force)
+    return TheoryConfig(cfg.out, ks, epsilons, int(cfg.mc_draws), seed, cfg.force)
 
 
 def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:
@@ -93,19 +97,17 @@ def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:
 def run_theory(cfg: TheoryConfig) -> TheoryResult:
     """Validates, computes the table, and writes ``theory.csv`` and the plots to ``cfg.out``
     atomically (a temp sibling renamed into place; nothing is left on failure)."""
-    from eval import multiselect_plots
-
     cfg = validate(cfg)
     t0 = time.perf_counter()
     table, max_z = theory_table(cfg)
-    result = TheoryResult(cfg, table, max_z, time.perf_counter() - t0)
-    if cfg.out is None:
-        return result
-    with StagedDir(cfg.out, cfg.force) as stage:
-        table.write_csv(stage.tmp / THEORY_CSV)
-        result.figures = multiselect_plots.write_all(table, stage.tmp)
-        result.out = stage.publish()
-    return result
+    return publish(TheoryResult(cfg, table, max_z, time.perf_counter() - t0), _write)
+
+
+def _write(result: TheoryResult, tmp: Path) -> None:
+    from eval.multiselect import plots
+
+    result.table.write_csv(tmp / THEORY_CSV)
+    result.figures = plots.write_all(result.table, tmp)
 
 
 def summary(result: TheoryResult) -> str:

@@ -1,4 +1,4 @@
-"""`recsvc eval-multiselect --artifacts`: runs :mod:`eval.multiselect_eval` over each artifact's
+"""`recsvc eval-multiselect --artifacts`: runs :mod:`eval.multiselect.eval` over each artifact's
 test users on an engine, and writes ``multiselect.csv``, the plots and ``report.md`` atomically."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 
 from eval.metrics import RunningMean
-from eval.multiselect_data import DatasetConfig, DatasetSource, validate
-from eval.multiselect_eval import (
+from eval.multiselect.data import DatasetConfig, DatasetSource, validate
+from eval.multiselect.eval import (
     MEASURES,
     SELECT_CANDIDATES,
     TRUST,
@@ -24,7 +24,7 @@ from eval.multiselect_eval import (
     lattice_points,
     rows,
 )
-from recsvc.staging import StagedDir
+from eval.study import publish
 
 CSV = "multiselect.csv"
 REPORT = "report.md"
@@ -115,8 +115,6 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
 
 def run_datasets(cfg: DatasetConfig) -> DatasetResult:
     """Validates, opens every artifact (all checks before any output), evaluates, writes ``cfg.out``."""
-    from eval import multiselect_plots
-
     cfg = validate(cfg)
     sources = [DatasetSource(a, cfg.users, cfg.ks) for a in cfg.artifacts]
     for s in sources:  # `auto` resolves, or the run stops here, before any output
@@ -127,14 +125,15 @@ def run_datasets(cfg: DatasetConfig) -> DatasetResult:
     t0 = time.perf_counter()
     table = pl.concat([_evaluate(cfg, s) for s in sources])
     result = DatasetResult(cfg, table, time.perf_counter() - t0, {s.name: s.total for s in sources})
-    if cfg.out is None:
-        return result
-    with StagedDir(cfg.out, cfg.force, protect={"artifacts": cfg.artifacts[0]}) as stage:
-        table.write_csv(stage.tmp / CSV)
-        result.figures = multiselect_plots.write_dataset_plots(table, stage.tmp)
-        (stage.tmp / REPORT).write_text(report(result))
-        result.out = stage.publish()
-    return result
+    return publish(result, _write, protect={"artifacts": cfg.artifacts[0]})
+
+
+def _write(result: DatasetResult, tmp: Path) -> None:
+    from eval.multiselect import plots
+
+    result.table.write_csv(tmp / CSV)
+    result.figures = plots.write_dataset_plots(result.table, tmp)
+    (tmp / REPORT).write_text(report(result))
 
 
 def _fmt(x: float, ci: float, pct: bool = True) -> str:

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from eval.two_candidate_plots import FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG, GEM_FIGURES
+from eval.two_candidates.plots import FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG, GEM_FIGURES
 
 if TYPE_CHECKING:
-    from eval.two_candidates import TwoCandidateResult
+    from eval.two_candidates.hg import TwoCandidateResult
 
 
 def _grid(values: tuple[float, ...]) -> str:

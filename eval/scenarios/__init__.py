@@ -9,7 +9,7 @@ score vector and the sweep one fixed instance per row, so their Δ are given dir
 range is centred on its score.
 
 - ``"1"``/``"2"``/``"3"``  bimodal (Figure 2): half the candidates score 1, half −1; Δ ∈ {1, 1.8}
-  (``proportion``: another share of high scores, Figure 18 / :mod:`eval.proportion`).
+  (``proportion``: another share of high scores, Figure 18 / :mod:`eval.scenarios.proportion`).
   1: high score ↔ Δ 1.8 (positive correlation); 2: high score ↔ Δ 1 (negative);
   3: each group split equally between Δ 1 and 1.8 (no correlation).
 - ``"4"``  σ_1 ≤ … ≤ σ_n sorted draws of N_[0.01,0.7](0.5, 1); P_a = N(log a, σ_a²) (positive).
@@ -35,6 +35,9 @@ range is centred on its score.
 
 Where a formula is written for 100 candidates (5, 7, 8) the index a is rescaled to a·100/n so
 that other ``n`` keep the paper's shape; n = 100 is exactly the paper.
+
+Their studies beside them: :mod:`.sweep` (every sweep level in one run, Figure 10) and
+:mod:`.proportion` (the share of high scores, Figure 18).
 """
 
 from __future__ import annotations

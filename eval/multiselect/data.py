@@ -14,8 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.multiselect_theory import check_grids
-from recsvc.checks import ParamError, check_int
+from eval.multiselect import theory
+from eval.multiselect.theory import check_grids
+from eval.study import grid_text
+from recsvc.checks import ParamError
+from recsvc.settings import Range, check, setting
 from recsvc.staging import check_out
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
@@ -26,19 +29,62 @@ DEFAULT_CHUNK = 16  # users per work unit: each holds a few (users × catalog) f
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    """One `eval-multiselect` run over one or more artifacts' test users."""
+    """One `eval-multiselect` run over one or more artifacts' test users. Its settings that
+    --theory shares (out, ks, epsilons, seed, force) state both modes' defaults."""
 
-    artifacts: tuple[Path, ...]
-    out: Path | None = None
-    users: int | None = None  # the first N test users of each artifact (artifact order); None = all
-    ks: Sequence[int] = DEFAULT_KS
-    epsilons: Sequence[float] = DEFAULT_EPSILONS
-    trials: int = DEFAULT_TRIALS  # device signals (and Monte Carlo selections) per user and ε
-    seed: int = 0
-    workers: int | None = None
-    chunk_size: int = DEFAULT_CHUNK
+    artifacts: tuple[Path, ...] = setting(
+        (),
+        flag_default=None,
+        nargs="+",
+        type=Path,
+        unit="dir",
+        help="evaluate on these artifacts' test users (built by `recsvc prep`, with a client bundle)",
+    )
+    out: Path | None = setting(
+        None,
+        unit="dir",
+        help="results directory (default: results/multiselect with --theory, results/multiselect-datasets "
+        "with --artifacts)",
+    )
+    # the first N test users of each artifact (artifact order); None = all
+    users: int | None = setting(
+        None,
+        help="--artifacts: only the first N test users of each artifact (default: all)",
+        check=Range(1, integer=True, none=True),
+    )
+    ks: Sequence[int] = setting(
+        DEFAULT_KS,
+        flag_default=None,
+        nargs="+",
+        type=int,
+        unit="k",
+        help=f"numbers of results k (default: {grid_text(theory.DEFAULT_KS)} with --theory, "
+        f"{grid_text(DEFAULT_KS)} with --artifacts)",
+    )
+    epsilons: Sequence[float] = setting(
+        DEFAULT_EPSILONS,
+        flag_default=None,
+        nargs="+",
+        type=float,
+        unit="eps",
+        help=f"ε values (default: {grid_text(theory.DEFAULT_EPSILONS)} with --theory, "
+        f"{grid_text(DEFAULT_EPSILONS)} with --artifacts)",
+    )
+    trials: int = setting(
+        DEFAULT_TRIALS,
+        help="--artifacts: device signals (and central selections) per user and ε",
+        check=Range(1, integer=True),
+    )
+    seed: int = setting(
+        0,
+        help="seed; --theory: row i draws from SeedSequence(seed, spawn_key=(i,)); --artifacts: user b from "
+        "SeedSequence(seed, spawn_key=(b, …))",
+        check=Range(0, integer=True),
+    )
+    workers: int | None = setting(None, help="--artifacts: worker processes (default: min(2, cores))")
+    chunk_size: int = setting(DEFAULT_CHUNK, help="--artifacts: users per work unit", check=Range(1, integer=True))
     progress: bool | None = None
-    force: bool = False
+    force: bool = setting(False, help="replace an existing --out directory")
 
 
 def validate(cfg: DatasetConfig) -> DatasetConfig:
@@ -49,12 +95,8 @@ def validate(cfg: DatasetConfig) -> DatasetConfig:
         raise ParamError("{artifacts}: give at least one artifact directory")
     if len({Path(a).resolve() for a in cfg.artifacts}) != len(cfg.artifacts):
         raise ParamError("{artifacts} must be distinct, got {value}", value=" ".join(map(str, cfg.artifacts)))
+    check(cfg)
     ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
-    if cfg.users is not None:
-        check_int("users", cfg.users, 1)
-    check_int("trials", cfg.trials, 1)
-    check_int("seed", cfg.seed, 0)
-    check_int("chunk_size", cfg.chunk_size, 1)
     resolve_workers(cfg.workers)
     if cfg.out is not None:
         for a in cfg.artifacts:

@@ -12,7 +12,7 @@ import polars as pl
 from eval.plots import pyplot, save_figure
 
 if TYPE_CHECKING:
-    from eval.two_candidates import TwoCandidateResult
+    from eval.two_candidates.hg import TwoCandidateResult
 
 FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG = "fig3.png", "fig15.png", "fig16.png", "fig17.png"
 # (file, baseline, mechanism): the GEM family on the Figure 16/17 grid (§V-A, no figure in the paper)
@@ -86,7 +86,7 @@ def _grid_panels(result: TwoCandidateResult, base: str, mech: str, gamma: float 
 
 
 def write_all(result: TwoCandidateResult, out: Path) -> list[str]:
-    from eval.two_candidates import FIGURE_EPSILON, FIGURE_GAMMA, FIGURE_GAP, nearest
+    from eval.two_candidates.hg import FIGURE_EPSILON, FIGURE_GAMMA, FIGURE_GAP, nearest
 
     cfg, t = result.config, result.table
     eps, gap, gamma = (

@@ -11,7 +11,7 @@ q_î ≥ q_j − Δ_î(t_GEM' − t) − Δ_j(t_GEM' + t) for every j, where t_G
   derivation, the paper states only GEM's).
 
 :func:`predict` applies the rules; :func:`hit_rates` scores them against exact expected MSE on the
-paper's scenarios. ``python -m eval.appendix_j`` prints the table quoted in docs/research/paper-reproduction.md.
+paper's scenarios. ``python -m eval.appendix_j.rules`` prints the table quoted in docs/research/paper-reproduction.md.
 """
 
 from __future__ import annotations
