@@ -8,9 +8,9 @@ counter's per-item change (R = 1) and the quantiles' domain.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy.stats import norm
 
 REWARD_LO = 0.0
 REWARD_HI = 1.0
@@ -29,6 +29,7 @@ class Arms:
 
     def expected(self, shifted: bool) -> np.ndarray:
         """E[clipped reward] per arm."""
+        norm = _norm()
         m, s = self.params(shifted)
         a, b = (REWARD_LO - m) / s, (REWARD_HI - m) / s
         # E[clip(X, lo, hi)] for X ~ N(m, s²)
@@ -38,10 +39,17 @@ class Arms:
     def quantile(self, p: float, shifted: bool) -> np.ndarray:
         """The p-quantile of each arm's clipped reward (the dashed lines of Fig. 14(c)/(d))."""
         m, s = self.params(shifted)
-        return np.clip(m + s * norm.ppf(p), REWARD_LO, REWARD_HI)
+        return np.clip(m + s * _norm().ppf(p), REWARD_LO, REWARD_HI)
 
     def best(self, shifted: bool) -> int:
         return int(np.argmax(self.expected(shifted)))
+
+
+def _norm() -> Any:
+    # imported when used: the study's config holds Arms, and `recsvc --help` loads the config
+    from scipy.stats import norm
+
+    return norm
 
 
 def reward_table(arms: Arms, horizon: int, shift: int, rng: np.random.Generator) -> np.ndarray:

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,24 +55,24 @@ class Cluster:
     def url(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
 
-    def start(self) -> None:
+    def start(self, attempts: int = 3) -> None:
+        """Starts the postmaster and waits for it. On a loaded host a restart right after a crash
+        can find the old postmaster's socket or lock not yet released, or outlast the wait: tried
+        again, then refused with the server log's last lines."""
         opts = (
             f"-p {self.port} -k {self.data / 'sock'} -c listen_addresses={self.listen} -c synchronous_commit=on "
             f"-c max_connections=200 -c shared_buffers={self.shared_buffers}"
         )
-        self._run(
-            str(self.bin / "pg_ctl"),
-            "start",
-            "-w",
-            "-t",
-            "30",
-            "-D",
-            str(self.data / "db"),
-            "-l",
-            str(self.data / "log"),
-            "-o",
-            opts,
-        )
+        cmd = ("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data / "db"), "-l", str(self.data / "log"))
+        for attempt in range(attempts):
+            done = self._run(str(self.bin / cmd[0]), *cmd[1:], "-o", opts, check=False)
+            if done.returncode == 0:
+                return
+            if attempt + 1 < attempts:
+                self.stop("fast")  # a postmaster that came up after pg_ctl gave up
+                time.sleep(1.0)
+        log = (self.data / "log").read_text(errors="replace").splitlines()[-8:] if (self.data / "log").exists() else []
+        raise RuntimeError(f"PostgreSQL did not start on port {self.port}: {done.stderr.strip()}\n" + "\n".join(log))
 
     def stop(self, mode: str = "fast") -> None:
         self._run(str(self.bin / "pg_ctl"), "stop", "-w", "-D", str(self.data / "db"), "-m", mode, check=False)
