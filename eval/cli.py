@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from eval.config import EvalConfig
+from eval.evaluation.config import EvalConfig
 from eval.study import findings_text
 from recsvc.mechanisms import add_param_arguments, params_from_namespace
 from recsvc.settings import add_argument, add_arguments, from_namespace, settings_of
@@ -149,7 +149,7 @@ def _config(args: argparse.Namespace, **source: Any) -> EvalConfig:
 
 
 def _finish(result) -> int:
-    from eval.outputs import summary
+    from eval.evaluation.outputs import summary
 
     text, _ = summary(result)
     print(text)
@@ -169,7 +169,7 @@ def _level(text: str | None) -> float | str | None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from eval.run import run
+    from eval.evaluation.run import run
 
     if args.out is None:
         # The dataset name comes from the manifest when it is readable; the folder name otherwise.
@@ -178,8 +178,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
-    from eval.config import DEFAULT_LEVEL, level_dirname
-    from eval.run import run
+    from eval.evaluation.config import DEFAULT_LEVEL, level_dirname
+    from eval.evaluation.run import run
     from eval.scenarios.sweep import run_sweep
 
     level = _level(args.level)

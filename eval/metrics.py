@@ -1,4 +1,5 @@
-"""Per-user evaluation metrics (docs/reference/specification.md §6; main paper §VIII and Appendix I).
+"""Per-user metrics, shared by the main evaluation (eval.evaluation) and multi-selection (eval.multiselect)
+(docs/reference/specification.md §6; main paper §VIII and Appendix I).
 
 All functions are row-wise over users: inputs are (users, n) arrays of clipped scores and
 sensitivities, and optional ``count`` (users,) for padded rows (only the first count[b]

@@ -109,14 +109,14 @@ def unrendered_figures(mp: _Patcher) -> None:
     drawn from their data but written as empty files: laying them out and rendering them is most of
     a small run's CPU. For tests that check which files a run writes, or that run a command again
     after a first run rendered and checked its figures."""
-    from eval import plots
+    from eval import figures
 
-    real = plots.save_figure
+    real = figures.save_figure
 
     def save(fig: Any, path: Path, dpi: int | None = None) -> None:
         path.write_bytes(b"")
-        plots.pyplot().close(fig)
+        figures.pyplot().close(fig)
 
     for module in [m for name, m in sys.modules.items() if name == "eval" or name.startswith("eval.")]:
-        if getattr(module, "save_figure", None) is real:  # plots itself, and each study that imports it by name
+        if getattr(module, "save_figure", None) is real:  # figures itself, and each study that imports it by name
             mp.setattr(module, "save_figure", save)

@@ -96,7 +96,7 @@ def hit_rates(
     """Per scenario and rule (and 'all' scenarios): cases (user × ε), how often the rule fires
     (``predicted``), how often the event happens, the hit rate (prediction = outcome) and the
     misses (it happened, the rule did not fire)."""
-    from eval.config import DEFAULT_EPSILONS
+    from eval.evaluation.config import DEFAULT_EPSILONS
 
     cases = pl.concat([_cases(s, users, epsilons or DEFAULT_EPSILONS, beta) for s in scenarios])
     out = []

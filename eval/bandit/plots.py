@@ -10,7 +10,7 @@ import polars as pl
 
 from eval.bandit.config import POLICIES, PRIVATE
 from eval.bandit.tables import NEVER_SWITCHING, ci
-from eval.plots import pyplot, save_figure
+from eval.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
     from eval.bandit.results import BanditResult

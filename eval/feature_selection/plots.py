@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from eval.plots import pyplot, save_figure
+from eval.figures import pyplot, save_figure
 
 FIGURE1_PNG = "figure1.png"
 ACCURACY_PNG = "accuracy.png"

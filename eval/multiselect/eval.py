@@ -30,7 +30,7 @@ the raw full-catalog scores with seen items worth 0 (:mod:`eval.multiselect.data
 Three reference rows: each response without noise (ε = ∞: what the embedding alone allows), the
 greedy response to no signal at all (ε = 0: uniform weights, the same k items for everyone) and
 the non-private best item. User b's draws come from ``SeedSequence(seed, spawn_key=(b, TAG, mode, ε
-index))`` (:func:`eval.pipelines.stream`): independent of chunking, workers and the other modes.
+index))`` (:func:`eval.evaluation.pipelines.stream`): independent of chunking, workers and the other modes.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from eval import metrics
+from eval.evaluation.pipelines import stream
 from eval.multiselect.data import DatasetSource, UserChunk
-from eval.pipelines import stream
 from recsvc.policy import PolicyTable
 
 TAG = 2**31 + 25  # second spawn-key word: these streams never meet eval's other streams

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval.plots import pyplot, save_figure
+from eval.figures import pyplot, save_figure
 from recsvc.multiselection import identity_offsets, signal_log_density
 
 OFFSETS_PNG = "offsets.png"

@@ -63,7 +63,7 @@ def _mechanism(mode: str, eps: float, auto: AutoPolicy, catalog: int) -> str:
 
 
 def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
-    from eval.sources import LazyChunks
+    from eval.evaluation.sources import LazyChunks
     from recsvc.engines import chunk_ranges, make_engine
 
     auto = AutoPolicy.of(source)

@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval import outputs
-from eval import run as runner
-from eval.config import EvalConfig, param_values, validate
-from eval.plots import line_style, mechanism_label, pyplot, save_figure
-from eval.results import Finding
-from eval.sources import ScenarioSource
+from eval.evaluation import outputs
+from eval.evaluation import run as runner
+from eval.evaluation.config import EvalConfig, param_values, validate
+from eval.evaluation.plots import line_style, mechanism_label
+from eval.evaluation.results import Finding
+from eval.evaluation.sources import ScenarioSource
+from eval.figures import pyplot, save_figure
 
 PROPORTIONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 KINDS: dict[str, str] = {"1": "positive", "2": "negative", "3": "none"}  # Figure 18 (a), (b), (c)

@@ -10,12 +10,12 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 
-from eval import outputs
-from eval import run as runner
-from eval.config import EvalConfig, level_dirname, validate
-from eval.results import SweepLevel, SweepResult
+from eval.evaluation import outputs
+from eval.evaluation import run as runner
+from eval.evaluation.config import EvalConfig, level_dirname, validate
+from eval.evaluation.results import SweepLevel, SweepResult
+from eval.evaluation.sources import ScenarioSource
 from eval.scenarios import SWEEP_LEVELS
-from eval.sources import ScenarioSource
 
 
 def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval.results import Finding
+from eval.evaluation.results import Finding
 from eval.study import grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from eval.plots import pyplot, save_figure
+from eval.figures import pyplot, save_figure
 
 if TYPE_CHECKING:
     from eval.two_candidates.hg import TwoCandidateResult

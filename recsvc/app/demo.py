@@ -22,7 +22,7 @@ DEFAULT_RESULTS = Path("results/ml-100k")  # the demo's own output: replaced on 
 @dataclass(frozen=True)
 class DemoConfig:
     """``recsvc demo``'s settings. ``trials`` and ``users`` are checked by the evaluation's own
-    :func:`eval.config.validate`, which states their constraints once."""
+    :func:`eval.evaluation.config.validate`, which states their constraints once."""
 
     artifacts: Path = setting(Path("artifacts/ml-100k"), help="artifact directory")
     results: Path | None = setting(
@@ -62,7 +62,7 @@ def _prep(artifacts: Path, rebuild: bool) -> None:
 def _eval_config(demo: DemoConfig):
     """The evaluation run. The default results directory is the demo's own and is replaced, so
     the demo can run again; a --results the user names is replaced only with --force."""
-    from eval.config import EvalConfig
+    from eval.evaluation.config import EvalConfig
 
     out = DEFAULT_RESULTS if demo.results is None else demo.results
     return EvalConfig(
@@ -141,9 +141,9 @@ def _serve_and_select(artifacts: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eval.config import validate
-    from eval.outputs import summary
-    from eval.run import run as evaluate
+    from eval.evaluation.config import validate
+    from eval.evaluation.outputs import summary
+    from eval.evaluation.run import run as evaluate
 
     demo: DemoConfig = from_namespace(DemoConfig, args)
     cfg = _eval_config(demo)

@@ -6,7 +6,7 @@ combined_gem (which spends a share of ε to choose per user) against auto.
 Expected MSEs come from :func:`recsvc.policy.population_mse` on the evaluated users (exact where a
 mechanism has a cheap exact expectation, Monte Carlo otherwise), with other streams than the
 policy table's. An artifact's table is its policy.parquet (built from the sensitivity population);
-a scenario's comes from an independent draw of its population (:mod:`eval.auto`).
+a scenario's comes from an independent draw of its population (:mod:`eval.evaluation.auto`).
 
     .venv/bin/python -m scripts.bench.auto --artifacts artifacts/ml-100k [--users 2000] \
         [--scenarios 1 2 4 5 7 8] [--json out.json]
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.auto import plan, scenario_matrix
-from eval.config import EvalConfig
-from eval.run import with_data_defaults
-from eval.sources import ScenarioSource
+from eval.evaluation.auto import plan, scenario_matrix
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.run import with_data_defaults
+from eval.evaluation.sources import ScenarioSource
 from recsvc.artifact import load_artifact
 from recsvc.engines import LocalEngine
 from recsvc.policy import AUTO, EVALUATION_EPSILONS, PolicySpec, PolicyTable, population_mse, resolve_auto, sample_users

@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from eval.config import DEFAULT_EPSILONS, DEFAULT_TRIALS, EvalConfig
-from eval.results import EvalResult
-from eval.run import run
-from eval.sources import ArtifactSource
-from eval.work import evaluate_chunk, make_context
+from eval.evaluation.config import DEFAULT_EPSILONS, DEFAULT_TRIALS, EvalConfig
+from eval.evaluation.results import EvalResult
+from eval.evaluation.run import run
+from eval.evaluation.sources import ArtifactSource
+from eval.evaluation.work import evaluate_chunk, make_context
 from recsvc.artifact import ArtifactWriter, load_artifact
 from recsvc.mechanisms import MECHANISMS
 from recsvc.rng import user_stream

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eval.auto import plan, scenario_matrix
-from eval.config import EvalConfig
-from eval.run import run, with_data_defaults
-from eval.sources import ScenarioSource
+from eval.evaluation.auto import plan, scenario_matrix
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.run import run, with_data_defaults
+from eval.evaluation.sources import ScenarioSource
 from recsvc.artifact import CandidateMatrix, load_artifact
 from recsvc.engines import LocalEngine
 from recsvc.policy import EVALUATION_EPSILONS, PolicySpec, PolicyTable, population_mse

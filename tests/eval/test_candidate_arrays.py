@@ -8,8 +8,8 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from eval.config import EvalConfig
-from eval.run import run
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.run import run
 from eval.testing import make_artifact, without_candidate_arrays
 from recsvc.artifact import load_artifact
 from recsvc.artifact.candidates import MappedRows, UserRows

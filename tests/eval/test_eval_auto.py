@@ -10,8 +10,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.config import EvalConfig
-from eval.run import run
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.run import run
 from eval.testing import make_artifact
 from recsvc.app.cli import main
 from recsvc.artifact import ArtifactWriter, load_artifact
@@ -130,8 +130,8 @@ def test_a_table_built_on_the_test_users_is_flagged(tmp_path: Path) -> None:
 def test_pipelines_cover_fixed_mechanisms_only(art: Path) -> None:
     from dataclasses import replace
 
-    from eval.auto import plan
-    from eval.sources import ArtifactSource
+    from eval.evaluation.auto import plan
+    from eval.evaluation.sources import ArtifactSource
 
     cfg = replace(_cfg(art), pipelines=("top500",))
     source = ArtifactSource(art, None)

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from data_prep.datasets import INFO
-from eval.config import EvalConfig
-from eval.run import run
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.run import run
 from eval.testing import make_artifact
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import ArtifactError, Manifest

@@ -5,14 +5,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval import plots
-from eval.config import EvalConfig, mechanism_params, param_values
-from eval.outputs import summary
-from eval.run import run
+from eval.evaluation import plots
+from eval.evaluation.config import EvalConfig, mechanism_params, param_values
+from eval.evaluation.outputs import summary
+from eval.evaluation.run import run
+from eval.evaluation.sources import ArtifactSource
+from eval.evaluation.work import make_context
 from eval.scenarios import scenario
-from eval.sources import ArtifactSource
 from eval.testing import make_artifact
-from eval.work import make_context
 from recsvc.app.cli import main as recsvc_main
 from recsvc.mechanisms import MECHANISMS, probabilities
 
@@ -191,7 +191,7 @@ def test_outputs_report_and_cli(tmp_path, capsys):
 
 
 def test_report_of_one_user_shows_no_empty_confidence_intervals():
-    from eval.report import markdown
+    from eval.evaluation.report import markdown
 
     res = run(
         EvalConfig(
@@ -236,9 +236,9 @@ def test_each_mechanism_gets_only_its_own_parameters_and_exact_only_where_it_has
 def test_given_parameters_reach_the_mechanisms_that_take_them():
     """β and c given once in the config: gem and combined_gem run with them (exact MSE against the
     mechanisms' own probabilities), rnm ignores them; the report names the values used."""
+    from eval.evaluation.report import markdown
+    from eval.evaluation.sources import ScenarioSource
     from eval.metrics import expected_stats
-    from eval.report import markdown
-    from eval.sources import ScenarioSource
 
     cfg = EvalConfig(
         scenario="4",

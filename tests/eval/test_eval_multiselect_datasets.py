@@ -170,8 +170,8 @@ def ctx(tiny: Path) -> Context:
 
 
 def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(ctx: Context) -> None:
+    from eval.evaluation.pipelines import stream
     from eval.multiselect.eval import GREEDY, TAG, Row, evaluate_user, rows
-    from eval.pipelines import stream
     from recsvc.multiselection import Words, respond_lattice
 
     src = ctx.source
@@ -194,8 +194,8 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
 
 
 def test_the_code_row_is_what_the_service_answers_to_the_code_the_device_sends(ctx: Context) -> None:
+    from eval.evaluation.pipelines import stream
     from eval.multiselect.eval import CODE, TAG, Row, evaluate_user, rows
-    from eval.pipelines import stream
     from recsvc.multiselection import Words, code_of, prototype_codes, randomized_response, respond_code
 
     src = ctx.source

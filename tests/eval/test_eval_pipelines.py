@@ -7,10 +7,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval import plots
-from eval.config import EvalConfig
-from eval.pipeline_report import winners
-from eval.run import run
+from eval.evaluation import plots
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.pipeline_report import winners
+from eval.evaluation.run import run
 from eval.testing import make_artifact, make_catalog_artifact
 from recsvc.app.cli import main as recsvc_main
 from recsvc.artifact import load_artifact

@@ -4,7 +4,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.config import EvalConfig
+from eval.evaluation.config import EvalConfig
 from eval.scenarios import scenario
 from eval.scenarios.proportion import PROPORTIONS, run_proportion
 from recsvc.app.cli import main as recsvc_main

@@ -6,9 +6,9 @@ from dataclasses import replace
 import polars as pl
 import pytest
 
-from eval import aggregate, outputs
-from eval.config import EvalConfig, chunk_size, validate
-from eval.run import run
+from eval.evaluation import aggregate, outputs
+from eval.evaluation.config import EvalConfig, chunk_size, validate
+from eval.evaluation.run import run
 from eval.testing import make_artifact
 from recsvc.app import demo
 from recsvc.app.cli import main as recsvc_main

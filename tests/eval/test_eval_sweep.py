@@ -9,10 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval import outputs, plots
-from eval import report as report_module
-from eval import run as runner
-from eval.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
+from eval.evaluation import outputs, plots
+from eval.evaluation import report as report_module
+from eval.evaluation import run as runner
+from eval.evaluation.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
 from eval.scenarios import SWEEP_LEVELS
 from eval.scenarios.sweep import run_sweep
 from eval.testing import unrendered_figures

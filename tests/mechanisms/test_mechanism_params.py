@@ -377,7 +377,7 @@ def test_toy_is_evaluable_with_its_parameter_from_the_command_line(toy, tmp_path
 
 
 def test_toy_is_run_by_default_and_its_parameter_is_checked_by_eval(toy, tmp_path, capsys):
-    from eval.config import EvalConfig, validate
+    from eval.evaluation.config import EvalConfig, validate
 
     assert "tempered_em" in validate(EvalConfig(scenario="1"))  # a private mechanism: in the default set
     out = tmp_path / "r"
@@ -389,7 +389,7 @@ def test_toy_is_run_by_default_and_its_parameter_is_checked_by_eval(toy, tmp_pat
 
 
 def test_eval_refuses_the_toy_parameter_once_the_toy_is_gone():
-    from eval.config import EvalConfig, validate
+    from eval.evaluation.config import EvalConfig, validate
 
     with pytest.raises(
         MechanismInputError,

@@ -259,8 +259,8 @@ def test_real_ml100k_end_to_end(ml100k: Path) -> None:
     assert art.candidates.group_by("user_id").len()["len"].max() == 500
     # The paper's real-data finding (§VII): MovieLens scores correlate positively with Δ, so
     # mGEM beats RNM, which beats GEM, with mGEM's 95% CI clear of RNM's. Exact probabilities.
-    from eval.config import EvalConfig
-    from eval.run import run as evaluate
+    from eval.evaluation.config import EvalConfig
+    from eval.evaluation.run import run as evaluate
 
     assert m.population_spearman.median > 0.3
     res = evaluate(

@@ -13,11 +13,11 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from eval import metrics
-from eval.config import EvalConfig
+from eval.evaluation.config import EvalConfig
+from eval.evaluation.pipeline_report import PipelineReducer
+from eval.evaluation.results import EvalResult
+from eval.evaluation.work import ChunkResult
 from eval.metrics import RunningMean
-from eval.pipeline_report import PipelineReducer
-from eval.results import EvalResult
-from eval.work import ChunkResult
 
 HIST_BINS = 40  # correlation histogram bins on [-1, 1]
 SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users

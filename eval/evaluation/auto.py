@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import polars as pl
 
-from eval.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
-from eval.sources import ArtifactSource, Source
+from eval.evaluation.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
+from eval.evaluation.sources import ArtifactSource, Source
 from recsvc.artifact import CandidateMatrix
 from recsvc.policy import AUTO, PolicySpec, PolicyTable, build_table
 

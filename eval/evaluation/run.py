@@ -2,8 +2,8 @@
 (docs/reference/specification.md §6).
 
 :func:`run` validates the config, builds the data source, maps the work unit
-(:func:`eval.work.evaluate_chunk`) over lazy chunks, reduces the results in order
-(:mod:`eval.aggregate`) and writes the results directory atomically (:mod:`eval.outputs`).
+(:func:`eval.evaluation.work.evaluate_chunk`) over lazy chunks, reduces the results in order
+(:mod:`eval.evaluation.aggregate`) and writes the results directory atomically (:mod:`eval.evaluation.outputs`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from eval import aggregate, outputs
-from eval.auto import plan, regret_table
-from eval.config import EvalConfig, chunk_size, validate
-from eval.results import EvalResult
-from eval.sources import ArtifactSource, LazyChunks, Source, open_source
-from eval.work import evaluate_chunk, make_context
+from eval.evaluation import aggregate, outputs
+from eval.evaluation.auto import plan, regret_table
+from eval.evaluation.config import EvalConfig, chunk_size, validate
+from eval.evaluation.results import EvalResult
+from eval.evaluation.sources import ArtifactSource, LazyChunks, Source, open_source
+from eval.evaluation.work import evaluate_chunk, make_context
 
 
 def run(cfg: EvalConfig) -> EvalResult:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import polars as pl
 
-from eval import pipeline_report, plots, report
-from eval.config import EvalConfig, param_values, protected
-from eval.results import EvalResult, SweepResult
+from eval.evaluation import pipeline_report, plots, report
+from eval.evaluation.config import EvalConfig, param_values, protected
+from eval.evaluation.results import EvalResult, SweepResult
 from recsvc.staging import StagedDir
 
 SWEEP_CSV = "sweep.csv"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.config import DEFAULT_LEVEL, SCENARIO_GAMMA, EvalConfig, level_dirname
+from eval.evaluation.config import DEFAULT_LEVEL, SCENARIO_GAMMA, EvalConfig, level_dirname
 
 
 @dataclass(frozen=True)

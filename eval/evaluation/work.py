@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eval import metrics
-from eval.config import EvalConfig, mechanism_params
-from eval.pipelines import PipelineContext, evaluate_user, parse_pipeline
-from eval.sources import Chunk
+from eval.evaluation.config import EvalConfig, mechanism_params
+from eval.evaluation.pipelines import PipelineContext, evaluate_user, parse_pipeline
+from eval.evaluation.sources import Chunk
 from recsvc.policy import AUTO
 from recsvc.stats import spearman_rows
 
@@ -27,8 +27,8 @@ class ChunkContext:
     seed: int
     exact: frozenset[str]  # mechanisms evaluated from exact probabilities (--exact and available)
     params: dict[str, dict[str, float]]  # per mechanism
-    pipelines: PipelineContext | None = None  # --pipelines (eval.pipelines)
-    auto: Mapping[float, str] = field(default_factory=dict)  # ε → what `auto` runs there (eval.auto)
+    pipelines: PipelineContext | None = None  # --pipelines (eval.evaluation.pipelines)
+    auto: Mapping[float, str] = field(default_factory=dict)  # ε → what `auto` runs there (eval.evaluation.auto)
 
 
 @dataclass

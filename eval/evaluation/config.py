@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eval.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
+from eval.evaluation.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
 from recsvc.checks import ParamError
 from recsvc.engines import resolve_workers
 from recsvc.mechanisms import MECHANISMS
@@ -63,7 +63,7 @@ class EvalConfig:
     )
     seed: int = setting(0, help="seed; user b uses SeedSequence(seed, spawn_key=(b,))", check=Range(0, integer=True))
     # Mechanism parameters by name (recsvc.mechanisms.PARAMS). Absent or None: the data's own where
-    # it has one (γ, eval.run.with_data_defaults), else each mechanism's default. Each mechanism is
+    # it has one (γ, eval.evaluation.run.with_data_defaults), else each mechanism's default. Each mechanism is
     # called with the ones it takes (mechanism_params).
     params: Mapping[str, float | None] = field(default_factory=dict)
     engine: str = setting(
@@ -86,7 +86,7 @@ class EvalConfig:
         help="ε of the mGEM/GEM log-ratio scatter plot (nearest in the grid; default 1)",
         check=Range(0, low_open=True),
     )
-    # Candidate pipelines and slate metrics (eval.pipelines); () = none, the default outputs only.
+    # Candidate pipelines and slate metrics (eval.evaluation.pipelines); () = none, the default outputs only.
     pipelines: tuple[str, ...] = setting(
         (),
         nargs="+",
@@ -128,7 +128,7 @@ def mechanism_params(cfg: EvalConfig, mechanism: str) -> dict[str, float]:
 
 def param_values(cfg: EvalConfig) -> dict[str, float]:
     """The value of every parameter the default mechanism set or a named mechanism declares: the
-    given one (or the data's, once eval.run.with_data_defaults filled it in), else its spec's
+    given one (or the data's, once eval.evaluation.run.with_data_defaults filled it in), else its spec's
     default. For the report and the summary's echo of the config."""
     from recsvc.mechanisms import PARAMS, default_mechanisms, params_of
 
@@ -151,7 +151,7 @@ def _check_out(cfg: EvalConfig) -> None:
 
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
     """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
-    :func:`eval.run.run` calls it first; the demo calls it before building anything."""
+    :func:`eval.evaluation.run.run` calls it first; the demo calls it before building anything."""
     from recsvc.mechanisms import check_params, default_mechanisms
 
     check(cfg)

@@ -1,4 +1,4 @@
-"""Aggregates, tables, plots and the report section of the candidate pipelines (eval.pipelines)."""
+"""Aggregates, tables, plots and the report section of the candidate pipelines (eval.evaluation.pipelines)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from eval.evaluation.pipelines import PipelineContext
 from eval.metrics import RunningMean
-from eval.pipelines import PipelineContext
 
 if TYPE_CHECKING:
-    from eval.results import EvalResult
+    from eval.evaluation.results import EvalResult
 
 TABLE = "pipelines"  # pipelines.csv / pipelines.parquet
 WINNERS = "pipelines_winners.csv"
@@ -114,7 +114,7 @@ def _figure(
     t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool, panel: str = "mechanism", line: str = "pipeline"
 ) -> None:
     """One panel per (``panel`` value, k), one line per ``line`` value, across ε."""
-    from eval.plots import pyplot, save_figure
+    from eval.figures import pyplot, save_figure
 
     plt = pyplot()
     rows = t[panel].unique(maintain_order=True).to_list()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from eval.config import EvalConfig, level_dirname
+from eval.evaluation.config import EvalConfig, level_dirname
 from recsvc.policy import AUTO
 
 
@@ -44,8 +44,8 @@ class EvalResult:
     seconds: float
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
-    pipelines: pl.DataFrame | None = None  # --pipelines: eval.pipeline_report.TABLE_SCHEMA rows
-    auto: pl.DataFrame = field(default_factory=pl.DataFrame)  # eval.auto.regret_table; empty without auto
+    pipelines: pl.DataFrame | None = None  # --pipelines: eval.evaluation.pipeline_report.TABLE_SCHEMA rows
+    auto: pl.DataFrame = field(default_factory=pl.DataFrame)  # eval.evaluation.auto.regret_table; empty without auto
     auto_origin: str = ""  # where auto's policy table came from
 
     def winners(self) -> list[tuple[float, str, bool | None]]:

@@ -8,32 +8,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.figures import pyplot, save_figure
 from recsvc.policy import AUTO
 
 if TYPE_CHECKING:
-    from eval.results import EvalResult, SweepResult
+    from eval.evaluation.results import EvalResult, SweepResult
 
 CORRELATION_PNG = "correlation_hist.png"
 LOG_RATIO_PNG = "log_ratio_vs_correlation.png"
 MSE_PNG = "mse_vs_epsilon.png"
 SWEEP_PNG = "sweep.png"
 _MARKERS = "osD^v<>pP*Xh"
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, path: Path, dpi: int | None = None) -> None:
-    """Lays out, writes and closes ``fig`` (closing frees it: pyplot keeps every open figure)."""
-    fig.tight_layout()
-    fig.savefig(path, **({} if dpi is None else {"dpi": dpi}))
-    pyplot().close(fig)
 
 
 def correlation_hist(result: EvalResult, path: Path) -> None:

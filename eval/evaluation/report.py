@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eval.config import EvalConfig, param_values
-from eval.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
+from eval.evaluation.config import EvalConfig, param_values
+from eval.evaluation.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
 
 if TYPE_CHECKING:
-    from eval.results import EvalResult, SweepResult
+    from eval.evaluation.results import EvalResult, SweepResult
 
 SWEEP_TABLE_EPSILONS = 5  # the sweep report's table shows at most this many ε (all are in sweep.csv)
 
