@@ -1,4 +1,4 @@
-"""The seed's claims checked on the study's numbers, report.md and the terminal summary."""
+"""The seed's claims checked on the study's numbers, report.md's body and the terminal summary."""
 
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ class FeatureSelectionResult:
     comparisons: pl.DataFrame
     findings: list[Finding]
     seconds: float
-    figures: tuple[str, ...] = ()
     out: Path | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -115,11 +114,12 @@ def accuracy_table(result: FeatureSelectionResult) -> str:
     return "\n".join(lines)
 
 
-def markdown(result: FeatureSelectionResult) -> str:
+TITLE = "Private feature selection: seed 004's study"
+
+
+def body(result: FeatureSelectionResult) -> str:
     cfg = result.config
     out = [
-        "# Private feature selection: seed 004's study",
-        "",
         f"Neighbouring relation: {cfg.neighbouring} a row, so DP-SIS's scores |x_jᵀy| have Δ = "
         f"{SIS_SENSITIVITY[cfg.neighbouring]:g} and two-stage's block counts Δ = "
         f"{COUNT_SENSITIVITY[cfg.neighbouring]:g}. Both choose their k features with `{cfg.mechanism}` "
