@@ -14,7 +14,7 @@ from eval.plots import pyplot
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from eval.feature_selection.report import FeatureSelectionResult
+    from eval.feature_selection.study import FeatureSelectionResult
 
 FIGURE1_PNG = "figure1.png"
 ACCURACY_PNG = "accuracy.png"

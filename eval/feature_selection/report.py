@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import polars as pl
 
 from eval.feature_selection import metrics, plots
 from eval.feature_selection.config import FeatureSelectionConfig
 from eval.feature_selection.methods import COUNT_SENSITIVITY, SIS_SENSITIVITY
-from eval.feature_selection.study import DatasetRun
+from eval.feature_selection.study import DatasetRun, FeatureSelectionResult, Finding
 
 COMPARISON_SCHEMA = {
     "dataset": pl.String,
@@ -19,27 +16,6 @@ COMPARISON_SCHEMA = {
     "verdict": pl.String,
     "p_value": pl.Float64,
 }
-
-
-@dataclass(frozen=True)
-class Finding:
-    statement: str
-    holds: bool
-    detail: str
-
-
-@dataclass
-class FeatureSelectionResult:
-    config: FeatureSelectionConfig
-    figure1: pl.DataFrame | None
-    accuracy: pl.DataFrame | None
-    nonprivate: pl.DataFrame | None
-    rates: pl.DataFrame | None
-    comparisons: pl.DataFrame
-    findings: list[Finding]
-    seconds: float
-    out: Path | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def comparisons(cfg: FeatureSelectionConfig, runs: list[DatasetRun]) -> pl.DataFrame:

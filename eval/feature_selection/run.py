@@ -22,13 +22,13 @@ _SUMMARY_CONFIG = (
 )
 
 
-def compute(cfg: FeatureSelectionConfig) -> report.FeatureSelectionResult:
+def compute(cfg: FeatureSelectionConfig) -> study.FeatureSelectionResult:
     """Figure 1's counts (with settings) and the accuracy study (with datasets), the claims checked."""
     t0 = time.perf_counter()
     fig1 = study.figure1_table(cfg) if cfg.settings else None
     runs, acc, nonpriv, rates = study.accuracy_tables(cfg) if cfg.datasets else ([], None, None, None)
     table = report.comparisons(cfg, runs)
-    result = report.FeatureSelectionResult(
+    result = study.FeatureSelectionResult(
         cfg, fig1, acc, nonpriv, rates, table, report.findings(cfg, table), time.perf_counter() - t0
     )
     result.notes += [
@@ -41,7 +41,7 @@ def compute(cfg: FeatureSelectionConfig) -> report.FeatureSelectionResult:
     return result
 
 
-def summary_json(result: report.FeatureSelectionResult) -> dict[str, Any]:
+def summary_json(result: study.FeatureSelectionResult) -> dict[str, Any]:
     cfg = result.config
     return {
         "config": {k: dict(cfg.params) if k == "params" else getattr(cfg, k) for k in _SUMMARY_CONFIG},
@@ -68,5 +68,5 @@ STUDY = Study(
 )
 
 
-def run(cfg: FeatureSelectionConfig) -> report.FeatureSelectionResult:
+def run(cfg: FeatureSelectionConfig) -> study.FeatureSelectionResult:
     return execute(STUDY, cfg)
