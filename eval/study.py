@@ -1,17 +1,15 @@
 """One framework for every paper study. A study declares a :class:`Study` once: its config class,
-its computation, its outputs with their schemas, its report body and its figures. :func:`execute`
-does the rest, the same way for each: the settings' and the study's own checks before any work,
-the output directory (refused when it exists unless ``force``; staged by
-:class:`recsvc.staging.StagedDir`, so nothing is left on a failure; none without ``out``), each
-output checked against its schema as it is written, the report skeleton and the figures.
-
-Also the study summaries' shared text: :func:`findings_text` and :func:`grid_text`."""
+computation, outputs with their schemas, report body and figures. :func:`execute` does the rest:
+the settings' and the study's checks before any work, the output directory (refused when it
+exists unless ``force``; staged by :class:`recsvc.staging.StagedDir`, so nothing is left on a
+failure; none without ``out``), each output's schema, the report skeleton and the figures."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -71,14 +69,14 @@ class Output(Generic[R]):
 class Study(Generic[C, R]):
     """What a study declares; :func:`execute` runs it. ``validate`` is the study's cross-field
     checks (after :func:`recsvc.settings.check`), returning the config the run uses; ``plots``
-    returns file name → figure, saved in that order."""
+    returns file name → figure (saved in that order, with the figure's own dpi)."""
 
     title: str
     config: type[C]
     run: Callable[[C], R]
     outputs: tuple[Output[R], ...]
     report: Callable[[R], str]
-    plots: Callable[[R], Mapping[str, Figure]]
+    plots: Callable[[R], Mapping[str, Figure]] = lambda result: {}
     validate: Callable[[C], C] = lambda cfg: cfg
 
 
@@ -124,11 +122,7 @@ def write_output(path: Path, data: Data, schema: Schema) -> None:
         got, want = dict(data.schema), dict(schema) if isinstance(schema, Mapping) else {}
         if list(got) != list(want) or any(got[k] not in (want[k], pl.Null) for k in want):
             raise SchemaError(f"{path.name} has columns {got}; its study declares {want}")
-        if path.suffix == ".parquet":
-            data.write_parquet(path)
-        else:
-            data.write_csv(path)
-        return
+        return data.write_parquet(path) if path.suffix == ".parquet" else data.write_csv(path)
     if isinstance(schema, Mapping) or list(data) != list(schema):
         raise SchemaError(f"{path.name} has keys {list(data)}; its study declares {list(schema)}")
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -140,12 +134,6 @@ def _shown(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _value(config: object, path: tuple[str, ...]) -> object:
-    for name in path:
-        config = getattr(config, name)
-    return config
-
-
 def report_text(title: str, config: object, body: str, figures: Sequence[str]) -> str:
     """report.md: the title, the study's body, the figures the body does not show itself, then the
     config's settings (but where the results go: ``out`` and ``force`` change no number)."""
@@ -153,9 +141,12 @@ def report_text(title: str, config: object, body: str, figures: Sequence[str]) -
     unshown = [f for f in figures if f"]({f})" not in body]
     if unshown:
         parts += ["## Figures", "", *(line for f in unshown for line in (f"![{f}]({f})", ""))]
-    declared = [d for d in settings_of(type(config)) if d.name not in ("out", "force")]
     parts += ["## Settings", "", "| setting | value |", "|---|---|"]
-    parts += [f"| {d.name} | {_shown(_value(config, d.path))} |" for d in declared]
+    parts += [
+        f"| {d.name} | {_shown(attrgetter('.'.join(d.path))(config))} |"
+        for d in settings_of(type(config))
+        if d.name not in ("out", "force")
+    ]
     return "\n".join(parts) + "\n"
 
 

@@ -28,7 +28,7 @@ import polars as pl
 
 from eval.study import Output, Study, execute
 from recsvc.checks import check_epsilon
-from recsvc.settings import Each, Range, setting
+from recsvc.settings import Range, setting
 
 RULES: dict[str, str] = {
     "gem_worse_than_random": "GEM worse than random (eq. 19)",
@@ -44,14 +44,7 @@ class AppendixJConfig:
     out: Path | None = setting(None, unit="dir", help="results directory")  # None: compute only, write nothing
     scenarios: tuple[str, ...] = setting(SCENARIOS, nargs="+", unit="name", help="the paper's scenarios")
     users: int = setting(DEFAULT_USERS, help="first users of each scenario", check=Range(1, integer=True))
-    epsilons: tuple[float, ...] | None = setting(
-        None,
-        nargs="+",
-        type=float,
-        unit="eps",
-        help="ε values (default: the evaluation's)",
-        check=Each(Range(0, low_open=True), none=True),
-    )
+    epsilons: tuple[float, ...] | None = None  # None: the main evaluation's
     beta: float = setting(0.05, help="GEM/mGEM β", check=Range(0, 1, low_open=True, high_open=True))
     force: bool = setting(False, help="replace an existing --out directory")
 
@@ -181,7 +174,6 @@ STUDY = Study(
     run=_compute,
     outputs=(Output("hit_rates.csv", lambda r: r.table, HIT_RATES_SCHEMA),),
     report=lambda r: f"{HEADING}\n\n{markdown(r.table)}",
-    plots=lambda r: {},
 )
 HEADING = "Hit rate of the Appendix J rules against exact expected MSE (fired / happened / missed, of user × ε cases):"
 

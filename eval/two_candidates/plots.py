@@ -90,46 +90,24 @@ def figures(result: TwoCandidateResult) -> dict[str, Figure]:
 
     cfg, t = result.config, result.table
     eps, gap, gamma = (
-        nearest(cfg.epsilons, FIGURE_EPSILON),
-        nearest(cfg.gaps, FIGURE_GAP),
-        nearest(cfg.gammas, FIGURE_GAMMA),
+        nearest(v, x) for v, x in ((cfg.epsilons, FIGURE_EPSILON), (cfg.gaps, FIGURE_GAP), (cfg.gammas, FIGURE_GAMMA))
     )
-    where = f"ε = {eps:g}, q1 = 0, q2 = {gap:g}"
-    ncols = len(cfg.gaps)
-    out = {
-        FIG3_PNG: _figure(
-            result,
-            [
-                (_select(t, "rnm", "rnmh", eps, gap, None), _label("rnm", "rnmh", None)),
-                (_select(t, "rnm", "rs", eps, gap, gamma), _label("rnm", "rs", gamma)),
-            ],
-            2,
-            f"Figure 3: RNM vs RNMH and RS_γ, {where}",
-        ),
-        FIG15_PNG: _figure(
-            result,
-            [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas],
-            min(len(cfg.gammas), 5),
-            f"Figure 15: HG(RNM, RS_γ) as γ varies, {where}",
-        ),
-        FIG16_PNG: _figure(
-            result,
-            _grid_panels(result, "rnm", "rnmh", None),
-            ncols,
-            "Figure 16: HG(RNM, RNMH); rows ε, columns q2 − q1",
-        ),
-        FIG17_PNG: _figure(
-            result,
+    where, grid = f"ε = {eps:g}, q1 = 0, q2 = {gap:g}", "rows ε, columns q2 − q1"
+    fig3 = [(_select(t, "rnm", m, eps, gap, g), _label("rnm", m, g)) for m, g in (("rnmh", None), ("rs", gamma))]
+    fig15 = [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas]
+    specs = [
+        (FIG3_PNG, fig3, 2, f"Figure 3: RNM vs RNMH and RS_γ, {where}"),
+        (FIG15_PNG, fig15, min(len(cfg.gammas), 5), f"Figure 15: HG(RNM, RS_γ) as γ varies, {where}"),
+        (FIG16_PNG, _grid_panels(result, "rnm", "rnmh", None), len(cfg.gaps), f"Figure 16: HG(RNM, RNMH); {grid}"),
+        (
+            FIG17_PNG,
             _grid_panels(result, "rnm", "rs", gamma),
-            ncols,
-            f"Figure 17: HG(RNM, RS_γ), γ = {gamma:g}; rows ε, columns q2 − q1",
+            len(cfg.gaps),
+            f"Figure 17: HG(RNM, RS_γ), γ = {gamma:g}; {grid}",
         ),
-    }
-    for name, base, mech in GEM_FIGURES:
-        out[name] = _figure(
-            result,
-            _grid_panels(result, base, mech, None),
-            ncols,
-            f"{_label(base, mech, None)} (β = {cfg.beta:g}); rows ε, columns q2 − q1",
-        )
-    return out
+    ]
+    specs += [
+        (name, _grid_panels(result, b, m, None), len(cfg.gaps), f"{_label(b, m, None)} (β = {cfg.beta:g}); {grid}")
+        for name, b, m in GEM_FIGURES
+    ]
+    return {name: _figure(result, panels, ncols, title) for name, panels, ncols, title in specs}

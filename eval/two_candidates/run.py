@@ -6,33 +6,25 @@ from __future__ import annotations
 import time
 
 from eval.study import Output, Study, execute
-from eval.two_candidates import plots, report
-from eval.two_candidates.hg import (
-    HG_PARQUET,
-    HG_SCHEMA,
-    TwoCandidateConfig,
-    TwoCandidateResult,
-    findings,
-    hg_table,
-    validate,
-)
+from eval.two_candidates import hg, plots, report
+from eval.two_candidates.hg import TwoCandidateConfig, TwoCandidateResult
 
 
 def compute(cfg: TwoCandidateConfig) -> TwoCandidateResult:
     """The exact HG table and the paper's statements checked on it."""
     t0 = time.perf_counter()
-    table = hg_table(cfg)
-    return TwoCandidateResult(cfg, table, findings(table, cfg), time.perf_counter() - t0)
+    table = hg.hg_table(cfg)
+    return TwoCandidateResult(cfg, table, hg.findings(table, cfg), time.perf_counter() - t0)
 
 
 STUDY = Study(
     title=report.TITLE,
     config=TwoCandidateConfig,
     run=compute,
-    outputs=(Output(HG_PARQUET, lambda r: r.table, HG_SCHEMA),),
+    outputs=(Output(hg.HG_PARQUET, lambda r: r.table, hg.HG_SCHEMA),),
     report=report.body,
     plots=plots.figures,
-    validate=validate,
+    validate=hg.validate,
 )
 
 
