@@ -1,15 +1,25 @@
-"""What every study does the same way around its own computation: publish its results directory
-atomically (:class:`recsvc.staging.StagedDir`: a temp sibling renamed into place, nothing left on
-a failure; no directory without ``--out``), echo the paper's statements it checked, and show a
-grid of numbers as a user types it."""
+"""One framework for every paper study. A study declares a :class:`Study` once: its config class,
+computation, outputs with their schemas, report body and figures. :func:`execute` does the rest:
+the settings' and the study's checks before any work, the output directory (refused when it
+exists unless ``force``; staged by :class:`recsvc.staging.StagedDir`, so nothing is left on a
+failure; none without ``out``), each output's schema, the report skeleton and the figures."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from recsvc.staging import StagedDir
+import polars as pl
+
+from recsvc.settings import check, settings_of
+from recsvc.staging import StagedDir, check_out
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 class _Config(Protocol):
@@ -23,7 +33,7 @@ class _Result(Protocol):
     out: Path | None  # where the results were published
 
     @property
-    def config(self) -> _Config: ...
+    def config(self) -> Any: ...  # the config the run used (each study's own class)
 
 
 class _Statement(Protocol):
@@ -35,13 +45,54 @@ class _Statement(Protocol):
     def detail(self) -> str: ...
 
 
+C = TypeVar("C", bound=_Config)
 R = TypeVar("R", bound=_Result)
+Schema = Mapping[str, Any] | tuple[str, ...]  # a table's columns → polars dtypes, or a JSON object's keys
+Data = pl.DataFrame | Mapping[str, Any]
+
+
+class SchemaError(ValueError):
+    """An output does not have the schema its study declares (a bug in the study, not bad input)."""
+
+
+@dataclass(frozen=True)
+class Output(Generic[R]):
+    """One file: ``name``'s suffix picks the format (.parquet, .csv, .json); ``data(result)`` is
+    its table or JSON object, or None when this run has none (e.g. a part the config skipped)."""
+
+    name: str
+    data: Callable[[R], Data | None]
+    schema: Schema
+
+
+@dataclass(frozen=True)
+class Study(Generic[C, R]):
+    """What a study declares; :func:`execute` runs it. ``validate`` is the study's cross-field
+    checks (after :func:`recsvc.settings.check`), returning the config the run uses; ``plots``
+    returns file name → figure (saved in that order, with the figure's own dpi)."""
+
+    title: str
+    config: type[C]
+    run: Callable[[C], R]
+    outputs: tuple[Output[R], ...]
+    report: Callable[[R], str]
+    plots: Callable[[R], Mapping[str, Figure]] = lambda result: {}
+    validate: Callable[[C], C] = lambda cfg: cfg
+
+
+def execute(study: Study[C, R], config: C) -> R:
+    """Checks every setting and the output directory before any work, runs the study, and (with
+    ``config.out``) publishes its outputs, figures and ``report.md`` atomically."""
+    check(config)
+    config = study.validate(config)
+    if config.out is not None:
+        check_out(config.out, config.force)
+    return publish(study.run(config), lambda result, tmp: _write(study, result, tmp))
 
 
 def publish(result: R, write: Callable[[R, Path], None], protect: Mapping[str, Path] | None = None) -> R:
-    """``write(result, tmp)`` fills the staged directory of ``result.config.out`` (and notes the
-    figures it saved in ``result``); the directory is then published. Nothing is written without
-    an ``out``."""
+    """``write(result, tmp)`` fills the staged directory of ``result.config.out``; the directory
+    is then published. Nothing is written without an ``out``."""
     cfg = result.config
     if cfg.out is None:
         return result
@@ -49,6 +100,54 @@ def publish(result: R, write: Callable[[R, Path], None], protect: Mapping[str, P
         write(result, stage.tmp)
         result.out = stage.publish()
     return result
+
+
+def _write(study: Study[Any, R], result: R, tmp: Path) -> None:
+    from eval.figures import save_figure  # matplotlib only for a run that writes
+
+    for output in study.outputs:
+        data = output.data(result)
+        if data is not None:
+            write_output(tmp / output.name, data, output.schema)
+    figures = study.plots(result)
+    for name, fig in figures.items():
+        save_figure(fig, tmp / name)
+    (tmp / "report.md").write_text(report_text(study.title, result.config, study.report(result), list(figures)))
+
+
+def write_output(path: Path, data: Data, schema: Schema) -> None:
+    """Writes ``data`` in ``path``'s format (.parquet, .csv, .json) after checking that it has
+    ``schema``; a column of nulls only (an empty part) passes as any dtype."""
+    if isinstance(data, pl.DataFrame):
+        got, want = dict(data.schema), dict(schema) if isinstance(schema, Mapping) else {}
+        if list(got) != list(want) or any(got[k] not in (want[k], pl.Null) for k in want):
+            raise SchemaError(f"{path.name} has columns {got}; its study declares {want}")
+        return data.write_parquet(path) if path.suffix == ".parquet" else data.write_csv(path)
+    if isinstance(schema, Mapping) or list(data) != list(schema):
+        raise SchemaError(f"{path.name} has keys {list(data)}; its study declares {list(schema)}")
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, (tuple, list)):
+        return " ".join(map(_shown, value))
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def report_text(title: str, config: object, body: str, figures: Sequence[str]) -> str:
+    """report.md: the title, the study's body, the figures the body does not show itself, then the
+    config's settings (but where the results go: ``out`` and ``force`` change no number)."""
+    parts = [f"# {title}", "", body.strip("\n"), ""]
+    unshown = [f for f in figures if f"]({f})" not in body]
+    if unshown:
+        parts += ["## Figures", "", *(line for f in unshown for line in (f"![{f}]({f})", ""))]
+    parts += ["## Settings", "", "| setting | value |", "|---|---|"]
+    parts += [
+        f"| {d.name} | {_shown(attrgetter('.'.join(d.path))(config))} |"
+        for d in settings_of(type(config))
+        if d.name not in ("out", "force")
+    ]
+    return "\n".join(parts) + "\n"
 
 
 def findings_text(head: str, findings: Sequence[_Statement], out: Path | None, tail: str = "") -> str:

@@ -11,7 +11,9 @@ q_î ≥ q_j − Δ_î(t_GEM' − t) − Δ_j(t_GEM' + t) for every j, where t_G
   derivation, the paper states only GEM's).
 
 :func:`predict` applies the rules; :func:`hit_rates` scores them against exact expected MSE on the
-paper's scenarios. ``python -m eval.appendix_j.rules`` prints the table quoted in docs/research/paper-reproduction.md.
+paper's scenarios; :data:`STUDY` declares them on :mod:`eval.study` (hit_rates.csv and report.md
+with an ``out``). ``python -m eval.appendix_j.rules`` prints the table quoted in
+docs/research/paper-reproduction.md.
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from eval.study import Output, Study, execute
 from recsvc.checks import check_epsilon
+from recsvc.settings import Range, setting
 
 RULES: dict[str, str] = {
     "gem_worse_than_random": "GEM worse than random (eq. 19)",
@@ -32,6 +37,30 @@ RULES: dict[str, str] = {
 }
 SCENARIOS: tuple[str, ...] = ("1", "2", "4", "5")
 DEFAULT_USERS = 200  # first rows of scenarios 4 and 5 (of 1000; 1 and 2 have one fixed instance)
+
+
+@dataclass(frozen=True)
+class AppendixJConfig:
+    out: Path | None = setting(None, unit="dir", help="results directory")  # None: compute only, write nothing
+    scenarios: tuple[str, ...] = setting(SCENARIOS, nargs="+", unit="name", help="the paper's scenarios")
+    users: int = setting(DEFAULT_USERS, help="first users of each scenario", check=Range(1, integer=True))
+    epsilons: tuple[float, ...] | None = None  # None: the main evaluation's
+    beta: float = setting(0.05, help="GEM/mGEM β", check=Range(0, 1, low_open=True, high_open=True))
+    force: bool = setting(False, help="replace an existing --out directory")
+
+
+@dataclass
+class AppendixJResult:
+    config: AppendixJConfig
+    table: pl.DataFrame
+    out: Path | None = None
+
+
+HIT_RATES_SCHEMA = (
+    {"scenario": pl.String, "rule": pl.String}
+    | dict.fromkeys(("cases", "predicted", "happened", "hits", "misses"), pl.Int64)
+    | {"hit_rate": pl.Float64}
+)
 
 
 @dataclass(frozen=True)
@@ -135,6 +164,20 @@ def markdown(table: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _compute(cfg: AppendixJConfig) -> AppendixJResult:
+    return AppendixJResult(cfg, hit_rates(cfg.scenarios, cfg.users, cfg.epsilons, cfg.beta))
+
+
+STUDY = Study(
+    title="Appendix J: GEM's utility bounds as heuristics",
+    config=AppendixJConfig,
+    run=_compute,
+    outputs=(Output("hit_rates.csv", lambda r: r.table, HIT_RATES_SCHEMA),),
+    report=lambda r: f"{HEADING}\n\n{markdown(r.table)}",
+)
+HEADING = "Hit rate of the Appendix J rules against exact expected MSE (fired / happened / missed, of user × ε cases):"
+
+
 if __name__ == "__main__":
-    print("Hit rate of the Appendix J rules against exact expected MSE (fired / happened / missed, of user × ε cases):")
-    print(markdown(hit_rates()))
+    print(HEADING)
+    print(markdown(execute(STUDY, AppendixJConfig()).table))

@@ -10,8 +10,7 @@ from eval.bandit.environment import Arms
 from recsvc.checks import ParamError
 from recsvc.engines import resolve_workers
 from recsvc.mechanisms import check_params
-from recsvc.settings import Range, check, setting
-from recsvc.staging import check_out
+from recsvc.settings import Range, setting
 
 # policy → the recsvc.mechanisms name it selects with (None: a non-private baseline).
 POLICIES: dict[str, str | None] = {
@@ -67,9 +66,8 @@ class BanditConfig:
         return {} if mechanism is None else {k: v for k, v in own.items() if k in params_of(mechanism)}
 
 
-def validate(cfg: BanditConfig) -> None:
-    """Raises :class:`ParamError` (naming the parameter) for bad input; creates nothing."""
-    check(cfg)
+def validate(cfg: BanditConfig) -> BanditConfig:
+    """The checks the settings do not make; raises :class:`ParamError` naming the parameter."""
     if cfg.shift >= cfg.horizon:
         raise ParamError(
             "{shift} must be < {horizon} (the arms swap after step shift, inside the run); got "
@@ -86,5 +84,4 @@ def validate(cfg: BanditConfig) -> None:
             got=list(cfg.policies),
         )
     resolve_workers(cfg.workers)
-    if cfg.out is not None:
-        check_out(cfg.out, cfg.force)
+    return cfg

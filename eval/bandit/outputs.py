@@ -1,25 +1,20 @@
-"""The bandit study's results directory (filled inside a StagedDir, published by ``run``)."""
+"""The bandit study's results directory: each table's file and schema (written by eval.study)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eval.bandit import plots, report
+from eval.bandit import tables
+from eval.study import Output
 
 if TYPE_CHECKING:
     from eval.bandit.results import BanditResult
 
-CURVES = "bandit.parquet"
-
-
-def write(result: BanditResult, tmp: Path) -> None:
-    """Tables (Parquet/CSV), Figure 14(a)–(d) and report.md into the staging directory ``tmp``."""
-    result.curves.write_parquet(tmp / CURVES)
-    result.means.write_parquet(tmp / "means.parquet")
-    result.quantiles.write_parquet(tmp / "quantiles.parquet")
-    result.summary.write_csv(tmp / "summary.csv")
-    result.comparisons.write_csv(tmp / "comparisons.csv")
-    result.readings.write_csv(tmp / "ucb_readings.csv")
-    plots.write_all(result, tmp)
-    (tmp / "report.md").write_text(report.markdown(result))
+OUTPUTS: tuple[Output[BanditResult], ...] = (
+    Output("bandit.parquet", lambda r: r.curves, tables.CURVES_SCHEMA),
+    Output("means.parquet", lambda r: r.means, tables.MEANS_SCHEMA),
+    Output("quantiles.parquet", lambda r: r.quantiles, tables.QUANTILES_SCHEMA),
+    Output("summary.csv", lambda r: r.summary, tables.SUMMARY_SCHEMA),
+    Output("comparisons.csv", lambda r: r.comparisons, tables.COMPARISONS_SCHEMA),
+    Output("ucb_readings.csv", lambda r: r.readings, tables.READINGS_SCHEMA),
+)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -10,9 +9,11 @@ import polars as pl
 
 from eval.bandit.config import POLICIES, PRIVATE
 from eval.bandit.tables import NEVER_SWITCHING, ci
-from eval.figures import pyplot, save_figure
+from eval.figures import pyplot
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from eval.bandit.results import BanditResult
 
 FIG_A = "fig14a_cumulative_reward.png"
@@ -31,18 +32,20 @@ LABELS = {
 }
 
 
-def write_all(result: BanditResult, out: Path) -> None:
-    cumulative(result, out / FIG_A)
-    estimated_means(result, out / FIG_B)
-    for arm, name in ((0, FIG_C), (1, FIG_D)):
-        estimated_quantiles(result, arm, out / name)
+def figures(result: BanditResult) -> dict[str, Figure]:
+    return {
+        FIG_A: cumulative(result),
+        FIG_B: estimated_means(result),
+        FIG_C: estimated_quantiles(result, 0),
+        FIG_D: estimated_quantiles(result, 1),
+    }
 
 
 def _shift_line(ax, result: BanditResult) -> None:
     ax.axvline(result.config.shift, color="k", lw=0.8, ls=":")
 
 
-def cumulative(result: BanditResult, path: Path) -> None:
+def cumulative(result: BanditResult) -> Figure:
     """(a) mean cumulative reward over seeds with its 95% band; the never-switching UCB reading dashed."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
@@ -73,10 +76,10 @@ def cumulative(result: BanditResult, path: Path) -> None:
         f"(a) cumulative reward, mean and 95% CI over {cfg.seeds} seed(s); shift at t = {cfg.shift:,}", fontsize=10
     )
     ax.legend(fontsize=7, ncol=2, loc="upper left")
-    save_figure(fig, path)
+    return fig
 
 
-def estimated_means(result: BanditResult, path: Path) -> None:
+def estimated_means(result: BanditResult) -> Figure:
     """(b) seed 0: each policy's mean reward per arm (lines) over the private scores it selects on (points)."""
     plt = pyplot()
     cfg = result.config
@@ -103,10 +106,10 @@ def estimated_means(result: BanditResult, path: Path) -> None:
         ax.set_xlabel("t")
     axes[0].set_ylabel("mean reward")
     axes[0].legend(fontsize=7, ncol=2)
-    save_figure(fig, path)
+    return fig
 
 
-def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
+def estimated_quantiles(result: BanditResult, arm: int) -> Figure:
     """(c)/(d) seed 0: the private p10/p90 estimates of one arm per window; true quantiles dashed."""
     plt = pyplot()
     cfg = result.config
@@ -135,4 +138,4 @@ def estimated_quantiles(result: BanditResult, arm: int, path: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     if d.height:  # an arm pulled fewer than w times has no window yet
         ax.legend(fontsize=6, ncol=3, markerscale=2)
-    save_figure(fig, path)
+    return fig

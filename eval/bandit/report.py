@@ -1,4 +1,4 @@
-"""report.md of the bandit study: setup, results with 95% CIs, the paper's claims checked, and
+"""report.md's body for the bandit study: setup, results with 95% CIs, the paper's claims checked, and
 the question which UCB the paper ran answered from the measured readings."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import polars as pl
 
-from eval.bandit import baselines, plots
+from eval.bandit import baselines
 from eval.bandit.config import PRIVATE
 from eval.bandit.simulate import SWITCH_WINDOW
 from eval.bandit.tables import NEVER_SWITCHING, QUANTITIES
@@ -123,11 +123,12 @@ def ucb_answer(result: BanditResult) -> str:
     return text
 
 
-def markdown(result: BanditResult) -> str:
+TITLE = "Bandit study under distribution shift (paper §IX, Appendix H, Figure 14)"
+
+
+def body(result: BanditResult) -> str:
     cfg = result.config
     lines = [
-        "# Bandit study under distribution shift (paper §IX, Appendix H, Figure 14)",
-        "",
         f"{cfg.seeds} seed(s), horizon T = {cfg.horizon:,}, the arms swap after t_shift = {cfg.shift:,}. "
         f"Rewards N(m_a, σ_a²) clipped to [0, 1], m = {cfg.arms.means}, σ = {cfg.arms.sigmas} (swapped after the shift). "
         f"Every policy of a seed plays the same reward table. Run time {result.seconds:.0f} s.",
@@ -166,10 +167,6 @@ def markdown(result: BanditResult) -> str:
         ucb_answer(result),
         "",
         f"Switch delay: steps after the shift until a pull of the new best arm from which it wins the majority of the next {SWITCH_WINDOW} steps.",
-        "",
-        "## Figures",
-        "",
-        *(f"![{n}]({n})" for n in (plots.FIG_A, plots.FIG_B, plots.FIG_C, plots.FIG_D)),
         "",
         "## Files",
         "",

@@ -1,20 +1,20 @@
 """``recsvc eval-bandit``: the bandit study of §IX / Appendix H / Figure 14.
 
-:func:`run` validates the config (nothing is created on bad input), maps the work units (every
-policy and UCB reading × seed) over the local engine with a progress bar, builds the tables and
-writes the results directory atomically through :class:`recsvc.staging.StagedDir`.
+The study declared on :mod:`eval.study`, which validates the config (nothing is created on bad
+input) and writes the results directory atomically; its computation maps the work units (every
+policy and UCB reading × seed) over the local engine with a progress bar and builds the tables.
 """
 
 from __future__ import annotations
 
 import time
 
-from eval.bandit import outputs, tables
+from eval.bandit import outputs, plots, report, tables
 from eval.bandit.config import BanditConfig, validate
 from eval.bandit.results import BanditResult
 from eval.bandit.simulate import UnitResult, run_unit, unit_names
+from eval.study import Study, execute
 from recsvc.engines import make_engine
-from recsvc.staging import StagedDir
 
 
 def simulate(cfg: BanditConfig) -> list[UnitResult]:
@@ -27,12 +27,10 @@ def simulate(cfg: BanditConfig) -> list[UnitResult]:
         engine.close()
 
 
-def run(cfg: BanditConfig) -> BanditResult:
-    """Validates, simulates, and (with ``cfg.out``) writes the results directory atomically."""
-    validate(cfg)
+def compute(cfg: BanditConfig) -> BanditResult:
     t0 = time.perf_counter()
     units = simulate(cfg)
-    result = BanditResult(
+    return BanditResult(
         cfg,
         units,
         tables.curves(units, cfg),
@@ -43,8 +41,18 @@ def run(cfg: BanditConfig) -> BanditResult:
         tables.readings(units),
         time.perf_counter() - t0,
     )
-    if cfg.out is not None:
-        with StagedDir(cfg.out, cfg.force) as stage:
-            outputs.write(result, stage.tmp)
-            result.out = stage.publish()
-    return result
+
+
+STUDY = Study(
+    title=report.TITLE,
+    config=BanditConfig,
+    run=compute,
+    outputs=outputs.OUTPUTS,
+    report=report.body,
+    plots=plots.figures,
+    validate=validate,
+)
+
+
+def run(cfg: BanditConfig) -> BanditResult:
+    return execute(STUDY, cfg)

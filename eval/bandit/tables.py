@@ -14,6 +14,25 @@ from eval.bandit.simulate import READING_PREFIX, UnitResult, sample_steps
 
 QUANTITIES = ("reward_before", "reward_after", "reward_total", "best_share_before", "best_share_after")
 NEVER_SWITCHING = READING_PREFIX + "greedy"  # the reading the comparisons below also use as "UCB"
+_S, _I, _F = pl.String, pl.Int64, pl.Float64
+CURVES_SCHEMA = {"policy": _S, "seed": _I, "t": _I, "cumulative_reward": _F}
+MEANS_SCHEMA = {"policy": _S, "seed": _I, "t": _I, "arm": _I, "empirical_mean": _F, "private_mean": _F}
+_WINDOWS_SCHEMA = {"policy": _S, "seed": _I, "arm": _I, "t": _I, "pulls": _I, "p10": _F, "p90": _F}
+QUANTILES_SCHEMA = {**_WINDOWS_SCHEMA, "sensitivity": _F}
+SUMMARY_SCHEMA = {"policy": _S, "quantity": _S, "mean": _F, "ci_low": _F, "ci_high": _F, "seeds": _I}
+COMPARISONS_SCHEMA = {"policy": _S, "baseline": _S, "quantity": _S, "mean_difference": _F} | {
+    "ci_low": _F,
+    "ci_high": _F,
+    "wins": _I,
+    "seeds": _I,
+}
+READINGS_SCHEMA = {"reading": _S, "description": _S, "seeds": _I, "never_switched": _I} | {
+    "switch_delay_median": _F,
+    "switch_delay_max": _I,
+    "first_new_best_median": _F,
+    **dict.fromkeys(("best_share_after", "best_share_after_ci_low", "best_share_after_ci_high"), _F),
+    **dict.fromkeys(("reward_after", "reward_after_ci_low", "reward_after_ci_high"), _F),
+}
 
 
 def ci(values: np.ndarray) -> tuple[float, float, float]:
@@ -90,16 +109,7 @@ def quantiles(units: list[UnitResult]) -> pl.DataFrame:
         for u in units
         if u.quantiles.shape[0]
     ]
-    schema = {
-        "policy": pl.String,
-        "seed": pl.Int64,
-        "arm": pl.Int64,
-        "t": pl.Int64,
-        "pulls": pl.Int64,
-        "p10": pl.Float64,
-        "p90": pl.Float64,
-    }
-    df = pl.concat(parts).with_columns(pl.col("seed").cast(pl.Int64)) if parts else pl.DataFrame(schema=schema)
+    df = pl.concat(parts).with_columns(pl.col("seed").cast(pl.Int64)) if parts else pl.DataFrame(schema=_WINDOWS_SCHEMA)
     return df.with_columns(sensitivity=(pl.col("p90") - pl.col("p10")).abs())
 
 
@@ -145,7 +155,7 @@ def comparisons(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
         rows += [_paired(g, p, NEVER_SWITCHING, "reward_after") for p in private]
     if "mgem" in g and "gem" in g:
         rows += [_paired(g, "mgem", "gem", q) for q in ("reward_before", "reward_after", "reward_total")]
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
+    return pl.DataFrame(rows, schema=COMPARISONS_SCHEMA)
 
 
 def readings(units: list[UnitResult]) -> pl.DataFrame:
@@ -177,4 +187,4 @@ def readings(units: list[UnitResult]) -> pl.DataFrame:
                 "reward_after_ci_high": after[2],
             }
         )
-    return pl.DataFrame(rows)
+    return pl.DataFrame(rows, schema=READINGS_SCHEMA)

@@ -1,4 +1,4 @@
-"""The study's parameters, checked in one place before anything is made or written."""
+"""The study's parameters and the checks across them (eval.study runs both before any work)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from eval.feature_selection.data import DATASET_FEATURES, DATASETS, SETTINGS
 from eval.feature_selection.methods import DEFAULT_LASSO_ALPHA, NEIGHBOURING
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.mechanisms import check_params, get_mechanism
-from recsvc.settings import OneOf, Range, check, setting
-from recsvc.staging import check_out
+from recsvc.settings import OneOf, Range, setting
 
 DEFAULT_OUT = Path("results/feature-selection")
 DEFAULT_EPSILONS: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
@@ -71,9 +70,8 @@ def _grid(param: str, values: Sequence[object], known: Sequence[str] | None = No
 
 
 def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
-    """Every check before any work (nothing is created). Returns the grids as sorted tuples and
-    the mechanism's own parameters, given or defaulted (what the run uses)."""
-    check(cfg)
+    """The checks the settings do not make. Returns the grids as sorted tuples and the
+    mechanism's own parameters, given or defaulted (what the run uses)."""
     datasets = _grid("datasets", cfg.datasets, DATASETS)
     settings = _grid("settings", cfg.settings, SETTINGS)
     if not datasets and not settings:
@@ -95,8 +93,6 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
         params = check_params(dict(cfg.params), get_mechanism(cfg.mechanism))
     except ValueError as exc:
         raise ParamError("{mechanism}: {problem}", problem=str(exc)) from None
-    if cfg.out is not None:
-        check_out(cfg.out, cfg.force)
     return replace(
         cfg,
         datasets=datasets,

@@ -4,13 +4,17 @@ k (with the non-private methods as dashed lines), and DP-SIS's TOP / GREAT / GOO
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from eval.figures import pyplot, save_figure
+from eval.figures import pyplot
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from eval.feature_selection.study import FeatureSelectionResult
 
 FIGURE1_PNG = "figure1.png"
 ACCURACY_PNG = "accuracy.png"
@@ -19,7 +23,7 @@ _COLOURS = {"sis": "C0", "dp-sis": "C0", "two-stage": "C1"}
 _LABELS = {"sis": "SIS", "dp-sis": "DP-SIS", "two-stage": "two-stage"}
 
 
-def figure1(table: pl.DataFrame, repetitions: int, path: Path) -> None:
+def figure1(table: pl.DataFrame, repetitions: int) -> Figure:
     """One panel per setting: how often each feature was chosen, SIS above the axis and two-stage
     below it, so the two bar series never hide each other."""
     plt = pyplot()
@@ -37,12 +41,12 @@ def figure1(table: pl.DataFrame, repetitions: int, path: Path) -> None:
         ax.set_ylabel("times chosen (two-stage below the axis)")
         ax.set_title(f"{setting}: top 5 of {repetitions:,} datasets", fontsize=9)
         ax.legend(fontsize=8, loc="center right")
-    save_figure(fig, path)
+    return fig
 
 
 def _share_grid(
-    table: pl.DataFrame, path: Path, ylabel: str, title: str, draw: Callable[[Any, pl.DataFrame, str, int], None]
-) -> None:
+    table: pl.DataFrame, ylabel: str, title: str, draw: Callable[[Any, pl.DataFrame, str, int], None]
+) -> Figure:
     """One panel per dataset (row) and k (column) of shares in [0, 1] against ε on a log axis;
     ``draw(ax, panel's rows of table, dataset, k)`` fills a panel, the first one holds the legend."""
     datasets = table["dataset"].unique(maintain_order=True).to_list()
@@ -61,7 +65,7 @@ def _share_grid(
             ax.set_title(title.format(name=name, k=k), fontsize=9)
             if r == 0 and c == 0:
                 ax.legend(fontsize=7)
-    save_figure(fig, path)
+    return fig
 
 
 def _band(ax: Any, t: pl.DataFrame, value: str, label: str, style: str, colour: str, alpha: float) -> None:
@@ -72,7 +76,7 @@ def _band(ax: Any, t: pl.DataFrame, value: str, label: str, style: str, colour: 
     ax.fill_between(eps, t["ci_low"], t["ci_high"], color=colour, alpha=alpha, lw=0)
 
 
-def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
+def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame) -> Figure:
     def draw(ax: Any, panel: pl.DataFrame, name: str, k: int) -> None:
         for method in ("dp-sis", "two-stage"):
             rows = panel.filter(pl.col("method") == method)
@@ -82,12 +86,23 @@ def accuracy(table: pl.DataFrame, nonprivate: pl.DataFrame, path: Path) -> None:
             label = f"{_LABELS[method]}, not private"
             ax.axhline(float(row["accuracy"][0]), color=_COLOURS[method], ls="--", lw=1, label=label)
 
-    _share_grid(table, path, "accuracy vs the Lasso's top k", "{name}, k = {k}", draw)
+    return _share_grid(table, "accuracy vs the Lasso's top k", "{name}, k = {k}", draw)
 
 
-def rates(table: pl.DataFrame, path: Path) -> None:
+def rates(table: pl.DataFrame) -> Figure:
     def draw(ax: Any, panel: pl.DataFrame, name: str, k: int) -> None:
         for i, cls in enumerate(("TOP", "GREAT", "GOOD")):
             _band(ax, panel.filter(pl.col("class") == cls), "rate", cls, "osD"[i] + "-", f"C{i + 2}", 0.15)
 
-    _share_grid(table, path, "share of DP-SIS's selections", "DP-SIS on {name}, k = {k}", draw)
+    return _share_grid(table, "share of DP-SIS's selections", "DP-SIS on {name}, k = {k}", draw)
+
+
+def figures(result: FeatureSelectionResult) -> dict[str, Figure]:
+    """Figure 1 when the run had its settings; accuracy and rates when it had datasets."""
+    out = {}
+    if result.figure1 is not None:
+        out[FIGURE1_PNG] = figure1(result.figure1, result.config.repetitions)
+    if result.accuracy is not None and result.nonprivate is not None and result.rates is not None:
+        out[ACCURACY_PNG] = accuracy(result.accuracy, result.nonprivate)
+        out[RATES_PNG] = rates(result.rates)
+    return out

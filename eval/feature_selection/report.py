@@ -1,16 +1,13 @@
-"""The seed's claims checked on the study's numbers, report.md and the terminal summary."""
+"""The seed's claims checked on the study's numbers, report.md's body and the terminal summary."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import polars as pl
 
 from eval.feature_selection import metrics, plots
 from eval.feature_selection.config import FeatureSelectionConfig
 from eval.feature_selection.methods import COUNT_SENSITIVITY, SIS_SENSITIVITY
-from eval.feature_selection.study import DatasetRun
+from eval.feature_selection.study import DatasetRun, FeatureSelectionResult, Finding
 
 COMPARISON_SCHEMA = {
     "dataset": pl.String,
@@ -19,28 +16,6 @@ COMPARISON_SCHEMA = {
     "verdict": pl.String,
     "p_value": pl.Float64,
 }
-
-
-@dataclass(frozen=True)
-class Finding:
-    statement: str
-    holds: bool
-    detail: str
-
-
-@dataclass
-class FeatureSelectionResult:
-    config: FeatureSelectionConfig
-    figure1: pl.DataFrame | None
-    accuracy: pl.DataFrame | None
-    nonprivate: pl.DataFrame | None
-    rates: pl.DataFrame | None
-    comparisons: pl.DataFrame
-    findings: list[Finding]
-    seconds: float
-    figures: tuple[str, ...] = ()
-    out: Path | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def comparisons(cfg: FeatureSelectionConfig, runs: list[DatasetRun]) -> pl.DataFrame:
@@ -115,11 +90,12 @@ def accuracy_table(result: FeatureSelectionResult) -> str:
     return "\n".join(lines)
 
 
-def markdown(result: FeatureSelectionResult) -> str:
+TITLE = "Private feature selection: seed 004's study"
+
+
+def body(result: FeatureSelectionResult) -> str:
     cfg = result.config
     out = [
-        "# Private feature selection: seed 004's study",
-        "",
         f"Neighbouring relation: {cfg.neighbouring} a row, so DP-SIS's scores |x_jᵀy| have Δ = "
         f"{SIS_SENSITIVITY[cfg.neighbouring]:g} and two-stage's block counts Δ = "
         f"{COUNT_SENSITIVITY[cfg.neighbouring]:g}. Both choose their k features with `{cfg.mechanism}` "

@@ -1,31 +1,34 @@
-"""`recsvc eval-feature-selection`: validate, compute, then write every output at once."""
+"""`recsvc eval-feature-selection`: the study declared on :mod:`eval.study` (its tables, summary.json,
+plots and report), which validates, then writes every output at once."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
+from typing import Any
 
 from eval.feature_selection import plots, report, study
 from eval.feature_selection.config import FeatureSelectionConfig, validate
-from eval.study import publish
+from eval.study import Output, Study, execute
 
 FIGURE1_CSV = "figure1.csv"
 ACCURACY_CSV = "accuracy.csv"
 NONPRIVATE_CSV = "nonprivate.csv"
 RATES_CSV = "rates.csv"
 COMPARISONS_CSV = "comparisons.csv"
+# summary.json's "config": what the run used (params given or defaulted)
+_SUMMARY_CONFIG = (
+    *("datasets", "settings", "ks", "epsilons", "trials", "repetitions"),
+    *("neighbouring", "lasso_alpha", "mechanism", "params", "seed"),
+)
 
 
-def run(cfg: FeatureSelectionConfig) -> report.FeatureSelectionResult:
-    """Every check first (nothing is created on bad input); the outputs are written to a temp
-    sibling of ``cfg.out`` and renamed into place, so a failed run leaves nothing."""
-    cfg = validate(cfg)
+def compute(cfg: FeatureSelectionConfig) -> study.FeatureSelectionResult:
+    """Figure 1's counts (with settings) and the accuracy study (with datasets), the claims checked."""
     t0 = time.perf_counter()
     fig1 = study.figure1_table(cfg) if cfg.settings else None
     runs, acc, nonpriv, rates = study.accuracy_tables(cfg) if cfg.datasets else ([], None, None, None)
     table = report.comparisons(cfg, runs)
-    result = report.FeatureSelectionResult(
+    result = study.FeatureSelectionResult(
         cfg, fig1, acc, nonpriv, rates, table, report.findings(cfg, table), time.perf_counter() - t0
     )
     result.notes += [
@@ -35,41 +38,35 @@ def run(cfg: FeatureSelectionConfig) -> report.FeatureSelectionResult:
         for k in cfg.ks
         if len(r.references[k]) < k
     ]
-    return publish(result, _write)
+    return result
 
 
-def _write(result: report.FeatureSelectionResult, tmp: Path) -> None:
-    cfg, figures = result.config, []
-    if result.figure1 is not None:
-        result.figure1.write_csv(tmp / FIGURE1_CSV)
-        plots.figure1(result.figure1, cfg.repetitions, tmp / plots.FIGURE1_PNG)
-        figures.append(plots.FIGURE1_PNG)
-    if result.accuracy is not None and result.nonprivate is not None and result.rates is not None:
-        result.accuracy.write_csv(tmp / ACCURACY_CSV)
-        result.nonprivate.write_csv(tmp / NONPRIVATE_CSV)
-        result.rates.write_csv(tmp / RATES_CSV)
-        result.comparisons.write_csv(tmp / COMPARISONS_CSV)
-        plots.accuracy(result.accuracy, result.nonprivate, tmp / plots.ACCURACY_PNG)
-        plots.rates(result.rates, tmp / plots.RATES_PNG)
-        figures += [plots.ACCURACY_PNG, plots.RATES_PNG]
-    settings = {
-        "datasets": list(cfg.datasets),
-        "settings": list(cfg.settings),
-        "ks": list(cfg.ks),
-        "epsilons": list(cfg.epsilons),
-        "trials": cfg.trials,
-        "repetitions": cfg.repetitions,
-        "neighbouring": cfg.neighbouring,
-        "lasso_alpha": cfg.lasso_alpha,
-        "mechanism": cfg.mechanism,
-        "params": dict(cfg.params),
-        "seed": cfg.seed,
-    }
-    summary = {
-        "config": settings,
+def summary_json(result: study.FeatureSelectionResult) -> dict[str, Any]:
+    cfg = result.config
+    return {
+        "config": {k: dict(cfg.params) if k == "params" else getattr(cfg, k) for k in _SUMMARY_CONFIG},
         "findings": [{"statement": f.statement, "holds": f.holds, "detail": f.detail} for f in result.findings],
         "seconds": result.seconds,
     }
-    (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (tmp / "report.md").write_text(report.markdown(result))
-    result.figures = tuple(figures)
+
+
+STUDY = Study(
+    title=report.TITLE,
+    config=FeatureSelectionConfig,
+    run=compute,
+    outputs=(
+        Output(FIGURE1_CSV, lambda r: r.figure1, study.FIGURE1_SCHEMA),
+        Output(ACCURACY_CSV, lambda r: r.accuracy, study.ACCURACY_SCHEMA),
+        Output(NONPRIVATE_CSV, lambda r: r.nonprivate, study.NONPRIVATE_SCHEMA),
+        Output(RATES_CSV, lambda r: r.rates, study.RATES_SCHEMA),
+        Output(COMPARISONS_CSV, lambda r: None if r.accuracy is None else r.comparisons, report.COMPARISON_SCHEMA),
+        Output("summary.json", summary_json, ("config", "findings", "seconds")),
+    ),
+    report=report.body,
+    plots=plots.figures,
+    validate=validate,
+)
+
+
+def run(cfg: FeatureSelectionConfig) -> study.FeatureSelectionResult:
+    return execute(STUDY, cfg)

@@ -10,7 +10,8 @@ DP-SIS before two-stage), so they do depend on the k and ε grids.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -170,3 +171,24 @@ def accuracy_tables(cfg: FeatureSelectionConfig) -> tuple[list[DatasetRun], pl.D
         pl.DataFrame(nonpriv, schema=NONPRIVATE_SCHEMA),
         pl.DataFrame(rates, schema=RATES_SCHEMA),
     )
+
+
+@dataclass(frozen=True)
+class Finding:
+    statement: str
+    holds: bool
+    detail: str
+
+
+@dataclass
+class FeatureSelectionResult:
+    config: FeatureSelectionConfig
+    figure1: pl.DataFrame | None
+    accuracy: pl.DataFrame | None
+    nonprivate: pl.DataFrame | None
+    rates: pl.DataFrame | None
+    comparisons: pl.DataFrame
+    findings: list[Finding]
+    seconds: float
+    out: Path | None = None
+    notes: list[str] = field(default_factory=list)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -27,8 +27,7 @@ from eval.evaluation.results import Finding
 from eval.study import grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS
-from recsvc.settings import Each, Range, check, setting
-from recsvc.staging import check_out
+from recsvc.settings import Each, Range, setting
 
 DEFAULT_DELTAS: tuple[float, ...] = tuple(round(0.1 * i, 10) for i in range(1, 21))  # 0.1 … 2.0
 DEFAULT_EPSILONS: tuple[float, ...] = (0.1, 1.0, 3.0)  # the rows of Figures 16–17
@@ -47,6 +46,12 @@ PAIRS: tuple[tuple[str, str], ...] = (
     ("random", "mgem"),
 )
 HG_PARQUET = "hg.parquet"
+HG_SCHEMA = {
+    "baseline": pl.String,
+    "mechanism": pl.String,
+    "gamma": pl.Float64,
+    **dict.fromkeys(("delta1", "delta2", "epsilon", "gap", "hg", "baseline_error", "mechanism_error"), pl.Float64),
+}
 # |hg| at most this is 0: each error probability is a sum of a few exponentials or a quadrature,
 # within ~1e-15 of the real value, and its last bits differ between CPUs (numpy's SIMD exp/log).
 HG_ROUNDING = 1e-12
@@ -99,12 +104,11 @@ def _distinct(param: str, values: Sequence[float]) -> tuple[float, ...]:
 
 
 def validate(cfg: TwoCandidateConfig) -> TwoCandidateConfig:
-    """Every check before any work (no output is created): grids, β, γ, ``out``. Returns the
-    config with plain float tuples."""
+    """The checks the settings do not make (distinct grids, γ's and β's ranges), before any work.
+    Returns the config with plain float tuples."""
     from recsvc.mechanisms.gem import BETA
     from recsvc.mechanisms.random_stopping import GAMMA
 
-    check(cfg)
     deltas, epsilons, gaps, gammas = (_distinct(p, getattr(cfg, p)) for p in ("deltas", "epsilons", "gaps", "gammas"))
     for g in gammas:
         try:
@@ -114,8 +118,6 @@ def validate(cfg: TwoCandidateConfig) -> TwoCandidateConfig:
                 "{gammas} must lie in {range} (random stopping's γ), got {value}", range=GAMMA.accepted, value=repr(g)
             ) from None
     beta = BETA.check(cfg.beta)
-    if cfg.out is not None:
-        check_out(cfg.out, cfg.force)
     return TwoCandidateConfig(cfg.out, deltas, epsilons, gaps, gammas, beta, cfg.force)
 
 
@@ -310,4 +312,3 @@ class TwoCandidateResult:
     findings: list[Finding]
     seconds: float
     out: Path | None = None
-    figures: list[str] = field(default_factory=list)

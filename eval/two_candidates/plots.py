@@ -3,15 +3,16 @@ the mechanism beats the baseline (hg > 0), blue where the baseline wins, white a
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
-from eval.figures import pyplot, save_figure
+from eval.figures import pyplot
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from eval.two_candidates.hg import TwoCandidateResult
 
 FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG = "fig3.png", "fig15.png", "fig16.png", "fig17.png"
@@ -46,9 +47,7 @@ def _panel(ax, t: pl.DataFrame, deltas: tuple[float, ...], title: str):
     return mesh
 
 
-def _figure(
-    result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], ncols: int, title: str, path: Path
-) -> None:
+def _figure(result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], ncols: int, title: str) -> Figure:
     plt = pyplot()
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols + 0.6, 2.5 * nrows + 0.7), dpi=110, squeeze=False)
@@ -62,7 +61,7 @@ def _figure(
     for ax in axes[:, 0]:
         ax.set_ylabel("Δ2 (higher score)", fontsize=7)
     fig.suptitle(title + "\nred: the second mechanism wins (hg > 0); blue: the first wins; dashed: Δ1 = Δ2", fontsize=9)
-    save_figure(fig, path)
+    return fig
 
 
 def _select(t: pl.DataFrame, base: str, mech: str, eps: float, gap: float, gamma: float | None) -> pl.DataFrame:
@@ -85,56 +84,30 @@ def _grid_panels(result: TwoCandidateResult, base: str, mech: str, gamma: float 
     ]
 
 
-def write_all(result: TwoCandidateResult, out: Path) -> list[str]:
+def figures(result: TwoCandidateResult) -> dict[str, Figure]:
+    """Figures 3, 15, 16, 17 at the grid points nearest the paper's, then the GEM family."""
     from eval.two_candidates.hg import FIGURE_EPSILON, FIGURE_GAMMA, FIGURE_GAP, nearest
 
     cfg, t = result.config, result.table
     eps, gap, gamma = (
-        nearest(cfg.epsilons, FIGURE_EPSILON),
-        nearest(cfg.gaps, FIGURE_GAP),
-        nearest(cfg.gammas, FIGURE_GAMMA),
+        nearest(v, x) for v, x in ((cfg.epsilons, FIGURE_EPSILON), (cfg.gaps, FIGURE_GAP), (cfg.gammas, FIGURE_GAMMA))
     )
-    where = f"ε = {eps:g}, q1 = 0, q2 = {gap:g}"
-    _figure(
-        result,
-        [
-            (_select(t, "rnm", "rnmh", eps, gap, None), _label("rnm", "rnmh", None)),
-            (_select(t, "rnm", "rs", eps, gap, gamma), _label("rnm", "rs", gamma)),
-        ],
-        2,
-        f"Figure 3: RNM vs RNMH and RS_γ, {where}",
-        out / FIG3_PNG,
-    )
-    _figure(
-        result,
-        [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas],
-        min(len(cfg.gammas), 5),
-        f"Figure 15: HG(RNM, RS_γ) as γ varies, {where}",
-        out / FIG15_PNG,
-    )
-    ncols = len(cfg.gaps)
-    _figure(
-        result,
-        _grid_panels(result, "rnm", "rnmh", None),
-        ncols,
-        "Figure 16: HG(RNM, RNMH); rows ε, columns q2 − q1",
-        out / FIG16_PNG,
-    )
-    _figure(
-        result,
-        _grid_panels(result, "rnm", "rs", gamma),
-        ncols,
-        f"Figure 17: HG(RNM, RS_γ), γ = {gamma:g}; rows ε, columns q2 − q1",
-        out / FIG17_PNG,
-    )
-    names = [FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG]
-    for name, base, mech in GEM_FIGURES:
-        _figure(
-            result,
-            _grid_panels(result, base, mech, None),
-            ncols,
-            f"{_label(base, mech, None)} (β = {cfg.beta:g}); rows ε, columns q2 − q1",
-            out / name,
-        )
-        names.append(name)
-    return names
+    where, grid = f"ε = {eps:g}, q1 = 0, q2 = {gap:g}", "rows ε, columns q2 − q1"
+    fig3 = [(_select(t, "rnm", m, eps, gap, g), _label("rnm", m, g)) for m, g in (("rnmh", None), ("rs", gamma))]
+    fig15 = [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas]
+    specs = [
+        (FIG3_PNG, fig3, 2, f"Figure 3: RNM vs RNMH and RS_γ, {where}"),
+        (FIG15_PNG, fig15, min(len(cfg.gammas), 5), f"Figure 15: HG(RNM, RS_γ) as γ varies, {where}"),
+        (FIG16_PNG, _grid_panels(result, "rnm", "rnmh", None), len(cfg.gaps), f"Figure 16: HG(RNM, RNMH); {grid}"),
+        (
+            FIG17_PNG,
+            _grid_panels(result, "rnm", "rs", gamma),
+            len(cfg.gaps),
+            f"Figure 17: HG(RNM, RS_γ), γ = {gamma:g}; {grid}",
+        ),
+    ]
+    specs += [
+        (name, _grid_panels(result, b, m, None), len(cfg.gaps), f"{_label(b, m, None)} (β = {cfg.beta:g}); {grid}")
+        for name, b, m in GEM_FIGURES
+    ]
+    return {name: _figure(result, panels, ncols, title) for name, panels, ncols, title in specs}

@@ -1,12 +1,10 @@
-"""report.md of the two-candidate analysis: settings, the paper's statements checked, figures."""
+"""report.md's body for the two-candidate analysis: the grid, the paper's statements checked, RS_γ's shares."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import polars as pl
-
-from eval.two_candidates.plots import FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG, GEM_FIGURES
 
 if TYPE_CHECKING:
     from eval.two_candidates.hg import TwoCandidateResult
@@ -39,12 +37,13 @@ def rs_share_table(result: TwoCandidateResult) -> str:
     return "\n".join(lines)
 
 
-def markdown(result: TwoCandidateResult) -> str:
+TITLE = "Two-candidate analysis (paper §V-A, Appendix D: Figures 3, 15, 16, 17)"
+
+
+def body(result: TwoCandidateResult) -> str:
     cfg = result.config
     held = sum(f.holds for f in result.findings)
     parts = [
-        "# Two-candidate analysis (paper §V-A, Appendix D: Figures 3, 15, 16, 17)",
-        "",
         "Candidate 1 scores q1 = 0 with sensitivity Δ1 (the lower score), candidate 2 scores q2 = gap with Δ2. "
         "HG(M, M′) = Pr[M ≠ a*] − Pr[M′ ≠ a*]: > 0 where M′ beats M. Every probability is exact (rnm, gem, mgem: "
         "`recsvc.mechanisms.probabilities`; rnmh: closed form; rs: quadrature; random: ½), so a sign is never "
@@ -66,17 +65,5 @@ def markdown(result: TwoCandidateResult) -> str:
         "so it follows the RNMH pattern only where the candidates are redrawn often (small γ) and ε·gap is small:",
         "",
         rs_share_table(result),
-        "",
-        "## Figures",
-        "",
-        f"![Figure 3]({FIG3_PNG})",
-        "",
-        f"![Figure 15]({FIG15_PNG})",
-        "",
-        f"![Figure 16]({FIG16_PNG})",
-        "",
-        f"![Figure 17]({FIG17_PNG})",
-        "",
-        *[f"![{name}]({name})\n" for name, _, _ in GEM_FIGURES],
     ]
     return "\n".join(parts)

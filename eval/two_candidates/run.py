@@ -1,25 +1,32 @@
-"""`recsvc eval-two-candidates`: the exact HG table, its heatmaps and report, written atomically."""
+"""`recsvc eval-two-candidates`: the study declared on :mod:`eval.study`, which validates, checks
+``hg.parquet``'s schema and writes it with the heatmaps and ``report.md`` atomically."""
 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
-from eval.study import publish
-from eval.two_candidates import plots, report
-from eval.two_candidates.hg import HG_PARQUET, TwoCandidateConfig, TwoCandidateResult, findings, hg_table, validate
+from eval.study import Output, Study, execute
+from eval.two_candidates import hg, plots, report
+from eval.two_candidates.hg import TwoCandidateConfig, TwoCandidateResult
+
+
+def compute(cfg: TwoCandidateConfig) -> TwoCandidateResult:
+    """The exact HG table and the paper's statements checked on it."""
+    t0 = time.perf_counter()
+    table = hg.hg_table(cfg)
+    return TwoCandidateResult(cfg, table, hg.findings(table, cfg), time.perf_counter() - t0)
+
+
+STUDY = Study(
+    title=report.TITLE,
+    config=TwoCandidateConfig,
+    run=compute,
+    outputs=(Output(hg.HG_PARQUET, lambda r: r.table, hg.HG_SCHEMA),),
+    report=report.body,
+    plots=plots.figures,
+    validate=hg.validate,
+)
 
 
 def run_two_candidates(cfg: TwoCandidateConfig) -> TwoCandidateResult:
-    """Validates, computes ``hg.parquet`` exactly, writes it with the heatmaps and ``report.md``
-    to ``cfg.out`` atomically (a temp sibling renamed into place; nothing is left on failure)."""
-    cfg = validate(cfg)
-    t0 = time.perf_counter()
-    table = hg_table(cfg)
-    return publish(TwoCandidateResult(cfg, table, findings(table, cfg), time.perf_counter() - t0), _write)
-
-
-def _write(result: TwoCandidateResult, tmp: Path) -> None:
-    result.table.write_parquet(tmp / HG_PARQUET)
-    result.figures = plots.write_all(result, tmp)
-    (tmp / "report.md").write_text(report.markdown(result))
+    return execute(STUDY, cfg)

@@ -51,3 +51,15 @@ def test_hit_rates_against_exact_mse():
     assert happened.item() == 0
     text = markdown(t)
     assert "| GEM worse than random (eq. 19) | 81.8% (11/9/0 of 11) |" in text
+
+
+def test_the_study_writes_the_hit_rates_and_their_report(tmp_path):
+    from eval.appendix_j.rules import STUDY, AppendixJConfig
+    from eval.study import execute
+
+    out = tmp_path / "j"
+    result = execute(STUDY, AppendixJConfig(out=out, scenarios=("1", "4"), users=5, epsilons=(1.0,)))
+    assert sorted(p.name for p in out.iterdir()) == ["hit_rates.csv", "report.md"]
+    assert pl.read_csv(out / "hit_rates.csv").equals(result.table)
+    assert result.table.equals(hit_rates(("1", "4"), 5, (1.0,)))
+    assert markdown(result.table) in (out / "report.md").read_text()
