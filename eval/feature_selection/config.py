@@ -53,7 +53,9 @@ class FeatureSelectionConfig:
     progress: bool | None = None  # None: tqdm decides (off when not a TTY)
 
 
-def _grid(param: str, values: Sequence[object], known: Sequence[str] | None = None) -> tuple:
+def distinct(param: str, values: Sequence[object], known: Sequence[str] | None = None) -> tuple:
+    """A grid's values, refused naming its flag when two are equal or one is not ``known``
+    (eval-two-candidates' grids too)."""
     if isinstance(values, str):
         values = (values,)
     if len(set(values)) != len(values):
@@ -72,12 +74,12 @@ def _grid(param: str, values: Sequence[object], known: Sequence[str] | None = No
 def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
     """The checks the settings do not make. Returns the grids as sorted tuples and the
     mechanism's own parameters, given or defaulted (what the run uses)."""
-    datasets = _grid("datasets", cfg.datasets, DATASETS)
-    settings = _grid("settings", cfg.settings, SETTINGS)
+    datasets = distinct("datasets", cfg.datasets, DATASETS)
+    settings = distinct("settings", cfg.settings, SETTINGS)
     if not datasets and not settings:
         raise ParamError("{datasets} and {settings} are both empty; expected at least one of them")
-    ks = _grid("ks", tuple(check_int("ks", k, 1) for k in cfg.ks))
-    epsilons = _grid("epsilons", tuple(check_epsilon(e, "{epsilons}", ParamError) for e in cfg.epsilons))
+    ks = distinct("ks", tuple(check_int("ks", k, 1) for k in cfg.ks))
+    epsilons = distinct("epsilons", tuple(check_epsilon(e, "{epsilons}", ParamError) for e in cfg.epsilons))
     if datasets and not (ks and epsilons):
         raise ParamError("{ks} and {epsilons} need at least one value each for the accuracy study")
     for name in datasets:

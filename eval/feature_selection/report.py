@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 
+from eval.evaluation.results import Finding
 from eval.feature_selection import metrics, plots
 from eval.feature_selection.config import FeatureSelectionConfig
 from eval.feature_selection.methods import COUNT_SENSITIVITY, SIS_SENSITIVITY
-from eval.feature_selection.study import DatasetRun, FeatureSelectionResult, Finding
+from eval.feature_selection.study import DatasetRun, FeatureSelectionResult
 
 COMPARISON_SCHEMA = {
     "dataset": pl.String,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from eval.evaluation.results import Finding
 from eval.feature_selection import data, methods, metrics
 from eval.feature_selection.config import FeatureSelectionConfig
 from recsvc.engines import progress_bar as _bar
@@ -171,13 +172,6 @@ def accuracy_tables(cfg: FeatureSelectionConfig) -> tuple[list[DatasetRun], pl.D
         pl.DataFrame(nonpriv, schema=NONPRIVATE_SCHEMA),
         pl.DataFrame(rates, schema=RATES_SCHEMA),
     )
-
-
-@dataclass(frozen=True)
-class Finding:
-    statement: str
-    holds: bool
-    detail: str
 
 
 @dataclass

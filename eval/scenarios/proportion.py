@@ -1,35 +1,40 @@
 """Figure 18 (Appendix E): the bimodal scenarios 1–3 as the proportion of high scores varies.
 
-``recsvc eval-synthetic --scenario proportion`` evaluates scenario 1 (positive correlation), 2
-(negative) and 3 (none) at every proportion in :data:`PROPORTIONS` (one fixed instance each,
-as in Figure 2) with the usual harness, and writes ``proportion.csv``/``.parquet`` (kind,
-correlation, proportion, mechanism, ε, MSE, method), ``proportion.png`` (Figure 18: MSE vs the
-proportion at ε = 2, or the grid's nearest ε) and ``report.md`` with the paper's statements
-checked (:func:`findings`).
+``recsvc eval-synthetic --scenario proportion``: scenario 1 (positive correlation), 2 (negative) and
+3 (none) at every proportion in :data:`PROPORTIONS` (one fixed instance each, as in Figure 2) with
+the usual harness; :data:`STUDY` declares its outputs (Figure 18 at ε = 2, or the grid's nearest ε)
+and checks the paper's statements (:func:`findings`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
 
-from eval.evaluation import outputs
 from eval.evaluation import run as runner
 from eval.evaluation.config import EvalConfig, param_values, validate
 from eval.evaluation.plots import line_style, mechanism_label
 from eval.evaluation.results import Finding
 from eval.evaluation.sources import ScenarioSource
-from eval.figures import pyplot, save_figure
+from eval.figures import pyplot
+from eval.study import Output, Study, execute
+from recsvc.checks import ParamError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PROPORTIONS: tuple[float, ...] = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99)
 KINDS: dict[str, str] = {"1": "positive", "2": "negative", "3": "none"}  # Figure 18 (a), (b), (c)
 FIGURE_EPSILON = 2.0
 PROPORTION_CSV, PROPORTION_PARQUET, PROPORTION_PNG = "proportion.csv", "proportion.parquet", "proportion.png"
+PROPORTION_SCHEMA = {"kind": pl.String, "correlation": pl.String, "proportion": pl.Float64, "mechanism": pl.String}
+PROPORTION_SCHEMA |= {"epsilon": pl.Float64, "mse": pl.Float64, "method": pl.String}
 _HETEROGENEOUS = ("gem", "mgem", "rs", "rs_improved", "rnmh")  # use the per-candidate Δ
 
 
@@ -50,43 +55,36 @@ class ProportionResult:
     table: pl.DataFrame  # kind, correlation, proportion, mechanism, epsilon, mse, method
     epsilon: float  # the ε of the figure and the findings
     seconds: float
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Finding]
     out: Path | None = None
 
 
-def run_proportion(cfg: EvalConfig) -> ProportionResult:
-    """Every kind × proportion with the same flags; checked once before any work, written to
-    ``cfg.out`` atomically (nothing is left on failure)."""
-    from recsvc.checks import ParamError
-
+def check(cfg: EvalConfig) -> EvalConfig:
+    """The study's checks, before any work: no --level, the flags and mechanisms, a bad --n."""
     if cfg.level is not None:
         raise ParamError(
             "{level} applies only to {scenario} sweep; {scenario} proportion runs the proportions "
             f"{', '.join(f'{p:g}' for p in PROPORTIONS)}"
         )
-    mechanisms = validate(replace(cfg, scenario="1"))
-    sources = [(k, p, _BimodalSource(k, p, cfg)) for k in KINDS for p in PROPORTIONS]  # a bad --n fails here
-    cfg = runner.with_data_defaults(cfg, sources[0][2])
+    validate(replace(cfg, scenario="1"))
+    sources = [_BimodalSource(k, p, cfg) for k in KINDS for p in PROPORTIONS]  # a bad --n fails here
+    return runner.with_data_defaults(cfg, sources[0])
+
+
+def compute(cfg: EvalConfig) -> ProportionResult:
+    """Every kind × proportion with the same flags, and the paper's statements checked."""
+    mechanisms = validate(replace(cfg, scenario="1", out=None))
     eps = min(cfg.epsilons, key=lambda e: abs(math.log(e / FIGURE_EPSILON)))
     t0 = time.perf_counter()
-    with outputs.staged(cfg) as stage:
-        frames = []
-        for kind, p, source in sources:
-            res = runner.evaluate(replace(cfg, scenario=kind, out=None, force=False), mechanisms, source)
-            mse = res.mse.select("mechanism", "epsilon", pl.col("mse_mean").alias("mse"), "method")
-            if cfg.exact:
-                mse = _exact_random_stopping(mse, source.sc.scores, source.sc.sensitivities, param_values(cfg)["gamma"])
-            frames.append(mse.with_columns(kind=pl.lit(kind), correlation=pl.lit(KINDS[kind]), proportion=pl.lit(p)))
-        table = pl.concat(frames).select("kind", "correlation", "proportion", "mechanism", "epsilon", "mse", "method")
-        result = ProportionResult(cfg, table, eps, time.perf_counter() - t0)
-        result.findings = findings(table, eps)
-        if stage is not None:
-            table.write_csv(stage.tmp / PROPORTION_CSV)
-            table.write_parquet(stage.tmp / PROPORTION_PARQUET)
-            figure(result, stage.tmp / PROPORTION_PNG)
-            (stage.tmp / "report.md").write_text(markdown(result))
-            result.out = stage.publish()
-        return result
+    frames = []
+    for kind, p, source in ((k, p, _BimodalSource(k, p, cfg)) for k in KINDS for p in PROPORTIONS):
+        res = runner.evaluate(replace(cfg, scenario=kind, out=None, force=False), mechanisms, source)
+        mse = res.mse.select("mechanism", "epsilon", pl.col("mse_mean").alias("mse"), "method")
+        if cfg.exact:
+            mse = _exact_random_stopping(mse, source.sc.scores, source.sc.sensitivities, param_values(cfg)["gamma"])
+        frames.append(mse.with_columns(kind=pl.lit(kind), correlation=pl.lit(KINDS[kind]), proportion=pl.lit(p)))
+    table = pl.concat(frames).select(*PROPORTION_SCHEMA)
+    return ProportionResult(cfg, table, eps, time.perf_counter() - t0, findings(table, eps))
 
 
 def _exact_random_stopping(mse: pl.DataFrame, q: np.ndarray, d: np.ndarray, gamma: float) -> pl.DataFrame:
@@ -180,7 +178,7 @@ def findings(table: pl.DataFrame, eps: float) -> list[Finding]:
     return out
 
 
-def figure(result: ProportionResult, path: Path) -> None:
+def figures(result: ProportionResult) -> dict[str, Figure]:
     """Figure 18: MSE vs the proportion of high scores at ε, one panel per correlation."""
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), dpi=110, sharey=True)
@@ -201,17 +199,18 @@ def figure(result: ProportionResult, path: Path) -> None:
         f"{'exact where available, else ' if cfg.exact else ''}{cfg.trials} trials",
         fontsize=10,
     )
-    save_figure(fig, path)
+    return {PROPORTION_PNG: fig}
 
 
-def markdown(result: ProportionResult) -> str:
+TITLE = "Evaluation: proportion of high scores (paper Figure 18, Appendix E)"
+
+
+def body(result: ProportionResult) -> str:
     cfg, eps = result.config, result.epsilon
     values = param_values(cfg)
     t = result.table.filter(pl.col("epsilon") == eps)
     mechs = t["mechanism"].unique(maintain_order=True).to_list()
     lines = [
-        "# Evaluation: proportion of high scores (paper Figure 18, Appendix E)",
-        "",
         f"Scenarios 1 (positive), 2 (negative) and 3 (no correlation) with {len(PROPORTIONS)} proportions of high scores, "
         f"n = {cfg.n}, {cfg.trials} trials, β = {values['beta']}, γ = {values['gamma']}"
         f"{', exact probabilities where available (rs and rs_improved too in scenarios 1–2: two groups of tied candidates; Monte Carlo for rnmh, and for rs in scenario 3)' if cfg.exact else ''}; "
@@ -237,12 +236,25 @@ def markdown(result: ProportionResult) -> str:
         for i, p in enumerate(PROPORTIONS):
             row = [mse[m][i] for m in mechs]
             best = min(v for m, v in zip(mechs, row, strict=True) if m != "rnmh")
-            lines.append(
-                f"| {p:g} | "
-                + " | ".join(
-                    f"**{v:.3g}**" if v == best and m != "rnmh" else f"{v:.3g}" for m, v in zip(mechs, row, strict=True)
-                )
-                + " |"
+            cells = (
+                f"**{v:.3g}**" if v == best and m != "rnmh" else f"{v:.3g}" for m, v in zip(mechs, row, strict=True)
             )
+            lines.append(f"| {p:g} | {' | '.join(cells)} |")
     lines += ["", f"All ε in `{PROPORTION_CSV}` / `{PROPORTION_PARQUET}`."]
     return "\n".join(lines) + "\n"
+
+
+STUDY = Study(
+    title=TITLE,
+    config=EvalConfig,
+    run=compute,
+    outputs=tuple(Output(name, lambda r: r.table, PROPORTION_SCHEMA) for name in (PROPORTION_CSV, PROPORTION_PARQUET)),
+    report=body,
+    plots=figures,
+    validate=check,
+)
+
+
+def run_proportion(cfg: EvalConfig) -> ProportionResult:
+    """Every kind × proportion with the same flags, checked before any work, published atomically."""
+    return execute(STUDY, cfg)

@@ -6,16 +6,23 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from eval.evaluation import outputs
+from eval.evaluation import plots, report
 from eval.evaluation import run as runner
-from eval.evaluation.config import EvalConfig, level_dirname, validate
+from eval.evaluation.config import EvalConfig, level_dirname, protected, validate
+from eval.evaluation.outputs import SWEEP_CSV, SWEEP_PARQUET
 from eval.evaluation.results import SweepLevel, SweepResult
 from eval.evaluation.sources import ScenarioSource
 from eval.scenarios import SWEEP_LEVELS
+from eval.study import publish, report_text, write_output
+
+TITLE = "Evaluation: correlation sweep (paper Figure 10)"
+SWEEP_SCHEMA = {"level": pl.Float64, "spearman": pl.Float64, "mechanism": pl.String, "epsilon": pl.Float64}
+SWEEP_SCHEMA |= {"mse": pl.Float64, "mse_rel_rnm": pl.Float64, "method": pl.String}
 
 
 def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]:
@@ -35,30 +42,37 @@ def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]
 def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepResult:
     """Figure 10: one evaluation per sweep level (default the paper's seven) with the same seed,
     so each level equals a single run with the same flags. Everything is checked once before any
-    work; ``cfg.out`` gets ``t<level>/`` per level, ``sweep.csv``/``.parquet``, ``sweep.png`` and
-    ``report.md``, written to a temp sibling and renamed into place only when all levels are done."""
+    work; ``cfg.out`` gets ``t<level>/`` per level (the main evaluation's files), the sweep's
+    tables (schema-checked), ``sweep.png`` and ``report.md``, published together (:func:`publish`)."""
     levels = _check_levels(cfg, SWEEP_LEVELS if levels is None else levels)
     # Flags, mechanisms and --out; --level needs the sweep scenario.
     mechanisms = validate(replace(cfg, level=levels[0]))
     # validate() refuses a level with --artifacts, so each level's source is the sweep scenario at that level;
     # a bad --n / --users fails here.
     sources = [ScenarioSource(str(cfg.scenario), cfg.n, cfg.users, cfg.seed, t) for t in levels]
-    cfg = runner.with_data_defaults(cfg, sources[0])
-    t0 = time.perf_counter()
-    with outputs.staged(cfg) as stage:
-        done = []
+    result = SweepResult(runner.with_data_defaults(cfg, sources[0]), [], pl.DataFrame(), 0.0)
+
+    def compute(result: SweepResult, tmp: Path | None) -> None:
+        t0 = time.perf_counter()
         for t, source in zip(levels, sources, strict=True):
-            sub = None if stage is None else stage.tmp / level_dirname(t)
-            res = runner.evaluate(replace(cfg, level=t, out=sub, force=False), mechanisms, source)
-            q0, d0 = source.sc.row(0)
-            done.append(SweepLevel(t, float(np.median(source.sc.correlation())), q0, d0, res))
-        result = SweepResult(cfg, done, sweep_table(done), time.perf_counter() - t0)
-        if stage is not None:
-            outputs.write_sweep_outputs(result, stage.tmp)
-            result.out = stage.publish()
-            for lv in done:
-                lv.result.out = result.out / lv.dirname
+            sub = None if tmp is None else tmp / level_dirname(t)
+            res = runner.evaluate(replace(result.config, level=t, out=sub, force=False), mechanisms, source)
+            result.levels.append(SweepLevel(t, float(np.median(source.sc.correlation())), *source.sc.row(0), res))
+        result.table, result.seconds = sweep_table(result.levels), time.perf_counter() - t0
+        if tmp is not None:
+            for name in (SWEEP_CSV, SWEEP_PARQUET):
+                write_output(tmp / name, result.table, SWEEP_SCHEMA)
+            plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
+            body = report.sweep_markdown(result).split("\n", 1)[1]  # the skeleton gives the title
+            (tmp / "report.md").write_text(report_text(TITLE, result.config, body, []))
+
+    if cfg.out is None:
+        compute(result, None)
         return result
+    publish(result, compute, protect=protected(cfg))
+    for lv in result.levels:
+        lv.result.out = cfg.out / lv.dirname
+    return result
 
 
 def sweep_table(levels: Sequence[SweepLevel]) -> pl.DataFrame:
@@ -70,17 +84,6 @@ def sweep_table(levels: Sequence[SweepLevel]) -> pl.DataFrame:
         ref = np.array([rnm.get(e, np.nan) for e in mse["epsilon"].to_list()], dtype=np.float64)
         with np.errstate(invalid="ignore", divide="ignore"):
             rel = mse["mse_mean"].to_numpy() / ref
-        frames.append(
-            pl.DataFrame(
-                {
-                    "level": np.full(mse.height, lv.level),
-                    "spearman": np.full(mse.height, lv.spearman),
-                    "mechanism": mse["mechanism"],
-                    "epsilon": mse["epsilon"],
-                    "mse": mse["mse_mean"],
-                    "mse_rel_rnm": rel,
-                    "method": mse["method"],
-                }
-            )
-        )
+        head = (pl.lit(lv.level).alias("level"), pl.lit(lv.spearman).alias("spearman"), "mechanism", "epsilon")
+        frames.append(mse.select(*head, pl.col("mse_mean").alias("mse"), pl.Series("mse_rel_rnm", rel), "method"))
     return pl.concat(frames)

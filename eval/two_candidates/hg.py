@@ -24,6 +24,7 @@ import numpy as np
 import polars as pl
 
 from eval.evaluation.results import Finding
+from eval.feature_selection.config import distinct
 from eval.study import grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS
@@ -96,20 +97,14 @@ class TwoCandidateConfig:
     force: bool = setting(False, help="replace an existing --out directory")
 
 
-def _distinct(param: str, values: Sequence[float]) -> tuple[float, ...]:
-    out = tuple(float(v) for v in values)
-    if len(set(out)) != len(out):
-        raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=list(values))
-    return out
-
-
 def validate(cfg: TwoCandidateConfig) -> TwoCandidateConfig:
     """The checks the settings do not make (distinct grids, γ's and β's ranges), before any work.
     Returns the config with plain float tuples."""
     from recsvc.mechanisms.gem import BETA
     from recsvc.mechanisms.random_stopping import GAMMA
 
-    deltas, epsilons, gaps, gammas = (_distinct(p, getattr(cfg, p)) for p in ("deltas", "epsilons", "gaps", "gammas"))
+    grids = (tuple(map(float, distinct(p, getattr(cfg, p)))) for p in ("deltas", "epsilons", "gaps", "gammas"))
+    deltas, epsilons, gaps, gammas = grids
     for g in gammas:
         try:
             GAMMA.check(g)

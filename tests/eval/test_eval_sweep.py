@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.evaluation import outputs, plots
+from eval.evaluation import plots
 from eval.evaluation import report as report_module
 from eval.evaluation import run as runner
 from eval.evaluation.config import DEFAULT_EPSILONS, EvalConfig, level_dirname
@@ -213,7 +213,7 @@ def test_failed_sweep_into_new_parents_leaves_nothing(tmp_path, monkeypatch, unr
         scenario="sweep", n=10, epsilons=(1.0,), mechanisms=("rnm",), trials=2, workers=1, progress=False, out=out
     )
     with monkeypatch.context() as mp, pytest.raises(RuntimeError, match="boom"):
-        mp.setattr(outputs, "write_sweep_outputs", boom)
+        mp.setattr(plots, "sweep_figure", boom)
         run_sweep(cfg, levels=(-0.8, 0.8))  # both levels were written into the temp dir first
     assert list(tmp_path.iterdir()) == []
     result = run_sweep(cfg, levels=(-0.8, 0.8))
