@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import polars as pl
 
+from recsvc.checks import ParamError
 from recsvc.settings import check, settings_of
 from recsvc.staging import StagedDir, check_out
 
@@ -164,3 +165,21 @@ def findings_text(head: str, findings: Sequence[_Statement], out: Path | None, t
 def grid_text(values: Iterable[float]) -> str:
     """A grid as a user types it: ``0.1 1 3``."""
     return " ".join(f"{v:g}" for v in values)
+
+
+def distinct(param: str, values: Sequence[object], known: Sequence[str] | None = None) -> tuple:
+    """A grid's values, refused naming its flag when two are equal or one is not ``known``
+    (every study's grids)."""
+    if isinstance(values, str):
+        values = (values,)
+    if len(set(values)) != len(values):
+        raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=" ".join(map(str, values)))
+    if known is not None:
+        for v in values:
+            if v not in known:
+                raise ParamError(
+                    f"unknown {{{param}}} value {{value}}; expected some of {{known}}",
+                    value=repr(v),
+                    known=", ".join(known),
+                )
+    return tuple(values)

@@ -9,6 +9,7 @@ from types import MappingProxyType
 
 from eval.feature_selection.data import DATASET_FEATURES, DATASETS, SETTINGS
 from eval.feature_selection.methods import DEFAULT_LASSO_ALPHA, NEIGHBOURING
+from eval.study import distinct
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.mechanisms import check_params, get_mechanism
 from recsvc.settings import OneOf, Range, setting
@@ -51,24 +52,6 @@ class FeatureSelectionConfig:
     seed: int = setting(0, help="seed of every dataset's and trial's stream", check=Range(0, integer=True))
     force: bool = setting(False, help="replace an existing --out directory")
     progress: bool | None = None  # None: tqdm decides (off when not a TTY)
-
-
-def distinct(param: str, values: Sequence[object], known: Sequence[str] | None = None) -> tuple:
-    """A grid's values, refused naming its flag when two are equal or one is not ``known``
-    (eval-two-candidates' grids too)."""
-    if isinstance(values, str):
-        values = (values,)
-    if len(set(values)) != len(values):
-        raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=" ".join(map(str, values)))
-    if known is not None:
-        for v in values:
-            if v not in known:
-                raise ParamError(
-                    f"unknown {{{param}}} value {{value}}; expected some of {{known}}",
-                    value=repr(v),
-                    known=", ".join(known),
-                )
-    return tuple(values)
 
 
 def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:

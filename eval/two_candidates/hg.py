@@ -24,8 +24,7 @@ import numpy as np
 import polars as pl
 
 from eval.evaluation.results import Finding
-from eval.feature_selection.config import distinct
-from eval.study import grid_text
+from eval.study import distinct, grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS
 from recsvc.settings import Each, Range, setting
