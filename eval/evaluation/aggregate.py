@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from eval import metrics
 from eval.evaluation.config import EvalConfig
 from eval.evaluation.pipeline_report import PipelineReducer
-from eval.evaluation.results import EvalResult
+from eval.evaluation.results import LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult
 from eval.evaluation.work import ChunkResult
 from eval.metrics import RunningMean
 
@@ -177,34 +177,11 @@ def finish(cfg: EvalConfig, dataset: str, mechanisms: tuple[str, ...], red: Redu
                     method,
                 )
             )
-    mse = pl.DataFrame(
-        rows,
-        schema={
-            "mechanism": pl.String,
-            "epsilon": pl.Float64,
-            "mse_mean": pl.Float64,
-            "ci_low": pl.Float64,
-            "ci_high": pl.Float64,
-            "users": pl.Int64,
-            "method": pl.String,
-        },
-        orient="row",
-    )
+    mse = pl.DataFrame(rows, schema=MSE_SCHEMA, orient="row")
     rmean, rhalf = red.ratio.ci()
-    log_ratio = (
-        pl.DataFrame(
-            {
-                "epsilon": np.array(red.epsilons, dtype=np.float64),
-                "mean_log_ratio": rmean,
-                "ci_low": rmean - rhalf,
-                "ci_high": rmean + rhalf,
-                "users_defined": red.ratio.n.astype(np.int64),
-                "users_undefined": red.ratio_undefined,
-            }
-        )
-        if red.has_ratio
-        else pl.DataFrame()
-    )
+    columns = [np.array(red.epsilons, dtype=np.float64), rmean, rmean - rhalf, rmean + rhalf]
+    columns += [red.ratio.n.astype(np.int64), red.ratio_undefined]
+    log_ratio = pl.DataFrame(columns, schema=LOG_RATIO_SCHEMA, orient="col") if red.has_ratio else pl.DataFrame()
     cmean, _ = red.corr_mean.ci()
     n = max(red.users, 1)
     correlation = {

@@ -31,6 +31,16 @@ SCENARIO_POPULATION = 200  # rows of the scenario's independent public populatio
 # Monte Carlo selections per (mechanism, ε) over the whole public population, at least: a scenario
 # with one fixed row (1–3) would otherwise rank rs on a handful of draws.
 SCENARIO_MC_SAMPLES = 20_000
+# auto_regret.parquet / auto_regret.csv: one row per ε
+REGRET_SCHEMA = {
+    "epsilon": pl.Float64,
+    "auto_mechanism": pl.String,
+    "auto_mse": pl.Float64,
+    "oracle_mechanism": pl.String,
+    "oracle_mse": pl.Float64,
+    "regret_ratio": pl.Float64,
+    "regret": pl.Float64,
+}
 
 
 @dataclass(frozen=True)
@@ -156,16 +166,4 @@ def regret_table(mse: pl.DataFrame, resolved: Mapping[float, str]) -> pl.DataFra
         mine = at.filter(pl.col("mechanism") == AUTO).row(0, named=True)["mse_mean"]
         ratio = mine / best["mse_mean"] if best["mse_mean"] > 0 else (1.0 if mine == 0 else float("inf"))
         rows.append((eps, choice, mine, best["mechanism"], best["mse_mean"], ratio, mine - best["mse_mean"]))
-    return pl.DataFrame(
-        rows,
-        orient="row",
-        schema={
-            "epsilon": pl.Float64,
-            "auto_mechanism": pl.String,
-            "auto_mse": pl.Float64,
-            "oracle_mechanism": pl.String,
-            "oracle_mse": pl.Float64,
-            "regret_ratio": pl.Float64,
-            "regret": pl.Float64,
-        },
-    )
+    return pl.DataFrame(rows, orient="row", schema=REGRET_SCHEMA)

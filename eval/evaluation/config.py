@@ -141,14 +141,6 @@ def protected(cfg: EvalConfig) -> dict[str, Path]:
     return {} if cfg.artifacts is None else {"artifacts": Path(cfg.artifacts)}
 
 
-def _check_out(cfg: EvalConfig) -> None:
-    """The results directory must never touch the artifact it reads (nor the working directory):
-    :func:`recsvc.staging.check_out`. Only stats, no writes."""
-    if cfg.out is None:
-        return
-    check_out(cfg.out, cfg.force, protect=protected(cfg))
-
-
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
     """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
     :func:`eval.evaluation.run.run` calls it first; the demo calls it before building anything."""
@@ -179,7 +171,8 @@ def validate(cfg: EvalConfig) -> tuple[str, ...]:
     parse_pipelines(
         tuple(cfg.pipelines), tuple(cfg.slate_k), cfg.two_stage_m, cfg.two_stage_trials, cfg.artifacts is not None
     )
-    _check_out(cfg)
+    if cfg.out is not None:  # never the artifact it reads (nor the working directory); only stats
+        check_out(cfg.out, cfg.force, protect=protected(cfg))
     return names
 
 

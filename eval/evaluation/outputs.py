@@ -1,22 +1,49 @@
-"""A run's results directory (staged, then published atomically): tables, plots, report, summary."""
+"""A run's results directory (staged, then published atomically): tables declared with their schemas
+(:class:`eval.study.Output`, checked by :func:`eval.study.write_output`), figures, summary, report.
+Not an :func:`eval.study.execute` study: the per-user tables stream into the staged directory
+DURING the run, and ``report.md`` keeps its own layout."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from eval.evaluation import pipeline_report, plots, report
+from eval.evaluation.auto import REGRET_SCHEMA
 from eval.evaluation.config import EvalConfig, param_values, protected
-from eval.evaluation.results import EvalResult, SweepResult
+from eval.evaluation.pipeline_report import TABLE, TABLE_SCHEMA, WINNERS, WINNERS_SCHEMA
+from eval.evaluation.results import HISTOGRAM_SCHEMA, LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult, SweepResult
+from eval.study import Output, write_output
 from recsvc.staging import StagedDir
 
 SWEEP_CSV = "sweep.csv"
 SWEEP_PARQUET = "sweep.parquet"
+SUMMARY_KEYS = ("dataset", "users", "mechanisms", "epsilons", "correlation", "config", "winners", "seconds", "notes")
+
+
+def _histogram(result: EvalResult) -> pl.DataFrame:
+    edges, columns = result.hist_edges, (result.hist_spearman, result.hist_weighted)
+    return pl.DataFrame([edges[:-1], edges[1:], *columns], schema=HISTOGRAM_SCHEMA, orient="col")
+
+
+def _both(name: str, data, schema) -> tuple[Output[EvalResult], ...]:
+    """``name``.parquet and ``name``.csv of one table."""
+    return Output(f"{name}.parquet", data, schema), Output(f"{name}.csv", data, schema)
+
+
+OUTPUTS: tuple[Output[EvalResult], ...] = (  # None: not in this run (no auto, no gem+mgem, no --pipelines)
+    *_both("mse", lambda r: r.mse, MSE_SCHEMA),
+    *_both("auto_regret", lambda r: r.auto if r.auto.height else None, REGRET_SCHEMA),
+    *_both("log_ratio_summary", lambda r: r.log_ratio if r.log_ratio.height else None, LOG_RATIO_SCHEMA),
+    Output("correlation_histogram.csv", _histogram, HISTOGRAM_SCHEMA),
+    *_both(TABLE, lambda r: r.pipelines, TABLE_SCHEMA),
+    Output(WINNERS, lambda r: None if r.pipelines is None else pipeline_report.winners(r.pipelines), WINNERS_SCHEMA),
+)
 
 
 @contextmanager
@@ -30,26 +57,7 @@ def staged(cfg: EvalConfig) -> Iterator[StagedDir | None]:
         yield stage
 
 
-def write_outputs(result: EvalResult, tmp: Path) -> None:
-    """One run's aggregate tables, plots, ``summary.json`` and ``report.md`` (the per-user Parquet
-    tables were streamed there by the reducer)."""
-    result.mse.write_parquet(tmp / "mse.parquet")
-    result.mse.write_csv(tmp / "mse.csv")
-    if result.auto.height:
-        result.auto.write_parquet(tmp / "auto_regret.parquet")
-        result.auto.write_csv(tmp / "auto_regret.csv")
-    if result.log_ratio.height:
-        result.log_ratio.write_parquet(tmp / "log_ratio_summary.parquet")
-        result.log_ratio.write_csv(tmp / "log_ratio_summary.csv")
-    pl.DataFrame(
-        {
-            "bin_low": result.hist_edges[:-1],
-            "bin_high": result.hist_edges[1:],
-            "spearman_users": result.hist_spearman,
-            "weighted_users": result.hist_weighted,
-        }
-    ).write_csv(tmp / "correlation_histogram.csv")
-    plots.write_all(result, tmp)
+def _summary(result: EvalResult) -> dict[str, Any]:
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
     cfg["params"] = param_values(result.config)  # what the run used: given or each spec's default
     summary = {
@@ -65,10 +73,27 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
     }
     if result.auto.height:
         summary["auto"] = {"origin": result.auto_origin, "regret": result.auto.to_dicts()}
-    (tmp / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    text = report.markdown(result)
+    return summary
+
+
+def write_outputs(result: EvalResult, tmp: Path) -> None:
+    """One run's declared tables, figures, ``summary.json`` and ``report.md`` (the per-user Parquet
+    tables were streamed there by the reducer)."""
+    from eval.figures import save_figure  # matplotlib only for a run that writes
+
+    for output in OUTPUTS:
+        if (data := output.data(result)) is not None:
+            write_output(tmp / output.name, data, output.schema)
+    figures = plots.figures(result)
     if result.pipelines is not None:  # only with --pipelines: the default outputs stay as they were
-        text += pipeline_report.write(result, tmp)
+        figures |= pipeline_report.figures(result.pipelines)
+    for name, fig in figures.items():
+        save_figure(fig, tmp / name)
+    summary = _summary(result)
+    write_output(tmp / "summary.json", summary, (*SUMMARY_KEYS, "auto") if "auto" in summary else SUMMARY_KEYS)
+    text = report.markdown(result)
+    if result.pipelines is not None:
+        text += pipeline_report.markdown(result)
     (tmp / "report.md").write_text(text)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -12,6 +11,8 @@ from eval.evaluation.pipelines import PipelineContext
 from eval.metrics import RunningMean
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from eval.evaluation.results import EvalResult
 
 TABLE = "pipelines"  # pipelines.csv / pipelines.parquet
@@ -20,6 +21,20 @@ MSE_PNG = "pipelines_first_mse.png"
 RECALL_PNG = "pipelines_recall.png"
 MECH_MSE_PNG = "slates_first_mse.png"  # the mechanisms side by side, one panel per (pipeline, k)
 MECH_RECALL_PNG = "slates_recall.png"
+_F, _I, _S = pl.Float64, pl.Int64, pl.String
+_WITH_CI = ("first_mse", "first_mse_ci_low", "first_mse_ci_high", "recall", "recall_ci_low", "recall_ci_high")
+# pipelines.csv/.parquet: one row per pipeline × mechanism × ε × k; the winners: per pipeline × k × ε
+TABLE_SCHEMA = {"pipeline": _S, "end_to_end_dp": pl.Boolean, "mechanism": _S, "epsilon": _F, "k": _I}
+TABLE_SCHEMA |= {**dict.fromkeys(_WITH_CI, _F), "users": _I, "method": _S}
+WINNERS_SCHEMA = {
+    "pipeline": _S,
+    "k": _I,
+    "epsilon": _F,
+    "best_recall": _S,
+    "recall": _F,
+    "best_first_mse": _S,
+    "first_mse": _F,
+}
 
 
 class PipelineReducer:
@@ -70,25 +85,7 @@ class PipelineReducer:
                                 "exact" if self.exact[i] else f"monte-carlo ({trials} trials)",
                             )
                         )
-        return pl.DataFrame(
-            rows,
-            orient="row",
-            schema={
-                "pipeline": pl.String,
-                "end_to_end_dp": pl.Boolean,
-                "mechanism": pl.String,
-                "epsilon": pl.Float64,
-                "k": pl.Int64,
-                "first_mse": pl.Float64,
-                "first_mse_ci_low": pl.Float64,
-                "first_mse_ci_high": pl.Float64,
-                "recall": pl.Float64,
-                "recall_ci_low": pl.Float64,
-                "recall_ci_high": pl.Float64,
-                "users": pl.Int64,
-                "method": pl.String,
-            },
-        )
+        return pl.DataFrame(rows, orient="row", schema=TABLE_SCHEMA)
 
 
 def winners(t: pl.DataFrame) -> pl.DataFrame:
@@ -111,15 +108,15 @@ def winners(t: pl.DataFrame) -> pl.DataFrame:
 
 
 def _figure(
-    t: pl.DataFrame, column: str, ylabel: str, path: Path, log_y: bool, panel: str = "mechanism", line: str = "pipeline"
-) -> None:
+    t: pl.DataFrame, column: str, ylabel: str, log_y: bool, panel: str = "mechanism", line: str = "pipeline"
+) -> Figure:
     """One panel per (``panel`` value, k), one line per ``line`` value, across ε."""
-    from eval.figures import pyplot, save_figure
+    from eval.figures import pyplot
 
     plt = pyplot()
     rows = t[panel].unique(maintain_order=True).to_list()
     ks = t["k"].unique(maintain_order=True).to_list()
-    fig, axes = plt.subplots(len(rows), len(ks), figsize=(4.2 * len(ks), 3.2 * len(rows)), squeeze=False)
+    fig, axes = plt.subplots(len(rows), len(ks), figsize=(4.2 * len(ks), 3.2 * len(rows)), dpi=110, squeeze=False)
     for r, name in enumerate(rows):
         for c, k in enumerate(ks):
             ax = axes[r][c]
@@ -144,7 +141,7 @@ def _figure(
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
-    save_figure(fig, path, dpi=110)
+    return fig
 
 
 def _cell(row: dict, column: str) -> str:
@@ -197,16 +194,12 @@ def markdown(result: EvalResult) -> str:
     return "\n".join(lines)
 
 
-def write(result: EvalResult, tmp: Path) -> str:
-    """pipelines.csv/.parquet and the two figures into ``tmp``; returns the report section."""
-    t = result.pipelines
-    assert t is not None
-    t.write_csv(tmp / f"{TABLE}.csv")
-    t.write_parquet(tmp / f"{TABLE}.parquet")
-    _figure(t, "first_mse", "first-item MSE", tmp / MSE_PNG, log_y=True)
-    _figure(t, "recall", "recall of true top-k", tmp / RECALL_PNG, log_y=False)
-    winners(t).write_csv(tmp / WINNERS)
+def figures(t: pl.DataFrame) -> dict[str, Figure]:
+    """The pipelines' figures: per mechanism (one line per pipeline), then per pipeline."""
     by_pipe = {"panel": "pipeline", "line": "mechanism"}
-    _figure(t, "first_mse", "first-item MSE", tmp / MECH_MSE_PNG, log_y=True, **by_pipe)
-    _figure(t, "recall", "recall of true top-k", tmp / MECH_RECALL_PNG, log_y=False, **by_pipe)
-    return markdown(result)
+    return {
+        MSE_PNG: _figure(t, "first_mse", "first-item MSE", log_y=True),
+        RECALL_PNG: _figure(t, "recall", "recall of true top-k", log_y=False),
+        MECH_MSE_PNG: _figure(t, "first_mse", "first-item MSE", log_y=True, **by_pipe),
+        MECH_RECALL_PNG: _figure(t, "recall", "recall of true top-k", log_y=False, **by_pipe),
+    }

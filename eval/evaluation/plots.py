@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from eval.figures import pyplot, save_figure
+from eval.figures import pyplot
 from recsvc.policy import AUTO
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from eval.evaluation.results import EvalResult, SweepResult
 
 CORRELATION_PNG = "correlation_hist.png"
@@ -21,7 +23,7 @@ SWEEP_PNG = "sweep.png"
 _MARKERS = "osD^v<>pP*Xh"
 
 
-def correlation_hist(result: EvalResult, path: Path) -> None:
+def correlation_hist(result: EvalResult) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     edges = result.hist_edges
@@ -54,10 +56,10 @@ def correlation_hist(result: EvalResult, path: Path) -> None:
     ax.set_ylabel("users")
     ax.set_xlim(-1, 1)
     ax.legend(fontsize=8, loc="upper left")
-    save_figure(fig, path)
+    return fig
 
 
-def log_ratio_scatter(result: EvalResult, path: Path) -> None:
+def log_ratio_scatter(result: EvalResult) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     s = result.scatter
@@ -78,7 +80,7 @@ def log_ratio_scatter(result: EvalResult, path: Path) -> None:
     )
     ax.set_xlabel("Spearman ρ(q, Δ)")
     ax.set_ylabel("log ratio  (> 0: mGEM better)")
-    save_figure(fig, path)
+    return fig
 
 
 def mechanism_label(mech: str) -> str:
@@ -106,7 +108,7 @@ def line_style(plt, i: int, mech: str) -> dict:
     }
 
 
-def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
+def mse_vs_epsilon(result: EvalResult) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8.2, 4.5), dpi=110)
     drawn: list[float] = []
@@ -130,15 +132,16 @@ def mse_vs_epsilon(result: EvalResult, path: Path) -> None:
     )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    save_figure(fig, path)
+    return fig
 
 
-def write_all(result: EvalResult, out: Path) -> list[Path]:
-    paths = [out / CORRELATION_PNG, out / LOG_RATIO_PNG, out / MSE_PNG]
-    correlation_hist(result, paths[0])
-    log_ratio_scatter(result, paths[1])
-    mse_vs_epsilon(result, paths[2])
-    return paths
+def figures(result: EvalResult) -> dict[str, Figure]:
+    """File name → figure of one run (saved by :func:`eval.evaluation.outputs.write_outputs`)."""
+    return {
+        CORRELATION_PNG: correlation_hist(result),
+        LOG_RATIO_PNG: log_ratio_scatter(result),
+        MSE_PNG: mse_vs_epsilon(result),
+    }
 
 
 def _log_axes(ax, epsilons: tuple[float, ...], values: list[float]) -> None:

@@ -14,6 +14,15 @@ import polars as pl
 from eval.evaluation.config import EvalConfig, level_dirname
 from recsvc.policy import AUTO
 
+_F, _I, _S = pl.Float64, pl.Int64, pl.String
+# Aggregate tables: mse (per mechanism × ε), log_ratio_summary (per ε, only with gem and mgem), the histogram
+MSE_SCHEMA = {"mechanism": _S, "epsilon": _F, "mse_mean": _F, "ci_low": _F, "ci_high": _F, "users": _I, "method": _S}
+LOG_RATIO_SCHEMA = {
+    **dict.fromkeys(("epsilon", "mean_log_ratio", "ci_low", "ci_high"), _F),
+    **dict.fromkeys(("users_defined", "users_undefined"), _I),
+}
+HISTOGRAM_SCHEMA = {"bin_low": _F, "bin_high": _F, "spearman_users": _I, "weighted_users": _I}
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -33,9 +42,9 @@ class EvalResult:
     mechanisms: tuple[str, ...]
     epsilons: tuple[float, ...]
     users: int
-    mse: pl.DataFrame  # mechanism, epsilon, mse_mean, ci_low, ci_high, users, method
+    mse: pl.DataFrame  # MSE_SCHEMA
     correlation: dict[str, Any]
-    log_ratio: pl.DataFrame  # epsilon, mean, median-free summary, users_defined, users_undefined
+    log_ratio: pl.DataFrame  # LOG_RATIO_SCHEMA; empty without gem and mgem
     hist_edges: np.ndarray
     hist_spearman: np.ndarray
     hist_weighted: np.ndarray

@@ -27,7 +27,7 @@ def toy(tmp_path_factory):
 def _no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """Runs write no PNGs: rendering them is most of a small run's CPU, and the tests that call this
     compare tables or measure the evaluation. test_outputs_report_and_cli checks the figures."""
-    monkeypatch.setattr(plots, "write_all", lambda result, out: [])
+    monkeypatch.setattr(plots, "figures", lambda result: {})
 
 
 def test_same_seed_identical_across_chunking_processes_and_dask(toy, tmp_path, monkeypatch):

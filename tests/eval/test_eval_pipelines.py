@@ -223,15 +223,9 @@ def test_artifact_without_test_inputs_is_refused_before_any_output(tmp_path, one
 
 
 def test_pipeline_outputs_are_written_only_when_asked(art, tmp_path, monkeypatch):
-    # The default figures are empty files here (test_outputs_report_and_cli renders them); the
-    # pipeline and slate figures, rendered by no other test, are rendered.
-    def unrendered(result, out):
-        names = (plots.CORRELATION_PNG, plots.LOG_RATIO_PNG, plots.MSE_PNG)
-        for name in names:
-            (out / name).write_bytes(b"")
-        return [out / name for name in names]
-
-    monkeypatch.setattr(plots, "write_all", unrendered)
+    # No default figures here (test_outputs_report_and_cli renders them); the pipeline and slate
+    # figures, rendered by no other test, are rendered.
+    monkeypatch.setattr(plots, "figures", lambda result: {})
     base = [
         "eval",
         "--artifacts",
