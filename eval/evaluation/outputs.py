@@ -97,14 +97,6 @@ def write_outputs(result: EvalResult, tmp: Path) -> None:
     (tmp / "report.md").write_text(text)
 
 
-def write_sweep_outputs(result: SweepResult, tmp: Path) -> None:
-    """The sweep's table, figure and ``report.md`` (each level's directory is already in ``tmp``)."""
-    result.table.write_csv(tmp / SWEEP_CSV)
-    result.table.write_parquet(tmp / SWEEP_PARQUET)
-    plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
-    (tmp / "report.md").write_text(report.sweep_markdown(result))
-
-
 def summary(result: EvalResult | SweepResult) -> tuple[str, Path | None]:
     """The short text summary for the terminal/demo and the path of ``report.md`` (if written)."""
     text = report.sweep_summary_text(result) if isinstance(result, SweepResult) else report.summary_text(result)
