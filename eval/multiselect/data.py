@@ -9,7 +9,7 @@ nothing). Its clipped form clip(v, lo, hi) is the reference of the paper's MSE.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ from eval.multiselect import theory
 from eval.multiselect.theory import check_grids
 from eval.study import grid_text
 from recsvc.checks import ParamError
-from recsvc.settings import Range, check, setting
+from recsvc.settings import Range, setting
 from recsvc.staging import check_out
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 5, 10, 20)
@@ -88,32 +88,20 @@ class DatasetConfig:
 
 
 def validate(cfg: DatasetConfig) -> DatasetConfig:
-    """Every check that needs no data; nothing is created. The grids come back sorted."""
+    """The checks that need no data (after the settings'), and ``out`` against each artifact, which
+    ``force`` must never replace (eval.study's own check knows no inputs). The grids come back sorted."""
     from recsvc.engines import resolve_workers
 
     if not cfg.artifacts:
         raise ParamError("{artifacts}: give at least one artifact directory")
     if len({Path(a).resolve() for a in cfg.artifacts}) != len(cfg.artifacts):
         raise ParamError("{artifacts} must be distinct, got {value}", value=" ".join(map(str, cfg.artifacts)))
-    check(cfg)
     ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
     resolve_workers(cfg.workers)
     if cfg.out is not None:
         for a in cfg.artifacts:
             check_out(cfg.out, cfg.force, protect={"artifacts": Path(a)})
-    return DatasetConfig(
-        tuple(Path(a) for a in cfg.artifacts),
-        cfg.out,
-        cfg.users,
-        ks,
-        epsilons,
-        cfg.trials,
-        cfg.seed,
-        cfg.workers,
-        cfg.chunk_size,
-        cfg.progress,
-        cfg.force,
-    )
+    return replace(cfg, artifacts=tuple(Path(a) for a in cfg.artifacts), ks=ks, epsilons=epsilons)
 
 
 @dataclass(frozen=True)

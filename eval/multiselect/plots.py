@@ -3,13 +3,17 @@ in the setting of the source paper's Figure 2, and ε·k·error against k."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
 
-from eval.figures import pyplot, save_figure
+from eval.figures import pyplot
 from recsvc.multiselection import identity_offsets, signal_log_density
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 OFFSETS_PNG = "offsets.png"
 SCALED_ERROR_PNG = "scaled_error.png"
@@ -18,7 +22,7 @@ FIGURE_EPSILONS = (0.3, 0.5, 1.0)
 _MARKERS = "osD^v<>p"
 
 
-def offsets_figure(path: Path) -> None:
+def offsets_figure() -> Figure:
     """Laplace densities ρ(t) for each ε, with the k = 5 optimal offsets as dots on them. Drawn
     for the paper's setting whatever the table's grid, so the figure is comparable."""
     plt = pyplot()
@@ -33,10 +37,10 @@ def offsets_figure(path: Path) -> None:
     ax.set_ylabel("noise density ρ(t)")
     ax.set_title(f"Optimal server response, k = {FIGURE_K}, h(t) = t (Laplace noise of scale 1/ε)", fontsize=9)
     ax.legend(fontsize=8)
-    save_figure(fig, path)
+    return fig
 
 
-def scaled_error_figure(table: pl.DataFrame, path: Path) -> None:
+def scaled_error_figure(table: pl.DataFrame) -> Figure:
     """ε·k·f(ε, k) against k, exact (lines) and Monte Carlo (open markers), one series per ε, with
     the limit 2: the O(1/(εk)) rate. The exact curves coincide, since f scales as 1/ε."""
     plt = pyplot()
@@ -55,13 +59,11 @@ def scaled_error_figure(table: pl.DataFrame, path: Path) -> None:
     ax.set_ylabel("ε · k · error")
     ax.set_title("Error of the optimal k results, scaled by εk (lines exact, markers Monte Carlo)", fontsize=9)
     ax.legend(fontsize=8)
-    save_figure(fig, path)
+    return fig
 
 
-def write_all(table: pl.DataFrame, directory: Path) -> tuple[str, ...]:
-    offsets_figure(directory / OFFSETS_PNG)
-    scaled_error_figure(table, directory / SCALED_ERROR_PNG)
-    return OFFSETS_PNG, SCALED_ERROR_PNG
+def theory_figures(table: pl.DataFrame) -> dict[str, Figure]:
+    return {OFFSETS_PNG: offsets_figure(), SCALED_ERROR_PNG: scaled_error_figure(table)}
 
 
 UTILITY_PNG = "utility_fraction.png"
@@ -74,14 +76,15 @@ _PANELS = (
 )
 
 
-def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) -> None:
+def measure_figure(table: pl.DataFrame, measure: str, label: str) -> Figure:
     """One row of panels per dataset, one panel per server response: the measure against ε with
     one line per k, the central modes at k = 1 (black: Recommend over the catalog; grey dashed:
     Select over the top 500, not end-to-end DP) and the non-private best item (dotted)."""
     plt = pyplot()
     datasets = table["dataset"].unique(maintain_order=True).to_list()
+    n, right = len(datasets), _legend_right()
     fig, axes = plt.subplots(
-        len(datasets), len(_PANELS), figsize=(14.5, 3.3 * len(datasets)), dpi=80, squeeze=False, sharey="row"
+        n, len(_PANELS), figsize=(14.5, 3.3 * n), dpi=80, squeeze=False, sharey="row", FigureClass=right
     )
     cmap = plt.get_cmap("viridis")
     for row, name in enumerate(datasets):
@@ -93,31 +96,10 @@ def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) ->
             for i, k in enumerate(ks):
                 m = t.filter((pl.col("mode") == mode) & (pl.col("k") == k)).sort("epsilon")
                 color = cmap(i / max(1, len(ks) - 1) * 0.9)
-                ax.errorbar(
-                    m["epsilon"],
-                    m[measure],
-                    yerr=m[f"{measure}_ci"],
-                    color=color,
-                    marker="o",
-                    ms=3,
-                    lw=1.2,
-                    capsize=2,
-                    label=f"k = {k}",
-                )
+                _bars(ax, m, measure, color=color, marker="o", ms=3, label=f"k = {k}")
             for central, (color, marker, ls) in _CENTRAL.items():
                 m = t.filter(pl.col("mode") == central).sort("epsilon")
-                ax.errorbar(
-                    m["epsilon"],
-                    m[measure],
-                    yerr=m[f"{measure}_ci"],
-                    color=color,
-                    marker=marker,
-                    ms=4,
-                    ls=ls,
-                    lw=1.2,
-                    capsize=2,
-                    label=central,
-                )
+                _bars(ax, m, measure, color=color, marker=marker, ms=4, ls=ls, label=central)
             if best.len():
                 ax.axhline(float(best[0]), color="k", ls=":", lw=0.8, label="non-private best")
             ax.set_xscale("log")
@@ -130,12 +112,27 @@ def measure_figure(table: pl.DataFrame, measure: str, label: str, path: Path) ->
         axes[row, 0].set_ylabel(label)
     handles, labels = axes[0, -1].get_legend_handles_labels()
     fig.legend(handles, labels, fontsize=7, loc="center right")
-    fig.tight_layout(rect=(0, 0, 0.83, 1))
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
-def write_dataset_plots(table: pl.DataFrame, directory: Path) -> tuple[str, ...]:
-    measure_figure(table, "utility_fraction", "fraction of optimal utility", directory / UTILITY_PNG)
-    measure_figure(table, "hit_rate", "hit rate on held-out targets", directory / HIT_RATE_PNG)
-    return UTILITY_PNG, HIT_RATE_PNG
+def _bars(ax: Any, m: pl.DataFrame, measure: str, **style: Any) -> None:
+    ax.errorbar(m["epsilon"], m[measure], yerr=m[f"{measure}_ci"], lw=1.2, capsize=2, **style)
+
+
+@cache
+def _legend_right() -> type[Figure]:
+    """A figure whose layout leaves its right 17% to the legend (save_figure's plain tight_layout() would not)."""
+    from matplotlib.figure import Figure
+
+    class LegendRight(Figure):
+        def tight_layout(self, **kwargs: Any) -> None:
+            super().tight_layout(**{**kwargs, "rect": (0, 0, 0.83, 1)})
+
+    return LegendRight
+
+
+def dataset_figures(table: pl.DataFrame) -> dict[str, Figure]:
+    return {
+        UTILITY_PNG: measure_figure(table, "utility_fraction", "fraction of optimal utility"),
+        HIT_RATE_PNG: measure_figure(table, "hit_rate", "hit rate on held-out targets"),
+    }

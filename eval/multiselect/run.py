@@ -1,16 +1,18 @@
 """`recsvc eval-multiselect --artifacts`: runs :mod:`eval.multiselect.eval` over each artifact's
-test users on an engine, and writes ``multiselect.csv``, the plots and ``report.md`` atomically."""
+test users on an engine; eval.study writes ``multiselect.csv``, the plots and ``report.md`` atomically."""
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import polars as pl
 
 from eval.metrics import RunningMean
+from eval.multiselect import plots
 from eval.multiselect.data import DatasetConfig, DatasetSource, validate
 from eval.multiselect.eval import (
     MEASURES,
@@ -24,10 +26,10 @@ from eval.multiselect.eval import (
     lattice_points,
     rows,
 )
-from eval.study import publish
+from eval.study import Output, Study, execute
 
 CSV = "multiselect.csv"
-REPORT = "report.md"
+REPORT = "report.md"  # written by eval.study
 SCHEMA = {
     "dataset": pl.String,
     "mode": pl.String,
@@ -46,9 +48,7 @@ class DatasetResult:
     table: pl.DataFrame
     seconds: float
     users: dict[str, int]  # dataset → users evaluated
-    figures: tuple[str, ...] = ()
     out: Path | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def _mechanism(mode: str, eps: float, auto: AutoPolicy, catalog: int) -> str:
@@ -113,9 +113,8 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     return pl.DataFrame(out, schema=SCHEMA)
 
 
-def run_datasets(cfg: DatasetConfig) -> DatasetResult:
-    """Validates, opens every artifact (all checks before any output), evaluates, writes ``cfg.out``."""
-    cfg = validate(cfg)
+def compute(cfg: DatasetConfig) -> DatasetResult:
+    """Opens every artifact (all its checks before any output), then evaluates."""
     sources = [DatasetSource(a, cfg.users, cfg.ks) for a in cfg.artifacts]
     for s in sources:  # `auto` resolves, or the run stops here, before any output
         AutoPolicy.of(s).choose(cfg.epsilons[0], s.artifact.items.height)
@@ -124,16 +123,7 @@ def run_datasets(cfg: DatasetConfig) -> DatasetResult:
         raise ValueError(f"--artifacts: two artifacts of the same dataset {names}; expected one per dataset")
     t0 = time.perf_counter()
     table = pl.concat([_evaluate(cfg, s) for s in sources])
-    result = DatasetResult(cfg, table, time.perf_counter() - t0, {s.name: s.total for s in sources})
-    return publish(result, _write, protect={"artifacts": cfg.artifacts[0]})
-
-
-def _write(result: DatasetResult, tmp: Path) -> None:
-    from eval.multiselect import plots
-
-    result.table.write_csv(tmp / CSV)
-    result.figures = plots.write_dataset_plots(result.table, tmp)
-    (tmp / REPORT).write_text(report(result))
+    return DatasetResult(cfg, table, time.perf_counter() - t0, {s.name: s.total for s in sources})
 
 
 def _fmt(x: float, ci: float, pct: bool = True) -> str:
@@ -170,11 +160,9 @@ def headline(table: pl.DataFrame, epsilon: float = 1.0) -> list[str]:
 
 
 def report(result: DatasetResult) -> str:
-    """report.md: how the run was made, and one table per dataset (values in %, MSE as is)."""
+    """report.md's body: how the run was made, and one table per dataset (values in %, MSE as is)."""
     cfg = result.config
     lines = [
-        "# Multi-selection against the central modes",
-        "",
         f"`recsvc eval-multiselect` on {', '.join(f'{n} ({u} test users)' for n, u in result.users.items())}; "
         f"ε ∈ {{{', '.join(f'{e:g}' for e in cfg.epsilons)}}}, k ∈ {{{', '.join(map(str, cfg.ks))}}}, "
         f"{cfg.trials} signals (and selections) per user and ε, seed {cfg.seed}; {result.seconds:.0f} s.",
@@ -212,5 +200,18 @@ def summary(result: DatasetResult) -> str:
         *headline(result.table),
     ]
     if result.out is not None:
-        lines.append(f"written: {result.out / CSV}, {result.out / REPORT}" + "".join(f", {f}" for f in result.figures))
+        lines.append(f"written: {result.out / CSV}, {result.out / REPORT}, {plots.UTILITY_PNG}, {plots.HIT_RATE_PNG}")
     return "\n".join(lines)
+
+
+STUDY = Study(
+    title="Multi-selection against the central modes",
+    config=DatasetConfig,
+    run=compute,
+    outputs=(Output(CSV, lambda r: r.table, SCHEMA),),
+    report=report,
+    plots=lambda r: plots.dataset_figures(r.table),
+    validate=validate,
+)
+
+run_datasets = partial(execute, STUDY)

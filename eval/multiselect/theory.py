@@ -2,7 +2,7 @@
 (docs/concepts/multi-selection.md).
 
 For each k and ε of the grid, ``theory.csv`` has the exact error f(ε, k) of the server's optimal
-response to a Laplace signal (h(t) = t), a seeded Monte Carlo estimate of it, and the offsets.
+response to a Laplace signal (h(t) = t), a seeded Monte Carlo estimate and the offsets (eval.study writes it).
 """
 
 from __future__ import annotations
@@ -10,23 +10,25 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
-from eval.study import publish
+from eval.multiselect import plots
+from eval.study import Output, Study, execute, grid_text
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.multiselection import monte_carlo_error, optimal_response
 from recsvc.rng import user_stream
-from recsvc.settings import Range, check, setting
-from recsvc.staging import check_out
+from recsvc.settings import Range, setting
 
 DEFAULT_KS: tuple[int, ...] = (1, 2, 3, 5, 10, 20, 50)
 DEFAULT_EPSILONS: tuple[float, ...] = (0.3, 0.5, 1.0, 2.0)
 DEFAULT_MC_DRAWS = 100_000
 THEORY_CSV = "theory.csv"
-COLUMNS = ("k", "epsilon", "error", "mc_error", "offsets")
+SCHEMA = {"k": pl.Int64, "epsilon": pl.Float64, "error": pl.Float64, "mc_error": pl.Float64, "offsets": pl.String}
+COLUMNS = tuple(SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,6 @@ class TheoryResult:
     table: pl.DataFrame
     max_z: float  # the largest |mc_error − error| in standard errors
     seconds: float
-    figures: tuple[str, ...] = ()
     out: Path | None = None
 
 
@@ -69,12 +70,9 @@ def check_grids(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[tuple[int
 
 
 def validate(cfg: TheoryConfig) -> TheoryConfig:
-    """Every check before any work (no output is created). Returns the grids as sorted tuples."""
-    check(cfg)
+    """The grids' and the seed's checks (after the settings'). Returns the grids as sorted tuples."""
     ks, epsilons = check_grids(cfg.ks, cfg.epsilons)
     seed = check_int("seed", cfg.seed, 0)
-    if cfg.out is not None:
-        check_out(cfg.out, cfg.force)
     return TheoryConfig(cfg.out, ks, epsilons, int(cfg.mc_draws), seed, cfg.force)
 
 
@@ -90,37 +88,51 @@ def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:
             max_z = max(max_z, abs(mean - response.error) / se)
             offsets = " ".join(f"{a:.15g}" for a in response.offsets)
             rows.append({"k": k, "epsilon": eps, "error": response.error, "mc_error": mean, "offsets": offsets})
-    schema = {"k": pl.Int64, "epsilon": pl.Float64, "error": pl.Float64, "mc_error": pl.Float64, "offsets": pl.String}
-    return pl.DataFrame(rows, schema=schema), max_z
+    return pl.DataFrame(rows, schema=SCHEMA), max_z
 
 
-def run_theory(cfg: TheoryConfig) -> TheoryResult:
-    """Validates, computes the table, and writes ``theory.csv`` and the plots to ``cfg.out``
-    atomically (a temp sibling renamed into place; nothing is left on failure)."""
-    cfg = validate(cfg)
+def compute(cfg: TheoryConfig) -> TheoryResult:
     t0 = time.perf_counter()
     table, max_z = theory_table(cfg)
-    return publish(TheoryResult(cfg, table, max_z, time.perf_counter() - t0), _write)
+    return TheoryResult(cfg, table, max_z, time.perf_counter() - t0)
 
 
-def _write(result: TheoryResult, tmp: Path) -> None:
-    from eval.multiselect import plots
-
-    result.table.write_csv(tmp / THEORY_CSV)
-    result.figures = plots.write_all(result.table, tmp)
-
-
-def summary(result: TheoryResult) -> str:
+def findings(result: TheoryResult) -> list[str]:
+    """How close the Monte Carlo estimate is, and ε·k·error at the largest k (the limit is 2)."""
     t = result.table
     scaled = (t["epsilon"] * t["k"] * t["error"]).to_numpy()
     largest = int(np.argmax(t["k"].to_numpy()))
-    lines = [
+    return [
         f"multi-selection theory: {t.height} (k, ε) rows in {result.seconds:.1f} s; Monte Carlo within "
         f"{result.max_z:.2f} standard errors of the exact error ({result.config.mc_draws:,} draws each)",
         f"ε·k·error at k = {int(t['k'][largest])}: {scaled[largest]:.4f} (the limit is 2)",
     ]
-    if result.out is not None:
-        lines.append(f"written: {result.out / THEORY_CSV}" + "".join(f", {f}" for f in result.figures))
+
+
+def body(result: TheoryResult) -> str:
+    """report.md's body: the grids (not settings, so not in its table of settings) and the findings."""
+    cfg = result.config
+    grids = f"k ∈ {{{grid_text(cfg.ks)}}}, ε ∈ {{{grid_text(cfg.epsilons)}}}, seed {cfg.seed}"
+    return "\n".join([f"`{THEORY_CSV}` for {grids}.", "", *(f"- {x}" for x in findings(result))])
+
+
+STUDY = Study(
+    title="Multi-selection theory",
+    config=TheoryConfig,
+    run=compute,
+    outputs=(Output(THEORY_CSV, lambda r: r.table, SCHEMA),),
+    report=body,
+    plots=lambda r: plots.theory_figures(r.table),
+    validate=validate,
+)
+
+run_theory = partial(execute, STUDY)
+
+
+def summary(result: TheoryResult) -> str:
+    lines = findings(result)
+    if (o := result.out) is not None:
+        lines.append(f"written: {o / THEORY_CSV}, {o / 'report.md'}, {plots.OFFSETS_PNG}, {plots.SCALED_ERROR_PNG}")
     return "\n".join(lines)
 
 

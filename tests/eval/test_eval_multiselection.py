@@ -21,7 +21,7 @@ def test_theory_csv_holds_the_closed_form_and_a_close_monte_carlo(tmp_path, caps
     assert recsvc_main(["eval-multiselect", "--theory", "--out", str(out), *GRID]) == 0
     printed = capsys.readouterr().out
     assert "6 (k, ε) rows" in printed and "theory.csv" in printed
-    assert {p.name for p in out.iterdir()} == {"theory.csv", "offsets.png", "scaled_error.png"}
+    assert {p.name for p in out.iterdir()} == {"theory.csv", "report.md", "offsets.png", "scaled_error.png"}
     assert not list(tmp_path.glob(".ms*"))  # no temp sibling left
     t = pl.read_csv(out / "theory.csv")
     assert tuple(t.columns) == COLUMNS
