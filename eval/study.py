@@ -172,6 +172,8 @@ def distinct(param: str, values: Sequence[object], known: Sequence[str] | None =
     (every study's grids)."""
     if isinstance(values, str):
         values = (values,)
+    if not values:
+        raise ParamError(f"{{{param}}} is empty; give at least one value")
     if len(set(values)) != len(values):
         raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=" ".join(map(str, values)))
     if known is not None:

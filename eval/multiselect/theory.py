@@ -17,7 +17,7 @@ import numpy as np
 import polars as pl
 
 from eval.multiselect import plots
-from eval.study import Output, Study, execute, grid_text
+from eval.study import Output, Study, distinct, execute, grid_text
 from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.multiselection import monte_carlo_error, optimal_response
 from recsvc.rng import user_stream
@@ -52,20 +52,13 @@ class TheoryResult:
     out: Path | None = None
 
 
-def _distinct(param: str, values: Sequence[object]) -> None:
-    if not values:
-        raise ParamError(f"{{{param}}} is empty; give at least one value")
-    if len(set(values)) != len(values):
-        raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=" ".join(map(str, values)))
-
-
 def check_grids(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """The k and ε grids of either `eval-multiselect` mode as sorted tuples: integers k ≥ 1 and
     finite ε > 0, each distinct; a ParamError naming the flag otherwise."""
     ks = tuple(check_int("ks", k, 1) for k in ks)
     eps = tuple(check_epsilon(e, "{epsilons}", ParamError) for e in epsilons)
-    _distinct("ks", ks)
-    _distinct("epsilons", eps)
+    distinct("ks", ks)
+    distinct("epsilons", eps)
     return tuple(sorted(ks)), tuple(sorted(eps))
 
 
