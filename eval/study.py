@@ -167,12 +167,12 @@ def grid_text(values: Iterable[float]) -> str:
     return " ".join(f"{v:g}" for v in values)
 
 
-def distinct(param: str, values: Sequence[object], known: Sequence[str] | None = None) -> tuple:
-    """A grid's values, refused naming its flag when two are equal or one is not ``known``
-    (every study's grids)."""
+def distinct(param: str, values: Sequence[object], known: Sequence[str] | None = None, empty: bool = True) -> tuple:
+    """A grid's values, refused naming its flag when two are equal, one is not ``known``, or there
+    are none and ``empty`` is false (every study's grids)."""
     if isinstance(values, str):
         values = (values,)
-    if not values:
+    if not values and not empty:
         raise ParamError(f"{{{param}}} is empty; give at least one value")
     if len(set(values)) != len(values):
         raise ParamError(f"{{{param}}} must be distinct, got {{values}}", values=" ".join(map(str, values)))

@@ -57,8 +57,8 @@ def check_grids(ks: Sequence[int], epsilons: Sequence[float]) -> tuple[tuple[int
     finite ε > 0, each distinct; a ParamError naming the flag otherwise."""
     ks = tuple(check_int("ks", k, 1) for k in ks)
     eps = tuple(check_epsilon(e, "{epsilons}", ParamError) for e in epsilons)
-    distinct("ks", ks)
-    distinct("epsilons", eps)
+    distinct("ks", ks, empty=False)
+    distinct("epsilons", eps, empty=False)
     return tuple(sorted(ks)), tuple(sorted(eps))
 
 
