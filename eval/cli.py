@@ -5,13 +5,28 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from eval.evaluation.config import EvalConfig
 from eval.study import findings_text
 from recsvc.mechanisms import add_param_arguments, params_from_namespace
-from recsvc.settings import add_argument, add_arguments, from_namespace, settings_of
+from recsvc.settings import add_argument, add_arguments, from_namespace, setting, settings_of
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What a command chooses to run, read by the command itself before any config is built."""
+
+    # a number is EvalConfig's level; 'all' is another run, the whole sweep
+    level: str | None = setting(
+        None,
+        unit="level",
+        help="sweep level t, only with --scenario sweep (default 0.8), or 'all': the paper's seven "
+        "(-5 -0.8 -0.3 0 0.3 0.8 5) in one results directory with sweep.csv, sweep.png, report.md",
+    )
+    theory: bool = setting(False, help="the 1-D theory")  # a mode of eval-multiselect, like a sub-command
 
 
 def _flag(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: type, name: str, **changes: Any) -> None:
@@ -62,13 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="synthetic users = score draws (default: 1 for scenarios 1–3, 1000 for 4–6, 5000 for 7–8, "
         "100 independent instances per sweep level)",
     )
-    # Not a setting: a number is the config's level, 'all' another run (the whole sweep).
-    s.add_argument(
-        "--level",
-        default=None,
-        help="sweep level t, only with --scenario sweep (default 0.8), or 'all': the paper's seven "
-        "(-5 -0.8 -0.3 0 0.3 0.8 5) in one results directory with sweep.csv, sweep.png, report.md",
-    )
+    add_arguments(s, Choices, only=("level",))
     add_arguments(s, EvalConfig, only=("out",))
     _common(s)
     s.set_defaults(func=_run_synthetic)
@@ -119,7 +128,7 @@ def _register_multiselect(sub: argparse._SubParsersAction) -> None:
         "the same ε: multiselect.csv (utility fraction, hit rate, MSE with 95%% CIs), plots, report.md.",
     )
     mode = m.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--theory", action="store_true", help="the 1-D theory")  # a mode, like a sub-command
+    add_arguments(mode, Choices, only=("theory",))
     add_arguments(mode, DatasetConfig, only=("artifacts",))
     add_arguments(m, DatasetConfig, only=("out", "ks", "epsilons"))
     add_arguments(m, TheoryConfig, only=("mc_draws",))
