@@ -27,17 +27,6 @@ from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
 
-def sample_categorical(log_p: np.ndarray, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
-    """``size`` draws from the distribution exp(log_p) by inverse CDF (one uniform per draw).
-
-    Zero-probability candidates are never returned (their CDF step is empty).
-    """
-    cdf = np.cumsum(np.exp(log_p - log_p.max()))
-    u = rng.random(size) * cdf[-1]
-    # numpy types ufunc calls as Any; searchsorted's intp indices keep their dtype through the minimum.
-    return cast("npt.NDArray[np.intp]", np.minimum(np.searchsorted(cdf, u, side="right"), log_p.shape[0] - 1))
-
-
 def _argmax_rows(z: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
     """argmax of each row (the lowest index wins a tie); numpy types argmax along an axis as Any."""
     return cast("npt.NDArray[np.intp]", z.argmax(axis=1))

@@ -127,11 +127,6 @@ def uniform_below(n: int, words: Words) -> int:
     return words.draw(lambda nxt: _below(n, nxt))
 
 
-def bernoulli(num: int, den: int, words: Words) -> bool:
-    """Bernoulli(num/den) for 0 ≤ num ≤ den: uniform_below(den) < num."""
-    return words.draw(lambda nxt: _below(den, nxt)) < num
-
-
 def bernoulli_exp(num: int, den: int, words: Words) -> bool:
     """Bernoulli(exp(−num/den)) for num ≥ 0, den ≥ 1 (CKS Algorithm 1): while γ > 1, a
     Bernoulli(exp(−1)) that must succeed and γ ← γ − 1; then for γ ≤ 1 the least K with
