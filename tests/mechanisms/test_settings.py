@@ -158,3 +158,20 @@ def test_a_repeated_setting_collects_each_value_given() -> None:
     assert isinstance(action, argparse._AppendAction) and action.metavar == "ID:SCORE"
     assert from_namespace(Many, p.parse_args(["--candidate", "a:1", "--candidate", "b:2"])).candidate == ("a:1", "b:2")
     assert from_namespace(Many, p.parse_args([])).candidate is None
+
+
+def test_a_flag_left_out_keeps_a_default_the_flag_does_not_show() -> None:
+    """flag_default=None: the flag's default is None (its help states the real one), and leaving
+    it out keeps the field's own default in the config, while giving it sets the value."""
+
+    @dataclass(frozen=True)
+    class Grid:
+        epsilons: tuple[float, ...] = setting(
+            (0.1, 1.0, 10.0), nargs="+", type=float, flag_default=None, help="ε grid (default: the paper's)"
+        )
+
+    p = Parser(prog="t")
+    add_arguments(p, Grid)
+    assert next(a for a in p._actions if a.dest == "epsilons").default is None
+    assert from_namespace(Grid, p.parse_args([])).epsilons == (0.1, 1.0, 10.0)
+    assert from_namespace(Grid, p.parse_args(["--epsilons", "2"])).epsilons == (2.0,)
