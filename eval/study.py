@@ -128,10 +128,9 @@ def _write(study: Study[Any, R], result: R, tmp: Path) -> None:
     figures = study.plots(result)
     for name, fig in figures.items():
         save_figure(fig, tmp / name)
-    body = study.report(result)
-    (tmp / "report.md").write_text(
-        report_text(study.title, result.config, body, list(figures)) if study.skeleton else body
-    )
+    text = study.report(result)
+    text = report_text(study.title, result.config, text, list(figures)) if study.skeleton else text
+    (tmp / "report.md").write_text(text)
 
 
 def write_output(path: Path, data: Data, schema: Schema) -> None:
