@@ -70,15 +70,21 @@ class Output(Generic[R]):
 class Study(Generic[C, R]):
     """What a study declares; :func:`execute` runs it. ``validate`` is the study's cross-field
     checks (after :func:`recsvc.settings.check`), returning the config the run uses; ``plots``
-    returns file name → figure (saved in that order, with the figure's own dpi)."""
+    returns file name → figure (saved in that order, with the figure's own dpi). With ``streams``,
+    ``run(config, tmp)`` fills the staged directory while it runs (``tmp`` None without ``out``);
+    without ``skeleton``, report.md is ``report(result)`` verbatim; ``protect`` names the run's
+    inputs that ``out`` must never be, contain or overlap (:func:`recsvc.staging.check_out`)."""
 
     title: str
     config: type[C]
-    run: Callable[[C], R]
+    run: Callable[..., R]  # (config) → result, or (config, tmp) → result with ``streams``
     outputs: tuple[Output[R], ...]
     report: Callable[[R], str]
     plots: Callable[[R], Mapping[str, Figure]] = lambda result: {}
     validate: Callable[[C], C] = lambda cfg: cfg
+    streams: bool = False
+    skeleton: bool = True
+    protect: Callable[[C], Mapping[str, Path]] = lambda cfg: {}
 
 
 def execute(study: Study[C, R], config: C) -> R:
@@ -86,9 +92,18 @@ def execute(study: Study[C, R], config: C) -> R:
     ``config.out``) publishes its outputs, figures and ``report.md`` atomically."""
     check(config)
     config = study.validate(config)
+    protect = study.protect(config)
     if config.out is not None:
-        check_out(config.out, config.force)
-    return publish(study.run(config), lambda result, tmp: _write(study, result, tmp))
+        check_out(config.out, config.force, protect=protect)
+    if not study.streams:
+        return publish(study.run(config), lambda result, tmp: _write(study, result, tmp), protect)
+    if config.out is None:
+        return study.run(config, None)
+    with StagedDir(config.out, config.force, protect=protect) as stage:  # before the run: it fills tmp
+        result = study.run(config, stage.tmp)
+        _write(study, result, stage.tmp)
+        result.out = stage.publish()
+    return result
 
 
 def publish(result: R, write: Callable[[R, Path], None], protect: Mapping[str, Path] | None = None) -> R:
@@ -113,7 +128,9 @@ def _write(study: Study[Any, R], result: R, tmp: Path) -> None:
     figures = study.plots(result)
     for name, fig in figures.items():
         save_figure(fig, tmp / name)
-    (tmp / "report.md").write_text(report_text(study.title, result.config, study.report(result), list(figures)))
+    text = study.report(result)
+    text = report_text(study.title, result.config, text, list(figures)) if study.skeleton else text
+    (tmp / "report.md").write_text(text)
 
 
 def write_output(path: Path, data: Data, schema: Schema) -> None:

@@ -1,15 +1,14 @@
 """A run's results directory (staged, then published atomically): tables declared with their schemas
 (:class:`eval.study.Output`, checked by :func:`eval.study.write_output`), figures, summary, report.
-Not an :func:`eval.study.execute` study: the per-user tables stream into the staged directory
-DURING the run, and ``report.md`` keeps its own layout."""
+A streaming :func:`eval.study.execute` study: the per-user tables stream into the staged directory
+DURING the run, and ``report.md`` keeps its own layout (``skeleton=False``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
@@ -18,8 +17,10 @@ from eval.evaluation.auto import REGRET_SCHEMA
 from eval.evaluation.config import EvalConfig, param_values, protected
 from eval.evaluation.pipeline_report import TABLE, TABLE_SCHEMA, WINNERS, WINNERS_SCHEMA
 from eval.evaluation.results import HISTOGRAM_SCHEMA, LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult, SweepResult
-from eval.study import Output, write_output
-from recsvc.staging import StagedDir
+from eval.study import Output, Study, write_output
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SWEEP_CSV = "sweep.csv"
 SWEEP_PARQUET = "sweep.parquet"
@@ -46,17 +47,6 @@ OUTPUTS: tuple[Output[EvalResult], ...] = (  # None: not in this run (no auto, n
 )
 
 
-@contextmanager
-def staged(cfg: EvalConfig) -> Iterator[StagedDir | None]:
-    """``cfg.out``'s staging directory (None without ``--out``): published by the caller, removed
-    with the parents it created if the run fails."""
-    if cfg.out is None:
-        yield None
-        return
-    with StagedDir(cfg.out, cfg.force, protect=protected(cfg)) as stage:
-        yield stage
-
-
 def _summary(result: EvalResult) -> dict[str, Any]:
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
     cfg["params"] = param_values(result.config)  # what the run used: given or each spec's default
@@ -76,25 +66,26 @@ def _summary(result: EvalResult) -> dict[str, Any]:
     return summary
 
 
-def write_outputs(result: EvalResult, tmp: Path) -> None:
-    """One run's declared tables, figures, ``summary.json`` and ``report.md`` (the per-user Parquet
-    tables were streamed there by the reducer)."""
-    from eval.figures import save_figure  # matplotlib only for a run that writes
-
-    for output in OUTPUTS:
-        if (data := output.data(result)) is not None:
-            write_output(tmp / output.name, data, output.schema)
-    figures = plots.figures(result)
-    if result.pipelines is not None:  # only with --pipelines: the default outputs stay as they were
-        figures |= pipeline_report.figures(result.pipelines)
-    for name, fig in figures.items():
-        save_figure(fig, tmp / name)
+def write_summary(result: EvalResult, tmp: Path) -> None:
+    """``summary.json`` (its ``auto`` key only for a run with auto)."""
     summary = _summary(result)
     write_output(tmp / "summary.json", summary, (*SUMMARY_KEYS, "auto") if "auto" in summary else SUMMARY_KEYS)
-    text = report.markdown(result)
-    if result.pipelines is not None:
-        text += pipeline_report.markdown(result)
-    (tmp / "report.md").write_text(text)
+
+
+def _figures(result: EvalResult) -> dict[str, Figure]:  # the pipelines' only with --pipelines
+    return plots.figures(result) | ({} if result.pipelines is None else pipeline_report.figures(result.pipelines))
+
+
+def _markdown(result: EvalResult) -> str:
+    return report.markdown(result) + ("" if result.pipelines is None else pipeline_report.markdown(result))
+
+
+def study(run: Callable[[EvalConfig, Path | None], EvalResult]) -> Study[EvalConfig, EvalResult]:
+    """One run as a streaming study: ``run`` fills the staged directory (the per-user tables, then
+    :func:`write_summary`); the declared tables, figures and ``report.md`` (its own layout) follow."""
+    return Study(
+        "Evaluation", EvalConfig, run, OUTPUTS, _markdown, _figures, streams=True, skeleton=False, protect=protected
+    )
 
 
 def summary(result: EvalResult | SweepResult) -> tuple[str, Path | None]:

@@ -136,7 +136,7 @@ def mse_vs_epsilon(result: EvalResult) -> Figure:
 
 
 def figures(result: EvalResult) -> dict[str, Figure]:
-    """File name → figure of one run (saved by :func:`eval.evaluation.outputs.write_outputs`)."""
+    """File name → figure of one run (saved by :func:`eval.study.execute`)."""
     return {
         CORRELATION_PNG: correlation_hist(result),
         LOG_RATIO_PNG: log_ratio_scatter(result),

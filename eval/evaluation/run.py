@@ -3,7 +3,7 @@
 
 :func:`run` validates the config, builds the data source, maps the work unit
 (:func:`eval.evaluation.work.evaluate_chunk`) over lazy chunks, reduces the results in order
-(:mod:`eval.evaluation.aggregate`) and writes the results directory atomically (:mod:`eval.evaluation.outputs`).
+(:mod:`eval.evaluation.aggregate`) and writes the results directory atomically (:func:`eval.study.execute`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from eval.evaluation.config import EvalConfig, chunk_size, validate
 from eval.evaluation.results import EvalResult
 from eval.evaluation.sources import ArtifactSource, LazyChunks, Source, open_source
 from eval.evaluation.work import evaluate_chunk, make_context
+from eval.study import execute
 
 
 def run(cfg: EvalConfig) -> EvalResult:
@@ -53,34 +55,24 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
     eps = ctx.epsilons
     ratio_idx = int(np.argmin(np.abs(np.log(np.array(eps)) - math.log(cfg.ratio_epsilon))))
     engine = make_engine(cfg.engine, cfg.workers, cfg.scheduler, progress=cfg.progress)  # validates, no I/O
+
+    def compute(cfg: EvalConfig, tmp: Path | None) -> EvalResult:  # only now, after every check, is anything written
+        red = aggregate.Reducer(mechanisms, eps, source.total, cfg.seed, ratio_idx, tmp, pipelines=ctx.pipelines)
+        t0 = time.perf_counter()
+        sizes = [len(r) for r in ranges]
+        for res in engine.map(
+            evaluate_chunk, LazyChunks(source, ranges), ctx, desc=f"eval {source.name}", unit="user", sizes=sizes
+        ):
+            red.add(res)
+        red.close()
+        result = aggregate.finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
+        result.auto, result.auto_origin = regret_table(result.mse, auto.resolved), auto.origin
+        result.notes += auto.notes
+        if tmp is not None:
+            outputs.write_summary(result, tmp)
+        return result
+
     try:
-        with outputs.staged(cfg) as stage:  # only now, after every check, is anything written
-            red = aggregate.Reducer(
-                mechanisms,
-                eps,
-                source.total,
-                cfg.seed,
-                ratio_idx,
-                None if stage is None else stage.tmp,
-                pipelines=ctx.pipelines,
-            )
-            t0 = time.perf_counter()
-            for res in engine.map(
-                evaluate_chunk,
-                LazyChunks(source, ranges),
-                ctx,
-                desc=f"eval {source.name}",
-                unit="user",
-                sizes=[len(r) for r in ranges],
-            ):
-                red.add(res)
-            red.close()
-            result = aggregate.finish(cfg, source.name, mechanisms, red, time.perf_counter() - t0)
-            result.auto, result.auto_origin = regret_table(result.mse, auto.resolved), auto.origin
-            result.notes += auto.notes
-            if stage is not None:
-                outputs.write_outputs(result, stage.tmp)
-                result.out = stage.publish()
-            return result
+        return execute(outputs.study(compute), cfg)
     finally:
         engine.close()

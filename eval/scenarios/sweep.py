@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,12 @@ from eval.evaluation.outputs import SWEEP_CSV, SWEEP_PARQUET
 from eval.evaluation.results import SweepLevel, SweepResult
 from eval.evaluation.sources import ScenarioSource
 from eval.scenarios import SWEEP_LEVELS
-from eval.study import publish, report_text, write_output
+from eval.study import Output, Study, execute
 
 TITLE = "Evaluation: correlation sweep (paper Figure 10)"
 SWEEP_SCHEMA = {"level": pl.Float64, "spearman": pl.Float64, "mechanism": pl.String, "epsilon": pl.Float64}
 SWEEP_SCHEMA |= {"mse": pl.Float64, "mse_rel_rnm": pl.Float64, "method": pl.String}
+OUTPUTS = tuple(Output(name, attrgetter("table"), SWEEP_SCHEMA) for name in (SWEEP_CSV, SWEEP_PARQUET))
 
 
 def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]:
@@ -42,36 +44,34 @@ def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]
 def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepResult:
     """Figure 10: one evaluation per sweep level (default the paper's seven) with the same seed,
     so each level equals a single run with the same flags. Everything is checked once before any
-    work; ``cfg.out`` gets ``t<level>/`` per level (the main evaluation's files), the sweep's
-    tables (schema-checked), ``sweep.png`` and ``report.md``, published together (:func:`publish`)."""
+    work; ``cfg.out`` gets ``t<level>/`` per level (the main evaluation's files, each written while
+    the sweep runs), the sweep's tables, ``sweep.png`` and ``report.md``, published together."""
     levels = _check_levels(cfg, SWEEP_LEVELS if levels is None else levels)
     # Flags, mechanisms and --out; --level needs the sweep scenario.
     mechanisms = validate(replace(cfg, level=levels[0]))
     # validate() refuses a level with --artifacts, so each level's source is the sweep scenario at that level;
     # a bad --n / --users fails here.
     sources = [ScenarioSource(str(cfg.scenario), cfg.n, cfg.users, cfg.seed, t) for t in levels]
-    result = SweepResult(runner.with_data_defaults(cfg, sources[0]), [], pl.DataFrame(), 0.0)
 
-    def compute(result: SweepResult, tmp: Path | None) -> None:
-        t0 = time.perf_counter()
+    def compute(config: EvalConfig, tmp: Path | None) -> SweepResult:
+        result, t0 = SweepResult(config, [], pl.DataFrame(), 0.0), time.perf_counter()
         for t, source in zip(levels, sources, strict=True):
             sub = None if tmp is None else tmp / level_dirname(t)
-            res = runner.evaluate(replace(result.config, level=t, out=sub, force=False), mechanisms, source)
+            res = runner.evaluate(replace(config, level=t, out=sub, force=False), mechanisms, source)
             result.levels.append(SweepLevel(t, float(np.median(source.sc.correlation())), *source.sc.row(0), res))
         result.table, result.seconds = sweep_table(result.levels), time.perf_counter() - t0
         if tmp is not None:
-            for name in (SWEEP_CSV, SWEEP_PARQUET):
-                write_output(tmp / name, result.table, SWEEP_SCHEMA)
             plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
-            body = report.sweep_markdown(result).split("\n", 1)[1]  # the skeleton gives the title
-            (tmp / "report.md").write_text(report_text(TITLE, result.config, body, []))
-
-    if cfg.out is None:
-        compute(result, None)
         return result
-    publish(result, compute, protect=protected(cfg))
-    for lv in result.levels:
-        lv.result.out = cfg.out / lv.dirname
+
+    body = lambda r: report.sweep_markdown(r).split("\n", 1)[1]  # noqa: E731  # the skeleton gives the title
+    result = execute(
+        Study(TITLE, EvalConfig, compute, OUTPUTS, body, streams=True, protect=protected),
+        runner.with_data_defaults(cfg, sources[0]),
+    )
+    if cfg.out is not None:
+        for lv in result.levels:
+            lv.result.out = cfg.out / lv.dirname
     return result
 
 

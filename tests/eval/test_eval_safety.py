@@ -82,14 +82,14 @@ def test_refused_run_leaves_no_temp_dir(extra, match, art, tmp_path, one_line_er
 
 def test_out_appearing_during_the_run_is_not_replaced(art, tmp_path, monkeypatch):
     out = tmp_path / "res"
-    write = outputs.write_outputs
+    write = outputs.write_summary
 
     def racing_write(result, tmp):  # another process creates --out while we evaluate
         out.mkdir()
         (out / "theirs.txt").write_text("x")
         write(result, tmp)
 
-    monkeypatch.setattr(outputs, "write_outputs", racing_write)
+    monkeypatch.setattr(outputs, "write_summary", racing_write)
     with pytest.raises(ValueError, match="appeared while writing; not replacing it"):
         run(
             EvalConfig(

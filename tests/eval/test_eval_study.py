@@ -106,3 +106,36 @@ def test_bad_settings_and_an_existing_out_are_refused_before_any_work(tmp_path: 
     assert snapshot(tmp_path) == before
     execute(TINY, TinyConfig(out=out, force=True))
     assert sorted(p.name for p in out.iterdir()) == ["report.md", "tiny.json", "tiny.parquet", "tiny.png"]
+
+
+def _streaming_run(cfg: TinyConfig, tmp: Path | None) -> TinyResult:
+    """Writes part of its results into the staged directory while it runs (like the sweep)."""
+    if tmp is not None:
+        assert tmp.name.startswith(".res.tmp-") and not (tmp.parent / "res").exists()  # not published yet
+        (tmp / "during.txt").write_text("written during the run")
+    if cfg.n == 7:
+        raise RuntimeError("failed after writing")
+    return _run(cfg)
+
+
+STREAMING = replace(TINY, run=_streaming_run, plots=lambda r: {}, streams=True)
+
+
+def test_a_streaming_study_fills_the_staged_directory_while_it_runs(tmp_path: Path, snapshot) -> None:
+    out = tmp_path / "res"
+    result = execute(STREAMING, TinyConfig(out=out, n=4))
+    assert result.out == out and not list(tmp_path.glob(".res*"))
+    assert sorted(p.name for p in out.iterdir()) == ["during.txt", "report.md", "tiny.json", "tiny.parquet"]
+    assert (out / "during.txt").read_text() == "written during the run"
+    assert (out / "report.md").read_text().startswith("# Tiny study\n\n4 rows.\n\n## Settings\n")
+    before = snapshot(tmp_path)
+    with pytest.raises(RuntimeError, match="failed after writing"):  # nothing is left of a failed run
+        execute(STREAMING, TinyConfig(out=tmp_path / "new" / "res", n=7))
+    assert snapshot(tmp_path) == before and [p.name for p in tmp_path.iterdir()] == ["res"]
+    assert execute(STREAMING, TinyConfig(n=2)).out is None  # without out: tmp is None, nothing is written
+    assert snapshot(tmp_path) == before
+
+
+def test_without_skeleton_the_report_is_the_study_s_own(tmp_path: Path) -> None:
+    execute(replace(TINY, skeleton=False), TinyConfig(out=tmp_path / "res", n=4))
+    assert (tmp_path / "res" / "report.md").read_text() == "4 rows."
