@@ -93,27 +93,14 @@ def execute(study: Study[C, R], config: C) -> R:
     check(config)
     config = study.validate(config)
     protect = study.protect(config)
-    if config.out is not None:
-        check_out(config.out, config.force, protect=protect)
-    if not study.streams:
-        return publish(study.run(config), lambda result, tmp: _write(study, result, tmp), protect)
     if config.out is None:
-        return study.run(config, None)
-    with StagedDir(config.out, config.force, protect=protect) as stage:  # before the run: it fills tmp
-        result = study.run(config, stage.tmp)
+        return study.run(config, None) if study.streams else study.run(config)
+    check_out(config.out, config.force, protect=protect)  # before the work; StagedDir checks again at publish
+    result = None if study.streams else study.run(config)  # a run that streams fills the staged dir
+    with StagedDir(config.out, config.force, protect=protect) as stage:
+        if result is None:
+            result = study.run(config, stage.tmp)
         _write(study, result, stage.tmp)
-        result.out = stage.publish()
-    return result
-
-
-def publish(result: R, write: Callable[[R, Path], None], protect: Mapping[str, Path] | None = None) -> R:
-    """``write(result, tmp)`` fills the staged directory of ``result.config.out``; the directory
-    is then published. Nothing is written without an ``out``."""
-    cfg = result.config
-    if cfg.out is None:
-        return result
-    with StagedDir(cfg.out, cfg.force, protect=protect) as stage:
-        write(result, stage.tmp)
         result.out = stage.publish()
     return result
 
