@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 import polars as pl
 
 from recsvc.checks import ParamError
-from recsvc.settings import check, settings_of
+from recsvc.settings import check, settings_of, typed
 from recsvc.staging import StagedDir, check_out
 
 if TYPE_CHECKING:
@@ -133,12 +133,6 @@ def write_output(path: Path, data: Data, schema: Schema) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def _shown(value: object) -> str:
-    if isinstance(value, (tuple, list)):
-        return " ".join(map(_shown, value))
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def report_text(title: str, config: object, body: str, figures: Sequence[str]) -> str:
     """report.md: the title, the study's body, the figures the body does not show itself, then the
     config's settings (but where the results go: ``out`` and ``force`` change no number)."""
@@ -148,7 +142,7 @@ def report_text(title: str, config: object, body: str, figures: Sequence[str]) -
         parts += ["## Figures", "", *(line for f in unshown for line in (f"![{f}]({f})", ""))]
     parts += ["## Settings", "", "| setting | value |", "|---|---|"]
     parts += [
-        f"| {d.name} | {_shown(attrgetter('.'.join(d.path))(config))} |"
+        f"| {d.name} | {typed(attrgetter('.'.join(d.path))(config))} |"
         for d in settings_of(type(config))
         if d.name not in ("out", "force")
     ]

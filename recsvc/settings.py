@@ -40,12 +40,19 @@ __all__ = [
     "from_namespace",
     "setting",
     "settings_of",
+    "typed",
 ]
 
 
-def _g(x: float) -> str:
-    """A bound as a user types it: 86400, 0.25, 1e-06."""
-    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+def typed(value: object) -> str:
+    """A value as a user types it: a sequence's items separated by spaces, a whole float without
+    its ``.0`` (86400, 0.25, 1e-06, ``0.1 1 3``); the one rendering of ``--help``'s defaults, the
+    errors' values and the reports' settings."""
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(typed, value))
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,8 @@ class Range:
     @property
     def interval(self) -> str:
         """The interval in bracket notation, e.g. ``(0, 1]``, ``[1e-06, 1)``, ``[1, ∞)``."""
-        lo = "(-∞" if self.low is None else f"{'(' if self.low_open else '['}{_g(self.low)}"
-        hi = "∞)" if self.high is None else f"{_g(self.high)}{')' if self.high_open else ']'}"
+        lo = "(-∞" if self.low is None else f"{'(' if self.low_open else '['}{typed(self.low)}"
+        hi = "∞)" if self.high is None else f"{typed(self.high)}{')' if self.high_open else ']'}"
         return f"{lo}, {hi}"
 
     def describe(self) -> str:
@@ -90,9 +97,9 @@ class Range:
         if lo is not None and hi is not None:
             text = f"{kind} in {self.interval}"
         elif lo is not None:
-            text = f"{kind} {'>' if self.low_open else '≥'} {_g(lo)}"
+            text = f"{kind} {'>' if self.low_open else '≥'} {typed(lo)}"
         elif hi is not None:
-            text = f"{kind} {'<' if self.high_open else '≤'} {_g(hi)}"
+            text = f"{kind} {'<' if self.high_open else '≤'} {typed(hi)}"
         else:
             text = kind
         return text  # no "(or none)": a flag left out is the none, and a user cannot type one
@@ -314,17 +321,10 @@ def check(config: object) -> None:
         for attr in d.path:
             value = getattr(value, attr)
         if not d.spec.check.holds(value):
+            got = repr(value) if isinstance(value, str) else typed(value) or "no values"
             raise ParamError(
-                f"{{{d.name}}} must be {{expected}}, got {{got}}",
-                expected=d.spec.check.describe(),
-                got=_shown(value),
+                f"{{{d.name}}} must be {{expected}}, got {{got}}", expected=d.spec.check.describe(), got=got
             )
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, (list, tuple)):
-        return " ".join(map(_shown, value)) if value else "no values"
-    return repr(value) if isinstance(value, str) else str(value)
 
 
 def from_namespace(cls: type, args: argparse.Namespace, **values: Any) -> Any:

@@ -27,7 +27,7 @@ from recsvc.checks import ParamError
 from recsvc.mechanisms.cli import register as register_mechanisms
 from recsvc.service.cli import register as register_service
 from recsvc.service.device_cli import register as register_multiselect
-from recsvc.settings import add_arguments, from_namespace, setting
+from recsvc.settings import add_arguments, from_namespace, setting, typed
 from recsvc.staging import Terminated, request_termination
 
 # Order here is the order in `recsvc --help`.
@@ -59,16 +59,6 @@ EXTRA = {
     "demo": "all",
 }
 PROJECT_PACKAGES = ("recsvc", "data_prep", "eval")
-
-
-def render_default(value: object) -> str:
-    """A default as a user would type it: a sequence's items separated by spaces, a whole float
-    without its ``.0``."""
-    if isinstance(value, (list, tuple)):
-        return " ".join(render_default(v) for v in value)
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return str(value)
 
 
 def shows_default(action: argparse.Action) -> bool:
@@ -103,7 +93,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         if not shows_default(action) or "%(default)" in text:
             return text
-        shown = render_default(action.default)
+        shown = typed(action.default)
         if "default" in text and shown in re.sub(r"(?<=\d),(?=\d{3})", "", text):  # 50,000 states 50000
             return text
         return f"{text} (default: {shown.replace('%', '%%')})".lstrip()
@@ -111,7 +101,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
     def _expand_help(self, action: argparse.Action) -> str:
         if shows_default(action):  # %(default)s renders like the appended note
             action = copy.copy(action)
-            action.default = render_default(action.default)
+            action.default = typed(action.default)
         return super()._expand_help(action)
 
 

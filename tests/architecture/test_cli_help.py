@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from recsvc.app.cli import build_parser, render_default, shows_default
+from recsvc.app.cli import build_parser, shows_default
+from recsvc.settings import typed
 
 
 def _commands(parser: argparse.ArgumentParser, name: str = "recsvc") -> Iterator[tuple[str, argparse.ArgumentParser]]:
@@ -59,8 +60,8 @@ def test_every_option_with_a_default_shows_it(command: str, monkeypatch: pytest.
         if action.help is argparse.SUPPRESS or not shows_default(action):
             continue
         shown = _help_of(text, action)
-        if "default" not in shown or render_default(action.default) not in shown.replace(",", ""):
-            missing.append(f"{action.option_strings[-1]} (default {render_default(action.default)}): {shown.strip()}")
+        if "default" not in shown or typed(action.default) not in shown.replace(",", ""):
+            missing.append(f"{action.option_strings[-1]} (default {typed(action.default)}): {shown.strip()}")
     assert not missing, f"`{command} --help` hides these defaults:\n" + "\n".join(missing)
 
 

@@ -184,7 +184,7 @@ def test_cli_writes_every_output_atomically(tmp_path, capsys, one_line_error, un
 @pytest.mark.parametrize(
     "args,match",
     [
-        (["--epsilons", "0"], r"--epsilons must be one or more values, each a finite number > 0, got 0.0"),
+        (["--epsilons", "0"], r"--epsilons must be one or more values, each a finite number > 0, got 0$"),
         (["--deltas", "1", "nan"], r"--deltas must be one or more values, each a finite number > 0"),
         (["--gaps", "1", "1"], r"--gaps must be distinct"),
         (["--gammas", "1.5"], r"--gammas must lie in \[1e-06, 1\)"),

@@ -75,10 +75,10 @@ def test_the_parsed_flags_build_the_checked_config_and_its_groups() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--share", "0"], "share must be a finite number in (0, 1], got 0.0"),
+        (["--share", "0"], "share must be a finite number in (0, 1], got 0"),
         (["--share", "nan"], "share must be a finite number in (0, 1], got nan"),
         (["--timeout", "inf"], "timeout must be a finite number in (0, 86400], got inf"),
-        (["--epsilons", "1", "-2"], "epsilons must be one or more values, each a finite number > 0, got 1.0 -2.0"),
+        (["--epsilons", "1", "-2"], "epsilons must be one or more values, each a finite number > 0, got 1 -2"),
         (["--port", "70000"], "port must be an integer in [0, 65535], got 70000"),
         (["--ledger-pool", "0"], "ledger_pool must be an integer ≥ 1, got 0"),
     ],

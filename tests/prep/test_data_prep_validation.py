@@ -44,10 +44,10 @@ SYN = ["--dataset", "synthetic", "--preset", "tiny"]
         ([*SYN, "--chunk-users", "0"], r"--chunk-users must be an integer ≥ 1, got 0"),
         ([*SYN, "--seed", "-1"], r"--seed must be an integer ≥ 0, got -1"),
         ([*SYN, "--percentiles", "50", "50"], r"--percentiles must satisfy 0 ≤ lo < hi ≤ 100, got 50.0 50.0"),
-        ([*SYN, "--l2", "-1"], r"--l2 must be one or more values, each a finite number > 0, got -1.0$"),
+        ([*SYN, "--l2", "-1"], r"--l2 must be one or more values, each a finite number > 0, got -1$"),
         (
             [*SYN, "--density", "2"],
-            r"--density must be one or more values, each a finite number in \(0, 1\], got 2.0$",
+            r"--density must be one or more values, each a finite number in \(0, 1\], got 2$",
         ),
         ([*SYN, "--val-users", "-1"], r"--val-users must be an integer ≥ 0, got -1$"),
         (
@@ -238,7 +238,7 @@ def test_out_never_replaces_the_working_directory_or_the_input_data(
         ({"workers": 0}, r"^workers must be an integer ≥ 1, got 0$"),
         ({"seed": -1}, r"^seed must be an integer ≥ 0, got -1$"),
         ({"percentiles": (50.0, 50.0)}, r"^percentiles must satisfy 0 ≤ lo < hi ≤ 100, got 50\.0 50\.0$"),
-        ({"l2": (-1.0,)}, r"^l2 must be one or more values, each a finite number > 0, got -1\.0$"),
+        ({"l2": (-1.0,)}, r"^l2 must be one or more values, each a finite number > 0, got -1$"),
         ({"dataset": "ml-100k", "preset": "tiny"}, r"^preset only applies to dataset synthetic, got dataset ml-100k$"),
         (
             {"dataset": "ml-100k", "preset": None, "users": 10, "items": 30},
