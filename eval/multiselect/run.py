@@ -98,19 +98,11 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     mean, half = acc.ci()
     out = []
     for i, r in enumerate(keys):
-        row = {
-            "dataset": source.name,
-            "mode": r.mode,
-            "mechanism": _mechanism(r.mode, r.epsilon, auto, source.artifact.items.height),
-            "end_to_end_dp": r.mode not in ("select-top500-auto", "nonprivate"),
-            "k": r.k,
-            "epsilon": r.epsilon,
-            "users": int(acc.n[i, 0]),
-        }
-        for j, m in enumerate(MEASURES):
-            row[m], row[f"{m}_ci"] = float(mean[i, j]), float(half[i, j])
-        out.append(row)
-    return pl.DataFrame(out, schema=SCHEMA)
+        mechanism = _mechanism(r.mode, r.epsilon, auto, source.artifact.items.height)
+        e2e = r.mode not in ("select-top500-auto", "nonprivate")
+        cells = (float(x) for pair in zip(mean[i], half[i], strict=True) for x in pair)  # each measure, then its CI
+        out.append((source.name, r.mode, mechanism, e2e, r.k, r.epsilon, int(acc.n[i, 0]), *cells))
+    return pl.DataFrame(out, schema=SCHEMA, orient="row")
 
 
 def compute(cfg: DatasetConfig) -> DatasetResult:
