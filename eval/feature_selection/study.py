@@ -78,7 +78,7 @@ def figure1_table(cfg: FeatureSelectionConfig) -> pl.DataFrame:
     """Per setting, method and feature (1-based, as the seed numbers them): how many of the
     repetitions chose it."""
     d = data.FIGURE1_SHAPE[1]
-    rows: list[dict[str, object]] = []
+    rows: list[tuple[str, str, int, int]] = []
     with progress_bar("figure 1", "dataset", len(cfg.settings) * cfg.repetitions, cfg.progress) as bar:
         for setting in cfg.settings:
             counts = {m: np.zeros(d, dtype=np.int64) for m in FIGURE1_METHODS}
@@ -88,12 +88,8 @@ def figure1_table(cfg: FeatureSelectionConfig) -> pl.DataFrame:
                 for m in FIGURE1_METHODS:
                     counts[m][chosen[m]] += 1
                 bar.update()
-            rows += [
-                {"setting": setting, "method": m, "feature": j + 1, "count": int(counts[m][j])}
-                for m in FIGURE1_METHODS
-                for j in range(d)
-            ]
-    return pl.DataFrame(rows, schema=FIGURE1_SCHEMA)
+            rows += [(setting, m, j + 1, int(counts[m][j])) for m in FIGURE1_METHODS for j in range(d)]
+    return pl.DataFrame(rows, schema=FIGURE1_SCHEMA, orient="row")
 
 
 @dataclass
@@ -143,34 +139,20 @@ def run_dataset(cfg: FeatureSelectionConfig, name: str, tick: Callable[[], objec
 
 def accuracy_tables(cfg: FeatureSelectionConfig) -> tuple[list[DatasetRun], pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(the runs, accuracy.csv's table, nonprivate.csv's, rates.csv's)."""
-    runs: list[DatasetRun] = []
     with progress_bar("accuracy", "trial", len(cfg.datasets) * cfg.trials, cfg.progress) as bar:
-        for name in cfg.datasets:
-            runs.append(run_dataset(cfg, name, bar.update))
-    acc, nonpriv, rates = [], [], []
+        runs = [run_dataset(cfg, name, bar.update) for name in cfg.datasets]
+    acc, nonpriv, rates = [], [], []  # rows in their schema's column order
     for r in runs:
         for i, k in enumerate(cfg.ks):
-            for m in NONPRIVATE_METHODS:
-                mean, lo, hi = metrics.interval(r.nonprivate[m][i])
-                nonpriv.append({"dataset": r.name, "method": m, "k": k, "accuracy": mean, "ci_low": lo, "ci_high": hi})
+            nonpriv += [(r.name, m, k, *metrics.interval(r.nonprivate[m][i])) for m in NONPRIVATE_METHODS]
             for e, eps in enumerate(cfg.epsilons):
-                for m in PRIVATE_METHODS:
-                    mean, lo, hi = metrics.interval(r.private[m][i, e])
-                    acc.append(
-                        {"dataset": r.name, "method": m, "k": k, "epsilon": eps, "accuracy": mean}
-                        | {"ci_low": lo, "ci_high": hi}
-                    )
-                for c in metrics.CLASSES:
-                    rate, lo, hi = metrics.rate_interval(r.classes[c][i, e])
-                    rates.append(
-                        {"dataset": r.name, "k": k, "epsilon": eps, "class": c, "rate": rate}
-                        | {"ci_low": lo, "ci_high": hi}
-                    )
+                acc += [(r.name, m, k, eps, *metrics.interval(r.private[m][i, e])) for m in PRIVATE_METHODS]
+                rates += [(r.name, k, eps, c, *metrics.rate_interval(r.classes[c][i, e])) for c in metrics.CLASSES]
     return (
         runs,
-        pl.DataFrame(acc, schema=ACCURACY_SCHEMA),
-        pl.DataFrame(nonpriv, schema=NONPRIVATE_SCHEMA),
-        pl.DataFrame(rates, schema=RATES_SCHEMA),
+        pl.DataFrame(acc, schema=ACCURACY_SCHEMA, orient="row"),
+        pl.DataFrame(nonpriv, schema=NONPRIVATE_SCHEMA, orient="row"),
+        pl.DataFrame(rates, schema=RATES_SCHEMA, orient="row"),
     )
 
 
