@@ -93,28 +93,18 @@ class Context:
     points: np.ndarray  # (P, d) int64: the population's lattice points, what the server's likelihood compares
     code_answers: np.ndarray  # (ε grid + ∞, C, max k): the server's answer to each code at each ε
 
+    @classmethod
+    def of(cls, source: DatasetSource, ks: Sequence[int], epsilons: Sequence[float], trials: int, seed: int) -> Context:
+        """The answers no user's signal changes, computed once as the service computes them."""
+        from recsvc.multiselection import greedy, prototype_codes, respond_code
 
-def code_answers(source: DatasetSource, epsilons: Sequence[float], k: int) -> np.ndarray:
-    """The server's k items for every code at every ε (then without noise), as the service answers."""
-    from recsvc.multiselection import prototype_codes, respond_code
-
-    pop, book = source.population, source.bundle.codebook
-    codes = prototype_codes(pop, book)
-    grid = (*epsilons, NO_NOISE_EPSILON)
-    return np.stack([np.stack([respond_code(pop, codes, y, e, k) for y in range(book.size)]) for e in grid])
-
-
-def lattice_points(source: DatasetSource) -> np.ndarray:
-    """The population's lattice points on the bundle's grid: the service rounds its prototypes the same way."""
-    return source.bundle.lattice.point(source.population.embeddings)
-
-
-def blind_answer(source: DatasetSource, k: int) -> np.ndarray:
-    """The greedy k items for uniform weights over the population: the answer that ignores the signal."""
-    from recsvc.multiselection import greedy
-
-    pop = source.population
-    return greedy(pop, np.full(pop.size, 1.0 / pop.size), k)[None, :]
+        pop, book, kmax = source.population, source.bundle.codebook, max(ks)
+        blind = greedy(pop, np.full(pop.size, 1.0 / pop.size), kmax)[None, :]
+        points = source.bundle.lattice.point(pop.embeddings)  # the service rounds its prototypes the same way
+        codes = prototype_codes(pop, book)
+        grid = (*epsilons, NO_NOISE_EPSILON)
+        answers = np.stack([np.stack([respond_code(pop, codes, y, e, kmax) for y in range(book.size)]) for e in grid])
+        return cls(tuple(ks), tuple(epsilons), trials, seed, source, AutoPolicy.of(source), blind, points, answers)
 
 
 @dataclass(frozen=True)

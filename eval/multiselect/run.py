@@ -20,10 +20,7 @@ from eval.multiselect.eval import (
     TRUST,
     AutoPolicy,
     Context,
-    blind_answer,
-    code_answers,
     evaluate_chunk,
-    lattice_points,
     rows,
 )
 from eval.study import Output, Study, execute
@@ -66,18 +63,7 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     from eval.evaluation.sources import LazyChunks
     from recsvc.engines import chunk_ranges, make_engine
 
-    auto = AutoPolicy.of(source)
-    ctx = Context(
-        tuple(cfg.ks),
-        tuple(cfg.epsilons),
-        cfg.trials,
-        cfg.seed,
-        source,
-        auto,
-        blind_answer(source, max(cfg.ks)),
-        lattice_points(source),
-        code_answers(source, cfg.epsilons, max(cfg.ks)),
-    )
+    ctx = Context.of(source, cfg.ks, cfg.epsilons, cfg.trials, cfg.seed)
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))
     ranges = chunk_ranges(source.total, cfg.chunk_size)
@@ -98,7 +84,7 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     mean, half = acc.ci()
     out = []
     for i, r in enumerate(keys):
-        mechanism = _mechanism(r.mode, r.epsilon, auto, source.artifact.items.height)
+        mechanism = _mechanism(r.mode, r.epsilon, ctx.auto, source.artifact.items.height)
         e2e = r.mode not in ("select-top500-auto", "nonprivate")
         cells = (float(x) for pair in zip(mean[i], half[i], strict=True) for x in pair)  # each measure, then its CI
         out.append((source.name, r.mode, mechanism, e2e, r.k, r.epsilon, int(acc.n[i, 0]), *cells))
