@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -67,8 +68,7 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))
     ranges = chunk_ranges(source.total, cfg.chunk_size)
-    engine = make_engine("local", cfg.workers, progress=cfg.progress)
-    try:
+    with closing(make_engine("local", cfg.workers, progress=cfg.progress)) as engine:
         for res in engine.map(
             evaluate_chunk,
             LazyChunks(source, ranges),  # type: ignore[arg-type]  # any source with .chunk(range)
@@ -78,8 +78,6 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
             sizes=[len(r) for r in ranges],
         ):
             acc.add(res)
-    finally:
-        engine.close()
     acc.flush()
     mean, half = acc.ci()
     out = []
