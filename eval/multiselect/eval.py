@@ -21,7 +21,7 @@ For each test user, each ε and each of ``trials`` repetitions:
   top 500 are chosen without noise from the history, so this is NOT end-to-end DP.
 
 Measures per user (averaged over the repetitions, then over users with a 95% CI), against v,
-the raw full-catalog scores with seen items worth 0 (:mod:`eval.multiselect.data`):
+the raw full-catalog scores with seen items worth 0 (:meth:`eval.multiselect.data.UserChunk.value`):
 
 - ``utility_fraction``: v[chosen] / max v, the fraction of the best achievable score;
 - ``hit_rate``: whether the chosen item is one of the user's held-out targets;
