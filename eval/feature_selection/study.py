@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from eval.evaluation.pipelines import stream
 from eval.evaluation.results import Finding
 from eval.feature_selection import data, methods, metrics
 from eval.feature_selection.config import FeatureSelectionConfig
@@ -56,10 +57,6 @@ RATES_SCHEMA = {
 def progress_bar(desc: str, unit: str, total: int, progress: bool | None) -> tqdm:
     """The shared progress bar; ``progress`` None lets tqdm decide (off when not a TTY)."""
     return _bar(desc, unit, total, None if progress is None else not progress)
-
-
-def stream(seed: int, *key: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 def figure1_selections(dataset: data.Dataset, alpha: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
