@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 
 from eval.feature_selection.data import DATASET_FEATURES, DATASETS, SETTINGS
 from eval.feature_selection.methods import DEFAULT_LASSO_ALPHA, NEIGHBOURING
@@ -77,6 +76,6 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
         trials=int(cfg.trials),
         repetitions=int(cfg.repetitions),
         lasso_alpha=float(cfg.lasso_alpha),
-        params=MappingProxyType(dict(params)),
+        params=params,
         seed=int(cfg.seed),
     )
