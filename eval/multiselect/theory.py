@@ -28,7 +28,6 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.3, 0.5, 1.0, 2.0)
 DEFAULT_MC_DRAWS = 100_000
 THEORY_CSV = "theory.csv"
 SCHEMA = {"k": pl.Int64, "epsilon": pl.Float64, "error": pl.Float64, "mc_error": pl.Float64, "offsets": pl.String}
-COLUMNS = tuple(SCHEMA)
 
 
 @dataclass(frozen=True)
