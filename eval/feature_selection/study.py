@@ -26,10 +26,8 @@ from recsvc.engines import progress_bar as _bar
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
 
-FIGURE1_K = data.FIGURE1_INFORMATIVE
-FIGURE1_METHODS = ("sis", "two-stage")
 PRIVATE_METHODS = ("dp-sis", "two-stage")
-NONPRIVATE_METHODS = ("sis", "two-stage")
+NONPRIVATE_METHODS = ("sis", "two-stage")  # also Figure 1's
 _FIGURE1, _DATASET, _TRIAL = 1, 2, 3  # the first spawn-key entry of each kind of stream
 
 FIGURE1_SCHEMA = {"setting": pl.String, "method": pl.String, "feature": pl.Int64, "count": pl.Int64}
@@ -66,8 +64,8 @@ def figure1_selections(dataset: data.Dataset, alpha: float, rng: np.random.Gener
     xs, ys = data.standardised(dataset.x, dataset.y)
     counts = methods.support_counts(xs, ys, methods.blocks(xs.shape[0]), alpha)
     return {
-        "sis": methods.top_k(methods.sis_scores(x, y), FIGURE1_K, rng),
-        "two-stage": methods.top_k(counts, FIGURE1_K, rng),
+        "sis": methods.top_k(methods.sis_scores(x, y), data.FIGURE1_INFORMATIVE, rng),
+        "two-stage": methods.top_k(counts, data.FIGURE1_INFORMATIVE, rng),
     }
 
 
@@ -78,14 +76,14 @@ def figure1_table(cfg: FeatureSelectionConfig) -> pl.DataFrame:
     rows: list[tuple[str, str, int, int]] = []
     with progress_bar("figure 1", "dataset", len(cfg.settings) * cfg.repetitions, cfg.progress) as bar:
         for setting in cfg.settings:
-            counts = {m: np.zeros(d, dtype=np.int64) for m in FIGURE1_METHODS}
+            counts = {m: np.zeros(d, dtype=np.int64) for m in NONPRIVATE_METHODS}
             for rep in range(cfg.repetitions):
                 rng = stream(cfg.seed, _FIGURE1, data.SETTINGS.index(setting), rep)
                 chosen = figure1_selections(data.figure1(setting, rng), cfg.lasso_alpha, rng)
-                for m in FIGURE1_METHODS:
+                for m in NONPRIVATE_METHODS:
                     counts[m][chosen[m]] += 1
                 bar.update()
-            rows += [(setting, m, j + 1, int(counts[m][j])) for m in FIGURE1_METHODS for j in range(d)]
+            rows += [(setting, m, j + 1, int(counts[m][j])) for m in NONPRIVATE_METHODS for j in range(d)]
     return pl.DataFrame(rows, schema=FIGURE1_SCHEMA, orient="row")
 
 
