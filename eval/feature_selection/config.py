@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
 
 from eval.feature_selection.data import DATASET_FEATURES, DATASETS, SETTINGS
 from eval.feature_selection.methods import DEFAULT_LASSO_ALPHA, NEIGHBOURING
@@ -14,29 +13,21 @@ from recsvc.checks import ParamError, check_epsilon, check_int
 from recsvc.mechanisms import check_params, get_mechanism
 from recsvc.settings import OneOf, Range, setting
 
-DEFAULT_OUT = Path("results/feature-selection")
-DEFAULT_EPSILONS: tuple[float, ...] = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0)
-DEFAULT_KS: tuple[int, ...] = (5, 8)
-DEFAULT_TRIALS = 100
-DEFAULT_REPETITIONS = 1000
-DEFAULT_MECHANISM = "clm"
-
 
 @dataclass(frozen=True)
 class FeatureSelectionConfig:
-    out: Path | None = setting(DEFAULT_OUT, unit="dir", help="results directory")  # None: compute only, write nothing
+    # None: compute only, write nothing
+    out: Path | None = setting(Path("results/feature-selection"), unit="dir", help="results directory")
     datasets: Sequence[str] = setting(
         DATASETS, nargs="*", unit="name", help=f"the accuracy study's datasets, of {', '.join(DATASETS)}; none skips it"
     )
     settings: Sequence[str] = setting(SETTINGS, nargs="*", unit="name", help="Figure 1's settings; none skips Figure 1")
-    ks: Sequence[int] = setting(DEFAULT_KS, nargs="+", type=int, unit="k", help="features to select, 1 ≤ k ≤ d")
-    epsilons: Sequence[float] = setting(DEFAULT_EPSILONS, nargs="+", type=float, unit="eps", help="ε values > 0")
-    trials: int = setting(
-        DEFAULT_TRIALS, help="private selections per dataset, method, k and ε", check=Range(1, integer=True)
+    ks: Sequence[int] = setting((5, 8), nargs="+", type=int, unit="k", help="features to select, 1 ≤ k ≤ d")
+    epsilons: Sequence[float] = setting(
+        (0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0), nargs="+", type=float, unit="eps", help="ε values > 0"
     )
-    repetitions: int = setting(
-        DEFAULT_REPETITIONS, help="Figure 1's datasets per setting", check=Range(1, integer=True)
-    )
+    trials: int = setting(100, help="private selections per dataset, method, k and ε", check=Range(1, integer=True))
+    repetitions: int = setting(1000, help="Figure 1's datasets per setting", check=Range(1, integer=True))
     neighbouring: str = setting(
         "add-remove",
         help="the neighbouring relation: DP-SIS's Δ is 1 (add-remove a row) or 2 (replace one)",
@@ -45,9 +36,7 @@ class FeatureSelectionConfig:
     lasso_alpha: float = setting(
         DEFAULT_LASSO_ALPHA, help="the Lasso's λ (scikit-learn's alpha)", check=Range(0, low_open=True)
     )
-    mechanism: str = setting(
-        DEFAULT_MECHANISM, help="the private top-k mechanism of both methods (a registry name)"
-    )  # the private top k of both methods
+    mechanism: str = setting("clm", help="the private top-k mechanism of both methods (a registry name)")
     params: Mapping[str, float | None] = field(default_factory=dict)  # the mechanism's (loss_weight …)
     seed: int = setting(0, help="seed of every dataset's and trial's stream", check=Range(0, integer=True))
     force: bool = setting(False, help="replace an existing --out directory")
@@ -87,6 +76,6 @@ def validate(cfg: FeatureSelectionConfig) -> FeatureSelectionConfig:
         trials=int(cfg.trials),
         repetitions=int(cfg.repetitions),
         lasso_alpha=float(cfg.lasso_alpha),
-        params=MappingProxyType(dict(params)),
+        params=params,
         seed=int(cfg.seed),
     )

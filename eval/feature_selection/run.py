@@ -4,22 +4,12 @@ plots and report), which validates, then writes every output at once."""
 from __future__ import annotations
 
 import time
+from dataclasses import fields
 from typing import Any
 
 from eval.feature_selection import plots, report, study
 from eval.feature_selection.config import FeatureSelectionConfig, validate
 from eval.study import Output, Study, execute
-
-FIGURE1_CSV = "figure1.csv"
-ACCURACY_CSV = "accuracy.csv"
-NONPRIVATE_CSV = "nonprivate.csv"
-RATES_CSV = "rates.csv"
-COMPARISONS_CSV = "comparisons.csv"
-# summary.json's "config": what the run used (params given or defaulted)
-_SUMMARY_CONFIG = (
-    *("datasets", "settings", "ks", "epsilons", "trials", "repetitions"),
-    *("neighbouring", "lasso_alpha", "mechanism", "params", "seed"),
-)
 
 
 def compute(cfg: FeatureSelectionConfig) -> study.FeatureSelectionResult:
@@ -43,8 +33,9 @@ def compute(cfg: FeatureSelectionConfig) -> study.FeatureSelectionResult:
 
 def summary_json(result: study.FeatureSelectionResult) -> dict[str, Any]:
     cfg = result.config
+    used = {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name not in ("out", "force", "progress")}
     return {
-        "config": {k: dict(cfg.params) if k == "params" else getattr(cfg, k) for k in _SUMMARY_CONFIG},
+        "config": used | {"params": dict(cfg.params)},  # what the run used (params given or defaulted)
         "findings": [{"statement": f.statement, "holds": f.holds, "detail": f.detail} for f in result.findings],
         "seconds": result.seconds,
     }
@@ -55,11 +46,11 @@ STUDY = Study(
     config=FeatureSelectionConfig,
     run=compute,
     outputs=(
-        Output(FIGURE1_CSV, lambda r: r.figure1, study.FIGURE1_SCHEMA),
-        Output(ACCURACY_CSV, lambda r: r.accuracy, study.ACCURACY_SCHEMA),
-        Output(NONPRIVATE_CSV, lambda r: r.nonprivate, study.NONPRIVATE_SCHEMA),
-        Output(RATES_CSV, lambda r: r.rates, study.RATES_SCHEMA),
-        Output(COMPARISONS_CSV, lambda r: None if r.accuracy is None else r.comparisons, report.COMPARISON_SCHEMA),
+        Output("figure1.csv", lambda r: r.figure1, study.FIGURE1_SCHEMA),
+        Output("accuracy.csv", lambda r: r.accuracy, study.ACCURACY_SCHEMA),
+        Output("nonprivate.csv", lambda r: r.nonprivate, study.NONPRIVATE_SCHEMA),
+        Output("rates.csv", lambda r: r.rates, study.RATES_SCHEMA),
+        Output("comparisons.csv", lambda r: None if r.accuracy is None else r.comparisons, report.COMPARISON_SCHEMA),
         Output("summary.json", summary_json, ("config", "findings", "seconds")),
     ),
     report=report.body,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
+from eval.evaluation.pipelines import stream
 from eval.evaluation.results import Finding
 from eval.feature_selection import data, methods, metrics
 from eval.feature_selection.config import FeatureSelectionConfig
@@ -25,10 +26,8 @@ from recsvc.engines import progress_bar as _bar
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
 
-FIGURE1_K = data.FIGURE1_INFORMATIVE
-FIGURE1_METHODS = ("sis", "two-stage")
 PRIVATE_METHODS = ("dp-sis", "two-stage")
-NONPRIVATE_METHODS = ("sis", "two-stage")
+NONPRIVATE_METHODS = ("sis", "two-stage")  # also Figure 1's
 _FIGURE1, _DATASET, _TRIAL = 1, 2, 3  # the first spawn-key entry of each kind of stream
 
 FIGURE1_SCHEMA = {"setting": pl.String, "method": pl.String, "feature": pl.Int64, "count": pl.Int64}
@@ -58,10 +57,6 @@ def progress_bar(desc: str, unit: str, total: int, progress: bool | None) -> tqd
     return _bar(desc, unit, total, None if progress is None else not progress)
 
 
-def stream(seed: int, *key: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
-
-
 def figure1_selections(dataset: data.Dataset, alpha: float, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """The five features non-private SIS (DP-SIS's scores, no noise) and non-private two-stage
     (the top counts over the 10 blocks, in row order) choose."""
@@ -69,8 +64,8 @@ def figure1_selections(dataset: data.Dataset, alpha: float, rng: np.random.Gener
     xs, ys = data.standardised(dataset.x, dataset.y)
     counts = methods.support_counts(xs, ys, methods.blocks(xs.shape[0]), alpha)
     return {
-        "sis": methods.top_k(methods.sis_scores(x, y), FIGURE1_K, rng),
-        "two-stage": methods.top_k(counts, FIGURE1_K, rng),
+        "sis": methods.top_k(methods.sis_scores(x, y), data.FIGURE1_INFORMATIVE, rng),
+        "two-stage": methods.top_k(counts, data.FIGURE1_INFORMATIVE, rng),
     }
 
 
@@ -78,22 +73,18 @@ def figure1_table(cfg: FeatureSelectionConfig) -> pl.DataFrame:
     """Per setting, method and feature (1-based, as the seed numbers them): how many of the
     repetitions chose it."""
     d = data.FIGURE1_SHAPE[1]
-    rows: list[dict[str, object]] = []
+    rows: list[tuple[str, str, int, int]] = []
     with progress_bar("figure 1", "dataset", len(cfg.settings) * cfg.repetitions, cfg.progress) as bar:
         for setting in cfg.settings:
-            counts = {m: np.zeros(d, dtype=np.int64) for m in FIGURE1_METHODS}
+            counts = {m: np.zeros(d, dtype=np.int64) for m in NONPRIVATE_METHODS}
             for rep in range(cfg.repetitions):
                 rng = stream(cfg.seed, _FIGURE1, data.SETTINGS.index(setting), rep)
                 chosen = figure1_selections(data.figure1(setting, rng), cfg.lasso_alpha, rng)
-                for m in FIGURE1_METHODS:
+                for m in NONPRIVATE_METHODS:
                     counts[m][chosen[m]] += 1
                 bar.update()
-            rows += [
-                {"setting": setting, "method": m, "feature": j + 1, "count": int(counts[m][j])}
-                for m in FIGURE1_METHODS
-                for j in range(d)
-            ]
-    return pl.DataFrame(rows, schema=FIGURE1_SCHEMA)
+            rows += [(setting, m, j + 1, int(counts[m][j])) for m in NONPRIVATE_METHODS for j in range(d)]
+    return pl.DataFrame(rows, schema=FIGURE1_SCHEMA, orient="row")
 
 
 @dataclass
@@ -143,34 +134,20 @@ def run_dataset(cfg: FeatureSelectionConfig, name: str, tick: Callable[[], objec
 
 def accuracy_tables(cfg: FeatureSelectionConfig) -> tuple[list[DatasetRun], pl.DataFrame, pl.DataFrame, pl.DataFrame]:
     """(the runs, accuracy.csv's table, nonprivate.csv's, rates.csv's)."""
-    runs: list[DatasetRun] = []
     with progress_bar("accuracy", "trial", len(cfg.datasets) * cfg.trials, cfg.progress) as bar:
-        for name in cfg.datasets:
-            runs.append(run_dataset(cfg, name, bar.update))
-    acc, nonpriv, rates = [], [], []
+        runs = [run_dataset(cfg, name, bar.update) for name in cfg.datasets]
+    acc, nonpriv, rates = [], [], []  # rows in their schema's column order
     for r in runs:
         for i, k in enumerate(cfg.ks):
-            for m in NONPRIVATE_METHODS:
-                mean, lo, hi = metrics.interval(r.nonprivate[m][i])
-                nonpriv.append({"dataset": r.name, "method": m, "k": k, "accuracy": mean, "ci_low": lo, "ci_high": hi})
+            nonpriv += [(r.name, m, k, *metrics.interval(r.nonprivate[m][i])) for m in NONPRIVATE_METHODS]
             for e, eps in enumerate(cfg.epsilons):
-                for m in PRIVATE_METHODS:
-                    mean, lo, hi = metrics.interval(r.private[m][i, e])
-                    acc.append(
-                        {"dataset": r.name, "method": m, "k": k, "epsilon": eps, "accuracy": mean}
-                        | {"ci_low": lo, "ci_high": hi}
-                    )
-                for c in metrics.CLASSES:
-                    rate, lo, hi = metrics.rate_interval(r.classes[c][i, e])
-                    rates.append(
-                        {"dataset": r.name, "k": k, "epsilon": eps, "class": c, "rate": rate}
-                        | {"ci_low": lo, "ci_high": hi}
-                    )
+                acc += [(r.name, m, k, eps, *metrics.interval(r.private[m][i, e])) for m in PRIVATE_METHODS]
+                rates += [(r.name, k, eps, c, *metrics.rate_interval(r.classes[c][i, e])) for c in metrics.CLASSES]
     return (
         runs,
-        pl.DataFrame(acc, schema=ACCURACY_SCHEMA),
-        pl.DataFrame(nonpriv, schema=NONPRIVATE_SCHEMA),
-        pl.DataFrame(rates, schema=RATES_SCHEMA),
+        pl.DataFrame(acc, schema=ACCURACY_SCHEMA, orient="row"),
+        pl.DataFrame(nonpriv, schema=NONPRIVATE_SCHEMA, orient="row"),
+        pl.DataFrame(rates, schema=RATES_SCHEMA, orient="row"),
     )
 
 

@@ -1,10 +1,5 @@
 """`recsvc eval-multiselect --artifacts`: the run's configuration, its checks, and each test user's
-data (docs/guides/evaluation.md, "Multi-selection on datasets").
-
-Every measure is taken against one reference per user: v, the user's RAW full-catalog SANSA
-scores with the items of their own history worth 0 (showing an item the user already has gains
-nothing). Its clipped form clip(v, lo, hi) is the reference of the paper's MSE.
-"""
+data (docs/guides/evaluation.md, "Multi-selection on datasets")."""
 
 from __future__ import annotations
 
@@ -46,7 +41,6 @@ class DatasetConfig:
         help="results directory (default: results/multiselect with --theory, results/multiselect-datasets "
         "with --artifacts)",
     )
-    # the first N test users of each artifact (artifact order); None = all
     users: int | None = setting(
         None,
         help="--artifacts: only the first N test users of each artifact (default: all)",
@@ -120,23 +114,13 @@ class UserChunk:
     cand_count: np.ndarray  # (B,)
 
     def value(self, b: int) -> np.ndarray:
-        """v of user b: what showing each item is worth to them (seen items 0)."""
+        """v of user b, the reference of every measure: their raw full-catalog SANSA scores, seen
+        items 0 (showing an item the user already has gains nothing)."""
         return np.where(self.seen[b], 0.0, self.raw[b])
 
     def device_scores(self, b: int) -> np.ndarray:
         """What user b's device re-ranks with: the true scores, seen items −inf."""
         return np.where(self.seen[b], -np.inf, self.raw[b])
-
-
-def check_catalog(name: str, items: int, ks: Sequence[int]) -> None:
-    """k distinct items need a catalog of at least k; ParamError before anything is written."""
-    if max(ks) > items:
-        raise ParamError(
-            "{ks}: k = {k} is more than the {items} items of {name}; expected k ≤ {items}",
-            k=max(ks),
-            items=items,
-            name=name,
-        )
 
 
 class DatasetSource:
@@ -160,7 +144,13 @@ class DatasetSource:
         self.total = total if users is None else min(users, total)
         preset = (art.manifest.extra.get("synthetic") or {}).get("preset")
         self.name = f"{art.manifest.dataset}-{preset}" if preset else art.manifest.dataset  # synthetic-ml20m-shape
-        check_catalog(self.name, art.items.height, ks)
+        if max(ks) > art.items.height:  # k distinct items need a catalog of at least k
+            raise ParamError(
+                "{ks}: k = {k} is more than the {items} items of {name}; expected k ≤ {items}",
+                k=max(ks),
+                items=art.items.height,
+                name=self.name,
+            )
         art.catalog_scores(art.user_ids[:1])  # the model and test_inputs.parquet load, or fail now
         art.test_items(art.user_ids[:1])
         items = art.items

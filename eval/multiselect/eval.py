@@ -21,7 +21,7 @@ For each test user, each ε and each of ``trials`` repetitions:
   top 500 are chosen without noise from the history, so this is NOT end-to-end DP.
 
 Measures per user (averaged over the repetitions, then over users with a 95% CI), against v,
-the raw full-catalog scores with seen items worth 0 (:mod:`eval.multiselect.data`):
+the raw full-catalog scores with seen items worth 0 (:meth:`eval.multiselect.data.UserChunk.value`):
 
 - ``utility_fraction``: v[chosen] / max v, the fraction of the best achievable score;
 - ``hit_rate``: whether the chosen item is one of the user's held-out targets;
@@ -49,7 +49,6 @@ from recsvc.policy import PolicyTable
 TAG = 2**31 + 25  # second spawn-key word: these streams never meet eval's other streams
 GREEDY, BASELINE, CODE = "multiselect", "multiselect-baseline", "multiselect-code"
 RECOMMEND, SELECT, NONPRIVATE = "recommend-auto", "select-top500-auto", "nonprivate"
-MODES = (CODE, GREEDY, BASELINE, RECOMMEND, SELECT, NONPRIVATE)
 MEASURES = ("utility_fraction", "hit_rate", "mse")
 TRUST = {
     CODE: "local ε-DP (any two histories; the operator is not trusted)",
@@ -94,28 +93,18 @@ class Context:
     points: np.ndarray  # (P, d) int64: the population's lattice points, what the server's likelihood compares
     code_answers: np.ndarray  # (ε grid + ∞, C, max k): the server's answer to each code at each ε
 
+    @classmethod
+    def of(cls, source: DatasetSource, ks: Sequence[int], epsilons: Sequence[float], trials: int, seed: int) -> Context:
+        """The answers no user's signal changes, computed once as the service computes them."""
+        from recsvc.multiselection import greedy, prototype_codes, respond_code
 
-def code_answers(source: DatasetSource, epsilons: Sequence[float], k: int) -> np.ndarray:
-    """The server's k items for every code at every ε (then without noise), as the service answers."""
-    from recsvc.multiselection import prototype_codes, respond_code
-
-    pop, book = source.population, source.bundle.codebook
-    codes = prototype_codes(pop, book)
-    grid = (*epsilons, NO_NOISE_EPSILON)
-    return np.stack([np.stack([respond_code(pop, codes, y, e, k) for y in range(book.size)]) for e in grid])
-
-
-def lattice_points(source: DatasetSource) -> np.ndarray:
-    """The population's lattice points on the bundle's grid: the service rounds its prototypes the same way."""
-    return source.bundle.lattice.point(source.population.embeddings)
-
-
-def blind_answer(source: DatasetSource, k: int) -> np.ndarray:
-    """The greedy k items for uniform weights over the population: the answer that ignores the signal."""
-    from recsvc.multiselection import greedy
-
-    pop = source.population
-    return greedy(pop, np.full(pop.size, 1.0 / pop.size), k)[None, :]
+        pop, book, kmax = source.population, source.bundle.codebook, max(ks)
+        blind = greedy(pop, np.full(pop.size, 1.0 / pop.size), kmax)[None, :]
+        points = source.bundle.lattice.point(pop.embeddings)  # the service rounds its prototypes the same way
+        codes = prototype_codes(pop, book)
+        grid = (*epsilons, NO_NOISE_EPSILON)
+        answers = np.stack([np.stack([respond_code(pop, codes, y, e, kmax) for y in range(book.size)]) for e in grid])
+        return cls(tuple(ks), tuple(epsilons), trials, seed, source, AutoPolicy.of(source), blind, points, answers)
 
 
 @dataclass(frozen=True)
@@ -164,17 +153,6 @@ def device_choice(device: np.ndarray, answers: np.ndarray) -> np.ndarray:
     return answers[np.arange(len(answers)), np.argmax(device[answers], axis=1)]
 
 
-def _answers(ctx: Context, signals: np.ndarray, eps: float, kmax: int) -> tuple[np.ndarray, np.ndarray]:
-    """Both server responses (T, kmax) to each lattice signal (T, d), as the service answers them."""
-    from recsvc.multiselection import baseline, respond_lattice
-
-    src = ctx.source
-    pop, factors, grid = src.population, src.bundle.embedding, src.bundle.lattice
-    greedy = np.stack([respond_lattice(pop, ctx.points, z, eps, grid, kmax) for z in signals])
-    base = np.stack([baseline(z * grid.step, factors, kmax) for z in signals])  # back in embedding units
-    return greedy, base
-
-
 def _central(ctx: Context, eps: float, q: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """``trials`` selections by what `auto` runs among these candidates (Monte Carlo: exact
     probabilities over a 20,000-item catalog cost minutes per user)."""
@@ -186,30 +164,35 @@ def _central(ctx: Context, eps: float, q: np.ndarray, d: np.ndarray, rng: np.ran
 
 
 def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
-    """(rows, measures) for user b of the chunk."""
-    from recsvc.multiselection import Words
+    """(rows, measures) for user b of the chunk. Per ε, ``trials`` signals of each kind: the code
+    of its true scores by randomised response, and the lattice signal of its embedding; without
+    noise, the code itself and the lattice point of the clipped embedding. Each is answered as
+    the service answers it."""
+    from recsvc.multiselection import Words, baseline, code_of, randomized_response, respond_lattice
 
     src, g = ctx.source, chunk.start + b
-    v, dev, target = chunk.value(b), chunk.device_scores(b), chunk.target[b]
+    pop, factors, grid, book = src.population, src.bundle.embedding, src.bundle.lattice, src.bundle.codebook
+    v, dev, target, e = chunk.value(b), chunk.device_scores(b), chunk.target[b], chunk.embedding[b]
     q = np.clip(v, src.lo, src.hi)
-    kmax = max(ctx.ks)
+    kmax, code = max(ctx.ks), code_of(dev[book])
     out: dict[Row, np.ndarray] = {}
-    e = chunk.embedding[b]
-    grids = [(ei, eps) for ei, eps in enumerate(ctx.epsilons)] + [(len(ctx.epsilons), math.inf)]
-    for k in ctx.ks:
-        out[Row(GREEDY, k, 0.0)] = measures(device_choice(dev, ctx.blind[:, :k]), v, q, target)
-    _code_rows(ctx, out, dev, v, q, target, g)
-    for ei, eps in grids:
-        grid = src.bundle.lattice
-        if math.isinf(eps):  # no noise: the lattice point of the clipped embedding itself
-            picked, base = _answers(ctx, grid.point(e)[None, :], NO_NOISE_EPSILON, kmax)
+
+    def keep(mode: str, eps: float, answers: np.ndarray) -> None:
+        """The device's pick from each answer (T, max k): every k's answer is its first k items."""
+        for k in ctx.ks:
+            out[Row(mode, k, eps)] = measures(device_choice(dev, answers[:, :k]), v, q, target)
+
+    keep(GREEDY, 0.0, ctx.blind)
+    for ei, eps in enumerate((*ctx.epsilons, math.inf)):
+        if math.isinf(eps):
+            sent, signals, at = np.array([code]), grid.point(e)[None, :], NO_NOISE_EPSILON
         else:
-            words = Words(stream(ctx.seed, g, TAG, 0, ei))
-            signals = np.stack([grid.signal(e, eps, words) for _ in range(ctx.trials)])
-            picked, base = _answers(ctx, signals, eps, kmax)
-        for mode, ans in ((GREEDY, picked), (BASELINE, base)):
-            for k in ctx.ks:
-                out[Row(mode, k, eps)] = measures(device_choice(dev, ans[:, :k]), v, q, target)
+            words, code_words = Words(stream(ctx.seed, g, TAG, 0, ei)), Words(stream(ctx.seed, g, TAG, 3, ei))
+            sent = np.array([randomized_response(code, book.size, eps, code_words) for _ in range(ctx.trials)])
+            signals, at = np.stack([grid.signal(e, eps, words) for _ in range(ctx.trials)]), eps
+        keep(CODE, eps, ctx.code_answers[ei][sent])
+        keep(GREEDY, eps, np.stack([respond_lattice(pop, ctx.points, z, at, grid, kmax) for z in signals]))
+        keep(BASELINE, eps, np.stack([baseline(z * grid.step, factors, kmax) for z in signals]))  # embedding units
     full_q = np.clip(chunk.raw[b], src.lo, src.hi)  # what Recommend selects over: seen items keep their scores
     c = int(chunk.cand_count[b])
     rows500 = chunk.cand_rows[b, :c]
@@ -220,26 +203,6 @@ def evaluate_user(ctx: Context, chunk: UserChunk, b: int) -> np.ndarray:
         out[Row(SELECT, 1, eps)] = measures(rows500[sel], v, q, target)
     out[Row(NONPRIVATE, 1, math.inf)] = measures(np.array([int(np.argmax(v))]), v, q, target)
     return np.stack([out[r] for r in rows(ctx.ks, ctx.epsilons)])
-
-
-def _code_rows(
-    ctx: Context, out: dict[Row, np.ndarray], dev: np.ndarray, v: np.ndarray, q: np.ndarray, target: np.ndarray, g: int
-) -> None:
-    """The code signal's rows for user g: its code from its true scores, ``trials`` randomised
-    responses per ε (none without noise), each answered as the service answers it."""
-    from recsvc.multiselection import Words, code_of, randomized_response
-
-    book = ctx.source.bundle.codebook
-    x = code_of(dev[book])
-    for ei, eps in enumerate((*ctx.epsilons, math.inf)):
-        if math.isinf(eps):
-            sent = np.array([x])
-        else:
-            words = Words(stream(ctx.seed, g, TAG, 3, ei))
-            sent = np.array([randomized_response(x, book.size, eps, words) for _ in range(ctx.trials)])
-        ans = ctx.code_answers[ei][sent]
-        for k in ctx.ks:
-            out[Row(CODE, k, eps)] = measures(device_choice(dev, ans[:, :k]), v, q, target)
 
 
 def evaluate_chunk(chunk: UserChunk, ctx: Context) -> np.ndarray:

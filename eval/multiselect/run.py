@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,10 +21,7 @@ from eval.multiselect.eval import (
     TRUST,
     AutoPolicy,
     Context,
-    blind_answer,
-    code_answers,
     evaluate_chunk,
-    lattice_points,
     rows,
 )
 from eval.study import Output, Study, execute
@@ -66,23 +64,11 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
     from eval.evaluation.sources import LazyChunks
     from recsvc.engines import chunk_ranges, make_engine
 
-    auto = AutoPolicy.of(source)
-    ctx = Context(
-        tuple(cfg.ks),
-        tuple(cfg.epsilons),
-        cfg.trials,
-        cfg.seed,
-        source,
-        auto,
-        blind_answer(source, max(cfg.ks)),
-        lattice_points(source),
-        code_answers(source, cfg.epsilons, max(cfg.ks)),
-    )
+    ctx = Context.of(source, cfg.ks, cfg.epsilons, cfg.trials, cfg.seed)
     keys = rows(ctx.ks, ctx.epsilons)
     acc = RunningMean((len(keys), len(MEASURES)))
     ranges = chunk_ranges(source.total, cfg.chunk_size)
-    engine = make_engine("local", cfg.workers, progress=cfg.progress)
-    try:
+    with closing(make_engine("local", cfg.workers, progress=cfg.progress)) as engine:
         for res in engine.map(
             evaluate_chunk,
             LazyChunks(source, ranges),  # type: ignore[arg-type]  # any source with .chunk(range)
@@ -92,25 +78,15 @@ def _evaluate(cfg: DatasetConfig, source: DatasetSource) -> pl.DataFrame:
             sizes=[len(r) for r in ranges],
         ):
             acc.add(res)
-    finally:
-        engine.close()
     acc.flush()
     mean, half = acc.ci()
     out = []
     for i, r in enumerate(keys):
-        row = {
-            "dataset": source.name,
-            "mode": r.mode,
-            "mechanism": _mechanism(r.mode, r.epsilon, auto, source.artifact.items.height),
-            "end_to_end_dp": r.mode not in ("select-top500-auto", "nonprivate"),
-            "k": r.k,
-            "epsilon": r.epsilon,
-            "users": int(acc.n[i, 0]),
-        }
-        for j, m in enumerate(MEASURES):
-            row[m], row[f"{m}_ci"] = float(mean[i, j]), float(half[i, j])
-        out.append(row)
-    return pl.DataFrame(out, schema=SCHEMA)
+        mechanism = _mechanism(r.mode, r.epsilon, ctx.auto, source.artifact.items.height)
+        e2e = r.mode not in ("select-top500-auto", "nonprivate")
+        cells = (float(x) for pair in zip(mean[i], half[i], strict=True) for x in pair)  # each measure, then its CI
+        out.append((source.name, r.mode, mechanism, e2e, r.k, r.epsilon, int(acc.n[i, 0]), *cells))
+    return pl.DataFrame(out, schema=SCHEMA, orient="row")
 
 
 def compute(cfg: DatasetConfig) -> DatasetResult:

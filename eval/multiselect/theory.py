@@ -28,7 +28,6 @@ DEFAULT_EPSILONS: tuple[float, ...] = (0.3, 0.5, 1.0, 2.0)
 DEFAULT_MC_DRAWS = 100_000
 THEORY_CSV = "theory.csv"
 SCHEMA = {"k": pl.Int64, "epsilon": pl.Float64, "error": pl.Float64, "mc_error": pl.Float64, "offsets": pl.String}
-COLUMNS = tuple(SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -69,25 +68,19 @@ def validate(cfg: TheoryConfig) -> TheoryConfig:
     return TheoryConfig(cfg.out, ks, epsilons, int(cfg.mc_draws), seed, cfg.force)
 
 
-def theory_table(cfg: TheoryConfig) -> tuple[pl.DataFrame, float]:
-    """One row per (k, ε), k slowest; and the largest Monte Carlo deviation in standard errors.
+def compute(cfg: TheoryConfig) -> TheoryResult:
+    """One row per (k, ε), k slowest, and the largest Monte Carlo deviation in standard errors.
     Row i's draws come from ``user_stream(seed, i)``: reproducible, independent across rows."""
-    rows: list[dict[str, object]] = []
+    t0 = time.perf_counter()
+    rows: list[tuple[int, float, float, float, str]] = []
     max_z = 0.0
     for k in cfg.ks:
         for eps in cfg.epsilons:
             response = optimal_response(eps, k)
             mean, se = monte_carlo_error(response.offsets, eps, cfg.mc_draws, user_stream(cfg.seed, len(rows)))
             max_z = max(max_z, abs(mean - response.error) / se)
-            offsets = " ".join(f"{a:.15g}" for a in response.offsets)
-            rows.append({"k": k, "epsilon": eps, "error": response.error, "mc_error": mean, "offsets": offsets})
-    return pl.DataFrame(rows, schema=SCHEMA), max_z
-
-
-def compute(cfg: TheoryConfig) -> TheoryResult:
-    t0 = time.perf_counter()
-    table, max_z = theory_table(cfg)
-    return TheoryResult(cfg, table, max_z, time.perf_counter() - t0)
+            rows.append((k, eps, response.error, mean, " ".join(f"{a:.15g}" for a in response.offsets)))
+    return TheoryResult(cfg, pl.DataFrame(rows, schema=SCHEMA, orient="row"), max_z, time.perf_counter() - t0)
 
 
 def findings(result: TheoryResult) -> list[str]:

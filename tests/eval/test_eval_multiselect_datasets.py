@@ -153,20 +153,8 @@ def test_auto_resolves_as_the_service_does(tiny: Path) -> None:
 def ctx(tiny: Path) -> Context:
     """What eval-multiselect shares across the tiny artifact's chunks: 3 users, k ∈ {1, 3}, ε = 2."""
     from eval.multiselect.data import DatasetSource
-    from eval.multiselect.eval import AutoPolicy, blind_answer, code_answers, lattice_points
 
-    src = DatasetSource(tiny, 3, (1, 3))
-    return Context(
-        (1, 3),
-        (2.0,),
-        4,
-        0,
-        src,
-        AutoPolicy.of(src),
-        blind_answer(src, 3),
-        lattice_points(src),
-        code_answers(src, (2.0,), 3),
-    )
+    return Context.of(DatasetSource(tiny, 3, (1, 3)), (1, 3), (2.0,), 4, 0)
 
 
 def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(ctx: Context) -> None:

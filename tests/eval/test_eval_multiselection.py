@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from eval.multiselect.theory import COLUMNS, TheoryConfig, parse_offsets, run_theory
+from eval.multiselect.theory import SCHEMA, TheoryConfig, parse_offsets, run_theory
 from recsvc.app.cli import main as recsvc_main
 from recsvc.multiselection import identity_error, identity_offsets
 
@@ -24,7 +24,7 @@ def test_theory_csv_holds_the_closed_form_and_a_close_monte_carlo(tmp_path, caps
     assert {p.name for p in out.iterdir()} == {"theory.csv", "report.md", "offsets.png", "scaled_error.png"}
     assert not list(tmp_path.glob(".ms*"))  # no temp sibling left
     t = pl.read_csv(out / "theory.csv")
-    assert tuple(t.columns) == COLUMNS
+    assert tuple(t.columns) == tuple(SCHEMA)
     assert t["k"].to_list() == [1, 1, 3, 3, 10, 10] and t["epsilon"].to_list() == [0.5, 2.0] * 3
     for k, eps, error, mc, offsets in t.iter_rows():
         a = parse_offsets(offsets)
