@@ -158,7 +158,7 @@ def start(config: ServerConfig) -> ServerHandle:
         host_port(config.listen.host, port),
         "TLS" if creds else "plaintext",
         authenticator.describe(),
-        servicer.default_mechanism,
+        servicer.selector.default_mechanism,
         servicer.selector.auto_description,
         config.ledger.budget,
         config.ledger.window.per,

@@ -71,14 +71,6 @@ class SelectionServicer:
     def ledger(self, ledger: Ledger) -> None:
         self._ledger = ledger
 
-    @property
-    def default_mechanism(self) -> str:
-        return self.selector.default_mechanism
-
-    @property
-    def auto_choice(self) -> str | None:
-        return self.selector.auto_choice
-
     # -- prepare: authorize, check once, price (no ledger, no draw) ----------------------------
 
     def price_select(self, caller: Caller, request: pb.SelectRequest) -> Priced[Prepared]:
