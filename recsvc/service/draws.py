@@ -77,8 +77,7 @@ class HeavyDraws:
         self.heavy_draws, self.processes = heavy_draws, processes
         self._pool: ProcessPoolExecutor | None = None  # made on first use, in the serving process
         self._lock = threading.Lock()
-        self.pooled = 0  # draws made by the pool (tests, metrics)
-        self.renewed = 0  # pools made in place of one whose process died
+        self.pooled = 0  # draws made by the pool (tests)
 
     def heavy(self, expected: float) -> bool:
         return expected > self.heavy_draws
@@ -124,7 +123,6 @@ class HeavyDraws:
         with self._lock:
             if self._pool is dead:
                 self._pool = None
-                self.renewed += 1
         dead.shutdown(wait=False, cancel_futures=True)
         return self._current()
 
