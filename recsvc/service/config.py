@@ -9,9 +9,9 @@ from __future__ import annotations
 import ipaddress
 import math
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, get_type_hints
 
 from recsvc.checks import ParamError
 from recsvc.ledger import is_postgres
@@ -21,9 +21,6 @@ from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 from recsvc.policy import AUTO_THRESHOLD
 from recsvc.settings import Range, check, setting, settings_of
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 AUTO = "auto"
 # What a two-stage Recommend's candidate stage may run: the registry's one-shot top-k mechanisms
@@ -287,26 +284,6 @@ class SelectorConfig:
     selection: SelectionSettings = field(default_factory=SelectionSettings)
 
 
-GROUPS: dict[str, type[DataclassInstance]] = {
-    "listen": Listen,
-    "admission": Admission,
-    "auth": Auth,
-    "ledger": LedgerSettings,
-    "limits": Limits,
-    "selection": SelectionSettings,
-    "drain": Drain,
-}
-
-
-def _flat(f: Field[Any]) -> str:
-    spec = f.metadata.get("setting")
-    return spec.name or f.name if spec is not None else f.name
-
-
-# flat parameter name → (group, field)
-PARAMS: dict[str, tuple[str, str]] = {_flat(f): (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)}
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     artifacts: Path = setting(help="artifact directory, e.g. artifacts/ml-100k")
@@ -350,6 +327,20 @@ class ServerConfig:
         """Validates the knobs that do not need the artifact; returns self."""
         validate(self)
         return self
+
+
+def _flat(f: Field[Any]) -> str:
+    spec = f.metadata.get("setting")
+    return spec.name or f.name if spec is not None else f.name
+
+
+# flat parameter name → (group, field), for every field of ServerConfig's groups
+PARAMS: dict[str, tuple[str, str]] = {
+    _flat(f): (group, f.name)
+    for group, cls in get_type_hints(ServerConfig).items()
+    if is_dataclass(cls)
+    for f in fields(cls)
+}
 
 
 @dataclass(frozen=True)
