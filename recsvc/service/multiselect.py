@@ -54,7 +54,7 @@ class MultiPrepared:
 
 @dataclass(frozen=True)
 class MultiAnswer:
-    """What the response carries."""
+    """What the response carries: MultiSelectResponse's fields, named as there."""
 
     item_ids: list[str]
     epsilon_spent: float
