@@ -80,8 +80,6 @@ from recsvc.service.errors import (
 )
 from recsvc.service.threads import Threads
 
-__all__ = ["Abort", "Gate", "RateLimiter", "Where", "status_of"]
-
 log = logging.getLogger("recsvc.service")
 
 # The largest message a lone call may run from on the loop: a Select of ≈ 900 candidates named by
