@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from recsvc.checks import ParamError
-from recsvc.ledger import is_postgres
+from recsvc.ledger import Ledger, is_postgres, open_ledger
 from recsvc.ledger.fingerprint import default_path as default_key_path
 from recsvc.ledger.units import MAX_EPSILON, budget_units
 from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
@@ -190,6 +190,18 @@ class LedgerSettings:
     @property
     def window(self) -> BudgetWindow:
         return BudgetWindow.parse(self.budget_window)
+
+    def open(self, **options: Any) -> Ledger:
+        """The ledger these settings name, with their budget, key file, window and connect timeout
+        (``options``: the rest of :func:`recsvc.ledger.open_ledger`'s)."""
+        return open_ledger(
+            self.location,
+            self.budget,
+            self.key_path,
+            window=self.window,
+            connect_timeout=self.connect_timeout,
+            **options,
+        )
 
 
 @dataclass(frozen=True)

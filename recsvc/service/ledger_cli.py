@@ -69,17 +69,8 @@ def _ledger_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_ledger_init(args: argparse.Namespace) -> int:
-    from recsvc.ledger import open_ledger
-
     config = _ledger_config(args).ledger
-    store = open_ledger(
-        config.location,
-        config.budget,
-        config.key_path,
-        pool_size=1,
-        create=True,
-        window=config.window,
-    )
+    store = config.open(pool_size=1, create=True)
     store.close()
     where = getattr(store, "where", str(config.location))
     print(

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recsvc.ledger import Ledger, LedgerObserver, is_postgres, open_ledger
+from recsvc.ledger import Ledger, LedgerObserver, is_postgres
 from recsvc.service.aioserver import EventLoop, Health, bind, build
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
@@ -115,17 +115,7 @@ def start(config: ServerConfig) -> ServerHandle:
             from recsvc.service import metrics
 
             metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
-        settings = config.ledger
-        ledger = open_ledger(
-            settings.location,
-            settings.budget,
-            settings.key_path,
-            pool_size=settings.pool,
-            waits=settings.waits,
-            connect_timeout=settings.connect_timeout,
-            window=settings.window,
-            observer=ledger_observer(),
-        )
+        ledger = config.ledger.open(pool_size=config.ledger.pool, waits=config.ledger.waits, observer=ledger_observer())
         servicer.ledger = ledger
         loop.call(server.start())
         for name in ("", SERVICE_NAME):

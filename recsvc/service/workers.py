@@ -20,7 +20,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from recsvc.ledger import is_postgres, open_ledger
+from recsvc.ledger import is_postgres
 from recsvc.service.aioserver import check_port_free
 from recsvc.service.config import ServerConfig, host_port
 from recsvc.service.server import authenticator_of, ready_file, serve_one
@@ -78,15 +78,7 @@ def _fork_workers(config: ServerConfig) -> int:
     # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
-    settings = config.ledger
-    ledger = open_ledger(
-        settings.location,
-        settings.budget,
-        settings.key_path,
-        pool_size=1,
-        window=settings.window,
-        connect_timeout=settings.connect_timeout,
-    )
+    ledger = config.ledger.open(pool_size=1)
     ledger.close()
     served: list[bool] = []
     try:
