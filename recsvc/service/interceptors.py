@@ -137,26 +137,6 @@ class Pool:
     flag: str
 
 
-class _Wrapped:
-    """Each method's wrapped handler, made once: gRPC looks a handler up on every call, and the
-    registered handlers never change, so a wrapper is rebuilt only if its handler is replaced."""
-
-    def __init__(self) -> None:
-        self._by_method: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    def get(
-        self,
-        method: str,
-        handler: grpc.RpcMethodHandler,
-        wrap: Callable[[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler],
-    ) -> grpc.RpcMethodHandler:
-        """``method``'s wrapper, ``wrap(method, handler)`` on first use."""
-        cached = self._by_method.get(method)
-        if cached is None or cached[0] is not handler:
-            cached = self._by_method[method] = (handler, wrap(method, handler))
-        return cached[1]
-
-
 class Gate(grpc.aio.ServerInterceptor):
     """See the module docstring. ``pool`` runs the synchronous methods (the request threads);
     ``heavy`` runs the calls its price sends there; ``inline``: the methods a lone call may run on the event
@@ -182,7 +162,9 @@ class Gate(grpc.aio.ServerInterceptor):
         self._open = open_prefixes
         self._observed = observed_prefix
         self.inline = frozenset(inline)
-        self._wrapped = _Wrapped()
+        # Each method's (handler, wrapper), made once: gRPC looks a handler up on every call, and the
+        # registered handlers never change, so a wrapper is rebuilt only if its handler is replaced.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._refusals = ThrottledLog() if refusals is None else refusals  # the servicer's: one budget per principal
 
     async def intercept_service(
@@ -193,7 +175,11 @@ class Gate(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED
-        return self._wrapped.get(handler_call_details.method, handler, self._wrap)
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[method] = (handler, self._wrap(method, handler))
+        return cached[1]
 
     def _refuse(self, method: str, refusal: ServiceError) -> NoReturn:
         """Counts the refusal and ends the call: raises :class:`Abort`."""
