@@ -1,20 +1,12 @@
-"""The PrivateSelection servicer. Each RPC reads: authorize → decode → prepare (validated once,
-priced) → reserve → draw → commit → encode once.
-
-**How an RPC method is written** (one way for every method): a :class:`recsvc.service.draws.UseCase`
-of two plain synchronous steps, registered in :func:`register` with its decoder.
-``price_<name>(caller, request)`` authorizes the decoded request for the authenticated caller and
-checks it once, touching no ledger, and returns it :class:`~recsvc.service.draws.Priced`: ready
-to run, with its :class:`~recsvc.service.draws.Price` read off public quantities (sizes, k, γ;
-never the scores). ``answer_<name>`` (:meth:`answer` for Select and Recommend) takes that value
-and returns the response message. The gate (:mod:`recsvc.service.interceptors`) has already
-authenticated the caller, read the message and decoded it; it reads the price to choose where the
-second step runs (a request thread, the bounded heavy queue, or the event loop for a lone light
-Select); a raised refusal (:mod:`recsvc.service.errors`) becomes its status code and the metrics
-are recorded there. In process, ``answer(price_select(caller, request).value)`` is a Select. A
-step never blocks on another pool and never awaits the event loop. The wire format is
-:mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the ledger's
-reserve → draw → commit) is the proto-free :mod:`recsvc.service.selection`.
+"""The PrivateSelection servicer (docs/conventions.md, "One way to write an RPC"). Each RPC is a
+:class:`recsvc.service.draws.UseCase` of two plain synchronous steps, registered in :func:`register`
+with its decoder: ``price_<name>(caller, request)`` authorizes the decoded request for the
+authenticated caller and checks it once, touching no ledger, and prices it from public quantities
+(:class:`~recsvc.service.draws.Priced`); ``answer_<name>`` (:meth:`answer` for Select and Recommend)
+reserves, draws, commits and returns the response message. The gate (:mod:`recsvc.service.interceptors`)
+runs them, in the pool the price chooses; in process, ``answer(price_select(caller, request).value)``
+is a Select. The wire format is :mod:`recsvc.service.codec`; every selection rule is the proto-free
+:mod:`recsvc.service.selection`.
 """
 
 from __future__ import annotations
