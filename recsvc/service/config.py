@@ -1,8 +1,8 @@
 """The service's settings, declared once (:mod:`recsvc.settings`): each field of :class:`ServerConfig`'s
 groups (listen, admission, auth, ledger, limits, selection, drain) carries its default, constraint, unit and
 help, and is one flat parameter, the `serve` flag's (``max_batch`` is ``--max-batch``), which messages name and
-:meth:`ServerConfig.of` accepts. The rules over several settings are :data:`CONSTRAINTS`; :func:`validate`
-checks both. Stdlib only, so `recsvc --help` stays instant."""
+:meth:`ServerConfig.of` accepts. The rules over several settings are :data:`CONSTRAINTS`;
+:meth:`ServerConfig.check` checks both. Stdlib only, so `recsvc --help` stays instant."""
 
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ class LedgerSettings:
     def key_path(self) -> Path:
         """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
         if self.fingerprint_key is None and is_postgres(self.location):
-            return Path("")  # refused by validate(): replicas must name their shared key file
+            return Path("")  # refused by check(): replicas must name their shared key file
         return self.fingerprint_key or default_key_path(self.location)
 
     @property
@@ -336,8 +336,15 @@ class ServerConfig:
         return SelectorConfig(self.limits, self.selection)
 
     def check(self) -> ServerConfig:
-        """Validates the knobs that do not need the artifact; returns self."""
-        validate(self)
+        """Validates the knobs that do not need the artifact; returns self. A ParamError for the first
+        setting that breaks its own constraint, else for the first of :data:`CONSTRAINTS` it breaks."""
+        check(self)  # recsvc.settings.check: each setting's own constraint
+        for rule in CONSTRAINTS:
+            if not rule.holds(self):
+                values = dict(rule.values)
+                if rule.got is not None:
+                    values["got"] = rule.got(self)
+                raise ParamError(rule.template, **values)
         return self
 
 
@@ -470,18 +477,6 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         lambda c: c.listen.host,
     ),
 )
-
-
-def validate(config: ServerConfig) -> None:
-    """Raises a ParamError for the first setting that breaks its own constraint, else for the first
-    of :data:`CONSTRAINTS` that ``config`` breaks."""
-    check(config)
-    for rule in CONSTRAINTS:
-        if not rule.holds(config):
-            values = dict(rule.values)
-            if rule.got is not None:
-                values["got"] = rule.got(config)
-            raise ParamError(rule.template, **values)
 
 
 def host_port(host: str, port: int) -> str:
