@@ -69,10 +69,6 @@ class ServerHandle:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
 
-    def wait(self) -> None:
-        while not self._stopped.wait(1.0):
-            pass
-
 
 def start(config: ServerConfig) -> ServerHandle:
     """Builds and starts one server in this process (no signal handling).
