@@ -179,12 +179,11 @@ def _parse_candidates(path: Path) -> list[tuple[str, float]]:
     return out
 
 
-def check_target(target: str) -> str:
+def check_target(target: str) -> None:
     """HOST:PORT with a port in 1..65535 ([v6]:PORT for IPv6); grpc would silently wrap 99999."""
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"--target {target!r}: expected HOST:PORT with a port in 1..65535, e.g. {DEFAULT_TARGET}")
-    return target
 
 
 class RpcFailure(ValueError):
