@@ -79,14 +79,11 @@ class HeavyDraws:
         self._lock = threading.Lock()
         self.pooled = 0  # draws made by the pool (tests)
 
-    def heavy(self, expected: float) -> bool:
-        return expected > self.heavy_draws
-
     def draw(self, p: Prepared, inline: Callable[[], np.ndarray]) -> np.ndarray:
         """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
         process from its own CSPRNG (only what the draw needs crosses, ``p.valid``: no ids, no
         fingerprint)."""
-        if not self.heavy(p.work):
+        if p.work <= self.heavy_draws:
             return inline()
         with self._lock:
             self.pooled += 1
