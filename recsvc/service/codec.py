@@ -195,9 +195,9 @@ def check(data: bytes, shape: Shape, limits: Limits, pos: int = 0, end: int | No
                 counts[number] += 1
             if counts[number] > limit:
                 raise _too_many(shape, number, limit)
-    except (IndexError, ValueError) as exc:
-        if isinstance(exc, Refused):
-            raise
+    except Refused:
+        raise
+    except (IndexError, ValueError):
         raise _malformed(shape) from None
     return total
 
