@@ -72,7 +72,7 @@ class SelectionServicer:
 
     def price_recommend(self, caller: Caller, request: pb.RecommendRequest) -> Priced[Prepared]:
         self.authorize(caller, "Recommend", request.user_id)
-        p = self.prepare_recommend(request)
+        p = self.selector.prepare_recommend(**codec.recommend_input(request))
         return Priced(p, price_of(p))
 
     def price_batch(self, caller: Caller, request: pb.SelectBatchRequest) -> Priced[Batch]:
@@ -173,9 +173,6 @@ class SelectionServicer:
         if isinstance(out, Exception):
             raise out
         return out
-
-    def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
-        return self.selector.prepare_recommend(**codec.recommend_input(req))
 
     def _authorize_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:
         """None for each item the caller's scope covers, its PermissionDenied otherwise (one log
