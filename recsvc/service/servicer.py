@@ -12,7 +12,7 @@ is a Select. The wire format is :mod:`recsvc.service.codec`; every selection rul
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -219,41 +219,25 @@ class SelectionServicer:
 
 def register(servicer: SelectionServicer, server: Any) -> None:
     """Adds the service to ``server`` with request decoders that enforce the size limits on the
-    raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication."""
-    limits = servicer.config.limits
+    raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication.
+    Each method's request and response types are the proto's."""
     s = servicer
-    methods: dict[str, tuple[UseCase[Any, Any, Any], Callable[[bytes], Any], Any]] = {
-        "Select": (
-            UseCase(s.price_select, s.answer),
-            codec.decoder(pb.SelectRequest, codec.SELECT, limits),
-            pb.SelectResponse,
-        ),
-        "SelectBatch": (
-            UseCase(s.price_batch, s.answer_batch),
-            codec.decoder(pb.SelectBatchRequest, codec.BATCH, limits),
-            pb.SelectBatchResponse,
-        ),
-        "Recommend": (
-            UseCase(s.price_recommend, s.answer),
-            codec.decoder(pb.RecommendRequest, codec.RECOMMEND, limits),
-            pb.SelectResponse,
-        ),
-        "GetBudget": (UseCase(s.price_budget, s.answer_budget), pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
-        "ListMechanisms": (
-            UseCase(s.price_mechanisms, s.answer_mechanisms),
-            pb.ListMechanismsRequest.FromString,
-            pb.ListMechanismsResponse,
-        ),
-        "MultiSelect": (
-            UseCase(s.price_multiselect, s.answer_multiselect),
-            codec.decoder(pb.MultiSelectRequest, codec.MULTISELECT, limits),
-            pb.MultiSelectResponse,
-        ),
+    # each method's use case and what its pre-scan counts (None: no repeated field, parsed as it is)
+    cases: dict[str, tuple[UseCase[Any, Any, Any], codec.Shape | None]] = {
+        "Select": (UseCase(s.price_select, s.answer), codec.SELECT),
+        "SelectBatch": (UseCase(s.price_batch, s.answer_batch), codec.BATCH),
+        "Recommend": (UseCase(s.price_recommend, s.answer), codec.RECOMMEND),
+        "GetBudget": (UseCase(s.price_budget, s.answer_budget), None),
+        "ListMechanisms": (UseCase(s.price_mechanisms, s.answer_mechanisms), None),
+        "MultiSelect": (UseCase(s.price_multiselect, s.answer_multiselect), codec.MULTISELECT),
     }
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            fn, request_deserializer=decode, response_serializer=codec.serializer(response)
+    service = pb.DESCRIPTOR.services_by_name["PrivateSelection"]
+    handlers = {}
+    for name, (case, shape) in cases.items():
+        method = service.methods_by_name[name]
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        decode = request.FromString if shape is None else codec.decoder(request, shape, servicer.config.limits)
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            case, request_deserializer=decode, response_serializer=codec.serializer(response)
         )
-        for name, (fn, decode, response) in methods.items()
-    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
