@@ -360,10 +360,6 @@ def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
     return p.read_bytes()
 
 
-def _no_password() -> bytes:
-    return b""  # gRPC cannot use an encrypted key; never prompt on the terminal
-
-
 def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str]) -> None:
     """Parses a PEM certificate chain and its private key (``--tls-cert``, ``--tls-key``) and checks
     that they belong together, so that a bad file is reported as such instead of as gRPC's opaque
@@ -371,7 +367,8 @@ def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str]
     _read(cert, "certificate")
     _read(key, "private key")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
+        # gRPC cannot use an encrypted key; an empty password never prompts on the terminal
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=b"")
     except ssl.SSLError as exc:
         raise ParamError(
             "{tls_cert}/{tls_key} {cert} / {key}: not a valid PEM certificate and a matching unencrypted PEM private "
