@@ -113,15 +113,10 @@ def run_ledger_export(args: argparse.Namespace) -> int:
     from recsvc.ledger.export import export
 
     n = export(args.ledger, args.out, force=args.force)
-    where = describe_ledger(args.ledger)
-    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
-    return 0
-
-
-def describe_ledger(ledger: Path | str) -> str:
-    """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
-    if is_postgres(ledger):
+    where = str(args.ledger)
+    if is_postgres(args.ledger):
         from recsvc.ledger.postgres.schema import describe
 
-        return describe(str(ledger))
-    return str(ledger)
+        where = describe(where)  # host:port/db, never the password
+    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
+    return 0
