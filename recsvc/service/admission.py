@@ -133,7 +133,6 @@ class Admission:
     """The gate's counters for one server (see the module docstring)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
         share = settings.principal_share
         self.rpcs = Shares(settings.max_concurrent_rpcs, share)
         self.bytes = Shares(settings.max_inflight_bytes, share)
