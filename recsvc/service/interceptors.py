@@ -149,8 +149,6 @@ class Gate(grpc.aio.ServerInterceptor):
         admission: Admission | None = None,
         pool: Threads | None = None,
         heavy: HeavyCalls | None = None,
-        open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES,
-        observed_prefix: str = f"/{SERVICE_NAME}/",
         inline: Collection[str] = (),
         refusals: ThrottledLog | None = None,
     ) -> None:
@@ -159,8 +157,6 @@ class Gate(grpc.aio.ServerInterceptor):
         self.admission = admission or Admission(AdmissionSettings())
         self.pool = pool
         self.heavy = heavy
-        self._open = open_prefixes
-        self._observed = observed_prefix
         self.inline = frozenset(inline)
         # Each method's (handler, wrapper), made once: gRPC looks a handler up on every call, and the
         # registered handlers never change, so a wrapper is rebuilt only if its handler is replaced.
@@ -216,7 +212,7 @@ class Gate(grpc.aio.ServerInterceptor):
         a = self.admission
         if method == WATCH:
             return Pool(a.watches, "health watchers", "--max-health-watches")
-        if method.startswith(self._open):
+        if method.startswith(OPEN_METHOD_PREFIXES):
             return None
         if streams:
             return Pool(a.streams, "streaming calls", "--max-streaming-calls")
@@ -336,8 +332,8 @@ class Gate(grpc.aio.ServerInterceptor):
         self._refuse(method, refusal)
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        checked = not method.startswith(self._open)
-        observed = method.startswith(self._observed) and isinstance(handler.unary_unary, UseCase)
+        checked = not method.startswith(OPEN_METHOD_PREFIXES)
+        observed = method.startswith(f"/{SERVICE_NAME}/") and isinstance(handler.unary_unary, UseCase)
         decode = handler.request_deserializer
         streaming = handler.request_streaming
         behaviour = {
