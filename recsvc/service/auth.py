@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError, check_regular_file
+from recsvc.service.config import Auth as AuthSettings
 from recsvc.service.errors import PermissionDenied
 
 log = logging.getLogger(__name__)
@@ -275,15 +276,15 @@ class Authenticator:
         self._mtls = mtls
 
     @classmethod
-    def from_files(
-        cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None, mtls: bool
-    ) -> Authenticator:
-        for path in (token_file, client_scopes):
+    def of(cls, settings: AuthSettings) -> Authenticator:
+        """The principals from the token file and the client-scopes file (parsed: a bad line is one
+        clear error; a file open to other users is warned about); mTLS with a client CA."""
+        for path in (settings.token_file, settings.client_scopes):
             warn_if_open(path)
         return cls(
-            None if token_file is None else load_tokens(token_file),
-            None if client_scopes is None else load_client_scopes(client_scopes),
-            mtls,
+            None if settings.token_file is None else load_tokens(settings.token_file),
+            None if settings.client_scopes is None else load_client_scopes(settings.client_scopes),
+            settings.client_ca is not None,
         )
 
     def describe(self) -> str:

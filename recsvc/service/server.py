@@ -89,7 +89,7 @@ def start(config: ServerConfig) -> ServerHandle:
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
-    authenticator = authenticator_of(config)
+    authenticator = Authenticator.of(config.auth)
     pg = is_postgres(config.ledger.location)
     if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
         ledger_mod.check_path(config.ledger.location)
@@ -195,14 +195,6 @@ def _watch_ledger(handle: ServerHandle) -> None:
                 "SERVING" if ok else "NOT_SERVING",
             )
             serving = ok
-
-
-def authenticator_of(config: ServerConfig) -> Authenticator:
-    """The principals from the token file and the client-scopes file (parsed: a bad line is one
-    clear error; a file open to other users is warned about)."""
-    return Authenticator.from_files(
-        config.auth.token_file, config.auth.client_scopes, mtls=config.auth.client_ca is not None
-    )
 
 
 def serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from recsvc.ledger import is_postgres
 from recsvc.service.aioserver import check_port_free
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.service.server import authenticator_of, ready_file, serve_one
+from recsvc.service.server import ready_file, serve_one
 from recsvc.service.shutdown import StopSignal, drain_limit, exit_with_parent
 
 log = logging.getLogger("recsvc.service")
@@ -67,7 +67,7 @@ def _fork_workers(config: ServerConfig) -> int:
     from recsvc.service import auth
 
     auth.check_server_files(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
-    authenticator_of(config)
+    auth.Authenticator.of(config.auth)
     check_port_free(config.listen.host, config.listen.port)
     if config.listen.metrics_port:
         check_port_free(config.listen.metrics_host, config.listen.metrics_port)
