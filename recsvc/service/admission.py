@@ -38,22 +38,6 @@ from recsvc.service.config import Admission as Settings
 from recsvc.service.config import ServerConfig
 
 
-class Slots:
-    """``limit`` units, taken and given back (event-loop thread only)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.held = limit, 0
-
-    def take(self, n: int = 1) -> bool:
-        if self.held + n > self.limit:
-            return False
-        self.held += n
-        return True
-
-    def give(self, n: int = 1) -> None:
-        self.held -= n
-
-
 class Full(enum.Enum):
     """Which bound of a :class:`Shares` a take would pass."""
 
@@ -61,13 +45,13 @@ class Full(enum.Enum):
     PRINCIPAL = "principal"
 
 
-class Shares(Slots):
+class Shares:
     """``limit`` units, of which one key (a principal) holds at most ``fraction`` of the limit.
     A key that holds nothing may take any amount within the limit: its first call is admitted
     whenever the pool has room, however small its share rounds to (event-loop thread only)."""
 
     def __init__(self, limit: int, fraction: float) -> None:
-        super().__init__(limit)
+        self.limit, self.held = limit, 0
         self.fraction = fraction
         self.share = int(limit * fraction)
         self._by_key: dict[str, int] = {}
@@ -84,8 +68,15 @@ class Shares(Slots):
         self._by_key[key] = mine + n
         return None
 
+    def take(self, n: int = 1) -> bool:
+        """Takes ``n`` units for no key, if the limit allows."""
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
     def give_for(self, key: str, n: int = 1) -> None:
-        self.give(n)
+        self.held -= n
         left = self._by_key[key] - n
         if left:
             self._by_key[key] = left
@@ -142,7 +133,6 @@ class Admission:
     """The gate's counters for one server (see the module docstring)."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
         share = settings.principal_share
         self.rpcs = Shares(settings.max_concurrent_rpcs, share)
         self.bytes = Shares(settings.max_inflight_bytes, share)

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from recsvc.checks import ParamError, check_regular_file
+from recsvc.service.config import Auth as AuthSettings
 from recsvc.service.errors import PermissionDenied
 
 log = logging.getLogger(__name__)
@@ -275,15 +276,15 @@ class Authenticator:
         self._mtls = mtls
 
     @classmethod
-    def from_files(
-        cls, token_file: str | os.PathLike[str] | None, client_scopes: str | os.PathLike[str] | None, mtls: bool
-    ) -> Authenticator:
-        for path in (token_file, client_scopes):
+    def of(cls, settings: AuthSettings) -> Authenticator:
+        """The principals from the token file and the client-scopes file (parsed: a bad line is one
+        clear error; a file open to other users is warned about); mTLS with a client CA."""
+        for path in (settings.token_file, settings.client_scopes):
             warn_if_open(path)
         return cls(
-            None if token_file is None else load_tokens(token_file),
-            None if client_scopes is None else load_client_scopes(client_scopes),
-            mtls,
+            None if settings.token_file is None else load_tokens(settings.token_file),
+            None if settings.client_scopes is None else load_client_scopes(settings.client_scopes),
+            settings.client_ca is not None,
         )
 
     def describe(self) -> str:
@@ -360,21 +361,18 @@ def _read(path: str | os.PathLike[str] | None, what: str) -> bytes | None:
     return p.read_bytes()
 
 
-def _no_password() -> bytes:
-    return b""  # gRPC cannot use an encrypted key; never prompt on the terminal
-
-
-def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str], params: str) -> None:
-    """Parses a PEM certificate chain and its private key and checks that they belong together,
-    so that a bad file is reported as such instead of as gRPC's opaque 'Failed to bind'.
-    ``params`` names the two files in the message, as ParamError fields (``"{tls_cert}/{tls_key}"``)."""
+def check_cert_and_key(cert: str | os.PathLike[str], key: str | os.PathLike[str]) -> None:
+    """Parses a PEM certificate chain and its private key (``--tls-cert``, ``--tls-key``) and checks
+    that they belong together, so that a bad file is reported as such instead of as gRPC's opaque
+    'Failed to bind'."""
     _read(cert, "certificate")
     _read(key, "private key")
     try:
-        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=_no_password)
+        # gRPC cannot use an encrypted key; an empty password never prompts on the terminal
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=b"")
     except ssl.SSLError as exc:
         raise ParamError(
-            f"{params} {{cert}} / {{key}}: not a valid PEM certificate and a matching unencrypted PEM private "
+            "{tls_cert}/{tls_key} {cert} / {key}: not a valid PEM certificate and a matching unencrypted PEM private "
             "key ({reason}); expected the certificate in the first file and its key in the second",
             cert=str(cert),
             key=str(key),
@@ -408,7 +406,7 @@ def check_server_files(
         return False
     if cert is None or key is None:
         raise ParamError("TLS needs both {tls_cert} and {tls_key}")
-    check_cert_and_key(cert, key, "{tls_cert}/{tls_key}")
+    check_cert_and_key(cert, key)
     warn_if_open(key)
     if client_ca is not None:
         check_ca(client_ca, "client_ca")
@@ -444,7 +442,7 @@ def channel_credentials(
     if ca is not None:
         check_ca(ca, "tls_ca")
     if cert is not None and key is not None:
-        check_cert_and_key(cert, key, "{tls_cert}/{tls_key}")
+        check_cert_and_key(cert, key)
     return grpc.ssl_channel_credentials(
         root_certificates=_read(ca, "CA"),
         private_key=_read(key, "client key"),

@@ -8,9 +8,10 @@ import argparse
 import csv
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from recsvc.checks import check_regular_file
 from recsvc.mechanisms import add_param_arguments, params_from_namespace
@@ -18,6 +19,7 @@ from recsvc.service.config import BOUND, POSITIVE, ServerConfig
 from recsvc.service.ledger_cli import register_ledger
 from recsvc.settings import add_arguments, from_namespace, setting
 
+T = TypeVar("T")
 DEFAULT_TARGET = "127.0.0.1:50051"
 WAIT_READY_S = 60.0  # `wait-ready`'s default: a cold start compiles the numba kernels (≈ 30 s on 2 cores)
 POLL_S = 0.1  # between two health checks of `wait-ready`
@@ -177,51 +179,59 @@ def _parse_candidates(path: Path) -> list[tuple[str, float]]:
     return out
 
 
-def check_target(target: str) -> str:
+def check_target(target: str) -> None:
     """HOST:PORT with a port in 1..65535 ([v6]:PORT for IPv6); grpc would silently wrap 99999."""
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"--target {target!r}: expected HOST:PORT with a port in 1..65535, e.g. {DEFAULT_TARGET}")
-    return target
-
-
-def _client(args: argparse.Namespace) -> Any:
-    from recsvc.service.auth import read_token
-    from recsvc.service.client import Client
-
-    c = from_namespace(Connection, args)
-    check_target(c.target)  # --timeout is checked by Client itself, before any call
-    token = read_token(c.token_file) if c.token_file else None
-    return Client(c.target, token=token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, timeout=c.timeout)
 
 
 class RpcFailure(ValueError):
     """The server refused the call; recsvc/app/cli.py prints it (a ValueError) as one line with exit code 2."""
 
 
-def _rpc_error(exc: Any) -> Exception:
-    return RpcFailure(f"{exc.code().name}: {exc.details()}")
+def call(args: argparse.Namespace, ask: Callable[[Any], T]) -> T:
+    """``ask(client)`` on a client of the command's --target; a refusal is an :class:`RpcFailure`."""
+    import grpc
+
+    from recsvc.service.auth import read_token
+    from recsvc.service.client import Client
+
+    c = from_namespace(Connection, args)
+    check_target(c.target)  # --timeout is checked by Client itself, before any call
+    token = read_token(c.token_file) if c.token_file else None
+    with Client(
+        c.target, token=token, tls_ca=c.tls_ca, tls_cert=c.tls_cert, tls_key=c.tls_key, timeout=c.timeout
+    ) as client:
+        try:
+            return ask(client)
+        except grpc.RpcError as exc:
+            raise RpcFailure(f"{exc.code().name}: {exc.details()}") from None
+
+
+def print_json(answer: dict[str, Any]) -> int:
+    """A client command's answer: one JSON object on stdout; exit code 0."""
+    json.dump(answer, sys.stdout)
+    print()
+    return 0
 
 
 def run_select(args: argparse.Namespace) -> int:
-    import grpc
-
     flags = from_namespace(Select, args)
     cands = read_candidates_csv(flags.candidates) if flags.candidates else [parse_candidate(c) for c in args.candidate]
-    with _client(args) as client:
-        try:
-            r = client.select(
-                flags.user,
-                cands,
-                mechanism=flags.mechanism,
-                epsilon=flags.epsilon,
-                request_id=flags.request_id,
-                k=flags.k,
-                **params_from_namespace(args),
-            )
-        except grpc.RpcError as exc:
-            raise _rpc_error(exc) from None
-    json.dump(
+    r = call(
+        args,
+        lambda client: client.select(
+            flags.user,
+            cands,
+            mechanism=flags.mechanism,
+            epsilon=flags.epsilon,
+            request_id=flags.request_id,
+            k=flags.k,
+            **params_from_namespace(args),
+        ),
+    )
+    return print_json(
         {
             "item_id": r.item_id,
             "item_ids": list(r.item_ids),
@@ -230,22 +240,13 @@ def run_select(args: argparse.Namespace) -> int:
             "budget_remaining": r.budget_remaining,
             "request_id": r.request_id,
             "replayed": r.replayed,
-        },
-        sys.stdout,
+        }
     )
-    print()
-    return 0
 
 
 def run_budget(args: argparse.Namespace) -> int:
-    import grpc
-
-    with _client(args) as client:
-        try:
-            r = client.budget(args.user)
-        except grpc.RpcError as exc:
-            raise _rpc_error(exc) from None
-    json.dump(
+    r = call(args, lambda client: client.budget(args.user))
+    return print_json(
         {
             "user_id": r.user_id,
             "budget": r.budget,
@@ -256,11 +257,8 @@ def run_budget(args: argparse.Namespace) -> int:
             "window_end": _utc(r.window_end_unix),
             "window_start_unix": r.window_start_unix,
             "window_end_unix": r.window_end_unix,
-        },
-        sys.stdout,
+        }
     )
-    print()
-    return 0
 
 
 def _utc(unix: int) -> str | None:

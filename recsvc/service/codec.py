@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -195,9 +195,9 @@ def check(data: bytes, shape: Shape, limits: Limits, pos: int = 0, end: int | No
                 counts[number] += 1
             if counts[number] > limit:
                 raise _too_many(shape, number, limit)
-    except (IndexError, ValueError) as exc:
-        if isinstance(exc, Refused):
-            raise
+    except Refused:
+        raise
+    except (IndexError, ValueError):
         raise _malformed(shape) from None
     return total
 
@@ -387,14 +387,7 @@ def multiselect_input(req: pb.MultiSelectRequest) -> dict[str, Any]:
 
 
 def multiselect_message(a: MultiAnswer) -> pb.MultiSelectResponse:
-    return pb.MultiSelectResponse(
-        item_ids=a.item_ids,
-        epsilon_spent=a.epsilon_spent,
-        budget_remaining=a.budget_remaining,
-        replayed=a.replayed,
-        charged=a.charged,
-        request_id=a.request_id,
-    )
+    return pb.MultiSelectResponse(**asdict(a))  # a MultiAnswer's fields are the message's, by name
 
 
 def select_response(s: Selected) -> pb.SelectResponse:

@@ -1,29 +1,26 @@
 """The service's settings, declared once (:mod:`recsvc.settings`): each field of :class:`ServerConfig`'s
 groups (listen, admission, auth, ledger, limits, selection, drain) carries its default, constraint, unit and
 help, and is one flat parameter, the `serve` flag's (``max_batch`` is ``--max-batch``), which messages name and
-:meth:`ServerConfig.of` accepts. The rules over several settings are :data:`CONSTRAINTS`; :func:`validate`
-checks both. Stdlib only, so `recsvc --help` stays instant."""
+:meth:`ServerConfig.of` accepts. The rules over several settings are :data:`CONSTRAINTS`;
+:meth:`ServerConfig.check` checks both. Stdlib only, so `recsvc --help` stays instant."""
 
 from __future__ import annotations
 
 import ipaddress
 import math
 from collections.abc import Callable
-from dataclasses import Field, dataclass, field, fields, replace
+from dataclasses import Field, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, get_type_hints
 
 from recsvc.checks import ParamError
-from recsvc.ledger import is_postgres
+from recsvc.ledger import Ledger, is_postgres, open_ledger
 from recsvc.ledger.fingerprint import default_path as default_key_path
 from recsvc.ledger.units import MAX_EPSILON, budget_units
 from recsvc.ledger.waits import CONNECT_S, DEFAULT_WAITS, Waits
 from recsvc.ledger.window import LIFETIME, BudgetWindow
 from recsvc.policy import AUTO_THRESHOLD
 from recsvc.settings import Range, check, setting, settings_of
-
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
 
 AUTO = "auto"
 # What a two-stage Recommend's candidate stage may run: the registry's one-shot top-k mechanisms
@@ -187,12 +184,24 @@ class LedgerSettings:
     def key_path(self) -> Path:
         """The fingerprint key file: ``fingerprint_key``, or ``<ledger>.key`` next to the ledger."""
         if self.fingerprint_key is None and is_postgres(self.location):
-            return Path("")  # refused by validate(): replicas must name their shared key file
+            return Path("")  # refused by check(): replicas must name their shared key file
         return self.fingerprint_key or default_key_path(self.location)
 
     @property
     def window(self) -> BudgetWindow:
         return BudgetWindow.parse(self.budget_window)
+
+    def open(self, **options: Any) -> Ledger:
+        """The ledger these settings name, with their budget, key file, window and connect timeout
+        (``options``: the rest of :func:`recsvc.ledger.open_ledger`'s)."""
+        return open_ledger(
+            self.location,
+            self.budget,
+            self.key_path,
+            window=self.window,
+            connect_timeout=self.connect_timeout,
+            **options,
+        )
 
 
 @dataclass(frozen=True)
@@ -287,26 +296,6 @@ class SelectorConfig:
     selection: SelectionSettings = field(default_factory=SelectionSettings)
 
 
-GROUPS: dict[str, type[DataclassInstance]] = {
-    "listen": Listen,
-    "admission": Admission,
-    "auth": Auth,
-    "ledger": LedgerSettings,
-    "limits": Limits,
-    "selection": SelectionSettings,
-    "drain": Drain,
-}
-
-
-def _flat(f: Field[Any]) -> str:
-    spec = f.metadata.get("setting")
-    return spec.name or f.name if spec is not None else f.name
-
-
-# flat parameter name → (group, field)
-PARAMS: dict[str, tuple[str, str]] = {_flat(f): (group, f.name) for group, cls in GROUPS.items() for f in fields(cls)}
-
-
 @dataclass(frozen=True)
 class ServerConfig:
     artifacts: Path = setting(help="artifact directory, e.g. artifacts/ml-100k")
@@ -347,9 +336,30 @@ class ServerConfig:
         return SelectorConfig(self.limits, self.selection)
 
     def check(self) -> ServerConfig:
-        """Validates the knobs that do not need the artifact; returns self."""
-        validate(self)
+        """Validates the knobs that do not need the artifact; returns self. A ParamError for the first
+        setting that breaks its own constraint, else for the first of :data:`CONSTRAINTS` it breaks."""
+        check(self)  # recsvc.settings.check: each setting's own constraint
+        for rule in CONSTRAINTS:
+            if not rule.holds(self):
+                values = dict(rule.values)
+                if rule.got is not None:
+                    values["got"] = rule.got(self)
+                raise ParamError(rule.template, **values)
         return self
+
+
+def _flat(f: Field[Any]) -> str:
+    spec = f.metadata.get("setting")
+    return spec.name or f.name if spec is not None else f.name
+
+
+# flat parameter name → (group, field), for every field of ServerConfig's groups
+PARAMS: dict[str, tuple[str, str]] = {
+    _flat(f): (group, f.name)
+    for group, cls in get_type_hints(ServerConfig).items()
+    if is_dataclass(cls)
+    for f in fields(cls)
+}
 
 
 @dataclass(frozen=True)
@@ -467,18 +477,6 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         lambda c: c.listen.host,
     ),
 )
-
-
-def validate(config: ServerConfig) -> None:
-    """Raises a ParamError for the first setting that breaks its own constraint, else for the first
-    of :data:`CONSTRAINTS` that ``config`` breaks."""
-    check(config)
-    for rule in CONSTRAINTS:
-        if not rule.holds(config):
-            values = dict(rule.values)
-            if rule.got is not None:
-                values["got"] = rule.got(config)
-            raise ParamError(rule.template, **values)
 
 
 def host_port(host: str, port: int) -> str:

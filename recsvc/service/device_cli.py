@@ -8,12 +8,10 @@ only after seeing it). Within a run, gRPC retries resend the same bytes."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from recsvc.service.cli import Connection, _client, _rpc_error
+from recsvc.service.cli import Connection, call, print_json
 from recsvc.service.config import COUNT, POSITIVE
 from recsvc.settings import OneOf, add_arguments, from_namespace, setting
 
@@ -54,20 +52,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_multiselect(args: argparse.Namespace) -> int:
-    import grpc
-
     from recsvc.device import Device
 
     flags = from_namespace(MultiSelect, args)
     device = Device.load(flags.bundle)
-    with _client(args) as client:
-        try:
-            r = client.multiselect(
-                flags.user, flags.history, flags.epsilon, flags.k, device=device, signal=flags.signal
-            )
-        except grpc.RpcError as exc:
-            raise _rpc_error(exc) from None
-    json.dump(
+    r = call(
+        args,
+        lambda client: client.multiselect(
+            flags.user, flags.history, flags.epsilon, flags.k, device=device, signal=flags.signal
+        ),
+    )
+    return print_json(
         {
             "item_id": r.item_id,
             "item_ids": r.item_ids,
@@ -76,8 +71,5 @@ def run_multiselect(args: argparse.Namespace) -> int:
             "charged": r.charged,
             "replayed": r.replayed,
             "request_id": r.request_id,
-        },
-        sys.stdout,
+        }
     )
-    print()
-    return 0

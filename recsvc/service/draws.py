@@ -77,17 +77,13 @@ class HeavyDraws:
         self.heavy_draws, self.processes = heavy_draws, processes
         self._pool: ProcessPoolExecutor | None = None  # made on first use, in the serving process
         self._lock = threading.Lock()
-        self.pooled = 0  # draws made by the pool (tests, metrics)
-        self.renewed = 0  # pools made in place of one whose process died
-
-    def heavy(self, expected: float) -> bool:
-        return expected > self.heavy_draws
+        self.pooled = 0  # draws made by the pool (tests)
 
     def draw(self, p: Prepared, inline: Callable[[], np.ndarray]) -> np.ndarray:
         """``p``'s sample: ``inline()`` in this thread, or, when ``p`` is heavy, made by a draw
         process from its own CSPRNG (only what the draw needs crosses, ``p.valid``: no ids, no
         fingerprint)."""
-        if not self.heavy(p.work):
+        if p.work <= self.heavy_draws:
             return inline()
         with self._lock:
             self.pooled += 1
@@ -124,7 +120,6 @@ class HeavyDraws:
         with self._lock:
             if self._pool is dead:
                 self._pool = None
-                self.renewed += 1
         dead.shutdown(wait=False, cancel_futures=True)
         return self._current()
 

@@ -54,7 +54,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 
@@ -79,8 +79,6 @@ from recsvc.service.errors import (
     status_name,
 )
 from recsvc.service.threads import Threads
-
-__all__ = ["Abort", "Gate", "RateLimiter", "Where", "status_of"]
 
 log = logging.getLogger("recsvc.service")
 
@@ -108,15 +106,6 @@ class Abort(Exception):
         self.code, self.message = code, message
 
 
-class _Refusing:
-    """The context the gate's own steps refuse through: ``abort`` raises :class:`Abort`."""
-
-    @staticmethod
-    def abort(code: grpc.StatusCode, message: str) -> None:
-        raise Abort(code, message)
-
-
-_REFUSING = _Refusing()
 _KINDS: dict[bool, Callable[..., grpc.RpcMethodHandler]] = {
     False: grpc.stream_unary_rpc_method_handler,
     True: grpc.stream_stream_rpc_method_handler,
@@ -148,26 +137,6 @@ class Pool:
     flag: str
 
 
-class _Wrapped:
-    """Each method's wrapped handler, made once: gRPC looks a handler up on every call, and the
-    registered handlers never change, so a wrapper is rebuilt only if its handler is replaced."""
-
-    def __init__(self) -> None:
-        self._by_method: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
-
-    def get(
-        self,
-        method: str,
-        handler: grpc.RpcMethodHandler,
-        wrap: Callable[[str, grpc.RpcMethodHandler], grpc.RpcMethodHandler],
-    ) -> grpc.RpcMethodHandler:
-        """``method``'s wrapper, ``wrap(method, handler)`` on first use."""
-        cached = self._by_method.get(method)
-        if cached is None or cached[0] is not handler:
-            cached = self._by_method[method] = (handler, wrap(method, handler))
-        return cached[1]
-
-
 class Gate(grpc.aio.ServerInterceptor):
     """See the module docstring. ``pool`` runs the synchronous methods (the request threads);
     ``heavy`` runs the calls its price sends there; ``inline``: the methods a lone call may run on the event
@@ -180,8 +149,6 @@ class Gate(grpc.aio.ServerInterceptor):
         admission: Admission | None = None,
         pool: Threads | None = None,
         heavy: HeavyCalls | None = None,
-        open_prefixes: tuple[str, ...] = OPEN_METHOD_PREFIXES,
-        observed_prefix: str = f"/{SERVICE_NAME}/",
         inline: Collection[str] = (),
         refusals: ThrottledLog | None = None,
     ) -> None:
@@ -190,10 +157,10 @@ class Gate(grpc.aio.ServerInterceptor):
         self.admission = admission or Admission(AdmissionSettings())
         self.pool = pool
         self.heavy = heavy
-        self._open = open_prefixes
-        self._observed = observed_prefix
         self.inline = frozenset(inline)
-        self._wrapped = _Wrapped()
+        # Each method's (handler, wrapper), made once: gRPC looks a handler up on every call, and the
+        # registered handlers never change, so a wrapper is rebuilt only if its handler is replaced.
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
         self._refusals = ThrottledLog() if refusals is None else refusals  # the servicer's: one budget per principal
 
     async def intercept_service(
@@ -204,13 +171,17 @@ class Gate(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None  # unknown method: gRPC answers UNIMPLEMENTED
-        return self._wrapped.get(handler_call_details.method, handler, self._wrap)
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is None or cached[0] is not handler:
+            cached = self._wrapped[method] = (handler, self._wrap(method, handler))
+        return cached[1]
 
-    def _refuse(self, context: Any, method: str, refusal: ServiceError) -> None:
-        """Counts the refusal and ends the call: ``context.abort`` raises (:class:`Abort` for the gate's own)."""
+    def _refuse(self, method: str, refusal: ServiceError) -> NoReturn:
+        """Counts the refusal and ends the call: raises :class:`Abort`."""
         code, message = status_of(refusal)
         metrics.requests(_short(method), "", code.name).inc()
-        context.abort(code, message)
+        raise Abort(code, message)
 
     def admit(self, method: str, context: grpc.aio.ServicerContext) -> Caller:
         """Steps 1–3 on the metadata: the caller, or :class:`Abort`."""
@@ -218,24 +189,21 @@ class Gate(grpc.aio.ServerInterceptor):
         if caller is None:
             log.debug("UNAUTHENTICATED %s", _short(method))
             self._refuse(
-                _REFUSING,
                 method,
                 Unauthenticated(
                     "missing or invalid credentials; expected metadata 'authorization: Bearer <token>' "
                     "with a token from the server's token file (and, under mTLS, a client certificate)"
                 ),
             )
-        assert caller is not None
         if self.limiter is not None and not self.limiter.admit(caller.key):
             log.debug("RESOURCE_EXHAUSTED %s: rate limit of %s", _short(method), caller)
             self._refuse(
-                _REFUSING,
                 method,
                 RateLimited(f"rate limit exceeded ({self.limiter.rate:g} requests/s per principal); retry later"),
             )
         if not caller.allows_method(method):
             self._refusals.warning(str(caller), "PERMISSION_DENIED %s for principal %s", _short(method), caller)
-            self._refuse(_REFUSING, method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
+            self._refuse(method, PermissionDenied(f"principal {caller} may not call {_short(method)}"))
         return caller
 
     def pool_of(self, method: str, streams: bool) -> Pool | None:
@@ -244,7 +212,7 @@ class Gate(grpc.aio.ServerInterceptor):
         a = self.admission
         if method == WATCH:
             return Pool(a.watches, "health watchers", "--max-health-watches")
-        if method.startswith(self._open):
+        if method.startswith(OPEN_METHOD_PREFIXES):
             return None
         if streams:
             return Pool(a.streams, "streaming calls", "--max-streaming-calls")
@@ -273,7 +241,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 f"this call's principal already holds {held} of this worker's {limit} {pool.what} ({pool.flag}); "
                 f"one principal may hold {fraction:g} of them (--principal-share); retry later"
             )
-        self._refuse(_REFUSING, method, Overloaded(message))
+        self._refuse(method, Overloaded(message))
 
     async def _stream(self, context: grpc.aio.ServicerContext, method: str, result: Any) -> Any:
         """A streaming call's behaviour, ended DEADLINE_EXCEEDED when a step (reading the next request
@@ -296,13 +264,11 @@ class Gate(grpc.aio.ServerInterceptor):
         except TimeoutError:
             log.debug("DEADLINE_EXCEEDED %s: no message for %gs", _short(method), idle)
             self._refuse(
-                _REFUSING,
                 method,
                 ReceiveTimeout(
                     f"the stream passed no message for {idle:g}s (--stream-idle-timeout) and was ended; call again"
                 ),
             )
-        raise AssertionError("unreachable")  # _refuse raises
 
     def alone(self, method: str, size: int) -> bool:
         """Whether a call of ``method`` with a ``size``-byte message may run on the event loop: an
@@ -338,7 +304,6 @@ class Gate(grpc.aio.ServerInterceptor):
             task.uncancel()
             log.debug("DEADLINE_EXCEEDED %s: no request message within %gs", _short(method), timeout)
             self._refuse(
-                _REFUSING,
                 method,
                 ReceiveTimeout(
                     f"the request message did not arrive within {timeout:g}s of the call's headers "
@@ -348,10 +313,10 @@ class Gate(grpc.aio.ServerInterceptor):
         finally:
             reads.end(task)
         if raw is grpc.aio.EOF:
-            self._refuse(_REFUSING, method, InvalidRequest("the call carried no request message; expected one"))
+            self._refuse(method, InvalidRequest("the call carried no request message; expected one"))
         return raw  # bytes: the handler has no deserializer
 
-    def _decode(self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str, context: Any) -> Any:
+    def _decode(self, decode: Callable[[bytes], Any] | None, raw: bytes, method: str) -> Any:
         """Step 7's decoding: a bad message is INVALID_ARGUMENT with our message, never a logged traceback."""
         if decode is None:
             return raw
@@ -364,12 +329,11 @@ class Gate(grpc.aio.ServerInterceptor):
         except Exception:
             refusal = Refused(_INVALID)
         log.debug("INVALID_ARGUMENT %s: the request was refused before parsing or did not parse", _short(method))
-        self._refuse(context, method, refusal)
-        raise AssertionError("unreachable")  # context.abort raises
+        self._refuse(method, refusal)
 
     def _wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        checked = not method.startswith(self._open)
-        observed = method.startswith(self._observed) and isinstance(handler.unary_unary, UseCase)
+        checked = not method.startswith(OPEN_METHOD_PREFIXES)
+        observed = method.startswith(f"/{SERVICE_NAME}/") and isinstance(handler.unary_unary, UseCase)
         decode = handler.request_deserializer
         streaming = handler.request_streaming
         behaviour = {
@@ -401,7 +365,7 @@ class Gate(grpc.aio.ServerInterceptor):
                 held = len(raw)
                 if observed:
                     return await self._observe(method, name, behaviour, decode, raw, caller, key)
-                result = behaviour(self._decode(decode, raw, method, _REFUSING), context)
+                result = behaviour(self._decode(decode, raw, method), context)
                 if streams:
                     return await self._stream(context, method, result)
                 return await result if inspect.isawaitable(result) else result
@@ -436,7 +400,7 @@ class Gate(grpc.aio.ServerInterceptor):
         def prepare() -> Priced[Any]:
             if caller is None:  # only an open method has none, and none of them is observed
                 raise PermissionDenied("no authenticated caller for this method")
-            return case.prepare(caller, self._decode(decode, raw, method, _REFUSING))
+            return case.prepare(caller, self._decode(decode, raw, method))
 
         def in_thread() -> tuple[Priced[Any], Any]:
             """Prepared, and run in this same thread unless its price sends it to the heavy queue
@@ -487,4 +451,4 @@ class Gate(grpc.aio.ServerInterceptor):
         self, requests: AsyncIterator[bytes], decode: Callable[[bytes], Any] | None, method: str
     ) -> AsyncIterator[Any]:
         async for raw in requests:
-            yield self._decode(decode, raw, method, _REFUSING)
+            yield self._decode(decode, raw, method)

@@ -69,17 +69,8 @@ def _ledger_config(args: argparse.Namespace) -> ServerConfig:
 
 
 def run_ledger_init(args: argparse.Namespace) -> int:
-    from recsvc.ledger import open_ledger
-
     config = _ledger_config(args).ledger
-    store = open_ledger(
-        config.location,
-        config.budget,
-        config.key_path,
-        pool_size=1,
-        create=True,
-        window=config.window,
-    )
+    store = config.open(pool_size=1, create=True)
     store.close()
     where = getattr(store, "where", str(config.location))
     print(
@@ -122,15 +113,10 @@ def run_ledger_export(args: argparse.Namespace) -> int:
     from recsvc.ledger.export import export
 
     n = export(args.ledger, args.out, force=args.force)
-    where = describe_ledger(args.ledger)
-    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
-    return 0
-
-
-def describe_ledger(ledger: Path | str) -> str:
-    """A ledger as messages name it: host:port/db of a PostgreSQL URL (never the password), or the path."""
-    if is_postgres(ledger):
+    where = str(args.ledger)
+    if is_postgres(args.ledger):
         from recsvc.ledger.postgres.schema import describe
 
-        return describe(str(ledger))
-    return str(ledger)
+        where = describe(where)  # host:port/db, never the password
+    print(f"recsvc ledger: wrote {n} charge(s) of {where} to {args.out}")
+    return 0

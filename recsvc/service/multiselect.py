@@ -54,7 +54,7 @@ class MultiPrepared:
 
 @dataclass(frozen=True)
 class MultiAnswer:
-    """What the response carries."""
+    """What the response carries: MultiSelectResponse's fields, named as there."""
 
     item_ids: list[str]
     epsilon_spent: float
@@ -134,10 +134,23 @@ class MultiSelector:
                 f"the request carries a float signal ({float_values} values), which is not exactly ε-DP; expected "
                 "code and codebook_version (or lattice_signal and grid_step): update the device and its client bundle"
             )
+        rid = request_id or uuid.uuid4().hex
         if codebook_version:
-            return self._prepare_code(
-                user_id, request_id, signal, grid_step, codebook_version, code, k, epsilon, fingerprint
-            )
+            if signal.size or grid_step:
+                raise InvalidRequest(
+                    "the request carries both a code signal (codebook_version) and a lattice signal (lattice_signal "
+                    "or grid_step); expected exactly one kind of signal"
+                )
+            if codebook_version != self.codebook_version:
+                raise InvalidRequest(
+                    f"codebook_version {short(codebook_version)} is not this server's; expected "
+                    f"{self.codebook_version!r} (ListMechanisms.codebook_version): re-download the client bundle"
+                )
+            if not 0 <= code < self.code_size:
+                raise InvalidRequest(
+                    f"code {code} is out of range; expected 0 <= code < {self.code_size} (ListMechanisms.code_size)"
+                )
+            return MultiPrepared(user_id, rid, fingerprint(), float(epsilon), int(k), signal, int(code))
         if code:
             raise InvalidRequest(
                 f"the request carries code {code} without codebook_version; expected codebook_version "
@@ -158,36 +171,7 @@ class MultiSelector:
                 f"{bad.size} lattice_signal value(s) are outside ±(2**53 - 1) (first: coordinate {int(bad[0])}); "
                 "expected lattice points within that range"
             )
-        return MultiPrepared(user_id, request_id or uuid.uuid4().hex, fingerprint(), float(epsilon), int(k), signal)
-
-    def _prepare_code(
-        self,
-        user_id: str,
-        request_id: str,
-        signal: np.ndarray,
-        grid_step: float,
-        codebook_version: str,
-        code: int,
-        k: int,
-        epsilon: float,
-        fingerprint: Callable[[], bytes],
-    ) -> MultiPrepared:
-        if signal.size or grid_step:
-            raise InvalidRequest(
-                "the request carries both a code signal (codebook_version) and a lattice signal (lattice_signal or "
-                "grid_step); expected exactly one kind of signal"
-            )
-        if codebook_version != self.codebook_version:
-            raise InvalidRequest(
-                f"codebook_version {short(codebook_version)} is not this server's; expected {self.codebook_version!r} "
-                "(ListMechanisms.codebook_version): re-download the client bundle"
-            )
-        if not 0 <= code < self.code_size:
-            raise InvalidRequest(
-                f"code {code} is out of range; expected 0 <= code < {self.code_size} (ListMechanisms.code_size)"
-            )
-        rid = request_id or uuid.uuid4().hex
-        return MultiPrepared(user_id, rid, fingerprint(), float(epsilon), int(k), signal, int(code))
+        return MultiPrepared(user_id, rid, fingerprint(), float(epsilon), int(k), signal)
 
     def items(self, p: MultiPrepared) -> list[str]:
         """The k items for ``p``'s signal, best expected first."""

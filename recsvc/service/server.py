@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recsvc.ledger import Ledger, LedgerObserver, is_postgres, open_ledger
+from recsvc.ledger import Ledger, LedgerObserver, is_postgres
 from recsvc.service.aioserver import EventLoop, Health, bind, build
 from recsvc.service.auth import SERVICE_NAME, Authenticator
 from recsvc.service.config import ServerConfig, host_port
@@ -69,10 +69,6 @@ class ServerHandle:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
 
-    def wait(self) -> None:
-        while not self._stopped.wait(1.0):
-            pass
-
 
 def start(config: ServerConfig) -> ServerHandle:
     """Builds and starts one server in this process (no signal handling).
@@ -93,7 +89,7 @@ def start(config: ServerConfig) -> ServerHandle:
 
     artifact = load_artifact(config.artifacts)
     creds = auth.server_credentials(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
-    authenticator = authenticator_of(config)
+    authenticator = Authenticator.of(config.auth)
     pg = is_postgres(config.ledger.location)
     if not pg:  # a PostgreSQL ledger is checked by connecting to it, below
         ledger_mod.check_path(config.ledger.location)
@@ -115,17 +111,7 @@ def start(config: ServerConfig) -> ServerHandle:
             from recsvc.service import metrics
 
             metrics_server = metrics.serve_metrics_http(config.listen.metrics_port, config.listen.metrics_host)
-        settings = config.ledger
-        ledger = open_ledger(
-            settings.location,
-            settings.budget,
-            settings.key_path,
-            pool_size=settings.pool,
-            waits=settings.waits,
-            connect_timeout=settings.connect_timeout,
-            window=settings.window,
-            observer=ledger_observer(),
-        )
+        ledger = config.ledger.open(pool_size=config.ledger.pool, waits=config.ledger.waits, observer=ledger_observer())
         servicer.ledger = ledger
         loop.call(server.start())
         for name in ("", SERVICE_NAME):
@@ -158,7 +144,7 @@ def start(config: ServerConfig) -> ServerHandle:
         host_port(config.listen.host, port),
         "TLS" if creds else "plaintext",
         authenticator.describe(),
-        servicer.default_mechanism,
+        servicer.selector.default_mechanism,
         servicer.selector.auto_description,
         config.ledger.budget,
         config.ledger.window.per,
@@ -209,14 +195,6 @@ def _watch_ledger(handle: ServerHandle) -> None:
                 "SERVING" if ok else "NOT_SERVING",
             )
             serving = ok
-
-
-def authenticator_of(config: ServerConfig) -> Authenticator:
-    """The principals from the token file and the client-scopes file (parsed: a bad line is one
-    clear error; a file open to other users is warned about)."""
-    return Authenticator.from_files(
-        config.auth.token_file, config.auth.client_scopes, mtls=config.auth.client_ca is not None
-    )
 
 
 def serve_one(config: ServerConfig, ready_fd: int | None = None) -> int:

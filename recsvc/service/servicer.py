@@ -1,26 +1,18 @@
-"""The PrivateSelection servicer. Each RPC reads: authorize → decode → prepare (validated once,
-priced) → reserve → draw → commit → encode once.
-
-**How an RPC method is written** (one way for every method): a :class:`recsvc.service.draws.UseCase`
-of two plain synchronous steps, registered in :func:`register` with its decoder.
-``price_<name>(caller, request)`` authorizes the decoded request for the authenticated caller and
-checks it once, touching no ledger, and returns it :class:`~recsvc.service.draws.Priced`: ready
-to run, with its :class:`~recsvc.service.draws.Price` read off public quantities (sizes, k, γ;
-never the scores). ``answer_<name>`` (:meth:`answer` for Select and Recommend) takes that value
-and returns the response message. The gate (:mod:`recsvc.service.interceptors`) has already
-authenticated the caller, read the message and decoded it; it reads the price to choose where the
-second step runs (a request thread, the bounded heavy queue, or the event loop for a lone light
-Select); a raised refusal (:mod:`recsvc.service.errors`) becomes its status code and the metrics
-are recorded there. In process, ``answer(price_select(caller, request).value)`` is a Select. A
-step never blocks on another pool and never awaits the event loop. The wire format is
-:mod:`recsvc.service.codec`; every selection rule (checks, clipping, ``auto``, the ledger's
-reserve → draw → commit) is the proto-free :mod:`recsvc.service.selection`.
+"""The PrivateSelection servicer (docs/conventions.md, "One way to write an RPC"). Each RPC is a
+:class:`recsvc.service.draws.UseCase` of two plain synchronous steps, registered in :func:`register`
+with its decoder: ``price_<name>(caller, request)`` authorizes the decoded request for the
+authenticated caller and checks it once, touching no ledger, and prices it from public quantities
+(:class:`~recsvc.service.draws.Priced`); ``answer_<name>`` (:meth:`answer` for Select and Recommend)
+reserves, draws, commits and returns the response message. The gate (:mod:`recsvc.service.interceptors`)
+runs them, in the pool the price chooses; in process, ``answer(price_select(caller, request).value)``
+is a Select. The wire format is :mod:`recsvc.service.codec`; every selection rule is the proto-free
+:mod:`recsvc.service.selection`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,14 +63,6 @@ class SelectionServicer:
     def ledger(self, ledger: Ledger) -> None:
         self._ledger = ledger
 
-    @property
-    def default_mechanism(self) -> str:
-        return self.selector.default_mechanism
-
-    @property
-    def auto_choice(self) -> str | None:
-        return self.selector.auto_choice
-
     # -- prepare: authorize, check once, price (no ledger, no draw) ----------------------------
 
     def price_select(self, caller: Caller, request: pb.SelectRequest) -> Priced[Prepared]:
@@ -88,7 +72,7 @@ class SelectionServicer:
 
     def price_recommend(self, caller: Caller, request: pb.RecommendRequest) -> Priced[Prepared]:
         self.authorize(caller, "Recommend", request.user_id)
-        p = self.prepare_recommend(request)
+        p = self.selector.prepare_recommend(**codec.recommend_input(request))
         return Priced(p, price_of(p))
 
     def price_batch(self, caller: Caller, request: pb.SelectBatchRequest) -> Priced[Batch]:
@@ -190,9 +174,6 @@ class SelectionServicer:
             raise out
         return out
 
-    def prepare_recommend(self, req: pb.RecommendRequest) -> Prepared:
-        return self.selector.prepare_recommend(**codec.recommend_input(req))
-
     def _authorize_items(self, caller: Caller, requests: Sequence[pb.SelectRequest]) -> list[Any]:
         """None for each item the caller's scope covers, its PermissionDenied otherwise (one log
         line per batch, with the principal and never the request; throttled per principal)."""
@@ -238,41 +219,25 @@ class SelectionServicer:
 
 def register(servicer: SelectionServicer, server: Any) -> None:
     """Adds the service to ``server`` with request decoders that enforce the size limits on the
-    raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication."""
-    limits = servicer.config.limits
+    raw bytes before parsing (:mod:`recsvc.service.codec`); the gate runs them after authentication.
+    Each method's request and response types are the proto's."""
     s = servicer
-    methods: dict[str, tuple[UseCase[Any, Any, Any], Callable[[bytes], Any], Any]] = {
-        "Select": (
-            UseCase(s.price_select, s.answer),
-            codec.decoder(pb.SelectRequest, codec.SELECT, limits),
-            pb.SelectResponse,
-        ),
-        "SelectBatch": (
-            UseCase(s.price_batch, s.answer_batch),
-            codec.decoder(pb.SelectBatchRequest, codec.BATCH, limits),
-            pb.SelectBatchResponse,
-        ),
-        "Recommend": (
-            UseCase(s.price_recommend, s.answer),
-            codec.decoder(pb.RecommendRequest, codec.RECOMMEND, limits),
-            pb.SelectResponse,
-        ),
-        "GetBudget": (UseCase(s.price_budget, s.answer_budget), pb.GetBudgetRequest.FromString, pb.GetBudgetResponse),
-        "ListMechanisms": (
-            UseCase(s.price_mechanisms, s.answer_mechanisms),
-            pb.ListMechanismsRequest.FromString,
-            pb.ListMechanismsResponse,
-        ),
-        "MultiSelect": (
-            UseCase(s.price_multiselect, s.answer_multiselect),
-            codec.decoder(pb.MultiSelectRequest, codec.MULTISELECT, limits),
-            pb.MultiSelectResponse,
-        ),
+    # each method's use case and what its pre-scan counts (None: no repeated field, parsed as it is)
+    cases: dict[str, tuple[UseCase[Any, Any, Any], codec.Shape | None]] = {
+        "Select": (UseCase(s.price_select, s.answer), codec.SELECT),
+        "SelectBatch": (UseCase(s.price_batch, s.answer_batch), codec.BATCH),
+        "Recommend": (UseCase(s.price_recommend, s.answer), codec.RECOMMEND),
+        "GetBudget": (UseCase(s.price_budget, s.answer_budget), None),
+        "ListMechanisms": (UseCase(s.price_mechanisms, s.answer_mechanisms), None),
+        "MultiSelect": (UseCase(s.price_multiselect, s.answer_multiselect), codec.MULTISELECT),
     }
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            fn, request_deserializer=decode, response_serializer=codec.serializer(response)
+    service = pb.DESCRIPTOR.services_by_name["PrivateSelection"]
+    handlers = {}
+    for name, (case, shape) in cases.items():
+        method = service.methods_by_name[name]
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        decode = request.FromString if shape is None else codec.decoder(request, shape, servicer.config.limits)
+        handlers[name] = grpc.unary_unary_rpc_method_handler(
+            case, request_deserializer=decode, response_serializer=codec.serializer(response)
         )
-        for name, (fn, decode, response) in methods.items()
-    }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

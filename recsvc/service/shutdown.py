@@ -105,7 +105,9 @@ class DrainWatchdog:
             f"recsvc serve: pid {os.getpid()}: the drain did not finish within {self.limit_s:g}s of the "
             f"stop signal; exiting with {WATCHDOG_EXIT_CODE} (thread stacks follow)\n"
         )
-        _write_all(2, line.encode() + _thread_stacks())
+        data = line.encode() + _thread_stacks()
+        while data:  # to stderr, however many writes it takes
+            data = data[os.write(2, data) :]
         os._exit(WATCHDOG_EXIT_CODE)
 
 
@@ -122,11 +124,6 @@ def _thread_stacks() -> bytes:
         return b"".join(iter(lambda: os.read(fd, 65536), b""))
     finally:
         os.close(fd)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
 
 
 def drain_limit(grace: float, drain_delay: float) -> float:

@@ -47,17 +47,15 @@ class Threads:
             raise RuntimeError(f"the {self.name} threads are shut down")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._pool.submit(_job, loop, future, contextvars.copy_context().run, fn, self._settled(finished))
-        self.pending += 1  # after submit: a refused submit leaves nothing to settle
-        return future
 
-    def _settled(self, finished: Callable[[], None] | None) -> Callable[[], None]:
-        def done() -> None:  # on the loop, once the work ended or was skipped
+        def settled() -> None:  # on the loop, once the work ended or was skipped
             self.pending -= 1
             if finished is not None:
                 finished()
 
-        return done
+        self._pool.submit(_job, loop, future, contextvars.copy_context().run, fn, settled)
+        self.pending += 1  # after submit: a refused submit leaves nothing to settle
+        return future
 
     def shutdown(self) -> None:
         """Lets the queued and running work end (a cancelled caller's is skipped), then stops

@@ -20,10 +20,10 @@ import time
 from collections import deque
 from pathlib import Path
 
-from recsvc.ledger import is_postgres, open_ledger
+from recsvc.ledger import is_postgres
 from recsvc.service.aioserver import check_port_free
 from recsvc.service.config import ServerConfig, host_port
-from recsvc.service.server import authenticator_of, ready_file, serve_one
+from recsvc.service.server import ready_file, serve_one
 from recsvc.service.shutdown import StopSignal, drain_limit, exit_with_parent
 
 log = logging.getLogger("recsvc.service")
@@ -67,7 +67,7 @@ def _fork_workers(config: ServerConfig) -> int:
     from recsvc.service import auth
 
     auth.check_server_files(config.auth.tls_cert, config.auth.tls_key, config.auth.client_ca)
-    authenticator_of(config)
+    auth.Authenticator.of(config.auth)
     check_port_free(config.listen.host, config.listen.port)
     if config.listen.metrics_port:
         check_port_free(config.listen.metrics_host, config.listen.metrics_port)
@@ -78,15 +78,7 @@ def _fork_workers(config: ServerConfig) -> int:
     # Create (or migrate) the file in WAL mode and the fingerprint key once, before the workers
     # race: every worker must key its fingerprints with the same secret. (PostgreSQL: check that
     # the database is reachable and agrees on the settings, before forking.)
-    settings = config.ledger
-    ledger = open_ledger(
-        settings.location,
-        settings.budget,
-        settings.key_path,
-        pool_size=1,
-        window=settings.window,
-        connect_timeout=settings.connect_timeout,
-    )
+    ledger = config.ledger.open(pool_size=1)
     ledger.close()
     served: list[bool] = []
     try:

@@ -306,15 +306,6 @@ def test_a_length_delimited_field_reads_back_through_the_scan_and_through_protob
     assert (req.user_id, req.mechanism) == ("user", payload.decode())
 
 
-class _Aborted(Exception):
-    """What ``context.abort`` raises in the stand-in context below."""
-
-
-class _AbortingContext:
-    def abort(self, code: grpc.StatusCode, message: str) -> None:
-        raise _Aborted(code, message)
-
-
 def _refuse(raw: bytes) -> None:
     from recsvc.service.errors import Refused
 
@@ -337,16 +328,16 @@ def test_a_refused_message_is_released_without_the_cycle_collector(refuse: Calla
     import gc
     import sys
 
-    from recsvc.service.interceptors import Gate
+    from recsvc.service.interceptors import Abort, Gate
 
     gate = Gate(authenticator=None)  # type: ignore[arg-type]  # _decode never authenticates
     raw = bytes(1_000_000)
     before = sys.getrefcount(raw)
     gc.disable()
     try:
-        with pytest.raises(_Aborted) as info:
-            gate._decode(refuse, raw, "/recsvc.v1.PrivateSelection/Select", _AbortingContext())  # a stand-in context
-        assert info.value.args[0] is grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(Abort) as info:
+            gate._decode(refuse, raw, "/recsvc.v1.PrivateSelection/Select")
+        assert info.value.code is grpc.StatusCode.INVALID_ARGUMENT
         del info
         assert sys.getrefcount(raw) == before
     finally:
