@@ -271,7 +271,7 @@ def test_the_command_line_device_prints_its_choice_and_the_k_items(device, bundl
 @pytest.mark.parametrize(
     ("flags", "match"),
     [
-        (["--epsilon", "0"], "--epsilon must be a finite number > 0, got 0.0"),
+        (["--epsilon", "0"], "--epsilon must be a finite number > 0, got 0"),
         (["--epsilon", "1", "--k", "0"], "--k must be an integer ≥ 1, got 0"),
         (["--epsilon", "1", "--bundle", "/nonexistent/client"], "is not a client bundle"),
     ],

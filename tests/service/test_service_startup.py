@@ -149,7 +149,7 @@ BAD_SERVE = [
     (
         "rate limit -1",
         {"rate_limit": -1.0},
-        r"^rate_limit must be a finite number ≥ 0, got -1\.0",
+        r"^rate_limit must be a finite number ≥ 0, got -1$",
         r"--rate-limit must be a finite number ≥ 0",
     ),
     (
