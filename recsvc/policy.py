@@ -57,7 +57,6 @@ UTILITY = (
     "expected MSE (max q − q_selected)² on clipped scores, averaged over the population users; "
     "for k > 1 the slate's first item, selected with ε/k"
 )
-METHODS = ("exact", "monte-carlo")
 
 
 def policy_epsilons(
