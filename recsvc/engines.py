@@ -14,7 +14,6 @@ with per-user seeds (docs/reference/specification.md §3) a local run and a Dask
 
 from __future__ import annotations
 
-import functools
 import os
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -51,23 +50,24 @@ class _InOrder:
 
     def _in_order(
         self,
-        start: Callable[[Any], Callable[[], Any]],
+        start: Callable[[int], Callable[[], Any]],
         chunks: Sequence[Any],
         window: int,
         desc: str,
         unit: str,
         sizes: Sequence[int] | None,
     ) -> Iterator[Any]:
-        """Every chunk's result in chunk order; ``start(chunk)`` starts a chunk and returns what
-        waits for its result. At most ``window`` chunks are under way: a bounded look-ahead keeps
-        memory flat however many chunks there are."""
+        """Every chunk's result in chunk order; ``start(i)`` starts chunk i and returns what waits
+        for its result. A chunk is read from ``chunks`` (which may build it then) only when it
+        starts, and at most ``window`` are under way: a bounded look-ahead keeps memory flat
+        however many chunks there are."""
         sizes = list(sizes) if sizes is not None else [1] * len(chunks)
         with progress_bar(desc, unit, sum(sizes), None if self.progress is None else not self.progress) as bar:
-            pending = deque(start(c) for c in chunks[:window])
+            pending = deque(start(i) for i in range(min(window, len(chunks))))
             for i in range(len(chunks)):
                 out = pending.popleft()()  # popped: a finished result is not held twice
                 if i + window < len(chunks):
-                    pending.append(start(chunks[i + window]))
+                    pending.append(start(i + window))
                 bar.update(sizes[i])
                 yield out
 
@@ -83,14 +83,15 @@ class LocalEngine(_InOrder):
 
     def map(self, fn, chunks, context=None, *, desc="", unit="chunk", sizes=None):
         if self.workers == 1 or len(chunks) <= 1:
-            yield from self._in_order(lambda c: functools.partial(fn, c, context), chunks, 1, desc, unit, sizes)
+            yield from self._in_order(lambda i: lambda: fn(chunks[i], context), chunks, 1, desc, unit, sizes)
             return
         # A fresh pool per call: the context is installed once per worker by the initializer.
         with ProcessPoolExecutor(
             max_workers=min(self.workers, len(chunks)), initializer=_set_context, initargs=(context,)
         ) as pool:
+            window = 2 * self.workers
             yield from self._in_order(
-                lambda c: pool.submit(_call_with_context, fn, c).result, chunks, 2 * self.workers, desc, unit, sizes
+                lambda i: pool.submit(_call_with_context, fn, chunks[i]).result, chunks, window, desc, unit, sizes
             )
 
     def close(self) -> None:
@@ -136,7 +137,7 @@ class DaskEngine(_InOrder):
         ctx = client.scatter(context, broadcast=True, hash=False) if context is not None else None
         window = max(2 * len(client.scheduler_info().get("workers", {}) or [1]), 2)
         yield from self._in_order(
-            lambda c: client.submit(fn, c, ctx, pure=False).result, chunks, window, desc, unit, sizes
+            lambda i: client.submit(fn, chunks[i], ctx, pure=False).result, chunks, window, desc, unit, sizes
         )
 
     def close(self) -> None:
