@@ -165,13 +165,10 @@ class PrepConfig:
         self._validate_scheduler()
         if self.data_dir is not None:
             d = Path(self.data_dir)
-            if not d.exists():
-                raise ParamError(
-                    "{data_dir} {path} does not exist; expected a directory with the dataset's files", path=str(d)
-                )
             if not d.is_dir():
+                what = "is not a directory" if d.exists() else "does not exist"
                 raise ParamError(
-                    "{data_dir} {path} is not a directory; expected a directory with the dataset's files", path=str(d)
+                    "{data_dir} {path} " + what + "; expected a directory with the dataset's files", path=str(d)
                 )
         if self.dataset == "synthetic":  # preset name and sizes: pure checks, no data generated
             config_for(self.preset_name(), self.users, self.items, self.interactions)
@@ -179,16 +176,7 @@ class PrepConfig:
     def _validate_applicable(self, info: datasets.DatasetInfo) -> None:
         """A parameter that would be silently ignored is refused instead."""
         if self.dataset != "synthetic":
-            given = [
-                p
-                for p, v in (
-                    ("preset", self.preset),
-                    ("users", self.users),
-                    ("items", self.items),
-                    ("interactions", self.interactions),
-                )
-                if v is not None
-            ]
+            given = self._given("preset", "users", "items", "interactions")
             if given:
                 verb = "applies" if len(given) == 1 else "apply"
                 raise ParamError(
@@ -204,21 +192,17 @@ class PrepConfig:
                 name=self.dataset,
             )
         if info.weak_generalisation:
-            given = [
-                p
-                for p, v in (
-                    ("test_users", self.test_users),
-                    ("val_users", self.val_users),
-                    ("sensitivity_population", self.sensitivity_population),
-                )
-                if v is not None
-            ]
+            given = self._given("test_users", "val_users", "sensitivity_population")
             if given:
                 raise ParamError(
                     f"{_fields(given)} {'does' if len(given) == 1 else 'do'} not apply to {{dataset}} {{name}} "
                     "(fixed train/test files); drop it",
                     name=self.dataset,
                 )
+
+    def _given(self, *names: str) -> list[str]:
+        """Those of the settings ``names`` that were given (not None)."""
+        return [n for n in names if getattr(self, n) is not None]
 
     def _validate_scheduler(self) -> None:
         if self.scheduler is None:

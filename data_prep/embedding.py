@@ -31,6 +31,7 @@ from scipy.sparse.linalg import svds
 from recsvc.checks import ParamError
 from recsvc.model import Model, top_k
 from recsvc.multiselection import clip_l1
+from recsvc.policy import sample_users
 
 RADIUS_RULE = "median L1 norm of the training users' embeddings"
 SAMPLE_STREAM = 2**32 + 25  # spawn key of the population sample's seed stream (apart from the policy's)
@@ -82,10 +83,7 @@ def choose_radius(embeddings: np.ndarray) -> float:
 
 def sample_rows(total: int, users: int, seed: int) -> np.ndarray:
     """The population sample's training rows: ``users`` of ``total`` (seeded; all if fewer), ascending."""
-    if total <= users:
-        return np.arange(total)
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(SAMPLE_STREAM,)))
-    return np.sort(rng.choice(total, users, replace=False))
+    return sample_users(total, users, seed, SAMPLE_STREAM)
 
 
 def mdav_groups(z: np.ndarray, group: int) -> np.ndarray:

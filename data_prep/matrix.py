@@ -70,14 +70,10 @@ def csr_from_keys(rows: np.ndarray, cols: np.ndarray, shape: tuple[int, int]) ->
     counts = np.bincount(row, minlength=shape[0])
     col = (key - row * n_items).astype(np.int32)
     del key, row
-    return _csr(counts, col, shape)
-
-
-def _csr(counts: np.ndarray, indices: np.ndarray, shape: tuple[int, int]) -> sp.csr_matrix:
-    index = np.int32 if indices.size < 2**31 else np.int64
+    index = np.int32 if col.size < 2**31 else np.int64
     indptr = np.zeros(shape[0] + 1, dtype=index)
     np.cumsum(counts, out=indptr[1:])
-    return sp.csr_matrix((np.ones(indices.size, np.float32), indices.astype(index, copy=False), indptr), shape=shape)
+    return sp.csr_matrix((np.ones(col.size, np.float32), col.astype(index, copy=False), indptr), shape=shape)
 
 
 def compact(x: sp.csr_matrix, row_ids: np.ndarray, col_ids: np.ndarray, min_per_row: int) -> RatingMatrix:

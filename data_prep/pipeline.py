@@ -388,7 +388,7 @@ def _build(
             "seed": cfg.seed,
             "split": {**split.sizes(), "kind": extra.pop("split_kind"), "target_fraction": 0.2},
             "sansa": {
-                **params.as_dict(),
+                **asdict(params),
                 "selected_on": "validation " + SELECTION_METRIC if grid else "fixed",
                 "grid": grid,
             },

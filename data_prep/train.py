@@ -6,7 +6,7 @@ import gc
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -31,9 +31,6 @@ class SansaParams:
             raise ValueError(f"density must be in (0, 1], got {self.density}")
         if self.factorizer not in FACTORIZERS:
             raise ValueError(f"unknown factorizer {self.factorizer!r}; expected one of {FACTORIZERS}")
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 # SANSA logs (INFO) one of these as each stage of a fit ends: the factorization, every UMR scan

@@ -1,8 +1,10 @@
 """Execution engines shared by the offline pipeline and the evaluation harness.
 
-The work unit is a pure, picklable function ``fn(chunk, context) -> result``. ``context`` is
-large read-only data (a model, an artifact's arrays) shipped once per worker, not per chunk.
-Results come back in chunk order, so any reduction is deterministic whatever the engine:
+An engine's ``map(fn, chunks, context, desc=, unit=, sizes=)`` yields ``fn(chunk, context)`` for
+every chunk, with a progress bar (``sizes``: each chunk's weight in ``unit``, e.g. users, for its
+rate and ETA). The work unit ``fn`` is a pure, picklable function. ``context`` is large read-only
+data (a model, an artifact's arrays) shipped once per worker, not per chunk. Results come back in
+chunk order, so any reduction is deterministic whatever the engine:
 with per-user seeds (docs/reference/specification.md §3) a local run and a Dask run give identical output.
 
 - :class:`LocalEngine` — in-process for ``workers=1``, else a process pool.
@@ -17,14 +19,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from tqdm.auto import tqdm
 
 from recsvc.checks import check_int
-
-C = TypeVar("C")
-R = TypeVar("R")
 
 _CONTEXT: Any = None
 
@@ -38,74 +37,69 @@ def _call_with_context(fn: Callable[[Any, Any], Any], chunk: Any) -> Any:
     return fn(chunk, _CONTEXT)
 
 
-class Engine(Protocol):
-    def map(
-        self,
-        fn: Callable[[C, Any], R],
-        chunks: Sequence[C],
-        context: Any = None,
-        *,
-        desc: str = "",
-        unit: str = "chunk",
-        sizes: Sequence[int] | None = None,
-    ) -> Iterator[R]:
-        """Yields ``fn(chunk, context)`` for every chunk, in order, with a progress bar.
-
-        ``sizes`` gives each chunk's weight in ``unit`` (e.g. users) for the bar's rate and ETA.
-        """
-        ...
-
-    def close(self) -> None: ...
-
-
 def progress_bar(desc: str, unit: str, total: int, disable: bool | None) -> tqdm:
     """The progress bar every long-running command shows (``disable`` None: tqdm decides, off when
     not a TTY); the engines' map and ``recsvc ledger export`` use it."""
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, mininterval=0.5)
 
 
+class _InOrder:
+    """What both engines share: their results in chunk order, under a progress bar."""
+
+    progress: bool | None  # None: tqdm decides (off when not a TTY)
+
+    def _in_order(
+        self,
+        start: Callable[[int], Callable[[], Any]],
+        chunks: Sequence[Any],
+        window: int,
+        desc: str,
+        unit: str,
+        sizes: Sequence[int] | None,
+    ) -> Iterator[Any]:
+        """Every chunk's result in chunk order; ``start(i)`` starts chunk i and returns what waits
+        for its result. A chunk is read from ``chunks`` (which may build it then) only when it
+        starts, and at most ``window`` are under way: a bounded look-ahead keeps memory flat
+        however many chunks there are."""
+        sizes = list(sizes) if sizes is not None else [1] * len(chunks)
+        with progress_bar(desc, unit, sum(sizes), None if self.progress is None else not self.progress) as bar:
+            pending = deque(start(i) for i in range(min(window, len(chunks))))
+            for i in range(len(chunks)):
+                out = pending.popleft()()  # popped: a finished result is not held twice
+                if i + window < len(chunks):
+                    pending.append(start(i + window))
+                bar.update(sizes[i])
+                yield out
+
+
 @dataclass
-class LocalEngine:
+class LocalEngine(_InOrder):
     workers: int = 1
     progress: bool | None = None  # None: tqdm decides (off when not a TTY)
-    _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ValueError(f"workers must be ≥ 1, got {self.workers}")
 
     def map(self, fn, chunks, context=None, *, desc="", unit="chunk", sizes=None):
-        sizes = list(sizes) if sizes is not None else [1] * len(chunks)
-        disable = None if self.progress is None else not self.progress
-        with progress_bar(desc, unit, sum(sizes), disable) as bar:
-            if self.workers == 1 or len(chunks) <= 1:
-                for chunk, size in zip(chunks, sizes, strict=True):
-                    out = fn(chunk, context)
-                    bar.update(size)
-                    yield out
-                return
-            # A fresh pool per call: the context is installed once per worker by the initializer.
-            with ProcessPoolExecutor(
-                max_workers=min(self.workers, len(chunks)), initializer=_set_context, initargs=(context,)
-            ) as pool:
-                # Bounded look-ahead keeps memory flat however many chunks there are.
-                window = 2 * self.workers
-                pending = deque(pool.submit(_call_with_context, fn, c) for c in chunks[:window])
-                nxt = len(pending)
-                for i in range(len(chunks)):
-                    out = pending.popleft().result()  # popped: a finished result is not held twice
-                    if nxt < len(chunks):
-                        pending.append(pool.submit(_call_with_context, fn, chunks[nxt]))
-                        nxt += 1
-                    bar.update(sizes[i])
-                    yield out
+        if self.workers == 1 or len(chunks) <= 1:
+            yield from self._in_order(lambda i: lambda: fn(chunks[i], context), chunks, 1, desc, unit, sizes)
+            return
+        # A fresh pool per call: the context is installed once per worker by the initializer.
+        with ProcessPoolExecutor(
+            max_workers=min(self.workers, len(chunks)), initializer=_set_context, initargs=(context,)
+        ) as pool:
+            window = 2 * self.workers
+            yield from self._in_order(
+                lambda i: pool.submit(_call_with_context, fn, chunks[i]).result, chunks, window, desc, unit, sizes
+            )
 
     def close(self) -> None:
         pass
 
 
 @dataclass
-class DaskEngine:
+class DaskEngine(_InOrder):
     scheduler: str | None = None
     workers: int = 2
     progress: bool | None = None
@@ -138,22 +132,13 @@ class DaskEngine:
 
     def map(self, fn, chunks, context=None, *, desc="", unit="chunk", sizes=None):
         client = self._connect()
-        sizes = list(sizes) if sizes is not None else [1] * len(chunks)
         # hash=False: a key of its own, so releasing another map's identical context cannot take
         # this one's data with it (tasks then fail with "lost dependencies").
         ctx = client.scatter(context, broadcast=True, hash=False) if context is not None else None
-        disable = None if self.progress is None else not self.progress
         window = max(2 * len(client.scheduler_info().get("workers", {}) or [1]), 2)
-        with progress_bar(desc, unit, sum(sizes), disable) as bar:
-            futures: dict[int, Any] = {}
-            nxt = 0
-            for i in range(len(chunks)):
-                while nxt < len(chunks) and nxt < i + window:
-                    futures[nxt] = client.submit(fn, chunks[nxt], ctx, pure=False)
-                    nxt += 1
-                out = futures.pop(i).result()
-                bar.update(sizes[i])
-                yield out
+        yield from self._in_order(
+            lambda i: client.submit(fn, chunks[i], ctx, pure=False).result, chunks, window, desc, unit, sizes
+        )
 
     def close(self) -> None:
         if self._client is not None:

@@ -37,10 +37,7 @@ class Model:
         ``cols`` (distinct), seen items not masked: :meth:`score` of that binary row, up to
         summation order (≈ 1e-16). A compiled pass over the factors' nonzeros, several times
         faster than scipy's sparse product for one user (the service scores one per request)."""
-        w1, w2 = self.w1, self.w2
-        return _score_one(
-            np.asarray(cols, np.int64), w1.indptr, w1.indices, w1.data, w2.indptr, w2.indices, w2.data, w2.shape[1]
-        )
+        return _score_one(np.asarray(cols, np.int64), _arrays(self.w1), _arrays(self.w2), self.w2.shape[1])
 
     @cached_property
     def w2_columns(self) -> sp.csc_matrix:
@@ -50,18 +47,8 @@ class Model:
     def score_items(self, cols: np.ndarray, items: np.ndarray) -> np.ndarray:
         """:meth:`score_one` of the user with input columns ``cols`` at ``items`` only, up to
         summation order: a device re-ranking k items reads k columns of W2 instead of all of it."""
-        w1, w2 = self.w1, self.w2_columns
-        return _score_items(
-            np.asarray(cols, np.int64),
-            np.asarray(items, np.int64),
-            w1.indptr,
-            w1.indices,
-            w1.data,
-            w2.indptr,
-            w2.indices,
-            w2.data,
-            w1.shape[1],
-        )
+        cols, items = np.asarray(cols, np.int64), np.asarray(items, np.int64)
+        return _score_items(cols, items, _arrays(self.w1), _arrays(self.w2_columns), self.w1.shape[1])
 
     def score_unseen(self, x: sp.csr_matrix) -> np.ndarray:
         """Dense scores with each user's input items (the nonzeros of its row of ``x``) at −inf."""
@@ -71,10 +58,17 @@ class Model:
         return scores
 
 
+# A compressed sparse matrix as its (indptr, indices, data) arrays, which the kernels read.
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _arrays(m: sp.csr_matrix | sp.csc_matrix) -> Arrays:
+    return m.indptr, m.indices, m.data
+
+
 @numba.njit(cache=True, nogil=True)
-def _hidden(
-    cols: np.ndarray, p1: np.ndarray, i1: np.ndarray, d1: np.ndarray, r: int
-) -> np.ndarray:  # pragma: no cover - numba
+def _hidden(cols: np.ndarray, w1: Arrays, r: int) -> np.ndarray:  # pragma: no cover - numba
+    p1, i1, d1 = w1
     u = np.zeros(r)  # x @ W1: the sum of the input items' rows of W1
     for c in cols:
         for k in range(p1[c], p1[c + 1]):
@@ -84,17 +78,10 @@ def _hidden(
 
 @numba.njit(cache=True, nogil=True)
 def _score_items(
-    cols: np.ndarray,
-    items: np.ndarray,
-    p1: np.ndarray,
-    i1: np.ndarray,
-    d1: np.ndarray,
-    p2c: np.ndarray,
-    i2c: np.ndarray,
-    d2c: np.ndarray,
-    r: int,
+    cols: np.ndarray, items: np.ndarray, w1: Arrays, w2c: Arrays, r: int
 ) -> np.ndarray:  # pragma: no cover - numba
-    u = _hidden(cols, p1, i1, d1, r)
+    u = _hidden(cols, w1, r)
+    p2c, i2c, d2c = w2c
     y = np.zeros(items.shape[0])
     for j in range(items.shape[0]):  # (x W1) · column of W2
         c = items[j]
@@ -104,17 +91,9 @@ def _score_items(
 
 
 @numba.njit(cache=True, nogil=True)
-def _score_one(
-    cols: np.ndarray,
-    p1: np.ndarray,
-    i1: np.ndarray,
-    d1: np.ndarray,
-    p2: np.ndarray,
-    i2: np.ndarray,
-    d2: np.ndarray,
-    n: int,
-) -> np.ndarray:  # pragma: no cover - numba
-    u = _hidden(cols, p1, i1, d1, p2.shape[0] - 1)
+def _score_one(cols: np.ndarray, w1: Arrays, w2: Arrays, n: int) -> np.ndarray:  # pragma: no cover - numba
+    p2, i2, d2 = w2
+    u = _hidden(cols, w1, p2.shape[0] - 1)
     y = np.zeros(n)  # u @ W2: scatter each nonzero u_i times row i of W2
     for i in range(u.shape[0]):
         ui = u[i]

@@ -57,7 +57,6 @@ UTILITY = (
     "expected MSE (max q − q_selected)² on clipped scores, averaged over the population users; "
     "for k > 1 the slate's first item, selected with ε/k"
 )
-METHODS = ("exact", "monte-carlo")
 
 
 def policy_epsilons(
@@ -172,11 +171,12 @@ class PolicySpec:
         }
 
 
-def sample_users(total: int, users: int, seed: int) -> np.ndarray:
-    """Sorted indices of at most ``users`` of ``total`` population users (all if few enough)."""
+def sample_users(total: int, users: int, seed: int, stream: int = 2**32) -> np.ndarray:
+    """Sorted indices of at most ``users`` of ``total`` population users (all if few enough),
+    drawn from the seed's stream ``stream`` (a spawn key: each sample its own)."""
     if total <= users:
         return np.arange(total)
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(2**32,)))
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
     return np.sort(rng.choice(total, users, replace=False))
 
 

@@ -9,55 +9,29 @@ verifies the checksums before anything is trusted) and :mod:`~recsvc.artifact.wr
 from recsvc.artifact.bundle import ClientBundle, read_client_bundle
 from recsvc.artifact.candidates import CandidateMatrix
 from recsvc.artifact.format import (
-    CANDIDATE_ARRAY_FILES,
     CANDIDATE_ARRAYS_DIR,
     CANDIDATES,
-    CANDIDATES_SCHEMA,
-    CLIENT_DIR,
-    FORMAT_VERSION,
-    ITEMS,
-    ITEMS_SCHEMA,
     MANIFEST,
     MIN_SENSITIVITY,
-    MODEL_DIR,
-    MULTISELECT_DIR,
     POLICY,
     POLICY_SCHEMA,
     POPULATION,
-    SERVING_KIND,
-    TEST_INPUTS,
-    TEST_TARGETS,
     ArtifactError,
-    json_default,
-    sha256_file,
-    validate_candidates,
-    validate_items,
     validate_policy,
 )
 from recsvc.artifact.manifest import Manifest, MultiSelectInfo, PolicyInfo, SansaInfo, SpearmanStats, SplitInfo
-from recsvc.artifact.reader import Artifact, load_artifact, load_model, read_manifest
+from recsvc.artifact.reader import Artifact, load_artifact, read_manifest
 from recsvc.artifact.serving import write_serving_bundle
-from recsvc.artifact.writer import ArtifactWriter, save_model
+from recsvc.artifact.writer import ArtifactWriter
 
 __all__ = [
     "CANDIDATES",
-    "CANDIDATES_SCHEMA",
     "CANDIDATE_ARRAYS_DIR",
-    "CANDIDATE_ARRAY_FILES",
-    "CLIENT_DIR",
-    "FORMAT_VERSION",
-    "ITEMS",
-    "ITEMS_SCHEMA",
     "MANIFEST",
     "MIN_SENSITIVITY",
-    "MODEL_DIR",
-    "MULTISELECT_DIR",
     "POLICY",
     "POLICY_SCHEMA",
     "POPULATION",
-    "SERVING_KIND",
-    "TEST_INPUTS",
-    "TEST_TARGETS",
     "Artifact",
     "ArtifactError",
     "ArtifactWriter",
@@ -69,15 +43,9 @@ __all__ = [
     "SansaInfo",
     "SpearmanStats",
     "SplitInfo",
-    "json_default",
     "load_artifact",
-    "load_model",
     "read_client_bundle",
     "read_manifest",
-    "save_model",
-    "sha256_file",
-    "validate_candidates",
-    "validate_items",
     "validate_policy",
     "write_serving_bundle",
 ]

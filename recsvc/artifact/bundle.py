@@ -28,7 +28,7 @@ from recsvc.multiselection import Lattice, Population, check_radius, codebook_by
 BUNDLE_MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "recsvc-client-bundle"
 BUNDLE_FORMAT_VERSION = 3  # 3: the code signal's codebook (codebook.json, code_size, codebook_version)
-SIGNAL_CODE, SIGNAL_LATTICE = "code", "lattice"
+SIGNAL_CODE = "code"  # the signal a bundle's devices send by default
 ITEM_IDS = "item_ids.json"
 CODEBOOK = "codebook.json"
 EMBEDDING = "embedding.npy"
@@ -68,11 +68,6 @@ class ClientBundle:
     def model(self) -> Model:
         """The scoring model the device re-ranks with (:meth:`recsvc.model.Model.score_one`)."""
         return Model(w1=self.w1, w2=self.w2, item_ids=self.item_ids)
-
-    @property
-    def index(self) -> dict[str, int]:
-        """item id → row."""
-        return self.model.index
 
 
 def _save(path: Path, array: np.ndarray, dtype: np.dtype) -> None:

@@ -11,6 +11,7 @@ sources with identical results:
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -52,17 +53,28 @@ class CandidateMatrix:
         return CandidateMatrix(*(getattr(self, f.name)[rows] for f in fields(self)))
 
 
-def _expand(
-    user_ids: np.ndarray, idx: np.ndarray, scores: np.ndarray, counts: np.ndarray, items: pl.DataFrame
-) -> CandidateMatrix:
-    """Rectangular (item index, raw score) rows, −1/−inf padded, completed with each item's clip
-    range and Δ: one construction for every source of candidates."""
-    pad = idx < 0
-    take = np.where(pad, 0, idx)
-    lo = np.where(pad, -np.inf, items["lo"].to_numpy()[take])
-    hi = np.where(pad, -np.inf, items["hi"].to_numpy()[take])
-    sens = np.where(pad, 1.0, items["sensitivity"].to_numpy()[take])
-    return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
+class CandidateRows(abc.ABC):
+    """Per-user rectangular candidate rows over the artifact's ``items``, from either source."""
+
+    items: pl.DataFrame
+    user_ids: np.ndarray  # every user, in artifact order (the order of :meth:`matrix` rows)
+
+    @abc.abstractmethod
+    def rows(self, users: int | None = None, start: int = 0) -> Rows:
+        """(user ids, item index (B, n) int64, raw scores (B, n), counts) of ``users`` users from
+        position ``start``, n the slice's largest count; only that slice is materialised."""
+
+    def matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
+        """``users`` users from position ``start`` (all remaining if None), −1/−inf padded and
+        completed with each item's clip range and Δ; only that slice is materialised, so callers
+        can walk the users in bounded-memory chunks."""
+        user_ids, idx, scores, counts = self.rows(users, start)
+        pad = idx < 0
+        take = np.where(pad, 0, idx)
+        lo = np.where(pad, -np.inf, self.items["lo"].to_numpy()[take])
+        hi = np.where(pad, -np.inf, self.items["hi"].to_numpy()[take])
+        sens = np.where(pad, 1.0, self.items["sensitivity"].to_numpy()[take])
+        return CandidateMatrix(user_ids, idx, scores, lo, hi, sens, counts)
 
 
 def _slice(total: int, users: int | None, start: int) -> tuple[int, int]:
@@ -72,22 +84,19 @@ def _slice(total: int, users: int | None, start: int) -> tuple[int, int]:
     return min(start, total), stop
 
 
-class UserRows:
+class UserRows(CandidateRows):
     """A candidates-schema table (``candidates.parquet`` or ``population.parquet``) cut into
     per-user rectangular arrays over the artifact's items."""
 
     def __init__(self, frame: pl.DataFrame, items: pl.DataFrame, item_index: dict[str, int], what: str) -> None:
         self.sorted = frame.sort(["user_id", "rank"], maintain_order=True)
         self.items, self.item_index, self.what = items, item_index, what
-        #: every user, in artifact order (the order of :meth:`matrix` rows)
         self.user_ids = self.sorted["user_id"].unique(maintain_order=True).to_numpy().astype(str)
         # Row offset of each user's first candidate in the sorted frame (+ the total at the end).
         counts = self.sorted.group_by("user_id", maintain_order=True).len()["len"].to_numpy()
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     def rows(self, users: int | None = None, start: int = 0) -> Rows:
-        """(user ids, item index (B, n) int64, raw scores (B, n), counts) of ``users`` users from
-        position ``start``, n the slice's largest count; only that slice is materialised."""
         start, stop = _slice(len(self.user_ids), users, start)
         offs = self.offsets
         cands = self.sorted.slice(int(offs[start]), int(offs[stop] - offs[start]))
@@ -109,11 +118,6 @@ class UserRows:
         scores[rows, cols] = cands["score"].to_numpy()
         return user_ids, idx, scores, counts
 
-    def matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
-        """``users`` users from position ``start`` (all remaining if None); only that slice is
-        materialised, so callers can walk the users in bounded-memory chunks."""
-        return _expand(*self.rows(users, start), self.items)
-
 
 def _open(path: Path, ndim: int, kind: str) -> np.ndarray:
     """``path`` memory-mapped read-only, checked to be an ``ndim``-dimensional array of dtype kind
@@ -131,7 +135,7 @@ def _open(path: Path, ndim: int, kind: str) -> np.ndarray:
     return a
 
 
-class MappedRows:
+class MappedRows(CandidateRows):
     """The memory-mapped candidate arrays of an artifact: user ids (U,) str, item index (U, n)
     int32 (rows of items.parquet, −1 pads) and raw scores (U, n) float64 (−inf pads), users in
     :class:`UserRows`'s order. Only the rows a caller asks for are read and checked."""
@@ -153,7 +157,7 @@ class MappedRows:
             )
 
     def rows(self, users: int | None = None, start: int = 0) -> Rows:
-        """As :meth:`UserRows.rows`: the same arrays, read from the mapped files."""
+        """The same arrays as :meth:`UserRows.rows`, read from the mapped files."""
         start, stop = _slice(len(self.user_ids), users, start)
         idx = np.asarray(self.item_index[start:stop])
         valid = idx >= 0
@@ -171,9 +175,6 @@ class MappedRows:
                 f"{self.directory / CANDIDATE_SCORES}, users {start}..{stop - 1}: expected finite scores, −inf padding"
             )
         return self.user_ids[start:stop], idx[:, :n].astype(np.int64), scores, counts
-
-    def matrix(self, users: int | None = None, start: int = 0) -> CandidateMatrix:
-        return _expand(*self.rows(users, start), self.items)
 
 
 def write_candidate_arrays(directory: Path, rows: UserRows, block: int = 4096) -> None:
@@ -193,6 +194,3 @@ def write_candidate_arrays(directory: Path, rows: UserRows, block: int = 4096) -
     item_index.flush()
     scores.flush()
     del item_index, scores  # unmapped: the files are complete before the manifest hashes them
-
-
-CandidateRows = UserRows | MappedRows

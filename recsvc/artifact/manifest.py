@@ -33,40 +33,36 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _is_map_of(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    return lambda v: isinstance(v, dict) and all(isinstance(k, str) and check(x) for k, x in v.items())
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _map_of(expected: str, check: Callable[[Any], bool], size: Callable[[int], bool] = lambda n: True) -> _Kind:
+    """A JSON object of string keys whose every value passes ``check`` and whose size passes ``size``."""
+    return _Kind(
+        expected,
+        lambda v: isinstance(v, dict) and size(len(v)) and all(isinstance(k, str) and check(x) for k, x in v.items()),
+        lambda v, s, p: dict(v),
+    )
+
+
+def _list_of(expected: str, check: Callable[[Any], bool], size: Callable[[int], bool] = bool) -> _Kind:
+    """A JSON list whose every element passes ``check`` and whose length passes ``size``, as a tuple."""
+    return _Kind(
+        expected, lambda v: isinstance(v, list) and size(len(v)) and all(map(check, v)), lambda v, s, p: tuple(v)
+    )
 
 
 _INT = _Kind("an integer", _is_int)
 _NUMBER = _Kind("a number", _is_number)
-_STR = _Kind("a string", lambda v: isinstance(v, str))
-_STR_MAP = _Kind("an object of strings", _is_map_of(lambda x: isinstance(x, str)), lambda v, s, p: dict(v))
-_NUMBER_MAP = _Kind("an object of numbers", _is_map_of(_is_number), lambda v, s, p: dict(v))
-_FILES = _Kind(
-    "a non-empty object of file → sha256",
-    lambda v: _is_map_of(lambda x: isinstance(x, str))(v) and bool(v),
-    lambda v, s, p: dict(v),
-)
-_PAIR = _Kind(
-    "a list of two numbers",
-    lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)),
-    lambda v, s, p: tuple(v),
-)
-_NUMBERS = _Kind(
-    "a non-empty list of numbers",
-    lambda v: isinstance(v, list) and bool(v) and all(map(_is_number, v)),
-    lambda v, s, p: tuple(v),
-)
-_INTS = _Kind(
-    "a non-empty list of integers",
-    lambda v: isinstance(v, list) and bool(v) and all(map(_is_int, v)),
-    lambda v, s, p: tuple(v),
-)
-_STRS = _Kind(
-    "a non-empty list of strings",
-    lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, str) for x in v),
-    lambda v, s, p: tuple(v),
-)
+_STR = _Kind("a string", _is_str)
+_STR_MAP = _map_of("an object of strings", _is_str)
+_NUMBER_MAP = _map_of("an object of numbers", _is_number)
+_FILES = _map_of("a non-empty object of file → sha256", _is_str, bool)
+_PAIR = _list_of("a list of two numbers", _is_number, lambda n: n == 2)
+_NUMBERS = _list_of("a non-empty list of numbers", _is_number)
+_INTS = _list_of("a non-empty list of integers", _is_int)
+_STRS = _list_of("a non-empty list of strings", _is_str)
 _OBJECTS = _Kind(
     "a list of objects",
     lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),

@@ -49,18 +49,6 @@ from recsvc.model import Model
 from recsvc.multiselection import Population
 
 
-def load_model(directory: Path) -> Model:
-    """The SANSA model saved by :meth:`recsvc.artifact.ArtifactWriter.write_model`."""
-    item_ids = pl.read_parquet(directory / MODEL_ITEMS)["item_id"].to_numpy().astype(str)
-    w1 = sp.load_npz(directory / MODEL_W1).tocsr()
-    w2 = sp.load_npz(directory / MODEL_W2).tocsr()
-    if w1.shape[0] != len(item_ids) or w2.shape[1] != len(item_ids) or w1.shape[1] != w2.shape[0]:
-        raise ArtifactError(
-            f"{directory}: model shapes W1 {w1.shape}, W2 {w2.shape} do not match {len(item_ids)} items"
-        )
-    return Model(w1=w1, w2=w2, item_ids=item_ids)
-
-
 @dataclass(frozen=True)
 class Artifact:
     path: Path
@@ -93,11 +81,16 @@ class Artifact:
 
     @cached_property
     def model(self) -> Model:
-        return load_model(self.path / MODEL_DIR)
-
-    @property
-    def has_test_inputs(self) -> bool:
-        return TEST_INPUTS in self.manifest.files
+        """The SANSA model saved by :meth:`recsvc.artifact.ArtifactWriter.write_model`."""
+        directory = self.path / MODEL_DIR
+        item_ids = pl.read_parquet(directory / MODEL_ITEMS)["item_id"].to_numpy().astype(str)
+        w1 = sp.load_npz(directory / MODEL_W1).tocsr()
+        w2 = sp.load_npz(directory / MODEL_W2).tocsr()
+        if w1.shape[0] != len(item_ids) or w2.shape[1] != len(item_ids) or w1.shape[1] != w2.shape[0]:
+            raise ArtifactError(
+                f"{directory}: model shapes W1 {w1.shape}, W2 {w2.shape} do not match {len(item_ids)} items"
+            )
+        return Model(w1=w1, w2=w2, item_ids=item_ids)
 
     def _require(self, name: str) -> None:
         self._require_full(f"{name} (the test users' items)")
@@ -201,14 +194,10 @@ class Artifact:
         frame = validate_candidates(pl.read_parquet(self.path / POPULATION))
         return UserRows(frame, self.items, self.item_index, POPULATION).matrix()
 
-    @property
-    def has_policy(self) -> bool:
-        return POLICY in self.manifest.files
-
     @cached_property
     def policy(self) -> pl.DataFrame | None:
         """``policy.parquet`` checked by :func:`validate_policy`; None when the artifact has none."""
-        if not self.has_policy:
+        if POLICY not in self.manifest.files:
             return None
         try:
             return validate_policy(pl.read_parquet(self.path / POLICY))

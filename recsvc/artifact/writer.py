@@ -44,14 +44,6 @@ from recsvc.model import Model
 from recsvc.staging import StagedDir
 
 
-def save_model(model: Model, directory: Path) -> None:
-    """Writes the SANSA model into the new directory ``directory`` (read by ``load_model``)."""
-    directory.mkdir()
-    sp.save_npz(directory / MODEL_W1, sp.csr_matrix(model.w1), compressed=False)
-    sp.save_npz(directory / MODEL_W2, sp.csr_matrix(model.w2), compressed=False)
-    pl.DataFrame({"item_id": model.item_ids.astype(str)}).write_parquet(directory / MODEL_ITEMS)
-
-
 class ArtifactWriter(StagedDir):
     """Atomic writer: ``with ArtifactWriter(out, force) as w: w.write_items(...); ...; w.commit(manifest)``.
 
@@ -84,7 +76,12 @@ class ArtifactWriter(StagedDir):
         validate_test_inputs(targets, TEST_TARGETS).write_parquet(self.tmp / TEST_TARGETS, statistics=False)
 
     def write_model(self, model: Model) -> None:
-        save_model(model, self.tmp / MODEL_DIR)
+        """The SANSA model in ``model/`` (read by :attr:`recsvc.artifact.Artifact.model`)."""
+        directory = self.tmp / MODEL_DIR
+        directory.mkdir()
+        sp.save_npz(directory / MODEL_W1, sp.csr_matrix(model.w1), compressed=False)
+        sp.save_npz(directory / MODEL_W2, sp.csr_matrix(model.w2), compressed=False)
+        pl.DataFrame({"item_id": model.item_ids.astype(str)}).write_parquet(directory / MODEL_ITEMS)
 
     def write_population(self, population: pl.DataFrame) -> None:
         """The (sampled) sensitivity population's top candidates, in the candidates schema."""

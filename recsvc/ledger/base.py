@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Self, cast
 
 from recsvc.ledger import fingerprint
 from recsvc.ledger.budget import checked_units
@@ -129,27 +129,34 @@ class BatchItem:
     mechanism: str = ""  # the answer's mechanism, stored with it (``recsvc ledger export``)
 
 
-class Reservation:
-    """A request that passed its pre-check and holds its turn (:meth:`Ledger.reserve`): commit it
-    with what was drawn (:meth:`Ledger.commit`), then release it, drawn or not; as a context
-    manager it is released on exit. Nothing is written until the commit."""
+class _Turn:
+    """Holds a request's turn until released (idempotent); as a context manager, released on exit."""
 
-    def __init__(self, pending: Pending, turn: Turns) -> None:
-        self.pending = pending
+    def __init__(self, turn: Turns) -> None:
         self._turn = turn
 
     def release(self) -> None:
-        """Ends the request's turn (idempotent): a waiting duplicate then finds its stored answer."""
+        """Ends the request's turn: a waiting duplicate then finds its stored answer."""
         self._turn.release()
 
-    def __enter__(self) -> Reservation:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self.release()
 
 
-class BatchReservation:
+class Reservation(_Turn):
+    """A request that passed its pre-check and holds its turn (:meth:`Ledger.reserve`): commit it
+    with what was drawn (:meth:`Ledger.commit`), then release it, drawn or not; as a context
+    manager it is released on exit. Nothing is written until the commit."""
+
+    def __init__(self, pending: Pending, turn: Turns) -> None:
+        super().__init__(turn)
+        self.pending = pending
+
+
+class BatchReservation(_Turn):
     """A batch's reservation (:meth:`Ledger.reserve_batch`): ``outcomes[i]`` is item i's replay
     (a :class:`~recsvc.ledger.charging.Charge`) or refusal decided by the pre-check, None for the
     items to draw, whose indices are ``todo`` in order. Released like a :class:`Reservation`."""
@@ -157,19 +164,10 @@ class BatchReservation:
     def __init__(
         self, pending: dict[int, Pending], outcomes: list[Charge | Exception | None], todo: list[int], turn: Turns
     ) -> None:
+        super().__init__(turn)
         self.pending = pending
         self.outcomes = outcomes
         self.todo = todo
-        self._turn = turn
-
-    def release(self) -> None:
-        self._turn.release()
-
-    def __enter__(self) -> BatchReservation:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release()
 
 
 class Ledger(abc.ABC):

@@ -33,6 +33,7 @@ from recsvc.ledger.units import to_epsilon
 COLUMNS = ("user_id", "request_id", "mechanism", "epsilon", "time")
 CHUNK = 65_536  # rows per read and per row group
 METADATA_KEY = "recsvc.budget_changes"
+_EXISTS = "{out} {path} already exists; nothing was written (pass {force} to replace it)"
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -44,7 +45,7 @@ def check_out(out: Path, force: bool) -> None:
     if out.is_dir():
         raise ParamError("{out} {path} is a directory; expected a file name such as charges.parquet", path=str(out))
     if out.exists() and not force:
-        raise ParamError("{out} {path} already exists; nothing was written (pass {force} to replace it)", path=str(out))
+        raise ParamError(_EXISTS, path=str(out))
 
 
 def _source(ledger: Path | str, chunk: int) -> AbstractContextManager[tuple[int, Iterator[list[ChargeRow]]]]:
@@ -91,18 +92,8 @@ def export(ledger: Path | str, out: Path, force: bool = False, chunk: int = CHUN
         ):
             for rows in chunks:
                 users, requests, mechanisms, units, micros = zip(*rows, strict=True)
-                writer.write_table(
-                    pa.table(
-                        [
-                            pa.array(users, pa.string()),
-                            pa.array(requests, pa.string()),
-                            pa.array(mechanisms, pa.string()),
-                            pa.array([to_epsilon(u) for u in units], pa.float64()),
-                            pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                        ],
-                        schema=schema,
-                    )
-                )
+                epsilons = [to_epsilon(u) for u in units]  # each column typed by the schema
+                writer.write_table(pa.table([users, requests, mechanisms, epsilons, micros], schema=schema))
                 written += len(rows)
                 bar.update(len(rows))
         _publish(tmp, out, force)
@@ -120,7 +111,5 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
     try:
         os.link(tmp, out)  # atomic, and fails if ``out`` appeared since check_out
     except FileExistsError:
-        raise ParamError(
-            "{out} {path} already exists; nothing was written (pass {force} to replace it)", path=str(out)
-        ) from None
+        raise ParamError(_EXISTS, path=str(out)) from None
     tmp.unlink()

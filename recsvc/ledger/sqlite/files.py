@@ -16,6 +16,12 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 WRITTEN = "an SQLite ledger written by `recsvc serve`"
 EXPECTED = WRITTEN + ", or a new file path in an existing, writable directory"
 SIDECARS = ("-wal", "-shm", "-journal", ".lock")
+CANNOT_OPEN = " cannot be opened as an SQLite ledger ({reason})"
+
+
+def refused(path: Path, what: str, **values: object) -> ParamError:
+    """The refusal of the ledger path ``path``: ``{ledger} <path><what>; expected`` what it may be."""
+    return ParamError("{ledger} {path}" + what + "; expected {expected}", path=str(path), expected=EXPECTED, **values)
 
 
 def check_path(path: str | os.PathLike[str]) -> None:
@@ -27,28 +33,16 @@ def check_path(path: str | os.PathLike[str]) -> None:
             with open(p, "rb") as f:
                 head = f.read(len(_SQLITE_MAGIC))
         except OSError as exc:
-            raise ParamError(
-                "{ledger} {path} cannot be read ({reason}); expected {expected}",
-                path=str(p),
-                reason=exc.strerror,
-                expected=EXPECTED,
-            ) from None
+            raise refused(p, " cannot be read ({reason})", reason=exc.strerror) from None
         if head and head != _SQLITE_MAGIC:
-            raise ParamError(
-                "{ledger} {path} is not an SQLite database; expected {expected}", path=str(p), expected=EXPECTED
-            )
+            raise refused(p, " is not an SQLite database")
         return
     if not p.parent.is_dir():
         raise MissingFileError(
             "ledger directory {dir} does not exist; create it first ({ledger} {path})", dir=str(p.parent), path=str(p)
         )
     if not os.access(p.parent, os.W_OK | os.X_OK):
-        raise ParamError(
-            "{ledger} {path}: the directory {dir} is not writable; expected {expected}",
-            path=str(p),
-            dir=str(p.parent),
-            expected=EXPECTED,
-        )
+        raise refused(p, ": the directory {dir} is not writable", dir=str(p.parent))
 
 
 def create_private(path: Path) -> None:
@@ -59,12 +53,7 @@ def create_private(path: Path) -> None:
     except FileExistsError:
         pass
     except OSError as exc:  # a special file system, a read-only mount, ...
-        raise ParamError(
-            "{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
-            path=str(path),
-            reason=exc.strerror or str(exc),
-            expected=EXPECTED,
-        ) from None
+        raise refused(path, CANNOT_OPEN, reason=exc.strerror or str(exc)) from None
 
 
 def private_sidecars(path: Path, warn: bool = True) -> None:
@@ -106,11 +95,8 @@ def check_foreign(path: Path) -> None:
     finally:
         ro.close()
     if tables and "budgets" not in tables:
-        raise ParamError(
-            "{ledger} {path} is an SQLite database of something else (tables: {tables}); expected {expected}",
-            path=str(path),
-            tables=", ".join(sorted(tables)[:5]),
-            expected=EXPECTED,
+        raise refused(
+            path, " is an SQLite database of something else (tables: {tables})", tables=", ".join(sorted(tables)[:5])
         )
 
 

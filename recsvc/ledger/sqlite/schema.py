@@ -147,18 +147,6 @@ def create(conn: sqlite3.Connection) -> None:
     conn.execute(f"PRAGMA user_version = {VERSION}")
 
 
-def migrate_v1(conn: sqlite3.Connection) -> None:
-    """Version 1 → 2 inside the caller's write transaction (see the module docstring)."""
-    for sql in _V2:
-        conn.execute(sql)
-
-
-def migrate_v2(conn: sqlite3.Connection) -> None:
-    """Version 2 → 3 inside the caller's write transaction: ``requests`` rebuilt as a rowid table."""
-    for sql in _V3:
-        conn.execute(sql)
-
-
 def _typed(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A version-4 row ``(user_id, request_id, fingerprint, epsilon_units, created, mechanism,
     response)`` as the current columns (:data:`_TYPED`)."""
@@ -292,10 +280,12 @@ def open_file(
             create(conn)
         elif found == 0:
             migrate_v0(conn, lambda fp: fingerprint.keyed(key, fp))  # straight to the current tables
-        if found == 1:
-            migrate_v1(conn)
-        if found in (1, 2):
-            migrate_v2(conn)
+        if found == 1:  # version 1 → 2 (module docstring)
+            for sql in _V2:
+                conn.execute(sql)
+        if found in (1, 2):  # version 2 → 3: requests rebuilt as a rowid table
+            for sql in _V3:
+                conn.execute(sql)
         if found in (1, 2, 3):
             conn.execute(_BUDGET_CHANGES)
         if found in (1, 2, 3, 4):

@@ -39,7 +39,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
-from recsvc.checks import ParamError
 from recsvc.ledger import fingerprint
 from recsvc.ledger.base import NO_WAIT, Accounts, Ledger, LedgerObserver, Stored
 from recsvc.ledger.charging import (
@@ -56,7 +55,7 @@ from recsvc.ledger.charging import (
 from recsvc.ledger.errors import LedgerUnavailable, WouldWait
 from recsvc.ledger.group_commit import Queued
 from recsvc.ledger.sqlite import files, schema
-from recsvc.ledger.sqlite.files import EXPECTED, check_path
+from recsvc.ledger.sqlite.files import check_path
 from recsvc.ledger.sqlite.schema import CHUNK
 from recsvc.ledger.window import LIFETIME_WINDOW, BudgetWindow
 
@@ -124,12 +123,7 @@ class SQLiteLedger(Ledger):
             )
         except sqlite3.DatabaseError as exc:  # not a database, unwritable, a special file system, ...
             self.close()
-            raise ParamError(
-                "{ledger} {path} cannot be opened as an SQLite ledger ({reason}); expected {expected}",
-                path=str(self.path),
-                reason=str(exc),
-                expected=EXPECTED,
-            ) from None
+            raise files.refused(self.path, files.CANNOT_OPEN, reason=str(exc)) from None
         except BaseException:
             self.close()
             raise

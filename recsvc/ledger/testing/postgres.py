@@ -69,13 +69,3 @@ def count_rounds(a: PostgresLedger, monkeypatch: pytest.MonkeyPatch) -> list[tup
 
     monkeypatch.setattr(a, "_charge_unchanged", counted)
     return rounds
-
-
-def answer(tag: str) -> Callable[[object, float], bytes]:
-    """A draw-then-commit response builder: ``tag`` and the budget left."""
-    return lambda _sample, remaining: f"{tag}|{remaining:.2f}".encode()
-
-
-def built(tag: str) -> Callable[[float], bytes]:
-    """A pending charge's response builder: ``tag`` and the budget left."""
-    return lambda remaining: f"{tag}|{remaining:.2f}".encode()
