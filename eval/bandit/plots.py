@@ -8,13 +8,11 @@ import numpy as np
 import polars as pl
 
 from eval.bandit.config import POLICIES, PRIVATE
-from eval.bandit.tables import NEVER_SWITCHING, ci
+from eval.bandit.tables import NEVER_SWITCHING, BanditResult, ci
 from eval.figures import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from eval.bandit.results import BanditResult
 
 FIG_A = "fig14a_cumulative_reward.png"
 FIG_B = "fig14b_estimated_means.png"

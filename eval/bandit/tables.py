@@ -1,8 +1,11 @@
-"""The bandit study's tables, built from the work units' results: curves, means, quantiles, and
-summaries with 95% t-intervals over seeds (paired over seeds for differences: every policy of
-a seed plays the same reward table)."""
+"""The bandit study's result and its tables, built from the work units' results: curves, means,
+quantiles, and summaries with 95% t-intervals over seeds (paired over seeds for differences:
+every policy of a seed plays the same reward table)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -33,6 +36,25 @@ READINGS_SCHEMA = {"reading": _S, "description": _S, "seeds": _I, "never_switche
     **dict.fromkeys(("best_share_after", "best_share_after_ci_low", "best_share_after_ci_high"), _F),
     **dict.fromkeys(("reward_after", "reward_after_ci_low", "reward_after_ci_high"), _F),
 }
+
+
+@dataclass
+class BanditResult:
+    config: BanditConfig
+    units: list[UnitResult]
+    curves: pl.DataFrame  # bandit.parquet
+    means: pl.DataFrame
+    quantiles: pl.DataFrame
+    summary: pl.DataFrame
+    comparisons: pl.DataFrame
+    readings: pl.DataFrame
+    seconds: float
+    out: Path | None = None
+
+    def value(self, policy: str, quantity: str) -> float:
+        """The mean over seeds of one summary quantity (e.g. ``reward_after``) of one policy."""
+        row = self.summary.filter((pl.col("policy") == policy) & (pl.col("quantity") == quantity))
+        return float(row["mean"][0])
 
 
 def ci(values: np.ndarray) -> tuple[float, float, float]:
