@@ -7,7 +7,6 @@ noise, quantiles, selections, Thompson draws) SeedSequence(s, spawn_key=(1 + ind
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,7 +61,6 @@ class UnitResult:
     best_share_after: float
     switch_delay: int | None
     first_new_best: int | None  # steps after the shift until the new best arm's first pull
-    seconds: float
 
 
 def unit_names(cfg: BanditConfig) -> list[str]:
@@ -74,11 +72,9 @@ def unit_names(cfg: BanditConfig) -> list[str]:
 def run_unit(unit: tuple[int, str], cfg: BanditConfig) -> UnitResult:
     """The engine's work unit: (seed, name) → its :class:`UnitResult`."""
     seed, name = unit
-    t0 = time.perf_counter()
     rewards = reward_table(cfg.arms, cfg.horizon, cfg.shift, stream(seed, 0))
     grid = sample_steps(cfg.horizon, cfg.shift)
     arms, scores, quantiles = _play(name, seed, cfg, rewards, grid)
-    seconds = time.perf_counter() - t0
     steps = np.arange(1, cfg.horizon + 1)
     got = rewards[steps, arms[1:]]
     cum = np.concatenate(([0.0], np.cumsum(got)))
@@ -101,7 +97,6 @@ def run_unit(unit: tuple[int, str], cfg: BanditConfig) -> UnitResult:
         best_share_after=float(np.mean(arms[s + 1 :] == after)),
         switch_delay=switch_delay(arms, s, after),
         first_new_best=_first(arms[s + 1 :] == after),
-        seconds=seconds,
     )
 
 
