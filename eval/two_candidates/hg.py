@@ -7,9 +7,7 @@ LOWER-scoring candidate's sensitivity. For two mechanisms M (the baseline) and M
 
 is > 0 iff M′ beats M. Every probability is exact: rnm, gem and mgem from
 ``recsvc.mechanisms.probabilities``; rnmh in closed form and rs by quadrature
-(:mod:`recsvc.mechanisms.exact`); random is ½. :func:`hg_table` has one row per pair × grid
-point; :func:`findings` checks the paper's statements on it; :mod:`eval.two_candidates.run`
-writes the results directory.
+(:mod:`recsvc.mechanisms.exact`); random is ½.
 """
 
 from __future__ import annotations
