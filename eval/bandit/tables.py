@@ -138,29 +138,18 @@ def quantiles(units: list[UnitResult]) -> pl.DataFrame:
 def summary(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """summary.csv: policy × quantity → mean and 95% CI over seeds."""
     groups = by_name(units)
-    rows = []
-    for name in [*cfg.policies, *(n for n in groups if n.startswith(READING_PREFIX))]:
-        for q in QUANTITIES:
-            m, lo, hi = ci(np.array([quantity(u, q) for u in groups[name]]))
-            rows.append(
-                {"policy": name, "quantity": q, "mean": m, "ci_low": lo, "ci_high": hi, "seeds": len(groups[name])}
-            )
-    return pl.DataFrame(rows)
+    rows = [
+        (name, q, *ci(np.array([quantity(u, q) for u in groups[name]])), len(groups[name]))
+        for name in [*cfg.policies, *(n for n in groups if n.startswith(READING_PREFIX))]
+        for q in QUANTITIES
+    ]
+    return pl.DataFrame(rows, schema=SUMMARY_SCHEMA, orient="row")
 
 
-def _paired(groups: dict[str, list[UnitResult]], a: str, b: str, q: str) -> dict[str, object]:
+def _paired(groups: dict[str, list[UnitResult]], a: str, b: str, q: str) -> tuple:
+    """A comparisons.csv row: ``a`` − ``b`` in quantity ``q``, paired over seeds."""
     d = np.array([quantity(x, q) - quantity(y, q) for x, y in zip(groups[a], groups[b], strict=True)])
-    m, lo, hi = ci(d)
-    return {
-        "policy": a,
-        "baseline": b,
-        "quantity": q,
-        "mean_difference": m,
-        "ci_low": lo,
-        "ci_high": hi,
-        "wins": int((d > 0).sum()),
-        "seeds": d.size,
-    }
+    return (a, b, q, *ci(d), int((d > 0).sum()), d.size)
 
 
 def comparisons(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
@@ -177,7 +166,7 @@ def comparisons(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
         rows += [_paired(g, p, NEVER_SWITCHING, "reward_after") for p in private]
     if "mgem" in g and "gem" in g:
         rows += [_paired(g, "mgem", "gem", q) for q in ("reward_before", "reward_after", "reward_total")]
-    return pl.DataFrame(rows, schema=COMPARISONS_SCHEMA)
+    return pl.DataFrame(rows, schema=COMPARISONS_SCHEMA, orient="row")
 
 
 def readings(units: list[UnitResult]) -> pl.DataFrame:
@@ -190,23 +179,17 @@ def readings(units: list[UnitResult]) -> pl.DataFrame:
             continue
         delays = [u.switch_delay for u in us if u.switch_delay is not None]
         firsts = [u.first_new_best for u in us if u.first_new_best is not None]
-        share = ci(np.array([u.best_share_after for u in us]))
-        after = ci(np.array([u.reward_after for u in us]))
         rows.append(
-            {
-                "reading": reading,
-                "description": text,
-                "seeds": len(us),
-                "never_switched": len(us) - len(delays),
-                "switch_delay_median": float(np.median(delays)) if delays else None,
-                "switch_delay_max": max(delays) if delays else None,
-                "first_new_best_median": float(np.median(firsts)) if firsts else None,
-                "best_share_after": share[0],
-                "best_share_after_ci_low": share[1],
-                "best_share_after_ci_high": share[2],
-                "reward_after": after[0],
-                "reward_after_ci_low": after[1],
-                "reward_after_ci_high": after[2],
-            }
+            (  # READINGS_SCHEMA's columns
+                reading,
+                text,
+                len(us),
+                len(us) - len(delays),
+                float(np.median(delays)) if delays else None,
+                max(delays) if delays else None,
+                float(np.median(firsts)) if firsts else None,
+                *ci(np.array([u.best_share_after for u in us])),
+                *ci(np.array([u.reward_after for u in us])),
+            )
         )
-    return pl.DataFrame(rows, schema=READINGS_SCHEMA)
+    return pl.DataFrame(rows, schema=READINGS_SCHEMA, orient="row")
