@@ -133,19 +133,9 @@ def hit_rates(
         for rule in RULES:
             pred, actual = t[f"pred_{rule}"], t[rule]
             hits = int((pred == actual).sum())
-            out.append(
-                {
-                    "scenario": scope,
-                    "rule": rule,
-                    "cases": t.height,
-                    "predicted": int(pred.sum()),
-                    "happened": int(actual.sum()),
-                    "hits": hits,
-                    "misses": int((actual & ~pred).sum()),
-                    "hit_rate": hits / t.height,
-                }
-            )
-    return pl.DataFrame(out)
+            misses = int((actual & ~pred).sum())
+            out.append((scope, rule, t.height, int(pred.sum()), int(actual.sum()), hits, misses, hits / t.height))
+    return pl.DataFrame(out, schema=HIT_RATES_SCHEMA, orient="row")
 
 
 def markdown(table: pl.DataFrame) -> str:
