@@ -130,7 +130,7 @@ def hg_table(cfg: TwoCandidateConfig) -> pl.DataFrame:
     """One row per pair × (γ for rs) × grid point: baseline, mechanism, gamma (null unless rs),
     delta1, delta2, epsilon, gap, hg, and both error probabilities."""
     grid = _grid(cfg)
-    err = cache(lambda mech, gamma: error_probability(mech, grid, cfg.beta, gamma))  # gem and rs serve several pairs
+    err = cache(lambda mech, gamma: error_probability(mech, grid, cfg.beta, gamma))  # a mechanism serves several pairs
     frames = []
     for base, mech in PAIRS:
         for gamma in cfg.gammas if mech == "rs" else (None,):
