@@ -96,22 +96,17 @@ def curves(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
 def means(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """means.parquet (Fig. 14(b)): policy, seed, t, arm, empirical_mean, private_mean."""
     grid = sample_steps(cfg.horizon, cfg.shift)
-    parts = [
-        pl.DataFrame(
-            {
-                "policy": u.name,
-                "seed": u.seed,
-                "t": grid,
-                "arm": a,
-                "empirical_mean": u.empirical[:, a],
-                "private_mean": u.scores[:, a],
-            }
-        )
-        for u in units
-        if not u.name.startswith(READING_PREFIX)
-        for a in (0, 1)
-    ]
-    return pl.concat(parts).with_columns(pl.col("seed").cast(pl.Int64), pl.col("arm").cast(pl.Int64))
+    rows = [u for u in units if not u.name.startswith(READING_PREFIX)]
+    return pl.DataFrame(
+        {
+            "policy": np.repeat([u.name for u in rows], 2 * grid.size),
+            "seed": np.repeat([u.seed for u in rows], 2 * grid.size).astype(np.int64),
+            "t": np.tile(grid, 2 * len(rows)),
+            "arm": np.tile(np.repeat(np.arange(2, dtype=np.int64), grid.size), len(rows)),
+            "empirical_mean": np.concatenate([u.empirical.T.ravel() for u in rows]),
+            "private_mean": np.concatenate([u.scores.T.ravel() for u in rows]),
+        }
+    )
 
 
 def quantiles(units: list[UnitResult]) -> pl.DataFrame:
