@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,8 @@ HIT_RATES_SCHEMA = (
 
 @dataclass(frozen=True)
 class Prediction:
+    """The events of :data:`RULES`, as :func:`predict` foresees them or as they happened."""
+
     gem_worse_than_random: bool
     mgem_worse_than_random: bool
     gem_worse_than_rnm: bool
@@ -87,7 +89,7 @@ def predict(scores: np.ndarray, sensitivities: np.ndarray, epsilon: float, beta:
 
 
 def _cases(name: str, users: int, epsilons: Sequence[float], beta: float) -> pl.DataFrame:
-    """One row per user × ε: the predictions and the exact expected MSE of gem, mgem, rnm, random."""
+    """One row per user × ε: the rules' predictions and what happened (exact expected MSE of gem, mgem, rnm, random)."""
     from eval.scenarios import scenario
     from recsvc.mechanisms import probabilities
 
@@ -101,18 +103,11 @@ def _cases(name: str, users: int, epsilons: Sequence[float], beta: float) -> pl.
                 m: float(probabilities(m, q, d, eps, **({"beta": beta} if "gem" in m else {})) @ err)
                 for m in ("gem", "mgem", "rnm")
             }
-            p = predict(q, d, eps, beta)
-            rows.append(
-                {
-                    "scenario": name,
-                    "user": b,
-                    "epsilon": eps,
-                    **{f"pred_{k}": getattr(p, k) for k in RULES},
-                    "gem_worse_than_random": bool(mse["gem"] > err.mean()),
-                    "mgem_worse_than_random": bool(mse["mgem"] > err.mean()),
-                    "gem_worse_than_rnm": bool(mse["gem"] > mse["rnm"]),
-                }
+            pred = {f"pred_{k}": v for k, v in asdict(predict(q, d, eps, beta)).items()}
+            happened = Prediction(
+                bool(mse["gem"] > err.mean()), bool(mse["mgem"] > err.mean()), bool(mse["gem"] > mse["rnm"])
             )
+            rows.append({"scenario": name, "user": b, "epsilon": eps, **pred, **asdict(happened)})
     return pl.DataFrame(rows)
 
 
@@ -133,19 +128,9 @@ def hit_rates(
         for rule in RULES:
             pred, actual = t[f"pred_{rule}"], t[rule]
             hits = int((pred == actual).sum())
-            out.append(
-                {
-                    "scenario": scope,
-                    "rule": rule,
-                    "cases": t.height,
-                    "predicted": int(pred.sum()),
-                    "happened": int(actual.sum()),
-                    "hits": hits,
-                    "misses": int((actual & ~pred).sum()),
-                    "hit_rate": hits / t.height,
-                }
-            )
-    return pl.DataFrame(out)
+            misses = int((actual & ~pred).sum())
+            out.append((scope, rule, t.height, int(pred.sum()), int(actual.sum()), hits, misses, hits / t.height))
+    return pl.DataFrame(out, schema=HIT_RATES_SCHEMA, orient="row")
 
 
 def markdown(table: pl.DataFrame) -> str:

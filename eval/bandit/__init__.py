@@ -2,5 +2,5 @@
 
 environment (rewards) → counter (private sums) and quantiles (private sensitivities) → private
 (private policies) and baselines (UCB readings, Thompson) → simulate (one work unit) → run
-(engine, tables, staged output) → tables, plots, report, outputs.
+(engine, staged output) → tables (the result), plots, report.
 """

@@ -19,12 +19,12 @@ import numpy as np
 DISCOUNT = 0.995  # discounted reading: memory ≈ 1/(1 − γ) = 200 steps, the quantiles' window
 
 
-def _play(rewards: np.ndarray, index: Callable[[int, int], int], update: Callable[[int, float], None]) -> np.ndarray:
-    """Runs a deterministic index policy: ``index(t, horizon)`` picks the arm at step t ≥ 3."""
+def _play(rewards: np.ndarray, index: Callable[[int], int], update: Callable[[int, float], None]) -> np.ndarray:
+    """Runs an index policy: ``index(t)`` picks the arm at step t ≥ 3."""
     horizon = rewards.shape[0] - 1
     arms = np.zeros(horizon + 1, dtype=np.int8)
     for t in range(1, horizon + 1):
-        a = t - 1 if t <= 2 else index(t, horizon)
+        a = t - 1 if t <= 2 else index(t)
         arms[t] = a
         update(a, float(rewards[t, a]))
     return arms
@@ -42,17 +42,14 @@ def ucb(rewards: np.ndarray, alpha: float = math.sqrt(2.0), reading: str = "stat
 
     def update(a: int, r: float) -> None:
         if reading == "discounted":
-            s[0] *= DISCOUNT
-            s[1] *= DISCOUNT
-            n[0] *= DISCOUNT
-            n[1] *= DISCOUNT
+            for arm in (0, 1):
+                s[arm] *= DISCOUNT
+                n[arm] *= DISCOUNT
         s[a] += r
         n[a] += 1.0
         recent[a].append(r)
 
     def score(a: int, t: int) -> float:
-        if reading == "stated":
-            return s[a] / n[a] + alpha * math.sqrt(log_big_t / n[a])
         if reading == "ln_t":  # the textbook UCB1 bonus: ln of the current step, not of the horizon
             return s[a] / n[a] + alpha * math.sqrt(math.log(t) / n[a])
         if reading == "sums":  # the sum of rewards, not divided by N_t(a)
@@ -62,9 +59,9 @@ def ucb(rewards: np.ndarray, alpha: float = math.sqrt(2.0), reading: str = "stat
         if reading == "windowed":  # mean of the arm's last w rewards
             m = len(recent[a])
             return sum(recent[a]) / m + alpha * math.sqrt(log_big_t / m)
-        return s[a] / n[a] + alpha * math.sqrt(log_big_t / n[a])  # discounted sums and counts
+        return s[a] / n[a] + alpha * math.sqrt(log_big_t / n[a])  # stated, and discounted (s, n discounted)
 
-    return _play(rewards, lambda t, _: int(score(1, t) > score(0, t)), update)
+    return _play(rewards, lambda t: int(score(1, t) > score(0, t)), update)
 
 
 READINGS: dict[str, str] = {
@@ -85,7 +82,7 @@ def thompson(rewards: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     s = [0.0, 0.0]
     n = [0.0, 0.0]
 
-    def index(t: int, _: int) -> int:
+    def index(t: int) -> int:
         th0 = s[0] / (n[0] + 1.0) + z[t, 0] / math.sqrt(n[0] + 1.0)
         th1 = s[1] / (n[1] + 1.0) + z[t, 1] / math.sqrt(n[1] + 1.0)
         return int(th1 > th0)

@@ -12,18 +12,8 @@ from recsvc.engines import resolve_workers
 from recsvc.mechanisms import check_params
 from recsvc.settings import Range, setting
 
-# policy → the recsvc.mechanisms name it selects with (None: a non-private baseline).
-POLICIES: dict[str, str | None] = {
-    "ucb": None,
-    "thompson": None,
-    "krr": "krr",
-    "rnm": "rnm",
-    "rs": "rs",
-    "gem": "gem",
-    "mgem": "mgem",
-}
-MECHANISM_OF: dict[str, str] = {p: m for p, m in POLICIES.items() if m is not None}  # the private policies
-PRIVATE = tuple(MECHANISM_OF)
+PRIVATE = ("krr", "rnm", "rs", "gem", "mgem")  # each selects with the recsvc.mechanisms mechanism of its name
+POLICIES = ("ucb", "thompson", *PRIVATE)  # the non-private baselines, then the private policies
 INIT_STEPS = 2  # steps 1 and 2 pull arms 0 and 1 once (data-independent), so every mean exists
 _AT_LEAST_1 = Range(1, integer=True)
 _POSITIVE = Range(0, low_open=True)
@@ -49,7 +39,7 @@ class BanditConfig:
     window: int = setting(200, help="w: observations per quantile estimate (disjoint windows)", check=_AT_LEAST_1)
     beta: float = 0.05  # GEM / mGEM
     gamma: float = 0.05  # RS_γ
-    policies: tuple[str, ...] = tuple(POLICIES)
+    policies: tuple[str, ...] = POLICIES
     workers: int | None = setting(None, help="worker processes (default: min(2, cores))")
     force: bool = setting(False, help="replace an existing --out directory")
     progress: bool | None = None
@@ -61,9 +51,8 @@ class BanditConfig:
         """The mechanism parameters a private policy selects with: the ones its mechanism declares."""
         from recsvc.mechanisms import params_of
 
-        mechanism = POLICIES.get(policy)
         own = {"beta": self.beta, "gamma": self.gamma}
-        return {} if mechanism is None else {k: v for k, v in own.items() if k in params_of(mechanism)}
+        return {k: v for k, v in own.items() if k in params_of(policy)} if policy in PRIVATE else {}
 
 
 def validate(cfg: BanditConfig) -> BanditConfig:

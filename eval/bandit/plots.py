@@ -7,14 +7,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from eval.bandit.config import POLICIES, PRIVATE
-from eval.bandit.tables import NEVER_SWITCHING, ci
+from eval.bandit.config import POLICIES, PRIVATE, BanditConfig
+from eval.bandit.tables import NEVER_SWITCHING, BanditResult, ci
 from eval.figures import pyplot
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from eval.bandit.results import BanditResult
 
 FIG_A = "fig14a_cumulative_reward.png"
 FIG_B = "fig14b_estimated_means.png"
@@ -43,6 +41,11 @@ def figures(result: BanditResult) -> dict[str, Figure]:
 
 def _shift_line(ax, result: BanditResult) -> None:
     ax.axvline(result.config.shift, color="k", lw=0.8, ls=":")
+
+
+def _truth(ax, cfg: BanditConfig, before: float, after: float, **style) -> None:
+    """A true value, dashed: ``before`` up to the shift, ``after`` from it."""
+    ax.plot([1, cfg.shift, cfg.shift, cfg.horizon], [before, before, after, after], color="k", ls="--", **style)
 
 
 def cumulative(result: BanditResult) -> Figure:
@@ -92,15 +95,7 @@ def estimated_means(result: BanditResult) -> Figure:
             ax.plot(t, p["empirical_mean"].to_numpy(), color=COLORS[policy], lw=1.3, label=LABELS[policy])
             if policy in PRIVATE:
                 ax.scatter(t[::4], p["private_mean"].to_numpy()[::4], color=COLORS[policy], s=4, alpha=0.5)
-        before, after = cfg.arms.expected(False)[arm], cfg.arms.expected(True)[arm]
-        ax.plot(
-            [1, cfg.shift, cfg.shift, cfg.horizon],
-            [before, before, after, after],
-            color="k",
-            lw=0.8,
-            ls="--",
-            label="true mean",
-        )
+        _truth(ax, cfg, cfg.arms.expected(False)[arm], cfg.arms.expected(True)[arm], lw=0.8, label="true mean")
         _shift_line(ax, result)
         ax.set_title(f"(b) arm {arm}: estimated means (lines), private scores (points), seed 0", fontsize=9)
         ax.set_xlabel("t")
@@ -118,15 +113,12 @@ def estimated_quantiles(result: BanditResult, arm: int) -> Figure:
     for policy in cfg.policies:
         p = d.filter(pl.col("policy") == policy).sort("t")
         if p.height:
-            ax.scatter(
-                p["t"], p["p10"], color=COLORS[policy], s=5, marker="v", alpha=0.6, label=f"{LABELS[policy]} p10"
-            )
-            ax.scatter(
-                p["t"], p["p90"], color=COLORS[policy], s=5, marker="^", alpha=0.6, label=f"{LABELS[policy]} p90"
-            )
+            for col, marker in (("p10", "v"), ("p90", "^")):
+                ax.scatter(
+                    p["t"], p[col], color=COLORS[policy], s=5, marker=marker, alpha=0.6, label=f"{LABELS[policy]} {col}"
+                )
     for q in (0.1, 0.9):
-        b, a = cfg.arms.quantile(q, False)[arm], cfg.arms.quantile(q, True)[arm]
-        ax.plot([1, cfg.shift, cfg.shift, cfg.horizon], [b, b, a, a], color="k", lw=0.9, ls="--")
+        _truth(ax, cfg, cfg.arms.quantile(q, False)[arm], cfg.arms.quantile(q, True)[arm], lw=0.9)
     _shift_line(ax, result)
     ax.set_title(
         f"({'cd'[arm]}) arm {arm}: private 10th/90th percentiles per window of {cfg.window} "

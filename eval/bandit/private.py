@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eval.bandit.config import BanditConfig
 from eval.bandit.counter import draw_noise, noise_sequence
 from eval.bandit.environment import REWARD_HI, REWARD_LO
 from eval.bandit.quantiles import quantile_pair
@@ -33,21 +34,13 @@ class PrivateTrace:
 
 
 def play(
-    mechanism: str,
-    epsilon: float,
-    params: dict[str, float],
-    rewards: np.ndarray,
-    grid: np.ndarray,
-    *,
-    epsilon_means: float,
-    epsilon_pair: float,
-    window: int,
-    rng: np.random.Generator,
+    policy: str, cfg: BanditConfig, rewards: np.ndarray, grid: np.ndarray, rng: np.random.Generator
 ) -> PrivateTrace:
-    """One run of the private policy that selects with ``mechanism`` on the reward table."""
+    """One run of a private policy (it selects with the mechanism of its name) on the reward table."""
+    epsilon, params, window = cfg.epsilon_of(policy), cfg.params_of(policy), cfg.window
     horizon = rewards.shape[0] - 1
     width = REWARD_HI - REWARD_LO
-    noise = [noise_sequence(draw_noise(horizon, epsilon_means, rng, width)) for _ in range(2)]
+    noise = [noise_sequence(draw_noise(horizon, cfg.epsilon_means, rng, width)) for _ in range(2)]
     s = [0.0, 0.0]
     n = [0, 0]
     sens = [width, width]
@@ -65,7 +58,7 @@ def play(
             t - 1
             if t <= 2
             else select(
-                mechanism, (private_mean(0), private_mean(1)), sens, epsilon, rng, allow_non_private=False, **params
+                policy, (private_mean(0), private_mean(1)), sens, epsilon, rng, allow_non_private=False, **params
             )
         )
         r = float(rewards[t, a])
@@ -74,7 +67,7 @@ def play(
         n[a] += 1
         buf[a].append(r)
         if len(buf[a]) == window:
-            lo, hi = quantile_pair(np.array(buf[a]), epsilon_pair, rng, REWARD_LO, REWARD_HI)
+            lo, hi = quantile_pair(np.array(buf[a]), cfg.epsilon_pair, rng, REWARD_LO, REWARD_HI)
             sens[a] = max(abs(hi - lo), MIN_SENSITIVITY)
             rows.append((a, t, n[a], lo, hi))
             buf[a] = []

@@ -4,17 +4,13 @@ the question which UCB the paper ran answered from the measured readings."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import polars as pl
 
 from eval.bandit import baselines
 from eval.bandit.config import PRIVATE
 from eval.bandit.simulate import SWITCH_WINDOW
-from eval.bandit.tables import NEVER_SWITCHING, QUANTITIES
-
-if TYPE_CHECKING:
-    from eval.bandit.results import BanditResult
+from eval.bandit.tables import NEVER_SWITCHING, QUANTITIES, BanditResult
 
 
 def _num(x: float, digits: int = 0) -> str:

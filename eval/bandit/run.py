@@ -1,19 +1,15 @@
-"""``recsvc eval-bandit``: the bandit study of §IX / Appendix H / Figure 14.
-
-The study declared on :mod:`eval.study`, which validates the config (nothing is created on bad
-input) and writes the results directory atomically; its computation maps the work units (every
-policy and UCB reading × seed) over the local engine with a progress bar and builds the tables.
-"""
+"""``recsvc eval-bandit`` declared on :mod:`eval.study`: the work units (every policy and UCB
+reading × seed) mapped over the local engine, and the tables and files built from them."""
 
 from __future__ import annotations
 
 import time
 
-from eval.bandit import outputs, plots, report, tables
+from eval.bandit import plots, report, tables
 from eval.bandit.config import BanditConfig, validate
-from eval.bandit.results import BanditResult
 from eval.bandit.simulate import UnitResult, run_unit, unit_names
-from eval.study import Study, execute
+from eval.bandit.tables import BanditResult
+from eval.study import Output, Study, execute
 from recsvc.engines import make_engine
 
 
@@ -47,7 +43,14 @@ STUDY = Study(
     title=report.TITLE,
     config=BanditConfig,
     run=compute,
-    outputs=outputs.OUTPUTS,
+    outputs=(
+        Output("bandit.parquet", lambda r: r.curves, tables.CURVES_SCHEMA),
+        Output("means.parquet", lambda r: r.means, tables.MEANS_SCHEMA),
+        Output("quantiles.parquet", lambda r: r.quantiles, tables.QUANTILES_SCHEMA),
+        Output("summary.csv", lambda r: r.summary, tables.SUMMARY_SCHEMA),
+        Output("comparisons.csv", lambda r: r.comparisons, tables.COMPARISONS_SCHEMA),
+        Output("ucb_readings.csv", lambda r: r.readings, tables.READINGS_SCHEMA),
+    ),
     report=report.body,
     plots=plots.figures,
     validate=validate,

@@ -7,13 +7,12 @@ noise, quantiles, selections, Thompson draws) SeedSequence(s, spawn_key=(1 + ind
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from eval.bandit import baselines, private
-from eval.bandit.config import MECHANISM_OF, POLICIES, BanditConfig
+from eval.bandit.config import POLICIES, BanditConfig
 from eval.bandit.environment import reward_table
 
 SWITCH_WINDOW = 100  # a policy has switched at a pull of the new best arm that wins the majority of the next 100 steps
@@ -40,13 +39,12 @@ def switch_delay(arms: np.ndarray, shift: int, new_best: int, window: int = SWIT
     c = np.concatenate(([0], np.cumsum(post)))
     d = np.arange(post.size)
     end = np.minimum(d + window, post.size)
-    hit = np.flatnonzero((post == 1) & (2 * (c[end] - c[d]) > end - d))
-    return int(hit[0]) if hit.size else None
+    return _first((post == 1) & (2 * (c[end] - c[d]) > end - d))
 
 
 def _first(hits: np.ndarray) -> int | None:
-    i = int(np.argmax(hits)) if hits.size else 0
-    return i if hits.size and hits[i] else None
+    where = np.flatnonzero(hits)
+    return int(where[0]) if where.size else None
 
 
 @dataclass
@@ -63,7 +61,6 @@ class UnitResult:
     best_share_after: float
     switch_delay: int | None
     first_new_best: int | None  # steps after the shift until the new best arm's first pull
-    seconds: float
 
 
 def unit_names(cfg: BanditConfig) -> list[str]:
@@ -75,44 +72,9 @@ def unit_names(cfg: BanditConfig) -> list[str]:
 def run_unit(unit: tuple[int, str], cfg: BanditConfig) -> UnitResult:
     """The engine's work unit: (seed, name) → its :class:`UnitResult`."""
     seed, name = unit
-    t0 = time.perf_counter()
     rewards = reward_table(cfg.arms, cfg.horizon, cfg.shift, stream(seed, 0))
     grid = sample_steps(cfg.horizon, cfg.shift)
-    nan = np.full((grid.size, 2), np.nan)
-    quant = np.zeros((0, 5))
-    if name.startswith(READING_PREFIX):
-        arms, scores = baselines.ucb(rewards, cfg.alpha, name[len(READING_PREFIX) :], cfg.window), nan
-    elif name == "ucb":
-        arms, scores = baselines.ucb(rewards, cfg.alpha, "stated"), nan
-    elif name == "thompson":
-        arms, scores = baselines.thompson(rewards, stream(seed, 1 + list(POLICIES).index(name))), nan
-    else:
-        trace = private.play(
-            MECHANISM_OF[name],
-            cfg.epsilon_of(name),
-            cfg.params_of(name),
-            rewards,
-            grid,
-            epsilon_means=cfg.epsilon_means,
-            epsilon_pair=cfg.epsilon_pair,
-            window=cfg.window,
-            rng=stream(seed, 1 + list(POLICIES).index(name)),
-        )
-        arms, scores, quant = trace.arms, trace.scores, trace.quantiles
-    return summarise(name, seed, cfg, rewards, arms, grid, scores, quant, time.perf_counter() - t0)
-
-
-def summarise(
-    name: str,
-    seed: int,
-    cfg: BanditConfig,
-    rewards: np.ndarray,
-    arms: np.ndarray,
-    grid: np.ndarray,
-    scores: np.ndarray,
-    quantiles: np.ndarray,
-    seconds: float,
-) -> UnitResult:
+    arms, scores, quantiles = _play(name, seed, cfg, rewards, grid)
     steps = np.arange(1, cfg.horizon + 1)
     got = rewards[steps, arms[1:]]
     cum = np.concatenate(([0.0], np.cumsum(got)))
@@ -135,5 +97,19 @@ def summarise(
         best_share_after=float(np.mean(arms[s + 1 :] == after)),
         switch_delay=switch_delay(arms, s, after),
         first_new_best=_first(arms[s + 1 :] == after),
-        seconds=seconds,
     )
+
+
+def _play(
+    name: str, seed: int, cfg: BanditConfig, rewards: np.ndarray, grid: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(arms, scores, quantiles) of one policy or UCB reading: see :class:`UnitResult`."""
+    if name == "ucb" or name.startswith(READING_PREFIX):
+        reading = "stated" if name == "ucb" else name[len(READING_PREFIX) :]
+        arms = baselines.ucb(rewards, cfg.alpha, reading, cfg.window)
+    elif name == "thompson":
+        arms = baselines.thompson(rewards, stream(seed, 1 + POLICIES.index(name)))
+    else:
+        trace = private.play(name, cfg, rewards, grid, stream(seed, 1 + POLICIES.index(name)))
+        return trace.arms, trace.scores, trace.quantiles
+    return arms, np.full((grid.size, 2), np.nan), np.zeros((0, 5))  # a baseline has no private scores

@@ -1,8 +1,11 @@
-"""The bandit study's tables, built from the work units' results: curves, means, quantiles, and
-summaries with 95% t-intervals over seeds (paired over seeds for differences: every policy of
-a seed plays the same reward table)."""
+"""The bandit study's result and its tables, built from the work units' results: curves, means,
+quantiles, and summaries with 95% t-intervals over seeds (paired over seeds for differences:
+every policy of a seed plays the same reward table)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -33,6 +36,25 @@ READINGS_SCHEMA = {"reading": _S, "description": _S, "seeds": _I, "never_switche
     **dict.fromkeys(("best_share_after", "best_share_after_ci_low", "best_share_after_ci_high"), _F),
     **dict.fromkeys(("reward_after", "reward_after_ci_low", "reward_after_ci_high"), _F),
 }
+
+
+@dataclass
+class BanditResult:
+    config: BanditConfig
+    units: list[UnitResult]
+    curves: pl.DataFrame  # bandit.parquet
+    means: pl.DataFrame
+    quantiles: pl.DataFrame
+    summary: pl.DataFrame
+    comparisons: pl.DataFrame
+    readings: pl.DataFrame
+    seconds: float
+    out: Path | None = None
+
+    def value(self, policy: str, quantity: str) -> float:
+        """The mean over seeds of one summary quantity (e.g. ``reward_after``) of one policy."""
+        row = self.summary.filter((pl.col("policy") == policy) & (pl.col("quantity") == quantity))
+        return float(row["mean"][0])
 
 
 def ci(values: np.ndarray) -> tuple[float, float, float]:
@@ -74,22 +96,17 @@ def curves(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
 def means(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """means.parquet (Fig. 14(b)): policy, seed, t, arm, empirical_mean, private_mean."""
     grid = sample_steps(cfg.horizon, cfg.shift)
-    parts = [
-        pl.DataFrame(
-            {
-                "policy": u.name,
-                "seed": u.seed,
-                "t": grid,
-                "arm": a,
-                "empirical_mean": u.empirical[:, a],
-                "private_mean": u.scores[:, a],
-            }
-        )
-        for u in units
-        if not u.name.startswith(READING_PREFIX)
-        for a in (0, 1)
-    ]
-    return pl.concat(parts).with_columns(pl.col("seed").cast(pl.Int64), pl.col("arm").cast(pl.Int64))
+    rows = [u for u in units if not u.name.startswith(READING_PREFIX)]
+    return pl.DataFrame(
+        {
+            "policy": np.repeat([u.name for u in rows], 2 * grid.size),
+            "seed": np.repeat([u.seed for u in rows], 2 * grid.size).astype(np.int64),
+            "t": np.tile(grid, 2 * len(rows)),
+            "arm": np.tile(np.repeat(np.arange(2, dtype=np.int64), grid.size), len(rows)),
+            "empirical_mean": np.concatenate([u.empirical.T.ravel() for u in rows]),
+            "private_mean": np.concatenate([u.scores.T.ravel() for u in rows]),
+        }
+    )
 
 
 def quantiles(units: list[UnitResult]) -> pl.DataFrame:
@@ -116,29 +133,18 @@ def quantiles(units: list[UnitResult]) -> pl.DataFrame:
 def summary(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
     """summary.csv: policy × quantity → mean and 95% CI over seeds."""
     groups = by_name(units)
-    rows = []
-    for name in [*cfg.policies, *(n for n in groups if n.startswith(READING_PREFIX))]:
-        for q in QUANTITIES:
-            m, lo, hi = ci(np.array([quantity(u, q) for u in groups[name]]))
-            rows.append(
-                {"policy": name, "quantity": q, "mean": m, "ci_low": lo, "ci_high": hi, "seeds": len(groups[name])}
-            )
-    return pl.DataFrame(rows)
+    rows = [
+        (name, q, *ci(np.array([quantity(u, q) for u in groups[name]])), len(groups[name]))
+        for name in [*cfg.policies, *(n for n in groups if n.startswith(READING_PREFIX))]
+        for q in QUANTITIES
+    ]
+    return pl.DataFrame(rows, schema=SUMMARY_SCHEMA, orient="row")
 
 
-def _paired(groups: dict[str, list[UnitResult]], a: str, b: str, q: str) -> dict[str, object]:
+def _paired(groups: dict[str, list[UnitResult]], a: str, b: str, q: str) -> tuple:
+    """A comparisons.csv row: ``a`` − ``b`` in quantity ``q``, paired over seeds."""
     d = np.array([quantity(x, q) - quantity(y, q) for x, y in zip(groups[a], groups[b], strict=True)])
-    m, lo, hi = ci(d)
-    return {
-        "policy": a,
-        "baseline": b,
-        "quantity": q,
-        "mean_difference": m,
-        "ci_low": lo,
-        "ci_high": hi,
-        "wins": int((d > 0).sum()),
-        "seeds": d.size,
-    }
+    return (a, b, q, *ci(d), int((d > 0).sum()), d.size)
 
 
 def comparisons(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
@@ -155,7 +161,7 @@ def comparisons(units: list[UnitResult], cfg: BanditConfig) -> pl.DataFrame:
         rows += [_paired(g, p, NEVER_SWITCHING, "reward_after") for p in private]
     if "mgem" in g and "gem" in g:
         rows += [_paired(g, "mgem", "gem", q) for q in ("reward_before", "reward_after", "reward_total")]
-    return pl.DataFrame(rows, schema=COMPARISONS_SCHEMA)
+    return pl.DataFrame(rows, schema=COMPARISONS_SCHEMA, orient="row")
 
 
 def readings(units: list[UnitResult]) -> pl.DataFrame:
@@ -168,23 +174,17 @@ def readings(units: list[UnitResult]) -> pl.DataFrame:
             continue
         delays = [u.switch_delay for u in us if u.switch_delay is not None]
         firsts = [u.first_new_best for u in us if u.first_new_best is not None]
-        share = ci(np.array([u.best_share_after for u in us]))
-        after = ci(np.array([u.reward_after for u in us]))
         rows.append(
-            {
-                "reading": reading,
-                "description": text,
-                "seeds": len(us),
-                "never_switched": len(us) - len(delays),
-                "switch_delay_median": float(np.median(delays)) if delays else None,
-                "switch_delay_max": max(delays) if delays else None,
-                "first_new_best_median": float(np.median(firsts)) if firsts else None,
-                "best_share_after": share[0],
-                "best_share_after_ci_low": share[1],
-                "best_share_after_ci_high": share[2],
-                "reward_after": after[0],
-                "reward_after_ci_low": after[1],
-                "reward_after_ci_high": after[2],
-            }
+            (  # READINGS_SCHEMA's columns
+                reading,
+                text,
+                len(us),
+                len(us) - len(delays),
+                float(np.median(delays)) if delays else None,
+                max(delays) if delays else None,
+                float(np.median(firsts)) if firsts else None,
+                *ci(np.array([u.best_share_after for u in us])),
+                *ci(np.array([u.reward_after for u in us])),
+            )
         )
-    return pl.DataFrame(rows, schema=READINGS_SCHEMA)
+    return pl.DataFrame(rows, schema=READINGS_SCHEMA, orient="row")

@@ -7,9 +7,7 @@ LOWER-scoring candidate's sensitivity. For two mechanisms M (the baseline) and M
 
 is > 0 iff M′ beats M. Every probability is exact: rnm, gem and mgem from
 ``recsvc.mechanisms.probabilities``; rnmh in closed form and rs by quadrature
-(:mod:`recsvc.mechanisms.exact`); random is ½. :func:`hg_table` has one row per pair × grid
-point; :func:`findings` checks the paper's statements on it; :mod:`eval.two_candidates.run`
-writes the results directory.
+(:mod:`recsvc.mechanisms.exact`); random is ½.
 """
 
 from __future__ import annotations
@@ -17,8 +15,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -57,7 +57,9 @@ HG_SCHEMA = {
 HG_ROUNDING = 1e-12
 
 
-_POSITIVE = Each(Range(0, low_open=True))
+def _positives(default: tuple[float, ...], unit: str, help: str) -> Any:
+    """A grid setting: one or more positive values."""
+    return setting(default, nargs="+", type=float, unit=unit, help=help, check=Each(Range(0, low_open=True)))
 
 
 @dataclass(frozen=True)
@@ -65,32 +67,17 @@ class TwoCandidateConfig:
     out: Path | None = setting(
         None, flag_default=Path("results/two-candidates"), unit="dir", help="results directory"
     )  # None: compute only, write nothing
-    deltas: tuple[float, ...] = setting(
-        DEFAULT_DELTAS, nargs="+", type=float, unit="d", help="the grid of Δ1 and of Δ2", check=_POSITIVE
+    deltas: tuple[float, ...] = _positives(DEFAULT_DELTAS, "d", "the grid of Δ1 and of Δ2")
+    epsilons: tuple[float, ...] = _positives(
+        DEFAULT_EPSILONS, "eps", f"ε values (default: {grid_text(DEFAULT_EPSILONS)}, the rows of Figs 16-17)"
     )
-    epsilons: tuple[float, ...] = setting(
-        DEFAULT_EPSILONS,
-        nargs="+",
-        type=float,
-        unit="eps",
-        help=f"ε values (default: {grid_text(DEFAULT_EPSILONS)}, the rows of Figs 16-17)",
-        check=_POSITIVE,
+    gaps: tuple[float, ...] = _positives(
+        DEFAULT_GAPS, "gap", f"score gaps q2 - q1 (default: {grid_text(DEFAULT_GAPS)}, the columns of Figs 16-17)"
     )
-    gaps: tuple[float, ...] = setting(
-        DEFAULT_GAPS,
-        nargs="+",
-        type=float,
-        unit="gap",
-        help=f"score gaps q2 - q1 (default: {grid_text(DEFAULT_GAPS)}, the columns of Figs 16-17)",
-        check=_POSITIVE,
-    )
-    gammas: tuple[float, ...] = setting(
+    gammas: tuple[float, ...] = _positives(
         DEFAULT_GAMMAS,
-        nargs="+",
-        type=float,
-        unit="gamma",
-        help=f"RS stopping probabilities γ (default: {grid_text(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)",
-        check=_POSITIVE,
+        "gamma",
+        f"RS stopping probabilities γ (default: {grid_text(DEFAULT_GAMMAS)}; Figs 3 and 17 use 0.01)",
     )  # every γ on the whole grid
     beta: float = setting(DEFAULT_BETA, help="GEM/mGEM β")
     force: bool = setting(False, help="replace an existing --out directory")
@@ -143,17 +130,11 @@ def hg_table(cfg: TwoCandidateConfig) -> pl.DataFrame:
     """One row per pair × (γ for rs) × grid point: baseline, mechanism, gamma (null unless rs),
     delta1, delta2, epsilon, gap, hg, and both error probabilities."""
     grid = _grid(cfg)
-    errors: dict[tuple[str, float | None], np.ndarray] = {}
-
-    def err(mech: str, gamma: float | None = None) -> np.ndarray:
-        if (mech, gamma) not in errors:
-            errors[mech, gamma] = error_probability(mech, grid, cfg.beta, gamma)
-        return errors[mech, gamma]
-
+    err = cache(lambda mech, gamma: error_probability(mech, grid, cfg.beta, gamma))  # a mechanism serves several pairs
     frames = []
     for base, mech in PAIRS:
         for gamma in cfg.gammas if mech == "rs" else (None,):
-            e0, e1 = err(base), err(mech, gamma)
+            e0, e1 = err(base, None), err(mech, gamma)
             frames.append(
                 pl.DataFrame(
                     {
@@ -175,7 +156,13 @@ def nearest(values: Sequence[float], target: float) -> float:
     return min(values, key=lambda v: abs(math.log(v / target)))
 
 
-def _pair(t: pl.DataFrame, base: str, mech: str, gamma: float | None = None) -> pl.DataFrame:
+def figure_point(cfg: TwoCandidateConfig) -> tuple[float, float, float]:
+    """(ε, gap, γ) of Figures 3 and 15, or the grid values nearest them."""
+    return nearest(cfg.epsilons, FIGURE_EPSILON), nearest(cfg.gaps, FIGURE_GAP), nearest(cfg.gammas, FIGURE_GAMMA)
+
+
+def pair(t: pl.DataFrame, base: str, mech: str, gamma: float | None = None) -> pl.DataFrame:
+    """The rows of one (baseline, mechanism) pair, of one γ when given."""
     t = t.filter((pl.col("baseline") == base) & (pl.col("mechanism") == mech))
     return t if gamma is None else t.filter(pl.col("gamma") == gamma)
 
@@ -194,13 +181,12 @@ def _iff(t: pl.DataFrame, positive: pl.Expr) -> tuple[bool, str]:
 def findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
     """The paper's two-candidate statements, checked on the exact table."""
     lower = pl.col("delta1") < pl.col("delta2")
-    out = []
-    ok, det = _iff(_pair(table, "rnm", "rnmh"), lower)
-    out.append(Finding("HG(RNM, RNMH) > 0 iff Δ1 < Δ2 (§V-A, Figs 3 and 16)", ok, det))
-    ok, det = _iff(_pair(table, "gem", "mgem"), lower)
-    out.append(Finding("HG(GEM, mGEM) > 0 iff Δ1 < Δ2 (§V-A: mGEM is GEM's mirror)", ok, det))
+    out = [
+        Finding("HG(RNM, RNMH) > 0 iff Δ1 < Δ2 (§V-A, Figs 3 and 16)", *_iff(pair(table, "rnm", "rnmh"), lower)),
+        Finding("HG(GEM, mGEM) > 0 iff Δ1 < Δ2 (§V-A: mGEM is GEM's mirror)", *_iff(pair(table, "gem", "mgem"), lower)),
+    ]
     for mech, side in (("gem", pl.col("delta1") > pl.col("delta2")), ("mgem", lower)):
-        t = _pair(table, "rnm", mech)
+        t = pair(table, "rnm", mech)
         wins = t.filter(pl.col("hg") > HG_ROUNDING)
         bad = wins.filter(~side).height
         out.append(
@@ -211,7 +197,7 @@ def findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
             )
         )
     for mech, sign in (("gem", 1.0), ("mgem", -1.0)):
-        t = _pair(table, "random", mech).with_columns(
+        t = pair(table, "random", mech).with_columns(
             thr=pl.col("gap") * pl.col("epsilon") / (2.0 * math.log(2.0 / cfg.beta))
         )
         predicted = (sign * (pl.col("delta2") - pl.col("delta1"))) > pl.col("thr")
@@ -231,7 +217,7 @@ def findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
 
 def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
     lower, upper = pl.col("delta1") < pl.col("delta2"), pl.col("delta1") >= pl.col("delta2")
-    rs = _pair(table, "rnm", "rs")
+    rs = pair(table, "rnm", "rs")
     never = rs.filter(upper & (pl.col("hg") >= 0)).height
     res = [
         Finding(
@@ -240,9 +226,7 @@ def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
             f"{never} of {rs.filter(upper).height} grid points with Δ1 ≥ Δ2 (every γ) have hg ≥ 0",
         )
     ]
-    eps, gap, gamma = (
-        nearest(v, x) for v, x in ((cfg.epsilons, FIGURE_EPSILON), (cfg.gaps, FIGURE_GAP), (cfg.gammas, FIGURE_GAMMA))
-    )
+    eps, gap, gamma = figure_point(cfg)
     fig3 = rs.filter((pl.col("epsilon") == eps) & (pl.col("gap") == gap) & (pl.col("gamma") == gamma))
     ok, det = _iff(fig3.filter(pl.col("delta1") != pl.col("delta2")), lower)
     res.append(
@@ -255,12 +239,7 @@ def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
     )
     # The share of the Δ1 < Δ2 points where RS wins depends on ε and gap only through ε·gap
     # (noise scales with Δ/ε): it should fall as ε·gap grows and as γ grows.
-    share = (
-        rs.filter(lower)
-        .group_by("epsilon", "gap", "gamma")
-        .agg((pl.col("hg") > 0).mean().alias("share"))
-        .with_columns(eg=pl.col("epsilon") * pl.col("gap"))
-    )
+    share = rs_shares(table).with_columns(eg=pl.col("epsilon") * pl.col("gap"))
     bad = [
         (r["gamma"], r["eg"])
         for key in ("gamma", "eg")
@@ -291,6 +270,12 @@ def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
         )
     )
     return res
+
+
+def rs_shares(table: pl.DataFrame) -> pl.DataFrame:
+    """epsilon, gap, gamma → share: of the Δ1 < Δ2 grid points, those where RS_γ beats RNM."""
+    rs = pair(table, "rnm", "rs").filter(pl.col("delta1") < pl.col("delta2"))
+    return rs.group_by("epsilon", "gap", "gamma").agg((pl.col("hg") > 0).mean().alias("share"))
 
 
 def _rises(share: pl.DataFrame, group: str, along: str) -> list[dict]:

@@ -9,11 +9,10 @@ import numpy as np
 import polars as pl
 
 from eval.figures import pyplot
+from eval.two_candidates.hg import TwoCandidateResult, figure_point, pair
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from eval.two_candidates.hg import TwoCandidateResult
 
 FIG3_PNG, FIG15_PNG, FIG16_PNG, FIG17_PNG = "fig3.png", "fig15.png", "fig16.png", "fig17.png"
 # (file, baseline, mechanism): the GEM family on the Figure 16/17 grid (§V-A, no figure in the paper)
@@ -65,13 +64,7 @@ def _figure(result: TwoCandidateResult, panels: list[tuple[pl.DataFrame, str]], 
 
 
 def _select(t: pl.DataFrame, base: str, mech: str, eps: float, gap: float, gamma: float | None) -> pl.DataFrame:
-    t = t.filter(
-        (pl.col("baseline") == base)
-        & (pl.col("mechanism") == mech)
-        & (pl.col("epsilon") == eps)
-        & (pl.col("gap") == gap)
-    )
-    return t if gamma is None else t.filter(pl.col("gamma") == gamma)
+    return pair(t, base, mech, gamma).filter((pl.col("epsilon") == eps) & (pl.col("gap") == gap))
 
 
 def _grid_panels(result: TwoCandidateResult, base: str, mech: str, gamma: float | None) -> list:
@@ -86,12 +79,8 @@ def _grid_panels(result: TwoCandidateResult, base: str, mech: str, gamma: float 
 
 def figures(result: TwoCandidateResult) -> dict[str, Figure]:
     """Figures 3, 15, 16, 17 at the grid points nearest the paper's, then the GEM family."""
-    from eval.two_candidates.hg import FIGURE_EPSILON, FIGURE_GAMMA, FIGURE_GAP, nearest
-
     cfg, t = result.config, result.table
-    eps, gap, gamma = (
-        nearest(v, x) for v, x in ((cfg.epsilons, FIGURE_EPSILON), (cfg.gaps, FIGURE_GAP), (cfg.gammas, FIGURE_GAMMA))
-    )
+    eps, gap, gamma = figure_point(cfg)
     where, grid = f"ε = {eps:g}, q1 = 0, q2 = {gap:g}", "rows ε, columns q2 − q1"
     fig3 = [(_select(t, "rnm", m, eps, gap, g), _label("rnm", m, g)) for m, g in (("rnmh", None), ("rs", gamma))]
     fig15 = [(_select(t, "rnm", "rs", eps, gap, g), _label("rnm", "rs", g)) for g in cfg.gammas]

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import polars as pl
-
-if TYPE_CHECKING:
-    from eval.two_candidates.hg import TwoCandidateResult
+from eval.two_candidates.hg import TwoCandidateResult, rs_shares
 
 
 def _grid(values: tuple[float, ...]) -> str:
@@ -21,15 +16,7 @@ def _cell(text: str) -> str:
 def rs_share_table(result: TwoCandidateResult) -> str:
     """Share of the Δ1 < Δ2 grid points where RS_γ beats RNM, per γ (rows) and ε × gap (columns)."""
     cfg = result.config
-    rs = result.table.filter(
-        (pl.col("baseline") == "rnm") & (pl.col("mechanism") == "rs") & (pl.col("delta1") < pl.col("delta2"))
-    )
-    share = {
-        (r["gamma"], r["epsilon"], r["gap"]): r["share"]
-        for r in rs.group_by("gamma", "epsilon", "gap")
-        .agg((pl.col("hg") > 0).mean().alias("share"))
-        .iter_rows(named=True)
-    }
+    share = {(r["gamma"], r["epsilon"], r["gap"]): r["share"] for r in rs_shares(result.table).iter_rows(named=True)}
     cols = [(e, g) for e in cfg.epsilons for g in cfg.gaps]
     lines = ["| γ | " + " | ".join(f"ε={e:g}, gap={g:g}" for e, g in cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for gamma in cfg.gammas:

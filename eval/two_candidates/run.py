@@ -1,5 +1,4 @@
-"""`recsvc eval-two-candidates`: the study declared on :mod:`eval.study`, which validates, checks
-``hg.parquet``'s schema and writes it with the heatmaps and ``report.md`` atomically."""
+"""`recsvc eval-two-candidates` declared on :mod:`eval.study`: ``hg.parquet``, heatmaps, ``report.md``."""
 
 from __future__ import annotations
 
