@@ -245,7 +245,7 @@ def _rs_findings(table: pl.DataFrame, cfg: TwoCandidateConfig) -> list[Finding]:
         for key in ("gamma", "eg")
         for r in _rises(share, key, "eg" if key == "gamma" else "gamma")
     ]
-    worst = share.sort("share").row(0, named=True)
+    worst = share.sort("share", "epsilon", "gap", "gamma").row(0, named=True)  # ties: the smallest ε, gap, γ
     res.append(
         Finding(
             "where Δ1 < Δ2, RS_γ's winning share never grows with ε·gap nor with γ (Figs 15, 17: the "
