@@ -8,19 +8,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 
-from eval.evaluation import pipeline_report, plots, report
+from eval.evaluation import pipeline_report, report
 from eval.evaluation.auto import REGRET_SCHEMA
 from eval.evaluation.config import EvalConfig, param_values, protected
 from eval.evaluation.pipeline_report import TABLE, TABLE_SCHEMA, WINNERS, WINNERS_SCHEMA
+from eval.evaluation.plots import figures
+from eval.evaluation.report import markdown
 from eval.evaluation.results import HISTOGRAM_SCHEMA, LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult, SweepResult
 from eval.study import Output, Study, write_output
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 SWEEP_CSV = "sweep.csv"
 SWEEP_PARQUET = "sweep.parquet"
@@ -72,19 +71,11 @@ def write_summary(result: EvalResult, tmp: Path) -> None:
     write_output(tmp / "summary.json", summary, (*SUMMARY_KEYS, "auto") if "auto" in summary else SUMMARY_KEYS)
 
 
-def _figures(result: EvalResult) -> dict[str, Figure]:  # the pipelines' only with --pipelines
-    return plots.figures(result) | ({} if result.pipelines is None else pipeline_report.figures(result.pipelines))
-
-
-def _markdown(result: EvalResult) -> str:
-    return report.markdown(result) + ("" if result.pipelines is None else pipeline_report.markdown(result))
-
-
 def study(run: Callable[[EvalConfig, Path | None], EvalResult]) -> Study[EvalConfig, EvalResult]:
     """One run as a streaming study: ``run`` fills the staged directory (the per-user tables, then
     :func:`write_summary`); the declared tables, figures and ``report.md`` (its own layout) follow."""
     return Study(
-        "Evaluation", EvalConfig, run, OUTPUTS, _markdown, _figures, streams=True, skeleton=False, protect=protected
+        "Evaluation", EvalConfig, run, OUTPUTS, markdown, figures, streams=True, skeleton=False, protect=protected
     )
 
 

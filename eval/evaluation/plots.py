@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.evaluation import pipeline_report
 from eval.figures import pyplot
 from recsvc.policy import AUTO
 
@@ -136,12 +137,13 @@ def mse_vs_epsilon(result: EvalResult) -> Figure:
 
 
 def figures(result: EvalResult) -> dict[str, Figure]:
-    """File name → figure of one run (saved by :func:`eval.study.execute`)."""
-    return {
+    """File name → figure of one run (saved by :func:`eval.study.execute`); the pipelines' with --pipelines."""
+    own = {
         CORRELATION_PNG: correlation_hist(result),
         LOG_RATIO_PNG: log_ratio_scatter(result),
         MSE_PNG: mse_vs_epsilon(result),
     }
+    return own | ({} if result.pipelines is None else pipeline_report.figures(result.pipelines))
 
 
 def _log_axes(ax, epsilons: tuple[float, ...], values: list[float]) -> None:

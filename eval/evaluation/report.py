@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.evaluation import pipeline_report
 from eval.evaluation.config import EvalConfig, param_values
 from eval.evaluation.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
 
@@ -82,6 +83,7 @@ def winners_text(result: EvalResult) -> list[str]:
 
 
 def markdown(result: EvalResult) -> str:
+    """report.md of one run (its own layout, no settings table), the pipelines' section last."""
     c = result.correlation
     cfg = result.config
     lr = result.log_ratio
@@ -140,7 +142,7 @@ def markdown(result: EvalResult) -> str:
         "aggregates: `mse.parquet`/`mse.csv`, `summary.json`.",
         "",
     ]
-    return "\n".join(parts)
+    return "\n".join(parts) + ("" if result.pipelines is None else pipeline_report.markdown(result))
 
 
 def summary_text(result: EvalResult) -> str:
@@ -211,8 +213,6 @@ def sweep_markdown(result: SweepResult) -> str:
     )
     notes = result.levels[0].result.notes
     parts = [
-        "# Evaluation: correlation sweep (paper Figure 10)",
-        "",
         f"Each level t has {result.levels[0].result.users} independent instances (the synthetic users): score "
         "q_a = x_a, Δ_a = (t x_a + z_a)/5 − min_a, x, z ~ N(0, 1), from the same seed at every level. MSEs are "
         "means over the instances; ρ is the median over them.",

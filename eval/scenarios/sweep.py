@@ -64,9 +64,8 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
             plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
         return result
 
-    body = lambda r: report.sweep_markdown(r).split("\n", 1)[1]  # noqa: E731  # the skeleton gives the title
     result = execute(
-        Study(TITLE, EvalConfig, compute, OUTPUTS, body, streams=True, protect=protected),
+        Study(TITLE, EvalConfig, compute, OUTPUTS, report.sweep_markdown, streams=True, protect=protected),
         runner.with_data_defaults(cfg, sources[0]),
     )
     if cfg.out is not None:
