@@ -18,6 +18,7 @@ from eval.evaluation.pipeline_report import PipelineReducer
 from eval.evaluation.results import LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult
 from eval.evaluation.work import ChunkResult
 from eval.metrics import RunningMean
+from recsvc.mechanisms import MECHANISMS
 
 HIST_BINS = 40  # correlation histogram bins on [-1, 1]
 SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users
@@ -141,8 +142,6 @@ class Reducer:
 
 def _notes(cfg: EvalConfig, mechanisms: tuple[str, ...], exact: np.ndarray) -> list[str]:
     """Caveats the reader must see: Monte Carlo fallbacks under --exact, non-DP reference mechanisms."""
-    from recsvc.mechanisms import MECHANISMS
-
     notes = []
     if cfg.exact:
         mc = [m for mi, m in enumerate(mechanisms) if not exact[mi] and m in MECHANISMS]  # auto: its choices

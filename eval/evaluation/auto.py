@@ -25,6 +25,7 @@ import polars as pl
 from eval.evaluation.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
 from eval.evaluation.sources import ArtifactSource, Source
 from recsvc.artifact import CandidateMatrix
+from recsvc.mechanisms import MECHANISMS
 from recsvc.policy import AUTO, PolicySpec, PolicyTable, build_table
 
 SCENARIO_POPULATION = 200  # rows of the scenario's independent public population
@@ -145,8 +146,6 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
 def regret_table(mse: pl.DataFrame, resolved: Mapping[float, str]) -> pl.DataFrame:
     """Per ε: auto's choice and mean MSE, the oracle (the run's best fixed private mechanism on
     these users) and auto's regret (ratio and difference). Empty without auto."""
-    from recsvc.mechanisms import MECHANISMS
-
     if not resolved:
         return pl.DataFrame()
     rows = []

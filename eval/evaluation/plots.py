@@ -10,6 +10,7 @@ import numpy as np
 
 from eval.evaluation import pipeline_report
 from eval.figures import pyplot
+from recsvc.mechanisms import MECHANISMS
 from recsvc.policy import AUTO
 
 if TYPE_CHECKING:
@@ -86,8 +87,6 @@ def log_ratio_scatter(result: EvalResult) -> Figure:
 
 def mechanism_label(mech: str) -> str:
     """The mechanism's name, marked when it is not DP, for legends and tables."""
-    from recsvc.mechanisms import MECHANISMS
-
     if mech == AUTO:
         return "auto (policy table)"
     return mech if MECHANISMS[mech].private else f"{mech} (not DP)"
@@ -96,8 +95,6 @@ def mechanism_label(mech: str) -> str:
 def line_style(plt, i: int, mech: str) -> dict:
     """Mechanism i's marker, colour and line style, the same in every plot; references (the uniform
     baseline and mechanisms that are not DP) are dashed."""
-    from recsvc.mechanisms import MECHANISMS
-
     if mech == AUTO:  # drawn over its resolved mechanisms: black, dotted, hollow stars
         return {"marker": "*", "color": "k", "ls": ":", "mfc": "none", "zorder": 3}
     palette = plt.get_cmap("tab20").colors  # 11+ mechanisms: more distinct colours than the default 10

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from eval.evaluation.config import DEFAULT_LEVEL, SCENARIO_GAMMA, EvalConfig, level_dirname
+from recsvc.artifact import load_artifact
+from recsvc.mechanisms.random_stopping import GAMMA
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,6 @@ class ArtifactSource:
     """The first ``users`` candidate users of an artifact."""
 
     def __init__(self, path: Path, users: int | None, catalog: bool = False) -> None:
-        from recsvc.artifact import load_artifact
-        from recsvc.mechanisms.random_stopping import GAMMA
-
         self.artifact = load_artifact(path)  # verifies every sha256 before anything is trusted
         total = len(self.artifact.user_ids)
         if total == 0:

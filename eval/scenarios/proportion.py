@@ -25,6 +25,7 @@ from eval.evaluation.sources import ScenarioSource
 from eval.figures import pyplot
 from eval.study import Output, Study, execute
 from recsvc.checks import ParamError
+from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -84,8 +85,6 @@ def _exact_random_stopping(mse: pl.DataFrame, q: np.ndarray, d: np.ndarray, gamm
     """rs / rs_improved exactly where every low candidate shares one Δ and every high one another
     (scenarios 1 and 2: two groups of tied candidates, :func:`random_stopping_two_candidates_lower`);
     scenario 3 mixes Δ inside each group and keeps its Monte Carlo estimate. MSE = 4·P(a low one)."""
-    from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
-
     low, high = np.unique(d[q < 0]), np.unique(d[q > 0])
     if len(low) != 1 or len(high) != 1:
         return mse
