@@ -143,11 +143,6 @@ class PipelineContext:
     sens: np.ndarray
 
 
-def _gap_and_threshold(q: np.ndarray, ks: tuple[int, ...]) -> tuple[np.ndarray, dict[int, float]]:
-    desc = np.sort(q)[::-1]
-    return (desc[0] - q) ** 2, {k: float(desc[min(k, len(q)) - 1]) for k in ks}
-
-
 def stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
@@ -216,7 +211,8 @@ def evaluate_user(
     d = ctx.sens
     n = len(q)
     m = min(ctx.m, n)
-    gap, thr = _gap_and_threshold(q, ctx.slate_k)
+    desc = np.sort(q)[::-1]
+    gap, thr = (desc[0] - q) ** 2, {k: float(desc[min(k, n) - 1]) for k in ctx.slate_k}
     shape = (len(ctx.pipelines), len(mechanisms), len(epsilons), len(ctx.slate_k))
     mse, rec, exact = np.empty(shape), np.empty(shape), np.zeros(shape, dtype=bool)
     full = np.arange(n)
