@@ -80,6 +80,7 @@ def study(run: Callable[[EvalConfig, Path | None], EvalResult]) -> Study[EvalCon
 
 
 def summary(result: EvalResult | SweepResult) -> tuple[str, Path | None]:
-    """The short text summary for the terminal/demo and the path of ``report.md`` (if written)."""
+    """The short text summary for the terminal/demo (ending with the path of ``report.md`` if written) and that path."""
     text = report.sweep_summary_text(result) if isinstance(result, SweepResult) else report.summary_text(result)
-    return text, (result.out / "report.md" if result.out else None)
+    path = result.out / "report.md" if result.out else None
+    return (text if path is None else f"{text}\nreport: {path}"), path
