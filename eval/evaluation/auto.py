@@ -87,9 +87,7 @@ def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
     spec = PolicySpec(
         epsilons=tuple(float(e) for e in cfg.epsilons), ks=(1,), trials=trials, seed=cfg.seed + 1, users=rows
     )
-    params: dict[str, float] = {}
-    for m in spec.mechanisms:  # the run's parameters, for every mechanism auto may choose
-        params.update(mechanism_params(cfg, m))
+    params = {k: v for m in spec.mechanisms for k, v in mechanism_params(cfg, m).items()}  # all auto may choose
     frame, _ = build_table(matrix, replace(spec, params=params), progress=cfg.progress)
     return PolicyTable.from_frame(frame, f"scenario {sc0.name} public population")
 

@@ -111,8 +111,6 @@ def _truncnorm_sd(rng: np.random.Generator, size: int) -> np.ndarray:
 def _bimodal(kind: str, n: int, proportion: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """The first round(proportion·n) candidates score 1, the rest −1 (Figure 2: half; Figure 18
     varies the proportion)."""
-    if n < 2:
-        raise ValueError(f"bimodal scenario needs n ≥ 2 candidates, got {n}")
     high = int(np.floor(proportion * n + 0.5))
     if not (isinstance(proportion, (int, float)) and 0 < proportion < 1) or not 1 <= high <= n - 1:
         raise ValueError(
