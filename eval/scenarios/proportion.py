@@ -20,10 +20,9 @@ import polars as pl
 from eval.evaluation import run as runner
 from eval.evaluation.config import EvalConfig, param_values, validate
 from eval.evaluation.plots import line_style, mechanism_label
-from eval.evaluation.results import Finding
 from eval.evaluation.sources import ScenarioSource
 from eval.figures import pyplot
-from eval.study import Output, Study, execute
+from eval.study import Finding, Output, Study, execute
 from recsvc.checks import ParamError
 from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 
