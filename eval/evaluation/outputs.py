@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 
@@ -46,7 +45,8 @@ OUTPUTS: tuple[Output[EvalResult], ...] = (  # None: not in this run (no auto, n
 )
 
 
-def _summary(result: EvalResult) -> dict[str, Any]:
+def write_summary(result: EvalResult, tmp: Path) -> None:
+    """``summary.json`` (its ``auto`` key only for a run with auto)."""
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
     cfg["params"] = param_values(result.config)  # what the run used: given or each spec's default
     summary = {
@@ -62,12 +62,6 @@ def _summary(result: EvalResult) -> dict[str, Any]:
     }
     if result.auto.height:
         summary["auto"] = {"origin": result.auto_origin, "regret": result.auto.to_dicts()}
-    return summary
-
-
-def write_summary(result: EvalResult, tmp: Path) -> None:
-    """``summary.json`` (its ``auto`` key only for a run with auto)."""
-    summary = _summary(result)
     write_output(tmp / "summary.json", summary, (*SUMMARY_KEYS, "auto") if "auto" in summary else SUMMARY_KEYS)
 
 
