@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 
-from eval.evaluation.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
-from eval.evaluation.sources import ArtifactSource, Source
+from eval.evaluation.config import EvalConfig, mechanism_params
+from eval.evaluation.sources import ArtifactSource, ScenarioSource, Source
 from recsvc.artifact import CandidateMatrix
 from recsvc.mechanisms import MECHANISMS
 from recsvc.policy import AUTO, PolicySpec, PolicyTable, build_table
@@ -70,17 +70,9 @@ def scenario_matrix(sc) -> CandidateMatrix:
     )
 
 
-def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
-    from eval.scenarios import scenario
-
+def _scenario_table(cfg: EvalConfig, source: ScenarioSource) -> PolicyTable:
     sc0 = source.sc
-    sc = scenario(
-        sc0.name,
-        n=sc0.n,
-        seed=cfg.seed + 1,
-        repeats=min(sc0.repeats, SCENARIO_POPULATION),
-        level=DEFAULT_LEVEL if sc0.level is None else sc0.level,
-    )
+    sc = ScenarioSource(sc0.name, sc0.n, min(sc0.repeats, SCENARIO_POPULATION), cfg.seed + 1, sc0.level).sc
     rows = sc.repeats
     matrix = scenario_matrix(sc)
     trials = max(cfg.trials, -(-SCENARIO_MC_SAMPLES // rows))

@@ -29,11 +29,10 @@ def correlation_hist(result: EvalResult) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     edges = result.hist_edges
-    width = np.diff(edges)
     ax.bar(
         edges[:-1],
         result.hist_spearman,
-        width=width,
+        width=np.diff(edges),
         align="edge",
         color="#4c72b0",
         alpha=0.75,
@@ -71,7 +70,7 @@ def log_ratio_scatter(result: EvalResult) -> Figure:
         ok = np.isfinite(x) & np.isfinite(y)
         ax.scatter(x[ok], y[ok], s=6, alpha=0.5, color="#4c72b0", edgecolors="none")
     ax.axhline(0, color="k", lw=0.8, ls="--")
-    skipped = int((~ok).sum()) if len(ok) else 0
+    skipped = int((~ok).sum())
     note = f"; {skipped} users with a mean selected score ≤ 0 left out" if skipped else ""
     if not result.log_ratio.height:
         note = "; needs both gem and mgem"
