@@ -20,8 +20,6 @@ from eval.evaluation.report import markdown
 from eval.evaluation.results import HISTOGRAM_SCHEMA, LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult, SweepResult
 from eval.study import Output, Study, write_output
 
-SWEEP_CSV = "sweep.csv"
-SWEEP_PARQUET = "sweep.parquet"
 SUMMARY_KEYS = ("dataset", "users", "mechanisms", "epsilons", "correlation", "config", "winners", "seconds", "notes")
 
 

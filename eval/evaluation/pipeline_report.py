@@ -45,14 +45,12 @@ class PipelineReducer:
         shape = (len(ctx.pipelines), len(mechanisms), len(epsilons), len(ctx.slate_k))
         self.mse, self.recall = RunningMean(shape), RunningMean(shape)
         self.exact = np.ones(shape, dtype=bool)
-        self.users = 0
 
     def add(self, r: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         mse, recall, exact = r
         self.mse.add(mse)
         self.recall.add(recall)
         self.exact &= exact.all(axis=0)
-        self.users += len(mse)
 
     def close(self) -> None:
         self.mse.flush()
