@@ -59,7 +59,7 @@ class PipelineReducer:
     def table(self) -> pl.DataFrame:
         (mm, mh), (rm, rh) = self.mse.ci(), self.recall.ci()
         pipes = self.ctx.pipelines
-        # every (pipeline, mechanism, ε, k) cell in row-major order: the row order of the nested loops
+        # one row per (pipeline, mechanism, ε, k) cell, in row-major order (the run's order)
         pi, mi, ei, ki = np.indices(mm.shape).reshape(4, -1)
         trials = [self.ctx.two_stage_trials if p.kind == "two-stage" else self.ctx.trials for p in pipes]
         monte_carlo = np.array([f"monte-carlo ({t} trials)" for t in trials])

@@ -98,8 +98,7 @@ class Scenario:
         return np.asarray(spearman(self.draws, self.rows_sensitivities(0, self.repeats)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Generators: each returns (raw draws (R, n), percentiles) or, for the bimodal ones, fixed data.
+# Generators: raw draws (R, n) for 4–8 (7/8 also each row's group); the bimodal and sweep ones give Δ too.
 
 
 def _truncnorm_sd(rng: np.random.Generator, size: int) -> np.ndarray:
