@@ -1,7 +1,5 @@
 """A run's results directory (staged, then published atomically): tables declared with their schemas
-(:class:`eval.study.Output`, checked by :func:`eval.study.write_output`), figures, summary, report.
-A streaming :func:`eval.study.execute` study: the per-user tables stream into the staged directory
-DURING the run, and ``report.md`` keeps its own layout (``skeleton=False``)."""
+(:class:`eval.study.Output`, checked by :func:`eval.study.write_output`), figures, summary, report."""
 
 from __future__ import annotations
 
@@ -64,8 +62,9 @@ def write_summary(result: EvalResult, tmp: Path) -> None:
 
 
 def study(run: Callable[[EvalConfig, Path | None], EvalResult]) -> Study[EvalConfig, EvalResult]:
-    """One run as a streaming study: ``run`` fills the staged directory (the per-user tables, then
-    :func:`write_summary`); the declared tables, figures and ``report.md`` (its own layout) follow."""
+    """One run as a streaming study: ``run`` fills the staged directory DURING the run (the per-user
+    tables, then :func:`write_summary`); the declared tables, figures and ``report.md`` (its own
+    layout, ``skeleton=False``) follow."""
     return Study(
         "Evaluation", EvalConfig, run, OUTPUTS, markdown, figures, streams=True, skeleton=False, protect=protected
     )
