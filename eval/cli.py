@@ -142,15 +142,21 @@ def _run_multiselect(args: argparse.Namespace) -> int:
 
     if args.theory:
         given = {k: tuple(v) for k in ("ks", "epsilons") if (v := getattr(args, k)) is not None}
-        out = Path("results/multiselect") if args.out is None else args.out
-        cfg = from_namespace(theory.TheoryConfig, args, out=out, seed=args.seed, force=args.force, **given)
+        _default_out(args, "multiselect")
+        cfg = from_namespace(theory.TheoryConfig, args, out=args.out, seed=args.seed, force=args.force, **given)
         print(theory.summary(theory.run_theory(cfg)))
         return 0
     from eval.multiselect.run import run_datasets, summary
 
-    out = Path("results/multiselect-datasets") if args.out is None else args.out
-    print(summary(run_datasets(from_namespace(DatasetConfig, args, out=out))))
+    _default_out(args, "multiselect-datasets")
+    print(summary(run_datasets(from_namespace(DatasetConfig, args))))
     return 0
+
+
+def _default_out(args: argparse.Namespace, name: str) -> None:
+    """--out when given, else results/``name``."""
+    if args.out is None:
+        args.out = Path("results") / name
 
 
 def _config(args: argparse.Namespace, **source: Any) -> EvalConfig:
@@ -160,8 +166,7 @@ def _config(args: argparse.Namespace, **source: Any) -> EvalConfig:
 def _finish(result) -> int:
     from eval.evaluation.outputs import summary
 
-    text, _ = summary(result)
-    print(text)
+    print(summary(result)[0])
     return 0
 
 
@@ -180,28 +185,28 @@ def _level(text: str | None) -> float | str | None:
 def _run_eval(args: argparse.Namespace) -> int:
     from eval.evaluation.run import run
 
-    if args.out is None:
-        # The dataset name comes from the manifest when it is readable; the folder name otherwise.
-        args.out = Path("results") / args.artifacts.resolve().name
+    _default_out(args, args.artifacts.resolve().name)
     return _finish(run(_config(args, artifacts=args.artifacts)))
 
 
 def _run_synthetic(args: argparse.Namespace) -> int:
     from eval.evaluation.config import DEFAULT_LEVEL, level_dirname
     from eval.evaluation.run import run
+    from eval.scenarios.proportion import run_proportion
     from eval.scenarios.sweep import run_sweep
 
     level = _level(args.level)
+    name = f"scenario-{args.scenario}"
+    if args.scenario == "sweep" and level != "all":  # one level: its own directory
+        name += f"-{level_dirname(DEFAULT_LEVEL if level is None else float(level))}"
+    _default_out(args, name)
+    cfg = _config(args, scenario=args.scenario, n=args.n, level=level)
     if args.scenario == "proportion":
-        return _run_proportion(args, level)
-    if isinstance(level, str):  # "all"
-        if args.out is None:
-            args.out = Path("results") / f"scenario-{args.scenario}"
-        return _finish(run_sweep(_config(args, scenario=args.scenario, n=args.n, level=None)))
-    if args.out is None:
-        suffix = f"-{level_dirname(DEFAULT_LEVEL if level is None else level)}" if args.scenario == "sweep" else ""
-        args.out = Path("results") / f"scenario-{args.scenario}{suffix}"
-    return _finish(run(_config(args, scenario=args.scenario, n=args.n, level=level)))
+        res = run_proportion(cfg)
+        head = f"proportion of high scores (Figure 18) at ε = {res.epsilon:g}: "
+        print(findings_text(head, res.findings, res.out, f" ({res.seconds:.1f} s)"))
+        return 0
+    return _finish(run_sweep(dataclasses.replace(cfg, level=None)) if level == "all" else run(cfg))
 
 
 def _run_bandit(args: argparse.Namespace) -> int:
@@ -210,17 +215,6 @@ def _run_bandit(args: argparse.Namespace) -> int:
     from eval.bandit.run import run
 
     print(summary_text(run(from_namespace(BanditConfig, args))))
-    return 0
-
-
-def _run_proportion(args: argparse.Namespace, level: float | str | None) -> int:
-    from eval.scenarios.proportion import run_proportion
-
-    if args.out is None:
-        args.out = Path("results") / "scenario-proportion"
-    res = run_proportion(_config(args, scenario="proportion", n=args.n, level=level))
-    head = f"proportion of high scores (Figure 18) at ε = {res.epsilon:g}: "
-    print(findings_text(head, res.findings, res.out, f" ({res.seconds:.1f} s)"))
     return 0
 
 

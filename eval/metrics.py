@@ -13,13 +13,6 @@ import numpy as np
 WEIGHTED_BUCKETS = 5  # Appendix I: "which we set to 5 in our evaluation"
 
 
-def valid_mask(shape: tuple[int, int], count: np.ndarray | None) -> np.ndarray:
-    """True for real candidates, False for padding."""
-    if count is None:
-        return np.ones(shape, dtype=bool)
-    return np.arange(shape[1])[None, :] < np.asarray(count)[:, None]
-
-
 def weighted_correlation(
     q: np.ndarray, sens: np.ndarray, count: np.ndarray | None = None, buckets: int = WEIGHTED_BUCKETS
 ) -> np.ndarray:
@@ -32,7 +25,7 @@ def weighted_correlation(
         raise ValueError(f"buckets must be ≥ 1, got {buckets}")
     q = np.atleast_2d(np.asarray(q, dtype=np.float64))
     sens = np.atleast_2d(np.broadcast_to(np.asarray(sens, dtype=np.float64), q.shape))
-    mask = valid_mask(q.shape, count)
+    mask = np.arange(q.shape[1]) < (q.shape[1] if count is None else np.asarray(count)[:, None])  # False: padding
     qmin = np.where(mask, q, np.inf).min(axis=1, keepdims=True)
     qmax = np.where(mask, q, -np.inf).max(axis=1, keepdims=True)
     width = (qmax - qmin) / buckets

@@ -37,19 +37,19 @@ class _Result(Protocol):
     def config(self) -> Any: ...  # the config the run used (each study's own class)
 
 
-class _Statement(Protocol):
-    @property
-    def statement(self) -> str: ...
-    @property
-    def holds(self) -> bool: ...
-    @property
-    def detail(self) -> str: ...
-
-
 C = TypeVar("C", bound=_Config)
 R = TypeVar("R", bound=_Result)
 Schema = Mapping[str, Any] | tuple[str, ...]  # a table's columns → polars dtypes, or a JSON object's keys
 Data = pl.DataFrame | Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One of the paper's statements checked on a study's results (:func:`findings_text`)."""
+
+    statement: str  # the paper's claim, as we test it
+    holds: bool
+    detail: str  # what we measured
 
 
 class SchemaError(ValueError):
@@ -149,7 +149,7 @@ def report_text(title: str, config: object, body: str, figures: Sequence[str]) -
     return "\n".join(parts) + "\n"
 
 
-def findings_text(head: str, findings: Sequence[_Statement], out: Path | None, tail: str = "") -> str:
+def findings_text(head: str, findings: Sequence[Finding], out: Path | None, tail: str = "") -> str:
     """The summary a study prints: ``head``, how many of the paper's statements hold, ``tail``,
     then each statement marked and the report's path."""
     held = sum(f.holds for f in findings)

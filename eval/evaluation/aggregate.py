@@ -18,6 +18,7 @@ from eval.evaluation.pipeline_report import PipelineReducer
 from eval.evaluation.results import LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult
 from eval.evaluation.work import ChunkResult
 from eval.metrics import RunningMean
+from recsvc.mechanisms import MECHANISMS
 
 HIST_BINS = 40  # correlation histogram bins on [-1, 1]
 SCATTER_USERS = 10_000  # Figure 13 shows 10,000 random test users
@@ -141,8 +142,6 @@ class Reducer:
 
 def _notes(cfg: EvalConfig, mechanisms: tuple[str, ...], exact: np.ndarray) -> list[str]:
     """Caveats the reader must see: Monte Carlo fallbacks under --exact, non-DP reference mechanisms."""
-    from recsvc.mechanisms import MECHANISMS
-
     notes = []
     if cfg.exact:
         mc = [m for mi, m in enumerate(mechanisms) if not exact[mi] and m in MECHANISMS]  # auto: its choices
@@ -162,40 +161,21 @@ def _notes(cfg: EvalConfig, mechanisms: tuple[str, ...], exact: np.ndarray) -> l
 def finish(cfg: EvalConfig, dataset: str, mechanisms: tuple[str, ...], red: Reducer, seconds: float) -> EvalResult:
     """The run's result from the closed reducer."""
     mean, half = red.mse.ci()
-    rows = []
-    for mi, m in enumerate(mechanisms):
-        method = "exact" if red.exact[mi] else "monte-carlo"
-        for ei, e in enumerate(red.epsilons):
-            rows.append(
-                (
-                    m,
-                    e,
-                    mean[mi, ei],
-                    mean[mi, ei] - half[mi, ei],
-                    mean[mi, ei] + half[mi, ei],
-                    int(red.mse.n[mi, ei]),
-                    method,
-                )
-            )
-    mse = pl.DataFrame(rows, schema=MSE_SCHEMA, orient="row")
+    E = len(red.epsilons)
+    method = np.where(red.exact, "exact", "monte-carlo")
+    columns = [np.repeat(np.array(mechanisms), E), np.tile(np.array(red.epsilons, dtype=np.float64), len(mechanisms))]
+    columns += [x.reshape(-1) for x in (mean, mean - half, mean + half)]
+    columns += [red.mse.n.reshape(-1).astype(np.int64), np.repeat(method, E)]
+    mse = pl.DataFrame(columns, schema=MSE_SCHEMA, orient="col")
     rmean, rhalf = red.ratio.ci()
     columns = [np.array(red.epsilons, dtype=np.float64), rmean, rmean - rhalf, rmean + rhalf]
     columns += [red.ratio.n.astype(np.int64), red.ratio_undefined]
     log_ratio = pl.DataFrame(columns, schema=LOG_RATIO_SCHEMA, orient="col") if red.has_ratio else pl.DataFrame()
     cmean, _ = red.corr_mean.ci()
     n = max(red.users, 1)
-    correlation = {
-        "users": red.users,
-        "spearman": {
-            "mean": float(cmean[0]),
-            "frac_positive": red.pos["spearman"] / n,
-            "undefined": red.undefined["spearman"],
-        },
-        "weighted": {
-            "mean": float(cmean[1]),
-            "frac_positive": red.pos["weighted"] / n,
-            "undefined": red.undefined["weighted"],
-        },
+    correlation = {"users": red.users} | {
+        key: {"mean": float(cmean[i]), "frac_positive": red.pos[key] / n, "undefined": red.undefined[key]}
+        for i, key in enumerate(("spearman", "weighted"))
     }
     scatter = pl.concat(red.scatter) if red.scatter else pl.DataFrame()
     return EvalResult(

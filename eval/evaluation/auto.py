@@ -17,14 +17,15 @@ its row equals that mechanism's row wherever both are in the run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
 
-from eval.evaluation.config import DEFAULT_LEVEL, EvalConfig, mechanism_params
-from eval.evaluation.sources import ArtifactSource, Source
+from eval.evaluation.config import EvalConfig, mechanism_params
+from eval.evaluation.sources import ArtifactSource, ScenarioSource, Source
 from recsvc.artifact import CandidateMatrix
+from recsvc.mechanisms import MECHANISMS
 from recsvc.policy import AUTO, PolicySpec, PolicyTable, build_table
 
 SCENARIO_POPULATION = 200  # rows of the scenario's independent public population
@@ -49,8 +50,8 @@ class AutoPlan:
     where that came from (for the report)."""
 
     mechanisms: tuple[str, ...]
-    resolved: Mapping[float, str]  # ε → mechanism; empty without auto
-    origin: str  # "" without auto
+    resolved: Mapping[float, str] = field(default_factory=dict)  # ε → mechanism; empty without auto
+    origin: str = ""  # "" without auto
     notes: tuple[str, ...] = ()
 
 
@@ -69,26 +70,16 @@ def scenario_matrix(sc) -> CandidateMatrix:
     )
 
 
-def _scenario_table(cfg: EvalConfig, source) -> PolicyTable:
-    from eval.scenarios import scenario
-
+def _scenario_table(cfg: EvalConfig, source: ScenarioSource) -> PolicyTable:
     sc0 = source.sc
-    sc = scenario(
-        sc0.name,
-        n=sc0.n,
-        seed=cfg.seed + 1,
-        repeats=min(sc0.repeats, SCENARIO_POPULATION),
-        level=DEFAULT_LEVEL if sc0.level is None else sc0.level,
-    )
+    sc = ScenarioSource(sc0.name, sc0.n, min(sc0.repeats, SCENARIO_POPULATION), cfg.seed + 1, sc0.level).sc
     rows = sc.repeats
     matrix = scenario_matrix(sc)
     trials = max(cfg.trials, -(-SCENARIO_MC_SAMPLES // rows))
     spec = PolicySpec(
         epsilons=tuple(float(e) for e in cfg.epsilons), ks=(1,), trials=trials, seed=cfg.seed + 1, users=rows
     )
-    params: dict[str, float] = {}
-    for m in spec.mechanisms:  # the run's parameters, for every mechanism auto may choose
-        params.update(mechanism_params(cfg, m))
+    params = {k: v for m in spec.mechanisms for k, v in mechanism_params(cfg, m).items()}  # all auto may choose
     frame, _ = build_table(matrix, replace(spec, params=params), progress=cfg.progress)
     return PolicyTable.from_frame(frame, f"scenario {sc0.name} public population")
 
@@ -102,33 +93,26 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
             raise ValueError(
                 "`auto` is not evaluated with --pipelines; drop auto from --mechanisms or drop --pipelines"
             )
-        return AutoPlan(fixed, {}, "")
+        return AutoPlan(fixed)
+    notes: tuple[str, ...] = ()
     if isinstance(source, ArtifactSource):
-        policy = source.artifact.policy
-        if policy is None:
+        path, m = source.artifact.path, source.artifact.manifest
+        if source.artifact.policy is None:
             if named:
                 raise ValueError(
-                    f"{source.artifact.path} has no policy.parquet, so `auto` cannot be evaluated; "
-                    f"build it with `recsvc policy --artifacts {source.artifact.path}`"
+                    f"{path} has no policy.parquet, so `auto` cannot be evaluated; "
+                    f"build it with `recsvc policy --artifacts {path}`"
                 )
-            return AutoPlan(
-                fixed,
-                {},
-                "",
-                (
-                    f"{source.artifact.path} has no policy.parquet: `auto` not evaluated "
-                    "(build it with `recsvc policy`)",
-                ),
-            )
+            note = f"{path} has no policy.parquet: `auto` not evaluated (build it with `recsvc policy`)"
+            return AutoPlan(fixed, notes=(note,))
         if not named and cfg.mechanisms:  # an explicit list without auto: as asked
-            return AutoPlan(fixed, {}, "")
-        table = PolicyTable.from_frame(policy, f"{source.artifact.path}/policy.parquet")
-        m = source.artifact.manifest
+            return AutoPlan(fixed)
+        table = PolicyTable.from_frame(source.artifact.policy, f"{path}/policy.parquet")
         users = f"{m.policy.users} " if m.policy is not None else ""
         kind = m.sensitivity_population or "population"
         if kind == "test":  # the paper's mode: the public population is the evaluated users themselves
             origin = f"the artifact's policy table (policy.parquet: expected MSE on {users}TEST users)"
-            notes: tuple[str, ...] = (
+            notes = (
                 "the artifact was built with --sensitivity-population test: auto's table was computed on the "
                 "test users themselves, so its regret here is optimistic",
             )
@@ -137,16 +121,14 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
                 f"the artifact's policy table (policy.parquet: expected MSE on {users}{kind} users, "
                 "never the test users)"
             )
-            notes = ()
+    elif not named:
+        return AutoPlan(fixed)
     else:
-        if not named:
-            return AutoPlan(fixed, {}, "")
         table = _scenario_table(cfg, source)
         origin = (
             f"a policy table from an independent draw of the scenario's population (seed {cfg.seed + 1}, "
             f"≤ {SCENARIO_POPULATION} rows)"
         )
-        notes = ()
     resolved = {float(e): table.resolve(float(e), 1) for e in cfg.epsilons}
     return AutoPlan((*fixed, AUTO), resolved, origin, notes)
 
@@ -154,8 +136,6 @@ def plan(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> AutoPl
 def regret_table(mse: pl.DataFrame, resolved: Mapping[float, str]) -> pl.DataFrame:
     """Per ε: auto's choice and mean MSE, the oracle (the run's best fixed private mechanism on
     these users) and auto's regret (ratio and difference). Empty without auto."""
-    from recsvc.mechanisms import MECHANISMS
-
     if not resolved:
         return pl.DataFrame()
     rows = []

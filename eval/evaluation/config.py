@@ -9,7 +9,7 @@ from pathlib import Path
 from eval.evaluation.pipelines import DEFAULT_M, DEFAULT_SLATE_K, parse_pipelines
 from recsvc.checks import ParamError
 from recsvc.engines import resolve_workers
-from recsvc.mechanisms import MECHANISMS
+from recsvc.mechanisms import MECHANISMS, PARAMS, check_params, default_mechanisms, params_of
 from recsvc.policy import AUTO, EVALUATION_EPSILONS
 from recsvc.settings import Each, OneOf, Range, check, setting
 from recsvc.staging import check_out
@@ -121,8 +121,6 @@ def mechanism_params(cfg: EvalConfig, mechanism: str) -> dict[str, float]:
     """The keyword parameters ``mechanism`` is called with: the given values of the parameters it
     declares (``params_of``; a missing or None value leaves its own default). The one place that
     maps config → params."""
-    from recsvc.mechanisms import params_of
-
     return {k: v for k, v in cfg.params.items() if k in params_of(mechanism) and v is not None}
 
 
@@ -130,8 +128,6 @@ def param_values(cfg: EvalConfig) -> dict[str, float]:
     """The value of every parameter the default mechanism set or a named mechanism declares: the
     given one (or the data's, once eval.evaluation.run.with_data_defaults filled it in), else its spec's
     default. For the report and the summary's echo of the config."""
-    from recsvc.mechanisms import PARAMS, default_mechanisms, params_of
-
     used = {p for name in {*default_mechanisms(), *(cfg.mechanisms or ())} for p in params_of(name)}
     return {k: s.default if (v := cfg.params.get(k)) is None else s.check(v) for k, s in PARAMS.items() if k in used}
 
@@ -144,8 +140,6 @@ def protected(cfg: EvalConfig) -> dict[str, Path]:
 def validate(cfg: EvalConfig) -> tuple[str, ...]:
     """Every check that needs no data (parameters, out); raises ValueError, returns the mechanisms.
     :func:`eval.evaluation.run.run` calls it first; the demo calls it before building anything."""
-    from recsvc.mechanisms import check_params, default_mechanisms
-
     check(cfg)
     if (cfg.artifacts is None) == (cfg.scenario is None):
         raise ParamError("give exactly one data source: {artifacts} DIR or {scenario} NAME")

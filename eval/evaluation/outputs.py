@@ -1,29 +1,23 @@
 """A run's results directory (staged, then published atomically): tables declared with their schemas
-(:class:`eval.study.Output`, checked by :func:`eval.study.write_output`), figures, summary, report.
-A streaming :func:`eval.study.execute` study: the per-user tables stream into the staged directory
-DURING the run, and ``report.md`` keeps its own layout (``skeleton=False``)."""
+(:class:`eval.study.Output`, checked by :func:`eval.study.write_output`), figures, summary, report."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from eval.evaluation import pipeline_report, plots, report
+from eval.evaluation import pipeline_report, report
 from eval.evaluation.auto import REGRET_SCHEMA
 from eval.evaluation.config import EvalConfig, param_values, protected
 from eval.evaluation.pipeline_report import TABLE, TABLE_SCHEMA, WINNERS, WINNERS_SCHEMA
+from eval.evaluation.plots import figures
+from eval.evaluation.report import markdown
 from eval.evaluation.results import HISTOGRAM_SCHEMA, LOG_RATIO_SCHEMA, MSE_SCHEMA, EvalResult, SweepResult
 from eval.study import Output, Study, write_output
 
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
-SWEEP_CSV = "sweep.csv"
-SWEEP_PARQUET = "sweep.parquet"
 SUMMARY_KEYS = ("dataset", "users", "mechanisms", "epsilons", "correlation", "config", "winners", "seconds", "notes")
 
 
@@ -47,7 +41,8 @@ OUTPUTS: tuple[Output[EvalResult], ...] = (  # None: not in this run (no auto, n
 )
 
 
-def _summary(result: EvalResult) -> dict[str, Any]:
+def write_summary(result: EvalResult, tmp: Path) -> None:
+    """``summary.json`` (its ``auto`` key only for a run with auto)."""
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(result.config).items()}
     cfg["params"] = param_values(result.config)  # what the run used: given or each spec's default
     summary = {
@@ -63,32 +58,20 @@ def _summary(result: EvalResult) -> dict[str, Any]:
     }
     if result.auto.height:
         summary["auto"] = {"origin": result.auto_origin, "regret": result.auto.to_dicts()}
-    return summary
-
-
-def write_summary(result: EvalResult, tmp: Path) -> None:
-    """``summary.json`` (its ``auto`` key only for a run with auto)."""
-    summary = _summary(result)
     write_output(tmp / "summary.json", summary, (*SUMMARY_KEYS, "auto") if "auto" in summary else SUMMARY_KEYS)
 
 
-def _figures(result: EvalResult) -> dict[str, Figure]:  # the pipelines' only with --pipelines
-    return plots.figures(result) | ({} if result.pipelines is None else pipeline_report.figures(result.pipelines))
-
-
-def _markdown(result: EvalResult) -> str:
-    return report.markdown(result) + ("" if result.pipelines is None else pipeline_report.markdown(result))
-
-
 def study(run: Callable[[EvalConfig, Path | None], EvalResult]) -> Study[EvalConfig, EvalResult]:
-    """One run as a streaming study: ``run`` fills the staged directory (the per-user tables, then
-    :func:`write_summary`); the declared tables, figures and ``report.md`` (its own layout) follow."""
+    """One run as a streaming study: ``run`` fills the staged directory DURING the run (the per-user
+    tables, then :func:`write_summary`); the declared tables, figures and ``report.md`` (its own
+    layout, ``skeleton=False``) follow."""
     return Study(
-        "Evaluation", EvalConfig, run, OUTPUTS, _markdown, _figures, streams=True, skeleton=False, protect=protected
+        "Evaluation", EvalConfig, run, OUTPUTS, markdown, figures, streams=True, skeleton=False, protect=protected
     )
 
 
 def summary(result: EvalResult | SweepResult) -> tuple[str, Path | None]:
-    """The short text summary for the terminal/demo and the path of ``report.md`` (if written)."""
+    """The short text summary for the terminal/demo (ending with the path of ``report.md`` if written) and that path."""
     text = report.sweep_summary_text(result) if isinstance(result, SweepResult) else report.summary_text(result)
-    return text, (result.out / "report.md" if result.out else None)
+    path = result.out / "report.md" if result.out else None
+    return (text if path is None else f"{text}\nreport: {path}"), path

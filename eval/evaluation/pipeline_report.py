@@ -45,66 +45,43 @@ class PipelineReducer:
         shape = (len(ctx.pipelines), len(mechanisms), len(epsilons), len(ctx.slate_k))
         self.mse, self.recall = RunningMean(shape), RunningMean(shape)
         self.exact = np.ones(shape, dtype=bool)
-        self.users = 0
 
     def add(self, r: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         mse, recall, exact = r
         self.mse.add(mse)
         self.recall.add(recall)
         self.exact &= exact.all(axis=0)
-        self.users += len(mse)
 
     def close(self) -> None:
         self.mse.flush()
         self.recall.flush()
 
     def table(self) -> pl.DataFrame:
-        mm, mh = self.mse.ci()
-        rm, rh = self.recall.ci()
-        rows = []
-        for pi, p in enumerate(self.ctx.pipelines):
-            trials = self.ctx.two_stage_trials if p.kind == "two-stage" else self.ctx.trials
-            for mi, mech in enumerate(self.mechanisms):
-                for ei, eps in enumerate(self.epsilons):
-                    for ki, k in enumerate(self.ctx.slate_k):
-                        i = (pi, mi, ei, ki)
-                        rows.append(
-                            (
-                                p.label,
-                                p.end_to_end_dp,
-                                mech,
-                                float(eps),
-                                int(k),
-                                mm[i],
-                                mm[i] - mh[i],
-                                mm[i] + mh[i],
-                                rm[i],
-                                rm[i] - rh[i],
-                                rm[i] + rh[i],
-                                int(self.mse.n[i]),
-                                "exact" if self.exact[i] else f"monte-carlo ({trials} trials)",
-                            )
-                        )
-        return pl.DataFrame(rows, orient="row", schema=TABLE_SCHEMA)
+        (mm, mh), (rm, rh) = self.mse.ci(), self.recall.ci()
+        pipes = self.ctx.pipelines
+        # one row per (pipeline, mechanism, ε, k) cell, in row-major order (the run's order)
+        pi, mi, ei, ki = np.indices(mm.shape).reshape(4, -1)
+        trials = [self.ctx.two_stage_trials if p.kind == "two-stage" else self.ctx.trials for p in pipes]
+        monte_carlo = np.array([f"monte-carlo ({t} trials)" for t in trials])
+        columns = [np.array([p.label for p in pipes])[pi], np.array([p.end_to_end_dp for p in pipes])[pi]]
+        columns += [np.array(self.mechanisms)[mi], np.array(self.epsilons, dtype=np.float64)[ei]]
+        columns += [np.array(self.ctx.slate_k, dtype=np.int64)[ki]]
+        columns += [x.reshape(-1) for x in (mm, mm - mh, mm + mh, rm, rm - rh, rm + rh)]
+        columns += [self.mse.n.reshape(-1).astype(np.int64), np.where(self.exact.reshape(-1), "exact", monte_carlo[pi])]
+        return pl.DataFrame(columns, orient="col", schema=TABLE_SCHEMA)
 
 
 def winners(t: pl.DataFrame) -> pl.DataFrame:
     """Per (pipeline, k, ε): the mechanism with the highest recall and the one with the lowest
     first-item MSE (ties: the first in the run's order), with their values."""
     keys = ["pipeline", "k", "epsilon"]
-    best_recall = t.sort([*keys, "recall"], descending=[False, False, False, True], maintain_order=True)
-    best_mse = t.sort([*keys, "first_mse"], maintain_order=True)
-    recall = (
-        best_recall.group_by(keys, maintain_order=True)
-        .first()
-        .select(*keys, pl.col("mechanism").alias("best_recall"), pl.col("recall"))
-    )
-    mse = (
-        best_mse.group_by(keys, maintain_order=True)
-        .first()
-        .select(*keys, pl.col("mechanism").alias("best_first_mse"), pl.col("first_mse"))
-    )
-    return recall.join(mse, on=keys).sort(keys, maintain_order=True)
+
+    def best(column: str, highest: bool) -> pl.DataFrame:
+        ranked = t.sort([*keys, column], descending=[False, False, False, highest], maintain_order=True)
+        first = ranked.group_by(keys, maintain_order=True).first()
+        return first.select(*keys, pl.col("mechanism").alias(f"best_{column}"), pl.col(column))
+
+    return best("recall", True).join(best("first_mse", False), on=keys).sort(keys, maintain_order=True)
 
 
 def _figure(

@@ -39,6 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from recsvc.checks import ParamError
+from recsvc.mechanisms import MECHANISMS, probabilities, select_slate, slate_probabilities, two_stage_probabilities
+from recsvc.mechanisms.registry import check_params, get_mechanism
+from recsvc.model import top_k
 
 TAG = 2**31 + 11  # second spawn-key word: pipeline streams never meet eval's other streams
 DEFAULT_M = 500
@@ -68,8 +71,6 @@ class Pipeline:
 def parse_pipeline(text: str) -> Pipeline:
     """``top500``, ``full`` or ``two-stage:F[:MECH]`` with F in (0, 1) and MECH a private mechanism;
     ParamError otherwise."""
-    from recsvc.mechanisms import MECHANISMS
-
     t = str(text).strip().lower()
     if t in ("top500", "full"):
         return Pipeline(t)
@@ -142,11 +143,6 @@ class PipelineContext:
     sens: np.ndarray
 
 
-def _gap_and_threshold(q: np.ndarray, ks: tuple[int, ...]) -> tuple[np.ndarray, dict[int, float]]:
-    desc = np.sort(q)[::-1]
-    return (desc[0] - q) ** 2, {k: float(desc[min(k, len(q)) - 1]) for k in ks}
-
-
 def stream(seed: int, *key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
@@ -165,8 +161,6 @@ def _exact_stats(
     cand: np.ndarray,
 ) -> tuple[float, float] | None:
     """(first_mse, recall) from exact probabilities, or None when not cheap here."""
-    from recsvc.mechanisms import probabilities, slate_probabilities, two_stage_probabilities
-
     if pipe.fraction is not None:  # two-stage
         n = len(q)
         if math.perm(n, m) + math.comb(n, m) * math.perm(m, k) > EXACT_LIMIT:
@@ -193,9 +187,6 @@ def _mc_slates(
     name: str, q: np.ndarray, d: np.ndarray, eps: float, k: int, trials: int, rng: np.random.Generator, params: dict
 ) -> np.ndarray:
     """(trials, k) slates of select_slate's distribution (k = 1: one vectorised draw)."""
-    from recsvc.mechanisms import select_slate
-    from recsvc.mechanisms.registry import check_params, get_mechanism
-
     if k == 1:
         mech = get_mechanism(name)
         return np.asarray(mech.sample(q, d, eps, check_params(params, mech), rng, trials)).reshape(trials, 1)
@@ -216,14 +207,12 @@ def evaluate_user(
     ctx: PipelineContext,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(first_mse, recall, exact) arrays (P, M, E, K) for global user b with raw catalog scores."""
-    from recsvc.mechanisms import MECHANISMS, select_slate
-    from recsvc.model import top_k
-
     q = np.clip(raw, ctx.lo, ctx.hi)
     d = ctx.sens
     n = len(q)
     m = min(ctx.m, n)
-    gap, thr = _gap_and_threshold(q, ctx.slate_k)
+    desc = np.sort(q)[::-1]
+    gap, thr = (desc[0] - q) ** 2, {k: float(desc[min(k, n) - 1]) for k in ctx.slate_k}
     shape = (len(ctx.pipelines), len(mechanisms), len(epsilons), len(ctx.slate_k))
     mse, rec, exact = np.empty(shape), np.empty(shape), np.zeros(shape, dtype=bool)
     full = np.arange(n)

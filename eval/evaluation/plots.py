@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.evaluation import pipeline_report
 from eval.figures import pyplot
+from recsvc.mechanisms import MECHANISMS
 from recsvc.policy import AUTO
 
 if TYPE_CHECKING:
@@ -27,11 +29,10 @@ def correlation_hist(result: EvalResult) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
     edges = result.hist_edges
-    width = np.diff(edges)
     ax.bar(
         edges[:-1],
         result.hist_spearman,
-        width=width,
+        width=np.diff(edges),
         align="edge",
         color="#4c72b0",
         alpha=0.75,
@@ -69,7 +70,7 @@ def log_ratio_scatter(result: EvalResult) -> Figure:
         ok = np.isfinite(x) & np.isfinite(y)
         ax.scatter(x[ok], y[ok], s=6, alpha=0.5, color="#4c72b0", edgecolors="none")
     ax.axhline(0, color="k", lw=0.8, ls="--")
-    skipped = int((~ok).sum()) if len(ok) else 0
+    skipped = int((~ok).sum())
     note = f"; {skipped} users with a mean selected score ≤ 0 left out" if skipped else ""
     if not result.log_ratio.height:
         note = "; needs both gem and mgem"
@@ -85,8 +86,6 @@ def log_ratio_scatter(result: EvalResult) -> Figure:
 
 def mechanism_label(mech: str) -> str:
     """The mechanism's name, marked when it is not DP, for legends and tables."""
-    from recsvc.mechanisms import MECHANISMS
-
     if mech == AUTO:
         return "auto (policy table)"
     return mech if MECHANISMS[mech].private else f"{mech} (not DP)"
@@ -95,8 +94,6 @@ def mechanism_label(mech: str) -> str:
 def line_style(plt, i: int, mech: str) -> dict:
     """Mechanism i's marker, colour and line style, the same in every plot; references (the uniform
     baseline and mechanisms that are not DP) are dashed."""
-    from recsvc.mechanisms import MECHANISMS
-
     if mech == AUTO:  # drawn over its resolved mechanisms: black, dotted, hollow stars
         return {"marker": "*", "color": "k", "ls": ":", "mfc": "none", "zorder": 3}
     palette = plt.get_cmap("tab20").colors  # 11+ mechanisms: more distinct colours than the default 10
@@ -136,12 +133,13 @@ def mse_vs_epsilon(result: EvalResult) -> Figure:
 
 
 def figures(result: EvalResult) -> dict[str, Figure]:
-    """File name → figure of one run (saved by :func:`eval.study.execute`)."""
-    return {
+    """File name → figure of one run (saved by :func:`eval.study.execute`); the pipelines' with --pipelines."""
+    own = {
         CORRELATION_PNG: correlation_hist(result),
         LOG_RATIO_PNG: log_ratio_scatter(result),
         MSE_PNG: mse_vs_epsilon(result),
     }
+    return own | ({} if result.pipelines is None else pipeline_report.figures(result.pipelines))
 
 
 def _log_axes(ax, epsilons: tuple[float, ...], values: list[float]) -> None:

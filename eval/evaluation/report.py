@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from eval.evaluation import pipeline_report
 from eval.evaluation.config import EvalConfig, param_values
 from eval.evaluation.plots import CORRELATION_PNG, LOG_RATIO_PNG, MSE_PNG, SWEEP_PNG, mechanism_label
 
@@ -82,6 +83,7 @@ def winners_text(result: EvalResult) -> list[str]:
 
 
 def markdown(result: EvalResult) -> str:
+    """report.md of one run (its own layout, no settings table), the pipelines' section last."""
     c = result.correlation
     cfg = result.config
     lr = result.log_ratio
@@ -140,7 +142,7 @@ def markdown(result: EvalResult) -> str:
         "aggregates: `mse.parquet`/`mse.csv`, `summary.json`.",
         "",
     ]
-    return "\n".join(parts)
+    return "\n".join(parts) + ("" if result.pipelines is None else pipeline_report.markdown(result))
 
 
 def summary_text(result: EvalResult) -> str:
@@ -159,8 +161,6 @@ def summary_text(result: EvalResult) -> str:
             f"auto (policy table): worst regret {worst['regret_ratio']:.3f}× the oracle "
             f"(ε={worst['epsilon']:g}: {worst['auto_mechanism']} vs {worst['oracle_mechanism']})"
         )
-    if result.out is not None:
-        lines.append(f"report: {result.out / 'report.md'}")
     return "\n".join(lines)
 
 
@@ -192,27 +192,20 @@ def _table_epsilons(epsilons: tuple[float, ...]) -> list[float]:
     return sorted(picked)
 
 
-def _best_cell(mech: str, mse: float, rel: float, has_rnm: bool) -> str:
-    return f"{mech} {_fmt(rel)}" if has_rnm else f"{mech} (MSE {_fmt(mse)})"
-
-
 def sweep_markdown(result: SweepResult) -> str:
     """Settings, a level × ε table of the best mechanism (and its MSE ÷ RNM), the figure, links."""
     eps = _table_epsilons(result.epsilons)
-    best = {e: result.best_at(e) for e in eps}
     cell = "best mechanism and its MSE ÷ RNM's" if result.has_rnm else "best mechanism and its MSE (rnm not run)"
     head = "| t | median Spearman ρ | " + " | ".join(f"ε={e:g}" for e in eps) + " |"
     rows = [head, "|---" * (len(eps) + 2) + "|"]
-    for j, lv in enumerate(result.levels):
-        cells = [_best_cell(m, mse, rel, result.has_rnm) for _, m, mse, rel in (best[e][j] for e in eps)]
+    for lv, *best in zip(result.levels, *(result.best_at(e) for e in eps), strict=True):  # per level, per ε
+        cells = [f"{m} {_fmt(rel)}" if result.has_rnm else f"{m} (MSE {_fmt(mse)})" for _, m, mse, rel in best]
         rows.append(f"| [{lv.level:g}]({lv.dirname}/report.md) | {lv.spearman:.3f} | " + " | ".join(cells) + " |")
     shown = (
         "" if len(eps) == len(result.epsilons) else f" ({len(eps)} of the {len(result.epsilons)} ε; all in `sweep.csv`)"
     )
     notes = result.levels[0].result.notes
     parts = [
-        "# Evaluation: correlation sweep (paper Figure 10)",
-        "",
         f"Each level t has {result.levels[0].result.users} independent instances (the synthetic users): score "
         "q_a = x_a, Δ_a = (t x_a + z_a)/5 − min_a, x, z ~ N(0, 1), from the same seed at every level. MSEs are "
         "means over the instances; ρ is the median over them.",
@@ -255,6 +248,4 @@ def sweep_summary_text(result: SweepResult) -> str:
     for lv, mech, mse, rel in result.best_at(e):
         lines.append(f"  t={lv.level:<5g} ρ={lv.spearman:+.2f}  {mech} {_fmt(rel if result.has_rnm else mse)}")
     lines += result.levels[0].result.notes
-    if result.out is not None:
-        lines.append(f"report: {result.out / 'report.md'}")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ import numpy as np
 import polars as pl
 
 from eval.evaluation.config import EvalConfig, level_dirname
+from eval.study import Finding  # noqa: F401  # re-exported: eval.two_candidates imports it from here
 from recsvc.policy import AUTO
 
 _F, _I, _S = pl.Float64, pl.Int64, pl.String
@@ -22,15 +23,6 @@ LOG_RATIO_SCHEMA = {
     **dict.fromkeys(("users_defined", "users_undefined"), _I),
 }
 HISTOGRAM_SCHEMA = {"bin_low": _F, "bin_high": _F, "spearman_users": _I, "weighted_users": _I}
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One of the paper's statements checked on our results (two candidates, Figure 18)."""
-
-    statement: str  # the paper's claim, as we test it
-    holds: bool
-    detail: str  # what we measured
 
 
 @dataclass

@@ -22,6 +22,7 @@ from eval.evaluation.results import EvalResult
 from eval.evaluation.sources import ArtifactSource, LazyChunks, Source, open_source
 from eval.evaluation.work import evaluate_chunk, make_context
 from eval.study import execute
+from recsvc.engines import chunk_ranges, make_engine
 
 
 def run(cfg: EvalConfig) -> EvalResult:
@@ -41,8 +42,6 @@ def with_data_defaults(cfg: EvalConfig, source: Source) -> EvalConfig:
 
 def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> EvalResult:
     """:func:`run` after validation, on the already built data source."""
-    from recsvc.engines import chunk_ranges, make_engine
-
     cfg = with_data_defaults(cfg, source)
     size = chunk_size(cfg, source.total)
     cfg = replace(cfg, chunk_size=size)  # the report records the size used

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from eval.evaluation.config import DEFAULT_LEVEL, SCENARIO_GAMMA, EvalConfig, level_dirname
+from recsvc.artifact import load_artifact
+from recsvc.mechanisms.random_stopping import GAMMA
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,6 @@ class ArtifactSource:
     """The first ``users`` candidate users of an artifact."""
 
     def __init__(self, path: Path, users: int | None, catalog: bool = False) -> None:
-        from recsvc.artifact import load_artifact
-        from recsvc.mechanisms.random_stopping import GAMMA
-
         self.artifact = load_artifact(path)  # verifies every sha256 before anything is trusted
         total = len(self.artifact.user_ids)
         if total == 0:
@@ -56,17 +55,22 @@ class ArtifactSource:
 
 
 class ScenarioSource:
-    """A synthetic scenario's rows, one synthetic user each."""
+    """A synthetic scenario's rows, one synthetic user each; ``proportion``: another share of high
+    scores in scenarios 1–3 (Figure 18)."""
 
     default_gamma = SCENARIO_GAMMA
 
-    def __init__(self, name: str, n: int, users: int | None, seed: int, level: float | None) -> None:
+    def __init__(
+        self, name: str, n: int, users: int | None, seed: int, level: float | None, proportion: float | None = None
+    ) -> None:
         from eval.scenarios import scenario  # scipy.stats: only when a scenario is evaluated
 
         level = DEFAULT_LEVEL if level is None else level
-        self.sc = scenario(name, n=n, seed=seed, repeats=users, level=level)
+        share = 0.5 if proportion is None else proportion  # scenario()'s default, Figure 2's half
+        self.sc = scenario(name, n=n, seed=seed, repeats=users, level=level, proportion=share)
         self.total = self.sc.repeats
         self.name = f"scenario-{name}" + (f"-{level_dirname(level)}" if name == "sweep" else "")
+        self.name += "" if proportion is None else f"-p{proportion:g}"
 
     def chunk(self, r: range) -> Chunk:
         q = self.sc.draws[r.start : r.stop]

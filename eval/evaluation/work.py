@@ -15,6 +15,7 @@ from eval import metrics
 from eval.evaluation.config import EvalConfig, mechanism_params
 from eval.evaluation.pipelines import PipelineContext, evaluate_user, parse_pipeline
 from eval.evaluation.sources import Chunk
+from recsvc.mechanisms import MECHANISMS, probabilities, select_batch
 from recsvc.policy import AUTO
 from recsvc.stats import spearman_rows
 
@@ -53,8 +54,6 @@ def make_context(
     """What every chunk of the run shares; exact probabilities only where the mechanism has them.
     ``catalog``: the items' (lo, hi, Δ), needed by --pipelines. ``auto`` (ε → mechanism) is what
     the ``auto`` row runs at each ε."""
-    from recsvc.mechanisms import MECHANISMS
-
     real = [m for m in mechanisms if m != AUTO] + sorted(set((auto or {}).values()))
     params = {m: mechanism_params(cfg, m) for m in real}
     exact = frozenset(m for m in real if MECHANISMS[m].exact) if cfg.exact else frozenset()
@@ -81,22 +80,8 @@ def make_context(
     )
 
 
-def _select(
-    name: str, q: np.ndarray, sens: np.ndarray, eps: float, trials: int, seed: int, start: int, params: dict[str, float]
-) -> np.ndarray:
-    """select_batch for users start..start+B−1 with their GLOBAL streams SeedSequence(seed, (b,))."""
-    from recsvc.mechanisms import MECHANISMS, select_batch
-
-    # A non-private mechanism can only be in the list when the caller named it (it is reference-only).
-    return select_batch(
-        name, q, sens, eps, trials, seed, user_offset=start, allow_non_private=not MECHANISMS[name].private, **params
-    )
-
-
 def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
     """Every metric for one chunk of users. Pure: depends only on (chunk, ctx)."""
-    from recsvc.mechanisms import probabilities
-
     q, sens, count = chunk.scores, chunk.sensitivities, chunk.count
     B, M, E = q.shape[0], len(ctx.mechanisms), len(ctx.epsilons)
     mse = np.empty((B, M, E))
@@ -125,8 +110,11 @@ def evaluate_chunk(chunk: Chunk, ctx: ChunkContext) -> ChunkResult:
                     for row, b in enumerate(run):
                         p = probabilities(name, qr[row], sr[row], eps, **params)
                         mse[b, mi, ei], mean_sel[b, mi, ei] = metrics.expected_stats(qr[row], p)
-                else:
-                    sel = _select(name, qr, sr, eps, ctx.trials, ctx.seed, chunk.start + int(run[0]), params)
+                else:  # each user's GLOBAL stream; a non-private mechanism only when named (reference-only)
+                    at, ref = chunk.start + int(run[0]), not MECHANISMS[name].private
+                    sel = select_batch(
+                        name, qr, sr, eps, ctx.trials, ctx.seed, user_offset=at, allow_non_private=ref, **params
+                    )
                     mse[run, mi, ei], mean_sel[run, mi, ei] = metrics.selected_stats(qr, np.asarray(sel))
     pipes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
     if ctx.pipelines is not None and chunk.catalog is not None:

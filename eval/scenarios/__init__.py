@@ -42,7 +42,6 @@ Their studies beside them: :mod:`.sweep` (every sweep level in one run, Figure 1
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,8 +98,7 @@ class Scenario:
         return np.asarray(spearman(self.draws, self.rows_sensitivities(0, self.repeats)))
 
 
-# ---------------------------------------------------------------------------------------------
-# Generators: each returns (raw draws (R, n), percentiles) or, for the bimodal ones, fixed data.
+# Generators: raw draws (R, n) for 4–8 (7/8 also each row's group); the bimodal and sweep ones give Δ too.
 
 
 def _truncnorm_sd(rng: np.random.Generator, size: int) -> np.ndarray:
@@ -112,8 +110,6 @@ def _truncnorm_sd(rng: np.random.Generator, size: int) -> np.ndarray:
 def _bimodal(kind: str, n: int, proportion: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
     """The first round(proportion·n) candidates score 1, the rest −1 (Figure 2: half; Figure 18
     varies the proportion)."""
-    if n < 2:
-        raise ValueError(f"bimodal scenario needs n ≥ 2 candidates, got {n}")
     high = int(np.floor(proportion * n + 0.5))
     if not (isinstance(proportion, (int, float)) and 0 < proportion < 1) or not 1 <= high <= n - 1:
         raise ValueError(
@@ -166,14 +162,11 @@ def _scenario_6(rng: np.random.Generator, n: int, repeats: int) -> np.ndarray:
     return mu + sigma * rng.standard_normal((repeats, n))
 
 
-def _polarised(sigma: float) -> Callable[[np.random.Generator, int, int], tuple[np.ndarray, np.ndarray]]:
-    def gen(rng: np.random.Generator, n: int, repeats: int) -> tuple[np.ndarray, np.ndarray]:
-        a = np.arange(n) * (100.0 / n)
-        base = np.stack([-8.0 + 8.0 * a / 100.0, 8.0 - 8.0 * a / 100.0])  # group 0, group 1
-        groups = np.arange(repeats) % 2  # equal split, interleaved so any prefix is balanced
-        return base[groups] + sigma * rng.standard_normal((repeats, n)), groups
-
-    return gen
+def _polarised(rng: np.random.Generator, n: int, repeats: int, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    a = np.arange(n) * (100.0 / n)
+    base = np.stack([-8.0 + 8.0 * a / 100.0, 8.0 - 8.0 * a / 100.0])  # group 0, group 1
+    groups = np.arange(repeats) % 2  # equal split, interleaved so any prefix is balanced
+    return base[groups] + sigma * rng.standard_normal((repeats, n)), groups
 
 
 def _sweep(rng: np.random.Generator, n: int, repeats: int, level: float) -> tuple[np.ndarray, np.ndarray]:
@@ -252,14 +245,10 @@ def scenario(
         return Scenario(name, description, q.copy(), sens, q - sens / 2.0, q + sens / 2.0, draws, seed=seed)
 
     groups = None
-    if name == "4":
-        raw = _scenario_4(rng, n, repeats)
-    elif name == "5":
-        raw = _scenario_5(rng, n, repeats)
-    elif name == "6":
-        raw = _scenario_6(rng, n, repeats)
+    if name in ("7", "8"):
+        raw, groups = _polarised(rng, n, repeats, 0.5 if name == "7" else 3.0)
     else:
-        raw, groups = _polarised(0.5 if name == "7" else 3.0)(rng, n, repeats)
+        raw = {"4": _scenario_4, "5": _scenario_5, "6": _scenario_6}[name](rng, n, repeats)
     p_lo, p_hi = _PERCENTILES[name]
     lo, hi = np.percentile(raw, [p_lo, p_hi], axis=0)
     sens = np.maximum(hi - lo, MIN_SENSITIVITY)

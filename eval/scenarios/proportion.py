@@ -20,11 +20,11 @@ import polars as pl
 from eval.evaluation import run as runner
 from eval.evaluation.config import EvalConfig, param_values, validate
 from eval.evaluation.plots import line_style, mechanism_label
-from eval.evaluation.results import Finding
 from eval.evaluation.sources import ScenarioSource
 from eval.figures import pyplot
-from eval.study import Output, Study, execute
+from eval.study import Finding, Output, Study, execute
 from recsvc.checks import ParamError
+from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,15 +38,8 @@ PROPORTION_SCHEMA |= {"epsilon": pl.Float64, "mse": pl.Float64, "method": pl.Str
 _HETEROGENEOUS = ("gem", "mgem", "rs", "rs_improved", "rnmh")  # use the per-candidate Δ
 
 
-class _BimodalSource(ScenarioSource):
-    """Scenario 1, 2 or 3 with ``proportion`` high scores (ScenarioSource's chunks, another instance)."""
-
-    def __init__(self, kind: str, proportion: float, cfg: EvalConfig) -> None:
-        from eval.scenarios import scenario
-
-        self.sc = scenario(kind, n=cfg.n, seed=cfg.seed, repeats=cfg.users, proportion=proportion)
-        self.total = self.sc.repeats
-        self.name = f"scenario-{kind}-p{proportion:g}"
+def _source(kind: str, proportion: float, cfg: EvalConfig) -> ScenarioSource:
+    return ScenarioSource(kind, cfg.n, cfg.users, cfg.seed, None, proportion)
 
 
 @dataclass
@@ -67,7 +60,7 @@ def check(cfg: EvalConfig) -> EvalConfig:
             f"{', '.join(f'{p:g}' for p in PROPORTIONS)}"
         )
     validate(replace(cfg, scenario="1"))
-    sources = [_BimodalSource(k, p, cfg) for k in KINDS for p in PROPORTIONS]  # a bad --n fails here
+    sources = [_source(k, p, cfg) for k in KINDS for p in PROPORTIONS]  # a bad --n fails here
     return runner.with_data_defaults(cfg, sources[0])
 
 
@@ -77,7 +70,7 @@ def compute(cfg: EvalConfig) -> ProportionResult:
     eps = min(cfg.epsilons, key=lambda e: abs(math.log(e / FIGURE_EPSILON)))
     t0 = time.perf_counter()
     frames = []
-    for kind, p, source in ((k, p, _BimodalSource(k, p, cfg)) for k in KINDS for p in PROPORTIONS):
+    for kind, p, source in ((k, p, _source(k, p, cfg)) for k in KINDS for p in PROPORTIONS):
         res = runner.evaluate(replace(cfg, scenario=kind, out=None, force=False), mechanisms, source)
         mse = res.mse.select("mechanism", "epsilon", pl.col("mse_mean").alias("mse"), "method")
         if cfg.exact:
@@ -91,8 +84,6 @@ def _exact_random_stopping(mse: pl.DataFrame, q: np.ndarray, d: np.ndarray, gamm
     """rs / rs_improved exactly where every low candidate shares one Δ and every high one another
     (scenarios 1 and 2: two groups of tied candidates, :func:`random_stopping_two_candidates_lower`);
     scenario 3 mixes Δ inside each group and keeps its Monte Carlo estimate. MSE = 4·P(a low one)."""
-    from recsvc.mechanisms.exact import random_stopping_two_candidates_lower
-
     low, high = np.unique(d[q < 0]), np.unique(d[q > 0])
     if len(low) != 1 or len(high) != 1:
         return mse

@@ -15,7 +15,6 @@ import polars as pl
 from eval.evaluation import plots, report
 from eval.evaluation import run as runner
 from eval.evaluation.config import EvalConfig, level_dirname, protected, validate
-from eval.evaluation.outputs import SWEEP_CSV, SWEEP_PARQUET
 from eval.evaluation.results import SweepLevel, SweepResult
 from eval.evaluation.sources import ScenarioSource
 from eval.scenarios import SWEEP_LEVELS
@@ -24,7 +23,7 @@ from eval.study import Output, Study, execute
 TITLE = "Evaluation: correlation sweep (paper Figure 10)"
 SWEEP_SCHEMA = {"level": pl.Float64, "spearman": pl.Float64, "mechanism": pl.String, "epsilon": pl.Float64}
 SWEEP_SCHEMA |= {"mse": pl.Float64, "mse_rel_rnm": pl.Float64, "method": pl.String}
-OUTPUTS = tuple(Output(name, attrgetter("table"), SWEEP_SCHEMA) for name in (SWEEP_CSV, SWEEP_PARQUET))
+OUTPUTS = tuple(Output(name, attrgetter("table"), SWEEP_SCHEMA) for name in ("sweep.csv", "sweep.parquet"))
 
 
 def _check_levels(cfg: EvalConfig, levels: Sequence[float]) -> tuple[float, ...]:
@@ -64,9 +63,8 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
             plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
         return result
 
-    body = lambda r: report.sweep_markdown(r).split("\n", 1)[1]  # noqa: E731  # the skeleton gives the title
     result = execute(
-        Study(TITLE, EvalConfig, compute, OUTPUTS, body, streams=True, protect=protected),
+        Study(TITLE, EvalConfig, compute, OUTPUTS, report.sweep_markdown, streams=True, protect=protected),
         runner.with_data_defaults(cfg, sources[0]),
     )
     if cfg.out is not None:
