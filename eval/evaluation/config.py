@@ -128,7 +128,8 @@ def param_values(cfg: EvalConfig) -> dict[str, float]:
     """The value of every parameter the default mechanism set or a named mechanism declares: the
     given one (or the data's, once eval.evaluation.run.with_data_defaults filled it in), else its spec's
     default. For the report and the summary's echo of the config."""
-    used = {p for name in {*default_mechanisms(), *(cfg.mechanisms or ())} for p in params_of(name)}
+    named = {*default_mechanisms(), *(cfg.mechanisms or ())} - {AUTO}  # auto runs the others' parameters
+    used = {p for name in named for p in params_of(name)}
     return {k: s.default if (v := cfg.params.get(k)) is None else s.check(v) for k, s in PARAMS.items() if k in used}
 
 

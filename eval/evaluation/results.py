@@ -12,7 +12,6 @@ import numpy as np
 import polars as pl
 
 from eval.evaluation.config import EvalConfig, level_dirname
-from eval.study import Finding  # noqa: F401  # re-exported: eval.two_candidates imports it from here
 from recsvc.policy import AUTO
 
 _F, _I, _S = pl.Float64, pl.Int64, pl.String

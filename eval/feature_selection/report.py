@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from eval.evaluation.results import Finding
 from eval.feature_selection import metrics, plots
 from eval.feature_selection.config import FeatureSelectionConfig
 from eval.feature_selection.methods import COUNT_SENSITIVITY, SIS_SENSITIVITY
 from eval.feature_selection.study import DatasetRun, FeatureSelectionResult
+from eval.study import Finding
 
 COMPARISON_SCHEMA = {
     "dataset": pl.String,

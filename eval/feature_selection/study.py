@@ -18,9 +18,9 @@ import numpy as np
 import polars as pl
 
 from eval.evaluation.pipelines import stream
-from eval.evaluation.results import Finding
 from eval.feature_selection import data, methods, metrics
 from eval.feature_selection.config import FeatureSelectionConfig
+from eval.study import Finding
 from recsvc.engines import progress_bar as _bar
 
 if TYPE_CHECKING:

@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from eval.evaluation.results import Finding
-from eval.study import distinct, grid_text
+from eval.study import Finding, distinct, grid_text
 from recsvc.checks import ParamError
 from recsvc.mechanisms import PARAMS
 from recsvc.settings import Each, Range, setting

@@ -138,3 +138,10 @@ def test_pipelines_cover_fixed_mechanisms_only(art: Path) -> None:
     assert plan(cfg, ("rnm", "gem"), source).mechanisms == ("rnm", "gem")  # the table is not used
     with pytest.raises(ValueError, match="`auto` is not evaluated with --pipelines"):
         plan(cfg, ("rnm", "auto"), source)
+
+
+def test_auto_named_among_the_mechanisms_runs_beside_them(art: Path, tmp_path: Path) -> None:
+    res = run(_cfg(art, mechanisms=("rnm", "auto"), out=tmp_path / "named"))
+    assert res.mechanisms == ("rnm", "auto")
+    mse = pl.read_csv(tmp_path / "named" / "mse.csv")
+    assert sorted(set(mse["mechanism"])) == ["auto", "rnm"] and mse.height == 2 * len(EPS)
