@@ -21,7 +21,6 @@ from typing import Any
 
 from data_prep.cli import register as register_prep
 from eval.cli import register as register_eval
-from eval.feature_selection.cli import register as register_feature_selection
 from recsvc.app.demo import register as register_demo
 from recsvc.checks import ParamError
 from recsvc.mechanisms.cli import register as register_mechanisms
@@ -33,8 +32,7 @@ from recsvc.staging import Terminated, request_termination
 # Order here is the order in `recsvc --help`.
 REGISTRARS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     register_prep,  # prep, policy, serving-bundle
-    register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect
-    register_feature_selection,  # eval-feature-selection
+    register_eval,  # eval, eval-synthetic, eval-bandit, eval-two-candidates, eval-multiselect, eval-feature-selection
     register_service,  # serve, wait-ready, select, budget
     register_multiselect,  # multiselect
     register_mechanisms,  # mechanisms
