@@ -87,14 +87,22 @@ class Study(Generic[C, R]):
     protect: Callable[[C], Mapping[str, Path]] = lambda cfg: {}
 
 
-def execute(study: Study[C, R], config: C) -> R:
+def execute(study: Study[C, R], config: C, into: Path | None = None) -> R:
     """Checks every setting and the output directory before any work, runs the study, and (with
-    ``config.out``) publishes its outputs, figures and ``report.md`` atomically."""
+    ``config.out``) publishes its outputs, figures and ``report.md`` atomically. ``into`` is a new
+    directory inside another study's staged one (a sweep's level): the files go there, and
+    ``config.out`` is where that study will publish them."""
     check(config)
     config = study.validate(config)
     protect = study.protect(config)
     if config.out is None:
         return study.run(config, None) if study.streams else study.run(config)
+    if into is not None:
+        into.mkdir()
+        written = study.run(config, into) if study.streams else study.run(config)
+        _write(study, written, into)
+        written.out = config.out
+        return written
     check_out(config.out, config.force, protect=protect)  # before the work; StagedDir checks again at publish
     result = None if study.streams else study.run(config)  # a run that streams fills the staged dir
     with StagedDir(config.out, config.force, protect=protect) as stage:

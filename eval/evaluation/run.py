@@ -40,8 +40,9 @@ def with_data_defaults(cfg: EvalConfig, source: Source) -> EvalConfig:
     return replace(cfg, params={**cfg.params, "gamma": source.default_gamma})
 
 
-def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> EvalResult:
-    """:func:`run` after validation, on the already built data source."""
+def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source, into: Path | None = None) -> EvalResult:
+    """:func:`run` after validation, on the already built data source (``into``: see
+    :func:`eval.study.execute`)."""
     cfg = with_data_defaults(cfg, source)
     size = chunk_size(cfg, source.total)
     cfg = replace(cfg, chunk_size=size)  # the report records the size used
@@ -72,6 +73,6 @@ def evaluate(cfg: EvalConfig, mechanisms: tuple[str, ...], source: Source) -> Ev
         return result
 
     try:
-        return execute(outputs.study(compute), cfg)
+        return execute(outputs.study(compute), cfg, into)
     finally:
         engine.close()

@@ -55,22 +55,19 @@ def run_sweep(cfg: EvalConfig, levels: Sequence[float] | None = None) -> SweepRe
     def compute(config: EvalConfig, tmp: Path | None) -> SweepResult:
         result, t0 = SweepResult(config, [], pl.DataFrame(), 0.0), time.perf_counter()
         for t, source in zip(levels, sources, strict=True):
-            sub = None if tmp is None else tmp / level_dirname(t)
-            res = runner.evaluate(replace(config, level=t, out=sub, force=False), mechanisms, source)
+            name = level_dirname(t)
+            out, into = (None, None) if tmp is None or config.out is None else (config.out / name, tmp / name)
+            res = runner.evaluate(replace(config, level=t, out=out, force=False), mechanisms, source, into)
             result.levels.append(SweepLevel(t, float(np.median(source.sc.correlation())), *source.sc.row(0), res))
         result.table, result.seconds = sweep_table(result.levels), time.perf_counter() - t0
         if tmp is not None:
             plots.sweep_figure(result, tmp / plots.SWEEP_PNG)
         return result
 
-    result = execute(
+    return execute(
         Study(TITLE, EvalConfig, compute, OUTPUTS, report.sweep_markdown, streams=True, protect=protected),
         runner.with_data_defaults(cfg, sources[0]),
     )
-    if cfg.out is not None:
-        for lv in result.levels:
-            lv.result.out = cfg.out / lv.dirname
-    return result
 
 
 def sweep_table(levels: Sequence[SweepLevel]) -> pl.DataFrame:

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import re
 import struct
 
@@ -68,6 +69,8 @@ def test_writes_every_level_and_the_sweep_table(sweep):
     assert not list(out.parent.glob(".sw*"))  # no temp sibling left
     for d in DIRS:
         assert (out / d / "report.md").stat().st_size > 0 and pl.read_csv(out / d / "mse.csv").height == 8
+        # each level records where it is published, not the staging directory it was written in
+        assert json.loads((out / d / "summary.json").read_text())["config"]["out"] == str(out / d)
     table = pl.read_csv(out / "sweep.csv")
     assert table.columns == ["level", "spearman", "mechanism", "epsilon", "mse", "mse_rel_rnm", "method"]
     assert table.height == 7 * len(MECHS) * len(EPS)
