@@ -187,7 +187,7 @@ BUILTIN = (
     Mechanism(
         "oneshot",
         "one-shot top-k: the k largest of q + Z, Z ~ Exponential(mean 2kΔmax/ε) drawn once (k = 1: rnm)",
-        topk.oneshot_sample,
+        noisy_max.rnm_sample,
         noisy_max.rnm_log_probabilities,
         expectation_fn=noisy_max.rnm_expectation,
         privacy=_declared("oneshot", _BOUNDED, _TIGHT, distance_map=_SCALED_SLATE_TIGHT),
@@ -200,7 +200,7 @@ BUILTIN = (
         "gumbel",
         "one-shot top-k: the k largest of q + G, G ~ Gumbel(scale 2kΔmax/ε) drawn once "
         "(= peeling em at ε/k with the whole set's Δmax)",
-        topk.gumbel_sample,
+        noisy_max.em_sample,
         noisy_max.em_log_probabilities,
         expectation_fn=noisy_max.em_expectation,
         privacy=_declared("gumbel", _BOUNDED, _TIGHT, distance_map=_SCALED_SLATE_TIGHT),

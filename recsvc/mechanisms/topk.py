@@ -11,8 +11,8 @@ real-number law:
   exponential-mechanism draws at ε/k, all with the full set's Δmax (Plackett–Luce); at k = 1
   it is ``em`` exactly. It is sampled that way, exactly (:mod:`recsvc.mechanisms.exact_peel`).
 
-At k = 1 their exact probabilities and expectations are ``rnm``'s and ``em``'s (the registry
-shares those functions). Inputs are validated ALREADY CLIPPED scores q (n,) and sensitivities Δ (n,); 1 ≤ k ≤ n is the
+At k = 1 their samplers, exact probabilities and expectations are ``rnm``'s and ``em``'s (the
+registry shares those functions). Inputs are validated ALREADY CLIPPED scores q (n,) and sensitivities Δ (n,); 1 ≤ k ≤ n is the
 caller's check. Ties between noisy values have probability ~0; if one occurs, the lower index
 ranks first (a fixed rule that does not look at the data).
 """
@@ -28,7 +28,6 @@ import numpy.typing as npt
 
 from recsvc.mechanisms.exact_peel import em_exact_peel, step_epsilon
 from recsvc.mechanisms.exact_race import EXPONENTIAL, GapUtilities, race_top_k
-from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.noisy_max import rnm_sample
 from recsvc.mechanisms.params import ParamValues
 
@@ -41,17 +40,6 @@ def _units(q: np.ndarray, d: np.ndarray, epsilon: float, k: int) -> npt.NDArray[
 
 
 # --- oneshot ---------------------------------------------------------------------------------------
-
-
-def oneshot_sample(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> npt.NDArray[np.intp]:
-    """One item: argmax(q + Z), Z_a ~ Exponential(mean 2Δmax/ε): ``rnm``, and sampled by it
-    (exactly; the slate with k = 1).
-
-    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax; see :func:`oneshot_top_k`.
-    """
-    return rnm_sample(q, d, epsilon, p, rng, size)
 
 
 def oneshot_top_k(
@@ -68,7 +56,7 @@ def oneshot_top_k(
     Sampled exactly: the top k of the real (q_a − q*)·ε/(2kΔmax) + E_a, E_a = −ln U_a for real
     uniforms U_a (:func:`recsvc.mechanisms.exact_race.race_top_k`), at every ε.
     """
-    if k == 1:  # the same stream as oneshot_sample
+    if k == 1:  # the same stream as rnm_sample, oneshot's one-item sampler
         return rnm_sample(q, d, epsilon, p, rng, 1).astype(np.int64)
     utilities = GapUtilities(q, epsilon, float(d.max()), 2 * k)  # (q − q*)/(2kΔmax/ε)
     return race_top_k(utilities, EXPONENTIAL, rng, k, ordered=True).astype(np.int64)
@@ -136,17 +124,6 @@ def _log_ranked(s: Slate, dies: np.ndarray, below: np.ndarray, n: int) -> float:
 
 
 # --- gumbel ----------------------------------------------------------------------------------------
-
-
-def gumbel_sample(
-    q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, rng: np.random.Generator, size: int
-) -> npt.NDArray[np.intp]:
-    """One item: argmax(q + G), G_a ~ Gumbel(scale 2Δmax/ε), which is the exponential mechanism
-    ``em`` and is sampled exactly as ``em`` is (no float δ at any ε).
-
-    Privacy: ε-DP (pure) for |q_a − q'_a| ≤ Δ_a ≤ Δmax; see :func:`gumbel_top_k`.
-    """
-    return em_exact_sample(q, d, epsilon, rng, size)
 
 
 def gumbel_top_k(
