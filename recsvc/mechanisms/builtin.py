@@ -150,7 +150,7 @@ BUILTIN = (
         expectation_fn=gem.gem_expectation,
         privacy=_declared("gem", _BOUNDED, _GEM, distance_map=_SCALED),
         peel_fn=gem_peel.gem_peel,
-        peel_work_fn=gem_peel.gem_peel_work,
+        peel_work_fn=gem_peel.peel_work,
         float_level=FLOAT_EXACT,
     ),
     Mechanism(
@@ -162,7 +162,7 @@ BUILTIN = (
         expectation_fn=gem.mgem_expectation,
         privacy=_declared("mgem", _BOUNDED, _GEM, distance_map=_SCALED),
         peel_fn=gem_peel.mgem_peel,
-        peel_work_fn=gem_peel.mgem_peel_work,
+        peel_work_fn=gem_peel.peel_work,
         float_level=FLOAT_EXACT,
     ),
     Mechanism(

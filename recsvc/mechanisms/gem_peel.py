@@ -117,18 +117,10 @@ def _peel(
             winner = _decide(qq[:m].copy(), dd[:m].copy(), ts[step], eps_step, cand[:c], xs[:c], lead, rng)
 
 
-def _work_family(sign: float, q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
+def peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
+    """:func:`gem_peel`'s and :func:`mgem_peel`'s expected work in random draws' worth: m/8 words
+    and the passes a step."""
     return float(k * q.shape[0] * (BYTE_WORDS + PASS_COST))
-
-
-def gem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    """:func:`gem_peel`'s expected work in random draws' worth: m/8 words and the passes a step."""
-    return _work_family(1.0, q, d, eps_step, p, k)
-
-
-def mgem_peel_work(q: np.ndarray, d: np.ndarray, eps_step: float, p: ParamValues, k: int) -> float:
-    """:func:`mgem_peel`'s expected work in random draws' worth: m/8 words and the passes a step."""
-    return _work_family(-1.0, q, d, eps_step, p, k)
 
 
 def _peel_family(
