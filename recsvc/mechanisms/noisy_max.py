@@ -27,11 +27,6 @@ from recsvc.mechanisms.exact_sampling import em_exact_sample
 from recsvc.mechanisms.params import ParamValues
 
 
-def _argmax_rows(z: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
-    """argmax of each row (the lowest index wins a tie); numpy types argmax along an axis as Any."""
-    return cast("npt.NDArray[np.intp]", z.argmax(axis=1))
-
-
 def _rnm_u(q: np.ndarray, d: np.ndarray, epsilon: float) -> npt.NDArray[np.float64]:
     # Normalising by the noise mean keeps every value ≤ 0 and finite for any ε. q and d are validated
     # float64 arrays; numpy types their reductions (q.max()) as Any, and so the result.
@@ -98,12 +93,7 @@ def rnmh_sample(
     z = rng.standard_exponential((size, q.shape[0]))
     z *= 2.0 * d / epsilon
     z += q
-    return _argmax_rows(z)
-
-
-def _em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float) -> npt.NDArray[np.float64]:
-    x = (q - q.max()) * (epsilon / (2.0 * d.max()))  # ≤ 0: exp never overflows
-    return cast("npt.NDArray[np.float64]", x - np.log(np.exp(x).sum()))  # numpy types these float64 ops as Any
+    return cast("npt.NDArray[np.intp]", z.argmax(axis=1))  # the lowest index wins a tie; numpy: Any
 
 
 def em_sample(
@@ -118,11 +108,12 @@ def em_sample(
 
 
 def em_log_probabilities(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues) -> npt.NDArray[np.float64]:
-    return _em_log_probabilities(q, d, epsilon)
+    x = _rnm_u(q, d, epsilon)  # ≤ 0: exp never overflows
+    return cast("npt.NDArray[np.float64]", x - np.log(np.exp(x).sum()))  # numpy types these float64 ops as Any
 
 
 def em_expectation(q: np.ndarray, d: np.ndarray, epsilon: float, p: ParamValues, values: np.ndarray) -> float:
-    return float(np.exp(_em_log_probabilities(q, d, epsilon)) @ values)
+    return float(np.exp(em_log_probabilities(q, d, epsilon, p)) @ values)
 
 
 def pf_sample(
