@@ -245,7 +245,7 @@ def race_argmax(
     if size == 1:
         return np.array([_argmax_row(a, noise, scale, rng.random(n), rng)], dtype=np.intp)
     if noise is EXPONENTIAL and scale is None:
-        return _exponential_rows(a, rng, size)
+        return exponential_rows(a, rng.random((size, n)), rng)
     return _rows(a, noise, scale, rng.random((size, n)), rng)
 
 
@@ -349,11 +349,6 @@ def gap_race_rows(
             a = GapUtilities(q[s : s + n], float(epsilons[b]), float(d[s : s + n].max()), m)
             idx[b] = _argmax_row(a, EXPONENTIAL, None, x[c : c + n], rng)
     return idx
-
-
-def _exponential_rows(a: Utilities, rng: np.random.Generator, size: int) -> npt.NDArray[np.intp]:
-    """``size`` exponential races on the same a: :func:`exponential_rows` on fresh cells."""
-    return exponential_rows(a, rng.random((size, a.n)), rng)
 
 
 def exponential_rows(a: Utilities, x: npt.NDArray[np.float64], rng: np.random.Generator) -> npt.NDArray[np.intp]:
