@@ -45,7 +45,7 @@ import numba
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.mechanisms.exact_noise import LAPLACE
+from recsvc.mechanisms.exact_noise import LAPLACE, _quantile
 from recsvc.mechanisms.exact_race import GapUtilities, race_argmax
 from recsvc.mechanisms.exact_sampling import UNIT_ROUNDOFF as _U
 from recsvc.mechanisms.exact_sampling import WORD, decimal_context, uniform_words
@@ -55,6 +55,7 @@ _RAW_CANDIDATES = 1024  # fewer candidates than this are drawn from raw words (u
 _MAX_TERMS = 2_000_000  # the float table's length at most (γ ≥ 2⁻¹⁸ needs fewer); beyond, decimal
 _CELL = 2.0**-53  # a record's uniform is known to its first 53 bits: a cell of this width
 _TO_UNIT = 2.0**-64  # a 64-bit word w is U's prefix: U ∈ [w, w + 1)·2⁻⁶⁴
+_signed_log = _quantile  # Laplace's F⁻¹(y) in float64, one y: exact_noise's kernel
 
 
 @functools.lru_cache(maxsize=64)
@@ -227,15 +228,6 @@ class _Replay:
 
     def integers(self, *args: object, **kwargs: object) -> object:
         return self.rng.integers(*args, **kwargs)  # type: ignore[call-overload]  # forwarded as given
-
-
-@numba.njit(cache=True, nogil=True)
-def _signed_log(y: float) -> float:  # pragma: no cover - numba
-    """Laplace's F⁻¹(y) in float64 (:mod:`recsvc.mechanisms.exact_noise`): ln 2y up to ½, −ln 2(1 − y)
-    above (both arguments exact); −inf at y = 0, +inf at y = 1."""
-    if y <= 0.5:
-        return math.log(2.0 * y) if y > 0.0 else -math.inf
-    return -math.log(2.0 * (1.0 - y)) if y < 1.0 else math.inf
 
 
 @numba.njit(cache=True, nogil=True)
