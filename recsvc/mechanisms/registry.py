@@ -23,14 +23,12 @@ from recsvc.mechanisms.mechanism import Mechanism
 from recsvc.mechanisms.params import ParamSpec, ParamValues
 from recsvc.mechanisms.validation import (
     MechanismInputError,
+    check_at_least,
     check_batch,
     check_epsilon,
     check_inputs,
     check_rng,
     check_scale,
-    check_seed,
-    check_trials,
-    check_user_offset,
 )
 from recsvc.rng import user_stream
 
@@ -205,9 +203,9 @@ def select_batch(
     mech = get_mechanism(name, allow_non_private)
     p = check_params(params, mech)
     eps = check_epsilon(epsilon)
-    k = check_trials(trials)
-    s = check_seed(seed)
-    off = check_user_offset(user_offset)
+    k = check_at_least("trials", trials, 1, "an integer >= 1")
+    s = check_at_least("seed", seed, 0, "a non-negative integer")
+    off = check_at_least("user_offset", user_offset, 0, "a non-negative integer")
     q, d = check_batch(scores, sensitivities)
     check_scale(eps, q, d)
     if mech.batch is not None:

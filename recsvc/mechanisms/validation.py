@@ -37,22 +37,11 @@ def check_epsilon(epsilon: object) -> float:
     return checks.check_epsilon(epsilon, error=MechanismInputError)
 
 
-def check_trials(trials: object) -> int:
-    if isinstance(trials, bool) or not isinstance(trials, numbers.Integral) or int(trials) < 1:
-        raise MechanismInputError(f"trials must be an integer >= 1, got {trials!r}")
-    return int(trials)
-
-
-def check_seed(seed: object) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or int(seed) < 0:
-        raise MechanismInputError(f"seed must be a non-negative integer, got {seed!r}")
-    return int(seed)
-
-
-def check_user_offset(offset: object) -> int:
-    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or int(offset) < 0:
-        raise MechanismInputError(f"user_offset must be a non-negative integer, got {offset!r}")
-    return int(offset)
+def check_at_least(name: str, value: object, least: int, expected: str) -> int:
+    """``value`` as an int ≥ ``least`` (``trials``, ``seed``, ``user_offset``); ``expected`` words the bound."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < least:
+        raise MechanismInputError(f"{name} must be {expected}, got {value!r}")
+    return int(value)
 
 
 # The score range in noise scales, (max q − min q)·ε/(2Δmax), beyond which ε is refused: the
