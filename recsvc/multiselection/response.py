@@ -29,13 +29,13 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import numpy as np
 import numpy.typing as npt
 
-from recsvc.checks import ParamError, check_epsilon, check_int
-from recsvc.multiselection.geographic import Floats
+from recsvc.checks import ParamError, check_int
+from recsvc.multiselection.geographic import Floats, _epsilon, signal_cdf
 
 Disutility = Callable[[Floats], Floats]
 """h: distances (an array, ≥ 0) to disutilities (an array of the same shape), non-decreasing."""
@@ -58,10 +58,6 @@ class Response:
     @property
     def k(self) -> int:
         return int(self.offsets.shape[0])
-
-
-def _epsilon(epsilon: object) -> float:
-    return check_epsilon(epsilon, error=ParamError)
 
 
 def _k(k: object) -> int:
@@ -98,11 +94,6 @@ def identity_error(epsilon: float, k: int) -> float:
     return (1.0 / (n + 1) if k % 2 else math.log1p(1.0 / n)) / eps
 
 
-def _laplace_cdf(x: Floats) -> Floats:
-    """F of Laplace(0, 1), exact on both sides (and at ±∞)."""
-    return np.asarray(np.where(x <= 0, 0.5 * np.exp(np.minimum(x, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(x, 0.0))))
-
-
 def _laplace_partial_mean(x: Floats) -> Floats:
     """∫_{−∞}^x t dF(t) for Laplace(0, 1): ½(x − 1)e^x below 0, −½(x + 1)e^{−x} above (0 at ±∞)."""
     with np.errstate(invalid="ignore"):  # ±∞ · 0 at the infinite cell edges, replaced by 0 below
@@ -123,7 +114,7 @@ def identity_expected_error(offsets: npt.ArrayLike, epsilon: float) -> float:
     eps = _epsilon(epsilon)
     c = _offsets(offsets) * eps
     lo, hi = _cells(c)
-    f, m = _laplace_cdf, _laplace_partial_mean
+    f, m = partial(signal_cdf, u=0.0, epsilon=1.0), _laplace_partial_mean  # F of Laplace(0, 1)
     per_cell = c * (2.0 * f(c) - f(lo) - f(hi)) + m(lo) + m(hi) - 2.0 * m(c)
     return float(per_cell.sum()) / eps
 
