@@ -34,28 +34,6 @@ def _step_map(mech: Mechanism, params: Mapping[str, object]) -> PrivacyMap:
     return lambda epsilon: mech.privacy.consumed(epsilon, values)
 
 
-def _split(
-    mech: Mechanism,
-    cand: Mechanism | None,
-    k: int,
-    m: int | None,
-    candidate_fraction: float | None,
-    params: Mapping[str, object],
-) -> Split:
-    step = _step_map(mech, params)
-    if cand is None or candidate_fraction is None:
-        return slate_split(k, step, mech.one_shot)
-    return two_stage_split(
-        candidate_fraction,
-        1 if m is None else m,
-        k,
-        _step_map(cand, params),
-        step,
-        candidate_one_shot=cand.one_shot,
-        one_shot=mech.one_shot,
-    )
-
-
 def selection_split(
     name: str,
     k: int = 1,
@@ -69,7 +47,19 @@ def selection_split(
     ``candidate_fraction`` a two-stage selection whose candidate stage runs ``candidate_mechanism``.
     ``params`` (``None`` = default) are checked as :func:`recsvc.mechanisms.select` checks them."""
     mech, cand = _stages(name, candidate_mechanism, candidate_fraction)
-    return _split(mech, cand, k, m, candidate_fraction, dict(params or {}))
+    given = dict(params or {})
+    step = _step_map(mech, given)
+    if cand is None or candidate_fraction is None:
+        return slate_split(k, step, mech.one_shot)
+    return two_stage_split(
+        candidate_fraction,
+        1 if m is None else m,
+        k,
+        _step_map(cand, given),
+        step,
+        candidate_one_shot=cand.one_shot,
+        one_shot=mech.one_shot,
+    )
 
 
 def charged_epsilon(
