@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from recsvc.multiselection.code import (
     CODE_SIZES,
-    SELECTION_EPSILON,
     SizeChoice,
     blind_codebook,
     choose_size,
@@ -20,7 +19,6 @@ from recsvc.multiselection.code import (
     code_of,
     codebook_bytes,
     codebook_version,
-    held_scores,
     prototype_codes,
     randomized_response,
     respond_code,
@@ -50,7 +48,6 @@ from recsvc.multiselection.lattice import (
     pull_in,
 )
 from recsvc.multiselection.posterior import (
-    WEIGHT_FLOOR,
     Population,
     weights_from_log_likelihood,
 )
@@ -69,9 +66,7 @@ from recsvc.multiselection.response import (
 __all__ = [
     "CODE_SIZES",
     "GRID_STEPS",
-    "SELECTION_EPSILON",
     "SIGNAL_LIMIT",
-    "WEIGHT_FLOOR",
     "Disutility",
     "Floats",
     "Lattice",
@@ -99,7 +94,6 @@ __all__ = [
     "expected_utility",
     "geographic_excess",
     "greedy",
-    "held_scores",
     "identity_error",
     "identity_expected_error",
     "identity_offsets",
