@@ -242,15 +242,13 @@ class GemUtilities:
         epsilon: float,
         t: float,
         s: np.ndarray | None = None,
-        qp: np.ndarray | None = None,
     ) -> None:
-        """``s`` = q − tΔ and ``qp`` = its hull's q̂' when the caller has them (the peel)."""
+        """``s`` = q − tΔ when the caller has it."""
         self.q, self.d, self.epsilon, self.t, self.n = q, d, epsilon, t, q.shape[0]
         self.s = np.ascontiguousarray(q - t * d) if s is None else s
-        if qp is None:
-            d = np.ascontiguousarray(d, dtype=np.float64)
-            hx, hy, edge = hull(self.s, d)
-            qp = tangents(hx, hy, edge, d, self.s)
+        d = np.ascontiguousarray(d, dtype=np.float64)
+        hx, hy, edge = hull(self.s, d)
+        qp = tangents(hx, hy, edge, d, self.s)
         self.value: npt.NDArray[np.float64] = qp * (epsilon * 0.5 * (1.0 - 6.0 * _U))
         self.r_bound = float(np.abs(q).max()) / float(d.min()) + abs(t)
         self.err = 4.1 * _U * self.r_bound * epsilon * 0.5 * (1.0 + 4.0 * _U) + 2.0**-1060
