@@ -162,13 +162,14 @@ class Split:
         if not all(0.0 < f < 1.0 for f in self.fractions) or sum(self.fractions) >= 1.0:
             raise ValueError(f"fractions must lie in (0, 1) and leave a share for the last stage, got {self.fractions}")
 
+    # A sampler asks for its split's step ε on every draw (combined GEM once per call, a batch
+    # once); requests repeat a few ε, and the exact check costs a few Fraction operations. A
+    # refusal raises and is never cached.
+    @functools.lru_cache(maxsize=4096)  # noqa: B019  # Splits are immutable and few: the cache may keep them
     def budgets(self, epsilon: float) -> tuple[float, ...]:
         """Each stage's total ε: fᵢ·ε, and ε minus those for the last, rounded down
         (:func:`at_most`) so that they add up to at most ε on the reals; refused when a part
         rounds to 0."""
-        return _budgets(self, epsilon)
-
-    def _budgets(self, epsilon: float) -> tuple[float, ...]:
         parts = [f * epsilon for f in self.fractions]
         rest = Fraction(epsilon) - sum((Fraction(p) for p in parts), Fraction(0))
         parts.append(at_most(epsilon - sum(parts), rest))
@@ -180,13 +181,11 @@ class Split:
             )
         return tuple(parts)
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019  # as budgets'
     def stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
         """The ε of one step of each stage (what the sampler runs at): its budget over its steps,
         rounded down so that steps · step ≤ budget on the reals (:func:`at_most`), hence
         Σ steps · step ≤ ε exactly; refused when one rounds to 0."""
-        return _stage_epsilons(self, epsilon)
-
-    def _stage_epsilons(self, epsilon: float) -> tuple[float, ...]:
         out = []
         for stage, budget in zip(self.stages, self.budgets(epsilon), strict=False):
             step = at_most(budget / stage.steps, Fraction(budget), stage.steps)
@@ -234,19 +233,6 @@ def at_most(x: float, bound: Fraction, times: int = 1) -> float:
     while x > 0.0 and times * Fraction(x) > bound:
         x = math.nextafter(x, 0.0)
     return x
-
-
-# A sampler asks for its split's step ε on every draw (combined GEM once per call, a batch once);
-# requests repeat a few ε, and the exact check costs a few Fraction operations. A refusal raises
-# and is never cached.
-@functools.lru_cache(maxsize=4096)
-def _stage_epsilons(split: Split, epsilon: float) -> tuple[float, ...]:
-    return split._stage_epsilons(epsilon)
-
-
-@functools.lru_cache(maxsize=4096)
-def _budgets(split: Split, epsilon: float) -> tuple[float, ...]:
-    return split._budgets(epsilon)
 
 
 # --- privacy maps d_in → d_out ------------------------------------------------------------------
