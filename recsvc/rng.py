@@ -27,6 +27,12 @@ def thread_csprng() -> np.random.Generator:
     return rng
 
 
+def stream(seed: int, *key: int) -> np.random.Generator:
+    """The reproducible stream of ``key`` under ``seed`` (``SeedSequence(seed, spawn_key=key)``):
+    independent of chunking, of the engine and of every other key."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
+
+
 def user_stream(seed: int, user_index: int) -> np.random.Generator:
     """User ``user_index``'s reproducible stream: independent of chunking and of the engine."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(user_index,))))
+    return stream(seed, user_index)

@@ -14,14 +14,11 @@ import numpy as np
 from eval.bandit import baselines, private
 from eval.bandit.config import POLICIES, BanditConfig
 from eval.bandit.environment import reward_table
+from recsvc.rng import stream
 
 SWITCH_WINDOW = 100  # a policy has switched at a pull of the new best arm that wins the majority of the next 100 steps
 GRID_POINTS = 500  # recorded steps per run (plus 1, t_shift and T)
 READING_PREFIX = "ucb:"  # units that run a UCB reading other than the stated one
-
-
-def stream(seed: int, key: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(key,))))
 
 
 def sample_steps(horizon: int, shift: int, points: int = GRID_POINTS) -> np.ndarray:

@@ -42,6 +42,7 @@ from recsvc.checks import ParamError
 from recsvc.mechanisms import MECHANISMS, probabilities, select_slate, slate_probabilities, two_stage_probabilities
 from recsvc.mechanisms.registry import check_params, get_mechanism
 from recsvc.model import top_k
+from recsvc.rng import stream
 
 TAG = 2**31 + 11  # second spawn-key word: pipeline streams never meet eval's other streams
 DEFAULT_M = 500
@@ -141,10 +142,6 @@ class PipelineContext:
     lo: np.ndarray  # (n,) the catalog's clip ranges and Δ, items.parquet order
     hi: np.ndarray
     sens: np.ndarray
-
-
-def stream(seed: int, *key: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 def _exact_stats(

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import polars as pl
 
-from eval.evaluation.pipelines import stream
 from eval.feature_selection import data, methods, metrics
 from eval.feature_selection.config import FeatureSelectionConfig
 from eval.study import Finding
 from recsvc.engines import progress_bar as _bar
+from recsvc.rng import stream
 
 if TYPE_CHECKING:
     from tqdm.auto import tqdm

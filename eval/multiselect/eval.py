@@ -30,7 +30,7 @@ the raw full-catalog scores with seen items worth 0 (:meth:`eval.multiselect.dat
 Three reference rows: each response without noise (ε = ∞: what the embedding alone allows), the
 greedy response to no signal at all (ε = 0: uniform weights, the same k items for everyone) and
 the non-private best item. User b's draws come from ``SeedSequence(seed, spawn_key=(b, TAG, mode, ε
-index))`` (:func:`eval.evaluation.pipelines.stream`): independent of chunking, workers and the other modes.
+index))`` (:func:`recsvc.rng.stream`): independent of chunking, workers and the other modes.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from eval import metrics
-from eval.evaluation.pipelines import stream
 from eval.multiselect.data import DatasetSource, UserChunk
 from recsvc.policy import PolicyTable
+from recsvc.rng import stream
 
 TAG = 2**31 + 25  # second spawn-key word: these streams never meet eval's other streams
 GREEDY, BASELINE, CODE = "multiselect", "multiselect-baseline", "multiselect-code"

@@ -158,9 +158,9 @@ def ctx(tiny: Path) -> Context:
 
 
 def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_device_sends(ctx: Context) -> None:
-    from eval.evaluation.pipelines import stream
     from eval.multiselect.eval import GREEDY, TAG, Row, evaluate_user, rows
     from recsvc.multiselection import Words, respond_lattice
+    from recsvc.rng import stream
 
     src = ctx.source
     chunk = src.chunk(range(3))
@@ -182,9 +182,9 @@ def test_the_greedy_row_is_what_the_service_answers_to_the_lattice_signal_the_de
 
 
 def test_the_code_row_is_what_the_service_answers_to_the_code_the_device_sends(ctx: Context) -> None:
-    from eval.evaluation.pipelines import stream
     from eval.multiselect.eval import CODE, TAG, Row, evaluate_user, rows
     from recsvc.multiselection import Words, code_of, prototype_codes, randomized_response, respond_code
+    from recsvc.rng import stream
 
     src = ctx.source
     chunk = src.chunk(range(3))

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from recsvc.rng import csprng, user_stream
+from recsvc.rng import csprng, stream, user_stream
 from recsvc.stats import spearman
 
 
@@ -31,6 +31,14 @@ def test_user_stream_is_spawn_key_stream():
     b = np.random.Generator(np.random.PCG64(np.random.SeedSequence(7, spawn_key=(3,)))).random(5)
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(user_stream(7, 4).random(5), a)
+
+
+def test_stream_of_a_key_is_its_spawn_key_stream():
+    """eval's streams (a user, then a tag, a mode, an ε index …) are SeedSequence(seed, spawn_key=key)."""
+    a = stream(7, 3, 2**31 + 11, 1).random(5)
+    b = np.random.Generator(np.random.PCG64(np.random.SeedSequence(7, spawn_key=(3, 2**31 + 11, 1)))).random(5)
+    assert np.array_equal(a, b) and np.array_equal(stream(7, 3).random(5), user_stream(7, 3).random(5))
+    assert not np.array_equal(stream(7, 3, 2**31 + 11, 2).random(5), a)
 
 
 def test_csprng_streams_differ_and_look_uniform():
