@@ -43,37 +43,32 @@ def progress_bar(desc: str, unit: str, total: int, disable: bool | None) -> tqdm
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, dynamic_ncols=True, mininterval=0.5)
 
 
-class _InOrder:
-    """What both engines share: their results in chunk order, under a progress bar."""
-
-    progress: bool | None  # None: tqdm decides (off when not a TTY)
-
-    def _in_order(
-        self,
-        start: Callable[[int], Callable[[], Any]],
-        chunks: Sequence[Any],
-        window: int,
-        desc: str,
-        unit: str,
-        sizes: Sequence[int] | None,
-    ) -> Iterator[Any]:
-        """Every chunk's result in chunk order; ``start(i)`` starts chunk i and returns what waits
-        for its result. A chunk is read from ``chunks`` (which may build it then) only when it
-        starts, and at most ``window`` are under way: a bounded look-ahead keeps memory flat
-        however many chunks there are."""
-        sizes = list(sizes) if sizes is not None else [1] * len(chunks)
-        with progress_bar(desc, unit, sum(sizes), None if self.progress is None else not self.progress) as bar:
-            pending = deque(start(i) for i in range(min(window, len(chunks))))
-            for i in range(len(chunks)):
-                out = pending.popleft()()  # popped: a finished result is not held twice
-                if i + window < len(chunks):
-                    pending.append(start(i + window))
-                bar.update(sizes[i])
-                yield out
+def _in_order(
+    start: Callable[[int], Callable[[], Any]],
+    chunks: Sequence[Any],
+    window: int,
+    progress: bool | None,
+    desc: str,
+    unit: str,
+    sizes: Sequence[int] | None,
+) -> Iterator[Any]:
+    """Both engines' results in chunk order, under a progress bar (``progress`` None: tqdm
+    decides); ``start(i)`` starts chunk i and returns what waits for its result. A chunk is read
+    from ``chunks`` (which may build it then) only when it starts, and at most ``window`` are
+    under way: a bounded look-ahead keeps memory flat however many chunks there are."""
+    sizes = list(sizes) if sizes is not None else [1] * len(chunks)
+    with progress_bar(desc, unit, sum(sizes), None if progress is None else not progress) as bar:
+        pending = deque(start(i) for i in range(min(window, len(chunks))))
+        for i in range(len(chunks)):
+            out = pending.popleft()()  # popped: a finished result is not held twice
+            if i + window < len(chunks):
+                pending.append(start(i + window))
+            bar.update(sizes[i])
+            yield out
 
 
 @dataclass
-class LocalEngine(_InOrder):
+class LocalEngine:
     workers: int = 1
     progress: bool | None = None  # None: tqdm decides (off when not a TTY)
 
@@ -83,15 +78,21 @@ class LocalEngine(_InOrder):
 
     def map(self, fn, chunks, context=None, *, desc="", unit="chunk", sizes=None):
         if self.workers == 1 or len(chunks) <= 1:
-            yield from self._in_order(lambda i: lambda: fn(chunks[i], context), chunks, 1, desc, unit, sizes)
+            yield from _in_order(lambda i: lambda: fn(chunks[i], context), chunks, 1, self.progress, desc, unit, sizes)
             return
         # A fresh pool per call: the context is installed once per worker by the initializer.
         with ProcessPoolExecutor(
             max_workers=min(self.workers, len(chunks)), initializer=_set_context, initargs=(context,)
         ) as pool:
             window = 2 * self.workers
-            yield from self._in_order(
-                lambda i: pool.submit(_call_with_context, fn, chunks[i]).result, chunks, window, desc, unit, sizes
+            yield from _in_order(
+                lambda i: pool.submit(_call_with_context, fn, chunks[i]).result,
+                chunks,
+                window,
+                self.progress,
+                desc,
+                unit,
+                sizes,
             )
 
     def close(self) -> None:
@@ -99,7 +100,7 @@ class LocalEngine(_InOrder):
 
 
 @dataclass
-class DaskEngine(_InOrder):
+class DaskEngine:
     scheduler: str | None = None
     workers: int = 2
     progress: bool | None = None
@@ -136,8 +137,14 @@ class DaskEngine(_InOrder):
         # this one's data with it (tasks then fail with "lost dependencies").
         ctx = client.scatter(context, broadcast=True, hash=False) if context is not None else None
         window = max(2 * len(client.scheduler_info().get("workers", {}) or [1]), 2)
-        yield from self._in_order(
-            lambda i: client.submit(fn, chunks[i], ctx, pure=False).result, chunks, window, desc, unit, sizes
+        yield from _in_order(
+            lambda i: client.submit(fn, chunks[i], ctx, pure=False).result,
+            chunks,
+            window,
+            self.progress,
+            desc,
+            unit,
+            sizes,
         )
 
     def close(self) -> None:
